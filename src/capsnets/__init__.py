@@ -1,0 +1,10 @@
+"""capsnets: capsule networks in PyTorch.
+
+Vector capsules with dynamic routing, matrix capsules with EM routing and convolutional capsules, with
+a registry of models, a trainer and a command-line tool (``capsnets --help``).
+"""
+__version__ = "0.1.0"
+
+from capsnets.models import ModelOutput, count_parameters, create_model, list_models  # noqa: E402
+
+__all__ = ["ModelOutput", "__version__", "count_parameters", "create_model", "list_models"]

@@ -1,0 +1,72 @@
+"""Evaluation on a labelled data set: accuracy, per-class accuracy, confusion matrix, mean loss.
+
+Only ``ModelOutput.scores`` is used (``argmax`` = prediction), so any registered model works. Batches are
+taken in stored order; counting is done with tensor ops on the device (one ``bincount`` per batch).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from capsnets.engine.runtime import autocast, resolve_amp, resolve_device
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Any, batch_size: int = 256, device: str | torch.device = "auto",
+             amp: str = "off", criterion: nn.Module | None = None) -> dict[str, Any]:
+    """Evaluate ``model`` on every example of ``data`` in eval mode (the model's mode is restored).
+
+    Args:
+        model: a model returning ``ModelOutput`` from ``model(images)``.
+        data: a ``TensorData`` (or anything with ``images``, ``labels`` and ``num_classes``).
+        batch_size: examples per forward pass.
+        device: where to run; the data is moved there batch by batch if it lives elsewhere.
+        amp: ``"auto"``, ``"bf16"`` or ``"off"`` (see :func:`~capsnets.engine.runtime.resolve_amp`).
+        criterion: optional loss ``criterion(output, images, labels) -> (loss, parts)``; adds ``"loss"``.
+
+    Returns:
+        ``accuracy`` (float), ``per_class_accuracy`` ``(K,)`` float tensor (NaN for a class without
+        examples), ``confusion_matrix`` ``(K, K)`` int64 tensor (rows: true class, columns: prediction),
+        ``count`` (int), and ``loss`` (mean over examples) when ``criterion`` is given. Tensors are on the CPU.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    device = resolve_device(device)
+    dtype = resolve_amp(amp, device)
+    num_classes = int(data.num_classes)
+    confusion = torch.zeros(num_classes * num_classes, dtype=torch.long, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(data.labels), batch_size):
+            images = data.images[start:start + batch_size].to(device, non_blocking=True)
+            labels = data.labels[start:start + batch_size].to(device, non_blocking=True)
+            with autocast(device, dtype):
+                output = model(images)
+                if criterion is not None:
+                    loss_sum += criterion(output, images, labels)[0].double() * len(labels)
+            predictions = output.scores.argmax(dim=-1)
+            confusion += torch.bincount(labels * num_classes + predictions, minlength=num_classes**2)
+    finally:
+        model.train(was_training)
+    return _summarise(confusion.view(num_classes, num_classes).cpu(), loss_sum.item(), criterion is not None)
+
+
+def _summarise(confusion: Tensor, loss_sum: float, with_loss: bool) -> dict[str, Any]:
+    """Accuracy figures from a ``(K, K)`` confusion matrix."""
+    count = int(confusion.sum())
+    if count == 0:
+        raise ValueError("cannot evaluate on an empty data set (0 examples)")
+    per_class_total = confusion.sum(dim=1).double()
+    results = {
+        "accuracy": confusion.diag().sum().item() / count,
+        "per_class_accuracy": confusion.diag().double() / per_class_total,  # NaN where a class is absent
+        "confusion_matrix": confusion,
+        "count": count,
+    }
+    if with_loss:
+        results["loss"] = loss_sum / count
+    return results

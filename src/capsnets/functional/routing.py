@@ -1,0 +1,104 @@
+"""Routing by agreement between vector capsules (dynamic routing).
+
+Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules", Procedure 1.
+
+Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
+
+Implementation notes (same result as the procedure, in fewer operations):
+- the predictions are laid out once as ``(B, J, I, D)`` so every weighted sum and every agreement is a
+  batched matrix product, with no ``(B, I, J, D)`` temporaries per iteration;
+- the first iteration's couplings are exactly ``1/J`` (softmax of zeros), so its sum is a mean;
+- the last iteration does not update the logits, whose new value would never be used.
+
+Gradients: with ``detach=True`` (the authors' released code) the predictions are detached in every
+iteration but the last, so gradients reach ``u_hat`` only through the final weighted sum and the
+couplings act as constants. With ``detach=False`` gradients flow through every iteration, as the
+procedure reads when differentiated literally.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from capsnets.functional.squash import squash
+
+
+def _check_u_hat(u_hat: Tensor, iterations: int) -> None:
+    if u_hat.dim() != 4:
+        raise ValueError(
+            f"dynamic_routing expects u_hat of shape (B, I, J, D) (batch, children, parents, parent dim); "
+            f"got a {u_hat.dim()}-D tensor of shape {tuple(u_hat.shape)}"
+        )
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+
+
+def dynamic_routing(
+    u_hat: Tensor,
+    iterations: int = 3,
+    *,
+    detach: bool = True,
+    return_couplings: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Route child predictions to parent capsules by agreement (Procedure 1).
+
+    Args:
+        u_hat: predictions ``u_hat[j|i]`` of every child ``i`` for every parent ``j``.
+        iterations: number of routing iterations ``r`` (>= 1; the paper uses 3).
+        detach: detach ``u_hat`` in all iterations but the last (see the module docstring).
+        return_couplings: also return the couplings ``c`` used in the last iteration.
+
+    Shape:
+        - u_hat: ``(B, I, J, D)``
+        - output: ``(B, J, D)``; couplings ``(B, I, J)``, summing to 1 over ``J``.
+    """
+    _check_u_hat(u_hat, iterations)
+    batch, children, parents, _ = u_hat.shape
+    u = u_hat.permute(0, 2, 1, 3).contiguous()  # (B, J, I, D)
+    u_route = u.detach() if detach else u
+    logits = None  # (B, J, I); zero on entry, never materialised while it is zero
+    for r in range(iterations):
+        last = r == iterations - 1
+        u_r = u if last else u_route
+        if logits is None:
+            s = u_r.sum(dim=2) / parents  # couplings are all 1/J: (B, J, D)
+        else:
+            c = torch.softmax(logits, dim=1)  # (B, J, I): softmax over parents
+            s = torch.matmul(c.unsqueeze(2), u_r).squeeze(2)  # (B, J, 1, I) @ (B, J, I, D) -> (B, J, D)
+        v = squash(s)  # (B, J, D)
+        if not last:
+            agreement = torch.matmul(u_route, v.unsqueeze(-1)).squeeze(-1)  # (B, J, I)
+            logits = agreement if logits is None else logits + agreement
+    if not return_couplings:
+        return v
+    if logits is None:
+        couplings = u_hat.new_full((batch, children, parents), 1.0 / parents)
+    else:
+        couplings = torch.softmax(logits, dim=1).transpose(1, 2)
+    return v, couplings
+
+
+class DynamicRouting:
+    """Dynamic routing as a value to pass to a capsule layer.
+
+    Args:
+        iterations: routing iterations (>= 1).
+        detach: detach predictions in non-final iterations (see :func:`dynamic_routing`).
+
+    Shape:
+        ``(B, I, J, D) -> (B, J, D)``
+    """
+
+    def __init__(self, iterations: int = 3, *, detach: bool = True) -> None:
+        if int(iterations) != iterations or iterations < 1:
+            raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
+        self.iterations = int(iterations)
+        self.detach = detach
+
+    def __call__(self, u_hat: Tensor, *, return_couplings: bool = False):
+        return dynamic_routing(
+            u_hat, self.iterations, detach=self.detach, return_couplings=return_couplings
+        )
+
+    def __repr__(self) -> str:
+        return f"DynamicRouting(iterations={self.iterations}, detach={self.detach})"

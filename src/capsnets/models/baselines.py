@@ -1,0 +1,73 @@
+"""The baseline CNN of Sabour, Frosst & Hinton (2017), Sec. 5.
+
+Three 5x5 stride-1 convolutions of 256, 256 and 128 channels ("same" padding, ReLU, no pooling), then
+fully connected layers of 328 and 192 units (ReLU, dropout on the second) into a softmax: 35,445,522
+parameters for 28x28 inputs, the paper's 35.4M.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from torch import Tensor, nn
+
+from capsnets.layers._checks import positive_int
+from capsnets.models.output import ModelOutput
+from capsnets.models.registry import register_model
+
+
+class BaselineCNN(nn.Module):
+    """Plain CNN classifier returning logits in :class:`ModelOutput`.
+
+    Args:
+        input_size: ``(C, H, W)``.
+        num_classes: output classes.
+        channels: convolution widths.
+        kernel_size: convolution kernel (odd; padded to keep the size).
+        hidden: fully connected widths.
+        dropout: dropout probability before the last hidden layer's output.
+
+    Shape:
+        images ``(B, C, H, W)`` -> ``scores`` ``(B, num_classes)`` (logits).
+    """
+
+    default_loss = "cross_entropy"
+
+    def __init__(self, *, input_size: Sequence[int] = (1, 28, 28), num_classes: int = 10,
+                 channels: Sequence[int] = (256, 256, 128), kernel_size: int = 5,
+                 hidden: Sequence[int] = (328, 192), dropout: float = 0.5, device=None, dtype=None) -> None:
+        super().__init__()
+        if len(tuple(input_size)) != 3:
+            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
+        if kernel_size % 2 != 1:
+            raise ValueError(f"kernel_size must be odd to keep the image size, got {kernel_size}")
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.input_size = tuple(int(s) for s in input_size)
+        self.num_classes = positive_int("num_classes", num_classes)
+        factory = {"device": device, "dtype": dtype}
+        convs: list[nn.Module] = []
+        in_ch = self.input_size[0]
+        for out_ch in channels:
+            convs += [nn.Conv2d(in_ch, out_ch, kernel_size, padding=kernel_size // 2, **factory), nn.ReLU(inplace=True)]
+            in_ch = out_ch
+        self.features = nn.Sequential(*convs)
+        sizes = [in_ch * self.input_size[1] * self.input_size[2], *hidden]
+        fcs: list[nn.Module] = []
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+            fcs += [nn.Linear(fan_in, fan_out, **factory), nn.ReLU(inplace=True)]
+        fcs += [nn.Dropout(dropout), nn.Linear(sizes[-1], num_classes, **factory)]
+        self.classifier = nn.Sequential(*fcs)
+
+    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
+        if images.dim() != 4 or tuple(images.shape[1:]) != self.input_size:
+            raise ValueError(
+                f"BaselineCNN expects images of shape (B, {', '.join(map(str, self.input_size))}), "
+                f"got {tuple(images.shape)}; set input_size when creating the model"
+            )
+        return ModelOutput(self.classifier(self.features(images).flatten(1)), "logits")
+
+
+@register_model("cnn_baseline")
+def cnn_baseline(*, num_classes=10, input_size=(1, 28, 28), dropout=0.5, device=None, dtype=None) -> BaselineCNN:
+    """The paper's baseline CNN (35.4M parameters on 28x28)."""
+    return BaselineCNN(input_size=input_size, num_classes=num_classes, dropout=dropout, device=device, dtype=dtype)

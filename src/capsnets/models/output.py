@@ -1,0 +1,29 @@
+"""What every registered model returns.
+
+Models return a :class:`ModelOutput` so that the trainer, the evaluator and the plots can work with any
+model family without knowing about capsules: ``scores`` is the only field every model fills.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+
+@dataclass
+class ModelOutput:
+    """The result of a model's forward pass.
+
+    Attributes:
+        scores: ``(B, num_classes)`` class scores; ``argmax`` over the last dim is the prediction.
+            Capsule lengths in ``[0, 1)`` for vector capsules, activations for matrix capsules,
+            logits for CNN baselines (``score_kind`` says which).
+        score_kind: ``"length"``, ``"activation"`` or ``"logits"``.
+        capsules: ``(B, num_classes, D)`` class capsule vectors (or flattened poses), if any.
+        reconstruction: ``(B, C, H, W)`` decoder output in ``[0, 1]``, if the model has a decoder.
+    """
+
+    scores: Tensor
+    score_kind: str = "logits"
+    capsules: Tensor | None = None
+    reconstruction: Tensor | None = None

@@ -1,0 +1,77 @@
+"""Models by name (timm's ``create_model`` / torchvision's ``get_model``).
+
+Builders are small functions registered with :func:`register_model`; their keyword-only arguments are
+the overrides :func:`create_model` accepts.
+"""
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Callable
+
+from torch import nn
+
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator registering a model builder under ``name``."""
+
+    def decorate(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in _REGISTRY:
+            raise ValueError(f"model {name!r} is already registered")
+        _REGISTRY[name] = builder
+        return builder
+
+    return decorate
+
+
+def list_models() -> list[str]:
+    """Names of all registered models, sorted."""
+    return sorted(_REGISTRY)
+
+
+def model_arguments(name: str) -> dict[str, object]:
+    """The overrides a model accepts, with their defaults."""
+    builder = _builder(name)
+    return {
+        p.name: p.default
+        for p in inspect.signature(builder).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def _builder(name: str) -> Callable[..., nn.Module]:
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, _REGISTRY, n=3)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"unknown model {name!r}.{hint} Known models: {', '.join(list_models())}")
+    return _REGISTRY[name]
+
+
+def create_model(name: str, **overrides) -> nn.Module:
+    """Build a registered model.
+
+    Args:
+        name: a name from :func:`list_models`.
+        **overrides: keyword arguments of the model's builder (e.g. ``num_classes``, ``input_size``,
+            ``routing_iterations``, ``device``); see :func:`model_arguments`.
+
+    Examples:
+        >>> model = create_model("capsnet_small", num_classes=10)
+    """
+    builder = _builder(name)
+    allowed = model_arguments(name)
+    unknown = sorted(set(overrides) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"model {name!r} does not take {', '.join(unknown)}; it takes: {', '.join(sorted(allowed))}"
+        )
+    model = builder(**overrides)
+    model.model_name = name
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

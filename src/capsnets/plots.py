@@ -1,0 +1,296 @@
+"""Figures for training runs: learning curves, reconstructions and confusion matrices.
+
+Every function draws on a private :class:`matplotlib.figure.Figure` rendered by
+:class:`matplotlib.backends.backend_agg.FigureCanvasAgg`, so nothing here touches pyplot's global state or
+the backend a user has chosen. Every function creates the parent directory of ``out_png``, writes the PNG
+atomically (a temporary file in the same directory, then :func:`os.replace`) and returns the path.
+
+The figures follow the ones in Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules",
+arXiv 1710.09829: Figure 3 pairs inputs with their reconstructions and marks the label and prediction.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["plot_training_curves", "plot_reconstructions", "plot_confusion_matrix"]
+
+_PAIRS_PER_ROW = 8  # reconstruction pairs per block of two rows
+
+
+def _to_numpy(x) -> np.ndarray:
+    """Return ``x`` (tensor, array or nested sequence) as a float64 NumPy array on the host."""
+    if hasattr(x, "detach"):  # torch.Tensor, without importing torch at module import time
+        x = x.detach().to("cpu").double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _save_figure(fig: Figure, out_png: str | os.PathLike) -> Path:
+    """Render ``fig`` to ``out_png`` atomically and release it; return the path."""
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        fig.clear()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Training curves
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    """Read one JSON object per non-blank line; a malformed line raises ``ValueError`` naming it."""
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not a JSON object ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        records.append(record)
+    if not records:
+        raise ValueError(f"metrics_jsonl_path={str(path)!r} holds no records")
+    return records
+
+
+def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """Return ``(epochs, values)`` for the records that carry a finite number under ``key``."""
+    xs, ys = [], []
+    for index, record in enumerate(records):
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            epoch = record.get("epoch", index + 1)
+            xs.append(float(epoch) if isinstance(epoch, (int, float)) else float(index + 1))
+            ys.append(float(value))
+    return xs, ys
+
+
+def _as_percent(values: list[float]) -> list[float]:
+    """Accuracies stored as fractions (all <= 1) are scaled to percent; percentages pass through."""
+    return [100.0 * v for v in values] if values and max(values) <= 1.0 else values
+
+
+def _draw_loss(ax, records: list[dict]) -> None:
+    for key, label in (("train_loss", "train"), ("test_loss", "test")):
+        xs, ys = _series(records, key)
+        if xs:
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    ax.set(title="Loss", xlabel="epoch", ylabel="loss")
+
+
+def _draw_accuracy(ax, records: list[dict]) -> None:
+    for key, label in (("train_accuracy", "train"), ("test_accuracy", "test")):
+        xs, ys = _series(records, key)
+        if xs:
+            ax.plot(xs, _as_percent(ys), marker="o", markersize=3, label=label)
+    xs, ys = _series(records, "test_accuracy")
+    if xs:
+        ys = _as_percent(ys)
+        best = int(np.argmax(ys))
+        ax.scatter([xs[best]], [ys[best]], color="red", zorder=3)
+        ax.annotate(f"best {ys[best]:.2f}% (epoch {xs[best]:g})", (xs[best], ys[best]),
+                    xytext=(0.35, 0.1), textcoords="axes fraction",
+                    arrowprops={"arrowstyle": "->", "color": "red"}, color="red")
+    ax.set(title="Accuracy", xlabel="epoch", ylabel="accuracy (%)")
+
+
+def plot_training_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLike) -> Path:
+    """Plot loss and accuracy per epoch from a ``metrics.jsonl`` file.
+
+    Args:
+        metrics_jsonl_path: one JSON object per line (one per epoch) with any of the keys ``epoch``,
+            ``train_loss``, ``test_loss``, ``train_accuracy``, ``test_accuracy``, ``lr``. Missing keys,
+            ``null`` and non-finite values are skipped; a missing ``epoch`` becomes the line's 1-based index.
+            Accuracies may be fractions in ``[0, 1]`` or percentages; they are drawn as percentages.
+        out_png: where to write the PNG.
+
+    Returns:
+        ``Path(out_png)``. Raises ``ValueError`` for an empty file or a line that is not a JSON object.
+
+    Example:
+        >>> plot_training_curves("runs/capsnet/metrics.jsonl", "runs/capsnet/curves.png")  # doctest: +SKIP
+    """
+    records = _read_metrics(Path(metrics_jsonl_path))
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    _draw_loss(loss_ax, records)
+    _draw_accuracy(acc_ax, records)
+    xs, lrs = _series(records, "lr")
+    if xs:  # learning rate on a faint secondary axis of the loss panel
+        lr_ax = loss_ax.twinx()
+        lr_ax.plot(xs, lrs, color="grey", linestyle=":", label="lr")
+        lr_ax.set_ylabel("learning rate", color="grey")
+    for ax in (loss_ax, acc_ax):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(loc="best")
+    return _save_figure(fig, out_png)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reconstructions
+
+
+def _check_images(name: str, x: np.ndarray) -> None:
+    if x.ndim != 4 or x.shape[1] not in (1, 3):
+        raise ValueError(f"{name} must have shape (B, C, H, W) with C = 1 or 3, got {tuple(x.shape)}")
+
+
+def _check_labels(name: str, values, batch: int) -> np.ndarray | None:
+    if values is None:
+        return None
+    out = _to_numpy(values).astype(np.int64).reshape(-1)
+    if out.shape[0] != batch:
+        raise ValueError(f"{name} must hold one entry per image ({batch}), got {out.shape[0]}")
+    return out
+
+
+def _show(ax, image: np.ndarray) -> None:
+    """Draw one ``(C, H, W)`` image in [0, 1] without ticks."""
+    image = np.clip(image, 0.0, 1.0)
+    if image.shape[0] == 1:
+        ax.imshow(image[0], cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+    else:
+        ax.imshow(image.transpose(1, 2, 0), interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _title(label: int | None, prediction: int | None) -> tuple[str, str]:
+    """Text and colour for an input's title: red when the prediction disagrees with the label."""
+    parts = [f"y={label}"] if label is not None else []
+    if prediction is not None:
+        parts.append(f"p={prediction}")
+    wrong = label is not None and prediction is not None and label != prediction
+    return " ".join(parts), ("red" if wrong else "black")
+
+
+def plot_reconstructions(images, reconstructions, out_png: str | os.PathLike, *,
+                         labels: Sequence[int] | None = None, predictions: Sequence[int] | None = None,
+                         n: int = 16) -> Path:
+    """Draw inputs above their reconstructions, in blocks of up to 8 pairs per row.
+
+    Args:
+        images: ``(B, C, H, W)`` tensor or array in ``[0, 1]``, ``C`` = 1 (grey) or 3 (RGB).
+        reconstructions: same shape as ``images`` (e.g. ``ModelOutput.reconstruction``).
+        out_png: where to write the PNG.
+        labels: optional ``(B,)`` true classes, shown above each input as ``y=``.
+        predictions: optional ``(B,)`` predicted classes, shown as ``p=`` (red when wrong).
+        n: how many of the first examples to draw (at most ``B``).
+
+    Shape:
+        Odd rows of the grid are inputs, even rows their reconstructions, ``min(n, B)`` pairs in all.
+
+    Returns:
+        ``Path(out_png)``. Raises ``ValueError`` for bad shapes, mismatched lengths or ``n < 1``.
+    """
+    images, reconstructions = _to_numpy(images), _to_numpy(reconstructions)
+    _check_images("images", images)
+    if reconstructions.shape != images.shape:
+        raise ValueError(f"reconstructions must have the shape of images {tuple(images.shape)}, "
+                         f"got {tuple(reconstructions.shape)}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    labels = _check_labels("labels", labels, images.shape[0])
+    predictions = _check_labels("predictions", predictions, images.shape[0])
+    count = min(n, images.shape[0])
+    cols = min(count, _PAIRS_PER_ROW)
+    blocks = math.ceil(count / cols)
+    fig = Figure(figsize=(1.2 * cols + 0.6, 2.6 * blocks), layout="constrained")
+    axes = np.asarray(fig.subplots(2 * blocks, cols, squeeze=False))
+    for ax in axes.flat:
+        ax.set_axis_off()
+    for k in range(count):
+        top, bottom = axes[2 * (k // cols), k % cols], axes[2 * (k // cols) + 1, k % cols]
+        for ax, image in ((top, images[k]), (bottom, reconstructions[k])):
+            ax.set_axis_on()
+            _show(ax, image)
+        text, colour = _title(None if labels is None else int(labels[k]),
+                              None if predictions is None else int(predictions[k]))
+        if text:
+            top.set_title(text, fontsize=9, color=colour)
+    for block in range(blocks):
+        axes[2 * block, 0].set_ylabel("input", fontsize=9)
+        axes[2 * block + 1, 0].set_ylabel("recon.", fontsize=9)
+    return _save_figure(fig, out_png)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Confusion matrix
+
+
+def _check_matrix(matrix: np.ndarray, class_names: Sequence[str] | None) -> list[str]:
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or matrix.shape[0] == 0:
+        raise ValueError(f"matrix must be square (K, K) with K >= 1, got shape {tuple(matrix.shape)}")
+    if not np.all(np.isfinite(matrix)) or np.any(matrix < 0):
+        raise ValueError("matrix must hold finite, non-negative counts")
+    k = matrix.shape[0]
+    names = [str(i) for i in range(k)] if class_names is None else [str(c) for c in class_names]
+    if len(names) != k:
+        raise ValueError(f"class_names must have {k} entries (one per row of matrix), got {len(names)}")
+    return names
+
+
+def _cell_text(value: float, normalize: bool) -> str:
+    if normalize:
+        return f"{value:.2f}"
+    return f"{int(round(value))}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def plot_confusion_matrix(matrix, class_names: Sequence[str] | None, out_png: str | os.PathLike, *,
+                          normalize: bool = False) -> Path:
+    """Draw a confusion matrix with the value written in every cell.
+
+    Args:
+        matrix: ``(K, K)`` tensor or array of counts; row ``i`` is the true class, column ``j`` the
+            predicted class.
+        class_names: ``K`` names for the axes (``None``: ``0 .. K-1``).
+        out_png: where to write the PNG.
+        normalize: divide each row by its sum (rows that sum to zero stay zero), so cells are recalls.
+
+    Returns:
+        ``Path(out_png)``. Raises ``ValueError`` for a non-square matrix, negative or non-finite
+        entries, or a wrong number of class names.
+    """
+    values = _to_numpy(matrix)
+    names = _check_matrix(values, class_names)
+    if normalize:
+        sums = values.sum(axis=1, keepdims=True)
+        values = np.divide(values, sums, out=np.zeros_like(values), where=sums > 0)
+    k = values.shape[0]
+    side = max(4.0, 0.5 * k + 2.0)
+    fig = Figure(figsize=(side + 1.0, side), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(values, cmap="Blues", vmin=0.0, vmax=max(float(values.max()), 1e-12))
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    threshold = values.max() / 2.0
+    for i in range(k):
+        for j in range(k):
+            ax.text(j, i, _cell_text(values[i, j], normalize), ha="center", va="center",
+                    fontsize=max(5, 10 - k // 8), color="white" if values[i, j] > threshold else "black")
+    rotate = max(len(name) for name in names) > 3
+    ax.set_xticks(range(k), names, rotation=45 if rotate else 0, ha="right" if rotate else "center")
+    ax.set_yticks(range(k), names)
+    ax.set(xlabel="predicted class", ylabel="true class",
+           title="Confusion matrix" + (" (row-normalised)" if normalize else ""))
+    return _save_figure(fig, out_png)
