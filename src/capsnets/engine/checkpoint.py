@@ -229,3 +229,26 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, (tuple, set)):
         return list(value)
     raise TypeError(f"cannot store {type(value).__name__} in a checkpoint sidecar")
+
+
+def build_model(name: str, model_args: dict[str, Any] | None = None) -> nn.Module:
+    """``capsnets.create_model(name, **model_args)``, with list values (from YAML/JSON) turned into tuples."""
+    from capsnets.models import create_model
+
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in (model_args or {}).items()}
+    return create_model(name, **args)
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Checkpoint]:
+    """Rebuild the model recorded in a checkpoint's sidecar, load its weights, move it to ``device``.
+
+    Args:
+        path: a run directory (its best checkpoint), or a ``.safetensors`` / ``.json`` checkpoint file.
+    """
+    checkpoint = load_checkpoint(path)
+    if "model" not in checkpoint.meta:
+        raise CheckpointError(f"sidecar of '{checkpoint.path}' does not name the model; it was not written "
+                              "by capsnets' trainer")
+    model = build_model(checkpoint.meta["model"], checkpoint.meta.get("model_args"))
+    restore_model(model, checkpoint)
+    return model.to(device).eval(), checkpoint

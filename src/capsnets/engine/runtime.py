@@ -75,3 +75,20 @@ def restore_rng_state(tensors: dict[str, torch.Tensor]) -> None:
             state = tensors.get(f"rng.cuda.{index}")
             if state is not None:
                 torch.cuda.set_rng_state(state.to("cpu", torch.uint8), index)
+
+
+@contextlib.contextmanager
+def deterministic_on_cpu(device: torch.device):
+    """Within the block, ask torch for deterministic algorithms when running on the CPU.
+
+    On CUDA, deterministic kernels are slower (and some ops have none), so the setting is left alone.
+    The previous setting is restored on exit.
+    """
+    previous, previous_warn = (torch.are_deterministic_algorithms_enabled(),
+                               torch.is_deterministic_algorithms_warn_only_enabled())
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=previous_warn)

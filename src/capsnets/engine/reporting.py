@@ -1,0 +1,76 @@
+"""What a run leaves in its directory: ``metrics.jsonl``, ``summary.json`` and figures.
+
+Only rank 0 calls these. Figures come from :mod:`capsnets.plots`; the trainer passes plain tensors.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CURVES_FILE = "training_curves.png"
+CONFUSION_FILE = "confusion_matrix.png"
+RECONSTRUCTIONS_FILE = "reconstructions.png"
+
+
+def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
+    """Append one epoch's record as a JSON line to ``metrics.jsonl``."""
+    with open(run_dir / METRICS_FILE, "a") as handle:
+        handle.write(json.dumps(_finite_or_none(record)) + "\n")
+
+
+def truncate_metrics(run_dir: Path, last_epoch: int) -> None:
+    """Drop records after ``last_epoch`` (written after the checkpoint a resumed run starts from)."""
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("epoch", 0) <= last_epoch]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """Write ``summary.json``."""
+    path = run_dir / SUMMARY_FILE
+    path.write_text(json.dumps(_finite_or_none(summary), indent=2) + "\n")
+    return path
+
+
+def save_figures(run_dir: Path, *, confusion: Tensor, class_names: list[str], samples: dict[str, Tensor] | None
+                 ) -> list[Path]:
+    """Training curves, confusion matrix and (if ``samples`` is given) inputs vs reconstructions.
+
+    Args:
+        confusion: ``(K, K)`` confusion matrix of the final evaluation.
+        class_names: ``K`` names.
+        samples: ``images``, ``reconstructions``, ``labels``, ``predictions`` of a few test examples,
+            or None when the model has no decoder.
+    """
+    from capsnets import plots
+
+    paths = [plots.plot_training_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE),
+             plots.plot_confusion_matrix(confusion, class_names, run_dir / CONFUSION_FILE)]
+    if samples is not None:
+        paths.append(plots.plot_reconstructions(samples["images"], samples["reconstructions"],
+                                                run_dir / RECONSTRUCTIONS_FILE, labels=samples["labels"],
+                                                predictions=samples["predictions"]))
+    return [Path(p) for p in paths]
+
+
+def _finite_or_none(value: Any) -> Any:
+    """JSON has no NaN/inf: replace them with None, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value

@@ -1,0 +1,235 @@
+"""The training loop around a registered model: data, optimiser, schedule, evaluation, checkpoints.
+
+Sabour et al. 2017 train CapsNet with Adam and an exponentially decaying learning rate; here the decay
+is applied once per epoch (``ExponentialLR``). The trainer only uses a model's ``ModelOutput.scores``,
+``reconstruction`` and ``default_loss``: it knows nothing of capsules.
+
+Run directory (``config.out``): ``config.yaml``, ``metrics.jsonl`` (one line per epoch),
+``last``/``best`` checkpoints (``.safetensors`` + ``.json``), ``summary.json`` and figures.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import capsnets
+from capsnets.engine import checkpoint as ckpt
+from capsnets.engine import distributed, reporting
+from capsnets.engine.config import TrainConfig
+from capsnets.engine.evaluate import evaluate
+from capsnets.engine.loop import train_one_epoch
+from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, restore_rng_state, seed_everything
+
+logger = logging.getLogger(__name__)
+
+#: Test accuracies whose first crossing time is reported in ``summary.json["time_to_accuracy"]``.
+ACCURACY_TARGETS = (0.99, 0.995, 0.996)
+
+
+@dataclass
+class RunState:
+    """Progress that a resumed run must carry on from (stored in the checkpoint sidecar)."""
+
+    epoch: int = 0
+    train_time_s: float = 0.0
+    test_accuracy: float | None = None
+    best_test_accuracy: float | None = None
+    best_epoch: int | None = None
+    time_to_accuracy: dict[str, float | None] = field(
+        default_factory=lambda: {str(t): None for t in ACCURACY_TARGETS})
+
+    def record_test(self, accuracy: float, epoch: int) -> bool:
+        """Note a test accuracy; return True if it is a new best."""
+        self.test_accuracy = accuracy
+        for target, reached in self.time_to_accuracy.items():
+            if reached is None and accuracy >= float(target):
+                self.time_to_accuracy[target] = self.train_time_s
+        if self.best_test_accuracy is None or accuracy > self.best_test_accuracy:
+            self.best_test_accuracy, self.best_epoch = accuracy, epoch
+            return True
+        return False
+
+
+class Trainer:
+    """Train ``config.model`` on ``config.dataset``; see :class:`~capsnets.engine.config.TrainConfig`.
+
+    Args:
+        config: the run's configuration.
+        resume: continue from ``<out>/last.safetensors`` (weights, optimizer, scheduler, RNG, epoch).
+
+    Examples:
+        >>> summary = Trainer(TrainConfig(epochs=1, out="runs/quick")).fit()  # doctest: +SKIP
+    """
+
+    def __init__(self, config: TrainConfig, *, resume: bool = False) -> None:
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+        self.config, self.resume = config, resume
+        self.run_dir = Path(config.out)
+
+    def fit(self) -> dict[str, Any]:
+        """Run the training; returns the summary (also written to ``summary.json`` by rank 0)."""
+        context, device = distributed.setup(self.config.device)
+        try:
+            with deterministic_on_cpu(device):
+                return self._fit(context, device)
+        finally:
+            distributed.teardown(context)
+
+    def _fit(self, context: distributed.DistContext, device: torch.device) -> dict[str, Any]:
+        cfg = self.config
+        seed_everything(cfg.seed)
+        train_data, test_data = self._load_data(device)
+        model = self._build_model(train_data).to(device)
+        criterion = self._build_loss(model)
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_decay)
+        state = self._restore(model, optimizer, scheduler) if self.resume else RunState()
+        if context.is_main:
+            self._prepare_run_dir(state)
+        fast_model = torch.compile(model) if cfg.compile else model
+        train_model = distributed.wrap_model(fast_model, context, device)
+        loader = self._loader(train_data, context)
+        amp_dtype = resolve_amp(cfg.amp, device)
+        evaluation = None
+        for epoch in range(state.epoch + 1, cfg.epochs + 1):
+            loader.set_epoch(epoch - 1)
+            lr = optimizer.param_groups[0]["lr"]
+            result = train_one_epoch(train_model, loader, criterion, optimizer, epoch=epoch, device=device,
+                                     amp_dtype=amp_dtype, context=context, progress=cfg.progress)
+            scheduler.step()
+            state.epoch, state.train_time_s = epoch, state.train_time_s + result.time_s
+            record = {"epoch": epoch, "train_loss": result.loss, "train_accuracy": result.accuracy, "lr": lr,
+                      "epoch_time_s": result.time_s, "images_per_s": result.images_per_s,
+                      "train_time_s": state.train_time_s}
+            is_best = False
+            if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+                evaluation = evaluate(fast_model, test_data, cfg.batch_size, device, cfg.amp, criterion)
+                record.update(test_loss=evaluation["loss"], test_accuracy=evaluation["accuracy"])
+                is_best = state.record_test(evaluation["accuracy"], epoch)
+            if context.is_main:
+                self._save_epoch(record, state, model, optimizer, scheduler, is_best)
+        summary = self._summary(state, model, device, context)
+        if context.is_main:
+            self._finish(summary, fast_model, test_data, device, evaluation)
+        return summary
+
+    # -- set-up ---------------------------------------------------------------------------------------------
+    def _load_data(self, device: torch.device):
+        from capsnets.data import load_dataset
+
+        cfg = self.config
+        splits = []
+        for train, limit in ((True, cfg.limit_train), (False, cfg.limit_test)):
+            data = load_dataset(cfg.dataset, root=cfg.data_dir, train=train, download=cfg.download)
+            splits.append((data.subset(limit) if limit is not None else data).to(device))
+        return splits
+
+    def _build_model(self, data) -> torch.nn.Module:
+        model = ckpt.build_model(self.config.model, self.config.model_args)
+        expected_shape = tuple(data.images.shape[1:])
+        if int(model.num_classes) != data.num_classes or tuple(model.input_size) != expected_shape:
+            raise ValueError(
+                f"model {self.config.model!r} expects {model.num_classes} classes of {tuple(model.input_size)} "
+                f"images but dataset {self.config.dataset!r} has {data.num_classes} classes of {expected_shape}; "
+                f"pick another model or pass --model-arg num_classes=... --model-arg input_size=...")
+        return model
+
+    def _build_loss(self, model: torch.nn.Module) -> torch.nn.Module:
+        from capsnets.losses import create_loss
+
+        return create_loss(self.config.loss or model.default_loss, **self.config.loss_args)
+
+    def _loader(self, data, context: distributed.DistContext):
+        from capsnets.data import DeviceLoader
+
+        cfg = self.config
+        loader = DeviceLoader(data, cfg.batch_size, shuffle=True, drop_last=context.enabled,
+                              max_shift=cfg.resolved_max_shift(data.images.shape[-2]), seed=cfg.seed,
+                              rank=context.rank, world_size=context.world_size)
+        if len(loader) == 0:
+            raise ValueError(f"batch_size={cfg.batch_size} is larger than the {len(data)} training examples "
+                             f"shared by {context.world_size} processes; lower --batch-size")
+        return loader
+
+    def _restore(self, model, optimizer, scheduler) -> RunState:
+        path = self.run_dir / f"last{ckpt.SUFFIX}"
+        if not path.is_file():
+            raise ckpt.CheckpointError(f"cannot resume: no checkpoint '{path}'; train without --resume first")
+        checkpoint = ckpt.load_checkpoint(path)
+        ckpt.restore_model(model, checkpoint)
+        ckpt.restore_training(checkpoint, optimizer, scheduler)
+        restore_rng_state(checkpoint.tensors)
+        logger.info("resuming from %s after epoch %d", path, checkpoint.meta["progress"]["epoch"])
+        return RunState(**checkpoint.meta["progress"])
+
+    def _prepare_run_dir(self, state: RunState) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.config.save(self.run_dir / "config.yaml")
+        if self.resume:
+            reporting.truncate_metrics(self.run_dir, state.epoch)
+        else:
+            (self.run_dir / reporting.METRICS_FILE).unlink(missing_ok=True)
+
+    # -- per epoch / end of run -----------------------------------------------------------------------------
+    def _save_epoch(self, record, state: RunState, model, optimizer, scheduler, is_best: bool) -> None:
+        cfg = self.config
+        reporting.append_metrics(self.run_dir, record)
+        meta = {"model": cfg.model, "model_args": cfg.to_dict()["model_args"], "dataset": cfg.dataset,
+                "config": cfg.to_dict(), "epoch": state.epoch, "metrics": record, "progress": asdict(state)}
+        if state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs:
+            ckpt.save_checkpoint(self.run_dir / f"last{ckpt.SUFFIX}", model=model, meta=meta,
+                                 optimizer=optimizer, scheduler=scheduler)
+        if is_best:
+            ckpt.save_checkpoint(self.run_dir / f"best{ckpt.SUFFIX}", model=model, meta=meta)
+        logger.info("epoch %d/%d: %s", state.epoch, cfg.epochs,
+                    ", ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "epoch"))
+
+    def _summary(self, state: RunState, model, device, context) -> dict[str, Any]:
+        cfg = self.config
+        return {"model": cfg.model, "dataset": cfg.dataset, "epochs": state.epoch,
+                "test_accuracy": state.test_accuracy, "best_test_accuracy": state.best_test_accuracy,
+                "best_epoch": state.best_epoch, "train_time_s": state.train_time_s,
+                "time_to_accuracy": state.time_to_accuracy,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "device": str(device), "device_name": _device_name(device), "world_size": context.world_size,
+                "batch_size": cfg.batch_size, "amp": cfg.amp, "compile": cfg.compile,
+                "torch": torch.__version__, "capsnets": capsnets.__version__, "run_dir": str(self.run_dir)}
+
+    def _finish(self, summary, model, test_data, device, evaluation) -> None:
+        reporting.write_summary(self.run_dir, summary)
+        if evaluation is None:  # nothing was trained in this call (resumed a finished run)
+            return
+        samples = _reconstruction_samples(model, test_data, device)
+        figures = reporting.save_figures(self.run_dir, confusion=evaluation["confusion_matrix"],
+                                         class_names=list(test_data.classes), samples=samples)
+        summary["figures"] = [str(p) for p in figures]
+        reporting.write_summary(self.run_dir, summary)
+
+
+def train(config: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
+    """Train as described by ``config`` and return the summary; see :class:`Trainer`."""
+    return Trainer(config, resume=resume).fit()
+
+
+@torch.no_grad()
+def _reconstruction_samples(model, data, device, count: int = 16) -> dict[str, torch.Tensor] | None:
+    """Inputs, reconstructions, labels and predictions of the first ``count`` examples, or None."""
+    was_training = model.training
+    model.eval()
+    images = data.images[:count].to(device)
+    output = model(images)
+    model.train(was_training)
+    if output.reconstruction is None:
+        return None
+    return {"images": images.cpu(), "reconstructions": output.reconstruction.float().cpu(),
+            "labels": data.labels[:count].cpu(), "predictions": output.scores.argmax(-1).cpu()}
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -1,0 +1,66 @@
+"""Registry-driven model tests (timm style): every registered model, forward and backward on CPU."""
+import pytest
+import torch
+
+import capsnets
+from capsnets.losses import create_loss
+from capsnets.testing import assert_finite
+
+EXPECTED_PARAMETERS = {"capsnet": 8_215_568, "cnn_baseline": 35_445_522}
+
+
+@pytest.mark.parametrize("name", capsnets.list_models())
+@pytest.mark.parametrize("batch", [1, 3])
+def test_forward_backward_every_parameter_gets_gradient(name, batch):
+    torch.manual_seed(0)
+    model = capsnets.create_model(name)
+    images = torch.rand(batch, *model.input_size)
+    labels = torch.randint(0, model.num_classes, (batch,))
+    out = model(images, labels)
+    assert out.scores.shape == (batch, model.num_classes)
+    assert_finite(out.scores, f"{name} scores")
+    loss, _ = create_loss(model.default_loss)(out, images, labels)
+    loss.backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None, f"{name}.{pname} got no gradient"
+        assert_finite(p.grad, f"{name}.{pname}.grad")
+    model.eval()
+    with torch.no_grad():
+        eval_out = model(images)
+    if eval_out.reconstruction is not None:
+        assert eval_out.reconstruction.shape == images.shape
+
+
+@pytest.mark.parametrize("name, count", EXPECTED_PARAMETERS.items())
+def test_paper_parameter_counts(name, count):
+    assert capsnets.count_parameters(capsnets.create_model(name)) == count
+
+
+def test_num_classes_and_input_size_overrides():
+    model = capsnets.create_model("capsnet_small", num_classes=5, input_size=(3, 32, 32))
+    out = model(torch.rand(2, 3, 32, 32))
+    assert out.scores.shape == (2, 5) and out.reconstruction.shape == (2, 3, 32, 32)
+    cnn = capsnets.create_model("cnn_baseline", input_size=(1, 8, 8), num_classes=4)
+    assert cnn(torch.rand(2, 1, 8, 8)).scores.shape == (2, 4)
+
+
+def test_registry_errors_are_clear():
+    with pytest.raises(ValueError, match="Did you mean 'capsnet'"):
+        capsnets.create_model("capsnett")
+    with pytest.raises(ValueError, match="does not take"):
+        capsnets.create_model("capsnet", widht=3)
+    model = capsnets.create_model("capsnet_digits")
+    with pytest.raises(ValueError, match=r"\(B, 1, 8, 8\)"):
+        model(torch.rand(2, 1, 28, 28))
+
+
+def test_routing_is_passed_in():
+    from capsnets.testing import NaiveDynamicRouting
+
+    torch.manual_seed(0)
+    fast = capsnets.create_model("capsnet_digits", dtype=torch.float64)
+    naive = capsnets.create_model("capsnet_digits", routing=NaiveDynamicRouting(3), dtype=torch.float64)
+    naive.load_state_dict(fast.state_dict())
+    x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
+    torch.testing.assert_close(fast(x).scores, naive(x).scores, rtol=0, atol=1e-6)
+    assert capsnets.create_model("capsnet_digits", routing_iterations=1).classes.routing.iterations == 1

@@ -1,0 +1,50 @@
+import pytest
+import torch
+
+from capsnets.losses import create_loss, margin_loss, reconstruction_loss
+from capsnets.models import ModelOutput
+
+
+def test_margin_loss_hand_computed():
+    lengths = torch.tensor([[0.95, 0.3, 0.05], [0.5, 0.2, 0.8]])
+    targets = torch.tensor([0, 2])
+    # ex 0: present 0 (0.95 > 0.9); absent: 0.5*(0.2^2) + 0 = 0.02
+    # ex 1: present (0.9-0.8)^2 = 0.01; absent 0.5*(0.4^2 + 0.1^2) = 0.085
+    expected = (0.02 + 0.01 + 0.085) / 2
+    torch.testing.assert_close(margin_loss(lengths, targets), torch.tensor(expected))
+
+
+def test_margin_loss_several_targets():
+    lengths = torch.tensor([[0.6, 0.7, 0.2]])
+    multi = torch.tensor([[1.0, 1.0, 0.0]])
+    expected = 0.3**2 + 0.2**2 + 0.5 * 0.1**2
+    torch.testing.assert_close(margin_loss(lengths, multi), torch.tensor(expected))
+
+
+def test_reconstruction_loss_hand_computed():
+    recon = torch.zeros(2, 1, 2, 2)
+    images = torch.tensor([[[[1.0, 0.0], [0.5, 0.0]]], [[[0.0, 0.0], [0.0, 2.0]]]])
+    # sums of squares: 1.25 and 4.0 -> mean 2.625
+    torch.testing.assert_close(reconstruction_loss(recon, images), torch.tensor(0.0005 * 2.625))
+    torch.testing.assert_close(reconstruction_loss(recon, images, weight=1.0), torch.tensor(2.625))
+
+
+def test_criterion_from_registry_combines_terms():
+    lengths = torch.tensor([[0.95, 0.3]])
+    out = ModelOutput(lengths, "length", reconstruction=torch.ones(1, 1, 2, 2))
+    loss, parts = create_loss("margin")(out, torch.zeros(1, 1, 2, 2), torch.tensor([0]))
+    torch.testing.assert_close(loss, torch.tensor(0.5 * 0.2**2 + 0.0005 * 4))
+    assert set(parts) == {"margin", "reconstruction"}
+    loss_off, parts_off = create_loss("margin", reconstruction_weight=0)(out, torch.zeros(1, 1, 2, 2), torch.tensor([0]))
+    assert set(parts_off) == {"margin"}
+
+
+def test_bad_loss_arguments():
+    with pytest.raises(ValueError, match="unknown loss"):
+        create_loss("nope")
+    with pytest.raises(ValueError, match="bad arguments"):
+        create_loss("margin", margin=3)
+    with pytest.raises(ValueError, match=r"\[0, 3\)"):
+        margin_loss(torch.rand(2, 3), torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="shape"):
+        reconstruction_loss(torch.rand(2, 4), torch.rand(2, 5))
