@@ -256,7 +256,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (compile in warm-up)")
     parser.add_argument("--steps", type=int, default=3, help="timed batches per repeat and path")
     parser.add_argument("--warmup", type=int, default=1, help="untimed batches per path before timing")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating repeats; medians are reported")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating repeats; medians are reported")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--skip-naive", action="store_true", help="do not measure the naive routing path")
     parser.add_argument("--out", type=Path, default=None,

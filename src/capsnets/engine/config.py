@@ -88,10 +88,10 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "eval_every", "checkpoint_every"):
             _require(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, getattr(self, name),
                      "a positive integer")
-        for name in ("limit_train", "limit_test", "max_shift"):
+        for name, low in (("limit_train", 1), ("limit_test", 1), ("max_shift", 0)):
             value = getattr(self, name)
-            _require(value is None or (isinstance(value, int) and value >= 0), name, value,
-                     "None or a non-negative integer")
+            _require(value is None or (isinstance(value, int) and value >= low), name, value,
+                     f"None or an integer >= {low}")
         _require(isinstance(self.lr, (int, float)) and self.lr > 0, "lr", self.lr, "a positive number")
         _require(isinstance(self.lr_decay, (int, float)) and 0 < self.lr_decay <= 1, "lr_decay", self.lr_decay,
                  "in (0, 1]")

@@ -127,7 +127,7 @@ class Trainer:
         splits = []
         for train, limit in ((True, cfg.limit_train), (False, cfg.limit_test)):
             data = load_dataset(cfg.dataset, root=cfg.data_dir, train=train, download=cfg.download)
-            splits.append((data.subset(limit) if limit is not None else data).to(device))
+            splits.append((data.subset(min(limit, len(data))) if limit is not None else data).to(device))
         return splits
 
     def _build_model(self, data) -> torch.nn.Module:

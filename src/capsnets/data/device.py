@@ -1,0 +1,168 @@
+"""Device-side batching and augmentation: the whole data set stays on the training device.
+
+The only augmentation of CapsNet (Sabour, Frosst & Hinton 2017, "Dynamic Routing Between Capsules",
+section 5: "shifted by up to 2 pixels in each direction with zero padding") is :func:`random_shift`,
+done here as one batched gather, with no per-sample Python loop. :class:`DeviceLoader` shuffles
+and shifts as a pure function of ``(seed, epoch)`` and, for distributed training, gives each rank a
+contiguous slice of one shared global batch, so any world size sees the same global batches.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["random_shift", "DeviceLoader"]
+
+
+def _shift_indices(size: int, offsets: Tensor) -> tuple[Tensor, Tensor]:
+    """Source index ``i - offset`` (clamped) and its validity, for each row of ``offsets``: ``(B, size)``."""
+    source = torch.arange(size, device=offsets.device) - offsets[:, None]
+    valid = (source >= 0) & (source < size)
+    return source.clamp(0, size - 1), valid
+
+
+def random_shift(
+    images: Tensor, max_shift: int, generator: torch.Generator | None = None, shifts: Tensor | None = None
+) -> Tensor:
+    """Translate each image by its own integer ``(dy, dx)``, filling uncovered pixels with zeros.
+
+    ``out[b, :, y, x] = images[b, :, y - dy_b, x - dx_b]`` where that lies inside the image, else 0
+    (positive ``dy`` moves content down, positive ``dx`` right, as ``torch.roll`` does).
+
+    Args:
+        images: the batch, on any device.
+        max_shift: shifts are drawn uniformly from ``[-max_shift, max_shift]`` per axis; 0 returns
+            ``images`` itself. Ignored when ``shifts`` is given.
+        generator: drawn from if given (shifts are drawn on its device, then moved to the images');
+            else torch's global RNG on the images' device.
+        shifts: explicit integer ``(dy, dx)`` per image instead of drawing them.
+
+    Shape:
+        - images: ``(B, C, H, W)``
+        - shifts: ``(B, 2)``
+        - output: ``(B, C, H, W)``
+
+    Examples:
+        >>> x = torch.rand(4, 1, 28, 28)
+        >>> random_shift(x, 2, torch.Generator().manual_seed(0)).shape
+        torch.Size([4, 1, 28, 28])
+    """
+    if images.dim() != 4:
+        raise ValueError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
+    batch, channels, height, width = images.shape
+    if shifts is None:
+        if not isinstance(max_shift, int) or max_shift < 0:
+            raise ValueError(f"max_shift must be a non-negative int, got {max_shift!r}")
+        if max_shift == 0:
+            return images
+        device = generator.device if generator is not None else images.device
+        shifts = torch.randint(-max_shift, max_shift + 1, (batch, 2), generator=generator, device=device)
+    if shifts.shape != (batch, 2) or shifts.dtype.is_floating_point or shifts.dtype == torch.bool:
+        raise ValueError(f"shifts must be an integer ({batch}, 2) tensor, got {shifts.dtype} {tuple(shifts.shape)}")
+    shifts = shifts.to(images.device, torch.long)
+    rows, row_ok = _shift_indices(height, shifts[:, 0])  # (B, H)
+    cols, col_ok = _shift_indices(width, shifts[:, 1])  # (B, W)
+    flat = (rows[:, :, None] * width + cols[:, None, :]).view(batch, 1, height * width)  # (B, 1, H*W)
+    out = images.reshape(batch, channels, height * width).gather(2, flat.expand(-1, channels, -1))
+    outside = ~(row_ok[:, :, None] & col_ok[:, None, :])  # (B, H, W)
+    return out.view(batch, channels, height, width).masked_fill(outside[:, None], 0)
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    """A well-mixed 63-bit seed from ``(seed, epoch)`` (numpy SeedSequence), so nearby pairs don't collide."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+class DeviceLoader:
+    """Iterate over ``(images, labels)`` batches of a data set that lives on one device.
+
+    Shuffle order and shifts are drawn once per epoch from a CPU ``torch.Generator`` seeded from
+    ``(seed, epoch)`` (never torch's global RNG), for all ``N`` examples, then moved to the data's
+    device. Like ``DistributedSampler``, the epoch only changes through :meth:`set_epoch`: call it
+    before every epoch, or every epoch repeats epoch 0.
+
+    With ``world_size > 1`` every rank draws the same permutation and shifts, and rank ``r`` takes
+    the ``r``-th contiguous slice of each global batch: concatenating the ranks' batches in rank
+    order gives exactly the ``world_size=1`` batches. A last, short batch (``drop_last=False``) is
+    split by ``torch.tensor_split``, so ranks may get unequal (even empty) pieces; use
+    ``drop_last=True`` for distributed training.
+
+    Args:
+        data: a :class:`~capsnets.data.TensorData`, or an ``(images, labels)`` pair of tensors.
+        batch_size: the GLOBAL batch size, divisible by ``world_size``.
+        shuffle: permute the examples each epoch; else keep stored order.
+        drop_last: drop the last global batch if it is short.
+        max_shift: :func:`random_shift` range in pixels (0: no augmentation; CapsNet uses 2).
+        seed: base seed of shuffle and shifts.
+        rank: this process's rank in ``[0, world_size)``.
+        world_size: number of processes sharing each global batch.
+
+    Shape:
+        - yields images ``(batch_size // world_size, C, H, W)`` and labels ``(batch_size // world_size,)``.
+    """
+
+    def __init__(self, data, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
+                 max_shift: int = 0, seed: int = 0, rank: int = 0, world_size: int = 1):
+        images, labels = (data.images, data.labels) if hasattr(data, "images") else data
+        if images.dim() != 4 or labels.shape != images.shape[:1]:
+            raise ValueError(f"data must be images (N, C, H, W) and labels (N,), got "
+                             f"{tuple(images.shape)} and {tuple(labels.shape)}")
+        if labels.device != images.device:
+            raise ValueError(f"images on {images.device} but labels on {labels.device}")
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        if not isinstance(batch_size, int) or batch_size < 1 or batch_size % world_size:
+            raise ValueError(f"batch_size (global) must be a positive multiple of world_size={world_size}, got {batch_size!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
+        if not isinstance(max_shift, int) or max_shift < 0:
+            raise ValueError(f"max_shift must be a non-negative int, got {max_shift!r}")
+        self.images, self.labels = images, labels
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
+        self.max_shift, self.seed, self.rank, self.world_size = max_shift, seed, rank, world_size
+        self.epoch = 0
+
+    @property
+    def num_examples(self) -> int:
+        """Examples in the whole data set (all ranks together)."""
+        return len(self.labels)
+
+    @property
+    def device(self) -> torch.device:
+        return self.images.device
+
+    def __len__(self) -> int:
+        """Batches per epoch (the same on every rank)."""
+        full, rest = divmod(self.num_examples, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose shuffle and shifts the next iteration uses."""
+        self.epoch = int(epoch)
+
+    def _draw(self) -> tuple[Tensor, Tensor | None]:
+        generator = torch.Generator().manual_seed(_epoch_seed(self.seed, self.epoch))
+        n = self.num_examples
+        order = torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)
+        shifts = None
+        if self.max_shift:
+            shifts = torch.randint(-self.max_shift, self.max_shift + 1, (n, 2), generator=generator)
+            shifts = shifts.to(self.device)
+        return order.to(self.device), shifts
+
+    def __iter__(self):
+        order, shifts = self._draw()
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            piece = torch.arange(start, min(start + self.batch_size, self.num_examples), device=self.device)
+            piece = torch.tensor_split(piece, self.world_size)[self.rank]  # positions in this epoch
+            index = order[piece]
+            images, labels = self.images[index], self.labels[index]
+            if shifts is not None:
+                images = random_shift(images, self.max_shift, shifts=shifts[piece])
+            yield images, labels
+
+    def __repr__(self) -> str:
+        return (f"DeviceLoader(num_examples={self.num_examples}, batch_size={self.batch_size}, "
+                f"shuffle={self.shuffle}, drop_last={self.drop_last}, max_shift={self.max_shift}, "
+                f"seed={self.seed}, rank={self.rank}, world_size={self.world_size}, device={self.device})")

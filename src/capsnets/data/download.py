@@ -1,0 +1,59 @@
+"""Atomic, checksummed download of one file from a list of mirrors (standard library only)."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from .errors import DatasetError
+from .idx import md5sum
+
+__all__ = ["download_file"]
+
+_log = logging.getLogger(__name__)
+
+
+def download_file(filename: str, folder: Path, mirrors: list[str], md5: str, timeout: float = 60.0) -> Path:
+    """Fetch ``filename`` into ``folder`` from the first mirror that serves a file with ``md5``.
+
+    Each attempt writes to a temporary file in ``folder`` and only ``os.replace``-s it into place
+    once its md5 matches, so an interrupted or corrupt download never leaves a partial file.
+
+    Args:
+        filename: the file name appended to each mirror URL.
+        folder: destination folder (created if needed).
+        mirrors: base URLs ending in ``/``, tried in order (``file://`` URLs work too).
+        md5: expected hex digest.
+        timeout: seconds per connection attempt.
+
+    Raises:
+        DatasetError: every mirror failed; the message lists each URL and its error.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / filename
+    errors = []
+    for mirror in mirrors:
+        url = mirror + filename
+        handle, tmp_name = tempfile.mkstemp(prefix=f".{filename}.", suffix=".part", dir=folder)
+        try:
+            _log.info("downloading %s to %s", url, target)
+            with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+                shutil.copyfileobj(response, out)
+            actual = md5sum(tmp_name)
+            if actual == md5.lower():
+                os.replace(tmp_name, target)
+                return target
+            errors.append(f"  {url}: md5 mismatch: expected {md5.lower()}, found {actual}")
+        except OSError as err:  # URLError and timeouts are OSErrors
+            errors.append(f"  {url}: {err}")
+        finally:
+            if os.path.exists(tmp_name):
+                os.remove(tmp_name)
+    raise DatasetError(
+        f"could not download {filename} into {folder}; tried:\n" + "\n".join(errors) + "\n"
+        "If this machine is offline, copy the file there by hand, or point --data-dir / CAPSNETS_DATA "
+        "at a folder that already has it."
+    )

@@ -1,0 +1,70 @@
+import pytest
+import torch
+
+from capsnets.data import DeviceLoader, TensorData
+
+
+def make_data(n=103):
+    images = torch.arange(n, dtype=torch.float32)[:, None, None, None].expand(n, 1, 6, 6) + 1.0
+    return TensorData(images.contiguous(), torch.arange(n), num_classes=n, name="toy")
+
+
+def epoch(loader, e):
+    loader.set_epoch(e)
+    return list(loader)
+
+
+def test_covers_every_example_once():
+    data = make_data()
+    loader = DeviceLoader(data, 10, max_shift=2)
+    batches = epoch(loader, 0)
+    assert len(batches) == len(loader) == 11 and loader.num_examples == 103
+    labels = torch.cat([lab for _, lab in batches])
+    assert sorted(labels.tolist()) == list(range(103))
+    assert [len(lab) for _, lab in batches] == [10] * 10 + [3]
+    for images, lab in batches:  # an image keeps its own label (values are label + 1 where not blanked)
+        assert torch.equal(images.amax(dim=(1, 2, 3)), lab.float() + 1)
+
+
+def test_drop_last_and_no_shuffle():
+    loader = DeviceLoader(make_data(), 10, shuffle=False, drop_last=True)
+    batches = epoch(loader, 5)
+    assert len(loader) == len(batches) == 10
+    assert torch.equal(torch.cat([lab for _, lab in batches]), torch.arange(100))
+
+
+def test_same_seed_and_epoch_same_batches_different_epochs_differ():
+    data = make_data()
+    a = epoch(DeviceLoader(data, 16, max_shift=2, seed=1), 3)
+    torch.manual_seed(123)  # the global RNG must not matter
+    b = epoch(DeviceLoader(data, 16, max_shift=2, seed=1), 3)
+    c = epoch(DeviceLoader(data, 16, max_shift=2, seed=1), 4)
+    d = epoch(DeviceLoader(data, 16, max_shift=2, seed=2), 3)
+    assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+    assert not torch.equal(a[0][1], c[0][1]) and not torch.equal(a[0][1], d[0][1])
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_rank_slices_concatenate_to_single_process_batches(drop_last):
+    data = make_data()
+    single = epoch(DeviceLoader(data, 8, max_shift=2, seed=5, drop_last=drop_last), 2)
+    ranks = [epoch(DeviceLoader(data, 8, max_shift=2, seed=5, drop_last=drop_last, rank=r, world_size=2), 2)
+             for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == len(single)
+    for step, (images, labels) in enumerate(single):
+        assert torch.equal(torch.cat([ranks[r][step][0] for r in range(2)]), images)
+        assert torch.equal(torch.cat([ranks[r][step][1] for r in range(2)]), labels)
+    assert all(len(lab) == 4 for _, lab in ranks[0][:-1])
+
+
+def test_accepts_tensor_pair_and_validates():
+    images, labels = torch.rand(10, 1, 4, 4), torch.arange(10)
+    assert len(DeviceLoader((images, labels), 4)) == 3
+    with pytest.raises(ValueError, match="batch_size"):
+        DeviceLoader((images, labels), 5, world_size=2)
+    with pytest.raises(ValueError, match="rank"):
+        DeviceLoader((images, labels), 4, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="max_shift"):
+        DeviceLoader((images, labels), 4, max_shift=-1)
+    with pytest.raises(ValueError, match="labels"):
+        DeviceLoader((images, labels[:9]), 4)
