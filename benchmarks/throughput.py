@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import platform
 import resource
 import shlex
@@ -27,9 +28,10 @@ import torch
 
 import capsnets
 from capsnets.engine.runtime import autocast, resolve_device
+from capsnets.functional import DynamicRouting
+from capsnets.losses import create_loss
 from capsnets.models import model_arguments
-
-_ROUTING_ITERATIONS = 3
+from capsnets.testing import NaiveDynamicRouting
 
 
 # ----------------------------------------------------------------------------------------- environment
@@ -79,19 +81,16 @@ def synchronize(device: torch.device) -> None:
 # -------------------------------------------------------------------------------------------- one path
 
 
-def build_paths(name: str, naive: bool, compile_model: bool, device: torch.device) -> dict:
+def build_paths(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     """``{"production": model, "naive": model}`` with shared weights; ``{"default": model}`` without routing."""
-    from capsnets.functional import DynamicRouting
-
+    naive = not args.skip_naive
     if "routing" in model_arguments(name):
-        routings = {"production": DynamicRouting(_ROUTING_ITERATIONS)}
+        routings = {"production": DynamicRouting(args.routing_iterations)}
         models = {"production": capsnets.create_model(name, routing=routings["production"])}
     else:  # a model without routing (e.g. cnn_baseline) has no naive variant
         models, routings, naive = {"default": capsnets.create_model(name)}, {"default": None}, False
     if naive:
-        from capsnets.testing import NaiveDynamicRouting
-
-        routings["naive"] = NaiveDynamicRouting(_ROUTING_ITERATIONS)
+        routings["naive"] = NaiveDynamicRouting(args.routing_iterations)
         models["naive"] = capsnets.create_model(name, routing=routings["naive"])
         models["naive"].load_state_dict(models["production"].state_dict())
     paths = {}
@@ -100,7 +99,7 @@ def build_paths(name: str, naive: bool, compile_model: bool, device: torch.devic
         paths[path] = {
             "model": model,
             "routing": None if routings[path] is None else repr(routings[path]),
-            "step": torch.compile(model) if compile_model else model,
+            "step": torch.compile(model) if args.compile else model,
             "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4),
         }
     return paths
@@ -159,11 +158,9 @@ def cuda_peak(fn, paths: dict, path: str, device: torch.device) -> int:
 
 def bench_config(name: str, batch: int, args, device, amp) -> list[dict]:
     """Rows for every path of ``name`` at ``batch``."""
-    from capsnets.losses import create_loss
-
     torch.manual_seed(0)
     rss_before = max_rss_bytes()
-    paths = build_paths(name, not args.skip_naive, args.compile, device)
+    paths = build_paths(name, args, device)
     first = next(iter(paths.values()))["model"]
     criterion = create_loss(first.default_loss).to(device)
     images = torch.rand(batch, *first.input_size, device=device)
@@ -258,25 +255,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="untimed batches per path before timing")
     parser.add_argument("--repeats", type=int, default=5, help="alternating repeats; medians are reported")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--routing-iterations", type=int, default=3, help="routing iterations of both paths")
     parser.add_argument("--skip-naive", action="store_true", help="do not measure the naive routing path")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON file (default benchmarks/results/throughput_<device>_<time>.json)")
     args = parser.parse_args(argv)
-    for flag in ("steps", "repeats"):
+    for flag in ("steps", "repeats", "routing_iterations"):
         if getattr(args, flag) < 1:
-            parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.warmup < 0 or min(args.batch_sizes) < 1 or (args.threads is not None and args.threads < 1):
         parser.error("--warmup must be >= 0, --batch-sizes and --threads >= 1")
     return args
 
 
 def main(argv=None) -> int:
-    import json
-
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
+    torch.backends.cudnn.benchmark = device.type == "cuda"  # fixed shapes: let cuDNN pick its kernels
     amp = torch.bfloat16 if args.amp == "bf16" else None
     unknown = sorted(set(args.models) - set(capsnets.list_models()))
     if unknown:

@@ -23,12 +23,10 @@ from typing import Any, Sequence
 
 import yaml
 
-_FLAG_TO_FIELD = {"model": "model", "dataset": "dataset", "epochs": "epochs", "out": "out",
-                  "batch_size": "batch_size", "lr": "lr", "lr_decay": "lr_decay", "weight_decay": "weight_decay",
-                  "seed": "seed", "device": "device", "amp": "amp", "compile": "compile", "data_dir": "data_dir",
-                  "download": "download", "limit_train": "limit_train", "limit_test": "limit_test",
-                  "max_shift": "max_shift", "loss": "loss", "eval_every": "eval_every",
-                  "checkpoint_every": "checkpoint_every", "progress": "progress"}
+#: ``train`` flags that map one-to-one onto TrainConfig fields (argparse dest == field name).
+_CONFIG_FLAGS = ("model", "dataset", "epochs", "out", "batch_size", "lr", "lr_decay", "weight_decay", "seed",
+                 "device", "amp", "compile", "data_dir", "download", "limit_train", "limit_test", "max_shift",
+                 "loss", "eval_every", "checkpoint_every", "progress")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -126,7 +124,7 @@ def config_from_args(args: argparse.Namespace):
     config_file = args.config
     if config_file is None and args.resume and args.out and (Path(args.out) / "config.yaml").is_file():
         config_file = Path(args.out) / "config.yaml"
-    overrides = {field: getattr(args, flag) for flag, field in _FLAG_TO_FIELD.items()}
+    overrides = {name: getattr(args, name) for name in _CONFIG_FLAGS}
     overrides["model_args"] = parse_key_values(args.model_arg, "--model-arg") or None
     overrides["loss_args"] = parse_key_values(args.loss_arg, "--loss-arg") or None
     return build_config(config_file, **overrides)

@@ -55,6 +55,24 @@ class RunState:
         return False
 
 
+@dataclass
+class _Session:
+    """Everything one call of :meth:`Trainer.fit` works with."""
+
+    context: distributed.DistContext
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    model: torch.nn.Module  # the bare model: checkpoints
+    fast_model: torch.nn.Module  # compiled or bare: evaluation
+    train_model: torch.nn.Module  # DDP-wrapped or fast_model: training steps
+    criterion: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    loader: Any
+    test_data: Any
+    state: RunState
+
+
 class Trainer:
     """Train ``config.model`` on ``config.dataset``; see :class:`~capsnets.engine.config.TrainConfig`.
 
@@ -71,6 +89,7 @@ class Trainer:
             raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
         self.config, self.resume = config, resume
         self.run_dir = Path(config.out)
+        self.model: torch.nn.Module | None = None  # the trained (bare) model once fit() has run
 
     def fit(self) -> dict[str, Any]:
         """Run the training; returns the summary (also written to ``summary.json`` by rank 0)."""
@@ -82,42 +101,52 @@ class Trainer:
             distributed.teardown(context)
 
     def _fit(self, context: distributed.DistContext, device: torch.device) -> dict[str, Any]:
+        session = self._set_up(context, device)
+        evaluation = None
+        for epoch in range(session.state.epoch + 1, self.config.epochs + 1):
+            evaluation = self._run_epoch(session, epoch) or evaluation
+        summary = self._summary(session.state, session.model, device, context)
+        if context.is_main:
+            self._finish(summary, session.fast_model, session.test_data, device, evaluation)
+        return summary
+
+    def _set_up(self, context: distributed.DistContext, device: torch.device) -> "_Session":
+        """Seed, load data, build model, loss, optimizer and schedule; restore them when resuming."""
         cfg = self.config
         seed_everything(cfg.seed)
         train_data, test_data = self._load_data(device)
-        model = self._build_model(train_data).to(device)
-        criterion = self._build_loss(model)
+        model = self.model = self._build_model(train_data).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_decay)
         state = self._restore(model, optimizer, scheduler) if self.resume else RunState()
         if context.is_main:
             self._prepare_run_dir(state)
         fast_model = torch.compile(model) if cfg.compile else model
-        train_model = distributed.wrap_model(fast_model, context, device)
-        loader = self._loader(train_data, context)
-        amp_dtype = resolve_amp(cfg.amp, device)
-        evaluation = None
-        for epoch in range(state.epoch + 1, cfg.epochs + 1):
-            loader.set_epoch(epoch - 1)
-            lr = optimizer.param_groups[0]["lr"]
-            result = train_one_epoch(train_model, loader, criterion, optimizer, epoch=epoch, device=device,
-                                     amp_dtype=amp_dtype, context=context, progress=cfg.progress)
-            scheduler.step()
-            state.epoch, state.train_time_s = epoch, state.train_time_s + result.time_s
-            record = {"epoch": epoch, "train_loss": result.loss, "train_accuracy": result.accuracy, "lr": lr,
-                      "epoch_time_s": result.time_s, "images_per_s": result.images_per_s,
-                      "train_time_s": state.train_time_s}
-            is_best = False
-            if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-                evaluation = evaluate(fast_model, test_data, cfg.batch_size, device, cfg.amp, criterion)
-                record.update(test_loss=evaluation["loss"], test_accuracy=evaluation["accuracy"])
-                is_best = state.record_test(evaluation["accuracy"], epoch)
-            if context.is_main:
-                self._save_epoch(record, state, model, optimizer, scheduler, is_best)
-        summary = self._summary(state, model, device, context)
-        if context.is_main:
-            self._finish(summary, fast_model, test_data, device, evaluation)
-        return summary
+        return _Session(context=context, device=device, amp_dtype=resolve_amp(cfg.amp, device), model=model,
+                        fast_model=fast_model, train_model=distributed.wrap_model(fast_model, context, device),
+                        criterion=self._build_loss(model), optimizer=optimizer, scheduler=scheduler,
+                        loader=self._loader(train_data, context), test_data=test_data, state=state)
+
+    def _run_epoch(self, s: "_Session", epoch: int) -> dict[str, Any] | None:
+        """Train one epoch, step the schedule, evaluate if due, save; returns the evaluation, if any."""
+        cfg, state = self.config, s.state
+        s.loader.set_epoch(epoch - 1)
+        lr = s.optimizer.param_groups[0]["lr"]
+        result = train_one_epoch(s.train_model, s.loader, s.criterion, s.optimizer, epoch=epoch, device=s.device,
+                                 amp_dtype=s.amp_dtype, context=s.context, progress=cfg.progress)
+        s.scheduler.step()
+        state.epoch, state.train_time_s = epoch, state.train_time_s + result.time_s
+        record = {"epoch": epoch, "train_loss": result.loss, "train_accuracy": result.accuracy, "lr": lr,
+                  "epoch_time_s": result.time_s, "images_per_s": result.images_per_s,
+                  "train_time_s": state.train_time_s}
+        evaluation, is_best = None, False
+        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+            evaluation = evaluate(s.fast_model, s.test_data, cfg.batch_size, s.device, cfg.amp, s.criterion)
+            record.update(test_loss=evaluation["loss"], test_accuracy=evaluation["accuracy"])
+            is_best = state.record_test(evaluation["accuracy"], epoch)
+        if s.context.is_main:
+            self._save_epoch(record, state, s.model, s.optimizer, s.scheduler, is_best)
+        return evaluation
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load_data(self, device: torch.device):

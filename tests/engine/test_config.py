@@ -1,0 +1,58 @@
+"""TrainConfig: defaults, file + override merging, validation, saving."""
+import json
+
+import pytest
+import yaml
+
+from capsnets.engine.config import TrainConfig, build_config, read_config_file
+
+
+def test_file_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"epochs": 3, "lr": 0.01, "model_args": {"routing_iterations": 1}}))
+    config = build_config(path, epochs=5, model_args={"reconstruction": False}, seed=None)
+    assert config.epochs == 5 and config.lr == 0.01 and config.seed == 0
+    assert config.model_args == {"routing_iterations": 1, "reconstruction": False}
+
+
+def test_json_file(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"batch_size": 32, "amp": "off"}))
+    config = build_config(path)
+    assert (config.batch_size, config.amp) == (32, "off")
+
+
+def test_unknown_key_names_key_and_valid_keys(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("epochz: 3\n")
+    with pytest.raises(ValueError, match=r"epochz.*valid keys are: model, model_args"):
+        build_config(path)
+
+
+@pytest.mark.parametrize("key, value", [("epochs", 0), ("lr", -1.0), ("lr_decay", 1.5), ("amp", "fp8"),
+                                        ("limit_train", 0), ("batch_size", 2.5)])
+def test_bad_values_name_the_field(key, value):
+    with pytest.raises(ValueError, match=f"{key}="):
+        TrainConfig(**{key: value})
+
+
+def test_bad_file(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        read_config_file(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ValueError, match="mapping"):
+        read_config_file(tmp_path / "list.yaml")
+
+
+def test_save_round_trip(tmp_path):
+    config = TrainConfig(epochs=2, model_args={"input_size": (1, 8, 8)}, limit_test=10)
+    config.save(tmp_path / "config.yaml")
+    again = build_config(tmp_path / "config.yaml")
+    assert again.to_dict() == config.to_dict()
+    assert again.model_args["input_size"] == [1, 8, 8]
+
+
+def test_max_shift_default_depends_on_image_size():
+    assert TrainConfig().resolved_max_shift(8) == 0
+    assert TrainConfig().resolved_max_shift(28) == 2
+    assert TrainConfig(max_shift=1).resolved_max_shift(8) == 1

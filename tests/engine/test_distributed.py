@@ -1,0 +1,48 @@
+"""Data-parallel training: two gloo processes on the CPU (launched with torchrun) against one process."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from capsnets.engine import reporting
+from capsnets.engine.trainer import Trainer
+
+WORKER = textwrap.dedent("""
+    import json, os, sys
+    from safetensors.torch import save_file
+    from capsnets.engine import TrainConfig, Trainer
+
+    trainer = Trainer(TrainConfig(**json.loads(sys.argv[1])))
+    trainer.fit()
+    state = {k: v.contiguous() for k, v in trainer.model.state_dict().items()}
+    save_file(state, os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.safetensors"))
+""")
+
+
+def test_two_gloo_processes_match_one_process(tiny_config, tmp_path, monkeypatch):
+    # 64 examples, global batch 16: 4 steps of 8 examples per rank; every batch is full on both ranks.
+    config = tiny_config(epochs=1, batch_size=16, limit_train=64, limit_test=16, out=str(tmp_path / "ddp"))
+    (tmp_path / "worker.py").write_text(WORKER)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(tmp_path / "worker.py"), json.dumps(config.to_dict()), str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]
+    assert (tmp_path / "ddp" / "last.safetensors").is_file()
+
+    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
+    single = Trainer(config.replace(out=str(tmp_path / "single")))
+    single.fit()
+    for name, expected in single.model.state_dict().items():
+        assert torch.equal(ranks[0][name], ranks[1][name]), f"ranks differ in {name}"
+        torch.testing.assert_close(ranks[0][name], expected, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
+    lines = (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["train_loss"] == pytest.approx(
+        json.loads((tmp_path / "single" / "metrics.jsonl").read_text())["train_loss"], rel=1e-5)

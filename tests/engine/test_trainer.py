@@ -1,0 +1,97 @@
+"""Trainer: run directory contents, exact resume, non-finite loss handling."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from capsnets.engine import checkpoint as ckpt
+from capsnets.engine import reporting
+from capsnets.engine.loop import NonFiniteLossError
+from capsnets.engine.trainer import Trainer
+from capsnets.models.output import ModelOutput
+
+
+class DropoutNet(nn.Module):
+    """A tiny stand-in model whose training uses torch's global RNG (dropout), for the resume test."""
+
+    num_classes, input_size, default_loss = 10, (1, 8, 8), "cross_entropy"
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 10))
+
+    def forward(self, images, labels=None):
+        return ModelOutput(scores=self.net(images))
+
+
+@pytest.fixture
+def dropout_net(monkeypatch):
+    monkeypatch.setattr(ckpt, "build_model", lambda name, args=None: DropoutNet())
+
+
+def test_run_directory(tiny_config):
+    config = tiny_config()
+    summary = Trainer(config).fit()
+    run = Path(config.out)
+    lines = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [line["epoch"] for line in lines] == [1, 2]
+    assert {"train_loss", "train_accuracy", "test_loss", "test_accuracy", "lr", "epoch_time_s",
+            "images_per_s", "train_time_s"} <= set(lines[0])
+    assert lines[1]["lr"] == pytest.approx(config.lr * config.lr_decay)
+    on_disk = json.loads((run / "summary.json").read_text())
+    for key in ("test_accuracy", "best_test_accuracy", "best_epoch", "epochs", "train_time_s",
+                "time_to_accuracy", "parameters", "model", "dataset", "device", "torch"):
+        assert key in on_disk and key in summary, key
+    assert summary["test_accuracy"] == lines[-1]["test_accuracy"]
+    figures = {Path(p).name for p in on_disk["figures"]}
+    assert figures == {"training_curves.png", "confusion_matrix.png", "reconstructions.png"}
+    for name in ("config.yaml", "last.safetensors", "last.json", "best.safetensors", "best.json", *figures):
+        assert (run / name).is_file(), name
+
+
+@pytest.mark.parametrize("stand_in", [False, True], ids=["capsnet_digits", "dropout_stand_in"])
+def test_resume_is_bit_identical(tiny_config, tmp_path, request, monkeypatch, stand_in):
+    """2 epochs == 1 epoch + resume for 1 more: weights, losses and learning rates, bit for bit."""
+    if stand_in:
+        request.getfixturevalue("dropout_net")
+    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])  # figures are slow, not tested here
+    small = dict(batch_size=16, limit_train=32, limit_test=16)
+    full = Trainer(tiny_config(out=str(tmp_path / "a"), epochs=2, **small))
+    full.fit()
+    Trainer(tiny_config(out=str(tmp_path / "b"), epochs=1, **small)).fit()
+    resumed = Trainer(tiny_config(out=str(tmp_path / "b"), epochs=2, **small), resume=True)
+    resumed.fit()
+    for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    metrics = [[json.loads(line) for line in open(tmp_path / run / "metrics.jsonl")] for run in "ab"]
+    assert [m["train_loss"] for m in metrics[0]] == [m["train_loss"] for m in metrics[1]]
+    assert [m["lr"] for m in metrics[0]] == [m["lr"] for m in metrics[1]]
+
+
+def test_resume_without_checkpoint(tiny_config):
+    with pytest.raises(ckpt.CheckpointError, match="cannot resume"):
+        Trainer(tiny_config(), resume=True).fit()
+
+
+def test_nan_loss_stops_and_keeps_last_checkpoint(tiny_config, dropout_net, monkeypatch):
+    Trainer(tiny_config(epochs=1)).fit()
+    last = Path(tiny_config().out) / "last.safetensors"
+    before = last.read_bytes()
+    calls = {"n": 0}
+
+    def nan_on_second_step(output, images, labels):
+        calls["n"] += 1
+        loss = nn.functional.cross_entropy(output.scores, labels)
+        return (loss * float("nan") if calls["n"] == 2 else loss), {}
+
+    monkeypatch.setattr(Trainer, "_build_loss", lambda self, model: nan_on_second_step)
+    with pytest.raises(NonFiniteLossError, match=r"epoch 2, step 2.*--lr"):
+        Trainer(tiny_config(epochs=2), resume=True).fit()
+    assert last.read_bytes() == before
+
+
+def test_model_data_mismatch_is_explained(tiny_config):
+    with pytest.raises(ValueError, match=r"expects 10 classes of \(1, 28, 28\).*--model-arg"):
+        Trainer(tiny_config(model="capsnet_small", model_args={})).fit()

@@ -1,0 +1,111 @@
+"""The ``capsnets`` command line: train, evaluate, reconstruct, list-models, and its error messages."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from capsnets.cli import main, parse_key_values
+
+TRAIN = ["train", "--model", "capsnet_digits", "--dataset", "digits", "--epochs", "1", "--batch-size", "32",
+         "--limit-train", "64", "--limit-test", "32", "--device", "cpu", "--no-progress",
+         "--model-arg", "routing_iterations=2", "--loss-arg", "reconstruction_weight=0.001"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "run"
+    assert main([*TRAIN, "--out", str(out)]) == 0
+    return out
+
+
+def test_train_writes_run_directory(run_dir, capsys):
+    for name in ("metrics.jsonl", "summary.json", "config.yaml", "last.safetensors", "last.json",
+                 "best.safetensors", "best.json", "training_curves.png", "confusion_matrix.png",
+                 "reconstructions.png"):
+        assert (run_dir / name).is_file(), name
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["model_args"] == {"routing_iterations": 2}
+    assert config["loss_args"] == {"reconstruction_weight": 0.001}
+    assert config["progress"] is False and config["limit_train"] == 64
+
+
+def test_train_prints_summary(tmp_path, capsys, monkeypatch):
+    from capsnets.engine import reporting
+
+    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"epochs": 1, "batch_size": 32, "limit_train": 32, "limit_test": 16,
+                                      "device": "cpu", "progress": False, "model_args": {"routing_iterations": 1}}))
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"test accuracy \d+\.\d\d% \(best", out) and str(tmp_path / "run") in out
+    # --resume reuses <out>/config.yaml; flags (here --epochs) override it
+    assert main(["train", "--resume", "--epochs", "2", "--out", str(tmp_path / "run")]) == 0
+    epochs = [json.loads(line)["epoch"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2]
+
+
+def test_evaluate(run_dir, tmp_path, capsys):
+    assert main(["evaluate", "--checkpoint", str(run_dir), "--out", str(tmp_path), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "accuracy" in out and "confusion matrix" in out
+    report = json.loads((tmp_path / "evaluation_digits.json").read_text())
+    assert len(report["confusion_matrix"]) == 10 and len(report["per_class_accuracy"]) == 10
+    assert sum(map(sum, report["confusion_matrix"])) == report["count"] == 360
+    assert (tmp_path / "evaluation_digits_confusion.png").is_file()
+
+
+def test_reconstruct(run_dir, tmp_path, capsys):
+    checkpoint = run_dir / "last.safetensors"
+    assert main(["reconstruct", "--checkpoint", str(checkpoint), "--n", "8", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "reconstructions.png").is_file()
+
+
+def test_list_models(capsys):
+    assert main(["list-models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    counts = dict(line.split() for line in lines)
+    assert counts["capsnet"] == "8,215,568"
+    assert {"capsnet", "capsnet_small", "capsnet_digits", "cnn_baseline"} <= set(counts)
+
+
+def test_corrupt_checkpoint_is_one_line_error(run_dir, tmp_path, capsys):
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes((run_dir / "last.safetensors").read_bytes()[:64])
+    (tmp_path / "broken.json").write_text((run_dir / "last.json").read_text())
+    assert main(["evaluate", "--checkpoint", str(broken)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "broken.safetensors" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--model", "no_such_model", "--epochs", "1"], "unknown model"),
+    (["train", "--epochs", "0"], "epochs=0"),
+    (["train", "--model-arg", "routing_iterations"], "KEY=VALUE"),
+    (["evaluate", "--checkpoint", "/nonexistent/run"], "does not exist"),
+])
+def test_errors_exit_non_zero_with_one_line(argv, message, capsys, tmp_path):
+    assert main([*argv, *(["--out", str(tmp_path)] if argv[0] == "train" else [])]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_bad_flag_type_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--epochs", "three"])
+    assert exit_info.value.code == 2
+
+
+def test_parse_key_values():
+    assert parse_key_values(["a=1", "b=[1, 8, 8]", "c=true", "d=x"], "--model-arg") == {
+        "a": 1, "b": [1, 8, 8], "c": True, "d": "x"}
+
+
+def test_python_dash_m(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "capsnets", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "list-models" in done.stdout
