@@ -1,7 +1,6 @@
 """The ``capsnets`` command line: train, evaluate, reconstruct, list-models, and its error messages."""
 import json
 import re
-from pathlib import Path
 
 import pytest
 import yaml

@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("capsnets: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, FloatingPointError, ImportError) as err:  # CheckpointError, DatasetError...
+    except (ValueError, OSError, FloatingPointError) as err:  # CheckpointError, DatasetError...
         if os.environ.get("CAPSNETS_DEBUG"):
             raise
         message = str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -149,7 +149,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if values is None:
         return {}
     if not isinstance(values, dict):
-        raise ValueError(f"config file {str(path)!r} must hold a mapping of keys to values, got {type(values).__name__}")
+        raise ValueError(f"config file {str(path)!r} must hold a mapping of keys to values, "
+                         f"got {type(values).__name__}")
     return values
 
 

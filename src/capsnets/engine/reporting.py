@@ -5,14 +5,11 @@ Only rank 0 calls these. Figures come from :mod:`capsnets.plots`; the trainer pa
 from __future__ import annotations
 
 import json
-import logging
 import math
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
-
-logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"

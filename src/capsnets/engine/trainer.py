@@ -10,7 +10,6 @@ Run directory (``config.out``): ``config.yaml``, ``metrics.jsonl`` (one line per
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
