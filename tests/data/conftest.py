@@ -49,12 +49,3 @@ def fake_mnist_root(tmp_path, monkeypatch):
     md5s = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in folder.iterdir()}
     monkeypatch.setattr(MNIST, "md5s", md5s)
     return folder.parent
-
-
-@pytest.fixture(scope="session")
-def shared_data_root() -> Path:
-    """The real data (CAPSNETS_DATA, else ../shared/data beside the repo); skips when absent."""
-    root = Path(os.environ.get("CAPSNETS_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
-    if not (root / "mnist" / "t10k-labels-idx1-ubyte.gz").is_file():
-        pytest.skip(f"real MNIST files not found under {root}")
-    return root

@@ -94,4 +94,11 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(tiny_config, dropout_net, monk
 
 def test_model_data_mismatch_is_explained(tiny_config):
     with pytest.raises(ValueError, match=r"expects 10 classes of \(1, 28, 28\).*--model-arg"):
-        Trainer(tiny_config(model="capsnet_small", model_args={})).fit()
+        Trainer(tiny_config(model="capsnet_small", model_args={"input_size": [1, 28, 28]})).fit()
+
+
+def test_num_classes_and_input_size_default_to_the_dataset(tiny_config):
+    config = tiny_config(model="cnn_baseline", model_args={}, epochs=1)
+    trainer = Trainer(config)
+    trainer.fit()
+    assert trainer.model.input_size == (1, 8, 8) and config.model_args["num_classes"] == 10

@@ -159,6 +159,13 @@ class Trainer:
         return splits
 
     def _build_model(self, data) -> torch.nn.Module:
+        """Build the model; ``num_classes`` and ``input_size`` default to the data set's (saved in the config)."""
+        from capsnets.models import model_arguments
+
+        accepted = model_arguments(self.config.model)
+        for key, value in (("num_classes", data.num_classes), ("input_size", list(data.images.shape[1:]))):
+            if key in accepted and key not in self.config.model_args:
+                self.config.model_args[key] = value
         model = ckpt.build_model(self.config.model, self.config.model_args)
         expected_shape = tuple(data.images.shape[1:])
         if int(model.num_classes) != data.num_classes or tuple(model.input_size) != expected_shape:

@@ -5,6 +5,7 @@ left. During training the true class is kept; at test time the longest capsule.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -50,7 +51,7 @@ class CapsuleDecoder(nn.Module):
         layers: list[nn.Module] = []
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
             layers += [nn.Linear(fan_in, fan_out, device=device, dtype=dtype), nn.ReLU(inplace=True)]
-        layers += [nn.Linear(sizes[-1], int(torch.tensor(self.output_shape).prod()), device=device, dtype=dtype)]
+        layers += [nn.Linear(sizes[-1], math.prod(self.output_shape), device=device, dtype=dtype)]
         self.mlp = nn.Sequential(*layers)
 
     def forward(self, capsules: Tensor, select: Tensor) -> Tensor:

@@ -1,0 +1,21 @@
+"""Fixtures shared by all test folders."""
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def shared_data_root() -> Path:
+    """The real data: ``$CAPSNETS_DATA``, else ``../shared/data`` beside the repository.
+
+    Outside CI a missing folder skips the test; in CI (``CI`` set) it fails, so a CI run can never pass
+    without having trained on the real files.
+    """
+    root = Path(os.environ.get("CAPSNETS_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+    if not (root / "mnist" / "t10k-labels-idx1-ubyte.gz").is_file():
+        message = f"real MNIST files not found under {root}; set CAPSNETS_DATA to the folder holding mnist/"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return root
