@@ -25,7 +25,7 @@ def test_train_writes_run_directory(run_dir, capsys):
                  "reconstructions.png"):
         assert (run_dir / name).is_file(), name
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert config["model_args"] == {"routing_iterations": 2}
+    assert config["model_args"] == {"routing_iterations": 2, "num_classes": 10, "input_size": [1, 8, 8]}
     assert config["loss_args"] == {"reconstruction_weight": 0.001}
     assert config["progress"] is False and config["limit_train"] == 64
 
