@@ -48,3 +48,26 @@ def test_bad_loss_arguments():
         margin_loss(torch.rand(2, 3), torch.tensor([0, 3]))
     with pytest.raises(ValueError, match="shape"):
         reconstruction_loss(torch.rand(2, 4), torch.rand(2, 5))
+
+
+def test_spread_loss_hand_computed():
+    from capsnets.losses import spread_loss
+
+    acts = torch.tensor([[0.9, 0.5, 0.1], [0.2, 0.3, 0.6]])
+    targets = torch.tensor([0, 1])
+    # ex 0, m = 0.5: (0.5 - 0.4)^2 + max(0, 0.5 - 0.8)^2 = 0.01; ex 1: (0.5 - 0.1)^2 + (0.5 + 0.3)^2 = 0.8
+    torch.testing.assert_close(spread_loss(acts, targets, 0.5), torch.tensor((0.01 + 0.8) / 2))
+
+
+def test_spread_margin_schedule():
+    loss = create_loss("spread")
+    assert loss.margin == pytest.approx(0.2)
+    loss.set_progress(0.25)
+    assert loss.margin == pytest.approx(0.55)  # half-way through the ramp (half of training)
+    loss.set_progress(0.9)
+    assert loss.margin == pytest.approx(0.9)
+    full = create_loss("spread", ramp=1.0, margin_start=0.1, margin_end=0.5)
+    full.set_progress(0.5)
+    assert full.margin == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="ramp"):
+        create_loss("spread", ramp=0)

@@ -3,6 +3,12 @@
 - Margin loss: Sabour, Frosst & Hinton (2017), Eq. 4 (``m+ = 0.9``, ``m- = 0.1``, ``lambda = 0.5``),
   summed over classes, averaged over the batch; several targets per example are allowed (MultiMNIST).
 - Reconstruction loss: sum of squared pixel errors per example, scaled by 0.0005 (Sec. 4.1).
+- Spread loss: Hinton, Sabour & Frosst (2018), Sec. 3.1, ``sum_{i != t} max(0, m - (a_t - a_i))^2``
+  with the margin ``m`` growing linearly from 0.2 to 0.9. The paper does not say over how long; here
+  it reaches 0.9 after ``ramp`` (default half) of the training and stays there.
+
+A criterion that has ``set_progress(fraction)`` is told by the trainer, before every step, which
+fraction of the training has been done (0 at the start, approaching 1 at the end).
 
 Every criterion built by :func:`create_loss` is called as ``criterion(output, images, targets)`` with a
 :class:`~capsnets.models.output.ModelOutput` and returns ``(loss, parts)``; ``parts`` holds the detached
@@ -115,7 +121,54 @@ class CrossEntropyLoss(nn.Module):
         return loss, {"cross_entropy": loss.detach()}
 
 
+def spread_loss(activations: Tensor, targets: Tensor, margin: float) -> Tensor:
+    """Spread loss ``sum_{i != t} max(0, m - (a_t - a_i))^2``, averaged over the batch.
+
+    Shape:
+        activations ``(B, K)``, targets ``(B,)`` class indices -> scalar.
+    """
+    if activations.dim() != 2 or targets.shape != activations.shape[:1]:
+        raise ValueError(f"need activations (B, K) and targets (B,), got {tuple(activations.shape)} "
+                         f"and {tuple(targets.shape)}")
+    target = targets.long().unsqueeze(1)
+    a_t = activations.gather(1, target)  # (B, 1)
+    per_class = F.relu(margin - (a_t - activations)).pow(2)
+    return per_class.scatter(1, target, 0.0).sum(dim=1).mean()
+
+
+class SpreadLoss(nn.Module):
+    """Spread loss with a margin that grows linearly with training progress.
+
+    Args:
+        margin_start: margin at the start of training (0.2).
+        margin_end: final margin (0.9).
+        ramp: fraction of training over which the margin grows (then it stays at ``margin_end``).
+    """
+
+    def __init__(self, *, margin_start: float = 0.2, margin_end: float = 0.9, ramp: float = 0.5) -> None:
+        super().__init__()
+        if not 0 <= margin_start <= margin_end:
+            raise ValueError(f"need 0 <= margin_start <= margin_end, got {margin_start}, {margin_end}")
+        if not 0 < ramp <= 1:
+            raise ValueError(f"ramp must be in (0, 1], got {ramp}")
+        self.margin_start, self.margin_end, self.ramp = margin_start, margin_end, ramp
+        self.margin = margin_start
+
+    def set_progress(self, fraction: float) -> None:
+        """Set the margin for the given fraction of training done."""
+        growth = min(max(fraction, 0.0) / self.ramp, 1.0)
+        self.margin = self.margin_start + (self.margin_end - self.margin_start) * growth
+
+    def forward(self, output: ModelOutput, images: Tensor, targets: Tensor):
+        loss = spread_loss(output.scores.float(), targets, self.margin)
+        return loss, {"spread": loss.detach()}
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin:.3f}, margin_start={self.margin_start}, margin_end={self.margin_end}, ramp={self.ramp}"
+
+
 _LOSSES: dict[str, Callable[..., nn.Module]] = {
+    "spread": SpreadLoss,
     "margin": MarginLoss,
     "cross_entropy": CrossEntropyLoss,
 }

@@ -76,3 +76,79 @@ def assert_finite(tensor: Tensor, what: str = "tensor") -> None:
     bad = ~torch.isfinite(tensor)
     if bad.any():
         raise AssertionError(f"{what} has {int(bad.sum())} non-finite values of {tensor.numel()}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# EM routing (Hinton, Sabour & Frosst 2018, Procedure 1; SPEC §2), written literally as the oracle for
+# capsnets.functional.em_routing. Same safety floors as the fast path: ``eps`` is added to every variance
+# and to every ``sum_i R'`` denominator; ``log a_j`` is the log-sigmoid of the pre-activation.
+
+
+def _log_sigmoid(x: float) -> float:
+    return -math.log1p(math.exp(-x)) if x >= 0 else x - math.log1p(math.exp(x))
+
+
+def _sigmoid(x: float) -> float:
+    return math.exp(_log_sigmoid(x))
+
+
+def reference_em_routing(
+    votes: Tensor,
+    activations: Tensor,
+    beta_v: Tensor,
+    beta_a: Tensor,
+    iterations: int,
+    inverse_temperatures: list[float],
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Procedure 1, literally: returns ``(mu (B, J, H), a (B, J), R (B, I, J))`` as float64.
+
+    ``votes`` ``(B, I, J, H)``, ``activations`` ``(B, I)``, ``beta_v``/``beta_a`` ``(J,)`` or scalars,
+    ``inverse_temperatures`` one lambda per iteration; ``R`` is the assignment used by the final M-step.
+    """
+    V = votes.detach().double().tolist()
+    A = activations.detach().double().tolist()
+    parents = len(V[0][0])
+    bv = [float(x) for x in torch.as_tensor(beta_v).double().flatten().expand(parents)]
+    ba = [float(x) for x in torch.as_tensor(beta_a).double().flatten().expand(parents)]
+    out_mu, out_a, out_r = [], [], []
+    for vb, ab in zip(V, A):  # one example at a time
+        children, dim = len(vb), len(vb[0][0])
+        R = [[1.0 / parents] * parents for _ in range(children)]
+        for t in range(iterations):
+            # M-step, for each parent j
+            mu, var, act, log_act = [], [], [], []
+            for j in range(parents):
+                rp = [R[i][j] * ab[i] for i in range(children)]
+                mass = sum(rp)
+                mu_j = [sum(rp[i] * vb[i][j][h] for i in range(children)) / (mass + eps) for h in range(dim)]
+                var_j = [
+                    sum(rp[i] * (vb[i][j][h] - mu_j[h]) ** 2 for i in range(children)) / (mass + eps) + eps
+                    for h in range(dim)
+                ]
+                cost = sum((bv[j] + math.log(math.sqrt(var_j[h]))) * mass for h in range(dim))
+                pre = inverse_temperatures[t] * (ba[j] - cost)
+                mu.append(mu_j)
+                var.append(var_j)
+                act.append(_sigmoid(pre))
+                log_act.append(_log_sigmoid(pre))
+            if t == iterations - 1:
+                break
+            # E-step, for each child i
+            for i in range(children):
+                logits = []
+                for j in range(parents):
+                    log_p = 0.0
+                    for h in range(dim):
+                        x = vb[i][j][h]
+                        log_p += -0.5 * math.log(2 * math.pi * var[j][h])
+                        log_p -= (x - mu[j][h]) ** 2 / (2 * var[j][h])
+                    logits.append(log_act[j] + log_p)
+                top = max(logits)
+                exps = [math.exp(z - top) for z in logits]
+                R[i] = [e / sum(exps) for e in exps]
+        out_mu.append(mu)
+        out_a.append(act)
+        out_r.append(R)
+    as64 = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    return as64(out_mu), as64(out_a), as64(out_r)

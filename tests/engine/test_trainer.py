@@ -102,3 +102,17 @@ def test_num_classes_and_input_size_default_to_the_dataset(tiny_config):
     trainer = Trainer(config)
     trainer.fit()
     assert trainer.model.input_size == (1, 8, 8) and config.model_args["num_classes"] == 10
+
+
+def test_loss_schedule_gets_training_progress(tiny_config, monkeypatch):
+    from capsnets.losses import MarginLoss
+
+    seen = []
+
+    class Scheduled(MarginLoss):
+        def set_progress(self, fraction):
+            seen.append(fraction)
+
+    monkeypatch.setattr(Trainer, "_build_loss", lambda self, model: Scheduled())
+    Trainer(tiny_config(epochs=2, batch_size=32, limit_train=64)).fit()
+    assert seen == [0.0, 0.25, 0.5, 0.75]  # 2 epochs x 2 steps

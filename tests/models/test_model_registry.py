@@ -6,7 +6,12 @@ import capsnets
 from capsnets.losses import create_loss
 from capsnets.testing import assert_finite
 
-EXPECTED_PARAMETERS = {"capsnet": 8_215_568, "cnn_baseline": 35_445_522}
+EXPECTED_PARAMETERS = {
+    "capsnet": 8_215_568,  # SPEC: ~8.2M
+    "cnn_baseline": 35_445_522,  # 35.4M
+    "matrix_capsnet": 316_394,  # ~310K (5 classes)
+    "matrix_capsnet_small": 67_154,  # ~68K
+}
 
 
 @pytest.mark.parametrize("name", capsnets.list_models())
@@ -40,6 +45,10 @@ def test_num_classes_and_input_size_overrides():
     model = capsnets.create_model("capsnet_small", num_classes=5, input_size=(3, 32, 32))
     out = model(torch.rand(2, 3, 32, 32))
     assert out.scores.shape == (2, 5) and out.reconstruction.shape == (2, 3, 32, 32)
+    matrix = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28))
+    assert matrix(torch.rand(2, 1, 28, 28)).scores.shape == (2, 10)
+    with pytest.raises(ValueError, match="too small"):
+        capsnets.create_model("matrix_capsnet_small", input_size=(1, 12, 12))
     cnn = capsnets.create_model("cnn_baseline", input_size=(1, 8, 8), num_classes=4)
     assert cnn(torch.rand(2, 1, 8, 8)).scores.shape == (2, 4)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -37,7 +38,8 @@ class EpochResult:
 
 def train_one_epoch(model: nn.Module, loader, criterion: nn.Module, optimizer: torch.optim.Optimizer, *,
                     epoch: int, device: torch.device, amp_dtype: torch.dtype | None, context: DistContext,
-                    progress: bool = True, check_every: int = 20) -> EpochResult:
+                    progress: bool = True, check_every: int = 20,
+                    before_step: Callable[[int], None] | None = None) -> EpochResult:
     """Train ``model`` for one pass over ``loader`` (already ``set_epoch``-ed) and return the figures.
 
     Args:
@@ -49,6 +51,7 @@ def train_one_epoch(model: nn.Module, loader, criterion: nn.Module, optimizer: t
         context: the distributed context (sums are all-reduced; only rank 0 shows progress).
         progress: show a tqdm bar (it also disables itself when stderr is not a terminal).
         check_every: steps between host-side checks of the losses.
+        before_step: called with the 1-based step number before each step (e.g. a loss schedule).
     """
     model.train()
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss * n, correct, n
@@ -57,6 +60,8 @@ def train_one_epoch(model: nn.Module, loader, criterion: nn.Module, optimizer: t
                disable=None if (progress and context.is_main) else True)
     start = time.perf_counter()
     for step, (images, labels) in enumerate(loader, start=1):
+        if before_step is not None:
+            before_step(step)
         with autocast(device, amp_dtype):
             output = model(images, labels)
             loss, _ = criterion(output, images, labels)

@@ -132,7 +132,8 @@ class Trainer:
         s.loader.set_epoch(epoch - 1)
         lr = s.optimizer.param_groups[0]["lr"]
         result = train_one_epoch(s.train_model, s.loader, s.criterion, s.optimizer, epoch=epoch, device=s.device,
-                                 amp_dtype=s.amp_dtype, context=s.context, progress=cfg.progress)
+                                 amp_dtype=s.amp_dtype, context=s.context, progress=cfg.progress,
+                                 before_step=self._loss_schedule(s, epoch))
         s.scheduler.step()
         state.epoch, state.train_time_s = epoch, state.train_time_s + result.time_s
         record = {"epoch": epoch, "train_loss": result.loss, "train_accuracy": result.accuracy, "lr": lr,
@@ -146,6 +147,13 @@ class Trainer:
         if s.context.is_main:
             self._save_epoch(record, state, s.model, s.optimizer, s.scheduler, is_best)
         return evaluation
+
+    def _loss_schedule(self, s: "_Session", epoch: int):
+        """If the loss has a schedule (``set_progress``), tell it the fraction of training done per step."""
+        if not hasattr(s.criterion, "set_progress"):
+            return None
+        steps, epochs = len(s.loader), self.config.epochs
+        return lambda step: s.criterion.set_progress((epoch - 1 + (step - 1) / steps) / epochs)
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load_data(self, device: torch.device):

@@ -1,12 +1,16 @@
 """Stateless capsule math: squash, safe lengths, routing, masking."""
+from capsnets.functional.em_routing import EMRouting, em_inverse_temperatures, em_routing
 from capsnets.functional.masking import mask_capsules
 from capsnets.functional.routing import DynamicRouting, dynamic_routing
 from capsnets.functional.squash import capsule_length, safe_norm, squash
 
 __all__ = [
     "DynamicRouting",
+    "EMRouting",
     "capsule_length",
     "dynamic_routing",
+    "em_inverse_temperatures",
+    "em_routing",
     "mask_capsules",
     "safe_norm",
     "squash",

@@ -1,0 +1,202 @@
+"""Matrix capsule layers (Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing", Sec. 3-4).
+
+- :class:`PrimaryMatrixCapsules`: a 1x1 convolution to ``T`` capsule types, each a 4x4 pose (linear)
+  and an activation (sigmoid).
+- :class:`ConvMatrixCapsules`: votes ``V = M W`` with one 4x4 ``W`` per (kernel position, child type,
+  parent type), shared across positions; the children of each parent are the ``K*K*T`` capsules of its
+  receptive field; the routing (e.g. :class:`~capsnets.functional.EMRouting`) is passed in.
+- :class:`ClassMatrixCapsules`: one ``W`` per (child type, class) shared across positions, with
+  coordinate addition: the scaled (row, column) of each child's position, ``(r + 0.5) / H`` and
+  ``(c + 0.5) / W``, are added to the first two vote components (the paper leaves the scaling open).
+
+Dimension legend: ``B`` batch, ``T``/``U`` child/parent types, ``K`` kernel, ``P`` pose side (4),
+``I``/``J`` children/parents of one routing problem.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from capsnets.capsules import MatrixCapsules
+from capsnets.functional.patches import capsule_patches
+from capsnets.layers._checks import non_negative_int, positive_int
+
+
+def _default_routing():
+    from capsnets.functional import EMRouting
+
+    return EMRouting(3)
+
+
+def matrix_votes(poses: Tensor, weight: Tensor) -> Tensor:
+    """Votes ``V[n, i, j] = M[n, i] @ W[i, j]`` of every child ``i`` for every parent ``j``.
+
+    Shape:
+        - poses: ``(N, I, P, P)``; weight: ``(I, J, P, P)``
+        - output: ``(N, I, J, P * P)``
+    """
+    n, children, side, _ = poses.shape
+    parents = weight.shape[1]
+    # One batched matmul over children: (I, N*P, P) @ (I, P, J*P) -> (I, N*P, J*P)
+    lhs = poses.transpose(0, 1).reshape(children, n * side, side)
+    rhs = weight.permute(0, 2, 1, 3).reshape(children, side, parents * side)
+    votes = torch.bmm(lhs, rhs).view(children, n, side, parents, side)
+    return votes.permute(1, 0, 3, 2, 4).reshape(n, children, parents, side * side)
+
+
+def _pose_weight(*shape: int, side: int, device, dtype) -> nn.Parameter:
+    # Identity plus small noise: votes start close to the child poses (a common, stable start).
+    eye = torch.eye(side, device=device, dtype=dtype)
+    return nn.Parameter(eye + 0.5 * torch.randn(*shape, side, side, device=device, dtype=dtype))
+
+
+class PrimaryMatrixCapsules(nn.Module):
+    """Feature maps -> a grid of matrix capsules.
+
+    Args:
+        in_channels: channels of the input feature map.
+        num_types: capsule types ``T``.
+        pose_size: side ``P`` of the pose matrix (4).
+        kernel_size: kernel of the pose and activation convolutions (1 in the paper).
+
+    Shape:
+        - input: ``(B, in_channels, H, W)``
+        - output: :class:`MatrixCapsules` with pose ``(B, T, H, W, P, P)``, activation ``(B, T, H, W)``.
+    """
+
+    def __init__(self, in_channels: int, num_types: int, *, pose_size: int = 4, kernel_size: int = 1,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        self.in_channels = positive_int("in_channels", in_channels)
+        self.num_types = positive_int("num_types", num_types)
+        self.pose_size = positive_int("pose_size", pose_size)
+        self.kernel_size = positive_int("kernel_size", kernel_size)
+        factory = {"device": device, "dtype": dtype}
+        self.pose = nn.Conv2d(in_channels, num_types * pose_size**2, kernel_size, padding=kernel_size // 2, **factory)
+        self.activation = nn.Conv2d(in_channels, num_types, kernel_size, padding=kernel_size // 2, **factory)
+
+    def forward(self, x: Tensor) -> MatrixCapsules:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"PrimaryMatrixCapsules expects (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
+        batch, _, height, width = x.shape
+        side = self.pose_size
+        pose = self.pose(x).view(batch, self.num_types, side, side, height, width).permute(0, 1, 4, 5, 2, 3)
+        return MatrixCapsules(pose, torch.sigmoid(self.activation(x)))
+
+    def extra_repr(self) -> str:
+        return f"in_channels={self.in_channels}, num_types={self.num_types}, pose_size={self.pose_size}"
+
+
+class ConvMatrixCapsules(nn.Module):
+    """Convolutional matrix capsules with routing over each receptive field.
+
+    Args:
+        in_types: child capsule types ``T``.
+        out_types: parent capsule types ``U``.
+        kernel_size, stride, padding: convolution geometry over the capsule grid.
+        routing: callable ``(votes (N, I, J, P*P), activations (N, I), beta_v (J,), beta_a (J,)) ->
+            (poses (N, J, P*P), activations (N, J))``; default ``EMRouting(3)``.
+        pose_size: pose side ``P``.
+
+    Shape:
+        - input: :class:`MatrixCapsules` ``(B, T, H, W, P, P)``
+        - output: :class:`MatrixCapsules` ``(B, U, H', W', P, P)``
+        - ``weight``: ``(T, K, K, U, P, P)``; ``beta_v``, ``beta_a``: ``(U,)``
+    """
+
+    def __init__(self, in_types: int, out_types: int, *, kernel_size: int = 3, stride: int = 1, padding: int = 0,
+                 routing=None, pose_size: int = 4, device=None, dtype=None) -> None:
+        super().__init__()
+        self.in_types = positive_int("in_types", in_types)
+        self.out_types = positive_int("out_types", out_types)
+        self.kernel_size = positive_int("kernel_size", kernel_size)
+        self.stride = positive_int("stride", stride)
+        self.padding = non_negative_int("padding", padding)
+        self.pose_size = positive_int("pose_size", pose_size)
+        self.routing = routing if routing is not None else _default_routing()
+        factory = {"device": device, "dtype": dtype}
+        self.weight = _pose_weight(in_types, kernel_size, kernel_size, out_types, side=pose_size, **factory)
+        self.beta_v = nn.Parameter(torch.zeros(out_types, **factory))
+        self.beta_a = nn.Parameter(torch.zeros(out_types, **factory))
+
+    def forward(self, caps: MatrixCapsules) -> MatrixCapsules:
+        if caps.types != self.in_types or caps.pose_size != self.pose_size:
+            raise ValueError(f"ConvMatrixCapsules expects {self.in_types} types of {self.pose_size}x{self.pose_size} "
+                             f"poses, got {caps!r}")
+        batch, side = caps.batch, self.pose_size
+        pose = caps.pose.permute(0, 1, 4, 5, 2, 3).flatten(2, 3)  # (B, T, P*P, H, W)
+        feats = torch.cat([pose, caps.activation.unsqueeze(2)], dim=2)  # (B, T, P*P + 1, H, W)
+        patches, (out_h, out_w) = capsule_patches(feats, self.kernel_size, self.stride, self.padding)
+        patches = patches.flatten(0, 2)  # (N = B*H'*W', I = T*K*K, P*P + 1)
+        children = patches.shape[1]
+        votes = matrix_votes(patches[..., :-1].reshape(-1, children, side, side),
+                             self.weight.reshape(children, self.out_types, side, side))
+        out_pose, out_act = self.routing(votes, patches[..., -1], self.beta_v, self.beta_a)
+        out_pose = out_pose.view(batch, out_h, out_w, self.out_types, side, side).permute(0, 3, 1, 2, 4, 5)
+        out_act = out_act.view(batch, out_h, out_w, self.out_types).permute(0, 3, 1, 2)
+        return MatrixCapsules(out_pose, out_act)
+
+    def extra_repr(self) -> str:
+        return (f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, routing={self.routing!r}")
+
+
+class ClassMatrixCapsules(nn.Module):
+    """Class capsules from a grid of matrix capsules: ``W`` shared across positions, coordinate addition.
+
+    Args:
+        in_types: child capsule types ``T``.
+        num_classes: class capsules ``J``.
+        routing: see :class:`ConvMatrixCapsules`.
+        coordinate_addition: add the scaled (row, column) of each child's position to its votes'
+            first two components.
+        pose_size: pose side ``P``.
+
+    Shape:
+        - input: :class:`MatrixCapsules` ``(B, T, H, W, P, P)``
+        - output: :class:`MatrixCapsules` ``(B, J, 1, 1, P, P)``
+        - ``weight``: ``(T, J, P, P)``
+    """
+
+    def __init__(self, in_types: int, num_classes: int, *, routing=None, coordinate_addition: bool = True,
+                 pose_size: int = 4, device=None, dtype=None) -> None:
+        super().__init__()
+        self.in_types = positive_int("in_types", in_types)
+        self.num_classes = positive_int("num_classes", num_classes)
+        self.pose_size = positive_int("pose_size", pose_size)
+        if pose_size**2 < 2 and coordinate_addition:
+            raise ValueError("coordinate_addition needs at least 2 pose components")
+        self.coordinate_addition = bool(coordinate_addition)
+        self.routing = routing if routing is not None else _default_routing()
+        factory = {"device": device, "dtype": dtype}
+        self.weight = _pose_weight(in_types, num_classes, side=pose_size, **factory)
+        self.beta_v = nn.Parameter(torch.zeros(num_classes, **factory))
+        self.beta_a = nn.Parameter(torch.zeros(num_classes, **factory))
+
+    def coordinates(self, height: int, width: int, device=None, dtype=None) -> Tensor:
+        """Scaled ``(row, column)`` of every grid position, ``(H, W, 2)`` in ``(0, 1)``."""
+        rows = (torch.arange(height, device=device, dtype=dtype) + 0.5) / height
+        cols = (torch.arange(width, device=device, dtype=dtype) + 0.5) / width
+        return torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)
+
+    def forward(self, caps: MatrixCapsules) -> MatrixCapsules:
+        if caps.types != self.in_types or caps.pose_size != self.pose_size:
+            raise ValueError(f"ClassMatrixCapsules expects {self.in_types} types of {self.pose_size}x{self.pose_size} "
+                             f"poses, got {caps!r}")
+        batch, side = caps.batch, self.pose_size
+        height, width = caps.grid
+        pose = caps.pose.permute(0, 2, 3, 1, 4, 5)  # (B, H, W, T, P, P)
+        weight = self.weight.unsqueeze(0).expand(height * width, -1, -1, -1, -1).reshape(-1, self.num_classes, side, side)
+        votes = matrix_votes(pose.reshape(batch, -1, side, side), weight)  # (B, H*W*T, J, P*P)
+        if self.coordinate_addition:
+            coords = self.coordinates(height, width, votes.device, votes.dtype)  # (H, W, 2)
+            coords = coords.unsqueeze(2).expand(-1, -1, self.in_types, -1).reshape(1, -1, 1, 2)
+            votes = torch.cat([votes[..., :2] + coords, votes[..., 2:]], dim=-1)
+        activation = caps.activation.permute(0, 2, 3, 1).reshape(batch, -1)  # (B, H*W*T)
+        out_pose, out_act = self.routing(votes, activation, self.beta_v, self.beta_a)
+        return MatrixCapsules(out_pose.view(batch, self.num_classes, 1, 1, side, side),
+                              out_act.view(batch, self.num_classes, 1, 1))
+
+    def extra_repr(self) -> str:
+        return (f"in_types={self.in_types}, num_classes={self.num_classes}, "
+                f"coordinate_addition={self.coordinate_addition}, routing={self.routing!r}")

@@ -1,0 +1,119 @@
+"""Matrix capsules with EM routing (Hinton, Sabour & Frosst 2018, ICLR, Sec. 4 and Fig. 1).
+
+ReLU Conv1 (5x5, stride 2, A channels) -> PrimaryCaps (1x1, B types) -> ConvCaps1 (K=3, stride 2, C types)
+-> ConvCaps2 (K=3, stride 1, D types) -> class capsules (shared W, coordinate addition), EM routing in
+the last three layers. Registered variants:
+
+- ``matrix_capsnet``: A=B=C=D=32 (316,394 parameters for 5 classes, 319,020 for 10);
+- ``matrix_capsnet_small``: A=64, B=8, C=D=16 (67,154 parameters for 5 classes).
+
+Inputs of 32x32 (smallNORB crops) use no padding in Conv1; smaller inputs (28x28 MNIST) get padding 2,
+which gives the same 14x14 -> 6x6 -> 4x4 grids (SPEC). Class scores are the class capsule activations.
+Deviation: the paper gives neither the initialisation nor the inverse-temperature schedule; see
+:mod:`capsnets.layers.matrix` and :mod:`capsnets.functional.em_routing` for the ones used.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from capsnets.layers._checks import positive_int
+from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+from capsnets.models.output import ModelOutput
+from capsnets.models.registry import register_model
+
+
+def _em_routing(iterations: int, routing):
+    if routing is not None:
+        return routing
+    from capsnets.functional import EMRouting
+
+    return EMRouting(iterations)
+
+
+class MatrixCapsNet(nn.Module):
+    """The EM-routing capsule network.
+
+    Args:
+        input_size: ``(C, H, W)``.
+        num_classes: class capsules (the paper's E).
+        conv_channels: A, channels of the ReLU convolution.
+        primary_types: B, primary capsule types.
+        conv_caps1_types: C, types of the first convolutional capsule layer.
+        conv_caps2_types: D, types of the second.
+        conv_padding: padding of Conv1; None: 2 for inputs smaller than 32 px, else 0.
+        routing: routing callable shared by the three capsule layers (default ``EMRouting(3)``).
+        coordinate_addition: coordinate addition in the class capsules.
+
+    Shape:
+        images ``(B, C, H, W)`` -> :class:`ModelOutput` with ``scores`` = class activations ``(B, E)``
+        and ``capsules`` = class poses flattened ``(B, E, 16)``.
+    """
+
+    default_loss = "spread"
+
+    def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5, conv_channels: int = 32,
+                 primary_types: int = 32, conv_caps1_types: int = 32, conv_caps2_types: int = 32,
+                 conv_padding: int | None = None, routing=None, coordinate_addition: bool = True,
+                 pose_size: int = 4, device=None, dtype=None) -> None:
+        super().__init__()
+        if len(tuple(input_size)) != 3:
+            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
+        self.input_size = tuple(int(s) for s in input_size)
+        self.num_classes = positive_int("num_classes", num_classes)
+        if conv_padding is None:
+            conv_padding = 2 if min(self.input_size[1:]) < 32 else 0
+        routing = routing if routing is not None else _em_routing(3, None)
+        factory = {"device": device, "dtype": dtype, "pose_size": pose_size}
+        self.conv = nn.Conv2d(self.input_size[0], conv_channels, 5, stride=2, padding=conv_padding,
+                              device=device, dtype=dtype)
+        self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, **factory)
+        self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, kernel_size=3, stride=2,
+                                             routing=routing, **factory)
+        self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size=3, stride=1,
+                                             routing=routing, **factory)
+        self.classes = ClassMatrixCapsules(conv_caps2_types, num_classes, routing=routing,
+                                           coordinate_addition=coordinate_addition, **factory)
+        self._check_grid()
+
+    def _check_grid(self) -> None:
+        size = [(s + 2 * self.conv.padding[0] - 5) // 2 + 1 for s in self.input_size[1:]]
+        size = [(s - 3) // 2 + 1 for s in size]
+        size = [s - 2 for s in size]
+        if min(size) < 1:
+            raise ValueError(f"input_size {self.input_size} is too small for Conv1 (5x5/2), ConvCaps1 (3x3/2) and "
+                             f"ConvCaps2 (3x3/1); use at least 28x28")
+
+    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
+        if images.dim() != 4 or tuple(images.shape[1:]) != self.input_size:
+            raise ValueError(f"MatrixCapsNet expects images of shape (B, {', '.join(map(str, self.input_size))}), "
+                             f"got {tuple(images.shape)}; set input_size when creating the model")
+        caps = self.primary(torch.relu(self.conv(images)))  # (B, A, 14, 14) -> B types on 14x14
+        caps = self.conv_caps2(self.conv_caps1(caps))  # C types on 6x6 -> D types on 4x4
+        classes = self.classes(caps)  # (B, E, 1, 1, 4, 4)
+        activation = classes.activation.flatten(1)  # (B, E)
+        poses = classes.pose.reshape(images.shape[0], self.num_classes, -1)  # (B, E, 16)
+        return ModelOutput(activation, "activation", poses)
+
+
+def _build(num_classes, input_size, routing_iterations, routing, coordinate_addition, device, dtype, **widths):
+    return MatrixCapsNet(input_size=input_size, num_classes=num_classes, routing=_em_routing(routing_iterations, routing),
+                         coordinate_addition=coordinate_addition, device=device, dtype=dtype, **widths)
+
+
+@register_model("matrix_capsnet")
+def matrix_capsnet(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
+                   coordinate_addition=True, device=None, dtype=None) -> MatrixCapsNet:
+    """The paper's smallNORB model: A=B=C=D=32 (about 310K parameters)."""
+    return _build(num_classes, input_size, routing_iterations, routing, coordinate_addition, device, dtype,
+                  conv_channels=32, primary_types=32, conv_caps1_types=32, conv_caps2_types=32)
+
+
+@register_model("matrix_capsnet_small")
+def matrix_capsnet_small(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
+                         coordinate_addition=True, device=None, dtype=None) -> MatrixCapsNet:
+    """The paper's small model: A=64, B=8, C=D=16 (about 68K parameters)."""
+    return _build(num_classes, input_size, routing_iterations, routing, coordinate_addition, device, dtype,
+                  conv_channels=64, primary_types=8, conv_caps1_types=16, conv_caps2_types=16)

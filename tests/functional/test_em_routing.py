@@ -1,0 +1,192 @@
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from capsnets.functional import EMRouting, em_inverse_temperatures, em_routing
+from capsnets.testing import assert_finite, reference_em_routing
+
+
+def _inputs(batch, children, parents, dim, *, gen, dtype=torch.float64, requires_grad=False):
+    votes = torch.randn(batch, children, parents, dim, dtype=dtype, generator=gen)
+    activations = torch.rand(batch, children, dtype=dtype, generator=gen)
+    activations[torch.rand(batch, children, generator=gen) < 0.25] = 0.0  # some inactive children
+    beta_v = torch.randn(parents, dtype=dtype, generator=gen)
+    beta_a = torch.randn(parents, dtype=dtype, generator=gen)
+    tensors = (votes, activations, beta_v, beta_a)
+    return tuple(t.requires_grad_(requires_grad) for t in tensors)
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3, 4])
+def test_agrees_with_literal_procedure(iterations):
+    gen = torch.Generator().manual_seed(iterations)
+    for dim in (4, 16):
+        for _ in range(2):
+            batch, parents = (int(x) for x in torch.randint(1, 4, (2,), generator=gen))
+            parents += int(torch.randint(0, 3, (), generator=gen))  # J in 1..5
+            children = int(torch.randint(1, 13, (), generator=gen))
+            inputs = _inputs(batch, children, parents, dim, gen=gen)
+            # lambda large enough that the E-step matters (the default schedule keeps a_j near 1/2)
+            lambdas = [0.05 * (t + 1) for t in range(iterations)]
+            mu, a, r = em_routing(*inputs, iterations, inverse_temperature=lambdas, return_assignments=True)
+            mu_ref, a_ref, r_ref = reference_em_routing(*inputs, iterations, lambdas, 1e-6)
+            torch.testing.assert_close(mu, mu_ref, rtol=0, atol=1e-10)
+            torch.testing.assert_close(a, a_ref, rtol=0, atol=1e-10)
+            torch.testing.assert_close(r, r_ref, rtol=0, atol=1e-10)
+
+
+def test_default_schedule_agrees_with_literal_procedure():
+    gen = torch.Generator().manual_seed(7)
+    inputs = _inputs(2, 9, 4, 16, gen=gen)
+    mu, a, r = em_routing(*inputs, 3, return_assignments=True, eps=1e-5)
+    mu_ref, a_ref, r_ref = reference_em_routing(*inputs, 3, em_inverse_temperatures(3), 1e-5)
+    for got, ref in ((mu, mu_ref), (a, a_ref), (r, r_ref)):
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-10)
+
+
+def test_default_schedule_values():
+    assert em_inverse_temperatures(3) == pytest.approx([0.01 * (1 - 0.95 ** (t + 1)) for t in range(3)])
+
+
+def test_assignments_sum_to_one_and_activations_in_unit_interval():
+    gen = torch.Generator().manual_seed(0)
+    votes, activations, beta_v, beta_a = _inputs(3, 30, 6, 16, gen=gen, dtype=torch.float32)
+    for routing in (EMRouting(3), EMRouting(3, 0.01), EMRouting(2, cost_normalization="mean_std")):
+        poses, a, r = routing(votes, activations, beta_v, beta_a, return_assignments=True)
+        assert poses.shape == (3, 6, 16) and a.shape == (3, 6) and r.shape == (3, 30, 6)
+        torch.testing.assert_close(r.sum(-1), torch.ones(3, 30))
+        assert (r >= 0).all() and (a > 0).all() and (a < 1).all()
+
+
+def test_gradcheck():
+    gen = torch.Generator().manual_seed(1)
+    inputs = _inputs(2, 5, 3, 4, gen=gen, requires_grad=True)
+    with torch.no_grad():
+        inputs[1].clamp_(min=0.1)  # keep away from exactly-zero activations (a valid but flat corner)
+
+    def fn(votes, activations, beta_v, beta_a):
+        return em_routing(votes, activations, beta_v, beta_a, 3, inverse_temperature=[0.1, 0.2, 0.3])
+
+    assert gradcheck(fn, inputs)
+
+
+def test_cost_normalization_standardises_the_cost_across_parents():
+    # Recompute the final M-step by hand from the returned assignments.
+    gen = torch.Generator().manual_seed(3)
+    votes, activations, beta_v, beta_a = _inputs(2, 10, 4, 16, gen=gen)
+    eps, lam = 1e-6, 0.7
+    for norm in (None, "mean_std"):
+        _, a, r = em_routing(
+            votes, activations, beta_v, beta_a, 2, inverse_temperature=lam, return_assignments=True,
+            eps=eps, cost_normalization=norm,
+        )
+        rp = r * activations.unsqueeze(-1)  # (B, I, J)
+        mass = rp.sum(1)  # (B, J)
+        mu = torch.einsum("bij,bijh->bjh", rp, votes) / (mass + eps).unsqueeze(-1)
+        var = torch.einsum("bij,bijh->bjh", rp, (votes - mu.unsqueeze(1)) ** 2) / (mass + eps).unsqueeze(-1)
+        cost = ((beta_v.unsqueeze(-1) + 0.5 * (var + eps).log()) * mass.unsqueeze(-1)).sum(-1)
+        if norm == "mean_std":
+            centred = cost - cost.mean(1, keepdim=True)
+            cost = centred / (cost.var(1, unbiased=False, keepdim=True) + eps).sqrt()
+        torch.testing.assert_close(a, torch.sigmoid(lam * (beta_a - cost)), rtol=0, atol=1e-10)
+
+
+def _forward_backward(votes, activations, beta_v, beta_a, **kwargs):
+    leaves = [t.detach().clone().requires_grad_() for t in (votes, activations, beta_v, beta_a)]
+    poses, a, r = em_routing(*leaves, 3, return_assignments=True, **kwargs)
+    for name, t in (("poses", poses), ("activations", a), ("assignments", r)):
+        assert_finite(t, name)
+    loss = poses.float().square().mean() + a.float().sum() + (r.float() * torch.arange(r.shape[-1])).sum()
+    loss.backward()
+    for name, t in zip(("votes", "activations", "beta_v", "beta_a"), leaves):
+        assert_finite(t.grad, f"grad of {name}")
+    return poses, a, r
+
+
+@pytest.mark.parametrize("lam", [None, 1.0])
+def test_edge_cases_are_finite(lam):
+    gen = torch.Generator().manual_seed(4)
+    votes, activations, beta_v, beta_a = _inputs(2, 18, 5, 16, gen=gen, dtype=torch.float32)
+    kw = {"inverse_temperature": lam}
+    # all children inactive: no mass reaches any parent
+    poses, a, _ = _forward_backward(votes, torch.zeros_like(activations), beta_v, beta_a, **kw)
+    assert (poses == 0).all() and torch.allclose(a, torch.sigmoid(em_inverse_temperatures(3)[-1] * beta_a)
+                                                 if lam is None else torch.sigmoid(beta_a))
+    # identical votes: zero variance everywhere
+    same = votes[:, :1].expand_as(votes).contiguous()
+    poses, _, _ = _forward_backward(same, activations.clamp(min=0.5), beta_v, beta_a, **kw)
+    torch.testing.assert_close(poses, same[:, 0], rtol=1e-5, atol=1e-5)
+    # a single active child
+    one = torch.zeros_like(activations)
+    one[:, 3] = 1.0
+    _forward_backward(votes, one, beta_v, beta_a, **kw)
+    # large votes
+    for scale in (1e3, 1e4):
+        _forward_backward(votes * scale, activations, beta_v, beta_a, **kw)
+        _forward_backward(votes + scale, activations, beta_v, beta_a, **kw)
+
+
+def test_bf16_autocast_computes_in_float32():
+    gen = torch.Generator().manual_seed(5)
+    votes, activations, beta_v, beta_a = _inputs(2, 18, 5, 16, gen=gen, dtype=torch.float32)
+    expected = em_routing(votes, activations, beta_v, beta_a, 3, inverse_temperature=0.5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        poses, a, r = _forward_backward(votes, activations, beta_v, beta_a, inverse_temperature=0.5)
+        low = _forward_backward(votes.bfloat16(), activations.bfloat16(), beta_v, beta_a,
+                                inverse_temperature=0.5)
+    assert poses.dtype == a.dtype == r.dtype == torch.float32 and low[0].dtype == torch.float32
+    torch.testing.assert_close(poses, expected[0])  # autocast did not lower the routing's precision
+    torch.testing.assert_close(a, expected[1])
+    torch.testing.assert_close(low[0], expected[0], rtol=0.05, atol=0.05)  # bf16-rounded inputs only
+
+
+def test_inverse_temperature_scalar_equals_constant_list():
+    gen = torch.Generator().manual_seed(6)
+    inputs = _inputs(2, 7, 3, 16, gen=gen)
+    by_scalar = em_routing(*inputs, 3, inverse_temperature=0.3, return_assignments=True)
+    by_list = em_routing(*inputs, 3, inverse_temperature=[0.3, 0.3, 0.3], return_assignments=True)
+    by_tensor = EMRouting(3, torch.tensor(0.3, dtype=torch.float64))(*inputs, return_assignments=True)
+    for x, y, z in zip(by_scalar, by_list, by_tensor):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+        torch.testing.assert_close(x, z, rtol=0, atol=0)
+    default = em_routing(*inputs, 3)
+    explicit = em_routing(*inputs, 3, inverse_temperature=em_inverse_temperatures(3))
+    torch.testing.assert_close(default, explicit, rtol=0, atol=0)
+
+
+def test_scalar_betas_broadcast():
+    gen = torch.Generator().manual_seed(8)
+    votes, activations, _, _ = _inputs(2, 7, 3, 4, gen=gen)
+    got = em_routing(votes, activations, torch.tensor(0.5), 1.5, 2, inverse_temperature=0.2)
+    want = em_routing(votes, activations, torch.full((3,), 0.5, dtype=torch.float64),
+                      torch.full((3,), 1.5, dtype=torch.float64), 2, inverse_temperature=0.2)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_bad_inputs():
+    v, a, bv, ba = torch.randn(2, 5, 3, 16), torch.rand(2, 5), torch.zeros(3), torch.zeros(3)
+    with pytest.raises(ValueError, match="inverse_temperature.*length"):
+        em_routing(v, a, bv, ba, 3, inverse_temperature=[0.1, 0.2])
+    with pytest.raises(ValueError, match="inverse_temperature"):
+        EMRouting(2, [0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match=r"votes .*\(B, I, J, H\).*\(2, 5, 3\)"):
+        em_routing(v[..., 0], a, bv, ba)
+    with pytest.raises(ValueError, match=r"activations .*\(2, 5\).*\(2, 4\)"):
+        em_routing(v, a[:, :4], bv, ba)
+    with pytest.raises(ValueError, match=r"activations .*\(2, 5, 1\)"):
+        em_routing(v, a.unsqueeze(-1), bv, ba)
+    with pytest.raises(ValueError, match=r"beta_v .*\(3,\).*\(4,\)"):
+        em_routing(v, a, torch.zeros(4), ba)
+    with pytest.raises(ValueError, match=r"beta_a .*\(3, 1\)"):
+        em_routing(v, a, bv, torch.zeros(3, 1))
+    with pytest.raises(ValueError, match="iterations"):
+        em_routing(v, a, bv, ba, 0)
+    with pytest.raises(ValueError, match="iterations"):
+        EMRouting(0)
+    with pytest.raises(ValueError, match="eps"):
+        em_routing(v, a, bv, ba, eps=0.0)
+    with pytest.raises(ValueError, match="cost_normalization"):
+        EMRouting(cost_normalization="layer")
+
+
+def test_repr():
+    assert "iterations=3" in repr(EMRouting()) and "cost_normalization=None" in repr(EMRouting())

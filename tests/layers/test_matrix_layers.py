@@ -1,0 +1,116 @@
+import pytest
+import torch
+
+from capsnets.capsules import MatrixCapsules
+from capsnets.functional import EMRouting
+from capsnets.functional.patches import capsule_patches
+from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+
+
+def random_capsules(batch=2, types=3, height=5, width=5, side=4, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    pose = torch.randn(batch, types, height, width, side, side, generator=gen, dtype=dtype)
+    act = torch.rand(batch, types, height, width, generator=gen, dtype=dtype)
+    return MatrixCapsules(pose, act)
+
+
+class Recorder:
+    """A routing stand-in that records its inputs and returns the activation-weighted mean vote."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, votes, activations, beta_v, beta_a, **kwargs):
+        self.calls.append((votes, activations))
+        weights = activations / activations.sum(1, keepdim=True).clamp_min(1e-9)
+        return torch.einsum("ni,nijh->njh", weights, votes), torch.sigmoid(votes.mean(dim=(1, 3)) + beta_a)
+
+
+def test_container_validates_shapes():
+    caps = random_capsules()
+    assert caps.types == 3 and caps.grid == (5, 5) and caps.pose_size == 4
+    assert caps.flat()[0].shape == (2, 75, 16)
+    with pytest.raises(ValueError, match="activation"):
+        MatrixCapsules(caps.pose, caps.activation[:, :2])
+    with pytest.raises(ValueError, match="pose"):
+        MatrixCapsules(torch.zeros(2, 3, 5, 5, 16), caps.activation)
+
+
+def test_primary_matrix_capsules():
+    layer = PrimaryMatrixCapsules(6, 3, dtype=torch.float64)
+    x = torch.randn(2, 6, 7, 7, dtype=torch.float64)
+    caps = layer(x)
+    assert caps.pose.shape == (2, 3, 7, 7, 4, 4) and caps.activation.shape == (2, 3, 7, 7)
+    flat_pose = layer.pose(x)  # (B, T*16, H, W): type t, row r, col c -> channels t*16 + r*4 + c
+    torch.testing.assert_close(caps.pose[1, 2, 3, 4], flat_pose[1, 2 * 16:3 * 16, 3, 4].view(4, 4))
+    assert ((caps.activation > 0) & (caps.activation < 1)).all()
+
+
+def test_capsule_patches_order():
+    feats = torch.arange(2 * 3 * 1 * 4 * 4, dtype=torch.float64).view(2, 3, 1, 4, 4)
+    patches, grid = capsule_patches(feats, 3, stride=1, padding=1)
+    assert grid == (4, 4) and patches.shape == (2, 4, 4, 27, 1)
+    # output (1, 2): child (type 2, kernel row 0, kernel col 2) is input (row 0, col 3)
+    assert patches[1, 1, 2, 2 * 9 + 0 * 3 + 2, 0] == feats[1, 2, 0, 0, 3]
+    assert patches[0, 0, 0, 0, 0] == 0  # padding
+
+
+@pytest.mark.parametrize("stride, padding", [(1, 0), (2, 0), (2, 1)])
+def test_conv_matrix_capsules_equal_naive_per_position(stride, padding):
+    torch.manual_seed(0)
+    routing = EMRouting(2)
+    layer = ConvMatrixCapsules(3, 2, kernel_size=3, stride=stride, padding=padding, routing=routing, dtype=torch.float64)
+    with torch.no_grad():
+        layer.beta_v.normal_()
+        layer.beta_a.normal_()
+    caps = random_capsules()
+    out = layer(caps)
+    pose = torch.nn.functional.pad(caps.pose, (0, 0, 0, 0, padding, padding, padding, padding))
+    act = torch.nn.functional.pad(caps.activation, (padding, padding, padding, padding))
+    out_h, out_w = out.grid
+    for y in range(out_h):
+        for x in range(out_w):
+            votes, acts = [], []
+            for t in range(3):
+                for ky in range(3):
+                    for kx in range(3):
+                        m = pose[:, t, y * stride + ky, x * stride + kx]  # (B, 4, 4)
+                        votes.append(torch.stack([m @ layer.weight[t, ky, kx, j] for j in range(2)], dim=1))
+                        acts.append(act[:, t, y * stride + ky, x * stride + kx])
+            votes = torch.stack(votes, dim=1).flatten(3)  # (B, I, J, 16)
+            ref_pose, ref_act = routing(votes, torch.stack(acts, dim=1), layer.beta_v, layer.beta_a)
+            torch.testing.assert_close(out.pose[:, :, y, x].flatten(2), ref_pose, rtol=1e-9, atol=1e-10)
+            torch.testing.assert_close(out.activation[:, :, y, x], ref_act, rtol=1e-9, atol=1e-10)
+
+
+def test_coordinate_addition_offsets():
+    recorder = Recorder()
+    with_ca = ClassMatrixCapsules(3, 4, routing=recorder, coordinate_addition=True, dtype=torch.float64)
+    without = ClassMatrixCapsules(3, 4, routing=recorder, coordinate_addition=False, dtype=torch.float64)
+    without.load_state_dict(with_ca.state_dict())
+    caps = random_capsules(height=4, width=5)
+    out = with_ca(caps)
+    assert out.pose.shape == (2, 4, 1, 1, 4, 4) and out.activation.shape == (2, 4, 1, 1)
+    without(caps)
+    (votes_ca, acts), (votes, _) = recorder.calls
+    # children are ordered (row, col, type); component 0 gets (row + 0.5) / H, component 1 (col + 0.5) / W
+    diff = (votes_ca - votes).view(2, 4, 5, 3, 4, 16)
+    for r in range(4):
+        for c in range(5):
+            torch.testing.assert_close(diff[:, r, c, :, :, 0], torch.full((2, 3, 4), (r + 0.5) / 4, dtype=torch.float64))
+            torch.testing.assert_close(diff[:, r, c, :, :, 1], torch.full((2, 3, 4), (c + 0.5) / 5, dtype=torch.float64))
+    assert (diff[..., 2:] == 0).all()
+    # the weight is shared across positions: the same pose at two positions gives the same votes (but offsets)
+    torch.testing.assert_close(acts.view(2, 4, 5, 3), caps.activation.permute(0, 2, 3, 1))
+
+
+def test_matrix_layers_reject_wrong_inputs():
+    caps = random_capsules(types=3)
+    with pytest.raises(ValueError, match="4 types"):
+        ConvMatrixCapsules(4, 2)(caps)
+    with pytest.raises(ValueError, match="kernel_size"):
+        ConvMatrixCapsules(3, 2, kernel_size=0)
+    with pytest.raises(ValueError, match="smaller than kernel_size"):
+        ConvMatrixCapsules(3, 2, kernel_size=7, routing=Recorder())(caps)
+    with pytest.raises(ValueError, match=r"expects \(B, 6, H, W\)"):
+        PrimaryMatrixCapsules(6, 3)(torch.randn(1, 5, 4, 4))
