@@ -68,3 +68,48 @@ def test_accepts_tensor_pair_and_validates():
         DeviceLoader((images, labels), 4, max_shift=-1)
     with pytest.raises(ValueError, match="labels"):
         DeviceLoader((images, labels[:9]), 4)
+
+
+def crop_augment(images, generator):
+    """A test augment: random 4x4 crop plus a per-image random offset (so it changes values and shape)."""
+    from capsnets.data import random_crop
+
+    out = random_crop(images, 4, generator)
+    return out + torch.rand(len(images), 1, 1, 1, generator=generator)
+
+
+def test_augment_is_deterministic_per_seed_and_epoch():
+    data = make_data()
+    a = epoch(DeviceLoader(data, 16, seed=1, augment=crop_augment), 3)
+    torch.manual_seed(99)
+    b = epoch(DeviceLoader(data, 16, seed=1, augment=crop_augment), 3)
+    c = epoch(DeviceLoader(data, 16, seed=1, augment=crop_augment), 4)
+    assert all(x[0].shape[1:] == (1, 4, 4) for x in a)
+    assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+    assert not torch.equal(a[0][0], c[0][0])
+    for images, labels in a:  # each image keeps its own label: constant image label + 1, plus offset in [0, 1)
+        offset = images[:, 0, 0, 0] - (labels.float() + 1)
+        assert (offset >= 0).all() and (offset < 1).all()
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_augment_rank_slices_concatenate_to_single_process_batches(drop_last):
+    data = make_data()
+    kwargs = dict(max_shift=1, seed=5, drop_last=drop_last, augment=crop_augment)
+    single = epoch(DeviceLoader(data, 8, **kwargs), 2)
+    ranks = [epoch(DeviceLoader(data, 8, rank=r, world_size=2, **kwargs), 2) for r in range(2)]
+    for step, (images, labels) in enumerate(single):
+        assert torch.equal(torch.cat([ranks[r][step][0] for r in range(2)]), images)
+        assert torch.equal(torch.cat([ranks[r][step][1] for r in range(2)]), labels)
+
+
+def test_augment_taken_from_data_unless_disabled():
+    import dataclasses
+
+    data = dataclasses.replace(make_data(), augment=crop_augment)
+    assert DeviceLoader(data, 8).augment is crop_augment
+    assert next(iter(DeviceLoader(data, 8)))[0].shape == (8, 1, 4, 4)
+    assert DeviceLoader(data, 8, augment=False).augment is None
+    assert next(iter(DeviceLoader(data, 8, augment=False)))[0].shape == (8, 1, 6, 6)
+    with pytest.raises(ValueError, match="augment"):
+        DeviceLoader(data, 8, augment="crop")

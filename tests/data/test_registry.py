@@ -15,7 +15,7 @@ def test_data_root_precedence(monkeypatch, tmp_path):
 
 
 def test_list_and_info_without_files():
-    assert list_datasets() == ["digits", "mnist", "fashion_mnist"]
+    assert list_datasets() == ["digits", "mnist", "fashion_mnist", "smallnorb", "viewpoints"]
     info = dataset_info("Fashion-MNIST")
     assert info.name == "fashion_mnist" and info.image_shape == (1, 28, 28) and info.num_classes == 10
     assert info.classes[-1] == "Ankle boot"

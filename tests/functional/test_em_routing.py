@@ -190,3 +190,31 @@ def test_bad_inputs():
 
 def test_repr():
     assert "iterations=3" in repr(EMRouting()) and "cost_normalization=None" in repr(EMRouting())
+
+
+def test_detach_assignments_same_forward_and_constant_assignment_gradient():
+    from capsnets.functional import em_routing
+
+    gen = torch.Generator().manual_seed(3)
+    votes = torch.randn(2, 7, 3, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    acts = torch.rand(2, 7, dtype=torch.float64, generator=gen)
+    beta_v, beta_a = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    lams = [0.5, 0.8, 1.0]
+    pose, act, r = em_routing(votes, acts, beta_v, beta_a, 3, inverse_temperature=lams, return_assignments=True)
+    pose_d, act_d = em_routing(votes, acts, beta_v, beta_a, 3, inverse_temperature=lams, detach_assignments=True)
+    torch.testing.assert_close(pose_d, pose)
+    torch.testing.assert_close(act_d, act)
+    # detached: the gradient of the final M-step written out with the final assignments as constants
+    g_detached, = torch.autograd.grad(pose_d.sum() + act_d.sum(), votes)
+    eps = 1e-6
+    rp = r.detach() * acts.unsqueeze(-1)  # (B, I, J): R' = R * a
+    mass = rp.sum(1).unsqueeze(-1)  # (B, J, 1)
+    mu = torch.einsum("bij,bijh->bjh", rp, votes) / (mass + eps)
+    var = torch.einsum("bij,bijh->bjh", rp, (votes - mu.unsqueeze(1)) ** 2) / (mass + eps) + eps
+    cost = ((beta_v.unsqueeze(-1) + 0.5 * var.log()) * mass).sum(-1)
+    a = torch.sigmoid(lams[-1] * (beta_a - cost))
+    g_expected, = torch.autograd.grad(mu.sum() + a.sum(), votes)
+    torch.testing.assert_close(g_detached, g_expected)
+    g_full, = torch.autograd.grad(pose.sum() + act.sum(), votes)
+    assert not torch.allclose(g_detached, g_full)
+    assert "detach_assignments=True" in repr(EMRouting(3, detach_assignments=True))

@@ -1,7 +1,8 @@
 """The in-memory data set container and the data-root setting.
 
 A :class:`TensorData` is a whole data set as two tensors, small enough (MNIST: 188 MB as float32)
-to live on the training device and be batched there by :class:`~capsnets.data.device.DeviceLoader`.
+to live on the training device and be batched there by :class:`~capsnets.data.device.DeviceLoader`,
+optionally with per-example metadata (``info``) and a training-time transform (``augment``).
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -38,15 +40,24 @@ class TensorData:
     """A labelled image data set held as tensors.
 
     Args:
-        images: float32 pixel values in ``[0, 1]``.
+        images: float32 pixel values in ``[0, 1]``; smallNORB-like data sets hold per-image
+            standardised values instead (see :func:`~capsnets.data.norb_common.norb_protocol`).
         labels: int64 class indices in ``[0, num_classes)``.
         num_classes: number of classes.
         classes: class names, ``len(classes) == num_classes``.
         name: data set name, e.g. ``"mnist"``; ``"mnist[:100]"`` after :meth:`subset`.
+        info: optional per-example int64 metadata (smallNORB: ``instance``, ``elevation``,
+            ``azimuth``, ``lighting``), kept aligned with the examples by :meth:`subset`,
+            :meth:`select` and :meth:`to`.
+        augment: optional training-time transform ``(images, generator) -> images`` that
+            :class:`~capsnets.data.device.DeviceLoader` applies to every global batch (e.g. the
+            smallNORB random crop, which makes the model's input smaller than ``image_shape``;
+            see :attr:`input_shape`).
 
     Shape:
         - images: ``(N, C, H, W)``
         - labels: ``(N,)``
+        - info[key]: ``(N,)``
     """
 
     images: Tensor
@@ -54,6 +65,8 @@ class TensorData:
     num_classes: int
     classes: list[str] = field(default_factory=list)
     name: str = ""
+    info: dict[str, Tensor] | None = None
+    augment: Callable[[Tensor, torch.Generator], Tensor] | None = None
 
     def __post_init__(self) -> None:
         if self.images.dim() != 4:
@@ -64,6 +77,12 @@ class TensorData:
             )
         if self.classes and len(self.classes) != self.num_classes:
             raise ValueError(f"classes has {len(self.classes)} names but num_classes={self.num_classes}")
+        for key, value in (self.info or {}).items():
+            if not isinstance(value, Tensor) or value.shape != self.labels.shape:
+                raise ValueError(f"info[{key!r}] must be a ({len(self)},) tensor, got "
+                                 f"{getattr(value, 'shape', type(value).__name__)}")
+        if self.augment is not None and not callable(self.augment):
+            raise ValueError(f"augment must be callable (images, generator) -> images, got {self.augment!r}")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -74,12 +93,48 @@ class TensorData:
         return tuple(self.images.shape[1:])
 
     @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """``(C, H, W)`` the model sees: :attr:`image_shape` after ``augment`` (when it has an
+        ``output_shape`` method, as :class:`~capsnets.data.transforms.NorbAugment` does)."""
+        output_shape = getattr(self.augment, "output_shape", None)
+        return tuple(output_shape(self.image_shape)) if output_shape is not None else self.image_shape
+
+    @property
     def device(self) -> torch.device:
         return self.images.device
 
+    def _with(self, index, name: str, device=None) -> "TensorData":
+        """A copy holding ``images[index]`` etc. (``index=None``: all), moved to ``device`` if given."""
+        def take(t: Tensor) -> Tensor:
+            t = t if index is None else t[index]
+            return t if device is None else t.to(device)
+
+        info = None if self.info is None else {k: take(v) for k, v in self.info.items()}
+        return dataclasses.replace(self, images=take(self.images), labels=take(self.labels), info=info, name=name)
+
     def to(self, device: str | torch.device) -> "TensorData":
-        """A copy with both tensors on ``device`` (no copy if already there)."""
-        return dataclasses.replace(self, images=self.images.to(device), labels=self.labels.to(device))
+        """A copy with every tensor (``info`` too) on ``device`` (no copy if already there)."""
+        return self._with(None, self.name, device)
+
+    def select(self, index: Tensor | slice | list[int]) -> "TensorData":
+        """The examples picked by a boolean mask ``(N,)``, integer indices or a slice, ``info`` included.
+
+        ``augment``, classes and ``num_classes`` are kept. Examples:
+        ``data.select((data.info["azimuth"] >= 12) & (data.info["azimuth"] <= 22))``.
+        """
+        if isinstance(index, list):
+            index = torch.tensor(index, dtype=torch.long)
+        if isinstance(index, Tensor):
+            if index.dtype == torch.bool and index.shape != self.labels.shape:
+                raise ValueError(f"a boolean mask must have shape ({len(self)},), got {tuple(index.shape)}")
+            if index.dtype != torch.bool and (index.dtype.is_floating_point or index.dim() != 1):
+                raise ValueError(f"index must be a 1-D integer or boolean tensor, got {index.dtype} "
+                                 f"{tuple(index.shape)}")
+            index = index.to(self.device)
+        elif not isinstance(index, slice):
+            raise ValueError(f"index must be a tensor, list or slice, got {type(index).__name__}")
+        selected = self._with(index, self.name)
+        return dataclasses.replace(selected, name=f"{self.name}[{len(selected)} selected]")
 
     def subset(self, n: int) -> "TensorData":
         """The first ``n`` examples, in stored order (deterministic; not re-balanced by class).
@@ -89,6 +144,4 @@ class TensorData:
         """
         if not 0 < n <= len(self):
             raise ValueError(f"n must be in [1, {len(self)}], got {n}")
-        return dataclasses.replace(
-            self, images=self.images[:n], labels=self.labels[:n], name=f"{self.name}[:{n}]"
-        )
+        return self._with(slice(0, n), f"{self.name}[:{n}]")

@@ -5,8 +5,12 @@ section 5: "shifted by up to 2 pixels in each direction with zero padding") is :
 done here as one batched gather, with no per-sample Python loop. :class:`DeviceLoader` shuffles
 and shifts as a pure function of ``(seed, epoch)`` and, for distributed training, gives each rank a
 contiguous slice of one shared global batch, so any world size sees the same global batches.
+Other augmentations (e.g. the smallNORB crop and jitter of :mod:`capsnets.data.transforms`) plug in
+as an ``augment(images, generator)`` callable applied to each global batch.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 import torch
@@ -69,9 +73,12 @@ def random_shift(
     return out.view(batch, channels, height, width).masked_fill(outside[:, None], 0)
 
 
-def _epoch_seed(seed: int, epoch: int) -> int:
-    """A well-mixed 63-bit seed from ``(seed, epoch)`` (numpy SeedSequence), so nearby pairs don't collide."""
-    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+def _epoch_seed(seed: int, epoch: int, *more: int) -> int:
+    """A well-mixed 63-bit seed from ``(seed, epoch, *more)`` (numpy SeedSequence), so nearby tuples don't collide."""
+    return int(np.random.SeedSequence([seed, epoch, *more]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+_AUGMENT_STREAM = 1  # tags the per-batch augment seeds apart from the per-epoch shuffle seed
 
 
 class DeviceLoader:
@@ -88,6 +95,12 @@ class DeviceLoader:
     split by ``torch.tensor_split``, so ranks may get unequal (even empty) pieces; use
     ``drop_last=True`` for distributed training.
 
+    An ``augment`` callable ``(images, generator) -> images`` is applied, after the shifts, to each
+    whole GLOBAL batch with a fresh CPU generator seeded from ``(seed, epoch, batch index)``; each
+    rank then keeps its slice. So augmented batches are reproducible per ``(seed, epoch)`` and
+    identical across world sizes, at the cost of every rank transforming the whole global batch
+    (cheap next to a forward pass). It may change the image size (a random crop).
+
     Args:
         data: a :class:`~capsnets.data.TensorData`, or an ``(images, labels)`` pair of tensors.
         batch_size: the GLOBAL batch size, divisible by ``world_size``.
@@ -97,13 +110,18 @@ class DeviceLoader:
         seed: base seed of shuffle and shifts.
         rank: this process's rank in ``[0, world_size)``.
         world_size: number of processes sharing each global batch.
+        augment: the per-batch transform. ``None`` (default): ``data.augment`` if ``data`` has one
+            (a :class:`~capsnets.data.TensorData` from ``load_dataset("smallnorb", train=True)``
+            does), else none; ``False``: none, even if ``data`` has one; a callable: that one.
 
     Shape:
-        - yields images ``(batch_size // world_size, C, H, W)`` and labels ``(batch_size // world_size,)``.
+        - yields images ``(batch_size // world_size, C, H, W)`` (``H, W`` as ``augment`` makes them)
+          and labels ``(batch_size // world_size,)``.
     """
 
     def __init__(self, data, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
-                 max_shift: int = 0, seed: int = 0, rank: int = 0, world_size: int = 1):
+                 max_shift: int = 0, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 augment: Callable[[Tensor, torch.Generator], Tensor] | bool | None = None):
         images, labels = (data.images, data.labels) if hasattr(data, "images") else data
         if images.dim() != 4 or labels.shape != images.shape[:1]:
             raise ValueError(f"data must be images (N, C, H, W) and labels (N,), got "
@@ -118,7 +136,14 @@ class DeviceLoader:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
         if not isinstance(max_shift, int) or max_shift < 0:
             raise ValueError(f"max_shift must be a non-negative int, got {max_shift!r}")
-        self.images, self.labels = images, labels
+        if augment is None:
+            augment = getattr(data, "augment", None)
+        elif augment is False:
+            augment = None
+        if augment is not None and not callable(augment):
+            raise ValueError(f"augment must be None, False or a callable (images, generator) -> images, "
+                             f"got {augment!r}")
+        self.images, self.labels, self.augment = images, labels, augment
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.max_shift, self.seed, self.rank, self.world_size = max_shift, seed, rank, world_size
         self.epoch = 0
@@ -151,18 +176,30 @@ class DeviceLoader:
             shifts = shifts.to(self.device)
         return order.to(self.device), shifts
 
+    def _batch(self, order: Tensor, shifts: Tensor | None, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Examples at ``positions`` of this epoch's order, shifted (not augmented)."""
+        index = order[positions]
+        images, labels = self.images[index], self.labels[index]
+        if shifts is not None:
+            images = random_shift(images, self.max_shift, shifts=shifts[positions])
+        return images, labels
+
     def __iter__(self):
         order, shifts = self._draw()
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
+        for step, start in enumerate(range(0, len(self) * self.batch_size, self.batch_size)):
             piece = torch.arange(start, min(start + self.batch_size, self.num_examples), device=self.device)
-            piece = torch.tensor_split(piece, self.world_size)[self.rank]  # positions in this epoch
-            index = order[piece]
-            images, labels = self.images[index], self.labels[index]
-            if shifts is not None:
-                images = random_shift(images, self.max_shift, shifts=shifts[piece])
-            yield images, labels
+            if self.augment is None:
+                piece = torch.tensor_split(piece, self.world_size)[self.rank]  # positions in this epoch
+                yield self._batch(order, shifts, piece)
+                continue
+            images, labels = self._batch(order, shifts, piece)  # the whole global batch
+            generator = torch.Generator().manual_seed(_epoch_seed(self.seed, self.epoch, _AUGMENT_STREAM, step))
+            images = self.augment(images, generator)
+            yield (torch.tensor_split(images, self.world_size)[self.rank],
+                   torch.tensor_split(labels, self.world_size)[self.rank])
 
     def __repr__(self) -> str:
         return (f"DeviceLoader(num_examples={self.num_examples}, batch_size={self.batch_size}, "
                 f"shuffle={self.shuffle}, drop_last={self.drop_last}, max_shift={self.max_shift}, "
-                f"seed={self.seed}, rank={self.rank}, world_size={self.world_size}, device={self.device})")
+                f"seed={self.seed}, rank={self.rank}, world_size={self.world_size}, augment={self.augment!r}, "
+                f"device={self.device})")

@@ -1,17 +1,25 @@
 """Data sets by name: :func:`load_dataset`, :func:`list_datasets`, :func:`dataset_info`.
 
-Every loader returns a :class:`~capsnets.data.base.TensorData` with float32 images in ``[0, 1]``.
+Every loader returns a :class:`~capsnets.data.base.TensorData` of float32 images: in ``[0, 1]`` for
+the digit data sets; for the smallNORB-like ones (``"smallnorb"``, ``"viewpoints"``) standardised per
+image and prepared by :func:`~capsnets.data.norb_common.norb_protocol`: the train split is 48x48 with
+an ``augment`` (random 32x32 crop + brightness/contrast) applied per batch by the
+:class:`~capsnets.data.device.DeviceLoader`, the test split is centre-cropped to 32x32.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 
 import torch
 
-from .base import TensorData
+from .base import TensorData, data_root
 from .digits import DIGITS_CLASSES, load_digits_split
+from .errors import DatasetError
 from .mnist import MNIST, FashionMNIST, IdxImageDataset
+from .norb_common import NORB_CROP, RawNorbLike, norb_protocol
+from .smallnorb import SMALLNORB_CLASSES, SmallNORB
 
 __all__ = ["DatasetInfo", "load_dataset", "list_datasets", "dataset_info"]
 
@@ -23,7 +31,8 @@ class DatasetInfo:
     Attributes:
         name: canonical name (``"digits"``, ``"mnist"``, ``"fashion_mnist"``).
         num_classes: number of classes.
-        image_shape: ``(C, H, W)``.
+        image_shape: ``(C, H, W)`` the model sees. For smallNORB-like data sets this is the 32x32
+            crop; their TRAIN tensors are 48x48 and cropped per batch by ``TensorData.augment``.
         classes: class names, index = label.
         num_train: training-split size.
         num_test: test-split size.
@@ -47,6 +56,12 @@ _INFO = {
     "digits": DatasetInfo("digits", 10, (1, 8, 8), tuple(DIGITS_CLASSES), 1_437, 360, False),
     "mnist": _idx_info("mnist", MNIST),
     "fashion_mnist": _idx_info("fashion_mnist", FashionMNIST),
+    "smallnorb": DatasetInfo("smallnorb", 5, (1, NORB_CROP, NORB_CROP), tuple(SMALLNORB_CLASSES),
+                             24_300, 24_300, True),
+    # The offline rendered stand-in; sizes are those of the full smallNORB grid it follows
+    # (5 classes x 5 instances x 18 azimuths x 9 elevations x 6 lightings per split).
+    "viewpoints": DatasetInfo("viewpoints", 5, (1, NORB_CROP, NORB_CROP), tuple(SMALLNORB_CLASSES),
+                              24_300, 24_300, True),
 }
 _IDX_CLASSES = {"mnist": MNIST, "fashion_mnist": FashionMNIST}
 
@@ -77,7 +92,7 @@ def load_dataset(name: str, *, root: str | os.PathLike | None = None, train: boo
         root: data root (``--data-dir``); ``None`` means ``$CAPSNETS_DATA`` or ``~/.cache/capsnets/data``.
             Unused by ``"digits"``, which ships inside scikit-learn.
         train: training split if True, else test split.
-        download: fetch missing files from the official mirrors (idx data sets only).
+        download: fetch missing files from the official mirrors (mnist, fashion_mnist, smallnorb).
         device: where the returned tensors live.
 
     Raises:
@@ -85,10 +100,14 @@ def load_dataset(name: str, *, root: str | os.PathLike | None = None, train: boo
         DatasetError: files missing (and ``download=False``), corrupt or failing their md5.
 
     Shape:
-        - images: ``(N, C, H, W)``; labels: ``(N,)``
+        - images: ``(N, C, H, W)``; labels: ``(N,)``; smallnorb / viewpoints: ``(N, 1, 48, 48)``
+          (train, 32x32 after ``augment``) or ``(N, 1, 32, 32)`` (test), plus ``info``.
     """
     key = _canonical(name)
     info = _INFO[key]
+    if key in ("smallnorb", "viewpoints"):
+        raw = SmallNORB(root, train=train, download=download).raw() if key == "smallnorb" else _viewpoints(root, train)
+        return norb_protocol(raw, train, name=key).to(device)
     if key == "digits":
         images, labels = load_digits_split(train)
     else:
@@ -96,3 +115,18 @@ def load_dataset(name: str, *, root: str | os.PathLike | None = None, train: boo
         images, labels = split.images.unsqueeze(1).float().div_(255.0), split.labels
     data = TensorData(images, labels, info.num_classes, list(info.classes), key)
     return data.to(device)
+
+
+def _viewpoints(root: str | os.PathLike | None, train: bool) -> RawNorbLike:
+    """The rendered viewpoint data set's raw split, imported lazily (it lives in its own package)."""
+    try:
+        load_viewpoints = importlib.import_module("capsnets.data.viewpoints").load_viewpoints
+    except (ModuleNotFoundError, AttributeError) as err:
+        if isinstance(err, ModuleNotFoundError) and err.name != "capsnets.data.viewpoints":
+            raise  # the package exists but one of its own imports failed: show that error
+        raise DatasetError(
+            "viewpoints: the rendered data set is not available in this installation "
+            f"(capsnets.data.viewpoints.load_viewpoints could not be imported: {err}); "
+            "update capsnets, or use another --dataset"
+        ) from err
+    return load_viewpoints(data_root(root), train=train)

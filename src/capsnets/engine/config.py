@@ -43,7 +43,8 @@ class TrainConfig:
         loss: loss name for ``capsnets.losses.create_loss`` (None: the model's ``default_loss``).
         loss_args: keyword arguments for the loss.
         max_shift: random translation in pixels (zero padding). None: 2 px, or 0 for images of at most
-            ``SMALL_IMAGE_PX`` pixels (the 8x8 digits).
+            ``SMALL_IMAGE_PX`` pixels (the 8x8 digits) and for data sets with their own training
+            augmentation (smallNORB and the viewpoint set: random crops and brightness/contrast).
         seed: seed for initialisation, shuffling and augmentation.
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         amp: ``"auto"`` (bf16 autocast on CUDA, off on CPU), ``"bf16"`` or ``"off"``.
@@ -104,11 +105,12 @@ class TrainConfig:
             _require(isinstance(getattr(self, name), str) and getattr(self, name), name, getattr(self, name),
                      "a non-empty string")
 
-    def resolved_max_shift(self, image_height: int) -> int:
-        """``max_shift``, or the default for images ``image_height`` pixels high when it is None."""
+    def resolved_max_shift(self, image_height: int, dataset_augment=None) -> int:
+        """``max_shift``, or the default when it is None: 0 for small images and for data sets with their
+        own training augmentation (smallNORB's random crops), else the paper's 2 px."""
         if self.max_shift is not None:
             return self.max_shift
-        return 0 if image_height <= SMALL_IMAGE_PX else 2
+        return 0 if image_height <= SMALL_IMAGE_PX or dataset_augment is not None else 2
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python (YAML/JSON-safe) copy of the config; tuples become lists."""

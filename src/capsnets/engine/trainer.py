@@ -171,11 +171,11 @@ class Trainer:
         from capsnets.models import model_arguments
 
         accepted = model_arguments(self.config.model)
-        for key, value in (("num_classes", data.num_classes), ("input_size", list(data.images.shape[1:]))):
+        for key, value in (("num_classes", data.num_classes), ("input_size", list(data.input_shape))):
             if key in accepted and key not in self.config.model_args:
                 self.config.model_args[key] = value
         model = ckpt.build_model(self.config.model, self.config.model_args)
-        expected_shape = tuple(data.images.shape[1:])
+        expected_shape = tuple(data.input_shape)  # after the data set's own augmentation (e.g. crops)
         if int(model.num_classes) != data.num_classes or tuple(model.input_size) != expected_shape:
             raise ValueError(
                 f"model {self.config.model!r} expects {model.num_classes} classes of {tuple(model.input_size)} "
@@ -193,7 +193,7 @@ class Trainer:
 
         cfg = self.config
         loader = DeviceLoader(data, cfg.batch_size, shuffle=True, drop_last=context.enabled,
-                              max_shift=cfg.resolved_max_shift(data.images.shape[-2]), seed=cfg.seed,
+                              max_shift=cfg.resolved_max_shift(data.images.shape[-2], data.augment), seed=cfg.seed,
                               rank=context.rank, world_size=context.world_size)
         if len(loader) == 0:
             raise ValueError(f"batch_size={cfg.batch_size} is larger than the {len(data)} training examples "

@@ -140,6 +140,14 @@ def _e_step(d2, var, log_var, pre):
     return torch.softmax(logits, dim=1)
 
 
+def _assignments(r, v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization):
+    """Assignments after one M-step and one E-step per entry of ``lambdas``."""
+    for lam in lambdas:
+        _, d2, var, log_var, pre = _m_step(r * a_in, v, beta_v, beta_a, lam, eps, cost_normalization)
+        r = _e_step(d2, var, log_var, pre)
+    return r
+
+
 def em_routing(
     votes: Tensor,
     activations: Tensor,
@@ -151,6 +159,7 @@ def em_routing(
     return_assignments: bool = False,
     eps: float = 1e-6,
     cost_normalization: str | None = None,
+    detach_assignments: bool = False,
 ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """Route child votes to parent matrix capsules by EM (Procedure 1 of Hinton et al. 2018).
 
@@ -165,6 +174,10 @@ def em_routing(
         return_assignments: also return the assignments ``R`` used by the final M-step.
         eps: variance floor added to ``sigma^2`` and guard on ``sum_i R'`` (module docstring).
         cost_normalization: ``None`` (the paper) or ``"mean_std"`` (standardise the cost across parents).
+        detach_assignments: compute the assignments of the non-final iterations without gradient, so
+            gradients flow only through the final M-step (the assignments act as constants, as the
+            couplings do in dynamic routing's ``detach`` mode). Same forward values; a cheaper backward
+            and no stored intermediates for those iterations. Off by default (exact gradients).
 
     Shape:
         - votes: ``(B, I, J, H)``; activations: ``(B, I)``; beta_v, beta_a: ``(J,)`` or ``()``.
@@ -180,6 +193,10 @@ def em_routing(
         beta_v = _check_beta(beta_v, "beta_v", v.shape[1], v)  # (J,) or (1,)
         beta_a = _check_beta(beta_a, "beta_a", v.shape[1], v)
         r = v.new_full(v.shape[:3], 1.0 / v.shape[1])  # (B, J, I)
+        if detach_assignments and len(lambdas) > 1:
+            with torch.no_grad():  # the assignments become constants: no graph for these iterations
+                r = _assignments(r, v, a_in, beta_v, beta_a, lambdas[:-1], eps, cost_normalization)
+            lambdas = lambdas[-1:]
         for t, lam in enumerate(lambdas):
             mu, d2, var, log_var, pre = _m_step(r * a_in, v, beta_v, beta_a, lam, eps, cost_normalization)
             if t < len(lambdas) - 1:
@@ -198,6 +215,7 @@ class EMRouting:
         inverse_temperature: ``lambda`` schedule (see :func:`em_routing`).
         eps: variance floor and mass guard (see :func:`em_routing`).
         cost_normalization: ``None`` or ``"mean_std"`` (see :func:`em_routing`).
+        detach_assignments: gradients only through the final M-step (see :func:`em_routing`).
 
     Shape:
         ``votes (B, I, J, H), activations (B, I), beta_v (J,), beta_a (J,) -> (B, J, H), (B, J)``
@@ -210,6 +228,7 @@ class EMRouting:
         *,
         eps: float = 1e-6,
         cost_normalization: str | None = None,
+        detach_assignments: bool = False,
     ) -> None:
         if int(iterations) != iterations or iterations < 1:
             raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
@@ -223,17 +242,19 @@ class EMRouting:
         self.inverse_temperatures = _resolve_lambdas(inverse_temperature, self.iterations)
         self.eps = eps
         self.cost_normalization = cost_normalization
+        self.detach_assignments = bool(detach_assignments)
 
     def __call__(self, votes, activations, beta_v, beta_a, return_assignments: bool = False):
         return em_routing(
             votes, activations, beta_v, beta_a, self.iterations,
             inverse_temperature=self.inverse_temperatures, return_assignments=return_assignments,
             eps=self.eps, cost_normalization=self.cost_normalization,
+            detach_assignments=self.detach_assignments,
         )
 
     def __repr__(self) -> str:
         lams = ", ".join(f"{x:.3g}" for x in self.inverse_temperatures)
         return (
             f"EMRouting(iterations={self.iterations}, inverse_temperature=[{lams}], eps={self.eps}, "
-            f"cost_normalization={self.cost_normalization!r})"
+            f"cost_normalization={self.cost_normalization!r}, detach_assignments={self.detach_assignments})"
         )

@@ -33,7 +33,8 @@ def matrix_votes(poses: Tensor, weight: Tensor) -> Tensor:
 
     Shape:
         - poses: ``(N, I, P, P)``; weight: ``(I, J, P, P)``
-        - output: ``(N, I, J, P * P)``
+        - output: ``(N, I, J, P * P)``, a view of a tensor stored as ``(N, J, I, P * P)``: the layout
+          EM routing works in, so it needs no copy of its own.
     """
     n, children, side, _ = poses.shape
     parents = weight.shape[1]
@@ -41,7 +42,8 @@ def matrix_votes(poses: Tensor, weight: Tensor) -> Tensor:
     lhs = poses.transpose(0, 1).reshape(children, n * side, side)
     rhs = weight.permute(0, 2, 1, 3).reshape(children, side, parents * side)
     votes = torch.bmm(lhs, rhs).view(children, n, side, parents, side)
-    return votes.permute(1, 0, 3, 2, 4).reshape(n, children, parents, side * side)
+    votes = votes.permute(1, 3, 0, 2, 4).reshape(n, parents, children, side * side)  # (N, J, I, P*P)
+    return votes.transpose(1, 2)
 
 
 def _pose_weight(*shape: int, side: int, device, dtype) -> nn.Parameter:
