@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from .errors import DatasetError
-from .idx import md5sum
+from .idx import check_md5, md5sum
 
 __all__ = ["download_file"]
 
@@ -57,3 +57,16 @@ def download_file(filename: str, folder: Path, mirrors: list[str], md5: str, tim
         "If this machine is offline, copy the file there by hand, or point --data-dir / CAPSNETS_DATA "
         "at a folder that already has it."
     )
+
+
+def ensure_file(filename: str, folder: Path, mirrors: list[str], md5: str) -> Path:
+    """Keep ``folder/filename`` if it passes its md5, else download it (a corrupt copy is replaced
+    only once a good one has arrived)."""
+    path = Path(folder) / filename
+    try:
+        if path.is_file():
+            check_md5(path, md5)
+            return path
+    except DatasetError:
+        pass
+    return download_file(filename, Path(folder), mirrors, md5)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .base import DATA_ENV_VAR, data_root
-from .download import download_file
+from .download import ensure_file
 from .errors import FIX_HINT, DatasetError
 from .idx import check_md5, read_idx
 
@@ -83,14 +83,7 @@ class IdxImageDataset:
         """Fetch every file of both splits that is missing or fails its md5 (atomic, md5-checked)."""
         for names in self.files.values():
             for filename in names:
-                path = self.directory / filename
-                try:
-                    if path.is_file():
-                        check_md5(path, self.md5s[filename])
-                        continue
-                except DatasetError:
-                    pass  # corrupt: replaced below only once a good copy has arrived
-                download_file(filename, self.directory, self.mirrors, self.md5s[filename])
+                ensure_file(filename, self.directory, self.mirrors, self.md5s[filename])
 
     def _load(self, images_file: Path, labels_file: Path) -> tuple[Tensor, Tensor]:
         images, labels = read_idx(images_file), read_idx(labels_file)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .base import DATA_ENV_VAR, data_root
-from .download import download_file
+from .download import ensure_file
 from .errors import FIX_HINT, DatasetError
 from .idx import check_md5
 from .norb_common import NORB_INFO_KEYS, RawNorbLike
@@ -130,14 +130,7 @@ class SmallNORB:
         for train in (True, False):
             for part in self.parts:
                 filename = self.filename(train, part)
-                path = self.directory / filename
-                try:
-                    if path.is_file():
-                        check_md5(path, self.md5s[filename])
-                        continue
-                except DatasetError:
-                    pass  # corrupt: replaced below only once a good copy has arrived
-                download_file(filename, self.directory, self.mirrors, self.md5s[filename])
+                ensure_file(filename, self.directory, self.mirrors, self.md5s[filename])
 
     def _load(self, dat: Path, cat: Path, info: Path) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         images, labels, meta = read_norb_matrix(dat), read_norb_matrix(cat), read_norb_matrix(info)
