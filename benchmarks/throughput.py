@@ -3,9 +3,11 @@
 For each model and batch size, on synthetic random inputs, this script times
   * training: forward + loss + backward + Adam step, ``model.train()``, ``model(images, labels)``;
   * inference: ``model.eval()`` under ``torch.no_grad()``, ``model(images)``;
-for the production routing (:class:`capsnets.functional.DynamicRouting`) and, for capsule models, the
-naive per-iteration reference (:class:`capsnets.testing.NaiveDynamicRouting`, Procedure 1 of Sabour et al.
-2017 written as a plain loop). The two paths share weights and inputs and are measured alternately
+for the production routing (the model's own default routing: the model is built without a ``routing``
+argument) and, for capsule models, the naive vectorised routing of the same family
+(:class:`capsnets.testing.NaiveDynamicRouting` for vector capsule models such as ``capsnet``,
+:class:`capsnets.testing.NaiveEMRouting` for matrix capsule models such as ``matrix_capsnet``). The two
+paths share weights and inputs and are measured alternately
 (production first on even repeats, naive first on odd ones); each figure is the median over ``--repeats``,
 and the speed-up is the median of the per-repeat ratios production / naive.
 
@@ -14,6 +16,7 @@ Run ``python benchmarks/throughput.py --help``; ``benchmarks/README.md`` describ
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime as dt
 import json
 import platform
@@ -28,10 +31,9 @@ import torch
 
 import capsnets
 from capsnets.engine.runtime import autocast, resolve_device
-from capsnets.functional import DynamicRouting
 from capsnets.losses import create_loss
-from capsnets.models import model_arguments
-from capsnets.testing import NaiveDynamicRouting
+from capsnets.models import CapsNet, MatrixCapsNet, model_arguments
+from capsnets.testing import NaiveDynamicRouting, NaiveEMRouting
 
 
 # ----------------------------------------------------------------------------------------- environment
@@ -63,7 +65,7 @@ def environment(device: torch.device, args: argparse.Namespace) -> dict:
         "platform": platform.platform(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "settings": {**{k: v for k, v in vars(args).items() if k != "out"}, "model_arg": dict(args.model_arg)},
     }
 
 
@@ -81,28 +83,67 @@ def synchronize(device: torch.device) -> None:
 # -------------------------------------------------------------------------------------------- one path
 
 
+def naive_routing(model: torch.nn.Module, iterations: int):
+    """The naive routing of ``model``'s family, or None for a model family without one."""
+    if isinstance(model, MatrixCapsNet):
+        return NaiveEMRouting(iterations)
+    if isinstance(model, CapsNet):
+        return NaiveDynamicRouting(iterations)
+    return None
+
+
+def model_routing(model: torch.nn.Module):
+    """The routing object the model's capsule layers use (the first one found), or None."""
+    return next((m.routing for m in model.modules() if getattr(m, "routing", None) is not None), None)
+
+
 def build_paths(name: str, args: argparse.Namespace, device: torch.device) -> dict:
-    """``{"production": model, "naive": model}`` with shared weights; ``{"default": model}`` without routing."""
-    naive = not args.skip_naive
-    if "routing" in model_arguments(name):
-        routings = {"production": DynamicRouting(args.routing_iterations)}
-        models = {"production": capsnets.create_model(name, routing=routings["production"])}
-    else:  # a model without routing (e.g. cnn_baseline) has no naive variant
-        models, routings, naive = {"default": capsnets.create_model(name)}, {"default": None}, False
-    if naive:
-        routings["naive"] = NaiveDynamicRouting(args.routing_iterations)
-        models["naive"] = capsnets.create_model(name, routing=routings["naive"])
-        models["naive"].load_state_dict(models["production"].state_dict())
+    """``{"production": model, "naive": model}`` with shared weights; ``{"default": model}`` without routing.
+
+    production: the model's default routing (with ``--routing-iterations`` where the model takes
+    ``routing_iterations``); naive: the naive routing of the model's family with the same iterations.
+    """
+    accepted = model_arguments(name)
+    kwargs = dict(args.model_arg)
+    if "routing_iterations" in accepted:
+        kwargs.setdefault("routing_iterations", args.routing_iterations)
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise SystemExit(f"{name} does not take {unknown}; it takes {sorted(accepted)}")
+    production = capsnets.create_model(name, **kwargs)
+    naive = None if args.skip_naive or "routing" not in accepted else naive_routing(production, args.routing_iterations)
+    if model_routing(production) is None:  # a model without routing (e.g. cnn_baseline): one path
+        models = {"default": production}
+    else:
+        models = {"production": production}
+    if naive is not None and "production" in models:
+        models["naive"] = capsnets.create_model(name, **{**kwargs, "routing": naive})
+        models["naive"].load_state_dict(production.state_dict())
     paths = {}
     for path, model in models.items():
         model.to(device)
+        routing = model_routing(model)
         paths[path] = {
             "model": model,
-            "routing": None if routings[path] is None else repr(routings[path]),
+            "routing": None if routing is None else repr(routing),
             "step": torch.compile(model) if args.compile else model,
             "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4),
         }
     return paths
+
+
+def parse_model_arg(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` -> ``(key, value)``; VALUE is a Python literal (``true``/``false``/``none`` too) or a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    words = {"true": True, "false": False, "none": None}
+    if value.lower() in words:
+        return key, words[value.lower()]
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
 
 
 def train_steps(p: dict, criterion, images, labels, steps: int, amp, device) -> None:
@@ -257,6 +298,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--routing-iterations", type=int, default=3, help="routing iterations of both paths")
     parser.add_argument("--skip-naive", action="store_true", help="do not measure the naive routing path")
+    parser.add_argument("--model-arg", action="append", type=parse_model_arg, default=[], metavar="KEY=VALUE",
+                        help="keyword argument for create_model, e.g. detach_routing=true (repeatable)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON file (default benchmarks/results/throughput_<device>_<time>.json)")
     args = parser.parse_args(argv)

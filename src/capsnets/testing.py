@@ -4,6 +4,9 @@
   child and parent at a time, in Python loops. Slow; the oracle the fast path must agree with.
 - :class:`NaiveDynamicRouting`: the common vectorised-but-naive way (broadcast ``(B, I, J, D)``
   products every iteration, gradients through every iteration); the baseline the benchmarks time.
+- :func:`reference_em_routing`: Procedure 1 of Hinton et al. (2018) written literally (the EM oracle).
+- :class:`NaiveEMRouting`: EM routing the common vectorised-but-naive way (``(B, I, J, H)`` broadcasts of
+  ``R``, ``V`` and ``mu`` every iteration, densities with ``exp``); the EM baseline the benchmarks time.
 """
 from __future__ import annotations
 
@@ -152,3 +155,49 @@ def reference_em_routing(
         out_r.append(R)
     as64 = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     return as64(out_mu), as64(out_a), as64(out_r)
+
+
+class NaiveEMRouting:
+    """EM routing as public implementations usually write it (the benchmarks' baseline for EM).
+
+    Vectorised but naive: every iteration broadcasts ``R``, ``V`` and ``mu`` to ``(B, I, J, H)``; the
+    Gaussian densities are computed with ``exp`` (a floor on ``sum_j a_j p_ij`` avoids division by
+    zero; no log space, so far-off votes underflow to ``p = 0``); gradients flow through every
+    iteration. Same lambda schedule and ``eps`` conventions as :func:`capsnets.functional.em_routing`,
+    so it agrees with it wherever the densities neither underflow nor hit the floor.
+
+    Shape:
+        ``votes (B, I, J, H), activations (B, I), beta_v (J,), beta_a (J,) -> (B, J, H), (B, J)``
+    """
+
+    def __init__(self, iterations: int = 3, inverse_temperature=None, eps: float = 1e-6) -> None:
+        from capsnets.functional.em_routing import _resolve_lambdas
+
+        self.iterations = iterations
+        self.inverse_temperatures = _resolve_lambdas(inverse_temperature, iterations)
+        self.eps = eps
+
+    def __call__(self, votes: Tensor, activations: Tensor, beta_v, beta_a, return_assignments: bool = False):
+        eps, (batch, children, parents, _) = self.eps, votes.shape
+        tiny = torch.finfo(votes.dtype).tiny  # the usual guard against 0 / 0
+        a_in = activations.unsqueeze(-1)  # (B, I, 1)
+        r = votes.new_full((batch, children, parents), 1.0 / parents)  # (B, I, J)
+        for t, lam in enumerate(self.inverse_temperatures):
+            # M-step
+            rp = (r * a_in).unsqueeze(-1)  # (B, I, J, 1)
+            mass = rp.sum(dim=1, keepdim=True)  # (B, 1, J, 1)
+            mu = (rp * votes).sum(dim=1, keepdim=True) / (mass + eps)  # (B, 1, J, H)
+            var = (rp * (votes - mu) ** 2).sum(dim=1, keepdim=True) / (mass + eps) + eps  # (B, 1, J, H)
+            cost = ((beta_v.view(-1, 1) + torch.log(torch.sqrt(var))) * mass).sum(dim=-1)  # (B, 1, J)
+            a_out = torch.sigmoid(lam * (beta_a - cost))  # (B, 1, J)
+            if t == self.iterations - 1:
+                break
+            # E-step
+            p = torch.exp(-((votes - mu) ** 2) / (2 * var)) / torch.sqrt(2 * math.pi * var)  # (B, I, J, H)
+            ap = a_out * p.prod(dim=-1)  # (B, I, J)
+            r = ap / ap.sum(dim=-1, keepdim=True).clamp_min(tiny)
+        mu, a_out = mu.squeeze(1), a_out.squeeze(1)
+        return (mu, a_out, r) if return_assignments else (mu, a_out)
+
+    def __repr__(self) -> str:
+        return f"NaiveEMRouting(iterations={self.iterations})"

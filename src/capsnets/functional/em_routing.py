@@ -44,10 +44,16 @@ while a 3x3 convolutional one (tens) stays near 0.5. ``cost_normalization="mean_
 ``sum_h cost[j]`` by its standardisation across the J parents of each example, ``(c_j - mean_j c) /
 sqrt(var_j c + eps)``, as in Yang's reproduction. The default ``None`` follows the equations exactly.
 
-Implementation: votes are laid out once as ``(B, J, I, H)`` so every weighted sum over ``I`` is a
-batched matrix product; per iteration the only ``(B, J, I, H)`` temporaries are ``V - mu`` and its
-square, shared by the M-step variance and the following E-step (which needs ``(V - mu)^2`` for the same
-``mu``). Gradients flow through every iteration (the procedure differentiated literally).
+Implementation (same values as the equations; float32 error no larger than the direct form's):
+votes are laid out once as ``(B, J, I, H)`` and shifted by a per-parent origin ``c`` (the
+activation-weighted mean vote, a constant: the procedure is shift invariant), then stored once as
+``xx = [V - c, (V - c)^2]`` ``(B, J, I, 2H)``. Each M-step is one batched product ``w @ xx`` giving
+``sum_i w x`` and ``sum_i w x^2`` (the variance follows by exact algebra, clamped at 0 against rounding),
+each E-step one product ``xx @ [-2 d / sigma^2, 1 / sigma^2]``: no ``(B, J, I, H)`` temporary per
+iteration. Gradients flow through every iteration (the procedure differentiated literally). In eager
+training :class:`_EMFunction` supplies the backward: ``d loss / d xx`` is a sum of outer products, formed
+by one product of inner size ``2 * iterations - 1`` instead of one full-size tensor per use; under
+``torch.compile`` (and without gradients) plain autograd runs through the same code.
 """
 from __future__ import annotations
 
@@ -116,36 +122,142 @@ def _check_inputs(votes: Tensor, activations: Tensor, iterations, eps, cost_norm
         )
 
 
-def _m_step(r_prime, v, beta_v, beta_a, lam, eps, cost_normalization):
-    """One M-step. r_prime (B, J, I), v (B, J, I, H) -> mu (B, J, H), d2 (B, J, I, H), var, pre (B, J)."""
+def _shifted_votes(v: Tensor, a_in: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Votes about a per-parent origin, and their squares, side by side.
+
+    The origin ``c`` is the activation-weighted mean vote (the first M-step's ``mu`` up to the mass
+    guard), taken as a constant: the procedure is invariant to the shift, so its gradient is exact.
+    Returns ``c`` (B, J, 1, H) and ``xx = [V - c, (V - c)^2]`` (B, J, I, 2H).
+    """
+    with torch.no_grad():
+        w0 = (a_in / (a_in.sum(dim=-1, keepdim=True) + eps)).unsqueeze(2)  # (B, 1, 1, I)
+        c = torch.matmul(w0, v)  # (B, J, 1, H)
+    x = v - c
+    return c, torch.cat([x, x * x], dim=-1)
+
+
+def _m_step(r_prime, c, contract, beta_v, beta_a, lam, eps, cost_normalization):
+    """One M-step. r_prime (B, J, I), c (B, J, 1, H) -> mu - c, var, log_var (B, J, H), pre (B, J).
+
+    With ``x = V - c`` and normalised weights ``w`` (summing to ``s = mass / (mass + eps)``):
+    ``mu = m1 + s c`` and ``sum_i w (V - mu)^2 = m2 - 2 d m1 + s d^2`` where ``m1 = sum_i w x``,
+    ``m2 = sum_i w x^2`` and ``d = mu - c`` (exact algebra; rounding can only make it slightly negative).
+    """
     mass = r_prime.sum(dim=2, keepdim=True)  # (B, J, 1): sum_i R'
     w = (r_prime / (mass + eps)).unsqueeze(2)  # (B, J, 1, I): normalised weights, guarded
-    mu = torch.matmul(w, v)  # (B, J, 1, H)
-    d2 = (v - mu).square()  # (B, J, I, H), reused by the E-step
-    var = torch.matmul(w, d2).squeeze(2) + eps  # (B, J, H): sigma^2 with its floor
+    m1, m2 = contract("m", w).squeeze(2).chunk(2, dim=-1)  # (B, J, H) each
+    s = mass * (mass + eps).reciprocal()  # (B, J, 1): sum_i w
+    d = m1 + (s - 1.0) * c.squeeze(2)  # (B, J, H): mu - c
+    var = (m2 - 2.0 * d * m1 + s * d.square()).clamp_min(0.0) + eps  # sigma^2 with its floor
     log_var = var.log()
     cost = ((beta_v.unsqueeze(-1) + 0.5 * log_var) * mass).sum(dim=-1)  # (B, J)
     if cost_normalization == "mean_std":
         mean = cost.mean(dim=1, keepdim=True)
         cost = (cost - mean) * torch.rsqrt((cost - mean).square().mean(dim=1, keepdim=True) + eps)
     pre = lam * (beta_a - cost)  # (B, J): a_j = sigmoid(pre)
-    return mu.squeeze(2), d2, var, log_var, pre
+    return d, var, log_var, pre
 
 
-def _e_step(d2, var, log_var, pre):
-    """One E-step: new assignments (B, J, I), a softmax over J of log a_j + log p[i, j]."""
-    quad = torch.matmul(d2, var.reciprocal().unsqueeze(-1)).squeeze(-1)  # (B, J, I): sum_h d2 / sigma^2
+def _e_step(contract, d, var, log_var, pre):
+    """One E-step: new assignments (B, J, I), a softmax over J of log a_j + log p[i, j].
+
+    ``sum_h (V - mu)^2 / sigma^2 = sum_h x^2 / sigma^2 - 2 x d / sigma^2 + d^2 / sigma^2``: one matrix
+    product with the stored ``[x, x^2]``, no (B, J, I, H) temporary.
+    """
+    inv = var.reciprocal()  # (B, J, H)
+    coef = torch.cat([-2.0 * d * inv, inv], dim=-1).unsqueeze(-1)  # (B, J, 2H, 1)
+    quad = contract("e", coef).squeeze(-1) + (d.square() * inv).sum(dim=-1, keepdim=True)  # (B, J, I)
     log_norm = log_var.sum(dim=-1, keepdim=True) + var.shape[-1] * _LOG_2PI  # (B, J, 1)
     logits = F.logsigmoid(pre).unsqueeze(-1) - 0.5 * (quad + log_norm)  # (B, J, I)
     return torch.softmax(logits, dim=1)
 
 
-def _assignments(r, v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization):
-    """Assignments after one M-step and one E-step per entry of ``lambdas``."""
-    for lam in lambdas:
-        _, d2, var, log_var, pre = _m_step(r * a_in, v, beta_v, beta_a, lam, eps, cost_normalization)
-        r = _e_step(d2, var, log_var, pre)
-    return r
+def _matmul_contract(xx: Tensor):
+    """``contract(kind, operand)``: the two products of the procedure with ``xx`` (B, J, I, 2H).
+
+    ``"m"``: weights (B, J, 1, I) -> (B, J, 1, 2H); ``"e"``: coefficients (B, J, 2H, 1) -> (B, J, I, 1).
+    """
+    return lambda kind, operand: torch.matmul(operand, xx) if kind == "m" else torch.matmul(xx, operand)
+
+
+def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments):
+    """The procedure on shifted votes, seen only through ``contract``: poses, activations, assignments."""
+    r = a_in.new_full((c.shape[0], c.shape[1], a_in.shape[-1]), 1.0 / c.shape[1])  # (B, J, I)
+    if detach_assignments and len(lambdas) > 1:
+        with torch.no_grad():  # the assignments become constants: no graph for these iterations
+            for lam in lambdas[:-1]:
+                d, var, log_var, pre = _m_step(r * a_in, c, contract, beta_v, beta_a, lam, eps, cost_normalization)
+                r = _e_step(contract, d, var, log_var, pre)
+        lambdas = lambdas[-1:]
+    for t, lam in enumerate(lambdas):
+        d, var, log_var, pre = _m_step(r * a_in, c, contract, beta_v, beta_a, lam, eps, cost_normalization)
+        if t < len(lambdas) - 1:
+            r = _e_step(contract, d, var, log_var, pre)
+    return d + c.squeeze(2), torch.sigmoid(pre), r
+
+
+class _Replay(torch.autograd.Function):
+    """A product with ``xx`` replayed from its forward value; its gradient for ``xx`` goes to ``sink``."""
+
+    @staticmethod
+    def forward(ctx, operand, value, xx, kind, sink):
+        ctx.save_for_backward(operand)
+        ctx.xx, ctx.kind, ctx.sink = xx, kind, sink
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (operand,) = ctx.saved_tensors
+        xx = ctx.xx
+        if ctx.kind == "m":  # value = operand @ xx: d xx = operand^T grad, an outer product (I) x (2H)
+            ctx.sink.append((operand.transpose(-1, -2), grad))
+            return torch.matmul(grad, xx.transpose(-1, -2)), None, None, None, None
+        ctx.sink.append((grad, operand.transpose(-1, -2)))  # value = xx @ operand: d xx = grad operand^T
+        return torch.matmul(xx.transpose(-1, -2), grad), None, None, None, None
+
+
+class _EMFunction(torch.autograd.Function):
+    """EM routing with a lean backward (same values and gradients as autograd through :func:`_route`).
+
+    Every use of the votes is a product with ``xx``, so ``d loss / d xx`` is a sum of 2 * iterations - 1
+    outer products. Autograd would materialise and add a full (B, J, I, 2H) tensor for each; here the
+    backward replays the small-tensor part of the procedure from the saved product values, collects the
+    outer-product factors and forms ``d xx`` with one matrix product of inner size 2 * iterations - 1.
+    """
+
+    @staticmethod
+    def forward(ctx, v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments):
+        c, xx = _shifted_votes(v, a_in, eps)
+        values, plain = [], _matmul_contract(xx)
+
+        def record(kind, operand):
+            values.append(plain(kind, operand))
+            return values[-1]
+
+        ctx.settings = (lambdas, eps, cost_normalization, detach_assignments)
+        ctx.values = values
+        out = _route(c, record, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments)
+        ctx.save_for_backward(c, xx, a_in, beta_v, beta_a)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_mu, g_a, g_r):
+        c, xx, a_in, beta_v, beta_a = ctx.saved_tensors
+        replayed, sink = iter(ctx.values), []
+        leaves = [t.detach().requires_grad_() for t in (a_in, beta_v, beta_a)]
+        with torch.enable_grad():
+            out = _route(c, lambda kind, op: _Replay.apply(op, next(replayed), xx, kind, sink), *leaves,
+                         *ctx.settings)
+            pairs = [(o, g) for o, g in zip(out, (g_mu, g_a, g_r)) if g is not None and o.requires_grad]
+            grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+        grad_v = None
+        if sink and ctx.needs_input_grad[0]:
+            left = torch.cat([lhs for lhs, _ in sink], dim=-1)  # (B, J, I, K)
+            g1, g2 = torch.matmul(left, torch.cat([rhs for _, rhs in sink], dim=-2)).chunk(2, dim=-1)
+            h = g1.shape[-1]
+            grad_v = torch.addcmul(g1, xx[..., :h], g2, value=2.0)  # through xx = [x, x^2], x = v - c
+        return (grad_v, *grads, None, None, None, None)
 
 
 def em_routing(
@@ -192,16 +304,15 @@ def em_routing(
         a_in = activations.to(dtype).unsqueeze(1)  # (B, 1, I)
         beta_v = _check_beta(beta_v, "beta_v", v.shape[1], v)  # (J,) or (1,)
         beta_a = _check_beta(beta_a, "beta_a", v.shape[1], v)
-        r = v.new_full(v.shape[:3], 1.0 / v.shape[1])  # (B, J, I)
-        if detach_assignments and len(lambdas) > 1:
-            with torch.no_grad():  # the assignments become constants: no graph for these iterations
-                r = _assignments(r, v, a_in, beta_v, beta_a, lambdas[:-1], eps, cost_normalization)
-            lambdas = lambdas[-1:]
-        for t, lam in enumerate(lambdas):
-            mu, d2, var, log_var, pre = _m_step(r * a_in, v, beta_v, beta_a, lam, eps, cost_normalization)
-            if t < len(lambdas) - 1:
-                r = _e_step(d2, var, log_var, pre)
-        a_out = torch.sigmoid(pre)
+        lean = torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(
+            t.requires_grad for t in (v, a_in, beta_v, beta_a))
+        if lean:  # eager training: the lean backward of _EMFunction
+            mu, a_out, r = _EMFunction.apply(v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization,
+                                             detach_assignments)
+        else:  # inference, or traced by torch.compile: plain autograd through the same procedure
+            c, xx = _shifted_votes(v, a_in, eps)  # (B, J, 1, H), (B, J, I, 2H)
+            mu, a_out, r = _route(c, _matmul_contract(xx), a_in, beta_v, beta_a, lambdas, eps,
+                                  cost_normalization, detach_assignments)
     if return_assignments:
         return mu, a_out, r.transpose(1, 2)
     return mu, a_out
