@@ -1,4 +1,4 @@
-"""The ``capsnets`` command: ``train``, ``evaluate``, ``reconstruct`` and ``list-models``.
+"""The ``capsnets`` command: ``train``, ``evaluate``, ``reconstruct``, ``list-models`` and ``experiment``.
 
 Quick start (offline, 8x8 scikit-learn digits; ``--model capsnet_digits --dataset digits`` are the
 defaults)::
@@ -6,6 +6,7 @@ defaults)::
     capsnets train --epochs 5 --out runs/digits
     capsnets evaluate --checkpoint runs/digits
     capsnets train --model capsnet --dataset mnist --download --epochs 50 --out runs/mnist
+    capsnets experiment multimnist --smoke --out runs/multimnist_smoke   # report.md + PNGs
 
 Flags override the values of ``--config FILE`` (YAML or JSON with :class:`TrainConfig` keys), which
 override the defaults. Errors are reported as one line on stderr with a non-zero exit status (set
@@ -47,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with its four sub-commands."""
+    """The argument parser with its sub-commands."""
     parser = argparse.ArgumentParser(prog="capsnets", description="Capsule networks: train, evaluate, inspect.")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_train(commands.add_parser("train", help="train a model and write a run directory"))
@@ -63,7 +64,41 @@ def build_parser() -> argparse.ArgumentParser:
     reconstruct.set_defaults(handler=_reconstruct)
     commands.add_parser("list-models", help="registered models and their parameter counts").set_defaults(
         handler=_list_models)
+    _add_experiment(commands.add_parser("experiment", help="run a paper experiment, write DIR/report.md + PNGs"))
     return parser
+
+
+def _add_experiment(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("name", nargs="?", help="experiment name (see --list)")
+    add("--list", action="store_true", help="list the registered experiments and exit")
+    add("--smoke", action="store_true", help="tiny CPU-sized version (minutes)")
+    add("--out", help="directory for report.md and the figures")
+    add("--device", default="auto", help="auto (default), cpu, cuda, cuda:1 ...")
+    add("--seed", type=int, default=0)
+    add("--data-dir", help="folder holding the data sets (default: $CAPSNETS_DATA or the library's default)")
+    add("--checkpoint-dir", help="load trained models from here if present, else save them here")
+    add("--set", action="append", default=[], metavar="KEY=VALUE", help="experiment-specific setting")
+    parser.set_defaults(handler=_experiment)
+
+
+def _experiment(args: argparse.Namespace) -> int:
+    from capsnets.experiments import list_experiments, run_experiment
+
+    if args.list:
+        print("\n".join(list_experiments()))
+        return 0
+    if not args.name:
+        raise ValueError(f"name an experiment (one of: {', '.join(list_experiments())}) or pass --list")
+    if not args.out:
+        raise ValueError("--out DIR is required: the directory for report.md and the figures")
+    result = run_experiment(args.name, args.out, smoke=args.smoke, device=args.device, seed=args.seed,
+                            data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
+                            **parse_key_values(args.set, "--set"))
+    print(f"wrote {result.report} and {len(result.figures)} figure(s)")
+    for key, value in result.metrics.items():
+        print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
+    return 0
 
 
 def _add_train(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,33 @@
+"""The papers' experiments (issue 4), one registered function each, run by ``capsnets experiment NAME``.
+
+- :func:`run_experiment` ``(name, out, smoke=..., device=..., seed=..., data_dir=..., checkpoint_dir=...)``
+  writes ``out/report.md`` and PNG figures and returns an :class:`ExperimentResult`.
+- :func:`register_experiment`, :func:`list_experiments`: the registry (see :mod:`.common` for the contract
+  and the shared helpers: :func:`write_report`, :func:`markdown_table`, :func:`train_classifier`,
+  :func:`evaluate_accuracy`, :func:`load_or_train`).
+
+Experiment modules register themselves on import; every module named in ``_MODULES`` that exists is
+imported here, so adding an experiment means adding its file and its name below.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .common import (ExperimentResult, evaluate_accuracy, get_experiment, list_experiments, load_or_train,
+                     markdown_table, percent, register_experiment, run_experiment, save_figure, settings_table,
+                     train_classifier, write_report)
+
+_MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints")
+
+for _name in _MODULES:
+    try:
+        importlib.import_module(f"{__name__}.{_name}")
+    except ModuleNotFoundError as _err:  # that experiment's file is not written yet
+        if _err.name != f"{__name__}.{_name}":
+            raise
+
+__all__ = [
+    "ExperimentResult", "evaluate_accuracy", "get_experiment", "list_experiments", "load_or_train",
+    "markdown_table", "percent", "register_experiment", "run_experiment", "save_figure", "settings_table",
+    "train_classifier", "write_report",
+]

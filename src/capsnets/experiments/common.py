@@ -1,0 +1,276 @@
+"""What every paper experiment shares: a registry, a report writer, a small trainer for generated data.
+
+An experiment is a function registered under a name::
+
+    @register_experiment("multimnist")
+    def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0,
+            data_dir: str | None = None, checkpoint_dir: str | None = None, **options) -> ExperimentResult:
+        ...
+        return write_report(out, "MultiMNIST", [("Results", markdown_table(headers, rows))],
+                            figures=[png], metrics={"capsnet_error": 0.05})
+
+``out`` is created by :func:`run_experiment` before the function is called. ``smoke`` asks for a tiny
+CPU-sized version (minutes); ``options`` are experiment-specific knobs (tests use them to shrink runs
+further). :func:`train_classifier` and :func:`evaluate_accuracy` train and score any registered model
+on tensors that already live on the device (generated data sets that the engine's trainer does not know).
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from capsnets.engine.runtime import resolve_device, seed_everything
+
+ExperimentFn = Callable[..., "ExperimentResult"]
+_EXPERIMENTS: dict[str, ExperimentFn] = {}
+
+# --------------------------------------------------------------------------------------------------------
+# Registry
+
+
+@dataclass
+class ExperimentResult:
+    """What an experiment produced: its report, its figures and its headline numbers (JSON-safe)."""
+
+    name: str
+    report: Path
+    figures: list[Path] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def register_experiment(name: str) -> Callable[[ExperimentFn], ExperimentFn]:
+    """Decorator registering an experiment function under ``name`` (see the module docstring)."""
+
+    def decorate(fn: ExperimentFn) -> ExperimentFn:
+        if name in _EXPERIMENTS:
+            raise ValueError(f"experiment {name!r} is already registered")
+        _EXPERIMENTS[name] = fn
+        return fn
+
+    return decorate
+
+
+def list_experiments() -> list[str]:
+    """Names of the registered experiments, sorted."""
+    return sorted(_EXPERIMENTS)
+
+
+def get_experiment(name: str) -> ExperimentFn:
+    """The function registered as ``name``; an unknown name raises ``ValueError`` listing the known ones."""
+    if name not in _EXPERIMENTS:
+        close = difflib.get_close_matches(name, _EXPERIMENTS, n=3)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"unknown experiment {name!r}.{hint} Known experiments: {', '.join(list_experiments())}")
+    return _EXPERIMENTS[name]
+
+
+def run_experiment(name: str, out: str | os.PathLike, *, smoke: bool = False, device: str = "auto", seed: int = 0,
+                   data_dir: str | os.PathLike | None = None, checkpoint_dir: str | os.PathLike | None = None,
+                   **options) -> ExperimentResult:
+    """Seed everything, create ``out`` and run the experiment ``name`` (its report goes to ``out/report.md``)."""
+    fn = get_experiment(name)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    seed_everything(seed)
+    return fn(out, smoke=smoke, device=str(resolve_device(device)), seed=seed, data_dir=data_dir,
+              checkpoint_dir=checkpoint_dir, **options)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reports
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table; floats are shown with 4 significant digits, ``None`` as ``-``."""
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(map(cell, headers)) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def percent(value: float | None) -> str:
+    """``0.052`` -> ``"5.20%"`` (``"n/a"`` for None / NaN)."""
+    return "n/a" if value is None or value != value else f"{100 * value:.2f}%"
+
+
+def write_report(out: str | os.PathLike, title: str, sections: Sequence[tuple[str, str]], *,
+                 figures: Sequence[str | os.PathLike] = (), metrics: dict[str, Any] | None = None,
+                 name: str | None = None) -> ExperimentResult:
+    """Write ``out/report.md`` atomically: ``# title``, then each ``(heading, markdown)`` section, then
+    the figures (embedded by paths relative to ``out``). Returns the :class:`ExperimentResult`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [f"# {title}", ""]
+    for heading, body in sections:
+        parts += [f"## {heading}", "", body.strip(), ""]
+    figures = [Path(f) for f in figures]
+    if figures:
+        parts += ["## Figures", ""]
+        for fig in figures:
+            rel = os.path.relpath(fig, out)
+            parts += [f"![{fig.stem}]({rel})", ""]
+    report = out / "report.md"
+    _atomic_write_text(report, "\n".join(parts))
+    return ExperimentResult(name or title, report, figures, dict(metrics or {}))
+
+
+def settings_table(settings: dict[str, Any]) -> str:
+    """A two-column markdown table of an experiment's settings."""
+    return markdown_table(["setting", "value"], [(k, v) for k, v in settings.items()])
+
+
+def save_figure(fig, out_png: str | os.PathLike) -> Path:
+    """Render a :class:`matplotlib.figure.Figure` to ``out_png`` atomically (see :mod:`capsnets.plots`)."""
+    from capsnets.plots import _save_figure
+
+    return _save_figure(fig, out_png)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------------------------------------
+# Training and evaluation on tensors
+
+
+Targets = Tensor | tuple[Tensor, ...]
+LossFn = Callable[[nn.Module, Tensor, Any], Tensor]
+
+
+def _take(targets: Targets, index: Tensor | slice) -> Targets:
+    return tuple(t[index] for t in targets) if isinstance(targets, tuple) else targets[index]
+
+
+def default_loss_fn(model: nn.Module) -> LossFn:
+    """``loss(model, images, labels)`` with the model's default loss (margin + reconstruction, or CE)."""
+    from capsnets.losses import create_loss
+
+    criterion = create_loss(getattr(model, "default_loss", "cross_entropy"))
+
+    def loss(model: nn.Module, images: Tensor, labels: Tensor) -> Tensor:
+        return criterion(model(images, labels), images, labels)[0]
+
+    return loss
+
+
+def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets | None, *,
+                     epoch_data: Callable[[int], tuple[Tensor, Targets]] | None = None, loss_fn: LossFn | None = None,
+                     epochs: int = 1, batch_size: int = 128, lr: float = 1e-3, lr_decay: float = 0.96,
+                     seed: int = 0, augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+                     desc: str = "train", progress: bool = True) -> list[dict[str, float]]:
+    """Train ``model`` in place with Adam and a per-epoch exponential learning-rate decay.
+
+    Batches are cut on the device holding ``images`` (shuffled by a CPU generator seeded from
+    ``(seed, epoch)``); the model must already be there.
+
+    Args:
+        images: ``(N, C, H, W)`` training images.
+        targets: ``(N, ...)`` tensor or tuple of such tensors, batched together with ``images``.
+        epoch_data: instead of ``images, targets`` (pass None for both), ``epoch -> (images, targets)``
+            called before each (1-based) epoch, e.g. to draw a fresh generated set every epoch.
+        loss_fn: ``loss_fn(model, images, targets) -> scalar``; default :func:`default_loss_fn`.
+        augment: optional ``(images, generator) -> images`` applied to each batch.
+
+    Returns:
+        one ``{"epoch", "loss", "lr", "time_s"}`` dict per epoch.
+    """
+    if not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    loss_fn = loss_fn or default_loss_fn(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
+    if (epoch_data is None) == (images is None):
+        raise ValueError("pass either images and targets or epoch_data")
+    history = []
+    model.train()
+    for epoch in range(1, epochs + 1):
+        if epoch_data is not None:
+            images, targets = epoch_data(epoch)
+        count = len(images)
+        generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+        order = torch.randperm(count, generator=generator).to(images.device)
+        total = torch.zeros((), dtype=torch.float64, device=images.device)
+        start = time.perf_counter()
+        steps = range(0, count, batch_size)
+        for first in tqdm(steps, desc=f"{desc} epoch {epoch}", leave=False, disable=None if progress else True):
+            index = order[first:first + batch_size]
+            batch = images[index] if augment is None else augment(images[index], generator)
+            loss = loss_fn(model, batch, _take(targets, index))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.detach().double() * len(index)
+        mean = total.item() / max(count, 1)
+        if not math.isfinite(mean):
+            raise FloatingPointError(f"{desc}: training loss is {mean} in epoch {epoch}; lower the learning rate")
+        history.append({"epoch": epoch, "loss": mean, "lr": scheduler.get_last_lr()[0],
+                        "time_s": time.perf_counter() - start})
+        scheduler.step()
+    model.eval()
+    return history
+
+
+@torch.no_grad()
+def evaluate_accuracy(model: nn.Module, images: Tensor, targets: Targets, *, batch_size: int = 256,
+                      correct: Callable[[Any, Any], Tensor] | None = None) -> float:
+    """Fraction of examples the model gets right, in eval mode, batch by batch in stored order.
+
+    Args:
+        correct: ``correct(output, batch_targets) -> (B,) bool``; default
+            ``output.scores.argmax(-1) == labels``.
+    """
+    correct = correct or (lambda output, labels: output.scores.argmax(dim=-1) == labels)
+    was_training = model.training
+    model.eval()
+    hits = torch.zeros((), dtype=torch.long, device=images.device)
+    try:
+        for first in range(0, len(images), batch_size):
+            output = model(images[first:first + batch_size])
+            hits += correct(output, _take(targets, slice(first, first + batch_size))).sum()
+    finally:
+        model.train(was_training)
+    return hits.item() / max(len(images), 1)
+
+
+def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
+                  checkpoint_dir: str | os.PathLike | None, meta: dict[str, Any] | None = None) -> bool:
+    """Load ``checkpoint_dir/<name>.safetensors`` into ``model`` if it exists, else call ``train()``
+    and save the model there (when ``checkpoint_dir`` is given). Returns True when it was loaded."""
+    from capsnets.engine.checkpoint import load_checkpoint, restore_model, save_checkpoint
+
+    path = Path(checkpoint_dir) / f"{name}.safetensors" if checkpoint_dir is not None else None
+    if path is not None and path.is_file():
+        restore_model(model, load_checkpoint(path))
+        model.eval()
+        return True
+    train()
+    if path is not None:
+        save_checkpoint(path, model=model, meta={"model": getattr(model, "model_name", name), **(meta or {})})
+    return False

@@ -1,0 +1,152 @@
+"""What the individual dimensions of a class capsule represent (Sabour, Frosst & Hinton 2017, Sec. 5.1, Fig. 4),
+and which primary capsules route to the winning class.
+
+For chosen MNIST test digits, each of the 16 dimensions of the active (longest) class capsule is moved
+by -0.25 ... +0.25 in steps of 0.05 and the result is decoded: one grid per digit, rows = dimensions,
+columns = perturbations. The routing picture sums, over capsule types, the final couplings ``c[i, j]``
+of the primary capsules to the winning class ``j`` on their 6x6 grid, upsamples the map to the input
+size and draws it over the input.
+
+The model is loaded from ``--checkpoint-dir`` when it holds ``dimensions_capsnet.safetensors`` (written by
+an earlier run) or a trainer run directory (``best``/``last``); else it is trained on MNIST (full: the
+paper's ``capsnet``, 10 epochs, shifts of 2 px; smoke: ``capsnet_small`` on 2,000 images, 1 epoch).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from torch import Tensor, nn
+
+from capsnets.data import load_dataset, random_shift
+from capsnets.engine.checkpoint import CheckpointError, load_model
+from capsnets.experiments.common import (ExperimentResult, evaluate_accuracy, load_or_train, markdown_table,
+                                         percent, register_experiment, save_figure, settings_table,
+                                         train_classifier, write_report)
+from capsnets.functional import capsule_length
+from capsnets.models import count_parameters, create_model
+
+PERTURBATIONS = torch.arange(-5, 6) * 0.05  # -0.25 ... +0.25 in steps of 0.05
+FULL = {"model": "capsnet", "train_images": 60000, "epochs": 10, "test_images": 10000, "max_shift": 2,
+        "batch_size": 128, "digits": 3}
+SMOKE = {"model": "capsnet_small", "train_images": 2000, "epochs": 1, "test_images": 500, "max_shift": 0,
+         "batch_size": 32, "digits": 2}
+
+
+@torch.no_grad()
+def perturbation_grid(model: nn.Module, image: Tensor, steps: Tensor = PERTURBATIONS) -> tuple[Tensor, int]:
+    """Decode the active class capsule of ``image`` with each dimension moved by each step.
+
+    Shape:
+        image ``(C, H, W)`` -> grid ``(D, len(steps), C, H, W)`` and the winning class.
+    """
+    capsules = model.encode(image[None])[0]  # (K, D)
+    winner = int(capsule_length(capsules).argmax())
+    dims, count = capsules.shape[1], len(steps)
+    moved = capsules.expand(dims, count, *capsules.shape).clone()  # (D, S, K, D)
+    rows = torch.arange(dims, device=image.device)
+    moved[rows, :, winner, rows] += steps.to(capsules)[None, :]
+    decoded = model.decoder(moved.flatten(0, 1), torch.full((dims * count,), winner, device=image.device))
+    return decoded.view(dims, count, *decoded.shape[1:]), winner
+
+
+@torch.no_grad()
+def routing_map(model: nn.Module, image: Tensor) -> tuple[Tensor, int]:
+    """Couplings of the primary capsules to the winning class, summed over capsule types.
+
+    Shape:
+        image ``(C, H, W)`` -> ``(H', W')`` map on the primary grid and the winning class.
+    """
+    features = torch.relu(model.conv(image[None]))  # (1, conv_channels, H1, W1)
+    primary = model.primary(features)  # (1, T*H'*W', D_p), ordered (type, row, col)
+    capsules, couplings = model.classes(primary, return_couplings=True)  # (1, K, D), (1, I, K)
+    winner = int(capsule_length(capsules)[0].argmax())
+    grid = model.primary.output_grid(*features.shape[-2:])  # (H', W')
+    return couplings[0, :, winner].view(-1, *grid).sum(dim=0), winner
+
+
+def plot_grid(grid: Tensor, winner: int, out_png: str | Path) -> Path:
+    """Rows = capsule dimensions, columns = perturbations (paper Fig. 4), drawn as one tiled image."""
+    dims, count, _, height, width = grid.shape
+    pad = F.pad(grid[:, :, 0], (1, 1, 1, 1), value=0.5)  # (D, S, H+2, W+2), grey separators
+    mosaic = pad.permute(0, 2, 1, 3).reshape(dims * (height + 2), count * (width + 2))
+    fig = Figure(figsize=(0.55 * count + 1.2, 0.55 * dims + 0.9))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.imshow(mosaic.cpu().numpy(), cmap="gray", vmin=0, vmax=1)
+    ax.set_xticks([(width + 2) * (s + 0.5) for s in range(count)], [f"{v:+.2f}" for v in PERTURBATIONS.tolist()],
+                  fontsize=6, rotation=90)
+    ax.set_yticks([(height + 2) * (d + 0.5) for d in range(dims)], [str(d) for d in range(dims)], fontsize=6)
+    ax.set_xlabel("perturbation", fontsize=8), ax.set_ylabel("dimension", fontsize=8)
+    ax.set_title(f"class {winner}: each of the {dims} dimensions perturbed", fontsize=9)
+    return save_figure(fig, out_png)
+
+
+def plot_routing(images: Tensor, maps: list[Tensor], winners: list[int], out_png: str | Path) -> Path:
+    """Each input with the upsampled coupling map to its winning class drawn over it."""
+    fig = Figure(figsize=(2.2 * len(images), 2.4))
+    for i, (image, heat, winner) in enumerate(zip(images, maps, winners)):
+        up = F.interpolate(heat[None, None], size=image.shape[-2:], mode="bilinear", align_corners=False)[0, 0]
+        ax = fig.add_subplot(1, len(images), i + 1)
+        ax.imshow(image[0].cpu().numpy(), cmap="gray", vmin=0, vmax=1)
+        ax.imshow(up.cpu().numpy(), cmap="inferno", alpha=0.55)
+        ax.set_title(f"couplings to class {winner}", fontsize=8)
+        ax.set_xticks([]), ax.set_yticks([])
+    return save_figure(fig, out_png)
+
+
+def _model(cfg: dict, data, device: str, seed: int, checkpoint_dir) -> tuple[nn.Module, str]:
+    if checkpoint_dir is not None and not (Path(checkpoint_dir) / "dimensions_capsnet.safetensors").is_file():
+        try:  # a trainer run directory
+            return load_model(checkpoint_dir, device)[0], f"loaded from {checkpoint_dir}"
+        except CheckpointError:
+            pass
+    model = create_model(cfg["model"], device=device)
+    images, labels = data.images[:cfg["train_images"]].to(device), data.labels[:cfg["train_images"]].to(device)
+    shift = (lambda x, g: random_shift(x, cfg["max_shift"], g)) if cfg["max_shift"] else None
+
+    def fit():
+        train_classifier(model, images, labels, epochs=cfg["epochs"], batch_size=cfg["batch_size"], seed=seed,
+                         augment=shift, desc="dimensions capsnet")
+
+    loaded = load_or_train(model, "dimensions_capsnet", fit, checkpoint_dir=checkpoint_dir,
+                           meta={"model_args": {}, "dataset": "mnist"})
+    return model, "loaded" if loaded else f"trained {cfg['epochs']} epoch(s) on {len(images):,} images"
+
+
+@register_experiment("dimensions")
+def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, data_dir=None,
+        checkpoint_dir=None, **options) -> ExperimentResult:
+    """Perturbation grids and routing pictures for ``digits`` MNIST test digits of different classes."""
+    cfg = {**(SMOKE if smoke else FULL), **options}
+    unknown = sorted(set(cfg) - set(FULL))
+    if unknown:
+        raise ValueError(f"dimensions does not take {', '.join(unknown)}; it takes: {', '.join(sorted(FULL))}")
+    model, how = _model(cfg, load_dataset("mnist", root=data_dir, train=True), device, seed, checkpoint_dir)
+    model.eval()
+    test = load_dataset("mnist", root=data_dir, train=False)
+    images, labels = test.images[:cfg["test_images"]].to(device), test.labels[:cfg["test_images"]].to(device)
+    accuracy = evaluate_accuracy(model, images, labels)
+    chosen = [int((labels == k).nonzero()[0]) for k in range(cfg["digits"])]  # the first test digit of 0, 1, ...
+    figures, maps, winners = [], [], []
+    for index in chosen:
+        grid, winner = perturbation_grid(model, images[index])
+        figures.append(plot_grid(grid, winner, out / f"dimensions_digit{int(labels[index])}.png"))
+        heat, winner = routing_map(model, images[index])
+        maps.append(heat), winners.append(winner)
+    figures.append(plot_routing(images[chosen], maps, winners, out / "routing.png"))
+    rows = [(int(labels[i]), w, i) for i, w in zip(chosen, winners)]
+    sections = [
+        ("Model", markdown_table(["model", "parameters", "test accuracy", "training"],
+                                 [(cfg["model"], f"{count_parameters(model):,}",
+                                   percent(accuracy) + f" on {len(images):,}", how)])
+         + ("\n\n**Smoke run**: a barely trained model; the grids show the mechanics only." if smoke else "")),
+        ("Digits", markdown_table(["label", "predicted", "test index"], rows)
+         + "\n\nEach grid: rows = the 16 dimensions of the winning class capsule, columns = perturbations "
+           "-0.25 ... +0.25 in steps of 0.05 (paper Fig. 4: scale, thickness, stroke, skew, width, parts). "
+           "`routing.png`: final couplings of the primary capsules to the winning class, summed over types."),
+        ("Settings", settings_table({**cfg, "seed": seed, "device": device})),
+    ]
+    return write_report(out, "What capsule dimensions represent (Sabour et al. 2017, Sec. 5.1)", sections,
+                        figures=figures, metrics={"test_accuracy": accuracy}, name="dimensions")

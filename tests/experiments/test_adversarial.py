@@ -1,0 +1,23 @@
+"""The ``adversarial`` experiment end to end, at a tiny size."""
+import pytest
+
+from capsnets.experiments import list_experiments, run_experiment
+
+
+def test_adversarial_is_registered():
+    assert "adversarial" in list_experiments()
+
+
+def test_adversarial_smoke_run(tmp_path, shared_data_root):
+    result = run_experiment("adversarial", tmp_path, smoke=True, device="cpu", data_dir=str(shared_data_root),
+                            train_size=128, val_size=32, test_size=32, max_epochs=1, eps=(0.3,), bim_steps=2)
+    text = (tmp_path / "report.md").read_text()
+    assert "CNN -> capsules (transfer)" in text and "| BIM | targeted | 0.3 |" in text
+    assert {p.name for p in tmp_path.glob("*.png")} >= {"success_rates.png", "examples.png"}
+    rates = [v for k, v in result.metrics.items() if k.startswith(("fgsm", "bim"))]
+    assert len(rates) == 2 * 2 * 4 and all(0 <= r <= 1 for r in rates if r == r)
+
+
+def test_adversarial_rejects_unknown_options(tmp_path):
+    with pytest.raises(ValueError, match="unknown options"):
+        run_experiment("adversarial", tmp_path, smoke=True, device="cpu", epsilon=0.1)

@@ -1,0 +1,42 @@
+"""The ``dimensions`` experiment: perturbation grids and the routing picture."""
+import pytest
+import torch
+
+from capsnets.experiments import run_experiment
+from capsnets.experiments.dimensions import PERTURBATIONS, perturbation_grid, routing_map
+from capsnets.models import create_model
+
+
+def test_perturbation_grid_moves_one_dimension_of_the_winner():
+    torch.manual_seed(0)
+    model = create_model("capsnet_small").eval()
+    image = torch.rand(1, 28, 28)
+    grid, winner = perturbation_grid(model, image)
+    assert grid.shape == (16, 11, 1, 28, 28)
+    assert len(PERTURBATIONS) == 11 and torch.allclose(PERTURBATIONS.diff(), torch.tensor(0.05))
+    assert PERTURBATIONS[0].item() == pytest.approx(-0.25) and PERTURBATIONS[5].item() == 0
+    with torch.no_grad():
+        capsules = model.encode(image[None])
+        plain = model.decoder(capsules, torch.tensor([winner]))[0]
+    assert torch.allclose(grid[:, 5], plain.expand(16, -1, -1, -1), atol=1e-6)  # step 0 = no change
+    assert not torch.allclose(grid[0, 0], grid[0, -1])
+
+
+def test_routing_map_is_on_the_primary_grid():
+    model = create_model("capsnet_small").eval()
+    heat, winner = routing_map(model, torch.rand(1, 28, 28))
+    assert heat.shape == (6, 6) and 0 <= winner < 10
+    assert (heat >= 0).all() and heat.sum() <= 8 * 36 + 1e-4  # couplings sum to <= 1 per capsule, 8 types
+
+
+def test_dimensions_smoke_end_to_end_and_reload(shared_data_root, tmp_path):
+    options = {"train_images": 200, "test_images": 100, "digits": 1}
+    ckpt = tmp_path / "ckpt"
+    result = run_experiment("dimensions", tmp_path / "a", smoke=True, device="cpu", data_dir=shared_data_root,
+                            checkpoint_dir=ckpt, **options)
+    assert result.report.is_file() and "dimensions_digit0.png" in result.report.read_text()
+    assert (tmp_path / "a" / "routing.png").is_file() and (ckpt / "dimensions_capsnet.safetensors").is_file()
+    again = run_experiment("dimensions", tmp_path / "b", smoke=True, device="cpu", data_dir=shared_data_root,
+                           checkpoint_dir=ckpt, **options)
+    assert "loaded" in again.report.read_text()
+    assert again.metrics["test_accuracy"] == result.metrics["test_accuracy"]

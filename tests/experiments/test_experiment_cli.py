@@ -1,0 +1,47 @@
+"""``capsnets experiment``: listing, errors, and smoke runs through the command line."""
+import pytest
+
+from capsnets.cli import main
+from capsnets.experiments import ExperimentResult, list_experiments, markdown_table, write_report
+
+
+def test_list_names_the_experiments(capsys):
+    assert main(["experiment", "--list"]) == 0
+    names = capsys.readouterr().out.split()
+    assert {"multimnist", "dimensions"} <= set(names) and names == list_experiments()
+
+
+def test_unknown_experiment_lists_the_known_ones(capsys, tmp_path):
+    assert main(["experiment", "multimnst", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "unknown experiment 'multimnst'" in err and "multimnist" in err and "dimensions" in err
+
+
+def test_missing_out_and_bad_setting(capsys, tmp_path):
+    assert main(["experiment", "dimensions"]) == 1
+    assert "--out" in capsys.readouterr().err
+    assert main(["experiment", "dimensions", "--out", str(tmp_path), "--set", "nonsense=1"]) == 1
+    assert "does not take nonsense" in capsys.readouterr().err
+
+
+def test_write_report_and_table(tmp_path):
+    (tmp_path / "f.png").write_bytes(b"png")
+    result = write_report(tmp_path, "T", [("S", markdown_table(["a", "b"], [(1, 0.123456), ("x|y", None)]))],
+                          figures=[tmp_path / "f.png"], metrics={"m": 1.0})
+    text = result.report.read_text()
+    assert isinstance(result, ExperimentResult) and text.startswith("# T\n")
+    assert "| 1 | 0.1235 |" in text and "x\\|y" in text and "| - |" in text and "![f](f.png)" in text
+
+
+@pytest.mark.parametrize("name, settings", [
+    ("multimnist", ["train_digits=300", "pairs_per_epoch=64", "test_digits=100"]),
+    ("dimensions", ["train_images=200", "test_images=100", "digits=1"]),
+])
+def test_smoke_through_the_cli(name, settings, shared_data_root, tmp_path, capsys):
+    argv = ["experiment", name, "--smoke", "--out", str(tmp_path), "--device", "cpu",
+            "--data-dir", str(shared_data_root)]
+    for item in settings:
+        argv += ["--set", item]
+    assert main(argv) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert (tmp_path / "report.md").is_file() and list(tmp_path.glob("*.png"))
