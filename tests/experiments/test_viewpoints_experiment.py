@@ -1,0 +1,104 @@
+"""The ``viewpoints`` experiment: split selection on the info fields, the matching rule, smoke runs."""
+import pytest
+import torch
+
+from capsnets.cli import main
+from capsnets.data import TensorData
+from capsnets.experiments import list_experiments, run_experiment
+from capsnets.experiments.viewpoints import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, SmallNorbCNN, build_model,
+                                             load_norb_like, train_matched, viewpoint_split)
+from capsnets.models import count_parameters
+
+NOVEL_AZIMUTHS = set(range(6, 29, 2))  # 60 .. 280 degrees
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("viewpoints_data")  # no smallnorb/ inside: the rendered set is used
+
+
+@pytest.fixture(scope="module")
+def rendered(data_root):
+    """A reduced grid of the offline set (1 toy per class and split, 1 lighting), as the smoke run renders it."""
+    return load_norb_like(data_root, "cpu", render_instances=1, render_lightings=[0])
+
+
+def _views(data: TensorData, key: str) -> set[int]:
+    return set(data.info[key].tolist())
+
+
+@pytest.mark.parametrize("split", ["azimuth", "elevation"])
+def test_split_selection_on_info_fields(rendered, split):
+    train, test, source = rendered
+    assert "rendered viewpoint set" in source
+    views = viewpoint_split(train, test, split)
+    if split == "azimuth":
+        assert _views(views["train"], "azimuth") == _views(views["familiar"], "azimuth") == set(AZIMUTH_FAMILIAR)
+        assert _views(views["novel"], "azimuth") == NOVEL_AZIMUTHS
+        for part in views.values():  # every elevation is in every part of the azimuth split
+            assert _views(part, "elevation") == set(range(9))
+    else:
+        assert _views(views["train"], "elevation") == _views(views["familiar"], "elevation") == set(ELEVATION_FAMILIAR)
+        assert _views(views["novel"], "elevation") == set(range(3, 9))
+        for part in views.values():
+            assert _views(part, "azimuth") == set(range(0, 35, 2))
+    assert len(views["train"]) * 3 == len(train)
+    assert len(views["familiar"]) + len(views["novel"]) == len(test)
+    assert len(views["novel"]) == 2 * len(views["familiar"])
+    test_toys = _views(views["familiar"], "instance") | _views(views["novel"], "instance")
+    assert test_toys and not _views(views["train"], "instance") & test_toys
+    assert set(views["train"].labels.tolist()) == set(views["novel"].labels.tolist()) == set(range(5))
+    assert views["train"].augment is not None and views["train"].images.shape[-1] == 48
+    assert views["novel"].images.shape[1:] == (1, 32, 32)
+
+
+def _toy_views(n=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 5
+    images = torch.randn(n, 1, 32, 32, generator=g) + labels.view(-1, 1, 1, 1).float()  # separable classes
+    data = TensorData(images, labels, 5, name="toy")
+    return {"train": data, "familiar": data, "novel": data}
+
+
+def test_matching_stops_at_the_target_or_keeps_the_nearest():
+    torch.manual_seed(0)
+    views = _toy_views()
+    reached = train_matched(build_model("cnn_small", "cpu"), views, epochs=3, target=1.0, batch_size=16, lr=1e-3)
+    assert reached["reached"] and reached["epoch"] == 1 and len(reached["history"]) == 1
+    never = train_matched(build_model("cnn_small", "cpu"), views, epochs=3, target=-1.0, batch_size=16, lr=1e-3)
+    errors = [h["familiar_error"] for h in never["history"]]
+    assert not never["reached"] and len(errors) == 3 and never["familiar_error"] == min(errors)
+    best = train_matched(build_model("cnn_small", "cpu"), views, epochs=2, target=None, batch_size=16, lr=1e-3)
+    assert best["epoch"] == 1 + [h["familiar_error"] for h in best["history"]].index(best["familiar_error"])
+
+
+def test_full_cnn_is_the_papers_size():
+    assert count_parameters(SmallNorbCNN()) == 4_252_549  # the paper's "4.2M"
+    assert abs(count_parameters(build_model("cnn_small", "cpu")) - 67_154) < 5_000  # ~ matrix_capsnet_small
+
+
+def test_smoke_run_writes_the_report(data_root, tmp_path):
+    assert "viewpoints" in list_experiments()
+    result = run_experiment("viewpoints", tmp_path, smoke=True, device="cpu", data_dir=str(data_root),
+                            train_size=24, test_size=12)
+    text = result.report.read_text()
+    assert "offline rendered viewpoint set" in text and "13.50%" in text and "17.80%" in text
+    assert "| azimuth | capsules | matrix_capsnet_small |" in text and "| elevation | CNN | cnn_small |" in text
+    assert {p.name for p in tmp_path.glob("*.png")} == {"examples.png", "error_curves.png"}
+    errors = [v for k, v in result.metrics.items() if k.endswith("_error")]
+    assert len(errors) == 8 and all(0 <= e <= 1 for e in errors)
+
+
+def test_smoke_through_the_cli(data_root, tmp_path, capsys):
+    argv = ["experiment", "viewpoints", "--smoke", "--out", str(tmp_path), "--device", "cpu", "--data-dir",
+            str(data_root), "--set", "train_size=16", "--set", "test_size=8", "--set", "splits=[elevation]"]
+    assert main(argv) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert (tmp_path / "report.md").is_file() and len(list(tmp_path.glob("*.png"))) == 2
+
+
+def test_rejects_unknown_options_and_splits(tmp_path):
+    with pytest.raises(ValueError, match="does not take"):
+        run_experiment("viewpoints", tmp_path, smoke=True, device="cpu", epoch=1)
+    with pytest.raises(ValueError, match="splits"):
+        run_experiment("viewpoints", tmp_path, smoke=True, device="cpu", splits=["lighting"])
