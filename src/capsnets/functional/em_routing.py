@@ -101,6 +101,17 @@ def _check_beta(beta, name: str, parents: int, like: Tensor) -> Tensor:
     return beta.to(like.dtype)
 
 
+def _check_settings(iterations, eps, cost_normalization) -> None:
+    if int(iterations) != iterations or iterations < 1:
+        raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps!r}")
+    if cost_normalization not in _COST_NORMALIZATIONS:
+        raise ValueError(
+            f"cost_normalization must be one of {_COST_NORMALIZATIONS}, got {cost_normalization!r}"
+        )
+
+
 def _check_inputs(votes: Tensor, activations: Tensor, iterations, eps, cost_normalization) -> None:
     if not isinstance(votes, Tensor) or votes.dim() != 4:
         shape = tuple(votes.shape) if isinstance(votes, Tensor) else type(votes).__name__
@@ -112,14 +123,7 @@ def _check_inputs(votes: Tensor, activations: Tensor, iterations, eps, cost_norm
         raise ValueError(
             f"activations must have shape (B, I) = {tuple(votes.shape[:2])} to match votes; got {shape}"
         )
-    if int(iterations) != iterations or iterations < 1:
-        raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps!r}")
-    if cost_normalization not in _COST_NORMALIZATIONS:
-        raise ValueError(
-            f"cost_normalization must be one of {_COST_NORMALIZATIONS}, got {cost_normalization!r}"
-        )
+    _check_settings(iterations, eps, cost_normalization)
 
 
 def _shifted_votes(v: Tensor, a_in: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -341,14 +345,7 @@ class EMRouting:
         cost_normalization: str | None = None,
         detach_assignments: bool = False,
     ) -> None:
-        if int(iterations) != iterations or iterations < 1:
-            raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
-        if not eps > 0:
-            raise ValueError(f"eps must be > 0, got {eps!r}")
-        if cost_normalization not in _COST_NORMALIZATIONS:
-            raise ValueError(
-                f"cost_normalization must be one of {_COST_NORMALIZATIONS}, got {cost_normalization!r}"
-            )
+        _check_settings(iterations, eps, cost_normalization)
         self.iterations = int(iterations)
         self.inverse_temperatures = _resolve_lambdas(inverse_temperature, self.iterations)
         self.eps = eps
