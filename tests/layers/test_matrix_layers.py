@@ -114,3 +114,22 @@ def test_matrix_layers_reject_wrong_inputs():
         ConvMatrixCapsules(3, 2, kernel_size=7, routing=Recorder())(caps)
     with pytest.raises(ValueError, match=r"expects \(B, 6, H, W\)"):
         PrimaryMatrixCapsules(6, 3)(torch.randn(1, 5, 4, 4))
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_checkpoint_chunks_give_the_same_values_and_gradients(detach):
+    caps = random_capsules(batch=3, types=3, height=6, width=6)
+    grads = []
+    for chunks in (0, 4):
+        torch.manual_seed(0)
+        layer = ConvMatrixCapsules(3, 2, kernel_size=3, stride=1, routing=EMRouting(3, detach_assignments=detach),
+                                   checkpoint_chunks=chunks, dtype=torch.float64)
+        pose = caps.pose.clone().requires_grad_()
+        out = layer(MatrixCapsules(pose, caps.activation))
+        (out.pose.square().sum() + out.activation.sum()).backward()
+        grads.append((out.pose.detach(), out.activation.detach(), pose.grad, layer.weight.grad, layer.beta_a.grad))
+    for plain, chunked in zip(*grads):
+        torch.testing.assert_close(chunked, plain, rtol=1e-10, atol=1e-12)
+    assert "checkpoint_chunks=4" in repr(layer)
+    with pytest.raises(ValueError, match="checkpoint_chunks"):
+        ConvMatrixCapsules(3, 2, checkpoint_chunks=-1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from capsnets.capsules import MatrixCapsules
 from capsnets.functional.patches import capsule_patches
@@ -99,6 +100,10 @@ class ConvMatrixCapsules(nn.Module):
         routing: callable ``(votes (N, I, J, P*P), activations (N, I), beta_v (J,), beta_a (J,)) ->
             (poses (N, J, P*P), activations (N, J))``; default ``EMRouting(3)``.
         pose_size: pose side ``P``.
+        checkpoint_chunks: if > 0, when training, compute votes and routing in this many chunks of
+            output positions under activation checkpointing: backward keeps only the receptive-field
+            patches and recomputes one chunk at a time (same values and gradients, less memory, about
+            one extra forward of votes and routing).
 
     Shape:
         - input: :class:`MatrixCapsules` ``(B, T, H, W, P, P)``
@@ -107,10 +112,11 @@ class ConvMatrixCapsules(nn.Module):
     """
 
     def __init__(self, in_types: int, out_types: int, *, kernel_size: int = 3, stride: int = 1, padding: int = 0,
-                 routing=None, pose_size: int = 4, device=None, dtype=None) -> None:
+                 routing=None, pose_size: int = 4, checkpoint_chunks: int = 0, device=None, dtype=None) -> None:
         super().__init__()
         self.in_types = positive_int("in_types", in_types)
         self.out_types = positive_int("out_types", out_types)
+        self.checkpoint_chunks = non_negative_int("checkpoint_chunks", checkpoint_chunks)
         self.kernel_size = positive_int("kernel_size", kernel_size)
         self.stride = positive_int("stride", stride)
         self.padding = non_negative_int("padding", padding)
@@ -130,17 +136,28 @@ class ConvMatrixCapsules(nn.Module):
         feats = torch.cat([pose, caps.activation.unsqueeze(2)], dim=2)  # (B, T, P*P + 1, H, W)
         patches, (out_h, out_w) = capsule_patches(feats, self.kernel_size, self.stride, self.padding)
         patches = patches.flatten(0, 2)  # (N = B*H'*W', I = T*K*K, P*P + 1)
-        children = patches.shape[1]
-        votes = matrix_votes(patches[..., :-1].reshape(-1, children, side, side),
-                             self.weight.reshape(children, self.out_types, side, side))
-        out_pose, out_act = self.routing(votes, patches[..., -1], self.beta_v, self.beta_a)
+        if self.checkpoint_chunks and torch.is_grad_enabled():
+            # Keep only the patches for backward; votes and routing are recomputed chunk by chunk.
+            outs = [checkpoint(self._route, chunk, use_reentrant=False)
+                    for chunk in patches.chunk(self.checkpoint_chunks)]
+            out_pose, out_act = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+        else:
+            out_pose, out_act = self._route(patches)
         out_pose = out_pose.view(batch, out_h, out_w, self.out_types, side, side).permute(0, 3, 1, 2, 4, 5)
         out_act = out_act.view(batch, out_h, out_w, self.out_types).permute(0, 3, 1, 2)
         return MatrixCapsules(out_pose, out_act)
 
+    def _route(self, patches: Tensor) -> tuple[Tensor, Tensor]:
+        """Votes and routing for a block of output positions: ``(N, I, P*P + 1) -> (N, U, P*P), (N, U)``."""
+        side, children = self.pose_size, patches.shape[1]
+        votes = matrix_votes(patches[..., :-1].reshape(-1, children, side, side),
+                             self.weight.reshape(children, self.out_types, side, side))
+        return self.routing(votes, patches[..., -1], self.beta_v, self.beta_a)
+
     def extra_repr(self) -> str:
+        chunks = f", checkpoint_chunks={self.checkpoint_chunks}" if self.checkpoint_chunks else ""
         return (f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}, routing={self.routing!r}")
+                f"stride={self.stride}, padding={self.padding}, routing={self.routing!r}{chunks}")
 
 
 class ClassMatrixCapsules(nn.Module):

@@ -48,6 +48,8 @@ class MatrixCapsNet(nn.Module):
         conv_padding: padding of Conv1; None: 2 for inputs smaller than 32 px, else 0.
         routing: routing callable shared by the three capsule layers (default ``EMRouting(3)``).
         coordinate_addition: coordinate addition in the class capsules.
+        checkpoint_chunks: activation checkpointing of the convolutional capsule layers in this many
+            chunks (0: off); trades about one extra forward of votes and routing for memory.
 
     Shape:
         images ``(B, C, H, W)`` -> :class:`ModelOutput` with ``scores`` = class activations ``(B, E)``
@@ -59,7 +61,7 @@ class MatrixCapsNet(nn.Module):
     def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5, conv_channels: int = 32,
                  primary_types: int = 32, conv_caps1_types: int = 32, conv_caps2_types: int = 32,
                  conv_padding: int | None = None, routing=None, coordinate_addition: bool = True,
-                 pose_size: int = 4, device=None, dtype=None) -> None:
+                 pose_size: int = 4, checkpoint_chunks: int = 0, device=None, dtype=None) -> None:
         super().__init__()
         if len(tuple(input_size)) != 3:
             raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
@@ -73,9 +75,9 @@ class MatrixCapsNet(nn.Module):
                               device=device, dtype=dtype)
         self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, **factory)
         self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, kernel_size=3, stride=2,
-                                             routing=routing, **factory)
+                                             routing=routing, checkpoint_chunks=checkpoint_chunks, **factory)
         self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size=3, stride=1,
-                                             routing=routing, **factory)
+                                             routing=routing, checkpoint_chunks=checkpoint_chunks, **factory)
         self.classes = ClassMatrixCapsules(conv_caps2_types, num_classes, routing=routing,
                                            coordinate_addition=coordinate_addition, **factory)
         self._check_grid()
@@ -100,25 +102,29 @@ class MatrixCapsNet(nn.Module):
         return ModelOutput(activation, "activation", poses)
 
 
-def _build(num_classes, input_size, routing_iterations, routing, detach_routing, coordinate_addition, device, dtype,
-           **widths):
+def _build(num_classes, input_size, routing_iterations, routing, detach_routing, coordinate_addition,
+           checkpoint_chunks, device, dtype, **widths):
     routing = _em_routing(routing_iterations, routing, detach_routing)
     return MatrixCapsNet(input_size=input_size, num_classes=num_classes, routing=routing,
-                         coordinate_addition=coordinate_addition, device=device, dtype=dtype, **widths)
+                         coordinate_addition=coordinate_addition, checkpoint_chunks=checkpoint_chunks,
+                         device=device, dtype=dtype, **widths)
 
 
 @register_model("matrix_capsnet")
 def matrix_capsnet(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
-                   detach_routing=False, coordinate_addition=True, device=None, dtype=None) -> MatrixCapsNet:
+                   detach_routing=False, coordinate_addition=True, checkpoint_chunks=0, device=None,
+                   dtype=None) -> MatrixCapsNet:
     """The paper's smallNORB model: A=B=C=D=32 (about 310K parameters)."""
-    return _build(num_classes, input_size, routing_iterations, routing, detach_routing, coordinate_addition, device, dtype,
+    return _build(num_classes, input_size, routing_iterations, routing, detach_routing, coordinate_addition,
+                  checkpoint_chunks, device, dtype,
                   conv_channels=32, primary_types=32, conv_caps1_types=32, conv_caps2_types=32)
 
 
 @register_model("matrix_capsnet_small")
 def matrix_capsnet_small(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
-                         detach_routing=False, coordinate_addition=True, device=None,
-                         dtype=None) -> MatrixCapsNet:
+                         detach_routing=False, coordinate_addition=True, checkpoint_chunks=0,
+                         device=None, dtype=None) -> MatrixCapsNet:
     """The paper's small model: A=64, B=8, C=D=16 (about 68K parameters)."""
-    return _build(num_classes, input_size, routing_iterations, routing, detach_routing, coordinate_addition, device, dtype,
+    return _build(num_classes, input_size, routing_iterations, routing, detach_routing, coordinate_addition,
+                  checkpoint_chunks, device, dtype,
                   conv_channels=64, primary_types=8, conv_caps1_types=16, conv_caps2_types=16)
