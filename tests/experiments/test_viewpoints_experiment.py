@@ -5,7 +5,7 @@ import torch
 from capsnets.cli import main
 from capsnets.data import TensorData
 from capsnets.experiments import list_experiments, run_experiment
-from capsnets.experiments.viewpoints import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, SmallNorbCNN, build_model,
+from capsnets.experiments.viewpoints import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, build_model,
                                              load_norb_like, train_matched, viewpoint_split)
 from capsnets.models import count_parameters
 
@@ -63,18 +63,18 @@ def _toy_views(n=40, seed=0):
 def test_matching_stops_at_the_target_or_keeps_the_nearest():
     torch.manual_seed(0)
     views = _toy_views()
-    reached = train_matched(build_model("cnn_small", "cpu"), views, epochs=3, target=1.0, batch_size=16, lr=1e-3)
+    reached = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=3, target=1.0, batch_size=16, lr=1e-3)
     assert reached["reached"] and reached["epoch"] == 1 and len(reached["history"]) == 1
-    never = train_matched(build_model("cnn_small", "cpu"), views, epochs=3, target=-1.0, batch_size=16, lr=1e-3)
+    never = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=3, target=-1.0, batch_size=16, lr=1e-3)
     errors = [h["familiar_error"] for h in never["history"]]
     assert not never["reached"] and len(errors) == 3 and never["familiar_error"] == min(errors)
-    best = train_matched(build_model("cnn_small", "cpu"), views, epochs=2, target=None, batch_size=16, lr=1e-3)
+    best = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=2, target=None, batch_size=16, lr=1e-3)
     assert best["epoch"] == 1 + [h["familiar_error"] for h in best["history"]].index(best["familiar_error"])
 
 
 def test_full_cnn_is_the_papers_size():
-    assert count_parameters(SmallNorbCNN()) == 4_252_549  # the paper's "4.2M"
-    assert abs(count_parameters(build_model("cnn_small", "cpu")) - 67_154) < 5_000  # ~ matrix_capsnet_small
+    assert count_parameters(build_model("cnn_smallnorb", "cpu")) == 4_252_549  # the paper's "4.2M"
+    assert abs(count_parameters(build_model("cnn_smallnorb_narrow", "cpu")) - 67_154) < 5_000  # ~ matrix_capsnet_small
 
 
 def test_smoke_run_writes_the_report(data_root, tmp_path):
@@ -83,7 +83,7 @@ def test_smoke_run_writes_the_report(data_root, tmp_path):
                             train_size=24, test_size=12)
     text = result.report.read_text()
     assert "offline rendered viewpoint set" in text and "13.50%" in text and "17.80%" in text
-    assert "| azimuth | capsules | matrix_capsnet_small |" in text and "| elevation | CNN | cnn_small |" in text
+    assert "| azimuth | capsules | matrix_capsnet_small |" in text and "| elevation | CNN | cnn_smallnorb_narrow |" in text
     assert {p.name for p in tmp_path.glob("*.png")} == {"examples.png", "error_curves.png"}
     errors = [v for k, v in result.metrics.items() if k.endswith("_error")]
     assert len(errors) == 8 and all(0 <= e <= 1 for e in errors)

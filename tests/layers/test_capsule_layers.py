@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from capsnets.functional import DynamicRouting, squash
+from capsnets.functional import squash
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
 
 

@@ -9,6 +9,7 @@ from capsnets.testing import assert_finite
 EXPECTED_PARAMETERS = {
     "capsnet": 8_215_568,  # SPEC: ~8.2M
     "cnn_baseline": 35_445_522,  # 35.4M
+    "cnn_smallnorb": 4_252_549,  # the EM paper's smallNORB CNN, 4.2M
     "matrix_capsnet": 316_394,  # ~310K (5 classes)
     "matrix_capsnet_small": 67_154,  # ~68K
 }

@@ -27,12 +27,12 @@ from torch import Tensor, nn
 
 from capsnets.attacks import attack_success, bim, fgsm, random_wrong_targets
 from capsnets.data import load_dataset
-from capsnets.models import BaselineCNN, count_parameters, create_model
+from capsnets.models import count_parameters, create_model
 from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markdown_table, percent,
                                          register_experiment, save_figure, settings_table, train_classifier,
                                          write_report)
 
-__all__ = ["train_to_accuracy", "small_cnn", "attack_table", "run"]
+__all__ = ["train_to_accuracy", "attack_table", "run"]
 
 
 def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_images: Tensor, val_labels: Tensor, *,
@@ -58,13 +58,6 @@ def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_imag
             break
     model.eval()
     return {"epochs": epoch, "val_accuracy": accuracy, "history": history}
-
-
-def small_cnn(*, input_size=(1, 28, 28), device=None) -> BaselineCNN:
-    """The paper's baseline CNN design, narrowed for CPU smoke runs (16/16/8 channels, 64/32 hidden)."""
-    model = BaselineCNN(input_size=input_size, channels=(16, 16, 8), hidden=(64, 32), device=device)
-    model.model_name = "cnn_small"
-    return model
 
 
 def _craft(attack: str, model, images, labels, eps, targets, steps):
@@ -185,7 +178,7 @@ def _settings(smoke: bool, options: dict) -> dict:
             "capsule_model": "capsnet", "cnn_model": "cnn_baseline"}
     small = {"train_size": 768, "val_size": 128, "test_size": 64, "max_epochs": 2, "target_accuracy": 0.9,
              "eps": (0.1, 0.2, 0.3), "bim_steps": 3, "batch_size": 32, "lr": 2e-3,
-             "capsule_model": "capsnet_small", "cnn_model": "cnn_small"}
+             "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow"}
     settings = dict(small if smoke else full)
     unknown = sorted(set(options) - set(settings))
     if unknown:
@@ -196,7 +189,7 @@ def _settings(smoke: bool, options: dict) -> dict:
 
 
 def _build(name: str, device: str) -> nn.Module:
-    return small_cnn(device=device) if name == "cnn_small" else create_model(name, device=device)
+    return create_model(name, device=device)
 
 
 @register_experiment("adversarial")
@@ -206,7 +199,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
 
     Options (override the smoke / full settings): ``train_size``, ``val_size``, ``test_size``,
     ``max_epochs``, ``target_accuracy``, ``eps``, ``bim_steps``, ``batch_size``, ``lr``, ``capsule_model``,
-    ``cnn_model`` (``"cnn_small"`` is the narrow CNN).
+    ``cnn_model`` (``"cnn_baseline_narrow"`` is the narrow CNN).
     """
     s = _settings(smoke, options)
     train = load_dataset("mnist", root=data_dir, train=True, device=device)

@@ -25,7 +25,7 @@ from torch import nn
 from capsnets.data import DatasetError, load_dataset
 from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
 from capsnets.models import count_parameters, create_model
-from capsnets.experiments.adversarial import small_cnn, train_to_accuracy
+from capsnets.experiments.adversarial import train_to_accuracy
 from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markdown_table, percent,
                                          register_experiment, save_figure, settings_table, write_report)
 
@@ -39,7 +39,7 @@ def _settings(smoke: bool, options: dict) -> dict:
             "batch_size": 128, "lr": 1e-3, "capsule_model": "capsnet", "cnn_model": "cnn_baseline",
             "affnist_path": None}
     small = {"train_size": 1024, "val_size": 128, "test_size": 256, "max_epochs": 2, "target_accuracy": 0.9,
-             "batch_size": 32, "lr": 2e-3, "capsule_model": "capsnet_small", "cnn_model": "cnn_small",
+             "batch_size": 32, "lr": 2e-3, "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow",
              "affnist_path": None}
     settings = dict(small if smoke else full)
     unknown = sorted(set(options) - set(settings))
@@ -51,8 +51,7 @@ def _settings(smoke: bool, options: dict) -> dict:
 
 def _build(name: str, device: str) -> nn.Module:
     size = (1, AFFNIST_SIZE, AFFNIST_SIZE)
-    return small_cnn(input_size=size, device=device) if name == "cnn_small" else \
-        create_model(name, input_size=size, device=device)
+    return create_model(name, input_size=size, device=device)
 
 
 def _real_affnist(path, data_dir, device):
@@ -92,7 +91,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     """Train on translated MNIST, test on affNIST(-style) digits; write ``report.md`` and a PNG into ``out``.
 
     Options (override the smoke / full settings): ``train_size``, ``val_size``, ``test_size``, ``max_epochs``,
-    ``target_accuracy``, ``batch_size``, ``lr``, ``capsule_model``, ``cnn_model`` (``"cnn_small"``: the
+    ``target_accuracy``, ``batch_size``, ``lr``, ``capsule_model``, ``cnn_model`` (``"cnn_baseline_narrow"``: the
     narrow CNN), ``affnist_path`` (a ``.mat`` file or a folder with the real test set).
     """
     s = _settings(smoke, options)

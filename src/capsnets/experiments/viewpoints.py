@@ -24,10 +24,10 @@ Here:
   towards the given error instead. Like the paper, this selects on the familiar part of the test set.
 - models: ``matrix_capsnet`` (A=B=C=D=32, exact routing gradients) against the paper's smallNORB
   baseline CNN (Sec. 5: two 5x5 convolutions of 32 and 64 channels each followed by 2x2 max pooling,
-  1024 hidden units with dropout; 4.25M parameters, the paper's "4.2M"), :class:`SmallNorbCNN`.
-  ``cnn_model`` may name any registered model instead (e.g. ``cnn_baseline``), or ``"cnn_small"``: the
-  same design narrowed to the size of ``matrix_capsnet_small`` (69K vs 67K parameters), which the smoke
-  run uses beside that model (with detached routing gradients, ~2x faster).
+  1024 hidden units with dropout; 4.25M parameters, the paper's "4.2M"), the registered ``cnn_smallnorb``.
+  ``cnn_model`` may name any registered model instead; the smoke run uses ``cnn_smallnorb_narrow``, the
+  same design narrowed to the size of ``matrix_capsnet_small`` (69K vs 67K parameters), beside that
+  model (with detached routing gradients).
 - training: Adam, per-epoch decay ``lr_decay``, spread loss for capsules with its margin growing over
   the first half of ``epochs`` (the paper gives no schedule), cross-entropy for the CNN; the smallNORB
   protocol's random 32x32 crop and brightness/contrast jitter.
@@ -49,9 +49,8 @@ from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markd
                                          register_experiment, save_figure, settings_table, write_report)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
-from capsnets.models.output import ModelOutput
 
-__all__ = ["AZIMUTH_FAMILIAR", "ELEVATION_FAMILIAR", "familiar_mask", "viewpoint_split", "SmallNorbCNN",
+__all__ = ["AZIMUTH_FAMILIAR", "ELEVATION_FAMILIAR", "familiar_mask", "viewpoint_split", "build_model",
            "train_matched", "run"]
 
 #: smallNORB azimuth field values (x10 degrees) of the paper's training views: 300 .. 40 degrees.
@@ -69,7 +68,7 @@ FULL = {"splits": list(SPLITS), "capsule_model": "matrix_capsnet", "capsule_args
         "target_error": None, "train_size": None, "test_size": None, "render_instances": None,
         "render_lightings": None}
 SMOKE = {**FULL, "capsule_model": "matrix_capsnet_small", "capsule_args": {"detach_routing": True},
-         "cnn_model": "cnn_small", "epochs": 1, "capsule_batch_size": 32, "cnn_batch_size": 32, "lr": 2e-3,
+         "cnn_model": "cnn_smallnorb_narrow", "epochs": 1, "capsule_batch_size": 32, "cnn_batch_size": 32, "lr": 2e-3,
          "train_size": 192, "test_size": 64, "render_instances": 1, "render_lightings": [0]}
 
 
@@ -126,44 +125,9 @@ def load_norb_like(data_dir, device: str, *, render_instances: int | None = None
 # Models
 
 
-class SmallNorbCNN(nn.Module):
-    """The paper's smallNORB baseline CNN (Hinton et al. 2018, Sec. 5): conv 5x5 (``channels[0]``) ->
-    2x2 max pool -> conv 5x5 (``channels[1]``) -> 2x2 max pool -> ``hidden`` units (ReLU, dropout) -> logits.
-    "Same" padding; ReLU throughout; 4,252,549 parameters for ``(1, 32, 32)`` inputs and 5 classes.
-
-    Shape:
-        images ``(B, C, H, W)`` with ``H, W`` divisible by 4 -> ``scores`` ``(B, num_classes)`` (logits).
-    """
-
-    default_loss = "cross_entropy"
-    model_name = "cnn_smallnorb"
-
-    def __init__(self, *, input_size=INPUT_SIZE, num_classes: int = NUM_CLASSES, channels=(32, 64),
-                 hidden: int = 1024, dropout: float = 0.5, device=None) -> None:
-        super().__init__()
-        c, h, w = input_size
-        if h % 4 or w % 4:
-            raise ValueError(f"input_size must have H and W divisible by 4, got {tuple(input_size)}")
-        self.features = nn.Sequential(
-            nn.Conv2d(c, channels[0], 5, padding=2, device=device), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(channels[0], channels[1], 5, padding=2, device=device), nn.ReLU(), nn.MaxPool2d(2))
-        self.classifier = nn.Sequential(
-            nn.Linear(channels[1] * (h // 4) * (w // 4), hidden, device=device), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(hidden, num_classes, device=device))
-
-    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
-        return ModelOutput(self.classifier(self.features(images).flatten(1)), "logits")  # (B, num_classes)
-
-
 def build_model(name: str, device: str, args: dict | None = None) -> nn.Module:
-    """``cnn_smallnorb`` (:class:`SmallNorbCNN`), ``cnn_small`` (the same design narrowed to 8/16 channels and 64
-    hidden units: 69,349 parameters, about the 67K of ``matrix_capsnet_small``) or a registered model."""
-    if name == "cnn_smallnorb":
-        return SmallNorbCNN(device=device, **(args or {}))
-    if name == "cnn_small":
-        model = SmallNorbCNN(channels=(8, 16), hidden=64, device=device, **(args or {}))
-        model.model_name = "cnn_small"
-        return model
+    """A registered model for 5 classes of 32x32 images (e.g. ``cnn_smallnorb``, ``cnn_smallnorb_narrow``,
+    ``matrix_capsnet``)."""
     return create_model(name, num_classes=NUM_CLASSES, input_size=INPUT_SIZE, device=device, **(args or {}))
 
 

@@ -4,7 +4,6 @@ Sabour, Frosst & Hinton (2017), Sec. 4 (PrimaryCapsules: 32 channels of 8-D caps
 """
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from capsnets.functional import squash

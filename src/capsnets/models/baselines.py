@@ -1,8 +1,12 @@
-"""The baseline CNN of Sabour, Frosst & Hinton (2017), Sec. 5.
+"""CNN baselines the papers compare capsules with.
 
-Three 5x5 stride-1 convolutions of 256, 256 and 128 channels ("same" padding, ReLU, no pooling), then
-fully connected layers of 328 and 192 units (ReLU, dropout on the second) into a softmax: 35,445,522
-parameters for 28x28 inputs, the paper's 35.4M.
+- ``cnn_baseline``: Sabour, Frosst & Hinton (2017), Sec. 5. Three 5x5 stride-1 convolutions of 256, 256
+  and 128 channels ("same" padding, ReLU, no pooling), then fully connected layers of 328 and 192 units
+  (ReLU, dropout on the second) into a softmax: 35,445,522 parameters for 28x28 inputs, the paper's 35.4M.
+- ``cnn_smallnorb``: Hinton, Sabour & Frosst (2018), Sec. 5, the smallNORB baseline: two 5x5
+  convolutions of 32 and 64 channels, each followed by 2x2 max pooling, then 1024 hidden units with
+  dropout: 4,252,549 parameters for 32x32 inputs and 5 classes, the paper's 4.2M.
+- ``cnn_baseline_narrow`` / ``cnn_smallnorb_narrow``: the same designs narrowed for CPU smoke runs.
 """
 from __future__ import annotations
 
@@ -67,7 +71,69 @@ class BaselineCNN(nn.Module):
         return ModelOutput(self.classifier(self.features(images).flatten(1)), "logits")
 
 
+class SmallNorbCNN(nn.Module):
+    """Two conv + max-pool stages and one hidden layer (the EM paper's smallNORB baseline).
+
+    Args:
+        input_size: ``(C, H, W)`` with ``H`` and ``W`` divisible by 4.
+        num_classes: output classes.
+        channels: widths of the two 5x5 convolutions.
+        hidden: width of the hidden layer.
+        dropout: dropout probability after the hidden layer.
+
+    Shape:
+        images ``(B, C, H, W)`` -> ``scores`` ``(B, num_classes)`` (logits).
+    """
+
+    default_loss = "cross_entropy"
+
+    def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5,
+                 channels: Sequence[int] = (32, 64), hidden: int = 1024, dropout: float = 0.5,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        self.input_size = tuple(int(s) for s in input_size)
+        if len(self.input_size) != 3 or self.input_size[1] % 4 or self.input_size[2] % 4:
+            raise ValueError(f"input_size must be (C, H, W) with H and W divisible by 4, got {input_size!r}")
+        self.num_classes = positive_int("num_classes", num_classes)
+        factory = {"device": device, "dtype": dtype}
+        c, h, w = self.input_size
+        self.features = nn.Sequential(
+            nn.Conv2d(c, channels[0], 5, padding=2, **factory), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(channels[0], channels[1], 5, padding=2, **factory), nn.ReLU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(
+            nn.Linear(channels[1] * (h // 4) * (w // 4), hidden, **factory), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(hidden, num_classes, **factory))
+
+    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
+        if images.dim() != 4 or tuple(images.shape[1:]) != self.input_size:
+            raise ValueError(f"SmallNorbCNN expects images of shape (B, {', '.join(map(str, self.input_size))}), "
+                             f"got {tuple(images.shape)}; set input_size when creating the model")
+        return ModelOutput(self.classifier(self.features(images).flatten(1)), "logits")  # (B, num_classes)
+
+
 @register_model("cnn_baseline")
 def cnn_baseline(*, num_classes=10, input_size=(1, 28, 28), dropout=0.5, device=None, dtype=None) -> BaselineCNN:
     """The paper's baseline CNN (35.4M parameters on 28x28)."""
     return BaselineCNN(input_size=input_size, num_classes=num_classes, dropout=dropout, device=device, dtype=dtype)
+
+
+@register_model("cnn_baseline_narrow")
+def cnn_baseline_narrow(*, num_classes=10, input_size=(1, 28, 28), dropout=0.5, device=None, dtype=None) -> BaselineCNN:
+    """``cnn_baseline`` narrowed for CPU smoke runs: 16/16/8 channels, 64/32 hidden units."""
+    return BaselineCNN(input_size=input_size, num_classes=num_classes, channels=(16, 16, 8), hidden=(64, 32),
+                       dropout=dropout, device=device, dtype=dtype)
+
+
+@register_model("cnn_smallnorb")
+def cnn_smallnorb(*, num_classes=5, input_size=(1, 32, 32), dropout=0.5, device=None, dtype=None) -> SmallNorbCNN:
+    """The EM paper's smallNORB baseline CNN (4.2M parameters)."""
+    return SmallNorbCNN(input_size=input_size, num_classes=num_classes, dropout=dropout, device=device, dtype=dtype)
+
+
+@register_model("cnn_smallnorb_narrow")
+def cnn_smallnorb_narrow(*, num_classes=5, input_size=(1, 32, 32), dropout=0.5, device=None,
+                         dtype=None) -> SmallNorbCNN:
+    """``cnn_smallnorb`` narrowed to 8/16 channels and 64 hidden units (69K parameters, about
+    ``matrix_capsnet_small``'s 67K)."""
+    return SmallNorbCNN(input_size=input_size, num_classes=num_classes, channels=(8, 16), hidden=64,
+                        dropout=dropout, device=device, dtype=dtype)
