@@ -45,3 +45,19 @@ def test_smoke_through_the_cli(name, settings, shared_data_root, tmp_path, capsy
     assert main(argv) == 0
     assert "wrote" in capsys.readouterr().out
     assert (tmp_path / "report.md").is_file() and list(tmp_path.glob("*.png"))
+
+
+def test_reports_say_how_they_were_made(tmp_path):
+    from capsnets.experiments.common import _annotate_report, run_description
+
+    full = run_description("multimnist", "out", smoke=False, device="cuda", seed=0, options={})
+    assert full.startswith("Full version") and "`capsnets experiment multimnist --out out --device cuda --seed 0`" in full
+    reduced = run_description("affnist", "o", smoke=False, device="cpu", seed=1,
+                              options={"capsule_model": "capsnet_small", "eps": (0.1, 0.2)})
+    assert reduced.startswith("**Reduced run**") and "`capsule_model=\"capsnet_small\"`" in reduced
+    assert "--set 'eps=[0.1,0.2]'" in reduced and "--seed 1" in reduced
+    assert run_description("x", "o", smoke=True, device="cpu", seed=0, options={"a": 1}).startswith("**Smoke")
+    report = tmp_path / "report.md"
+    report.write_text("# Title\n\n## Results\n")
+    _annotate_report(report, reduced)
+    assert report.read_text() == f"# Title\n\n{reduced}\n\n## Results\n"

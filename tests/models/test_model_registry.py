@@ -74,3 +74,22 @@ def test_routing_is_passed_in():
     x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
     torch.testing.assert_close(fast(x).scores, naive(x).scores, rtol=0, atol=1e-6)
     assert capsnets.create_model("capsnet_digits", routing_iterations=1).classes.routing.iterations == 1
+
+
+def test_models_record_the_arguments_that_rebuild_them():
+    model = capsnets.create_model("capsnet_small", input_size=(1, 36, 36), num_classes=10, device="cpu")
+    assert model.model_args == {"input_size": [1, 36, 36], "num_classes": 10}
+    routing = capsnets.functional.DynamicRouting(2)
+    assert capsnets.create_model("capsnet_small", routing=routing).model_args == {}
+
+
+def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
+    from capsnets.engine.checkpoint import load_model
+    from capsnets.experiments.common import load_or_train
+
+    model = capsnets.create_model("capsnet_small", input_size=(1, 36, 36))
+    assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
+    rebuilt, checkpoint = load_model(tmp_path / "m.safetensors")
+    assert rebuilt.input_size == (1, 36, 36) and checkpoint.meta["model"] == "capsnet_small"
+    for (name, a), (_, b) in zip(model.state_dict().items(), rebuilt.state_dict().items()):
+        assert torch.equal(a, b), name

@@ -236,8 +236,6 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
          "examples crafted on the CNN transfer to it like to another CNN. The paper shows figures, no table."),
         ("Settings", settings_table({**{k: v for k, v in s.items()}, "seed": seed, "device": device, "smoke": smoke})),
     ]
-    if smoke:
-        sections.insert(0, ("Smoke run", "Tiny sizes, one or two epochs: the numbers check the pipeline, not the paper."))
     metrics = {f"{r['attack']}_{'targeted' if r['targeted'] else 'untargeted'}_{r['eps']}_{r['source']}_on_"
                f"{r['victim']}": r["rate"] for r in records}
     metrics.update({f"clean_accuracy_{k}": v for k, v in clean.items()})

@@ -128,8 +128,6 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     notes += "The real affNIST test set was evaluated." if real is not None else f"Real affNIST not evaluated: {missing}"
     sections = [("Results", markdown_table(headers, rows) + "\n\n" + notes),
                 ("Settings", settings_table({**s, "seed": seed, "device": device, "smoke": smoke}))]
-    if smoke:
-        sections.insert(0, ("Smoke run", "Tiny sizes, one or two epochs: the numbers check the pipeline, not the paper."))
     metrics = {f"{name}_{test}".replace(" ", "_"): value for (name, test), value in accuracy.items()}
     return write_report(out, "affNIST: generalisation to unseen affine transforms", sections, figures=[samples_png],
                         metrics=metrics, name="affnist")

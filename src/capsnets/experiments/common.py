@@ -82,8 +82,41 @@ def run_experiment(name: str, out: str | os.PathLike, *, smoke: bool = False, de
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
-    return fn(out, smoke=smoke, device=str(resolve_device(device)), seed=seed, data_dir=data_dir,
-              checkpoint_dir=checkpoint_dir, **options)
+    device = str(resolve_device(device))
+    result = fn(out, smoke=smoke, device=device, seed=seed, data_dir=data_dir, checkpoint_dir=checkpoint_dir,
+                **options)
+    _annotate_report(result.report, run_description(name, out, smoke=smoke, device=device, seed=seed,
+                                                    options=options))
+    return result
+
+
+def run_description(name: str, out: str | os.PathLike, *, smoke: bool, device: str, seed: int,
+                    options: dict[str, Any]) -> str:
+    """Markdown saying how a report was made: the equivalent command line, and whether this is the full
+    version, the smoke version, or a run with settings overridden (whose numbers are not the full run's)."""
+    import json
+
+    def value(v: Any) -> str:
+        return json.dumps(list(v) if isinstance(v, tuple) else v, separators=(",", ":"))
+
+    sets = [f"{k}={value(v)}" for k, v in options.items()]
+    command = " ".join(["capsnets experiment", name, *(["--smoke"] if smoke else []), "--out", str(out),
+                        "--device", device, "--seed", str(seed), *(f"--set '{item}'" for item in sets)])
+    if smoke:
+        scale = "**Smoke version**: tiny data and models; the numbers test the pipeline, not the paper."
+    elif options:
+        scale = ("**Reduced run**: the full version with these settings overridden: "
+                 + ", ".join(f"`{item}`" for item in sets)
+                 + ". Its numbers are not the full experiment's; the Settings table lists every value.")
+    else:
+        scale = "Full version (the experiment's default settings)."
+    return f"{scale}\n\nCommand: `{command}`"
+
+
+def _annotate_report(report: Path, text: str) -> None:
+    """Insert ``text`` as a paragraph after the title line of ``report`` (rewritten atomically)."""
+    title, _, rest = report.read_text().partition("\n")
+    _atomic_write_text(report, f"{title}\n\n{text}\n{rest}")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -272,5 +305,6 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
         return True
     train()
     if path is not None:
-        save_checkpoint(path, model=model, meta={"model": getattr(model, "model_name", name), **(meta or {})})
+        save_checkpoint(path, model=model, meta={"model": getattr(model, "model_name", name),
+                                                 "model_args": getattr(model, "model_args", {}), **(meta or {})})
     return False

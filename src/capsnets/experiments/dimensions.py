@@ -111,7 +111,7 @@ def _model(cfg: dict, data, device: str, seed: int, checkpoint_dir) -> tuple[nn.
                          augment=shift, desc="dimensions capsnet")
 
     loaded = load_or_train(model, "dimensions_capsnet", fit, checkpoint_dir=checkpoint_dir,
-                           meta={"model_args": {}, "dataset": "mnist"})
+                           meta={"dataset": "mnist"})
     return model, "loaded" if loaded else f"trained {cfg['epochs']} epoch(s) on {len(images):,} images"
 
 
@@ -140,8 +140,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
     sections = [
         ("Model", markdown_table(["model", "parameters", "test accuracy", "training"],
                                  [(cfg["model"], f"{count_parameters(model):,}",
-                                   percent(accuracy) + f" on {len(images):,}", how)])
-         + ("\n\n**Smoke run**: a barely trained model; the grids show the mechanics only." if smoke else "")),
+                                   percent(accuracy) + f" on {len(images):,}", how)])),
         ("Digits", markdown_table(["label", "predicted", "test index"], rows)
          + "\n\nEach grid: rows = the 16 dimensions of the winning class capsule, columns = perturbations "
            "-0.25 ... +0.25 in steps of 0.05 (paper Fig. 4: scale, thickness, stroke, skew, width, parts). "

@@ -364,8 +364,6 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
                _plot_curves(records, {split: r["target"] for split, r in results.items()}, out / "error_curves.png")]
     names = {"CNN": s["cnn_model"], "capsules": s["capsule_model"]}
     sections = _sections(source, results, s, names, {"seed": seed, "device": device, "smoke": smoke})
-    if smoke:
-        sections.insert(0, ("Smoke run", "Tiny sizes, one epoch: the numbers check the pipeline, not the paper."))
     metrics = {f"{split}_{role}_{k}": rec[k] for split, recs in records.items() for role, rec in recs.items()
                for k in ("novel_error", "familiar_error")}
     metrics["data_source"] = "smallnorb" if source == "smallNORB" else "viewpoints"

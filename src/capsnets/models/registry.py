@@ -69,7 +69,21 @@ def create_model(name: str, **overrides) -> nn.Module:
         )
     model = builder(**overrides)
     model.model_name = name
+    model.model_args = _json_safe_args(overrides)
     return model
+
+
+def _json_safe_args(overrides: dict) -> dict:
+    """The builder arguments a checkpoint records to rebuild the model: JSON values only (tuples as
+    lists), without placement (``device``, ``dtype``) or objects such as a ``routing`` callable (a model
+    built with one is rebuilt with its default routing)."""
+    def plain(value) -> bool:
+        if isinstance(value, (tuple, list)):
+            return all(plain(v) for v in value)
+        return value is None or isinstance(value, (bool, int, float, str))
+
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in overrides.items()
+            if key not in ("device", "dtype") and plain(value)}
 
 
 def count_parameters(model: nn.Module) -> int:
