@@ -1,0 +1,174 @@
+"""CUDA checks: the same library on a GPU, against the CPU.
+
+Run on a machine with a GPU: ``pytest -m gpu`` (about two minutes). They are deselected by default (CI has
+no GPU); selected without CUDA they fail with a message rather than skip, so a GPU run can never pass
+without having run them. ``CAPSNETS_GPU_TEST_DEVICE=cpu pytest -m gpu`` runs the same checks on the CPU,
+to check the tests themselves on a machine without a GPU (slow; the NCCL test then uses gloo).
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import capsnets
+from capsnets.functional import dynamic_routing, em_routing
+from capsnets.losses import create_loss
+from capsnets.testing import assert_finite
+
+
+def _finite(**tensors):
+    for name, tensor in tensors.items():
+        assert_finite(tensor, name)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cuda() -> torch.device:
+    if os.environ.get("CAPSNETS_GPU_TEST_DEVICE"):
+        return torch.device(os.environ["CAPSNETS_GPU_TEST_DEVICE"])
+    if not torch.cuda.is_available():
+        pytest.fail("the gpu tests need CUDA: torch.cuda.is_available() is False on this machine")
+    return torch.device("cuda")
+
+
+def _grads(fn, *inputs):
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    outputs = fn(*inputs)
+    weights = [torch.linspace(-1, 1, o.numel(), dtype=o.dtype, device=o.device).view_as(o) for o in outputs]
+    sum((o * w).sum() for o, w in zip(outputs, weights)).backward()
+    return [o.detach() for o in outputs], [x.grad for x in inputs]
+
+
+def _close(cuda_values, cpu_values, atol, rtol=1e-3):
+    for got, want in zip(cuda_values, cpu_values):
+        torch.testing.assert_close(got.double().cpu(), want.double(), atol=atol, rtol=rtol)
+
+
+def test_dynamic_routing_on_cuda_matches_cpu_float64(cuda):
+    u_hat = torch.randn(8, 96, 10, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.1
+    for detach in (True, False):
+        def fn(u):
+            return (dynamic_routing(u, 3, detach=detach),)
+
+        want, want_grad = _grads(fn, u_hat)
+        got, got_grad = _grads(fn, u_hat.float().to(cuda))
+        _close(got, want, atol=1e-5)
+        _close(got_grad, want_grad, atol=1e-4)
+
+
+def test_em_routing_on_cuda_matches_cpu_float64(cuda):
+    g = torch.Generator().manual_seed(1)
+    votes = torch.randn(6, 72, 8, 16, generator=g, dtype=torch.float64)
+    activations = torch.rand(6, 72, generator=g, dtype=torch.float64)
+    beta_v, beta_a = torch.randn(8, generator=g, dtype=torch.float64), torch.randn(8, generator=g, dtype=torch.float64)
+    for detach in (False, True):
+        def fn(v, a, bv, ba):
+            return em_routing(v, a, bv, ba, 3, detach_assignments=detach)
+
+        want, want_grad = _grads(fn, votes, activations, beta_v, beta_a)
+        got, got_grad = _grads(fn, *(t.float().to(cuda) for t in (votes, activations, beta_v, beta_a)))
+        _close(got, want, atol=1e-4)
+        _close(got_grad, want_grad, atol=1e-3, rtol=1e-2)
+
+
+def test_em_routing_under_bf16_autocast_is_finite_float32(cuda):
+    votes = (torch.randn(4, 288, 16, 16, device=cuda) * 50).requires_grad_()
+    activations = torch.rand(4, 288, device=cuda)
+    with torch.autocast(cuda.type, dtype=torch.bfloat16):
+        mu, a = em_routing(votes.bfloat16(), activations.bfloat16(), torch.zeros(16, device=cuda),
+                           torch.zeros(16, device=cuda))
+    assert mu.dtype == a.dtype == torch.float32
+    (mu.sum() + a.sum()).backward()
+    _finite(poses=mu, activations=a, votes_grad=votes.grad)
+
+
+@pytest.mark.parametrize("name", capsnets.list_models())
+def test_every_model_trains_a_step_on_cuda_under_bf16(cuda, name):
+    torch.manual_seed(0)
+    model = capsnets.create_model(name, device=cuda)
+    images = torch.rand(4, *model.input_size, device=cuda)
+    labels = torch.arange(4, device=cuda) % model.num_classes
+    criterion = create_loss(model.default_loss)
+    with torch.autocast(cuda.type, dtype=torch.bfloat16):
+        loss = criterion(model(images, labels), images, labels)[0]
+    loss.backward()
+    _finite(loss=loss, **{f"grad of {n}": p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert all(p.grad is not None and p.grad.device.type == cuda.type for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["capsnet_small", "matrix_capsnet_small"])
+def test_model_on_cuda_matches_cpu(cuda, name):
+    torch.manual_seed(0)
+    model = capsnets.create_model(name).eval()
+    images = torch.rand(8, *model.input_size)
+    with torch.no_grad():
+        want = model(images).scores
+        got = model.to(cuda)(images.to(cuda)).scores
+    torch.testing.assert_close(got.cpu(), want, atol=2e-3, rtol=2e-2)  # cuDNN may use TF32 convolutions
+
+
+def test_compiled_training_step_matches_eager_on_cuda(cuda):
+    torch.manual_seed(0)
+    model = capsnets.create_model("capsnet_small", device=cuda)
+    compiled = torch.compile(model)
+    images, labels = torch.rand(16, 1, 28, 28, device=cuda), torch.arange(16, device=cuda) % 10
+    criterion = create_loss(model.default_loss)
+    eager_loss = criterion(model(images, labels), images, labels)[0]
+    compiled_loss = criterion(compiled(images, labels), images, labels)[0]
+    torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-4, rtol=1e-3)
+    compiled_loss.backward()
+    _finite(**{f"grad of {n}": p.grad for n, p in model.named_parameters()})
+
+
+def test_trainer_on_cuda_with_bf16_resumes_and_loads_on_cpu(cuda, tmp_path):
+    from capsnets.engine.checkpoint import load_model
+    from capsnets.engine.config import TrainConfig
+    from capsnets.engine.trainer import train
+
+    settings = dict(model="capsnet_digits", dataset="digits", batch_size=64, device=str(cuda), amp="bf16",
+                    progress=False, out=str(tmp_path / "run"))
+    first = train(TrainConfig(epochs=1, **settings))
+    assert first["device"].startswith(cuda.type)
+    resumed = train(TrainConfig(epochs=3, **settings), resume=True)
+    lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [line["epoch"] for line in lines] == [1, 2, 3]
+    assert resumed["test_accuracy"] > 0.8
+    model, _ = load_model(tmp_path / "run", device="cpu")
+    assert next(model.parameters()).device.type == "cpu"
+
+
+def test_torchrun_nccl_single_gpu(cuda, tmp_path):
+    out = tmp_path / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "-m", "capsnets",
+               "train", "--model", "capsnet_digits", "--dataset", "digits", "--epochs", "2", "--batch-size", "32",
+               "--device", str(cuda),
+               "--out", str(out), "--no-progress"]
+    subprocess.run(command, check=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["device"].startswith(cuda.type) and summary["test_accuracy"] > 0.5
+
+
+_SMOKE = {
+    "multimnist": dict(train_digits=300, pairs_per_epoch=64, test_digits=100, batch_size=32),
+    "dimensions": dict(train_images=200, test_images=100, digits=1),
+    "adversarial": dict(train_size=128, val_size=32, test_size=32, max_epochs=1, eps=(0.3,), bim_steps=2),
+    "affnist": dict(train_size=128, val_size=32, test_size=64, max_epochs=1),
+    "viewpoints": dict(train_size=24, test_size=12),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SMOKE))
+def test_experiment_smoke_runs_on_cuda(cuda, name, shared_data_root, tmp_path):
+    from capsnets.experiments import run_experiment
+
+    assert set(_SMOKE) == set(capsnets.experiments.list_experiments())
+    data_dir = tmp_path / "data" if name == "viewpoints" else shared_data_root  # viewpoints: rendered set
+    result = run_experiment(name, tmp_path / "out", smoke=True, device=str(cuda), data_dir=str(data_dir),
+                            **_SMOKE[name])
+    assert result.report.is_file() and list(Path(tmp_path / "out").glob("*.png"))
+    assert f"--device {cuda}" in result.report.read_text()
