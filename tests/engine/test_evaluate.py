@@ -37,3 +37,23 @@ def test_mean_loss_and_mode_restored():
                        criterion=lambda out, x, y: (torch.tensor(float(len(y))), {}))
     assert math.isclose(results["loss"], (2 * 2 + 2 * 2 + 1 * 1) / 5)
     assert model.training
+
+
+def test_data_parallel_shards_cover_every_example_once(monkeypatch):
+    """Each process counts its own contiguous shard (some may be empty); the sum is the whole set's count."""
+    import importlib
+
+    from capsnets.engine.distributed import DistContext
+
+    module = importlib.import_module("capsnets.engine.evaluate")  # the module; the package exports the function
+
+    monkeypatch.setattr(module, "all_reduce_sum", lambda tensor, context: tensor)  # sum over ranks done below
+    monkeypatch.setattr(module, "_summarise", lambda confusion, loss_sum, with_loss: confusion)
+    labels = torch.tensor([0, 2, 1, 1, 2, 0, 1])
+    images = torch.tensor([0, 2, 2, 1, 0, 0, 1]).float().view(-1, 1, 1, 1)
+    data = SimpleNamespace(images=images, labels=labels, num_classes=3)
+    whole = evaluate(FixedScores(), data, batch_size=2, device="cpu")
+    for world_size in (2, 3, 8):
+        shards = [evaluate(FixedScores(), data, batch_size=2, device="cpu", context=DistContext(rank, world_size))
+                  for rank in range(world_size)]
+        assert torch.equal(sum(shards), whole) and whole.sum() == len(labels)

@@ -2,6 +2,8 @@
 
 Only ``ModelOutput.scores`` is used (``argmax`` = prediction), so any registered model works. Batches are
 taken in stored order; counting is done with tensor ops on the device (one ``bincount`` per batch).
+In a data-parallel run each process evaluates one contiguous shard and the counts are summed over the
+group, so every process gets the whole data set's figures for 1/world_size of the work.
 """
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, resolve_amp, resolve_device
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Any, batch_size: int = 256, device: str | torch.device = "auto",
-             amp: str = "off", criterion: nn.Module | None = None) -> dict[str, Any]:
+             amp: str = "off", criterion: nn.Module | None = None,
+             context: DistContext | None = None) -> dict[str, Any]:
     """Evaluate ``model`` on every example of ``data`` in eval mode (the model's mode is restored).
 
     Args:
@@ -25,6 +29,8 @@ def evaluate(model: nn.Module, data: Any, batch_size: int = 256, device: str | t
         device: where to run; the data is moved there batch by batch if it lives elsewhere.
         amp: ``"auto"``, ``"bf16"`` or ``"off"`` (see :func:`~capsnets.engine.runtime.resolve_amp`).
         criterion: optional loss ``criterion(output, images, labels) -> (loss, parts)``; adds ``"loss"``.
+        context: the data-parallel group (see :mod:`capsnets.engine.distributed`): each process evaluates
+            its shard and the counts are summed; every process must call this. None: evaluate alone.
 
     Returns:
         ``accuracy`` (float), ``per_class_accuracy`` ``(K,)`` float tensor (NaN for a class without
@@ -40,10 +46,14 @@ def evaluate(model: nn.Module, data: Any, batch_size: int = 256, device: str | t
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     was_training = model.training
     model.eval()
+    context = context or DistContext()
+    shard = -(-len(data.labels) // context.world_size)  # ceil: the last process may get fewer (or none)
+    first, last = min(context.rank * shard, len(data.labels)), min((context.rank + 1) * shard, len(data.labels))
     try:
-        for start in range(0, len(data.labels), batch_size):
-            images = data.images[start:start + batch_size].to(device, non_blocking=True)
-            labels = data.labels[start:start + batch_size].to(device, non_blocking=True)
+        for start in range(first, last, batch_size):
+            stop = min(start + batch_size, last)
+            images = data.images[start:stop].to(device, non_blocking=True)
+            labels = data.labels[start:stop].to(device, non_blocking=True)
             with autocast(device, dtype):
                 output = model(images)
                 if criterion is not None:
@@ -52,6 +62,8 @@ def evaluate(model: nn.Module, data: Any, batch_size: int = 256, device: str | t
             confusion += torch.bincount(labels * num_classes + predictions, minlength=num_classes**2)
     finally:
         model.train(was_training)
+    all_reduce_sum(confusion, context)
+    all_reduce_sum(loss_sum, context)
     return _summarise(confusion.view(num_classes, num_classes).cpu(), loss_sum.item(), criterion is not None)
 
 

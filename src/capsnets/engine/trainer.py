@@ -141,7 +141,8 @@ class Trainer:
                   "train_time_s": state.train_time_s}
         evaluation, is_best = None, False
         if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-            evaluation = evaluate(s.fast_model, s.test_data, cfg.batch_size, s.device, cfg.amp, s.criterion)
+            evaluation = evaluate(s.fast_model, s.test_data, cfg.batch_size, s.device, cfg.amp, s.criterion,
+                                  context=s.context)
             record.update(test_loss=evaluation["loss"], test_accuracy=evaluation["accuracy"])
             is_best = state.record_test(evaluation["accuracy"], epoch)
         if s.context.is_main:
