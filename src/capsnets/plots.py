@@ -13,13 +13,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from capsnets._files import atomic_write
+
 
 __all__ = ["plot_training_curves", "plot_reconstructions", "plot_confusion_matrix"]
 
@@ -38,17 +40,10 @@ def _save_figure(fig: Figure, out_png: str | os.PathLike) -> Path:
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=100)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        return atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     finally:
         fig.clear()
-    return out
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -4,12 +4,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import urllib.request
 from pathlib import Path
 
+from capsnets._files import temp_beside
+
 from .errors import DatasetError
 from .idx import check_md5, md5sum
+
 
 __all__ = ["download_file"]
 
@@ -37,10 +39,10 @@ def download_file(filename: str, folder: Path, mirrors: list[str], md5: str, tim
     errors = []
     for mirror in mirrors:
         url = mirror + filename
-        handle, tmp_name = tempfile.mkstemp(prefix=f".{filename}.", suffix=".part", dir=folder)
+        tmp_name = temp_beside(target, suffix=".part")
         try:
             _log.info("downloading %s to %s", url, target)
-            with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            with open(tmp_name, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
                 shutil.copyfileobj(response, out)
             actual = md5sum(tmp_name)
             if actual == md5.lower():

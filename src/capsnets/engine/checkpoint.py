@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import capsnets
+from capsnets._files import temp_beside
 from capsnets.engine.runtime import rng_state_tensors
 
 SUFFIX = ".safetensors"
@@ -190,8 +190,7 @@ def _join_optimizer_state(tensors: dict[str, torch.Tensor], saved: dict[str, Any
 
 def _write_temp(target: Path, write: Callable[[str], Any]) -> str:
     """Write via ``write(tmp_path)`` to a fsynced temporary file beside ``target``; return its path."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
+    tmp = temp_beside(target)
     try:
         write(tmp)
         with open(tmp, "rb+") as handle:

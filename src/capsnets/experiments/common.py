@@ -19,7 +19,6 @@ from __future__ import annotations
 import difflib
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from capsnets._files import atomic_write
 from capsnets.engine.runtime import resolve_device, seed_everything
 
 ExperimentFn = Callable[..., "ExperimentResult"]
@@ -177,14 +177,7 @@ def save_figure(fig, out_png: str | os.PathLike) -> Path:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -3,9 +3,10 @@ and which primary capsules route to the winning class.
 
 For chosen MNIST test digits, each of the 16 dimensions of the active (longest) class capsule is moved
 by -0.25 ... +0.25 in steps of 0.05 and the result is decoded: one grid per digit, rows = dimensions,
-columns = perturbations. The routing picture sums, over capsule types, the final couplings ``c[i, j]``
-of the primary capsules to the winning class ``j`` on their 6x6 grid, upsamples the map to the input
-size and draws it over the input.
+columns = perturbations. The routing picture shows what each primary capsule ``i`` sends to the winning
+class ``j``: its final coupling ``c[i, j]`` times its length ``|u_i|`` (a coupling alone says nothing where
+the capsule is absent, as in the empty background), summed over capsule types on the 6x6 primary grid,
+upsampled to the input size and drawn over the input.
 
 The model is loaded from ``--checkpoint-dir`` when it holds ``dimensions_capsnet.safetensors`` (written by
 an earlier run) or a trainer run directory (``best``/``last``); else it is trained on MNIST (full: the
@@ -54,7 +55,7 @@ def perturbation_grid(model: nn.Module, image: Tensor, steps: Tensor = PERTURBAT
 
 @torch.no_grad()
 def routing_map(model: nn.Module, image: Tensor) -> tuple[Tensor, int]:
-    """Couplings of the primary capsules to the winning class, summed over capsule types.
+    """Couplings of the primary capsules to the winning class times their lengths, summed over types.
 
     Shape:
         image ``(C, H, W)`` -> ``(H', W')`` map on the primary grid and the winning class.
@@ -64,7 +65,8 @@ def routing_map(model: nn.Module, image: Tensor) -> tuple[Tensor, int]:
     capsules, couplings = model.classes(primary, return_couplings=True)  # (1, K, D), (1, I, K)
     winner = int(capsule_length(capsules)[0].argmax())
     grid = model.primary.output_grid(*features.shape[-2:])  # (H', W')
-    return couplings[0, :, winner].view(-1, *grid).sum(dim=0), winner
+    routed = couplings[0, :, winner] * capsule_length(primary[0])  # (T*H'*W',): c[i, j] |u_i|
+    return routed.view(-1, *grid).sum(dim=0), winner
 
 
 def plot_grid(grid: Tensor, winner: int, out_png: str | Path) -> Path:
@@ -91,7 +93,7 @@ def plot_routing(images: Tensor, maps: list[Tensor], winners: list[int], out_png
         ax = fig.add_subplot(1, len(images), i + 1)
         ax.imshow(image[0].cpu().numpy(), cmap="gray", vmin=0, vmax=1)
         ax.imshow(up.cpu().numpy(), cmap="inferno", alpha=0.55)
-        ax.set_title(f"couplings to class {winner}", fontsize=8)
+        ax.set_title(f"routed to class {winner}", fontsize=8)
         ax.set_xticks([]), ax.set_yticks([])
     return save_figure(fig, out_png)
 
@@ -144,7 +146,8 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
         ("Digits", markdown_table(["label", "predicted", "test index"], rows)
          + "\n\nEach grid: rows = the 16 dimensions of the winning class capsule, columns = perturbations "
            "-0.25 ... +0.25 in steps of 0.05 (paper Fig. 4: scale, thickness, stroke, skew, width, parts). "
-           "`routing.png`: final couplings of the primary capsules to the winning class, summed over types."),
+           "`routing.png`: what the primary capsules route to the winning class, final coupling times capsule "
+           "length, summed over types."),
         ("Settings", settings_table({**cfg, "seed": seed, "device": device})),
     ]
     return write_report(out, "What capsule dimensions represent (Sabour et al. 2017, Sec. 5.1)", sections,

@@ -9,8 +9,6 @@ file in the same folder and moved into place with :func:`os.replace`, so readers
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -18,10 +16,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from safetensors import safe_open
 
+from capsnets._files import atomic_write
+
 from ..base import data_root
 from ..norb_common import NORB_INFO_KEYS, RawNorbLike
 from .objects import VIEWPOINT_CLASSES
 from .render import render_viewpoints
+
 
 __all__ = ["load_viewpoints", "cache_path", "GENERATOR_VERSION"]
 
@@ -72,15 +73,7 @@ def _read(path: Path, expected: dict[str, str]) -> RawNorbLike:
 def _write(path: Path, raw: RawNorbLike, metadata: dict[str, str]) -> None:
     tensors = {"images": raw.images.contiguous(), "labels": raw.labels.contiguous(),
                **{k: raw.info[k].contiguous() for k in NORB_INFO_KEYS}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={**metadata, "sha256": _digest(tensors)})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={**metadata, "sha256": _digest(tensors)}))
 
 
 def load_viewpoints(root=None, train: bool = True, seed: int = 0, *, size: int = 48,

@@ -1,0 +1,44 @@
+"""Atomic file writes: a temporary file beside the target, then ``os.replace`` over it.
+
+A reader never sees a half-written file, and a failure while writing leaves the previous file intact.
+Temporary files get the permissions a plain ``open(path, "w")`` would (``0o666`` less the umask), not
+``tempfile.mkstemp``'s owner-only ``0o600``, so results stay readable by whoever could read them before.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def temp_beside(target: str | os.PathLike, suffix: str = ".tmp") -> str:
+    """Create an empty temporary file in ``target``'s folder, with default permissions; return its path."""
+    target = Path(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())
+    return tmp
+
+
+def atomic_write(target: str | os.PathLike, write: Callable[[str], object], *, fsync: bool = False) -> Path:
+    """Call ``write(tmp_path)`` to fill a temporary file, then move it over ``target`` (folders created)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_beside(target)
+    try:
+        write(tmp)
+        if fsync:
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
