@@ -8,9 +8,15 @@
 - Targeted versions (Kurakin et al., Sec. 2.3, "iterative least-likely class" generalised to any
   target): step *down* the loss of the target class, ``x' = x - eps * sign(grad_x L(x, target))``.
 - Capsule context: Hinton, Sabour & Frosst (2018), Sec. 6 (SPEC §2) attack capsules and a CNN with
-  both methods; the loss crafted on is each model's own training loss on its scores
-  (:func:`attack_loss`): margin loss on capsule lengths, cross-entropy on CNN logits, spread loss on
-  matrix-capsule activations. The reconstruction term is left out (an attacker targets the class).
+  both methods. The loss crafted on (:func:`attack_loss`) is either each model's own training loss on
+  its scores (``"own"``: margin loss on capsule lengths, cross-entropy on CNN logits, spread loss on
+  matrix-capsule activations; the reconstruction term is left out, an attacker targets the class) or
+  the cross-entropy of the scores for every model (``"cross_entropy"``).
+- Gradient masking: the margin and spread losses are exactly flat for a confidently classified
+  example (every hinge inactive), so their input gradient is zero and a sign-gradient attack leaves
+  that example unchanged: robustness that is only an absent gradient. Cross-entropy of the scores is
+  never flat (for capsules the scores are lengths or activations in [0, 1], so the softmax cannot
+  saturate). :func:`zero_gradient_fraction` measures how often an attack loss is flat.
 
 All functions are pure: batched, on the images' device, the model put in ``eval`` mode for the
 attack and restored afterwards, no parameter gradients accumulated, inputs assumed in ``[0, 1]``.
@@ -26,7 +32,8 @@ from torch import Tensor, nn
 from capsnets.losses import margin_loss, spread_loss
 from capsnets.models.output import ModelOutput
 
-__all__ = ["AttackLoss", "attack_loss", "fgsm", "bim", "random_wrong_targets", "attack_success"]
+__all__ = ["AttackLoss", "ATTACK_LOSSES", "attack_loss", "fgsm", "bim", "random_wrong_targets", "attack_success",
+           "zero_gradient_fraction"]
 
 #: ``loss_fn(output, labels) -> scalar``: what the attacks raise (untargeted) or lower (targeted).
 AttackLoss = Callable[[ModelOutput, Tensor], Tensor]
@@ -45,14 +52,22 @@ def _spread(output: ModelOutput, labels: Tensor) -> Tensor:
 
 
 _BY_LOSS_NAME: dict[str, AttackLoss] = {"margin": _margin, "cross_entropy": _cross_entropy, "spread": _spread}
+#: What :func:`attack_loss` can craft with.
+ATTACK_LOSSES = ("own", "cross_entropy")
 
 
-def attack_loss(model: nn.Module) -> AttackLoss:
-    """The loss an attack on ``model`` crafts with: its ``default_loss`` applied to its scores only.
+def attack_loss(model: nn.Module, kind: str = "own") -> AttackLoss:
+    """The loss an attack on ``model`` crafts with, applied to its scores only.
 
-    ``"margin"`` (vector capsules) -> margin loss of the lengths, ``"cross_entropy"`` (CNNs) ->
-    cross-entropy of the logits, ``"spread"`` (matrix capsules) -> spread loss with margin 0.9.
+    ``kind="own"``: the model's ``default_loss``: ``"margin"`` (vector capsules) -> margin loss of the
+    lengths, ``"cross_entropy"`` (CNNs) -> cross-entropy of the logits, ``"spread"`` (matrix capsules)
+    -> spread loss with margin 0.9. ``kind="cross_entropy"``: cross-entropy of the scores, whatever the
+    model (never flat; see the module docstring on gradient masking).
     """
+    if kind not in ATTACK_LOSSES:
+        raise ValueError(f"attack loss kind must be one of {ATTACK_LOSSES}, got {kind!r}")
+    if kind == "cross_entropy":
+        return _cross_entropy
     name = getattr(model, "default_loss", None)
     if name not in _BY_LOSS_NAME:
         raise ValueError(f"no attack loss for a model whose default_loss is {name!r}; pass loss_fn "
@@ -199,3 +214,20 @@ def attack_success(model: nn.Module, clean: Tensor, adversarial: Tensor, labels:
         predicted = model(adversarial).scores.argmax(dim=1)
     hit = predicted != labels if target is None else predicted == target
     return int((hit & clean_ok).sum()), int(clean_ok.sum())
+
+
+def zero_gradient_fraction(model: nn.Module, loss_fn: AttackLoss | None, images: Tensor, labels: Tensor,
+                           batch_size: int = 256) -> float:
+    """Fraction of examples whose input gradient of ``loss_fn`` is exactly zero (the attack cannot move them).
+
+    Examples are independent in eval mode, so the gradient of the batch loss with respect to one image
+    is that image's own gradient (up to the batch-mean scale).
+    """
+    loss_fn = loss_fn if loss_fn is not None else attack_loss(model)
+    flat = 0
+    with _EvalMode(model):
+        for first in range(0, len(images), batch_size):
+            x, y = images[first:first + batch_size].detach(), labels[first:first + batch_size]
+            grad = _input_gradient(model, loss_fn, x, y)
+            flat += int((grad.flatten(1) == 0).all(dim=1).sum())
+    return flat / max(len(images), 1)

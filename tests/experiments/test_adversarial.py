@@ -13,11 +13,20 @@ def test_adversarial_smoke_run(tmp_path, shared_data_root):
                             train_size=128, val_size=32, test_size=32, max_epochs=1, eps=(0.3,), bim_steps=2)
     text = (tmp_path / "report.md").read_text()
     assert "CNN -> capsules (transfer)" in text and "| BIM | targeted | 0.3 |" in text
-    assert {p.name for p in tmp_path.glob("*.png")} >= {"success_rates.png", "examples.png"}
-    rates = [v for k, v in result.metrics.items() if k.startswith(("fgsm", "bim"))]
-    assert len(rates) == 2 * 2 * 4 and all(0 <= r <= 1 for r in rates if r == r)
+    assert {p.name for p in tmp_path.glob("*.png")} >= {"success_rates_cross_entropy.png", "success_rates_own.png",
+                                                       "examples.png"}
+    assert "crafted with the cross-entropy of the scores" in text and "## Gradient masking" in text
+    rates = [v for k, v in result.metrics.items() if k.startswith(("cross_entropy_", "own_"))]
+    assert len(rates) == 2 * (2 * 2 * 4) and all(0 <= r <= 1 for r in rates if r == r)  # 2 losses
+    flat = [v for k, v in result.metrics.items() if k.startswith("zero_gradient_")]
+    assert len(flat) == 2 * 2 and all(0 <= f <= 1 for f in flat)
 
 
 def test_adversarial_rejects_unknown_options(tmp_path):
     with pytest.raises(ValueError, match="unknown options"):
         run_experiment("adversarial", tmp_path, smoke=True, device="cpu", epsilon=0.1)
+
+
+def test_adversarial_rejects_unknown_attack_losses(tmp_path):
+    with pytest.raises(ValueError, match="attack_losses"):
+        run_experiment("adversarial", tmp_path, smoke=True, device="cpu", attack_losses=["hinge"])

@@ -129,3 +129,27 @@ def test_bad_arguments(batch):
     model.default_loss = "unknown"
     with pytest.raises(ValueError, match="loss_fn"):
         fgsm(model, None, images, labels, 0.1)
+
+
+def test_margin_loss_is_flat_where_cross_entropy_is_not():
+    """A confidently right capsule model: every margin-loss hinge is off, so FGSM on it does nothing."""
+    from capsnets.attacks import ATTACK_LOSSES, zero_gradient_fraction
+
+    class Confident(torch.nn.Module):
+        default_loss = "margin"
+
+        def forward(self, images, labels=None):
+            lengths = torch.sigmoid(20 * (images.flatten(1)[:, :3] - 0.5)) * 0.98  # (B, 3) in (0, 0.98)
+            return ModelOutput(scores=lengths)
+
+    model = Confident()
+    images = torch.zeros(4, 1, 2, 2)
+    images[:, 0, 0, 0] = 1.0  # class 0 at length ~0.98, the others ~0
+    labels = torch.zeros(4, dtype=torch.long)
+    assert zero_gradient_fraction(model, attack_loss(model, "own"), images, labels) == 1.0
+    assert torch.equal(fgsm(model, attack_loss(model, "own"), images, labels, 0.3), images)
+    assert zero_gradient_fraction(model, attack_loss(model, "cross_entropy"), images, labels) == 0.0
+    assert not torch.equal(fgsm(model, attack_loss(model, "cross_entropy"), images, labels, 0.3), images)
+    assert set(ATTACK_LOSSES) == {"own", "cross_entropy"}
+    with pytest.raises(ValueError, match="attack loss kind"):
+        attack_loss(model, "hinge")

@@ -6,8 +6,12 @@ untargeted and targeted, but examples crafted on the CNN transfer to the capsule
 as to other CNNs. The paper reports this for matrix capsules on smallNORB with figures only (no table).
 
 Here (deviations): MNIST, the vector CapsNet by default (``capsule_model="matrix_capsnet"`` gives the
-matrix version); the attacks craft with each model's own training loss on its scores
-(:func:`capsnets.attacks.attack_loss`); the CNN is the paper's baseline (35.4M parameters) in full
+matrix version); the attacks craft with each loss in ``attack_losses`` (:func:`capsnets.attacks.attack_loss`):
+``"cross_entropy"`` of the scores for both models, and ``"own"``, each model's training loss on its scores.
+The capsule losses (margin, spread) are exactly flat on confidently classified examples, where a
+sign-gradient attack then does nothing; the report gives, per model and loss, the fraction of clean test
+examples with a zero input gradient, so such gradient masking is visible rather than read as robustness.
+The CNN is the paper's baseline (35.4M parameters) in full
 runs and a narrow version of it (16/16/8 channels, 64/32 hidden) with ``smoke``. "Equal accuracy":
 each model is trained until its accuracy on a held-out part of the training set reaches
 ``target_accuracy`` (or ``max_epochs`` pass), see :func:`train_to_accuracy`. Success rates count
@@ -25,7 +29,8 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from capsnets.attacks import attack_success, bim, fgsm, random_wrong_targets
+from capsnets.attacks import (ATTACK_LOSSES, attack_loss, attack_success, bim, fgsm, random_wrong_targets,
+                              zero_gradient_fraction)
 from capsnets.data import load_dataset
 from capsnets.models import count_parameters, create_model
 from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markdown_table, percent,
@@ -60,23 +65,26 @@ def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_imag
     return {"epochs": epoch, "val_accuracy": accuracy, "history": history}
 
 
-def _craft(attack: str, model, images, labels, eps, targets, steps):
-    targeted = targets is not None
+def _craft(attack: str, model, images, labels, eps, targets, steps, loss: str = "own"):
+    targeted, loss_fn = targets is not None, attack_loss(model, loss)
     if attack == "fgsm":
-        return fgsm(model, None, images, labels, eps, targeted=targeted, target=targets)
-    return bim(model, None, images, labels, eps, step_size=2.5 * eps / steps, steps=steps,
+        return fgsm(model, loss_fn, images, labels, eps, targeted=targeted, target=targets)
+    return bim(model, loss_fn, images, labels, eps, step_size=2.5 * eps / steps, steps=steps,
                targeted=targeted, target=targets)
 
 
 def attack_table(models: dict[str, nn.Module], images: Tensor, labels: Tensor, wrong: Tensor,
-                 eps_values: Sequence[float], *, bim_steps: int, batch_size: int = 256) -> list[dict]:
+                 eps_values: Sequence[float], *, bim_steps: int, batch_size: int = 256,
+                 loss: str = "own") -> list[dict]:
     """Success rates of every (attack, targeted, eps, crafted-on, evaluated-on) combination.
 
     ``models`` maps names to models; examples crafted on each model are scored on every model
     (itself: white-box; the others: transfer). ``wrong`` holds the targeted attacks' classes.
+    ``loss`` is the attack loss kind (:func:`capsnets.attacks.attack_loss`).
 
     Returns:
-        records ``{"attack", "targeted", "eps", "source", "victim", "successes", "attempts", "rate"}``.
+        records ``{"loss", "attack", "targeted", "eps", "source", "victim", "successes", "attempts",
+        "rate"}``.
     """
     counts: dict[tuple, list[int]] = {}
     for first in range(0, len(images), batch_size):
@@ -85,15 +93,19 @@ def attack_table(models: dict[str, nn.Module], images: Tensor, labels: Tensor, w
             for targeted in (False, True):
                 for eps in eps_values:
                     for source, crafter in models.items():
-                        adv = _craft(attack, crafter, x, y, eps, t if targeted else None, bim_steps)
+                        adv = _craft(attack, crafter, x, y, eps, t if targeted else None, bim_steps, loss)
                         for victim, model in models.items():
                             hits, tries = attack_success(model, x, adv, y, t if targeted else None)
                             key = (attack, targeted, float(eps), source, victim)
                             total = counts.setdefault(key, [0, 0])
                             total[0] += hits
                             total[1] += tries
-    return [{"attack": k[0], "targeted": k[1], "eps": k[2], "source": k[3], "victim": k[4], "successes": s,
-             "attempts": n, "rate": s / n if n else float("nan")} for k, (s, n) in counts.items()]
+    return [{"loss": loss, "attack": k[0], "targeted": k[1], "eps": k[2], "source": k[3], "victim": k[4],
+             "successes": s, "attempts": n, "rate": s / n if n else float("nan")} for k, (s, n) in counts.items()]
+
+
+_LOSS_TEXT = {"cross_entropy": "the cross-entropy of the scores",
+              "own": "each model's training loss (margin / spread / cross-entropy)"}
 
 
 def _rate(records, **match) -> float:
@@ -119,7 +131,7 @@ def _results_markdown(records: list[dict], eps_values: Sequence[float], caps: st
     return markdown_table(headers, rows)
 
 
-def _plot_rates(records, eps_values, caps: str, cnn: str, out_png: Path) -> Path:
+def _plot_rates(records, eps_values, caps: str, cnn: str, out_png: Path, title: str = "") -> Path:
     fig = Figure(figsize=(11, 7), layout="constrained")
     axes = fig.subplots(2, 2, sharex=True, sharey=True)
     lines = [(cnn, cnn, "CNN", "tab:red", "-"), (caps, caps, "capsules", "tab:blue", "-"),
@@ -139,6 +151,8 @@ def _plot_rates(records, eps_values, caps: str, cnn: str, out_png: Path) -> Path
             if col == 0:
                 ax.set_ylabel("success rate (%)")
     axes[0, 0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
     return save_figure(fig, out_png)
 
 
@@ -149,12 +163,12 @@ def _predict(model, images):
 
 
 def _plot_examples(models: dict[str, nn.Module], images, labels, eps: float, steps: int, out_png: Path,
-                   count: int = 6) -> Path:
+                   count: int = 6, loss: str = "own") -> Path:
     x, y = images[:count], labels[:count]
     rows = [("clean", x, None)]
     for name, model in models.items():
-        rows.append((f"FGSM on {name}", fgsm(model, None, x, y, eps), model))
-        rows.append((f"BIM on {name}", bim(model, None, x, y, eps, step_size=2.5 * eps / steps, steps=steps), model))
+        rows.append((f"FGSM on {name}", _craft("fgsm", model, x, y, eps, None, steps, loss), model))
+        rows.append((f"BIM on {name}", _craft("bim", model, x, y, eps, None, steps, loss), model))
     fig = Figure(figsize=(1.5 * count + 1.5, 1.7 * len(rows)), layout="constrained")
     axes = np.asarray(fig.subplots(len(rows), count, squeeze=False))
     for r, (title, batch, model) in enumerate(rows):
@@ -168,23 +182,29 @@ def _plot_examples(models: dict[str, nn.Module], images, labels, eps: float, ste
             wrong = any(int(p[c]) != int(y[c]) for p in predicted.values())
             ax.set_title(text, fontsize=7, color="red" if wrong else "black")
         axes[r, 0].set_ylabel(title, fontsize=8)
-    fig.suptitle(f"adversarial examples, eps = {eps}")
+    fig.suptitle(f"adversarial examples, eps = {eps}, crafted with {_LOSS_TEXT[loss]}")
     return save_figure(fig, out_png)
 
 
 def _settings(smoke: bool, options: dict) -> dict:
     full = {"train_size": 55000, "val_size": 5000, "test_size": 1000, "max_epochs": 30, "target_accuracy": 0.99,
             "eps": (0.05, 0.1, 0.15, 0.2, 0.25, 0.3), "bim_steps": 10, "batch_size": 128, "lr": 1e-3,
-            "capsule_model": "capsnet", "cnn_model": "cnn_baseline"}
+            "capsule_model": "capsnet", "cnn_model": "cnn_baseline", "attack_losses": ATTACK_LOSSES[::-1]}
     small = {"train_size": 768, "val_size": 128, "test_size": 64, "max_epochs": 2, "target_accuracy": 0.9,
              "eps": (0.1, 0.2, 0.3), "bim_steps": 3, "batch_size": 32, "lr": 2e-3,
-             "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow"}
+             "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow",
+             "attack_losses": ATTACK_LOSSES[::-1]}
     settings = dict(small if smoke else full)
     unknown = sorted(set(options) - set(settings))
     if unknown:
         raise ValueError(f"adversarial: unknown options {', '.join(unknown)}; known: {', '.join(sorted(settings))}")
     settings.update(options)
     settings["eps"] = tuple(float(e) for e in settings["eps"])
+    losses = settings["attack_losses"]
+    settings["attack_losses"] = (losses,) if isinstance(losses, str) else tuple(losses)
+    bad = [kind for kind in settings["attack_losses"] if kind not in ATTACK_LOSSES]
+    if bad or not settings["attack_losses"]:
+        raise ValueError(f"adversarial: attack_losses must name some of {ATTACK_LOSSES}, got {losses!r}")
     return settings
 
 
@@ -199,7 +219,8 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
 
     Options (override the smoke / full settings): ``train_size``, ``val_size``, ``test_size``,
     ``max_epochs``, ``target_accuracy``, ``eps``, ``bim_steps``, ``batch_size``, ``lr``, ``capsule_model``,
-    ``cnn_model`` (``"cnn_baseline_narrow"`` is the narrow CNN).
+    ``cnn_model`` (``"cnn_baseline_narrow"`` is the narrow CNN), ``attack_losses`` (``"cross_entropy"``,
+    ``"own"``; see the module docstring).
     """
     s = _settings(smoke, options)
     train = load_dataset("mnist", root=data_dir, train=True, device=device)
@@ -218,26 +239,43 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
             training[name] = {"epochs": "loaded", "val_accuracy": evaluate_accuracy(model, val_x, val_y)}
     clean = {name: evaluate_accuracy(m, test.images, test.labels) for name, m in models.items()}
     wrong = random_wrong_targets(test.labels, test.num_classes, torch.Generator().manual_seed(seed))
-    records = attack_table(models, test.images, test.labels, wrong, s["eps"], bim_steps=s["bim_steps"],
-                           batch_size=max(s["batch_size"], 64))
-    rates_png = _plot_rates(records, s["eps"], "CapsNet", "CNN", out / "success_rates.png")
+    records, figures, rate_sections = [], [], []
+    for kind in s["attack_losses"]:
+        found = attack_table(models, test.images, test.labels, wrong, s["eps"], bim_steps=s["bim_steps"],
+                             batch_size=max(s["batch_size"], 64), loss=kind)
+        records += found
+        figures.append(_plot_rates(found, s["eps"], "CapsNet", "CNN", out / f"success_rates_{kind}.png",
+                                   title=f"attack success, crafted with {_LOSS_TEXT[kind]}"))
+        rate_sections.append((f"Attack success rates, crafted with {_LOSS_TEXT[kind]}",
+                              _results_markdown(found, s["eps"], "CapsNet", "CNN")))
     mid_eps = s["eps"][len(s["eps"]) // 2]
-    examples_png = _plot_examples(models, test.images, test.labels, mid_eps, s["bim_steps"], out / "examples.png")
+    figures.append(_plot_examples(models, test.images, test.labels, mid_eps, s["bim_steps"], out / "examples.png",
+                                  loss=s["attack_losses"][0]))
+    flat = {(name, kind): zero_gradient_fraction(m, attack_loss(m, kind), test.images, test.labels)
+            for name, m in models.items() for kind in s["attack_losses"]}
     model_rows = [(name, m.model_name, f"{count_parameters(m):,}", training[name]["epochs"],
                    percent(training[name]["val_accuracy"]), percent(clean[name])) for name, m in models.items()]
     sections = [
         ("Models", markdown_table(["role", "model", "parameters", "epochs", "val. accuracy", "clean test accuracy"],
                                   model_rows)),
-        ("Attack success rates", _results_markdown(records, s["eps"], "CapsNet", "CNN") + "\n\n"
-         "Success: untargeted = prediction changed from the true class; targeted = prediction is the target. "
-         "Counted over test examples the evaluated model classifies correctly when clean."),
+        *rate_sections,
+        ("How to read the tables", "Success: untargeted = prediction changed from the true class; targeted = "
+         "prediction is the target. Counted over test examples the evaluated model classifies correctly when "
+         "clean. BIM takes `bim_steps` steps of 2.5 eps / `bim_steps`."),
+        ("Gradient masking", markdown_table(
+            ["model", *[f"zero input gradient, {_LOSS_TEXT[k]}" for k in s["attack_losses"]]],
+            [(name, *[percent(flat[name, k]) for k in s["attack_losses"]]) for name in models])
+         + "\n\nFraction of clean test examples whose input gradient of the attack loss is exactly zero: a "
+           "sign-gradient attack leaves them unchanged, so a loss with a large fraction understates what an "
+           "attacker can do (the margin and spread losses are flat once every hinge is inactive)."),
         ("Paper", "Hinton, Sabour & Frosst (2018), Sec. 6 (matrix capsules, smallNORB): at equal clean accuracy the "
          "capsule model is significantly less vulnerable than the CNN to FGSM and BIM, untargeted and targeted; "
          "examples crafted on the CNN transfer to it like to another CNN. The paper shows figures, no table."),
         ("Settings", settings_table({**{k: v for k, v in s.items()}, "seed": seed, "device": device, "smoke": smoke})),
     ]
-    metrics = {f"{r['attack']}_{'targeted' if r['targeted'] else 'untargeted'}_{r['eps']}_{r['source']}_on_"
-               f"{r['victim']}": r["rate"] for r in records}
+    metrics = {f"{r['loss']}_{r['attack']}_{'targeted' if r['targeted'] else 'untargeted'}_{r['eps']}_"
+               f"{r['source']}_on_{r['victim']}": r["rate"] for r in records}
     metrics.update({f"clean_accuracy_{k}": v for k, v in clean.items()})
-    return write_report(out, "Adversarial robustness: capsules vs CNN", sections, figures=[rates_png, examples_png],
+    metrics.update({f"zero_gradient_{kind}_{name}": v for (name, kind), v in flat.items()})
+    return write_report(out, "Adversarial robustness: capsules vs CNN", sections, figures=figures,
                         metrics=metrics, name="adversarial")
