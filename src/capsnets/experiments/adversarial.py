@@ -189,11 +189,11 @@ def _plot_examples(models: dict[str, nn.Module], images, labels, eps: float, ste
 def _settings(smoke: bool, options: dict) -> dict:
     full = {"train_size": 55000, "val_size": 5000, "test_size": 1000, "max_epochs": 30, "target_accuracy": 0.99,
             "eps": (0.05, 0.1, 0.15, 0.2, 0.25, 0.3), "bim_steps": 10, "batch_size": 128, "lr": 1e-3,
-            "capsule_model": "capsnet", "cnn_model": "cnn_baseline", "attack_losses": ATTACK_LOSSES[::-1]}
+            "capsule_model": "capsnet", "cnn_model": "cnn_baseline", "attack_losses": ("cross_entropy", "own")}
     small = {"train_size": 768, "val_size": 128, "test_size": 64, "max_epochs": 2, "target_accuracy": 0.9,
              "eps": (0.1, 0.2, 0.3), "bim_steps": 3, "batch_size": 32, "lr": 2e-3,
              "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow",
-             "attack_losses": ATTACK_LOSSES[::-1]}
+             "attack_losses": ("cross_entropy", "own")}
     settings = dict(small if smoke else full)
     unknown = sorted(set(options) - set(settings))
     if unknown:
