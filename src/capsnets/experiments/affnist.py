@@ -125,7 +125,8 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     notes = ("Training: MNIST digits at random positions on a 40x40 canvas, no other augmentation. "
              "affNIST-style: MNIST test digits, rotation +-20 deg, shear +-0.2, scales 0.8-1.2 (uniform), "
              "translated uniformly within the 40x40 frame. ")
-    notes += "The real affNIST test set was evaluated." if real is not None else f"Real affNIST not evaluated: {missing}"
+    notes += ("The real affNIST test set was evaluated." if real is not None
+              else f"Real affNIST not evaluated: {missing}")
     sections = [("Results", markdown_table(headers, rows) + "\n\n" + notes),
                 ("Settings", settings_table({**s, "seed": seed, "device": device, "smoke": smoke}))]
     metrics = {f"{name}_{test}".replace(" ", "_"): value for (name, test), value in accuracy.items()}

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from capsnets._files import atomic_write
-from capsnets.engine.runtime import resolve_device, seed_everything
+from capsnets.engine.runtime import autocast, resolve_amp, resolve_device, seed_everything
 
 ExperimentFn = Callable[..., "ExperimentResult"]
 _EXPERIMENTS: dict[str, ExperimentFn] = {}
@@ -208,7 +208,7 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
                      epoch_data: Callable[[int], tuple[Tensor, Targets]] | None = None, loss_fn: LossFn | None = None,
                      epochs: int = 1, batch_size: int = 128, lr: float = 1e-3, lr_decay: float = 0.96,
                      seed: int = 0, augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
-                     desc: str = "train", progress: bool = True) -> list[dict[str, float]]:
+                     desc: str = "train", progress: bool = True, amp: str = "auto") -> list[dict[str, float]]:
     """Train ``model`` in place with Adam and a per-epoch exponential learning-rate decay.
 
     Batches are cut on the device holding ``images`` (shuffled by a CPU generator seeded from
@@ -221,6 +221,8 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
             called before each (1-based) epoch, e.g. to draw a fresh generated set every epoch.
         loss_fn: ``loss_fn(model, images, targets) -> scalar``; default :func:`default_loss_fn`.
         augment: optional ``(images, generator) -> images`` applied to each batch.
+        amp: ``"auto"`` (bf16 autocast for the forward pass and loss on CUDA, full precision elsewhere),
+            ``"bf16"`` or ``"off"``, as in the trainer.
 
     Returns:
         one ``{"epoch", "loss", "lr", "time_s"}`` dict per epoch.
@@ -239,7 +241,7 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
     for epoch in range(1, epochs + 1):
         if epoch_data is not None:
             images, targets = epoch_data(epoch)
-        count = len(images)
+        count, amp_dtype = len(images), resolve_amp(amp, images.device)
         generator = torch.Generator().manual_seed(seed * 1000 + epoch)
         order = torch.randperm(count, generator=generator).to(images.device)
         total = torch.zeros((), dtype=torch.float64, device=images.device)
@@ -248,7 +250,8 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
         for first in tqdm(steps, desc=f"{desc} epoch {epoch}", leave=False, disable=None if progress else True):
             index = order[first:first + batch_size]
             batch = images[index] if augment is None else augment(images[index], generator)
-            loss = loss_fn(model, batch, _take(targets, index))
+            with autocast(images.device, amp_dtype):
+                loss = loss_fn(model, batch, _take(targets, index))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

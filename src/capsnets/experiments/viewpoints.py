@@ -45,6 +45,7 @@ from matplotlib.ticker import MaxNLocator
 from torch import Tensor, nn
 
 from capsnets.data import DatasetError, DeviceLoader, TensorData, load_dataset, norb_protocol
+from capsnets.engine.runtime import autocast, resolve_amp
 from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markdown_table, percent,
                                          register_experiment, save_figure, settings_table, write_report)
 from capsnets.losses import create_loss
@@ -140,13 +141,14 @@ def _error(model: nn.Module, data: TensorData) -> float:
 
 
 def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int, target: float | None,
-                  batch_size: int, lr: float, lr_decay: float = 0.96, seed: int = 0) -> dict:
+                  batch_size: int, lr: float, lr_decay: float = 0.96, seed: int = 0, amp: str = "auto") -> dict:
     """Train ``model`` on ``views["train"]`` (with its ``augment``), scoring it on ``views["familiar"]`` and
     ``views["novel"]`` after every epoch, and leave it at the chosen epoch.
 
     Chosen epoch: with ``target=None``, the lowest familiar-view error (first of ties); else the first
     epoch whose familiar-view error is ``<= target`` (training stops there), or, if none is, the one
     nearest to ``target``. Losses with ``set_progress`` (spread loss) see the fraction of ``epochs`` done.
+    ``amp``: autocast of the training forward pass and loss, as in the trainer (``"auto"``: bf16 on CUDA).
 
     Returns:
         ``{"history": [{"epoch", "loss", "familiar_error", "novel_error"}, ...], "epoch",
@@ -156,7 +158,7 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     loader = DeviceLoader(views["train"], batch_size, seed=seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
-    steps = max(len(loader), 1)
+    steps, amp_dtype = max(len(loader), 1), resolve_amp(amp, views["train"].device)
     history, best, best_state, reached = [], None, None, False
     for epoch in range(1, epochs + 1):
         model.train()
@@ -165,7 +167,8 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
         for step, (images, labels) in enumerate(loader):
             if hasattr(criterion, "set_progress"):
                 criterion.set_progress((epoch - 1 + step / steps) / epochs)
-            loss = criterion(model(images, labels), images, labels)[0]
+            with autocast(views["train"].device, amp_dtype):
+                loss = criterion(model(images, labels), images, labels)[0]
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
