@@ -30,3 +30,22 @@ def test_adversarial_rejects_unknown_options(tmp_path):
 def test_adversarial_rejects_unknown_attack_losses(tmp_path):
     with pytest.raises(ValueError, match="attack_losses"):
         run_experiment("adversarial", tmp_path, smoke=True, device="cpu", attack_losses=["hinge"])
+
+
+def test_matching_note_says_whether_the_models_reached_the_target():
+    from capsnets.experiments.adversarial import matching_note
+
+    both = matching_note({"CNN": {"val_accuracy": 0.991}, "CapsNet": {"val_accuracy": 0.993}}, 0.99)
+    assert both.startswith("Every model reached the 99.00% validation target") and "CNN 99.10%" in both
+    one = matching_note({"CNN": {"val_accuracy": 0.96}, "CapsNet": {"val_accuracy": 0.993}}, 0.99)
+    assert one.startswith("**Not at equal accuracy**: CNN did not reach")
+
+
+def test_a_second_run_reloads_the_models_with_their_training_record(tmp_path, shared_data_root):
+    options = dict(smoke=True, device="cpu", data_dir=str(shared_data_root), checkpoint_dir=str(tmp_path / "ckpt"),
+                   train_size=64, val_size=32, test_size=16, max_epochs=1, eps=(0.3,), bim_steps=1,
+                   attack_losses="cross_entropy")
+    first = run_experiment("adversarial", tmp_path / "a", **options)
+    second = run_experiment("adversarial", tmp_path / "b", **options)
+    assert "| 1 (loaded) |" in second.report.read_text() and "| 1 (loaded) |" not in first.report.read_text()
+    assert second.metrics == first.metrics  # same weights, same attacks

@@ -37,7 +37,7 @@ from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markd
                                          register_experiment, save_figure, settings_table, train_classifier,
                                          write_report)
 
-__all__ = ["train_to_accuracy", "attack_table", "run"]
+__all__ = ["train_to_accuracy", "fit_or_load", "matching_note", "attack_table", "run"]
 
 
 def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_images: Tensor, val_labels: Tensor, *,
@@ -63,6 +63,36 @@ def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_imag
             break
     model.eval()
     return {"epochs": epoch, "val_accuracy": accuracy, "history": history}
+
+
+def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labels: Tensor, val_images: Tensor,
+                val_labels: Tensor, **train_args) -> dict:
+    """:func:`train_to_accuracy`, or ``checkpoint_dir/<key>.safetensors`` from an earlier run; the training
+    record (epochs, validation accuracy, history) is kept in the checkpoint's sidecar and read back."""
+    record: dict = {}
+
+    def fit():
+        record.update(train_to_accuracy(model, images, labels, val_images, val_labels, **train_args))
+
+    if load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta=record):
+        from capsnets.engine.checkpoint import load_checkpoint
+
+        saved = load_checkpoint(Path(checkpoint_dir) / f"{key}.safetensors").meta
+        record = {"epochs": f"{saved['epochs']} (loaded)" if "epochs" in saved else "loaded",
+                  "val_accuracy": evaluate_accuracy(model, val_images, val_labels)}
+    return record
+
+
+def matching_note(training: dict[str, dict], target: float) -> str:
+    """A sentence saying whether every model reached the validation ``target`` (``training``: name ->
+    :func:`train_to_accuracy` record), i.e. whether the comparison is at equal accuracy."""
+    reached = ", ".join(f"{name} {percent(record['val_accuracy'])}" for name, record in training.items())
+    missed = [name for name, record in training.items() if record["val_accuracy"] < target]
+    if not missed:
+        return f"Every model reached the {percent(target)} validation target ({reached}): compared at equal accuracy."
+    return (f"**Not at equal accuracy**: {' and '.join(missed)} did not reach the {percent(target)} validation "
+            f"target within `max_epochs` ({reached}), so the comparison below mixes the effect with the "
+            f"difference in accuracy.")
 
 
 def _craft(attack: str, model, images, labels, eps, targets, steps, loss: str = "own"):
@@ -229,14 +259,10 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     fit_x, fit_y = fit.images[:s["train_size"]], fit.labels[:s["train_size"]]
     val_x, val_y = fit.images[s["train_size"]:], fit.labels[s["train_size"]:]
     models = {"CNN": _build(s["cnn_model"], device), "CapsNet": _build(s["capsule_model"], device)}
-    training = {}
-    for index, (name, model) in enumerate(models.items()):
-        def fit_model(model=model, name=name, index=index):
-            training[name] = train_to_accuracy(model, fit_x, fit_y, val_x, val_y, target=s["target_accuracy"],
-                                               max_epochs=s["max_epochs"], lr=s["lr"], batch_size=s["batch_size"],
-                                               seed=seed + 100 * index, desc=name)
-        if load_or_train(model, f"adversarial_{model.model_name}", fit_model, checkpoint_dir=checkpoint_dir):
-            training[name] = {"epochs": "loaded", "val_accuracy": evaluate_accuracy(model, val_x, val_y)}
+    training = {name: fit_or_load(model, f"adversarial_{model.model_name}", checkpoint_dir, fit_x, fit_y, val_x, val_y,
+                                  target=s["target_accuracy"], max_epochs=s["max_epochs"], lr=s["lr"],
+                                  batch_size=s["batch_size"], seed=seed + 100 * index, desc=name)
+                for index, (name, model) in enumerate(models.items())}
     clean = {name: evaluate_accuracy(m, test.images, test.labels) for name, m in models.items()}
     wrong = random_wrong_targets(test.labels, test.num_classes, torch.Generator().manual_seed(seed))
     records, figures, rate_sections = [], [], []
@@ -257,7 +283,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
                    percent(training[name]["val_accuracy"]), percent(clean[name])) for name, m in models.items()]
     sections = [
         ("Models", markdown_table(["role", "model", "parameters", "epochs", "val. accuracy", "clean test accuracy"],
-                                  model_rows)),
+                                  model_rows) + "\n\n" + matching_note(training, s["target_accuracy"])),
         *rate_sections,
         ("How to read the tables", "Success: untargeted = prediction changed from the true class; targeted = "
          "prediction is the target. Counted over test examples the evaluated model classifies correctly when "

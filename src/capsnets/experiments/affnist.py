@@ -25,8 +25,8 @@ from torch import nn
 from capsnets.data import DatasetError, load_dataset
 from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
 from capsnets.models import count_parameters, create_model
-from capsnets.experiments.adversarial import train_to_accuracy
-from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markdown_table, percent,
+from capsnets.experiments.adversarial import fit_or_load, matching_note
+from capsnets.experiments.common import (evaluate_accuracy, markdown_table, percent,
                                          register_experiment, save_figure, settings_table, write_report)
 
 __all__ = ["run"]
@@ -105,14 +105,11 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     if real is not None:
         tests["affNIST (real)"] = real
     models = {"CapsNet": _build(s["capsule_model"], device), "CNN": _build(s["cnn_model"], device)}
-    training = {}
-    for index, (name, model) in enumerate(models.items()):
-        def fit(model=model, name=name, index=index):
-            training[name] = train_to_accuracy(
-                model, fit_x, fit_y, val.images, val.labels, target=s["target_accuracy"], max_epochs=s["max_epochs"],
-                lr=s["lr"], batch_size=s["batch_size"], seed=seed + 100 * index, augment=RandomPlacement(), desc=name)
-        if load_or_train(model, f"affnist_{model.model_name}", fit, checkpoint_dir=checkpoint_dir):
-            training[name] = {"epochs": "loaded", "val_accuracy": evaluate_accuracy(model, val.images, val.labels)}
+    training = {name: fit_or_load(model, f"affnist_{model.model_name}", checkpoint_dir, fit_x, fit_y, val.images,
+                                  val.labels, target=s["target_accuracy"], max_epochs=s["max_epochs"], lr=s["lr"],
+                                  batch_size=s["batch_size"], seed=seed + 100 * index, augment=RandomPlacement(),
+                                  desc=name)
+                for index, (name, model) in enumerate(models.items())}
     accuracy = {(name, test): evaluate_accuracy(m, data.images, data.labels)
                 for name, m in models.items() for test, data in tests.items()}
     headers = ["model", "parameters", "epochs", *[f"{t} accuracy" for t in tests], "paper: expanded MNIST",
@@ -127,6 +124,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
              "translated uniformly within the 40x40 frame. ")
     notes += ("The real affNIST test set was evaluated." if real is not None
               else f"Real affNIST not evaluated: {missing}")
+    notes += "\n\n" + matching_note(training, s["target_accuracy"])
     sections = [("Results", markdown_table(headers, rows) + "\n\n" + notes),
                 ("Settings", settings_table({**s, "seed": seed, "device": device, "smoke": smoke}))]
     metrics = {f"{name}_{test}".replace(" ", "_"): value for (name, test), value in accuracy.items()}
