@@ -40,3 +40,16 @@ def test_dimensions_smoke_end_to_end_and_reload(shared_data_root, tmp_path):
                            checkpoint_dir=ckpt, **options)
     assert "loaded" in again.report.read_text()
     assert again.metrics["test_accuracy"] == result.metrics["test_accuracy"]
+
+
+def test_routing_map_is_couplings_times_lengths():
+    from capsnets.functional import capsule_length
+
+    torch.manual_seed(0)
+    model = create_model("capsnet_small").eval()
+    image = torch.rand(1, 28, 28)
+    heat, winner, couplings = routing_map(model, image, return_couplings=True)
+    with torch.no_grad():
+        lengths = capsule_length(model.primary(torch.relu(model.conv(image[None]))))[0]  # (288,)
+    assert couplings.shape == (288,) and ((couplings > 0) & (couplings < 1)).all()
+    assert torch.allclose(heat, (couplings * lengths).view(8, 6, 6).sum(0), atol=1e-6)

@@ -54,11 +54,12 @@ def perturbation_grid(model: nn.Module, image: Tensor, steps: Tensor = PERTURBAT
 
 
 @torch.no_grad()
-def routing_map(model: nn.Module, image: Tensor) -> tuple[Tensor, int]:
+def routing_map(model: nn.Module, image: Tensor, return_couplings: bool = False):
     """Couplings of the primary capsules to the winning class times their lengths, summed over types.
 
     Shape:
-        image ``(C, H, W)`` -> ``(H', W')`` map on the primary grid and the winning class.
+        image ``(C, H, W)`` -> ``(H', W')`` map on the primary grid and the winning class; with
+        ``return_couplings`` also the couplings ``(I,)`` of every primary capsule to the winning class.
     """
     features = torch.relu(model.conv(image[None]))  # (1, conv_channels, H1, W1)
     primary = model.primary(features)  # (1, T*H'*W', D_p), ordered (type, row, col)
@@ -66,7 +67,8 @@ def routing_map(model: nn.Module, image: Tensor) -> tuple[Tensor, int]:
     winner = int(capsule_length(capsules)[0].argmax())
     grid = model.primary.output_grid(*features.shape[-2:])  # (H', W')
     routed = couplings[0, :, winner] * capsule_length(primary[0])  # (T*H'*W',): c[i, j] |u_i|
-    return routed.view(-1, *grid).sum(dim=0), winner
+    heat = routed.view(-1, *grid).sum(dim=0)
+    return (heat, winner, couplings[0, :, winner]) if return_couplings else (heat, winner)
 
 
 def plot_grid(grid: Tensor, winner: int, out_png: str | Path) -> Path:
@@ -131,23 +133,25 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
     images, labels = test.images[:cfg["test_images"]].to(device), test.labels[:cfg["test_images"]].to(device)
     accuracy = evaluate_accuracy(model, images, labels)
     chosen = [int((labels == k).nonzero()[0]) for k in range(cfg["digits"])]  # the first test digit of 0, 1, ...
-    figures, maps, winners = [], [], []
+    figures, maps, winners, couplings = [], [], [], []
     for index in chosen:
         grid, winner = perturbation_grid(model, images[index])
         figures.append(plot_grid(grid, winner, out / f"dimensions_digit{int(labels[index])}.png"))
-        heat, winner = routing_map(model, images[index])
-        maps.append(heat), winners.append(winner)
+        heat, winner, coupled = routing_map(model, images[index], return_couplings=True)
+        maps.append(heat), winners.append(winner), couplings.append(coupled)
     figures.append(plot_routing(images[chosen], maps, winners, out / "routing.png"))
-    rows = [(int(labels[i]), w, i) for i, w in zip(chosen, winners)]
+    rows = [(int(labels[i]), w, i, f"{c.min():.3f} / {c.mean():.3f} / {c.max():.3f}")
+            for i, w, c in zip(chosen, winners, couplings)]
     sections = [
         ("Model", markdown_table(["model", "parameters", "test accuracy", "training"],
                                  [(cfg["model"], f"{count_parameters(model):,}",
                                    percent(accuracy) + f" on {len(images):,}", how)])),
-        ("Digits", markdown_table(["label", "predicted", "test index"], rows)
+        ("Digits", markdown_table(["label", "predicted", "test index", "couplings to it: min / mean / max"], rows)
          + "\n\nEach grid: rows = the 16 dimensions of the winning class capsule, columns = perturbations "
            "-0.25 ... +0.25 in steps of 0.05 (paper Fig. 4: scale, thickness, stroke, skew, width, parts). "
            "`routing.png`: what the primary capsules route to the winning class, final coupling times capsule "
-           "length, summed over types."),
+           f"length, summed over types. Uniform couplings would be 1/{model.num_classes}: the table shows how far "
+           "routing moves them, which bounds what the picture can show."),
         ("Settings", settings_table({**cfg, "seed": seed, "device": device})),
     ]
     return write_report(out, "What capsule dimensions represent (Sabour et al. 2017, Sec. 5.1)", sections,
