@@ -91,8 +91,8 @@ def matching_note(training: dict[str, dict], target: float) -> str:
     if not missed:
         return f"Every model reached the {percent(target)} validation target ({reached}): compared at equal accuracy."
     return (f"**Not at equal accuracy**: {' and '.join(missed)} did not reach the {percent(target)} validation "
-            f"target within `max_epochs` ({reached}), so the comparison below mixes the effect with the "
-            f"difference in accuracy.")
+            f"target within `max_epochs` ({reached}), so the comparison also reflects that difference in "
+            f"accuracy.")
 
 
 def _craft(attack: str, model, images, labels, eps, targets, steps, loss: str = "own"):
