@@ -74,7 +74,7 @@ def test_cost_normalization_standardises_the_cost_across_parents():
     gen = torch.Generator().manual_seed(3)
     votes, activations, beta_v, beta_a = _inputs(2, 10, 4, 16, gen=gen)
     eps, lam = 1e-6, 0.7
-    for norm in (None, "mean_std"):
+    for norm in (None, "mean_std", "mass"):
         _, a, r = em_routing(
             votes, activations, beta_v, beta_a, 2, inverse_temperature=lam, return_assignments=True,
             eps=eps, cost_normalization=norm,
@@ -87,7 +87,23 @@ def test_cost_normalization_standardises_the_cost_across_parents():
         if norm == "mean_std":
             centred = cost - cost.mean(1, keepdim=True)
             cost = centred / (cost.var(1, unbiased=False, keepdim=True) + eps).sqrt()
+        elif norm == "mass":  # per child and pose component of a uniform assignment: J / (I H)
+            cost = cost * 4 / (10 * 16)
         torch.testing.assert_close(a, torch.sigmoid(lam * (beta_a - cost)), rtol=0, atol=1e-10)
+
+
+def test_mass_normalization_is_a_rescaled_inverse_temperature_and_beta_a():
+    # lambda (beta_a - k cost) = (lambda k) (beta_a / k - cost) with k = J / (I H): the same routing as the
+    # paper's with inverse temperature lambda k and beta_a / k, for every iteration.
+    gen = torch.Generator().manual_seed(5)
+    votes, activations, beta_v, beta_a = _inputs(3, 12, 5, 16, gen=gen)
+    k, lambdas = 5 / (12 * 16), [0.5, 1.0, 1.5]
+    got = em_routing(votes, activations, beta_v, beta_a, 3, inverse_temperature=lambdas,
+                     cost_normalization="mass", return_assignments=True)
+    want = em_routing(votes, activations, beta_v, beta_a / k, 3, inverse_temperature=[x * k for x in lambdas],
+                      return_assignments=True)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
 
 
 def _forward_backward(votes, activations, beta_v, beta_a, **kwargs):

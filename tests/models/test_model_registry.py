@@ -76,6 +76,18 @@ def test_routing_is_passed_in():
     assert capsnets.create_model("capsnet_digits", routing_iterations=1).classes.routing.iterations == 1
 
 
+def test_matrix_models_configure_their_em_routing():
+    model = capsnets.create_model("matrix_capsnet_small", routing_iterations=2, cost_normalization="mass",
+                                  inverse_temperature=1.5, detach_routing=True)
+    for layer in (model.conv_caps1, model.conv_caps2, model.classes):
+        routing = layer.routing
+        assert (routing.iterations, routing.cost_normalization, routing.detach_assignments) == (2, "mass", True)
+        assert routing.inverse_temperatures == [1.5, 1.5]
+    assert model.model_args["cost_normalization"] == "mass" and model.model_args["inverse_temperature"] == 1.5
+    with pytest.raises(ValueError, match="cost_normalization"):
+        capsnets.create_model("matrix_capsnet_small", cost_normalization="layer")
+
+
 def test_models_record_the_arguments_that_rebuild_them():
     model = capsnets.create_model("capsnet_small", input_size=(1, 36, 36), num_classes=10, device="cpu")
     assert model.model_args == {"input_size": [1, 36, 36], "num_classes": 10}

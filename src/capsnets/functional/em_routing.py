@@ -42,7 +42,14 @@ Known scale issue (a deviation, off by default): ``sum_h cost`` grows with the n
 mass ``sum_i R'``, so the same beta and lambda saturate a class-capsule layer (hundreds of children)
 while a 3x3 convolutional one (tens) stays near 0.5. ``cost_normalization="mean_std"`` replaces
 ``sum_h cost[j]`` by its standardisation across the J parents of each example, ``(c_j - mean_j c) /
-sqrt(var_j c + eps)``, as in Yang's reproduction. The default ``None`` follows the equations exactly.
+sqrt(var_j c + eps)``, as in Yang's reproduction. ``cost_normalization="mass"`` divides the cost by
+``I H / J``, the mass a parent receives under the uniform start from fully active children times the
+pose components, so that ``sum_h cost[j] / (I H / J)`` is an activation-weighted mean of
+``beta_v + log sigma`` whatever the layer's size; ``inverse_temperature`` of order 1 then suits every
+layer. This is the paper's procedure with a per-layer inverse temperature ``lambda J / (I H)`` and
+``beta_a`` measured in units of ``J / (I H)`` (a reparameterisation of a learned parameter; tested as an
+identity): the E-step, poses and activations are those equations' values for that choice. The default
+``None`` follows the equations with the given ``lambda`` exactly.
 
 Implementation (same values as the equations; float32 error no larger than the direct form's):
 votes are laid out once as ``(B, J, I, H)`` and shifted by a per-parent origin ``c`` (the
@@ -65,7 +72,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 _LOG_2PI = math.log(2.0 * math.pi)
-_COST_NORMALIZATIONS = (None, "mean_std")
+_COST_NORMALIZATIONS = (None, "mean_std", "mass")
 
 
 def em_inverse_temperatures(iterations: int, final: float = 0.01, decay: float = 0.95) -> list[float]:
@@ -155,7 +162,9 @@ def _m_step(r_prime, c, contract, beta_v, beta_a, lam, eps, cost_normalization):
     var = (m2 - 2.0 * d * m1 + s * d.square()).clamp_min(0.0) + eps  # sigma^2 with its floor
     log_var = var.log()
     cost = ((beta_v.unsqueeze(-1) + 0.5 * log_var) * mass).sum(dim=-1)  # (B, J)
-    if cost_normalization == "mean_std":
+    if cost_normalization == "mass":  # per child and pose component of a uniform assignment: J / (I H)
+        cost = cost * (cost.shape[1] / (r_prime.shape[-1] * d.shape[-1]))
+    elif cost_normalization == "mean_std":
         mean = cost.mean(dim=1, keepdim=True)
         cost = (cost - mean) * torch.rsqrt((cost - mean).square().mean(dim=1, keepdim=True) + eps)
     pre = lam * (beta_a - cost)  # (B, J): a_j = sigmoid(pre)
@@ -289,7 +298,8 @@ def em_routing(
             for every iteration, or a sequence of ``iterations`` numbers.
         return_assignments: also return the assignments ``R`` used by the final M-step.
         eps: variance floor added to ``sigma^2`` and guard on ``sum_i R'`` (module docstring).
-        cost_normalization: ``None`` (the paper) or ``"mean_std"`` (standardise the cost across parents).
+        cost_normalization: ``None`` (the paper), ``"mean_std"`` (standardise the cost across parents) or
+            ``"mass"`` (divide it by ``I H / J``: a per-layer inverse temperature; module docstring).
         detach_assignments: compute the assignments of the non-final iterations without gradient, so
             gradients flow only through the final M-step (the assignments act as constants, as the
             couplings do in dynamic routing's ``detach`` mode). Same forward values; a cheaper backward
@@ -329,7 +339,7 @@ class EMRouting:
         iterations: EM iterations (>= 1).
         inverse_temperature: ``lambda`` schedule (see :func:`em_routing`).
         eps: variance floor and mass guard (see :func:`em_routing`).
-        cost_normalization: ``None`` or ``"mean_std"`` (see :func:`em_routing`).
+        cost_normalization: ``None``, ``"mean_std"`` or ``"mass"`` (see :func:`em_routing`).
         detach_assignments: gradients only through the final M-step (see :func:`em_routing`).
 
     Shape:

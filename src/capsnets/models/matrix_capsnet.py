@@ -11,6 +11,9 @@ Inputs of 32x32 (smallNORB crops) use no padding in Conv1; smaller inputs (28x28
 which gives the same 14x14 -> 6x6 -> 4x4 grids (SPEC). Class scores are the class capsule activations.
 ``detach_routing=True`` computes the assignments of the non-final EM iterations without gradient
 (about 2.5x faster training on a CPU; see :func:`capsnets.functional.em_routing`).
+``cost_normalization`` and ``inverse_temperature`` configure the default :class:`EMRouting` of all three
+routed layers (for example ``cost_normalization="mass", inverse_temperature=1.0``: one temperature
+that suits layers of any size; ``benchmarks/em_learning.py`` compares learning speeds).
 Deviation: the paper gives neither the initialisation nor the inverse-temperature schedule; see
 :mod:`capsnets.layers.matrix` and :mod:`capsnets.functional.em_routing` for the ones used.
 """
@@ -27,12 +30,14 @@ from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 
 
-def _em_routing(iterations: int, routing, detach_routing: bool = False):
+def _em_routing(iterations: int, routing, detach_routing: bool = False, cost_normalization=None,
+                inverse_temperature=None):
     if routing is not None:
         return routing
     from capsnets.functional import EMRouting
 
-    return EMRouting(iterations, detach_assignments=detach_routing)
+    return EMRouting(iterations, inverse_temperature, detach_assignments=detach_routing,
+                     cost_normalization=cost_normalization)
 
 
 class MatrixCapsNet(nn.Module):
@@ -102,9 +107,9 @@ class MatrixCapsNet(nn.Module):
         return ModelOutput(activation, "activation", poses)
 
 
-def _build(num_classes, input_size, routing_iterations, routing, detach_routing, coordinate_addition,
-           checkpoint_chunks, device, dtype, **widths):
-    routing = _em_routing(routing_iterations, routing, detach_routing)
+def _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
+           inverse_temperature, coordinate_addition, checkpoint_chunks, device, dtype, **widths):
+    routing = _em_routing(routing_iterations, routing, detach_routing, cost_normalization, inverse_temperature)
     return MatrixCapsNet(input_size=input_size, num_classes=num_classes, routing=routing,
                          coordinate_addition=coordinate_addition, checkpoint_chunks=checkpoint_chunks,
                          device=device, dtype=dtype, **widths)
@@ -112,19 +117,20 @@ def _build(num_classes, input_size, routing_iterations, routing, detach_routing,
 
 @register_model("matrix_capsnet")
 def matrix_capsnet(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
-                   detach_routing=False, coordinate_addition=True, checkpoint_chunks=0, device=None,
-                   dtype=None) -> MatrixCapsNet:
+                   detach_routing=False, cost_normalization=None, inverse_temperature=None,
+                   coordinate_addition=True, checkpoint_chunks=0, device=None, dtype=None) -> MatrixCapsNet:
     """The paper's smallNORB model: A=B=C=D=32 (about 310K parameters)."""
-    return _build(num_classes, input_size, routing_iterations, routing, detach_routing, coordinate_addition,
-                  checkpoint_chunks, device, dtype,
+    return _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
+                  inverse_temperature, coordinate_addition, checkpoint_chunks, device, dtype,
                   conv_channels=32, primary_types=32, conv_caps1_types=32, conv_caps2_types=32)
 
 
 @register_model("matrix_capsnet_small")
 def matrix_capsnet_small(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
-                         detach_routing=False, coordinate_addition=True, checkpoint_chunks=0,
-                         device=None, dtype=None) -> MatrixCapsNet:
+                         detach_routing=False, cost_normalization=None, inverse_temperature=None,
+                         coordinate_addition=True, checkpoint_chunks=0, device=None,
+                         dtype=None) -> MatrixCapsNet:
     """The paper's small model: A=64, B=8, C=D=16 (about 68K parameters)."""
-    return _build(num_classes, input_size, routing_iterations, routing, detach_routing, coordinate_addition,
-                  checkpoint_chunks, device, dtype,
+    return _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
+                  inverse_temperature, coordinate_addition, checkpoint_chunks, device, dtype,
                   conv_channels=64, primary_types=8, conv_caps1_types=16, conv_caps2_types=16)

@@ -1,0 +1,126 @@
+"""Learning speed of a capsule model under different settings: test accuracy against training steps.
+
+Each ``--variant NAME JSON`` builds the model with the JSON object as extra ``create_model`` arguments
+(for example ``'{"cost_normalization": "mass", "inverse_temperature": 1.0}'`` for matrix capsules) and
+trains it from the same initial seed on the same batches: Adam at ``--lr``, the model's default loss
+(its margin, for the spread loss, growing over the first half of ``--steps``), batch ``--batch-size``,
+on the first ``--train-size`` images of the training split. Every ``--eval-every`` steps it records the
+accuracy on the first ``--test-size`` test images. Variants run one after the other in one process, so
+their curves are comparable; the JSON also records the environment and each variant's training images/s.
+
+Run ``python benchmarks/em_learning.py --help``; ``benchmarks/README.md`` lists the recorded runs.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import capsnets
+from capsnets._files import atomic_write
+from capsnets.data import DeviceLoader, load_dataset
+from capsnets.engine.runtime import resolve_device
+from capsnets.losses import create_loss
+from throughput import environment
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="matrix_capsnet_small")
+    parser.add_argument("--variant", nargs=2, action="append", metavar=("NAME", "JSON"), default=None,
+                        help="a named set of create_model arguments (repeatable); default: one variant "
+                             "'default' with no extra arguments")
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--data-dir", default=None, help="data root (default: $CAPSNETS_DATA)")
+    parser.add_argument("--train-size", type=int, default=20000)
+    parser.add_argument("--test-size", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default=None, help="JSON file (default benchmarks/results/em_learning_<time>.json)")
+    args = parser.parse_args(argv)
+    args.variant = [(name, json.loads(spec)) for name, spec in (args.variant or [("default", "{}")])]
+    for name, spec in args.variant:
+        if not isinstance(spec, dict):
+            parser.error(f"--variant {name}: the JSON must be an object of create_model arguments, got {spec!r}")
+    for key in ("train_size", "test_size", "steps", "eval_every", "batch_size"):
+        if getattr(args, key) < 1:
+            parser.error(f"--{key.replace('_', '-')} must be >= 1")
+    # throughput.environment() reads these two
+    args.model_arg = []
+    return args
+
+
+def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 500) -> float:
+    model.eval()
+    with torch.no_grad():
+        correct = sum(int((model(x).scores.argmax(1) == y).sum())
+                      for x, y in zip(images.split(batch_size), labels.split(batch_size)))
+    model.train()
+    return correct / len(labels)
+
+
+def learning_curve(args, extra: dict, train, test, device) -> dict:
+    """Train one variant for ``args.steps`` steps; accuracy every ``args.eval_every`` steps."""
+    torch.manual_seed(args.seed)
+    model = capsnets.create_model(args.model, num_classes=train.num_classes, input_size=train.input_shape,
+                                  device=device, **extra)
+    criterion = create_loss(model.default_loss)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    loader = DeviceLoader(train, args.batch_size, seed=args.seed)
+    curve, train_seconds, step, epoch = [], 0.0, 0, 0
+    while step < args.steps:
+        loader.set_epoch(epoch)
+        epoch += 1
+        for images, labels in loader:
+            start = time.perf_counter()
+            if hasattr(criterion, "set_progress"):
+                criterion.set_progress(step / args.steps)
+            loss, _ = criterion(model(images, labels), images, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            train_seconds += time.perf_counter() - start
+            step += 1
+            if step % args.eval_every == 0 or step == args.steps:
+                acc = accuracy(model, test.images, test.labels)
+                curve.append({"step": step, "images": step * args.batch_size, "test_accuracy": acc,
+                              "train_loss": loss.item()})
+                print(f"{step:6d} steps  test accuracy {acc:.4f}  loss {loss.item():.3f}", flush=True)
+            if step >= args.steps:
+                break
+    return {"model_args": extra, "curve": curve, "train_images_per_s": step * args.batch_size / train_seconds,
+            "final_test_accuracy": curve[-1]["test_accuracy"]}
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    train = load_dataset(args.dataset, root=args.data_dir, train=True, device=device).subset(args.train_size)
+    test = load_dataset(args.dataset, root=args.data_dir, train=False, device=device).subset(args.test_size)
+    result = {"environment": environment(device, args), "model": args.model, "dataset": args.dataset,
+              "batch_size": args.batch_size, "variants": {}}
+    for name, extra in args.variant:
+        print(f"== {name}: {args.model} {json.dumps(extra)}", flush=True)
+        result["variants"][name] = learning_curve(args, extra, train, test, device)
+    stamp = dt.datetime.now().strftime("%Y%m%d_%H%M%S")
+    out = Path(args.out or Path(__file__).parent / "results" / f"em_learning_{stamp}.json")
+    atomic_write(out, lambda tmp: Path(tmp).write_text(json.dumps(result, indent=2) + "\n"))
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
