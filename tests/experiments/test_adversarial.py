@@ -49,3 +49,20 @@ def test_a_second_run_reloads_the_models_with_their_training_record(tmp_path, sh
     second = run_experiment("adversarial", tmp_path / "b", **options)
     assert "| 1 (loaded) |" in second.report.read_text() and "| 1 (loaded) |" not in first.report.read_text()
     assert second.metrics == first.metrics  # same weights, same attacks
+
+
+def test_train_to_accuracy_numbers_its_epochs_and_stops_at_the_target():
+    import torch
+
+    from capsnets.experiments.adversarial import train_to_accuracy
+    from capsnets.models import create_model
+
+    torch.manual_seed(0)
+    images, labels = torch.rand(40, 1, 28, 28), torch.arange(40) % 10
+    model = create_model("cnn_baseline_narrow")
+    record = train_to_accuracy(model, images, labels, images, labels, target=1.1, max_epochs=3, batch_size=20)
+    assert record["epochs"] == 3 and [h["epoch"] for h in record["history"]] == [1, 2, 3]
+    assert [h["lr"] for h in record["history"]] == pytest.approx([1e-3 * 0.96 ** e for e in range(3)])  # the rate of each epoch
+    assert record["val_accuracy"] == record["history"][-1]["val_accuracy"]
+    stopped = train_to_accuracy(model, images, labels, images, labels, target=0.0, max_epochs=3, batch_size=20)
+    assert stopped["epochs"] == 1 and len(stopped["history"]) == 1

@@ -58,7 +58,7 @@ def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_imag
                                     lr=lr * lr_decay ** (epoch - 1), seed=seed + epoch, augment=augment,
                                     desc=f"{desc} {epoch}/{max_epochs}", progress=False)
         accuracy = evaluate_accuracy(model, val_images, val_labels)
-        history[-1]["val_accuracy"] = accuracy
+        history[-1].update(epoch=epoch, val_accuracy=accuracy)  # each call counts its one epoch as epoch 1
         if accuracy >= target:
             break
     model.eval()
