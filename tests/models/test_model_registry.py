@@ -105,3 +105,15 @@ def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
     assert rebuilt.input_size == (1, 36, 36) and checkpoint.meta["model"] == "capsnet_small"
     for (name, a), (_, b) in zip(model.state_dict().items(), rebuilt.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_experiment_checkpoints_of_differently_built_models_are_refused(tmp_path):
+    from capsnets.experiments.common import load_or_train
+
+    model = capsnets.create_model("matrix_capsnet_small", detach_routing=True)
+    assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
+    assert load_or_train(capsnets.create_model("matrix_capsnet_small", detach_routing=True), "m",
+                         lambda: None, checkpoint_dir=tmp_path)
+    other = capsnets.create_model("matrix_capsnet_small", cost_normalization="mean_std", detach_routing=True)
+    with pytest.raises(ValueError, match=r"cost_normalization.*another --checkpoint-dir"):
+        load_or_train(other, "m", lambda: None, checkpoint_dir=tmp_path)

@@ -17,6 +17,7 @@ on tensors that already live on the device (generated data sets that the engine'
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import time
@@ -296,7 +297,14 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
 
     path = Path(checkpoint_dir) / f"{name}.safetensors" if checkpoint_dir is not None else None
     if path is not None and path.is_file():
-        restore_model(model, load_checkpoint(path))
+        checkpoint = load_checkpoint(path)
+        saved = checkpoint.meta.get("model_args")
+        wanted = json.loads(json.dumps(getattr(model, "model_args", {})))
+        if saved is not None and saved != wanted:
+            raise ValueError(f"{path} holds a model built with {json.dumps(saved, sort_keys=True)}, but this run "
+                             f"builds it with {json.dumps(wanted, sort_keys=True)}; pass another --checkpoint-dir "
+                             f"(or delete that file) to train this one")
+        restore_model(model, checkpoint)
         model.eval()
         return True
     train()
