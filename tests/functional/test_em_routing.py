@@ -69,6 +69,19 @@ def test_gradcheck():
     assert gradcheck(fn, inputs)
 
 
+@pytest.mark.parametrize("norm", ["mean_std", "mass"])
+def test_gradcheck_with_cost_normalization(norm):
+    gen = torch.Generator().manual_seed(2)
+    inputs = _inputs(2, 5, 3, 4, gen=gen, requires_grad=True)
+    with torch.no_grad():
+        inputs[1].clamp_(min=0.1)
+
+    def fn(votes, activations, beta_v, beta_a):
+        return em_routing(votes, activations, beta_v, beta_a, 3, inverse_temperature=1.0, cost_normalization=norm)
+
+    assert gradcheck(fn, inputs)
+
+
 def test_cost_normalization_standardises_the_cost_across_parents():
     # Recompute the final M-step by hand from the returned assignments.
     gen = torch.Generator().manual_seed(3)
