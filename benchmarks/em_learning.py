@@ -110,7 +110,7 @@ def main(argv=None) -> dict:
     device = resolve_device(args.device)
     train = load_dataset(args.dataset, root=args.data_dir, train=True, device=device).subset(args.train_size)
     test = load_dataset(args.dataset, root=args.data_dir, train=False, device=device).subset(args.test_size)
-    result = {"environment": environment(device, args), "model": args.model, "dataset": args.dataset,
+    result = {"meta": environment(device, args), "model": args.model, "dataset": args.dataset,
               "batch_size": args.batch_size, "variants": {}}
     for name, extra in args.variant:
         print(f"== {name}: {args.model} {json.dumps(extra)}", flush=True)
