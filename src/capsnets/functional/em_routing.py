@@ -54,10 +54,11 @@ identity): the E-step, poses and activations are those equations' values for tha
 Learning speed (``benchmarks/em_learning.py``; ``matrix_capsnet_small`` on MNIST, batch 32, Adam 3e-3,
 detached assignments, test accuracy after 100 / 200 / 300 / 400 steps on a 2-core CPU):
 the default, 15.7 / 24.3 / 32.4 / 38.7%; ``"mean_std"`` with ``inverse_temperature=1``, 19.2 / 61.4 /
-67.8 / 73.8%, at the same images/s. In shorter probes of the same kind ``"mass"`` at 1 was only a few
-points ahead of the default (52.3% and 56.6% after 400 and 500 steps, against 49.4% and 40.8%), and ``"mass"`` or ``"mean_std"``
-at 3 stayed near chance (saturated activations). The standardised cost learns fastest, at the price of
-activations that are relative to the other parents of the same position rather than absolute.
+67.8 / 73.8%, at the same images/s. In probes of the same kind (other seed, margin grown over 500 steps)
+``"mass"`` at 1 was only a few points ahead of the default (52.3% and 56.6% after 400 and 500 steps,
+against 49.4% and 40.8%), and ``"mass"`` or ``"mean_std"`` at 3 stayed near chance (saturated
+activations). The standardised cost learns fastest, at the price of activations that are relative to the
+other parents of the same position rather than absolute.
 
 Implementation (same values as the equations; float32 error no larger than the direct form's):
 votes are laid out once as ``(B, J, I, H)`` and shifted by a per-parent origin ``c`` (the

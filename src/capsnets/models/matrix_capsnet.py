@@ -12,8 +12,9 @@ which gives the same 14x14 -> 6x6 -> 4x4 grids (SPEC). Class scores are the clas
 ``detach_routing=True`` computes the assignments of the non-final EM iterations without gradient
 (about 2.5x faster training on a CPU; see :func:`capsnets.functional.em_routing`).
 ``cost_normalization`` and ``inverse_temperature`` configure the default :class:`EMRouting` of all three
-routed layers (for example ``cost_normalization="mass", inverse_temperature=1.0``: one temperature
-that suits layers of any size; ``benchmarks/em_learning.py`` compares learning speeds).
+routed layers (like ``detach_routing``, they are unused when a ``routing`` object is passed);
+``cost_normalization="mean_std", inverse_temperature=1.0`` (a deviation) learns much faster per step on
+MNIST than the paper's cost (``benchmarks/em_learning.py``).
 Deviation: the paper gives neither the initialisation nor the inverse-temperature schedule; see
 :mod:`capsnets.layers.matrix` and :mod:`capsnets.functional.em_routing` for the ones used.
 """
@@ -32,7 +33,7 @@ from capsnets.models.registry import register_model
 
 def _em_routing(iterations: int, routing, detach_routing: bool = False, cost_normalization=None,
                 inverse_temperature=None):
-    if routing is not None:
+    if routing is not None:  # a routing object carries its own settings (as in the vector CapsNet builders)
         return routing
     from capsnets.functional import EMRouting
 
