@@ -62,7 +62,8 @@ def test_train_to_accuracy_numbers_its_epochs_and_stops_at_the_target():
     model = create_model("cnn_baseline_narrow")
     record = train_to_accuracy(model, images, labels, images, labels, target=1.1, max_epochs=3, batch_size=20)
     assert record["epochs"] == 3 and [h["epoch"] for h in record["history"]] == [1, 2, 3]
-    assert [h["lr"] for h in record["history"]] == pytest.approx([1e-3 * 0.96 ** e for e in range(3)])  # the rate of each epoch
+    rates = [1e-3 * 0.96 ** e for e in range(3)]  # the rate each epoch trained with
+    assert [h["lr"] for h in record["history"]] == pytest.approx(rates)
     assert record["val_accuracy"] == record["history"][-1]["val_accuracy"]
     stopped = train_to_accuracy(model, images, labels, images, labels, target=0.0, max_epochs=3, batch_size=20)
     assert stopped["epochs"] == 1 and len(stopped["history"]) == 1
