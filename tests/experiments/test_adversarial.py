@@ -67,3 +67,25 @@ def test_train_to_accuracy_numbers_its_epochs_and_stops_at_the_target():
     assert record["val_accuracy"] == record["history"][-1]["val_accuracy"]
     stopped = train_to_accuracy(model, images, labels, images, labels, target=0.0, max_epochs=3, batch_size=20)
     assert stopped["epochs"] == 1 and len(stopped["history"]) == 1
+
+
+def test_train_to_accuracy_is_one_uninterrupted_run():
+    """Scoring after each epoch must not change the training: same weights as one train_classifier run
+    (so Adam's moments and the learning-rate schedule carry over between epochs)."""
+    import torch
+
+    from capsnets.experiments.adversarial import train_to_accuracy
+    from capsnets.experiments.common import train_classifier
+    from capsnets.models import create_model
+
+    images, labels = torch.rand(40, 1, 28, 28), torch.arange(40) % 10
+    torch.manual_seed(0)
+    scored = create_model("cnn_baseline_narrow")
+    torch.manual_seed(0)
+    plain = create_model("cnn_baseline_narrow")
+    torch.manual_seed(1)
+    train_to_accuracy(scored, images, labels, images, labels, target=1.1, max_epochs=3, batch_size=20, seed=4)
+    torch.manual_seed(1)
+    train_classifier(plain, images, labels, epochs=3, batch_size=20, seed=4, progress=False)
+    for name, value in scored.state_dict().items():
+        torch.testing.assert_close(value, plain.state_dict()[name], rtol=0, atol=0, msg=name)

@@ -4,7 +4,7 @@ import torch
 
 from capsnets.cli import main
 from capsnets.data import TensorData
-from capsnets.experiments import list_experiments, run_experiment
+from capsnets.experiments import list_experiments, run_experiment, viewpoints
 from capsnets.experiments.viewpoints import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, build_model,
                                              load_norb_like, train_matched, viewpoint_split)
 from capsnets.models import count_parameters
@@ -72,6 +72,49 @@ def test_matching_stops_at_the_target_or_keeps_the_nearest():
     assert best["epoch"] == 1 + [h["familiar_error"] for h in best["history"]].index(best["familiar_error"])
 
 
+def test_scores_within_epochs_and_stops_mid_epoch():
+    torch.manual_seed(0)
+    views = _toy_views()  # 40 images, batch 8: 5 steps per epoch
+    every = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=2, target=-1.0, batch_size=8,
+                          lr=1e-3, evals_per_epoch=5)
+    assert [h["epoch"] for h in every["history"]] == [0.2, 0.4, 0.6, 0.8, 1, 1.2, 1.4, 1.6, 1.8, 2]
+    assert [h["step"] for h in every["history"]] == list(range(1, 11))
+    first = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=2, target=1.0, batch_size=8,
+                          lr=1e-3, evals_per_epoch=5)
+    assert first["reached"] and first["epoch"] == 0.2 and len(first["history"]) == 1
+    with pytest.raises(ValueError, match="evals_per_epoch"):
+        train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=1, target=None, batch_size=8,
+                      lr=1e-3, evals_per_epoch=0)
+
+
+def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(rendered, monkeypatch, tmp_path):
+    """A capsule model that never reaches the CNN's familiar-view error (faked here at 100% error) gets a
+    second CNN stopped at its error, scored several times per epoch; the report names the matched pair."""
+    real = viewpoints.train_matched
+
+    def fake_for_capsules(model, views, **kwargs):
+        if model.model_name != "matrix_capsnet_small":
+            return real(model, views, **kwargs)
+        record = {"epoch": 1, "step": 1, "loss": 1.0, "familiar_error": 1.0, "novel_error": 0.9}
+        return {"history": [record], "epoch": 1, "familiar_error": 1.0, "novel_error": 0.9, "reached": False}
+
+    monkeypatch.setattr(viewpoints, "train_matched", fake_for_capsules)
+    train, test, _ = rendered
+    settings = {**viewpoints.SMOKE, "train_size": 96, "test_size": 16, "rematch_evals_per_epoch": 3}
+    result = viewpoints._compare("elevation", train, test, settings, tag="t", device="cpu", seed=0,
+                                 checkpoint_dir=tmp_path)
+    stopped = result["records"][viewpoints.STOPPED]
+    assert stopped["reached"] and stopped["familiar_error"] <= 1.0
+    assert len(stopped["history"]) == 1 and stopped["epoch"] == pytest.approx(1 / 3, abs=1e-3)  # its first score
+    assert (tmp_path / "t_elevation_cnn_smallnorb_narrow_stopped_at_1.0000.safetensors").is_file()
+    summary = viewpoints._matched_summary({"elevation": result["records"]}, fixed_target=False)
+    assert "novel-view error **90.00% (capsules) vs" in summary and "(CNN, stopped)" in summary
+    without = viewpoints._compare("elevation", train, test, {**settings, "rematch_cnn": False}, tag="t",
+                                  device="cpu", seed=0, checkpoint_dir=None)
+    assert viewpoints.STOPPED not in without["records"]
+    assert "no matched pair" in viewpoints._matched_summary({"elevation": without["records"]}, fixed_target=False)
+
+
 def test_full_cnn_is_the_papers_size():
     assert count_parameters(build_model("cnn_smallnorb", "cpu")) == 4_252_549  # the paper's "4.2M"
     assert abs(count_parameters(build_model("cnn_smallnorb_narrow", "cpu")) - 67_154) < 5_000  # ~ matrix_capsnet_small
@@ -83,6 +126,7 @@ def test_smoke_run_writes_the_report(data_root, tmp_path):
                             train_size=24, test_size=12)
     text = result.report.read_text()
     assert "offline rendered viewpoint set" in text and "13.50%" in text and "17.80%" in text
+    assert "Matched comparison" in text
     assert "| azimuth | capsules | matrix_capsnet_small |" in text and "| elevation | CNN | cnn_smallnorb_narrow |" in text
     assert {p.name for p in tmp_path.glob("*.png")} == {"examples.png", "error_curves.png"}
     errors = [v for k, v in result.metrics.items() if k.endswith("_error")]

@@ -43,26 +43,23 @@ __all__ = ["train_to_accuracy", "fit_or_load", "matching_note", "attack_table", 
 def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_images: Tensor, val_labels: Tensor, *,
                       target: float, max_epochs: int, lr: float = 1e-3, lr_decay: float = 0.96, batch_size: int = 128,
                       seed: int = 0, augment: Callable | None = None, desc: str = "train") -> dict:
-    """Train epoch by epoch until the validation accuracy reaches ``target`` or ``max_epochs`` pass.
-
-    Each epoch is one :func:`~capsnets.experiments.common.train_classifier` call with the learning rate
-    ``lr * lr_decay ** epoch`` (Adam's moment estimates restart every epoch: a deviation from one long
-    run, accepted to stop at the matching accuracy).
+    """Train (one run of :func:`~capsnets.experiments.common.train_classifier`: Adam, learning rate
+    ``lr * lr_decay ** (epoch - 1)``) until the validation accuracy, scored after every epoch, reaches
+    ``target`` or ``max_epochs`` pass.
 
     Returns:
-        ``{"epochs", "val_accuracy", "history"}``.
+        ``{"epochs", "val_accuracy", "history"}`` (``history``: one record per epoch, with its ``val_accuracy``).
     """
-    history, accuracy, epoch = [], 0.0, 0
-    for epoch in range(1, max_epochs + 1):
-        history += train_classifier(model, images, labels, epochs=1, batch_size=batch_size,
-                                    lr=lr * lr_decay ** (epoch - 1), seed=seed + epoch, augment=augment,
-                                    desc=f"{desc} {epoch}/{max_epochs}", progress=False)
-        accuracy = evaluate_accuracy(model, val_images, val_labels)
-        history[-1].update(epoch=epoch, val_accuracy=accuracy)  # each call counts its one epoch as epoch 1
-        if accuracy >= target:
-            break
-    model.eval()
-    return {"epochs": epoch, "val_accuracy": accuracy, "history": history}
+
+    def score(record: dict) -> bool:
+        record["val_accuracy"] = evaluate_accuracy(model, val_images, val_labels)
+        return record["val_accuracy"] >= target
+
+    history = train_classifier(model, images, labels, epochs=max_epochs, batch_size=batch_size, lr=lr,
+                               lr_decay=lr_decay, seed=seed, augment=augment, desc=desc, progress=False,
+                               after_epoch=score)
+    accuracy = history[-1]["val_accuracy"] if history else 0.0
+    return {"epochs": len(history), "val_accuracy": accuracy, "history": history}
 
 
 def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labels: Tensor, val_images: Tensor,

@@ -209,7 +209,8 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
                      epoch_data: Callable[[int], tuple[Tensor, Targets]] | None = None, loss_fn: LossFn | None = None,
                      epochs: int = 1, batch_size: int = 128, lr: float = 1e-3, lr_decay: float = 0.96,
                      seed: int = 0, augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
-                     desc: str = "train", progress: bool = True, amp: str = "auto") -> list[dict[str, float]]:
+                     desc: str = "train", progress: bool = True, amp: str = "auto",
+                     after_epoch: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, float]]:
     """Train ``model`` in place with Adam and a per-epoch exponential learning-rate decay.
 
     Batches are cut on the device holding ``images`` (shuffled by a CPU generator seeded from
@@ -224,9 +225,11 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
         augment: optional ``(images, generator) -> images`` applied to each batch.
         amp: ``"auto"`` (bf16 autocast for the forward pass and loss on CUDA, full precision elsewhere),
             ``"bf16"`` or ``"off"``, as in the trainer.
+        after_epoch: called with each epoch's record (it may add entries to it, e.g. a validation score);
+            returning True ends training after that epoch.
 
     Returns:
-        one ``{"epoch", "loss", "lr", "time_s"}`` dict per epoch.
+        one ``{"epoch", "loss", "lr", "time_s"}`` dict per epoch trained.
     """
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
@@ -263,6 +266,11 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
         history.append({"epoch": epoch, "loss": mean, "lr": scheduler.get_last_lr()[0],
                         "time_s": time.perf_counter() - start})
         scheduler.step()
+        if after_epoch is not None:
+            stop = after_epoch(history[-1])
+            model.train()
+            if stop:
+                break
     model.eval()
     return history
 
