@@ -288,9 +288,8 @@ def _plot_curves(records: dict, targets: dict, out_png: Path) -> Path:
             history = rec.get("history") or []
             epochs = [h["epoch"] for h in history]
             for key, style, marker in (("familiar_error", "-", "o"), ("novel_error", "--", "^")):
-                ax.plot(epochs, [100 * h[key] for h in history], style, marker=marker, ms=4 if role != STOPPED else 2.5,
-                        color=colours[role],
-                        label=f"{role}, {key.split('_')[0]}")
+                ax.plot(epochs, [100 * h[key] for h in history], style, marker=marker,
+                        ms=2.5 if role == STOPPED else 4, color=colours[role], label=f"{role}, {key.split('_')[0]}")
                 ax.plot([rec["epoch"]], [100 * rec[key]], "o", mfc="none", ms=12, color=colours[role])
         ax.axhline(100 * targets[split], ls=":", color="grey", label="familiar-view target")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -347,9 +346,9 @@ def _compare(split: str, train: TensorData, test: TensorData, s: dict, *, tag: s
                     s["capsule_batch_size"])
     records = {"CNN": cnn_rec, "capsules": caps_rec}
     if s["rematch_cnn"] and s["target_error"] is None and not caps_rec["reached"]:
-        # The CNN learned faster than the capsule model could follow: train it again (same seed and data
-        # order) and stop it where its familiar-view error first reaches the capsule model's, scoring it
-        # several times per epoch. The models are then matched the other way round.
+        # The CNN learned faster than the capsule model could follow: train it again (same recipe and data
+        # order, its own initialisation) and stop it where its familiar-view error first reaches the capsule
+        # model's, scoring it several times per epoch. The models are then matched the other way round.
         seed_everything(seed + 2)
         stopped = build_model(s["cnn_model"], device)
         records[STOPPED] = _fit(stopped, f"{cnn_key}_stopped_at_{caps_rec['familiar_error']:.4f}", views,
