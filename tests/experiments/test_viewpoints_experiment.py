@@ -141,6 +141,15 @@ def test_smoke_through_the_cli(data_root, tmp_path, capsys):
     assert (tmp_path / "report.md").is_file() and len(list(tmp_path.glob("*.png"))) == 2
 
 
+def test_a_one_split_run_trains_what_a_two_split_run_does(data_root, tmp_path):
+    sizes = {"train_size": 16, "test_size": 8}
+    both = run_experiment("viewpoints", tmp_path / "both", smoke=True, device="cpu", data_dir=str(data_root), **sizes)
+    alone = run_experiment("viewpoints", tmp_path / "alone", smoke=True, device="cpu", data_dir=str(data_root),
+                           splits=["elevation"], **sizes)
+    elevation = {k: v for k, v in both.metrics.items() if k.startswith("elevation_")}
+    assert elevation and elevation == {k: v for k, v in alone.metrics.items() if k.startswith("elevation_")}
+
+
 def test_rejects_unknown_options_and_splits(tmp_path):
     with pytest.raises(ValueError, match="does not take"):
         run_experiment("viewpoints", tmp_path, smoke=True, device="cpu", epoch=1)
