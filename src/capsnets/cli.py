@@ -75,15 +75,19 @@ def _add_experiment(parser: argparse.ArgumentParser) -> None:
     add("--smoke", action="store_true", help="tiny CPU-sized version (minutes)")
     add("--out", help="directory for report.md and the figures")
     add("--device", default="auto", help="auto (default), cpu, cuda, cuda:1 ...")
-    add("--seed", type=int, default=0)
+    seeds = parser.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, default=0)
+    seeds.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
+                       help="run once per seed into DIR/seed-N and summarise the spread in DIR/report.md")
     add("--data-dir", help="folder holding the data sets (default: $CAPSNETS_DATA or the library's default)")
-    add("--checkpoint-dir", help="load trained models from here if present, else save them here")
+    add("--checkpoint-dir", help="load trained models from here if present, else save them here "
+                                 "(with --seeds: from its seed-N folders)")
     add("--set", action="append", default=[], metavar="KEY=VALUE", help="experiment-specific setting")
     parser.set_defaults(handler=_experiment)
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    from capsnets.experiments import list_experiments, run_experiment
+    from capsnets.experiments import list_experiments, run_experiment, run_experiment_seeds
 
     if args.list:
         print("\n".join(list_experiments()))
@@ -92,9 +96,12 @@ def _experiment(args: argparse.Namespace) -> int:
         raise ValueError(f"name an experiment (one of: {', '.join(list_experiments())}) or pass --list")
     if not args.out:
         raise ValueError("--out DIR is required: the directory for report.md and the figures")
-    result = run_experiment(args.name, args.out, smoke=args.smoke, device=args.device, seed=args.seed,
-                            data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
-                            **parse_key_values(args.set, "--set"))
+    common = dict(smoke=args.smoke, device=args.device, data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
+                  **parse_key_values(args.set, "--set"))
+    if args.seeds is not None:
+        result = run_experiment_seeds(args.name, args.out, args.seeds, **common)
+    else:
+        result = run_experiment(args.name, args.out, seed=args.seed, **common)
     print(f"wrote {result.report} and {len(result.figures)} figure(s)")
     for key, value in result.metrics.items():
         print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")

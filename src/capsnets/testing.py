@@ -7,6 +7,7 @@
 - :func:`reference_em_routing`: Procedure 1 of Hinton et al. (2018) written literally (the EM oracle).
 - :class:`NaiveEMRouting`: EM routing the common vectorised-but-naive way (``(B, I, J, H)`` broadcasts of
   ``R``, ``V`` and ``mu`` every iteration, densities with ``exp``); the EM baseline the benchmarks time.
+- :func:`assert_contrasts_resolve`: an experiment's declared contrasts name metrics its runs produce.
 """
 from __future__ import annotations
 
@@ -85,6 +86,19 @@ def assert_finite(tensor: Tensor, what: str = "tensor") -> None:
 # EM routing (Hinton, Sabour & Frosst 2018, Procedure 1; SPEC §2), written literally as the oracle for
 # capsnets.functional.em_routing. Same safety floors as the fast path: ``eps`` is added to every variance
 # and to every ``sum_i R'`` denominator; ``log a_j`` is the log-sigmoid of the pre-activation.
+
+
+def assert_contrasts_resolve(experiment: str, metrics: dict, count: int) -> None:
+    """Assert that experiment ``experiment`` declares ``count`` contrasts for ``metrics`` (one of its
+    runs' metrics) and that each names two numeric metrics that run produced."""
+    from capsnets.experiments.common import get_contrasts
+
+    contrasts = get_contrasts(experiment)(metrics)
+    assert len(contrasts) == count, f"{experiment}: {len(contrasts)} contrasts, expected {count}: {contrasts}"
+    for label, a, b in contrasts:
+        for key in (a, b):
+            assert isinstance(metrics.get(key), (int, float)), f"{experiment}: contrast {label!r} names {key!r}, " \
+                                                               f"which is not a numeric metric of the run"
 
 
 def _log_sigmoid(x: float) -> float:

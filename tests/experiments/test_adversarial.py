@@ -2,6 +2,7 @@
 import pytest
 
 from capsnets.experiments import list_experiments, run_experiment
+from capsnets.testing import assert_contrasts_resolve
 
 
 def test_adversarial_is_registered():
@@ -16,6 +17,7 @@ def test_adversarial_smoke_run(tmp_path, shared_data_root):
     assert {p.name for p in tmp_path.glob("*.png")} >= {"success_rates_cross_entropy.png", "success_rates_own.png",
                                                        "examples.png"}
     assert "crafted with the cross-entropy of the scores" in text and "## Gradient masking" in text
+    assert_contrasts_resolve("adversarial", result.metrics, 1 + 2 * 2 * 2)  # clean + losses x attacks x kinds
     rates = [v for k, v in result.metrics.items() if k.startswith(("cross_entropy_", "own_"))]
     assert len(rates) == 2 * (2 * 2 * 4) and all(0 <= r <= 1 for r in rates if r == r)  # 2 losses
     flat = [v for k, v in result.metrics.items() if k.startswith("zero_gradient_")]

@@ -9,6 +9,7 @@ from capsnets.data.affnist import (AffineParams, affnist_style, affine_matrices,
                                    place_randomly, read_affnist_mat, sample_affine_params, translated_test_set,
                                    RandomPlacement)
 from capsnets.data.base import TensorData
+from capsnets.testing import assert_contrasts_resolve
 
 scipy_io = pytest.importorskip("scipy.io")
 
@@ -158,6 +159,7 @@ def test_affnist_smoke_run(tmp_path, shared_data_root):
     assert "affNIST-style accuracy" in text and "79.00%" in text and "66.00%" in text
     assert list(tmp_path.glob("*.png")) and all(f.stat().st_size > 0 for f in result.figures)
     assert 0 <= result.metrics["CapsNet_affNIST-style"] <= 1
+    assert_contrasts_resolve("affnist", result.metrics, 2)
 
 
 def test_affnist_smoke_reads_real_files_when_given(tmp_path, shared_data_root):
@@ -169,3 +171,4 @@ def test_affnist_smoke_reads_real_files_when_given(tmp_path, shared_data_root):
                             train_size=64, val_size=32, test_size=32, max_epochs=1,
                             affnist_path=str(tmp_path / "test.mat"))
     assert "affNIST (real) accuracy" in result.report.read_text()
+    assert_contrasts_resolve("affnist", result.metrics, 3)

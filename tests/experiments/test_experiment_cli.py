@@ -61,3 +61,18 @@ def test_reports_say_how_they_were_made(tmp_path):
     report.write_text("# Title\n\n## Results\n")
     _annotate_report(report, reduced)
     assert report.read_text() == f"# Title\n\n{reduced}\n\n## Results\n"
+
+
+def test_smoke_over_two_seeds_through_the_cli(shared_data_root, tmp_path, capsys):
+    argv = ["experiment", "multimnist", "--smoke", "--out", str(tmp_path / "out"), "--device", "cpu", "--seeds", "0",
+            "1", "--data-dir", str(shared_data_root), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    for item in ["train_digits=300", "pairs_per_epoch=64", "test_digits=100"]:
+        argv += ["--set", item]
+    assert main(argv) == 0
+    assert "capsnet_error_mean" in capsys.readouterr().out
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| CapsNet - CNN, test error |" in text and "| capsnet_parameters |" in text
+    assert (tmp_path / "out" / "contrasts.png").is_file()
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"seed-0", "seed-1"}
+    seeds = [(tmp_path / "out" / f"seed-{s}" / "report.md").read_text() for s in (0, 1)]
+    assert "--seed 0" in seeds[0] and "--seed 1" in seeds[1]

@@ -7,6 +7,7 @@ from capsnets.data.multimnist import (MultiMNIST, average_overlap, bounding_boxe
 from capsnets.experiments import run_experiment
 from capsnets.experiments.multimnist import both_correct, two_hot
 from capsnets.models import ModelOutput
+from capsnets.testing import assert_contrasts_resolve
 
 
 def fake_digits(per_class: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,3 +100,4 @@ def test_multimnist_smoke_end_to_end(shared_data_root, tmp_path):
     assert "5.20%" in text and "8.10%" in text and "segmentation.png" in text
     assert (tmp_path / "segmentation.png").stat().st_size > 0
     assert 0 <= result.metrics["capsnet_error"] <= 1 and result.metrics["cnn_parameters"] > 0
+    assert_contrasts_resolve("multimnist", result.metrics, 1)

@@ -8,6 +8,7 @@ from capsnets.experiments import list_experiments, run_experiment, viewpoints
 from capsnets.experiments.viewpoints import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, build_model,
                                              load_norb_like, train_matched, viewpoint_split)
 from capsnets.models import count_parameters
+from capsnets.testing import assert_contrasts_resolve
 
 NOVEL_AZIMUTHS = set(range(6, 29, 2))  # 60 .. 280 degrees
 
@@ -127,9 +128,11 @@ def test_smoke_run_writes_the_report(data_root, tmp_path):
     text = result.report.read_text()
     assert "offline rendered viewpoint set" in text and "13.50%" in text and "17.80%" in text
     assert "Matched comparison" in text
+    matched = [split for split in ("azimuth", "elevation") if f"{split}_matched_CNN_novel_error" in result.metrics]
+    assert_contrasts_resolve("viewpoints", result.metrics, 2 * len(matched))
     assert "| azimuth | capsules | matrix_capsnet_small |" in text and "| elevation | CNN | cnn_smallnorb_narrow |" in text
     assert {p.name for p in tmp_path.glob("*.png")} == {"examples.png", "error_curves.png"}
-    errors = [v for k, v in result.metrics.items() if k.endswith("_error")]
+    errors = [v for k, v in result.metrics.items() if k.endswith("_error") and "_matched_" not in k]
     assert len(errors) == 8 and all(0 <= e <= 1 for e in errors)
 
 

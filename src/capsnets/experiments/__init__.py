@@ -2,6 +2,8 @@
 
 - :func:`run_experiment` ``(name, out, smoke=..., device=..., seed=..., data_dir=..., checkpoint_dir=...)``
   writes ``out/report.md`` and PNG figures and returns an :class:`ExperimentResult`.
+- :func:`run_experiment_seeds` ``(name, out, seeds, ...)`` runs it once per seed into ``out/seed-N`` and
+  summarises the spread, and each contrast (capsules minus CNN per seed), in ``out/report.md``.
 - :func:`register_experiment`, :func:`list_experiments`: the registry (see :mod:`.common` for the contract
   and the shared helpers: :func:`write_report`, :func:`markdown_table`, :func:`train_classifier`,
   :func:`evaluate_accuracy`, :func:`load_or_train`).
@@ -19,6 +21,8 @@ from .common import (ExperimentResult, evaluate_accuracy, get_experiment, list_e
 
 _MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints")
 
+from .seeds import run_experiment_seeds, summarise_seeds
+
 for _name in _MODULES:
     try:
         importlib.import_module(f"{__name__}.{_name}")
@@ -29,5 +33,5 @@ for _name in _MODULES:
 __all__ = [
     "ExperimentResult", "evaluate_accuracy", "get_experiment", "list_experiments", "load_or_train",
     "markdown_table", "percent", "register_experiment", "run_experiment", "save_figure", "settings_table",
-    "train_classifier", "write_report",
+    "run_experiment_seeds", "summarise_seeds", "train_classifier", "write_report",
 ]

@@ -239,7 +239,20 @@ def _build(name: str, device: str) -> nn.Module:
     return create_model(name, device=device)
 
 
-@register_experiment("adversarial")
+def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
+    """Capsules minus CNN: clean accuracy, and the white-box success rate of every attack (multi-seed summaries)."""
+    pairs = [("CapsNet - CNN, clean accuracy", "clean_accuracy_CapsNet", "clean_accuracy_CNN")]
+    suffix = "_CapsNet_on_CapsNet"
+    for key in metrics:
+        if key.endswith(suffix):
+            attack = key[:-len(suffix)]
+            loss, name, kind, eps = attack.rsplit("_", 3)
+            pairs.append((f"CapsNet - CNN, {name.upper()} {kind} eps {eps} success ({loss.replace('_', '-')} loss)",
+                          key, f"{attack}_CNN_on_CNN"))
+    return pairs
+
+
+@register_experiment("adversarial", contrasts=_contrasts)
 def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, data_dir=None, checkpoint_dir=None,
         **options):
     """Train (or load) the two models, attack them, write ``report.md`` and two PNGs into ``out``.

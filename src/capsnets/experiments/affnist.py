@@ -85,7 +85,13 @@ def _plot_samples(models: dict[str, nn.Module], images, labels, out_png: Path, c
     return save_figure(fig, out_png)
 
 
-@register_experiment("affnist")
+def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
+    """CapsNet minus CNN accuracy on each test set (for multi-seed summaries)."""
+    tests = [key[len("CapsNet_"):] for key in metrics if key.startswith("CapsNet_")]
+    return [(f"CapsNet - CNN, {test.replace('_', ' ')} accuracy", f"CapsNet_{test}", f"CNN_{test}") for test in tests]
+
+
+@register_experiment("affnist", contrasts=_contrasts)
 def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, data_dir=None, checkpoint_dir=None,
         **options):
     """Train on translated MNIST, test on affNIST(-style) digits; write ``report.md`` and a PNG into ``out``.

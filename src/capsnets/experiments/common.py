@@ -33,7 +33,11 @@ from capsnets._files import atomic_write
 from capsnets.engine.runtime import autocast, resolve_amp, resolve_device, seed_everything
 
 ExperimentFn = Callable[..., "ExperimentResult"]
+#: ``metrics -> [(label, key_a, key_b), ...]``: the differences ``metrics[key_a] - metrics[key_b]`` that a
+#: multi-seed summary reports per seed (e.g. capsules minus CNN on the same test set).
+ContrastFn = Callable[[dict[str, Any]], list[tuple[str, str, str]]]
 _EXPERIMENTS: dict[str, ExperimentFn] = {}
+_CONTRASTS: dict[str, ContrastFn] = {}
 
 # --------------------------------------------------------------------------------------------------------
 # Registry
@@ -49,16 +53,26 @@ class ExperimentResult:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def register_experiment(name: str) -> Callable[[ExperimentFn], ExperimentFn]:
-    """Decorator registering an experiment function under ``name`` (see the module docstring)."""
+def register_experiment(name: str, *, contrasts: ContrastFn | None = None) -> Callable[[ExperimentFn], ExperimentFn]:
+    """Decorator registering an experiment function under ``name`` (see the module docstring).
+
+    ``contrasts`` names the comparisons a multi-seed run summarises (:mod:`capsnets.experiments.seeds`)."""
 
     def decorate(fn: ExperimentFn) -> ExperimentFn:
         if name in _EXPERIMENTS:
             raise ValueError(f"experiment {name!r} is already registered")
         _EXPERIMENTS[name] = fn
+        if contrasts is not None:
+            _CONTRASTS[name] = contrasts
         return fn
 
     return decorate
+
+
+def get_contrasts(name: str) -> ContrastFn:
+    """The contrast function registered with experiment ``name`` (one returning no contrasts if none was)."""
+    get_experiment(name)
+    return _CONTRASTS.get(name, lambda metrics: [])
 
 
 def list_experiments() -> list[str]:
@@ -91,18 +105,19 @@ def run_experiment(name: str, out: str | os.PathLike, *, smoke: bool = False, de
     return result
 
 
-def run_description(name: str, out: str | os.PathLike, *, smoke: bool, device: str, seed: int,
+def run_description(name: str, out: str | os.PathLike, *, smoke: bool, device: str, seed: int | Sequence[int],
                     options: dict[str, Any]) -> str:
     """Markdown saying how a report was made: the equivalent command line, and whether this is the full
-    version, the smoke version, or a run with settings overridden (whose numbers are not the full run's)."""
-    import json
+    version, the smoke version, or a run with settings overridden (whose numbers are not the full run's).
+    A list of seeds describes a multi-seed run (``--seeds``)."""
 
     def value(v: Any) -> str:
         return json.dumps(list(v) if isinstance(v, tuple) else v, separators=(",", ":"))
 
     sets = [f"{k}={value(v)}" for k, v in options.items()]
+    seed_flags = ["--seed", str(seed)] if isinstance(seed, int) else ["--seeds", *map(str, seed)]
     command = " ".join(["capsnets experiment", name, *(["--smoke"] if smoke else []), "--out", str(out),
-                        "--device", device, "--seed", str(seed), *(f"--set '{item}'" for item in sets)])
+                        "--device", device, *seed_flags, *(f"--set '{item}'" for item in sets)])
     if smoke:
         scale = "**Smoke version**: tiny data and models; the numbers test the pipeline, not the paper."
     elif options:

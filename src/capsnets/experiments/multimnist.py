@@ -102,7 +102,8 @@ def _load_digits(data_dir, train: bool, count: int, device: str) -> tuple[Tensor
     return data.images[:count].to(device), data.labels[:count].to(device)
 
 
-@register_experiment("multimnist")
+@register_experiment("multimnist", contrasts=lambda metrics: [("CapsNet - CNN, test error", "capsnet_error",
+                                                                   "cnn_error")])
 def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, data_dir=None,
         checkpoint_dir=None, **options) -> ExperimentResult:
     """Train CapsNet and the CNN on generated MultiMNIST, report the paper's error and the segmentation

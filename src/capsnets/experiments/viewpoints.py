@@ -358,16 +358,21 @@ def _compare(split: str, train: TensorData, test: TensorData, s: dict, *, tag: s
             "params": {"CNN": count_parameters(cnn), "capsules": count_parameters(caps)}}
 
 
+def _matched_role(recs: dict, fixed_target: bool) -> str | None:
+    """The CNN role matched with the capsule model on familiar-view error (``"CNN"``, STOPPED or None)."""
+    if recs["capsules"].get("reached") and (recs["CNN"].get("reached") or not fixed_target):
+        return "CNN"
+    if recs.get(STOPPED, {}).get("reached"):
+        return STOPPED
+    return None
+
+
 def _matched_summary(records: dict, fixed_target: bool) -> str:
     """One line per split comparing the novel-view errors of the matched pair, if there is one."""
     lines = []
     for split, recs in records.items():
         caps = recs["capsules"]
-        cnn_role = None
-        if caps.get("reached") and (recs["CNN"].get("reached") or not fixed_target):
-            cnn_role = "CNN"
-        elif recs.get(STOPPED, {}).get("reached"):
-            cnn_role = STOPPED
+        cnn_role = _matched_role(recs, fixed_target)
         if cnn_role is None:
             lines.append(f"- {split}: no matched pair (neither model reached the other's familiar-view error), so "
                          "there is no novel-view comparison.")
@@ -409,7 +414,14 @@ def _sections(source: str, results: dict, s: dict, names: dict, extra: dict) -> 
     ]
 
 
-@register_experiment("viewpoints")
+def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
+    """Capsules minus the matched CNN, novel- and familiar-view error per split (multi-seed summaries)."""
+    splits = [key[:-len("_matched_CNN_novel_error")] for key in metrics if key.endswith("_matched_CNN_novel_error")]
+    return [(f"capsules - matched CNN, {split} {view}-view error", f"{split}_capsules_{view}_error",
+             f"{split}_matched_CNN_{view}_error") for split in splits for view in ("novel", "familiar")]
+
+
+@register_experiment("viewpoints", contrasts=_contrasts)
 def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, data_dir=None, checkpoint_dir=None,
         **options):
     """Train (or load) a CNN and a matrix capsule network per split, write ``report.md`` and two PNGs.
@@ -437,6 +449,10 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     sections = _sections(source, results, s, names, {"seed": seed, "device": device, "smoke": smoke})
     metrics = {f"{split}_{role.replace(', ', '_')}_{k}": rec[k] for split, recs in records.items()
                for role, rec in recs.items() for k in ("novel_error", "familiar_error")}
+    for split, recs in records.items():  # the CNN matched with the capsules, whichever way they were matched
+        role = _matched_role(recs, s["target_error"] is not None)
+        metrics.update({f"{split}_matched_CNN_{k}": recs[role][k] for k in ("novel_error", "familiar_error")
+                        if role is not None})
     metrics["data_source"] = "smallnorb" if source == "smallNORB" else "viewpoints"
     return write_report(out, "Generalisation to novel viewpoints: matrix capsules vs CNN", sections, figures=figures,
                         metrics=metrics, name="viewpoints")
