@@ -4,6 +4,8 @@
   child and parent at a time, in Python loops. Slow; the oracle the fast path must agree with.
 - :class:`NaiveDynamicRouting`: the common vectorised-but-naive way (broadcast ``(B, I, J, D)``
   products every iteration, gradients through every iteration); the baseline the benchmarks time.
+- :func:`reference_local_dynamic_routing`: the local (per-position) dynamic routing of convolutional
+  capsules (LaLonde & Bagci 2018; SPEC §3), written literally with logits ``b[i][h][w][j]``.
 - :func:`reference_em_routing`: Procedure 1 of Hinton et al. (2018) written literally (the EM oracle).
 - :class:`NaiveEMRouting`: EM routing the common vectorised-but-naive way (``(B, I, J, H)`` broadcasts of
   ``R``, ``V`` and ``mu`` every iteration, densities with ``exp``); the EM baseline the benchmarks time.
@@ -46,6 +48,42 @@ def reference_dynamic_routing(u_hat: Tensor, iterations: int) -> tuple[Tensor, T
                     b[i][j] += sum(ub[i][j][d] * v[j][d] for d in range(dim))
         out_v.append(v)
         out_c.append(c)
+    return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)
+
+
+def reference_local_dynamic_routing(u_hat: Tensor, iterations: int) -> tuple[Tensor, Tensor]:
+    """Local dynamic routing (SPEC §3), literally: per example, logits ``b[i][h][w][j]`` start at zero; each
+    iteration takes the softmax over parents at every ``(i, h, w)``, sums and squashes per position, and
+    adds the agreement. Returns ``(v (B, J, D, H, W), couplings (B, I, J, H, W))`` as float64."""
+    u = u_hat.detach().double().tolist()  # [b][i][j][d][h][w]
+    out_v, out_c = [], []
+    for ub in u:
+        children, parents, dim = len(ub), len(ub[0]), len(ub[0][0])
+        height, width = len(ub[0][0][0]), len(ub[0][0][0][0])
+        b = [[[[0.0] * parents for _ in range(width)] for _ in range(height)] for _ in range(children)]
+        for _ in range(iterations):
+            c = [[[None] * width for _ in range(height)] for _ in range(children)]
+            for i in range(children):
+                for h in range(height):
+                    for w in range(width):
+                        top = max(b[i][h][w])
+                        exps = [math.exp(x - top) for x in b[i][h][w]]
+                        c[i][h][w] = [e / sum(exps) for e in exps]
+            v = [[[None] * width for _ in range(height)] for _ in range(parents)]
+            for j in range(parents):
+                for h in range(height):
+                    for w in range(width):
+                        s = [sum(c[i][h][w][j] * ub[i][j][d][h][w] for i in range(children)) for d in range(dim)]
+                        v[j][h][w] = _squash_vector(s)
+            for i in range(children):
+                for h in range(height):
+                    for w in range(width):
+                        for j in range(parents):
+                            b[i][h][w][j] += sum(ub[i][j][d][h][w] * v[j][h][w][d] for d in range(dim))
+        out_v.append([[[[v[j][h][w][d] for w in range(width)] for h in range(height)] for d in range(dim)]
+                      for j in range(parents)])
+        out_c.append([[[[c[i][h][w][j] for w in range(width)] for h in range(height)] for j in range(parents)]
+                      for i in range(children)])
     return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)
 
 

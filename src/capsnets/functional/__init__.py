@@ -1,7 +1,7 @@
 """Stateless capsule math: squash, safe lengths, routing, masking."""
 from capsnets.functional.em_routing import EMRouting, em_inverse_temperatures, em_routing
 from capsnets.functional.masking import mask_capsules
-from capsnets.functional.routing import DynamicRouting, dynamic_routing
+from capsnets.functional.routing import DynamicRouting, dynamic_routing, local_dynamic_routing, local_routing
 from capsnets.functional.squash import capsule_length, safe_norm, squash
 
 __all__ = [
@@ -11,6 +11,8 @@ __all__ = [
     "dynamic_routing",
     "em_inverse_temperatures",
     "em_routing",
+    "local_dynamic_routing",
+    "local_routing",
     "mask_capsules",
     "safe_norm",
     "squash",

@@ -2,7 +2,12 @@
 
 Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules", Procedure 1.
 
-Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
+Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim;
+``H``/``W`` rows/columns of a capsule grid.
+
+Convolutional capsules (LaLonde & Bagci 2018, "Capsules for Object Segmentation", Sec. 3; SPEC §3) route
+*locally*: :func:`local_routing` runs a routing procedure independently at every output position, between
+the child and parent capsule types there.
 
 Implementation notes (same result as the procedure, in fewer operations):
 - the predictions are laid out once as ``(B, J, I, D)`` so every weighted sum and every agreement is a
@@ -102,3 +107,35 @@ class DynamicRouting:
 
     def __repr__(self) -> str:
         return f"DynamicRouting(iterations={self.iterations}, detach={self.detach})"
+
+
+def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False):
+    """Route independently at every output position of a convolutional capsule layer (SPEC §3).
+
+    Each example and position ``(h, w)`` is one routing problem between the ``I`` child types and the
+    ``J`` parent types there (logits ``b`` of shape ``(I, H, W, J)`` per example, reset per forward,
+    softmax over parents at each position). The positions are folded into the batch, so any routing
+    callable for ``(B, I, J, D)`` (default :class:`DynamicRouting` with 3 iterations) routes locally.
+
+    Shape:
+        - u_hat: ``(B, I, J, D, H, W)``
+        - output: ``(B, J, D, H, W)``; couplings ``(B, I, J, H, W)``, summing to 1 over ``J``.
+    """
+    if u_hat.dim() != 6:
+        raise ValueError(f"local_routing expects u_hat of shape (B, I, J, D, H, W) (batch, child types, parent "
+                         f"types, parent dim, rows, columns); got shape {tuple(u_hat.shape)}")
+    routing = routing if routing is not None else DynamicRouting(3)
+    batch, children, parents, dim, height, width = u_hat.shape
+    # (B, I, J, D, H, W) -> (B, H, W, I, J, D) -> (B*H*W, I, J, D): one routing problem per position
+    flat = u_hat.permute(0, 4, 5, 1, 2, 3).reshape(batch * height * width, children, parents, dim)
+    v, couplings = routing(flat, return_couplings=True) if return_couplings else (routing(flat), None)
+    v = v.view(batch, height, width, parents, dim).permute(0, 3, 4, 1, 2)  # (B, J, D, H, W)
+    if not return_couplings:
+        return v
+    return v, couplings.view(batch, height, width, children, parents).permute(0, 3, 4, 1, 2)
+
+
+def local_dynamic_routing(u_hat: Tensor, iterations: int = 3, *, detach: bool = True,
+                          return_couplings: bool = False):
+    """:func:`dynamic_routing` at every position of a capsule grid; see :func:`local_routing` for shapes."""
+    return local_routing(u_hat, DynamicRouting(iterations, detach=detach), return_couplings=return_couplings)

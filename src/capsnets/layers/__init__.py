@@ -1,10 +1,11 @@
 """Capsule layers: modules that own parameters and call :mod:`capsnets.functional`."""
+from capsnets.layers.conv import ConvCapsules2d, ConvTransposeCapsules2d
 from capsnets.layers.decoder import CapsuleDecoder
 from capsnets.layers.linear import LinearCapsules
 from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsnets.layers.primary import PrimaryCapsules
 
 __all__ = [
-    "CapsuleDecoder", "ClassMatrixCapsules", "ConvMatrixCapsules", "LinearCapsules", "PrimaryCapsules",
+    "CapsuleDecoder", "ClassMatrixCapsules", "ConvCapsules2d", "ConvTransposeCapsules2d", "ConvMatrixCapsules", "LinearCapsules", "PrimaryCapsules",
     "PrimaryMatrixCapsules",
 ]
