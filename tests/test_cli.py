@@ -65,9 +65,9 @@ def test_reconstruct(run_dir, tmp_path, capsys):
 def test_list_models(capsys):
     assert main(["list-models"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    counts = dict(line.split() for line in lines)
-    assert counts["capsnet"] == "8,215,568"
-    assert {"capsnet", "capsnet_small", "capsnet_digits", "cnn_baseline"} <= set(counts)
+    rows = {name: (count, task) for name, count, task in (line.split() for line in lines)}
+    assert rows["capsnet"] == ("8,215,568", "classification") and rows["segcaps"] == ("1,425,649", "segmentation")
+    assert {"capsnet", "capsnet_small", "capsnet_digits", "cnn_baseline", "unet"} <= set(rows)
 
 
 def test_corrupt_checkpoint_is_one_line_error(run_dir, tmp_path, capsys):

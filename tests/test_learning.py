@@ -56,3 +56,34 @@ def test_matrix_capsnet_small_with_standardised_cost_on_mnist_learns(tmp_path, s
     summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mean_std"), limit_train=6400,
                                cost_normalization="mean_std", inverse_temperature=1.0))
     assert summary["test_accuracy"] >= 0.22, summary
+
+
+def test_segcaps_small_segments_cluttered_digits(shared_data_root):
+    # 1,024 cluttered 32x32 digits (4 pieces of other digits each), 2 epochs, batch 32. Measured: Dice 0.66 on
+    # 256 test images after 2 epochs (0.55 after 1; 0.72 after 3), from 0.0 before training.
+    import torch
+
+    import capsnets
+    from capsnets.data import load_dataset
+    from capsnets.data.segmentation import make_digit_segmentation
+    from capsnets.engine import dice_score
+    from capsnets.experiments.common import train_classifier
+    from capsnets.losses import create_loss
+
+    torch.manual_seed(0)
+    train_digits = load_dataset("mnist", root=shared_data_root, train=True).subset(5000).images
+    test_digits = load_dataset("mnist", root=shared_data_root, train=False).subset(500).images
+    train_set = make_digit_segmentation(train_digits, 1024, seed=1)
+    test_set = make_digit_segmentation(test_digits, 256, seed=2)
+    model = capsnets.create_model("segcaps_small")
+    criterion = create_loss("segcaps")
+
+    def dice() -> float:
+        with torch.no_grad():
+            return dice_score(model.eval()(test_set.images).probabilities, test_set.masks).mean().item()
+
+    before = dice()
+    train_classifier(model, train_set.images, train_set.masks, epochs=2, batch_size=32, lr=3e-3, progress=False,
+                     loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0])
+    after = dice()
+    assert before < 0.2 and after >= 0.55, (before, after)

@@ -265,7 +265,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
 def _list_models(args: argparse.Namespace) -> int:
     import torch
 
-    from capsnets.models import count_parameters, create_model, list_models
+    from capsnets.models import count_parameters, create_model, list_models, model_task
 
     names = list_models()
     width = max(len(n) for n in names)
@@ -275,7 +275,7 @@ def _list_models(args: argparse.Namespace) -> int:
                 count = count_parameters(create_model(name))
         except (RuntimeError, NotImplementedError):  # a builder that needs real tensors
             count = count_parameters(create_model(name))
-        print(f"{name:<{width}}  {count:>12,}")
+        print(f"{name:<{width}}  {count:>12,}  {model_task(name)}")
     return 0
 
 

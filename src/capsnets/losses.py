@@ -3,6 +3,9 @@
 - Margin loss: Sabour, Frosst & Hinton (2017), Eq. 4 (``m+ = 0.9``, ``m- = 0.1``, ``lambda = 0.5``),
   summed over classes, averaged over the batch; several targets per example are allowed (MultiMNIST).
 - Reconstruction loss: sum of squared pixel errors per example, scaled by 0.0005 (Sec. 4.1).
+- SegCaps loss: LaLonde & Bagci (2018), weighted per-pixel binary cross-entropy of the segmentation
+  capsules' lengths plus a reconstruction of the image inside the mask; ``binary_segmentation`` is
+  the cross-entropy alone (U-Net).
 - Spread loss: Hinton, Sabour & Frosst (2018), Sec. 3.1, ``sum_{i != t} max(0, m - (a_t - a_i))^2``
   with the margin ``m`` growing linearly from 0.2 to 0.9. The paper does not say over how long; here
   it reaches 0.9 after ``ramp`` (default half) of the training and stays there.
@@ -16,6 +19,7 @@ terms for logging.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -167,10 +171,57 @@ class SpreadLoss(nn.Module):
         return f"margin={self.margin:.3f}, margin_start={self.margin_start}, margin_end={self.margin_end}, ramp={self.ramp}"
 
 
+def binary_segmentation_loss(probabilities: Tensor, masks: Tensor, *, pos_weight: float = 1.0) -> Tensor:
+    """Per-pixel binary cross-entropy of probabilities (capsule lengths, not logits), averaged over pixels;
+    object pixels are weighted by ``pos_weight`` (SegCaps weights them against the background)."""
+    if probabilities.shape != masks.shape:
+        raise ValueError(f"probabilities {tuple(probabilities.shape)} and masks {tuple(masks.shape)} differ in shape")
+    masks = masks.to(probabilities.dtype)
+    eps = 1e-6  # lengths can reach 0 exactly; the log is taken of values in [eps, 1 - eps]
+    p = probabilities.clamp(eps, 1.0 - eps)
+    return -(pos_weight * masks * p.log() + (1.0 - masks) * (1.0 - p).log()).mean()
+
+
+class SegCapsLoss(nn.Module):
+    """SegCaps' loss (LaLonde & Bagci 2018, Sec. 3.2): weighted binary cross-entropy of the segmentation
+    capsules' lengths, plus the mean squared error of the reconstruction of the image inside the mask.
+
+    Args:
+        pos_weight: weight of object pixels in the cross-entropy.
+        reconstruction_weight: scale of the reconstruction term (ours; the paper does not give it).
+
+    Called as ``criterion(output, images, masks)`` with a
+    :class:`~capsnets.models.segcaps.SegmentationOutput` and ``(B, 1, H, W)`` masks.
+    """
+
+    def __init__(self, *, pos_weight: float = 1.0, reconstruction_weight: float = 1.0) -> None:
+        super().__init__()
+        if not pos_weight > 0:
+            raise ValueError(f"pos_weight must be > 0, got {pos_weight}")
+        if reconstruction_weight < 0:
+            raise ValueError(f"reconstruction_weight must be >= 0, got {reconstruction_weight}")
+        self.pos_weight, self.reconstruction_weight = pos_weight, reconstruction_weight
+
+    def forward(self, output, images: Tensor, masks: Tensor):
+        bce = binary_segmentation_loss(output.probabilities.float(), masks, pos_weight=self.pos_weight)
+        parts, loss = {"bce": bce.detach()}, bce
+        if output.reconstruction is not None and self.reconstruction_weight > 0:
+            target = images.float() * masks.to(images.dtype)
+            recon = self.reconstruction_weight * (output.reconstruction.float() - target).pow(2).mean()
+            parts["reconstruction"] = recon.detach()
+            loss = loss + recon
+        return loss, parts
+
+    def extra_repr(self) -> str:
+        return f"pos_weight={self.pos_weight}, reconstruction_weight={self.reconstruction_weight}"
+
+
 _LOSSES: dict[str, Callable[..., nn.Module]] = {
     "spread": SpreadLoss,
     "margin": MarginLoss,
     "cross_entropy": CrossEntropyLoss,
+    "segcaps": SegCapsLoss,
+    "binary_segmentation": functools.partial(SegCapsLoss, reconstruction_weight=0.0),
 }
 
 

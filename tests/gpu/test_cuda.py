@@ -87,7 +87,7 @@ def test_em_routing_under_bf16_autocast_is_finite_float32(cuda):
     _finite(poses=mu, activations=a, votes_grad=votes.grad)
 
 
-@pytest.mark.parametrize("name", capsnets.list_models())
+@pytest.mark.parametrize("name", capsnets.list_models("classification"))
 def test_every_model_trains_a_step_on_cuda_under_bf16(cuda, name):
     torch.manual_seed(0)
     model = capsnets.create_model(name, device=cuda)
@@ -172,3 +172,15 @@ def test_experiment_smoke_runs_on_cuda(cuda, name, shared_data_root, tmp_path):
                             **_SMOKE[name])
     assert result.report.is_file() and list(Path(tmp_path / "out").glob("*.png"))
     assert f"--device {cuda}" in result.report.read_text()
+
+
+@pytest.mark.parametrize("name", capsnets.list_models("segmentation"))
+def test_every_segmentation_model_trains_a_step_on_cuda_under_bf16(cuda, name):
+    torch.manual_seed(0)
+    model = capsnets.create_model(name, input_size=(1, 64, 64), device=cuda)
+    images = torch.rand(2, 1, 64, 64, device=cuda)
+    masks = (images > 0.7).float()
+    with torch.autocast(cuda.type, dtype=torch.bfloat16):
+        loss = create_loss(model.default_loss)(model(images, masks), images, masks)[0]
+    loss.backward()
+    _finite(loss=loss, **{f"grad of {n}": p.grad for n, p in model.named_parameters() if p.grad is not None})

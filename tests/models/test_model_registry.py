@@ -15,7 +15,7 @@ EXPECTED_PARAMETERS = {
 }
 
 
-@pytest.mark.parametrize("name", capsnets.list_models())
+@pytest.mark.parametrize("name", capsnets.list_models("classification"))
 @pytest.mark.parametrize("batch", [1, 3])
 def test_forward_backward_every_parameter_gets_gradient(name, batch):
     torch.manual_seed(0)

@@ -9,12 +9,12 @@ from .checkpoint import (Checkpoint, CheckpointError, build_model, load_checkpoi
                          resolve_checkpoint_path, restore_model, restore_training, save_checkpoint)
 from .config import TrainConfig, build_config, read_config_file
 from .distributed import DistContext
-from .evaluate import evaluate
+from .evaluate import dice_score, evaluate
 from .loop import NonFiniteLossError
 from .trainer import Trainer, train
 
 __all__ = [
     "Checkpoint", "CheckpointError", "build_model", "load_checkpoint", "load_model", "resolve_checkpoint_path",
     "restore_model", "restore_training", "save_checkpoint", "TrainConfig", "build_config", "read_config_file",
-    "DistContext", "evaluate", "NonFiniteLossError", "Trainer", "train",
+    "DistContext", "dice_score", "evaluate", "NonFiniteLossError", "Trainer", "train",
 ]

@@ -4,6 +4,7 @@ Only ``ModelOutput.scores`` is used (``argmax`` = prediction), so any registered
 taken in stored order; counting is done with tensor ops on the device (one ``bincount`` per batch).
 In a data-parallel run each process evaluates one contiguous shard and the counts are summed over the
 group, so every process gets the whole data set's figures for 1/world_size of the work.
+:func:`dice_score` scores segmentation models (per-image Dice of thresholded probabilities).
 """
 from __future__ import annotations
 
@@ -82,3 +83,14 @@ def _summarise(confusion: Tensor, loss_sum: float, with_loss: bool) -> dict[str,
     if with_loss:
         results["loss"] = loss_sum / count
     return results
+
+
+def dice_score(probabilities: Tensor, masks: Tensor, *, threshold: float = 0.5) -> Tensor:
+    """Dice coefficient ``2 |P & M| / (|P| + |M|)`` of each image's thresholded prediction ``P`` and mask ``M``
+    (1 where both are empty), shape ``(B, ...) -> (B,)``."""
+    if probabilities.shape != masks.shape:
+        raise ValueError(f"probabilities {tuple(probabilities.shape)} and masks {tuple(masks.shape)} differ in shape")
+    predicted, truth = (probabilities > threshold).flatten(1), (masks > 0.5).flatten(1)
+    overlap = (predicted & truth).sum(dim=1).double()
+    total = (predicted.sum(dim=1) + truth.sum(dim=1)).double()
+    return torch.where(total > 0, 2 * overlap / total.clamp(min=1), torch.ones_like(total))

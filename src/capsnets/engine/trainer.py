@@ -169,8 +169,11 @@ class Trainer:
 
     def _build_model(self, data) -> torch.nn.Module:
         """Build the model; ``num_classes`` and ``input_size`` default to the data set's (saved in the config)."""
-        from capsnets.models import model_arguments
+        from capsnets.models import model_arguments, model_task
 
+        if model_task(self.config.model) != "classification":
+            raise ValueError(f"model {self.config.model!r} is a {model_task(self.config.model)} model; the trainer "
+                             f"trains classifiers; `capsnets experiment segmentation` trains segmentation models")
         accepted = model_arguments(self.config.model)
         for key, value in (("num_classes", data.num_classes), ("input_size", list(data.input_shape))):
             if key in accepted and key not in self.config.model_args:

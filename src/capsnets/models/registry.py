@@ -12,23 +12,40 @@ from typing import Callable
 from torch import nn
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+_TASKS: dict[str, str] = {}
+#: What a model's forward pass returns, by task: ``"classification"`` models return a
+#: :class:`~capsnets.models.output.ModelOutput` (class scores); ``"segmentation"`` models a
+#: :class:`~capsnets.models.segcaps.SegmentationOutput` (per-pixel probabilities).
+TASKS = ("classification", "segmentation")
 
 
-def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator registering a model builder under ``name``."""
+def register_model(name: str, *, task: str = "classification") -> Callable[[Callable[..., nn.Module]],
+                                                                          Callable[..., nn.Module]]:
+    """Decorator registering a model builder under ``name`` for ``task`` (one of :data:`TASKS`)."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
 
     def decorate(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} is already registered")
         _REGISTRY[name] = builder
+        _TASKS[name] = task
         return builder
 
     return decorate
 
 
-def list_models() -> list[str]:
-    """Names of all registered models, sorted."""
-    return sorted(_REGISTRY)
+def list_models(task: str | None = None) -> list[str]:
+    """Names of the registered models (those for ``task`` when given), sorted."""
+    if task is not None and task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    return sorted(name for name in _REGISTRY if task is None or _TASKS[name] == task)
+
+
+def model_task(name: str) -> str:
+    """The task model ``name`` was registered for (``"classification"`` or ``"segmentation"``)."""
+    _builder(name)
+    return _TASKS[name]
 
 
 def model_arguments(name: str) -> dict[str, object]:

@@ -1,0 +1,157 @@
+"""SegCaps: convolutional capsules for object segmentation (LaLonde & Bagci 2018, arXiv 1804.04241).
+
+Architecture (SegCaps R3, Fig. 2 of the paper): a 5x5 ReLU convolution whose 16 maps are one 16-D capsule
+type; an encoder of 5x5 convolutional capsule layers (stride 2 halves the grid; the first capsule layer
+routes once, every other layer three times); a decoder of 4x4 stride-2 transposed capsule layers, each
+followed by concatenating the encoder's capsule types of the same grid (skip connections) and a 5x5
+capsule layer; a final 1x1 capsule layer with one 16-D capsule type. The length of that capsule at each
+pixel is the probability that the pixel belongs to the object. The reconstruction regulariser masks the
+final capsules with the ground-truth mask (the predicted one at test time) and decodes them with three
+1x1 convolutions (64, 128 ReLU, then sigmoid) into the input image inside the object.
+
+| block | layer (types x dim, kernel / stride, routing iterations) | grid |
+|---|---|---|
+| conv1 | conv 5x5, 16 ReLU maps = 1 x 16 | H |
+| primary | capsules 2 x 16, 5/2, r1 | H/2 (skip 1: next layer) |
+| encoder | 4 x 16, 5/1 -> 4 x 32, 5/2 -> 8 x 32, 5/1 (skip 2) -> 8 x 64, 5/2 -> 8 x 32, 5/1 | H/2 .. H/8 |
+| decoder | up 8 x 32 + skip 2 -> 4 x 32; up 4 x 16 + skip 1 -> 4 x 16; up 2 x 16 + conv1 | H/4, H/2, H |
+| segmentation | capsules 1 x 16, 1x1, r3; length per pixel | H |
+
+1,416,112 parameters without the reconstruction decoder, 1,425,649 with it (paper: 1.4M).
+Deviation: the convolution's bias is part of every prediction (see :mod:`capsnets.layers.conv`).
+Registered: ``segcaps`` (the paper's R3, 1 x 512 x 512 nominal input: LUNA16 slices) and
+``segcaps_small`` (half the capsule dimensions; for CPUs). Both are fully convolutional: any ``H, W``
+divisible by 8 works.
+
+Dimension legend: ``B`` batch, ``T`` capsule types, ``D`` capsule dim, ``H``/``W`` grid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from capsnets.functional import DynamicRouting, capsule_length
+from capsnets.layers import ConvCapsules2d, ConvTransposeCapsules2d
+from capsnets.layers._checks import positive_int
+from capsnets.models.registry import register_model
+
+
+@dataclass
+class SegmentationOutput:
+    """What a segmentation model returns.
+
+    Attributes:
+        probabilities: ``(B, 1, H, W)`` per-pixel probability of the object (capsule lengths in ``[0, 1)``).
+        capsules: ``(B, D, H, W)`` the segmentation capsule at every pixel (None for CNN baselines).
+        reconstruction: ``(B, C, H, W)`` decoder output in ``[0, 1]`` (the image inside the mask), if any.
+    """
+
+    probabilities: Tensor
+    capsules: Tensor | None = None
+    reconstruction: Tensor | None = None
+
+
+class SegCaps(nn.Module):
+    """SegCaps R3 (see the module docstring), with the capsule dimensions scaled by ``width``.
+
+    Args:
+        input_size: nominal ``(C, H, W)``; ``H`` and ``W`` must be divisible by 8 (three stride-2 stages).
+        width: capsule dimension of the first capsule types (16 in the paper); deeper layers use 2x / 4x.
+        routing_iterations: iterations of every capsule layer but the first (which routes once).
+        detach_routing: the ``detach`` option of :class:`~capsnets.functional.DynamicRouting`.
+        decoder_hidden: channels of the reconstruction decoder's 1x1 convolutions; ``None``: no decoder.
+
+    Shape:
+        - images: ``(B, C, H, W)``; masks (optional, select what the decoder reconstructs): ``(B, 1, H, W)``
+        - output: :class:`SegmentationOutput`.
+    """
+
+    default_loss = "segcaps"
+    task = "segmentation"
+
+    def __init__(self, *, input_size: Sequence[int] = (1, 512, 512), width: int = 16, routing_iterations: int = 3,
+                 detach_routing: bool = True, decoder_hidden: Sequence[int] | None = (64, 128), device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        if len(tuple(input_size)) != 3:
+            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
+        self.input_size = tuple(int(s) for s in input_size)
+        if self.input_size[1] % 8 or self.input_size[2] % 8:
+            raise ValueError(f"SegCaps needs H and W divisible by 8 (three stride-2 stages), got {self.input_size}")
+        d = positive_int("width", width)
+        channels = self.input_size[0]
+        factory = {"device": device, "dtype": dtype}
+        once, routed = DynamicRouting(1), DynamicRouting(routing_iterations, detach=detach_routing)
+
+        def caps(i, di, j, dj, stride=1, kernel=5, routing=routed):
+            return ConvCapsules2d(i, di, j, dj, kernel_size=kernel, stride=stride, routing=routing, **factory)
+
+        def up(i, di, j, dj):
+            return ConvTransposeCapsules2d(i, di, j, dj, routing=routed, **factory)
+
+        self.conv1 = nn.Conv2d(channels, d, 5, padding=2, **factory)
+        self.primary = caps(1, d, 2, d, stride=2, routing=once)
+        self.enc1 = caps(2, d, 4, d)                                         # skip 1, H/2
+        self.enc2 = nn.ModuleList([caps(4, d, 4, 2 * d, stride=2), caps(4, 2 * d, 8, 2 * d)])  # skip 2, H/4
+        self.enc3 = nn.ModuleList([caps(8, 2 * d, 8, 4 * d, stride=2), caps(8, 4 * d, 8, 2 * d)])  # H/8
+        self.up1, self.dec1 = up(8, 2 * d, 8, 2 * d), caps(16, 2 * d, 4, 2 * d)  # H/4
+        self.up2, self.dec2 = up(4, 2 * d, 4, d), caps(8, d, 4, d)            # H/2
+        self.up3 = up(4, d, 2, d)                                             # H
+        self.segment = caps(3, d, 1, d, kernel=1)
+        self.decoder = None
+        if decoder_hidden is not None:
+            sizes = [d, *decoder_hidden]
+            layers: list[nn.Module] = []
+            for a, b in zip(sizes, sizes[1:]):
+                layers += [nn.Conv2d(a, b, 1, **factory), nn.ReLU()]
+            self.decoder = nn.Sequential(*layers, nn.Conv2d(sizes[-1], channels, 1, **factory), nn.Sigmoid())
+
+    def _check_input(self, images: Tensor) -> None:
+        if images.dim() != 4 or images.shape[1] != self.input_size[0] or images.shape[2] % 8 or images.shape[3] % 8:
+            raise ValueError(f"SegCaps expects images of shape (B, {self.input_size[0]}, H, W) with H and W divisible "
+                             f"by 8, got {tuple(images.shape)}")
+
+    def encode(self, images: Tensor) -> Tensor:
+        """The segmentation capsules ``(B, D, H, W)``."""
+        self._check_input(images)
+        conv1 = torch.relu(self.conv1(images)).unsqueeze(1)  # (B, 1, D, H, W): one capsule type
+        skip1 = self.enc1(self.primary(conv1))                # (B, 4, D, H/2, W/2)
+        skip2 = self.enc2[1](self.enc2[0](skip1))             # (B, 8, 2D, H/4, W/4)
+        x = self.enc3[1](self.enc3[0](skip2))                 # (B, 8, 2D, H/8, W/8)
+        x = self.dec1(torch.cat([self.up1(x), skip2], dim=1))  # (B, 4, 2D, H/4, W/4)
+        x = self.dec2(torch.cat([self.up2(x), skip1], dim=1))  # (B, 4, D, H/2, W/2)
+        x = torch.cat([self.up3(x), conv1], dim=1)            # (B, 3, D, H, W)
+        return self.segment(x)[:, 0]                          # (B, D, H, W)
+
+    def forward(self, images: Tensor, masks: Tensor | None = None) -> SegmentationOutput:
+        capsules = self.encode(images)
+        probabilities = capsule_length(capsules, dim=1).unsqueeze(1)  # (B, 1, H, W)
+        reconstruction = None
+        if self.decoder is not None:
+            if masks is not None and masks.shape != probabilities.shape:
+                raise ValueError(f"masks must have shape {tuple(probabilities.shape)} (B, 1, H, W), "
+                                 f"got {tuple(masks.shape)}")
+            keep = masks if masks is not None else (probabilities > 0.5)
+            reconstruction = self.decoder(capsules * keep.to(capsules.dtype))
+        return SegmentationOutput(probabilities, capsules, reconstruction)
+
+
+@register_model("segcaps", task="segmentation")
+def segcaps(*, input_size=(1, 512, 512), routing_iterations=3, detach_routing=True, reconstruction=True,
+            device=None, dtype=None) -> SegCaps:
+    """The paper's SegCaps R3 (16-D first capsules; 1.4M parameters)."""
+    return SegCaps(input_size=input_size, width=16, routing_iterations=routing_iterations,
+                   detach_routing=detach_routing, decoder_hidden=(64, 128) if reconstruction else None,
+                   device=device, dtype=dtype)
+
+
+@register_model("segcaps_small", task="segmentation")
+def segcaps_small(*, input_size=(1, 32, 32), routing_iterations=3, detach_routing=True, reconstruction=True,
+                  device=None, dtype=None) -> SegCaps:
+    """SegCaps R3 with 8-D first capsules (about a quarter of the parameters), for CPUs and tests."""
+    return SegCaps(input_size=input_size, width=8, routing_iterations=routing_iterations,
+                   detach_routing=detach_routing, decoder_hidden=(32, 64) if reconstruction else None,
+                   device=device, dtype=dtype)

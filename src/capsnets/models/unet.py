@@ -1,0 +1,80 @@
+"""U-Net, the segmentation baseline SegCaps is compared with (Ronneberger, Fischer & Brox 2015).
+
+Four 2x2 max-pooling stages, each preceded by two 3x3 ReLU convolutions (64, 128, 256, 512 channels; 1024
+at the bottom); the decoder upsamples with 2x2 stride-2 transposed convolutions, concatenates the encoder
+maps of the same size and applies two 3x3 ReLU convolutions; a 1x1 convolution gives one logit per pixel.
+31,030,593 parameters for one input channel (SegCaps' paper: U-Net 31M).
+Deviation: "same" padding (the original crops valid convolutions), so the output has the input's size;
+``H`` and ``W`` must be divisible by 16.
+Registered: ``unet`` (base width 64) and ``unet_small`` (base width 8, for CPUs), task "segmentation".
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from capsnets.layers._checks import positive_int
+from capsnets.models.registry import register_model
+from capsnets.models.segcaps import SegmentationOutput
+
+
+def _double_conv(a: int, b: int, factory: dict) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(a, b, 3, padding=1, **factory), nn.ReLU(),
+                         nn.Conv2d(b, b, 3, padding=1, **factory), nn.ReLU())
+
+
+class UNet(nn.Module):
+    """U-Net with one output probability per pixel.
+
+    Args:
+        input_size: nominal ``(C, H, W)``; ``H`` and ``W`` divisible by 16.
+        width: channels of the first stage (64 in the paper); stage ``k`` has ``width * 2**k``.
+
+    Shape:
+        images ``(B, C, H, W)`` -> :class:`SegmentationOutput` with ``probabilities`` ``(B, 1, H, W)``
+        (``capsules`` and ``reconstruction`` are None).
+    """
+
+    default_loss = "binary_segmentation"
+    task = "segmentation"
+    depth = 4
+
+    def __init__(self, *, input_size: Sequence[int] = (1, 512, 512), width: int = 64, device=None, dtype=None):
+        super().__init__()
+        if len(tuple(input_size)) != 3:
+            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
+        self.input_size = tuple(int(s) for s in input_size)
+        if self.input_size[1] % 16 or self.input_size[2] % 16:
+            raise ValueError(f"UNet needs H and W divisible by 16 (four poolings), got {self.input_size}")
+        factory = {"device": device, "dtype": dtype}
+        sizes = [positive_int("width", width) * 2**k for k in range(self.depth + 1)]
+        self.down = nn.ModuleList([_double_conv(a, b, factory) for a, b in zip([self.input_size[0], *sizes], sizes)])
+        self.up = nn.ModuleList([nn.ConvTranspose2d(b, a, 2, stride=2, **factory) for a, b in zip(sizes, sizes[1:])])
+        self.merge = nn.ModuleList([_double_conv(2 * a, a, factory) for a in sizes[:-1]])
+        self.head = nn.Conv2d(sizes[0], 1, 1, **factory)
+
+    def forward(self, images: Tensor, masks: Tensor | None = None) -> SegmentationOutput:
+        if images.dim() != 4 or images.shape[1] != self.input_size[0] or images.shape[2] % 16 or images.shape[3] % 16:
+            raise ValueError(f"UNet expects images of shape (B, {self.input_size[0]}, H, W) with H and W divisible by "
+                             f"16, got {tuple(images.shape)}")
+        skips, x = [], images
+        for k, block in enumerate(self.down):
+            x = block(x if k == 0 else nn.functional.max_pool2d(x, 2))
+            skips.append(x)
+        for k in reversed(range(self.depth)):  # (B, w*2^k, H/2^k, W/2^k) at each step
+            x = self.merge[k](torch.cat([self.up[k](x), skips[k]], dim=1))
+        return SegmentationOutput(torch.sigmoid(self.head(x)), None)
+
+
+@register_model("unet", task="segmentation")
+def unet(*, input_size=(1, 512, 512), device=None, dtype=None) -> UNet:
+    """The U-Net of Ronneberger et al. with "same" padding (31.0M parameters)."""
+    return UNet(input_size=input_size, width=64, device=device, dtype=dtype)
+
+
+@register_model("unet_small", task="segmentation")
+def unet_small(*, input_size=(1, 32, 32), device=None, dtype=None) -> UNet:
+    """U-Net with 8 channels in the first stage (about 1/64 of the parameters), for CPUs and tests."""
+    return UNet(input_size=input_size, width=8, device=device, dtype=dtype)

@@ -1,0 +1,145 @@
+"""Segmentation models (SegCaps and its U-Net baseline), their loss, the Dice score and the data generator."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import capsnets
+from capsnets.data.segmentation import make_digit_segmentation
+from capsnets.engine import dice_score
+from capsnets.losses import binary_segmentation_loss, create_loss
+from capsnets.testing import assert_finite
+
+SEGMENTATION = capsnets.list_models("segmentation")
+
+
+def test_the_registry_keeps_tasks_apart():
+    assert SEGMENTATION == ["segcaps", "segcaps_small", "unet", "unet_small"]
+    assert not set(SEGMENTATION) & set(capsnets.list_models("classification"))
+    assert sorted(capsnets.list_models()) == sorted(SEGMENTATION + capsnets.list_models("classification"))
+    assert capsnets.models.model_task("segcaps") == "segmentation"
+    with pytest.raises(ValueError, match="task must be one of"):
+        capsnets.list_models("detection")
+
+
+@pytest.mark.parametrize("name, count", [("segcaps", 1_425_649), ("unet", 31_030_593)])
+def test_paper_parameter_counts(name, count):
+    # SegCaps R3: 1.4M (1,416,112 without the reconstruction decoder); U-Net: 31M.
+    assert capsnets.count_parameters(capsnets.create_model(name)) == count
+    if name == "segcaps":
+        assert capsnets.count_parameters(capsnets.create_model(name, reconstruction=False)) == 1_416_112
+
+
+@pytest.mark.parametrize("name", SEGMENTATION)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_forward_backward_every_parameter_gets_gradient(name, batch):
+    torch.manual_seed(0)
+    model = capsnets.create_model(name, input_size=(1, 16, 16))
+    images = torch.rand(batch, 1, 16, 16)
+    masks = (images > 0.6).float()
+    out = model(images, masks)
+    assert out.probabilities.shape == (batch, 1, 16, 16)
+    assert ((out.probabilities >= 0) & (out.probabilities <= 1)).all()
+    loss, parts = create_loss(model.default_loss)(out, images, masks)
+    loss.backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None, f"{name}.{pname} got no gradient"
+        assert_finite(p.grad, f"{name}.{pname}.grad")
+    if out.reconstruction is not None:
+        assert out.reconstruction.shape == images.shape and set(parts) == {"bce", "reconstruction"}
+
+
+def test_segcaps_routes_once_in_its_first_capsule_layer_then_as_configured():
+    model = capsnets.create_model("segcaps_small", routing_iterations=2)
+    assert model.primary.routing.iterations == 1
+    routed = [m.routing.iterations for name, m in model.named_modules() if hasattr(m, "routing") and name != "primary"]
+    assert len(routed) == 11 and set(routed) == {2}  # 12 capsule layers in all
+
+
+def test_segcaps_reconstructs_only_what_the_mask_keeps():
+    torch.manual_seed(0)
+    model = capsnets.create_model("segcaps_small", input_size=(1, 16, 16)).eval()
+    a, b = torch.rand(1, 1, 16, 16), torch.rand(1, 1, 16, 16)
+    empty = torch.zeros(1, 1, 16, 16)
+    torch.testing.assert_close(model(a, empty).reconstruction, model(b, empty).reconstruction)
+    assert not torch.allclose(model(a, torch.ones_like(empty)).reconstruction, model(b, torch.ones_like(empty)).reconstruction)
+
+
+def test_bad_inputs_are_explained():
+    model = capsnets.create_model("segcaps_small")
+    with pytest.raises(ValueError, match=r"divisible by 8, got \(2, 1, 20, 20\)"):
+        model(torch.rand(2, 1, 20, 20))
+    with pytest.raises(ValueError, match=r"\(B, 1, H, W\)"):
+        model(torch.rand(2, 3, 16, 16))
+    with pytest.raises(ValueError, match="masks must have shape"):
+        model(torch.rand(2, 1, 16, 16), torch.ones(2, 16, 16))
+    with pytest.raises(ValueError, match="divisible by 8"):
+        capsnets.create_model("segcaps", input_size=(1, 100, 100))
+    with pytest.raises(ValueError, match="divisible by 16"):
+        capsnets.create_model("unet_small")(torch.rand(1, 1, 24, 24))
+
+
+def test_the_trainer_refuses_segmentation_models(tmp_path):
+    from capsnets.engine import TrainConfig, train
+
+    with pytest.raises(ValueError, match="segmentation model.*capsnets experiment segmentation"):
+        train(TrainConfig(model="segcaps_small", dataset="digits", epochs=1, device="cpu", progress=False,
+                          out=str(tmp_path)))
+
+
+def test_binary_segmentation_loss_is_weighted_cross_entropy():
+    torch.manual_seed(0)
+    p = torch.rand(2, 1, 4, 4, dtype=torch.float64) * 0.98 + 0.01
+    m = (torch.rand(2, 1, 4, 4) > 0.5).double()
+    torch.testing.assert_close(binary_segmentation_loss(p, m), F.binary_cross_entropy(p, m))
+    weighted = -(3.0 * m * p.log() + (1 - m) * (1 - p).log()).mean()
+    torch.testing.assert_close(binary_segmentation_loss(p, m, pos_weight=3.0), weighted)
+    assert torch.isfinite(binary_segmentation_loss(torch.zeros(1, 1, 2, 2), torch.ones(1, 1, 2, 2)))
+    with pytest.raises(ValueError, match="pos_weight"):
+        create_loss("segcaps", pos_weight=0)
+
+
+def test_segcaps_loss_reconstructs_the_image_inside_the_mask():
+    from capsnets.models import SegmentationOutput
+
+    images = torch.rand(2, 1, 4, 4)
+    masks = (images > 0.5).float()
+    out = SegmentationOutput(masks * 0.5 + 0.25, None, images * masks)  # perfect reconstruction
+    loss, parts = create_loss("segcaps", reconstruction_weight=10.0)(out, images, masks)
+    assert parts["reconstruction"] == 0 and loss == parts["bce"]
+    _, parts = create_loss("segcaps", reconstruction_weight=10.0)(SegmentationOutput(out.probabilities, None, images),
+                                                                  images, masks)
+    torch.testing.assert_close(parts["reconstruction"], 10.0 * (images * (1 - masks)).pow(2).mean())
+
+
+def test_dice_score():
+    masks = torch.zeros(3, 1, 2, 2)
+    masks[0, 0, 0] = 1  # two pixels
+    masks[1, 0, 0, 0] = 1
+    probabilities = torch.zeros(3, 1, 2, 2)
+    probabilities[0, 0, 0, 0] = 0.9  # one of the two: 2 * 1 / (1 + 2)
+    probabilities[1] = 0.8  # four predicted, one true: 2 * 1 / (4 + 1)
+    torch.testing.assert_close(dice_score(probabilities, masks), torch.tensor([2 / 3, 2 / 5, 1.0], dtype=torch.float64))
+
+
+def test_digit_segmentation_is_deterministic_and_marks_the_object(shared_data_root):
+    from capsnets.data import load_dataset
+
+    digits = load_dataset("mnist", root=shared_data_root, train=False).subset(200).images
+    a = make_digit_segmentation(digits, 64, seed=3, size=32, clutter=4)
+    b = make_digit_segmentation(digits, 64, seed=3, size=32, clutter=4)
+    assert torch.equal(a.images, b.images) and torch.equal(a.masks, b.masks)
+    assert a.images.shape == a.masks.shape == (64, 1, 32, 32) and set(a.masks.unique().tolist()) == {0.0, 1.0}
+    assert (a.images[a.masks.bool()] > 0.5).all()  # the object is visible where the mask says
+    assert ((a.images > 0.5) & ~a.masks.bool()).any()  # ... and clutter lies outside it
+    clean = make_digit_segmentation(digits, 64, seed=3, size=32, clutter=0)
+    assert torch.equal(clean.masks, (clean.images > 0.5).float())  # no clutter: the mask is the bright pixels
+    # the whole digit is on the canvas: its mask has as many pixels as the source digit has above 0.5
+    counts = (digits > 0.5).flatten(1).sum(1)
+    assert sorted(clean.masks.flatten(1).sum(1).tolist()) == sorted(counts[_picks(digits, 64, 3)].tolist())
+    with pytest.raises(ValueError, match="patch"):
+        make_digit_segmentation(digits, 4, seed=0, patch=40)
+
+
+def _picks(digits, count, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, len(digits), (count,), generator=generator)
