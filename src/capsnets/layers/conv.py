@@ -7,7 +7,9 @@ at every output position (the convolution's bias is part of ``u_hat``). Routing 
 at each position (:func:`capsnets.functional.local_routing`).
 
 Deviation: LaLonde & Bagci's code adds the bias to the routed sum ``s`` of each parent; here it is the
-convolution's bias, added to every prediction, as SPEC describes ``u_hat``.
+convolution's bias, added to every prediction, as SPEC describes ``u_hat``. Routing logits are per
+example with the softmax over parent types, as in SPEC and LaLonde & Bagci's code (the Bass tutorial's
+code shares the logits across the batch and normalises them over child types).
 
 Dimension legend: ``B`` batch, ``I``/``J`` child/parent capsule types, ``D_in``/``D_out`` capsule
 dimensions, ``H``/``W`` grid rows/columns (primed: the output grid).

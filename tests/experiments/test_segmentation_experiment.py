@@ -1,0 +1,33 @@
+"""``capsnets experiment segmentation``: the smoke run end to end, and its settings checks."""
+import pytest
+
+from capsnets.experiments import list_experiments, run_experiment
+from capsnets.testing import assert_contrasts_resolve
+
+
+def test_smoke_run_writes_the_report(shared_data_root, tmp_path):
+    assert "segmentation" in list_experiments()
+    result = run_experiment("segmentation", tmp_path, smoke=True, device="cpu", data_dir=str(shared_data_root),
+                            images_per_epoch=64, test_images=16, clutter=2, patch=6)
+    text = result.report.read_text()
+    assert "| SegCaps (segcaps_small) |" in text and "| U-Net (unet_small) |" in text and "98.48%" in text
+    assert "image > 0.5 (no model)" in text and (tmp_path / "examples.png").stat().st_size > 0
+    assert all(0 <= result.metrics[k] <= 1 for k in ("SegCaps_dice", "U-Net_dice", "threshold_dice"))
+    assert result.metrics["SegCaps_parameters"] == 357_049
+    assert_contrasts_resolve("segmentation", result.metrics, 1)
+
+
+def test_checkpoints_are_reused(shared_data_root, tmp_path):
+    options = dict(smoke=True, device="cpu", data_dir=str(shared_data_root), checkpoint_dir=str(tmp_path / "ckpt"),
+                   images_per_epoch=32, test_images=8, clutter=1, patch=4)
+    first = run_experiment("segmentation", tmp_path / "a", **options)
+    second = run_experiment("segmentation", tmp_path / "b", **options)
+    assert "| loaded |" in second.report.read_text() and first.metrics == second.metrics
+
+
+def test_rejects_unknown_options_and_sizes(tmp_path):
+    with pytest.raises(ValueError, match="does not take epoch"):
+        run_experiment("segmentation", tmp_path, smoke=True, device="cpu", epoch=1)
+    for size in (40, 16):
+        with pytest.raises(ValueError, match="divisible by 16.*28x28 digit"):
+            run_experiment("segmentation", tmp_path, smoke=True, device="cpu", size=size)
