@@ -6,6 +6,8 @@
 - SegCaps loss: LaLonde & Bagci (2018), weighted per-pixel binary cross-entropy of the segmentation
   capsules' lengths plus a reconstruction of the image inside the mask; ``binary_segmentation`` is
   the cross-entropy alone (U-Net).
+- Transforming auto-encoder loss: Hinton, Krizhevsky & Wang (2011), squared error of the predicted
+  transformed image.
 - Spread loss: Hinton, Sabour & Frosst (2018), Sec. 3.1, ``sum_{i != t} max(0, m - (a_t - a_i))^2``
   with the margin ``m`` growing linearly from 0.2 to 0.9. The paper does not say over how long; here
   it reaches 0.9 after ``ramp`` (default half) of the training and stays there.
@@ -216,12 +218,29 @@ class SegCapsLoss(nn.Module):
         return f"pos_weight={self.pos_weight}, reconstruction_weight={self.reconstruction_weight}"
 
 
+class TransformingLoss(nn.Module):
+    """Transforming auto-encoder loss (Hinton, Krizhevsky & Wang 2011): squared error between the
+    predicted and the actual transformed image, summed over pixels, averaged over the batch.
+
+    Called as ``criterion(output, images, targets)`` with an
+    :class:`~capsnets.models.transforming.AutoencoderOutput` and the transformed images as ``targets``.
+    """
+
+    def forward(self, output, images: Tensor, targets: Tensor):
+        if output.reconstruction.shape != targets.shape:
+            raise ValueError(f"reconstruction {tuple(output.reconstruction.shape)} and targets "
+                             f"{tuple(targets.shape)} differ in shape")
+        loss = (output.reconstruction.float() - targets.float()).pow(2).flatten(1).sum(dim=1).mean()
+        return loss, {"squared_error": loss.detach()}
+
+
 _LOSSES: dict[str, Callable[..., nn.Module]] = {
     "spread": SpreadLoss,
     "margin": MarginLoss,
     "cross_entropy": CrossEntropyLoss,
     "segcaps": SegCapsLoss,
     "binary_segmentation": functools.partial(SegCapsLoss, reconstruction_weight=0.0),
+    "transforming": TransformingLoss,
 }
 
 

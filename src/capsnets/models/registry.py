@@ -15,8 +15,9 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _TASKS: dict[str, str] = {}
 #: What a model's forward pass returns, by task: ``"classification"`` models return a
 #: :class:`~capsnets.models.output.ModelOutput` (class scores); ``"segmentation"`` models a
-#: :class:`~capsnets.models.segcaps.SegmentationOutput` (per-pixel probabilities).
-TASKS = ("classification", "segmentation")
+#: :class:`~capsnets.models.segcaps.SegmentationOutput` (per-pixel probabilities); ``"autoencoder"``
+#: models an :class:`~capsnets.models.transforming.AutoencoderOutput` (a transformed image, no labels).
+TASKS = ("classification", "segmentation", "autoencoder")
 
 
 def register_model(name: str, *, task: str = "classification") -> Callable[[Callable[..., nn.Module]],
