@@ -12,7 +12,7 @@ CALLS = []
 
 
 def _fake_contrasts(metrics):
-    return [("A - B, accuracy", "A_acc", "B_acc"), ("not there", "A_acc", "missing")]
+    return [("A - B, accuracy", "A_acc", "B_acc"), ("not there", "A_acc", "missing"), ("A - B, decibels", "A_db", "B_db")]
 
 
 @pytest.fixture
@@ -46,9 +46,9 @@ def test_each_seed_runs_into_its_own_folder_with_its_own_checkpoints(fake_experi
 
 
 def test_summary_statistics_match_a_direct_computation(fake_experiment, tmp_path):
-    metrics = {0: {"A_acc": 0.90, "B_acc": 0.80, "params": 10, "source": "x", "label": "a"},
-               1: {"A_acc": 0.70, "B_acc": 0.75, "params": 10, "source": "x", "label": "b"},
-               2: {"A_acc": 0.95, "B_acc": 0.85, "params": 10, "source": "x"}}
+    metrics = {0: {"A_acc": 0.90, "B_acc": 0.80, "params": 10, "source": "x", "label": "a", "A_db": 20.0, "B_db": 18.5},
+               1: {"A_acc": 0.70, "B_acc": 0.75, "params": 10, "source": "x", "label": "b", "A_db": 20.0, "B_db": 21.0},
+               2: {"A_acc": 0.95, "B_acc": 0.85, "params": 10, "source": "x", "A_db": 19.0, "B_db": 19.0}}
     result = summarise_seeds(fake_experiment, tmp_path, metrics)
     a = [0.90, 0.70, 0.95]
     mean = sum(a) / 3
@@ -59,6 +59,7 @@ def test_summary_statistics_match_a_direct_computation(fake_experiment, tmp_path
     # differences A - B per seed: +10, -5, +10 points; mean +5, sample std 8.66
     assert "| A - B, accuracy | +10.00 | -5.00 | +10.00 | +5.00 | 8.66 | 2 above, 1 below zero |" in text
     assert "not there" not in text  # a contrast whose metric is missing is left out
+    assert "| A - B, decibels | +1.5 | -1 | +0 | +0.1667 | 1.258 | 1 above, 1 below zero |" in text  # not a fraction
     assert f"| A_acc | 90.00% | 70.00% | 95.00% | {100 * mean:.2f}% | {100 * std:.2f}% | 70.00% - 95.00% |" in text
     assert "| params | 10 |" in text and "| params | 10 | 10 |" not in text  # listed once, with the same
     assert "| source | x |" in text and "| label | a | b | - |" in text

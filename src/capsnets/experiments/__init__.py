@@ -19,7 +19,7 @@ from .common import (ExperimentResult, evaluate_accuracy, get_experiment, list_e
                      markdown_table, percent, register_experiment, run_experiment, save_figure, settings_table,
                      train_classifier, write_report)
 
-_MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints", "segmentation")
+_MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints", "segmentation", "synthesis")
 
 from .seeds import run_experiment_seeds, summarise_seeds
 

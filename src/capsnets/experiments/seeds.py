@@ -65,8 +65,9 @@ def summarise_seeds(name: str, out: str | os.PathLike, metrics: dict[int, dict[s
     found = dict.fromkeys(c for s in seeds for c in get_contrasts(name)(metrics[s]))
     contrasts = [(label, a, b) for label, a, b in found if a in numeric and b in numeric]
     differences = {label: [metrics[s][a] - metrics[s][b] for s in seeds] for label, a, b in contrasts}
+    scales = _scales(contrasts, numeric)
     if contrasts:
-        sections.append(("Contrasts", _contrast_table(contrasts, differences, seeds)))
+        sections.append(("Contrasts", _contrast_table(contrasts, differences, seeds, scales)))
     varying = {key: values for key, values in numeric.items() if len(set(values)) > 1}
     same = {key: _fraction_format(values)(values[0]) for key, values in numeric.items() if key not in varying}
     if varying:
@@ -78,7 +79,7 @@ def summarise_seeds(name: str, out: str | os.PathLike, metrics: dict[int, dict[s
         sections.append(("Other metrics", markdown_table(["metric", *(f"seed {s}" for s in seeds)],
                                                          [(key, *values) for key, values in other.items()])))
     sections.append(("Runs", "\n".join(f"- seed {s}: [seed-{s}/report.md](seed-{s}/report.md)" for s in seeds)))
-    figures = [_plot_contrasts(differences, seeds, out / "contrasts.png")] if contrasts else []
+    figures = [_plot_contrasts(differences, scales, seeds, out / "contrasts.png")] if contrasts else []
     summary = {f"{key}_{stat}": value for key, values in numeric.items()
                for stat, value in zip(("mean", "std"), _mean_std(values))}
     payload = {"experiment": name, "seeds": seeds, "metrics": {str(s): m for s, m in metrics.items()},
@@ -138,36 +139,46 @@ def _metric_table(numeric: dict[str, list[float]], seeds: list[int]) -> str:
     return markdown_table(["metric", *(f"seed {s}" for s in seeds), "mean", "std", "range"], rows)
 
 
-def _contrast_table(contrasts, differences: dict[str, list[float]], seeds: list[int]) -> str:
-    def points(value: float) -> str:
-        return "n/a" if value != value else f"{100 * value:+.2f}"
+def _scales(contrasts, numeric: dict[str, list[float]]) -> dict[str, float]:
+    """100 for a contrast of two fractions (shown in percentage points), else 1 (the metric's unit)."""
+    return {label: 100.0 if all(0.0 <= v <= 1.0 for v in numeric[a] + numeric[b]) else 1.0
+            for label, a, b in contrasts}
 
+
+def _contrast_table(contrasts, differences: dict[str, list[float]], seeds: list[int],
+                    scales: dict[str, float]) -> str:
     rows = []
     for label, a, b in contrasts:
+        scale = scales[label]
+
+        def show(value: float, sign: str = "+") -> str:
+            return "n/a" if value != value else f"{scale * value:{sign}.2f}" if scale == 100.0 else f"{value:{sign}.4g}"
+
         diffs = differences[label]
         mean, std = _mean_std(diffs)
         above = sum(d > 0 for d in diffs)
         below = sum(d < 0 for d in diffs)
-        rows.append((label, *map(points, diffs), points(mean), "n/a" if std != std else f"{100 * std:.2f}",
-                     f"{above} above, {below} below zero"))
-    table = markdown_table(["contrast (percentage points)", *(f"seed {s}" for s in seeds), "mean", "std",
-                            "sign"], rows)
-    return (table + "\n\nEach contrast is `A - B` on the same seed (the metric keys are in `seeds.json`). "
+        rows.append((label, *map(show, diffs), show(mean), show(std, ""), f"{above} above, {below} below zero"))
+    table = markdown_table(["contrast", *(f"seed {s}" for s in seeds), "mean", "std", "sign"], rows)
+    return (table + "\n\nEach contrast is `A - B` on the same seed (the metric keys are in `seeds.json`); "
+            "differences of fractions (accuracies, errors, rates) are in percentage points, others in the "
+            "metric's own unit. "
             f"With {len(seeds)} seed{'s' if len(seeds) != 1 else ''} the standard deviation is a rough guide, not a test: a difference whose "
             "sign changes between seeds is not established.")
 
 
-def _plot_contrasts(differences: dict[str, list[float]], seeds: list[int], out_png: Path) -> Path:
-    labels = list(differences)
+def _plot_contrasts(differences: dict[str, list[float]], scales: dict[str, float], seeds: list[int],
+                    out_png: Path) -> Path:
+    labels = [f"{label}{' (points)' if scales[label] == 100.0 else ''}" for label in differences]
     fig = Figure(figsize=(8, 1.2 + 0.35 * len(labels)), layout="constrained")
     ax = fig.subplots()
-    for row, label in enumerate(labels):
-        values = 100 * np.asarray(differences[label], dtype=float)
+    for row, label in enumerate(differences):
+        values = scales[label] * np.asarray(differences[label], dtype=float)
         ax.plot(values, np.full(len(values), row), "o", color="tab:blue", alpha=0.7)
         ax.plot([values.mean()], [row], "|", color="black", ms=14, mew=2)
     ax.axvline(0.0, color="grey", lw=1)
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("difference (percentage points): dots one seed each, bar the mean")
+    ax.set_xlabel("difference A - B (fractions in percentage points): dots one seed each, bar the mean")
     ax.set_title(f"Contrasts over seeds {', '.join(map(str, seeds))}")
     return save_figure(fig, out_png)

@@ -1,7 +1,9 @@
 """Model families, their registry and the output contract."""
-from capsnets.models import baselines, capsnet, matrix_capsnet, segcaps, transforming, unet  # noqa: F401
+from capsnets.models import baselines, capsnet, capspix2pix, matrix_capsnet, segcaps, transforming, unet  # noqa: F401
 from capsnets.models.baselines import BaselineCNN, SmallNorbCNN
 from capsnets.models.capsnet import CapsNet
+from capsnets.models.capspix2pix import (CapsPix2pixGenerator, PatchDiscriminator, Pix2pixGenerator,
+                                         SynthesisOutput)
 from capsnets.models.matrix_capsnet import MatrixCapsNet
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import (count_parameters, create_model, list_models, model_arguments, model_task,
@@ -11,6 +13,8 @@ from capsnets.models.transforming import AutoencoderOutput, TransformingAutoenco
 from capsnets.models.unet import UNet
 
 __all__ = [
-    "AutoencoderOutput", "TransformingAutoencoder", "BaselineCNN", "CapsNet", "MatrixCapsNet", "SegCaps", "SegmentationOutput", "SmallNorbCNN", "ModelOutput", "UNet",
-    "count_parameters", "create_model", "list_models", "model_arguments", "model_task", "register_model",
+    "AutoencoderOutput", "BaselineCNN", "CapsNet", "CapsPix2pixGenerator", "MatrixCapsNet", "ModelOutput",
+    "PatchDiscriminator", "Pix2pixGenerator", "SegCaps", "SegmentationOutput", "SmallNorbCNN", "SynthesisOutput",
+    "TransformingAutoencoder", "UNet", "count_parameters", "create_model", "list_models", "model_arguments",
+    "model_task", "register_model",
 ]

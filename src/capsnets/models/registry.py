@@ -16,8 +16,9 @@ _TASKS: dict[str, str] = {}
 #: What a model's forward pass returns, by task: ``"classification"`` models return a
 #: :class:`~capsnets.models.output.ModelOutput` (class scores); ``"segmentation"`` models a
 #: :class:`~capsnets.models.segcaps.SegmentationOutput` (per-pixel probabilities); ``"autoencoder"``
-#: models an :class:`~capsnets.models.transforming.AutoencoderOutput` (a transformed image, no labels).
-TASKS = ("classification", "segmentation", "autoencoder")
+#: models an :class:`~capsnets.models.transforming.AutoencoderOutput` (a transformed image, no labels);
+#: ``"synthesis"`` generators a :class:`~capsnets.models.capspix2pix.SynthesisOutput` (images from label maps).
+TASKS = ("classification", "segmentation", "autoencoder", "synthesis")
 
 
 def register_model(name: str, *, task: str = "classification") -> Callable[[Callable[..., nn.Module]],

@@ -20,9 +20,12 @@ from capsnets.models.registry import register_model
 from capsnets.models.segcaps import SegmentationOutput
 
 
-def _double_conv(a: int, b: int, factory: dict) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(a, b, 3, padding=1, **factory), nn.ReLU(),
-                         nn.Conv2d(b, b, 3, padding=1, **factory), nn.ReLU())
+def _double_conv(a: int, b: int, factory: dict, norm: bool) -> nn.Sequential:
+    def block(i: int, o: int) -> list[nn.Module]:
+        return [nn.Conv2d(i, o, 3, padding=1, bias=not norm, **factory),
+                *([nn.BatchNorm2d(o, **factory)] if norm else []), nn.ReLU()]
+
+    return nn.Sequential(*block(a, b), *block(b, b))
 
 
 class UNet(nn.Module):
@@ -31,6 +34,9 @@ class UNet(nn.Module):
     Args:
         input_size: nominal ``(C, H, W)``; ``H`` and ``W`` divisible by 16.
         width: channels of the first stage (64 in the paper); stage ``k`` has ``width * 2**k``.
+        out_channels: output maps (1 for binary segmentation; pix2pix uses the image's channels).
+        batch_norm: batch normalisation after every 3x3 convolution (pix2pix's generator has it; the
+            original U-Net does not).
 
     Shape:
         images ``(B, C, H, W)`` -> :class:`SegmentationOutput` with ``probabilities`` ``(B, 1, H, W)``
@@ -41,7 +47,8 @@ class UNet(nn.Module):
     task = "segmentation"
     depth = 4
 
-    def __init__(self, *, input_size: Sequence[int] = (1, 512, 512), width: int = 64, device=None, dtype=None):
+    def __init__(self, *, input_size: Sequence[int] = (1, 512, 512), width: int = 64, out_channels: int = 1,
+                 batch_norm: bool = False, device=None, dtype=None):
         super().__init__()
         if len(tuple(input_size)) != 3:
             raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
@@ -50,12 +57,17 @@ class UNet(nn.Module):
             raise ValueError(f"UNet needs H and W divisible by 16 (four poolings), got {self.input_size}")
         factory = {"device": device, "dtype": dtype}
         sizes = [positive_int("width", width) * 2**k for k in range(self.depth + 1)]
-        self.down = nn.ModuleList([_double_conv(a, b, factory) for a, b in zip([self.input_size[0], *sizes], sizes)])
+        self.down = nn.ModuleList([_double_conv(a, b, factory, batch_norm)
+                                   for a, b in zip([self.input_size[0], *sizes], sizes)])
         self.up = nn.ModuleList([nn.ConvTranspose2d(b, a, 2, stride=2, **factory) for a, b in zip(sizes, sizes[1:])])
-        self.merge = nn.ModuleList([_double_conv(2 * a, a, factory) for a in sizes[:-1]])
-        self.head = nn.Conv2d(sizes[0], 1, 1, **factory)
+        self.merge = nn.ModuleList([_double_conv(2 * a, a, factory, batch_norm) for a in sizes[:-1]])
+        self.head = nn.Conv2d(sizes[0], positive_int("out_channels", out_channels), 1, **factory)
 
     def forward(self, images: Tensor, masks: Tensor | None = None) -> SegmentationOutput:
+        return SegmentationOutput(torch.sigmoid(self.logits(images)), None)
+
+    def logits(self, images: Tensor) -> Tensor:
+        """``(B, C, H, W) -> (B, out_channels, H, W)`` pre-sigmoid outputs."""
         if images.dim() != 4 or images.shape[1] != self.input_size[0] or images.shape[2] % 16 or images.shape[3] % 16:
             raise ValueError(f"UNet expects images of shape (B, {self.input_size[0]}, H, W) with H and W divisible by "
                              f"16, got {tuple(images.shape)}")
@@ -65,7 +77,7 @@ class UNet(nn.Module):
             skips.append(x)
         for k in reversed(range(self.depth)):  # (B, w*2^k, H/2^k, W/2^k) at each step
             x = self.merge[k](torch.cat([self.up[k](x), skips[k]], dim=1))
-        return SegmentationOutput(torch.sigmoid(self.head(x)), None)
+        return self.head(x)
 
 
 @register_model("unet", task="segmentation")
