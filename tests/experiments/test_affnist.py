@@ -159,6 +159,7 @@ def test_affnist_smoke_run(tmp_path, shared_data_root):
     assert "affNIST-style accuracy" in text and "79.00%" in text and "66.00%" in text
     assert list(tmp_path.glob("*.png")) and all(f.stat().st_size > 0 for f in result.figures)
     assert 0 <= result.metrics["CapsNet_affNIST-style"] <= 1
+    assert result.metrics["CNN_epochs"] == 1 and 0 <= result.metrics["CapsNet_val_accuracy"] <= 1
     assert_contrasts_resolve("affnist", result.metrics, 2)
 
 

@@ -37,7 +37,7 @@ from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markd
                                          register_experiment, save_figure, settings_table, train_classifier,
                                          write_report)
 
-__all__ = ["train_to_accuracy", "fit_or_load", "matching_note", "attack_table", "run"]
+__all__ = ["train_to_accuracy", "fit_or_load", "matching_note", "training_metrics", "attack_table", "run"]
 
 
 def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_images: Tensor, val_labels: Tensor, *,
@@ -76,8 +76,17 @@ def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labe
 
         saved = load_checkpoint(Path(checkpoint_dir) / f"{key}.safetensors").meta
         record = {"epochs": f"{saved['epochs']} (loaded)" if "epochs" in saved else "loaded",
-                  "val_accuracy": evaluate_accuracy(model, val_images, val_labels)}
+                  "trained_epochs": saved.get("epochs"), "val_accuracy": evaluate_accuracy(model, val_images, val_labels)}
+    else:
+        record["trained_epochs"] = record["epochs"]
     return record
+
+
+def training_metrics(training: dict[str, dict]) -> dict:
+    """``<name>_val_accuracy`` and ``<name>_epochs`` of each :func:`fit_or_load` record (for the metrics, so a
+    multi-seed summary shows whether every seed compared the models at equal accuracy)."""
+    return {key: value for name, record in training.items()
+            for key, value in ((f"{name}_val_accuracy", record["val_accuracy"]), (f"{name}_epochs", record["trained_epochs"]))}
 
 
 def matching_note(training: dict[str, dict], target: float) -> str:
@@ -312,6 +321,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     metrics = {f"{r['loss']}_{r['attack']}_{'targeted' if r['targeted'] else 'untargeted'}_{r['eps']}_"
                f"{r['source']}_on_{r['victim']}": r["rate"] for r in records}
     metrics.update({f"clean_accuracy_{k}": v for k, v in clean.items()})
+    metrics.update(training_metrics(training))
     metrics.update({f"zero_gradient_{kind}_{name}": v for (name, kind), v in flat.items()})
     return write_report(out, "Adversarial robustness: capsules vs CNN", sections, figures=figures,
                         metrics=metrics, name="adversarial")

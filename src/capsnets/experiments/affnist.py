@@ -25,7 +25,7 @@ from torch import nn
 from capsnets.data import DatasetError, load_dataset
 from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
 from capsnets.models import count_parameters, create_model
-from capsnets.experiments.adversarial import fit_or_load, matching_note
+from capsnets.experiments.adversarial import fit_or_load, matching_note, training_metrics
 from capsnets.experiments.common import (evaluate_accuracy, markdown_table, percent,
                                          register_experiment, save_figure, settings_table, write_report)
 
@@ -87,7 +87,8 @@ def _plot_samples(models: dict[str, nn.Module], images, labels, out_png: Path, c
 
 def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     """CapsNet minus CNN accuracy on each test set (for multi-seed summaries)."""
-    tests = [key[len("CapsNet_"):] for key in metrics if key.startswith("CapsNet_")]
+    tests = [key[len("CapsNet_"):] for key in metrics if key.startswith("CapsNet_")
+             and key not in ("CapsNet_val_accuracy", "CapsNet_epochs")]
     return [(f"CapsNet - CNN, {test.replace('_', ' ')} accuracy", f"CapsNet_{test}", f"CNN_{test}") for test in tests]
 
 
@@ -134,5 +135,6 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     sections = [("Results", markdown_table(headers, rows) + "\n\n" + notes),
                 ("Settings", settings_table({**s, "seed": seed, "device": device, "smoke": smoke}))]
     metrics = {f"{name}_{test}".replace(" ", "_"): value for (name, test), value in accuracy.items()}
+    metrics.update(training_metrics(training))
     return write_report(out, "affNIST: generalisation to unseen affine transforms", sections, figures=[samples_png],
                         metrics=metrics, name="affnist")
