@@ -135,6 +135,15 @@ def _annotate_report(report: Path, text: str) -> None:
     _atomic_write_text(report, f"{title}\n\n{text}\n{rest}")
 
 
+def merge_settings(name: str, defaults: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """``defaults`` overridden by ``options``; an option the experiment does not have raises ``ValueError``
+    naming the ones it takes."""
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise ValueError(f"{name} does not take {', '.join(unknown)}; it takes: {', '.join(sorted(defaults))}")
+    return {**defaults, **options}
+
+
 # --------------------------------------------------------------------------------------------------------
 # Reports
 

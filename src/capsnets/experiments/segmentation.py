@@ -24,8 +24,8 @@ from torch import Tensor, nn
 from capsnets.data import load_dataset
 from capsnets.data.segmentation import SegmentationData, make_digit_segmentation
 from capsnets.engine.evaluate import dice_score
-from capsnets.experiments.common import (load_or_train, markdown_table, percent, register_experiment, save_figure,
-                                         settings_table, train_classifier, write_report)
+from capsnets.experiments.common import (load_or_train, markdown_table, merge_settings, percent, register_experiment,
+                                         save_figure, settings_table, train_classifier, write_report)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
 
@@ -40,11 +40,7 @@ SMOKE = {"train_digits": 2000, "images_per_epoch": 256, "epochs": 1, "test_digit
 
 
 def _settings(smoke: bool, options: dict) -> dict:
-    settings = dict(SMOKE if smoke else FULL)
-    unknown = sorted(set(options) - set(settings))
-    if unknown:
-        raise ValueError(f"segmentation does not take {', '.join(unknown)}; it takes: {', '.join(sorted(settings))}")
-    settings.update(options)
+    settings = merge_settings("segmentation", SMOKE if smoke else FULL, options)
     if settings["size"] % 16 or settings["size"] < 28:
         raise ValueError(f"size must be divisible by 16 (U-Net pools four times) and hold a 28x28 digit, got "
                          f"{settings['size']}")

@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 from capsnets.data import load_dataset
 from capsnets.data.synthesis import silhouette_label_maps
 from capsnets.engine.runtime import autocast, resolve_amp
-from capsnets.experiments.common import (load_or_train, markdown_table, percent, register_experiment, save_figure,
-                                         settings_table, write_report)
+from capsnets.experiments.common import (load_or_train, markdown_table, merge_settings, percent, register_experiment,
+                                         save_figure, settings_table, write_report)
 from capsnets.models import PatchDiscriminator, count_parameters, create_model
 
 __all__ = ["run", "train_pix2pix", "synthesis_errors"]
@@ -161,11 +161,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     Options (override the smoke / full settings): ``train_images``, ``test_images``, ``epochs``, ``batch_size``,
     ``lr``, ``l1_weight``, ``capsule_model``, ``cnn_model``, ``discriminator_width``.
     """
-    s = dict(SMOKE if smoke else FULL)
-    unknown = sorted(set(options) - set(s))
-    if unknown:
-        raise ValueError(f"synthesis does not take {', '.join(unknown)}; it takes: {', '.join(sorted(s))}")
-    s.update(options)
+    s = merge_settings("synthesis", SMOKE if smoke else FULL, options)
     train_maps, train_images = _data(data_dir, True, s["train_images"], device)
     test_maps, test_images = _data(data_dir, False, s["test_images"], device)
     size = (train_maps.shape[1], SIZE, SIZE)

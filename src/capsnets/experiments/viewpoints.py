@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from capsnets.data import DatasetError, DeviceLoader, TensorData, load_dataset, norb_protocol
 from capsnets.engine.runtime import autocast, resolve_amp, seed_everything
-from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markdown_table, percent,
+from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markdown_table, merge_settings, percent,
                                          register_experiment, save_figure, settings_table, write_report)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
@@ -306,11 +306,7 @@ def _plot_curves(records: dict, targets: dict, out_png: Path) -> Path:
 
 
 def _settings(smoke: bool, options: dict) -> dict:
-    s = dict(SMOKE if smoke else FULL)
-    unknown = sorted(set(options) - set(s))
-    if unknown:
-        raise ValueError(f"viewpoints does not take {', '.join(unknown)}; it takes: {', '.join(sorted(s))}")
-    s.update(options)
+    s = merge_settings("viewpoints", SMOKE if smoke else FULL, options)
     bad = [x for x in s["splits"] if x not in SPLITS]
     if bad or not s["splits"]:
         raise ValueError(f"splits must be a non-empty list from {list(SPLITS)}, got {s['splits']!r}")
