@@ -159,6 +159,8 @@ _SMOKE = {
     "adversarial": dict(train_size=128, val_size=32, test_size=32, max_epochs=1, eps=(0.3,), bim_steps=2),
     "affnist": dict(train_size=128, val_size=32, test_size=64, max_epochs=1),
     "viewpoints": dict(train_size=24, test_size=12),
+    "segmentation": dict(images_per_epoch=64, test_images=16),
+    "synthesis": dict(train_images=32, test_images=16),
 }
 
 
@@ -184,3 +186,25 @@ def test_every_segmentation_model_trains_a_step_on_cuda_under_bf16(cuda, name):
         loss = create_loss(model.default_loss)(model(images, masks), images, masks)[0]
     loss.backward()
     _finite(loss=loss, **{f"grad of {n}": p.grad for n, p in model.named_parameters() if p.grad is not None})
+
+
+def test_synthesis_and_autoencoder_models_train_a_step_on_cuda_under_bf16(cuda):
+    from capsnets.experiments.synthesis import train_pix2pix
+    from capsnets.models import PatchDiscriminator
+    from capsnets.models.transforming import shift_pairs
+
+    torch.manual_seed(0)
+    maps = (torch.rand(4, 10, 32, 32, device=cuda) > 0.5).float()
+    images = torch.rand(4, 1, 32, 32, device=cuda)
+    for name in capsnets.list_models("synthesis"):
+        generator = capsnets.create_model(name, device=cuda)
+        history = train_pix2pix(generator, PatchDiscriminator(11, width=8, device=cuda), maps, images, epochs=1,
+                                batch_size=4, progress=False)
+        _finite(**{f"{name} losses": torch.tensor([history[0]["generator"], history[0]["discriminator"]])})
+    model = capsnets.create_model("transforming_autoencoder", device=cuda)
+    digits = torch.rand(4, 1, 28, 28, device=cuda)
+    shifts, targets = shift_pairs(digits, 2, torch.Generator(device=cuda).manual_seed(0))
+    with torch.autocast(cuda.type, dtype=torch.bfloat16):
+        loss = create_loss("transforming")(model(digits, shifts), digits, targets)[0]
+    loss.backward()
+    _finite(loss=loss, **{f"grad of {n}": p.grad for n, p in model.named_parameters()})

@@ -56,7 +56,8 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Te
     opt_g, opt_d = torch.optim.Adam(generator.parameters(), **options), torch.optim.Adam(discriminator.parameters(),
                                                                                          **options)
     amp_dtype, history = resolve_amp(amp, images.device), []
-    generator.train(), discriminator.train()
+    generator.train()
+    discriminator.train()
     for epoch in range(1, epochs + 1):
         order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
         totals, start = torch.zeros(3, dtype=torch.float64, device=images.device), time.perf_counter()
@@ -83,7 +84,8 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Te
             raise FloatingPointError(f"{desc}: non-finite losses {mean} in epoch {epoch}; lower the learning rate")
         history.append({"epoch": epoch, "generator": mean[0], "discriminator": mean[1], "l1": mean[2],
                         "time_s": time.perf_counter() - start})
-    generator.eval(), discriminator.eval()
+    generator.eval()
+    discriminator.eval()
     return history
 
 
