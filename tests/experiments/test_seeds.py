@@ -62,6 +62,8 @@ def test_summary_statistics_match_a_direct_computation(fake_experiment, tmp_path
     assert "| A - B, decibels | +1.5 | -1 | +0 | +0.1667 | 1.258 | 1 above, 1 below zero |" in text  # not a fraction
     assert f"| A_acc | 90.00% | 70.00% | 95.00% | {100 * mean:.2f}% | {100 * std:.2f}% | 70.00% - 95.00% |" in text
     assert "| params | 10 |" in text and "| params | 10 | 10 |" not in text  # listed once, with the same
+    epochs = summarise_seeds(fake_experiment, tmp_path / "e", {0: {"epochs": 5}, 1: {"epochs": 6}, 2: {"epochs": 6}})
+    assert "| epochs | 5 | 6 | 6 | 5.67 | 0.5774 | 5 - 6 |" in epochs.report.read_text()
     assert "| source | x |" in text and "| label | a | b | - |" in text
     saved = json.loads((tmp_path / "seeds.json").read_text())
     assert saved["seeds"] == [0, 1, 2] and saved["contrasts"]["A - B, accuracy"]["differences"] == pytest.approx(

@@ -122,8 +122,8 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 def _fraction_format(values: Sequence[float]):
     """Percentages for fractions (accuracies, errors, rates), thousands separators for integers."""
-    if all(isinstance(v, int) for v in values):
-        return lambda v: f"{v:,.0f}" if v == v else "n/a"
+    if all(isinstance(v, int) for v in values):  # counts; their mean need not be whole
+        return lambda v: "n/a" if v != v else f"{v:,.0f}" if float(v).is_integer() else f"{v:,.2f}"
     if all(0.0 <= v <= 1.0 for v in values):
         return percent
     return lambda v: f"{v:.4g}"
@@ -179,6 +179,6 @@ def _plot_contrasts(differences: dict[str, list[float]], scales: dict[str, float
     ax.axvline(0.0, color="grey", lw=1)
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("difference A - B (fractions in percentage points): dots one seed each, bar the mean")
+    ax.set_xlabel("A - B (fractions in percentage points); dots: one seed each, bar: the mean")
     ax.set_title(f"Contrasts over seeds {', '.join(map(str, seeds))}")
     return save_figure(fig, out_png)
