@@ -171,9 +171,12 @@ class Trainer:
         """Build the model; ``num_classes`` and ``input_size`` default to the data set's (saved in the config)."""
         from capsnets.models import model_arguments, model_task
 
-        if model_task(self.config.model) != "classification":
-            raise ValueError(f"model {self.config.model!r} is a {model_task(self.config.model)} model; the trainer "
-                             f"trains classifiers; `capsnets experiment segmentation` trains segmentation models")
+        task = model_task(self.config.model)
+        if task != "classification":
+            where = {"segmentation": "`capsnets experiment segmentation` trains segmentation models",
+                     "synthesis": "`capsnets experiment synthesis` trains synthesis generators (train_pix2pix)",
+                     "autoencoder": "see the README for training the transforming auto-encoder"}[task]
+            raise ValueError(f"model {self.config.model!r} is a {task} model; the trainer trains classifiers; {where}")
         accepted = model_arguments(self.config.model)
         for key, value in (("num_classes", data.num_classes), ("input_size", list(data.input_shape))):
             if key in accepted and key not in self.config.model_args:
