@@ -229,7 +229,10 @@ class _Replay(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        (operand,) = ctx.saved_tensors
+        # Detached: the saved operand carries this node in its graph, and ``sink`` is reachable from this
+        # node's ctx, so keeping the attached tensor would make a cycle through the autograd graph that
+        # Python's garbage collector cannot see (every training step's graph would stay in memory).
+        operand = ctx.saved_tensors[0].detach()
         xx = ctx.xx
         if ctx.kind == "m":  # value = operand @ xx: d xx = operand^T grad, an outer product (I) x (2H)
             ctx.sink.append((operand.transpose(-1, -2), grad))
