@@ -154,8 +154,10 @@ def test_affnist_smoke_run(tmp_path, shared_data_root):
     from capsnets.experiments import run_experiment
 
     result = run_experiment("affnist", tmp_path, smoke=True, device="cpu", data_dir=str(shared_data_root),
-                            train_size=128, val_size=32, test_size=64, max_epochs=1)
+                            train_size=128, val_size=32, test_size=64, max_epochs=2, target_accuracy=1.0,
+                            train_minutes=1e-9)  # the time limit cuts each model to one epoch
     text = (tmp_path / "report.md").read_text()
+    assert text.count("| 1 (time limit) |") == 2 and "within `max_epochs` or `train_minutes`" in text
     assert "affNIST-style accuracy" in text and "79.00%" in text and "66.00%" in text
     assert list(tmp_path.glob("*.png")) and all(f.stat().st_size > 0 for f in result.figures)
     assert 0 <= result.metrics["CapsNet_affNIST-style"] <= 1

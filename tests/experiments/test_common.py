@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from capsnets.experiments.common import train_classifier
+from capsnets.experiments.common import epochs_trained, minutes_to_seconds, train_classifier
 from capsnets.models.output import ModelOutput
 
 
@@ -29,3 +29,31 @@ def test_forward_and_loss_run_under_the_requested_autocast(amp, dtype):
     history = train_classifier(Linear(), images, labels, loss_fn=loss_fn, epochs=1, batch_size=4, amp=amp,
                                progress=False)
     assert seen == [dtype, dtype] and len(history) == 1  # "auto" is full precision on the CPU
+
+
+def _tiny_run(**kwargs):
+    images, labels = torch.rand(8, 1, 2, 2), torch.arange(8) % 3
+    return train_classifier(Linear(), images, labels, batch_size=4, progress=False, **kwargs)
+
+
+def test_time_limit_stops_after_the_epoch_that_passes_it():
+    stopped = _tiny_run(epochs=5, time_limit_s=1e-9)
+    assert len(stopped) == 1 and stopped[-1]["time_limit"] is True
+    assert epochs_trained(stopped, 5) == "1 of 5 (time limit)"
+    unlimited = _tiny_run(epochs=3, time_limit_s=3600)
+    assert len(unlimited) == 3 and not any("time_limit" in r for r in unlimited)
+    assert epochs_trained(unlimited, 3) == "3"
+    last = _tiny_run(epochs=1, time_limit_s=1e-9)  # the planned run ended anyway: not cut short
+    assert len(last) == 1 and "time_limit" not in last[-1]
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "5", True, float("nan")])
+def test_bad_time_limits_are_refused(bad):
+    with pytest.raises(ValueError, match="positive number"):
+        _tiny_run(epochs=1, time_limit_s=bad)
+    with pytest.raises(ValueError, match="train_minutes must be a positive number"):
+        minutes_to_seconds(bad)
+
+
+def test_train_minutes_converts_to_seconds():
+    assert minutes_to_seconds(None) is None and minutes_to_seconds(2.5) == 150.0

@@ -30,11 +30,12 @@ def test_routing_map_is_on_the_primary_grid():
 
 
 def test_dimensions_smoke_end_to_end_and_reload(shared_data_root, tmp_path):
-    options = {"train_images": 200, "test_images": 100, "digits": 1}
+    options = {"train_images": 200, "test_images": 100, "digits": 1, "epochs": 2, "train_minutes": 1e-9}
     ckpt = tmp_path / "ckpt"
     result = run_experiment("dimensions", tmp_path / "a", smoke=True, device="cpu", data_dir=shared_data_root,
                             checkpoint_dir=ckpt, **options)
     assert result.report.is_file() and "dimensions_digit0.png" in result.report.read_text()
+    assert "trained 1 of 2 (time limit) epoch(s) on 200 images" in result.report.read_text()
     assert (tmp_path / "a" / "routing.png").is_file() and (ckpt / "dimensions_capsnet.safetensors").is_file()
     again = run_experiment("dimensions", tmp_path / "b", smoke=True, device="cpu", data_dir=shared_data_root,
                            checkpoint_dir=ckpt, **options)

@@ -94,10 +94,12 @@ def test_paper_metric_and_targets():
 
 def test_multimnist_smoke_end_to_end(shared_data_root, tmp_path):
     result = run_experiment("multimnist", tmp_path, smoke=True, device="cpu", data_dir=shared_data_root,
-                            train_digits=300, pairs_per_epoch=64, test_digits=100, batch_size=32)
+                            train_digits=300, pairs_per_epoch=64, test_digits=100, batch_size=32,
+                            epochs=2, train_minutes=1e-9)  # the time limit cuts each model to one epoch
     assert result.report == tmp_path / "report.md" and result.report.is_file()
     text = result.report.read_text()
     assert "5.20%" in text and "8.10%" in text and "segmentation.png" in text
     assert (tmp_path / "segmentation.png").stat().st_size > 0
     assert 0 <= result.metrics["capsnet_error"] <= 1 and result.metrics["cnn_parameters"] > 0
+    assert "1 of 2 (time limit) x 64 pairs" in text and "| train_minutes | 1e-09 |" in text
     assert_contrasts_resolve("multimnist", result.metrics, 1)

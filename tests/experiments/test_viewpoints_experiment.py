@@ -88,6 +88,20 @@ def test_scores_within_epochs_and_stops_mid_epoch():
                       lr=1e-3, evals_per_epoch=0)
 
 
+def test_time_limit_stops_at_the_first_evaluation_past_it():
+    torch.manual_seed(0)
+    views = _toy_views()  # 5 steps per epoch at batch 8
+    cut = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=3, target=-1.0, batch_size=8,
+                        lr=1e-3, evals_per_epoch=5, time_limit_s=1e-9)
+    assert cut["time_limit"] and not cut["reached"] and [h["epoch"] for h in cut["history"]] == [0.2]
+    free = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=2, target=-1.0, batch_size=8,
+                         lr=1e-3, time_limit_s=3600)
+    assert not free["time_limit"] and len(free["history"]) == 2
+    with pytest.raises(ValueError, match="positive number"):
+        train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=1, target=None, batch_size=8,
+                      lr=1e-3, time_limit_s=-5)
+
+
 def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(rendered, monkeypatch, tmp_path):
     """A capsule model that never reaches the CNN's familiar-view error (faked here at 100% error) gets a
     second CNN stopped at its error, scored several times per epoch; the report names the matched pair."""

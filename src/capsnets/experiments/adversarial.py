@@ -33,19 +33,21 @@ from capsnets.attacks import (ATTACK_LOSSES, attack_loss, attack_success, bim, f
                               zero_gradient_fraction)
 from capsnets.data import load_dataset
 from capsnets.models import count_parameters, create_model
-from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markdown_table, percent,
-                                         register_experiment, save_figure, settings_table, train_classifier,
-                                         write_report)
+from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markdown_table, minutes_to_seconds,
+                                         percent, register_experiment, save_figure, settings_table,
+                                         train_classifier, write_report)
 
 __all__ = ["train_to_accuracy", "fit_or_load", "matching_note", "training_metrics", "attack_table", "run"]
 
 
 def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_images: Tensor, val_labels: Tensor, *,
                       target: float, max_epochs: int, lr: float = 1e-3, lr_decay: float = 0.96, batch_size: int = 128,
-                      seed: int = 0, augment: Callable | None = None, desc: str = "train") -> dict:
+                      seed: int = 0, augment: Callable | None = None, desc: str = "train",
+                      time_limit_s: float | None = None) -> dict:
     """Train (one run of :func:`~capsnets.experiments.common.train_classifier`: Adam, learning rate
     ``lr * lr_decay ** (epoch - 1)``) until the validation accuracy, scored after every epoch, reaches
-    ``target`` or ``max_epochs`` pass.
+    ``target`` or ``max_epochs`` pass (or, with ``time_limit_s``, the first epoch that ends past that many
+    seconds of training).
 
     Returns:
         ``{"epochs", "val_accuracy", "history"}`` (``history``: one record per epoch, with its ``val_accuracy``).
@@ -57,9 +59,10 @@ def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_imag
 
     history = train_classifier(model, images, labels, epochs=max_epochs, batch_size=batch_size, lr=lr,
                                lr_decay=lr_decay, seed=seed, augment=augment, desc=desc, progress=False,
-                               after_epoch=score)
+                               after_epoch=score, time_limit_s=time_limit_s)
     accuracy = history[-1]["val_accuracy"] if history else 0.0
-    return {"epochs": len(history), "val_accuracy": accuracy, "history": history}
+    return {"epochs": len(history), "val_accuracy": accuracy, "history": history,
+            "time_limit": bool(history and history[-1].get("time_limit"))}
 
 
 def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labels: Tensor, val_images: Tensor,
@@ -79,6 +82,8 @@ def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labe
                   "trained_epochs": saved.get("epochs"), "val_accuracy": evaluate_accuracy(model, val_images, val_labels)}
     else:
         record["trained_epochs"] = record["epochs"]
+        if record["time_limit"]:
+            record["epochs"] = f"{record['epochs']} (time limit)"
     return record
 
 
@@ -97,8 +102,8 @@ def matching_note(training: dict[str, dict], target: float) -> str:
     if not missed:
         return f"Every model reached the {percent(target)} validation target ({reached}): compared at equal accuracy."
     return (f"**Not at equal accuracy**: {' and '.join(missed)} did not reach the {percent(target)} validation "
-            f"target within `max_epochs` ({reached}), so the comparison also reflects that difference in "
-            f"accuracy.")
+            f"target within `max_epochs` or `train_minutes` ({reached}), so the comparison also reflects that "
+            f"difference in accuracy.")
 
 
 def _craft(attack: str, model, images, labels, eps, targets, steps, loss: str = "own"):
@@ -225,11 +230,12 @@ def _plot_examples(models: dict[str, nn.Module], images, labels, eps: float, ste
 def _settings(smoke: bool, options: dict) -> dict:
     full = {"train_size": 55000, "val_size": 5000, "test_size": 1000, "max_epochs": 30, "target_accuracy": 0.99,
             "eps": (0.05, 0.1, 0.15, 0.2, 0.25, 0.3), "bim_steps": 10, "batch_size": 128, "lr": 1e-3,
-            "capsule_model": "capsnet", "cnn_model": "cnn_baseline", "attack_losses": ("cross_entropy", "own")}
+            "capsule_model": "capsnet", "cnn_model": "cnn_baseline", "attack_losses": ("cross_entropy", "own"),
+            "train_minutes": None}
     small = {"train_size": 768, "val_size": 128, "test_size": 64, "max_epochs": 2, "target_accuracy": 0.9,
              "eps": (0.1, 0.2, 0.3), "bim_steps": 3, "batch_size": 32, "lr": 2e-3,
              "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow",
-             "attack_losses": ("cross_entropy", "own")}
+             "attack_losses": ("cross_entropy", "own"), "train_minutes": None}
     settings = dict(small if smoke else full)
     unknown = sorted(set(options) - set(settings))
     if unknown:
@@ -280,7 +286,8 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     models = {"CNN": _build(s["cnn_model"], device), "CapsNet": _build(s["capsule_model"], device)}
     training = {name: fit_or_load(model, f"adversarial_{model.model_name}", checkpoint_dir, fit_x, fit_y, val_x, val_y,
                                   target=s["target_accuracy"], max_epochs=s["max_epochs"], lr=s["lr"],
-                                  batch_size=s["batch_size"], seed=seed + 100 * index, desc=name)
+                                  batch_size=s["batch_size"], seed=seed + 100 * index, desc=name,
+                                  time_limit_s=minutes_to_seconds(s["train_minutes"]))
                 for index, (name, model) in enumerate(models.items())}
     clean = {name: evaluate_accuracy(m, test.images, test.labels) for name, m in models.items()}
     wrong = random_wrong_targets(test.labels, test.num_classes, torch.Generator().manual_seed(seed))

@@ -26,7 +26,7 @@ from capsnets.data import DatasetError, load_dataset
 from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
 from capsnets.models import count_parameters, create_model
 from capsnets.experiments.adversarial import fit_or_load, matching_note, training_metrics
-from capsnets.experiments.common import (evaluate_accuracy, markdown_table, percent,
+from capsnets.experiments.common import (evaluate_accuracy, markdown_table, minutes_to_seconds, percent,
                                          register_experiment, save_figure, settings_table, write_report)
 
 __all__ = ["run"]
@@ -37,10 +37,10 @@ _PAPER = {"CapsNet": (0.9923, 0.79), "CNN": (0.9922, 0.66)}
 def _settings(smoke: bool, options: dict) -> dict:
     full = {"train_size": 55000, "val_size": 5000, "test_size": 10000, "max_epochs": 50, "target_accuracy": 0.992,
             "batch_size": 128, "lr": 1e-3, "capsule_model": "capsnet", "cnn_model": "cnn_baseline",
-            "affnist_path": None}
+            "affnist_path": None, "train_minutes": None}
     small = {"train_size": 1024, "val_size": 128, "test_size": 256, "max_epochs": 2, "target_accuracy": 0.9,
              "batch_size": 32, "lr": 2e-3, "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow",
-             "affnist_path": None}
+             "affnist_path": None, "train_minutes": None}
     settings = dict(small if smoke else full)
     unknown = sorted(set(options) - set(settings))
     if unknown:
@@ -115,7 +115,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     training = {name: fit_or_load(model, f"affnist_{model.model_name}", checkpoint_dir, fit_x, fit_y, val.images,
                                   val.labels, target=s["target_accuracy"], max_epochs=s["max_epochs"], lr=s["lr"],
                                   batch_size=s["batch_size"], seed=seed + 100 * index, augment=RandomPlacement(),
-                                  desc=name)
+                                  desc=name, time_limit_s=minutes_to_seconds(s["train_minutes"]))
                 for index, (name, model) in enumerate(models.items())}
     accuracy = {(name, test): evaluate_accuracy(m, data.images, data.labels)
                 for name, m in models.items() for test, data in tests.items()}

@@ -234,7 +234,8 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
                      epochs: int = 1, batch_size: int = 128, lr: float = 1e-3, lr_decay: float = 0.96,
                      seed: int = 0, augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
                      desc: str = "train", progress: bool = True, amp: str = "auto",
-                     after_epoch: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, float]]:
+                     after_epoch: Callable[[dict[str, Any]], bool] | None = None,
+                     time_limit_s: float | None = None) -> list[dict[str, float]]:
     """Train ``model`` in place with Adam and a per-epoch exponential learning-rate decay.
 
     Batches are cut on the device holding ``images`` (shuffled by a CPU generator seeded from
@@ -251,6 +252,9 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
             ``"bf16"`` or ``"off"``, as in the trainer.
         after_epoch: called with each epoch's record (it may add entries to it, e.g. a validation score);
             returning True ends training after that epoch.
+        time_limit_s: wall-clock budget in seconds: training ends after the first epoch (``after_epoch``
+            included) that ends past it, and that epoch's record gets ``"time_limit": True``. For runs on
+            machines lent for a fixed time; the caller should report how many epochs were trained.
 
     Returns:
         one ``{"epoch", "loss", "lr", "time_s"}`` dict per epoch trained.
@@ -259,12 +263,13 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_time_limit(time_limit_s)
     loss_fn = loss_fn or default_loss_fn(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
     if (epoch_data is None) == (images is None):
         raise ValueError("pass either images and targets or epoch_data")
-    history = []
+    history, began = [], time.perf_counter()
     model.train()
     for epoch in range(1, epochs + 1):
         if epoch_data is not None:
@@ -295,8 +300,35 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
             model.train()
             if stop:
                 break
+        if time_limit_s is not None and epoch < epochs and time.perf_counter() - began >= time_limit_s:
+            history[-1]["time_limit"] = True
+            break
     model.eval()
     return history
+
+
+def check_time_limit(time_limit_s: float | None) -> None:
+    """Refuse a training time limit that is not a positive number of seconds (None means no limit)."""
+    if time_limit_s is not None and (isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float))
+                                     or not time_limit_s > 0):
+        raise ValueError(f"the training time limit must be a positive number of seconds (or None), "
+                         f"got {time_limit_s!r}; the experiments take it as train_minutes")
+
+
+def minutes_to_seconds(minutes: float | None) -> float | None:
+    """The ``train_minutes`` setting of an experiment as :func:`train_classifier`'s ``time_limit_s``."""
+    if minutes is None:
+        return None
+    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
+        raise ValueError(f"train_minutes must be a positive number of minutes (or null for no limit), got {minutes!r}")
+    return 60.0 * minutes
+
+
+def epochs_trained(history: Sequence[dict], planned: int) -> str:
+    """How a report states a training run's length: ``"12"``, or ``"7 of 50 (time limit)"``."""
+    if history and history[-1].get("time_limit"):
+        return f"{len(history)} of {planned} (time limit)"
+    return str(len(history))
 
 
 @torch.no_grad()

@@ -23,17 +23,17 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset, random_shift
 from capsnets.engine.checkpoint import CheckpointError, load_model
-from capsnets.experiments.common import (ExperimentResult, evaluate_accuracy, load_or_train, markdown_table,
-                                         percent, register_experiment, save_figure, settings_table,
-                                         train_classifier, write_report)
+from capsnets.experiments.common import (ExperimentResult, epochs_trained, evaluate_accuracy, load_or_train,
+                                         markdown_table, minutes_to_seconds, percent, register_experiment,
+                                         save_figure, settings_table, train_classifier, write_report)
 from capsnets.functional import capsule_length
 from capsnets.models import count_parameters, create_model
 
 PERTURBATIONS = torch.arange(-5, 6) * 0.05  # -0.25 ... +0.25 in steps of 0.05
 FULL = {"model": "capsnet", "train_images": 60000, "epochs": 10, "test_images": 10000, "max_shift": 2,
-        "batch_size": 128, "digits": 3}
+        "batch_size": 128, "digits": 3, "train_minutes": None}
 SMOKE = {"model": "capsnet_small", "train_images": 2000, "epochs": 1, "test_images": 500, "max_shift": 0,
-         "batch_size": 32, "digits": 2}
+         "batch_size": 32, "digits": 2, "train_minutes": None}
 
 
 @torch.no_grad()
@@ -110,13 +110,17 @@ def _model(cfg: dict, data, device: str, seed: int, checkpoint_dir) -> tuple[nn.
     images, labels = data.images[:cfg["train_images"]].to(device), data.labels[:cfg["train_images"]].to(device)
     shift = (lambda x, g: random_shift(x, cfg["max_shift"], g)) if cfg["max_shift"] else None
 
+    history: list = []
+
     def fit():
-        train_classifier(model, images, labels, epochs=cfg["epochs"], batch_size=cfg["batch_size"], seed=seed,
-                         augment=shift, desc="dimensions capsnet")
+        history.extend(train_classifier(model, images, labels, epochs=cfg["epochs"], batch_size=cfg["batch_size"],
+                                        seed=seed, augment=shift, desc="dimensions capsnet",
+                                        time_limit_s=minutes_to_seconds(cfg["train_minutes"])))
 
     loaded = load_or_train(model, "dimensions_capsnet", fit, checkpoint_dir=checkpoint_dir,
                            meta={"dataset": "mnist"})
-    return model, "loaded" if loaded else f"trained {cfg['epochs']} epoch(s) on {len(images):,} images"
+    return model, ("loaded" if loaded else
+                   f"trained {epochs_trained(history, cfg['epochs'])} epoch(s) on {len(images):,} images")
 
 
 @register_experiment("dimensions")

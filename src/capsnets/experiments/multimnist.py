@@ -22,9 +22,9 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.multimnist import MultiMNIST, average_overlap, make_multimnist, multimnist_test_set
-from capsnets.experiments.common import (ExperimentResult, evaluate_accuracy, load_or_train, markdown_table,
-                                         percent, register_experiment, save_figure, settings_table,
-                                         train_classifier, write_report)
+from capsnets.experiments.common import (ExperimentResult, epochs_trained, evaluate_accuracy, load_or_train,
+                                         markdown_table, minutes_to_seconds, percent, register_experiment,
+                                         save_figure, settings_table, train_classifier, write_report)
 from capsnets.functional import capsule_length
 from capsnets.losses import margin_loss, reconstruction_loss
 from capsnets.models import count_parameters, create_model
@@ -32,10 +32,11 @@ from capsnets.models import count_parameters, create_model
 PAPER_ERROR = {"CapsNet": 0.052, "CNN baseline": 0.081}
 SIZE = 36  # 28 + 2 * 4
 FULL = {"train_digits": 60000, "pairs_per_epoch": 60000, "epochs": 50, "test_digits": 10000,
-        "test_pairs_per_digit": 10, "batch_size": 128, "lr": 1e-3, "capsnet": "capsnet", "cnn": "cnn_baseline"}
+        "test_pairs_per_digit": 10, "batch_size": 128, "lr": 1e-3, "capsnet": "capsnet", "cnn": "cnn_baseline",
+        "train_minutes": None}
 SMOKE = {"train_digits": 2000, "pairs_per_epoch": 400, "epochs": 1, "test_digits": 200,
          "test_pairs_per_digit": 1, "batch_size": 32, "lr": 1e-3, "capsnet": "capsnet_small",
-         "cnn": "cnn_baseline_narrow"}
+         "cnn": "cnn_baseline_narrow", "train_minutes": None}
 
 
 def two_hot(labels: Tensor, num_classes: int = 10) -> Tensor:
@@ -126,16 +127,19 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
     for (name, model), loss_fn in zip(models.items(), (capsule_loss, cnn_loss)):
         key = "capsnet" if name == "CapsNet" else "cnn"
 
-        def fit(model=model, loss_fn=loss_fn, key=key):
-            train_classifier(model, None, None, epoch_data=epoch_data, loss_fn=loss_fn, epochs=cfg["epochs"],
-                             batch_size=cfg["batch_size"], lr=cfg["lr"], seed=seed, desc=f"multimnist {key}")
+        history: list = []
+
+        def fit(model=model, loss_fn=loss_fn, key=key, history=history):
+            history += train_classifier(model, None, None, epoch_data=epoch_data, loss_fn=loss_fn, epochs=cfg["epochs"],
+                                        batch_size=cfg["batch_size"], lr=cfg["lr"], seed=seed, desc=f"multimnist {key}",
+                                        time_limit_s=minutes_to_seconds(cfg["train_minutes"]))
 
         loaded = load_or_train(model, f"multimnist_{key}", fit, checkpoint_dir=checkpoint_dir)
         error = 1.0 - evaluate_accuracy(model, test.images, (test.labels,), correct=both_correct)
         params = count_parameters(model)
         metrics.update({f"{key}_error": error, f"{key}_parameters": params})
-        rows.append((name, f"{params:,}", percent(error), percent(PAPER_ERROR[name]),
-                     "loaded" if loaded else f"{cfg['epochs']} x {cfg['pairs_per_epoch']:,} pairs"))
+        training = f"{epochs_trained(history, cfg['epochs'])} x {cfg['pairs_per_epoch']:,} pairs"
+        rows.append((name, f"{params:,}", percent(error), percent(PAPER_ERROR[name]), "loaded" if loaded else training))
     png = plot_segmentation(models["CapsNet"], test, out / "segmentation.png")
     sections = [
         ("Results", markdown_table(["model", "parameters", "test error (ours)", "test error (paper)", "training"],

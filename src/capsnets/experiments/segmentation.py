@@ -24,8 +24,9 @@ from torch import Tensor, nn
 from capsnets.data import load_dataset
 from capsnets.data.segmentation import SegmentationData, make_digit_segmentation
 from capsnets.engine.evaluate import dice_score
-from capsnets.experiments.common import (load_or_train, markdown_table, merge_settings, percent, register_experiment,
-                                         save_figure, settings_table, train_classifier, write_report)
+from capsnets.experiments.common import (epochs_trained, load_or_train, markdown_table, merge_settings,
+                                         minutes_to_seconds, percent, register_experiment, save_figure,
+                                         settings_table, train_classifier, write_report)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
 
@@ -33,10 +34,11 @@ __all__ = ["run", "evaluate_dice"]
 
 PAPER = {"SegCaps": (0.9848, "1.4M"), "U-Net": (0.9845, "31M")}
 FULL = {"train_digits": 60000, "images_per_epoch": 20000, "epochs": 20, "test_digits": 10000, "test_images": 10000,
-        "size": 64, "clutter": 8, "patch": 8, "batch_size": 32, "lr": 1e-3, "segcaps": "segcaps", "unet": "unet"}
+        "size": 64, "clutter": 8, "patch": 8, "batch_size": 32, "lr": 1e-3, "segcaps": "segcaps", "unet": "unet",
+        "train_minutes": None}
 SMOKE = {"train_digits": 2000, "images_per_epoch": 256, "epochs": 1, "test_digits": 200, "test_images": 64,
          "size": 32, "clutter": 4, "patch": 8, "batch_size": 32, "lr": 3e-3, "segcaps": "segcaps_small",
-         "unet": "unet_small"}
+         "unet": "unet_small", "train_minutes": None}
 
 
 def _settings(smoke: bool, options: dict) -> dict:
@@ -108,15 +110,20 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     for name, model in models.items():
         criterion = create_loss(model.default_loss)
 
-        def fit(model=model, criterion=criterion, name=name):
-            train_classifier(model, None, None, epoch_data=epoch_data, epochs=s["epochs"], batch_size=s["batch_size"],
-                             lr=s["lr"], seed=seed, desc=name, loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0])
+        history: list = []
+
+        def fit(model=model, criterion=criterion, name=name, history=history):
+            history += train_classifier(model, None, None, epoch_data=epoch_data, epochs=s["epochs"],
+                                        batch_size=s["batch_size"], lr=s["lr"], seed=seed, desc=name,
+                                        loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0],
+                                        time_limit_s=minutes_to_seconds(s["train_minutes"]))
 
         loaded = load_or_train(model, f"segmentation_{model.model_name}", fit, checkpoint_dir=checkpoint_dir)
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
+        training = f"{epochs_trained(history, s['epochs'])} x {s['images_per_epoch']:,} images"
         rows.append((f"{name} ({model.model_name})", f"{params:,}", percent(dice), percent(PAPER[name][0]),
-                     PAPER[name][1], "loaded" if loaded else f"{s['epochs']} x {s['images_per_epoch']:,} images"))
+                     PAPER[name][1], "loaded" if loaded else training))
     threshold = dice_score(test.images, test.masks).mean().item()
     metrics["threshold_dice"] = threshold
     rows.append(("image > 0.5 (no model)", "0", percent(threshold), "-", "-", "-"))

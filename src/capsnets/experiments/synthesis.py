@@ -28,34 +28,39 @@ from tqdm.auto import tqdm
 from capsnets.data import load_dataset
 from capsnets.data.synthesis import silhouette_label_maps
 from capsnets.engine.runtime import autocast, resolve_amp
-from capsnets.experiments.common import (load_or_train, markdown_table, merge_settings, percent, register_experiment,
+from capsnets.experiments.common import (check_time_limit, epochs_trained, load_or_train, markdown_table,
+                                         merge_settings, minutes_to_seconds, percent, register_experiment,
                                          save_figure, settings_table, write_report)
 from capsnets.models import PatchDiscriminator, count_parameters, create_model
 
 __all__ = ["run", "train_pix2pix", "synthesis_errors"]
 
 FULL = {"train_images": 60000, "test_images": 10000, "epochs": 20, "batch_size": 32, "lr": 2e-4, "l1_weight": 100.0,
-        "capsule_model": "capspix2pix", "cnn_model": "pix2pix", "discriminator_width": 64}
+        "capsule_model": "capspix2pix", "cnn_model": "pix2pix", "discriminator_width": 64, "train_minutes": None}
 SMOKE = {"train_images": 256, "test_images": 64, "epochs": 1, "batch_size": 32, "lr": 2e-4, "l1_weight": 100.0,
-         "capsule_model": "capspix2pix_small", "cnn_model": "pix2pix_small", "discriminator_width": 16}
+         "capsule_model": "capspix2pix_small", "cnn_model": "pix2pix_small", "discriminator_width": 16,
+         "train_minutes": None}
 SIZE = 32
 
 
 def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Tensor, images: Tensor, *,
                   epochs: int, batch_size: int = 32, lr: float = 2e-4, l1_weight: float = 100.0, seed: int = 0,
-                  desc: str = "pix2pix", progress: bool = True, amp: str = "auto") -> list[dict[str, Any]]:
+                  desc: str = "pix2pix", progress: bool = True, amp: str = "auto",
+                  time_limit_s: float | None = None) -> list[dict[str, Any]]:
     """Train a generator and its discriminator with pix2pix's losses (Isola et al. 2017, Sec. 3).
 
     Per batch: the discriminator's loss is the mean of the binary cross-entropies of real pairs (target 1)
     and generated pairs (target 0); the generator's is the cross-entropy of its pairs against target 1 plus
     ``l1_weight`` times the mean absolute error to the real image. Batches are shuffled on the device by a
     CPU generator seeded from ``(seed, epoch)``. Returns one ``{"epoch", "generator", "discriminator", "l1",
-    "time_s"}`` record per epoch.
+    "time_s"}`` record per epoch. ``time_limit_s``: as in
+    :func:`~capsnets.experiments.common.train_classifier` (the last record then has ``"time_limit": True``).
     """
+    check_time_limit(time_limit_s)
     options = {"lr": lr, "betas": (0.5, 0.999)}
     opt_g, opt_d = torch.optim.Adam(generator.parameters(), **options), torch.optim.Adam(discriminator.parameters(),
                                                                                          **options)
-    amp_dtype, history = resolve_amp(amp, images.device), []
+    amp_dtype, history, began = resolve_amp(amp, images.device), [], time.perf_counter()
     generator.train()
     discriminator.train()
     for epoch in range(1, epochs + 1):
@@ -84,6 +89,9 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Te
             raise FloatingPointError(f"{desc}: non-finite losses {mean} in epoch {epoch}; lower the learning rate")
         history.append({"epoch": epoch, "generator": mean[0], "discriminator": mean[1], "l1": mean[2],
                         "time_s": time.perf_counter() - start})
+        if time_limit_s is not None and epoch < epochs and time.perf_counter() - began >= time_limit_s:
+            history[-1]["time_limit"] = True
+            break
     generator.eval()
     discriminator.eval()
     return history
@@ -173,9 +181,12 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     for name, generator in models.items():
         discriminator = PatchDiscriminator(size[0] + 1, width=s["discriminator_width"], device=device)
 
-        def fit(generator=generator, discriminator=discriminator, name=name):
-            train_pix2pix(generator, discriminator, train_maps, train_images, epochs=s["epochs"],
-                          batch_size=s["batch_size"], lr=s["lr"], l1_weight=s["l1_weight"], seed=seed, desc=name)
+        history: list = []
+
+        def fit(generator=generator, discriminator=discriminator, name=name, history=history):
+            history += train_pix2pix(generator, discriminator, train_maps, train_images, epochs=s["epochs"],
+                                     batch_size=s["batch_size"], lr=s["lr"], l1_weight=s["l1_weight"], seed=seed,
+                                     desc=name, time_limit_s=minutes_to_seconds(s["train_minutes"]))
 
         loaded = load_or_train(generator, f"synthesis_{generator.model_name}", fit, checkpoint_dir=checkpoint_dir)
         errors, params = synthesis_errors(generator, test_maps, test_images), count_parameters(generator)
@@ -183,7 +194,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
                         f"{name}_parameters": params})
         rows.append((f"{name} ({generator.model_name})", f"{params:,}", f"{count_parameters(discriminator):,}",
                      f"{errors['l1']:.4f}", f"{errors['psnr']:.2f} dB",
-                     "loaded" if loaded else f"{s['epochs']} x {s['train_images']:,} images"))
+                     "loaded" if loaded else f"{epochs_trained(history, s['epochs'])} x {s['train_images']:,} images"))
     figures = [_plot_examples(models, test_maps, test_images, out / "examples.png"),
                _plot_dimensions(models["CapsPix2pix"], test_maps[0], out / "capsule_dimensions.png")]
     headers = ["generator", "parameters", "discriminator parameters", "test L1 error", "test PSNR", "training"]

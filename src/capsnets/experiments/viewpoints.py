@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +51,9 @@ from torch import Tensor, nn
 
 from capsnets.data import DatasetError, DeviceLoader, TensorData, load_dataset, norb_protocol
 from capsnets.engine.runtime import autocast, resolve_amp, seed_everything
-from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markdown_table, merge_settings, percent,
-                                         register_experiment, save_figure, settings_table, write_report)
+from capsnets.experiments.common import (check_time_limit, evaluate_accuracy, load_or_train, markdown_table,
+                                         merge_settings, minutes_to_seconds, percent, register_experiment,
+                                         save_figure, settings_table, write_report)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
 
@@ -73,7 +75,7 @@ NUM_CLASSES, INPUT_SIZE = 5, (1, 32, 32)
 FULL = {"splits": list(SPLITS), "capsule_model": "matrix_capsnet", "capsule_args": {}, "cnn_model": "cnn_smallnorb",
         "epochs": 50, "capsule_batch_size": 64, "cnn_batch_size": 128, "lr": 1e-3, "lr_decay": 0.96,
         "target_error": None, "rematch_cnn": True, "rematch_evals_per_epoch": 10, "train_size": None,
-        "test_size": None, "render_instances": None, "render_lightings": None}
+        "test_size": None, "render_instances": None, "render_lightings": None, "train_minutes": None}
 SMOKE = {**FULL, "capsule_model": "matrix_capsnet_small", "capsule_args": {"detach_routing": True},
          "cnn_model": "cnn_smallnorb_narrow", "epochs": 1, "capsule_batch_size": 32, "cnn_batch_size": 32, "lr": 2e-3,
          "train_size": 192, "test_size": 64, "render_instances": 1, "render_lightings": [0]}
@@ -148,7 +150,7 @@ def _error(model: nn.Module, data: TensorData) -> float:
 
 def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int, target: float | None,
                   batch_size: int, lr: float, lr_decay: float = 0.96, seed: int = 0, amp: str = "auto",
-                  evals_per_epoch: int = 1) -> dict:
+                  evals_per_epoch: int = 1, time_limit_s: float | None = None) -> dict:
     """Train ``model`` on ``views["train"]`` (with its ``augment``), scoring it on ``views["familiar"]`` and
     ``views["novel"]`` ``evals_per_epoch`` times per epoch (evenly spaced, the last at the end of the epoch),
     and leave it at the chosen evaluation.
@@ -157,12 +159,15 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     whose familiar-view error is ``<= target`` (training stops there), or, if none is, the one nearest to
     ``target``. Losses with ``set_progress`` (spread loss) see the fraction of ``epochs`` done.
     ``amp``: autocast of the training forward pass and loss, as in the trainer (``"auto"``: bf16 on CUDA).
+    ``time_limit_s``: training also stops at the first evaluation past that many seconds (``"time_limit"``
+    in the result says whether it did).
 
     Returns:
         ``{"history": [{"epoch", "step", "loss", "familiar_error", "novel_error"}, ...], "epoch",
-        "familiar_error", "novel_error", "reached"}`` (the last three of the chosen evaluation). ``epoch``
-        counts the epochs done: a whole number at the end of an epoch, a fraction within one; ``loss`` is
-        the mean training loss since the previous evaluation; ``step`` counts optimiser steps.
+        "familiar_error", "novel_error", "reached", "time_limit"}`` (``epoch`` and the two errors are the
+        chosen evaluation's). ``epoch`` counts the epochs done: a whole number at the end of an epoch, a
+        fraction within one; ``loss`` is the mean training loss since the previous evaluation; ``step``
+        counts optimiser steps.
     """
     if evals_per_epoch < 1:
         raise ValueError(f"evals_per_epoch must be >= 1, got {evals_per_epoch}")
@@ -173,7 +178,9 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     steps, amp_dtype = max(len(loader), 1), resolve_amp(amp, views["train"].device)
     # the steps (1-based, within an epoch) after which the model is scored; the last is the end of the epoch
     checks = sorted({max(1, round(steps * k / evals_per_epoch)) for k in range(1, evals_per_epoch + 1)})
+    check_time_limit(time_limit_s)
     history, best, best_state, reached, done = [], None, None, False, 0
+    began, out_of_time = time.perf_counter(), False
     total = torch.zeros((), dtype=torch.float64, device=views["train"].device)
     seen = 0
     for epoch in range(1, epochs + 1):
@@ -205,9 +212,10 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
             score = record["familiar_error"] if target is None else abs(record["familiar_error"] - target)
             if reached or best is None or score < best[0]:
                 best, best_state = (score, record), copy.deepcopy(model.state_dict())
-            if reached:
+            out_of_time = time_limit_s is not None and time.perf_counter() - began >= time_limit_s
+            if reached or out_of_time:
                 break
-        if reached:
+        if reached or out_of_time:
             break
         scheduler.step()
     if best_state is not None:
@@ -216,7 +224,7 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     chosen = best[1] if best else {"epoch": 0, "familiar_error": _error(model, views["familiar"]),
                                    "novel_error": _error(model, views["novel"])}
     return {"history": history, "epoch": chosen["epoch"], "familiar_error": chosen["familiar_error"],
-            "novel_error": chosen["novel_error"], "reached": reached}
+            "novel_error": chosen["novel_error"], "reached": reached, "time_limit": out_of_time and not reached}
 
 
 def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, batch_size: int,
@@ -226,13 +234,14 @@ def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, bat
 
     def train():
         record.update(train_matched(model, views, epochs=s["epochs"], target=target, batch_size=batch_size,
-                                    lr=s["lr"], lr_decay=s["lr_decay"], seed=seed, evals_per_epoch=evals_per_epoch))
+                                    lr=s["lr"], lr_decay=s["lr_decay"], seed=seed, evals_per_epoch=evals_per_epoch,
+                                    time_limit_s=minutes_to_seconds(s["train_minutes"])))
 
     if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record):
         from capsnets.engine.checkpoint import load_checkpoint
 
         meta = load_checkpoint(Path(checkpoint_dir) / f"{key}.safetensors").meta
-        record = {k: meta.get(k) for k in ("history", "epoch", "reached")}
+        record = {k: meta.get(k) for k in ("history", "epoch", "reached", "time_limit")}
         record.update(familiar_error=_error(model, views["familiar"]), novel_error=_error(model, views["novel"]))
     return record
 
@@ -380,6 +389,16 @@ def _matched_summary(records: dict, fixed_target: bool) -> str:
     return "Matched comparison:\n\n" + "\n".join(lines)
 
 
+def _time_limit_note(records: dict, s: dict) -> str:
+    """A paragraph naming the trainings that the ``train_minutes`` limit stopped (empty if none)."""
+    stopped = [f"{split} {role} after {rec['history'][-1]['epoch'] if rec.get('history') else 0} epochs"
+               for split, recs in records.items() for role, rec in recs.items() if rec.get("time_limit")]
+    if not stopped:
+        return ""
+    return (f"\n\n**Stopped by the time limit** (`train_minutes` = {s['train_minutes']} per model, of "
+            f"{s['epochs']} epochs): {'; '.join(stopped)}.")
+
+
 def _sections(source: str, results: dict, s: dict, names: dict, extra: dict) -> list[tuple[str, str]]:
     records = {split: r["records"] for split, r in results.items()}
     targets = {split: r["target"] for split, r in results.items()}
@@ -401,7 +420,7 @@ def _sections(source: str, results: dict, s: dict, names: dict, extra: dict) -> 
                       f"\"{STOPPED}\"; same recipe and data order, its own initialisation), scored "
                       f"{s['rematch_evals_per_epoch']} times per epoch, and stopped at the first score at or below "
                       "the capsule model's familiar-view error: the models are then matched the other way round.")
-         + "\n\n" + _matched_summary(records, fixed)),
+         + "\n\n" + _matched_summary(records, fixed) + _time_limit_note(records, s)),
         ("Parameters", markdown_table(["role", "model", "parameters"],
                                       [(r, names[r], f"{params[r]:,}") for r in ("CNN", "capsules")])),
         ("Paper", "Hinton, Sabour & Frosst (2018), Sec. 5.2, Table 2 (smallNORB, models matched on familiar-view "
