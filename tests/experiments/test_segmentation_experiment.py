@@ -8,9 +8,10 @@ from capsnets.testing import assert_contrasts_resolve
 def test_smoke_run_writes_the_report(shared_data_root, tmp_path):
     assert "segmentation" in list_experiments()
     result = run_experiment("segmentation", tmp_path, smoke=True, device="cpu", data_dir=str(shared_data_root),
-                            images_per_epoch=64, test_images=16, clutter=2, patch=6, epochs=2, train_minutes=1e-9)
+                            images_per_epoch=64, test_images=16, clutter=2, patch=6, epochs=2, train_minutes=1e-9,
+                            unet_args={"batch_norm": True})
     text = result.report.read_text()
-    assert text.count("1 of 2 (time limit) x 64 images") == 2
+    assert text.count("1 of 2 (time limit) x 64 images") == 2 and "batch_norm" in text
     assert "| SegCaps (segcaps_small) |" in text and "| U-Net (unet_small) |" in text and "98.48%" in text
     assert "image > 0.5 (no model)" in text and (tmp_path / "examples.png").stat().st_size > 0
     assert all(0 <= result.metrics[k] <= 1 for k in ("SegCaps_dice", "U-Net_dice", "threshold_dice"))
@@ -29,6 +30,8 @@ def test_checkpoints_are_reused(shared_data_root, tmp_path):
 def test_rejects_unknown_options_and_sizes(tmp_path):
     with pytest.raises(ValueError, match="does not take epoch"):
         run_experiment("segmentation", tmp_path, smoke=True, device="cpu", epoch=1)
+    with pytest.raises(ValueError, match="unet_args must be a mapping"):
+        run_experiment("segmentation", tmp_path, smoke=True, device="cpu", unet_args="batch_norm")
     for size in (40, 16):
         with pytest.raises(ValueError, match="divisible by 16.*28x28 digit"):
             run_experiment("segmentation", tmp_path, smoke=True, device="cpu", size=size)

@@ -30,6 +30,15 @@ def test_paper_parameter_counts(name, count):
         assert capsnets.count_parameters(capsnets.create_model(name, reconstruction=False)) == 1_416_112
 
 
+@pytest.mark.parametrize("name", ["unet", "unet_small"])
+def test_unet_batch_norm_is_a_builder_option(name):
+    plain = capsnets.create_model(name, input_size=(1, 16, 16))
+    normed = capsnets.create_model(name, input_size=(1, 16, 16), batch_norm=True)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in plain.modules())
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in normed.modules()) == 18  # two per double conv
+    assert normed.model_args["batch_norm"] is True
+
+
 @pytest.mark.parametrize("name", SEGMENTATION)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_forward_backward_every_parameter_gets_gradient(name, batch):

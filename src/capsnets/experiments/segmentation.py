@@ -35,10 +35,10 @@ __all__ = ["run", "evaluate_dice"]
 PAPER = {"SegCaps": (0.9848, "1.4M"), "U-Net": (0.9845, "31M")}
 FULL = {"train_digits": 60000, "images_per_epoch": 20000, "epochs": 20, "test_digits": 10000, "test_images": 10000,
         "size": 64, "clutter": 8, "patch": 8, "batch_size": 32, "lr": 1e-3, "segcaps": "segcaps", "unet": "unet",
-        "train_minutes": None}
+        "segcaps_args": {}, "unet_args": {}, "train_minutes": None}
 SMOKE = {"train_digits": 2000, "images_per_epoch": 256, "epochs": 1, "test_digits": 200, "test_images": 64,
          "size": 32, "clutter": 4, "patch": 8, "batch_size": 32, "lr": 3e-3, "segcaps": "segcaps_small",
-         "unet": "unet_small", "train_minutes": None}
+         "unet": "unet_small", "segcaps_args": {}, "unet_args": {}, "train_minutes": None}
 
 
 def _settings(smoke: bool, options: dict) -> dict:
@@ -46,6 +46,10 @@ def _settings(smoke: bool, options: dict) -> dict:
     if settings["size"] % 16 or settings["size"] < 28:
         raise ValueError(f"size must be divisible by 16 (U-Net pools four times) and hold a 28x28 digit, got "
                          f"{settings['size']}")
+    for key in ("segcaps_args", "unet_args"):
+        if not isinstance(settings[key], dict):
+            raise ValueError(f"{key} must be a mapping of builder arguments, e.g. "
+                             f"--set '{key}={{\"batch_norm\": true}}', got {settings[key]!r}")
     return settings
 
 
@@ -91,7 +95,8 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
 
     Options (override the smoke / full settings): ``train_digits``, ``images_per_epoch``, ``epochs``,
     ``test_digits``, ``test_images``, ``size`` (canvas side, divisible by 16), ``clutter``, ``patch``,
-    ``batch_size``, ``lr``, ``segcaps``, ``unet`` (model names).
+    ``batch_size``, ``lr``, ``segcaps``, ``unet`` (model names), ``segcaps_args``, ``unet_args`` (their
+    builder arguments, e.g. ``{"batch_norm": True}`` for the U-Net), ``train_minutes``.
     """
     s = _settings(smoke, options)
     shape = {"size": s["size"], "clutter": s["clutter"], "patch": s["patch"]}
@@ -104,8 +109,8 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
         return data.images, data.masks
 
     size = (1, s["size"], s["size"])
-    models = {"SegCaps": create_model(s["segcaps"], input_size=size, device=device),
-              "U-Net": create_model(s["unet"], input_size=size, device=device)}
+    models = {"SegCaps": create_model(s["segcaps"], input_size=size, device=device, **s["segcaps_args"]),
+              "U-Net": create_model(s["unet"], input_size=size, device=device, **s["unet_args"])}
     rows, metrics = [], {}
     for name, model in models.items():
         criterion = create_loss(model.default_loss)

@@ -81,12 +81,12 @@ class UNet(nn.Module):
 
 
 @register_model("unet", task="segmentation")
-def unet(*, input_size=(1, 512, 512), device=None, dtype=None) -> UNet:
-    """The U-Net of Ronneberger et al. with "same" padding (31.0M parameters)."""
-    return UNet(input_size=input_size, width=64, device=device, dtype=dtype)
+def unet(*, input_size=(1, 512, 512), batch_norm=False, device=None, dtype=None) -> UNet:
+    """The U-Net of Ronneberger et al. with "same" padding (31.0M parameters; ``batch_norm``: see UNet)."""
+    return UNet(input_size=input_size, width=64, batch_norm=batch_norm, device=device, dtype=dtype)
 
 
 @register_model("unet_small", task="segmentation")
-def unet_small(*, input_size=(1, 32, 32), device=None, dtype=None) -> UNet:
+def unet_small(*, input_size=(1, 32, 32), batch_norm=False, device=None, dtype=None) -> UNet:
     """U-Net with 8 channels in the first stage (about 1/64 of the parameters), for CPUs and tests."""
-    return UNet(input_size=input_size, width=8, device=device, dtype=dtype)
+    return UNet(input_size=input_size, width=8, batch_norm=batch_norm, device=device, dtype=dtype)
