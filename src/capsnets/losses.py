@@ -184,6 +184,16 @@ def binary_segmentation_loss(probabilities: Tensor, masks: Tensor, *, pos_weight
     return -(pos_weight * masks * p.log() + (1.0 - masks) * (1.0 - p).log()).mean()
 
 
+def binary_segmentation_loss_from_logits(logits: Tensor, masks: Tensor, *, pos_weight: float = 1.0) -> Tensor:
+    """:func:`binary_segmentation_loss` of ``sigmoid(logits)``, computed from the logits: the clamp there has
+    zero gradient once a probability is below 1e-6 (a logit below -13.8), so an object pixel pushed that far
+    would never be pulled back; here every logit keeps its gradient."""
+    if logits.shape != masks.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and masks {tuple(masks.shape)} differ in shape")
+    weight = torch.tensor(float(pos_weight), dtype=logits.dtype, device=logits.device)
+    return F.binary_cross_entropy_with_logits(logits, masks.to(logits.dtype), pos_weight=weight)
+
+
 class SegCapsLoss(nn.Module):
     """SegCaps' loss (LaLonde & Bagci 2018, Sec. 3.2): weighted binary cross-entropy of the segmentation
     capsules' lengths, plus the mean squared error of the reconstruction of the image inside the mask.
@@ -205,7 +215,10 @@ class SegCapsLoss(nn.Module):
         self.pos_weight, self.reconstruction_weight = pos_weight, reconstruction_weight
 
     def forward(self, output, images: Tensor, masks: Tensor):
-        bce = binary_segmentation_loss(output.probabilities.float(), masks, pos_weight=self.pos_weight)
+        if getattr(output, "logits", None) is not None:  # the same cross-entropy, without the clamp's dead zone
+            bce = binary_segmentation_loss_from_logits(output.logits.float(), masks, pos_weight=self.pos_weight)
+        else:
+            bce = binary_segmentation_loss(output.probabilities.float(), masks, pos_weight=self.pos_weight)
         parts, loss = {"bce": bce.detach()}, bce
         if output.reconstruction is not None and self.reconstruction_weight > 0:
             target = images.float() * masks.to(images.dtype)

@@ -108,6 +108,33 @@ def test_binary_segmentation_loss_is_weighted_cross_entropy():
         create_loss("segcaps", pos_weight=0)
 
 
+def test_the_unet_loss_is_the_same_cross_entropy_from_logits_and_keeps_its_gradient():
+    from capsnets.losses import binary_segmentation_loss_from_logits
+    from capsnets.models import SegmentationOutput
+
+    torch.manual_seed(0)
+    z = torch.randn(2, 1, 4, 4, dtype=torch.float64) * 3
+    m = (torch.rand(2, 1, 4, 4) > 0.5).double()
+    for weight in (1.0, 3.0):
+        torch.testing.assert_close(binary_segmentation_loss_from_logits(z, m, pos_weight=weight),
+                                   binary_segmentation_loss(torch.sigmoid(z), m, pos_weight=weight))
+    # An object pixel scored far below the clamp (p < 1e-6): the probability form has no gradient there,
+    # so a network that pushed it there could never recover; the logit form pulls it back.
+    deep = torch.full((1, 1, 1, 1), -20.0, dtype=torch.float64, requires_grad=True)
+    ones = torch.ones(1, 1, 1, 1, dtype=torch.float64)
+    binary_segmentation_loss(torch.sigmoid(deep), ones).backward()
+    assert deep.grad.item() == 0.0
+    deep.grad = None
+    criterion = create_loss("binary_segmentation")
+    criterion(SegmentationOutput(torch.sigmoid(deep), logits=deep), ones, ones)[0].backward()
+    assert deep.grad.item() == pytest.approx(-1.0, abs=1e-6)
+    unet = capsnets.create_model("unet_small", input_size=(1, 16, 16))
+    out = unet(torch.rand(1, 1, 16, 16))
+    torch.testing.assert_close(out.probabilities, torch.sigmoid(out.logits))
+    with pytest.raises(ValueError, match="differ in shape"):
+        binary_segmentation_loss_from_logits(z, m[:1])
+
+
 def test_segcaps_loss_reconstructs_the_image_inside_the_mask():
     from capsnets.models import SegmentationOutput
 

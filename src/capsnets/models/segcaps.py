@@ -47,11 +47,14 @@ class SegmentationOutput:
         probabilities: ``(B, 1, H, W)`` per-pixel probability of the object (capsule lengths in ``[0, 1)``).
         capsules: ``(B, D, H, W)`` the segmentation capsule at every pixel (None for CNN baselines).
         reconstruction: ``(B, C, H, W)`` decoder output in ``[0, 1]`` (the image inside the mask), if any.
+        logits: ``(B, 1, H, W)`` pre-sigmoid scores of models whose probabilities are a sigmoid (U-Net);
+            the losses then take the cross-entropy from them, which keeps its gradient at any score.
     """
 
     probabilities: Tensor
     capsules: Tensor | None = None
     reconstruction: Tensor | None = None
+    logits: Tensor | None = None
 
 
 class SegCaps(nn.Module):

@@ -64,7 +64,8 @@ class UNet(nn.Module):
         self.head = nn.Conv2d(sizes[0], positive_int("out_channels", out_channels), 1, **factory)
 
     def forward(self, images: Tensor, masks: Tensor | None = None) -> SegmentationOutput:
-        return SegmentationOutput(torch.sigmoid(self.logits(images)), None)
+        logits = self.logits(images)
+        return SegmentationOutput(torch.sigmoid(logits), logits=logits)
 
     def logits(self, images: Tensor) -> Tensor:
         """``(B, C, H, W) -> (B, out_channels, H, W)`` pre-sigmoid outputs."""
