@@ -307,21 +307,22 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
     return history
 
 
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0  # NaN is not > 0
+
+
 def check_time_limit(time_limit_s: float | None) -> None:
     """Refuse a training time limit that is not a positive number of seconds (None means no limit)."""
-    if time_limit_s is not None and (isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float))
-                                     or not time_limit_s > 0):
+    if time_limit_s is not None and not _positive_number(time_limit_s):
         raise ValueError(f"the training time limit must be a positive number of seconds (or None), "
                          f"got {time_limit_s!r}; the experiments take it as train_minutes")
 
 
 def minutes_to_seconds(minutes: float | None) -> float | None:
     """The ``train_minutes`` setting of an experiment as :func:`train_classifier`'s ``time_limit_s``."""
-    if minutes is None:
-        return None
-    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
+    if minutes is not None and not _positive_number(minutes):
         raise ValueError(f"train_minutes must be a positive number of minutes (or null for no limit), got {minutes!r}")
-    return 60.0 * minutes
+    return None if minutes is None else 60.0 * minutes
 
 
 def epochs_trained(history: Sequence[dict], planned: int) -> str:
