@@ -40,7 +40,10 @@ def test_matching_note_says_whether_the_models_reached_the_target():
     both = matching_note({"CNN": {"val_accuracy": 0.991}, "CapsNet": {"val_accuracy": 0.993}}, 0.99)
     assert both.startswith("Every model reached the 99.00% validation target") and "CNN 99.10%" in both
     one = matching_note({"CNN": {"val_accuracy": 0.96}, "CapsNet": {"val_accuracy": 0.993}}, 0.99)
-    assert one.startswith("**Not at equal accuracy**: CNN did not reach")
+    assert one.startswith("**Not at equal accuracy**: CNN did not reach") and "after each epoch" not in one
+    curves = matching_note({"CNN": {"val_accuracy": 0.96, "history": [{"val_accuracy": 0.9}, {"val_accuracy": 0.96}]},
+                            "CapsNet": {"val_accuracy": 0.993, "history": [{"val_accuracy": 0.993}]}}, 0.99)
+    assert curves.endswith("Validation accuracy after each epoch: CNN 90.00%, 96.00%; CapsNet 99.30%.")
 
 
 def test_a_second_run_reloads_the_models_with_their_training_record(tmp_path, shared_data_root):
@@ -50,6 +53,8 @@ def test_a_second_run_reloads_the_models_with_their_training_record(tmp_path, sh
     first = run_experiment("adversarial", tmp_path / "a", **options)
     second = run_experiment("adversarial", tmp_path / "b", **options)
     assert "| 1 (loaded) |" in second.report.read_text() and "| 1 (loaded) |" not in first.report.read_text()
+    curve = [line for line in first.report.read_text().splitlines() if line.startswith("Validation accuracy after")]
+    assert len(curve) == 1 and curve[0] in second.report.read_text()  # the history comes back from the sidecar
     assert second.metrics == first.metrics  # same weights, same attacks
 
 

@@ -79,7 +79,8 @@ def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labe
 
         saved = load_checkpoint(Path(checkpoint_dir) / f"{key}.safetensors").meta
         record = {"epochs": f"{saved['epochs']} (loaded)" if "epochs" in saved else "loaded",
-                  "trained_epochs": saved.get("epochs"), "val_accuracy": evaluate_accuracy(model, val_images, val_labels)}
+                  "trained_epochs": saved.get("epochs"), "history": saved.get("history", []),
+                  "val_accuracy": evaluate_accuracy(model, val_images, val_labels)}
     else:
         record["trained_epochs"] = record["epochs"]
         if record["time_limit"]:
@@ -100,10 +101,14 @@ def matching_note(training: dict[str, dict], target: float) -> str:
     reached = ", ".join(f"{name} {percent(record['val_accuracy'])}" for name, record in training.items())
     missed = [name for name, record in training.items() if record["val_accuracy"] < target]
     if not missed:
-        return f"Every model reached the {percent(target)} validation target ({reached}): compared at equal accuracy."
-    return (f"**Not at equal accuracy**: {' and '.join(missed)} did not reach the {percent(target)} validation "
-            f"target within `max_epochs` or `train_minutes` ({reached}), so the comparison also reflects that "
-            f"difference in accuracy.")
+        note = f"Every model reached the {percent(target)} validation target ({reached}): compared at equal accuracy."
+    else:
+        note = (f"**Not at equal accuracy**: {' and '.join(missed)} did not reach the {percent(target)} validation "
+                f"target within `max_epochs` or `train_minutes` ({reached}), so the comparison also reflects that "
+                f"difference in accuracy.")
+    curves = [f"{name} {', '.join(percent(h['val_accuracy']) for h in record['history'])}"
+              for name, record in training.items() if record.get("history")]
+    return note + ("\n\nValidation accuracy after each epoch: " + "; ".join(curves) + "." if curves else "")
 
 
 def _craft(attack: str, model, images, labels, eps, targets, steps, loss: str = "own"):
