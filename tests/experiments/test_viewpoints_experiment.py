@@ -88,6 +88,37 @@ def test_scores_within_epochs_and_stops_mid_epoch():
                       lr=1e-3, evals_per_epoch=0)
 
 
+def test_novel_views_are_scored_every_nth_evaluation_and_at_the_chosen_one(monkeypatch):
+    torch.manual_seed(0)
+    views = _toy_views()  # 5 steps per epoch at batch 8
+    views["novel"] = TensorData(views["novel"].images, views["novel"].labels, 5, name="novel")  # its own object
+    novel_calls = []
+    real_error = viewpoints._error
+
+    def counting(model, data):
+        if data is views["novel"]:
+            novel_calls.append(1)
+        return real_error(model, data)
+
+    monkeypatch.setattr(viewpoints, "_error", counting)
+    rec = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=2, target=-1.0, batch_size=8,
+                        lr=1e-3, evals_per_epoch=5, novel_every=4)
+    scored = [h["novel_error"] is not None for h in rec["history"]]
+    chosen = next(i for i, h in enumerate(rec["history"]) if h["epoch"] == rec["epoch"])
+    expected = [(i + 1) % 4 == 0 or i == chosen for i in range(10)]
+    assert scored == expected and len(novel_calls) == sum(expected)
+    # the chosen evaluation's novel error is that of the restored state (toy views: novel == familiar)
+    assert rec["novel_error"] == rec["familiar_error"] == rec["history"][chosen]["novel_error"]
+    novel_calls.clear()
+    none = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=1, target=None, batch_size=8,
+                         lr=1e-3, novel_every=0)
+    assert len(novel_calls) == 1 and none["novel_error"] is not None
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="novel_every"):
+            train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=1, target=None, batch_size=8,
+                          lr=1e-3, novel_every=bad)
+
+
 def test_time_limit_stops_at_the_first_evaluation_past_it():
     torch.manual_seed(0)
     views = _toy_views()  # 5 steps per epoch at batch 8

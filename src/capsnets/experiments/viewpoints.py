@@ -17,7 +17,8 @@ Here:
   ``render_instances`` / ``render_lightings`` (smoke) render a smaller grid of it, uncached.
   Training images come from the TRAIN split at familiar views, test sets from the TEST split.
 - matching (:func:`train_matched`): both models are evaluated on the familiar-view test images after every
-  epoch (novel-view error is recorded for the curves, never used to choose). The CNN is trained for
+  epoch (novel-view error is recorded for the curves, at every ``novel_every``-th evaluation and at the
+  chosen one, never used to choose). The CNN is trained for
   ``epochs`` and kept at its lowest familiar-view error, which becomes the target; the capsule model
   stops at the first epoch whose familiar-view error is at or below the target, or, if it never gets
   there, is kept at the epoch nearest to it. In that last case (a CNN that learns faster, as in short
@@ -75,10 +76,11 @@ NUM_CLASSES, INPUT_SIZE = 5, (1, 32, 32)
 FULL = {"splits": list(SPLITS), "capsule_model": "matrix_capsnet", "capsule_args": {}, "cnn_model": "cnn_smallnorb",
         "epochs": 50, "capsule_batch_size": 64, "cnn_batch_size": 128, "lr": 1e-3, "lr_decay": 0.96,
         "target_error": None, "rematch_cnn": True, "rematch_evals_per_epoch": 10, "train_size": None,
-        "test_size": None, "render_instances": None, "render_lightings": None, "train_minutes": None}
+        "test_size": None, "render_instances": None, "render_lightings": None, "train_minutes": None,
+        "novel_every": 5}
 SMOKE = {**FULL, "capsule_model": "matrix_capsnet_small", "capsule_args": {"detach_routing": True},
          "cnn_model": "cnn_smallnorb_narrow", "epochs": 1, "capsule_batch_size": 32, "cnn_batch_size": 32, "lr": 2e-3,
-         "train_size": 192, "test_size": 64, "render_instances": 1, "render_lightings": [0]}
+         "train_size": 192, "test_size": 64, "render_instances": 1, "render_lightings": [0], "novel_every": 1}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -150,10 +152,15 @@ def _error(model: nn.Module, data: TensorData) -> float:
 
 def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int, target: float | None,
                   batch_size: int, lr: float, lr_decay: float = 0.96, seed: int = 0, amp: str = "auto",
-                  evals_per_epoch: int = 1, time_limit_s: float | None = None) -> dict:
-    """Train ``model`` on ``views["train"]`` (with its ``augment``), scoring it on ``views["familiar"]`` and
-    ``views["novel"]`` ``evals_per_epoch`` times per epoch (evenly spaced, the last at the end of the epoch),
-    and leave it at the chosen evaluation.
+                  evals_per_epoch: int = 1, time_limit_s: float | None = None, novel_every: int = 1) -> dict:
+    """Train ``model`` on ``views["train"]`` (with its ``augment``), scoring it on ``views["familiar"]``
+    ``evals_per_epoch`` times per epoch (evenly spaced, the last at the end of the epoch), and leave it at the
+    chosen evaluation.
+
+    ``views["novel"]`` is scored at every ``novel_every``-th evaluation (0: none) and always at the chosen
+    one, after training: it is only recorded (for the curves), never used to choose, and on the viewpoint
+    sets it is twice the size of the familiar part, so scoring it less often saves most of the evaluation
+    time. Evaluations without it have ``novel_error`` None.
 
     Chosen evaluation: with ``target=None``, the lowest familiar-view error (first of ties); else the first
     whose familiar-view error is ``<= target`` (training stops there), or, if none is, the one nearest to
@@ -171,6 +178,8 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     """
     if evals_per_epoch < 1:
         raise ValueError(f"evals_per_epoch must be >= 1, got {evals_per_epoch}")
+    if isinstance(novel_every, bool) or not isinstance(novel_every, int) or novel_every < 0:
+        raise ValueError(f"novel_every must be an integer >= 0 (0: only at the chosen evaluation), got {novel_every!r}")
     criterion = create_loss(getattr(model, "default_loss", "cross_entropy"))
     loader = DeviceLoader(views["train"], batch_size, seed=seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -202,9 +211,10 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
             mean = total.item() / max(seen, 1)
             if not math.isfinite(mean):
                 raise FloatingPointError(f"training loss is {mean} in epoch {epoch}; lower the learning rate")
+            novel = novel_every and (len(history) + 1) % novel_every == 0
             record = {"epoch": epoch if step == steps else round(epoch - 1 + step / steps, 4), "step": done,
                       "loss": mean, "familiar_error": _error(model, views["familiar"]),
-                      "novel_error": _error(model, views["novel"])}
+                      "novel_error": _error(model, views["novel"]) if novel else None}
             total.zero_()
             seen = 0
             history.append(record)
@@ -221,8 +231,9 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
-    chosen = best[1] if best else {"epoch": 0, "familiar_error": _error(model, views["familiar"]),
-                                   "novel_error": _error(model, views["novel"])}
+    chosen = best[1] if best else {"epoch": 0, "familiar_error": _error(model, views["familiar"]), "novel_error": None}
+    if chosen["novel_error"] is None:  # the chosen state was restored above; the record is in ``history``
+        chosen["novel_error"] = _error(model, views["novel"])
     return {"history": history, "epoch": chosen["epoch"], "familiar_error": chosen["familiar_error"],
             "novel_error": chosen["novel_error"], "reached": reached, "time_limit": out_of_time and not reached}
 
@@ -235,7 +246,7 @@ def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, bat
     def train():
         record.update(train_matched(model, views, epochs=s["epochs"], target=target, batch_size=batch_size,
                                     lr=s["lr"], lr_decay=s["lr_decay"], seed=seed, evals_per_epoch=evals_per_epoch,
-                                    time_limit_s=minutes_to_seconds(s["train_minutes"])))
+                                    time_limit_s=minutes_to_seconds(s["train_minutes"]), novel_every=s["novel_every"]))
 
     if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record):
         from capsnets.engine.checkpoint import load_checkpoint
@@ -297,7 +308,8 @@ def _plot_curves(records: dict, targets: dict, out_png: Path) -> Path:
             history = rec.get("history") or []
             epochs = [h["epoch"] for h in history]
             for key, style, marker in (("familiar_error", "-", "o"), ("novel_error", "--", "^")):
-                ax.plot(epochs, [100 * h[key] for h in history], style, marker=marker,
+                scored = [(e, h[key]) for e, h in zip(epochs, history) if h.get(key) is not None]
+                ax.plot([e for e, _ in scored], [100 * v for _, v in scored], style, marker=marker,
                         ms=2.5 if role == STOPPED else 4, color=colours[role], label=f"{role}, {key.split('_')[0]}")
                 ax.plot([rec["epoch"]], [100 * rec[key]], "o", mfc="none", ms=12, color=colours[role])
         ax.axhline(100 * targets[split], ls=":", color="grey", label="familiar-view target")
@@ -389,6 +401,14 @@ def _matched_summary(records: dict, fixed_target: bool) -> str:
     return "Matched comparison:\n\n" + "\n".join(lines)
 
 
+def _novel_note(novel_every: int) -> str:
+    """How often the novel views were scored (``novel_every``), as a sentence."""
+    if novel_every == 1:
+        return "it is scored at every evaluation."
+    others = f"at one evaluation in {novel_every} (for the curves)" if novel_every else "at no other"
+    return f"it is scored at the chosen evaluation and {others}."
+
+
 def _time_limit_note(records: dict, s: dict) -> str:
     """A paragraph naming the trainings that the ``train_minutes`` limit stopped (empty if none)."""
     stopped = [f"{split} {role} after {rec['history'][-1]['epoch'] if rec.get('history') else 0} epochs"
@@ -415,7 +435,7 @@ def _sections(source: str, results: dict, s: dict, names: dict, extra: dict) -> 
         ("Results", _results_table(records, targets, names, fixed) + "\n\nMatching: the CNN is kept at its lowest "
          "familiar-view test error, the target; the capsule model stops at the first epoch at or below it "
          "(\"target reached\"), else it is kept at the epoch nearest to it. Novel-view error is never used to "
-         "choose." + (f" Here both models match target_error = {s['target_error']}." if fixed else
+         "choose; " + _novel_note(s["novel_every"]) + (f" Here both models match target_error = {s['target_error']}." if fixed else
                       f" When the capsule model does not reach the target, the CNN is trained again (role "
                       f"\"{STOPPED}\"; same recipe and data order, its own initialisation), scored "
                       f"{s['rematch_evals_per_epoch']} times per epoch, and stopped at the first score at or below "
@@ -444,7 +464,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     Options (override the smoke / full settings): ``splits``, ``capsule_model``, ``capsule_args``,
     ``cnn_model``, ``epochs``, ``capsule_batch_size``, ``cnn_batch_size``, ``lr``, ``lr_decay``,
     ``target_error``, ``rematch_cnn``, ``rematch_evals_per_epoch``, ``train_size``, ``test_size``,
-    ``render_instances``, ``render_lightings``.
+    ``render_instances``, ``render_lightings``, ``train_minutes``, ``novel_every``.
     """
     s = _settings(smoke, options)
     train, test, source = load_norb_like(data_dir, device, render_instances=s["render_instances"],
