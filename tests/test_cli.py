@@ -44,6 +44,15 @@ def test_train_prints_summary(tmp_path, capsys, monkeypatch):
     assert main(["train", "--resume", "--epochs", "2", "--out", str(tmp_path / "run")]) == 0
     epochs = [json.loads(line)["epoch"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2]
+    # --time-limit stops after the first epoch past it and says how to go on; --resume with a later limit goes on
+    assert main(["train", "--resume", "--epochs", "4", "--time-limit", "1e-9", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert f"stopped by the time limit after epoch 3 of 4; continue with: capsnets train --out {tmp_path / 'run'} " \
+           "--resume" in out
+    assert main(["train", "--resume", "--time-limit", "60", "--out", str(tmp_path / "run")]) == 0
+    assert "stopped by the time limit" not in capsys.readouterr().out
+    epochs = [json.loads(line)["epoch"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2, 3, 4]
 
 
 def test_evaluate(run_dir, tmp_path, capsys):

@@ -27,7 +27,7 @@ import yaml
 #: ``train`` flags that map one-to-one onto TrainConfig fields (argparse dest == field name).
 _CONFIG_FLAGS = ("model", "dataset", "epochs", "out", "batch_size", "lr", "lr_decay", "weight_decay", "seed",
                  "device", "amp", "compile", "data_dir", "download", "limit_train", "limit_test", "max_shift",
-                 "loss", "eval_every", "checkpoint_every", "progress")
+                 "loss", "eval_every", "checkpoint_every", "progress", "time_limit_minutes")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,6 +135,9 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     add("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="model builder override")
     add("--loss-arg", action="append", default=[], metavar="KEY=VALUE", help="loss argument")
     add("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
+    add("--time-limit", dest="time_limit_minutes", type=float, metavar="MINUTES",
+        help="stop after the first epoch that ends past MINUTES of wall-clock time (evaluated, checkpointed "
+             "and summarised as usual); --resume continues the run")
     parser.set_defaults(handler=_train)
 
 
@@ -182,6 +185,9 @@ def _train(args: argparse.Namespace) -> int:
           f"{summary['epochs']} epochs, {summary['train_time_s']:.1f} s of training on {summary['device']}")
     print(f"test accuracy {_pct(summary['test_accuracy'])} (best {_pct(summary['best_test_accuracy'])} "
           f"at epoch {summary['best_epoch']})")
+    if summary.get("time_limited"):
+        print(f"stopped by the time limit after epoch {summary['epochs']} of {summary['planned_epochs']}; "
+              f"continue with: capsnets train --out {summary['run_dir']} --resume")
     print(f"run directory: {summary['run_dir']} (figures: "
           f"{', '.join(Path(p).name for p in summary.get('figures', [])) or 'none'})")
     return 0

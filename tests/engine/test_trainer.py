@@ -70,6 +70,39 @@ def test_resume_is_bit_identical(tiny_config, tmp_path, request, monkeypatch, st
     assert [m["lr"] for m in metrics[0]] == [m["lr"] for m in metrics[1]]
 
 
+def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path, monkeypatch):
+    """A run stopped by the time limit is evaluated, checkpointed and summarised after its first epoch (whatever
+    eval_every / checkpoint_every say); --resume then finishes it bit for bit like an uninterrupted run."""
+    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
+    small = dict(batch_size=16, limit_train=32, limit_test=16, epochs=3, eval_every=5, checkpoint_every=5)
+    full = Trainer(tiny_config(out=str(tmp_path / "a"), **small))
+    full.fit()
+    cut = tiny_config(out=str(tmp_path / "b"), time_limit_minutes=1e-9, **small)
+    summary = Trainer(cut).fit()
+    assert summary["time_limited"] and summary["epochs"] == 1 and summary["planned_epochs"] == 3
+    assert summary["test_accuracy"] is not None  # evaluated although eval_every is 5
+    last = ckpt.load_checkpoint(tmp_path / "b" / "last.safetensors")  # checkpointed although checkpoint_every is 5
+    assert last.meta["progress"]["epoch"] == 1
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["time_limited"] is True
+    resumed = Trainer(cut.replace(time_limit_minutes=None), resume=True)
+    summary = resumed.fit()
+    assert not summary["time_limited"] and summary["epochs"] == 3
+    for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    metrics = [[json.loads(line) for line in open(tmp_path / run / "metrics.jsonl")] for run in "ab"]
+    assert [m["train_loss"] for m in metrics[0]] == [m["train_loss"] for m in metrics[1]]
+    # a limit that does not bind changes nothing; the last epoch is never cut
+    free = Trainer(tiny_config(out=str(tmp_path / "c"), time_limit_minutes=60, **small)).fit()
+    assert not free["time_limited"] and free["epochs"] == 3
+    assert not Trainer(tiny_config(out=str(tmp_path / "d"), epochs=1, time_limit_minutes=1e-9)).fit()["time_limited"]
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "5"])
+def test_time_limit_must_be_a_positive_number(tiny_config, bad):
+    with pytest.raises(ValueError, match="time_limit_minutes"):
+        tiny_config(time_limit_minutes=bad)
+
+
 def test_resume_without_checkpoint(tiny_config):
     with pytest.raises(ckpt.CheckpointError, match="cannot resume"):
         Trainer(tiny_config(), resume=True).fit()

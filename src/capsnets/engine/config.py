@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,10 @@ class TrainConfig:
         eval_every: evaluate on the test split every N epochs (and after the last).
         checkpoint_every: save the ``last`` checkpoint every N epochs (and after the last).
         progress: show a progress bar (only on a TTY, only on rank 0).
+        time_limit_minutes: stop after the first epoch whose training ends past this many minutes of
+            wall-clock time in this call (set-up not counted). That epoch is evaluated and checkpointed
+            whatever ``eval_every`` and ``checkpoint_every`` say, the summary and figures are written as
+            usual (``summary.json["time_limited"]``), and ``--resume`` continues the run. None: no limit.
     """
 
     model: str = "capsnet_digits"
@@ -80,6 +85,7 @@ class TrainConfig:
     eval_every: int = 1
     checkpoint_every: int = 1
     progress: bool = True
+    time_limit_minutes: float | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -98,6 +104,9 @@ class TrainConfig:
                  "in (0, 1]")
         _require(isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0, "weight_decay",
                  self.weight_decay, "a non-negative number")
+        limit = self.time_limit_minutes
+        _require(limit is None or (isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0
+                                   and math.isfinite(limit)), "time_limit_minutes", limit, "None or a positive number")
         _require(self.amp in AMP_MODES, "amp", self.amp, f"one of {AMP_MODES}")
         for name in ("model_args", "loss_args"):
             _require(isinstance(getattr(self, name), dict), name, getattr(self, name), "a mapping")

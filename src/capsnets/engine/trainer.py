@@ -10,6 +10,7 @@ Run directory (``config.out``): ``config.yaml``, ``metrics.jsonl`` (one line per
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,10 +102,16 @@ class Trainer:
 
     def _fit(self, context: distributed.DistContext, device: torch.device) -> dict[str, Any]:
         session = self._set_up(context, device)
-        evaluation = None
+        evaluation, time_limited, began = None, False, time.perf_counter()
         for epoch in range(session.state.epoch + 1, self.config.epochs + 1):
-            evaluation = self._run_epoch(session, epoch) or evaluation
+            result, time_limited = self._run_epoch(session, epoch, began)
+            evaluation = result or evaluation
+            if time_limited:
+                logger.info("time limit of %g minutes reached after epoch %d of %d; continue with --resume",
+                            self.config.time_limit_minutes, epoch, self.config.epochs)
+                break
         summary = self._summary(session.state, session.model, device, context)
+        summary.update(planned_epochs=self.config.epochs, time_limited=time_limited)
         if context.is_main:
             self._finish(summary, session.fast_model, session.test_data, device, evaluation)
         return summary
@@ -126,28 +133,42 @@ class Trainer:
                         criterion=self._build_loss(model), optimizer=optimizer, scheduler=scheduler,
                         loader=self._loader(train_data, context), test_data=test_data, state=state)
 
-    def _run_epoch(self, s: "_Session", epoch: int) -> dict[str, Any] | None:
-        """Train one epoch, step the schedule, evaluate if due, save; returns the evaluation, if any."""
+    def _out_of_time(self, began: float, context: distributed.DistContext, device: torch.device) -> bool:
+        """Whether this call has run ``time_limit_minutes`` since set-up; all processes follow rank 0."""
+        limit = self.config.time_limit_minutes
+        if limit is None:
+            return False
+        flag = torch.tensor(float(time.perf_counter() - began >= 60.0 * limit), device=device)
+        if context.enabled:
+            torch.distributed.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def _run_epoch(self, s: "_Session", epoch: int, began: float) -> tuple[dict[str, Any] | None, bool]:
+        """Train one epoch, step the schedule, evaluate if due, save.
+
+        Returns the evaluation (None if none was due) and whether the time limit stops the run after this
+        epoch; such an epoch is evaluated and checkpointed whatever ``eval_every`` / ``checkpoint_every`` say."""
         cfg, state = self.config, s.state
         s.loader.set_epoch(epoch - 1)
         lr = s.optimizer.param_groups[0]["lr"]
         result = train_one_epoch(s.train_model, s.loader, s.criterion, s.optimizer, epoch=epoch, device=s.device,
                                  amp_dtype=s.amp_dtype, context=s.context, progress=cfg.progress,
                                  before_step=self._loss_schedule(s, epoch))
+        stop = epoch < cfg.epochs and self._out_of_time(began, s.context, s.device)
         s.scheduler.step()
         state.epoch, state.train_time_s = epoch, state.train_time_s + result.time_s
         record = {"epoch": epoch, "train_loss": result.loss, "train_accuracy": result.accuracy, "lr": lr,
                   "epoch_time_s": result.time_s, "images_per_s": result.images_per_s,
                   "train_time_s": state.train_time_s}
         evaluation, is_best = None, False
-        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs or stop:
             evaluation = evaluate(s.fast_model, s.test_data, cfg.batch_size, s.device, cfg.amp, s.criterion,
                                   context=s.context)
             record.update(test_loss=evaluation["loss"], test_accuracy=evaluation["accuracy"])
             is_best = state.record_test(evaluation["accuracy"], epoch)
         if s.context.is_main:
-            self._save_epoch(record, state, s.model, s.optimizer, s.scheduler, is_best)
-        return evaluation
+            self._save_epoch(record, state, s.model, s.optimizer, s.scheduler, is_best, last=stop)
+        return evaluation, stop
 
     def _loss_schedule(self, s: "_Session", epoch: int):
         """If the loss has a schedule (``set_progress``), tell it the fraction of training done per step."""
@@ -227,12 +248,13 @@ class Trainer:
             (self.run_dir / reporting.METRICS_FILE).unlink(missing_ok=True)
 
     # -- per epoch / end of run -----------------------------------------------------------------------------
-    def _save_epoch(self, record, state: RunState, model, optimizer, scheduler, is_best: bool) -> None:
+    def _save_epoch(self, record, state: RunState, model, optimizer, scheduler, is_best: bool,
+                    last: bool = False) -> None:
         cfg = self.config
         reporting.append_metrics(self.run_dir, record)
         meta = {"model": cfg.model, "model_args": cfg.to_dict()["model_args"], "dataset": cfg.dataset,
                 "config": cfg.to_dict(), "epoch": state.epoch, "metrics": record, "progress": asdict(state)}
-        if state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs:
+        if state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs or last:
             ckpt.save_checkpoint(self.run_dir / f"last{ckpt.SUFFIX}", model=model, meta=meta,
                                  optimizer=optimizer, scheduler=scheduler)
         if is_best:
