@@ -5,7 +5,8 @@ Each ``--variant NAME JSON`` builds the model with the JSON object as extra ``cr
 trains it from the same initial seed on the same batches: Adam at ``--lr``, the model's default loss
 (its margin, for the spread loss, growing over the first half of ``--steps``), batch ``--batch-size``,
 on the first ``--train-size`` images of the training split. Every ``--eval-every`` steps it records the
-accuracy on the first ``--test-size`` test images. Variants run one after the other in one process, so
+accuracy on the first ``--test-size`` test images and, for matrix capsule models, each capsule layer's
+activation statistics on the first 256 of them (:func:`activation_stats`). Variants run one after the other in one process, so
 their curves are comparable; the JSON also records the environment and each variant's training images/s.
 
 Run ``python benchmarks/em_learning.py --help``; ``benchmarks/README.md`` lists the recorded runs.
@@ -68,6 +69,37 @@ def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
     return correct / len(labels)
 
 
+def activation_stats(model: torch.nn.Module, images: torch.Tensor) -> dict:
+    """Per capsule layer (modules returning :class:`~capsnets.capsules.MatrixCapsules`), on ``images`` in
+    eval mode: the mean and standard deviation of the activations over the batch, types and positions, and
+    ``spread``: the mean over examples of (largest - smallest activation) across the layer's capsules. A
+    layer whose activations hardly vary passes no information through them."""
+    from capsnets.capsules import MatrixCapsules
+
+    stats, handles = {}, []
+
+    def hook(name):
+        def record(module, inputs, output):
+            if isinstance(output, MatrixCapsules):
+                a = output.activation.detach().float().flatten(1)  # (B, T*H*W)
+                stats[name] = {"mean": a.mean().item(), "std": a.std().item(),
+                               "spread": (a.amax(1) - a.amin(1)).mean().item()}
+        return record
+
+    for name, module in model.named_modules():
+        if name:
+            handles.append(module.register_forward_hook(hook(name)))
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train()
+    return stats
+
+
 def learning_curve(args, extra: dict, train, test, device) -> dict:
     """Train one variant for ``args.steps`` steps; accuracy every ``args.eval_every`` steps."""
     torch.manual_seed(args.seed)
@@ -77,6 +109,7 @@ def learning_curve(args, extra: dict, train, test, device) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loader = DeviceLoader(train, args.batch_size, seed=args.seed)
     curve, train_seconds, step, epoch = [], 0.0, 0, 0
+    initial = activation_stats(model, test.images[:256])
     while step < args.steps:
         loader.set_epoch(epoch)
         epoch += 1
@@ -95,11 +128,12 @@ def learning_curve(args, extra: dict, train, test, device) -> dict:
             if step % args.eval_every == 0 or step == args.steps:
                 acc = accuracy(model, test.images, test.labels)
                 curve.append({"step": step, "images": step * args.batch_size, "test_accuracy": acc,
-                              "train_loss": loss.item()})
+                              "train_loss": loss.item(), "activations": activation_stats(model, test.images[:256])})
                 print(f"{step:6d} steps  test accuracy {acc:.4f}  loss {loss.item():.3f}", flush=True)
             if step >= args.steps:
                 break
-    return {"model_args": extra, "curve": curve, "train_images_per_s": step * args.batch_size / train_seconds,
+    return {"model_args": extra, "initial_activations": initial, "curve": curve,
+            "train_images_per_s": step * args.batch_size / train_seconds,
             "final_test_accuracy": curve[-1]["test_accuracy"]}
 
 

@@ -20,6 +20,7 @@ def test_em_learning_records_a_curve_per_variant(tmp_path):
         assert [point["step"] for point in variant["curve"]] == [2, 3]
         assert [point["images"] for point in variant["curve"]] == [32, 48]
         assert 0 <= variant["final_test_accuracy"] <= 1 and variant["train_images_per_s"] > 0
+        assert variant["initial_activations"] == {} and all(p["activations"] == {} for p in variant["curve"])
     assert result["variants"]["one"]["model_args"] == {"routing_iterations": 1}
 
 
@@ -27,3 +28,38 @@ def test_em_learning_rejects_a_variant_that_is_not_an_object(tmp_path):
     command = [sys.executable, str(SCRIPT), "--variant", "bad", "[1, 2]", "--out", str(tmp_path / "x.json")]
     run = subprocess.run(command, capture_output=True, text=True)
     assert run.returncode == 2 and "must be an object" in run.stderr
+
+
+def _load_script():
+    import importlib.util
+
+    sys.path.insert(0, str(SCRIPT.parent))  # em_learning imports its neighbour throughput
+    try:
+        spec = importlib.util.spec_from_file_location("em_learning", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return module
+
+
+def test_activation_stats_describe_each_matrix_capsule_layer():
+    import torch
+
+    import capsnets
+
+    em_learning = _load_script()
+    torch.manual_seed(0)
+    model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28))
+    images = torch.rand(6, 1, 28, 28)
+    stats = em_learning.activation_stats(model, images)
+    assert list(stats) == ["primary", "conv_caps1", "conv_caps2", "classes"]
+    for layer in stats.values():
+        assert 0 <= layer["mean"] <= 1 and layer["std"] >= 0 and 0 <= layer["spread"] <= 1
+    # checked against the layer's own output
+    activation = model.classes(model.conv_caps2(model.conv_caps1(model.primary(torch.relu(model.conv(images))))))
+    a = activation.activation.flatten(1)
+    assert abs(stats["classes"]["mean"] - a.mean().item()) < 1e-5
+    assert abs(stats["classes"]["spread"] - (a.amax(1) - a.amin(1)).mean().item()) < 1e-5
+    assert model.training  # left in training mode, as it was
+    assert em_learning.activation_stats(capsnets.create_model("capsnet_digits"), torch.rand(2, 1, 8, 8)) == {}

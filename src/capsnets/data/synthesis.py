@@ -8,7 +8,6 @@ class, and the generator must paint the garment (shading, texture, seams) inside
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
