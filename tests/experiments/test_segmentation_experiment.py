@@ -17,6 +17,21 @@ def test_smoke_run_writes_the_report(shared_data_root, tmp_path):
     assert all(0 <= result.metrics[k] <= 1 for k in ("SegCaps_dice", "U-Net_dice", "threshold_dice"))
     assert result.metrics["SegCaps_parameters"] == 357_049
     assert_contrasts_resolve("segmentation", result.metrics, 1)
+    # the training table: one row per epoch trained, each model's loss and validation Dice (16 images here)
+    assert "Dice on 16 validation images" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 5 and all(c.endswith("%") for c in cells[2::2])
+    assert not any(line.startswith("| 2 |") for line in text.splitlines())  # the time limit stopped both after 1
+
+
+def test_training_history_is_kept_with_the_checkpoint(shared_data_root, tmp_path):
+    options = dict(smoke=True, device="cpu", data_dir=str(shared_data_root), checkpoint_dir=str(tmp_path / "ckpt"),
+                   images_per_epoch=32, test_images=8, clutter=1, patch=4, epochs=2)
+    first = run_experiment("segmentation", tmp_path / "a", **options).report.read_text()
+    second = run_experiment("segmentation", tmp_path / "b", **options).report.read_text()
+    table = [line for line in first.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    assert len(table) == 2 and table == [line for line in second.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
 
 
 def test_checkpoints_are_reused(shared_data_root, tmp_path):

@@ -8,7 +8,9 @@ Here: LUNA16 is not available, so both models segment cluttered MNIST digits
 digits on a black canvas, the mask marking the whole digit. A fresh training set is drawn every epoch;
 the test set is fixed by its seed. Both models train with Adam on the per-pixel binary cross-entropy
 (SegCaps adds its masked reconstruction). The report gives the mean per-image Dice of each model and
-of thresholding the image itself, which marks every clutter stroke too (the floor a model must beat).
+of thresholding the image itself, which marks every clutter stroke too (the floor a model must beat), and
+a table of each model's training loss and Dice on up to 1,000 validation images (built from training
+digits) after every epoch, which shows when a model stops learning or collapses to all background.
 Deviations: the data (above); no class weighting (``pos_weight`` 1); ``--smoke`` uses ``segcaps_small``
 and ``unet_small`` on a few hundred 32x32 images.
 """
@@ -84,6 +86,25 @@ def _digits(data_dir, train: bool, count: int, device: str) -> Tensor:
     return load_dataset("mnist", root=data_dir, train=train).images[:count].to(device)
 
 
+def _history_table(histories: dict[str, list], val_images: int) -> str:
+    """Per epoch and model: mean training loss and Dice on the validation images (a collapse shows here)."""
+    epochs = max((len(h) for h in histories.values()), default=0)
+    if not epochs:
+        return "No training history (the models were loaded from checkpoints written without one)."
+    headers = ["epoch"] + [f"{name} {what}" for name in histories for what in ("loss", "validation Dice")]
+    rows = []
+    for e in range(epochs):
+        row = [e + 1]
+        for history in histories.values():
+            record = history[e] if e < len(history) else {}
+            row += [f"{record['loss']:.4g}" if "loss" in record else "-",
+                    percent(record["val_dice"]) if "val_dice" in record else "-"]
+        rows.append(row)
+    return (f"After every epoch: the mean training loss and the Dice on {val_images:,} validation images built "
+            "from training digits (fixed seed; only recorded, nothing is chosen on it).\n\n"
+            + markdown_table(headers, rows))
+
+
 def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     return [("SegCaps - U-Net, test Dice", "SegCaps_dice", "U-Net_dice")]
 
@@ -108,22 +129,34 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
         data = make_digit_segmentation(train_digits, s["images_per_epoch"], seed=seed * 1000 + epoch, **shape)
         return data.images, data.masks
 
+    # monitoring only (nothing is chosen on it): images from training digits, fixed by their seed
+    val = make_digit_segmentation(train_digits, min(1000, s["test_images"]), seed=20_000 + seed, **shape)
     size = (1, s["size"], s["size"])
     models = {"SegCaps": create_model(s["segcaps"], input_size=size, device=device, **s["segcaps_args"]),
               "U-Net": create_model(s["unet"], input_size=size, device=device, **s["unet_args"])}
-    rows, metrics = [], {}
+    rows, metrics, histories = [], {}, {}
     for name, model in models.items():
         criterion = create_loss(model.default_loss)
 
-        history: list = []
+        history: list = histories.setdefault(name, [])
 
         def fit(model=model, criterion=criterion, name=name, history=history):
+            def score(record):  # after every epoch; never stops training
+                record["val_dice"] = evaluate_dice(model, val)
+                return False
+
             history += train_classifier(model, None, None, epoch_data=epoch_data, epochs=s["epochs"],
                                         batch_size=s["batch_size"], lr=s["lr"], seed=seed, desc=name,
-                                        loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0],
+                                        loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0], after_epoch=score,
                                         time_limit_s=minutes_to_seconds(s["train_minutes"]))
 
-        loaded = load_or_train(model, f"segmentation_{model.model_name}", fit, checkpoint_dir=checkpoint_dir)
+        loaded = load_or_train(model, f"segmentation_{model.model_name}", fit, checkpoint_dir=checkpoint_dir,
+                               meta={"history": history})
+        if loaded:
+            from capsnets.engine.checkpoint import load_checkpoint
+
+            history += load_checkpoint(Path(checkpoint_dir) / f"segmentation_{model.model_name}.safetensors") \
+                .meta.get("history", [])
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
         training = f"{epochs_trained(history, s['epochs'])} x {s['images_per_epoch']:,} images"
@@ -138,6 +171,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
         ("Results", markdown_table(headers, rows) + "\n\nDice: mean over test images of 2|P & M| / (|P| + |M|), "
          "P the pixels with probability > 0.5, M the mask. The paper's numbers are for LUNA16 lung CT, not this "
          "data: compare the models with each other and with the threshold row, not with the paper's Dice."),
+        ("Training", _history_table(histories, len(val))),
         ("Data", f"{len(test):,} fixed-seed {s['size']}x{s['size']} test images from {s['test_digits']:,} MNIST test "
                  f"digits, each one digit plus {s['clutter']} {s['patch']}x{s['patch']} pieces of other digits; "
                  f"{percent(test.masks.mean().item())} of the test pixels are object. Training: a fresh set of "
