@@ -17,6 +17,7 @@ on tensors that already live on the device (generated data sets that the engine'
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import math
 import os
@@ -352,6 +353,14 @@ def evaluate_accuracy(model: nn.Module, images: Tensor, targets: Targets, *, bat
     finally:
         model.train(was_training)
     return hits.item() / max(len(images), 1)
+
+
+def checkpoint_name(base: str, args: dict[str, Any] | None) -> str:
+    """``base``, or ``base_<8 hex digits>`` (a hash of ``args``) for a model built with extra builder arguments:
+    runs with other arguments keep their own checkpoints in the same ``--checkpoint-dir``."""
+    if not args:
+        return base
+    return f"{base}_{hashlib.sha1(json.dumps(args, sort_keys=True).encode()).hexdigest()[:8]}"
 
 
 def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,

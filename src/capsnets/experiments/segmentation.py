@@ -26,9 +26,9 @@ from torch import Tensor, nn
 from capsnets.data import load_dataset
 from capsnets.data.segmentation import SegmentationData, make_digit_segmentation
 from capsnets.engine.evaluate import dice_score
-from capsnets.experiments.common import (epochs_trained, load_or_train, markdown_table, merge_settings,
-                                         minutes_to_seconds, percent, register_experiment, save_figure,
-                                         settings_table, train_classifier, write_report)
+from capsnets.experiments.common import (checkpoint_name, epochs_trained, load_or_train, markdown_table,
+                                         merge_settings, minutes_to_seconds, percent, register_experiment,
+                                         save_figure, settings_table, train_classifier, write_report)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
 
@@ -134,6 +134,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     size = (1, s["size"], s["size"])
     models = {"SegCaps": create_model(s["segcaps"], input_size=size, device=device, **s["segcaps_args"]),
               "U-Net": create_model(s["unet"], input_size=size, device=device, **s["unet_args"])}
+    builder_args = {"SegCaps": s["segcaps_args"], "U-Net": s["unet_args"]}
     rows, metrics, histories = [], {}, {}
     for name, model in models.items():
         criterion = create_loss(model.default_loss)
@@ -150,13 +151,12 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
                                         loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0], after_epoch=score,
                                         time_limit_s=minutes_to_seconds(s["train_minutes"]))
 
-        loaded = load_or_train(model, f"segmentation_{model.model_name}", fit, checkpoint_dir=checkpoint_dir,
-                               meta={"history": history})
+        key = checkpoint_name(f"segmentation_{model.model_name}", builder_args[name])
+        loaded = load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta={"history": history})
         if loaded:
             from capsnets.engine.checkpoint import load_checkpoint
 
-            history += load_checkpoint(Path(checkpoint_dir) / f"segmentation_{model.model_name}.safetensors") \
-                .meta.get("history", [])
+            history += load_checkpoint(Path(checkpoint_dir) / f"{key}.safetensors").meta.get("history", [])
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
         training = f"{epochs_trained(history, s['epochs'])} x {s['images_per_epoch']:,} images"

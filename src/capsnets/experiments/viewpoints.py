@@ -52,9 +52,9 @@ from torch import Tensor, nn
 
 from capsnets.data import DatasetError, DeviceLoader, TensorData, load_dataset, norb_protocol
 from capsnets.engine.runtime import autocast, resolve_amp, seed_everything
-from capsnets.experiments.common import (check_time_limit, evaluate_accuracy, load_or_train, markdown_table,
-                                         merge_settings, minutes_to_seconds, percent, register_experiment,
-                                         save_figure, settings_table, write_report)
+from capsnets.experiments.common import (check_time_limit, checkpoint_name, evaluate_accuracy, load_or_train,
+                                         markdown_table, merge_settings, minutes_to_seconds, percent,
+                                         register_experiment, save_figure, settings_table, write_report)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
 
@@ -359,7 +359,8 @@ def _compare(split: str, train: TensorData, test: TensorData, s: dict, *, tag: s
     cnn_key = f"{tag}_{split}_{s['cnn_model']}"
     cnn_rec = _fit(cnn, cnn_key, views, s["target_error"], s, seed, checkpoint_dir, s["cnn_batch_size"])
     target = s["target_error"] if s["target_error"] is not None else cnn_rec["familiar_error"]
-    caps_rec = _fit(caps, f"{tag}_{split}_{s['capsule_model']}", views, target, s, seed + 1, checkpoint_dir,
+    caps_key = checkpoint_name(f"{tag}_{split}_{s['capsule_model']}", s["capsule_args"])
+    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoint_dir,
                     s["capsule_batch_size"])
     records = {"CNN": cnn_rec, "capsules": caps_rec}
     if s["rematch_cnn"] and s["target_error"] is None and not caps_rec["reached"]:
