@@ -58,7 +58,12 @@ the default, 15.7 / 24.3 / 32.4 / 38.7%; ``"mean_std"`` with ``inverse_temperatu
 ``"mass"`` at 1 was only a few points ahead of the default (52.3% and 56.6% after 400 and 500 steps,
 against 49.4% and 40.8%), and ``"mass"`` or ``"mean_std"`` at 3 stayed near chance (saturated
 activations). The standardised cost learns fastest, at the price of activations that are relative to the
-other parents of the same position rather than absolute.
+other parents of the same position rather than absolute. Why the default is slow shows in the same runs'
+activations (first 256 test digits, mean +- standard deviation over examples, types and positions): with
+the default inverse temperatures ``lambda (beta_a - cost)`` moves little, and ``matrix_capsnet_small``'s
+first convolutional capsule layer is at 0.531 +- 0.011 at the start and 0.552 +- 0.019 after 400 steps
+(the second 0.581 +- 0.023, 0.604 +- 0.063), so its activations pass almost no information to the next
+layer's routing; with ``"mean_std"`` every routed layer is at about 0.49 +- 0.21 throughout.
 
 Implementation (same values as the equations; float32 error no larger than the direct form's):
 votes are laid out once as ``(B, J, I, H)`` and shifted by a per-parent origin ``c`` (the
