@@ -18,8 +18,8 @@ Here:
   Training images come from the TRAIN split at familiar views, test sets from the TEST split.
 - matching (:func:`train_matched`): both models are evaluated on the familiar-view test images after every
   epoch (novel-view error is recorded for the curves, at every ``novel_every``-th evaluation and at the
-  chosen one, never used to choose). The CNN is trained for
-  ``epochs`` and kept at its lowest familiar-view error, which becomes the target; the capsule model
+  chosen one, never used to choose). The CNN is trained for ``epochs`` and kept at its lowest
+  familiar-view error, which becomes the target; the capsule model
   stops at the first epoch whose familiar-view error is at or below the target, or, if it never gets
   there, is kept at the epoch nearest to it. In that last case (a CNN that learns faster, as in short
   runs) the models are matched the other way round, unless ``rematch_cnn=False``: the CNN is trained
