@@ -63,7 +63,10 @@ activations (first 256 test digits, mean +- standard deviation over examples, ty
 the default inverse temperatures ``lambda (beta_a - cost)`` moves little, and ``matrix_capsnet_small``'s
 first convolutional capsule layer is at 0.531 +- 0.011 at the start and 0.552 +- 0.019 after 400 steps
 (the second 0.581 +- 0.023, 0.604 +- 0.063), so its activations pass almost no information to the next
-layer's routing; with ``"mean_std"`` every routed layer is at about 0.49 +- 0.21 throughout.
+layer's routing; with ``"mean_std"`` every routed layer is at about 0.49 +- 0.21 throughout. With exact
+gradients (``detach_assignments=False``) the same pair reaches 36.7 / 45.0 / 51.8 / 43.1% (the default:
+faster at first, then stalling, its first convolutional layer at 0.52 +- 0.01 throughout) and 24.2 / 54.1
+/ 73.0 / 81.3% (``"mean_std"``).
 
 Implementation (same values as the equations; float32 error no larger than the direct form's):
 votes are laid out once as ``(B, J, I, H)`` and shifted by a per-parent origin ``c`` (the
