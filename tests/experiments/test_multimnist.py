@@ -103,3 +103,18 @@ def test_multimnist_smoke_end_to_end(shared_data_root, tmp_path):
     assert 0 <= result.metrics["capsnet_error"] <= 1 and result.metrics["cnn_parameters"] > 0
     assert "1 of 2 (time limit) x 64 pairs" in text and "| train_minutes | 1e-09 |" in text
     assert_contrasts_resolve("multimnist", result.metrics, 1)
+    # the training table: epoch 1 only (the time limit), each model's loss and validation error on 64 pairs
+    assert "error (paper's metric) on 64 validation pairs" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert len(rows) == 1 and len(cells) == 5 and all(c.endswith("%") for c in cells[2::2])
+
+
+def test_multimnist_training_history_is_kept_with_the_checkpoint(shared_data_root, tmp_path):
+    options = dict(smoke=True, device="cpu", data_dir=shared_data_root, train_digits=300, pairs_per_epoch=32,
+                   test_digits=100, batch_size=32, checkpoint_dir=str(tmp_path / "ckpt"))
+    first = run_experiment("multimnist", tmp_path / "a", **options).report.read_text()
+    second = run_experiment("multimnist", tmp_path / "b", **options).report.read_text()
+    table = [line for line in first.splitlines() if line.startswith("| 1 |")]
+    assert len(table) == 1 and table == [line for line in second.splitlines() if line.startswith("| 1 |")]
+    assert "| loaded |" in second

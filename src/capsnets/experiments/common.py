@@ -355,6 +355,21 @@ def evaluate_accuracy(model: nn.Module, images: Tensor, targets: Targets, *, bat
     return hits.item() / max(len(images), 1)
 
 
+def epoch_table(histories: dict[str, Sequence[dict]], columns: Sequence[tuple[str, str, Callable[[Any], str]]]) -> str:
+    """A markdown table with one row per epoch and, for each model in ``histories`` (name -> per-epoch records,
+    as :func:`train_classifier` returns them), one column per ``(record key, header, format)``; "-" where a
+    record has no such entry or a model trained fewer epochs."""
+    headers = ["epoch"] + [f"{name} {header}" for name in histories for _, header, _ in columns]
+    rows = []
+    for e in range(max((len(h) for h in histories.values()), default=0)):
+        row = [e + 1]
+        for history in histories.values():
+            record = history[e] if e < len(history) else {}
+            row += [fmt(record[key]) if key in record else "-" for key, _, fmt in columns]
+        rows.append(row)
+    return markdown_table(headers, rows)
+
+
 def checkpoint_name(base: str, args: dict[str, Any] | None) -> str:
     """``base``, or ``base_<8 hex digits>`` (a hash of ``args``) for a model built with extra builder arguments:
     runs with other arguments keep their own checkpoints in the same ``--checkpoint-dir``."""

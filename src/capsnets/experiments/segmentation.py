@@ -26,9 +26,10 @@ from torch import Tensor, nn
 from capsnets.data import load_dataset
 from capsnets.data.segmentation import SegmentationData, make_digit_segmentation
 from capsnets.engine.evaluate import dice_score
-from capsnets.experiments.common import (checkpoint_name, epochs_trained, load_or_train, markdown_table,
-                                         merge_settings, minutes_to_seconds, percent, register_experiment,
-                                         save_figure, settings_table, train_classifier, write_report)
+from capsnets.experiments.common import (checkpoint_name, epoch_table, epochs_trained, load_or_train,
+                                         markdown_table, merge_settings, minutes_to_seconds, percent,
+                                         register_experiment, save_figure, settings_table, train_classifier,
+                                         write_report)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
 
@@ -88,21 +89,12 @@ def _digits(data_dir, train: bool, count: int, device: str) -> Tensor:
 
 def _history_table(histories: dict[str, list], val_images: int) -> str:
     """Per epoch and model: mean training loss and Dice on the validation images (a collapse shows here)."""
-    epochs = max((len(h) for h in histories.values()), default=0)
-    if not epochs:
+    if not any(histories.values()):
         return "No training history (the models were loaded from checkpoints written without one)."
-    headers = ["epoch"] + [f"{name} {what}" for name in histories for what in ("loss", "validation Dice")]
-    rows = []
-    for e in range(epochs):
-        row = [e + 1]
-        for history in histories.values():
-            record = history[e] if e < len(history) else {}
-            row += [f"{record['loss']:.4g}" if "loss" in record else "-",
-                    percent(record["val_dice"]) if "val_dice" in record else "-"]
-        rows.append(row)
     return (f"After every epoch: the mean training loss and the Dice on {val_images:,} validation images built "
             "from training digits (fixed seed; only recorded, nothing is chosen on it).\n\n"
-            + markdown_table(headers, rows))
+            + epoch_table(histories, [("loss", "loss", lambda v: f"{v:.4g}"),
+                                      ("val_dice", "validation Dice", percent)]))
 
 
 def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
