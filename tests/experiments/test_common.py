@@ -67,3 +67,12 @@ def test_checkpoint_name_records_the_builder_arguments():
     assert a == checkpoint_name("seg_unet", {"width": 8, "batch_norm": True})  # key order does not matter
     assert a.startswith("seg_unet_") and len(a) == len("seg_unet_") + 8
     assert a != checkpoint_name("seg_unet", {"batch_norm": False, "width": 8})
+
+
+def test_training_cell_says_how_a_loaded_model_was_trained():
+    from capsnets.experiments.common import training_cell
+
+    assert training_cell("7 of 50 (time limit) x 60,000 pairs", [{}], loaded=False) == "7 of 50 (time limit) x 60,000 pairs"
+    assert training_cell("7 of 50 (time limit) x 60,000 pairs", [{}], loaded=True) == \
+        "loaded (7 of 50 (time limit) x 60,000 pairs)"
+    assert training_cell("0 x 60,000 pairs", [], loaded=True) == "loaded"  # a checkpoint written without history

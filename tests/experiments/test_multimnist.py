@@ -117,4 +117,4 @@ def test_multimnist_training_history_is_kept_with_the_checkpoint(shared_data_roo
     second = run_experiment("multimnist", tmp_path / "b", **options).report.read_text()
     table = [line for line in first.splitlines() if line.startswith("| 1 |")]
     assert len(table) == 1 and table == [line for line in second.splitlines() if line.startswith("| 1 |")]
-    assert "| loaded |" in second
+    assert second.count("| loaded (1 x 32 pairs) |") == 2  # how each was trained, read from the checkpoint

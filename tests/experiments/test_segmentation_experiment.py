@@ -39,10 +39,10 @@ def test_checkpoints_are_reused(shared_data_root, tmp_path):
                    images_per_epoch=32, test_images=8, clutter=1, patch=4)
     first = run_experiment("segmentation", tmp_path / "a", **options)
     second = run_experiment("segmentation", tmp_path / "b", **options)
-    assert "| loaded |" in second.report.read_text() and first.metrics == second.metrics
+    assert second.report.read_text().count("| loaded (1 x 32 images) |") == 2 and first.metrics == second.metrics
     # another U-Net (other builder arguments) gets its own checkpoint beside them; SegCaps is still reused
     third = run_experiment("segmentation", tmp_path / "c", **options, unet_args={"batch_norm": True}).report.read_text()
-    assert third.count("| loaded |") == 1 and "| SegCaps (segcaps_small) | 357,049 |" in third
+    assert third.count("| loaded (1 x 32 images) |") == 1 and "| SegCaps (segcaps_small) | 357,049 |" in third
     names = sorted(p.name for p in (tmp_path / "ckpt").glob("*.safetensors"))
     assert names[:2] == ["segmentation_segcaps_small.safetensors", "segmentation_unet_small.safetensors"]
     assert len(names) == 3 and names[2].startswith("segmentation_unet_small_")

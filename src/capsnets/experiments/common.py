@@ -355,6 +355,14 @@ def evaluate_accuracy(model: nn.Module, images: Tensor, targets: Targets, *, bat
     return hits.item() / max(len(images), 1)
 
 
+def training_cell(training: str, history: Sequence[dict], loaded: bool) -> str:
+    """A report's training cell: ``training`` (e.g. ``"7 of 50 (time limit) x 60,000 pairs"``); for a model
+    loaded from a checkpoint ``"loaded"``, followed by ``training`` when the checkpoint kept the history."""
+    if not loaded:
+        return training
+    return f"loaded ({training})" if history else "loaded"
+
+
 def epoch_table(histories: dict[str, Sequence[dict]], columns: Sequence[tuple[str, str, Callable[[Any], str]]]) -> str:
     """A markdown table with one row per epoch and, for each model in ``histories`` (name -> per-epoch records,
     as :func:`train_classifier` returns them), one column per ``(record key, header, format)``; "-" where a

@@ -27,7 +27,7 @@ from capsnets.data.multimnist import MultiMNIST, average_overlap, make_multimnis
 from capsnets.experiments.common import (ExperimentResult, epoch_table, epochs_trained, evaluate_accuracy,
                                          load_or_train, markdown_table, minutes_to_seconds, percent,
                                          register_experiment, save_figure, settings_table, train_classifier,
-                                         write_report)
+                                         training_cell, write_report)
 from capsnets.functional import capsule_length
 from capsnets.losses import margin_loss, reconstruction_loss
 from capsnets.models import count_parameters, create_model
@@ -164,7 +164,8 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
         params = count_parameters(model)
         metrics.update({f"{key}_error": error, f"{key}_parameters": params})
         training = f"{epochs_trained(history, cfg['epochs'])} x {cfg['pairs_per_epoch']:,} pairs"
-        rows.append((name, f"{params:,}", percent(error), percent(PAPER_ERROR[name]), "loaded" if loaded else training))
+        rows.append((name, f"{params:,}", percent(error), percent(PAPER_ERROR[name]),
+                     training_cell(training, history, loaded)))
     png = plot_segmentation(models["CapsNet"], test, out / "segmentation.png")
     sections = [
         ("Results", markdown_table(["model", "parameters", "test error (ours)", "test error (paper)", "training"],

@@ -29,7 +29,7 @@ from capsnets.engine.evaluate import dice_score
 from capsnets.experiments.common import (checkpoint_name, epoch_table, epochs_trained, load_or_train,
                                          markdown_table, merge_settings, minutes_to_seconds, percent,
                                          register_experiment, save_figure, settings_table, train_classifier,
-                                         write_report)
+                                         training_cell, write_report)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
 
@@ -153,7 +153,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
         training = f"{epochs_trained(history, s['epochs'])} x {s['images_per_epoch']:,} images"
         rows.append((f"{name} ({model.model_name})", f"{params:,}", percent(dice), percent(PAPER[name][0]),
-                     PAPER[name][1], "loaded" if loaded else training))
+                     PAPER[name][1], training_cell(training, history, loaded)))
     threshold = dice_score(test.images, test.masks).mean().item()
     metrics["threshold_dice"] = threshold
     rows.append(("image > 0.5 (no model)", "0", percent(threshold), "-", "-", "-"))
