@@ -76,3 +76,21 @@ def test_training_cell_says_how_a_loaded_model_was_trained():
     assert training_cell("7 of 50 (time limit) x 60,000 pairs", [{}], loaded=True) == \
         "loaded (7 of 50 (time limit) x 60,000 pairs)"
     assert training_cell("0 x 60,000 pairs", [], loaded=True) == "loaded"  # a checkpoint written without history
+
+
+def test_load_or_train_fills_meta_lists_from_the_checkpoint(tmp_path):
+    import torch
+    from torch import nn
+
+    from capsnets.experiments.common import load_or_train
+
+    history: list = []
+    trained = nn.Linear(2, 1)
+    assert not load_or_train(trained, "m", lambda: history.extend([{"epoch": 1, "loss": 0.5}]),
+                             checkpoint_dir=tmp_path, meta={"history": history, "note": "x"})
+    again: list = ["stale"]
+    loaded = nn.Linear(2, 1)
+    assert load_or_train(loaded, "m", lambda: pytest.fail("must not train"), checkpoint_dir=tmp_path,
+                         meta={"history": again, "note": "y"})
+    assert again == [{"epoch": 1, "loss": 0.5}]  # the same list object, filled from the sidecar
+    assert torch.equal(loaded.weight, trained.weight)

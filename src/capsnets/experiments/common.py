@@ -389,7 +389,11 @@ def checkpoint_name(base: str, args: dict[str, Any] | None) -> str:
 def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
                   checkpoint_dir: str | os.PathLike | None, meta: dict[str, Any] | None = None) -> bool:
     """Load ``checkpoint_dir/<name>.safetensors`` into ``model`` if it exists, else call ``train()``
-    and save the model there (when ``checkpoint_dir`` is given). Returns True when it was loaded."""
+    and save the model there (when ``checkpoint_dir`` is given). Returns True when it was loaded.
+
+    ``meta``: extra entries for the checkpoint's sidecar, taken after ``train()`` (so ``train`` may fill
+    them). When the model is loaded instead, every list in ``meta`` is filled in place from the sidecar's
+    entry of the same key (e.g. a training ``history`` the caller's report reads)."""
     from capsnets.engine.checkpoint import load_checkpoint, restore_model, save_checkpoint
 
     path = Path(checkpoint_dir) / f"{name}.safetensors" if checkpoint_dir is not None else None
@@ -403,6 +407,9 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
                              f"(or delete that file) to train this one")
         restore_model(model, checkpoint)
         model.eval()
+        for key, value in (meta or {}).items():
+            if isinstance(value, list) and isinstance(checkpoint.meta.get(key), list):
+                value[:] = checkpoint.meta[key]
         return True
     train()
     if path is not None:

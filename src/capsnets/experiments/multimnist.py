@@ -156,10 +156,6 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
 
         loaded = load_or_train(model, f"multimnist_{key}", fit, checkpoint_dir=checkpoint_dir,
                                meta={"history": history})
-        if loaded:
-            from capsnets.engine.checkpoint import load_checkpoint
-
-            history += load_checkpoint(Path(checkpoint_dir) / f"multimnist_{key}.safetensors").meta.get("history", [])
         error = 1.0 - evaluate_accuracy(model, test.images, (test.labels,), correct=both_correct)
         params = count_parameters(model)
         metrics.update({f"{key}_error": error, f"{key}_parameters": params})

@@ -145,10 +145,6 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
 
         key = checkpoint_name(f"segmentation_{model.model_name}", builder_args[name])
         loaded = load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta={"history": history})
-        if loaded:
-            from capsnets.engine.checkpoint import load_checkpoint
-
-            history += load_checkpoint(Path(checkpoint_dir) / f"{key}.safetensors").meta.get("history", [])
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
         training = f"{epochs_trained(history, s['epochs'])} x {s['images_per_epoch']:,} images"
