@@ -436,7 +436,8 @@ def _sections(source: str, results: dict, s: dict, names: dict, extra: dict) -> 
         ("Results", _results_table(records, targets, names, fixed) + "\n\nMatching: the CNN is kept at its lowest "
          "familiar-view test error, the target; the capsule model stops at the first epoch at or below it "
          "(\"target reached\"), else it is kept at the epoch nearest to it. Novel-view error is never used to "
-         "choose; " + _novel_note(s["novel_every"]) + (f" Here both models match target_error = {s['target_error']}." if fixed else
+         "choose; " + _novel_note(s["novel_every"])
+         + (f" Here both models match target_error = {s['target_error']}." if fixed else
                       f" When the capsule model does not reach the target, the CNN is trained again (role "
                       f"\"{STOPPED}\"; same recipe and data order, its own initialisation), scored "
                       f"{s['rematch_evals_per_epoch']} times per epoch, and stopped at the first score at or below "
