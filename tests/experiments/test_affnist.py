@@ -153,16 +153,20 @@ def test_place_randomly_covers_positions_and_clips_nothing():
 def test_affnist_smoke_run(tmp_path, shared_data_root):
     from capsnets.experiments import run_experiment
 
-    result = run_experiment("affnist", tmp_path, smoke=True, device="cpu", data_dir=str(shared_data_root),
-                            train_size=128, val_size=32, test_size=64, max_epochs=2, target_accuracy=1.0,
-                            train_minutes=1e-9)  # the time limit cuts each model to one epoch
+    options = dict(smoke=True, device="cpu", data_dir=str(shared_data_root), checkpoint_dir=str(tmp_path / "ckpt"),
+                   train_size=128, val_size=32, test_size=64, max_epochs=2, target_accuracy=1.0,
+                   train_minutes=1e-9)  # the time limit cuts each model to one epoch
+    result = run_experiment("affnist", tmp_path, **options)
     text = (tmp_path / "report.md").read_text()
-    assert text.count("| 1 (time limit) |") == 2 and "within `max_epochs` or `train_minutes`" in text
+    assert text.count("| 1 of 2 (time limit) |") == 2 and "within `max_epochs` or `train_minutes`" in text
     assert "affNIST-style accuracy" in text and "79.00%" in text and "66.00%" in text
     assert list(tmp_path.glob("*.png")) and all(f.stat().st_size > 0 for f in result.figures)
     assert 0 <= result.metrics["CapsNet_affNIST-style"] <= 1
     assert result.metrics["CNN_epochs"] == 1 and 0 <= result.metrics["CapsNet_val_accuracy"] <= 1
     assert_contrasts_resolve("affnist", result.metrics, 2)
+    # a second run with the same checkpoint folder continues both trainings (epoch 2 of 2)
+    again = run_experiment("affnist", tmp_path / "again", **options)
+    assert again.report.read_text().count("| 2 (2 runs) |") == 2 and again.metrics["CNN_epochs"] == 2
 
 
 def test_affnist_smoke_reads_real_files_when_given(tmp_path, shared_data_root):

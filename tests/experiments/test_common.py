@@ -94,3 +94,64 @@ def test_load_or_train_fills_meta_lists_from_the_checkpoint(tmp_path):
                          meta={"history": again, "note": "y"})
     assert again == [{"epoch": 1, "loss": 0.5}]  # the same list object, filled from the sidecar
     assert torch.equal(loaded.weight, trained.weight)
+
+
+class NoisyLinear(Linear):
+    """Dropout on the input, so that training draws from the global RNG (a continued run must restore it)."""
+
+    def forward(self, images, labels=None):
+        return super().forward(nn.functional.dropout(images, 0.5, self.training))
+
+
+def _train_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0, epochs=4):
+    """One process's share of a training: load_or_train + train_classifier with a TrainingState."""
+    from capsnets.experiments.common import TrainingState, load_or_train
+
+    torch.manual_seed(0)
+    model, history, state = NoisyLinear(), [], TrainingState()
+    torch.manual_seed(rng_seed)  # what a new process holds; a continued run must not depend on it
+    images, labels = torch.linspace(-1, 1, 64).reshape(16, 1, 2, 2), torch.arange(16) % 3
+
+    def fit():
+        history.extend(train_classifier(model, images, labels, epochs=epochs, batch_size=4, lr=0.05, lr_decay=0.5,
+                                        progress=False, time_limit_s=time_limit_s, state=state))
+
+    loaded = load_or_train(model, "m", fit, checkpoint_dir=checkpoint_dir, meta={"history": history}, state=state)
+    return model, history, loaded
+
+
+def _without_timing(history):
+    return [{k: v for k, v in record.items() if k not in ("time_s", "time_limit")} for record in history]
+
+
+def test_a_training_cut_short_is_continued_by_the_next_run_as_if_uninterrupted(tmp_path):
+    import json
+
+    from safetensors import safe_open
+
+    reference, reference_history, _ = _train_in_run(tmp_path / "whole", time_limit_s=None)
+    model, history, loaded = _train_in_run(tmp_path / "cut", time_limit_s=1e-9)  # epoch 1 of 4, then stops
+    assert not loaded and len(history) == 1 and history[-1]["time_limit"]
+    assert json.loads((tmp_path / "cut" / "m.json").read_text())["training"] == {"epoch": 1, "finished": False}
+    model, history, loaded = _train_in_run(tmp_path / "cut", time_limit_s=1e-9, rng_seed=123)  # epoch 2
+    assert not loaded and [r["epoch"] for r in history] == [1, 2]
+    model, history, loaded = _train_in_run(tmp_path / "cut", time_limit_s=None, rng_seed=7)  # epochs 3 and 4
+    assert not loaded and _without_timing(history) == _without_timing(reference_history)
+    assert torch.equal(model.fc.weight, reference.fc.weight) and torch.equal(model.fc.bias, reference.fc.bias)
+    assert epochs_trained(history, 4) == "4 (3 runs)" and epochs_trained(history[:2], 4) == "2 of 4 (time limit; 2 runs)"
+    sidecar = json.loads((tmp_path / "cut" / "m.json").read_text())
+    assert sidecar["training"] == {"epoch": 4, "finished": True} and "optimizer" not in sidecar
+    with safe_open(str(tmp_path / "cut" / "m.safetensors"), framework="pt") as handle:
+        assert not [k for k in handle.keys() if k.startswith("optim.")]  # a finished model keeps no Adam state
+    model, history, loaded = _train_in_run(tmp_path / "cut", time_limit_s=None)
+    assert loaded and len(history) == 4 and torch.equal(model.fc.weight, reference.fc.weight)
+
+
+def test_an_unfinished_checkpoint_is_taken_as_it_is_without_a_training_state(tmp_path):
+    from capsnets.experiments.common import load_or_train
+
+    _train_in_run(tmp_path, time_limit_s=1e-9)
+    history: list = []
+    assert load_or_train(NoisyLinear(), "m", lambda: pytest.fail("must not train"), checkpoint_dir=tmp_path,
+                         meta={"history": history})
+    assert len(history) == 1 and history[-1]["time_limit"]

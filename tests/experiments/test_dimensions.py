@@ -35,12 +35,17 @@ def test_dimensions_smoke_end_to_end_and_reload(shared_data_root, tmp_path):
     result = run_experiment("dimensions", tmp_path / "a", smoke=True, device="cpu", data_dir=shared_data_root,
                             checkpoint_dir=ckpt, **options)
     assert result.report.is_file() and "dimensions_digit0.png" in result.report.read_text()
-    assert "trained 1 of 2 (time limit) epoch(s) on 200 images" in result.report.read_text()
+    assert "| 1 of 2 (time limit) x 200 images |" in result.report.read_text()
     assert (tmp_path / "a" / "routing.png").is_file() and (ckpt / "dimensions_capsnet.safetensors").is_file()
+    # the next run with the same checkpoint folder continues the training the time limit cut short ...
     again = run_experiment("dimensions", tmp_path / "b", smoke=True, device="cpu", data_dir=shared_data_root,
                            checkpoint_dir=ckpt, **options)
-    assert "loaded" in again.report.read_text()
-    assert again.metrics["test_accuracy"] == result.metrics["test_accuracy"]
+    assert "| 2 (2 runs) x 200 images |" in again.report.read_text()
+    # ... and the one after that loads the finished model
+    third = run_experiment("dimensions", tmp_path / "c", smoke=True, device="cpu", data_dir=shared_data_root,
+                           checkpoint_dir=ckpt, **options)
+    assert "| loaded (2 (2 runs) x 200 images) |" in third.report.read_text()
+    assert third.metrics["test_accuracy"] == again.metrics["test_accuracy"]
 
 
 def test_routing_map_is_couplings_times_lengths():

@@ -112,9 +112,16 @@ def test_multimnist_smoke_end_to_end(shared_data_root, tmp_path):
 
 def test_multimnist_training_history_is_kept_with_the_checkpoint(shared_data_root, tmp_path):
     options = dict(smoke=True, device="cpu", data_dir=shared_data_root, train_digits=300, pairs_per_epoch=32,
-                   test_digits=100, batch_size=32, checkpoint_dir=str(tmp_path / "ckpt"))
+                   test_digits=100, batch_size=32, checkpoint_dir=str(tmp_path / "ckpt"), epochs=2,
+                   train_minutes=1e-9)  # each run trains one epoch
     first = run_experiment("multimnist", tmp_path / "a", **options).report.read_text()
-    second = run_experiment("multimnist", tmp_path / "b", **options).report.read_text()
-    table = [line for line in first.splitlines() if line.startswith("| 1 |")]
-    assert len(table) == 1 and table == [line for line in second.splitlines() if line.startswith("| 1 |")]
-    assert second.count("| loaded (1 x 32 pairs) |") == 2  # how each was trained, read from the checkpoint
+    second = run_experiment("multimnist", tmp_path / "b", **options).report.read_text()  # continues: epoch 2
+    third = run_experiment("multimnist", tmp_path / "c", **options).report.read_text()  # finished: loaded
+
+    def rows(text, epochs):
+        return [line for line in text.splitlines() if line.startswith(tuple(f"| {e} |" for e in epochs))]
+
+    assert first.count("| 1 of 2 (time limit) x 32 pairs |") == 2 and len(rows(first, [1, 2])) == 1
+    assert second.count("| 2 (2 runs) x 32 pairs |") == 2 and rows(second, [1]) == rows(first, [1])
+    assert third.count("| loaded (2 (2 runs) x 32 pairs) |") == 2  # how each was trained, read from the checkpoint
+    assert rows(third, [1, 2]) == rows(second, [1, 2]) and len(rows(third, [1, 2])) == 2

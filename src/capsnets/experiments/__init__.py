@@ -6,7 +6,8 @@
   summarises the spread, and each contrast (capsules minus CNN per seed), in ``out/report.md``.
 - :func:`register_experiment`, :func:`list_experiments`: the registry (see :mod:`.common` for the contract
   and the shared helpers: :func:`write_report`, :func:`markdown_table`, :func:`train_classifier`,
-  :func:`evaluate_accuracy`, :func:`load_or_train`).
+  :func:`evaluate_accuracy`, :func:`load_or_train`, :class:`TrainingState` for continuing a training
+  that a time limit cut short).
 
 Experiment modules register themselves on import; every module named in ``_MODULES`` that exists is
 imported here, so adding an experiment means adding its file and its name below.
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 import importlib
 
-from .common import (ExperimentResult, evaluate_accuracy, get_experiment, list_experiments, load_or_train,
-                     markdown_table, percent, register_experiment, run_experiment, save_figure, settings_table,
-                     train_classifier, write_report)
+from .common import (ExperimentResult, TrainingState, evaluate_accuracy, get_experiment, list_experiments,
+                     load_or_train, markdown_table, percent, register_experiment, run_experiment, save_figure,
+                     settings_table, train_classifier, write_report)
 
 _MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints", "segmentation", "synthesis")
 
@@ -31,7 +32,7 @@ for _name in _MODULES:
             raise
 
 __all__ = [
-    "ExperimentResult", "evaluate_accuracy", "get_experiment", "list_experiments", "load_or_train",
+    "ExperimentResult", "TrainingState", "evaluate_accuracy", "get_experiment", "list_experiments", "load_or_train",
     "markdown_table", "percent", "register_experiment", "run_experiment", "save_figure", "settings_table",
     "run_experiment_seeds", "summarise_seeds", "train_classifier", "write_report",
 ]

@@ -33,9 +33,9 @@ from capsnets.attacks import (ATTACK_LOSSES, attack_loss, attack_success, bim, f
                               zero_gradient_fraction)
 from capsnets.data import load_dataset
 from capsnets.models import count_parameters, create_model
-from capsnets.experiments.common import (evaluate_accuracy, load_or_train, markdown_table, minutes_to_seconds,
-                                         percent, register_experiment, save_figure, settings_table,
-                                         train_classifier, write_report)
+from capsnets.experiments.common import (TrainingState, epochs_trained, evaluate_accuracy, load_or_train,
+                                         markdown_table, minutes_to_seconds, percent, register_experiment,
+                                         save_figure, settings_table, train_classifier, write_report)
 
 __all__ = ["train_to_accuracy", "fit_or_load", "matching_note", "training_metrics", "attack_table", "run"]
 
@@ -43,14 +43,15 @@ __all__ = ["train_to_accuracy", "fit_or_load", "matching_note", "training_metric
 def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_images: Tensor, val_labels: Tensor, *,
                       target: float, max_epochs: int, lr: float = 1e-3, lr_decay: float = 0.96, batch_size: int = 128,
                       seed: int = 0, augment: Callable | None = None, desc: str = "train",
-                      time_limit_s: float | None = None) -> dict:
+                      time_limit_s: float | None = None, state: TrainingState | None = None) -> dict:
     """Train (one run of :func:`~capsnets.experiments.common.train_classifier`: Adam, learning rate
     ``lr * lr_decay ** (epoch - 1)``) until the validation accuracy, scored after every epoch, reaches
     ``target`` or ``max_epochs`` pass (or, with ``time_limit_s``, the first epoch that ends past that many
-    seconds of training).
+    seconds of training). ``state``: as in :func:`~capsnets.experiments.common.train_classifier`.
 
     Returns:
-        ``{"epochs", "val_accuracy", "history"}`` (``history``: one record per epoch, with its ``val_accuracy``).
+        ``{"epochs", "val_accuracy", "history", "time_limit"}`` (``history``: one record per epoch trained in
+        this call, with its ``val_accuracy``).
     """
 
     def score(record: dict) -> bool:
@@ -59,7 +60,7 @@ def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_imag
 
     history = train_classifier(model, images, labels, epochs=max_epochs, batch_size=batch_size, lr=lr,
                                lr_decay=lr_decay, seed=seed, augment=augment, desc=desc, progress=False,
-                               after_epoch=score, time_limit_s=time_limit_s)
+                               after_epoch=score, time_limit_s=time_limit_s, state=state)
     accuracy = history[-1]["val_accuracy"] if history else 0.0
     return {"epochs": len(history), "val_accuracy": accuracy, "history": history,
             "time_limit": bool(history and history[-1].get("time_limit"))}
@@ -68,13 +69,19 @@ def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_imag
 def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labels: Tensor, val_images: Tensor,
                 val_labels: Tensor, **train_args) -> dict:
     """:func:`train_to_accuracy`, or ``checkpoint_dir/<key>.safetensors`` from an earlier run; the training
-    record (epochs, validation accuracy, history) is kept in the checkpoint's sidecar and read back."""
-    record: dict = {}
+    record (epochs, validation accuracy, history) is kept in the checkpoint's sidecar and read back. A training
+    cut short by ``time_limit_s`` is continued by the next run with the same ``checkpoint_dir``."""
+    record: dict = {"history": []}  # load_or_train fills the history of a training it continues
+    state = TrainingState()
 
     def fit():
-        record.update(train_to_accuracy(model, images, labels, val_images, val_labels, **train_args))
+        earlier = list(record["history"])
+        record.update(train_to_accuracy(model, images, labels, val_images, val_labels, state=state, **train_args))
+        record["history"] = earlier + record["history"]
+        record["epochs"] = len(record["history"])
+        record["val_accuracy"] = record["history"][-1]["val_accuracy"] if record["history"] else 0.0
 
-    if load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta=record):
+    if load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta=record, state=state):
         from capsnets.engine.checkpoint import load_checkpoint
 
         saved = load_checkpoint(Path(checkpoint_dir) / f"{key}.safetensors").meta
@@ -83,8 +90,7 @@ def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labe
                   "val_accuracy": evaluate_accuracy(model, val_images, val_labels)}
     else:
         record["trained_epochs"] = record["epochs"]
-        if record["time_limit"]:
-            record["epochs"] = f"{record['epochs']} (time limit)"
+        record["epochs"] = epochs_trained(record["history"], train_args["max_epochs"])
     return record
 
 

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from capsnets._files import atomic_write
-from capsnets.engine.runtime import autocast, resolve_amp, resolve_device, seed_everything
+from capsnets.engine.runtime import autocast, resolve_amp, resolve_device, restore_rng_state, seed_everything
 
 ExperimentFn = Callable[..., "ExperimentResult"]
 #: ``metrics -> [(label, key_a, key_b), ...]``: the differences ``metrics[key_a] - metrics[key_b]`` that a
@@ -230,13 +230,35 @@ def default_loss_fn(model: nn.Module) -> LossFn:
     return loss
 
 
+@dataclass
+class TrainingState:
+    """The optimiser side of a :func:`train_classifier` run, kept so that a run its time limit cut short can be
+    continued by a later process: pass the same object to :func:`train_classifier` and :func:`load_or_train`,
+    which saves it with the model and, on the next run, hands the checkpoint back to continue from.
+
+    Attributes:
+        epoch: epochs done so far (over every run that trained this model).
+        finished: False while the training was cut short by its time limit and can be continued.
+        optimizer, scheduler: set by :func:`train_classifier` (for the checkpoint).
+        checkpoint: set by :func:`load_or_train` to the unfinished checkpoint that the next
+            :func:`train_classifier` call continues from (optimizer, scheduler and RNG state).
+    """
+
+    epoch: int = 0
+    finished: bool = True
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    checkpoint: Any = None
+
+
 def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets | None, *,
                      epoch_data: Callable[[int], tuple[Tensor, Targets]] | None = None, loss_fn: LossFn | None = None,
                      epochs: int = 1, batch_size: int = 128, lr: float = 1e-3, lr_decay: float = 0.96,
                      seed: int = 0, augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
                      desc: str = "train", progress: bool = True, amp: str = "auto",
                      after_epoch: Callable[[dict[str, Any]], bool] | None = None,
-                     time_limit_s: float | None = None) -> list[dict[str, float]]:
+                     time_limit_s: float | None = None,
+                     state: TrainingState | None = None) -> list[dict[str, float]]:
     """Train ``model`` in place with Adam and a per-epoch exponential learning-rate decay.
 
     Batches are cut on the device holding ``images`` (shuffled by a CPU generator seeded from
@@ -256,9 +278,13 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
         time_limit_s: wall-clock budget in seconds: training ends after the first epoch (``after_epoch``
             included) that ends past it, and that epoch's record gets ``"time_limit": True``. For runs on
             machines lent for a fixed time; the caller should report how many epochs were trained.
+        state: a :class:`TrainingState` to record progress in. If :func:`load_or_train` has put an unfinished
+            checkpoint in it, training continues from that checkpoint's epoch with its optimizer, scheduler
+            and RNG state (the model's weights are restored by :func:`load_or_train`), so a run continued in
+            another process ends where an uninterrupted one would.
 
     Returns:
-        one ``{"epoch", "loss", "lr", "time_s"}`` dict per epoch trained.
+        one ``{"epoch", "loss", "lr", "time_s"}`` dict per epoch trained in this call.
     """
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
@@ -270,9 +296,18 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
     if (epoch_data is None) == (images is None):
         raise ValueError("pass either images and targets or epoch_data")
+    first_epoch = 1
+    if state is not None:
+        if state.checkpoint is not None:
+            from capsnets.engine.checkpoint import restore_training
+
+            restore_training(state.checkpoint, optimizer, scheduler)
+            restore_rng_state(state.checkpoint.tensors)
+            first_epoch, state.checkpoint = state.epoch + 1, None
+        state.optimizer, state.scheduler = optimizer, scheduler
     history, began = [], time.perf_counter()
     model.train()
-    for epoch in range(1, epochs + 1):
+    for epoch in range(first_epoch, epochs + 1):
         if epoch_data is not None:
             images, targets = epoch_data(epoch)
         count, amp_dtype = len(images), resolve_amp(amp, images.device)
@@ -296,6 +331,8 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
         history.append({"epoch": epoch, "loss": mean, "lr": scheduler.get_last_lr()[0],
                         "time_s": time.perf_counter() - start})
         scheduler.step()
+        if state is not None:
+            state.epoch = epoch
         if after_epoch is not None:
             stop = after_epoch(history[-1])
             model.train()
@@ -304,6 +341,8 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
         if time_limit_s is not None and epoch < epochs and time.perf_counter() - began >= time_limit_s:
             history[-1]["time_limit"] = True
             break
+    if state is not None:
+        state.finished = not (history and history[-1].get("time_limit"))
     model.eval()
     return history
 
@@ -327,10 +366,13 @@ def minutes_to_seconds(minutes: float | None) -> float | None:
 
 
 def epochs_trained(history: Sequence[dict], planned: int) -> str:
-    """How a report states a training run's length: ``"12"``, or ``"7 of 50 (time limit)"``."""
+    """How a report states a training run's length: ``"12"``, ``"7 of 50 (time limit)"``, or, for a training
+    continued over several runs (each earlier run's last record has ``"time_limit"``), ``"50 (3 runs)"``."""
+    runs = 1 + sum(1 for record in history[:-1] if record.get("time_limit"))
+    across = f"{runs} runs" if runs > 1 else ""
     if history and history[-1].get("time_limit"):
-        return f"{len(history)} of {planned} (time limit)"
-    return str(len(history))
+        return f"{len(history)} of {planned} (time limit{'; ' + across if across else ''})"
+    return f"{len(history)} ({across})" if across else str(len(history))
 
 
 @torch.no_grad()
@@ -387,13 +429,20 @@ def checkpoint_name(base: str, args: dict[str, Any] | None) -> str:
 
 
 def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
-                  checkpoint_dir: str | os.PathLike | None, meta: dict[str, Any] | None = None) -> bool:
+                  checkpoint_dir: str | os.PathLike | None, meta: dict[str, Any] | None = None,
+                  state: TrainingState | None = None) -> bool:
     """Load ``checkpoint_dir/<name>.safetensors`` into ``model`` if it exists, else call ``train()``
-    and save the model there (when ``checkpoint_dir`` is given). Returns True when it was loaded.
+    and save the model there (when ``checkpoint_dir`` is given). Returns True when it was loaded (and not
+    trained further).
 
     ``meta``: extra entries for the checkpoint's sidecar, taken after ``train()`` (so ``train`` may fill
-    them). When the model is loaded instead, every list in ``meta`` is filled in place from the sidecar's
-    entry of the same key (e.g. a training ``history`` the caller's report reads)."""
+    them). When the model is loaded, every list in ``meta`` is filled in place from the sidecar's entry of
+    the same key (e.g. a training ``history`` the caller's report reads).
+
+    ``state``: the :class:`TrainingState` that ``train()`` passes to :func:`train_classifier`. With it, a
+    training cut short by its time limit is saved with its optimizer, scheduler and RNG state, and a later
+    run that finds that checkpoint continues it (``train()`` is called again, and ``meta``'s lists already
+    hold the earlier runs' entries) instead of taking the model as finished."""
     from capsnets.engine.checkpoint import load_checkpoint, restore_model, save_checkpoint
 
     path = Path(checkpoint_dir) / f"{name}.safetensors" if checkpoint_dir is not None else None
@@ -410,9 +459,18 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
         for key, value in (meta or {}).items():
             if isinstance(value, list) and isinstance(checkpoint.meta.get(key), list):
                 value[:] = checkpoint.meta[key]
-        return True
+        progress = checkpoint.meta.get("training") or {}
+        if state is None or progress.get("finished", True):
+            return True
+        state.epoch, state.checkpoint = int(progress["epoch"]), checkpoint
+        print(f"{name}: continuing the training cut short after epoch {state.epoch} ({path})", flush=True)
     train()
     if path is not None:
+        extra = {} if state is None else {"training": {"epoch": state.epoch, "finished": state.finished}}
+        unfinished = state is not None and not state.finished
         save_checkpoint(path, model=model, meta={"model": getattr(model, "model_name", name),
-                                                 "model_args": getattr(model, "model_args", {}), **(meta or {})})
+                                                 "model_args": getattr(model, "model_args", {}),
+                                                 **(meta or {}), **extra},
+                        optimizer=state.optimizer if unfinished else None,
+                        scheduler=state.scheduler if unfinished else None)
     return False

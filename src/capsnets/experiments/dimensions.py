@@ -23,9 +23,10 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset, random_shift
 from capsnets.engine.checkpoint import CheckpointError, load_model
-from capsnets.experiments.common import (ExperimentResult, epochs_trained, evaluate_accuracy, load_or_train,
-                                         markdown_table, minutes_to_seconds, percent, register_experiment,
-                                         save_figure, settings_table, train_classifier, write_report)
+from capsnets.experiments.common import (ExperimentResult, TrainingState, epochs_trained, evaluate_accuracy,
+                                         load_or_train, markdown_table, minutes_to_seconds, percent,
+                                         register_experiment, save_figure, settings_table, train_classifier,
+                                         training_cell, write_report)
 from capsnets.functional import capsule_length
 from capsnets.models import count_parameters, create_model
 
@@ -111,16 +112,17 @@ def _model(cfg: dict, data, device: str, seed: int, checkpoint_dir) -> tuple[nn.
     shift = (lambda x, g: random_shift(x, cfg["max_shift"], g)) if cfg["max_shift"] else None
 
     history: list = []
+    state = TrainingState()  # lets a later run continue a training its time limit cut short
 
     def fit():
         history.extend(train_classifier(model, images, labels, epochs=cfg["epochs"], batch_size=cfg["batch_size"],
                                         seed=seed, augment=shift, desc="dimensions capsnet",
-                                        time_limit_s=minutes_to_seconds(cfg["train_minutes"])))
+                                        time_limit_s=minutes_to_seconds(cfg["train_minutes"]), state=state))
 
     loaded = load_or_train(model, "dimensions_capsnet", fit, checkpoint_dir=checkpoint_dir,
-                           meta={"dataset": "mnist"})
-    return model, ("loaded" if loaded else
-                   f"trained {epochs_trained(history, cfg['epochs'])} epoch(s) on {len(images):,} images")
+                           meta={"dataset": "mnist", "history": history}, state=state)
+    trained = f"{epochs_trained(history, cfg['epochs'])} x {len(images):,} images"
+    return model, training_cell(trained, history, loaded)
 
 
 @register_experiment("dimensions")

@@ -24,10 +24,10 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.multimnist import MultiMNIST, average_overlap, make_multimnist, multimnist_test_set
-from capsnets.experiments.common import (ExperimentResult, epoch_table, epochs_trained, evaluate_accuracy,
-                                         load_or_train, markdown_table, minutes_to_seconds, percent,
-                                         register_experiment, save_figure, settings_table, train_classifier,
-                                         training_cell, write_report)
+from capsnets.experiments.common import (ExperimentResult, TrainingState, epoch_table, epochs_trained,
+                                         evaluate_accuracy, load_or_train, markdown_table, minutes_to_seconds,
+                                         percent, register_experiment, save_figure, settings_table,
+                                         train_classifier, training_cell, write_report)
 from capsnets.functional import capsule_length
 from capsnets.losses import margin_loss, reconstruction_loss
 from capsnets.models import count_parameters, create_model
@@ -145,17 +145,20 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
 
         history: list = histories.setdefault(name, [])
 
-        def fit(model=model, loss_fn=loss_fn, key=key, history=history):
+        state = TrainingState()  # lets a later run continue a training its time limit cut short
+
+        def fit(model=model, loss_fn=loss_fn, key=key, history=history, state=state):
             def score(record):  # after every epoch; never stops training
                 record["val_error"] = 1.0 - evaluate_accuracy(model, val.images, (val.labels,), correct=both_correct)
                 return False
 
             history += train_classifier(model, None, None, epoch_data=epoch_data, loss_fn=loss_fn, epochs=cfg["epochs"],
                                         batch_size=cfg["batch_size"], lr=cfg["lr"], seed=seed, desc=f"multimnist {key}",
-                                        after_epoch=score, time_limit_s=minutes_to_seconds(cfg["train_minutes"]))
+                                        after_epoch=score, time_limit_s=minutes_to_seconds(cfg["train_minutes"]),
+                                        state=state)
 
         loaded = load_or_train(model, f"multimnist_{key}", fit, checkpoint_dir=checkpoint_dir,
-                               meta={"history": history})
+                               meta={"history": history}, state=state)
         error = 1.0 - evaluate_accuracy(model, test.images, (test.labels,), correct=both_correct)
         params = count_parameters(model)
         metrics.update({f"{key}_error": error, f"{key}_parameters": params})

@@ -26,8 +26,8 @@ from torch import Tensor, nn
 from capsnets.data import load_dataset
 from capsnets.data.segmentation import SegmentationData, make_digit_segmentation
 from capsnets.engine.evaluate import dice_score
-from capsnets.experiments.common import (checkpoint_name, epoch_table, epochs_trained, load_or_train,
-                                         markdown_table, merge_settings, minutes_to_seconds, percent,
+from capsnets.experiments.common import (TrainingState, checkpoint_name, epoch_table, epochs_trained,
+                                         load_or_train, markdown_table, merge_settings, minutes_to_seconds, percent,
                                          register_experiment, save_figure, settings_table, train_classifier,
                                          training_cell, write_report)
 from capsnets.losses import create_loss
@@ -133,7 +133,9 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
 
         history: list = histories.setdefault(name, [])
 
-        def fit(model=model, criterion=criterion, name=name, history=history):
+        state = TrainingState()  # lets a later run continue a training its time limit cut short
+
+        def fit(model=model, criterion=criterion, name=name, history=history, state=state):
             def score(record):  # after every epoch; never stops training
                 record["val_dice"] = evaluate_dice(model, val)
                 return False
@@ -141,10 +143,11 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
             history += train_classifier(model, None, None, epoch_data=epoch_data, epochs=s["epochs"],
                                         batch_size=s["batch_size"], lr=s["lr"], seed=seed, desc=name,
                                         loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0], after_epoch=score,
-                                        time_limit_s=minutes_to_seconds(s["train_minutes"]))
+                                        time_limit_s=minutes_to_seconds(s["train_minutes"]), state=state)
 
         key = checkpoint_name(f"segmentation_{model.model_name}", builder_args[name])
-        loaded = load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta={"history": history})
+        loaded = load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta={"history": history},
+                               state=state)
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
         training = f"{epochs_trained(history, s['epochs'])} x {s['images_per_epoch']:,} images"

@@ -30,7 +30,7 @@ from capsnets.data.synthesis import silhouette_label_maps
 from capsnets.engine.runtime import autocast, resolve_amp
 from capsnets.experiments.common import (check_time_limit, epochs_trained, load_or_train, markdown_table,
                                          merge_settings, minutes_to_seconds, percent, register_experiment,
-                                         save_figure, settings_table, write_report)
+                                         save_figure, settings_table, training_cell, write_report)
 from capsnets.models import PatchDiscriminator, count_parameters, create_model
 
 __all__ = ["run", "train_pix2pix", "synthesis_errors"]
@@ -188,13 +188,15 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
                                      batch_size=s["batch_size"], lr=s["lr"], l1_weight=s["l1_weight"], seed=seed,
                                      desc=name, time_limit_s=minutes_to_seconds(s["train_minutes"]))
 
-        loaded = load_or_train(generator, f"synthesis_{generator.model_name}", fit, checkpoint_dir=checkpoint_dir)
+        loaded = load_or_train(generator, f"synthesis_{generator.model_name}", fit, checkpoint_dir=checkpoint_dir,
+                               meta={"history": history})
         errors, params = synthesis_errors(generator, test_maps, test_images), count_parameters(generator)
         metrics.update({f"{name}_l1": errors["l1"], f"{name}_psnr": errors["psnr"],
                         f"{name}_parameters": params})
         rows.append((f"{name} ({generator.model_name})", f"{params:,}", f"{count_parameters(discriminator):,}",
                      f"{errors['l1']:.4f}", f"{errors['psnr']:.2f} dB",
-                     "loaded" if loaded else f"{epochs_trained(history, s['epochs'])} x {s['train_images']:,} images"))
+                     training_cell(f"{epochs_trained(history, s['epochs'])} x {s['train_images']:,} images", history,
+                                   loaded)))
     figures = [_plot_examples(models, test_maps, test_images, out / "examples.png"),
                _plot_dimensions(models["CapsPix2pix"], test_maps[0], out / "capsule_dimensions.png")]
     headers = ["generator", "parameters", "discriminator parameters", "test L1 error", "test PSNR", "training"]
