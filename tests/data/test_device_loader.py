@@ -113,3 +113,16 @@ def test_augment_taken_from_data_unless_disabled():
     assert next(iter(DeviceLoader(data, 8, augment=False)))[0].shape == (8, 1, 6, 6)
     with pytest.raises(ValueError, match="augment"):
         DeviceLoader(data, 8, augment="crop")
+
+
+@pytest.mark.parametrize("augment", [None, crop_augment])
+def test_iter_from_continues_an_epoch_where_an_iteration_stopped(augment):
+    loader = DeviceLoader(make_data(), 16, seed=2, max_shift=1, augment=augment)
+    whole = epoch(loader, 5)  # 7 batches
+    for first in (0, 3, 7):
+        tail = list(loader.iter_from(first))
+        assert len(tail) == 7 - first
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(tail, whole[first:]))
+    for bad in (-1, 8, 1.5):
+        with pytest.raises(ValueError, match="batch index"):
+            loader.iter_from(bad)

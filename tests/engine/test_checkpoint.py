@@ -110,3 +110,12 @@ def test_failed_sidecar_write_keeps_previous_checkpoint(tmp_path):
         _save(path, seed=5, bad=object())
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.json", "last.safetensors"]
+
+
+def test_extra_tensors_are_kept_beside_the_model(tmp_path):
+    model, _, _ = _trained(seed=0)
+    kept = {"last.weight": torch.arange(6.0).reshape(2, 3)}
+    save_checkpoint(tmp_path / "m.safetensors", model=model, meta={"model": "toy"}, extra_tensors=kept)
+    loaded = load_checkpoint(tmp_path / "m.safetensors")
+    assert torch.equal(loaded.tensors["extra.last.weight"], kept["last.weight"])
+    assert set(loaded.model_state()) == set(model.state_dict())  # the extra tensors are not the model's

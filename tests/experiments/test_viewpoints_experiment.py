@@ -203,3 +203,37 @@ def test_rejects_unknown_options_and_splits(tmp_path):
         run_experiment("viewpoints", tmp_path, smoke=True, device="cpu", epoch=1)
     with pytest.raises(ValueError, match="splits"):
         run_experiment("viewpoints", tmp_path, smoke=True, device="cpu", splits=["lighting"])
+
+
+def _matched_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0):
+    """One process's share of a matched training: load_or_train + train_matched with a TrainingState."""
+    from capsnets.experiments.common import TrainingState, load_or_train
+
+    torch.manual_seed(0)
+    views, model = _toy_views(), build_model("cnn_smallnorb_narrow", "cpu")
+    torch.manual_seed(rng_seed)  # what a new process holds; a continued run must not depend on it
+    record, state = {}, TrainingState()
+
+    def train():  # 5 steps per epoch at batch 8, scored after steps 2 and 5
+        record.update(train_matched(model, views, epochs=2, target=-1.0, batch_size=8, lr=1e-2, lr_decay=0.5,
+                                    evals_per_epoch=2, time_limit_s=time_limit_s, state=state))
+
+    loaded = load_or_train(model, "m", train, checkpoint_dir=checkpoint_dir, meta=record, state=state)
+    return model, record, loaded
+
+
+def test_a_matched_training_cut_short_is_continued_as_if_uninterrupted(tmp_path):
+    reference, whole, _ = _matched_in_run(tmp_path / "whole", time_limit_s=None)
+    assert [h["epoch"] for h in whole["history"]] == [0.4, 1, 1.4, 2]
+    stops = []
+    for run in range(4):  # stops within epoch 1, at its end, within epoch 2, then the planned end
+        model, record, loaded = _matched_in_run(tmp_path / "cut", time_limit_s=1e-9, rng_seed=run)
+        stops.append((record["history"][-1]["epoch"], record["time_limit"]))
+        assert not loaded
+    assert stops == [(0.4, True), (1, True), (1.4, True), (2, False)]  # the last evaluation is not cut short
+    keys = ("epoch", "step", "loss", "familiar_error", "novel_error")
+    assert [[h[k] for k in keys] for h in record["history"]] == [[h[k] for k in keys] for h in whole["history"]]
+    assert (record["epoch"], record["familiar_error"]) == (whole["epoch"], whole["familiar_error"])
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+    model, record, loaded = _matched_in_run(tmp_path / "cut", time_limit_s=1e-9)
+    assert loaded and all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))

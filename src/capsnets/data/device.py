@@ -185,8 +185,20 @@ class DeviceLoader:
         return images, labels
 
     def __iter__(self):
+        return self.iter_from(0)
+
+    def iter_from(self, first: int):
+        """This epoch's batches from batch ``first`` (0-based) on: what an iteration continues with after
+        yielding ``first`` batches, for a training continued within an epoch. ``iter(loader)`` starts at 0."""
+        if not isinstance(first, int) or not 0 <= first <= len(self):
+            raise ValueError(f"first must be a batch index in [0, {len(self)}], got {first!r}")
+        return self._batches(first)
+
+    def _batches(self, first: int):
         order, shifts = self._draw()
         for step, start in enumerate(range(0, len(self) * self.batch_size, self.batch_size)):
+            if step < first:
+                continue
             piece = torch.arange(start, min(start + self.batch_size, self.num_examples), device=self.device)
             if self.augment is None:
                 piece = torch.tensor_split(piece, self.world_size)[self.rank]  # positions in this epoch

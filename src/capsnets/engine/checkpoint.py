@@ -1,9 +1,10 @@
 """Checkpoints: one safetensors file of tensors plus a JSON sidecar, both written atomically.
 
 ``<name>.safetensors`` holds every tensor: model weights (``model.<param>``), optimizer state tensors
-(``optim.state.<index>.<name>``) and RNG states (``rng.*``). ``<name>.json`` holds everything else: the
-training config, model name and arguments (so a model can be rebuilt without the training script),
-epoch, metrics, optimizer hyper-parameters and non-tensor state, scheduler state, versions and time.
+(``optim.state.<index>.<name>``), RNG states (``rng.*``) and any extra tensors (``extra.*``).
+``<name>.json`` holds everything else: the training config, model name and arguments (so a model can
+be rebuilt without the training script), epoch, metrics, optimizer hyper-parameters and non-tensor
+state, scheduler state, versions and time.
 No pickle is involved, so loading a checkpoint never runs code.
 
 Each file is written to a temporary file in the same directory, fsynced, then moved over the old one
@@ -68,7 +69,8 @@ def resolve_checkpoint_path(path: str | Path) -> Path:
 
 
 def save_checkpoint(path: str | Path, *, model: nn.Module, meta: dict[str, Any],
-                    optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None) -> Path:
+                    optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+                    extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
     """Atomically write ``model`` (+ optimizer, scheduler, RNG state) to ``path`` and its JSON sidecar.
 
     Args:
@@ -77,11 +79,13 @@ def save_checkpoint(path: str | Path, *, model: nn.Module, meta: dict[str, Any],
         meta: JSON-safe information to store (config, model name and args, epoch, metrics...).
         optimizer: optional optimizer whose full state is saved.
         scheduler: optional learning-rate scheduler whose ``state_dict`` is saved.
+        extra_tensors: other tensors to keep (e.g. a second copy of the weights), saved as ``extra.<key>``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {f"model.{k}": _cpu_copy(v) for k, v in model.state_dict().items()}
     tensors.update(rng_state_tensors())
+    tensors.update({f"extra.{k}": _cpu_copy(v) for k, v in (extra_tensors or {}).items()})
     sidecar = {**meta, "checkpoint_id": uuid.uuid4().hex, "versions": _versions(),
                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if optimizer is not None:

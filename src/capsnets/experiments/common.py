@@ -242,6 +242,10 @@ class TrainingState:
         optimizer, scheduler: set by :func:`train_classifier` (for the checkpoint).
         checkpoint: set by :func:`load_or_train` to the unfinished checkpoint that the next
             :func:`train_classifier` call continues from (optimizer, scheduler and RNG state).
+        position: JSON-safe entries another training loop needs to continue (saved in the sidecar's
+            ``training`` entry beside ``epoch`` and ``finished``), e.g. the step within the epoch.
+        tensors: tensors another training loop needs to continue, e.g. the weights it stopped at when the
+            model itself holds an earlier, chosen state (saved as the checkpoint's ``extra.*`` tensors).
     """
 
     epoch: int = 0
@@ -249,6 +253,8 @@ class TrainingState:
     optimizer: torch.optim.Optimizer | None = None
     scheduler: Any = None
     checkpoint: Any = None
+    position: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, Tensor] = field(default_factory=dict)
 
 
 def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets | None, *,
@@ -463,14 +469,17 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
         if state is None or progress.get("finished", True):
             return True
         state.epoch, state.checkpoint = int(progress["epoch"]), checkpoint
+        state.position = {k: v for k, v in progress.items() if k not in ("epoch", "finished")}
         print(f"{name}: continuing the training cut short after epoch {state.epoch} ({path})", flush=True)
     train()
     if path is not None:
-        extra = {} if state is None else {"training": {"epoch": state.epoch, "finished": state.finished}}
         unfinished = state is not None and not state.finished
+        extra = {} if state is None else {"training": {**(state.position if unfinished else {}),
+                                                       "epoch": state.epoch, "finished": state.finished}}
         save_checkpoint(path, model=model, meta={"model": getattr(model, "model_name", name),
                                                  "model_args": getattr(model, "model_args", {}),
                                                  **(meta or {}), **extra},
                         optimizer=state.optimizer if unfinished else None,
-                        scheduler=state.scheduler if unfinished else None)
+                        scheduler=state.scheduler if unfinished else None,
+                        extra_tensors=state.tensors if unfinished else None)
     return False

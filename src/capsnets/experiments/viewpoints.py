@@ -51,9 +51,10 @@ from matplotlib.ticker import MaxNLocator
 from torch import Tensor, nn
 
 from capsnets.data import DatasetError, DeviceLoader, TensorData, load_dataset, norb_protocol
-from capsnets.engine.runtime import autocast, resolve_amp, seed_everything
-from capsnets.experiments.common import (check_time_limit, checkpoint_name, evaluate_accuracy, load_or_train,
-                                         markdown_table, merge_settings, minutes_to_seconds, percent,
+from capsnets.engine.checkpoint import restore_training
+from capsnets.engine.runtime import autocast, resolve_amp, restore_rng_state, seed_everything
+from capsnets.experiments.common import (TrainingState, check_time_limit, checkpoint_name, evaluate_accuracy,
+                                         load_or_train, markdown_table, merge_settings, minutes_to_seconds, percent,
                                          register_experiment, save_figure, settings_table, write_report)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
@@ -152,7 +153,8 @@ def _error(model: nn.Module, data: TensorData) -> float:
 
 def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int, target: float | None,
                   batch_size: int, lr: float, lr_decay: float = 0.96, seed: int = 0, amp: str = "auto",
-                  evals_per_epoch: int = 1, time_limit_s: float | None = None, novel_every: int = 1) -> dict:
+                  evals_per_epoch: int = 1, time_limit_s: float | None = None, novel_every: int = 1,
+                  state: TrainingState | None = None) -> dict:
     """Train ``model`` on ``views["train"]`` (with its ``augment``), scoring it on ``views["familiar"]``
     ``evals_per_epoch`` times per epoch (evenly spaced, the last at the end of the epoch), and leave it at the
     chosen evaluation.
@@ -167,7 +169,11 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     ``target``. Losses with ``set_progress`` (spread loss) see the fraction of ``epochs`` done.
     ``amp``: autocast of the training forward pass and loss, as in the trainer (``"auto"``: bf16 on CUDA).
     ``time_limit_s``: training also stops at the first evaluation past that many seconds (``"time_limit"``
-    in the result says whether it did).
+    in the result says whether it did). ``state``: a :class:`~capsnets.experiments.common.TrainingState`;
+    training stopped by the time limit records in it what a later process needs to continue from that
+    evaluation (the weights it stopped at, the step, the chosen evaluation so far), and a state that
+    :func:`~capsnets.experiments.common.load_or_train` filled from such a checkpoint is continued, the
+    returned history then including the earlier runs' evaluations.
 
     Returns:
         ``{"history": [{"epoch", "step", "loss", "familiar_error", "novel_error"}, ...], "epoch",
@@ -189,13 +195,20 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     checks = sorted({max(1, round(steps * k / evals_per_epoch)) for k in range(1, evals_per_epoch + 1)})
     check_time_limit(time_limit_s)
     history, best, best_state, reached, done = [], None, None, False, 0
+    first_epoch, first_step = 1, 0  # where training starts: (1, 0), or where a continued run stopped
+    if state is not None:
+        if state.checkpoint is not None:
+            first_epoch, first_step, done, history, best, best_state = _continue_matched(
+                model, state, optimizer, scheduler, target, steps)
+        state.optimizer, state.scheduler = optimizer, scheduler
     began, out_of_time = time.perf_counter(), False
     total = torch.zeros((), dtype=torch.float64, device=views["train"].device)
     seen = 0
-    for epoch in range(1, epochs + 1):
+    for epoch in range(first_epoch, epochs + 1):
         model.train()
         loader.set_epoch(epoch)
-        for step, (images, labels) in enumerate(loader, start=1):
+        skip = first_step if epoch == first_epoch else 0
+        for step, (images, labels) in enumerate(loader.iter_from(skip), start=skip + 1):
             if hasattr(criterion, "set_progress"):
                 criterion.set_progress((epoch - 1 + (step - 1) / steps) / epochs)
             with autocast(views["train"].device, amp_dtype):
@@ -222,12 +235,22 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
             score = record["familiar_error"] if target is None else abs(record["familiar_error"] - target)
             if reached or best is None or score < best[0]:
                 best, best_state = (score, record), copy.deepcopy(model.state_dict())
-            out_of_time = time_limit_s is not None and time.perf_counter() - began >= time_limit_s
+            last = epoch == epochs and step == steps  # training ends here anyway: not cut short
+            out_of_time = time_limit_s is not None and not last and time.perf_counter() - began >= time_limit_s
             if reached or out_of_time:
                 break
         if reached or out_of_time:
             break
         scheduler.step()
+    if state is not None:
+        state.finished = not (out_of_time and not reached)
+        if not state.finished:  # what a later run needs to continue from this evaluation
+            if step == steps:  # stopped at the end of an epoch: take the learning-rate step it would take
+                scheduler.step()
+            state.epoch = epoch
+            state.position = {"step": step, "done": done, "best": next(i for i, r in enumerate(history)
+                                                                       if r is best[1])}
+            state.tensors = {f"last.{k}": v.detach().clone() for k, v in model.state_dict().items()}
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
@@ -238,22 +261,48 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
             "novel_error": chosen["novel_error"], "reached": reached, "time_limit": out_of_time and not reached}
 
 
+def _continue_matched(model: nn.Module, state: TrainingState, optimizer, scheduler, target: float | None,
+                      steps: int) -> tuple:
+    """Restore what :func:`train_matched` recorded in ``state`` when its time limit stopped it: the weights it
+    stopped at (``model`` holds the chosen ones, which become the best state so far), optimizer, scheduler,
+    RNG, history and position. Returns ``(epoch, step to start after, optimiser steps done, history, best,
+    best_state)``."""
+    checkpoint, position = state.checkpoint, state.position
+    restore_training(checkpoint, optimizer, scheduler)
+    restore_rng_state(checkpoint.tensors)
+    history = [dict(record) for record in checkpoint.meta.get("history") or []]
+    chosen = history[position["best"]]
+    score = chosen["familiar_error"] if target is None else abs(chosen["familiar_error"] - target)
+    best, best_state = (score, chosen), copy.deepcopy(model.state_dict())
+    model.load_state_dict({k[len("extra.last."):]: v for k, v in checkpoint.tensors.items()
+                           if k.startswith("extra.last.")})
+    epoch, step = state.epoch, position["step"]
+    if step >= steps:  # it stopped at the end of an epoch (and took that epoch's learning-rate step)
+        epoch, step = epoch + 1, 0
+    state.checkpoint = None
+    return epoch, step, position["done"], history, best, best_state
+
+
 def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, batch_size: int,
          evals_per_epoch: int = 1) -> dict:
     """:func:`train_matched`, or a checkpoint from an earlier run (its record is read from the sidecar)."""
     record: dict = {}
+    state = TrainingState()  # lets a later run continue a training its time limit cut short
 
     def train():
         record.update(train_matched(model, views, epochs=s["epochs"], target=target, batch_size=batch_size,
                                     lr=s["lr"], lr_decay=s["lr_decay"], seed=seed, evals_per_epoch=evals_per_epoch,
-                                    time_limit_s=minutes_to_seconds(s["train_minutes"]), novel_every=s["novel_every"]))
+                                    time_limit_s=minutes_to_seconds(s["train_minutes"]), novel_every=s["novel_every"],
+                                    state=state))
 
-    if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record):
+    if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record, state=state):
         from capsnets.engine.checkpoint import load_checkpoint
 
         meta = load_checkpoint(Path(checkpoint_dir) / f"{key}.safetensors").meta
         record = {k: meta.get(k) for k in ("history", "epoch", "reached", "time_limit")}
         record.update(familiar_error=_error(model, views["familiar"]), novel_error=_error(model, views["novel"]))
+        if target is not None:  # the target may have moved since (a CNN continued by this run): judge it anew
+            record["reached"] = record["familiar_error"] <= target
     return record
 
 
