@@ -149,14 +149,17 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
-    """``["a=1", "b=[1, 8, 8]"]`` -> ``{"a": 1, "b": [1, 8, 8]}`` (values parsed as YAML scalars/lists)."""
+    """``["a=1", "b=[1, 8, 8]"]`` -> ``{"a": 1, "b": [1, 8, 8]}`` (values parsed as YAML scalars/lists;
+    ``1e-3`` is a float)."""
+    from capsnets.engine.config import load_yaml
+
     values = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ValueError(f"{flag} {item!r} must look like KEY=VALUE")
         try:
-            values[key.strip()] = yaml.safe_load(text)
+            values[key.strip()] = load_yaml(text)
         except yaml.YAMLError as err:
             raise ValueError(f"{flag} {item!r}: cannot parse the value ({err})") from err
     return values

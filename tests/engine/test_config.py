@@ -56,3 +56,15 @@ def test_max_shift_default_depends_on_image_size():
     assert TrainConfig().resolved_max_shift(8) == 0
     assert TrainConfig().resolved_max_shift(28) == 2
     assert TrainConfig(max_shift=1).resolved_max_shift(8) == 1
+
+
+def test_exponent_floats_without_a_dot_are_floats(tmp_path):
+    """YAML 1.1 reads ``1e-3`` as a string; configs and --set read it as the float everyone means."""
+    from capsnets.cli import parse_key_values
+
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 1e-3\nweight_decay: 5E-4\nepochs: 2\nout: 1e3x\n")
+    assert read_config_file(path) == {"lr": 0.001, "weight_decay": 0.0005, "epochs": 2, "out": "1e3x"}
+    assert build_config(path).lr == 0.001
+    assert parse_key_values(["a=1e-9", "b=-2E+3", "c=1.5", "d=7", "e=[1e-2, 3]", "f=name"], "--set") == \
+        {"a": 1e-9, "b": -2000.0, "c": 1.5, "d": 7, "e": [0.01, 3], "f": "name"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,20 @@ from typing import Any
 import yaml
 
 from capsnets.engine.runtime import AMP_MODES
+
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that ``1e-3`` (an exponent without a dot) is a float, as in JSON and
+    YAML 1.2, rather than the string YAML 1.1 makes of it."""
+
+
+_YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                  list("-+0123456789"))
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text safely (no code runs), reading ``1e-3`` as a float (see :class:`_YamlLoader`)."""
+    return yaml.load(text, Loader=_YamlLoader)
+
 
 #: Images at most this many pixels high get ``max_shift=0`` when ``max_shift`` is None (8x8 digits
 #: would lose a quarter of the digit to a 2 px shift); larger images get the paper's 2 px.
@@ -154,7 +169,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"config file {str(path)!r} does not exist")
     text = path.read_text()
     try:
-        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        values = json.loads(text) if path.suffix == ".json" else load_yaml(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ValueError(f"config file {str(path)!r} is not valid {path.suffix[1:] or 'YAML'}: {err}") from err
     if values is None:
