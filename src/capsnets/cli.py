@@ -105,6 +105,10 @@ def _experiment(args: argparse.Namespace) -> int:
     print(f"wrote {result.report} and {len(result.figures)} figure(s)")
     for key, value in result.metrics.items():
         print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
+    if result.cut_short:
+        how = ("run the same command again to continue them from --checkpoint-dir" if args.checkpoint_dir else
+               "with --checkpoint-dir DIR they are kept, and running the same command again continues them")
+        print(f"train_minutes cut {len(result.cut_short)} training(s) short ({', '.join(result.cut_short)}); {how}")
     return 0
 
 

@@ -36,11 +36,12 @@ def test_dimensions_smoke_end_to_end_and_reload(shared_data_root, tmp_path):
                             checkpoint_dir=ckpt, **options)
     assert result.report.is_file() and "dimensions_digit0.png" in result.report.read_text()
     assert "| 1 of 2 (time limit) x 200 images |" in result.report.read_text()
+    assert result.cut_short == ["dimensions_capsnet"]
     assert (tmp_path / "a" / "routing.png").is_file() and (ckpt / "dimensions_capsnet.safetensors").is_file()
     # the next run with the same checkpoint folder continues the training the time limit cut short ...
     again = run_experiment("dimensions", tmp_path / "b", smoke=True, device="cpu", data_dir=shared_data_root,
                            checkpoint_dir=ckpt, **options)
-    assert "| 2 (2 runs) x 200 images |" in again.report.read_text()
+    assert "| 2 (2 runs) x 200 images |" in again.report.read_text() and again.cut_short == []
     # ... and the one after that loads the finished model
     third = run_experiment("dimensions", tmp_path / "c", smoke=True, device="cpu", data_dir=shared_data_root,
                            checkpoint_dir=ckpt, **options)
@@ -59,3 +60,17 @@ def test_routing_map_is_couplings_times_lengths():
         lengths = capsule_length(model.primary(torch.relu(model.conv(image[None]))))[0]  # (288,)
     assert couplings.shape == (288,) and ((couplings > 0) & (couplings < 1)).all()
     assert torch.allclose(heat, (couplings * lengths).view(8, 6, 6).sum(0), atol=1e-6)
+
+
+def test_the_cli_says_which_trainings_were_cut_short_and_how_to_continue(shared_data_root, tmp_path, capsys):
+    from capsnets.cli import main
+
+    args = ["experiment", "dimensions", "--smoke", "--device", "cpu", "--data-dir", str(shared_data_root),
+            "--set", "train_images=64", "--set", "test_images=32", "--set", "digits=1", "--set", "epochs=2",
+            "--set", "train_minutes=1e-9"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert "cut 1 training(s) short (dimensions_capsnet); with --checkpoint-dir DIR" in capsys.readouterr().out
+    assert main([*args, "--out", str(tmp_path / "b"), "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0
+    assert "run the same command again to continue them" in capsys.readouterr().out
+    assert main([*args, "--out", str(tmp_path / "c"), "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0
+    assert "cut" not in capsys.readouterr().out.split("wrote")[-1]  # epoch 2 of 2: finished

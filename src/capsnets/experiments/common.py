@@ -22,6 +22,7 @@ import json
 import math
 import os
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -39,6 +40,8 @@ ExperimentFn = Callable[..., "ExperimentResult"]
 ContrastFn = Callable[[dict[str, Any]], list[tuple[str, str, str]]]
 _EXPERIMENTS: dict[str, ExperimentFn] = {}
 _CONTRASTS: dict[str, ContrastFn] = {}
+#: while :func:`run_experiment` runs: the list to which :func:`load_or_train` adds each training left unfinished
+_CUT_SHORT: ContextVar[list[str] | None] = ContextVar("capsnets_cut_short", default=None)
 
 # --------------------------------------------------------------------------------------------------------
 # Registry
@@ -52,6 +55,9 @@ class ExperimentResult:
     report: Path
     figures: list[Path] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: checkpoint names of the trainings ``train_minutes`` cut short (set by :func:`run_experiment`); a second
+    #: run with the same ``checkpoint_dir`` continues them
+    cut_short: list[str] = field(default_factory=list)
 
 
 def register_experiment(name: str, *, contrasts: ContrastFn | None = None) -> Callable[[ExperimentFn], ExperimentFn]:
@@ -99,8 +105,14 @@ def run_experiment(name: str, out: str | os.PathLike, *, smoke: bool = False, de
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
     device = str(resolve_device(device))
-    result = fn(out, smoke=smoke, device=device, seed=seed, data_dir=data_dir, checkpoint_dir=checkpoint_dir,
-                **options)
+    cut_short: list[str] = []
+    token = _CUT_SHORT.set(cut_short)
+    try:
+        result = fn(out, smoke=smoke, device=device, seed=seed, data_dir=data_dir, checkpoint_dir=checkpoint_dir,
+                    **options)
+    finally:
+        _CUT_SHORT.reset(token)
+    result.cut_short = cut_short
     _annotate_report(result.report, run_description(name, out, smoke=smoke, device=device, seed=seed,
                                                     options=options))
     return result
@@ -472,8 +484,10 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
         state.position = {k: v for k, v in progress.items() if k not in ("epoch", "finished")}
         print(f"{name}: continuing the training cut short after epoch {state.epoch} ({path})", flush=True)
     train()
+    unfinished = state is not None and not state.finished
+    if unfinished and _CUT_SHORT.get() is not None:
+        _CUT_SHORT.get().append(name)
     if path is not None:
-        unfinished = state is not None and not state.finished
         extra = {} if state is None else {"training": {**(state.position if unfinished else {}),
                                                        "epoch": state.epoch, "finished": state.finished}}
         save_checkpoint(path, model=model, meta={"model": getattr(model, "model_name", name),

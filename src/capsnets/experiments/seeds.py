@@ -43,7 +43,9 @@ def run_experiment_seeds(name: str, out: str | os.PathLike, seeds: Sequence[int]
         runs[seed] = run_experiment(name, out / f"seed-{seed}", smoke=smoke, device=device, seed=seed,
                                     data_dir=data_dir, checkpoint_dir=ckpt, **options)
     description = run_description(name, out, smoke=smoke, device=device, seed=seeds, options=options)
-    return summarise_seeds(name, out, {seed: r.metrics for seed, r in runs.items()}, description=description)
+    summary = summarise_seeds(name, out, {seed: r.metrics for seed, r in runs.items()}, description=description)
+    summary.cut_short = [f"seed-{seed}/{key}" for seed, r in runs.items() for key in r.cut_short]
+    return summary
 
 
 def _check_seeds(seeds: Sequence[int]) -> list[int]:
