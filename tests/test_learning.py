@@ -67,7 +67,7 @@ def test_segcaps_small_segments_cluttered_digits(shared_data_root):
     from capsnets.data import load_dataset
     from capsnets.data.segmentation import make_digit_segmentation
     from capsnets.engine import dice_score
-    from capsnets.experiments.common import train_classifier
+    from capsnets.experiments.training import train_classifier
     from capsnets.losses import create_loss
 
     torch.manual_seed(0)
@@ -109,7 +109,7 @@ def test_transforming_autoencoder_learns_poses_that_move_with_the_image(shared_d
 
     import capsnets
     from capsnets.data import load_dataset
-    from capsnets.experiments.common import train_classifier
+    from capsnets.experiments.training import train_classifier
     from capsnets.losses import create_loss
     from capsnets.models.transforming import shift_pairs
 

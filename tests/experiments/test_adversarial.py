@@ -82,7 +82,7 @@ def test_train_to_accuracy_is_one_uninterrupted_run():
     import torch
 
     from capsnets.experiments.adversarial import train_to_accuracy
-    from capsnets.experiments.common import train_classifier
+    from capsnets.experiments.training import train_classifier
     from capsnets.models import create_model
 
     images, labels = torch.rand(40, 1, 28, 28), torch.arange(40) % 10

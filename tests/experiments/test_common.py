@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from capsnets.experiments.common import epochs_trained, minutes_to_seconds, train_classifier
+from capsnets.experiments.training import epochs_trained, minutes_to_seconds, train_classifier
 from capsnets.models.output import ModelOutput
 
 
@@ -60,7 +60,7 @@ def test_train_minutes_converts_to_seconds():
 
 
 def test_checkpoint_name_records_the_builder_arguments():
-    from capsnets.experiments.common import checkpoint_name
+    from capsnets.experiments.training import checkpoint_name
 
     assert checkpoint_name("seg_unet", {}) == checkpoint_name("seg_unet", None) == "seg_unet"
     a = checkpoint_name("seg_unet", {"batch_norm": True, "width": 8})
@@ -82,7 +82,7 @@ def test_load_or_train_fills_meta_lists_from_the_checkpoint(tmp_path):
     import torch
     from torch import nn
 
-    from capsnets.experiments.common import load_or_train
+    from capsnets.experiments.training import load_or_train
 
     history: list = []
     trained = nn.Linear(2, 1)
@@ -105,7 +105,7 @@ class NoisyLinear(Linear):
 
 def _train_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0, epochs=4):
     """One process's share of a training: load_or_train + train_classifier with a TrainingState."""
-    from capsnets.experiments.common import TrainingState, load_or_train
+    from capsnets.experiments.training import TrainingState, load_or_train
 
     torch.manual_seed(0)
     model, history, state = NoisyLinear(), [], TrainingState()
@@ -148,7 +148,7 @@ def test_a_training_cut_short_is_continued_by_the_next_run_as_if_uninterrupted(t
 
 
 def test_an_unfinished_checkpoint_is_taken_as_it_is_without_a_training_state(tmp_path):
-    from capsnets.experiments.common import load_or_train
+    from capsnets.experiments.training import load_or_train
 
     _train_in_run(tmp_path, time_limit_s=1e-9)
     history: list = []

@@ -97,7 +97,7 @@ def test_models_record_the_arguments_that_rebuild_them():
 
 def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
     from capsnets.engine.checkpoint import load_model
-    from capsnets.experiments.common import load_or_train
+    from capsnets.experiments.training import load_or_train
 
     model = capsnets.create_model("capsnet_small", input_size=(1, 36, 36))
     assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
@@ -108,7 +108,7 @@ def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
 
 
 def test_experiment_checkpoints_of_differently_built_models_are_refused(tmp_path):
-    from capsnets.experiments.common import load_or_train
+    from capsnets.experiments.training import load_or_train
 
     model = capsnets.create_model("matrix_capsnet_small", detach_routing=True)
     assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)

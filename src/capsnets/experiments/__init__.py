@@ -5,9 +5,9 @@
 - :func:`run_experiment_seeds` ``(name, out, seeds, ...)`` runs it once per seed into ``out/seed-N`` and
   summarises the spread, and each contrast (capsules minus CNN per seed), in ``out/report.md``.
 - :func:`register_experiment`, :func:`list_experiments`: the registry (see :mod:`.common` for the contract
-  and the shared helpers: :func:`write_report`, :func:`markdown_table`, :func:`train_classifier`,
-  :func:`evaluate_accuracy`, :func:`load_or_train`, :class:`TrainingState` for continuing a training
-  that a time limit cut short).
+  and the report helpers, :func:`write_report`, :func:`markdown_table`; :mod:`.training` for
+  :func:`train_classifier`, :func:`evaluate_accuracy`, :func:`load_or_train` and :class:`TrainingState`,
+  which lets a later run continue a training that a time limit cut short).
 
 Experiment modules register themselves on import; every module named in ``_MODULES`` that exists is
 imported here, so adding an experiment means adding its file and its name below.
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import importlib
 
-from .common import (ExperimentResult, TrainingState, evaluate_accuracy, get_experiment, list_experiments,
-                     load_or_train, markdown_table, percent, register_experiment, run_experiment, save_figure,
-                     settings_table, train_classifier, write_report)
+from .common import (ExperimentResult, get_experiment, list_experiments, markdown_table, percent, register_experiment,
+                     run_experiment, save_figure, settings_table, write_report)
+from .training import TrainingState, evaluate_accuracy, load_or_train, train_classifier
 
 _MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints", "segmentation", "synthesis")
 

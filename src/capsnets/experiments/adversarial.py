@@ -33,9 +33,10 @@ from capsnets.attacks import (ATTACK_LOSSES, attack_loss, attack_success, bim, f
                               zero_gradient_fraction)
 from capsnets.data import load_dataset
 from capsnets.models import count_parameters, create_model
-from capsnets.experiments.common import (TrainingState, epochs_trained, evaluate_accuracy, load_or_train,
-                                         markdown_table, minutes_to_seconds, percent, register_experiment,
-                                         save_figure, settings_table, train_classifier, write_report)
+from capsnets.experiments.common import (markdown_table, percent, register_experiment, save_figure, settings_table,
+                                         write_report)
+from capsnets.experiments.training import (TrainingState, epochs_trained, evaluate_accuracy, load_or_train,
+                                           minutes_to_seconds, train_classifier)
 
 __all__ = ["train_to_accuracy", "fit_or_load", "matching_note", "training_metrics", "attack_table", "run"]
 
@@ -44,10 +45,10 @@ def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_imag
                       target: float, max_epochs: int, lr: float = 1e-3, lr_decay: float = 0.96, batch_size: int = 128,
                       seed: int = 0, augment: Callable | None = None, desc: str = "train",
                       time_limit_s: float | None = None, state: TrainingState | None = None) -> dict:
-    """Train (one run of :func:`~capsnets.experiments.common.train_classifier`: Adam, learning rate
+    """Train (one run of :func:`~capsnets.experiments.training.train_classifier`: Adam, learning rate
     ``lr * lr_decay ** (epoch - 1)``) until the validation accuracy, scored after every epoch, reaches
     ``target`` or ``max_epochs`` pass (or, with ``time_limit_s``, the first epoch that ends past that many
-    seconds of training). ``state``: as in :func:`~capsnets.experiments.common.train_classifier`.
+    seconds of training). ``state``: as in :func:`~capsnets.experiments.training.train_classifier`.
 
     Returns:
         ``{"epochs", "val_accuracy", "history", "time_limit"}`` (``history``: one record per epoch trained in

@@ -26,8 +26,9 @@ from capsnets.data import DatasetError, load_dataset
 from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
 from capsnets.models import count_parameters, create_model
 from capsnets.experiments.adversarial import fit_or_load, matching_note, training_metrics
-from capsnets.experiments.common import (evaluate_accuracy, markdown_table, minutes_to_seconds, percent,
-                                         register_experiment, save_figure, settings_table, write_report)
+from capsnets.experiments.common import (markdown_table, percent, register_experiment, save_figure, settings_table,
+                                         write_report)
+from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
 
 __all__ = ["run"]
 

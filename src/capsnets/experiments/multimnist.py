@@ -24,10 +24,10 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.multimnist import MultiMNIST, average_overlap, make_multimnist, multimnist_test_set
-from capsnets.experiments.common import (ExperimentResult, TrainingState, epoch_table, epochs_trained,
-                                         evaluate_accuracy, load_or_train, markdown_table, minutes_to_seconds,
-                                         percent, register_experiment, save_figure, settings_table,
-                                         train_classifier, training_cell, write_report)
+from capsnets.experiments.common import (ExperimentResult, epoch_table, markdown_table, percent, register_experiment,
+                                         save_figure, settings_table, training_cell, write_report)
+from capsnets.experiments.training import (TrainingState, epochs_trained, evaluate_accuracy, load_or_train,
+                                           minutes_to_seconds, train_classifier)
 from capsnets.functional import capsule_length
 from capsnets.losses import margin_loss, reconstruction_loss
 from capsnets.models import count_parameters, create_model

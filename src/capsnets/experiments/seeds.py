@@ -24,8 +24,8 @@ from matplotlib.figure import Figure
 
 from capsnets._files import atomic_write
 from capsnets.engine.runtime import resolve_device
-from capsnets.experiments.common import (ExperimentResult, _annotate_report, get_contrasts, markdown_table, percent, run_description,
-                                         run_experiment, save_figure, write_report)
+from capsnets.experiments.common import (ExperimentResult, _annotate_report, get_contrasts, markdown_table, percent,
+                                         run_description, run_experiment, save_figure, write_report)
 
 __all__ = ["run_experiment_seeds", "summarise_seeds"]
 

@@ -26,10 +26,10 @@ from torch import Tensor, nn
 from capsnets.data import load_dataset
 from capsnets.data.segmentation import SegmentationData, make_digit_segmentation
 from capsnets.engine.evaluate import dice_score
-from capsnets.experiments.common import (TrainingState, checkpoint_name, epoch_table, epochs_trained,
-                                         load_or_train, markdown_table, merge_settings, minutes_to_seconds, percent,
-                                         register_experiment, save_figure, settings_table, train_classifier,
-                                         training_cell, write_report)
+from capsnets.experiments.common import (epoch_table, markdown_table, merge_settings, percent, register_experiment,
+                                         save_figure, settings_table, training_cell, write_report)
+from capsnets.experiments.training import (TrainingState, checkpoint_name, epochs_trained, load_or_train,
+                                           minutes_to_seconds, train_classifier)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
 

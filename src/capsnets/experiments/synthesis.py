@@ -28,9 +28,9 @@ from tqdm.auto import tqdm
 from capsnets.data import load_dataset
 from capsnets.data.synthesis import silhouette_label_maps
 from capsnets.engine.runtime import autocast, resolve_amp
-from capsnets.experiments.common import (check_time_limit, epochs_trained, load_or_train, markdown_table,
-                                         merge_settings, minutes_to_seconds, percent, register_experiment,
-                                         save_figure, settings_table, training_cell, write_report)
+from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
+                                         settings_table, training_cell, write_report)
+from capsnets.experiments.training import check_time_limit, epochs_trained, load_or_train, minutes_to_seconds
 from capsnets.models import PatchDiscriminator, count_parameters, create_model
 
 __all__ = ["run", "train_pix2pix", "synthesis_errors"]
@@ -54,7 +54,7 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Te
     ``l1_weight`` times the mean absolute error to the real image. Batches are shuffled on the device by a
     CPU generator seeded from ``(seed, epoch)``. Returns one ``{"epoch", "generator", "discriminator", "l1",
     "time_s"}`` record per epoch. ``time_limit_s``: as in
-    :func:`~capsnets.experiments.common.train_classifier` (the last record then has ``"time_limit": True``).
+    :func:`~capsnets.experiments.training.train_classifier` (the last record then has ``"time_limit": True``).
     """
     check_time_limit(time_limit_s)
     options = {"lr": lr, "betas": (0.5, 0.999)}
