@@ -89,7 +89,7 @@ def save_checkpoint(path: str | Path, *, model: nn.Module, meta: dict[str, Any],
     sidecar = {**meta, "checkpoint_id": uuid.uuid4().hex, "versions": _versions(),
                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if optimizer is not None:
-        optim_tensors, sidecar["optimizer"] = _split_optimizer_state(optimizer.state_dict())
+        optim_tensors, sidecar["optimizer"] = split_optimizer_state(optimizer.state_dict())
         tensors.update(optim_tensors)
     if scheduler is not None:
         sidecar["scheduler"] = scheduler.state_dict()
@@ -155,7 +155,7 @@ def restore_training(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer, s
     """Load the optimizer (and scheduler) state saved in ``checkpoint``."""
     if "optimizer" not in checkpoint.meta:
         raise CheckpointError(f"checkpoint '{checkpoint.path}' holds no optimizer state; it cannot be resumed")
-    state = _join_optimizer_state(checkpoint.tensors, checkpoint.meta["optimizer"], optimizer)
+    state = join_optimizer_state(checkpoint.tensors, checkpoint.meta["optimizer"], optimizer)
     try:
         optimizer.load_state_dict(state)
     except (ValueError, KeyError) as err:
@@ -164,25 +164,28 @@ def restore_training(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer, s
         scheduler.load_state_dict(checkpoint.meta["scheduler"])
 
 
-def _split_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Optimizer ``state_dict`` -> (flat tensors ``optim.state.<i>.<name>``, JSON-safe rest)."""
+def split_optimizer_state(state: dict[str, Any], prefix: str = "optim.") -> tuple[dict[str, torch.Tensor],
+                                                                                dict[str, Any]]:
+    """Optimizer ``state_dict`` -> (flat tensors ``<prefix>state.<i>.<name>``, JSON-safe rest): how a
+    checkpoint stores an optimizer without pickle (a second optimizer takes another ``prefix``)."""
     tensors, plain = {}, {}
     for index, param_state in state["state"].items():
         for name, value in param_state.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"optim.state.{index}.{name}"] = _cpu_copy(value)
+                tensors[f"{prefix}state.{index}.{name}"] = _cpu_copy(value)
             else:
                 plain.setdefault(str(index), {})[name] = value
     return tensors, {"param_groups": state["param_groups"], "plain_state": plain}
 
 
-def _join_optimizer_state(tensors: dict[str, torch.Tensor], saved: dict[str, Any],
-                          optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Inverse of :func:`_split_optimizer_state`; list-valued hyper-parameters become tuples again."""
+def join_optimizer_state(tensors: dict[str, torch.Tensor], saved: dict[str, Any], optimizer: torch.optim.Optimizer,
+                         prefix: str = "optim.") -> dict[str, Any]:
+    """Inverse of :func:`split_optimizer_state`: the ``state_dict`` to load into ``optimizer`` (whose
+    list-valued hyper-parameters, e.g. Adam's betas, become tuples again)."""
     state: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():
-        if key.startswith("optim.state."):
-            index, name = key[len("optim.state."):].split(".", 1)
+        if key.startswith(f"{prefix}state."):
+            index, name = key[len(f"{prefix}state."):].split(".", 1)
             state.setdefault(int(index), {})[name] = value
     for index, values in saved.get("plain_state", {}).items():
         state.setdefault(int(index), {}).update(values)

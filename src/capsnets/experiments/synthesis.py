@@ -27,10 +27,12 @@ from tqdm.auto import tqdm
 
 from capsnets.data import load_dataset
 from capsnets.data.synthesis import silhouette_label_maps
-from capsnets.engine.runtime import autocast, resolve_amp
+from capsnets.engine.checkpoint import join_optimizer_state, restore_training, split_optimizer_state
+from capsnets.engine.runtime import autocast, resolve_amp, restore_rng_state
 from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
                                          settings_table, training_cell, write_report)
-from capsnets.experiments.training import check_time_limit, epochs_trained, load_or_train, minutes_to_seconds
+from capsnets.experiments.training import (TrainingState, check_time_limit, epochs_trained, load_or_train,
+                                           minutes_to_seconds)
 from capsnets.models import PatchDiscriminator, count_parameters, create_model
 
 __all__ = ["run", "train_pix2pix", "synthesis_errors"]
@@ -46,7 +48,7 @@ SIZE = 32
 def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Tensor, images: Tensor, *,
                   epochs: int, batch_size: int = 32, lr: float = 2e-4, l1_weight: float = 100.0, seed: int = 0,
                   desc: str = "pix2pix", progress: bool = True, amp: str = "auto",
-                  time_limit_s: float | None = None) -> list[dict[str, Any]]:
+                  time_limit_s: float | None = None, state: TrainingState | None = None) -> list[dict[str, Any]]:
     """Train a generator and its discriminator with pix2pix's losses (Isola et al. 2017, Sec. 3).
 
     Per batch: the discriminator's loss is the mean of the binary cross-entropies of real pairs (target 1)
@@ -55,15 +57,22 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Te
     CPU generator seeded from ``(seed, epoch)``. Returns one ``{"epoch", "generator", "discriminator", "l1",
     "time_s"}`` record per epoch. ``time_limit_s``: as in
     :func:`~capsnets.experiments.training.train_classifier` (the last record then has ``"time_limit": True``).
+    ``state``: as in :func:`~capsnets.experiments.training.train_classifier`, with the generator as the model;
+    a training cut short also keeps the discriminator and its optimizer in it, so a later run continues both.
     """
     check_time_limit(time_limit_s)
     options = {"lr": lr, "betas": (0.5, 0.999)}
     opt_g, opt_d = torch.optim.Adam(generator.parameters(), **options), torch.optim.Adam(discriminator.parameters(),
                                                                                          **options)
     amp_dtype, history, began = resolve_amp(amp, images.device), [], time.perf_counter()
+    first_epoch = 1
+    if state is not None:
+        if state.checkpoint is not None:
+            first_epoch = _continue_pix2pix(state, discriminator, opt_g, opt_d)
+        state.optimizer = opt_g
     generator.train()
     discriminator.train()
-    for epoch in range(1, epochs + 1):
+    for epoch in range(first_epoch, epochs + 1):
         order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
         totals, start = torch.zeros(3, dtype=torch.float64, device=images.device), time.perf_counter()
         for first in tqdm(range(0, len(images), batch_size), desc=f"{desc} epoch {epoch}", leave=False,
@@ -89,12 +98,34 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Te
             raise FloatingPointError(f"{desc}: non-finite losses {mean} in epoch {epoch}; lower the learning rate")
         history.append({"epoch": epoch, "generator": mean[0], "discriminator": mean[1], "l1": mean[2],
                         "time_s": time.perf_counter() - start})
+        if state is not None:
+            state.epoch = epoch
         if time_limit_s is not None and epoch < epochs and time.perf_counter() - began >= time_limit_s:
             history[-1]["time_limit"] = True
             break
+    if state is not None:
+        state.finished = not (history and history[-1].get("time_limit"))
+        if not state.finished:  # the discriminator's side, which the generator's checkpoint does not hold
+            optim_d, state.position = split_optimizer_state(opt_d.state_dict(), prefix="optim_d.")
+            weights = {f"discriminator.{k}": v.detach().clone() for k, v in discriminator.state_dict().items()}
+            state.tensors = {**weights, **optim_d}
     generator.eval()
     discriminator.eval()
     return history
+
+
+def _continue_pix2pix(state: TrainingState, discriminator: nn.Module, opt_g, opt_d) -> int:
+    """Restore what :func:`train_pix2pix` kept in ``state`` when its time limit stopped it (the generator's
+    weights are restored by ``load_or_train``); returns the epoch to start with."""
+    checkpoint = state.checkpoint
+    restore_training(checkpoint, opt_g)
+    extra = {k[len("extra."):]: v for k, v in checkpoint.tensors.items() if k.startswith("extra.")}
+    discriminator.load_state_dict({k[len("discriminator."):]: v for k, v in extra.items()
+                                   if k.startswith("discriminator.")})
+    opt_d.load_state_dict(join_optimizer_state(extra, state.position, opt_d, prefix="optim_d."))
+    restore_rng_state(checkpoint.tensors)
+    state.checkpoint = None
+    return state.epoch + 1
 
 
 def _bce(logits: Tensor, target: float) -> Tensor:
@@ -183,13 +214,15 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
 
         history: list = []
 
-        def fit(generator=generator, discriminator=discriminator, name=name, history=history):
+        state = TrainingState()  # lets a later run continue a training its time limit cut short
+
+        def fit(generator=generator, discriminator=discriminator, name=name, history=history, state=state):
             history += train_pix2pix(generator, discriminator, train_maps, train_images, epochs=s["epochs"],
                                      batch_size=s["batch_size"], lr=s["lr"], l1_weight=s["l1_weight"], seed=seed,
-                                     desc=name, time_limit_s=minutes_to_seconds(s["train_minutes"]))
+                                     desc=name, time_limit_s=minutes_to_seconds(s["train_minutes"]), state=state)
 
         loaded = load_or_train(generator, f"synthesis_{generator.model_name}", fit, checkpoint_dir=checkpoint_dir,
-                               meta={"history": history})
+                               meta={"history": history}, state=state)
         errors, params = synthesis_errors(generator, test_maps, test_images), count_parameters(generator)
         metrics.update({f"{name}_l1": errors["l1"], f"{name}_psnr": errors["psnr"],
                         f"{name}_parameters": params})
