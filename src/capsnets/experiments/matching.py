@@ -84,6 +84,8 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     total = torch.zeros((), dtype=torch.float64, device=views["train"].device)
     seen = 0
     for epoch in range(first_epoch, epochs + 1):
+        if state is not None:
+            state.epoch = epoch  # the last epoch begun
         model.train()
         loader.set_epoch(epoch)
         skip = first_step if epoch == first_epoch else 0
@@ -126,14 +128,14 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
         if not state.finished:  # what a later run needs to continue from this evaluation
             if step == steps:  # stopped at the end of an epoch: take the learning-rate step it would take
                 scheduler.step()
-            state.epoch = epoch
             state.position = {"step": step, "done": done, "best": next(i for i, r in enumerate(history)
                                                                        if r is best[1])}
             state.tensors = {f"last.{k}": v.detach().clone() for k, v in model.state_dict().items()}
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
-    chosen = best[1] if best else {"epoch": 0, "familiar_error": error_rate(model, views["familiar"]), "novel_error": None}
+    chosen = best[1] if best else {"epoch": 0, "familiar_error": error_rate(model, views["familiar"]),
+                                   "novel_error": None}
     if chosen["novel_error"] is None:  # the chosen state was restored above; the record is in ``history``
         chosen["novel_error"] = error_rate(model, views["novel"])
     return {"history": history, "epoch": chosen["epoch"], "familiar_error": chosen["familiar_error"],

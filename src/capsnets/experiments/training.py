@@ -266,7 +266,7 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
             return True
         state.epoch, state.checkpoint = int(progress["epoch"]), checkpoint
         state.position = {k: v for k, v in progress.items() if k not in ("epoch", "finished")}
-        print(f"{name}: continuing the training cut short after epoch {state.epoch} ({path})", flush=True)
+        print(f"{name}: continuing the training its time limit cut short in epoch {state.epoch} ({path})", flush=True)
     train()
     unfinished = state is not None and not state.finished
     if unfinished and _CUT_SHORT.get() is not None:
