@@ -142,6 +142,37 @@ def test_trainer_on_cuda_with_bf16_resumes_and_loads_on_cpu(cuda, tmp_path):
     assert next(model.parameters()).device.type == "cpu"
 
 
+def _experiment_training_in_run(cuda, checkpoint_dir, time_limit_s, rng_seed):
+    """One process's share of an experiment's training on the device (bf16, CNN with dropout)."""
+    from capsnets.experiments.training import TrainingState, load_or_train, train_classifier
+    from capsnets.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("cnn_baseline_narrow", device=cuda)
+    images, labels = torch.rand(64, 1, 28, 28, device=cuda), torch.arange(64, device=cuda) % 10
+    torch.manual_seed(rng_seed)  # what a new process holds: the checkpoint's CPU and CUDA RNG states count
+    history, state = [], TrainingState()
+
+    def fit():
+        history.extend(train_classifier(model, images, labels, epochs=3, batch_size=32, amp="bf16", progress=False,
+                                        time_limit_s=time_limit_s, state=state))
+
+    load_or_train(model, "m", fit, checkpoint_dir=checkpoint_dir, meta={"history": history}, state=state)
+    return model, history
+
+
+def test_an_experiment_training_cut_short_is_continued_on_cuda(cuda, tmp_path):
+    """train_minutes + --checkpoint-dir on the device: optimizer state back on the device, RNG restored."""
+    whole, whole_history = _experiment_training_in_run(cuda, tmp_path / "whole", None, 0)
+    for run in range(3):  # one epoch per run; the first starts as the uninterrupted one did
+        model, history = _experiment_training_in_run(cuda, tmp_path / "cut", 1e-9, 100 * run)
+    assert [r["epoch"] for r in history] == [1, 2, 3]
+    # equal up to the order of floating-point sums in non-deterministic kernels
+    losses = [torch.tensor([r["loss"] for r in h]) for h in (history, whole_history)]
+    _close(losses[:1], losses[1:], atol=1e-3)
+    _close(list(model.state_dict().values()), [v.cpu() for v in whole.state_dict().values()], atol=1e-3)
+
+
 def test_torchrun_nccl_single_gpu(cuda, tmp_path):
     out = tmp_path / "ddp"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "-m", "capsnets",
