@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import time
@@ -25,6 +26,7 @@ from tqdm.auto import tqdm
 
 from capsnets.engine.runtime import autocast, resolve_amp, restore_rng_state
 
+_log = logging.getLogger(__name__)
 #: while :func:`recording_cut_short` runs: the list to which :func:`load_or_train` adds each training it
 #: leaves unfinished
 _CUT_SHORT: ContextVar[list[str] | None] = ContextVar("capsnets_cut_short", default=None)
@@ -266,7 +268,7 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
             return True
         state.epoch, state.checkpoint = int(progress["epoch"]), checkpoint
         state.position = {k: v for k, v in progress.items() if k not in ("epoch", "finished")}
-        print(f"{name}: continuing the training its time limit cut short in epoch {state.epoch} ({path})", flush=True)
+        _log.info("%s: continuing the training its time limit cut short in epoch %d (%s)", name, state.epoch, path)
     train()
     unfinished = state is not None and not state.finished
     if unfinished and _CUT_SHORT.get() is not None:
