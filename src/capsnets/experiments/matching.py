@@ -17,8 +17,7 @@ import torch
 from torch import nn
 
 from capsnets.data import DeviceLoader, TensorData
-from capsnets.engine.checkpoint import restore_training
-from capsnets.engine.runtime import autocast, resolve_amp, restore_rng_state
+from capsnets.engine.runtime import autocast, resolve_amp
 from capsnets.experiments.training import TrainingState, check_time_limit, evaluate_accuracy
 from capsnets.losses import create_loss
 
@@ -75,11 +74,10 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     check_time_limit(time_limit_s)
     history, best, best_state, reached, done = [], None, None, False, 0
     first_epoch, first_step = 1, 0  # where training starts: (1, 0), or where a continued run stopped
-    if state is not None:
-        if state.checkpoint is not None:
-            first_epoch, first_step, done, history, best, best_state = _continue_matched(
-                model, state, optimizer, scheduler, target, steps)
-        state.optimizer, state.scheduler = optimizer, scheduler
+    checkpoint = state.attach(optimizer, scheduler) if state is not None else None
+    if checkpoint is not None:
+        first_epoch, first_step, done, history, best, best_state = _continue_matched(model, state, checkpoint,
+                                                                                     target, steps)
     began, out_of_time = time.perf_counter(), False
     total = torch.zeros((), dtype=torch.float64, device=views["train"].device)
     seen = 0
@@ -142,15 +140,13 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
             "novel_error": chosen["novel_error"], "reached": reached, "time_limit": out_of_time and not reached}
 
 
-def _continue_matched(model: nn.Module, state: TrainingState, optimizer, scheduler, target: float | None,
+def _continue_matched(model: nn.Module, state: TrainingState, checkpoint, target: float | None,
                       steps: int) -> tuple:
-    """Restore what :func:`train_matched` recorded in ``state`` when its time limit stopped it: the weights it
-    stopped at (``model`` holds the chosen ones, which become the best state so far), optimizer, scheduler,
-    RNG, history and position. Returns ``(epoch, step to start after, optimiser steps done, history, best,
-    best_state)``."""
-    checkpoint, position = state.checkpoint, state.position
-    restore_training(checkpoint, optimizer, scheduler)
-    restore_rng_state(checkpoint.tensors)
+    """Restore what :func:`train_matched` recorded when its time limit stopped it (optimizer, scheduler and
+    RNG are restored by ``state.attach``): the weights it stopped at (``model`` holds the chosen ones, which
+    become the best state so far), history and position. Returns ``(epoch, step to start after, optimiser
+    steps done, history, best, best_state)``."""
+    position = state.position
     history = [dict(record) for record in checkpoint.meta.get("history") or []]
     chosen = history[position["best"]]
     score = chosen["familiar_error"] if target is None else abs(chosen["familiar_error"] - target)
@@ -160,5 +156,4 @@ def _continue_matched(model: nn.Module, state: TrainingState, optimizer, schedul
     epoch, step = state.epoch, position["step"]
     if step >= steps:  # it stopped at the end of an epoch (and took that epoch's learning-rate step)
         epoch, step = epoch + 1, 0
-    state.checkpoint = None
     return epoch, step, position["done"], history, best, best_state

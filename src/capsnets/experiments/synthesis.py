@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 
 from capsnets.data import load_dataset
 from capsnets.data.synthesis import silhouette_label_maps
-from capsnets.engine.checkpoint import join_optimizer_state, restore_training, split_optimizer_state
-from capsnets.engine.runtime import autocast, resolve_amp, restore_rng_state
+from capsnets.engine.checkpoint import join_optimizer_state, split_optimizer_state
+from capsnets.engine.runtime import autocast, resolve_amp
 from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
                                          settings_table, training_cell, write_report)
 from capsnets.experiments.training import (TrainingState, check_time_limit, epochs_trained, load_or_train,
@@ -65,11 +65,8 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Te
     opt_g, opt_d = torch.optim.Adam(generator.parameters(), **options), torch.optim.Adam(discriminator.parameters(),
                                                                                          **options)
     amp_dtype, history, began = resolve_amp(amp, images.device), [], time.perf_counter()
-    first_epoch = 1
-    if state is not None:
-        if state.checkpoint is not None:
-            first_epoch = _continue_pix2pix(state, discriminator, opt_g, opt_d)
-        state.optimizer = opt_g
+    checkpoint = state.attach(opt_g) if state is not None else None
+    first_epoch = 1 if checkpoint is None else _continue_pix2pix(state, checkpoint, discriminator, opt_d)
     generator.train()
     discriminator.train()
     for epoch in range(first_epoch, epochs + 1):
@@ -114,17 +111,14 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Te
     return history
 
 
-def _continue_pix2pix(state: TrainingState, discriminator: nn.Module, opt_g, opt_d) -> int:
-    """Restore what :func:`train_pix2pix` kept in ``state`` when its time limit stopped it (the generator's
-    weights are restored by ``load_or_train``); returns the epoch to start with."""
-    checkpoint = state.checkpoint
-    restore_training(checkpoint, opt_g)
+def _continue_pix2pix(state: TrainingState, checkpoint, discriminator: nn.Module, opt_d) -> int:
+    """Restore the discriminator's side of what :func:`train_pix2pix` kept when its time limit stopped it (the
+    generator's weights come from ``load_or_train``, its optimizer and the RNG from ``state.attach``);
+    returns the epoch to start with."""
     extra = {k[len("extra."):]: v for k, v in checkpoint.tensors.items() if k.startswith("extra.")}
     discriminator.load_state_dict({k[len("discriminator."):]: v for k, v in extra.items()
                                    if k.startswith("discriminator.")})
     opt_d.load_state_dict(join_optimizer_state(extra, state.position, opt_d, prefix="optim_d."))
-    restore_rng_state(checkpoint.tensors)
-    state.checkpoint = None
     return state.epoch + 1
 
 

@@ -60,9 +60,9 @@ class TrainingState:
     Attributes:
         epoch: epochs done so far (over every run that trained this model).
         finished: False while the training was cut short by its time limit and can be continued.
-        optimizer, scheduler: set by :func:`train_classifier` (for the checkpoint).
-        checkpoint: set by :func:`load_or_train` to the unfinished checkpoint that the next
-            :func:`train_classifier` call continues from (optimizer, scheduler and RNG state).
+        optimizer, scheduler: set by the training loop through :meth:`attach` (for the checkpoint).
+        checkpoint: set by :func:`load_or_train` to the unfinished checkpoint that the next training loop
+            continues from; :meth:`attach` restores its optimizer, scheduler and RNG state.
         position: JSON-safe entries another training loop needs to continue (saved in the sidecar's
             ``training`` entry beside ``epoch`` and ``finished``), e.g. the step within the epoch.
         tensors: tensors another training loop needs to continue, e.g. the weights it stopped at when the
@@ -76,6 +76,19 @@ class TrainingState:
     checkpoint: Any = None
     position: dict[str, Any] = field(default_factory=dict)
     tensors: dict[str, Tensor] = field(default_factory=dict)
+
+    def attach(self, optimizer: torch.optim.Optimizer, scheduler: Any = None):
+        """Called by a training loop once it has built its optimizer (and scheduler): keeps them for the
+        checkpoint and, when continuing, loads their state and the RNG state from :attr:`checkpoint`.
+        Returns that checkpoint (the loop may read its own entries from it), or None for a fresh start."""
+        self.optimizer, self.scheduler = optimizer, scheduler
+        checkpoint, self.checkpoint = self.checkpoint, None
+        if checkpoint is not None:
+            from capsnets.engine.checkpoint import restore_training
+
+            restore_training(checkpoint, optimizer, scheduler)
+            restore_rng_state(checkpoint.tensors)
+        return checkpoint
 
 
 def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets | None, *,
@@ -124,14 +137,8 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
     if (epoch_data is None) == (images is None):
         raise ValueError("pass either images and targets or epoch_data")
     first_epoch = 1
-    if state is not None:
-        if state.checkpoint is not None:
-            from capsnets.engine.checkpoint import restore_training
-
-            restore_training(state.checkpoint, optimizer, scheduler)
-            restore_rng_state(state.checkpoint.tensors)
-            first_epoch, state.checkpoint = state.epoch + 1, None
-        state.optimizer, state.scheduler = optimizer, scheduler
+    if state is not None and state.attach(optimizer, scheduler) is not None:
+        first_epoch = state.epoch + 1
     history, began = [], time.perf_counter()
     model.train()
     for epoch in range(first_epoch, epochs + 1):
