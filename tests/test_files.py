@@ -17,6 +17,21 @@ def test_written_files_get_default_permissions(tmp_path):
         os.umask(old)
 
 
+def test_checkpoints_get_default_permissions(tmp_path):
+    """safetensors replaces the file it writes with an owner-only one; a checkpoint must not stay so."""
+    import torch
+
+    from capsnets.engine.checkpoint import save_checkpoint
+
+    old = os.umask(0o022)
+    try:
+        path = save_checkpoint(tmp_path / "m.safetensors", model=torch.nn.Linear(2, 1), meta={})
+        for file in (path, path.with_suffix(".json")):
+            assert stat.S_IMODE(file.stat().st_mode) == 0o644, file.name
+    finally:
+        os.umask(old)
+
+
 def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "report.md"
     path.write_text("old")

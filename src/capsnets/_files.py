@@ -18,22 +18,31 @@ def _umask() -> int:
     return mask
 
 
+def default_permissions(path: str | os.PathLike) -> None:
+    """Give ``path`` the permissions a plain ``open(path, "w")`` would have created it with."""
+    os.chmod(path, 0o666 & ~_umask())
+
+
 def temp_beside(target: str | os.PathLike, suffix: str = ".tmp") -> str:
     """Create an empty temporary file in ``target``'s folder, with default permissions; return its path."""
     target = Path(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())
+    default_permissions(tmp)
     return tmp
 
 
 def atomic_write(target: str | os.PathLike, write: Callable[[str], object], *, fsync: bool = False) -> Path:
-    """Call ``write(tmp_path)`` to fill a temporary file, then move it over ``target`` (folders created)."""
+    """Call ``write(tmp_path)`` to fill a temporary file, then move it over ``target`` (folders created).
+
+    ``write`` may replace the file rather than fill it (safetensors does, creating it owner-only): the
+    default permissions are set again afterwards."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_beside(target)
     try:
         write(tmp)
+        default_permissions(tmp)
         if fsync:
             with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())

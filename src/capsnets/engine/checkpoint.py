@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import capsnets
-from capsnets._files import temp_beside
+from capsnets._files import default_permissions, temp_beside
 from capsnets.engine.runtime import rng_state_tensors
 
 SUFFIX = ".safetensors"
@@ -200,6 +200,7 @@ def _write_temp(target: Path, write: Callable[[str], Any]) -> str:
     tmp = temp_beside(target)
     try:
         write(tmp)
+        default_permissions(tmp)  # safetensors replaces the file with an owner-only one
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
     except BaseException:
