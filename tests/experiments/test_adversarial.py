@@ -25,7 +25,7 @@ def test_adversarial_smoke_run(tmp_path, shared_data_root):
 
 
 def test_adversarial_rejects_unknown_options(tmp_path):
-    with pytest.raises(ValueError, match="unknown options"):
+    with pytest.raises(ValueError, match="adversarial does not take epsilon"):
         run_experiment("adversarial", tmp_path, smoke=True, device="cpu", epsilon=0.1)
 
 

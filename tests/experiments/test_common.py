@@ -78,7 +78,7 @@ def test_training_cell_says_how_a_loaded_model_was_trained():
     assert training_cell("0 x 60,000 pairs", [], loaded=True) == "loaded"  # a checkpoint written without history
 
 
-def test_load_or_train_fills_meta_lists_from_the_checkpoint(tmp_path):
+def test_load_or_train_fills_meta_from_the_checkpoint(tmp_path):
     import torch
     from torch import nn
 
@@ -91,8 +91,13 @@ def test_load_or_train_fills_meta_lists_from_the_checkpoint(tmp_path):
     again: list = ["stale"]
     loaded = nn.Linear(2, 1)
     assert load_or_train(loaded, "m", lambda: pytest.fail("must not train"), checkpoint_dir=tmp_path,
-                         meta={"history": again, "note": "y"})
+                         meta=(meta := {"history": again, "note": "y"}))
     assert again == [{"epoch": 1, "loss": 0.5}]  # the same list object, filled from the sidecar
+    # the caller's own entries stay; what the caller does not have comes from the sidecar
+    assert load_or_train(loaded, "m", lambda: pytest.fail("must not train"), checkpoint_dir=tmp_path,
+                         meta=(fresh := {"history": []}))
+    assert meta["note"] == "y" and fresh["note"] == "x" and fresh["history"] == [{"epoch": 1, "loss": 0.5}]
+    assert "model_args" not in fresh and "training" not in fresh
     assert torch.equal(loaded.weight, trained.weight)
 
 

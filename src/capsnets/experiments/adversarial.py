@@ -33,8 +33,8 @@ from capsnets.attacks import (ATTACK_LOSSES, attack_loss, attack_success, bim, f
                               zero_gradient_fraction)
 from capsnets.data import load_dataset
 from capsnets.models import count_parameters, create_model
-from capsnets.experiments.common import (markdown_table, percent, register_experiment, save_figure, settings_table,
-                                         write_report)
+from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
+                                         settings_table, write_report)
 from capsnets.experiments.training import (TrainingState, epochs_trained, evaluate_accuracy, load_or_train,
                                            minutes_to_seconds, train_classifier)
 
@@ -83,11 +83,9 @@ def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labe
         record["val_accuracy"] = record["history"][-1]["val_accuracy"] if record["history"] else 0.0
 
     if load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta=record, state=state):
-        from capsnets.engine.checkpoint import load_checkpoint
-
-        saved = load_checkpoint(Path(checkpoint_dir) / f"{key}.safetensors").meta
-        record = {"epochs": f"{saved['epochs']} (loaded)" if "epochs" in saved else "loaded",
-                  "trained_epochs": saved.get("epochs"), "history": saved.get("history", []),
+        # the sidecar's entries are in record now
+        record = {"epochs": f"{record['epochs']} (loaded)" if "epochs" in record else "loaded",
+                  "trained_epochs": record.get("epochs"), "history": record["history"],
                   "val_accuracy": evaluate_accuracy(model, val_images, val_labels)}
     else:
         record["trained_epochs"] = record["epochs"]
@@ -248,11 +246,7 @@ def _settings(smoke: bool, options: dict) -> dict:
              "eps": (0.1, 0.2, 0.3), "bim_steps": 3, "batch_size": 32, "lr": 2e-3,
              "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow",
              "attack_losses": ("cross_entropy", "own"), "train_minutes": None}
-    settings = dict(small if smoke else full)
-    unknown = sorted(set(options) - set(settings))
-    if unknown:
-        raise ValueError(f"adversarial: unknown options {', '.join(unknown)}; known: {', '.join(sorted(settings))}")
-    settings.update(options)
+    settings = merge_settings("adversarial", small if smoke else full, options)
     settings["eps"] = tuple(float(e) for e in settings["eps"])
     losses = settings["attack_losses"]
     settings["attack_losses"] = (losses,) if isinstance(losses, str) else tuple(losses)

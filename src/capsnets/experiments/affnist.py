@@ -26,8 +26,8 @@ from capsnets.data import DatasetError, load_dataset
 from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
 from capsnets.models import count_parameters, create_model
 from capsnets.experiments.adversarial import fit_or_load, matching_note, training_metrics
-from capsnets.experiments.common import (markdown_table, percent, register_experiment, save_figure, settings_table,
-                                         write_report)
+from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
+                                         settings_table, write_report)
 from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
 
 __all__ = ["run"]
@@ -42,11 +42,7 @@ def _settings(smoke: bool, options: dict) -> dict:
     small = {"train_size": 1024, "val_size": 128, "test_size": 256, "max_epochs": 2, "target_accuracy": 0.9,
              "batch_size": 32, "lr": 2e-3, "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow",
              "affnist_path": None, "train_minutes": None}
-    settings = dict(small if smoke else full)
-    unknown = sorted(set(options) - set(settings))
-    if unknown:
-        raise ValueError(f"affnist: unknown options {', '.join(unknown)}; known: {', '.join(sorted(settings))}")
-    settings.update(options)
+    settings = merge_settings("affnist", small if smoke else full, options)
     return settings
 
 

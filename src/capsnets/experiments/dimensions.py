@@ -23,8 +23,8 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset, random_shift
 from capsnets.engine.checkpoint import CheckpointError, load_model
-from capsnets.experiments.common import (ExperimentResult, markdown_table, percent, register_experiment, save_figure,
-                                         settings_table, training_cell, write_report)
+from capsnets.experiments.common import (ExperimentResult, markdown_table, merge_settings, percent, register_experiment,
+                                         save_figure, settings_table, training_cell, write_report)
 from capsnets.experiments.training import (TrainingState, epochs_trained, evaluate_accuracy, load_or_train,
                                            minutes_to_seconds, train_classifier)
 from capsnets.functional import capsule_length
@@ -129,10 +129,7 @@ def _model(cfg: dict, data, device: str, seed: int, checkpoint_dir) -> tuple[nn.
 def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, data_dir=None,
         checkpoint_dir=None, **options) -> ExperimentResult:
     """Perturbation grids and routing pictures for ``digits`` MNIST test digits of different classes."""
-    cfg = {**(SMOKE if smoke else FULL), **options}
-    unknown = sorted(set(cfg) - set(FULL))
-    if unknown:
-        raise ValueError(f"dimensions does not take {', '.join(unknown)}; it takes: {', '.join(sorted(FULL))}")
+    cfg = merge_settings("dimensions", SMOKE if smoke else FULL, options)
     model, how = _model(cfg, load_dataset("mnist", root=data_dir, train=True), device, seed, checkpoint_dir)
     model.eval()
     test = load_dataset("mnist", root=data_dir, train=False)

@@ -24,8 +24,8 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.multimnist import MultiMNIST, average_overlap, make_multimnist, multimnist_test_set
-from capsnets.experiments.common import (ExperimentResult, epoch_table, markdown_table, percent, register_experiment,
-                                         save_figure, settings_table, training_cell, write_report)
+from capsnets.experiments.common import (ExperimentResult, epoch_table, markdown_table, merge_settings, percent,
+                                         register_experiment, save_figure, settings_table, training_cell, write_report)
 from capsnets.experiments.training import (TrainingState, epochs_trained, evaluate_accuracy, load_or_train,
                                            minutes_to_seconds, train_classifier)
 from capsnets.functional import capsule_length
@@ -122,10 +122,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
         checkpoint_dir=None, **options) -> ExperimentResult:
     """Train CapsNet and the CNN on generated MultiMNIST, report the paper's error and the segmentation
     figure. ``options`` override the settings (``FULL`` / ``SMOKE`` keys), e.g. ``pairs_per_epoch=64``."""
-    cfg = {**(SMOKE if smoke else FULL), **options}
-    unknown = sorted(set(cfg) - set(FULL))
-    if unknown:
-        raise ValueError(f"multimnist does not take {', '.join(unknown)}; it takes: {', '.join(sorted(FULL))}")
+    cfg = merge_settings("multimnist", SMOKE if smoke else FULL, options)
     train_images, train_labels = _load_digits(data_dir, True, cfg["train_digits"], device)
     test_images, test_labels = _load_digits(data_dir, False, cfg["test_digits"], device)
     test = multimnist_test_set(test_images, test_labels, pairs_per_digit=cfg["test_pairs_per_digit"])

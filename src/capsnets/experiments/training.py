@@ -248,7 +248,9 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
 
     ``meta``: extra entries for the checkpoint's sidecar, taken after ``train()`` (so ``train`` may fill
     them). When the model is loaded, every list in ``meta`` is filled in place from the sidecar's entry of
-    the same key (e.g. a training ``history`` the caller's report reads).
+    the same key (e.g. a training ``history`` the caller's report reads), and when it is loaded as finished
+    (True is returned), ``meta`` also gets the sidecar's other entries (what ``train()`` recorded then), so the
+    caller need not read the checkpoint again.
 
     ``state``: the :class:`TrainingState` that ``train()`` passes to :func:`train_classifier`. With it, a
     training cut short by its time limit is saved with its optimizer, scheduler and RNG state, and a later
@@ -272,6 +274,9 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
                 value[:] = checkpoint.meta[key]
         progress = checkpoint.meta.get("training") or {}
         if state is None or progress.get("finished", True):
+            if meta is not None:
+                meta.update({k: v for k, v in checkpoint.meta.items()
+                             if k not in meta and k not in ("model", "model_args", "training")})
             return True
         state.epoch, state.checkpoint = int(progress["epoch"]), checkpoint
         state.position = {k: v for k, v in progress.items() if k not in ("epoch", "finished")}

@@ -155,10 +155,7 @@ def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, bat
                                     state=state))
 
     if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record, state=state):
-        from capsnets.engine.checkpoint import load_checkpoint
-
-        meta = load_checkpoint(Path(checkpoint_dir) / f"{key}.safetensors").meta
-        record = {k: meta.get(k) for k in ("history", "epoch", "reached", "time_limit")}
+        record = {k: record.get(k) for k in ("history", "epoch", "reached", "time_limit")}  # from the sidecar
         record.update(familiar_error=error_rate(model, views["familiar"]), novel_error=error_rate(model, views["novel"]))
         if target is not None:  # the target may have moved since (a CNN continued by this run): judge it anew
             record["reached"] = record["familiar_error"] <= target
