@@ -101,6 +101,24 @@ def test_load_or_train_fills_meta_from_the_checkpoint(tmp_path):
     assert torch.equal(loaded.weight, trained.weight)
 
 
+def test_load_or_train_refuses_a_checkpoint_trained_with_another_recipe(tmp_path):
+    from torch import nn
+
+    from capsnets.experiments.training import load_or_train
+
+    recipe = {"epochs": 2, "sizes": (3, 4)}
+    assert not load_or_train(nn.Linear(2, 1), "m", lambda: None, checkpoint_dir=tmp_path, recipe=recipe)
+    never = lambda: pytest.fail("must not train")  # noqa: E731
+    assert load_or_train(nn.Linear(2, 1), "m", never, checkpoint_dir=tmp_path, recipe=dict(recipe))  # tuple as list
+    assert load_or_train(nn.Linear(2, 1), "m", never, checkpoint_dir=tmp_path)  # no recipe asked for: not checked
+    with pytest.raises(ValueError, match=r"m.safetensors holds a model trained with epochs=2, lr=\(unset\), but "
+                                         r"this run trains it with epochs=3, lr=0.1; pass another --checkpoint-dir"):
+        load_or_train(nn.Linear(2, 1), "m", never, checkpoint_dir=tmp_path, recipe={**recipe, "epochs": 3, "lr": 0.1})
+    # checkpoints written without a recipe (before recipes were recorded) are loaded as they are
+    assert not load_or_train(nn.Linear(2, 1), "old", lambda: None, checkpoint_dir=tmp_path)
+    assert load_or_train(nn.Linear(2, 1), "old", never, checkpoint_dir=tmp_path, recipe=recipe)
+
+
 class NoisyLinear(Linear):
     """Dropout on the input, so that training draws from the global RNG (a continued run must restore it)."""
 

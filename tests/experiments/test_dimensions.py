@@ -47,6 +47,16 @@ def test_dimensions_smoke_end_to_end_and_reload(shared_data_root, tmp_path):
                            checkpoint_dir=ckpt, **options)
     assert "| loaded (2 (2 runs) x 200 images) |" in third.report.read_text()
     assert third.metrics["test_accuracy"] == again.metrics["test_accuracy"]
+    # a time limit is not part of what was trained; more epochs or another seed is, and is refused
+    untimed = {k: v for k, v in options.items() if k != "train_minutes"}
+    assert run_experiment("dimensions", tmp_path / "d", smoke=True, device="cpu", data_dir=shared_data_root,
+                          checkpoint_dir=ckpt, **untimed).metrics["test_accuracy"] == again.metrics["test_accuracy"]
+    with pytest.raises(ValueError, match=r"trained with epochs=2, but this run trains it with epochs=3; pass another"):
+        run_experiment("dimensions", tmp_path / "e", smoke=True, device="cpu", data_dir=shared_data_root,
+                       checkpoint_dir=ckpt, **{**options, "epochs": 3})
+    with pytest.raises(ValueError, match=r"with seed=0, but this run trains it with seed=1"):
+        run_experiment("dimensions", tmp_path / "f", smoke=True, device="cpu", seed=1, data_dir=shared_data_root,
+                       checkpoint_dir=ckpt, **options)
 
 
 def test_routing_map_is_couplings_times_lengths():

@@ -82,7 +82,11 @@ def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labe
         record["epochs"] = len(record["history"])
         record["val_accuracy"] = record["history"][-1]["val_accuracy"] if record["history"] else 0.0
 
-    if load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta=record, state=state):
+    augment = train_args.get("augment")
+    recipe = {"train_images": len(images), "val_images": len(val_images),
+              "augment": None if augment is None else type(augment).__name__,
+              **{k: v for k, v in train_args.items() if k not in ("augment", "desc", "time_limit_s")}}
+    if load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta=record, state=state, recipe=recipe):
         # the sidecar's entries are in record now
         record = {"epochs": f"{record['epochs']} (loaded)" if "epochs" in record else "loaded",
                   "trained_epochs": record.get("epochs"), "history": record["history"],

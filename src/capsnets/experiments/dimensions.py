@@ -119,8 +119,9 @@ def _model(cfg: dict, data, device: str, seed: int, checkpoint_dir) -> tuple[nn.
                                         seed=seed, augment=shift, desc="dimensions capsnet",
                                         time_limit_s=minutes_to_seconds(cfg["train_minutes"]), state=state))
 
+    recipe = {**{k: cfg[k] for k in ("train_images", "epochs", "batch_size", "max_shift")}, "seed": seed}
     loaded = load_or_train(model, "dimensions_capsnet", fit, checkpoint_dir=checkpoint_dir,
-                           meta={"dataset": "mnist", "history": history}, state=state)
+                           meta={"dataset": "mnist", "history": history}, state=state, recipe=recipe)
     trained = f"{epochs_trained(history, cfg['epochs'])} x {len(images):,} images"
     return model, training_cell(trained, history, loaded)
 

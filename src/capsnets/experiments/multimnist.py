@@ -154,8 +154,10 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
                                         after_epoch=score, time_limit_s=minutes_to_seconds(cfg["train_minutes"]),
                                         state=state)
 
+        recipe = {**{k: cfg[k] for k in ("train_digits", "pairs_per_epoch", "epochs", "batch_size", "lr")},
+                  "seed": seed}
         loaded = load_or_train(model, f"multimnist_{key}", fit, checkpoint_dir=checkpoint_dir,
-                               meta={"history": history}, state=state)
+                               meta={"history": history}, state=state, recipe=recipe)
         error = 1.0 - evaluate_accuracy(model, test.images, (test.labels,), correct=both_correct)
         params = count_parameters(model)
         metrics.update({f"{key}_error": error, f"{key}_parameters": params})

@@ -146,8 +146,10 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
                                         time_limit_s=minutes_to_seconds(s["train_minutes"]), state=state)
 
         key = checkpoint_name(f"segmentation_{model.model_name}", builder_args[name])
+        recipe = {**{k: s[k] for k in ("train_digits", "images_per_epoch", "epochs", "size", "clutter", "patch",
+                                        "batch_size", "lr")}, "seed": seed}
         loaded = load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta={"history": history},
-                               state=state)
+                               state=state, recipe=recipe)
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
         training = f"{epochs_trained(history, s['epochs'])} x {s['images_per_epoch']:,} images"

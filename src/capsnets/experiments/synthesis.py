@@ -215,8 +215,10 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
                                      batch_size=s["batch_size"], lr=s["lr"], l1_weight=s["l1_weight"], seed=seed,
                                      desc=name, time_limit_s=minutes_to_seconds(s["train_minutes"]), state=state)
 
+        recipe = {**{k: s[k] for k in ("train_images", "epochs", "batch_size", "lr", "l1_weight",
+                                        "discriminator_width")}, "seed": seed}
         loaded = load_or_train(generator, f"synthesis_{generator.model_name}", fit, checkpoint_dir=checkpoint_dir,
-                               meta={"history": history}, state=state)
+                               meta={"history": history}, state=state, recipe=recipe)
         errors, params = synthesis_errors(generator, test_maps, test_images), count_parameters(generator)
         metrics.update({f"{name}_l1": errors["l1"], f"{name}_psnr": errors["psnr"],
                         f"{name}_parameters": params})

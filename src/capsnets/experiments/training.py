@@ -241,7 +241,7 @@ def checkpoint_name(base: str, args: dict[str, Any] | None) -> str:
 
 def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
                   checkpoint_dir: str | os.PathLike | None, meta: dict[str, Any] | None = None,
-                  state: TrainingState | None = None) -> bool:
+                  state: TrainingState | None = None, recipe: dict[str, Any] | None = None) -> bool:
     """Load ``checkpoint_dir/<name>.safetensors`` into ``model`` if it exists, else call ``train()``
     and save the model there (when ``checkpoint_dir`` is given). Returns True when it was loaded (and not
     trained further).
@@ -255,18 +255,24 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
     ``state``: the :class:`TrainingState` that ``train()`` passes to :func:`train_classifier`. With it, a
     training cut short by its time limit is saved with its optimizer, scheduler and RNG state, and a later
     run that finds that checkpoint continues it (``train()`` is called again, and ``meta``'s lists already
-    hold the earlier runs' entries) instead of taking the model as finished."""
+    hold the earlier runs' entries) instead of taking the model as finished.
+
+    ``recipe``: the settings that decide what ``train()`` does (epochs, learning rate, data sizes, seed...;
+    not a time limit), kept in the sidecar. A checkpoint trained with another recipe is refused with an
+    error naming the settings that differ, rather than loaded as if this run had trained it (checkpoints
+    written without a recipe are loaded as they are)."""
     from capsnets.engine.checkpoint import load_checkpoint, restore_model, save_checkpoint
 
     path = Path(checkpoint_dir) / f"{name}.safetensors" if checkpoint_dir is not None else None
     if path is not None and path.is_file():
         checkpoint = load_checkpoint(path)
         saved = checkpoint.meta.get("model_args")
-        wanted = json.loads(json.dumps(getattr(model, "model_args", {})))
+        wanted = _jsonable(getattr(model, "model_args", {}))
         if saved is not None and saved != wanted:
             raise ValueError(f"{path} holds a model built with {json.dumps(saved, sort_keys=True)}, but this run "
                              f"builds it with {json.dumps(wanted, sort_keys=True)}; pass another --checkpoint-dir "
                              f"(or delete that file) to train this one")
+        _check_recipe(path, checkpoint.meta.get("recipe"), recipe)
         restore_model(model, checkpoint)
         model.eval()
         for key, value in (meta or {}).items():
@@ -276,7 +282,7 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
         if state is None or progress.get("finished", True):
             if meta is not None:
                 meta.update({k: v for k, v in checkpoint.meta.items()
-                             if k not in meta and k not in ("model", "model_args", "training")})
+                             if k not in meta and k not in ("model", "model_args", "training", "recipe")})
             return True
         state.epoch, state.checkpoint = int(progress["epoch"]), checkpoint
         state.position = {k: v for k, v in progress.items() if k not in ("epoch", "finished")}
@@ -290,11 +296,37 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
                                                        "epoch": state.epoch, "finished": state.finished}}
         save_checkpoint(path, model=model, meta={"model": getattr(model, "model_name", name),
                                                  "model_args": getattr(model, "model_args", {}),
-                                                 **(meta or {}), **extra},
+                                                 **(meta or {}), **extra,
+                                                 **({"recipe": _jsonable(recipe)} if recipe is not None else {})},
                         optimizer=state.optimizer if unfinished else None,
                         scheduler=state.scheduler if unfinished else None,
                         extra_tensors=state.tensors if unfinished else None)
     return False
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as it reads back from a JSON sidecar (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
+_UNSET = object()
+
+
+def _check_recipe(path: Path, saved: dict[str, Any] | None, wanted: dict[str, Any] | None) -> None:
+    """Refuse a checkpoint whose training recipe is not this run's (see :func:`load_or_train`)."""
+    if saved is None or wanted is None:
+        return
+    wanted = _jsonable(wanted)
+    differ = [k for k in sorted(set(saved) | set(wanted)) if saved.get(k, _UNSET) != wanted.get(k, _UNSET)]
+    if not differ:
+        return
+
+    def show(recipe: dict[str, Any]) -> str:
+        return ", ".join(f"{k}={json.dumps(recipe[k]) if k in recipe else '(unset)'}" for k in differ)
+
+    raise ValueError(f"{path} holds a model trained with {show(saved)}, but this run trains it with {show(wanted)}; "
+                     f"pass another --checkpoint-dir (or delete that file) to train this one")
+
 
 
 @contextlib.contextmanager

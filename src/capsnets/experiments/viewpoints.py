@@ -154,7 +154,9 @@ def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, bat
                                     time_limit_s=minutes_to_seconds(s["train_minutes"]), novel_every=s["novel_every"],
                                     state=state))
 
-    if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record, state=state):
+    recipe = {**{k: s[k] for k in ("epochs", "lr", "lr_decay", "train_size", "render_instances", "render_lightings")},
+              "batch_size": batch_size, "seed": seed, "evals_per_epoch": evals_per_epoch}
+    if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record, state=state, recipe=recipe):
         record = {k: record.get(k) for k in ("history", "epoch", "reached", "time_limit")}  # from the sidecar
         record.update(familiar_error=error_rate(model, views["familiar"]), novel_error=error_rate(model, views["novel"]))
         if target is not None:  # the target may have moved since (a CNN continued by this run): judge it anew
