@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from capsnets.data.multimnist import (MultiMNIST, average_overlap, bounding_boxes, box_overlap, make_multimnist,
-                                      multimnist_test_set)
+from capsnets.data.multimnist import (MultiMNIST, average_overlap, bounding_boxes, box_overlap, frame_overlap,
+                                      make_multimnist, multimnist_test_set)
 from capsnets.experiments import run_experiment
 from capsnets.experiments.multimnist import both_correct, two_hot
 from capsnets.models import ModelOutput
@@ -83,6 +83,17 @@ def test_box_overlap_on_a_constructed_case():
     assert torch.equal(bounding_boxes(torch.zeros(3, 5)), torch.tensor([0, 0, -1, -1]))
 
 
+def test_frame_overlap_on_constructed_shifts_and_its_expectation():
+    shifts = torch.tensor([[[0, 0], [0, 0]], [[4, -4], [-4, 4]], [[1, 2], [-1, 2]]])  # (N, 2, 2) (dy, dx)
+    assert frame_overlap(shifts).tolist() == pytest.approx([1.0, 20 * 20 / 784, 26 * 28 / 784])
+    assert frame_overlap(torch.tensor([[[0, 0], [30, 0]]])).item() == 0.0
+    # uniform independent shifts in [-4, 4]: E = (1 - E|s1 - s2| / 28) ** 2 with E|s1 - s2| = 240 / 81
+    images, labels = fake_digits()
+    data = make_multimnist(images, labels, 20000, seed=5)
+    assert average_overlap(data, mode="frame") == pytest.approx((1 - 240 / 81 / 28) ** 2, abs=0.005)
+    assert (1 - 240 / 81 / 28) ** 2 == pytest.approx(0.7996, abs=1e-4)
+
+
 def test_paper_metric_and_targets():
     labels = torch.tensor([[3, 7], [1, 2]])
     scores = torch.zeros(2, 10)
@@ -101,6 +112,7 @@ def test_multimnist_smoke_end_to_end(shared_data_root, tmp_path):
     assert "5.20%" in text and "8.10%" in text and "segmentation.png" in text
     assert (tmp_path / "segmentation.png").stat().st_size > 0
     assert 0 <= result.metrics["capsnet_error"] <= 1 and result.metrics["cnn_parameters"] > 0
+    assert "overlap of the two digits' 28x28 frames" in text and 0 < result.metrics["test_overlap_frame"] <= 1
     assert "1 of 2 (time limit) x 64 pairs" in text and "| train_minutes | 1e-09 |" in text
     assert_contrasts_resolve("multimnist", result.metrics, 1)
     # the training table: epoch 1 only (the time limit), each model's loss and validation error on 64 pairs
