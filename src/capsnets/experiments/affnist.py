@@ -42,8 +42,7 @@ def _settings(smoke: bool, options: dict) -> dict:
     small = {"train_size": 1024, "val_size": 128, "test_size": 256, "max_epochs": 2, "target_accuracy": 0.9,
              "batch_size": 32, "lr": 2e-3, "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow",
              "affnist_path": None, "train_minutes": None}
-    settings = merge_settings("affnist", small if smoke else full, options)
-    return settings
+    return merge_settings("affnist", small if smoke else full, options)
 
 
 def _build(name: str, device: str) -> nn.Module:
