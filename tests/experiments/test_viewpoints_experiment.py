@@ -74,6 +74,10 @@ def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(render
     assert (tmp_path / "t_elevation_cnn_smallnorb_narrow_stopped_at_1.0000.safetensors").is_file()
     summary = viewpoints._matched_summary({"elevation": result["records"]}, fixed_target=False)
     assert "novel-view error **90.00% (capsules) vs" in summary and "(CNN, stopped)" in summary
+    table = viewpoints._results_table({"elevation": result["records"]}, {"elevation": 0.5},
+                                      {"CNN": "c", "capsules": "m", viewpoints.STOPPED: "c"}, fixed_target=False)
+    chosen = [row.split("|")[8].strip() for row in table.splitlines()[2:]]  # the "chosen epoch" column
+    assert chosen[1:] == ["1", "0.33"]  # capsules at epoch 1, the stopped CNN a third into its first epoch
     without = viewpoints._compare("elevation", train, test, {**settings, "rematch_cnn": False}, tag="t",
                                   device="cpu", seed=0, checkpoint_dir=None)
     assert viewpoints.STOPPED not in without["records"]

@@ -241,6 +241,11 @@ def _settings(smoke: bool, options: dict) -> dict:
     return s
 
 
+def _epoch(epoch) -> str:
+    """An evaluation's epoch: ``3``, or ``2.50`` for one within an epoch (the "CNN, stopped" rematch)."""
+    return "-" if epoch is None else f"{epoch:g}" if float(epoch).is_integer() else f"{epoch:.2f}"
+
+
 def _results_table(records: dict, targets: dict, models: dict, fixed_target: bool) -> str:
     rows = []
     for split, recs in records.items():
@@ -249,7 +254,7 @@ def _results_table(records: dict, targets: dict, models: dict, fixed_target: boo
             target = recs["capsules"]["familiar_error"] if role == STOPPED else targets[split]
             reached = "sets it" if role == "CNN" and not fixed_target else "yes" if rec.get("reached") else "no"
             rows.append((split, role, models[role], percent(rec["novel_error"]), percent(rec["familiar_error"]),
-                         percent(novel), percent(familiar), rec["epoch"], percent(target), reached))
+                         percent(novel), percent(familiar), _epoch(rec["epoch"]), percent(target), reached))
     headers = ["split", "role", "model", "novel error", "familiar error", "paper novel", "paper familiar",
                "chosen epoch", "familiar target", "target reached"]
     return markdown_table(headers, rows)
