@@ -160,8 +160,15 @@ def _shifted_votes(v: Tensor, a_in: Tensor, eps: float) -> tuple[Tensor, Tensor]
     with torch.no_grad():
         w0 = (a_in / (a_in.sum(dim=-1, keepdim=True) + eps)).unsqueeze(2)  # (B, 1, 1, I)
         c = torch.matmul(w0, v)  # (B, J, 1, H)
-    x = v - c
-    return c, torch.cat([x, x * x], dim=-1)
+    if (torch.is_grad_enabled() and v.requires_grad) or torch.compiler.is_compiling():
+        x = v - c
+        return c, torch.cat([x, x * x], dim=-1)
+    # Untracked (inference, or _EMFunction's forward): write both halves in place, no temporaries or cat.
+    h = v.shape[-1]
+    xx = v.new_empty(*v.shape[:-1], 2 * h)
+    x = torch.sub(v, c, out=xx[..., :h])
+    torch.mul(x, x, out=xx[..., h:])
+    return c, xx
 
 
 def _m_step(r_prime, c, contract, beta_v, beta_a, lam, eps, cost_normalization):
