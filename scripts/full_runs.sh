@@ -10,6 +10,7 @@
 #   RUNS            where checkpoints, reports and logs go (default runs/full; runs/full-smoke with --smoke)
 #   DEVICE          default cuda (cpu with --smoke)
 #   BUNDLE_DIR      if set, each step ends by writing $BUNDLE_DIR/results.tgz (reports and logs, no checkpoints)
+#   PYTHON          the interpreter (default python); src/ is put on PYTHONPATH, so no install is needed
 #   DRY_RUN=1       print the commands instead of running them
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +49,8 @@ DEVICE="${DEVICE:-$([[ ${#SMOKE[@]} -gt 0 ]] && echo cpu || echo cuda)}"
 CKPT="$RUNS/ckpt"
 DETACHED='capsule_args={"detach_routing":true,"cost_normalization":"mean_std","inverse_temperature":1.0}'
 EXACT='capsule_args={"detach_routing":false,"cost_normalization":"mean_std","inverse_temperature":1.0}'
-export PYTHONUNBUFFERED=1
+PY="${PYTHON:-python}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 if [[ ${#SMOKE[@]} -eq 0 && -z "${CAPSNETS_DATA:-}" && -z "${DRY_RUN:-}" ]]; then
     echo "CAPSNETS_DATA is not set: point it at the folder holding mnist/ and fashion-mnist/" >&2
     exit 2
@@ -75,12 +77,14 @@ start() {
 
 # wait_all: wait for everything start()ed; print each log's last lines; fail if any command failed
 wait_all() {
-    local failed=0 i
+    local failed=0 i rc
     for i in "${!PIDS[@]}"; do
-        if wait "${PIDS[$i]}"; then
+        rc=0
+        wait "${PIDS[$i]}" || rc=$?
+        if [[ $rc -eq 0 ]]; then
             echo "[$(date +%T)] ${NAMES[$i]}: done"
         else
-            echo "[$(date +%T)] ${NAMES[$i]}: FAILED (exit $?)"
+            echo "[$(date +%T)] ${NAMES[$i]}: FAILED (exit $rc)"
             failed=1
         fi
         tail -n 15 "$RUNS/logs/${NAMES[$i]}.log"
@@ -94,7 +98,7 @@ wait_all() {
 experiment() {
     local name="$1" out="$2" minutes="${MINUTES:-$3}"
     shift 3
-    start "$out" python -m capsnets experiment "$name" "${SMOKE[@]}" --out "$RUNS/out/$out" --device "$DEVICE" \
+    start "$out" "$PY" -m capsnets experiment "$name" "${SMOKE[@]}" --out "$RUNS/out/$out" --device "$DEVICE" \
         --checkpoint-dir "$CKPT" --set "train_minutes=$minutes" "$@"
 }
 
@@ -102,8 +106,11 @@ bundle() {
     if [[ -z "${BUNDLE_DIR:-}" || -n "${DRY_RUN:-}" ]]; then
         return
     fi
+    local parts
+    parts=$(cd "$RUNS" && ls -d out logs train 2>/dev/null || true)
     mkdir -p "$BUNDLE_DIR"
-    tar -czf "$BUNDLE_DIR/results.tgz" --exclude='*.safetensors' -C "$RUNS" out logs $(cd "$RUNS" && ls -d train 2>/dev/null)
+    # shellcheck disable=SC2086
+    tar -czf "$BUNDLE_DIR/results.tgz" --exclude='*.safetensors' -C "$RUNS" $parts
     ls -la "$BUNDLE_DIR"
 }
 
@@ -111,12 +118,12 @@ run_step() {
     local step="$1"
     case "$step" in
     checks)
-        start pytest-gpu python -m pytest -m gpu -q
+        start pytest-gpu "$PY" -m pytest -m gpu -q
         wait_all || true
-        start bench-capsnet python benchmarks/throughput.py --models capsnet cnn_baseline --batch-sizes 128 \
+        start bench-capsnet "$PY" benchmarks/throughput.py --models capsnet cnn_baseline --batch-sizes 128 \
             --device "$DEVICE" --amp bf16 --steps 20 --warmup 5 --out "$RUNS/out/bench/throughput_bf16.json"
         wait_all || true
-        start bench-em python benchmarks/throughput.py --models matrix_capsnet --batch-sizes 128 --device "$DEVICE" \
+        start bench-em "$PY" benchmarks/throughput.py --models matrix_capsnet --batch-sizes 128 --device "$DEVICE" \
             --amp bf16 --steps 10 --warmup 3 --model-arg checkpoint_chunks=8 --compile \
             --out "$RUNS/out/bench/throughput_em_chunks8_compile.json"
         wait_all
@@ -155,7 +162,7 @@ run_step() {
         else
             limits=(--epochs 50 --model matrix_capsnet --model-arg checkpoint_chunks=8)
         fi
-        start matrix-mnist python -m capsnets train --dataset mnist "${limits[@]}" --device "$DEVICE" \
+        start matrix-mnist "$PY" -m capsnets train --dataset mnist "${limits[@]}" --device "$DEVICE" \
             --time-limit "${MINUTES:-8}" --no-progress --out "$out" "${resume[@]}"
         wait_all
         ;;
@@ -195,8 +202,13 @@ while [[ $# -gt 0 ]]; do
         shift
         ;;
     *)
-        run_step "$1"
-        bundle
+        status=0
+        run_step "$1" || status=$?
+        bundle # the logs come back from a failed step too
+        if [[ $status -ne 0 ]]; then
+            echo "step $1 failed (exit $status); its logs are in $RUNS/logs" >&2
+            exit $status
+        fi
         ;;
     esac
     shift

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 
 def _dry_run(tmp_path, *args: str) -> list[list[str]]:
-    env = {**os.environ, "DRY_RUN": "1", "RUNS": str(tmp_path / "runs")}
+    env = {**os.environ, "DRY_RUN": "1", "RUNS": str(tmp_path / "runs"), "PYTHON": "python"}
     done = subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, check=True)
     return [shlex.split(line) for line in done.stdout.splitlines() if line.strip()]
 
@@ -41,7 +41,7 @@ def test_every_step_prints_its_commands_and_writes_nothing(tmp_path):
 
 
 def test_unknown_step_is_refused(tmp_path):
-    env = {**os.environ, "DRY_RUN": "1", "RUNS": str(tmp_path / "runs")}
+    env = {**os.environ, "DRY_RUN": "1", "RUNS": str(tmp_path / "runs"), "PYTHON": "python"}
     done = subprocess.run(["bash", str(SCRIPT), "viewpoint"], env=env, capture_output=True, text=True)
     assert done.returncode == 2 and "unknown step viewpoint" in done.stderr
 
