@@ -92,6 +92,9 @@ def test_frame_overlap_on_constructed_shifts_and_its_expectation():
     data = make_multimnist(images, labels, 20000, seed=5)
     assert average_overlap(data, mode="frame") == pytest.approx((1 - 240 / 81 / 28) ** 2, abs=0.005)
     assert (1 - 240 / 81 / 28) ** 2 == pytest.approx(0.7996, abs=1e-4)
+    # the paper's 20x20 boxes would overlap by 72.6% under the same shifts, not its stated 80%
+    assert average_overlap(data, mode="frame", frame=20) == pytest.approx((1 - 240 / 81 / 20) ** 2, abs=0.005)
+    assert (1 - 240 / 81 / 20) ** 2 == pytest.approx(0.7257, abs=1e-4)
 
 
 def test_paper_metric_and_targets():
