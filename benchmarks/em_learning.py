@@ -6,8 +6,8 @@ trains it from the same initial seed on the same batches: Adam at ``--lr``, the 
 (its margin, for the spread loss, growing over the first half of ``--steps``), batch ``--batch-size``,
 on the first ``--train-size`` images of the training split. Every ``--eval-every`` steps it records the
 accuracy on the first ``--test-size`` test images and, for matrix capsule models, each capsule layer's
-activation statistics on the first 256 of them (:func:`activation_stats`). Variants run one after the other in one process, so
-their curves are comparable; the JSON also records the environment and each variant's training images/s.
+activation statistics on the first 256 of them (:func:`activation_stats`). Variants run one after the other in
+one process, so their curves are comparable; the JSON also records the environment and each variant's training images/s.
 
 Run ``python benchmarks/em_learning.py --help``; ``benchmarks/README.md`` lists the recorded runs.
 """

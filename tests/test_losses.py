@@ -35,7 +35,8 @@ def test_criterion_from_registry_combines_terms():
     loss, parts = create_loss("margin")(out, torch.zeros(1, 1, 2, 2), torch.tensor([0]))
     torch.testing.assert_close(loss, torch.tensor(0.5 * 0.2**2 + 0.0005 * 4))
     assert set(parts) == {"margin", "reconstruction"}
-    loss_off, parts_off = create_loss("margin", reconstruction_weight=0)(out, torch.zeros(1, 1, 2, 2), torch.tensor([0]))
+    no_reconstruction = create_loss("margin", reconstruction_weight=0)
+    loss_off, parts_off = no_reconstruction(out, torch.zeros(1, 1, 2, 2), torch.tensor([0]))
     assert set(parts_off) == {"margin"}
 
 

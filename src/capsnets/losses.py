@@ -170,7 +170,8 @@ class SpreadLoss(nn.Module):
         return loss, {"spread": loss.detach()}
 
     def extra_repr(self) -> str:
-        return f"margin={self.margin:.3f}, margin_start={self.margin_start}, margin_end={self.margin_end}, ramp={self.ramp}"
+        return (f"margin={self.margin:.3f}, margin_start={self.margin_start}, margin_end={self.margin_end}, "
+                f"ramp={self.ramp}")
 
 
 def binary_segmentation_loss(probabilities: Tensor, masks: Tensor, *, pos_weight: float = 1.0) -> Tensor:

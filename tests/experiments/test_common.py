@@ -72,9 +72,9 @@ def test_checkpoint_name_records_the_builder_arguments():
 def test_training_cell_says_how_a_loaded_model_was_trained():
     from capsnets.experiments.common import training_cell
 
-    assert training_cell("7 of 50 (time limit) x 60,000 pairs", [{}], loaded=False) == "7 of 50 (time limit) x 60,000 pairs"
-    assert training_cell("7 of 50 (time limit) x 60,000 pairs", [{}], loaded=True) == \
-        "loaded (7 of 50 (time limit) x 60,000 pairs)"
+    cell = "7 of 50 (time limit) x 60,000 pairs"
+    assert training_cell(cell, [{}], loaded=False) == cell
+    assert training_cell(cell, [{}], loaded=True) == f"loaded ({cell})"
     assert training_cell("0 x 60,000 pairs", [], loaded=True) == "loaded"  # a checkpoint written without history
 
 
@@ -161,7 +161,8 @@ def test_a_training_cut_short_is_continued_by_the_next_run_as_if_uninterrupted(t
     model, history, loaded = _train_in_run(tmp_path / "cut", time_limit_s=None, rng_seed=7)  # epochs 3 and 4
     assert not loaded and _without_timing(history) == _without_timing(reference_history)
     assert torch.equal(model.fc.weight, reference.fc.weight) and torch.equal(model.fc.bias, reference.fc.bias)
-    assert epochs_trained(history, 4) == "4 (3 runs)" and epochs_trained(history[:2], 4) == "2 of 4 (time limit; 2 runs)"
+    assert epochs_trained(history, 4) == "4 (3 runs)"
+    assert epochs_trained(history[:2], 4) == "2 of 4 (time limit; 2 runs)"
     sidecar = json.loads((tmp_path / "cut" / "m.json").read_text())
     assert sidecar["training"] == {"epoch": 4, "finished": True} and "optimizer" not in sidecar
     with safe_open(str(tmp_path / "cut" / "m.safetensors"), framework="pt") as handle:

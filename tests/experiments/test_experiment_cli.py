@@ -51,7 +51,8 @@ def test_reports_say_how_they_were_made(tmp_path):
     from capsnets.experiments.common import _annotate_report, run_description
 
     full = run_description("multimnist", "out", smoke=False, device="cuda", seed=0, options={})
-    assert full.startswith("Full version") and "`capsnets experiment multimnist --out out --device cuda --seed 0`" in full
+    assert full.startswith("Full version")
+    assert "`capsnets experiment multimnist --out out --device cuda --seed 0`" in full
     reduced = run_description("affnist", "o", smoke=False, device="cpu", seed=1,
                               options={"capsule_model": "capsnet_small", "eps": (0.1, 0.2)})
     assert reduced.startswith("**Reduced run**") and "`capsule_model=\"capsnet_small\"`" in reduced

@@ -19,12 +19,13 @@ def _toy_views(n=40, seed=0):
 def test_matching_stops_at_the_target_or_keeps_the_nearest():
     torch.manual_seed(0)
     views = _toy_views()
-    reached = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=3, target=1.0, batch_size=16, lr=1e-3)
+    settings = {"batch_size": 16, "lr": 1e-3}
+    reached = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=3, target=1.0, **settings)
     assert reached["reached"] and reached["epoch"] == 1 and len(reached["history"]) == 1
-    never = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=3, target=-1.0, batch_size=16, lr=1e-3)
+    never = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=3, target=-1.0, **settings)
     errors = [h["familiar_error"] for h in never["history"]]
     assert not never["reached"] and len(errors) == 3 and never["familiar_error"] == min(errors)
-    best = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=2, target=None, batch_size=16, lr=1e-3)
+    best = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=2, target=None, **settings)
     assert best["epoch"] == 1 + [h["familiar_error"] for h in best["history"]].index(best["familiar_error"])
 
 

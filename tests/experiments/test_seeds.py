@@ -12,7 +12,8 @@ CALLS = []
 
 
 def _fake_contrasts(metrics):
-    return [("A - B, accuracy", "A_acc", "B_acc"), ("not there", "A_acc", "missing"), ("A - B, decibels", "A_db", "B_db")]
+    return [("A - B, accuracy", "A_acc", "B_acc"), ("not there", "A_acc", "missing"),
+            ("A - B, decibels", "A_db", "B_db")]
 
 
 @pytest.fixture

@@ -59,7 +59,8 @@ def test_capsule_patches_order():
 def test_conv_matrix_capsules_equal_naive_per_position(stride, padding):
     torch.manual_seed(0)
     routing = EMRouting(2)
-    layer = ConvMatrixCapsules(3, 2, kernel_size=3, stride=stride, padding=padding, routing=routing, dtype=torch.float64)
+    layer = ConvMatrixCapsules(3, 2, kernel_size=3, stride=stride, padding=padding, routing=routing,
+                               dtype=torch.float64)
     with torch.no_grad():
         layer.beta_v.normal_()
         layer.beta_a.normal_()
@@ -97,8 +98,9 @@ def test_coordinate_addition_offsets():
     diff = (votes_ca - votes).view(2, 4, 5, 3, 4, 16)
     for r in range(4):
         for c in range(5):
-            torch.testing.assert_close(diff[:, r, c, :, :, 0], torch.full((2, 3, 4), (r + 0.5) / 4, dtype=torch.float64))
-            torch.testing.assert_close(diff[:, r, c, :, :, 1], torch.full((2, 3, 4), (c + 0.5) / 5, dtype=torch.float64))
+            row, col = diff[:, r, c, :, :, 0], diff[:, r, c, :, :, 1]
+            torch.testing.assert_close(row, torch.full((2, 3, 4), (r + 0.5) / 4, dtype=torch.float64))
+            torch.testing.assert_close(col, torch.full((2, 3, 4), (c + 0.5) / 5, dtype=torch.float64))
     assert (diff[..., 2:] == 0).all()
     # the weight is shared across positions: the same pose at two positions gives the same votes (but offsets)
     torch.testing.assert_close(acts.view(2, 4, 5, 3), caps.activation.permute(0, 2, 3, 1))

@@ -71,7 +71,8 @@ def test_segcaps_reconstructs_only_what_the_mask_keeps():
     a, b = torch.rand(1, 1, 16, 16), torch.rand(1, 1, 16, 16)
     empty = torch.zeros(1, 1, 16, 16)
     torch.testing.assert_close(model(a, empty).reconstruction, model(b, empty).reconstruction)
-    assert not torch.allclose(model(a, torch.ones_like(empty)).reconstruction, model(b, torch.ones_like(empty)).reconstruction)
+    full = torch.ones_like(empty)
+    assert not torch.allclose(model(a, full).reconstruction, model(b, full).reconstruction)
 
 
 def test_bad_inputs_are_explained():

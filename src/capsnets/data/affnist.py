@@ -39,7 +39,8 @@ from .errors import DatasetError
 
 __all__ = [
     "AFFNIST_SIZE", "AffineRanges", "AFFNIST_RANGES", "AffineParams", "affine_matrices", "sample_affine_params",
-    "affnist_style", "make_affnist_style", "RandomPlacement", "place_randomly", "translated_test_set", "read_affnist_mat", "load_affnist",
+    "affnist_style", "make_affnist_style", "RandomPlacement", "place_randomly", "translated_test_set",
+    "read_affnist_mat", "load_affnist",
 ]
 
 AFFNIST_SIZE = 40

@@ -131,7 +131,8 @@ class DeviceLoader:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         if not isinstance(batch_size, int) or batch_size < 1 or batch_size % world_size:
-            raise ValueError(f"batch_size (global) must be a positive multiple of world_size={world_size}, got {batch_size!r}")
+            raise ValueError(f"batch_size (global) must be a positive multiple of world_size={world_size}, "
+                             f"got {batch_size!r}")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
         if not isinstance(max_shift, int) or max_shift < 0:

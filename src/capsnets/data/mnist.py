@@ -93,7 +93,8 @@ class IdxImageDataset:
                 f"found {images.dtype} {images.shape}; " + FIX_HINT
             )
         if labels.ndim != 1 or labels.dtype.name != "uint8":
-            raise DatasetError(f"{labels_file}: expected uint8 labels (N,), found {labels.dtype} {labels.shape}; " + FIX_HINT)
+            raise DatasetError(f"{labels_file}: expected uint8 labels (N,), found {labels.dtype} {labels.shape}; "
+                               + FIX_HINT)
         if len(images) != len(labels):
             raise DatasetError(
                 f"{images_file} has {len(images)} images but {labels_file} has {len(labels)} labels; " + FIX_HINT

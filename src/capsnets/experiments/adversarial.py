@@ -100,8 +100,11 @@ def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labe
 def training_metrics(training: dict[str, dict]) -> dict:
     """``<name>_val_accuracy`` and ``<name>_epochs`` of each :func:`fit_or_load` record (for the metrics, so a
     multi-seed summary shows whether every seed compared the models at equal accuracy)."""
-    return {key: value for name, record in training.items()
-            for key, value in ((f"{name}_val_accuracy", record["val_accuracy"]), (f"{name}_epochs", record["trained_epochs"]))}
+    metrics = {}
+    for name, record in training.items():
+        metrics[f"{name}_val_accuracy"] = record["val_accuracy"]
+        metrics[f"{name}_epochs"] = record["trained_epochs"]
+    return metrics
 
 
 def matching_note(training: dict[str, dict], target: float) -> str:

@@ -211,8 +211,8 @@ def training_cell(training: str, history: Sequence[dict], loaded: bool) -> str:
 
 def epoch_table(histories: dict[str, Sequence[dict]], columns: Sequence[tuple[str, str, Callable[[Any], str]]]) -> str:
     """A markdown table with one row per epoch and, for each model in ``histories`` (name -> per-epoch records,
-    as :func:`~capsnets.experiments.training.train_classifier` returns them), one column per ``(record key, header, format)``; "-" where a
-    record has no such entry or a model trained fewer epochs."""
+    as :func:`~capsnets.experiments.training.train_classifier` returns them), one column per
+    ``(record key, header, format)``; "-" where a record has no such entry or a model trained fewer epochs."""
     headers = ["epoch"] + [f"{name} {header}" for name in histories for _, header, _ in columns]
     rows = []
     for e in range(max((len(h) for h in histories.values()), default=0)):

@@ -165,8 +165,8 @@ def _contrast_table(contrasts, differences: dict[str, list[float]], seeds: list[
     return (table + "\n\nEach contrast is `A - B` on the same seed (the metric keys are in `seeds.json`); "
             "differences of fractions (accuracies, errors, rates) are in percentage points, others in the "
             "metric's own unit. "
-            f"With {len(seeds)} seed{'s' if len(seeds) != 1 else ''} the standard deviation is a rough guide, not a test: a difference whose "
-            "sign changes between seeds is not established.")
+            f"With {len(seeds)} seed{'s' if len(seeds) != 1 else ''} the standard deviation is a rough guide, "
+            "not a test: a difference whose sign changes between seeds is not established.")
 
 
 def _plot_contrasts(differences: dict[str, list[float]], scales: dict[str, float], seeds: list[int],

@@ -236,8 +236,8 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
          "the generators qualitatively and gives no number to put beside these."),
         ("Data", f"Fashion-MNIST, 28x28 padded to {SIZE}x{SIZE}: {s['train_images']:,} training and "
                  f"{s['test_images']:,} test images; the label map has one channel per class ({size[0]}), the "
-                 f"garment's silhouette (pixels above 0.05) in the channel of its class. {percent(test_maps.sum(1).mean().item())} "
-                 "of the test pixels are inside a silhouette."),
+                 f"garment's silhouette (pixels above 0.05) in the channel of its class. "
+                 f"{percent(test_maps.sum(1).mean().item())} of the test pixels are inside a silhouette."),
         ("Settings", settings_table({**s, "seed": seed, "device": device, "smoke": smoke})),
     ]
     return write_report(out, "Image synthesis: CapsPix2pix vs pix2pix (Bass et al. 2019)", sections, figures=figures,

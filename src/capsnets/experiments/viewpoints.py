@@ -16,17 +16,16 @@ Here:
   offline rendered viewpoint set (:mod:`capsnets.data.viewpoints`, same fields and split by toy);
   ``render_instances`` / ``render_lightings`` (smoke) render a smaller grid of it, uncached.
   Training images come from the TRAIN split at familiar views, test sets from the TEST split.
-- matching (:func:`~capsnets.experiments.matching.train_matched`): both models are evaluated on the familiar-view test images after every
-  epoch (novel-view error is recorded for the curves, at every ``novel_every``-th evaluation and at the
-  chosen one, never used to choose). The CNN is trained for ``epochs`` and kept at its lowest
-  familiar-view error, which becomes the target; the capsule model
-  stops at the first epoch whose familiar-view error is at or below the target, or, if it never gets
-  there, is kept at the epoch nearest to it. In that last case (a CNN that learns faster, as in short
-  runs) the models are matched the other way round, unless ``rematch_cnn=False``: the CNN is trained
-  again and stopped at the first of ``rematch_evals_per_epoch`` scores per epoch at or below the capsule
-  model's familiar-view error (role "CNN, stopped"). With ``target_error`` set, both models follow the
-  capsule model's rule towards the given error instead. Like the paper, this selects on the familiar part
-  of the test set.
+- matching (:func:`~capsnets.experiments.matching.train_matched`): both models are evaluated on the
+  familiar-view test images after every epoch (novel-view error is recorded for the curves, at every
+  ``novel_every``-th evaluation and at the chosen one, never used to choose). The CNN is trained for
+  ``epochs`` and kept at its lowest familiar-view error, which becomes the target; the capsule model stops at
+  the first epoch whose familiar-view error is at or below the target, or, if it never gets there, is kept at
+  the epoch nearest to it. In that last case (a CNN that learns faster, as in short runs) the models are
+  matched the other way round, unless ``rematch_cnn=False``: the CNN is trained again and stopped at the first
+  of ``rematch_evals_per_epoch`` scores per epoch at or below the capsule model's familiar-view error (role
+  "CNN, stopped"). With ``target_error`` set, both models follow the capsule model's rule towards the given
+  error instead. Like the paper, this selects on the familiar part of the test set.
 - models: ``matrix_capsnet`` (A=B=C=D=32, exact routing gradients) against the paper's smallNORB
   baseline CNN (Sec. 5: two 5x5 convolutions of 32 and 64 channels each followed by 2x2 max pooling,
   1024 hidden units with dropout; 4.25M parameters, the paper's "4.2M"), the registered ``cnn_smallnorb``.
@@ -158,7 +157,8 @@ def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, bat
               "batch_size": batch_size, "seed": seed, "evals_per_epoch": evals_per_epoch}
     if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record, state=state, recipe=recipe):
         record = {k: record.get(k) for k in ("history", "epoch", "reached", "time_limit")}  # from the sidecar
-        record.update(familiar_error=error_rate(model, views["familiar"]), novel_error=error_rate(model, views["novel"]))
+        record.update(familiar_error=error_rate(model, views["familiar"]),
+                      novel_error=error_rate(model, views["novel"]))
         if target is not None:  # the target may have moved since (a CNN continued by this run): judge it anew
             record["reached"] = record["familiar_error"] <= target
     return record

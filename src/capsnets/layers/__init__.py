@@ -6,6 +6,6 @@ from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, Prim
 from capsnets.layers.primary import PrimaryCapsules
 
 __all__ = [
-    "CapsuleDecoder", "ClassMatrixCapsules", "ConvCapsules2d", "ConvTransposeCapsules2d", "ConvMatrixCapsules", "LinearCapsules", "PrimaryCapsules",
-    "PrimaryMatrixCapsules",
+    "CapsuleDecoder", "ClassMatrixCapsules", "ConvCapsules2d", "ConvTransposeCapsules2d", "ConvMatrixCapsules",
+    "LinearCapsules", "PrimaryCapsules", "PrimaryMatrixCapsules",
 ]

@@ -44,8 +44,9 @@ class _GridCapsules(nn.Module):
     def predictions(self, u: Tensor) -> Tensor:
         """Every child type's prediction for every parent type: ``(B, I, D_in, H, W) -> (B, I, J, D_out, H', W')``."""
         if u.dim() != 5 or u.shape[1:3] != (self.in_types, self.in_dim):
-            raise ValueError(f"{type(self).__name__} expects capsules of shape (B, {self.in_types}, {self.in_dim}, H, W) "
-                             f"(batch, types, dim, rows, columns); got {tuple(u.shape)}")
+            raise ValueError(f"{type(self).__name__} expects capsules of shape "
+                             f"(B, {self.in_types}, {self.in_dim}, H, W) (batch, types, dim, rows, columns); "
+                             f"got {tuple(u.shape)}")
         batch, _, _, height, width = u.shape
         maps = self.conv(u.reshape(batch * self.in_types, self.in_dim, height, width))  # (B*I, J*D_out, H', W')
         return maps.view(batch, self.in_types, self.out_types, self.out_dim, *maps.shape[-2:])

@@ -205,7 +205,8 @@ class ClassMatrixCapsules(nn.Module):
         batch, side = caps.batch, self.pose_size
         height, width = caps.grid
         pose = caps.pose.permute(0, 2, 3, 1, 4, 5)  # (B, H, W, T, P, P)
-        weight = self.weight.unsqueeze(0).expand(height * width, -1, -1, -1, -1).reshape(-1, self.num_classes, side, side)
+        weight = self.weight.unsqueeze(0).expand(height * width, -1, -1, -1, -1)
+        weight = weight.reshape(-1, self.num_classes, side, side)  # (H*W*T, J, P, P)
         votes = matrix_votes(pose.reshape(batch, -1, side, side), weight)  # (B, H*W*T, J, P*P)
         if self.coordinate_addition:
             coords = self.coordinates(height, width, votes.device, votes.dtype)  # (H, W, 2)

@@ -82,7 +82,8 @@ class TransformingAutoencoder(nn.Module):
     def encode(self, images: Tensor) -> tuple[Tensor, Tensor]:
         """Presence probabilities ``(B, N)`` and poses ``(B, N, 2)``."""
         if images.dim() != 4 or tuple(images.shape[1:]) != self.input_size:
-            raise ValueError(f"TransformingAutoencoder expects images of shape (B, {', '.join(map(str, self.input_size))}), "
+            expected = ", ".join(map(str, self.input_size))
+            raise ValueError(f"TransformingAutoencoder expects images of shape (B, {expected}), "
                              f"got {tuple(images.shape)}")
         hidden = torch.sigmoid(self.recognition(images.flatten(1)))         # (B, N*R)
         hidden = hidden.view(len(images), self.num_capsules, -1)           # (B, N, R)
