@@ -24,7 +24,7 @@ import torch
 import capsnets
 from capsnets._files import atomic_write
 from capsnets.data import DeviceLoader, load_dataset
-from capsnets.engine.runtime import resolve_device
+from capsnets.engine.runtime import resolve_device, retain_freed_memory
 from capsnets.losses import create_loss
 from throughput import environment
 
@@ -139,6 +139,7 @@ def learning_curve(args, extra: dict, train, test, device) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    retain_freed_memory()  # as the capsnets command does
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import capsnets
-from capsnets.engine.runtime import autocast, resolve_device
+from capsnets.engine.runtime import autocast, resolve_device, retain_freed_memory
 from capsnets.losses import create_loss
 from capsnets.models import CapsNet, MatrixCapsNet, model_arguments
 from capsnets.testing import NaiveDynamicRouting, NaiveEMRouting
@@ -58,6 +58,7 @@ def environment(device: torch.device, args: argparse.Namespace) -> dict:
         "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
         "cpu_name": cpu_name(),
         "threads": torch.get_num_threads(),
+        "retain_freed_memory": retain_freed_memory(),  # in effect? (idempotent; main() applies it first)
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "capsnets": capsnets.__version__,
@@ -313,6 +314,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    retain_freed_memory()  # as the capsnets command does; CAPSNETS_RETAIN_FREED_MEMORY=0 measures without
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

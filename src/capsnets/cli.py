@@ -33,6 +33,9 @@ _CONFIG_FLAGS = ("model", "dataset", "epochs", "out", "batch_size", "lr", "lr_de
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = build_parser().parse_args(argv)
+    from capsnets.engine.runtime import retain_freed_memory
+
+    retain_freed_memory()  # this process is ours: freed CPU tensors stay for the next step (engine.runtime)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         return args.handler(args) or 0

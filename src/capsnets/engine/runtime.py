@@ -6,12 +6,17 @@ Nothing here knows about models or data: these functions turn the strings of a
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
+import platform
 import random
 
 import numpy as np
 import torch
 
 AMP_MODES = ("auto", "bf16", "off")
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+_retained = False
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -92,3 +97,34 @@ def deterministic_on_cpu(device: torch.device):
         yield
     finally:
         torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
+
+
+def retain_freed_memory() -> bool:
+    """Keep the memory of freed CPU tensors in the process for reuse, instead of returning it (glibc only).
+
+    glibc serves every allocation over 32 MiB with a fresh ``mmap`` and returns it with ``munmap`` when freed,
+    so each such CPU tensor is faulted in (and zeroed by the kernel) page by page on first touch. EM routing
+    allocates several per step, the votes and their gradients: ``matrix_capsnet_small`` spends about half of a
+    training step there on a 2-core virtual machine. This sets ``M_MMAP_MAX`` to 0 and ``M_TRIM_THRESHOLD`` to
+    2 GiB, so large blocks come from the heap and stay there once freed: a training step then touches
+    memory it already has. The price is that the process's resident memory stays near its peak.
+
+    It changes the whole process, so the library never calls it on import: the ``capsnets`` command calls it,
+    as do the benchmarks and the test suite. Set ``CAPSNETS_RETAIN_FREED_MEMORY=0`` to leave malloc alone.
+
+    Returns:
+        True if the settings are in effect (now or from an earlier call), False where the C library is not
+        glibc or the variable opts out.
+    """
+    global _retained
+    if _retained:
+        return True
+    if os.environ.get("CAPSNETS_RETAIN_FREED_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    _retained = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    return _retained

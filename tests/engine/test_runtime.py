@@ -1,0 +1,48 @@
+"""engine.runtime: the malloc setting that keeps freed CPU tensors in the process."""
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+
+# Allocates a 64 MiB tensor in a fresh interpreter and reports how many bytes glibc has mmapped while it is alive
+# (mallinfo2's hblkhd): with the default settings the tensor is one mmapped block, once freed memory is
+# retained it comes from the heap.
+_PROBE = """
+import ctypes, json, sys
+import torch
+from capsnets.engine.runtime import retain_freed_memory
+applied = retain_freed_memory() if sys.argv[1] == "call" else False
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = Info
+before = mallinfo2().hblkhd
+block = torch.ones(16 * 2**20)
+print(json.dumps({"applied": applied, "mmapped": mallinfo2().hblkhd - before}))
+"""
+
+
+def _probe(mode: str, **env) -> dict:
+    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env})
+    return json.loads(out.stdout)
+
+
+def _glibc_version() -> tuple[int, ...]:
+    name, version = platform.libc_ver()
+    return tuple(int(part) for part in version.split(".") if part.isdigit()) if name == "glibc" else ()
+
+
+@pytest.mark.skipif(_glibc_version() < (2, 33), reason="mallopt and mallinfo2 are glibc's (2.33 or later)")
+def test_large_tensors_come_from_the_heap_once_freed_memory_is_retained():
+    assert _probe("skip")["mmapped"] >= 64 * 2**20  # glibc's default: a fresh mmap per large block
+    retained = _probe("call")
+    assert retained == {"applied": True, "mmapped": 0}
+    opted_out = _probe("call", CAPSNETS_RETAIN_FREED_MEMORY="0")
+    assert not opted_out["applied"] and opted_out["mmapped"] >= 64 * 2**20
