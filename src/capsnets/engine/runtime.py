@@ -102,12 +102,13 @@ def deterministic_on_cpu(device: torch.device):
 def retain_freed_memory() -> bool:
     """Keep the memory of freed CPU tensors in the process for reuse, instead of returning it (glibc only).
 
-    glibc serves every allocation over 32 MiB with a fresh ``mmap`` and returns it with ``munmap`` when freed,
-    so each such CPU tensor is faulted in (and zeroed by the kernel) page by page on first touch. EM routing
-    allocates several per step, the votes and their gradients: ``matrix_capsnet_small`` spends about half of a
-    training step there on a 2-core virtual machine. This sets ``M_MMAP_MAX`` to 0 and ``M_TRIM_THRESHOLD`` to
-    2 GiB, so large blocks come from the heap and stay there once freed: a training step then touches
-    memory it already has. The price is that the process's resident memory stays near its peak.
+    glibc serves large allocations (over 32 MiB at the latest: its threshold adapts up to that) with a fresh
+    ``mmap`` and returns them with ``munmap`` when freed, so each such CPU tensor is faulted in (and zeroed
+    by the kernel) page by page on first touch. EM routing allocates several per step, the votes and their
+    gradients: ``matrix_capsnet_small`` spends about half of a training step there on a 2-core virtual
+    machine. This sets ``M_MMAP_MAX`` to 0 and ``M_TRIM_THRESHOLD`` to 2 GiB, so large blocks come from the
+    heap and stay there once freed: a training step then touches memory it already has. The price is that
+    the process's resident memory stays near its peak.
 
     It changes the whole process, so the library never calls it on import: the ``capsnets`` command calls it,
     as do the benchmarks and the test suite. Set ``CAPSNETS_RETAIN_FREED_MEMORY=0`` to leave malloc alone.
