@@ -52,7 +52,7 @@ def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path, viewpoints_root):
 def test_matrix_capsnet_small_with_standardised_cost_on_mnist_learns(tmp_path, shared_data_root):
     # The cost standardised across parents (cost_normalization="mean_std", inverse temperature 1): 6,400
     # MNIST training images (200 steps), 1 epoch; chance is 10%. Measured: 29.3% on the first 1,000 test
-    # images (about 3.5 min on 2 cores). benchmarks/em_learning.py compares it with the paper's cost.
+    # images (about 2.5 min on 2 cores). benchmarks/em_learning.py compares it with the paper's cost.
     summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mean_std"), limit_train=6400,
                                cost_normalization="mean_std", inverse_temperature=1.0))
     assert summary["test_accuracy"] >= 0.22, summary
