@@ -7,6 +7,9 @@
 - :func:`reference_local_dynamic_routing`: the local (per-position) dynamic routing of convolutional
   capsules (LaLonde & Bagci 2018; SPEC §3), written literally with logits ``b[i][h][w][j]``.
 - :func:`reference_em_routing`: Procedure 1 of Hinton et al. (2018) written literally (the EM oracle).
+- :func:`reference_conv_em_routing`: a convolutional matrix capsule layer with EM routing written literally
+  over the capsule grid, with either normalisation of a child's assignments (per position, or over all the
+  parents whose receptive fields hold it).
 - :class:`NaiveEMRouting`: EM routing the common vectorised-but-naive way (``(B, I, J, H)`` broadcasts of
   ``R``, ``V`` and ``mu`` every iteration, densities with ``exp``); the EM baseline the benchmarks time.
 - :func:`assert_contrasts_resolve`: an experiment's declared contrasts name metrics its runs produce.
@@ -207,6 +210,82 @@ def reference_em_routing(
         out_r.append(R)
     as64 = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     return as64(out_mu), as64(out_a), as64(out_r)
+
+
+def _em_m_step(children, votes, acts, R, bv, ba, lam, eps):
+    """The M-step of one parent over ``children`` (keys of ``votes``, ``acts`` and ``R``): mu, var, pre."""
+    rp = {i: R[i] * acts[i] for i in children}
+    mass = sum(rp.values())
+    dim = len(next(iter(votes.values())))
+    mu = [sum(rp[i] * votes[i][h] for i in children) / (mass + eps) for h in range(dim)]
+    var = [sum(rp[i] * (votes[i][h] - mu[h]) ** 2 for i in children) / (mass + eps) + eps for h in range(dim)]
+    cost = sum((bv + math.log(math.sqrt(var[h]))) * mass for h in range(dim))
+    return mu, var, lam * (ba - cost)
+
+
+def _em_log_p(x: list[float], mu: list[float], var: list[float]) -> float:
+    return sum(-0.5 * math.log(2 * math.pi * v) - (xh - m) ** 2 / (2 * v) for xh, m, v in zip(x, mu, var))
+
+
+def reference_conv_em_routing(pose: Tensor, activation: Tensor, weight: Tensor, beta_v: Tensor, beta_a: Tensor, *,
+                              stride: int, padding: int, inverse_temperatures: list[float], eps: float,
+                              scope: str) -> tuple[Tensor, Tensor]:
+    """A convolutional matrix capsule layer with EM routing, literally, one example and capsule at a time.
+
+    Children are the capsules ``(t, y, x)`` of the input grid, parents the capsules ``(y', x', u)`` of the
+    output grid; a child belongs to every parent whose ``K x K`` receptive field (zero padding, stride)
+    holds it, with the vote ``M[t, y, x] @ W[t, ky, kx, u]``. ``scope="position"``: the child's assignments
+    to the parents of each output position are normalised there, starting at ``1 / U``;
+    ``scope="all_parents"``: they are normalised over all its parents, starting uniform over them.
+
+    Shape:
+        pose ``(B, T, H, W, P, P)``, activation ``(B, T, H, W)``, weight ``(T, K, K, U, P, P)``,
+        beta_v / beta_a ``(U,)`` -> poses ``(B, U, H', W', P*P)`` and activations ``(B, U, H', W')`` (float64).
+    """
+    types, height, width = activation.shape[1:]
+    kernel, parents_per_position = weight.shape[1], weight.shape[3]
+    out_h = (height + 2 * padding - kernel) // stride + 1
+    out_w = (width + 2 * padding - kernel) // stride + 1
+    bv, ba = beta_v.double().tolist(), beta_a.double().tolist()
+    out_mu, out_a = [], []
+    for b in range(activation.shape[0]):
+        # the parents of each child, and each parent's children with their votes
+        votes, acts, of_child = {}, {}, {}
+        for oy in range(out_h):
+            for ox in range(out_w):
+                for t in range(types):
+                    for ky in range(kernel):
+                        for kx in range(kernel):
+                            y, x = oy * stride + ky - padding, ox * stride + kx - padding
+                            if not (0 <= y < height and 0 <= x < width):
+                                continue  # a padding child: activation 0, no part in routing
+                            child = (t, y, x)
+                            acts[child] = float(activation[b, t, y, x])
+                            for u in range(parents_per_position):
+                                vote = (pose[b, t, y, x].double() @ weight[t, ky, kx, u].double()).flatten()
+                                votes.setdefault((oy, ox, u), {})[child] = vote.tolist()
+                                of_child.setdefault(child, []).append((oy, ox, u))
+        R = {child: {p: 1.0 / (len(ps) if scope == "all_parents" else parents_per_position) for p in ps}
+             for child, ps in of_child.items()}
+        for t, lam in enumerate(inverse_temperatures):
+            stats = {}
+            for p, vp in votes.items():
+                stats[p] = _em_m_step(list(vp), vp, acts, {c: R[c][p] for c in vp}, bv[p[2]], ba[p[2]], lam, eps)
+            if t == len(inverse_temperatures) - 1:
+                break
+            for child, ps in of_child.items():
+                logits = {p: _log_sigmoid(stats[p][2]) + _em_log_p(votes[p][child], *stats[p][:2]) for p in ps}
+                groups = [ps] if scope == "all_parents" else [[p for p in ps if p[:2] == q[:2]] for q in ps]
+                for group in groups:
+                    top = max(logits[p] for p in group)
+                    total = sum(math.exp(logits[p] - top) for p in group)
+                    for p in group:
+                        R[child][p] = math.exp(logits[p] - top) / total
+        out_mu.append([[[stats[(oy, ox, u)][0] for ox in range(out_w)] for oy in range(out_h)]
+                       for u in range(parents_per_position)])
+        out_a.append([[[_sigmoid(stats[(oy, ox, u)][2]) for ox in range(out_w)] for oy in range(out_h)]
+                      for u in range(parents_per_position)])
+    return torch.tensor(out_mu, dtype=torch.float64), torch.tensor(out_a, dtype=torch.float64)
 
 
 class NaiveEMRouting:

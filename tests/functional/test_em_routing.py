@@ -2,7 +2,8 @@ import pytest
 import torch
 from torch.autograd import gradcheck
 
-from capsnets.functional import EMRouting, em_inverse_temperatures, em_routing
+from capsnets.functional import (ChildGroups, EMRouting, em_inverse_temperatures, em_routing, grid_child_groups,
+                                  group_softmax)
 from capsnets.testing import assert_finite, reference_em_routing
 
 
@@ -292,3 +293,67 @@ def test_training_steps_leave_no_tensors_behind(detach):
     for _ in range(3):
         step()
     assert live_tensors() == before
+
+
+def _random_groups(problems, children, count, gen):
+    index = torch.randint(0, count, (problems, children), generator=gen)
+    index.view(-1)[:count] = torch.arange(count)  # every group has a slot
+    return ChildGroups(index, count)
+
+
+def test_group_softmax_normalises_over_every_slot_of_a_child():
+    gen = torch.Generator().manual_seed(11)
+    logits = 30 * torch.randn(4, 3, 5, dtype=torch.float64, generator=gen)  # wide range: needs the log space
+    groups = _random_groups(4, 5, 7, gen)
+    r = group_softmax(logits, groups)
+    totals = torch.zeros(7, dtype=torch.float64).index_add(0, groups.index.flatten(), r.sum(1).flatten())
+    torch.testing.assert_close(totals, torch.ones(7, dtype=torch.float64))
+    for g in range(7):  # within a child, proportional to exp(logits)
+        slots = (groups.index == g).nonzero()
+        values = torch.cat([logits[n, :, i] for n, i in slots])
+        torch.testing.assert_close(torch.cat([r[n, :, i] for n, i in slots]), torch.softmax(values, 0))
+    singletons = ChildGroups(torch.arange(20).view(4, 5), 20)
+    torch.testing.assert_close(group_softmax(logits, singletons), torch.softmax(logits, dim=1))
+
+
+def test_singleton_child_groups_change_nothing():
+    gen = torch.Generator().manual_seed(12)
+    inputs = _inputs(3, 6, 4, 16, gen=gen)
+    singletons = ChildGroups(torch.arange(18).view(3, 6), 18)
+    plain = em_routing(*inputs, 3, inverse_temperature=0.1, return_assignments=True)
+    grouped = em_routing(*inputs, 3, inverse_temperature=0.1, return_assignments=True, child_groups=singletons)
+    for p, g in zip(plain, grouped):
+        torch.testing.assert_close(g, p, rtol=0, atol=1e-12)
+
+
+def test_gradcheck_with_child_groups():
+    gen = torch.Generator().manual_seed(13)
+    inputs = _inputs(3, 4, 3, 4, gen=gen, requires_grad=True)
+    with torch.no_grad():
+        inputs[1].clamp_(min=0.1)
+    groups = _random_groups(3, 4, 5, gen)
+
+    def fn(votes, activations, beta_v, beta_a):
+        return em_routing(votes, activations, beta_v, beta_a, 3, inverse_temperature=[0.1, 0.2, 0.3],
+                          child_groups=groups)
+
+    assert gradcheck(fn, inputs)
+
+
+def test_grid_child_groups_count_the_receptive_fields_of_each_child():
+    groups = grid_child_groups(2, 3, 6, 6, 3, stride=2, padding=1)
+    assert groups.index.shape == (2 * 3 * 3, 3 * 9) and groups.count == 2 * 3 * 36 + 1
+    copies = torch.bincount(groups.index.flatten(), minlength=groups.count)
+    per_axis = torch.tensor([1, 2, 1, 2, 1, 1])  # K=3, stride 2, padding 1 over 6 cells: fields covering each
+    expected = (per_axis.view(-1, 1) * per_axis.view(1, -1)).flatten().repeat(6)  # (B * T * H * W,)
+    torch.testing.assert_close(copies[:-1], expected)
+    assert copies[-1] == 2 * 9 * 27 - expected.sum()  # the padding slots
+
+
+def test_bad_child_groups_are_refused():
+    gen = torch.Generator().manual_seed(14)
+    inputs = _inputs(2, 5, 3, 4, gen=gen)
+    with pytest.raises(ValueError, match=r"child_groups must be a ChildGroups whose index has the votes' \(B, I\)"):
+        em_routing(*inputs, child_groups=ChildGroups(torch.zeros(2, 4, dtype=torch.long), 1))
+    with pytest.raises(ValueError, match="int64"):
+        ChildGroups(torch.zeros(2, 5), 1)

@@ -1,3 +1,5 @@
+import unittest.mock
+
 import pytest
 import torch
 
@@ -5,6 +7,7 @@ from capsnets.capsules import MatrixCapsules
 from capsnets.functional import EMRouting
 from capsnets.functional.patches import capsule_patches
 from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+from capsnets.testing import reference_conv_em_routing
 
 
 def random_capsules(batch=2, types=3, height=5, width=5, side=4, dtype=torch.float64, seed=0):
@@ -135,3 +138,68 @@ def test_checkpoint_chunks_give_the_same_values_and_gradients(detach):
     assert "checkpoint_chunks=4" in repr(layer)
     with pytest.raises(ValueError, match="checkpoint_chunks"):
         ConvMatrixCapsules(3, 2, checkpoint_chunks=-1)
+
+
+@pytest.mark.parametrize("scope", ["position", "all_parents"])
+@pytest.mark.parametrize("stride, padding", [(1, 0), (2, 0), (2, 1)])
+def test_conv_matrix_capsules_agree_with_literal_grid_routing(scope, stride, padding):
+    torch.manual_seed(1)
+    lambdas = [0.05, 0.1, 0.15]  # large enough that the E-steps matter
+    layer = ConvMatrixCapsules(2, 3, kernel_size=3, stride=stride, padding=padding, assignment_scope=scope,
+                               routing=EMRouting(3, lambdas), dtype=torch.float64)
+    with torch.no_grad():
+        layer.beta_v.normal_()
+        layer.beta_a.normal_()
+    caps = random_capsules(types=2, height=5, width=5, seed=stride + padding)
+    with torch.no_grad():
+        caps.activation[caps.activation < 0.2] = 0.0  # some inactive children
+    out = layer(caps)
+    ref_pose, ref_act = reference_conv_em_routing(caps.pose, caps.activation, layer.weight.detach(),
+                                                  layer.beta_v.detach(), layer.beta_a.detach(), stride=stride,
+                                                  padding=padding, inverse_temperatures=lambdas, eps=1e-6,
+                                                  scope=scope)
+    torch.testing.assert_close(out.pose.flatten(4), ref_pose, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(out.activation, ref_act, rtol=1e-9, atol=1e-10)
+
+
+def test_all_parents_scope_differs_where_fields_overlap_and_not_elsewhere():
+    caps = random_capsules(types=2, height=7, width=7)
+    outs = {}
+    for scope in ("position", "all_parents"):
+        for stride in (1, 3):  # K=3: overlapping fields at stride 1, disjoint ones at stride 3
+            torch.manual_seed(0)
+            layer = ConvMatrixCapsules(2, 3, stride=stride, assignment_scope=scope, routing=EMRouting(3, 0.1),
+                                       dtype=torch.float64)
+            outs[scope, stride] = layer(caps).activation
+    torch.testing.assert_close(outs["all_parents", 3], outs["position", 3], rtol=0, atol=1e-12)
+    assert (outs["all_parents", 1] - outs["position", 1]).abs().max() > 1e-3
+
+
+def test_all_parents_gradients_flow_and_match_autograd_of_the_plain_path():
+    caps = random_capsules(batch=2, types=2, height=5, width=5)
+    grads = []
+    for compile_like in (False, True):
+        torch.manual_seed(0)
+        layer = ConvMatrixCapsules(2, 2, stride=1, assignment_scope="all_parents", routing=EMRouting(3, 0.2),
+                                   dtype=torch.float64)
+        pose = caps.pose.clone().requires_grad_()
+        if compile_like:  # the lean backward off: plain autograd through the same procedure
+            with unittest.mock.patch("torch.compiler.is_compiling", return_value=True):
+                out = layer(MatrixCapsules(pose, caps.activation))
+        else:
+            out = layer(MatrixCapsules(pose, caps.activation))
+        (out.pose.square().sum() + out.activation.sum()).backward()
+        grads.append((pose.grad, layer.weight.grad, layer.beta_v.grad, layer.beta_a.grad))
+    for lean, plain in zip(*grads):
+        assert torch.isfinite(lean).all() and lean.abs().sum() > 0
+        torch.testing.assert_close(lean, plain, rtol=1e-9, atol=1e-11)
+
+
+def test_assignment_scope_is_validated():
+    with pytest.raises(ValueError, match="assignment_scope must be"):
+        ConvMatrixCapsules(3, 2, assignment_scope="grid")
+    with pytest.raises(ValueError, match="takes child_groups"):
+        ConvMatrixCapsules(3, 2, assignment_scope="all_parents", routing=Recorder())
+    with pytest.raises(ValueError, match="checkpoint_chunks must be 0"):
+        ConvMatrixCapsules(3, 2, assignment_scope="all_parents", checkpoint_chunks=2)
+    assert "assignment_scope='all_parents'" in repr(ConvMatrixCapsules(3, 2, assignment_scope="all_parents"))

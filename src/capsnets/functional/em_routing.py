@@ -88,6 +88,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from capsnets.functional.child_groups import ChildGroups, group_softmax
+
 _LOG_2PI = math.log(2.0 * math.pi)
 _COST_NORMALIZATIONS = (None, "mean_std", "mass")
 
@@ -195,8 +197,9 @@ def _m_step(r_prime, c, contract, beta_v, beta_a, lam, eps, cost_normalization):
     return d, var, log_var, pre
 
 
-def _e_step(contract, d, var, log_var, pre):
-    """One E-step: new assignments (B, J, I), a softmax over J of log a_j + log p[i, j].
+def _e_step(contract, d, var, log_var, pre, groups):
+    """One E-step: new assignments (B, J, I), a softmax over J of log a_j + log p[i, j] (with ``groups``:
+    over every parent of every copy of the child, :func:`~capsnets.functional.child_groups.group_softmax`).
 
     ``sum_h (V - mu)^2 / sigma^2 = sum_h x^2 / sigma^2 - 2 x d / sigma^2 + d^2 / sigma^2``: one matrix
     product with the stored ``[x, x^2]``, no (B, J, I, H) temporary.
@@ -206,7 +209,7 @@ def _e_step(contract, d, var, log_var, pre):
     quad = contract("e", coef).squeeze(-1) + (d.square() * inv).sum(dim=-1, keepdim=True)  # (B, J, I)
     log_norm = log_var.sum(dim=-1, keepdim=True) + var.shape[-1] * _LOG_2PI  # (B, J, 1)
     logits = F.logsigmoid(pre).unsqueeze(-1) - 0.5 * (quad + log_norm)  # (B, J, I)
-    return torch.softmax(logits, dim=1)
+    return torch.softmax(logits, dim=1) if groups is None else group_softmax(logits, groups)
 
 
 def _matmul_contract(xx: Tensor):
@@ -217,19 +220,25 @@ def _matmul_contract(xx: Tensor):
     return lambda kind, operand: torch.matmul(operand, xx) if kind == "m" else torch.matmul(xx, operand)
 
 
-def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments):
+def _initial_assignments(c, a_in, groups):
+    """Uniform over each child's parents: ``1 / J``, or ``1 / (J * copies)`` with ``groups``. (B, J, I)."""
+    r = a_in.new_full((c.shape[0], c.shape[1], a_in.shape[-1]), 1.0 / c.shape[1])
+    return r if groups is None else r / groups.copies().unsqueeze(1).to(r.dtype)
+
+
+def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments, groups):
     """The procedure on shifted votes, seen only through ``contract``: poses, activations, assignments."""
-    r = a_in.new_full((c.shape[0], c.shape[1], a_in.shape[-1]), 1.0 / c.shape[1])  # (B, J, I)
+    r = _initial_assignments(c, a_in, groups)  # (B, J, I)
     if detach_assignments and len(lambdas) > 1:
         with torch.no_grad():  # the assignments become constants: no graph for these iterations
             for lam in lambdas[:-1]:
                 d, var, log_var, pre = _m_step(r * a_in, c, contract, beta_v, beta_a, lam, eps, cost_normalization)
-                r = _e_step(contract, d, var, log_var, pre)
+                r = _e_step(contract, d, var, log_var, pre, groups)
         lambdas = lambdas[-1:]
     for t, lam in enumerate(lambdas):
         d, var, log_var, pre = _m_step(r * a_in, c, contract, beta_v, beta_a, lam, eps, cost_normalization)
         if t < len(lambdas) - 1:
-            r = _e_step(contract, d, var, log_var, pre)
+            r = _e_step(contract, d, var, log_var, pre, groups)
     return d + c.squeeze(2), torch.sigmoid(pre), r
 
 
@@ -266,7 +275,7 @@ class _EMFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments):
+    def forward(ctx, v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments, groups):
         c, xx = _shifted_votes(v, a_in, eps)
         values, plain = [], _matmul_contract(xx)
 
@@ -274,9 +283,9 @@ class _EMFunction(torch.autograd.Function):
             values.append(plain(kind, operand))
             return values[-1]
 
-        ctx.settings = (lambdas, eps, cost_normalization, detach_assignments)
+        ctx.settings = (lambdas, eps, cost_normalization, detach_assignments, groups)
         ctx.values = values
-        out = _route(c, record, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments)
+        out = _route(c, record, a_in, beta_v, beta_a, *ctx.settings)
         ctx.save_for_backward(c, xx, a_in, beta_v, beta_a)
         return out
 
@@ -297,7 +306,7 @@ class _EMFunction(torch.autograd.Function):
             g1, g2 = torch.matmul(left, torch.cat([rhs for _, rhs in sink], dim=-2)).chunk(2, dim=-1)
             h = g1.shape[-1]
             grad_v = torch.addcmul(g1, xx[..., :h], g2, value=2.0)  # through xx = [x, x^2], x = v - c
-        return (grad_v, *grads, None, None, None, None)
+        return (grad_v, *grads, None, None, None, None, None)
 
 
 def em_routing(
@@ -312,6 +321,7 @@ def em_routing(
     eps: float = 1e-6,
     cost_normalization: str | None = None,
     detach_assignments: bool = False,
+    child_groups: ChildGroups | None = None,
 ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """Route child votes to parent matrix capsules by EM (Procedure 1 of Hinton et al. 2018).
 
@@ -331,13 +341,24 @@ def em_routing(
             gradients flow only through the final M-step (the assignments act as constants, as the
             couplings do in dynamic routing's ``detach`` mode). Same forward values; a cheaper backward
             and no stored intermediates for those iterations. Off by default (exact gradients).
+        child_groups: for the routing problems of a convolutional capsule layer (batch and output
+            positions folded into ``B``), which child slots are copies of one child
+            (:func:`~capsnets.functional.child_groups.grid_child_groups`): each child's assignments are
+            then normalised over every parent of every problem that holds it, and start uniform over
+            them (Gritzman 2019, pitfall 3). ``None``: each slot is its own child (the softmax over ``J``).
 
     Shape:
         - votes: ``(B, I, J, H)``; activations: ``(B, I)``; beta_v, beta_a: ``(J,)`` or ``()``.
         - output: poses ``(B, J, H)``, activations ``(B, J)`` in ``(0, 1)``; assignments ``(B, I, J)``,
-          summing to 1 over ``J``. float32 for half-precision inputs, the input dtype otherwise.
+          summing to 1 over ``J`` (with ``child_groups``: over the parents of all the child's slots).
+          float32 for half-precision inputs, the input dtype otherwise.
     """
     _check_inputs(votes, activations, iterations, eps, cost_normalization)
+    if child_groups is not None and (not isinstance(child_groups, ChildGroups)
+                                     or tuple(child_groups.index.shape) != tuple(votes.shape[:2])):
+        got = tuple(child_groups.index.shape) if isinstance(child_groups, ChildGroups) else type(child_groups).__name__
+        raise ValueError(f"child_groups must be a ChildGroups whose index has the votes' (B, I) = "
+                         f"{tuple(votes.shape[:2])}; got {got}")
     lambdas = _resolve_lambdas(inverse_temperature, int(iterations))
     dtype = votes.dtype if votes.dtype in (torch.float32, torch.float64) else torch.float32
     with torch.autocast(device_type=votes.device.type, enabled=False):
@@ -349,11 +370,11 @@ def em_routing(
             t.requires_grad for t in (v, a_in, beta_v, beta_a))
         if lean:  # eager training: the lean backward of _EMFunction
             mu, a_out, r = _EMFunction.apply(v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization,
-                                             detach_assignments)
+                                             detach_assignments, child_groups)
         else:  # inference, or traced by torch.compile: plain autograd through the same procedure
             c, xx = _shifted_votes(v, a_in, eps)  # (B, J, 1, H), (B, J, I, 2H)
             mu, a_out, r = _route(c, _matmul_contract(xx), a_in, beta_v, beta_a, lambdas, eps,
-                                  cost_normalization, detach_assignments)
+                                  cost_normalization, detach_assignments, child_groups)
     if return_assignments:
         return mu, a_out, r.transpose(1, 2)
     return mu, a_out
@@ -373,6 +394,9 @@ class EMRouting:
         ``votes (B, I, J, H), activations (B, I), beta_v (J,), beta_a (J,) -> (B, J, H), (B, J)``
     """
 
+    #: takes ``child_groups`` (a convolutional layer's ``assignment_scope="all_parents"`` needs it)
+    supports_child_groups = True
+
     def __init__(
         self,
         iterations: int = 3,
@@ -389,12 +413,13 @@ class EMRouting:
         self.cost_normalization = cost_normalization
         self.detach_assignments = bool(detach_assignments)
 
-    def __call__(self, votes, activations, beta_v, beta_a, return_assignments: bool = False):
+    def __call__(self, votes, activations, beta_v, beta_a, return_assignments: bool = False,
+                 child_groups: ChildGroups | None = None):
         return em_routing(
             votes, activations, beta_v, beta_a, self.iterations,
             inverse_temperature=self.inverse_temperatures, return_assignments=return_assignments,
             eps=self.eps, cost_normalization=self.cost_normalization,
-            detach_assignments=self.detach_assignments,
+            detach_assignments=self.detach_assignments, child_groups=child_groups,
         )
 
     def __repr__(self) -> str:

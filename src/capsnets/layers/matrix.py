@@ -4,7 +4,9 @@
   and an activation (sigmoid).
 - :class:`ConvMatrixCapsules`: votes ``V = M W`` with one 4x4 ``W`` per (kernel position, child type,
   parent type), shared across positions; the children of each parent are the ``K*K*T`` capsules of its
-  receptive field; the routing (e.g. :class:`~capsnets.functional.EMRouting`) is passed in.
+  receptive field; the routing (e.g. :class:`~capsnets.functional.EMRouting`) is passed in. A child in
+  overlapping receptive fields is normalised per position (the default) or over all its parents
+  (``assignment_scope="all_parents"``, Gritzman 2019; see :mod:`capsnets.functional.child_groups`).
 - :class:`ClassMatrixCapsules`: one ``W`` per (child type, class) shared across positions, with
   coordinate addition: the scaled (row, column) of each child's position, ``(r + 0.5) / H`` and
   ``(c + 0.5) / W``, are added to the first two vote components (the paper leaves the scaling open).
@@ -19,6 +21,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from capsnets.capsules import MatrixCapsules
+from capsnets.functional.child_groups import ChildGroups, grid_child_groups
 from capsnets.functional.patches import capsule_patches
 from capsnets.layers._checks import non_negative_int, positive_int
 
@@ -104,6 +107,13 @@ class ConvMatrixCapsules(nn.Module):
             output positions under activation checkpointing: backward keeps only the receptive-field
             patches and recomputes one chunk at a time (same values and gradients, less memory, about
             one extra forward of votes and routing).
+        assignment_scope: over which parents a child's assignments are normalised when receptive fields
+            overlap: ``"position"`` (each output position's routing problem on its own: a child has one set
+            of assignments per position that sees it, each summing to 1 over the parent types there) or
+            ``"all_parents"`` (one set over every parent type at every position that sees it, so parents
+            at different positions compete for the child: Gritzman 2019, pitfall 3; the routing must take
+            ``child_groups``, as :class:`~capsnets.functional.EMRouting` does, and ``checkpoint_chunks``
+            must be 0, since the positions are no longer independent problems).
 
     Shape:
         - input: :class:`MatrixCapsules` ``(B, T, H, W, P, P)``
@@ -112,7 +122,8 @@ class ConvMatrixCapsules(nn.Module):
     """
 
     def __init__(self, in_types: int, out_types: int, *, kernel_size: int = 3, stride: int = 1, padding: int = 0,
-                 routing=None, pose_size: int = 4, checkpoint_chunks: int = 0, device=None, dtype=None) -> None:
+                 routing=None, pose_size: int = 4, checkpoint_chunks: int = 0, assignment_scope: str = "position",
+                 device=None, dtype=None) -> None:
         super().__init__()
         self.in_types = positive_int("in_types", in_types)
         self.out_types = positive_int("out_types", out_types)
@@ -122,6 +133,7 @@ class ConvMatrixCapsules(nn.Module):
         self.padding = non_negative_int("padding", padding)
         self.pose_size = positive_int("pose_size", pose_size)
         self.routing = routing if routing is not None else _default_routing()
+        self.assignment_scope = _check_scope(assignment_scope, self.routing, self.checkpoint_chunks)
         factory = {"device": device, "dtype": dtype}
         self.weight = _pose_weight(in_types, kernel_size, kernel_size, out_types, side=pose_size, **factory)
         self.beta_v = nn.Parameter(torch.zeros(out_types, **factory))
@@ -136,7 +148,11 @@ class ConvMatrixCapsules(nn.Module):
         feats = torch.cat([pose, caps.activation.unsqueeze(2)], dim=2)  # (B, T, P*P + 1, H, W)
         patches, (out_h, out_w) = capsule_patches(feats, self.kernel_size, self.stride, self.padding)
         patches = patches.flatten(0, 2)  # (N = B*H'*W', I = T*K*K, P*P + 1)
-        if self.checkpoint_chunks and torch.is_grad_enabled():
+        if self.assignment_scope == "all_parents":  # one routing problem over the whole grid
+            groups = grid_child_groups(batch, caps.types, *caps.grid, self.kernel_size, self.stride, self.padding,
+                                       device=patches.device)
+            out_pose, out_act = self._route(patches, groups)
+        elif self.checkpoint_chunks and torch.is_grad_enabled():
             # Keep only the patches for backward; votes and routing are recomputed chunk by chunk.
             outs = [checkpoint(self._route, chunk, use_reentrant=False)
                     for chunk in patches.chunk(self.checkpoint_chunks)]
@@ -147,17 +163,32 @@ class ConvMatrixCapsules(nn.Module):
         out_act = out_act.view(batch, out_h, out_w, self.out_types).permute(0, 3, 1, 2)
         return MatrixCapsules(out_pose, out_act)
 
-    def _route(self, patches: Tensor) -> tuple[Tensor, Tensor]:
+    def _route(self, patches: Tensor, groups: ChildGroups | None = None) -> tuple[Tensor, Tensor]:
         """Votes and routing for a block of output positions: ``(N, I, P*P + 1) -> (N, U, P*P), (N, U)``."""
         side, children = self.pose_size, patches.shape[1]
         votes = matrix_votes(patches[..., :-1].reshape(-1, children, side, side),
                              self.weight.reshape(children, self.out_types, side, side))
-        return self.routing(votes, patches[..., -1], self.beta_v, self.beta_a)
+        if groups is None:
+            return self.routing(votes, patches[..., -1], self.beta_v, self.beta_a)
+        return self.routing(votes, patches[..., -1], self.beta_v, self.beta_a, child_groups=groups)
 
     def extra_repr(self) -> str:
         chunks = f", checkpoint_chunks={self.checkpoint_chunks}" if self.checkpoint_chunks else ""
+        scope = f", assignment_scope={self.assignment_scope!r}" if self.assignment_scope != "position" else ""
         return (f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}, routing={self.routing!r}{chunks}")
+                f"stride={self.stride}, padding={self.padding}, routing={self.routing!r}{chunks}{scope}")
+
+
+def _check_scope(scope: str, routing, checkpoint_chunks: int) -> str:
+    if scope not in ("position", "all_parents"):
+        raise ValueError(f"assignment_scope must be 'position' or 'all_parents', got {scope!r}")
+    if scope == "all_parents" and not getattr(routing, "supports_child_groups", False):
+        raise ValueError(f"assignment_scope='all_parents' needs a routing that takes child_groups (EMRouting "
+                         f"does); got {routing!r}")
+    if scope == "all_parents" and checkpoint_chunks:
+        raise ValueError(f"assignment_scope='all_parents' routes all output positions together, so "
+                         f"checkpoint_chunks must be 0; got {checkpoint_chunks}")
+    return scope
 
 
 class ClassMatrixCapsules(nn.Module):

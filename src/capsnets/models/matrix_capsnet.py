@@ -14,7 +14,9 @@ which gives the same 14x14 -> 6x6 -> 4x4 grids (SPEC). Class scores are the clas
 ``cost_normalization`` and ``inverse_temperature`` configure the default :class:`EMRouting` of all three
 routed layers (like ``detach_routing``, they are unused when a ``routing`` object is passed);
 ``cost_normalization="mean_std", inverse_temperature=1.0`` (a deviation) learns much faster per step on
-MNIST than the paper's cost (``benchmarks/em_learning.py``).
+MNIST than the paper's cost (``benchmarks/em_learning.py``). ``assignment_scope="all_parents"`` normalises
+each child's assignments over all the parents of the overlapping receptive fields in ConvCaps1 and ConvCaps2
+(Gritzman 2019; :mod:`capsnets.functional.child_groups`) instead of per output position.
 Deviation: the paper gives neither the initialisation nor the inverse-temperature schedule; see
 :mod:`capsnets.layers.matrix` and :mod:`capsnets.functional.em_routing` for the ones used.
 """
@@ -56,6 +58,8 @@ class MatrixCapsNet(nn.Module):
         coordinate_addition: coordinate addition in the class capsules.
         checkpoint_chunks: activation checkpointing of the convolutional capsule layers in this many
             chunks (0: off); trades about one extra forward of votes and routing for memory.
+        assignment_scope: ``"position"`` or ``"all_parents"``, for the two convolutional capsule layers
+            (see :class:`~capsnets.layers.ConvMatrixCapsules`).
 
     Shape:
         images ``(B, C, H, W)`` -> :class:`ModelOutput` with ``scores`` = class activations ``(B, E)``
@@ -67,7 +71,8 @@ class MatrixCapsNet(nn.Module):
     def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5, conv_channels: int = 32,
                  primary_types: int = 32, conv_caps1_types: int = 32, conv_caps2_types: int = 32,
                  conv_padding: int | None = None, routing=None, coordinate_addition: bool = True,
-                 pose_size: int = 4, checkpoint_chunks: int = 0, device=None, dtype=None) -> None:
+                 pose_size: int = 4, checkpoint_chunks: int = 0, assignment_scope: str = "position",
+                 device=None, dtype=None) -> None:
         super().__init__()
         if len(tuple(input_size)) != 3:
             raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
@@ -80,10 +85,10 @@ class MatrixCapsNet(nn.Module):
         self.conv = nn.Conv2d(self.input_size[0], conv_channels, 5, stride=2, padding=conv_padding,
                               device=device, dtype=dtype)
         self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, **factory)
-        self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, kernel_size=3, stride=2,
-                                             routing=routing, checkpoint_chunks=checkpoint_chunks, **factory)
-        self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size=3, stride=1,
-                                             routing=routing, checkpoint_chunks=checkpoint_chunks, **factory)
+        conv_caps = {"routing": routing, "checkpoint_chunks": checkpoint_chunks, "assignment_scope": assignment_scope,
+                     **factory}
+        self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, kernel_size=3, stride=2, **conv_caps)
+        self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size=3, stride=1, **conv_caps)
         self.classes = ClassMatrixCapsules(conv_caps2_types, num_classes, routing=routing,
                                            coordinate_addition=coordinate_addition, **factory)
         self._check_grid()
@@ -109,29 +114,30 @@ class MatrixCapsNet(nn.Module):
 
 
 def _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
-           inverse_temperature, coordinate_addition, checkpoint_chunks, device, dtype, **widths):
+           inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, device, dtype, **widths):
     routing = _em_routing(routing_iterations, routing, detach_routing, cost_normalization, inverse_temperature)
     return MatrixCapsNet(input_size=input_size, num_classes=num_classes, routing=routing,
                          coordinate_addition=coordinate_addition, checkpoint_chunks=checkpoint_chunks,
-                         device=device, dtype=dtype, **widths)
+                         assignment_scope=assignment_scope, device=device, dtype=dtype, **widths)
 
 
 @register_model("matrix_capsnet")
 def matrix_capsnet(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
                    detach_routing=False, cost_normalization=None, inverse_temperature=None,
-                   coordinate_addition=True, checkpoint_chunks=0, device=None, dtype=None) -> MatrixCapsNet:
+                   coordinate_addition=True, checkpoint_chunks=0, assignment_scope="position", device=None,
+                   dtype=None) -> MatrixCapsNet:
     """The paper's smallNORB model: A=B=C=D=32 (about 310K parameters)."""
     return _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
-                  inverse_temperature, coordinate_addition, checkpoint_chunks, device, dtype,
+                  inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, device, dtype,
                   conv_channels=32, primary_types=32, conv_caps1_types=32, conv_caps2_types=32)
 
 
 @register_model("matrix_capsnet_small")
 def matrix_capsnet_small(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
                          detach_routing=False, cost_normalization=None, inverse_temperature=None,
-                         coordinate_addition=True, checkpoint_chunks=0, device=None,
+                         coordinate_addition=True, checkpoint_chunks=0, assignment_scope="position", device=None,
                          dtype=None) -> MatrixCapsNet:
     """The paper's small model: A=64, B=8, C=D=16 (about 68K parameters)."""
     return _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
-                  inverse_temperature, coordinate_addition, checkpoint_chunks, device, dtype,
+                  inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, device, dtype,
                   conv_channels=64, primary_types=8, conv_caps1_types=16, conv_caps2_types=16)

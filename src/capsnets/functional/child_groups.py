@@ -1,0 +1,92 @@
+"""Children shared by the routing problems of a convolutional capsule layer.
+
+In a convolutional capsule layer the parents at each output position are routed as one problem over the
+``K * K * T`` children of their receptive field (SPEC §2). Receptive fields overlap, so one child of the
+grid appears as a *copy* in several problems. Procedure 1 normalises each child's assignments over its
+parents; read per problem, each copy's assignments sum to 1 over the parent types at its position and
+the child hands out as much assignment as it has copies. Gritzman (2019, "Avoiding implementation
+pitfalls of 'Matrix capsules with EM routing'", arXiv 1907.00652, pitfall 3; the IBM reproduction)
+normalises instead over *every* parent of every position whose receptive field holds the child, so that
+parents at different positions compete for it. A :class:`ChildGroups` says which copies are one child;
+:func:`group_softmax` is that normalisation.
+
+Dimension legend: ``N`` routing problems (batch * output positions, folded), ``J`` parent types,
+``I`` children of one problem, ``G`` distinct children (groups).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from capsnets.functional.patches import capsule_patches
+
+
+@dataclass(frozen=True)
+class ChildGroups:
+    """Which child slots of a batch of routing problems are copies of one child.
+
+    Attributes:
+        index: ``(N, I)`` int64: the child (group) each slot is a copy of, in ``0 .. count - 1``.
+        count: ``G``, the number of groups.
+    """
+
+    index: Tensor
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.index.dim() != 2 or self.index.dtype != torch.long:
+            raise ValueError(f"ChildGroups.index must be an (N, I) int64 tensor, got {self.index.dtype} "
+                             f"of shape {tuple(self.index.shape)}")
+
+    def copies(self) -> Tensor:
+        """``(N, I)`` int64: how many slots (copies) the child of each slot has."""
+        flat = self.index.reshape(-1)
+        return torch.bincount(flat, minlength=self.count)[flat].view_as(self.index)
+
+
+def group_softmax(logits: Tensor, groups: ChildGroups) -> Tensor:
+    """Assignments from E-step logits, normalised over every (slot, parent) pair of each child.
+
+    ``R[n, j, i] = exp(logits[n, j, i]) / sum exp(logits[n', j', i'])`` over all slots ``(n', i')`` of the
+    child of slot ``(n, i)`` and all parent types ``j'``. With one slot per group this is the softmax over
+    ``J``. Computed in log space with a per-child maximum (a constant shift: the result does not depend
+    on it, so it carries no gradient).
+
+    Shape:
+        logits ``(N, J, I)`` -> ``(N, J, I)``.
+    """
+    n, _, i = logits.shape
+    if groups.index.shape != (n, i):
+        raise ValueError(f"child groups of shape {tuple(groups.index.shape)} do not match the ({n}, {i}) "
+                         f"routing problems of the votes")
+    flat_index = groups.index.reshape(-1)
+    per_slot = torch.logsumexp(logits, dim=1).reshape(-1)  # (N*I,): log sum_j exp
+    with torch.no_grad():
+        top = per_slot.new_full((groups.count,), float("-inf"))
+        top = top.scatter_reduce(0, flat_index, per_slot, reduce="amax")[flat_index]  # (N*I,)
+    total = per_slot.new_zeros(groups.count).index_add(0, flat_index, torch.exp(per_slot - top))
+    log_total = total.log()[flat_index] + top  # (N*I,): log sum over the child's slots and parents
+    return torch.exp(logits - log_total.view(n, 1, i))
+
+
+def grid_child_groups(batch: int, types: int, height: int, width: int, kernel_size: int, stride: int = 1,
+                      padding: int = 0, device=None) -> ChildGroups:
+    """The child groups of a convolutional capsule layer, in :func:`capsule_patches`' slot order.
+
+    Each capsule ``(b, t, y, x)`` of the ``(B, T, H, W)`` input grid is one group; the zero-padding slots
+    (activation 0, no part in routing) share one further group.
+
+    Returns:
+        :class:`ChildGroups` with ``index`` of shape ``(B * H' * W', T * K * K)``.
+    """
+    per_example = types * height * width
+    ids = torch.arange(1, per_example + 1, device=device, dtype=torch.float64)  # 0 marks padding
+    patches, _ = capsule_patches(ids.view(1, types, 1, height, width), kernel_size, stride, padding)
+    slots = patches.round().long().reshape(-1, types * kernel_size**2) - 1  # (H'*W', I); -1 = padding
+    offsets = torch.arange(batch, device=device).view(batch, 1, 1) * per_example
+    index = (slots.unsqueeze(0) + offsets).reshape(-1, slots.shape[1])  # (B*H'*W', I)
+    pad = batch * per_example
+    return ChildGroups(torch.where(slots.unsqueeze(0).expand(batch, -1, -1).reshape_as(index) < 0,
+                                   torch.full_like(index, pad), index), pad + 1)
