@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import capsnets
-from capsnets.functional import dynamic_routing, em_routing
+from capsnets.functional import ChildGroups, dynamic_routing, em_routing, grid_child_groups
 from capsnets.losses import create_loss
 from capsnets.testing import assert_finite
 
@@ -74,6 +74,25 @@ def test_em_routing_on_cuda_matches_cpu_float64(cuda):
         got, got_grad = _grads(fn, *(t.float().to(cuda) for t in (votes, activations, beta_v, beta_a)))
         _close(got, want, atol=1e-4)
         _close(got_grad, want_grad, atol=1e-3, rtol=1e-2)
+
+
+def test_em_routing_with_child_groups_on_cuda_matches_cpu_float64(cuda):
+    g = torch.Generator().manual_seed(2)
+    groups = grid_child_groups(2, 4, 6, 6, 3, stride=1)  # 2 examples, 4 types, 6x6 grid, K=3: (32, 36) slots
+    votes = torch.randn(32, 36, 5, 16, generator=g, dtype=torch.float64)
+    activations = torch.rand(32, 36, generator=g, dtype=torch.float64)
+    beta_v, beta_a = torch.randn(5, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
+
+    def routed(device):
+        def fn(v, a, bv, ba):
+            return em_routing(v, a, bv, ba, 3, inverse_temperature=0.2,
+                              child_groups=ChildGroups(groups.index.to(device), groups.count))
+        return fn
+
+    want, want_grad = _grads(routed("cpu"), votes, activations, beta_v, beta_a)
+    got, got_grad = _grads(routed(cuda), *(t.float().to(cuda) for t in (votes, activations, beta_v, beta_a)))
+    _close(got, want, atol=1e-4)
+    _close(got_grad, want_grad, atol=1e-3, rtol=1e-2)
 
 
 def test_em_routing_under_bf16_autocast_is_finite_float32(cuda):

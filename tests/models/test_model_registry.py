@@ -88,6 +88,20 @@ def test_matrix_models_configure_their_em_routing():
         capsnets.create_model("matrix_capsnet_small", cost_normalization="layer")
 
 
+def test_matrix_models_take_the_assignment_scope_of_their_convolutional_capsule_layers():
+    torch.manual_seed(0)
+    model = capsnets.create_model("matrix_capsnet_small", input_size=(1, 28, 28), num_classes=10,
+                                  assignment_scope="all_parents", detach_routing=True)
+    assert model.conv_caps1.assignment_scope == model.conv_caps2.assignment_scope == "all_parents"
+    assert model.model_args["assignment_scope"] == "all_parents"
+    images, labels = torch.rand(3, 1, 28, 28), torch.tensor([0, 4, 9])
+    loss = create_loss(model.default_loss)(model(images, labels), images, labels)[0]
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    with pytest.raises(ValueError, match="checkpoint_chunks must be 0"):
+        capsnets.create_model("matrix_capsnet_small", assignment_scope="all_parents", checkpoint_chunks=4)
+
+
 def test_models_record_the_arguments_that_rebuild_them():
     model = capsnets.create_model("capsnet_small", input_size=(1, 36, 36), num_classes=10, device="cpu")
     assert model.model_args == {"input_size": [1, 36, 36], "num_classes": 10}
