@@ -86,7 +86,6 @@ def grid_child_groups(batch: int, types: int, height: int, width: int, kernel_si
     patches, _ = capsule_patches(ids.view(1, types, 1, height, width), kernel_size, stride, padding)
     slots = patches.round().long().reshape(-1, types * kernel_size**2) - 1  # (H'*W', I); -1 = padding
     offsets = torch.arange(batch, device=device).view(batch, 1, 1) * per_example
-    index = (slots.unsqueeze(0) + offsets).reshape(-1, slots.shape[1])  # (B*H'*W', I)
-    pad = batch * per_example
-    return ChildGroups(torch.where(slots.unsqueeze(0).expand(batch, -1, -1).reshape_as(index) < 0,
-                                   torch.full_like(index, pad), index), pad + 1)
+    pad = batch * per_example  # the group of every padding slot
+    index = torch.where(slots < 0, pad, slots + offsets)  # (B, H'*W', I)
+    return ChildGroups(index.reshape(-1, slots.shape[1]), pad + 1)

@@ -38,6 +38,14 @@ Numerical safety (everything that can be in log space is):
 - half-precision inputs (and calls under ``torch.autocast``) are computed in float32 with autocast
   disabled inside; results are float32 for float16/bfloat16 inputs, the input dtype otherwise.
 
+Convolutional layers fold output positions into ``B``, so by default each position's parents are routed
+as their own problem and a child seen by several overlapping receptive fields has one set of assignments
+per position (SPEC's reading). ``child_groups`` (:mod:`capsnets.functional.child_groups`) ties those
+copies together: the E-step then normalises a child's assignments over every parent of every position
+that sees it, and they start uniform over them (Gritzman 2019, arXiv 1907.00652, pitfall 3; the IBM
+reproduction does this). The M-step is unchanged; with it, each child hands out its activation once in
+all, not once per position.
+
 Known scale issue (a deviation, off by default): ``sum_h cost`` grows with the number of children
 mass ``sum_i R'``, so the same beta and lambda saturate a class-capsule layer (hundreds of children)
 while a 3x3 convolutional one (tens) stays near 0.5. ``cost_normalization="mean_std"`` replaces
