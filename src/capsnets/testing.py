@@ -150,6 +150,23 @@ def _sigmoid(x: float) -> float:
     return math.exp(_log_sigmoid(x))
 
 
+def _em_m_step(votes: dict, acts, R: dict, bv: float, ba: float, lam: float, eps: float):
+    """The M-step of one parent over its children (the keys of ``votes`` and ``R``; ``acts[i]`` is child
+    ``i``'s activation): its ``mu``, ``sigma^2`` (with the floor) and pre-activation."""
+    rp = {i: R[i] * acts[i] for i in votes}
+    mass = sum(rp.values())
+    dim = len(next(iter(votes.values())))
+    mu = [sum(rp[i] * votes[i][h] for i in votes) / (mass + eps) for h in range(dim)]
+    var = [sum(rp[i] * (votes[i][h] - mu[h]) ** 2 for i in votes) / (mass + eps) + eps for h in range(dim)]
+    cost = sum((bv + math.log(math.sqrt(var[h]))) * mass for h in range(dim))
+    return mu, var, lam * (ba - cost)
+
+
+def _em_log_p(x: list[float], mu: list[float], var: list[float]) -> float:
+    """``log prod_h N(x_h; mu_h, var_h)``."""
+    return sum(-0.5 * math.log(2 * math.pi * v) - (xh - m) ** 2 / (2 * v) for xh, m, v in zip(x, mu, var))
+
+
 def reference_em_routing(
     votes: Tensor,
     activations: Tensor,
@@ -171,37 +188,19 @@ def reference_em_routing(
     ba = [float(x) for x in torch.as_tensor(beta_a).double().flatten().expand(parents)]
     out_mu, out_a, out_r = [], [], []
     for vb, ab in zip(V, A):  # one example at a time
-        children, dim = len(vb), len(vb[0][0])
+        children = len(vb)
         R = [[1.0 / parents] * parents for _ in range(children)]
         for t in range(iterations):
             # M-step, for each parent j
-            mu, var, act, log_act = [], [], [], []
-            for j in range(parents):
-                rp = [R[i][j] * ab[i] for i in range(children)]
-                mass = sum(rp)
-                mu_j = [sum(rp[i] * vb[i][j][h] for i in range(children)) / (mass + eps) for h in range(dim)]
-                var_j = [
-                    sum(rp[i] * (vb[i][j][h] - mu_j[h]) ** 2 for i in range(children)) / (mass + eps) + eps
-                    for h in range(dim)
-                ]
-                cost = sum((bv[j] + math.log(math.sqrt(var_j[h]))) * mass for h in range(dim))
-                pre = inverse_temperatures[t] * (ba[j] - cost)
-                mu.append(mu_j)
-                var.append(var_j)
-                act.append(_sigmoid(pre))
-                log_act.append(_log_sigmoid(pre))
+            stats = [_em_m_step({i: vb[i][j] for i in range(children)}, ab, {i: R[i][j] for i in range(children)},
+                                bv[j], ba[j], inverse_temperatures[t], eps) for j in range(parents)]
+            mu, var = [m for m, _, _ in stats], [v for _, v, _ in stats]
+            act = [_sigmoid(pre) for _, _, pre in stats]
             if t == iterations - 1:
                 break
             # E-step, for each child i
             for i in range(children):
-                logits = []
-                for j in range(parents):
-                    log_p = 0.0
-                    for h in range(dim):
-                        x = vb[i][j][h]
-                        log_p += -0.5 * math.log(2 * math.pi * var[j][h])
-                        log_p -= (x - mu[j][h]) ** 2 / (2 * var[j][h])
-                    logits.append(log_act[j] + log_p)
+                logits = [_log_sigmoid(stats[j][2]) + _em_log_p(vb[i][j], mu[j], var[j]) for j in range(parents)]
                 top = max(logits)
                 exps = [math.exp(z - top) for z in logits]
                 R[i] = [e / sum(exps) for e in exps]
@@ -210,21 +209,6 @@ def reference_em_routing(
         out_r.append(R)
     as64 = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     return as64(out_mu), as64(out_a), as64(out_r)
-
-
-def _em_m_step(children, votes, acts, R, bv, ba, lam, eps):
-    """The M-step of one parent over ``children`` (keys of ``votes``, ``acts`` and ``R``): mu, var, pre."""
-    rp = {i: R[i] * acts[i] for i in children}
-    mass = sum(rp.values())
-    dim = len(next(iter(votes.values())))
-    mu = [sum(rp[i] * votes[i][h] for i in children) / (mass + eps) for h in range(dim)]
-    var = [sum(rp[i] * (votes[i][h] - mu[h]) ** 2 for i in children) / (mass + eps) + eps for h in range(dim)]
-    cost = sum((bv + math.log(math.sqrt(var[h]))) * mass for h in range(dim))
-    return mu, var, lam * (ba - cost)
-
-
-def _em_log_p(x: list[float], mu: list[float], var: list[float]) -> float:
-    return sum(-0.5 * math.log(2 * math.pi * v) - (xh - m) ** 2 / (2 * v) for xh, m, v in zip(x, mu, var))
 
 
 def reference_conv_em_routing(pose: Tensor, activation: Tensor, weight: Tensor, beta_v: Tensor, beta_a: Tensor, *,
@@ -270,7 +254,7 @@ def reference_conv_em_routing(pose: Tensor, activation: Tensor, weight: Tensor, 
         for t, lam in enumerate(inverse_temperatures):
             stats = {}
             for p, vp in votes.items():
-                stats[p] = _em_m_step(list(vp), vp, acts, {c: R[c][p] for c in vp}, bv[p[2]], ba[p[2]], lam, eps)
+                stats[p] = _em_m_step(vp, acts, {c: R[c][p] for c in vp}, bv[p[2]], ba[p[2]], lam, eps)
             if t == len(inverse_temperatures) - 1:
                 break
             for child, ps in of_child.items():
