@@ -4,10 +4,12 @@ Each ``--variant NAME JSON`` builds the model with the JSON object as extra ``cr
 (for example ``'{"cost_normalization": "mass", "inverse_temperature": 1.0}'`` for matrix capsules) and
 trains it from the same initial seed on the same batches: Adam at ``--lr``, the model's default loss
 (its margin, for the spread loss, growing over the first half of ``--steps``), batch ``--batch-size``,
-on the first ``--train-size`` images of the training split. Every ``--eval-every`` steps it records the
-accuracy on the first ``--test-size`` test images and, for matrix capsule models, each capsule layer's
-activation statistics on the first 256 of them (:func:`activation_stats`). Variants run one after the other in
-one process, so their curves are comparable; the JSON also records the environment and each variant's training images/s.
+on the first ``--train-size`` images of the training split. An ``"init"`` key in the JSON refills
+parameters once the model is built, e.g. ``{"init": {"beta_a": [-0.6, 0.3]}}`` (:func:`initialise`).
+Every ``--eval-every`` steps it records the accuracy on the first ``--test-size`` test images and, for
+matrix capsule models, each capsule layer's activation statistics on the first 256 of them
+(:func:`activation_stats`). Variants run one after the other in one process, so their curves are
+comparable; the JSON also records the environment and each variant's training images/s.
 
 Run ``python benchmarks/em_learning.py --help``; ``benchmarks/README.md`` lists the recorded runs.
 """
@@ -100,11 +102,31 @@ def activation_stats(model: torch.nn.Module, images: torch.Tensor) -> dict:
     return stats
 
 
+def initialise(model: torch.nn.Module, init: dict) -> None:
+    """Refill parameters after the model is built: ``{"beta_a": [mean, std]}`` draws every parameter whose
+    name ends with ``.beta_a`` from a normal distribution truncated at two standard deviations (a number
+    instead of ``[mean, std]`` sets them to it). Raises if a name matches no parameter."""
+    for suffix, value in init.items():
+        mean, std = (float(value), 0.0) if isinstance(value, (int, float)) else map(float, value)
+        params = [p for name, p in model.named_parameters() if name == suffix or name.endswith("." + suffix)]
+        if not params:
+            raise ValueError(f"init: no parameter of {type(model).__name__} is named {suffix!r}")
+        with torch.no_grad():
+            for param in params:
+                if std > 0:
+                    torch.nn.init.trunc_normal_(param, mean, std, mean - 2 * std, mean + 2 * std)
+                else:
+                    param.fill_(mean)
+
+
 def learning_curve(args, extra: dict, train, test, device) -> dict:
     """Train one variant for ``args.steps`` steps; accuracy every ``args.eval_every`` steps."""
     torch.manual_seed(args.seed)
+    extra = dict(extra)
+    init = extra.pop("init", {})
     model = capsnets.create_model(args.model, num_classes=train.num_classes, input_size=train.input_shape,
                                   device=device, **extra)
+    initialise(model, init)
     criterion = create_loss(model.default_loss)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loader = DeviceLoader(train, args.batch_size, seed=args.seed)
@@ -132,7 +154,7 @@ def learning_curve(args, extra: dict, train, test, device) -> dict:
                 print(f"{step:6d} steps  test accuracy {acc:.4f}  loss {loss.item():.3f}", flush=True)
             if step >= args.steps:
                 break
-    return {"model_args": extra, "initial_activations": initial, "curve": curve,
+    return {"model_args": extra, "init": init, "initial_activations": initial, "curve": curve,
             "train_images_per_s": step * args.batch_size / train_seconds,
             "final_test_accuracy": curve[-1]["test_accuracy"]}
 

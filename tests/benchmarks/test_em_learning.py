@@ -63,3 +63,25 @@ def test_activation_stats_describe_each_matrix_capsule_layer():
     assert abs(stats["classes"]["spread"] - (a.amax(1) - a.amin(1)).mean().item()) < 1e-5
     assert model.training  # left in training mode, as it was
     assert em_learning.activation_stats(capsnets.create_model("capsnet_digits"), torch.rand(2, 1, 8, 8)) == {}
+
+
+def test_initialise_refills_the_named_parameters_only():
+    import pytest
+    import torch
+
+    import capsnets
+
+    em_learning = _load_script()
+    torch.manual_seed(0)
+    model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    em_learning.initialise(model, {"beta_a": [-0.6, 0.3], "beta_v": 0.25})
+    for name, param in model.named_parameters():
+        if name.endswith(".beta_a"):  # drawn within two standard deviations, not all equal
+            assert ((param >= -1.2) & (param <= 0.0)).all() and param.std() > 0, name
+        elif name.endswith(".beta_v"):
+            assert (param == 0.25).all(), name
+        else:
+            assert torch.equal(param, before[name]), name
+    with pytest.raises(ValueError, match="no parameter .* named 'beta_b'"):
+        em_learning.initialise(model, {"beta_b": 1.0})
