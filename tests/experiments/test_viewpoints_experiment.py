@@ -84,6 +84,25 @@ def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(render
     assert "no matched pair" in viewpoints._matched_summary({"elevation": without["records"]}, fixed_target=False)
 
 
+@pytest.mark.parametrize("capsule_lr", [None, 5e-3])
+def test_capsule_lr_sets_the_capsule_models_learning_rate_only(rendered, monkeypatch, capsule_lr):
+    """``capsule_lr`` trains the capsule model at its own rate; the CNN (and the CNN stopped at the capsule
+    model's error) keep ``lr``; None gives every model ``lr``."""
+    rates = {}
+
+    def fake(model, views, **kwargs):
+        rates.setdefault(model.model_name, []).append(kwargs["lr"])
+        reached = model.model_name != "matrix_capsnet_small"  # forces the rematch of the CNN
+        return {"history": [], "epoch": 1, "familiar_error": 0.5, "novel_error": 0.6, "reached": reached}
+
+    monkeypatch.setattr(viewpoints, "train_matched", fake)
+    train, test, _ = rendered
+    settings = {**viewpoints.SMOKE, "train_size": 16, "test_size": 8, "capsule_lr": capsule_lr}
+    viewpoints._compare("azimuth", train, test, settings, tag="t", device="cpu", seed=0, checkpoint_dir=None)
+    lr = settings["lr"]
+    assert rates == {"cnn_smallnorb_narrow": [lr, lr], "matrix_capsnet_small": [capsule_lr or lr]}
+
+
 def test_full_cnn_is_the_papers_size():
     assert count_parameters(build_model("cnn_smallnorb", "cpu")) == 4_252_549  # the paper's "4.2M"
     assert abs(count_parameters(build_model("cnn_smallnorb_narrow", "cpu")) - 67_154) < 5_000  # ~ matrix_capsnet_small

@@ -32,9 +32,10 @@ Here:
   ``cnn_model`` may name any registered model instead; the smoke run uses ``cnn_smallnorb_narrow``, the
   same design narrowed to the size of ``matrix_capsnet_small`` (69K vs 67K parameters), beside that
   model (with detached routing gradients).
-- training: Adam, per-epoch decay ``lr_decay``, spread loss for capsules with its margin growing over
-  the first half of ``epochs`` (the paper gives no schedule), cross-entropy for the CNN; the smallNORB
-  protocol's random 32x32 crop and brightness/contrast jitter.
+- training: Adam at ``lr`` (the capsule model at ``capsule_lr`` when that is set), per-epoch decay
+  ``lr_decay``, spread loss for capsules with its margin growing over the first half of ``epochs`` (the
+  paper gives no schedule), cross-entropy for the CNN; the smallNORB protocol's random 32x32 crop and
+  brightness/contrast jitter.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ PAPER = {("azimuth", "CNN"): (0.20, 0.037), ("azimuth", "capsules"): (0.135, 0.0
 NUM_CLASSES, INPUT_SIZE = 5, (1, 32, 32)
 
 FULL = {"splits": list(SPLITS), "capsule_model": "matrix_capsnet", "capsule_args": {}, "cnn_model": "cnn_smallnorb",
-        "epochs": 50, "capsule_batch_size": 64, "cnn_batch_size": 128, "lr": 1e-3, "lr_decay": 0.96,
+        "epochs": 50, "capsule_batch_size": 64, "cnn_batch_size": 128, "lr": 1e-3, "capsule_lr": None, "lr_decay": 0.96,
         "target_error": None, "rematch_cnn": True, "rematch_evals_per_epoch": 10, "train_size": None,
         "test_size": None, "render_instances": None, "render_lightings": None, "train_minutes": None,
         "novel_every": 5}
@@ -141,20 +142,21 @@ def build_model(name: str, device: str, args: dict | None = None) -> nn.Module:
 # Training to a matched familiar-view error (the loop itself is in :mod:`.matching`)
 
 
-def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, batch_size: int,
+def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, batch_size: int, lr: float,
          evals_per_epoch: int = 1) -> dict:
-    """:func:`train_matched`, or a checkpoint from an earlier run (its record is read from the sidecar)."""
+    """:func:`train_matched` at learning rate ``lr``, or a checkpoint from an earlier run (its record is read
+    from the sidecar)."""
     record: dict = {}
     state = TrainingState()  # lets a later run continue a training its time limit cut short
 
     def train():
         record.update(train_matched(model, views, epochs=s["epochs"], target=target, batch_size=batch_size,
-                                    lr=s["lr"], lr_decay=s["lr_decay"], seed=seed, evals_per_epoch=evals_per_epoch,
+                                    lr=lr, lr_decay=s["lr_decay"], seed=seed, evals_per_epoch=evals_per_epoch,
                                     time_limit_s=minutes_to_seconds(s["train_minutes"]), novel_every=s["novel_every"],
                                     state=state))
 
-    recipe = {**{k: s[k] for k in ("epochs", "lr", "lr_decay", "train_size", "render_instances", "render_lightings")},
-              "batch_size": batch_size, "seed": seed, "evals_per_epoch": evals_per_epoch}
+    recipe = {**{k: s[k] for k in ("epochs", "lr_decay", "train_size", "render_instances", "render_lightings")},
+              "lr": lr, "batch_size": batch_size, "seed": seed, "evals_per_epoch": evals_per_epoch}
     if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record, state=state, recipe=recipe):
         record = {k: record.get(k) for k in ("history", "epoch", "reached", "time_limit")}  # from the sidecar
         record.update(familiar_error=error_rate(model, views["familiar"]),
@@ -241,6 +243,10 @@ def _settings(smoke: bool, options: dict) -> dict:
     return s
 
 
+def _capsule_lr(s: dict) -> float:
+    return s["lr"] if s["capsule_lr"] is None else s["capsule_lr"]
+
+
 def _epoch(epoch) -> str:
     """An evaluation's epoch: ``3``, or ``2.50`` for one within an epoch (the "CNN, stopped" rematch)."""
     return "-" if epoch is None else f"{epoch:g}" if float(epoch).is_integer() else f"{epoch:.2f}"
@@ -269,11 +275,11 @@ def _compare(split: str, train: TensorData, test: TensorData, s: dict, *, tag: s
     cnn = build_model(s["cnn_model"], device)
     caps = build_model(s["capsule_model"], device, s["capsule_args"])
     cnn_key = f"{tag}_{split}_{s['cnn_model']}"
-    cnn_rec = _fit(cnn, cnn_key, views, s["target_error"], s, seed, checkpoint_dir, s["cnn_batch_size"])
+    cnn_rec = _fit(cnn, cnn_key, views, s["target_error"], s, seed, checkpoint_dir, s["cnn_batch_size"], s["lr"])
     target = s["target_error"] if s["target_error"] is not None else cnn_rec["familiar_error"]
     caps_key = checkpoint_name(f"{tag}_{split}_{s['capsule_model']}", s["capsule_args"])
-    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoint_dir,
-                    s["capsule_batch_size"])
+    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoint_dir, s["capsule_batch_size"],
+                    _capsule_lr(s))
     records = {"CNN": cnn_rec, "capsules": caps_rec}
     if s["rematch_cnn"] and s["target_error"] is None and not caps_rec["reached"]:
         # The CNN learned faster than the capsule model could follow: train it again (same recipe and data
@@ -282,7 +288,7 @@ def _compare(split: str, train: TensorData, test: TensorData, s: dict, *, tag: s
         seed_everything(seed + 2)
         stopped = build_model(s["cnn_model"], device)
         records[STOPPED] = _fit(stopped, f"{cnn_key}_stopped_at_{caps_rec['familiar_error']:.4f}", views,
-                                caps_rec["familiar_error"], s, seed, checkpoint_dir, s["cnn_batch_size"],
+                                caps_rec["familiar_error"], s, seed, checkpoint_dir, s["cnn_batch_size"], s["lr"],
                                 evals_per_epoch=s["rematch_evals_per_epoch"])
     return {"records": records, "target": target, "sizes": {k: len(v) for k, v in views.items()},
             "params": {"CNN": count_parameters(cnn), "capsules": count_parameters(caps)}}
@@ -376,7 +382,8 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     """Train (or load) a CNN and a matrix capsule network per split, write ``report.md`` and two PNGs.
 
     Options (override the smoke / full settings): ``splits``, ``capsule_model``, ``capsule_args``,
-    ``cnn_model``, ``epochs``, ``capsule_batch_size``, ``cnn_batch_size``, ``lr``, ``lr_decay``,
+    ``cnn_model``, ``epochs``, ``capsule_batch_size``, ``cnn_batch_size``, ``lr``, ``capsule_lr`` (the
+    capsule model's learning rate; None: ``lr``), ``lr_decay``,
     ``target_error``, ``rematch_cnn``, ``rematch_evals_per_epoch``, ``train_size``, ``test_size``,
     ``render_instances``, ``render_lightings``, ``train_minutes``, ``novel_every``.
     """
