@@ -5,7 +5,8 @@ Each ``--variant NAME JSON`` builds the model with the JSON object as extra ``cr
 trains it from the same initial seed on the same batches: Adam at ``--lr``, the model's default loss
 (its margin, for the spread loss, growing over the first half of ``--steps``), batch ``--batch-size``,
 on the first ``--train-size`` images of the training split. An ``"init"`` key in the JSON refills
-parameters once the model is built, e.g. ``{"init": {"beta_a": [-0.6, 0.3]}}`` (:func:`initialise`).
+parameters once the model is built, e.g. ``{"init": {"beta_a": [-0.6, 0.3]}}`` (:func:`initialise`), and
+a ``"layer_routing"`` key gives single layers a routing of their own (:func:`set_layer_routing`).
 Every ``--eval-every`` steps it records the accuracy on the first ``--test-size`` test images and, for
 matrix capsule models, each capsule layer's activation statistics on the first 256 of them
 (:func:`activation_stats`). Variants run one after the other in one process, so their curves are
@@ -119,14 +120,30 @@ def initialise(model: torch.nn.Module, init: dict) -> None:
                     param.fill_(mean)
 
 
+def set_layer_routing(model: torch.nn.Module, layer_routing: dict) -> None:
+    """Give single layers routings of their own: ``{"classes": {"cost_normalization": "mean_std",
+    "inverse_temperature": 1.0}}`` replaces ``model.classes.routing`` by ``EMRouting(**that)`` (3 iterations
+    unless ``iterations`` is given), so that a setting can be tried in one layer while the others keep the
+    variant's. Raises if a name is not a submodule with a ``routing``."""
+    from capsnets.functional import EMRouting
+
+    for name, kwargs in layer_routing.items():
+        layer = dict(model.named_modules()).get(name)
+        if layer is None or not hasattr(layer, "routing"):
+            raise ValueError(f"layer_routing: {type(model).__name__} has no routed layer named {name!r}")
+        kwargs = dict(kwargs)
+        layer.routing = EMRouting(kwargs.pop("iterations", 3), **kwargs)
+
+
 def learning_curve(args, extra: dict, train, test, device) -> dict:
     """Train one variant for ``args.steps`` steps; accuracy every ``args.eval_every`` steps."""
     torch.manual_seed(args.seed)
     extra = dict(extra)
-    init = extra.pop("init", {})
+    init, layer_routing = extra.pop("init", {}), extra.pop("layer_routing", {})
     model = capsnets.create_model(args.model, num_classes=train.num_classes, input_size=train.input_shape,
                                   device=device, **extra)
     initialise(model, init)
+    set_layer_routing(model, layer_routing)
     criterion = create_loss(model.default_loss)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loader = DeviceLoader(train, args.batch_size, seed=args.seed)
@@ -154,7 +171,7 @@ def learning_curve(args, extra: dict, train, test, device) -> dict:
                 print(f"{step:6d} steps  test accuracy {acc:.4f}  loss {loss.item():.3f}", flush=True)
             if step >= args.steps:
                 break
-    return {"model_args": extra, "init": init, "initial_activations": initial, "curve": curve,
+    return {"model_args": extra, "init": init, "layer_routing": layer_routing, "initial_activations": initial, "curve": curve,
             "train_images_per_s": step * args.batch_size / train_seconds,
             "final_test_accuracy": curve[-1]["test_accuracy"]}
 

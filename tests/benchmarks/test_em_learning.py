@@ -85,3 +85,20 @@ def test_initialise_refills_the_named_parameters_only():
             assert torch.equal(param, before[name]), name
     with pytest.raises(ValueError, match="no parameter .* named 'beta_b'"):
         em_learning.initialise(model, {"beta_b": 1.0})
+
+
+def test_set_layer_routing_replaces_one_layers_routing():
+    import pytest
+
+    import capsnets
+
+    em_learning = _load_script()
+    model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28),
+                                  detach_routing=True)
+    em_learning.set_layer_routing(model, {"classes": {"cost_normalization": "mean_std", "inverse_temperature": 1.0,
+                                                      "iterations": 2}})
+    assert model.classes.routing.cost_normalization == "mean_std" and model.classes.routing.iterations == 2
+    assert model.classes.routing.inverse_temperatures == [1.0, 1.0]
+    assert model.conv_caps1.routing.cost_normalization is None and model.conv_caps1.routing.detach_assignments
+    with pytest.raises(ValueError, match="no routed layer named 'primary'"):
+        em_learning.set_layer_routing(model, {"primary": {}})
