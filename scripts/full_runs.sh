@@ -21,7 +21,8 @@ usage: scripts/full_runs.sh [--smoke] STEP...
 
 steps (the order of docs/gpu.md; each fits a 10-minute command):
   checks                   pytest -m gpu, then the throughput benchmarks (capsnet, cnn_baseline, matrix_capsnet)
-  viewpoints               azimuth and elevation side by side (standardised cost, detached routing gradients)
+  viewpoints               azimuth and elevation side by side (standardised cost, detached routing gradients,
+                           the capsule model at learning rate 3e-3)
   viewpoints-exact         the same with exact routing gradients (the paper's procedure), in its own folders
   segmentation-multimnist  segmentation and multimnist side by side
   segmentation-bn          segmentation with a batch-normed U-Net (if the plain one collapses)
@@ -134,7 +135,8 @@ run_step() {
             args="$EXACT" suffix="_exact"
         fi
         for split in azimuth elevation; do
-            experiment viewpoints "viewpoints_$split$suffix" 5.5 --set "splits=[\"$split\"]" --set "$args"
+            experiment viewpoints "viewpoints_$split$suffix" 5.5 --set "splits=[\"$split\"]" --set "$args" \
+                --set capsule_lr=3e-3
         done
         wait_all
         ;;
