@@ -171,8 +171,8 @@ def learning_curve(args, extra: dict, train, test, device) -> dict:
                 print(f"{step:6d} steps  test accuracy {acc:.4f}  loss {loss.item():.3f}", flush=True)
             if step >= args.steps:
                 break
-    return {"model_args": extra, "init": init, "layer_routing": layer_routing, "initial_activations": initial, "curve": curve,
-            "train_images_per_s": step * args.batch_size / train_seconds,
+    return {"model_args": extra, "init": init, "layer_routing": layer_routing, "initial_activations": initial,
+            "curve": curve, "train_images_per_s": step * args.batch_size / train_seconds,
             "final_test_accuracy": curve[-1]["test_accuracy"]}
 
 
