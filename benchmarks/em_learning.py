@@ -105,8 +105,9 @@ def activation_stats(model: torch.nn.Module, images: torch.Tensor) -> dict:
 
 def initialise(model: torch.nn.Module, init: dict) -> None:
     """Refill parameters after the model is built: ``{"beta_a": [mean, std]}`` draws every parameter whose
-    name ends with ``.beta_a`` from a normal distribution truncated at two standard deviations (a number
-    instead of ``[mean, std]`` sets them to it). Raises if a name matches no parameter."""
+    name is ``beta_a`` or ends with ``.beta_a`` (``"classes.beta_a"``: that layer's only) from a normal
+    distribution truncated at two standard deviations (a number instead of ``[mean, std]`` sets them to
+    it). Raises if a name matches no parameter."""
     for suffix, value in init.items():
         mean, std = (float(value), 0.0) if isinstance(value, (int, float)) else map(float, value)
         params = [p for name, p in model.named_parameters() if name == suffix or name.endswith("." + suffix)]

@@ -102,3 +102,15 @@ def test_set_layer_routing_replaces_one_layers_routing():
     assert model.conv_caps1.routing.cost_normalization is None and model.conv_caps1.routing.detach_assignments
     with pytest.raises(ValueError, match="no routed layer named 'primary'"):
         em_learning.set_layer_routing(model, {"primary": {}})
+
+
+def test_initialise_takes_one_layers_parameter_by_its_full_name():
+    import torch
+
+    import capsnets
+
+    em_learning = _load_script()
+    model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28))
+    em_learning.initialise(model, {"classes.beta_a": -1.5})
+    assert (model.classes.beta_a == -1.5).all() and (model.conv_caps1.beta_a == 0).all()
+    assert torch.equal(model.conv_caps2.beta_a, torch.zeros_like(model.conv_caps2.beta_a))
