@@ -66,20 +66,20 @@ the default, 15.7 / 24.3 / 32.4 / 38.7%; ``"mean_std"`` with ``inverse_temperatu
 ``"mass"`` at 1 was only a few points ahead of the default (52.3% and 56.6% after 400 and 500 steps,
 against 49.4% and 40.8%), and ``"mass"`` or ``"mean_std"`` at 3 stayed near chance (saturated
 activations). The standardised cost learns fastest, at the price of activations that are relative to the
-other parents of the same position rather than absolute. With the default inverse temperatures
-``lambda (beta_a - cost)`` moves little in the convolutional layers: ``matrix_capsnet_small``'s first
-convolutional capsule layer is at 0.531 +- 0.011 at the start and 0.552 +- 0.019 after 400 steps (first
-256 test digits, mean +- standard deviation over examples, types and positions); with ``"mean_std"``
-every routed layer is at about 0.49 +- 0.21 throughout. That is not what makes the default slow: the
-``"mass"`` cost with inverse temperatures 0.8, 1.56, 2.28 and ``beta_a`` started near -1.5 spreads every
-layer's activations as widely (0.36 +- 0.24 in the first) and reaches only 44.8% after 400 steps. What
-matters is the class capsule layer: ``"mean_std"`` there alone reaches 65.6% (68.7% on a second seed; in
-the convolutional layers alone 39.5% and 47.5%), and so does ``"mass"`` there alone with those inverse temperatures and that ``beta_a``
-start (58.1%); both spread the class activations (0.49 +- 0.21 and 0.64 +- 0.34 at the start), which the
-default keeps bunched (0.76 +- 0.09): with lambda 0.0014 in the last iteration the class scores can hardly
-separate. With exact gradients (``detach_assignments=False``) the default and ``"mean_std"`` reach 36.7 /
-45.0 / 51.8 / 43.1% (faster at first, then stalling) and 24.2 / 54.1 / 73.0 / 81.3%. After one epoch of
-MNIST (1,875 steps, detached): 44.95% against 91.65% (``benchmarks/README.md``).
+other parents of the same position rather than absolute. With the default inverse temperatures ``lambda
+(beta_a - cost)`` moves little in the convolutional layers: ``matrix_capsnet_small``'s first convolutional
+capsule layer is at 0.531 +- 0.011 at the start and 0.552 +- 0.019 after 400 steps (first 256 test digits,
+mean +- standard deviation over examples, types and positions); with ``"mean_std"`` every routed layer is
+at about 0.49 +- 0.21 throughout. That is not what makes the default slow: the ``"mass"`` cost with
+inverse temperatures 0.8, 1.56, 2.28 and ``beta_a`` started near -1.5 spreads every layer's activations as
+widely (0.36 +- 0.24 in the first) and reaches only 44.8% after 400 steps. What matters is the class
+capsule layer: ``"mean_std"`` there alone reaches 65.6% (68.7% on a second seed; in the convolutional
+layers alone 39.5% and 47.5%), and so does ``"mass"`` there alone with those inverse temperatures and that
+``beta_a`` start (58.1%); both spread the class activations (0.49 +- 0.21 and 0.64 +- 0.34 at the start),
+which the default keeps bunched (0.76 +- 0.09): with lambda 0.0014 in the last iteration the class scores
+can hardly separate. With exact gradients (``detach_assignments=False``) the default and ``"mean_std"``
+reach 36.7 / 45.0 / 51.8 / 43.1% (faster at first, then stalling) and 24.2 / 54.1 / 73.0 / 81.3%. After
+one epoch of MNIST (1,875 steps, detached): 44.95% against 91.65% (``benchmarks/README.md``).
 
 Implementation (same values as the equations; float32 error no larger than the direct form's):
 votes are laid out once as ``(B, J, I, H)`` and shifted by a per-parent origin ``c`` (the
