@@ -166,3 +166,31 @@ def test_training_steps_leave_no_tensors_behind(name):
     for _ in range(2):
         step()
     assert live_tensors() == before
+
+
+def test_matrix_models_give_the_class_layer_routing_settings_of_its_own(tmp_path):
+    from capsnets.engine.checkpoint import load_model
+    from capsnets.experiments.training import load_or_train
+
+    torch.manual_seed(0)
+    model = capsnets.create_model("matrix_capsnet_small", input_size=(1, 28, 28), num_classes=10, detach_routing=True,
+                                  class_routing_args={"cost_normalization": "mean_std", "inverse_temperature": 1.0})
+    conv, classes = model.conv_caps1.routing, model.classes.routing
+    assert conv is model.conv_caps2.routing and conv is not classes
+    assert (conv.cost_normalization, classes.cost_normalization) == (None, "mean_std")
+    assert classes.inverse_temperatures == [1.0, 1.0, 1.0] and conv.inverse_temperatures[-1] < 0.01
+    assert classes.detach_assignments and classes.iterations == 3  # the rest as the shared settings
+    assert model.model_args["class_routing_args"] == {"cost_normalization": "mean_std", "inverse_temperature": 1.0}
+    images, labels = torch.rand(2, 1, 28, 28), torch.tensor([1, 7])
+    assert model(images, labels).scores.shape == (2, 10)
+    assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)  # a checkpoint rebuilds it
+    rebuilt, _ = load_model(tmp_path / "m.safetensors")
+    assert rebuilt.classes.routing.cost_normalization == "mean_std"
+    assert rebuilt.conv_caps1.routing.cost_normalization is None
+    two = capsnets.create_model("matrix_capsnet_small", class_routing_args={"routing_iterations": 2})
+    assert two.classes.routing.iterations == 2 and two.conv_caps1.routing.iterations == 3
+    with pytest.raises(ValueError, match="keys from"):
+        capsnets.create_model("matrix_capsnet_small", class_routing_args={"iterations": 2})
+    with pytest.raises(ValueError, match="class_routing="):
+        capsnets.create_model("matrix_capsnet_small", routing=capsnets.functional.EMRouting(2),
+                              class_routing_args={"routing_iterations": 1})

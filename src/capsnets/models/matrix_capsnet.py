@@ -17,6 +17,9 @@ routed layers (like ``detach_routing``, they are unused when a ``routing`` objec
 MNIST than the paper's cost (``benchmarks/em_learning.py``). ``assignment_scope="all_parents"`` normalises
 each child's assignments over all the parents of the overlapping receptive fields in ConvCaps1 and ConvCaps2
 (Gritzman 2019; :mod:`capsnets.functional.child_groups`) instead of per output position.
+``class_routing_args`` gives the class capsule layer settings of its own (e.g. ``{"cost_normalization":
+"mean_std", "inverse_temperature": 1.0}`` with the paper's routing below it: the layer where the
+standardised cost's gain comes from, ``benchmarks/README.md``).
 Deviation: the paper gives neither the initialisation nor the inverse-temperature schedule; see
 :mod:`capsnets.layers.matrix` and :mod:`capsnets.functional.em_routing` for the ones used.
 """
@@ -43,6 +46,22 @@ def _em_routing(iterations: int, routing, detach_routing: bool = False, cost_nor
                      cost_normalization=cost_normalization)
 
 
+def _class_routing(class_routing_args, routing, **shared):
+    """The class capsule layer's own :class:`EMRouting`: the builder's ``shared`` routing arguments
+    (``routing_iterations``, ``detach_routing``, ``cost_normalization``, ``inverse_temperature``) overridden
+    by ``class_routing_args``; None when that is None."""
+    if class_routing_args is None:
+        return None
+    if routing is not None:
+        raise ValueError("class_routing_args configures the default EMRouting; with a routing object, build "
+                         "MatrixCapsNet(routing=..., class_routing=...) instead")
+    if not isinstance(class_routing_args, dict) or set(class_routing_args) - set(shared):
+        raise ValueError(f"class_routing_args must be a dict with keys from {sorted(shared)}, got "
+                         f"{class_routing_args!r}")
+    merged = {**shared, **class_routing_args}
+    return _em_routing(merged.pop("routing_iterations"), None, **merged)
+
+
 class MatrixCapsNet(nn.Module):
     """The EM-routing capsule network.
 
@@ -55,6 +74,7 @@ class MatrixCapsNet(nn.Module):
         conv_caps2_types: D, types of the second.
         conv_padding: padding of Conv1; None: 2 for inputs smaller than 32 px, else 0.
         routing: routing callable shared by the three capsule layers (default ``EMRouting(3)``).
+        class_routing: the class capsule layer's routing instead of ``routing`` (None: ``routing``).
         coordinate_addition: coordinate addition in the class capsules.
         checkpoint_chunks: activation checkpointing of the convolutional capsule layers in this many
             chunks (0: off); trades about one extra forward of votes and routing for memory.
@@ -70,7 +90,7 @@ class MatrixCapsNet(nn.Module):
 
     def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5, conv_channels: int = 32,
                  primary_types: int = 32, conv_caps1_types: int = 32, conv_caps2_types: int = 32,
-                 conv_padding: int | None = None, routing=None, coordinate_addition: bool = True,
+                 conv_padding: int | None = None, routing=None, class_routing=None, coordinate_addition: bool = True,
                  pose_size: int = 4, checkpoint_chunks: int = 0, assignment_scope: str = "position",
                  device=None, dtype=None) -> None:
         super().__init__()
@@ -89,7 +109,8 @@ class MatrixCapsNet(nn.Module):
                      **factory}
         self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, kernel_size=3, stride=2, **conv_caps)
         self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size=3, stride=1, **conv_caps)
-        self.classes = ClassMatrixCapsules(conv_caps2_types, num_classes, routing=routing,
+        self.classes = ClassMatrixCapsules(conv_caps2_types, num_classes,
+                                           routing=class_routing if class_routing is not None else routing,
                                            coordinate_addition=coordinate_addition, **factory)
         self._check_grid()
 
@@ -114,9 +135,13 @@ class MatrixCapsNet(nn.Module):
 
 
 def _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
-           inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, device, dtype, **widths):
+           inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, class_routing_args, device,
+           dtype, **widths):
+    class_routing = _class_routing(class_routing_args, routing, routing_iterations=routing_iterations,
+                                   detach_routing=detach_routing, cost_normalization=cost_normalization,
+                                   inverse_temperature=inverse_temperature)
     routing = _em_routing(routing_iterations, routing, detach_routing, cost_normalization, inverse_temperature)
-    return MatrixCapsNet(input_size=input_size, num_classes=num_classes, routing=routing,
+    return MatrixCapsNet(input_size=input_size, num_classes=num_classes, routing=routing, class_routing=class_routing,
                          coordinate_addition=coordinate_addition, checkpoint_chunks=checkpoint_chunks,
                          assignment_scope=assignment_scope, device=device, dtype=dtype, **widths)
 
@@ -124,20 +149,20 @@ def _build(num_classes, input_size, routing_iterations, routing, detach_routing,
 @register_model("matrix_capsnet")
 def matrix_capsnet(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
                    detach_routing=False, cost_normalization=None, inverse_temperature=None,
-                   coordinate_addition=True, checkpoint_chunks=0, assignment_scope="position", device=None,
-                   dtype=None) -> MatrixCapsNet:
+                   coordinate_addition=True, checkpoint_chunks=0, assignment_scope="position",
+                   class_routing_args=None, device=None, dtype=None) -> MatrixCapsNet:
     """The paper's smallNORB model: A=B=C=D=32 (about 310K parameters)."""
     return _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
-                  inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, device, dtype,
-                  conv_channels=32, primary_types=32, conv_caps1_types=32, conv_caps2_types=32)
+                  inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, class_routing_args,
+                  device, dtype, conv_channels=32, primary_types=32, conv_caps1_types=32, conv_caps2_types=32)
 
 
 @register_model("matrix_capsnet_small")
 def matrix_capsnet_small(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
                          detach_routing=False, cost_normalization=None, inverse_temperature=None,
-                         coordinate_addition=True, checkpoint_chunks=0, assignment_scope="position", device=None,
-                         dtype=None) -> MatrixCapsNet:
+                         coordinate_addition=True, checkpoint_chunks=0, assignment_scope="position",
+                         class_routing_args=None, device=None, dtype=None) -> MatrixCapsNet:
     """The paper's small model: A=64, B=8, C=D=16 (about 68K parameters)."""
     return _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
-                  inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, device, dtype,
-                  conv_channels=64, primary_types=8, conv_caps1_types=16, conv_caps2_types=16)
+                  inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, class_routing_args,
+                  device, dtype, conv_channels=64, primary_types=8, conv_caps1_types=16, conv_caps2_types=16)

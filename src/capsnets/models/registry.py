@@ -94,11 +94,14 @@ def create_model(name: str, **overrides) -> nn.Module:
 
 def _json_safe_args(overrides: dict) -> dict:
     """The builder arguments a checkpoint records to rebuild the model: JSON values only (tuples as
-    lists), without placement (``device``, ``dtype``) or objects such as a ``routing`` callable (a model
-    built with one is rebuilt with its default routing)."""
+    lists; dicts with string keys, such as ``class_routing_args``), without placement (``device``,
+    ``dtype``) or objects such as a ``routing`` callable (a model built with one is rebuilt with its
+    default routing)."""
     def plain(value) -> bool:
         if isinstance(value, (tuple, list)):
             return all(plain(v) for v in value)
+        if isinstance(value, dict):
+            return all(isinstance(k, str) and plain(v) for k, v in value.items())
         return value is None or isinstance(value, (bool, int, float, str))
 
     return {key: list(value) if isinstance(value, tuple) else value for key, value in overrides.items()
