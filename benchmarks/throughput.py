@@ -9,7 +9,9 @@ argument) and, for capsule models, the naive vectorised routing of the same fami
 :class:`capsnets.testing.NaiveEMRouting` for matrix capsule models such as ``matrix_capsnet``). The two
 paths share weights and inputs and are measured alternately
 (production first on even repeats, naive first on odd ones); each figure is the median over ``--repeats``,
-and the speed-up is the median of the per-repeat ratios production / naive.
+and the speed-up is the median of the per-repeat ratios production / naive. With ``--compare-compile`` a
+third path, ``compiled`` (the production model, or the model without routing, under ``torch.compile``, with
+the same weights), is timed in the same rotation, and its rows give the median ratio compiled / eager.
 
 Run ``python benchmarks/throughput.py --help``; ``benchmarks/README.md`` describes the JSON it writes.
 """
@@ -102,7 +104,8 @@ def build_paths(name: str, args: argparse.Namespace, device: torch.device) -> di
     """``{"production": model, "naive": model}`` with shared weights; ``{"default": model}`` without routing.
 
     production: the model's default routing (with ``--routing-iterations`` where the model takes
-    ``routing_iterations``); naive: the naive routing of the model's family with the same iterations.
+    ``routing_iterations``); naive: the naive routing of the model's family with the same iterations;
+    compiled (``--compare-compile``): a copy of the production (or default) model run through ``torch.compile``.
     """
     accepted = model_arguments(name)
     kwargs = dict(args.model_arg)
@@ -120,6 +123,9 @@ def build_paths(name: str, args: argparse.Namespace, device: torch.device) -> di
     if naive is not None and "production" in models:
         models["naive"] = capsnets.create_model(name, **{**kwargs, "routing": naive})
         models["naive"].load_state_dict(production.state_dict())
+    if args.compare_compile:
+        models["compiled"] = capsnets.create_model(name, **kwargs)
+        models["compiled"].load_state_dict(production.state_dict())
     paths = {}
     for path, model in models.items():
         model.to(device)
@@ -127,7 +133,7 @@ def build_paths(name: str, args: argparse.Namespace, device: torch.device) -> di
         paths[path] = {
             "model": model,
             "routing": None if routing is None else repr(routing),
-            "step": torch.compile(model) if args.compile else model,
+            "step": torch.compile(model) if args.compile or path == "compiled" else model,
             "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4),
         }
     return paths
@@ -257,14 +263,19 @@ def record_memory(rows: list[dict], paths: dict, train, infer, device, rss_befor
 
 
 def add_speedups(rows: list[dict], runs: dict) -> None:
-    """Production rows get the median over repeats of production / naive images per second."""
-    if "naive" not in runs:
-        return
-    for kind in ("train", "infer"):
-        ratios = [p / n for p, n in zip(runs["production"][kind], runs["naive"][kind])]
-        for row in rows:
-            if row["path"] == "production":
-                row[f"{kind}_speedup_vs_naive"] = statistics.median(ratios)
+    """Medians over repeats of per-repeat ratios of images per second: production / naive on production rows
+    (``*_speedup_vs_naive``), compiled / eager (the production or default path) on compiled rows
+    (``*_speedup_vs_eager``)."""
+    eager = "production" if "production" in runs else "default"
+    pairs = [("production", "naive", "vs_naive"), ("compiled", eager, "vs_eager")]
+    for path, other, suffix in pairs:
+        if path not in runs or other not in runs:
+            continue
+        for kind in ("train", "infer"):
+            ratios = [a / b for a, b in zip(runs[path][kind], runs[other][kind])]
+            for row in rows:
+                if row["path"] == path:
+                    row[f"{kind}_speedup_{suffix}"] = statistics.median(ratios)
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -275,8 +286,9 @@ _HEADER = (f"{'model':<20} {'batch':>5} {'path':<10} {'train img/s':>11} {'infer
 
 
 def format_row(r: dict) -> str:
-    """One table line; the last two columns are the production / naive speed-ups."""
-    speed = [f"{r[k]:7.2f}" if k in r else " " * 7 for k in ("train_speedup_vs_naive", "infer_speedup_vs_naive")]
+    """One table line; the last two columns are the speed-ups: production / naive, compiled / eager."""
+    ratios = [r.get(f"{kind}_speedup_vs_naive", r.get(f"{kind}_speedup_vs_eager")) for kind in ("train", "infer")]
+    speed = [" " * 7 if x is None else f"{x:7.2f}" for x in ratios]
     return (f"{r['model']:<20} {r['batch_size']:>5} {r['path']:<10} {r['train_images_per_s']:>11.1f} "
             f"{r['infer_images_per_s']:>11.1f} {r['train_peak_memory_bytes'] / 2**20:>9.0f} " + " ".join(speed))
 
@@ -293,6 +305,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     parser.add_argument("--amp", choices=["off", "bf16"], default="off", help="bf16 autocast (meant for CUDA)")
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (compile in warm-up)")
+    parser.add_argument("--compare-compile", action="store_true",
+                        help="also time the production model under torch.compile, in the same rotation")
     parser.add_argument("--steps", type=int, default=3, help="timed batches per repeat and path")
     parser.add_argument("--warmup", type=int, default=1, help="untimed batches per path before timing")
     parser.add_argument("--repeats", type=int, default=5, help="alternating repeats; medians are reported")
@@ -307,6 +321,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag in ("steps", "repeats", "routing_iterations"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.compile and args.compare_compile:
+        parser.error("--compare-compile times eager and compiled side by side; leave out --compile")
     if args.warmup < 0 or min(args.batch_sizes) < 1 or (args.threads is not None and args.threads < 1):
         parser.error("--warmup must be >= 0, --batch-sizes and --threads >= 1")
     return args
@@ -324,8 +340,8 @@ def main(argv=None) -> int:
     if unknown:
         raise SystemExit(f"unknown models {unknown}; registered: {capsnets.list_models()}")
     meta = environment(device, args)
-    print(f"{meta['device_name']} | {meta['threads']} threads | torch {meta['torch']} | "
-          f"capsnets {meta['capsnets']} | amp={args.amp} compile={args.compile}", flush=True)
+    print(f"{meta['device_name']} | {meta['threads']} threads | torch {meta['torch']} | capsnets {meta['capsnets']} | "
+          f"amp={args.amp} compile={args.compile} compare_compile={args.compare_compile}", flush=True)
     print(_HEADER, flush=True)
     rows = []
     for name in args.models:
