@@ -125,8 +125,8 @@ run_step() {
             --device "$DEVICE" --amp bf16 --steps 20 --warmup 5 --out "$RUNS/out/bench/throughput_bf16.json"
         wait_all || true
         start bench-em "$PY" benchmarks/throughput.py --models matrix_capsnet --batch-sizes 128 --device "$DEVICE" \
-            --amp bf16 --steps 10 --warmup 3 --model-arg checkpoint_chunks=8 --compile \
-            --out "$RUNS/out/bench/throughput_em_chunks8_compile.json"
+            --amp bf16 --steps 10 --warmup 3 --repeats 3 --model-arg checkpoint_chunks=8 --skip-naive \
+            --compare-compile --out "$RUNS/out/bench/throughput_em_chunks8_compare_compile.json"
         wait_all
         ;;
     viewpoints | viewpoints-exact)

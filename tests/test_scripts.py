@@ -40,6 +40,18 @@ def test_every_step_prints_its_commands_and_writes_nothing(tmp_path):
         assert "--device" in args and args[args.index("--device") + 1] == "cuda"
 
 
+def test_benchmark_commands_parse_and_name_registered_models(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("throughput", SCRIPT.parents[1] / "benchmarks" / "throughput.py")
+    throughput = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(throughput)
+    for cmd in _dry_run(tmp_path, "checks"):
+        if cmd[:2] == ["python", "benchmarks/throughput.py"]:
+            args = throughput.parse_args(cmd[2:])
+            assert set(args.models) <= set(list_models())
+
+
 def test_unknown_step_is_refused(tmp_path):
     env = {**os.environ, "DRY_RUN": "1", "RUNS": str(tmp_path / "runs"), "PYTHON": "python"}
     done = subprocess.run(["bash", str(SCRIPT), "viewpoint"], env=env, capture_output=True, text=True)
