@@ -131,11 +131,13 @@ def test_model_on_cuda_matches_cpu(cuda, name):
     torch.testing.assert_close(got.cpu(), want, atol=2e-3, rtol=2e-2)  # cuDNN may use TF32 convolutions
 
 
-def test_compiled_training_step_matches_eager_on_cuda(cuda):
+@pytest.mark.parametrize("name", ["capsnet_small", "matrix_capsnet_small"])
+def test_compiled_training_step_matches_eager_on_cuda(cuda, name):
     torch.manual_seed(0)
-    model = capsnets.create_model("capsnet_small", device=cuda)
+    model = capsnets.create_model(name, device=cuda)
     compiled = torch.compile(model)
-    images, labels = torch.rand(16, 1, 28, 28, device=cuda), torch.arange(16, device=cuda) % 10
+    images = torch.rand(16, *model.input_size, device=cuda)
+    labels = torch.arange(16, device=cuda) % model.num_classes
     criterion = create_loss(model.default_loss)
     eager_loss = criterion(model(images, labels), images, labels)[0]
     compiled_loss = criterion(compiled(images, labels), images, labels)[0]
