@@ -89,6 +89,29 @@ def test_time_limit_stops_at_the_first_evaluation_past_it():
                       lr=1e-3, time_limit_s=-5)
 
 
+def test_compile_trains_through_the_compiled_model_and_scores_the_eager_one(monkeypatch):
+    views = _toy_views()  # 5 steps per epoch at batch 8
+    compiled, calls = [], []
+
+    def fake_compile(model):  # stands in for torch.compile: the plumbing is under test (tests/models compiles)
+        def forward(*args):
+            calls.append(len(args[0]))
+            return model(*args)
+
+        compiled.append(model)
+        return forward
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    runs = {}
+    for flag in (False, True):
+        torch.manual_seed(0)
+        model = build_model("cnn_smallnorb_narrow", "cpu")
+        runs[flag] = train_matched(model, views, epochs=2, target=-1.0, batch_size=8, lr=1e-3, compile=flag)
+        assert compiled == ([model] if flag else [])
+    assert calls == [8] * 10  # every training step (2 epochs x 5), and no evaluation, went through it
+    assert runs[True]["history"] == runs[False]["history"]
+
+
 def _matched_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0):
     """One process's share of a matched training: load_or_train + train_matched with a TrainingState."""
     from capsnets.experiments.training import TrainingState, load_or_train

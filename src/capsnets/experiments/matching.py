@@ -32,7 +32,7 @@ def error_rate(model: nn.Module, data: TensorData) -> float:
 def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int, target: float | None,
                   batch_size: int, lr: float, lr_decay: float = 0.96, seed: int = 0, amp: str = "auto",
                   evals_per_epoch: int = 1, time_limit_s: float | None = None, novel_every: int = 1,
-                  state: TrainingState | None = None) -> dict:
+                  state: TrainingState | None = None, compile: bool = False) -> dict:
     """Train ``model`` on ``views["train"]`` (with its ``augment``), scoring it on ``views["familiar"]``
     ``evals_per_epoch`` times per epoch (evenly spaced, the last at the end of the epoch), and leave it at the
     chosen evaluation.
@@ -51,7 +51,9 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     training stopped by the time limit records in it what a later process needs to continue from that
     evaluation (the weights it stopped at, the step, the chosen evaluation so far), and a state that
     :func:`~capsnets.experiments.training.load_or_train` filled from such a checkpoint is continued, the
-    returned history then including the earlier runs' evaluations.
+    returned history then including the earlier runs' evaluations. ``compile``: run the training steps'
+    forward passes through ``torch.compile(model)`` (same weights; scoring stays eager, so evaluation batches
+    cost no compilation).
 
     Returns:
         ``{"history": [{"epoch", "step", "loss", "familiar_error", "novel_error"}, ...], "epoch",
@@ -65,6 +67,7 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     if isinstance(novel_every, bool) or not isinstance(novel_every, int) or novel_every < 0:
         raise ValueError(f"novel_every must be an integer >= 0 (0: only at the chosen evaluation), got {novel_every!r}")
     criterion = create_loss(getattr(model, "default_loss", "cross_entropy"))
+    forward = torch.compile(model) if compile else model  # shares the parameters: train, score, save ``model``
     loader = DeviceLoader(views["train"], batch_size, seed=seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
@@ -91,7 +94,7 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
             if hasattr(criterion, "set_progress"):
                 criterion.set_progress((epoch - 1 + (step - 1) / steps) / epochs)
             with autocast(views["train"].device, amp_dtype):
-                loss = criterion(model(images, labels), images, labels)[0]
+                loss = criterion(forward(images, labels), images, labels)[0]
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

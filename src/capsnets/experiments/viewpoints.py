@@ -73,7 +73,7 @@ FULL = {"splits": list(SPLITS), "capsule_model": "matrix_capsnet", "capsule_args
         "epochs": 50, "capsule_batch_size": 64, "cnn_batch_size": 128, "lr": 1e-3, "capsule_lr": None, "lr_decay": 0.96,
         "target_error": None, "rematch_cnn": True, "rematch_evals_per_epoch": 10, "train_size": None,
         "test_size": None, "render_instances": None, "render_lightings": None, "train_minutes": None,
-        "novel_every": 5}
+        "novel_every": 5, "compile": False}
 SMOKE = {**FULL, "capsule_model": "matrix_capsnet_small", "capsule_args": {"detach_routing": True},
          "cnn_model": "cnn_smallnorb_narrow", "epochs": 1, "capsule_batch_size": 32, "cnn_batch_size": 32, "lr": 2e-3,
          "train_size": 192, "test_size": 64, "render_instances": 1, "render_lightings": [0], "novel_every": 1}
@@ -153,7 +153,7 @@ def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, bat
         record.update(train_matched(model, views, epochs=s["epochs"], target=target, batch_size=batch_size,
                                     lr=lr, lr_decay=s["lr_decay"], seed=seed, evals_per_epoch=evals_per_epoch,
                                     time_limit_s=minutes_to_seconds(s["train_minutes"]), novel_every=s["novel_every"],
-                                    state=state))
+                                    state=state, compile=s["compile"]))
 
     recipe = {**{k: s[k] for k in ("epochs", "lr_decay", "train_size", "render_instances", "render_lightings")},
               "lr": lr, "batch_size": batch_size, "seed": seed, "evals_per_epoch": evals_per_epoch}
@@ -385,7 +385,8 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     ``cnn_model``, ``epochs``, ``capsule_batch_size``, ``cnn_batch_size``, ``lr``, ``capsule_lr`` (the
     capsule model's learning rate; None: ``lr``), ``lr_decay``,
     ``target_error``, ``rematch_cnn``, ``rematch_evals_per_epoch``, ``train_size``, ``test_size``,
-    ``render_instances``, ``render_lightings``, ``train_minutes``, ``novel_every``.
+    ``render_instances``, ``render_lightings``, ``train_minutes``, ``novel_every``, ``compile`` (train through
+    ``torch.compile``; evaluation stays eager).
     """
     s = _settings(smoke, options)
     train, test, source = load_norb_like(data_dir, device, render_instances=s["render_instances"],
