@@ -86,7 +86,8 @@ votes are laid out once as ``(B, J, I, H)`` and shifted by a per-parent origin `
 activation-weighted mean vote, a constant: the procedure is shift invariant), then stored once as
 ``xx = [V - c, (V - c)^2]`` ``(B, J, I, 2H)``. Each M-step is one batched product ``w @ xx`` giving
 ``sum_i w x`` and ``sum_i w x^2`` (the variance follows by exact algebra, clamped at 0 against rounding),
-each E-step one product ``xx @ [-2 d / sigma^2, 1 / sigma^2]``: no ``(B, J, I, H)`` temporary per
+each E-step one product ``xx @ [-2 d / sigma^2, 1 / sigma^2]`` (computed as a row times ``xx^T``, which
+PyTorch's CPU kernels do 3x faster than a matrix times a column): no ``(B, J, I, H)`` temporary per
 iteration. Gradients flow through every iteration (the procedure differentiated literally). In eager
 training :class:`_EMFunction` supplies the backward: ``d loss / d xx`` is a sum of outer products, formed
 by one product of inner size ``2 * iterations - 1`` instead of one full-size tensor per use; under
@@ -225,12 +226,19 @@ def _e_step(contract, d, var, log_var, pre, groups):
     return torch.softmax(logits, dim=1) if groups is None else group_softmax(logits, groups)
 
 
+def _matvec(matrix: Tensor, column: Tensor) -> Tensor:
+    """``matrix @ column`` for batched columns ``(..., K, 1)``, computed as ``(column^T @ matrix^T)^T``: the same
+    sums, but PyTorch's batched product of a matrix and a column is 3-4x slower on the CPU than that of a row and
+    a matrix, which reads the matrix at the speed of memory (``benchmarks/README.md``)."""
+    return torch.matmul(column.mT, matrix.mT).mT
+
+
 def _matmul_contract(xx: Tensor):
     """``contract(kind, operand)``: the two products of the procedure with ``xx`` (B, J, I, 2H).
 
     ``"m"``: weights (B, J, 1, I) -> (B, J, 1, 2H); ``"e"``: coefficients (B, J, 2H, 1) -> (B, J, I, 1).
     """
-    return lambda kind, operand: torch.matmul(operand, xx) if kind == "m" else torch.matmul(xx, operand)
+    return lambda kind, operand: torch.matmul(operand, xx) if kind == "m" else _matvec(xx, operand)
 
 
 def _initial_assignments(c, a_in, groups):
@@ -275,7 +283,7 @@ class _Replay(torch.autograd.Function):
             ctx.sink.append((operand.transpose(-1, -2), grad))
             return torch.matmul(grad, xx.transpose(-1, -2)), None, None, None, None
         ctx.sink.append((grad, operand.transpose(-1, -2)))  # value = xx @ operand: d xx = grad operand^T
-        return torch.matmul(xx.transpose(-1, -2), grad), None, None, None, None
+        return _matvec(xx.transpose(-1, -2), grad), None, None, None, None
 
 
 class _EMFunction(torch.autograd.Function):
