@@ -30,7 +30,7 @@ def test_compare_compile_times_a_compiled_copy_beside_the_eager_paths(tmp_path, 
                      "--repeats", "2", "--device", "cpu", "--compare-compile", "--out", str(out)])
     rows = {row["path"]: row for row in json.loads(out.read_text())["rows"]}
     assert list(rows) == ["production", "naive", "compiled"]
-    assert len(compiled) == 1 and compiled[0] is not None
+    assert len(compiled) == 1  # the compiled path only
     for kind in ("train", "infer"):
         ratios = [c / p for c, p in zip(rows["compiled"][f"{kind}_images_per_s_runs"],
                                         rows["production"][f"{kind}_images_per_s_runs"])]

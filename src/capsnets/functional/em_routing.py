@@ -103,6 +103,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from capsnets.functional.child_groups import ChildGroups, group_softmax
+from capsnets.functional.products import matvec
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _COST_NORMALIZATIONS = (None, "mean_std", "mass")
@@ -226,19 +227,12 @@ def _e_step(contract, d, var, log_var, pre, groups):
     return torch.softmax(logits, dim=1) if groups is None else group_softmax(logits, groups)
 
 
-def _matvec(matrix: Tensor, column: Tensor) -> Tensor:
-    """``matrix @ column`` for batched columns ``(..., K, 1)``, computed as ``(column^T @ matrix^T)^T``: the same
-    sums, but PyTorch's batched product of a matrix and a column is 3-4x slower on the CPU than that of a row and
-    a matrix, which reads the matrix at the speed of memory (``benchmarks/README.md``)."""
-    return torch.matmul(column.mT, matrix.mT).mT
-
-
 def _matmul_contract(xx: Tensor):
     """``contract(kind, operand)``: the two products of the procedure with ``xx`` (B, J, I, 2H).
 
     ``"m"``: weights (B, J, 1, I) -> (B, J, 1, 2H); ``"e"``: coefficients (B, J, 2H, 1) -> (B, J, I, 1).
     """
-    return lambda kind, operand: torch.matmul(operand, xx) if kind == "m" else _matvec(xx, operand)
+    return lambda kind, operand: torch.matmul(operand, xx) if kind == "m" else matvec(xx, operand)
 
 
 def _initial_assignments(c, a_in, groups):
@@ -283,7 +277,7 @@ class _Replay(torch.autograd.Function):
             ctx.sink.append((operand.transpose(-1, -2), grad))
             return torch.matmul(grad, xx.transpose(-1, -2)), None, None, None, None
         ctx.sink.append((grad, operand.transpose(-1, -2)))  # value = xx @ operand: d xx = grad operand^T
-        return _matvec(xx.transpose(-1, -2), grad), None, None, None, None
+        return matvec(xx.transpose(-1, -2), grad), None, None, None, None
 
 
 class _EMFunction(torch.autograd.Function):

@@ -11,7 +11,8 @@ the child and parent capsule types there.
 
 Implementation notes (same result as the procedure, in fewer operations):
 - the predictions are laid out once as ``(B, J, I, D)`` so every weighted sum and every agreement is a
-  batched matrix product, with no ``(B, I, J, D)`` temporaries per iteration;
+  batched matrix product, with no ``(B, I, J, D)`` temporaries per iteration (the agreements as a row times a
+  matrix, :func:`~capsnets.functional.products.matvec`);
 - the first iteration's couplings are exactly ``1/J`` (softmax of zeros), so its sum is a mean;
 - the last iteration does not update the logits, whose new value would never be used.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from capsnets.functional.products import matvec
 from capsnets.functional.squash import squash
 
 
@@ -72,7 +74,7 @@ def dynamic_routing(
             s = torch.matmul(c.unsqueeze(2), u_r).squeeze(2)  # (B, J, 1, I) @ (B, J, I, D) -> (B, J, D)
         v = squash(s)  # (B, J, D)
         if not last:
-            agreement = torch.matmul(u_route, v.unsqueeze(-1)).squeeze(-1)  # (B, J, I)
+            agreement = matvec(u_route, v.unsqueeze(-1)).squeeze(-1)  # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I)
             logits = agreement if logits is None else logits + agreement
     if not return_couplings:
         return v
