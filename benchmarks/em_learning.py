@@ -58,8 +58,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key in ("train_size", "test_size", "steps", "eval_every", "batch_size"):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be >= 1")
-    # throughput.environment() records args.model_arg (this script has none)
-    args.model_arg = []
     return args
 
 

@@ -68,7 +68,8 @@ def environment(device: torch.device, args: argparse.Namespace) -> dict:
         "platform": platform.platform(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "settings": {**{k: v for k, v in vars(args).items() if k != "out"}, "model_arg": dict(args.model_arg)},
+        "settings": {**{k: v for k, v in vars(args).items() if k not in ("out", "model_arg")},
+                     **({"model_arg": dict(args.model_arg)} if hasattr(args, "model_arg") else {})},
     }
 
 
