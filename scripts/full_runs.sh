@@ -21,6 +21,7 @@ usage: scripts/full_runs.sh [--smoke] STEP...
 
 steps (the order of docs/gpu.md; each fits a 10-minute command):
   checks                   pytest -m gpu, then the throughput benchmarks (capsnet, cnn_baseline, matrix_capsnet)
+                           and routing_products.py
   viewpoints               azimuth and elevation side by side (standardised cost, detached routing gradients,
                            the capsule model at learning rate 3e-3)
   viewpoints-exact         the same with exact routing gradients (the paper's procedure), in its own folders
@@ -127,6 +128,9 @@ run_step() {
         start bench-em "$PY" benchmarks/throughput.py --models matrix_capsnet --batch-sizes 128 --device "$DEVICE" \
             --amp bf16 --steps 10 --warmup 3 --repeats 3 --model-arg checkpoint_chunks=8 --skip-naive \
             --compare-compile --out "$RUNS/out/bench/throughput_em_chunks8_compare_compile.json"
+        wait_all || true
+        start bench-products "$PY" benchmarks/routing_products.py --device "$DEVICE" --batch-sizes 128 \
+            --out "$RUNS/out/bench/routing_products.json"
         wait_all
         ;;
     viewpoints | viewpoints-exact)

@@ -40,16 +40,22 @@ def test_every_step_prints_its_commands_and_writes_nothing(tmp_path):
         assert "--device" in args and args[args.index("--device") + 1] == "cuda"
 
 
-def test_benchmark_commands_parse_and_name_registered_models(tmp_path):
+def test_benchmark_commands_parse_and_name_registered_models(tmp_path, monkeypatch):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("throughput", SCRIPT.parents[1] / "benchmarks" / "throughput.py")
-    throughput = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(throughput)
+    benchmarks = SCRIPT.parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))  # routing_products imports its neighbour throughput
+    scripts = {}
+    for name in ("throughput", "routing_products"):
+        spec = importlib.util.spec_from_file_location(name, benchmarks / f"{name}.py")
+        scripts[f"benchmarks/{name}.py"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(scripts[f"benchmarks/{name}.py"])
+    parsed = []
     for cmd in _dry_run(tmp_path, "checks"):
-        if cmd[:2] == ["python", "benchmarks/throughput.py"]:
-            args = throughput.parse_args(cmd[2:])
-            assert set(args.models) <= set(list_models())
+        if cmd[0] == "python" and cmd[1] in scripts:
+            parsed.append(scripts[cmd[1]].parse_args(cmd[2:]))
+    assert len(parsed) == 3
+    assert all(set(args.models) <= set(list_models()) for args in parsed if hasattr(args, "models"))
 
 
 def test_unknown_step_is_refused(tmp_path):
