@@ -1,5 +1,7 @@
 """Fixtures shared by all test folders."""
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,3 +40,24 @@ def viewpoints_root(tmp_path_factory) -> Path:
     for train in (True, False):
         load_viewpoints(root, train=train)
     return root
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def load_benchmark():
+    """``load_benchmark(name)``: the module of ``benchmarks/<name>.py``, loaded from its file (the scripts import
+    their neighbour ``throughput``, so the folder is on ``sys.path`` while one loads)."""
+
+    def load(name: str):
+        sys.path.insert(0, str(BENCHMARKS))
+        try:
+            spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(BENCHMARKS))
+        return module
+
+    return load

@@ -40,16 +40,8 @@ def test_every_step_prints_its_commands_and_writes_nothing(tmp_path):
         assert "--device" in args and args[args.index("--device") + 1] == "cuda"
 
 
-def test_benchmark_commands_parse_and_name_registered_models(tmp_path, monkeypatch):
-    import importlib.util
-
-    benchmarks = SCRIPT.parents[1] / "benchmarks"
-    monkeypatch.syspath_prepend(str(benchmarks))  # routing_products imports its neighbour throughput
-    scripts = {}
-    for name in ("throughput", "routing_products"):
-        spec = importlib.util.spec_from_file_location(name, benchmarks / f"{name}.py")
-        scripts[f"benchmarks/{name}.py"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(scripts[f"benchmarks/{name}.py"])
+def test_benchmark_commands_parse_and_name_registered_models(tmp_path, load_benchmark):
+    scripts = {f"benchmarks/{name}.py": load_benchmark(name) for name in ("throughput", "routing_products")}
     parsed = []
     for cmd in _dry_run(tmp_path, "checks"):
         if cmd[0] == "python" and cmd[1] in scripts:

@@ -30,25 +30,12 @@ def test_em_learning_rejects_a_variant_that_is_not_an_object(tmp_path):
     assert run.returncode == 2 and "must be an object" in run.stderr
 
 
-def _load_script():
-    import importlib.util
-
-    sys.path.insert(0, str(SCRIPT.parent))  # em_learning imports its neighbour throughput
-    try:
-        spec = importlib.util.spec_from_file_location("em_learning", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return module
-
-
-def test_activation_stats_describe_each_matrix_capsule_layer():
+def test_activation_stats_describe_each_matrix_capsule_layer(load_benchmark):
     import torch
 
     import capsnets
 
-    em_learning = _load_script()
+    em_learning = load_benchmark("em_learning")
     torch.manual_seed(0)
     model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28))
     images = torch.rand(6, 1, 28, 28)
@@ -65,13 +52,13 @@ def test_activation_stats_describe_each_matrix_capsule_layer():
     assert em_learning.activation_stats(capsnets.create_model("capsnet_digits"), torch.rand(2, 1, 8, 8)) == {}
 
 
-def test_initialise_refills_the_named_parameters_only():
+def test_initialise_refills_the_named_parameters_only(load_benchmark):
     import pytest
     import torch
 
     import capsnets
 
-    em_learning = _load_script()
+    em_learning = load_benchmark("em_learning")
     torch.manual_seed(0)
     model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -87,12 +74,12 @@ def test_initialise_refills_the_named_parameters_only():
         em_learning.initialise(model, {"beta_b": 1.0})
 
 
-def test_set_layer_routing_replaces_one_layers_routing():
+def test_set_layer_routing_replaces_one_layers_routing(load_benchmark):
     import pytest
 
     import capsnets
 
-    em_learning = _load_script()
+    em_learning = load_benchmark("em_learning")
     model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28),
                                   detach_routing=True)
     em_learning.set_layer_routing(model, {"classes": {"cost_normalization": "mean_std", "inverse_temperature": 1.0,
@@ -104,12 +91,12 @@ def test_set_layer_routing_replaces_one_layers_routing():
         em_learning.set_layer_routing(model, {"primary": {}})
 
 
-def test_initialise_takes_one_layers_parameter_by_its_full_name():
+def test_initialise_takes_one_layers_parameter_by_its_full_name(load_benchmark):
     import torch
 
     import capsnets
 
-    em_learning = _load_script()
+    em_learning = load_benchmark("em_learning")
     model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28))
     em_learning.initialise(model, {"classes.beta_a": -1.5})
     assert (model.classes.beta_a == -1.5).all() and (model.conv_caps1.beta_a == 0).all()

@@ -1,27 +1,11 @@
 import importlib
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 from capsnets.functional.products import matvec
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "routing_products.py"
 
-
-def _load_script():
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its neighbour throughput
-    try:
-        spec = importlib.util.spec_from_file_location("routing_products", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return module
-
-
-def test_routing_products_times_both_products_of_both_routings_and_restores_matvec(tmp_path):
-    script = _load_script()
+def test_routing_products_times_both_products_of_both_routings_and_restores_matvec(tmp_path, load_benchmark):
+    script = load_benchmark("routing_products")
     out = tmp_path / "products.json"
     assert script.main(["--batch-sizes", "1", "--steps", "1", "--repeats", "2", "--device", "cpu",
                         "--out", str(out)]) == 0

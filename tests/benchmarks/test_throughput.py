@@ -1,29 +1,18 @@
-import importlib.util
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "throughput.py"
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_compare_compile_times_a_compiled_copy_beside_the_eager_paths(tmp_path, monkeypatch):
+def test_compare_compile_times_a_compiled_copy_beside_the_eager_paths(tmp_path, monkeypatch, load_benchmark):
     compiled = []
 
     def fake_compile(model):  # the plumbing is under test here, not inductor (which takes minutes on a CPU)
         compiled.append(model)
         return model
 
-    throughput = _load_script()
+    throughput = load_benchmark("throughput")
     monkeypatch.setattr(torch, "compile", fake_compile)
     out = tmp_path / "t.json"
     throughput.main(["--models", "capsnet_digits", "--batch-sizes", "4", "--steps", "1", "--warmup", "0",
@@ -40,8 +29,8 @@ def test_compare_compile_times_a_compiled_copy_beside_the_eager_paths(tmp_path, 
     assert rows["compiled"]["parameters"] == rows["production"]["parameters"]
 
 
-def test_the_compiled_path_starts_from_the_production_weights(monkeypatch):
-    throughput = _load_script()
+def test_the_compiled_path_starts_from_the_production_weights(monkeypatch, load_benchmark):
+    throughput = load_benchmark("throughput")
     monkeypatch.setattr(torch, "compile", lambda model: model)
     args = throughput.parse_args(["--models", "capsnet_digits", "--compare-compile", "--skip-naive"])
     paths = throughput.build_paths("capsnet_digits", args, torch.device("cpu"))
@@ -52,15 +41,15 @@ def test_the_compiled_path_starts_from_the_production_weights(monkeypatch):
     assert paths["compiled"]["model"] is not paths["production"]["model"]
 
 
-def test_compare_compile_and_compile_are_refused_together(capsys):
-    throughput = _load_script()
+def test_compare_compile_and_compile_are_refused_together(capsys, load_benchmark):
+    throughput = load_benchmark("throughput")
     with pytest.raises(SystemExit):
         throughput.parse_args(["--compile", "--compare-compile"])
     assert "leave out --compile" in capsys.readouterr().err
 
 
-def test_a_model_without_routing_is_compared_with_its_default_path(tmp_path, monkeypatch):
-    throughput = _load_script()
+def test_a_model_without_routing_is_compared_with_its_default_path(tmp_path, monkeypatch, load_benchmark):
+    throughput = load_benchmark("throughput")
     monkeypatch.setattr(torch, "compile", lambda model: model)
     out = tmp_path / "t.json"
     throughput.main(["--models", "cnn_baseline_narrow", "--batch-sizes", "2", "--steps", "1", "--warmup", "0",
