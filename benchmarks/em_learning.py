@@ -1,8 +1,8 @@
 """Learning speed of a capsule model under different settings: test accuracy against training steps.
 
-Each ``--variant NAME JSON`` builds the model with the JSON object as extra ``create_model`` arguments
-(for example ``'{"cost_normalization": "mass", "inverse_temperature": 1.0}'`` for matrix capsules) and
-trains it from the same initial seed on the same batches: Adam at ``--lr``, the model's default loss
+Each ``--variant NAME JSON`` builds the model with the JSON object as extra ``create_model`` arguments (for
+example ``'{"formulation": "paper", "cost_normalization": "mass", "inverse_temperature": 1.0}'`` for matrix
+capsules) and trains it from the same initial seed on the same batches: Adam at ``--lr``, the model's default loss
 (its margin, for the spread loss, growing over the first half of ``--steps``), batch ``--batch-size``,
 on the first ``--train-size`` images of the training split. An ``"init"`` key in the JSON refills
 parameters once the model is built, e.g. ``{"init": {"beta_a": [-0.6, 0.3]}}`` (:func:`initialise`), and

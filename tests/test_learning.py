@@ -54,7 +54,7 @@ def test_matrix_capsnet_small_with_standardised_cost_on_mnist_learns(tmp_path, s
     # MNIST training images (200 steps), 1 epoch; chance is 10%. Measured: 29.3% on the first 1,000 test
     # images (about 2.5 min on 2 cores). benchmarks/em_learning.py compares it with the paper's cost.
     summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mean_std"), limit_train=6400,
-                               cost_normalization="mean_std", inverse_temperature=1.0))
+                               formulation="paper", cost_normalization="mean_std", inverse_temperature=1.0))
     assert summary["test_accuracy"] >= 0.22, summary
 
 

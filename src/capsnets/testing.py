@@ -150,12 +150,23 @@ def _sigmoid(x: float) -> float:
     return math.exp(_log_sigmoid(x))
 
 
-def _em_m_step(votes: dict, acts, R: dict, bv: float, ba: float, lam: float, eps: float):
+def _em_m_step(votes: dict, acts, R: dict, bv: float, ba: float, lam: float, eps: float, official=None):
     """The M-step of one parent over its children (the keys of ``votes`` and ``R``; ``acts[i]`` is child
-    ``i``'s activation): its ``mu``, ``sigma^2`` (with the floor) and pre-activation."""
+    ``i``'s activation): its ``mu``, ``sigma^2`` (with the floor) and pre-activation.
+
+    ``official=(mu_prev, floor)``: the released code's equations (google-research ``capsule_em/em_layers.py``,
+    ``update_em_routing``): mass ``sum_i R' + eps``, centre ``0.9 mean + 0.1 mu_prev``, variance about that
+    centre plus ``floor``, logit ``lam (mass (-sum_h log var_h - bv H (1 + log 2 pi)) - 5000 ba)``."""
     rp = {i: R[i] * acts[i] for i in votes}
-    mass = sum(rp.values())
     dim = len(next(iter(votes.values())))
+    if official is not None:
+        mu_prev, floor = official
+        mass = sum(rp.values()) + eps
+        mu = [0.9 * sum(rp[i] * votes[i][h] for i in votes) / mass + 0.1 * mu_prev[h] for h in range(dim)]
+        var = [floor + sum(rp[i] * (votes[i][h] - mu[h]) ** 2 for i in votes) / mass for h in range(dim)]
+        win = mass * (-sum(math.log(v) for v in var) - bv * dim * (1.0 + math.log(2 * math.pi)))
+        return mu, var, lam * (win - 5000.0 * ba)
+    mass = sum(rp.values())
     mu = [sum(rp[i] * votes[i][h] for i in votes) / (mass + eps) for h in range(dim)]
     var = [sum(rp[i] * (votes[i][h] - mu[h]) ** 2 for i in votes) / (mass + eps) + eps for h in range(dim)]
     cost = sum((bv + math.log(math.sqrt(var[h]))) * mass for h in range(dim))
@@ -175,25 +186,31 @@ def reference_em_routing(
     iterations: int,
     inverse_temperatures: list[float],
     eps: float,
+    variance_floor: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Procedure 1, literally: returns ``(mu (B, J, H), a (B, J), R (B, I, J))`` as float64.
 
     ``votes`` ``(B, I, J, H)``, ``activations`` ``(B, I)``, ``beta_v``/``beta_a`` ``(J,)`` or scalars,
     ``inverse_temperatures`` one lambda per iteration; ``R`` is the assignment used by the final M-step.
+    ``variance_floor`` None: the paper's procedure (``eps`` is floor and guard); a number: the released
+    code's equations with that floor and mass guard ``eps`` (see :func:`_em_m_step`).
     """
     V = votes.detach().double().tolist()
     A = activations.detach().double().tolist()
     parents = len(V[0][0])
+    dim = len(V[0][0][0])
     bv = [float(x) for x in torch.as_tensor(beta_v).double().flatten().expand(parents)]
     ba = [float(x) for x in torch.as_tensor(beta_a).double().flatten().expand(parents)]
     out_mu, out_a, out_r = [], [], []
     for vb, ab in zip(V, A):  # one example at a time
         children = len(vb)
         R = [[1.0 / parents] * parents for _ in range(children)]
+        mu = [[0.0] * dim for _ in range(parents)]  # the official formulation's centres start at 0
         for t in range(iterations):
             # M-step, for each parent j
             stats = [_em_m_step({i: vb[i][j] for i in range(children)}, ab, {i: R[i][j] for i in range(children)},
-                                bv[j], ba[j], inverse_temperatures[t], eps) for j in range(parents)]
+                                bv[j], ba[j], inverse_temperatures[t], eps,
+                                None if variance_floor is None else (mu[j], variance_floor)) for j in range(parents)]
             mu, var = [m for m, _, _ in stats], [v for _, v, _ in stats]
             act = [_sigmoid(pre) for _, _, pre in stats]
             if t == iterations - 1:
@@ -213,14 +230,17 @@ def reference_em_routing(
 
 def reference_conv_em_routing(pose: Tensor, activation: Tensor, weight: Tensor, beta_v: Tensor, beta_a: Tensor, *,
                               stride: int, padding: int, inverse_temperatures: list[float], eps: float,
-                              scope: str) -> tuple[Tensor, Tensor]:
+                              scope: str, variance_floor: float | None = None) -> tuple[Tensor, Tensor]:
     """A convolutional matrix capsule layer with EM routing, literally, one example and capsule at a time.
 
     Children are the capsules ``(t, y, x)`` of the input grid, parents the capsules ``(y', x', u)`` of the
     output grid; a child belongs to every parent whose ``K x K`` receptive field (zero padding, stride)
     holds it, with the vote ``M[t, y, x] @ W[t, ky, kx, u]``. ``scope="position"``: the child's assignments
     to the parents of each output position are normalised there, starting at ``1 / U``;
-    ``scope="all_parents"``: they are normalised over all its parents, starting uniform over them.
+    ``scope="all_parents"``: they are normalised over all its parents, starting uniform over them;
+    ``scope="per_type"``: for each parent type, they are normalised over the positions that see the child,
+    starting at ``1 / U`` (the released code's normalisation). ``variance_floor``: the released code's
+    equations with that floor (see :func:`reference_em_routing`).
 
     Shape:
         pose ``(B, T, H, W, P, P)``, activation ``(B, T, H, W)``, weight ``(T, K, K, U, P, P)``,
@@ -251,15 +271,22 @@ def reference_conv_em_routing(pose: Tensor, activation: Tensor, weight: Tensor, 
                                 of_child.setdefault(child, []).append((oy, ox, u))
         R = {child: {p: 1.0 / (len(ps) if scope == "all_parents" else parents_per_position) for p in ps}
              for child, ps in of_child.items()}
+        dim = pose.shape[-1] * pose.shape[-2]
+        stats = {p: ([0.0] * dim, None, None) for p in votes}  # the official centres start at 0
         for t, lam in enumerate(inverse_temperatures):
-            stats = {}
-            for p, vp in votes.items():
-                stats[p] = _em_m_step(vp, acts, {c: R[c][p] for c in vp}, bv[p[2]], ba[p[2]], lam, eps)
+            stats = {p: _em_m_step(vp, acts, {c: R[c][p] for c in vp}, bv[p[2]], ba[p[2]], lam, eps,
+                                   None if variance_floor is None else (stats[p][0], variance_floor))
+                     for p, vp in votes.items()}
             if t == len(inverse_temperatures) - 1:
                 break
             for child, ps in of_child.items():
                 logits = {p: _log_sigmoid(stats[p][2]) + _em_log_p(votes[p][child], *stats[p][:2]) for p in ps}
-                groups = [ps] if scope == "all_parents" else [[p for p in ps if p[:2] == q[:2]] for q in ps]
+                if scope == "all_parents":
+                    groups = [ps]
+                elif scope == "per_type":
+                    groups = [[p for p in ps if p[2] == q[2]] for q in ps]
+                else:
+                    groups = [[p for p in ps if p[:2] == q[:2]] for q in ps]
                 for group in groups:
                     top = max(logits[p] for p in group)
                     total = sum(math.exp(logits[p] - top) for p in group)

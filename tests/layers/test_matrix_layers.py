@@ -1,3 +1,4 @@
+import math
 import unittest.mock
 
 import pytest
@@ -203,3 +204,74 @@ def test_assignment_scope_is_validated():
     with pytest.raises(ValueError, match="checkpoint_chunks must be 0"):
         ConvMatrixCapsules(3, 2, assignment_scope="all_parents", checkpoint_chunks=2)
     assert "assignment_scope='all_parents'" in repr(ConvMatrixCapsules(3, 2, assignment_scope="all_parents"))
+
+
+@pytest.mark.parametrize("scope", ["position", "all_parents", "per_type"])
+@pytest.mark.parametrize("stride, padding", [(1, 0), (2, 0), (2, 1)])
+def test_official_conv_routing_agrees_with_literal_grid_routing(scope, stride, padding):
+    # the released code's equations in a convolutional layer (every assignment scope), float64, to 1e-8
+    torch.manual_seed(2)
+    lambdas = [0.01, 0.02, 0.03]  # large enough that the E-steps matter
+    routing = EMRouting(3, lambdas, formulation="official", eps=1e-7)
+    layer = ConvMatrixCapsules(2, 3, kernel_size=3, stride=stride, padding=padding, assignment_scope=scope,
+                               routing=routing, dtype=torch.float64)
+    with torch.no_grad():
+        layer.weight.mul_(0.3)
+        layer.beta_v.uniform_(0.2, 0.8)
+        layer.beta_a.normal_(0.0, 0.01)
+    caps = random_capsules(types=2, height=5, width=5, seed=10 + stride + padding)
+    with torch.no_grad():
+        caps.activation[caps.activation < 0.2] = 0.0  # some inactive children
+    out = layer(caps)
+    ref_pose, ref_act = reference_conv_em_routing(caps.pose, caps.activation, layer.weight.detach(),
+                                                  layer.beta_v.detach(), layer.beta_a.detach(), stride=stride,
+                                                  padding=padding, inverse_temperatures=lambdas, eps=1e-7,
+                                                  scope=scope, variance_floor=5e-4)
+    torch.testing.assert_close(out.pose.flatten(4), ref_pose, rtol=0, atol=1e-8)
+    torch.testing.assert_close(out.activation, ref_act, rtol=0, atol=1e-8)
+
+
+def test_per_type_scope_differs_from_the_others_and_its_gradients_match_autograd():
+    caps = random_capsules(batch=2, types=2, height=5, width=5)
+    acts = {}
+    for scope in ("position", "all_parents", "per_type"):
+        torch.manual_seed(0)
+        layer = ConvMatrixCapsules(2, 3, stride=1, assignment_scope=scope, routing=EMRouting(3, 0.1),
+                                   dtype=torch.float64)
+        acts[scope] = layer(caps).activation
+    assert (acts["per_type"] - acts["position"]).abs().max() > 1e-3
+    assert (acts["per_type"] - acts["all_parents"]).abs().max() > 1e-3
+    grads = []
+    for plain in (False, True):
+        torch.manual_seed(0)
+        layer = ConvMatrixCapsules(2, 2, stride=1, assignment_scope="per_type",
+                                   routing=EMRouting.official(3, layer="conv"), dtype=torch.float64)
+        pose = caps.pose.clone().requires_grad_()
+        with unittest.mock.patch("torch.compiler.is_compiling", return_value=plain):
+            out = layer(MatrixCapsules(pose, caps.activation))
+        (out.pose.square().sum() + out.activation.sum()).backward()
+        grads.append((pose.grad, layer.weight.grad, layer.beta_v.grad, layer.beta_a.grad))
+    for lean, ref in zip(*grads):
+        assert torch.isfinite(lean).all() and lean.abs().sum() > 0
+        torch.testing.assert_close(lean, ref, rtol=1e-9, atol=1e-11)
+
+
+def test_primary_capsules_without_bias_and_with_an_activation_offset():
+    layer = PrimaryMatrixCapsules(4, 2, bias=False, activation_offset=-1.0)
+    assert layer.pose.bias is None and layer.activation.bias is None
+    x = torch.zeros(1, 4, 3, 3)
+    torch.testing.assert_close(layer(x).activation, torch.full((1, 2, 3, 3), 1 / (1 + math.e)))
+    assert "activation_offset=-1.0" in repr(layer)
+
+
+def test_class_capsules_with_fixed_coordinates():
+    coords = torch.randn(2, 3, 2)
+    layer = ClassMatrixCapsules(2, 4, coordinates=coords)
+    torch.testing.assert_close(layer.coordinates(2, 3), coords)
+    assert "fixed_coordinates" not in layer.state_dict()  # derived from the geometry, not a weight
+    caps = random_capsules(types=2, height=2, width=3, seed=0)
+    assert layer(MatrixCapsules(caps.pose.float(), caps.activation.float())).activation.shape == (2, 4, 1, 1)
+    with pytest.raises(ValueError, match="grid"):
+        layer(MatrixCapsules(torch.randn(2, 2, 3, 3, 4, 4), torch.rand(2, 2, 3, 3)))
+    with pytest.raises(ValueError, match=r"\(H, W, 2\)"):
+        ClassMatrixCapsules(2, 4, coordinates=torch.zeros(3, 3))

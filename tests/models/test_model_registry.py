@@ -10,8 +10,8 @@ EXPECTED_PARAMETERS = {
     "capsnet": 8_215_568,  # SPEC: ~8.2M
     "cnn_baseline": 35_445_522,  # 35.4M
     "cnn_smallnorb": 4_252_549,  # the EM paper's smallNORB CNN, 4.2M
-    "matrix_capsnet": 316_394,  # ~310K (5 classes)
-    "matrix_capsnet_small": 67_154,  # ~68K
+    "matrix_capsnet": 315_850,  # ~310K (5 classes; the official formulation's primary capsules have no biases)
+    "matrix_capsnet_small": 67_018,  # ~68K
 }
 
 
@@ -78,14 +78,14 @@ def test_routing_is_passed_in():
 
 def test_matrix_models_configure_their_em_routing():
     model = capsnets.create_model("matrix_capsnet_small", routing_iterations=2, cost_normalization="mass",
-                                  inverse_temperature=1.5, detach_routing=True)
+                                  inverse_temperature=1.5, detach_routing=True, formulation="paper")
     for layer in (model.conv_caps1, model.conv_caps2, model.classes):
         routing = layer.routing
         assert (routing.iterations, routing.cost_normalization, routing.detach_assignments) == (2, "mass", True)
         assert routing.inverse_temperatures == [1.5, 1.5]
     assert model.model_args["cost_normalization"] == "mass" and model.model_args["inverse_temperature"] == 1.5
     with pytest.raises(ValueError, match="cost_normalization"):
-        capsnets.create_model("matrix_capsnet_small", cost_normalization="layer")
+        capsnets.create_model("matrix_capsnet_small", cost_normalization="layer", formulation="paper")
 
 
 def test_matrix_models_take_the_assignment_scope_of_their_convolutional_capsule_layers():
@@ -128,7 +128,8 @@ def test_experiment_checkpoints_of_differently_built_models_are_refused(tmp_path
     assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
     assert load_or_train(capsnets.create_model("matrix_capsnet_small", detach_routing=True), "m",
                          lambda: None, checkpoint_dir=tmp_path)
-    other = capsnets.create_model("matrix_capsnet_small", cost_normalization="mean_std", detach_routing=True)
+    other = capsnets.create_model("matrix_capsnet_small", formulation="paper", cost_normalization="mean_std",
+                                  detach_routing=True)
     with pytest.raises(ValueError, match=r"cost_normalization.*another --checkpoint-dir"):
         load_or_train(other, "m", lambda: None, checkpoint_dir=tmp_path)
 
@@ -174,6 +175,7 @@ def test_matrix_models_give_the_class_layer_routing_settings_of_its_own(tmp_path
 
     torch.manual_seed(0)
     model = capsnets.create_model("matrix_capsnet_small", input_size=(1, 28, 28), num_classes=10, detach_routing=True,
+                                  formulation="paper",
                                   class_routing_args={"cost_normalization": "mean_std", "inverse_temperature": 1.0})
     conv, classes = model.conv_caps1.routing, model.classes.routing
     assert conv is model.conv_caps2.routing and conv is not classes
@@ -181,6 +183,7 @@ def test_matrix_models_give_the_class_layer_routing_settings_of_its_own(tmp_path
     assert classes.inverse_temperatures == [1.0, 1.0, 1.0] and conv.inverse_temperatures[-1] < 0.01
     assert classes.detach_assignments and classes.iterations == 3  # the rest as the shared settings
     assert model.model_args["class_routing_args"] == {"cost_normalization": "mean_std", "inverse_temperature": 1.0}
+    assert model.model_args["formulation"] == "paper"
     images, labels = torch.rand(2, 1, 28, 28), torch.tensor([1, 7])
     assert model(images, labels).scores.shape == (2, 10)
     assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)  # a checkpoint rebuilds it

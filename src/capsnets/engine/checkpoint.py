@@ -238,12 +238,18 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot store {type(value).__name__} in a checkpoint sidecar")
 
 
-def build_model(name: str, model_args: dict[str, Any] | None = None) -> nn.Module:
-    """``capsnets.create_model(name, **model_args)``, with list values (from YAML/JSON) turned into tuples."""
+def build_model(name: str, model_args: dict[str, Any] | None = None, *, recorded: bool = False) -> nn.Module:
+    """``capsnets.create_model(name, **model_args)``, with list values (from YAML/JSON) turned into tuples.
+
+    ``recorded``: ``model_args`` come from an earlier run (a checkpoint, or a run being resumed): an argument
+    whose default changed since, and which they do not name, gets its old value
+    (:func:`~capsnets.models.registry.recorded_model_args`).
+    """
     from capsnets.models import create_model
+    from capsnets.models.registry import recorded_model_args
 
     args = {k: tuple(v) if isinstance(v, list) else v for k, v in (model_args or {}).items()}
-    return create_model(name, **args)
+    return create_model(name, **(recorded_model_args(name, args) if recorded else args))
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Checkpoint]:
@@ -256,6 +262,6 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
     if "model" not in checkpoint.meta:
         raise CheckpointError(f"sidecar of '{checkpoint.path}' does not name the model; it was not written "
                               "by capsnets' trainer")
-    model = build_model(checkpoint.meta["model"], checkpoint.meta.get("model_args"))
+    model = build_model(checkpoint.meta["model"], checkpoint.meta.get("model_args"), recorded=True)
     restore_model(model, checkpoint)
     return model.to(device).eval(), checkpoint

@@ -202,7 +202,8 @@ class Trainer:
         for key, value in (("num_classes", data.num_classes), ("input_size", list(data.input_shape))):
             if key in accepted and key not in self.config.model_args:
                 self.config.model_args[key] = value
-        model = ckpt.build_model(self.config.model, self.config.model_args)
+        model = ckpt.build_model(self.config.model, self.config.model_args, recorded=self.resume)
+        self.config.model_args.update({k: v for k, v in model.model_args.items() if k not in self.config.model_args})
         expected_shape = tuple(data.input_shape)  # after the data set's own augmentation (e.g. crops)
         if int(model.num_classes) != data.num_classes or tuple(model.input_size) != expected_shape:
             raise ValueError(

@@ -7,8 +7,11 @@ parents; read per problem, each copy's assignments sum to 1 over the parent type
 the child hands out as much assignment as it has copies. Gritzman (2019, "Avoiding implementation
 pitfalls of 'Matrix capsules with EM routing'", arXiv 1907.00652, pitfall 3; the IBM reproduction)
 normalises instead over *every* parent of every position whose receptive field holds the child, so that
-parents at different positions compete for it. A :class:`ChildGroups` says which copies are one child;
-:func:`group_softmax` is that normalisation.
+parents at different positions compete for it (``normalize="all_parents"``). The authors' released code
+(google-research/google-research, ``capsule_em/em_layers.py``, ``update_conv_routing``) normalises each
+parent type on its own: a child's assignments to the parents of one type, over the positions that see it,
+sum to 1 (``normalize="per_type"``). A :class:`ChildGroups` says which copies are one child and how they
+are normalised; :func:`group_softmax` is that normalisation.
 
 Dimension legend: ``N`` routing problems (batch * output positions, folded), ``J`` parent types,
 ``I`` children of one problem, ``G`` distinct children (groups).
@@ -30,15 +33,20 @@ class ChildGroups:
     Attributes:
         index: ``(N, I)`` int64: the child (group) each slot is a copy of, in ``0 .. count - 1``.
         count: ``G``, the number of groups.
+        normalize: ``"all_parents"``: a child's assignments sum to 1 over every parent type at every
+            position that sees it; ``"per_type"``: for each parent type, they sum to 1 over the positions.
     """
 
     index: Tensor
     count: int
+    normalize: str = "all_parents"
 
     def __post_init__(self) -> None:
         if self.index.dim() != 2 or self.index.dtype != torch.long:
             raise ValueError(f"ChildGroups.index must be an (N, I) int64 tensor, got {self.index.dtype} "
                              f"of shape {tuple(self.index.shape)}")
+        if self.normalize not in ("all_parents", "per_type"):
+            raise ValueError(f"ChildGroups.normalize must be 'all_parents' or 'per_type', got {self.normalize!r}")
 
     def copies(self) -> Tensor:
         """``(N, I)`` int64: how many slots (copies) the child of each slot has."""
@@ -50,29 +58,35 @@ def group_softmax(logits: Tensor, groups: ChildGroups) -> Tensor:
     """Assignments from E-step logits, normalised over every (slot, parent) pair of each child.
 
     ``R[n, j, i] = exp(logits[n, j, i]) / sum exp(logits[n', j', i'])`` over all slots ``(n', i')`` of the
-    child of slot ``(n, i)`` and all parent types ``j'``. With one slot per group this is the softmax over
-    ``J``. Computed in log space with a per-child maximum (a constant shift: the result does not depend
-    on it, so it carries no gradient).
+    child of slot ``(n, i)`` and all parent types ``j'`` (``groups.normalize == "all_parents"``; with one
+    slot per group this is the softmax over ``J``), or over the slots alone with ``j' = j``
+    (``"per_type"``). Computed in log space with a per-child maximum (a constant shift: the result does
+    not depend on it, so it carries no gradient).
 
     Shape:
         logits ``(N, J, I)`` -> ``(N, J, I)``.
     """
-    n, _, i = logits.shape
+    n, parents, i = logits.shape
     if groups.index.shape != (n, i):
         raise ValueError(f"child groups of shape {tuple(groups.index.shape)} do not match the ({n}, {i}) "
                          f"routing problems of the votes")
-    flat_index = groups.index.reshape(-1)
-    per_slot = torch.logsumexp(logits, dim=1).reshape(-1)  # (N*I,): log sum_j exp
+    if groups.normalize == "per_type":  # one group per (child, parent type): index * J + j, over (N, J, I)
+        types = torch.arange(parents, device=logits.device).view(1, parents, 1)
+        flat_index = (groups.index.unsqueeze(1) * parents + types).reshape(-1)  # (N*J*I,)
+        count, per_slot, shape = groups.count * parents, logits.reshape(-1), (n, parents, i)
+    else:
+        flat_index = groups.index.reshape(-1)  # (N*I,)
+        count, per_slot, shape = groups.count, torch.logsumexp(logits, dim=1).reshape(-1), (n, 1, i)
     with torch.no_grad():
-        top = per_slot.new_full((groups.count,), float("-inf"))
-        top = top.scatter_reduce(0, flat_index, per_slot, reduce="amax")[flat_index]  # (N*I,)
-    total = per_slot.new_zeros(groups.count).index_add(0, flat_index, torch.exp(per_slot - top))
-    log_total = total.log()[flat_index] + top  # (N*I,): log sum over the child's slots and parents
-    return torch.exp(logits - log_total.view(n, 1, i))
+        top = per_slot.new_full((count,), float("-inf"))
+        top = top.scatter_reduce(0, flat_index, per_slot, reduce="amax")[flat_index]
+    total = per_slot.new_zeros(count).index_add(0, flat_index, torch.exp(per_slot - top))
+    log_total = total.log()[flat_index] + top  # log sum over the child's slots (and parents, or of one type)
+    return torch.exp(logits - log_total.view(shape))
 
 
 def grid_child_groups(batch: int, types: int, height: int, width: int, kernel_size: int, stride: int = 1,
-                      padding: int = 0, device=None) -> ChildGroups:
+                      padding: int = 0, device=None, normalize: str = "all_parents") -> ChildGroups:
     """The child groups of a convolutional capsule layer, in :func:`capsule_patches`' slot order.
 
     Each capsule ``(b, t, y, x)`` of the ``(B, T, H, W)`` input grid is one group; the zero-padding slots
@@ -88,4 +102,4 @@ def grid_child_groups(batch: int, types: int, height: int, width: int, kernel_si
     offsets = torch.arange(batch, device=device).view(batch, 1, 1) * per_example
     pad = batch * per_example  # the group of every padding slot
     index = torch.where(slots < 0, pad, slots + offsets)  # (B, H'*W', I)
-    return ChildGroups(index.reshape(-1, slots.shape[1]), pad + 1)
+    return ChildGroups(index.reshape(-1, slots.shape[1]), pad + 1, normalize)

@@ -1,12 +1,13 @@
 """EM routing between matrix capsules.
 
-Hinton, Sabour & Frosst (2018), "Matrix capsules with EM routing", ICLR, Procedure 1 (SPEC §2).
+Hinton, Sabour & Frosst (2018), "Matrix capsules with EM routing", ICLR, Procedure 1, in two formulations
+(``docs/em_formulations.md`` compares them, with the IBM reproduction, line by line).
 
 Dimension legend: ``B`` batch (for a convolutional capsule layer: batch * output positions, folded),
 ``I`` child capsules (the K*K*types capsules of a receptive field), ``J`` parent capsule types,
 ``H`` pose components (16 for a 4x4 pose matrix).
 
-The procedure, as implemented (one Gaussian cluster per parent over the H vote components):
+``formulation="paper"``, Procedure 1 as printed (one Gaussian cluster per parent over the H components):
 
 - ``R = 1/J``; repeat ``iterations`` times:
   M-step: ``R' = R * a_i``; ``mu = sum_i R' V / sum_i R'``; ``sigma^2 = sum_i R' (V - mu)^2 / sum_i R'``;
@@ -16,82 +17,60 @@ The procedure, as implemented (one Gaussian cluster per parent over the H vote c
   ``R[i,:] = softmax_j(log a_j + log p[i,j])``.
 - returns ``mu`` (the parents' poses) and ``a`` (their activations).
 
-Inverse temperature schedule (the paper gives none). The default is
-``lambda_t = 0.01 * (1 - 0.95 ** (t + 1))`` for iteration ``t = 0 .. iterations-1``, the formula Hinton
-gave on OpenReview (https://openreview.net/forum?id=HJWLfGWRb) and the one used by Gritzman's IBM
-reproduction (github.com/IBM/matrix-capsules-with-em-routing, ``em_routing.py``, ``final_lambda=0.01``),
-the only public reproduction we know of that reports the paper's smallNORB accuracy without changing the
-cost. Other reproductions differ: Yang (github.com/gyang274/capsulesEM) ramps lambda linearly from 1 to
-``min(iterations, 3)`` but also normalises the cost across parents (see ``cost_normalization``);
-Lei Yang's PyTorch port (github.com/yl-1993/Matrix-Capsules-EM-PyTorch) uses a constant 1e-3.
-Pass ``inverse_temperature`` to use any of them.
+``formulation="official"``, the equations of the authors' released code (google-research/google-research,
+``capsule_em/em_layers.py``, ``update_em_routing`` and ``update_conv_routing``). The same loop, except:
+
+- the mass is guarded, ``m_j = sum_i R' + eps`` (1e-7 in convolutional layers, 1e-5 in the class layer),
+  and used everywhere, the logit included;
+- the centre keeps a tenth of the previous iteration's: ``mu = 0.9 sum_i R' V / m_j + 0.1 mu_prev``, with
+  ``mu_prev = 0`` before the first iteration; the variance is taken about that centre, plus a floor 5e-4;
+- the activation logit is ``lambda_t (m_j (-sum_h log sigma^2_h - beta_v H (1 + log 2 pi)) - 5000
+  beta_a)``: the log variance is not halved, ``beta_v`` (the paper's ``beta_u``) scales the Gaussian's
+  entropy constant, and ``beta_a`` enters with a factor -5000;
+- ``lambda_t = final (1 - 0.95^(t+1))`` with ``final = 0.01``, divided by 4 in the class layer
+  (:meth:`EMRouting.official`);
+- in convolutional layers a child's assignments are normalised per parent type over the positions that
+  see it (``assignment_scope="per_type"`` of :class:`~capsnets.layers.ConvMatrixCapsules`).
+
+Inverse temperature (``inverse_temperature=None``): ``lambda_t = 0.01 (1 - 0.95^(t+1))`` for ``t = 0 ..
+iterations-1`` in every layer, the schedule the authors gave on OpenReview
+(https://openreview.net/forum?id=HJWLfGWRb) and the one the IBM reproduction uses
+(github.com/IBM/matrix-capsules-with-em-routing, ``em_routing.py``, ``final_lambda=0.01``; that
+reproduction also scales the cost by ``100 J / I``). Pass ``inverse_temperature`` for any other.
 
 Numerical safety (everything that can be in log space is):
-- a variance floor ``eps`` is added to every ``sigma^2`` (cost and E-step), so zero-variance clusters
-  (identical votes, a single active child) give ``log sigma`` of ``0.5 log eps`` instead of ``-inf``;
-  ``eps=1e-6`` is below the spread of unit-scale poses yet far above float32 rounding of squared
-  differences of such poses, and bounds ``d log sigma / d sigma^2`` by ``1 / (2 eps)``;
-- ``sum_i R'`` is guarded by the same ``eps`` in the denominators of ``mu`` and ``sigma^2``, so a parent
-  that receives no mass (all activations zero) gets ``mu = 0`` with zero cost, not ``0/0``;
-- ``log a_j`` is ``logsigmoid`` of the pre-activation (exact when ``a_j`` underflows to 0) and the
-  assignments are a log-space softmax;
+- a variance floor (``eps`` with the paper's formulation, 1e-6 by default; ``variance_floor`` with the
+  official one) is added to every ``sigma^2``, so zero-variance clusters give a finite ``log sigma``;
+- ``sum_i R'`` is guarded by ``eps`` in the denominators of ``mu`` and ``sigma^2``, so a parent that
+  receives no mass (all activations zero) gets ``mu = 0``, not ``0/0``;
+- ``log a_j`` is ``logsigmoid`` of the pre-activation and the assignments are a log-space softmax;
 - half-precision inputs (and calls under ``torch.autocast``) are computed in float32 with autocast
   disabled inside; results are float32 for float16/bfloat16 inputs, the input dtype otherwise.
 
 Convolutional layers fold output positions into ``B``, so by default each position's parents are routed
-as their own problem and a child seen by several overlapping receptive fields has one set of assignments
-per position (SPEC's reading). ``child_groups`` (:mod:`capsnets.functional.child_groups`) ties those
-copies together: the E-step then normalises a child's assignments over every parent of every position
-that sees it, and they start uniform over them (Gritzman 2019, arXiv 1907.00652, pitfall 3; the IBM
-reproduction does this). The M-step is unchanged; with it, each child hands out its activation once in
-all, not once per position.
+as their own problem. ``child_groups`` (:mod:`capsnets.functional.child_groups`) ties the copies of a
+child seen by several positions together: its assignments are normalised over every parent of every
+position that sees it (Gritzman 2019, arXiv 1907.00652, pitfall 3; the IBM reproduction), or per parent
+type over those positions (the authors' code). The M-step is unchanged.
 
-Known scale issue (a deviation, off by default): ``sum_h cost`` grows with the number of children
-mass ``sum_i R'``, so the same beta and lambda saturate a class-capsule layer (hundreds of children)
-while a 3x3 convolutional one (tens) stays near 0.5. ``cost_normalization="mean_std"`` replaces
-``sum_h cost[j]`` by its standardisation across the J parents of each example, ``(c_j - mean_j c) /
-sqrt(var_j c + eps)``, as in Yang's reproduction. ``cost_normalization="mass"`` divides the cost by
-``I H / J``, the mass a parent receives under the uniform start from fully active children times the
-pose components, so that ``sum_h cost[j] / (I H / J)`` is an activation-weighted mean of
-``beta_v + log sigma`` whatever the layer's size; ``inverse_temperature`` of order 1 then suits every
-layer. This is the paper's procedure with a per-layer inverse temperature ``lambda J / (I H)`` and
-``beta_a`` measured in units of ``J / (I H)`` (a reparameterisation of a learned parameter; tested as an
-identity): the E-step, poses and activations are those equations' values for that choice. The default
-``None`` follows the equations with the given ``lambda`` exactly.
-
-Learning speed (``benchmarks/em_learning.py``; ``matrix_capsnet_small`` on MNIST, batch 32, Adam 3e-3,
-detached assignments, test accuracy after 100 / 200 / 300 / 400 steps on a 2-core CPU):
-the default, 15.7 / 24.3 / 32.4 / 38.7%; ``"mean_std"`` with ``inverse_temperature=1``, 19.2 / 61.4 /
-67.8 / 73.8%, at the same images/s. In probes of the same kind (other seed, margin grown over 500 steps)
-``"mass"`` at 1 was only a few points ahead of the default (52.3% and 56.6% after 400 and 500 steps,
-against 49.4% and 40.8%), and ``"mass"`` or ``"mean_std"`` at 3 stayed near chance (saturated
-activations). The standardised cost learns fastest, at the price of activations that are relative to the
-other parents of the same position rather than absolute. With the default inverse temperatures ``lambda
-(beta_a - cost)`` moves little in the convolutional layers: ``matrix_capsnet_small``'s first convolutional
-capsule layer is at 0.531 +- 0.011 at the start and 0.552 +- 0.019 after 400 steps (first 256 test digits,
-mean +- standard deviation over examples, types and positions); with ``"mean_std"`` every routed layer is
-at about 0.49 +- 0.21 throughout. That is not what makes the default slow: the ``"mass"`` cost with
-inverse temperatures 0.8, 1.56, 2.28 and ``beta_a`` started near -1.5 spreads every layer's activations as
-widely (0.36 +- 0.24 in the first) and reaches only 44.8% after 400 steps. What matters is the class
-capsule layer: ``"mean_std"`` there alone reaches 65.6% (68.7% on a second seed; in the convolutional
-layers alone 39.5% and 47.5%), and so does ``"mass"`` there alone with those inverse temperatures and that
-``beta_a`` start (58.1%); both spread the class activations (0.49 +- 0.21 and 0.64 +- 0.34 at the start),
-which the default keeps bunched (0.76 +- 0.09): with lambda 0.0014 in the last iteration the class scores
-can hardly separate. With exact gradients (``detach_assignments=False``) the default and ``"mean_std"``
-reach 36.7 / 45.0 / 51.8 / 43.1% (faster at first, then stalling) and 24.2 / 54.1 / 73.0 / 81.3%. After
-one epoch of MNIST (1,875 steps, detached): 44.95% against 91.65% (``benchmarks/README.md``).
+Deviations, off by default (paper formulation only): ``cost_normalization="mean_std"`` replaces ``sum_h
+cost[j]`` by its standardisation across the J parents of each example, ``(c_j - mean_j c) / sqrt(var_j c
++ eps)``, as in Yang's reproduction (github.com/gyang274/capsulesEM); ``cost_normalization="mass"`` divides
+the cost by ``I H / J``, a per-layer inverse temperature ``lambda J / (I H)`` (a reparameterisation:
+tested as an identity). ``benchmarks/README.md`` records how fast each variant learns.
 
 Implementation (same values as the equations; float32 error no larger than the direct form's):
 votes are laid out once as ``(B, J, I, H)`` and shifted by a per-parent origin ``c`` (the
-activation-weighted mean vote, a constant: the procedure is shift invariant), then stored once as
-``xx = [V - c, (V - c)^2]`` ``(B, J, I, 2H)``. Each M-step is one batched product ``w @ xx`` giving
-``sum_i w x`` and ``sum_i w x^2`` (the variance follows by exact algebra, clamped at 0 against rounding),
-each E-step one product ``xx @ [-2 d / sigma^2, 1 / sigma^2]`` (computed as a row times ``xx^T``, which
-PyTorch's CPU kernels do 3x faster than a matrix times a column): no ``(B, J, I, H)`` temporary per
-iteration. Gradients flow through every iteration (the procedure differentiated literally). In eager
-training :class:`_EMFunction` supplies the backward: ``d loss / d xx`` is a sum of outer products, formed
-by one product of inner size ``2 * iterations - 1`` instead of one full-size tensor per use; under
-``torch.compile`` (and without gradients) plain autograd runs through the same code.
+activation-weighted mean vote, a constant: every quantity is computed by exact algebra from ``V - c``, so
+nothing depends on ``c``), then stored once as ``xx = [V - c, (V - c)^2]`` ``(B, J, I, 2H)``. Each M-step
+is one batched product ``w @ xx`` giving ``sum_i w x`` and ``sum_i w x^2`` (the variance about any centre
+follows by exact algebra, clamped at 0 against rounding), each E-step one product ``xx @ [-2 d / sigma^2,
+1 / sigma^2]`` (computed as a row times ``xx^T``, which PyTorch's CPU kernels do 3x faster than a matrix
+times a column): no ``(B, J, I, H)`` temporary per iteration. Gradients flow through every iteration (the
+procedure differentiated literally). In eager training :class:`_EMFunction` supplies the backward: ``d
+loss / d xx`` is a sum of outer products, formed by one product of inner size ``2 * iterations - 1``
+instead of one full-size tensor per use; under ``torch.compile`` (and without gradients) plain autograd
+runs through the same code.
 """
 from __future__ import annotations
 
@@ -107,6 +86,12 @@ from capsnets.functional.products import matvec
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _COST_NORMALIZATIONS = (None, "mean_std", "mass")
+_FORMULATIONS = ("paper", "official")
+_BLEND = 0.9  # official: the weight of the new mean in the centre update
+_BETA_A_SCALE = 5000.0  # official: beta_a's factor in the activation logit
+#: The released code's settings: variance floor, and mass guards of convolutional and class capsule layers.
+OFFICIAL_VARIANCE_FLOOR = 5e-4
+OFFICIAL_MASS_EPS = {"conv": 1e-7, "class": 1e-5}
 
 
 def em_inverse_temperatures(iterations: int, final: float = 0.01, decay: float = 0.95) -> list[float]:
@@ -131,7 +116,8 @@ def _resolve_lambdas(inverse_temperature, iterations: int) -> list[float]:
 
 
 def _check_beta(beta, name: str, parents: int, like: Tensor) -> Tensor:
-    beta = torch.as_tensor(beta, device=like.device)
+    # Python numbers straight to the votes' dtype (via float32 they would lose digits that 5000 * beta_a shows)
+    beta = torch.as_tensor(beta, device=like.device, dtype=None if isinstance(beta, Tensor) else like.dtype)
     if beta.numel() == 1:
         return beta.reshape(1).to(like.dtype)
     if beta.shape != (parents,):
@@ -142,18 +128,37 @@ def _check_beta(beta, name: str, parents: int, like: Tensor) -> Tensor:
     return beta.to(like.dtype)
 
 
-def _check_settings(iterations, eps, cost_normalization) -> None:
-    if int(iterations) != iterations or iterations < 1:
+def _check_settings(iterations, eps, cost_normalization, formulation="paper", variance_floor=None) -> None:
+    if isinstance(iterations, bool) or not isinstance(iterations, (int, float)) or int(iterations) != iterations \
+            or iterations < 1:
         raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps!r}")
+    if not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"eps must be a number > 0, got {eps!r}")
     if cost_normalization not in _COST_NORMALIZATIONS:
         raise ValueError(
             f"cost_normalization must be one of {_COST_NORMALIZATIONS}, got {cost_normalization!r}"
         )
+    if formulation not in _FORMULATIONS:
+        raise ValueError(f"formulation must be one of {_FORMULATIONS}, got {formulation!r}")
+    if formulation == "official" and cost_normalization is not None:
+        raise ValueError(f"cost_normalization applies to the paper's cost; formulation='official' has its own "
+                         f"activation logit, so cost_normalization must be None (got {cost_normalization!r})")
+    if variance_floor is not None and (formulation != "official" or not isinstance(variance_floor, (int, float))
+                                       or not variance_floor > 0):
+        raise ValueError(f"variance_floor must be None (paper: eps is the floor) or, with formulation='official', "
+                         f"a number > 0; got {variance_floor!r} with formulation={formulation!r}")
 
 
-def _check_inputs(votes: Tensor, activations: Tensor, iterations, eps, cost_normalization) -> None:
+def _resolve_formulation(formulation, eps, variance_floor):
+    """``(eps, variance_floor)`` with the defaults of ``formulation`` filled in (floor None for the paper)."""
+    if formulation == "official":
+        return (OFFICIAL_MASS_EPS["class"] if eps is None else eps,
+                OFFICIAL_VARIANCE_FLOOR if variance_floor is None else variance_floor)
+    return (1e-6 if eps is None else eps), variance_floor
+
+
+def _check_inputs(votes: Tensor, activations: Tensor, iterations, eps, cost_normalization, formulation,
+                  variance_floor) -> None:
     if not isinstance(votes, Tensor) or votes.dim() != 4:
         shape = tuple(votes.shape) if isinstance(votes, Tensor) else type(votes).__name__
         raise ValueError(
@@ -164,7 +169,7 @@ def _check_inputs(votes: Tensor, activations: Tensor, iterations, eps, cost_norm
         raise ValueError(
             f"activations must have shape (B, I) = {tuple(votes.shape[:2])} to match votes; got {shape}"
         )
-    _check_settings(iterations, eps, cost_normalization)
+    _check_settings(iterations, eps, cost_normalization, formulation, variance_floor)
 
 
 def _shifted_votes(v: Tensor, a_in: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -188,18 +193,29 @@ def _shifted_votes(v: Tensor, a_in: Tensor, eps: float) -> tuple[Tensor, Tensor]
     return c, xx
 
 
-def _m_step(r_prime, c, contract, beta_v, beta_a, lam, eps, cost_normalization):
+def _m_step(r_prime, c, contract, beta_v, beta_a, lam, eps, cost_normalization, official=None):
     """One M-step. r_prime (B, J, I), c (B, J, 1, H) -> mu - c, var, log_var (B, J, H), pre (B, J).
 
     With ``x = V - c`` and normalised weights ``w`` (summing to ``s = mass / (mass + eps)``):
     ``mu = m1 + s c`` and ``sum_i w (V - mu)^2 = m2 - 2 d m1 + s d^2`` where ``m1 = sum_i w x``,
     ``m2 = sum_i w x^2`` and ``d = mu - c`` (exact algebra; rounding can only make it slightly negative).
+    ``official``: ``(d_prev, floor)`` for the released code's formulation (module docstring): the centre
+    ``0.9 * mean + 0.1 * previous`` (``d_prev``: the previous centre minus ``c``), the variance floor
+    ``floor``, and its activation logit.
     """
     mass = r_prime.sum(dim=2, keepdim=True)  # (B, J, 1): sum_i R'
     w = (r_prime / (mass + eps)).unsqueeze(2)  # (B, J, 1, I): normalised weights, guarded
     m1, m2 = contract("m", w).squeeze(2).chunk(2, dim=-1)  # (B, J, H) each
     s = mass * (mass + eps).reciprocal()  # (B, J, 1): sum_i w
     d = m1 + (s - 1.0) * c.squeeze(2)  # (B, J, H): mu - c
+    if official is not None:
+        d_prev, floor = official
+        d = _BLEND * d + (1.0 - _BLEND) * d_prev
+        var = (m2 - 2.0 * d * m1 + s * d.square()).clamp_min(0.0) + floor
+        log_var = var.log()
+        height = d.shape[-1]
+        win = (mass + eps).squeeze(-1) * (-log_var.sum(dim=-1) - beta_v * (height * (1.0 + _LOG_2PI)))
+        return d, var, log_var, lam * (win - _BETA_A_SCALE * beta_a)
     var = (m2 - 2.0 * d * m1 + s * d.square()).clamp_min(0.0) + eps  # sigma^2 with its floor
     log_var = var.log()
     cost = ((beta_v.unsqueeze(-1) + 0.5 * log_var) * mass).sum(dim=-1)  # (B, J)
@@ -236,22 +252,38 @@ def _matmul_contract(xx: Tensor):
 
 
 def _initial_assignments(c, a_in, groups):
-    """Uniform over each child's parents: ``1 / J``, or ``1 / (J * copies)`` with ``groups``. (B, J, I)."""
+    """Uniform over each child's parents: ``1 / J``, or ``1 / (J * copies)`` with ``groups`` normalised over
+    all parents (``"per_type"`` groups start at ``1 / J`` in every copy, as the released code does). (B, J, I)."""
     r = a_in.new_full((c.shape[0], c.shape[1], a_in.shape[-1]), 1.0 / c.shape[1])
-    return r if groups is None else r / groups.copies().unsqueeze(1).to(r.dtype)
+    if groups is None or groups.normalize == "per_type":
+        return r
+    return r / groups.copies().unsqueeze(1).to(r.dtype)
 
 
-def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments, groups):
-    """The procedure on shifted votes, seen only through ``contract``: poses, activations, assignments."""
+def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments, groups,
+           variance_floor=None):
+    """The procedure on shifted votes, seen only through ``contract``: poses, activations, assignments.
+
+    ``variance_floor`` None: the paper's procedure (``eps`` is floor and guard); a number: the released
+    code's formulation with that floor (module docstring)."""
     r = _initial_assignments(c, a_in, groups)  # (B, J, I)
+    official = None if variance_floor is None else (-c.squeeze(2), variance_floor)  # the centre starts at 0
+
+    def m_step(r_, lam):
+        nonlocal official
+        out = _m_step(r_ * a_in, c, contract, beta_v, beta_a, lam, eps, cost_normalization, official)
+        if official is not None:
+            official = (out[0], variance_floor)
+        return out
+
     if detach_assignments and len(lambdas) > 1:
         with torch.no_grad():  # the assignments become constants: no graph for these iterations
             for lam in lambdas[:-1]:
-                d, var, log_var, pre = _m_step(r * a_in, c, contract, beta_v, beta_a, lam, eps, cost_normalization)
+                d, var, log_var, pre = m_step(r, lam)
                 r = _e_step(contract, d, var, log_var, pre, groups)
         lambdas = lambdas[-1:]
     for t, lam in enumerate(lambdas):
-        d, var, log_var, pre = _m_step(r * a_in, c, contract, beta_v, beta_a, lam, eps, cost_normalization)
+        d, var, log_var, pre = m_step(r, lam)
         if t < len(lambdas) - 1:
             r = _e_step(contract, d, var, log_var, pre, groups)
     return d + c.squeeze(2), torch.sigmoid(pre), r
@@ -290,7 +322,8 @@ class _EMFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments, groups):
+    def forward(ctx, v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments, groups,
+                variance_floor):
         c, xx = _shifted_votes(v, a_in, eps)
         values, plain = [], _matmul_contract(xx)
 
@@ -298,7 +331,7 @@ class _EMFunction(torch.autograd.Function):
             values.append(plain(kind, operand))
             return values[-1]
 
-        ctx.settings = (lambdas, eps, cost_normalization, detach_assignments, groups)
+        ctx.settings = (lambdas, eps, cost_normalization, detach_assignments, groups, variance_floor)
         ctx.values = values
         out = _route(c, record, a_in, beta_v, beta_a, *ctx.settings)
         ctx.save_for_backward(c, xx, a_in, beta_v, beta_a)
@@ -321,7 +354,7 @@ class _EMFunction(torch.autograd.Function):
             g1, g2 = torch.matmul(left, torch.cat([rhs for _, rhs in sink], dim=-2)).chunk(2, dim=-1)
             h = g1.shape[-1]
             grad_v = torch.addcmul(g1, xx[..., :h], g2, value=2.0)  # through xx = [x, x^2], x = v - c
-        return (grad_v, *grads, None, None, None, None, None)
+        return (grad_v, *grads, None, None, None, None, None, None)
 
 
 def em_routing(
@@ -333,25 +366,30 @@ def em_routing(
     *,
     inverse_temperature: float | Sequence[float] | None = None,
     return_assignments: bool = False,
-    eps: float = 1e-6,
+    eps: float | None = None,
     cost_normalization: str | None = None,
     detach_assignments: bool = False,
     child_groups: ChildGroups | None = None,
+    formulation: str = "paper",
+    variance_floor: float | None = None,
 ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """Route child votes to parent matrix capsules by EM (Procedure 1 of Hinton et al. 2018).
 
     Args:
         votes: votes ``V[i, j] = M_i W_ij`` of every child for every parent, pose flattened to ``H``.
         activations: child activations ``a_i`` in ``[0, 1]``.
-        beta_v: per-parent cost of describing a pose component by its variance, shape ``(J,)`` or scalar.
+        beta_v: per-parent cost of describing a pose component by its variance (the paper's ``beta_u``),
+            shape ``(J,)`` or scalar.
         beta_a: per-parent activation offset, shape ``(J,)`` or scalar.
         iterations: EM iterations (>= 1; the paper uses 3). The last one is an M-step only.
         inverse_temperature: ``lambda``: ``None`` for the default schedule (module docstring), a number
             for every iteration, or a sequence of ``iterations`` numbers.
         return_assignments: also return the assignments ``R`` used by the final M-step.
-        eps: variance floor added to ``sigma^2`` and guard on ``sum_i R'`` (module docstring).
+        eps: guard on ``sum_i R'``; with the paper's formulation also the variance floor (module
+            docstring). None: ``1e-6`` (paper), ``1e-5`` (official; its class layer's guard).
         cost_normalization: ``None`` (the paper), ``"mean_std"`` (standardise the cost across parents) or
             ``"mass"`` (divide it by ``I H / J``: a per-layer inverse temperature; module docstring).
+            Paper formulation only.
         detach_assignments: compute the assignments of the non-final iterations without gradient, so
             gradients flow only through the final M-step (the assignments act as constants, as the
             couplings do in dynamic routing's ``detach`` mode). Same forward values; a cheaper backward
@@ -359,16 +397,30 @@ def em_routing(
         child_groups: for the routing problems of a convolutional capsule layer (batch and output
             positions folded into ``B``), which child slots are copies of one child
             (:func:`~capsnets.functional.child_groups.grid_child_groups`): each child's assignments are
-            then normalised over every parent of every problem that holds it, and start uniform over
-            them (Gritzman 2019, pitfall 3). ``None``: each slot is its own child (the softmax over ``J``).
+            then normalised over the parents of every problem that holds it (over all of them, or per
+            parent type: ``ChildGroups.normalize``). ``None``: each slot is its own child (the softmax
+            over ``J``).
+        formulation: ``"paper"`` (Procedure 1 as printed) or ``"official"`` (the equations of the
+            authors' released code; module docstring).
+        variance_floor: official formulation only: the floor added to every variance (None: ``5e-4``).
 
     Shape:
         - votes: ``(B, I, J, H)``; activations: ``(B, I)``; beta_v, beta_a: ``(J,)`` or ``()``.
         - output: poses ``(B, J, H)``, activations ``(B, J)`` in ``(0, 1)``; assignments ``(B, I, J)``,
           summing to 1 over ``J`` (with ``child_groups``: over the parents of all the child's slots).
           float32 for half-precision inputs, the input dtype otherwise.
+
+    Examples::
+
+        >>> votes, acts = torch.randn(8, 72, 10, 16), torch.rand(8, 72)
+        >>> poses, activations = em_routing(votes, acts, torch.zeros(10), torch.zeros(10))
+        >>> poses.shape, activations.shape
+        (torch.Size([8, 10, 16]), torch.Size([8, 10]))
+        >>> poses, activations = em_routing(votes, acts, 2.0, 1.0, formulation="official",
+        ...                                 inverse_temperature=em_inverse_temperatures(3, final=0.0025))
     """
-    _check_inputs(votes, activations, iterations, eps, cost_normalization)
+    eps, variance_floor = _resolve_formulation(formulation, eps, variance_floor)
+    _check_inputs(votes, activations, iterations, eps, cost_normalization, formulation, variance_floor)
     if child_groups is not None and (not isinstance(child_groups, ChildGroups)
                                      or tuple(child_groups.index.shape) != tuple(votes.shape[:2])):
         got = tuple(child_groups.index.shape) if isinstance(child_groups, ChildGroups) else type(child_groups).__name__
@@ -381,15 +433,14 @@ def em_routing(
         a_in = activations.to(dtype).unsqueeze(1)  # (B, 1, I)
         beta_v = _check_beta(beta_v, "beta_v", v.shape[1], v)  # (J,) or (1,)
         beta_a = _check_beta(beta_a, "beta_a", v.shape[1], v)
+        settings = (lambdas, eps, cost_normalization, detach_assignments, child_groups, variance_floor)
         lean = torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(
             t.requires_grad for t in (v, a_in, beta_v, beta_a))
         if lean:  # eager training: the lean backward of _EMFunction
-            mu, a_out, r = _EMFunction.apply(v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization,
-                                             detach_assignments, child_groups)
+            mu, a_out, r = _EMFunction.apply(v, a_in, beta_v, beta_a, *settings)
         else:  # inference, or traced by torch.compile: plain autograd through the same procedure
             c, xx = _shifted_votes(v, a_in, eps)  # (B, J, 1, H), (B, J, I, 2H)
-            mu, a_out, r = _route(c, _matmul_contract(xx), a_in, beta_v, beta_a, lambdas, eps,
-                                  cost_normalization, detach_assignments, child_groups)
+            mu, a_out, r = _route(c, _matmul_contract(xx), a_in, beta_v, beta_a, *settings)
     if return_assignments:
         return mu, a_out, r.transpose(1, 2)
     return mu, a_out
@@ -401,15 +452,23 @@ class EMRouting:
     Args:
         iterations: EM iterations (>= 1).
         inverse_temperature: ``lambda`` schedule (see :func:`em_routing`).
-        eps: variance floor and mass guard (see :func:`em_routing`).
+        eps: mass guard, and the paper formulation's variance floor (see :func:`em_routing`).
         cost_normalization: ``None``, ``"mean_std"`` or ``"mass"`` (see :func:`em_routing`).
         detach_assignments: gradients only through the final M-step (see :func:`em_routing`).
+        formulation: ``"paper"`` or ``"official"`` (see :func:`em_routing`); :meth:`official` builds the
+            released code's routing of a convolutional or class capsule layer.
+        variance_floor: official formulation only (see :func:`em_routing`).
 
     Shape:
         ``votes (B, I, J, H), activations (B, I), beta_v (J,), beta_a (J,) -> (B, J, H), (B, J)``
+
+    Examples::
+
+        >>> layer = ConvMatrixCapsules(8, 16, routing=EMRouting(3, detach_assignments=True))
+        >>> conv, cls = EMRouting.official(3, layer="conv"), EMRouting.official(3, layer="class")
     """
 
-    #: takes ``child_groups`` (a convolutional layer's ``assignment_scope="all_parents"`` needs it)
+    #: takes ``child_groups`` (a convolutional layer's ``assignment_scope`` other than "position" needs it)
     supports_child_groups = True
 
     def __init__(
@@ -417,16 +476,33 @@ class EMRouting:
         iterations: int = 3,
         inverse_temperature: float | Sequence[float] | None = None,
         *,
-        eps: float = 1e-6,
+        eps: float | None = None,
         cost_normalization: str | None = None,
         detach_assignments: bool = False,
+        formulation: str = "paper",
+        variance_floor: float | None = None,
     ) -> None:
-        _check_settings(iterations, eps, cost_normalization)
+        eps, variance_floor = _resolve_formulation(formulation, eps, variance_floor)
+        _check_settings(iterations, eps, cost_normalization, formulation, variance_floor)
         self.iterations = int(iterations)
         self.inverse_temperatures = _resolve_lambdas(inverse_temperature, self.iterations)
         self.eps = eps
         self.cost_normalization = cost_normalization
         self.detach_assignments = bool(detach_assignments)
+        self.formulation = formulation
+        self.variance_floor = variance_floor
+
+    @classmethod
+    def official(cls, iterations: int = 3, *, layer: str = "conv", final_inverse_temperature: float = 0.01,
+                 detach_assignments: bool = False) -> "EMRouting":
+        """The released code's routing for a ``"conv"`` or ``"class"`` capsule layer: the official
+        formulation, ``lambda_t = final (1 - 0.95^(t+1))`` with ``final`` divided by 4 in the class layer,
+        variance floor 5e-4, mass guard 1e-7 (conv) or 1e-5 (class)."""
+        if layer not in OFFICIAL_MASS_EPS:
+            raise ValueError(f"layer must be 'conv' or 'class', got {layer!r}")
+        final = final_inverse_temperature / 4.0 if layer == "class" else final_inverse_temperature
+        return cls(iterations, em_inverse_temperatures(int(iterations), final=final), eps=OFFICIAL_MASS_EPS[layer],
+                   detach_assignments=detach_assignments, formulation="official")
 
     def __call__(self, votes, activations, beta_v, beta_a, return_assignments: bool = False,
                  child_groups: ChildGroups | None = None):
@@ -435,11 +511,12 @@ class EMRouting:
             inverse_temperature=self.inverse_temperatures, return_assignments=return_assignments,
             eps=self.eps, cost_normalization=self.cost_normalization,
             detach_assignments=self.detach_assignments, child_groups=child_groups,
+            formulation=self.formulation, variance_floor=self.variance_floor,
         )
 
     def __repr__(self) -> str:
         lams = ", ".join(f"{x:.3g}" for x in self.inverse_temperatures)
-        return (
-            f"EMRouting(iterations={self.iterations}, inverse_temperature=[{lams}], eps={self.eps}, "
-            f"cost_normalization={self.cost_normalization!r}, detach_assignments={self.detach_assignments})"
-        )
+        extra = (f", formulation='official', variance_floor={self.variance_floor}"
+                 if self.formulation == "official" else f", cost_normalization={self.cost_normalization!r}")
+        return (f"EMRouting(iterations={self.iterations}, inverse_temperature=[{lams}], eps={self.eps}"
+                f"{extra}, detach_assignments={self.detach_assignments})")

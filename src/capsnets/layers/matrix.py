@@ -26,6 +26,10 @@ from capsnets.functional.patches import capsule_patches
 from capsnets.layers._checks import non_negative_int, positive_int
 
 
+#: How a convolutional capsule layer normalises the assignments of a child seen by several positions.
+ASSIGNMENT_SCOPES = ("position", "all_parents", "per_type")
+
+
 def _default_routing():
     from capsnets.functional import EMRouting
 
@@ -64,6 +68,8 @@ class PrimaryMatrixCapsules(nn.Module):
         num_types: capsule types ``T``.
         pose_size: side ``P`` of the pose matrix (4).
         kernel_size: kernel of the pose and activation convolutions (1 in the paper).
+        bias: whether the two convolutions have biases (the authors' released code has none).
+        activation_offset: added to the activation logits before the sigmoid (the released code: -1).
 
     Shape:
         - input: ``(B, in_channels, H, W)``
@@ -71,13 +77,14 @@ class PrimaryMatrixCapsules(nn.Module):
     """
 
     def __init__(self, in_channels: int, num_types: int, *, pose_size: int = 4, kernel_size: int = 1,
-                 device=None, dtype=None) -> None:
+                 bias: bool = True, activation_offset: float = 0.0, device=None, dtype=None) -> None:
         super().__init__()
         self.in_channels = positive_int("in_channels", in_channels)
         self.num_types = positive_int("num_types", num_types)
         self.pose_size = positive_int("pose_size", pose_size)
         self.kernel_size = positive_int("kernel_size", kernel_size)
-        factory = {"device": device, "dtype": dtype}
+        self.activation_offset = float(activation_offset)
+        factory = {"device": device, "dtype": dtype, "bias": bool(bias)}
         self.pose = nn.Conv2d(in_channels, num_types * pose_size**2, kernel_size, padding=kernel_size // 2, **factory)
         self.activation = nn.Conv2d(in_channels, num_types, kernel_size, padding=kernel_size // 2, **factory)
 
@@ -87,10 +94,14 @@ class PrimaryMatrixCapsules(nn.Module):
         batch, _, height, width = x.shape
         side = self.pose_size
         pose = self.pose(x).view(batch, self.num_types, side, side, height, width).permute(0, 1, 4, 5, 2, 3)
-        return MatrixCapsules(pose, torch.sigmoid(self.activation(x)))
+        logits = self.activation(x)
+        if self.activation_offset:
+            logits = logits + self.activation_offset
+        return MatrixCapsules(pose, torch.sigmoid(logits))
 
     def extra_repr(self) -> str:
-        return f"in_channels={self.in_channels}, num_types={self.num_types}, pose_size={self.pose_size}"
+        offset = f", activation_offset={self.activation_offset}" if self.activation_offset else ""
+        return f"in_channels={self.in_channels}, num_types={self.num_types}, pose_size={self.pose_size}{offset}"
 
 
 class ConvMatrixCapsules(nn.Module):
@@ -109,11 +120,13 @@ class ConvMatrixCapsules(nn.Module):
             one extra forward of votes and routing).
         assignment_scope: over which parents a child's assignments are normalised when receptive fields
             overlap: ``"position"`` (each output position's routing problem on its own: a child has one set
-            of assignments per position that sees it, each summing to 1 over the parent types there) or
+            of assignments per position that sees it, each summing to 1 over the parent types there),
             ``"all_parents"`` (one set over every parent type at every position that sees it, so parents
-            at different positions compete for the child: Gritzman 2019, pitfall 3; the routing must take
-            ``child_groups``, as :class:`~capsnets.functional.EMRouting` does, and ``checkpoint_chunks``
-            must be 0, since the positions are no longer independent problems).
+            at different positions compete for the child: Gritzman 2019, pitfall 3) or ``"per_type"``
+            (for each parent type, one set over the positions that see the child: the authors' released
+            code). The last two need a routing that takes ``child_groups``, as
+            :class:`~capsnets.functional.EMRouting` does, and ``checkpoint_chunks`` 0, since the positions
+            are no longer independent problems.
 
     Shape:
         - input: :class:`MatrixCapsules` ``(B, T, H, W, P, P)``
@@ -148,9 +161,9 @@ class ConvMatrixCapsules(nn.Module):
         feats = torch.cat([pose, caps.activation.unsqueeze(2)], dim=2)  # (B, T, P*P + 1, H, W)
         patches, (out_h, out_w) = capsule_patches(feats, self.kernel_size, self.stride, self.padding)
         patches = patches.flatten(0, 2)  # (N = B*H'*W', I = T*K*K, P*P + 1)
-        if self.assignment_scope == "all_parents":  # one routing problem over the whole grid
+        if self.assignment_scope != "position":  # one routing problem over the whole grid
             groups = grid_child_groups(batch, caps.types, *caps.grid, self.kernel_size, self.stride, self.padding,
-                                       device=patches.device)
+                                       device=patches.device, normalize=self.assignment_scope)
             out_pose, out_act = self._route(patches, groups)
         elif self.checkpoint_chunks and torch.is_grad_enabled():
             # Keep only the patches for backward; votes and routing are recomputed chunk by chunk.
@@ -180,13 +193,13 @@ class ConvMatrixCapsules(nn.Module):
 
 
 def _check_scope(scope: str, routing, checkpoint_chunks: int) -> str:
-    if scope not in ("position", "all_parents"):
-        raise ValueError(f"assignment_scope must be 'position' or 'all_parents', got {scope!r}")
-    if scope == "all_parents" and not getattr(routing, "supports_child_groups", False):
-        raise ValueError(f"assignment_scope='all_parents' needs a routing that takes child_groups (EMRouting "
+    if scope not in ASSIGNMENT_SCOPES:
+        raise ValueError(f"assignment_scope must be one of {ASSIGNMENT_SCOPES}, got {scope!r}")
+    if scope != "position" and not getattr(routing, "supports_child_groups", False):
+        raise ValueError(f"assignment_scope={scope!r} needs a routing that takes child_groups (EMRouting "
                          f"does); got {routing!r}")
-    if scope == "all_parents" and checkpoint_chunks:
-        raise ValueError(f"assignment_scope='all_parents' routes all output positions together, so "
+    if scope != "position" and checkpoint_chunks:
+        raise ValueError(f"assignment_scope={scope!r} routes all output positions together, so "
                          f"checkpoint_chunks must be 0; got {checkpoint_chunks}")
     return scope
 
@@ -198,9 +211,12 @@ class ClassMatrixCapsules(nn.Module):
         in_types: child capsule types ``T``.
         num_classes: class capsules ``J``.
         routing: see :class:`ConvMatrixCapsules`.
-        coordinate_addition: add the scaled (row, column) of each child's position to its votes'
-            first two components.
+        coordinate_addition: add the coordinates of each child's position to its votes' first two
+            components.
         pose_size: pose side ``P``.
+        coordinates: ``(H, W, 2)`` fixed values to add at each grid position (e.g. the receptive-field
+            centres in pixels / 100 with the column first, as in the authors' released code); None: the
+            scaled (row, column) ``((r + 0.5) / H, (c + 0.5) / W)`` of the input grid.
 
     Shape:
         - input: :class:`MatrixCapsules` ``(B, T, H, W, P, P)``
@@ -209,7 +225,7 @@ class ClassMatrixCapsules(nn.Module):
     """
 
     def __init__(self, in_types: int, num_classes: int, *, routing=None, coordinate_addition: bool = True,
-                 pose_size: int = 4, device=None, dtype=None) -> None:
+                 pose_size: int = 4, coordinates: Tensor | None = None, device=None, dtype=None) -> None:
         super().__init__()
         self.in_types = positive_int("in_types", in_types)
         self.num_classes = positive_int("num_classes", num_classes)
@@ -222,9 +238,20 @@ class ClassMatrixCapsules(nn.Module):
         self.weight = _pose_weight(in_types, num_classes, side=pose_size, **factory)
         self.beta_v = nn.Parameter(torch.zeros(num_classes, **factory))
         self.beta_a = nn.Parameter(torch.zeros(num_classes, **factory))
+        if coordinates is not None:
+            coordinates = torch.as_tensor(coordinates, dtype=dtype or torch.get_default_dtype(), device=device)
+            if coordinates.dim() != 3 or coordinates.shape[-1] != 2:
+                raise ValueError(f"coordinates must be an (H, W, 2) tensor, got shape {tuple(coordinates.shape)}")
+        self.register_buffer("fixed_coordinates", coordinates, persistent=False)
 
     def coordinates(self, height: int, width: int, device=None, dtype=None) -> Tensor:
-        """Scaled ``(row, column)`` of every grid position, ``(H, W, 2)`` in ``(0, 1)``."""
+        """The values added at every grid position, ``(H, W, 2)``: the fixed ``coordinates`` if given,
+        else the scaled ``(row, column)`` in ``(0, 1)``."""
+        if self.fixed_coordinates is not None:
+            if tuple(self.fixed_coordinates.shape[:2]) != (height, width):
+                raise ValueError(f"ClassMatrixCapsules has coordinates for a {tuple(self.fixed_coordinates.shape[:2])} "
+                                 f"grid, got a ({height}, {width}) grid")
+            return self.fixed_coordinates.to(device=device, dtype=dtype)
         rows = (torch.arange(height, device=device, dtype=dtype) + 0.5) / height
         cols = (torch.arange(width, device=device, dtype=dtype) + 0.5) / width
         return torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)

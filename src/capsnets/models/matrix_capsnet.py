@@ -4,24 +4,30 @@ ReLU Conv1 (5x5, stride 2, A channels) -> PrimaryCaps (1x1, B types) -> ConvCaps
 -> ConvCaps2 (K=3, stride 1, D types) -> class capsules (shared W, coordinate addition), EM routing in
 the last three layers. Registered variants:
 
-- ``matrix_capsnet``: A=B=C=D=32 (316,394 parameters for 5 classes, 319,020 for 10);
-- ``matrix_capsnet_small``: A=64, B=8, C=D=16 (67,154 parameters for 5 classes).
+- ``matrix_capsnet``: A=B=C=D=32 (315,850 parameters for 5 classes; 316,394 with the paper formulation's
+  primary-capsule biases);
+- ``matrix_capsnet_small``: A=64, B=8, C=D=16 (67,018 for 5 classes; 67,154).
+
+Two formulations (``formulation``; ``docs/em_formulations.md`` compares them line by line):
+
+- ``"official"`` (the default): the authors' released code (google-research/google-research,
+  ``capsule_em``): its EM equations (:meth:`capsnets.functional.EMRouting.official`), per-type
+  normalisation of the assignments in the convolutional capsule layers (``assignment_scope="per_type"``),
+  its initialisation (truncated normals; ``beta_a``, ``beta_v`` 0.5 / 0.5 in the convolutional and 1 / 2
+  in the class capsule layer), primary capsules without biases and with ``sigmoid(x - 1)`` activations,
+  and coordinate addition of the receptive-field centres in pixels / 100 (column, then row).
+- ``"paper"``: Procedure 1 as printed, with this library's choices where the text is silent: the
+  inverse temperature of :func:`~capsnets.functional.em_inverse_temperatures` in every layer, pose
+  weights started at the identity plus noise, ``beta`` at 0, coordinates ``(r + 0.5) / H``; it alone takes
+  the deviations ``cost_normalization`` and ``inverse_temperature``.
 
 Inputs of 32x32 (smallNORB crops) use no padding in Conv1; smaller inputs (28x28 MNIST) get padding 2,
-which gives the same 14x14 -> 6x6 -> 4x4 grids (SPEC). Class scores are the class capsule activations.
-``detach_routing=True`` computes the assignments of the non-final EM iterations without gradient
-(about 2.5x faster training on a CPU; see :func:`capsnets.functional.em_routing`).
-``cost_normalization`` and ``inverse_temperature`` configure the default :class:`EMRouting` of all three
-routed layers (like ``detach_routing``, they are unused when a ``routing`` object is passed);
-``cost_normalization="mean_std", inverse_temperature=1.0`` (a deviation) learns much faster per step on
-MNIST than the paper's cost (``benchmarks/em_learning.py``). ``assignment_scope="all_parents"`` normalises
-each child's assignments over all the parents of the overlapping receptive fields in ConvCaps1 and ConvCaps2
-(Gritzman 2019; :mod:`capsnets.functional.child_groups`) instead of per output position.
-``class_routing_args`` gives the class capsule layer settings of its own (e.g. ``{"cost_normalization":
-"mean_std", "inverse_temperature": 1.0}`` with the paper's routing below it: the layer where the
-standardised cost's gain comes from, ``benchmarks/README.md``).
-Deviation: the paper gives neither the initialisation nor the inverse-temperature schedule; see
-:mod:`capsnets.layers.matrix` and :mod:`capsnets.functional.em_routing` for the ones used.
+which gives the same 14x14 -> 6x6 -> 4x4 grids. Class scores are the class capsule activations.
+``detach_routing=True`` computes the assignments of the non-final EM iterations without gradient (a
+cheaper backward; see :func:`capsnets.functional.em_routing`). ``class_routing_args`` gives the class
+capsule layer routing settings of its own. Deviation in both formulations: the released code's
+convolutional routing groups a child's copies as if every layer had stride 1, which in ConvCaps1 (stride 2)
+mixes different children; here the copies are grouped by the layer's real stride.
 """
 from __future__ import annotations
 
@@ -36,21 +42,42 @@ from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 
 
+#: The formulations of matrix capsules: Procedure 1 as printed, or the authors' released code.
+FORMULATIONS = ("paper", "official")
+DEFAULT_FORMULATION = "official"
+
+
+def _check_formulation(formulation) -> str:
+    if formulation not in FORMULATIONS:
+        raise ValueError(f"formulation must be one of {FORMULATIONS}, got {formulation!r}")
+    return formulation
+
+
 def _em_routing(iterations: int, routing, detach_routing: bool = False, cost_normalization=None,
-                inverse_temperature=None):
+                inverse_temperature=None, formulation: str = "paper", layer: str = "conv"):
     if routing is not None:  # a routing object carries its own settings (as in the vector CapsNet builders)
         return routing
     from capsnets.functional import EMRouting
 
+    if formulation == "official":
+        if cost_normalization is not None or inverse_temperature is not None:
+            raise ValueError("formulation='official' fixes the activation logit and the inverse temperatures "
+                             "(final 0.01, divided by 4 in the class layer); leave cost_normalization and "
+                             "inverse_temperature unset, or use formulation='paper'")
+        return EMRouting.official(iterations, layer=layer, detach_assignments=detach_routing)
     return EMRouting(iterations, inverse_temperature, detach_assignments=detach_routing,
                      cost_normalization=cost_normalization)
 
 
 def _class_routing(class_routing_args, routing, **shared):
     """The class capsule layer's own :class:`EMRouting`: the builder's ``shared`` routing arguments
-    (``routing_iterations``, ``detach_routing``, ``cost_normalization``, ``inverse_temperature``) overridden
-    by ``class_routing_args``; None when that is None."""
+    (``routing_iterations``, ``detach_routing``, ``cost_normalization``, ``inverse_temperature``,
+    ``formulation``) overridden by ``class_routing_args``; None when that is None and the formulation is
+    the paper's (the class layer shares the convolutional layers' routing)."""
     if class_routing_args is None:
+        if shared["formulation"] == "official" and routing is None:
+            merged = dict(shared)
+            return _em_routing(merged.pop("routing_iterations"), None, **merged, layer="class")
         return None
     if routing is not None:
         raise ValueError("class_routing_args configures the default EMRouting; with a routing object, build "
@@ -59,7 +86,26 @@ def _class_routing(class_routing_args, routing, **shared):
         raise ValueError(f"class_routing_args must be a dict with keys from {sorted(shared)}, got "
                          f"{class_routing_args!r}")
     merged = {**shared, **class_routing_args}
-    return _em_routing(merged.pop("routing_iterations"), None, **merged)
+    return _em_routing(merged.pop("routing_iterations"), None, **merged, layer="class")
+
+
+def _trunc_normal_(tensor: Tensor, std: float) -> None:
+    """Normal with standard deviation ``std`` truncated at two of them (TensorFlow's truncated normal)."""
+    nn.init.trunc_normal_(tensor, 0.0, std, -2.0 * std, 2.0 * std)
+
+
+def receptive_field_centres(size: int, layers: Sequence[tuple[int, int, int]]) -> Tensor:
+    """Centre of each output position's receptive field after ``layers`` of ``(kernel, stride, padding)``, in
+    input pixels counted from ``-(size // 2)`` (the released code's position grid, before its ``/ 100``).
+
+    Shape:
+        ``(S,)`` for the output length ``S`` of the last layer.
+    """
+    offset, step, length = float((-size) // 2), 1.0, size  # centre(o) = offset + step * o
+    for kernel, stride, padding in layers:
+        offset, step = offset + step * (kernel - 1 - 2 * padding) / 2.0, step * stride
+        length = (length + 2 * padding - kernel) // stride + 1
+    return offset + step * torch.arange(length, dtype=torch.float64)
 
 
 class MatrixCapsNet(nn.Module):
@@ -78,8 +124,12 @@ class MatrixCapsNet(nn.Module):
         coordinate_addition: coordinate addition in the class capsules.
         checkpoint_chunks: activation checkpointing of the convolutional capsule layers in this many
             chunks (0: off); trades about one extra forward of votes and routing for memory.
-        assignment_scope: ``"position"`` or ``"all_parents"``, for the two convolutional capsule layers
-            (see :class:`~capsnets.layers.ConvMatrixCapsules`).
+        assignment_scope: ``"position"``, ``"all_parents"`` or ``"per_type"``, for the two convolutional
+            capsule layers (see :class:`~capsnets.layers.ConvMatrixCapsules`); None: ``"per_type"`` with the
+            official formulation, else ``"position"``.
+        formulation: ``"paper"`` or ``"official"``: the initialisation, primary capsules and coordinate
+            addition of the paper's text as this library reads it, or of the authors' released code (see
+            the module docstring). The routing is passed separately.
 
     Shape:
         images ``(B, C, H, W)`` -> :class:`ModelOutput` with ``scores`` = class activations ``(B, E)``
@@ -91,8 +141,8 @@ class MatrixCapsNet(nn.Module):
     def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5, conv_channels: int = 32,
                  primary_types: int = 32, conv_caps1_types: int = 32, conv_caps2_types: int = 32,
                  conv_padding: int | None = None, routing=None, class_routing=None, coordinate_addition: bool = True,
-                 pose_size: int = 4, checkpoint_chunks: int = 0, assignment_scope: str = "position",
-                 device=None, dtype=None) -> None:
+                 pose_size: int = 4, checkpoint_chunks: int = 0, assignment_scope: str | None = None,
+                 formulation: str = DEFAULT_FORMULATION, device=None, dtype=None) -> None:
         super().__init__()
         if len(tuple(input_size)) != 3:
             raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
@@ -100,19 +150,63 @@ class MatrixCapsNet(nn.Module):
         self.num_classes = positive_int("num_classes", num_classes)
         if conv_padding is None:
             conv_padding = 2 if min(self.input_size[1:]) < 32 else 0
-        routing = routing if routing is not None else _em_routing(3, None)
+        self.formulation = _check_formulation(formulation)
+        official = formulation == "official"
+        if assignment_scope is None:
+            assignment_scope = "per_type" if official else "position"
+        if routing is None:  # the formulation's routing (official: the class layer has its own)
+            routing = _em_routing(3, None, formulation=formulation)
+            if class_routing is None and official:
+                class_routing = _em_routing(3, None, formulation=formulation, layer="class")
         factory = {"device": device, "dtype": dtype, "pose_size": pose_size}
         self.conv = nn.Conv2d(self.input_size[0], conv_channels, 5, stride=2, padding=conv_padding,
                               device=device, dtype=dtype)
-        self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, **factory)
+        self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, bias=not official,
+                                             activation_offset=-1.0 if official else 0.0, **factory)
         conv_caps = {"routing": routing, "checkpoint_chunks": checkpoint_chunks, "assignment_scope": assignment_scope,
                      **factory}
         self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, kernel_size=3, stride=2, **conv_caps)
         self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size=3, stride=1, **conv_caps)
+        self._check_grid()
+        coordinates = self._official_coordinates() if official else None
         self.classes = ClassMatrixCapsules(conv_caps2_types, num_classes,
                                            routing=class_routing if class_routing is not None else routing,
-                                           coordinate_addition=coordinate_addition, **factory)
-        self._check_grid()
+                                           coordinate_addition=coordinate_addition, coordinates=coordinates,
+                                           **factory)
+        if official:
+            self._official_init()
+
+    def _layer_geometry(self) -> list[tuple[int, int, int]]:
+        """``(kernel, stride, padding)`` of Conv1, ConvCaps1 and ConvCaps2 (PrimaryCaps is 1x1)."""
+        return [(5, 2, self.conv.padding[0])] + [(layer.kernel_size, layer.stride, layer.padding)
+                                                 for layer in (self.conv_caps1, self.conv_caps2)]
+
+    def _official_coordinates(self) -> Tensor:
+        """The released code's coordinate addition (``simple_model.conv_pos``, ``connector_capsule_mat``):
+        the receptive-field centre of each ConvCaps2 position in input pixels / 100, the column into the
+        first pose entry and the row into the second. ``(H, W, 2)``."""
+        rows = receptive_field_centres(self.input_size[1], self._layer_geometry()) / 100.0
+        cols = receptive_field_centres(self.input_size[2], self._layer_geometry()) / 100.0
+        grid_rows, grid_cols = torch.meshgrid(rows, cols, indexing="ij")
+        return torch.stack([grid_cols, grid_rows], dim=-1).to(torch.get_default_dtype())
+
+    @torch.no_grad()
+    def _official_init(self) -> None:
+        """The released code's initialisation (``capsule_em``: ``utils.weight_variable`` draws truncated
+        normals): Conv1 std 0.05 with biases 0.1; primary poses std 0.5 and activations std 3.0; convolutional
+        capsule weights std 0.3 with ``beta_a = beta_v = 0.5``; class weights std 0.01 with ``beta_a = 1``
+        and ``beta_v = 2``."""
+        _trunc_normal_(self.conv.weight, 0.05)
+        self.conv.bias.fill_(0.1)
+        _trunc_normal_(self.primary.pose.weight, 0.5)
+        _trunc_normal_(self.primary.activation.weight, 3.0)
+        for layer in (self.conv_caps1, self.conv_caps2):
+            _trunc_normal_(layer.weight, 0.3)
+            layer.beta_a.fill_(0.5)
+            layer.beta_v.fill_(0.5)
+        _trunc_normal_(self.classes.weight, 0.01)
+        self.classes.beta_a.fill_(1.0)
+        self.classes.beta_v.fill_(2.0)
 
     def _check_grid(self) -> None:
         size = [(s + 2 * self.conv.padding[0] - 5) // 2 + 1 for s in self.input_size[1:]]
@@ -135,34 +229,42 @@ class MatrixCapsNet(nn.Module):
 
 
 def _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
-           inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, class_routing_args, device,
-           dtype, **widths):
-    class_routing = _class_routing(class_routing_args, routing, routing_iterations=routing_iterations,
-                                   detach_routing=detach_routing, cost_normalization=cost_normalization,
-                                   inverse_temperature=inverse_temperature)
-    routing = _em_routing(routing_iterations, routing, detach_routing, cost_normalization, inverse_temperature)
+           inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, class_routing_args, formulation,
+           device, dtype, **widths):
+    formulation = _check_formulation(formulation)
+    shared = {"routing_iterations": routing_iterations, "detach_routing": detach_routing,
+              "cost_normalization": cost_normalization, "inverse_temperature": inverse_temperature,
+              "formulation": formulation}
+    class_routing = _class_routing(class_routing_args, routing, **shared)
+    routing = _em_routing(routing_iterations, routing, detach_routing, cost_normalization, inverse_temperature,
+                          formulation)
     return MatrixCapsNet(input_size=input_size, num_classes=num_classes, routing=routing, class_routing=class_routing,
                          coordinate_addition=coordinate_addition, checkpoint_chunks=checkpoint_chunks,
-                         assignment_scope=assignment_scope, device=device, dtype=dtype, **widths)
+                         assignment_scope=assignment_scope, formulation=formulation, device=device, dtype=dtype,
+                         **widths)
 
 
-@register_model("matrix_capsnet")
+@register_model("matrix_capsnet", legacy_defaults={"formulation": "paper"})
 def matrix_capsnet(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
                    detach_routing=False, cost_normalization=None, inverse_temperature=None,
-                   coordinate_addition=True, checkpoint_chunks=0, assignment_scope="position",
-                   class_routing_args=None, device=None, dtype=None) -> MatrixCapsNet:
+                   coordinate_addition=True, checkpoint_chunks=0, assignment_scope=None,
+                   class_routing_args=None, formulation=DEFAULT_FORMULATION, device=None,
+                   dtype=None) -> MatrixCapsNet:
     """The paper's smallNORB model: A=B=C=D=32 (about 310K parameters)."""
     return _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
                   inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, class_routing_args,
-                  device, dtype, conv_channels=32, primary_types=32, conv_caps1_types=32, conv_caps2_types=32)
+                  formulation, device, dtype, conv_channels=32, primary_types=32, conv_caps1_types=32,
+                  conv_caps2_types=32)
 
 
-@register_model("matrix_capsnet_small")
+@register_model("matrix_capsnet_small", legacy_defaults={"formulation": "paper"})
 def matrix_capsnet_small(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
                          detach_routing=False, cost_normalization=None, inverse_temperature=None,
-                         coordinate_addition=True, checkpoint_chunks=0, assignment_scope="position",
-                         class_routing_args=None, device=None, dtype=None) -> MatrixCapsNet:
+                         coordinate_addition=True, checkpoint_chunks=0, assignment_scope=None,
+                         class_routing_args=None, formulation=DEFAULT_FORMULATION, device=None,
+                         dtype=None) -> MatrixCapsNet:
     """The paper's small model: A=64, B=8, C=D=16 (about 68K parameters)."""
     return _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
                   inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, class_routing_args,
-                  device, dtype, conv_channels=64, primary_types=8, conv_caps1_types=16, conv_caps2_types=16)
+                  formulation, device, dtype, conv_channels=64, primary_types=8, conv_caps1_types=16,
+                  conv_caps2_types=16)

@@ -13,6 +13,7 @@ from torch import nn
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _TASKS: dict[str, str] = {}
+_LEGACY: dict[str, dict[str, object]] = {}
 #: What a model's forward pass returns, by task: ``"classification"`` models return a
 #: :class:`~capsnets.models.output.ModelOutput` (class scores); ``"segmentation"`` models a
 #: :class:`~capsnets.models.segcaps.SegmentationOutput` (per-pixel probabilities); ``"autoencoder"``
@@ -21,9 +22,14 @@ _TASKS: dict[str, str] = {}
 TASKS = ("classification", "segmentation", "autoencoder", "synthesis")
 
 
-def register_model(name: str, *, task: str = "classification") -> Callable[[Callable[..., nn.Module]],
-                                                                          Callable[..., nn.Module]]:
-    """Decorator registering a model builder under ``name`` for ``task`` (one of :data:`TASKS`)."""
+def register_model(name: str, *, task: str = "classification", legacy_defaults: dict | None = None
+                   ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator registering a model builder under ``name`` for ``task`` (one of :data:`TASKS`).
+
+    ``legacy_defaults``: builder arguments whose default has changed, with the value they had before.
+    :func:`create_model` always records their values in ``model.model_args`` (so checkpoints name them),
+    and a model rebuilt from a record that lacks them gets the old value (:func:`recorded_model_args`).
+    """
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
 
@@ -32,6 +38,7 @@ def register_model(name: str, *, task: str = "classification") -> Callable[[Call
             raise ValueError(f"model {name!r} is already registered")
         _REGISTRY[name] = builder
         _TASKS[name] = task
+        _LEGACY[name] = dict(legacy_defaults or {})
         return builder
 
     return decorate
@@ -58,6 +65,13 @@ def model_arguments(name: str) -> dict[str, object]:
         for p in inspect.signature(builder).parameters.values()
         if p.kind is inspect.Parameter.KEYWORD_ONLY
     }
+
+
+def recorded_model_args(name: str, model_args: dict) -> dict:
+    """The builder arguments of a model recorded by an earlier run (a checkpoint or a run's config): those
+    recorded, plus the old value of every argument whose default changed since and that is not recorded."""
+    _builder(name)
+    return {**_LEGACY[name], **model_args}
 
 
 def _builder(name: str) -> Callable[..., nn.Module]:
@@ -88,7 +102,7 @@ def create_model(name: str, **overrides) -> nn.Module:
         )
     model = builder(**overrides)
     model.model_name = name
-    model.model_args = _json_safe_args(overrides)
+    model.model_args = _json_safe_args({**{key: allowed[key] for key in _LEGACY[name]}, **overrides})
     return model
 
 

@@ -1,0 +1,99 @@
+"""matrix_capsnet's two formulations: the paper's text and the authors' released code."""
+import json
+
+import pytest
+import torch
+
+import capsnets
+from capsnets.functional import EMRouting, em_inverse_temperatures
+from capsnets.models.matrix_capsnet import receptive_field_centres
+
+
+def test_official_model_uses_the_released_routing_in_each_layer():
+    model = capsnets.create_model("matrix_capsnet_small", formulation="official", detach_routing=True)
+    for layer in (model.conv_caps1, model.conv_caps2):
+        r = layer.routing
+        assert (r.formulation, r.eps, r.variance_floor, r.detach_assignments) == ("official", 1e-7, 5e-4, True)
+        assert r.inverse_temperatures == pytest.approx(em_inverse_temperatures(3, final=0.01))
+        assert layer.assignment_scope == "per_type"
+    r = model.classes.routing
+    assert (r.formulation, r.eps, r.variance_floor) == ("official", 1e-5, 5e-4)
+    assert r.inverse_temperatures == pytest.approx(em_inverse_temperatures(3, final=0.0025))
+    two = capsnets.create_model("matrix_capsnet_small", formulation="official", routing_iterations=2)
+    assert two.conv_caps1.routing.iterations == two.classes.routing.iterations == 2
+
+
+def test_official_initialisation():
+    torch.manual_seed(0)
+    model = capsnets.create_model("matrix_capsnet", formulation="official")
+    assert model.primary.pose.bias is None and model.primary.activation.bias is None
+    assert model.primary.activation_offset == -1.0
+    assert torch.all(model.conv.bias == 0.1)
+    for param, std in ((model.conv.weight, 0.05), (model.primary.pose.weight, 0.5),
+                       (model.primary.activation.weight, 3.0), (model.conv_caps1.weight, 0.3),
+                       (model.conv_caps2.weight, 0.3), (model.classes.weight, 0.01)):
+        assert param.abs().max() <= 2 * std + 1e-7  # truncated at two standard deviations
+        # a normal truncated at +-2 std has a standard deviation of 0.880 std
+        assert param.std().item() == pytest.approx(0.880 * std, rel=0.1), param.shape
+    for layer, beta_a, beta_v in ((model.conv_caps1, 0.5, 0.5), (model.conv_caps2, 0.5, 0.5),
+                                  (model.classes, 1.0, 2.0)):
+        assert torch.all(layer.beta_a == beta_a) and torch.all(layer.beta_v == beta_v)
+
+
+def test_official_coordinate_addition_is_the_receptive_field_centre_in_pixels_over_100():
+    # 32 px, VALID convolutions: Conv1 5x5/2, ConvCaps1 3x3/2, ConvCaps2 3x3/1 -> centres -8, -4, 0, 4 px
+    centres = receptive_field_centres(32, [(5, 2, 0), (3, 2, 0), (3, 1, 0)])
+    assert centres.tolist() == [-8.0, -4.0, 0.0, 4.0]
+    # by hand: pixels -3..2 of a 6-pixel line; a 3x3/1 convolution centres on -2..1, one padded by 1 on -3..2
+    assert receptive_field_centres(6, [(3, 1, 0)]).tolist() == [-2.0, -1.0, 0.0, 1.0]
+    assert receptive_field_centres(6, [(3, 1, 1)]).tolist() == [-3.0, -2.0, -1.0, 0.0, 1.0, 2.0]
+    model = capsnets.create_model("matrix_capsnet_small", formulation="official")
+    coords = model.classes.coordinates(4, 4)
+    expected = torch.tensor([-0.08, -0.04, 0.0, 0.04])
+    torch.testing.assert_close(coords[..., 0], expected.expand(4, 4))  # the column, in every row
+    torch.testing.assert_close(coords[..., 1], expected.unsqueeze(1).expand(4, 4))  # the row
+    mnist = capsnets.create_model("matrix_capsnet_small", formulation="official", input_size=(1, 28, 28))
+    assert mnist.classes.coordinates(4, 4)[0, :, 0].tolist() == pytest.approx([-0.08, -0.04, 0.0, 0.04])
+
+
+def test_paper_and_official_models_differ_only_in_the_primary_biases():
+    paper = capsnets.create_model("matrix_capsnet_small", formulation="paper")
+    official = capsnets.create_model("matrix_capsnet_small", formulation="official")
+    difference = set(paper.state_dict()) - set(official.state_dict())
+    assert difference == {"primary.pose.bias", "primary.activation.bias"}
+    assert capsnets.count_parameters(paper) - capsnets.count_parameters(official) == 8 * 16 + 8
+
+
+def test_official_formulation_refuses_the_paper_cost_options():
+    with pytest.raises(ValueError, match="formulation='paper'"):
+        capsnets.create_model("matrix_capsnet_small", formulation="official", cost_normalization="mean_std")
+    with pytest.raises(ValueError, match="formulation='paper'"):
+        capsnets.create_model("matrix_capsnet_small", formulation="official", inverse_temperature=1.0)
+    with pytest.raises(ValueError, match="formulation must be one of"):
+        capsnets.create_model("matrix_capsnet_small", formulation="google")
+
+
+def test_a_routing_object_overrides_the_routing_but_not_the_rest():
+    routing = EMRouting(2)
+    model = capsnets.create_model("matrix_capsnet_small", formulation="official", routing=routing,
+                                  assignment_scope="position")
+    assert model.conv_caps1.routing is routing and model.classes.routing is routing
+    assert model.primary.activation_offset == -1.0
+
+
+def test_models_record_their_formulation_and_old_records_rebuild_as_the_paper(tmp_path):
+    from capsnets.engine.checkpoint import load_model
+    from capsnets.experiments.training import load_or_train
+
+    model = capsnets.create_model("matrix_capsnet_small")
+    assert model.model_args["formulation"] == model.formulation
+    torch.manual_seed(0)
+    paper = capsnets.create_model("matrix_capsnet_small", formulation="paper")
+    assert not load_or_train(paper, "m", lambda: None, checkpoint_dir=tmp_path)
+    sidecar = tmp_path / "m.json"
+    meta = json.loads(sidecar.read_text())
+    assert meta["model_args"]["formulation"] == "paper"
+    del meta["model_args"]["formulation"]  # as a checkpoint written before formulations existed
+    sidecar.write_text(json.dumps(meta))
+    rebuilt, _ = load_model(tmp_path / "m.safetensors")
+    assert rebuilt.formulation == "paper" and rebuilt.primary.pose.bias is not None
