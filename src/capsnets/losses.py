@@ -8,9 +8,11 @@
   the cross-entropy alone (U-Net).
 - Transforming auto-encoder loss: Hinton, Krizhevsky & Wang (2011), squared error of the predicted
   transformed image.
-- Spread loss: Hinton, Sabour & Frosst (2018), Sec. 3.1, ``sum_{i != t} max(0, m - (a_t - a_i))^2``
+- Spread loss: Hinton, Sabour & Frosst (2018), Sec. 4.1, ``sum_{i != t} max(0, m - (a_t - a_i))^2``
   with the margin ``m`` growing linearly from 0.2 to 0.9. The paper does not say over how long; here
-  it reaches 0.9 after ``ramp`` (default half) of the training and stays there.
+  it reaches 0.9 after ``ramp`` (default half) of the training and stays there. (The authors' released
+  code grows it by steps, ``0.2 + 0.79 sigmoid(min(10, step / 50000 - 4))``, which stays below 0.25 for
+  the first 65,000 steps: ``docs/em_formulations.md``.)
 
 A criterion that has ``set_progress(fraction)`` is told by the trainer, before every step, which
 fraction of the training has been done (0 at the start, approaching 1 at the end).

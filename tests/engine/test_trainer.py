@@ -28,7 +28,7 @@ class DropoutNet(nn.Module):
 
 @pytest.fixture
 def dropout_net(monkeypatch):
-    monkeypatch.setattr(ckpt, "build_model", lambda name, args=None: DropoutNet())
+    monkeypatch.setattr(ckpt, "build_model", lambda name, args=None, recorded=False: DropoutNet())
 
 
 def test_run_directory(tiny_config):

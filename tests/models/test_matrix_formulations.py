@@ -97,3 +97,14 @@ def test_models_record_their_formulation_and_old_records_rebuild_as_the_paper(tm
     sidecar.write_text(json.dumps(meta))
     rebuilt, _ = load_model(tmp_path / "m.safetensors")
     assert rebuilt.formulation == "paper" and rebuilt.primary.pose.bias is not None
+
+
+def test_recorded_arguments_fill_in_the_old_default():
+    from capsnets.engine.checkpoint import build_model
+    from capsnets.models.registry import recorded_model_args
+
+    assert recorded_model_args("matrix_capsnet_small", {}) == {"formulation": "paper"}
+    assert recorded_model_args("matrix_capsnet_small", {"formulation": "official"}) == {"formulation": "official"}
+    assert recorded_model_args("capsnet_small", {"num_classes": 5}) == {"num_classes": 5}
+    assert build_model("matrix_capsnet_small", {}, recorded=True).formulation == "paper"  # a run being resumed
+    assert build_model("matrix_capsnet_small", {}).formulation == "official"  # a new run

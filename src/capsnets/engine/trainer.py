@@ -203,7 +203,8 @@ class Trainer:
             if key in accepted and key not in self.config.model_args:
                 self.config.model_args[key] = value
         model = ckpt.build_model(self.config.model, self.config.model_args, recorded=self.resume)
-        self.config.model_args.update({k: v for k, v in model.model_args.items() if k not in self.config.model_args})
+        recorded = getattr(model, "model_args", {})  # e.g. an argument whose default changed: named from now on
+        self.config.model_args.update({k: v for k, v in recorded.items() if k not in self.config.model_args})
         expected_shape = tuple(data.input_shape)  # after the data set's own augmentation (e.g. crops)
         if int(model.num_classes) != data.num_classes or tuple(model.input_size) != expected_shape:
             raise ValueError(
