@@ -15,6 +15,19 @@ def pytest_sessionstart(session):
     retain_freed_memory()
 
 
+def pytest_collection_modifyitems(config, items):
+    # A -m expression replaces the default "not slow and not gpu" (pyproject.toml); keep GPU and slow tests
+    # out unless it names them, so that `pytest -m "not learning"` is the quick CPU run it reads as.
+    expression = config.getoption("markexpr") or ""
+    unnamed = [marker for marker in ("gpu", "slow") if marker not in expression]
+    keep, drop = [], []
+    for item in items:
+        (drop if any(item.get_closest_marker(m) for m in unnamed) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture(scope="session")
 def shared_data_root() -> Path:
     """The real data: ``$CAPSNETS_DATA``, else ``../shared/data`` beside the repository.

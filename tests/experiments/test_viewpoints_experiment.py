@@ -120,8 +120,12 @@ def test_smoke_run_writes_the_report(data_root, tmp_path):
     assert "| azimuth | capsules | matrix_capsnet_small |" in text
     assert "| elevation | CNN | cnn_smallnorb_narrow |" in text
     assert {p.name for p in tmp_path.glob("*.png")} == {"examples.png", "error_curves.png"}
-    errors = [v for k, v in result.metrics.items() if k.endswith("_error") and "_matched_" not in k]
-    assert len(errors) == 8 and all(0 <= e <= 1 for e in errors)
+    errors = {k: v for k, v in result.metrics.items() if k.endswith("_error") and "_matched_" not in k}
+    # familiar and novel error of the CNN and the capsules on both splits, plus the stopped CNN's where the
+    # capsule model did not reach the CNN's familiar-view error (which the smoke sizes leave to chance)
+    stopped = {k for k in errors if "stopped" in k.lower()}
+    assert len(errors) - len(stopped) == 8 and len(stopped) in (0, 2, 4), sorted(errors)
+    assert all(0 <= e <= 1 for e in errors.values())
 
 
 def test_smoke_through_the_cli(data_root, tmp_path, capsys):
