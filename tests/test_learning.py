@@ -28,34 +28,27 @@ def test_capsnet_small_on_mnist_reaches_97_5_percent(tmp_path, shared_data_root)
     assert summary["test_accuracy"] >= 0.975, summary
 
 
-# Matrix capsules with EM routing learn slowly per image (the reason the paper trains for many epochs);
-# within a CI budget the floors show learning well above chance, not the paper's accuracy. Both runs
-# use detach_routing=True (assignments of non-final EM iterations without gradient, ~2x faster).
-def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 3000, **model_args) -> TrainConfig:
+# Matrix capsules with EM routing, the models' default formulation (the authors' released code), detached
+# routing gradients (the assignments of non-final EM iterations without gradient, ~2x faster), Adam 3e-3,
+# batch 32, one epoch of 6,400 images (200 steps), first 1,000 test images. How soon a run takes off varies
+# from seed to seed, so each floor sits well below the worst of seeds 0, 1, 2 (measured on a 2-core CPU,
+# torch 2.13; the old paper-formulation tests were within a few points of chance and failed on other machines).
+def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 6400, **model_args) -> TrainConfig:
     return TrainConfig(model="matrix_capsnet_small", dataset=dataset, data_dir=data_dir, epochs=1, batch_size=32,
                        lr=3e-3, limit_train=limit_train, limit_test=1000, device="cpu", progress=False,
                        model_args={"detach_routing": True, **model_args}, out=out)
 
 
 def test_matrix_capsnet_small_on_mnist_learns(tmp_path, shared_data_root):
-    # 3,000 MNIST training images, 1 epoch; chance is 10%. Measured: 16.9% on the first 1,000 test images.
+    # Chance is 10%. Measured: 47.8%, 46.8%, 29.0% (seeds 0, 1, 2).
     summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mnist")))
-    assert summary["test_accuracy"] >= 0.14, summary
+    assert summary["test_accuracy"] >= 0.20, summary
 
 
 def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path, viewpoints_root):
-    # 3,000 rendered training views, 1 epoch; chance is 20%. Measured: 44.0% on 1,000 novel-instance test views.
+    # Rendered views of 5 classes; chance is 20%. Measured on novel-instance test views: VP_MEASURED.
     summary = train(_em_config("viewpoints", str(viewpoints_root), str(tmp_path / "em_viewpoints")))
-    assert summary["test_accuracy"] >= 0.35, summary
-
-
-def test_matrix_capsnet_small_with_standardised_cost_on_mnist_learns(tmp_path, shared_data_root):
-    # The cost standardised across parents (cost_normalization="mean_std", inverse temperature 1): 6,400
-    # MNIST training images (200 steps), 1 epoch; chance is 10%. Measured: 29.3% on the first 1,000 test
-    # images (about 2.5 min on 2 cores). benchmarks/em_learning.py compares it with the paper's cost.
-    summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mean_std"), limit_train=6400,
-                               formulation="paper", cost_normalization="mean_std", inverse_temperature=1.0))
-    assert summary["test_accuracy"] >= 0.22, summary
+    assert summary["test_accuracy"] >= VP_FLOOR, summary
 
 
 def test_segcaps_small_segments_cluttered_digits(shared_data_root):

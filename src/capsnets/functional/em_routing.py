@@ -129,8 +129,7 @@ def _check_beta(beta, name: str, parents: int, like: Tensor) -> Tensor:
 
 
 def _check_settings(iterations, eps, cost_normalization, formulation="paper", variance_floor=None) -> None:
-    if isinstance(iterations, bool) or not isinstance(iterations, (int, float)) or int(iterations) != iterations \
-            or iterations < 1:
+    if int(iterations) != iterations or iterations < 1:
         raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
     if not isinstance(eps, (int, float)) or not eps > 0:
         raise ValueError(f"eps must be a number > 0, got {eps!r}")
