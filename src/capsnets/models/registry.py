@@ -71,7 +71,7 @@ def recorded_model_args(name: str, model_args: dict) -> dict:
     """The builder arguments of a model recorded by an earlier run (a checkpoint or a run's config): those
     recorded, plus the old value of every argument whose default changed since and that is not recorded."""
     _builder(name)
-    return {**_LEGACY[name], **model_args}
+    return {**_LEGACY.get(name, {}), **model_args}
 
 
 def _builder(name: str) -> Callable[..., nn.Module]:
@@ -102,7 +102,7 @@ def create_model(name: str, **overrides) -> nn.Module:
         )
     model = builder(**overrides)
     model.model_name = name
-    model.model_args = _json_safe_args({**{key: allowed[key] for key in _LEGACY[name]}, **overrides})
+    model.model_args = _json_safe_args({**{key: allowed[key] for key in _LEGACY.get(name, {})}, **overrides})
     return model
 
 
