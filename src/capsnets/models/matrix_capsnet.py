@@ -96,7 +96,7 @@ def _trunc_normal_(tensor: Tensor, std: float) -> None:
 
 def receptive_field_centres(size: int, layers: Sequence[tuple[int, int, int]]) -> Tensor:
     """Centre of each output position's receptive field after ``layers`` of ``(kernel, stride, padding)``, in
-    input pixels counted from ``-(size // 2)`` (the released code's position grid, before its ``/ 100``).
+    input pixels counted from ``-size // 2`` (the released code's position grid, before its ``/ 100``).
 
     Shape:
         ``(S,)`` for the output length ``S`` of the last layer.
@@ -127,9 +127,9 @@ class MatrixCapsNet(nn.Module):
         assignment_scope: ``"position"``, ``"all_parents"`` or ``"per_type"``, for the two convolutional
             capsule layers (see :class:`~capsnets.layers.ConvMatrixCapsules`); None: ``"per_type"`` with the
             official formulation, else ``"position"``.
-        formulation: ``"paper"`` or ``"official"``: the initialisation, primary capsules and coordinate
-            addition of the paper's text as this library reads it, or of the authors' released code (see
-            the module docstring). The routing is passed separately.
+        formulation: ``"paper"`` or ``"official"``: the initialisation, primary capsules, coordinate
+            addition and, where ``routing`` is None, the routing of the paper's text as this library reads
+            it, or of the authors' released code (see the module docstring).
 
     Shape:
         images ``(B, C, H, W)`` -> :class:`ModelOutput` with ``scores`` = class activations ``(B, E)``
