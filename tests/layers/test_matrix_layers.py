@@ -176,24 +176,28 @@ def test_all_parents_scope_differs_where_fields_overlap_and_not_elsewhere():
     assert (outs["all_parents", 1] - outs["position", 1]).abs().max() > 1e-3
 
 
-def test_all_parents_gradients_flow_and_match_autograd_of_the_plain_path():
-    caps = random_capsules(batch=2, types=2, height=5, width=5)
+def assert_lean_backward_matches_autograd(make_layer, caps):
+    """Gradients of a layer from ``make_layer()`` through EM routing's lean backward (eager training) and
+    through plain autograd of the same procedure (as when traced): finite, non-zero and equal."""
     grads = []
-    for compile_like in (False, True):
+    for plain in (False, True):
         torch.manual_seed(0)
-        layer = ConvMatrixCapsules(2, 2, stride=1, assignment_scope="all_parents", routing=EMRouting(3, 0.2),
-                                   dtype=torch.float64)
+        layer = make_layer()
         pose = caps.pose.clone().requires_grad_()
-        if compile_like:  # the lean backward off: plain autograd through the same procedure
-            with unittest.mock.patch("torch.compiler.is_compiling", return_value=True):
-                out = layer(MatrixCapsules(pose, caps.activation))
-        else:
+        with unittest.mock.patch("torch.compiler.is_compiling", return_value=plain):
             out = layer(MatrixCapsules(pose, caps.activation))
         (out.pose.square().sum() + out.activation.sum()).backward()
         grads.append((pose.grad, layer.weight.grad, layer.beta_v.grad, layer.beta_a.grad))
-    for lean, plain in zip(*grads):
+    for lean, ref in zip(*grads):
         assert torch.isfinite(lean).all() and lean.abs().sum() > 0
-        torch.testing.assert_close(lean, plain, rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(lean, ref, rtol=1e-9, atol=1e-11)
+
+
+def test_all_parents_gradients_flow_and_match_autograd_of_the_plain_path():
+    caps = random_capsules(batch=2, types=2, height=5, width=5)
+    assert_lean_backward_matches_autograd(
+        lambda: ConvMatrixCapsules(2, 2, stride=1, assignment_scope="all_parents", routing=EMRouting(3, 0.2),
+                                   dtype=torch.float64), caps)
 
 
 def test_assignment_scope_is_validated():
@@ -241,19 +245,9 @@ def test_per_type_scope_differs_from_the_others_and_its_gradients_match_autograd
         acts[scope] = layer(caps).activation
     assert (acts["per_type"] - acts["position"]).abs().max() > 1e-3
     assert (acts["per_type"] - acts["all_parents"]).abs().max() > 1e-3
-    grads = []
-    for plain in (False, True):
-        torch.manual_seed(0)
-        layer = ConvMatrixCapsules(2, 2, stride=1, assignment_scope="per_type",
-                                   routing=EMRouting.official(3, layer="conv"), dtype=torch.float64)
-        pose = caps.pose.clone().requires_grad_()
-        with unittest.mock.patch("torch.compiler.is_compiling", return_value=plain):
-            out = layer(MatrixCapsules(pose, caps.activation))
-        (out.pose.square().sum() + out.activation.sum()).backward()
-        grads.append((pose.grad, layer.weight.grad, layer.beta_v.grad, layer.beta_a.grad))
-    for lean, ref in zip(*grads):
-        assert torch.isfinite(lean).all() and lean.abs().sum() > 0
-        torch.testing.assert_close(lean, ref, rtol=1e-9, atol=1e-11)
+    assert_lean_backward_matches_autograd(
+        lambda: ConvMatrixCapsules(2, 2, stride=1, assignment_scope="per_type",
+                                   routing=EMRouting.official(3, layer="conv"), dtype=torch.float64), caps)
 
 
 def test_primary_capsules_without_bias_and_with_an_activation_offset():
