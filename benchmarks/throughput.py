@@ -5,8 +5,8 @@ For each model and batch size, on synthetic random inputs, this script times
   * inference: ``model.eval()`` under ``torch.no_grad()``, ``model(images)``;
 for the production routing (the model's own default routing: the model is built without a ``routing``
 argument) and, for capsule models, the naive vectorised routing of the same family
-(:class:`capsnets.testing.NaiveDynamicRouting` for vector capsule models such as ``capsnet``,
-:class:`capsnets.testing.NaiveEMRouting` for matrix capsule models such as ``matrix_capsnet``). The two
+(``NaiveDynamicRouting`` of ``benchmarks/baselines.py`` for vector capsule models such as ``capsnet``,
+``NaiveEMRouting`` for matrix capsule models such as ``matrix_capsnet``). The two
 paths share weights and inputs and are measured alternately
 (production first on even repeats, naive first on odd ones); each figure is the median over ``--repeats``,
 and the speed-up is the median of the per-repeat ratios production / naive. With ``--compare-compile`` a
@@ -35,7 +35,8 @@ import capsnets
 from capsnets.engine.runtime import autocast, resolve_device, retain_freed_memory
 from capsnets.losses import create_loss
 from capsnets.models import CapsNet, MatrixCapsNet, model_arguments
-from capsnets.testing import NaiveDynamicRouting, NaiveEMRouting
+
+from baselines import NaiveDynamicRouting, NaiveEMRouting  # benchmarks/baselines.py, beside this script
 
 
 # ----------------------------------------------------------------------------------------- environment

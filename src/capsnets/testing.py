@@ -1,18 +1,24 @@
-"""Reference implementations and assertion helpers shared by the tests, the benchmarks and users.
+"""Literal float64 reference implementations of the routing procedures: oracles for tests.
 
-- :func:`reference_dynamic_routing`: Procedure 1 of Sabour et al. (2017) written literally, one example,
-  child and parent at a time, in Python loops. Slow; the oracle the fast path must agree with.
-- :class:`NaiveDynamicRouting`: the common vectorised-but-naive way (broadcast ``(B, I, J, D)``
-  products every iteration, gradients through every iteration); the baseline the benchmarks time.
-- :func:`reference_local_dynamic_routing`: the local (per-position) dynamic routing of convolutional
-  capsules (LaLonde & Bagci 2018; SPEC §3), written literally with logits ``b[i][h][w][j]``.
-- :func:`reference_em_routing`: Procedure 1 of Hinton et al. (2018) written literally (the EM oracle).
-- :func:`reference_conv_em_routing`: a convolutional matrix capsule layer with EM routing written literally
-  over the capsule grid, with either normalisation of a child's assignments (per position, or over all the
-  parents whose receptive fields hold it).
-- :class:`NaiveEMRouting`: EM routing the common vectorised-but-naive way (``(B, I, J, H)`` broadcasts of
-  ``R``, ``V`` and ``mu`` every iteration, densities with ``exp``); the EM baseline the benchmarks time.
-- :func:`assert_contrasts_resolve`: an experiment's declared contrasts name metrics its runs produce.
+Each function follows its source procedure loop by loop (one example, child and parent at a time, in plain
+Python floats) and returns float64 tensors. They are slow and meant for small inputs: the library's fast
+routings are tested against them, and users can test their own routings or layers the same way, e.g.
+``torch.testing.assert_close(my_routing(u_hat.double()), reference_dynamic_routing(u_hat, 3)[0])``.
+
+- :func:`reference_dynamic_routing`: routing by agreement, Sabour, Frosst & Hinton (2017), "Dynamic
+  Routing Between Capsules", Procedure 1.
+- :func:`reference_local_dynamic_routing`: the same procedure run independently at every position of a
+  convolutional capsule grid (LaLonde & Bagci (2018), "Capsules for Object Segmentation", Sec. 3.1).
+- :func:`reference_em_routing`: EM routing, Hinton, Sabour & Frosst (2018), "Matrix capsules with EM
+  routing", Procedure 1; with ``variance_floor`` set, the equations of the authors' released code instead
+  (google-research/google-research, ``capsule_em/em_layers.py``, ``update_em_routing``).
+- :func:`reference_conv_em_routing`: a convolutional matrix capsule layer with EM routing over the capsule
+  grid, with each of the ways to normalise a child's assignments (per position, over all the parents whose
+  receptive fields hold it, or per parent type as in the released code).
+
+The EM references use the safety floors of :func:`capsnets.functional.em_routing`: in the paper's
+procedure ``eps`` is added to every variance and to every ``sum_i R'`` denominator; ``log a_j`` is the
+log-sigmoid of the pre-activation.
 """
 from __future__ import annotations
 
@@ -20,6 +26,9 @@ import math
 
 import torch
 from torch import Tensor
+
+__all__ = ["reference_dynamic_routing", "reference_local_dynamic_routing", "reference_em_routing",
+           "reference_conv_em_routing"]
 
 
 def _squash_vector(s: list[float]) -> list[float]:
@@ -31,7 +40,12 @@ def _squash_vector(s: list[float]) -> list[float]:
 
 
 def reference_dynamic_routing(u_hat: Tensor, iterations: int) -> tuple[Tensor, Tensor]:
-    """Procedure 1, literally: returns ``(v (B, J, D), couplings (B, I, J))`` as float64."""
+    """Dynamic routing (Sabour et al. 2017, Procedure 1), literally.
+
+    Shape:
+        ``u_hat (B, I, J, D)``, each child's prediction for each parent -> ``v (B, J, D)``, the parent
+        capsules, and ``couplings (B, I, J)`` of the last iteration, both float64.
+    """
     u = u_hat.detach().double().tolist()
     out_v, out_c = [], []
     for ub in u:  # one example at a time; logits reset per example
@@ -55,9 +69,14 @@ def reference_dynamic_routing(u_hat: Tensor, iterations: int) -> tuple[Tensor, T
 
 
 def reference_local_dynamic_routing(u_hat: Tensor, iterations: int) -> tuple[Tensor, Tensor]:
-    """Local dynamic routing (SPEC §3), literally: per example, logits ``b[i][h][w][j]`` start at zero; each
-    iteration takes the softmax over parents at every ``(i, h, w)``, sums and squashes per position, and
-    adds the agreement. Returns ``(v (B, J, D, H, W), couplings (B, I, J, H, W))`` as float64."""
+    """Local dynamic routing (LaLonde & Bagci 2018, Sec. 3.1), literally.
+
+    Per example, logits ``b[i][h][w][j]`` start at zero; each iteration takes the softmax over parents at
+    every ``(i, h, w)``, sums and squashes per position, and adds the agreement.
+
+    Shape:
+        ``u_hat (B, I, J, D, H, W)`` -> ``v (B, J, D, H, W)`` and ``couplings (B, I, J, H, W)``, both float64.
+    """
     u = u_hat.detach().double().tolist()  # [b][i][j][d][h][w]
     out_v, out_c = [], []
     for ub in u:
@@ -88,58 +107,6 @@ def reference_local_dynamic_routing(u_hat: Tensor, iterations: int) -> tuple[Ten
         out_c.append([[[[c[i][h][w][j] for w in range(width)] for h in range(height)] for j in range(parents)]
                       for i in range(children)])
     return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)
-
-
-class NaiveDynamicRouting:
-    """Dynamic routing as public implementations usually write it (the benchmarks' baseline).
-
-    Shape:
-        ``(B, I, J, D) -> (B, J, D)``
-    """
-
-    def __init__(self, iterations: int = 3) -> None:
-        self.iterations = iterations
-
-    def __call__(self, u_hat: Tensor, *, return_couplings: bool = False):
-        b = torch.zeros(*u_hat.shape[:3], 1, device=u_hat.device, dtype=u_hat.dtype)  # (B, I, J, 1)
-        for r in range(self.iterations):
-            c = torch.softmax(b, dim=2)
-            s = (c * u_hat).sum(dim=1, keepdim=True)  # (B, 1, J, D)
-            sq = (s * s).sum(dim=-1, keepdim=True)
-            v = sq / (1.0 + sq) * s / torch.sqrt(sq + 1e-8)
-            if r < self.iterations - 1:
-                b = b + (u_hat * v).sum(dim=-1, keepdim=True)
-        v = v.squeeze(1)
-        return (v, c.squeeze(-1)) if return_couplings else v
-
-    def __repr__(self) -> str:
-        return f"NaiveDynamicRouting(iterations={self.iterations})"
-
-
-def assert_finite(tensor: Tensor, what: str = "tensor") -> None:
-    """Raise AssertionError naming ``what`` if ``tensor`` holds NaN or inf."""
-    bad = ~torch.isfinite(tensor)
-    if bad.any():
-        raise AssertionError(f"{what} has {int(bad.sum())} non-finite values of {tensor.numel()}")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# EM routing (Hinton, Sabour & Frosst 2018, Procedure 1; SPEC §2), written literally as the oracle for
-# capsnets.functional.em_routing. Same safety floors as the fast path: ``eps`` is added to every variance
-# and to every ``sum_i R'`` denominator; ``log a_j`` is the log-sigmoid of the pre-activation.
-
-
-def assert_contrasts_resolve(experiment: str, metrics: dict, count: int) -> None:
-    """Assert that experiment ``experiment`` declares ``count`` contrasts for ``metrics`` (one of its
-    runs' metrics) and that each names two numeric metrics that run produced."""
-    from capsnets.experiments.common import get_contrasts
-
-    contrasts = get_contrasts(experiment)(metrics)
-    assert len(contrasts) == count, f"{experiment}: {len(contrasts)} contrasts, expected {count}: {contrasts}"
-    for label, a, b in contrasts:
-        for key in (a, b):
-            assert isinstance(metrics.get(key), (int, float)), f"{experiment}: contrast {label!r} names {key!r}, " \
-                                                               f"which is not a numeric metric of the run"
 
 
 def _log_sigmoid(x: float) -> float:
@@ -297,49 +264,3 @@ def reference_conv_em_routing(pose: Tensor, activation: Tensor, weight: Tensor, 
         out_a.append([[[_sigmoid(stats[(oy, ox, u)][2]) for ox in range(out_w)] for oy in range(out_h)]
                       for u in range(parents_per_position)])
     return torch.tensor(out_mu, dtype=torch.float64), torch.tensor(out_a, dtype=torch.float64)
-
-
-class NaiveEMRouting:
-    """EM routing as public implementations usually write it (the benchmarks' baseline for EM).
-
-    Vectorised but naive: every iteration broadcasts ``R``, ``V`` and ``mu`` to ``(B, I, J, H)``; the
-    Gaussian densities are computed with ``exp`` (a floor on ``sum_j a_j p_ij`` avoids division by
-    zero; no log space, so far-off votes underflow to ``p = 0``); gradients flow through every
-    iteration. Same lambda schedule and ``eps`` conventions as :func:`capsnets.functional.em_routing`,
-    so it agrees with it wherever the densities neither underflow nor hit the floor.
-
-    Shape:
-        ``votes (B, I, J, H), activations (B, I), beta_v (J,), beta_a (J,) -> (B, J, H), (B, J)``
-    """
-
-    def __init__(self, iterations: int = 3, inverse_temperature=None, eps: float = 1e-6) -> None:
-        from capsnets.functional.em_routing import _resolve_lambdas
-
-        self.iterations = iterations
-        self.inverse_temperatures = _resolve_lambdas(inverse_temperature, iterations)
-        self.eps = eps
-
-    def __call__(self, votes: Tensor, activations: Tensor, beta_v, beta_a, return_assignments: bool = False):
-        eps, (batch, children, parents, _) = self.eps, votes.shape
-        tiny = torch.finfo(votes.dtype).tiny  # the usual guard against 0 / 0
-        a_in = activations.unsqueeze(-1)  # (B, I, 1)
-        r = votes.new_full((batch, children, parents), 1.0 / parents)  # (B, I, J)
-        for t, lam in enumerate(self.inverse_temperatures):
-            # M-step
-            rp = (r * a_in).unsqueeze(-1)  # (B, I, J, 1)
-            mass = rp.sum(dim=1, keepdim=True)  # (B, 1, J, 1)
-            mu = (rp * votes).sum(dim=1, keepdim=True) / (mass + eps)  # (B, 1, J, H)
-            var = (rp * (votes - mu) ** 2).sum(dim=1, keepdim=True) / (mass + eps) + eps  # (B, 1, J, H)
-            cost = ((beta_v.view(-1, 1) + torch.log(torch.sqrt(var))) * mass).sum(dim=-1)  # (B, 1, J)
-            a_out = torch.sigmoid(lam * (beta_a - cost))  # (B, 1, J)
-            if t == self.iterations - 1:
-                break
-            # E-step
-            p = torch.exp(-((votes - mu) ** 2) / (2 * var)) / torch.sqrt(2 * math.pi * var)  # (B, I, J, H)
-            ap = a_out * p.prod(dim=-1)  # (B, I, J)
-            r = ap / ap.sum(dim=-1, keepdim=True).clamp_min(tiny)
-        mu, a_out = mu.squeeze(1), a_out.squeeze(1)
-        return (mu, a_out, r) if return_assignments else (mu, a_out)
-
-    def __repr__(self) -> str:
-        return f"NaiveEMRouting(iterations={self.iterations})"

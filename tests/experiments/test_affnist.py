@@ -9,7 +9,7 @@ from capsnets.data.affnist import (AffineParams, affnist_style, affine_matrices,
                                    place_randomly, read_affnist_mat, sample_affine_params, translated_test_set,
                                    RandomPlacement)
 from capsnets.data.base import TensorData
-from capsnets.testing import assert_contrasts_resolve
+from helpers import assert_contrasts_resolve
 
 scipy_io = pytest.importorskip("scipy.io")
 

@@ -7,7 +7,7 @@ from capsnets.data.multimnist import (MultiMNIST, average_overlap, bounding_boxe
 from capsnets.experiments import run_experiment
 from capsnets.experiments.multimnist import both_correct, two_hot
 from capsnets.models import ModelOutput
-from capsnets.testing import assert_contrasts_resolve
+from helpers import assert_contrasts_resolve
 
 
 def fake_digits(per_class: int = 5) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,7 @@
 import pytest
 
 from capsnets.experiments import list_experiments, run_experiment
-from capsnets.testing import assert_contrasts_resolve
+from helpers import assert_contrasts_resolve
 
 
 def test_smoke_run_writes_the_report(shared_data_root, tmp_path):

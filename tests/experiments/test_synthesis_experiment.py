@@ -4,7 +4,7 @@ import torch
 
 from capsnets.experiments import run_experiment
 from capsnets.experiments.synthesis import train_pix2pix
-from capsnets.testing import assert_contrasts_resolve
+from helpers import assert_contrasts_resolve
 
 
 def test_smoke_run_writes_the_report(shared_data_root, tmp_path):

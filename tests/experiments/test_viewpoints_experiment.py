@@ -7,7 +7,7 @@ from capsnets.experiments import list_experiments, run_experiment, viewpoints
 from capsnets.experiments.viewpoints import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, build_model,
                                              load_norb_like, viewpoint_split)
 from capsnets.models import count_parameters
-from capsnets.testing import assert_contrasts_resolve
+from helpers import assert_contrasts_resolve
 
 NOVEL_AZIMUTHS = set(range(6, 29, 2))  # 60 .. 280 degrees
 

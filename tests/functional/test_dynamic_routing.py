@@ -3,7 +3,7 @@ import torch
 from torch.autograd import gradcheck
 
 from capsnets.functional import DynamicRouting, dynamic_routing
-from capsnets.testing import NaiveDynamicRouting, reference_dynamic_routing
+from capsnets.testing import reference_dynamic_routing
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3, 4, 5])
@@ -24,14 +24,6 @@ def test_couplings_sum_to_one_over_parents(detach):
     _, c = dynamic_routing(u_hat, 3, detach=detach, return_couplings=True)
     torch.testing.assert_close(c.sum(-1), torch.ones(3, 20, dtype=torch.float64))
     assert (c >= 0).all()
-
-
-def test_naive_path_agrees():
-    u_hat = torch.randn(4, 30, 5, 8, dtype=torch.float64)
-    v_naive, c_naive = NaiveDynamicRouting(3)(u_hat, return_couplings=True)
-    v, c = dynamic_routing(u_hat, 3, return_couplings=True)
-    torch.testing.assert_close(v, v_naive, rtol=0, atol=1e-7)  # naive squash has its own 1e-8 epsilon
-    torch.testing.assert_close(c, c_naive, rtol=0, atol=1e-7)
 
 
 def test_gradcheck():

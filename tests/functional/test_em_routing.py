@@ -4,7 +4,8 @@ from torch.autograd import gradcheck
 
 from capsnets.functional import (ChildGroups, EMRouting, em_inverse_temperatures, em_routing, grid_child_groups,
                                   group_softmax)
-from capsnets.testing import assert_finite, reference_em_routing
+from capsnets.testing import reference_em_routing
+from helpers import assert_finite
 
 
 def _inputs(batch, children, parents, dim, *, gen, dtype=torch.float64, requires_grad=False):
@@ -248,25 +249,6 @@ def test_detach_assignments_same_forward_and_constant_assignment_gradient():
     g_full, = torch.autograd.grad(pose.sum() + act.sum(), votes)
     assert not torch.allclose(g_detached, g_full)
     assert "detach_assignments=True" in repr(EMRouting(3, detach_assignments=True))
-
-
-def test_naive_em_routing_agrees_on_well_conditioned_inputs():
-    from capsnets.testing import NaiveEMRouting
-
-    gen = torch.Generator().manual_seed(9)
-    # few pose components of unit scale: the densities neither underflow nor hit the naive floor
-    votes, activations, beta_v, beta_a = _inputs(3, 12, 4, 4, gen=gen)
-    activations = activations.clamp(min=0.2)
-    lambdas = [0.05, 0.1, 0.2]
-    naive = NaiveEMRouting(3, lambdas)
-    got = naive(votes, activations, beta_v, beta_a, return_assignments=True)
-    want = em_routing(votes, activations, beta_v, beta_a, 3, inverse_temperature=lambdas, return_assignments=True)
-    for x, y in zip(got, want):
-        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-8)
-    assert "NaiveEMRouting(iterations=3)" == repr(naive)
-    poses, act = NaiveEMRouting(3)(votes.float(), activations.float(), beta_v.float(), beta_a.float())
-    assert poses.shape == (3, 4, 4) and act.shape == (3, 4)
-
 
 
 @pytest.mark.parametrize("detach", [False, True])

@@ -17,7 +17,7 @@ import torch
 import capsnets
 from capsnets.functional import ChildGroups, dynamic_routing, em_routing, grid_child_groups
 from capsnets.losses import create_loss
-from capsnets.testing import assert_finite
+from helpers import assert_finite
 
 
 def _finite(**tensors):

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from capsnets.functional import DynamicRouting, dynamic_routing, local_dynamic_routing, local_routing
 from capsnets.layers import ConvCapsules2d, ConvTransposeCapsules2d
-from capsnets.testing import NaiveDynamicRouting, reference_local_dynamic_routing
+from capsnets.testing import reference_local_dynamic_routing
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3])
@@ -31,7 +31,8 @@ def test_positions_route_independently():
     torch.testing.assert_close(local_dynamic_routing(changed, 3)[..., 1:, 1:], v[..., 1:, 1:])
 
 
-def test_local_routing_takes_any_routing_callable():
+def test_local_routing_takes_any_routing_callable(load_benchmark):
+    NaiveDynamicRouting = load_benchmark("baselines").NaiveDynamicRouting
     torch.manual_seed(0)
     u_hat = torch.randn(2, 3, 4, 5, 2, 2, dtype=torch.float64)
     torch.testing.assert_close(local_routing(u_hat, NaiveDynamicRouting(3)), local_routing(u_hat, DynamicRouting(3)),

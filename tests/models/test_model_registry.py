@@ -4,7 +4,7 @@ import torch
 
 import capsnets
 from capsnets.losses import create_loss
-from capsnets.testing import assert_finite
+from helpers import assert_finite
 
 EXPECTED_PARAMETERS = {
     "capsnet": 8_215_568,  # SPEC: ~8.2M
@@ -64,8 +64,8 @@ def test_registry_errors_are_clear():
         model(torch.rand(2, 1, 28, 28))
 
 
-def test_routing_is_passed_in():
-    from capsnets.testing import NaiveDynamicRouting
+def test_routing_is_passed_in(load_benchmark):
+    NaiveDynamicRouting = load_benchmark("baselines").NaiveDynamicRouting
 
     torch.manual_seed(0)
     fast = capsnets.create_model("capsnet_digits", dtype=torch.float64)

@@ -7,7 +7,7 @@ import capsnets
 from capsnets.data.segmentation import make_digit_segmentation
 from capsnets.engine import dice_score
 from capsnets.losses import binary_segmentation_loss, create_loss
-from capsnets.testing import assert_finite
+from helpers import assert_finite
 
 SEGMENTATION = capsnets.list_models("segmentation")
 

@@ -1,0 +1,22 @@
+"""Assertions shared by test folders (importable as ``helpers``: pyproject.toml puts ``tests/`` on the path)."""
+from torch import Tensor
+
+
+def assert_finite(tensor: Tensor, what: str = "tensor") -> None:
+    """Raise AssertionError naming ``what`` if ``tensor`` holds NaN or inf."""
+    bad = ~tensor.isfinite()
+    if bad.any():
+        raise AssertionError(f"{what} has {int(bad.sum())} non-finite values of {tensor.numel()}")
+
+
+def assert_contrasts_resolve(experiment: str, metrics: dict, count: int) -> None:
+    """Assert that experiment ``experiment`` declares ``count`` contrasts for ``metrics`` (one of its
+    runs' metrics) and that each names two numeric metrics that run produced."""
+    from capsnets.experiments.common import get_contrasts
+
+    contrasts = get_contrasts(experiment)(metrics)
+    assert len(contrasts) == count, f"{experiment}: {len(contrasts)} contrasts, expected {count}: {contrasts}"
+    for label, a, b in contrasts:
+        for key in (a, b):
+            assert isinstance(metrics.get(key), (int, float)), f"{experiment}: contrast {label!r} names {key!r}, " \
+                                                               f"which is not a numeric metric of the run"
