@@ -152,3 +152,14 @@ def test_does_not_touch_pyplot_state(tmp_path):
     import matplotlib.pyplot as plt  # imported only to check that no figure was registered
 
     assert plt.get_fignums() == []
+
+
+def test_save_figure_writes_any_figure_atomically(tmp_path):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 3))
+    fig.subplots().plot(np.arange(10), np.arange(10) ** 2)
+    out = plots.save_figure(fig, tmp_path / "new" / "line.png")
+    assert out == tmp_path / "new" / "line.png"
+    assert_png(out, min_bytes=1000)
+    assert "save_figure" in plots.__all__

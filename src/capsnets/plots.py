@@ -3,7 +3,8 @@
 Every function draws on a private :class:`matplotlib.figure.Figure` rendered by
 :class:`matplotlib.backends.backend_agg.FigureCanvasAgg`, so nothing here touches pyplot's global state or
 the backend a user has chosen. Every function creates the parent directory of ``out_png``, writes the PNG
-atomically (a temporary file in the same directory, then :func:`os.replace`) and returns the path.
+atomically (a temporary file in the same directory, then :func:`os.replace`) and returns the path; other
+figures (the experiments') are written the same way by :func:`save_figure`.
 
 The figures follow the ones in Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules",
 arXiv 1710.09829: Figure 3 pairs inputs with their reconstructions and marks the label and prediction.
@@ -23,7 +24,7 @@ from matplotlib.figure import Figure
 from capsnets._files import atomic_write
 
 
-__all__ = ["plot_training_curves", "plot_reconstructions", "plot_confusion_matrix"]
+__all__ = ["plot_training_curves", "plot_reconstructions", "plot_confusion_matrix", "save_figure"]
 
 _PAIRS_PER_ROW = 8  # reconstruction pairs per block of two rows
 
@@ -35,8 +36,23 @@ def _to_numpy(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def _save_figure(fig: Figure, out_png: str | os.PathLike) -> Path:
-    """Render ``fig`` to ``out_png`` atomically and release it; return the path."""
+def save_figure(fig: Figure, out_png: str | os.PathLike) -> Path:
+    """Render a figure to a PNG file atomically, the way every figure of this module is written.
+
+    Args:
+        fig: a :class:`matplotlib.figure.Figure` made without pyplot (``Figure(...)``); it is attached to
+            an Agg canvas, drawn at 100 dpi and cleared afterwards, so it must not be used again.
+        out_png: where to write the PNG; missing parent directories are created, and the file appears
+            complete or not at all (a temporary file in the same directory, then :func:`os.replace`).
+
+    Returns:
+        ``Path(out_png)``.
+
+    Example:
+        >>> fig = Figure(figsize=(4, 3))
+        >>> _ = fig.subplots().plot([0, 1], [1, 0])
+        >>> save_figure(fig, "runs/example/line.png")  # doctest: +SKIP
+    """
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
@@ -139,7 +155,7 @@ def plot_training_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | o
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(loc="best")
-    return _save_figure(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -227,7 +243,7 @@ def plot_reconstructions(images, reconstructions, out_png: str | os.PathLike, *,
     for block in range(blocks):
         axes[2 * block, 0].set_ylabel("input", fontsize=9)
         axes[2 * block + 1, 0].set_ylabel("recon.", fontsize=9)
-    return _save_figure(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -288,4 +304,4 @@ def plot_confusion_matrix(matrix, class_names: Sequence[str] | None, out_png: st
     ax.set_yticks(range(k), names)
     ax.set(xlabel="predicted class", ylabel="true class",
            title="Confusion matrix" + (" (row-normalised)" if normalize else ""))
-    return _save_figure(fig, out_png)
+    return save_figure(fig, out_png)

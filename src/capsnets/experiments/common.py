@@ -196,9 +196,9 @@ def settings_table(settings: dict[str, Any]) -> str:
 
 def save_figure(fig, out_png: str | os.PathLike) -> Path:
     """Render a :class:`matplotlib.figure.Figure` to ``out_png`` atomically (see :mod:`capsnets.plots`)."""
-    from capsnets.plots import _save_figure
+    from capsnets import plots
 
-    return _save_figure(fig, out_png)
+    return plots.save_figure(fig, out_png)
 
 
 def training_cell(training: str, history: Sequence[dict], loaded: bool) -> str:
