@@ -7,11 +7,11 @@
   ball of radius ``eps`` around the original image and onto ``[0, 1]``.
 - Targeted versions (Kurakin et al., Sec. 2.3, "iterative least-likely class" generalised to any
   target): step *down* the loss of the target class, ``x' = x - eps * sign(grad_x L(x, target))``.
-- Capsule context: Hinton, Sabour & Frosst (2018), Sec. 6 (SPEC §2) attack capsules and a CNN with
-  both methods. The loss crafted on (:func:`attack_loss`) is either each model's own training loss on
-  its scores (``"own"``: margin loss on capsule lengths, cross-entropy on CNN logits, spread loss on
-  matrix-capsule activations; the reconstruction term is left out, an attacker targets the class) or
-  the cross-entropy of the scores for every model (``"cross_entropy"``).
+- Capsule context: Hinton, Sabour & Frosst (2018), "Matrix capsules with EM routing", Sec. 6, attack capsules
+  and a CNN with both methods. The loss crafted on (:func:`attack_loss`) is either each model's own training
+  loss on its scores (``"own"``: margin loss on capsule lengths, cross-entropy on CNN logits, spread loss on
+  matrix-capsule activations; the reconstruction term is left out, an attacker targets the class) or the
+  cross-entropy of the scores for every model (``"cross_entropy"``).
 - Gradient masking: the margin and spread losses are exactly flat for a confidently classified
   example (every hinge inactive), so their input gradient is zero and a sign-gradient attack leaves
   that example unchanged: robustness that is only an absent gradient. Cross-entropy of the scores is

@@ -1,11 +1,12 @@
-"""Cluttered-digit segmentation: an offline stand-in for SegCaps' segmentation data (SPEC §3, §5).
+"""Cluttered-digit segmentation: an offline stand-in for SegCaps' segmentation data.
 
-SegCaps was evaluated on LUNA16 lung CT slices, which are not available here. This generator makes a
-segmentation task from MNIST digits in the style of cluttered MNIST (Mnih et al. 2014): one whole digit
-(the object) at a random position on a black canvas, plus ``clutter`` random ``patch x patch`` pieces of
-other digits at random positions. The mask is the object digit's pixels above ``threshold``. A pixel
-threshold cannot solve it: clutter pieces are strokes of the same intensity, and where they overlap the
-digit the image keeps the brighter value (the mask still marks the digit).
+SegCaps (LaLonde & Bagci 2018, "Capsules for Object Segmentation") was evaluated on LUNA16 lung CT slices,
+which are not available here. This generator makes a segmentation task from MNIST digits in the style of
+cluttered MNIST (Mnih et al. 2014): one whole digit (the object) at a random position on a black canvas, plus
+``clutter`` random ``patch x patch`` pieces of other digits at random positions. The mask is the object
+digit's pixels above ``threshold``. A pixel threshold cannot solve it: clutter pieces are strokes of the same
+intensity, and where they overlap the digit the image keeps the brighter value (the mask still marks the
+digit).
 
 Everything is drawn on the device of ``images`` from one seeded generator (deterministic for a seed).
 """

@@ -1,8 +1,9 @@
-"""Label maps for image synthesis: an offline stand-in for CapsPix2pix's data (SPEC §3, §5).
+"""Label maps for image synthesis: an offline stand-in for CapsPix2pix's data.
 
-pix2pix-style generators turn a semantic label map (one channel per class, 1 where that class is) into an
-image. Bass et al. (2019) synthesise retinal and MRI images from segmentations, which are not available
-here. :func:`silhouette_label_maps` makes the same kind of task from a labelled image set such as
+pix2pix-style generators (Isola et al. 2017) turn a semantic label map (one channel per class, 1 where that
+class is) into an image. Bass et al. (2019, "Image synthesis with a convolutional capsule generative
+adversarial network", CapsPix2pix) synthesise retinal and MRI images from segmentations, which are not
+available here. :func:`silhouette_label_maps` makes the same kind of task from a labelled image set such as
 Fashion-MNIST: each image's silhouette (pixels above ``threshold``) is drawn into the channel of its
 class, and the generator must paint the garment (shading, texture, seams) inside it.
 """

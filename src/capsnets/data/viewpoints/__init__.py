@@ -1,4 +1,4 @@
-"""An offline, procedurally rendered stand-in for smallNORB (SPEC section 5).
+"""An offline, procedurally rendered stand-in for smallNORB (LeCun, Huang & Bottou 2004).
 
 **What it is.** Five classes of toy-like objects (animal, human, airplane, truck, car), ten instances
 ("toys") per class, each photographed from 18 azimuths (0, 20, ..., 340 degrees) x 9 elevations (30, 35,
