@@ -21,7 +21,7 @@ from typing import Callable
 from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting, local_routing
-from capsnets.layers._checks import non_negative_int, positive_int
+from capsnets.layers.validation import non_negative_int, positive_int
 
 
 class _GridCapsules(nn.Module):

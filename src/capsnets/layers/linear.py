@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting
-from capsnets.layers._checks import positive_int
+from capsnets.layers.validation import positive_int
 
 
 class LinearCapsules(nn.Module):

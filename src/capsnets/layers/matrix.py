@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from capsnets.capsules import MatrixCapsules
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups
 from capsnets.functional.patches import capsule_patches
-from capsnets.layers._checks import non_negative_int, positive_int
+from capsnets.layers.validation import non_negative_int, positive_int
 
 
 #: How a convolutional capsule layer normalises the assignments of a child seen by several positions.

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from torch import Tensor, nn
 
-from capsnets.layers._checks import positive_int
+from capsnets.layers.validation import positive_int
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting, capsule_length
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
-from capsnets.layers._checks import conv_output_size, positive_int
+from capsnets.layers.validation import conv_output_size, positive_int
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 

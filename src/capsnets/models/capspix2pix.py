@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.layers._checks import positive_int
+from capsnets.layers.validation import positive_int
 from capsnets.models.registry import register_model
 from capsnets.models.segcaps import SegCaps
 from capsnets.models.unet import UNet

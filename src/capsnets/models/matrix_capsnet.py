@@ -36,7 +36,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.layers._checks import positive_int
+from capsnets.layers.validation import positive_int
 from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model

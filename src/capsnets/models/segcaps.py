@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting, capsule_length
 from capsnets.layers import ConvCapsules2d, ConvTransposeCapsules2d
-from capsnets.layers._checks import positive_int
+from capsnets.layers.validation import positive_int
 from capsnets.models.registry import register_model
 
 
