@@ -8,7 +8,7 @@ from torch import nn
 
 from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import reporting
-from capsnets.engine.loop import NonFiniteLossError
+from capsnets.engine import NonFiniteLossError
 from capsnets.engine.trainer import Trainer
 from capsnets.models.output import ModelOutput
 
@@ -45,6 +45,7 @@ def test_run_directory(tiny_config):
                 "time_to_accuracy", "parameters", "model", "dataset", "device", "torch"):
         assert key in on_disk and key in summary, key
     assert summary["test_accuracy"] == lines[-1]["test_accuracy"]
+    assert on_disk["figures_checkpoint"].startswith(f"best.safetensors (epoch {summary['best_epoch']}, ")
     figures = {Path(p).name for p in on_disk["figures"]}
     assert figures == {"training_curves.png", "confusion_matrix.png", "reconstructions.png"}
     for name in ("config.yaml", "last.safetensors", "last.json", "best.safetensors", "best.json", *figures):
@@ -82,7 +83,7 @@ def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path,
     assert summary["time_limited"] and summary["epochs"] == 1 and summary["planned_epochs"] == 3
     assert summary["test_accuracy"] is not None  # evaluated although eval_every is 5
     last = ckpt.load_checkpoint(tmp_path / "b" / "last.safetensors")  # checkpointed although checkpoint_every is 5
-    assert last.meta["progress"]["epoch"] == 1
+    assert last.meta["training"]["epoch"] == 1
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["time_limited"] is True
     resumed = Trainer(cut.replace(time_limit_minutes=None), resume=True)
     summary = resumed.fit()
@@ -95,6 +96,27 @@ def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path,
     free = Trainer(tiny_config(out=str(tmp_path / "c"), time_limit_minutes=60, **small)).fit()
     assert not free["time_limited"] and free["epochs"] == 3
     assert not Trainer(tiny_config(out=str(tmp_path / "d"), epochs=1, time_limit_minutes=1e-9)).fit()["time_limited"]
+
+
+def test_resumes_a_run_directory_written_before_the_train_state(tiny_config, tmp_path, monkeypatch):
+    """A last checkpoint whose sidecar holds the earlier ``progress`` entry (epochs, time; records in
+    metrics.jsonl) is resumed as exactly as a current one."""
+    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
+    small = dict(batch_size=16, limit_train=32, limit_test=16)
+    full = Trainer(tiny_config(out=str(tmp_path / "a"), epochs=2, **small))
+    expected = full.fit()
+    Trainer(tiny_config(out=str(tmp_path / "b"), epochs=1, **small)).fit()
+    sidecar = tmp_path / "b" / "last.json"
+    meta = json.loads(sidecar.read_text())
+    training = meta.pop("training")
+    meta["progress"] = {"epoch": 1, "train_time_s": training["train_time_s"], "best_epoch": 1,
+                        "test_accuracy": training["history"][0]["test_accuracy"], "time_to_accuracy": {}}
+    sidecar.write_text(json.dumps(meta))
+    resumed = Trainer(tiny_config(out=str(tmp_path / "b"), epochs=2, **small), resume=True)
+    summary = resumed.fit()
+    assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()))
+    assert (summary["best_epoch"], summary["best_test_accuracy"]) == (expected["best_epoch"],
+                                                                       expected["best_test_accuracy"])
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "5"])

@@ -8,7 +8,7 @@ group, so every process gets the whole data set's figures for 1/world_size of th
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -18,20 +18,23 @@ from capsnets.engine.runtime import autocast, resolve_amp, resolve_device
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Any, batch_size: int = 256, device: str | torch.device = "auto",
-             amp: str = "off", criterion: nn.Module | None = None,
-             context: DistContext | None = None) -> dict[str, Any]:
+def evaluate(model: nn.Module, data: Any, batch_size: int = 256, device: str | torch.device | None = None,
+             amp: str = "off", criterion: nn.Module | None = None, context: DistContext | None = None, *,
+             correct: Callable[[Any, Any], Tensor] | None = None) -> dict[str, Any]:
     """Evaluate ``model`` on every example of ``data`` in eval mode (the model's mode is restored).
 
     Args:
         model: a model returning ``ModelOutput`` from ``model(images)``.
-        data: a ``TensorData`` (or anything with ``images``, ``labels`` and ``num_classes``).
+        data: a ``TensorData`` (or anything with ``images`` and ``labels``), or an ``(images, targets)`` pair
+            whose targets are a tensor or a tuple of tensors batched with the images.
         batch_size: examples per forward pass.
-        device: where to run; the data is moved there batch by batch if it lives elsewhere.
+        device: where to run (None: where the model's parameters are); the data is moved there batch by batch.
         amp: ``"auto"``, ``"bf16"`` or ``"off"`` (see :func:`~capsnets.engine.runtime.resolve_amp`).
         criterion: optional loss ``criterion(output, images, labels) -> (loss, parts)``; adds ``"loss"``.
         context: the data-parallel group (see :mod:`capsnets.engine.distributed`): each process evaluates
             its shard and the counts are summed; every process must call this. None: evaluate alone.
+        correct: ``correct(output, targets) -> (B,) bool`` for targets that are not class labels (e.g. two
+            labels per image); then only ``accuracy``, ``count`` (and ``loss``) are returned.
 
     Returns:
         ``accuracy`` (float), ``per_class_accuracy`` ``(K,)`` float tensor (NaN for a class without
@@ -40,32 +43,58 @@ def evaluate(model: nn.Module, data: Any, batch_size: int = 256, device: str | t
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    device = resolve_device(device)
+    images, targets = (data.images, data.labels) if hasattr(data, "images") else data
+    device = _model_device(model) if device is None else resolve_device(device)
     dtype = resolve_amp(amp, device)
-    num_classes = int(data.num_classes)
+    num_classes = int(getattr(data, "num_classes", 0)) if correct is None else 0
     confusion = torch.zeros(num_classes * num_classes, dtype=torch.long, device=device)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, examples right (with ``correct``)
     was_training = model.training
     model.eval()
     context = context or DistContext()
-    shard = -(-len(data.labels) // context.world_size)  # ceil: the last process may get fewer (or none)
-    first, last = min(context.rank * shard, len(data.labels)), min((context.rank + 1) * shard, len(data.labels))
+    shard = -(-len(images) // context.world_size)  # ceil: the last process may get fewer (or none)
+    first, last = min(context.rank * shard, len(images)), min((context.rank + 1) * shard, len(images))
     try:
         for start in range(first, last, batch_size):
-            stop = min(start + batch_size, last)
-            images = data.images[start:stop].to(device, non_blocking=True)
-            labels = data.labels[start:stop].to(device, non_blocking=True)
+            x = images[start:min(start + batch_size, last)].to(device, non_blocking=True)
+            y = _take(targets, slice(start, min(start + batch_size, last)), device)
             with autocast(device, dtype):
-                output = model(images)
+                output = model(x)
                 if criterion is not None:
-                    loss_sum += criterion(output, images, labels)[0].double() * len(labels)
-            predictions = output.scores.argmax(dim=-1)
-            confusion += torch.bincount(labels * num_classes + predictions, minlength=num_classes**2)
+                    sums[0] += criterion(output, x, y)[0].double() * len(x)
+            if correct is not None:
+                sums[1] += correct(output, y).sum()
+                continue
+            if not num_classes:  # a pair without num_classes: the model's
+                num_classes = output.scores.shape[-1]
+                confusion = torch.zeros(num_classes * num_classes, dtype=torch.long, device=device)
+            confusion += torch.bincount(y * num_classes + output.scores.argmax(dim=-1), minlength=num_classes**2)
     finally:
         model.train(was_training)
     all_reduce_sum(confusion, context)
-    all_reduce_sum(loss_sum, context)
-    return _summarise(confusion.view(num_classes, num_classes).cpu(), loss_sum.item(), criterion is not None)
+    all_reduce_sum(sums, context)
+    if correct is None:
+        return _summarise(confusion.view(num_classes, num_classes).cpu(), sums[0].item(), criterion is not None)
+    count = len(images)
+    return {"accuracy": sums[1].item() / max(count, 1), "count": count,
+            **({"loss": sums[0].item() / max(count, 1)} if criterion is not None else {})}
+
+
+def accuracy(model: nn.Module, images: Tensor, targets: Any, *, batch_size: int = 256,
+             correct: Callable[[Any, Any], Tensor] | None = None) -> float:
+    """The fraction of ``(images, targets)`` that ``model`` gets right (:func:`evaluate`'s ``accuracy``)."""
+    return evaluate(model, (images, targets), batch_size, correct=correct)["accuracy"]
+
+
+def _take(targets: Any, index: slice, device: torch.device) -> Any:
+    if isinstance(targets, tuple):
+        return tuple(t[index].to(device, non_blocking=True) for t in targets)
+    return targets[index].to(device, non_blocking=True)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 def _summarise(confusion: Tensor, loss_sum: float, with_loss: bool) -> dict[str, Any]:

@@ -24,14 +24,19 @@ def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
         handle.write(json.dumps(_finite_or_none(record)) + "\n")
 
 
+def read_metrics(run_dir: Path, last_epoch: int | None = None) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` (up to ``last_epoch``), or [] if there is none."""
+    path = run_dir / METRICS_FILE
+    lines = path.read_text().splitlines() if path.is_file() else []
+    records = [json.loads(line) for line in lines if line.strip()]
+    return [r for r in records if last_epoch is None or r.get("epoch", 0) <= last_epoch]
+
+
 def truncate_metrics(run_dir: Path, last_epoch: int) -> None:
     """Drop records after ``last_epoch`` (written after the checkpoint a resumed run starts from)."""
-    path = run_dir / METRICS_FILE
-    if not path.is_file():
-        return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line).get("epoch", 0) <= last_epoch]
-    path.write_text("".join(line + "\n" for line in kept))
+    if (run_dir / METRICS_FILE).is_file():
+        kept = read_metrics(run_dir, last_epoch)
+        (run_dir / METRICS_FILE).write_text("".join(json.dumps(record) + "\n" for record in kept))
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:

@@ -9,9 +9,9 @@ Run directory (``config.out``): ``config.yaml``, ``metrics.jsonl`` (one line per
 """
 from __future__ import annotations
 
+import copy
 import logging
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import distributed, reporting
 from capsnets.engine.config import TrainConfig
 from capsnets.engine.evaluate import evaluate
-from capsnets.engine.loop import train_one_epoch
-from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, restore_rng_state, seed_everything
+from capsnets.engine.fit import TrainState, fit, save_state, training_step
+from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything
 
 logger = logging.getLogger(__name__)
 
@@ -32,45 +32,18 @@ ACCURACY_TARGETS = (0.99, 0.995, 0.996)
 
 
 @dataclass
-class RunState:
-    """Progress that a resumed run must carry on from (stored in the checkpoint sidecar)."""
-
-    epoch: int = 0
-    train_time_s: float = 0.0
-    test_accuracy: float | None = None
-    best_test_accuracy: float | None = None
-    best_epoch: int | None = None
-    time_to_accuracy: dict[str, float | None] = field(
-        default_factory=lambda: {str(t): None for t in ACCURACY_TARGETS})
-
-    def record_test(self, accuracy: float, epoch: int) -> bool:
-        """Note a test accuracy; return True if it is a new best."""
-        self.test_accuracy = accuracy
-        for target, reached in self.time_to_accuracy.items():
-            if reached is None and accuracy >= float(target):
-                self.time_to_accuracy[target] = self.train_time_s
-        if self.best_test_accuracy is None or accuracy > self.best_test_accuracy:
-            self.best_test_accuracy, self.best_epoch = accuracy, epoch
-            return True
-        return False
-
-
-@dataclass
 class _Session:
     """Everything one call of :meth:`Trainer.fit` works with."""
 
     context: distributed.DistContext
     device: torch.device
-    amp_dtype: torch.dtype | None
     model: torch.nn.Module  # the bare model: checkpoints
     fast_model: torch.nn.Module  # compiled or bare: evaluation
-    train_model: torch.nn.Module  # DDP-wrapped or fast_model: training steps
     criterion: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
     loader: Any
     test_data: Any
-    state: RunState
+    state: TrainState
+    examples: int  # training examples per epoch (all ranks)
 
 
 class Trainer:
@@ -101,19 +74,33 @@ class Trainer:
             distributed.teardown(context)
 
     def _fit(self, context: distributed.DistContext, device: torch.device) -> dict[str, Any]:
-        session = self._set_up(context, device)
-        evaluation, time_limited, began = None, False, time.perf_counter()
-        for epoch in range(session.state.epoch + 1, self.config.epochs + 1):
-            result, time_limited = self._run_epoch(session, epoch, began)
-            evaluation = result or evaluation
-            if time_limited:
-                logger.info("time limit of %g minutes reached after epoch %d of %d; continue with --resume",
-                            self.config.time_limit_minutes, epoch, self.config.epochs)
-                break
-        summary = self._summary(session.state, session.model, device, context)
-        summary.update(planned_epochs=self.config.epochs, time_limited=time_limited)
+        cfg, s = self.config, self._set_up(context, device)
+        trained_before = s.state.epoch
+        optimizer = s.state.optimizer
+        schedule = hasattr(s.criterion, "set_progress")
+        train_model = distributed.wrap_model(s.fast_model, context, device)
+
+        def compute(batch):
+            images, labels = batch
+            if schedule:  # a loss schedule (spread loss's margin) follows the fraction of training done
+                s.criterion.set_progress(s.state.fraction(len(s.loader), cfg.epochs))
+            output = train_model(images, labels)
+            correct = (output.scores.detach().argmax(dim=-1) == labels).sum()
+            return {"train_loss": s.criterion(output, images, labels)[0],
+                    "train_accuracy": correct.double() / len(labels)}
+
+        step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(cfg.amp, device), model=s.model)
+        fit(step, s.loader, epochs=cfg.epochs, state=s.state, schedulers=[s.state.scheduler],
+            on_evaluation=lambda record, final: self._at_epoch_end(s, record, final),
+            time_limit_s=None if cfg.time_limit_minutes is None else 60.0 * cfg.time_limit_minutes,
+            desc=cfg.model, progress=cfg.progress, context=context)
+        if not s.state.finished:
+            logger.info("time limit of %g minutes reached after epoch %d of %d; continue with --resume",
+                        cfg.time_limit_minutes, s.state.epoch, cfg.epochs)
+        summary = self._summary(s.state, s.model, device, context)
+        summary.update(planned_epochs=cfg.epochs, time_limited=not s.state.finished)
         if context.is_main:
-            self._finish(summary, session.fast_model, session.test_data, device, evaluation)
+            self._finish(summary, s, trained=s.state.epoch > trained_before)
         return summary
 
     def _set_up(self, context: distributed.DistContext, device: torch.device) -> "_Session":
@@ -124,58 +111,29 @@ class Trainer:
         model = self.model = self._build_model(train_data).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_decay)
-        state = self._restore(model, optimizer, scheduler) if self.resume else RunState()
+        state = self._restore(model) if self.resume else TrainState()
+        state.attach(optimizer, scheduler)
         if context.is_main:
             self._prepare_run_dir(state)
-        fast_model = torch.compile(model) if cfg.compile else model
-        return _Session(context=context, device=device, amp_dtype=resolve_amp(cfg.amp, device), model=model,
-                        fast_model=fast_model, train_model=distributed.wrap_model(fast_model, context, device),
-                        criterion=self._build_loss(model), optimizer=optimizer, scheduler=scheduler,
-                        loader=self._loader(train_data, context), test_data=test_data, state=state)
+        loader = self._loader(train_data, context)
+        examples = len(loader) * cfg.batch_size if loader.drop_last else loader.num_examples
+        return _Session(context=context, device=device, model=model,
+                        fast_model=torch.compile(model) if cfg.compile else model, criterion=self._build_loss(model),
+                        loader=loader, test_data=test_data, state=state, examples=examples)
 
-    def _out_of_time(self, began: float, context: distributed.DistContext, device: torch.device) -> bool:
-        """Whether this call has run ``time_limit_minutes`` since set-up; all processes follow rank 0."""
-        limit = self.config.time_limit_minutes
-        if limit is None:
-            return False
-        flag = torch.tensor(float(time.perf_counter() - began >= 60.0 * limit), device=device)
-        if context.enabled:
-            torch.distributed.broadcast(flag, src=0)
-        return bool(flag.item())
-
-    def _run_epoch(self, s: "_Session", epoch: int, began: float) -> tuple[dict[str, Any] | None, bool]:
-        """Train one epoch, step the schedule, evaluate if due, save.
-
-        Returns the evaluation (None if none was due) and whether the time limit stops the run after this
-        epoch; such an epoch is evaluated and checkpointed whatever ``eval_every`` / ``checkpoint_every`` say."""
+    def _at_epoch_end(self, s: "_Session", record: dict[str, Any], final: bool) -> None:
+        """Evaluate if due, write the epoch's metrics and checkpoints. An epoch that ends the run (its last, or
+        the time limit) is evaluated and checkpointed whatever ``eval_every`` / ``checkpoint_every`` say."""
         cfg, state = self.config, s.state
-        s.loader.set_epoch(epoch - 1)
-        lr = s.optimizer.param_groups[0]["lr"]
-        result = train_one_epoch(s.train_model, s.loader, s.criterion, s.optimizer, epoch=epoch, device=s.device,
-                                 amp_dtype=s.amp_dtype, context=s.context, progress=cfg.progress,
-                                 before_step=self._loss_schedule(s, epoch))
-        stop = epoch < cfg.epochs and self._out_of_time(began, s.context, s.device)
-        s.scheduler.step()
-        state.epoch, state.train_time_s = epoch, state.train_time_s + result.time_s
-        record = {"epoch": epoch, "train_loss": result.loss, "train_accuracy": result.accuracy, "lr": lr,
-                  "epoch_time_s": result.time_s, "images_per_s": result.images_per_s,
-                  "train_time_s": state.train_time_s}
-        evaluation, is_best = None, False
-        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs or stop:
+        record.update(epoch_time_s=record.pop("time_s"), train_time_s=state.train_time_s)
+        record["images_per_s"] = s.examples / max(record["epoch_time_s"], 1e-9)
+        if state.epoch % cfg.eval_every == 0 or final:
             evaluation = evaluate(s.fast_model, s.test_data, cfg.batch_size, s.device, cfg.amp, s.criterion,
                                   context=s.context)
             record.update(test_loss=evaluation["loss"], test_accuracy=evaluation["accuracy"])
-            is_best = state.record_test(evaluation["accuracy"], epoch)
+        state.best = _best(state.history)
         if s.context.is_main:
-            self._save_epoch(record, state, s.model, s.optimizer, s.scheduler, is_best, last=stop)
-        return evaluation, stop
-
-    def _loss_schedule(self, s: "_Session", epoch: int):
-        """If the loss has a schedule (``set_progress``), tell it the fraction of training done per step."""
-        if not hasattr(s.criterion, "set_progress"):
-            return None
-        steps, epochs = len(s.loader), self.config.epochs
-        return lambda step: s.criterion.set_progress((epoch - 1 + (step - 1) / steps) / epochs)
+            self._save_epoch(record, state, s.model, state.best == len(state.history) - 1, final)
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load_data(self, device: torch.device):
@@ -230,18 +188,23 @@ class Trainer:
                              f"shared by {context.world_size} processes; lower --batch-size")
         return loader
 
-    def _restore(self, model, optimizer, scheduler) -> RunState:
+    def _restore(self, model) -> TrainState:
+        """The state of ``<out>/last``, with the model's weights loaded and the checkpoint kept in it for
+        :meth:`TrainState.attach` (optimizer, scheduler and RNG)."""
         path = self.run_dir / f"last{ckpt.SUFFIX}"
         if not path.is_file():
             raise ckpt.CheckpointError(f"cannot resume: no checkpoint '{path}'; train without --resume first")
         checkpoint = ckpt.load_checkpoint(path)
         ckpt.restore_model(model, checkpoint)
-        ckpt.restore_training(checkpoint, optimizer, scheduler)
-        restore_rng_state(checkpoint.tensors)
-        logger.info("resuming from %s after epoch %d", path, checkpoint.meta["progress"]["epoch"])
-        return RunState(**checkpoint.meta["progress"])
+        state = TrainState.from_meta(checkpoint.meta)
+        if not state.history:  # a checkpoint written before TrainState: the records are in metrics.jsonl
+            state.history = reporting.read_metrics(self.run_dir, state.epoch)
+            state.best = _best(state.history)
+        state.checkpoint = checkpoint
+        logger.info("resuming from %s after epoch %d", path, state.epoch)
+        return state
 
-    def _prepare_run_dir(self, state: RunState) -> None:
+    def _prepare_run_dir(self, state: TrainState) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config.save(self.run_dir / "config.yaml")
         if self.resume:
@@ -250,40 +213,47 @@ class Trainer:
             (self.run_dir / reporting.METRICS_FILE).unlink(missing_ok=True)
 
     # -- per epoch / end of run -----------------------------------------------------------------------------
-    def _save_epoch(self, record, state: RunState, model, optimizer, scheduler, is_best: bool,
-                    last: bool = False) -> None:
+    def _save_epoch(self, record, state: TrainState, model, is_best: bool, final: bool) -> None:
         cfg = self.config
         reporting.append_metrics(self.run_dir, record)
         meta = {"model": cfg.model, "model_args": cfg.to_dict()["model_args"], "dataset": cfg.dataset,
-                "config": cfg.to_dict(), "epoch": state.epoch, "metrics": record, "progress": asdict(state)}
-        if state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs or last:
-            ckpt.save_checkpoint(self.run_dir / f"last{ckpt.SUFFIX}", model=model, meta=meta,
-                                 optimizer=optimizer, scheduler=scheduler)
+                "config": cfg.to_dict(), "epoch": state.epoch, "metrics": record}
+        if state.epoch % cfg.checkpoint_every == 0 or final:
+            save_state(self.run_dir / f"last{ckpt.SUFFIX}", model, state, meta)
         if is_best:
-            ckpt.save_checkpoint(self.run_dir / f"best{ckpt.SUFFIX}", model=model, meta=meta)
-        logger.info("epoch %d/%d: %s", state.epoch, cfg.epochs,
-                    ", ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "epoch"))
+            save_state(self.run_dir / f"best{ckpt.SUFFIX}", model, state, meta, resumable=False)
 
-    def _summary(self, state: RunState, model, device, context) -> dict[str, Any]:
+    def _summary(self, state: TrainState, model, device, context) -> dict[str, Any]:
         cfg = self.config
+        tested = [r for r in state.history if r.get("test_accuracy") is not None]
+        best = state.history[state.best] if state.best is not None else {}
+        reached = {str(t): next((r["train_time_s"] for r in tested if r["test_accuracy"] >= t), None)
+                   for t in ACCURACY_TARGETS}
         return {"model": cfg.model, "dataset": cfg.dataset, "epochs": state.epoch,
-                "test_accuracy": state.test_accuracy, "best_test_accuracy": state.best_test_accuracy,
-                "best_epoch": state.best_epoch, "train_time_s": state.train_time_s,
-                "time_to_accuracy": state.time_to_accuracy,
+                "test_accuracy": tested[-1]["test_accuracy"] if tested else None,
+                "best_test_accuracy": best.get("test_accuracy"), "best_epoch": best.get("epoch"),
+                "train_time_s": state.train_time_s, "time_to_accuracy": reached,
                 "parameters": sum(p.numel() for p in model.parameters()),
                 "device": str(device), "device_name": _device_name(device), "world_size": context.world_size,
                 "batch_size": cfg.batch_size, "amp": cfg.amp, "compile": cfg.compile,
                 "torch": torch.__version__, "capsnets": capsnets.__version__, "run_dir": str(self.run_dir)}
 
-    def _finish(self, summary, model, test_data, device, evaluation) -> None:
+    def _finish(self, summary: dict[str, Any], s: "_Session", trained: bool) -> None:
+        """Write the summary and, if this call trained, the figures of the best checkpoint."""
         reporting.write_summary(self.run_dir, summary)
-        if evaluation is None:  # nothing was trained in this call (resumed a finished run)
+        if not trained:  # resumed a finished run
             return
-        samples = _reconstruction_samples(model, test_data, device)
+        model = copy.deepcopy(s.model)
+        ckpt.restore_model(model, ckpt.load_checkpoint(self.run_dir / f"best{ckpt.SUFFIX}"))
+        evaluation = evaluate(model, s.test_data, self.config.batch_size, s.device, self.config.amp)
+        shown = (f"best{ckpt.SUFFIX} (epoch {summary['best_epoch']}, test accuracy "
+                 f"{100 * evaluation['accuracy']:.2f}%)")
         figures = reporting.save_figures(self.run_dir, confusion=evaluation["confusion_matrix"],
-                                         class_names=list(test_data.classes), samples=samples)
-        summary["figures"] = [str(p) for p in figures]
+                                         class_names=list(s.test_data.classes),
+                                         samples=_reconstruction_samples(model, s.test_data, s.device))
+        summary.update(figures=[str(p) for p in figures], figures_checkpoint=shown)
         reporting.write_summary(self.run_dir, summary)
+        logger.info("figures of %s in %s", shown, self.run_dir)
 
 
 def train(config: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
@@ -303,6 +273,12 @@ def _reconstruction_samples(model, data, device, count: int = 16) -> dict[str, t
         return None
     return {"images": images.cpu(), "reconstructions": output.reconstruction.float().cpu(),
             "labels": data.labels[:count].cpu(), "predictions": output.scores.argmax(-1).cpu()}
+
+
+def _best(history: list[dict[str, Any]]) -> int | None:
+    """Index of the record with the highest test accuracy (the first of ties), or None if none was tested."""
+    tested = [i for i, record in enumerate(history) if record.get("test_accuracy") is not None]
+    return max(tested, key=lambda i: history[i]["test_accuracy"], default=None)
 
 
 def _device_name(device: torch.device) -> str:

@@ -1,0 +1,309 @@
+"""The one training loop: :func:`fit` runs a step function over batches, with evaluation points, a time limit,
+stopping at a target, and a :class:`TrainState` from which a later process continues exactly.
+
+A way of training is a *step function* plus an *evaluation hook* (as in Lightning's ``fit`` with callbacks):
+
+- ``step(batch) -> {name: 0-dim tensor}`` does the forward pass, backward pass and optimiser step(s) itself
+  (:func:`training_step` builds one for a loss and an optimiser; a GAN's step holds two optimisers). Each value
+  is a mean over the batch; the loop keeps their running means, weighted by the batch size (``len(batch[0])``).
+- ``on_evaluation(record, final) -> bool`` is called at each evaluation point (``evaluations_per_epoch`` per
+  epoch, the last at the epoch's end) with the record of that point, which it may extend (e.g. a test
+  accuracy); returning True stops the training there (a target reached). ``final`` says that the training ends
+  at this point anyway (the last epoch's end, or the time limit), so a hook can evaluate and checkpoint.
+
+Running sums stay on the device; the host reads them every ``check_every`` steps and at evaluation points (to
+check that the losses are finite and to update the progress bar), so a GPU is not synchronised every step.
+Each evaluation point is logged through :mod:`logging` (logger ``capsnets.engine.fit``); the bar is tqdm's,
+which stays silent when stderr is not a terminal.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from capsnets.engine.checkpoint import restore_training, save_checkpoint
+from capsnets.engine.distributed import DistContext, all_reduce_sum
+from capsnets.engine.runtime import autocast, restore_rng_state
+
+__all__ = ["Batches", "NonFiniteLossError", "TrainState", "check_time_limit", "evaluation_points", "fit",
+           "save_state", "training_step"]
+
+logger = logging.getLogger(__name__)
+
+Step = Callable[[Any], dict[str, Tensor]]
+#: ``on_evaluation(record, final) -> stop``; see the module docstring.
+Hook = Callable[[dict[str, Any], bool], "bool | None"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite."""
+
+
+class Batches(Protocol):
+    """What :func:`fit` iterates: :class:`~capsnets.data.DeviceLoader` is one."""
+
+    def set_epoch(self, epoch: int) -> None: ...  # 0-based, before each epoch
+
+    def __len__(self) -> int: ...  # batches per epoch (after set_epoch)
+
+    def iter_from(self, first: int) -> Iterable: ...  # this epoch's batches from batch ``first`` (0-based) on
+
+
+@dataclass
+class TrainState:
+    """Where a training stands: what a checkpoint keeps so that a later process continues it exactly.
+
+    The first fields are saved in the checkpoint's sidecar (entry ``"training"``, see :meth:`to_dict`).
+
+    Attributes:
+        epoch: epochs finished.
+        step: batches of the next epoch already trained (0 at an epoch boundary).
+        steps: optimiser steps (batches) over the whole training.
+        train_time_s: seconds spent in training steps (evaluation not counted), over every run.
+        finished: False until the training ends, and after a time limit cut it short.
+        history: one record per evaluation point (see :func:`fit`), over every run.
+        best: index in ``history`` of the evaluation chosen so far (set by a hook), or None.
+        extra: JSON-safe entries that a step or hook needs to continue (e.g. a second optimizer's settings).
+        optimizer, scheduler: registered by :meth:`attach`; a resumable checkpoint stores them.
+        tensors: further tensors a resumable checkpoint stores (as ``extra.<key>``).
+        checkpoint: the unfinished checkpoint this state was read from; :meth:`attach` restores from it.
+    """
+
+    epoch: int = 0
+    step: int = 0
+    steps: int = 0
+    train_time_s: float = 0.0
+    finished: bool = False
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    optimizer: Any = field(default=None, repr=False)
+    scheduler: Any = field(default=None, repr=False)
+    tensors: dict[str, Tensor] = field(default_factory=dict, repr=False)
+    checkpoint: Any = field(default=None, repr=False)
+
+    _SAVED = ("epoch", "step", "steps", "train_time_s", "finished", "history", "best", "extra")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-safe part (a checkpoint sidecar's ``"training"`` entry)."""
+        return {name: getattr(self, name) for name in self._SAVED}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> "TrainState":
+        """The state recorded in a checkpoint sidecar. A sidecar without one holds a finished model; a trainer
+        sidecar written before this class (``"progress"``) gives its epochs and time (history: metrics.jsonl)."""
+        saved = meta.get("training")
+        if saved is None:
+            progress = meta.get("progress")
+            if progress is None:
+                return cls(finished=True, history=list(meta.get("history") or []))
+            return cls(epoch=progress["epoch"], train_time_s=progress["train_time_s"])
+        unknown = sorted(set(saved) - set(cls._SAVED))
+        if unknown:
+            raise ValueError(f"the checkpoint records an unfinished training in a form this version of capsnets "
+                             f"does not read ({', '.join(unknown)}); delete the checkpoint to train the model again")
+        state = cls(**saved)
+        state.history = state.history or list(meta.get("history") or [])  # checkpoints that kept it beside
+        return state
+
+    def load(self, other: "TrainState") -> None:
+        """Take over the saved fields of ``other`` (the caller's object stays the one it holds)."""
+        for name in self._SAVED:
+            setattr(self, name, getattr(other, name))
+
+    def attach(self, optimizer: torch.optim.Optimizer, scheduler: Any = None):
+        """Register the training's optimizer (and scheduler) for the checkpoint and, when continuing
+        (:attr:`checkpoint` set), load their state and the RNG state from it. Returns that checkpoint (a
+        step may read its own entries from it), or None for a fresh start."""
+        self.optimizer, self.scheduler = optimizer, scheduler
+        checkpoint, self.checkpoint = self.checkpoint, None
+        if checkpoint is not None:
+            restore_training(checkpoint, optimizer, scheduler)
+            restore_rng_state(checkpoint.tensors)
+        return checkpoint
+
+    def fraction(self, steps_per_epoch: int, epochs: int) -> float:
+        """The fraction of ``epochs`` trained before the current step (for a loss schedule)."""
+        return (self.epoch + self.step / steps_per_epoch) / epochs
+
+
+def fit(step: Step, batches: Batches, *, epochs: int, state: TrainState | None = None,
+        schedulers: Sequence[Any] = (), evaluations_per_epoch: int = 1, on_evaluation: Hook | None = None,
+        time_limit_s: float | None = None, desc: str = "train", progress: bool = True,
+        context: DistContext | None = None, check_every: int = 20) -> TrainState:
+    """Train until ``state.epoch == epochs``, the hook stops it, or the time limit passes; see the module docstring.
+
+    Args:
+        step: ``step(batch) -> {name: 0-dim tensor}``; the values are means over the batch.
+        batches: the training batches (:class:`Batches`); ``set_epoch`` gets the 0-based epoch.
+        epochs: epochs to train in all (over every run of a continued training).
+        state: where to start (:class:`TrainState`; a continued one starts mid-epoch if it stopped there);
+            updated in place and returned.
+        schedulers: stepped at the end of every epoch (before the hook sees that point); the first gives the
+            record's ``lr``.
+        evaluations_per_epoch: evaluation points per epoch, evenly spaced, the last at the epoch's end.
+        on_evaluation: the hook, ``(record, final) -> stop``.
+        time_limit_s: stop at the first evaluation point at least this many seconds after the call began;
+            that point's record gets ``"time_limit": True`` and ``state.finished`` stays False.
+        desc: names the training in the progress bar, log lines and errors.
+        progress: show a tqdm bar (only on a terminal, only on rank 0).
+        context: the data-parallel group; the running sums and the time-limit decision are shared.
+        check_every: steps between host-side checks of the losses.
+
+    Each record holds ``epoch`` (epochs done: a whole number at an epoch's end, a fraction within one),
+    ``step`` (optimiser steps done), the mean of each step value since the previous point, ``lr`` (with a
+    scheduler) and ``time_s`` (training seconds since the previous point); it is appended to ``state.history``.
+
+    Raises:
+        NonFiniteLossError: a step value was NaN or infinite (naming the epoch and step).
+    """
+    if evaluations_per_epoch < 1:
+        raise ValueError(f"evaluations_per_epoch must be >= 1, got {evaluations_per_epoch}")
+    check_time_limit(time_limit_s)
+    state = state if state is not None else TrainState()
+    context = context or DistContext()
+    began, stop, out_of_time = time.perf_counter(), False, False
+    while state.epoch < epochs and not (stop or out_of_time):
+        batches.set_epoch(state.epoch)
+        total = len(batches)
+        points = evaluation_points(total, evaluations_per_epoch)
+        bar = tqdm(total=total, initial=state.step, desc=f"{desc} epoch {state.epoch + 1}", leave=False,
+                   dynamic_ncols=True, disable=None if (progress and context.is_main) else True)
+        sums, pending, since = None, [], time.perf_counter()
+        for batch in batches.iter_from(state.step):
+            values = step(batch)
+            stacked = torch.stack([v.detach().double() for v in values.values()])
+            n = stacked.new_tensor([len(batch[0])])
+            sums = torch.cat([stacked * n, n]) if sums is None else sums + torch.cat([stacked * n, n])
+            pending.append(stacked)
+            state.step += 1
+            state.steps += 1
+            if state.step % check_every and state.step not in points:
+                continue
+            _check_finite(pending, list(values), desc, state.epoch + 1, state.step)
+            pending.clear()
+            _update_bar(bar, state.step, values, sums)
+            if state.step not in points:
+                continue
+            record, elapsed = _point_record(state, total, values, sums, context, schedulers), time.perf_counter()
+            record["time_s"] = elapsed - since
+            state.train_time_s += record["time_s"]
+            if state.step == total:  # the epoch's end: a checkpoint taken here starts the next epoch
+                for scheduler in schedulers:
+                    scheduler.step()
+                state.epoch, state.step = state.epoch + 1, 0
+            last = state.epoch == epochs and state.step == 0
+            out_of_time = not last and _out_of_time(began, time_limit_s, context, stacked.device)
+            if out_of_time:
+                record["time_limit"] = True
+            state.history.append(record)
+            stop = bool(on_evaluation(record, last or out_of_time)) if on_evaluation is not None else False
+            if stop:
+                record.pop("time_limit", None)
+                out_of_time = False
+            if context.is_main:
+                logger.info("%s epoch %s: %s", desc, f"{record['epoch']:g}", _format(record))
+            if stop or out_of_time:
+                break
+            sums, since = None, time.perf_counter()
+        bar.close()
+    state.finished = not out_of_time
+    return state
+
+
+def save_state(path, model: nn.Module, state: TrainState, meta: dict[str, Any], *, resumable: bool = True):
+    """Checkpoint ``model`` with ``state`` in its sidecar (``"training"``). A ``resumable`` checkpoint also keeps
+    what a later process needs to continue: the attached optimizer and scheduler and ``state.tensors``."""
+    parts = {"optimizer": state.optimizer, "scheduler": state.scheduler, "extra_tensors": state.tensors}
+    return save_checkpoint(path, model=model, meta={**meta, "training": state.to_dict()},
+                           **(parts if resumable else {}))
+
+
+def training_step(compute: Callable[[Any], dict[str, Tensor]], optimizer: torch.optim.Optimizer, *,
+                  device: torch.device, amp_dtype: torch.dtype | None = None, model: nn.Module | None = None) -> Step:
+    """A :func:`fit` step for one loss and one optimizer: ``compute(batch)`` under autocast (``amp_dtype`` on
+    ``device``; None: full precision), then the backward pass of its first value and an optimizer step.
+
+    Args:
+        compute: ``batch -> {name: 0-dim tensor}``, the first entry the loss minimised.
+        model: put in training mode before each step if it is not (an evaluation may have left it in eval mode).
+    """
+
+    def step(batch) -> dict[str, Tensor]:
+        if model is not None and not model.training:
+            model.train()
+        with autocast(device, amp_dtype):
+            values = compute(batch)
+        optimizer.zero_grad(set_to_none=True)
+        next(iter(values.values())).backward()
+        optimizer.step()
+        return values
+
+    return step
+
+
+def evaluation_points(steps: int, per_epoch: int) -> list[int]:
+    """The 1-based steps of an epoch of ``steps`` batches after which :func:`fit` evaluates: ``per_epoch``
+    evenly spaced, the last the epoch's end."""
+    return sorted({max(1, round(steps * k / per_epoch)) for k in range(1, per_epoch + 1)})
+
+
+def check_time_limit(time_limit_s: float | None) -> None:
+    """Refuse a training time limit that is not a positive number of seconds (None means no limit)."""
+    ok = isinstance(time_limit_s, (int, float)) and not isinstance(time_limit_s, bool) and time_limit_s > 0
+    if time_limit_s is not None and not ok:  # NaN is not > 0
+        raise ValueError(f"the training time limit must be a positive number of seconds (or None), "
+                         f"got {time_limit_s!r}; the experiments take it as train_minutes")
+
+
+def _point_record(state: TrainState, total: int, values: dict, sums: Tensor, context: DistContext,
+                  schedulers: Sequence[Any]) -> dict[str, Any]:
+    """The record of an evaluation point: position, mean step values since the last point, learning rate."""
+    *value_sums, count = all_reduce_sum(sums, context).tolist()
+    done = state.epoch + state.step / total
+    record = {"epoch": state.epoch + 1 if state.step == total else round(done, 4), "step": state.steps}
+    record.update({name: s / max(count, 1) for name, s in zip(values, value_sums)})
+    if schedulers:
+        record["lr"] = schedulers[0].get_last_lr()[0]
+    return record
+
+
+def _out_of_time(began: float, limit: float | None, context: DistContext, device: torch.device) -> bool:
+    """Whether ``limit`` seconds have passed since ``began``; every process follows rank 0."""
+    if limit is None:
+        return False
+    flag = torch.tensor(float(time.perf_counter() - began >= limit), device=device)
+    if context.enabled:
+        torch.distributed.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def _check_finite(pending: list[Tensor], names: list[str], desc: str, epoch: int, last_step: int) -> None:
+    """Raise if a value of the steps ``last_step - len(pending) + 1 .. last_step`` is not finite."""
+    finite = torch.isfinite(torch.stack(pending))
+    if bool(finite.all()):
+        return
+    row, column = (~finite).nonzero()[0].tolist()
+    value = float(pending[row][column])
+    raise NonFiniteLossError(f"{desc}: training {names[column]} is {value} at epoch {epoch}, step "
+                             f"{last_step - len(pending) + 1 + row}; the last checkpoint was kept. Lower the learning "
+                             "rate (--lr) or turn mixed precision off (--amp off), then resume or retrain")
+
+
+def _update_bar(bar, step: int, values: dict, sums: Tensor) -> None:
+    if bar.disable:
+        return
+    *value_sums, count = sums.tolist()
+    bar.set_postfix({name: f"{s / count:.4g}" for name, s in zip(values, value_sums)})
+    bar.update(step - bar.n)
+
+
+def _format(record: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
+                     if k != "epoch")

@@ -1,0 +1,94 @@
+"""fit: evaluation points, stopping, the time limit, exact continuation mid-epoch, finite checks, logging."""
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from capsnets.data import DeviceLoader
+from capsnets.engine import NonFiniteLossError, TrainState, fit, training_step
+from capsnets.engine.fit import evaluation_points
+
+
+def _problem(seed=0):
+    """A linear model with dropout (training draws from the global RNG), its optimizer, schedule and batches."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Dropout(0.2), nn.Linear(4, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
+    images = torch.linspace(-1, 1, 80).reshape(20, 1, 2, 2)
+    loader = DeviceLoader((images, torch.arange(20) % 3), 4, seed=1)  # 5 batches per epoch
+
+    def compute(batch):
+        x, y = batch
+        return {"loss": nn.functional.cross_entropy(model(x.flatten(1)), y)}
+
+    step = training_step(compute, optimizer, device=torch.device("cpu"), model=model)
+    return model, step, loader, optimizer, scheduler
+
+
+def test_evaluation_points_are_evenly_spaced_and_end_the_epoch():
+    assert evaluation_points(5, 1) == [5]
+    assert evaluation_points(5, 2) == [2, 5]  # round(2.5) == 2
+    assert evaluation_points(3, 10) == [1, 2, 3]
+
+
+def test_records_positions_means_and_learning_rates():
+    model, step, loader, _, scheduler = _problem()
+    finals = []
+    state = fit(step, loader, epochs=2, schedulers=[scheduler], evaluations_per_epoch=2, progress=False,
+                on_evaluation=lambda record, final: finals.append(final))
+    assert [r["epoch"] for r in state.history] == [0.4, 1, 1.4, 2]
+    assert [r["step"] for r in state.history] == [2, 5, 7, 10]
+    assert [r["lr"] for r in state.history] == [0.05, 0.05, 0.025, 0.025]
+    assert finals == [False, False, False, True] and state.finished
+    assert (state.epoch, state.step, state.steps) == (2, 0, 10)
+
+
+def test_the_hook_stops_training_and_the_time_limit_marks_the_point():
+    _, step, loader, _, _ = _problem()
+    stopped = fit(step, loader, epochs=3, progress=False, on_evaluation=lambda record, final: record["epoch"] == 2)
+    assert len(stopped.history) == 2 and stopped.finished
+    _, step, loader, _, _ = _problem()
+    seen = []
+    cut = fit(step, loader, epochs=3, progress=False, time_limit_s=1e-9,
+              on_evaluation=lambda record, final: seen.append((dict(record), final)))
+    assert not cut.finished and len(cut.history) == 1 and seen[0][1] is True and seen[0][0]["time_limit"]
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        fit(step, loader, epochs=1, time_limit_s=0)
+
+
+def test_a_training_stopped_mid_epoch_continues_exactly():
+    model, step, loader, optimizer, scheduler = _problem()
+    whole = fit(step, loader, epochs=2, schedulers=[scheduler], evaluations_per_epoch=2, progress=False)
+    reference = [p.detach().clone() for p in model.parameters()]
+
+    model, step, loader, optimizer, scheduler = _problem()
+    state = TrainState()
+    fit(step, loader, epochs=2, state=state, schedulers=[scheduler], evaluations_per_epoch=2, progress=False,
+        time_limit_s=1e-9)
+    assert (state.epoch, state.step, state.finished) == (0, 2, False)
+    fit(step, loader, epochs=2, state=state, schedulers=[scheduler], evaluations_per_epoch=2, progress=False)
+    keys = ("epoch", "step", "loss", "lr")
+    assert [[r[k] for k in keys] for r in state.history] == [[r[k] for k in keys] for r in whole.history]
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference))
+
+
+def test_a_non_finite_loss_names_the_epoch_and_step():
+    calls = iter(range(100))
+
+    def step(batch):
+        return {"loss": torch.tensor(float("nan") if next(calls) == 6 else 1.0)}
+
+    _, _, loader, _, _ = _problem()
+    with pytest.raises(NonFiniteLossError, match=r"toy: training loss is nan at epoch 2, step 2.*--lr"):
+        fit(step, loader, epochs=3, desc="toy", progress=False)
+
+
+def test_each_evaluation_point_is_logged_and_nothing_is_printed(caplog, capsys):
+    _, step, loader, _, _ = _problem()
+    with caplog.at_level(logging.INFO, logger="capsnets.engine.fit"):
+        fit(step, loader, epochs=2, desc="toy", on_evaluation=lambda record, final: record.update(score=0.5))
+    assert [m for m in caplog.messages if m.startswith("toy epoch")] == [
+        m for m in caplog.messages if "score 0.5" in m] and len(caplog.messages) == 2
+    assert capsys.readouterr() == ("", "")  # the progress bar stays off when stderr is not a terminal
