@@ -1,11 +1,11 @@
-"""The ``capsnets`` command line: train, evaluate, reconstruct, list-models, and its error messages."""
+"""The ``capsnets`` command line: train, evaluate, reconstruct, list-models, their help, and error messages."""
 import json
 import re
 
 import pytest
 import yaml
 
-from capsnets.cli import main, parse_key_values
+from capsnets.cli import build_parser, config_from_args, main, parse_key_values
 
 TRAIN = ["train", "--model", "capsnet_digits", "--dataset", "digits", "--epochs", "1", "--batch-size", "32",
          "--limit-train", "64", "--limit-test", "32", "--device", "cpu", "--no-progress",
@@ -59,16 +59,34 @@ def test_evaluate(run_dir, tmp_path, capsys):
     assert main(["evaluate", "--checkpoint", str(run_dir), "--out", str(tmp_path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "accuracy" in out and "confusion matrix" in out
-    report = json.loads((tmp_path / "evaluation_digits.json").read_text())
+    # written elsewhere than the run: named after the run directory and the checkpoint
+    report = json.loads((tmp_path / "evaluation_run_best_digits.json").read_text())
     assert len(report["confusion_matrix"]) == 10 and len(report["per_class_accuracy"]) == 10
     assert sum(map(sum, report["confusion_matrix"])) == report["count"] == 360
-    assert (tmp_path / "evaluation_digits_confusion.png").is_file()
+    assert report["checkpoint"] == str(run_dir / "best.safetensors") and report["epoch"] == 1
+    assert (tmp_path / "evaluation_run_best_digits_confusion.png").is_file()
 
 
 def test_reconstruct(run_dir, tmp_path, capsys):
     checkpoint = run_dir / "last.safetensors"
     assert main(["reconstruct", "--checkpoint", str(checkpoint), "--n", "8", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "reconstructions.png").is_file()
+    assert (tmp_path / "reconstructions_run_last.png").is_file()
+    assert str(tmp_path / "reconstructions_run_last.png") in capsys.readouterr().out
+
+
+def test_evaluate_and_reconstruct_never_replace_a_runs_files(run_dir):
+    trained = {name: (run_dir / name).read_bytes() for name in ("reconstructions.png", "confusion_matrix.png",
+                                                                "summary.json", "metrics.jsonl")}
+    for checkpoint in ("best", "last"):
+        path = str(run_dir / f"{checkpoint}.safetensors")
+        assert main(["evaluate", "--checkpoint", path, "--device", "cpu"]) == 0  # into the run directory
+        assert main(["reconstruct", "--checkpoint", path, "--n", "4", "--device", "cpu"]) == 0
+    assert {name: (run_dir / name).read_bytes() for name in trained} == trained
+    for checkpoint in ("best", "last"):
+        report = json.loads((run_dir / f"evaluation_{checkpoint}_digits.json").read_text())
+        assert report["checkpoint"] == str(run_dir / f"{checkpoint}.safetensors")
+        assert (run_dir / f"evaluation_{checkpoint}_digits_confusion.png").is_file()
+        assert (run_dir / f"reconstructions_{checkpoint}.png").is_file()
 
 
 def test_list_models(capsys):
@@ -77,6 +95,90 @@ def test_list_models(capsys):
     rows = {name: (count, task) for name, count, task in (line.split() for line in lines)}
     assert rows["capsnet"] == ("8,215,568", "classification") and rows["segcaps"] == ("1,425,649", "segmentation")
     assert {"capsnet", "capsnet_small", "capsnet_digits", "cnn_baseline", "unet"} <= set(rows)
+
+
+def test_list_models_name_lists_its_model_args_with_defaults(capsys):
+    from capsnets.models import model_arguments
+
+    assert main(["list-models", "capsnet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "input_size=[1, 28, 28]" in lines and "reconstruction=true" in lines
+    defaults = {key: list(value) if isinstance(value, tuple) else value
+                for key, value in model_arguments("capsnet").items() if key not in ("device", "dtype")}
+    # one KEY=VALUE line per builder argument, each one --model-arg reads back as the default
+    assert parse_key_values(lines, "--model-arg") == defaults and len(lines) == len(defaults)
+    assert main(["list-models", "capsnet_dgits"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unknown model 'capsnet_dgits'" in err and "capsnet_digits" in err
+
+
+def _help(command: str, capsys) -> tuple[list[str], dict[str, str]]:
+    """``capsnets COMMAND --help``: the options its usage line names, and {option: its help on one line}."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    usage, options = capsys.readouterr().out.split("options:", 1)
+    entries, current = {}, None
+    for line in options.splitlines():
+        match = re.match(r"^  (-\w)?(?:, )?(--[\w-]+)( [\w=.\[\]{},]+)?(?:\s{2,}(.*))?$", line)
+        if match:
+            current = match.group(2)
+            entries[current] = match.group(4) or ""
+        elif current and line.startswith("   "):
+            entries[current] += " " + line.strip()
+    named = re.findall(r"\[(--[\w-]+)|(--[\w-]+) ", usage)
+    return [a or b for a, b in named], {option: " ".join(text.split()) for option, text in entries.items()}
+
+
+def _help_entries(command: str, capsys) -> dict[str, str]:
+    return _help(command, capsys)[1]
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "reconstruct"])
+def test_help_gives_every_option_with_its_default(command, capsys):
+    options, entries = _help(command, capsys)
+    assert set(entries) == {*options, "--help"} and len(options) > 3
+    for option, help_text in entries.items():
+        if option != "--help":
+            assert "(default:" in help_text or "no default" in help_text, f"{command} {option}: {help_text!r}"
+
+
+def test_train_help_states_the_defaults_of_the_config(capsys):
+    from capsnets.engine.config import TrainConfig
+
+    entries, default = _help_entries("train", capsys), TrainConfig()
+    for option in ("epochs", "seed", "eval_every", "checkpoint_every", "batch_size"):
+        assert f"(default: {getattr(default, option)})" in entries["--" + option.replace("_", "-")], option
+    assert "(default: 0)" in entries["--weight-decay"] and "$CAPSNETS_DATA" in entries["--data-dir"]
+    assert "(default: runs/<model>" in entries["--out"] and "list-models MODEL" in entries["--model-arg"]
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "reconstruct"])
+def test_dataset_help_lists_the_registered_data_sets(command, capsys):
+    from capsnets.data import list_datasets
+
+    listed = re.search(r": (.*?) \(default", _help_entries(command, capsys)["--dataset"]).group(1)
+    assert listed.split(", ") == list_datasets()
+
+
+def test_run_directory_follows_the_model(tmp_path, monkeypatch):
+    def config(*argv):
+        return config_from_args(build_parser().parse_args(["train", *argv]))
+
+    monkeypatch.chdir(tmp_path)
+    assert config().out == "runs/capsnet_digits"
+    assert config("--model", "capsnet_small").out == "runs/capsnet_small"
+    assert config("--model", "capsnet_small", "--out", "elsewhere").out == "elsewhere"
+    file = tmp_path / "run.yaml"
+    file.write_text(yaml.safe_dump({"model": "cnn_baseline"}))
+    assert config("--config", str(file)).out == "runs/cnn_baseline"
+    file.write_text(yaml.safe_dump({"model": "cnn_baseline", "out": "mine"}))
+    assert config("--config", str(file)).out == "mine"
+    # --resume without --out continues the model's default run directory, with its config.yaml
+    (tmp_path / "runs" / "capsnet_small").mkdir(parents=True)
+    (tmp_path / "runs" / "capsnet_small" / "config.yaml").write_text(yaml.safe_dump({"model": "capsnet_small",
+                                                                                      "epochs": 7}))
+    assert config("--resume", "--model", "capsnet_small").epochs == 7
 
 
 def test_corrupt_checkpoint_is_one_line_error(run_dir, tmp_path, capsys):

@@ -163,3 +163,14 @@ def test_save_figure_writes_any_figure_atomically(tmp_path):
     assert out == tmp_path / "new" / "line.png"
     assert_png(out, min_bytes=1000)
     assert "save_figure" in plots.__all__
+
+
+def test_titles_name_what_a_figure_shows(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out_png: drawn.append(fig) or out_png)
+    images = torch.rand(2, 1, 8, 8)
+    plots.plot_reconstructions(images, images, tmp_path / "r.png", title="run/best.safetensors (epoch 3)")
+    plots.plot_confusion_matrix(np.eye(2), ["a", "b"], tmp_path / "cm.png", title="run/last.safetensors")
+    plots.plot_confusion_matrix(np.eye(2), ["a", "b"], tmp_path / "cm.png")
+    assert drawn[0].get_suptitle() == "run/best.safetensors (epoch 3)"
+    assert [fig.axes[0].get_title() for fig in drawn[1:]] == ["run/last.safetensors", "Confusion matrix"]

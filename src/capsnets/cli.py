@@ -3,14 +3,18 @@
 Quick start (offline, 8x8 scikit-learn digits; ``--model capsnet_digits --dataset digits`` are the
 defaults)::
 
-    capsnets train --epochs 5 --out runs/digits
-    capsnets evaluate --checkpoint runs/digits
-    capsnets train --model capsnet --dataset mnist --download --epochs 50 --out runs/mnist
+    capsnets train --epochs 5                             # run directory runs/capsnet_digits
+    capsnets evaluate --checkpoint runs/capsnet_digits    # evaluation_best_digits.json + PNG there
+    capsnets list-models capsnet                          # the --model-arg keys of capsnet, with defaults
+    capsnets train --model capsnet --dataset mnist --download --epochs 50 --model-arg routing_iterations=1
     capsnets experiment multimnist --smoke --out runs/multimnist_smoke   # report.md + PNGs
 
-Flags override the values of ``--config FILE`` (YAML or JSON with :class:`TrainConfig` keys), which
-override the defaults. Errors are reported as one line on stderr with a non-zero exit status (set
-``CAPSNETS_DEBUG=1`` for the traceback).
+``capsnets COMMAND --help`` gives every option with its default. ``train`` writes its run directory to
+``--out``, by default ``runs/<model>`` (:func:`default_run_dir`); its flags override the values of
+``--config FILE`` (YAML or JSON with :class:`~capsnets.engine.config.TrainConfig` keys), which override
+the defaults. ``evaluate`` and ``reconstruct`` name their files after the checkpoint they read
+(:func:`output_label`), so they never replace a training run's files or each other's. Errors are reported
+as one line on stderr with a non-zero exit status (set ``CAPSNETS_DEBUG=1`` for the traceback).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -50,25 +55,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's formatter that appends ``(default: ...)`` to each option's help, except where the help says
+    ``(default`` itself (options whose default is worked out at run time); a flag's default reads on/off."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default is None or action.default is argparse.SUPPRESS:
+            return text
+        if action.nargs == 0:  # a flag
+            return f"{text} (default: {'on' if action.default else 'off'})"
+        if action.default == []:  # a repeatable option given no times
+            return f"{text} (default: none)"
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with its sub-commands."""
     parser = argparse.ArgumentParser(prog="capsnets", description="Capsule networks: train, evaluate, inspect.")
     commands = parser.add_subparsers(dest="command", required=True)
-    _add_train(commands.add_parser("train", help="train a model and write a run directory"))
-    evaluate = commands.add_parser("evaluate", help="accuracy and confusion matrix of a checkpoint")
-    _add_checkpoint_args(evaluate)
-    evaluate.add_argument("--out", help="where to write the JSON and PNG (default: the checkpoint's directory)")
-    evaluate.add_argument("--batch-size", type=int, default=256)
-    evaluate.set_defaults(handler=_evaluate)
-    reconstruct = commands.add_parser("reconstruct", help="inputs vs reconstructions of a checkpoint")
-    _add_checkpoint_args(reconstruct)
-    reconstruct.add_argument("--n", type=int, default=16, help="number of test images (default 16)")
-    reconstruct.add_argument("--out", required=True, help="directory for reconstructions.png")
-    reconstruct.set_defaults(handler=_reconstruct)
-    commands.add_parser("list-models", help="registered models and their parameter counts").set_defaults(
-        handler=_list_models)
-    _add_experiment(commands.add_parser("experiment", help="run a paper experiment, write DIR/report.md + PNGs"))
+
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=summary, description=summary, formatter_class=_HelpFormatter)
+
+    _add_train(command("train", "train a model and write a run directory"))
+    _add_evaluate(command("evaluate", "accuracy, per-class accuracy and confusion matrix of a checkpoint"))
+    _add_reconstruct(command("reconstruct", "inputs against their reconstructions by a checkpoint"))
+    _add_list_models(command("list-models", "registered models and their parameter counts, or the "
+                                            "--model-arg keys of one model"))
+    _add_experiment(command("experiment", "run a paper experiment, write DIR/report.md + PNGs"))
     return parser
+
+
+def _datasets() -> str:
+    """The registered data sets, for help texts."""
+    from capsnets.data import list_datasets
+
+    return ", ".join(list_datasets())
+
+
+def default_run_dir(model: str) -> str:
+    """``train``'s run directory when neither ``--out`` nor the config file names one: ``runs/<model>``."""
+    return f"runs/{model}"
 
 
 def _add_experiment(parser: argparse.ArgumentParser) -> None:
@@ -116,43 +144,86 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def _add_train(parser: argparse.ArgumentParser) -> None:
+    from capsnets.engine.config import TrainConfig
+    from capsnets.engine.runtime import AMP_MODES
+
+    default = TrainConfig()  # the values a flag left out (and absent from --config) takes
     add = parser.add_argument
-    add("--config", help="YAML/JSON file of TrainConfig keys (flags override it)")
-    add("--model", help="registered model name (default capsnet_digits; see list-models)")
-    add("--dataset", help="digits (default, offline), mnist or fashion_mnist")
-    add("--epochs", type=int)
-    add("--out", help="run directory (default runs/capsnet)")
-    add("--batch-size", type=int, help="global batch size (default 128)")
-    add("--lr", type=float, help="Adam learning rate (default 1e-3)")
-    add("--lr-decay", type=float, help="per-epoch exponential decay of the learning rate (default 0.96)")
-    add("--weight-decay", type=float)
-    add("--loss", help="loss name (default: the model's default loss)")
-    add("--seed", type=int)
-    add("--device", help="auto (default), cpu, cuda, cuda:1 ...")
-    add("--amp", choices=["auto", "bf16", "off"], help="auto: bf16 autocast on CUDA, off on CPU")
-    add("--compile", action="store_true", default=None, help="use torch.compile")
-    add("--resume", action="store_true", help="continue from <out>/last.safetensors (reuses <out>/config.yaml)")
-    add("--data-dir")
-    add("--download", action="store_true", default=None, help="download missing data set files")
-    add("--limit-train", type=int, help="use only the first N training images")
-    add("--limit-test", type=int, help="use only the first N test images")
-    add("--max-shift", type=int, help="random shift in pixels (default 2; 0 for images of 16 px or less)")
-    add("--eval-every", type=int)
-    add("--checkpoint-every", type=int)
-    add("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="model builder override")
-    add("--loss-arg", action="append", default=[], metavar="KEY=VALUE", help="loss argument")
-    add("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
+    add("--config", metavar="FILE", help="YAML/JSON file of TrainConfig keys; flags override it (default: none)")
+    add("--model", help=f"registered model name, see `capsnets list-models` (default: {default.model})")
+    add("--dataset", help=f"data set: {_datasets()} (default: {default.dataset})")
+    add("--epochs", type=int, help=f"passes over the training split (default: {default.epochs})")
+    add("--out", metavar="DIR", help="run directory for config, metrics, checkpoints and figures "
+                                     f"(default: {default_run_dir('<model>')}, e.g. {default_run_dir(default.model)})")
+    add("--batch-size", type=int, help=f"global batch size, split across processes (default: {default.batch_size})")
+    add("--lr", type=float, help=f"Adam learning rate (default: {default.lr:g})")
+    add("--lr-decay", type=float,
+        help=f"per-epoch exponential decay of the learning rate (default: {default.lr_decay})")
+    add("--weight-decay", type=float, help=f"Adam weight decay (default: {default.weight_decay:g})")
+    add("--loss", help="loss name from capsnets.losses (default: the model's default loss)")
+    add("--seed", type=int, help=f"seed of initialisation, shuffling and augmentation (default: {default.seed})")
+    add("--device", help=f"auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ... (default: {default.device})")
+    add("--amp", choices=AMP_MODES,
+        help=f"mixed precision: auto is bf16 autocast on CUDA, off on CPU (default: {default.amp})")
+    add("--compile", action="store_true", default=None, help="wrap the model in torch.compile (default: off)")
+    add("--resume", action="store_true", default=False,
+        help="continue from <out>/last.safetensors with <out>/config.yaml (default: off)")
+    add("--data-dir", metavar="DIR", help="folder holding the data set files (default: $CAPSNETS_DATA, else "
+                                          "~/.cache/capsnets/data)")
+    add("--download", action="store_true", default=None, help="download missing data set files (default: off)")
+    add("--limit-train", type=int, metavar="N", help="use only the first N training images (default: all)")
+    add("--limit-test", type=int, metavar="N", help="use only the first N test images (default: all)")
+    add("--max-shift", type=int, metavar="PIXELS",
+        help="random shift of training images (default: 2; 0 for images of 16 px or less and for data sets with "
+             "their own training augmentation)")
+    add("--eval-every", type=int, metavar="N",
+        help=f"evaluate on the test split every N epochs and after the last (default: {default.eval_every})")
+    add("--checkpoint-every", type=int, metavar="N",
+        help=f"save <out>/last.safetensors every N epochs and after the last (default: {default.checkpoint_every})")
+    add("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+        help="argument of the model's builder, repeatable; `capsnets list-models MODEL` lists the keys and their "
+             "defaults")
+    add("--loss-arg", action="append", default=[], metavar="KEY=VALUE",
+        help="argument of the loss, repeatable")
+    add("--no-progress", dest="progress", action="store_false", default=None,
+        help="no progress bar (default: a bar on a terminal)")
     add("--time-limit", dest="time_limit_minutes", type=float, metavar="MINUTES",
         help="stop after the first epoch that ends past MINUTES of wall-clock time (evaluated, checkpointed "
-             "and summarised as usual); --resume continues the run")
+             "and summarised as usual); --resume continues the run (default: no limit)")
     parser.set_defaults(handler=_train)
 
 
+def _add_evaluate(parser: argparse.ArgumentParser) -> None:
+    _add_checkpoint_args(parser)
+    parser.add_argument("--out", metavar="DIR", help="directory for evaluation_<checkpoint>_<dataset>.json and "
+                                                     "its confusion-matrix PNG (default: the checkpoint's directory)")
+    parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
+    parser.set_defaults(handler=_evaluate)
+
+
+def _add_reconstruct(parser: argparse.ArgumentParser) -> None:
+    _add_checkpoint_args(parser)
+    parser.add_argument("--n", type=int, default=16, help="number of test images")
+    parser.add_argument("--out", metavar="DIR", help="directory for reconstructions_<checkpoint>.png "
+                                                     "(default: the checkpoint's directory)")
+    parser.set_defaults(handler=_reconstruct)
+
+
+def _add_list_models(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", metavar="MODEL",
+                        help="list this model's --model-arg keys with their defaults, one per line, instead "
+                             "(default: list every model)")
+    parser.set_defaults(handler=_list_models)
+
+
 def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="run directory (uses best) or .safetensors file")
-    parser.add_argument("--dataset", help="data set to use (default: the one the model was trained on)")
-    parser.add_argument("--data-dir")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--checkpoint", required=True, metavar="PATH",
+                        help="run directory (its best, else last, checkpoint) or .safetensors file (required, "
+                             "no default)")
+    parser.add_argument("--dataset", help=f"test split of: {_datasets()} (default: the one the model was trained on)")
+    parser.add_argument("--data-dir", metavar="DIR", help="folder holding the data set files (default: the one "
+                                                          "recorded by the training run, else $CAPSNETS_DATA)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
 
 
 def parse_key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
@@ -173,13 +244,21 @@ def parse_key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
 
 
 def config_from_args(args: argparse.Namespace):
-    """The :class:`TrainConfig` described by parsed ``train`` arguments."""
-    from capsnets.engine.config import build_config
+    """The :class:`TrainConfig` described by parsed ``train`` arguments.
+
+    The run directory is ``--out``, else the config file's ``out``, else :func:`default_run_dir` of the
+    model; ``--resume`` without ``--config`` reads the run directory's ``config.yaml``.
+    """
+    from capsnets.engine.config import TrainConfig, build_config, read_config_file
 
     config_file = args.config
-    if config_file is None and args.resume and args.out and (Path(args.out) / "config.yaml").is_file():
-        config_file = Path(args.out) / "config.yaml"
+    from_file = read_config_file(config_file) if config_file is not None else {}
+    out = args.out or from_file.get("out") or default_run_dir(args.model or from_file.get("model")
+                                                              or TrainConfig().model)
+    if config_file is None and args.resume and (Path(out) / "config.yaml").is_file():
+        config_file = Path(out) / "config.yaml"
     overrides = {name: getattr(args, name) for name in _CONFIG_FLAGS}
+    overrides["out"] = out
     overrides["model_args"] = parse_key_values(args.model_arg, "--model-arg") or None
     overrides["loss_args"] = parse_key_values(args.loss_arg, "--loss-arg") or None
     return build_config(config_file, **overrides)
@@ -222,6 +301,25 @@ def _load(args: argparse.Namespace):
     return model, checkpoint, data, device
 
 
+def output_label(checkpoint_path: str | os.PathLike, out: str | os.PathLike) -> str:
+    """The name ``evaluate`` and ``reconstruct`` give the checkpoint in their file names: its file name without
+    the suffix (``best``, ``last``), after its run directory's name when the files go to another directory
+    (``run_best``), so that outputs from different checkpoints never replace each other or a run's own files."""
+    path = Path(checkpoint_path)
+    label = path.stem if Path(out).resolve() == path.parent.resolve() else f"{path.parent.name}_{path.stem}"
+    return _file_safe(label)
+
+
+def _file_safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "checkpoint"
+
+
+def _describe(checkpoint) -> str:
+    """``PATH (epoch N)``: which checkpoint a figure or report shows."""
+    epoch = checkpoint.meta.get("epoch")
+    return f"{checkpoint.path}" + (f" (epoch {epoch})" if epoch is not None else "")
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from capsnets.engine.evaluate import evaluate
     from capsnets.plots import plot_confusion_matrix
@@ -230,14 +328,15 @@ def _evaluate(args: argparse.Namespace) -> int:
     results = evaluate(model, data, args.batch_size, device)
     out = Path(args.out) if args.out else checkpoint.path.parent
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"evaluation_{data.name or 'test'}".replace("[", "_").replace(":", "").replace("]", "")
+    stem = f"evaluation_{output_label(checkpoint.path, out)}_{_file_safe(data.name or 'test')}"
     classes = list(data.classes) or [str(k) for k in range(data.num_classes)]
-    report = {"checkpoint": str(checkpoint.path), "dataset": data.name, "count": results["count"],
-              "accuracy": results["accuracy"],
+    report = {"checkpoint": str(checkpoint.path), "epoch": checkpoint.meta.get("epoch"), "dataset": data.name,
+              "count": results["count"], "accuracy": results["accuracy"],
               "per_class_accuracy": dict(zip(classes, results["per_class_accuracy"].tolist())),
               "confusion_matrix": results["confusion_matrix"].tolist()}
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    png = plot_confusion_matrix(results["confusion_matrix"], classes, out / f"{stem}_confusion.png")
+    png = plot_confusion_matrix(results["confusion_matrix"], classes, out / f"{stem}_confusion.png",
+                                title=f"{_describe(checkpoint)} on {data.name or 'test'}")
     print(format_report(results, classes))
     print(f"wrote {out / f'{stem}.json'} and {png}")
     return 0
@@ -270,10 +369,12 @@ def _reconstruct(args: argparse.Namespace) -> int:
     if output.reconstruction is None:
         raise ValueError(f"model {checkpoint.meta['model']!r} has no decoder, so it cannot reconstruct; "
                          "use a capsule model with a reconstruction decoder")
-    out = Path(args.out)
+    out = Path(args.out) if args.out else checkpoint.path.parent
     out.mkdir(parents=True, exist_ok=True)
-    png = plot_reconstructions(images.cpu(), output.reconstruction.float().cpu(), out / "reconstructions.png",
-                               labels=labels.cpu(), predictions=output.scores.argmax(-1).cpu(), n=len(images))
+    png = plot_reconstructions(images.cpu(), output.reconstruction.float().cpu(),
+                               out / f"reconstructions_{output_label(checkpoint.path, out)}.png",
+                               labels=labels.cpu(), predictions=output.scores.argmax(-1).cpu(), n=len(images),
+                               title=f"{_describe(checkpoint)}, {data.name or 'test'} test images")
     print(f"wrote {png}")
     return 0
 
@@ -283,6 +384,9 @@ def _list_models(args: argparse.Namespace) -> int:
 
     from capsnets.models import count_parameters, create_model, list_models, model_task
 
+    if args.name is not None:
+        print(format_model_arguments(args.name))
+        return 0
     names = list_models()
     width = max(len(n) for n in names)
     for name in names:
@@ -293,6 +397,30 @@ def _list_models(args: argparse.Namespace) -> int:
             count = count_parameters(create_model(name))
         print(f"{name:<{width}}  {count:>12,}  {model_task(name)}")
     return 0
+
+
+#: Builder arguments that are no --model-arg: the trainer places the model (--device, --amp).
+_PLACEMENT_ARGS = ("device", "dtype")
+
+
+def format_model_arguments(name: str) -> str:
+    """The ``--model-arg`` keys of model ``name`` with their defaults, one ``KEY=VALUE`` line each, VALUE written
+    as ``--model-arg`` reads it (YAML); taken from the builder's signature (:func:`capsnets.models.model_arguments`)."""
+    from capsnets.models import model_arguments
+
+    lines = [f"{key}={_yaml_value(value)}" for key, value in model_arguments(name).items()
+             if key not in _PLACEMENT_ARGS]
+    return "\n".join(lines)
+
+
+def _yaml_value(value: Any) -> str:
+    """``value`` in one line of YAML flow style (``null``, ``true``, ``[1, 28, 28]``); tuples as lists."""
+    plain = list(value) if isinstance(value, tuple) else value
+    try:
+        text = yaml.safe_dump(plain, default_flow_style=True, width=1_000_000).strip()
+    except yaml.YAMLError:  # not a YAML value (an object): as Python shows it
+        return repr(value)
+    return text.removesuffix("...").strip()
 
 
 def _pct(value: float | None) -> str:

@@ -198,7 +198,7 @@ def _title(label: int | None, prediction: int | None) -> tuple[str, str]:
 
 def plot_reconstructions(images, reconstructions, out_png: str | os.PathLike, *,
                          labels: Sequence[int] | None = None, predictions: Sequence[int] | None = None,
-                         n: int = 16) -> Path:
+                         n: int = 16, title: str | None = None) -> Path:
     """Draw inputs above their reconstructions, in blocks of up to 8 pairs per row.
 
     Args:
@@ -208,6 +208,7 @@ def plot_reconstructions(images, reconstructions, out_png: str | os.PathLike, *,
         labels: optional ``(B,)`` true classes, shown above each input as ``y=``.
         predictions: optional ``(B,)`` predicted classes, shown as ``p=`` (red when wrong).
         n: how many of the first examples to draw (at most ``B``).
+        title: optional line above the grid (e.g. which checkpoint made the reconstructions).
 
     Shape:
         Odd rows of the grid are inputs, even rows their reconstructions, ``min(n, B)`` pairs in all.
@@ -243,6 +244,8 @@ def plot_reconstructions(images, reconstructions, out_png: str | os.PathLike, *,
     for block in range(blocks):
         axes[2 * block, 0].set_ylabel("input", fontsize=9)
         axes[2 * block + 1, 0].set_ylabel("recon.", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=9)
     return save_figure(fig, out_png)
 
 
@@ -269,7 +272,7 @@ def _cell_text(value: float, normalize: bool) -> str:
 
 
 def plot_confusion_matrix(matrix, class_names: Sequence[str] | None, out_png: str | os.PathLike, *,
-                          normalize: bool = False) -> Path:
+                          normalize: bool = False, title: str | None = None) -> Path:
     """Draw a confusion matrix with the value written in every cell.
 
     Args:
@@ -278,6 +281,7 @@ def plot_confusion_matrix(matrix, class_names: Sequence[str] | None, out_png: st
         class_names: ``K`` names for the axes (``None``: ``0 .. K-1``).
         out_png: where to write the PNG.
         normalize: divide each row by its sum (rows that sum to zero stay zero), so cells are recalls.
+        title: the axes' title (default ``"Confusion matrix"``), e.g. naming the checkpoint evaluated.
 
     Returns:
         ``Path(out_png)``. Raises ``ValueError`` for a non-square matrix, negative or non-finite
@@ -303,5 +307,5 @@ def plot_confusion_matrix(matrix, class_names: Sequence[str] | None, out_png: st
     ax.set_xticks(range(k), names, rotation=45 if rotate else 0, ha="right" if rotate else "center")
     ax.set_yticks(range(k), names)
     ax.set(xlabel="predicted class", ylabel="true class",
-           title="Confusion matrix" + (" (row-normalised)" if normalize else ""))
+           title=(title or "Confusion matrix") + (" (row-normalised)" if normalize else ""))
     return save_figure(fig, out_png)
