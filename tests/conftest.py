@@ -61,7 +61,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 @pytest.fixture
 def load_benchmark():
     """``load_benchmark(name)``: the module of ``benchmarks/<name>.py``, loaded from its file (the scripts import
-    their neighbour ``throughput``, so the folder is on ``sys.path`` while one loads)."""
+    their neighbours ``throughput`` and ``baselines``, so the folder is on ``sys.path`` while one loads), e.g.
+    ``load_benchmark("baselines").NaiveDynamicRouting``."""
 
     def load(name: str):
         sys.path.insert(0, str(BENCHMARKS))
