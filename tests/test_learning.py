@@ -104,10 +104,9 @@ def test_transforming_autoencoder_learns_poses_that_move_with_the_image(shared_d
     import torch
 
     import capsnets
-    from capsnets.data import load_dataset
+    from capsnets.data import load_dataset, shift_pairs
     from capsnets.experiments.training import train_classifier
     from capsnets.losses import create_loss
-    from capsnets.models.transforming import shift_pairs
 
     torch.manual_seed(0)
     train_images = load_dataset("mnist", root=shared_data_root, train=True).subset(10_000).images

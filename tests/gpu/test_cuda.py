@@ -243,7 +243,7 @@ def test_every_segmentation_model_trains_a_step_on_cuda_under_bf16(cuda, name):
 def test_synthesis_and_autoencoder_models_train_a_step_on_cuda_under_bf16(cuda):
     from capsnets.experiments.synthesis import train_pix2pix
     from capsnets.models import PatchDiscriminator
-    from capsnets.models.transforming import shift_pairs
+    from capsnets.data import shift_pairs
 
     torch.manual_seed(0)
     maps = (torch.rand(4, 10, 32, 32, device=cuda) > 0.5).float()

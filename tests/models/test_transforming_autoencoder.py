@@ -1,11 +1,11 @@
-"""Transforming auto-encoder (SPEC §4): the known shift is applied to every capsule's pose, shapes,
-gradients, training pairs and bad inputs."""
+"""Transforming auto-encoder (Hinton, Krizhevsky & Wang 2011): the known shift is applied to every capsule's
+pose, shapes, gradients, training pairs and bad inputs."""
 import pytest
 import torch
 
 import capsnets
 from capsnets.losses import create_loss
-from capsnets.models.transforming import shift_pairs
+from capsnets.data import shift_pairs
 
 
 def test_registered_with_the_paper_sizes():

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["random_shift", "DeviceLoader"]
+__all__ = ["random_shift", "shift_pairs", "DeviceLoader"]
 
 
 def _shift_indices(size: int, offsets: Tensor) -> tuple[Tensor, Tensor]:
@@ -71,6 +71,16 @@ def random_shift(
     out = images.reshape(batch, channels, height * width).gather(2, flat.expand(-1, channels, -1))
     outside = ~(row_ok[:, :, None] & col_ok[:, None, :])  # (B, H, W)
     return out.view(batch, channels, height, width).masked_fill(outside[:, None], 0)
+
+
+def shift_pairs(images: Tensor, max_shift: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Training pairs of a transforming auto-encoder: random integer shifts ``(B, 2)`` as ``(dx, dy)`` in
+    ``[-max_shift, max_shift]`` (drawn on the generator's device), and the images shifted by them (zeros
+    shifted in), ``(B, C, H, W)``."""
+    dxdy = torch.randint(-max_shift, max_shift + 1, (len(images), 2), generator=generator,
+                         device=generator.device).to(images.device)
+    shifted = random_shift(images, 0, shifts=dxdy.flip(1))  # random_shift takes (dy, dx)
+    return dxdy, shifted
 
 
 def _epoch_seed(seed: int, epoch: int, *more: int) -> int:

@@ -1,4 +1,4 @@
-"""Transforming auto-encoders (Hinton, Krizhevsky & Wang 2011, "Transforming Auto-encoders"; SPEC §4).
+"""Transforming auto-encoders (Hinton, Krizhevsky & Wang 2011, "Transforming Auto-encoders").
 
 Each of ``N`` capsules has its own recognition units (one hidden sigmoid layer over the whole image) that
 output a presence probability ``p`` and an explicit pose, here a 2-D position ``(x, y)``. The known
@@ -10,7 +10,8 @@ become coordinates that move with the image. Paper (Sec. 3, MNIST): 30 capsules 
 
 Deviations: the summed contributions pass through a sigmoid so the output lies in ``[0, 1]`` like the
 targets (the paper uses a linear sum with squared error); the shift is in pixels (``dx`` along columns,
-``dy`` along rows) and enters the pose as ``(dx, dy)``.
+``dy`` along rows) and enters the pose as ``(dx, dy)``. Training pairs (images, shifts and the shifted
+images) come from the data side (:func:`capsnets.data.shift_pairs`).
 Registered: ``transforming_autoencoder`` (the paper's sizes, 28x28), task ``"autoencoder"``.
 
 Dimension legend: ``B`` batch, ``N`` capsules, ``R``/``G`` recognition/generative units per capsule.
@@ -54,6 +55,12 @@ class TransformingAutoencoder(nn.Module):
     Shape:
         - images: ``(B, C, H, W)``; shifts: ``(B, 2)`` pixels ``(dx, dy)``
         - output: :class:`AutoencoderOutput`
+
+    Examples::
+
+        >>> model = TransformingAutoencoder(input_size=(1, 28, 28))
+        >>> model(torch.rand(4, 1, 28, 28), torch.tensor([[1, 0], [0, 2], [-1, -1], [2, -2]])).reconstruction.shape
+        torch.Size([4, 1, 28, 28])
     """
 
     default_loss = "transforming"
@@ -104,17 +111,6 @@ class TransformingAutoencoder(nn.Module):
         probabilities, poses = self.encode(images)
         moved = poses + shifts.to(poses.dtype).unsqueeze(1)  # the known transformation, applied to every pose
         return AutoencoderOutput(self.decode(probabilities, moved), probabilities, poses)
-
-
-def shift_pairs(images: Tensor, max_shift: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Training pairs: random integer shifts ``(B, 2)`` as ``(dx, dy)`` in ``[-max_shift, max_shift]``, and
-    the images shifted by them (zeros shifted in), ``(B, C, H, W)``."""
-    from capsnets.data.device import random_shift
-
-    dxdy = torch.randint(-max_shift, max_shift + 1, (len(images), 2), generator=generator,
-                         device=generator.device).to(images.device)
-    shifted = random_shift(images, 0, shifts=dxdy.flip(1))  # random_shift takes (dy, dx)
-    return dxdy, shifted
 
 
 @register_model("transforming_autoencoder", task="autoencoder")
