@@ -121,8 +121,8 @@ def initialise(model: torch.nn.Module, init: dict) -> None:
 
 def set_layer_routing(model: torch.nn.Module, layer_routing: dict) -> None:
     """Give single layers routings of their own: ``{"classes": {"cost_normalization": "mean_std",
-    "inverse_temperature": 1.0}}`` replaces ``model.classes.routing`` by ``EMRouting(**that)`` (3 iterations
-    unless ``iterations`` is given), so that a setting can be tried in one layer while the others keep the
+    "inverse_temperature": 1.0}}`` replaces ``model.classes.routing`` by ``EMRouting(**that)`` (EMRouting's
+    defaults for what is not given), so that a setting can be tried in one layer while the others keep the
     variant's. Raises if a name is not a submodule with a ``routing``."""
     from capsnets.functional import EMRouting
 
@@ -130,8 +130,7 @@ def set_layer_routing(model: torch.nn.Module, layer_routing: dict) -> None:
         layer = dict(model.named_modules()).get(name)
         if layer is None or not hasattr(layer, "routing"):
             raise ValueError(f"layer_routing: {type(model).__name__} has no routed layer named {name!r}")
-        kwargs = dict(kwargs)
-        layer.routing = EMRouting(kwargs.pop("iterations", 3), **kwargs)
+        layer.routing = EMRouting(**kwargs)
 
 
 def learning_curve(args, extra: dict, train, test, device) -> dict:

@@ -10,8 +10,8 @@ median per-round ratio as JSON.
 Problems (``B`` images): dynamic routing of ``capsnet``'s 1,152 primary capsules to 10 class capsules of 16-D,
 ``(B, 1152, 10, 16)``; EM routing of ``matrix_capsnet_small``'s first convolutional capsule layer, 36 output
 positions folded into the batch, 72 children, 16 parents, 4x4 poses: ``(B * 36, 72, 16, 16)``. Each is timed
-forward only (no gradients: inference; dynamic routing with its default ``detach=True``) and forward + backward
-with gradients through every iteration (``detach=False`` / exact EM gradients).
+forward only (no gradients: inference; dynamic routing with its default ``detach_routing=True``) and forward + backward
+with gradients through every iteration (``detach_routing=False`` / exact EM gradients).
 
 Run ``python benchmarks/routing_products.py --help``; ``benchmarks/README.md`` has the recorded results.
 """
@@ -46,7 +46,7 @@ def _problem(routing: str, batch: int, device: torch.device):
         u_hat = torch.randn(batch, 1152, 10, 16, generator=g).to(device)
         leaf = u_hat.clone().requires_grad_()
         return (lambda: module.dynamic_routing(u_hat, 3),
-                lambda: module.dynamic_routing(leaf, 3, detach=False).square().sum().backward())
+                lambda: module.dynamic_routing(leaf, 3, detach_routing=False).square().sum().backward())
     votes = torch.randn(batch * 36, 72, 16, 16, generator=g).to(device)
     acts = torch.rand(batch * 36, 72, generator=g).to(device)
     leaf = votes.clone().requires_grad_()

@@ -86,7 +86,7 @@ def test_set_layer_routing_replaces_one_layers_routing(load_benchmark):
                                                       "iterations": 2}})
     assert model.classes.routing.cost_normalization == "mean_std" and model.classes.routing.iterations == 2
     assert model.classes.routing.inverse_temperatures == [1.0, 1.0]
-    assert model.conv_caps1.routing.cost_normalization is None and model.conv_caps1.routing.detach_assignments
+    assert model.conv_caps1.routing.cost_normalization is None and model.conv_caps1.routing.detach_routing
     with pytest.raises(ValueError, match="no routed layer named 'primary'"):
         em_learning.set_layer_routing(model, {"primary": {}})
 

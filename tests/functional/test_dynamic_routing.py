@@ -21,42 +21,42 @@ def test_agrees_with_literal_procedure_1(iterations):
 @pytest.mark.parametrize("detach", [True, False])
 def test_couplings_sum_to_one_over_parents(detach):
     u_hat = torch.randn(3, 20, 7, 4, dtype=torch.float64)
-    _, c = dynamic_routing(u_hat, 3, detach=detach, return_couplings=True)
+    _, c = dynamic_routing(u_hat, 3, detach_routing=detach, return_couplings=True)
     torch.testing.assert_close(c.sum(-1), torch.ones(3, 20, dtype=torch.float64))
     assert (c >= 0).all()
 
 
 def test_gradcheck():
-    # detach=False is the true derivative of Procedure 1; detach=True is a deliberate surrogate (tested below).
+    # detach_routing=False is the true derivative of Procedure 1; detach_routing=True a deliberate surrogate (below).
     u_hat = torch.randn(2, 5, 3, 4, dtype=torch.float64, requires_grad=True)
-    assert gradcheck(lambda u: dynamic_routing(u, 3, detach=False), (u_hat,))
+    assert gradcheck(lambda u: dynamic_routing(u, 3, detach_routing=False), (u_hat,))
 
 
 def test_detach_option_changes_gradient_path():
     u_hat = torch.randn(2, 6, 3, 4, dtype=torch.float64, requires_grad=True)
-    g_detached, = torch.autograd.grad(dynamic_routing(u_hat, 3, detach=True).sum(), u_hat)
-    g_full, = torch.autograd.grad(dynamic_routing(u_hat, 3, detach=False).sum(), u_hat)
+    g_detached, = torch.autograd.grad(dynamic_routing(u_hat, 3, detach_routing=True).sum(), u_hat)
+    g_full, = torch.autograd.grad(dynamic_routing(u_hat, 3, detach_routing=False).sum(), u_hat)
     assert not torch.allclose(g_detached, g_full)
     # with one iteration there is nothing to detach
-    g1, = torch.autograd.grad(dynamic_routing(u_hat, 1, detach=True).sum(), u_hat)
-    g2, = torch.autograd.grad(dynamic_routing(u_hat, 1, detach=False).sum(), u_hat)
+    g1, = torch.autograd.grad(dynamic_routing(u_hat, 1, detach_routing=True).sum(), u_hat)
+    g2, = torch.autograd.grad(dynamic_routing(u_hat, 1, detach_routing=False).sum(), u_hat)
     torch.testing.assert_close(g1, g2)
 
 
 def test_detached_gradient_equals_constant_couplings():
-    # detach=True means: couplings are constants, gradient flows only through the final weighted sum.
+    # detach_routing=True means: couplings are constants, gradient flows only through the final weighted sum.
     u_hat = torch.randn(2, 6, 3, 4, dtype=torch.float64, requires_grad=True)
     _, c = dynamic_routing(u_hat.detach(), 3, return_couplings=True)
     from capsnets.functional import squash
     expected = squash(torch.einsum("bij,bijd->bjd", c, u_hat))
     g_expected, = torch.autograd.grad(expected.pow(2).sum(), u_hat)
-    g, = torch.autograd.grad(dynamic_routing(u_hat, 3, detach=True).pow(2).sum(), u_hat)
+    g, = torch.autograd.grad(dynamic_routing(u_hat, 3, detach_routing=True).pow(2).sum(), u_hat)
     torch.testing.assert_close(g, g_expected)
 
 
 def test_zero_predictions_are_finite():
     u_hat = torch.zeros(2, 4, 3, 5, requires_grad=True)
-    v = dynamic_routing(u_hat, 3, detach=False)
+    v = dynamic_routing(u_hat, 3, detach_routing=False)
     v.sum().backward()
     assert torch.isfinite(v).all() and torch.isfinite(u_hat.grad).all()
 

@@ -33,7 +33,7 @@ def test_official_agrees_with_literal_equations(iterations, detach):
             lambdas = [0.01 * (t + 1) for t in range(iterations)]  # large enough that the E-step matters
             for eps in (1e-7, 1e-5):
                 mu, a, r = em_routing(*inputs, iterations, inverse_temperature=lambdas, return_assignments=True,
-                                      formulation="official", eps=eps, detach_assignments=detach)
+                                      formulation="official", eps=eps, detach_routing=detach)
                 mu_ref, a_ref, r_ref = reference_em_routing(*inputs, iterations, lambdas, eps,
                                                             variance_floor=OFFICIAL_VARIANCE_FLOOR)
                 for got, ref in ((mu, mu_ref), (a, a_ref), (r, r_ref)):
@@ -85,7 +85,7 @@ def test_official_lean_backward_matches_autograd(detach):
         leaves = [t.clone().requires_grad_() for t in inputs]
         with unittest.mock.patch("torch.compiler.is_compiling", return_value=plain):
             mu, a = em_routing(*leaves, 3, inverse_temperature=[0.01, 0.02, 0.03], formulation="official",
-                               detach_assignments=detach)
+                               detach_routing=detach)
         (mu.square().sum() + a.sum()).backward()
         grads.append([t.grad for t in leaves])
     for lean, ref in zip(*grads):

@@ -223,7 +223,7 @@ def test_repr():
     assert "iterations=3" in repr(EMRouting()) and "cost_normalization=None" in repr(EMRouting())
 
 
-def test_detach_assignments_same_forward_and_constant_assignment_gradient():
+def test_detach_routing_same_forward_and_constant_assignment_gradient():
     from capsnets.functional import em_routing
 
     gen = torch.Generator().manual_seed(3)
@@ -232,7 +232,7 @@ def test_detach_assignments_same_forward_and_constant_assignment_gradient():
     beta_v, beta_a = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
     lams = [0.5, 0.8, 1.0]
     pose, act, r = em_routing(votes, acts, beta_v, beta_a, 3, inverse_temperature=lams, return_assignments=True)
-    pose_d, act_d = em_routing(votes, acts, beta_v, beta_a, 3, inverse_temperature=lams, detach_assignments=True)
+    pose_d, act_d = em_routing(votes, acts, beta_v, beta_a, 3, inverse_temperature=lams, detach_routing=True)
     torch.testing.assert_close(pose_d, pose)
     torch.testing.assert_close(act_d, act)
     # detached: the gradient of the final M-step written out with the final assignments as constants
@@ -248,7 +248,7 @@ def test_detach_assignments_same_forward_and_constant_assignment_gradient():
     torch.testing.assert_close(g_detached, g_expected)
     g_full, = torch.autograd.grad(pose.sum() + act.sum(), votes)
     assert not torch.allclose(g_detached, g_full)
-    assert "detach_assignments=True" in repr(EMRouting(3, detach_assignments=True))
+    assert "detach_routing=True" in repr(EMRouting(3, detach_routing=True))
 
 
 @pytest.mark.parametrize("detach", [False, True])
@@ -266,7 +266,7 @@ def test_training_steps_leave_no_tensors_behind(detach):
         votes = torch.randn(2, 12, 3, 16, requires_grad=True)
         activations = torch.rand(2, 12, requires_grad=True)
         beta_v, beta_a = torch.zeros(3, requires_grad=True), torch.zeros(3, requires_grad=True)
-        mu, a = em_routing(votes, activations, beta_v, beta_a, 3, detach_assignments=detach)
+        mu, a = em_routing(votes, activations, beta_v, beta_a, 3, detach_routing=detach)
         (mu.square().sum() + a.sum()).backward()
         assert torch.isfinite(votes.grad).all()
 

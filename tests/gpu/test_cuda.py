@@ -53,7 +53,7 @@ def test_dynamic_routing_on_cuda_matches_cpu_float64(cuda):
     u_hat = torch.randn(8, 96, 10, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.1
     for detach in (True, False):
         def fn(u):
-            return (dynamic_routing(u, 3, detach=detach),)
+            return (dynamic_routing(u, 3, detach_routing=detach),)
 
         want, want_grad = _grads(fn, u_hat)
         got, got_grad = _grads(fn, u_hat.float().to(cuda))
@@ -68,7 +68,7 @@ def test_em_routing_on_cuda_matches_cpu_float64(cuda):
     beta_v, beta_a = torch.randn(8, generator=g, dtype=torch.float64), torch.randn(8, generator=g, dtype=torch.float64)
     for detach in (False, True):
         def fn(v, a, bv, ba):
-            return em_routing(v, a, bv, ba, 3, detach_assignments=detach)
+            return em_routing(v, a, bv, ba, 3, detach_routing=detach)
 
         want, want_grad = _grads(fn, votes, activations, beta_v, beta_a)
         got, got_grad = _grads(fn, *(t.float().to(cuda) for t in (votes, activations, beta_v, beta_a)))

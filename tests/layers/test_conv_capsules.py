@@ -1,5 +1,5 @@
-"""Convolutional capsules (SPEC §3): local routing against its literal reference, the shared-weight
-predictions against a per-child-type convolution, gradients, shapes and bad inputs."""
+"""Convolutional capsules (LaLonde & Bagci 2018, Sec. 3.1): local routing against its literal reference, the
+shared-weight predictions against a per-child-type convolution, gradients, shapes and bad inputs."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -62,10 +62,11 @@ def test_predictions_are_one_shared_convolution_per_child_type(cls, kwargs, grid
 
 def test_gradcheck_through_the_layer():
     torch.manual_seed(0)
-    layer = ConvCapsules2d(2, 3, 2, 3, kernel_size=3, routing=DynamicRouting(2, detach=False), dtype=torch.float64)
+    layer = ConvCapsules2d(2, 3, 2, 3, kernel_size=3, routing=DynamicRouting(2, detach_routing=False),
+                           dtype=torch.float64)
     u = torch.randn(1, 2, 3, 3, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: layer(x), (u,))
-    up = ConvTransposeCapsules2d(2, 3, 2, 2, routing=DynamicRouting(3, detach=False), dtype=torch.float64)
+    up = ConvTransposeCapsules2d(2, 3, 2, 2, routing=DynamicRouting(3, detach_routing=False), dtype=torch.float64)
     assert torch.autograd.gradcheck(lambda x: up(x), (torch.randn(1, 2, 3, 2, 2, dtype=torch.float64,
                                                                    requires_grad=True),))
 

@@ -128,7 +128,7 @@ def test_checkpoint_chunks_give_the_same_values_and_gradients(detach):
     grads = []
     for chunks in (0, 4):
         torch.manual_seed(0)
-        layer = ConvMatrixCapsules(3, 2, kernel_size=3, stride=1, routing=EMRouting(3, detach_assignments=detach),
+        layer = ConvMatrixCapsules(3, 2, kernel_size=3, stride=1, routing=EMRouting(3, detach_routing=detach),
                                    checkpoint_chunks=chunks, dtype=torch.float64)
         pose = caps.pose.clone().requires_grad_()
         out = layer(MatrixCapsules(pose, caps.activation))

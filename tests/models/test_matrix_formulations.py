@@ -13,7 +13,7 @@ def test_official_model_uses_the_released_routing_in_each_layer():
     model = capsnets.create_model("matrix_capsnet_small", formulation="official", detach_routing=True)
     for layer in (model.conv_caps1, model.conv_caps2):
         r = layer.routing
-        assert (r.formulation, r.eps, r.variance_floor, r.detach_assignments) == ("official", 1e-7, 5e-4, True)
+        assert (r.formulation, r.eps, r.variance_floor, r.detach_routing) == ("official", 1e-7, 5e-4, True)
         assert r.inverse_temperatures == pytest.approx(em_inverse_temperatures(3, final=0.01))
         assert layer.assignment_scope == "per_type"
     r = model.classes.routing

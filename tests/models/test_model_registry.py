@@ -7,7 +7,7 @@ from capsnets.losses import create_loss
 from helpers import assert_finite
 
 EXPECTED_PARAMETERS = {
-    "capsnet": 8_215_568,  # SPEC: ~8.2M
+    "capsnet": 8_215_568,  # Sabour, Frosst & Hinton (2017), Sec. 5: 8.2M
     "cnn_baseline": 35_445_522,  # 35.4M
     "cnn_smallnorb": 4_252_549,  # the EM paper's smallNORB CNN, 4.2M
     "matrix_capsnet": 315_850,  # ~310K (5 classes; the official formulation's primary capsules have no biases)
@@ -81,7 +81,7 @@ def test_matrix_models_configure_their_em_routing():
                                   inverse_temperature=1.5, detach_routing=True, formulation="paper")
     for layer in (model.conv_caps1, model.conv_caps2, model.classes):
         routing = layer.routing
-        assert (routing.iterations, routing.cost_normalization, routing.detach_assignments) == (2, "mass", True)
+        assert (routing.iterations, routing.cost_normalization, routing.detach_routing) == (2, "mass", True)
         assert routing.inverse_temperatures == [1.5, 1.5]
     assert model.model_args["cost_normalization"] == "mass" and model.model_args["inverse_temperature"] == 1.5
     with pytest.raises(ValueError, match="cost_normalization"):
@@ -105,8 +105,8 @@ def test_matrix_models_take_the_assignment_scope_of_their_convolutional_capsule_
 def test_models_record_the_arguments_that_rebuild_them():
     model = capsnets.create_model("capsnet_small", input_size=(1, 36, 36), num_classes=10, device="cpu")
     assert model.model_args == {"input_size": [1, 36, 36], "num_classes": 10}
-    routing = capsnets.functional.DynamicRouting(2)
-    assert capsnets.create_model("capsnet_small", routing=routing).model_args == {}
+    routing = capsnets.functional.DynamicRouting(2)  # recorded as its spec (tests/models/test_routing_checkpoints.py)
+    assert capsnets.create_model("capsnet_small", routing=routing).model_args == {"routing": routing.to_config()}
 
 
 def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
@@ -181,7 +181,7 @@ def test_matrix_models_give_the_class_layer_routing_settings_of_its_own(tmp_path
     assert conv is model.conv_caps2.routing and conv is not classes
     assert (conv.cost_normalization, classes.cost_normalization) == (None, "mean_std")
     assert classes.inverse_temperatures == [1.0, 1.0, 1.0] and conv.inverse_temperatures[-1] < 0.01
-    assert classes.detach_assignments and classes.iterations == 3  # the rest as the shared settings
+    assert classes.detach_routing and classes.iterations == 3  # the rest as the shared settings
     assert model.model_args["class_routing_args"] == {"cost_normalization": "mean_std", "inverse_temperature": 1.0}
     assert model.model_args["formulation"] == "paper"
     images, labels = torch.rand(2, 1, 28, 28), torch.tensor([1, 7])

@@ -1,7 +1,7 @@
 """EM routing between matrix capsules.
 
-Hinton, Sabour & Frosst (2018), "Matrix capsules with EM routing", ICLR, Procedure 1, in two formulations
-(``docs/em_formulations.md`` compares them, with the IBM reproduction, line by line).
+Hinton, Sabour & Frosst (2018), "Matrix capsules with EM routing", ICLR, Sec. 3, Procedure 1, in two
+formulations (``docs/em_formulations.md`` compares them, with the IBM reproduction, line by line).
 
 Dimension legend: ``B`` batch (for a convolutional capsule layer: batch * output positions, folded),
 ``I`` child capsules (the K*K*types capsules of a receptive field), ``J`` parent capsule types,
@@ -59,23 +59,25 @@ cost[j]`` by its standardisation across the J parents of each example, ``(c_j - 
 the cost by ``I H / J``, a per-layer inverse temperature ``lambda J / (I H)`` (a reparameterisation:
 tested as an identity). ``benchmarks/README.md`` records how fast each variant learns.
 
-Implementation (same values as the equations; float32 error no larger than the direct form's):
-votes are laid out once as ``(B, J, I, H)`` and shifted by a per-parent origin ``c`` (the
-activation-weighted mean vote, a constant: every quantity is computed by exact algebra from ``V - c``, so
-nothing depends on ``c``), then stored once as ``xx = [V - c, (V - c)^2]`` ``(B, J, I, 2H)``. Each M-step
-is one batched product ``w @ xx`` giving ``sum_i w x`` and ``sum_i w x^2`` (the variance about any centre
-follows by exact algebra, clamped at 0 against rounding), each E-step one product ``xx @ [-2 d / sigma^2,
-1 / sigma^2]`` (computed as a row times ``xx^T``, which PyTorch's CPU kernels do 3x faster than a matrix
-times a column): no ``(B, J, I, H)`` temporary per iteration. Gradients flow through every iteration (the
-procedure differentiated literally). In eager training :class:`_EMFunction` supplies the backward: ``d
-loss / d xx`` is a sum of outer products, formed by one product of inner size ``2 * iterations - 1``
-instead of one full-size tensor per use; under ``torch.compile`` (and without gradients) plain autograd
-runs through the same code.
+Gradients flow through every iteration (the procedure differentiated literally) unless
+``detach_routing=True``, which computes the assignments of the non-final iterations without gradient.
+
+Implementation (same values as the equations): votes are laid out once as ``(B, J, I, H)``, shifted by a
+per-parent origin ``c`` (the activation-weighted mean vote, a constant: every quantity is computed by exact
+algebra from ``V - c``, so nothing depends on ``c``) and stored once as ``xx = [V - c, (V - c)^2]``
+``(B, J, I, 2H)``. Each M-step is one batched product ``w @ xx`` giving ``sum_i w x`` and ``sum_i w x^2``
+(the variance about any centre follows by exact algebra, clamped at 0 against rounding), each E-step one
+product ``xx @ [-2 d / sigma^2, 1 / sigma^2]`` (as a row times ``xx^T``,
+:func:`~capsnets.functional.products.matvec`): no ``(B, J, I, H)`` temporary per iteration. In eager
+training :class:`_EMFunction` supplies the backward: ``d loss / d xx`` is a sum of outer products, formed
+by one product of inner size ``2 * iterations - 1`` instead of one full-size tensor per use; under
+``torch.compile`` (and without gradients) plain autograd runs through the same code.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -95,8 +97,111 @@ OFFICIAL_MASS_EPS = {"conv": 1e-7, "class": 1e-5}
 
 
 def em_inverse_temperatures(iterations: int, final: float = 0.01, decay: float = 0.95) -> list[float]:
-    """Default schedule ``lambda_t = final * (1 - decay ** (t + 1))`` (see the module docstring)."""
+    """Default schedule ``lambda_t = final * (1 - decay ** (t + 1))``, ``t = 0 .. iterations - 1`` (see the
+    module docstring).
+
+    Examples::
+
+        >>> [round(x, 6) for x in em_inverse_temperatures(3)]
+        [0.0005, 0.000975, 0.001426]
+    """
     return [final * (1.0 - decay ** (t + 1)) for t in range(iterations)]
+
+
+@dataclass(frozen=True)
+class EMRouting:
+    """EM routing as a value to pass to a matrix capsule layer. Its defaults are the library's defaults of EM
+    routing: layers and model builders that are given no routing use ``EMRouting()``.
+
+    Args:
+        iterations: EM iterations (>= 1; the paper uses 3). The last one is an M-step only.
+        inverse_temperature: ``lambda``: ``None`` for the default schedule (module docstring), a number
+            for every iteration, or a sequence of ``iterations`` numbers. Stored as the resolved schedule.
+        eps: mass guard, and the paper formulation's variance floor (see :func:`em_routing`); None: the
+            formulation's default, stored resolved.
+        cost_normalization: ``None``, ``"mean_std"`` or ``"mass"`` (see :func:`em_routing`).
+        detach_routing: compute the assignments of the non-final iterations without gradient (see
+            :func:`em_routing`).
+        formulation: ``"paper"`` or ``"official"`` (see :func:`em_routing`); :meth:`official` builds the
+            released code's routing of a convolutional or class capsule layer.
+        variance_floor: official formulation only (see :func:`em_routing`); None: its default, stored resolved.
+
+    Shape:
+        ``votes (B, I, J, H), activations (B, I), beta_v (J,), beta_a (J,) -> (B, J, H), (B, J)``
+
+    Examples::
+
+        >>> layer = ConvMatrixCapsules(8, 16, routing=EMRouting(3, detach_routing=True))
+        >>> conv, cls = EMRouting.official(layer="conv"), EMRouting.official(layer="class")
+        >>> spec = EMRouting(2, 0.5).to_config()
+        >>> spec["type"], spec["inverse_temperature"], spec["eps"]
+        ('em', [0.5, 0.5], 1e-06)
+    """
+
+    iterations: int = 3
+    inverse_temperature: float | Sequence[float] | None = None
+    _: KW_ONLY
+    eps: float | None = None
+    cost_normalization: str | None = None
+    detach_routing: bool = False
+    formulation: str = "paper"
+    variance_floor: float | None = None
+
+    #: takes ``child_groups`` (a convolutional layer's ``assignment_scope`` other than "position" needs it)
+    supports_child_groups = True
+
+    def __post_init__(self) -> None:
+        eps, variance_floor = _resolve_formulation(self.formulation, self.eps, self.variance_floor)
+        _check_settings(self.iterations, eps, self.cost_normalization, self.formulation, variance_floor)
+        if not isinstance(self.detach_routing, bool):
+            raise ValueError(f"detach_routing must be True or False, got {self.detach_routing!r}")
+        iterations = int(self.iterations)
+        resolved = {"iterations": iterations, "eps": float(eps), "variance_floor": variance_floor,
+                    "inverse_temperature": tuple(_resolve_lambdas(self.inverse_temperature, iterations))}
+        for name, value in resolved.items():  # frozen: the resolved settings, set once
+            object.__setattr__(self, name, value)
+
+    @property
+    def inverse_temperatures(self) -> list[float]:
+        """The inverse temperature of each iteration, ``lambda_0 .. lambda_{iterations-1}``."""
+        return list(self.inverse_temperature)
+
+    @classmethod
+    def official(cls, iterations: int = iterations, *, layer: str = "conv", final_inverse_temperature: float = 0.01,
+                 detach_routing: bool = detach_routing) -> "EMRouting":
+        """The released code's routing for a ``"conv"`` or ``"class"`` capsule layer: the official
+        formulation, ``lambda_t = final (1 - 0.95^(t+1))`` with ``final`` divided by 4 in the class layer,
+        variance floor 5e-4, mass guard 1e-7 (conv) or 1e-5 (class)."""
+        if layer not in OFFICIAL_MASS_EPS:
+            raise ValueError(f"layer must be 'conv' or 'class', got {layer!r}")
+        final = final_inverse_temperature / 4.0 if layer == "class" else final_inverse_temperature
+        return cls(iterations, em_inverse_temperatures(int(iterations), final=final), eps=OFFICIAL_MASS_EPS[layer],
+                   detach_routing=detach_routing, formulation="official")
+
+    def __call__(self, votes, activations, beta_v, beta_a, return_assignments: bool = False,
+                 child_groups: ChildGroups | None = None):
+        return em_routing(
+            votes, activations, beta_v, beta_a, self.iterations,
+            inverse_temperature=self.inverse_temperature, return_assignments=return_assignments,
+            eps=self.eps, cost_normalization=self.cost_normalization,
+            detach_routing=self.detach_routing, child_groups=child_groups,
+            formulation=self.formulation, variance_floor=self.variance_floor,
+        )
+
+    def to_config(self) -> dict:
+        """The JSON-able spec of this routing, every setting resolved
+        (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
+        return {"type": "em", "iterations": self.iterations, "inverse_temperature": list(self.inverse_temperature),
+                "eps": self.eps, "cost_normalization": self.cost_normalization,
+                "detach_routing": self.detach_routing, "formulation": self.formulation,
+                "variance_floor": self.variance_floor}
+
+    def __repr__(self) -> str:
+        lams = ", ".join(f"{x:.3g}" for x in self.inverse_temperature)
+        extra = (f", formulation='official', variance_floor={self.variance_floor}"
+                 if self.formulation == "official" else f", cost_normalization={self.cost_normalization!r}")
+        return (f"EMRouting(iterations={self.iterations}, inverse_temperature=[{lams}], eps={self.eps}"
+                f"{extra}, detach_routing={self.detach_routing})")
 
 
 def _resolve_lambdas(inverse_temperature, iterations: int) -> list[float]:
@@ -259,7 +364,7 @@ def _initial_assignments(c, a_in, groups):
     return r / groups.copies().unsqueeze(1).to(r.dtype)
 
 
-def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments, groups,
+def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_routing, groups,
            variance_floor=None):
     """The procedure on shifted votes, seen only through ``contract``: poses, activations, assignments.
 
@@ -275,7 +380,7 @@ def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, 
             official = (out[0], variance_floor)
         return out
 
-    if detach_assignments and len(lambdas) > 1:
+    if detach_routing and len(lambdas) > 1:
         with torch.no_grad():  # the assignments become constants: no graph for these iterations
             for lam in lambdas[:-1]:
                 d, var, log_var, pre = m_step(r, lam)
@@ -321,7 +426,7 @@ class _EMFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_assignments, groups,
+    def forward(ctx, v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_routing, groups,
                 variance_floor):
         c, xx = _shifted_votes(v, a_in, eps)
         values, plain = [], _matmul_contract(xx)
@@ -330,7 +435,7 @@ class _EMFunction(torch.autograd.Function):
             values.append(plain(kind, operand))
             return values[-1]
 
-        ctx.settings = (lambdas, eps, cost_normalization, detach_assignments, groups, variance_floor)
+        ctx.settings = (lambdas, eps, cost_normalization, detach_routing, groups, variance_floor)
         ctx.values = values
         out = _route(c, record, a_in, beta_v, beta_a, *ctx.settings)
         ctx.save_for_backward(c, xx, a_in, beta_v, beta_a)
@@ -361,15 +466,15 @@ def em_routing(
     activations: Tensor,
     beta_v: Tensor | float,
     beta_a: Tensor | float,
-    iterations: int = 3,
+    iterations: int = EMRouting.iterations,
     *,
     inverse_temperature: float | Sequence[float] | None = None,
     return_assignments: bool = False,
     eps: float | None = None,
     cost_normalization: str | None = None,
-    detach_assignments: bool = False,
+    detach_routing: bool = EMRouting.detach_routing,
     child_groups: ChildGroups | None = None,
-    formulation: str = "paper",
+    formulation: str = EMRouting.formulation,
     variance_floor: float | None = None,
 ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """Route child votes to parent matrix capsules by EM (Procedure 1 of Hinton et al. 2018).
@@ -380,7 +485,7 @@ def em_routing(
         beta_v: per-parent cost of describing a pose component by its variance (the paper's ``beta_u``),
             shape ``(J,)`` or scalar.
         beta_a: per-parent activation offset, shape ``(J,)`` or scalar.
-        iterations: EM iterations (>= 1; the paper uses 3). The last one is an M-step only.
+        iterations: EM iterations (>= 1). The last one is an M-step only.
         inverse_temperature: ``lambda``: ``None`` for the default schedule (module docstring), a number
             for every iteration, or a sequence of ``iterations`` numbers.
         return_assignments: also return the assignments ``R`` used by the final M-step.
@@ -389,9 +494,9 @@ def em_routing(
         cost_normalization: ``None`` (the paper), ``"mean_std"`` (standardise the cost across parents) or
             ``"mass"`` (divide it by ``I H / J``: a per-layer inverse temperature; module docstring).
             Paper formulation only.
-        detach_assignments: compute the assignments of the non-final iterations without gradient, so
+        detach_routing: compute the assignments of the non-final iterations without gradient, so
             gradients flow only through the final M-step (the assignments act as constants, as the
-            couplings do in dynamic routing's ``detach`` mode). Same forward values; a cheaper backward
+            couplings do in dynamic routing's ``detach_routing`` mode). Same forward values; a cheaper backward
             and no stored intermediates for those iterations. Off by default (exact gradients).
         child_groups: for the routing problems of a convolutional capsule layer (batch and output
             positions folded into ``B``), which child slots are copies of one child
@@ -432,7 +537,7 @@ def em_routing(
         a_in = activations.to(dtype).unsqueeze(1)  # (B, 1, I)
         beta_v = _check_beta(beta_v, "beta_v", v.shape[1], v)  # (J,) or (1,)
         beta_a = _check_beta(beta_a, "beta_a", v.shape[1], v)
-        settings = (lambdas, eps, cost_normalization, detach_assignments, child_groups, variance_floor)
+        settings = (lambdas, eps, cost_normalization, detach_routing, child_groups, variance_floor)
         lean = torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(
             t.requires_grad for t in (v, a_in, beta_v, beta_a))
         if lean:  # eager training: the lean backward of _EMFunction
@@ -443,79 +548,3 @@ def em_routing(
     if return_assignments:
         return mu, a_out, r.transpose(1, 2)
     return mu, a_out
-
-
-class EMRouting:
-    """EM routing as a value to pass to a matrix capsule layer.
-
-    Args:
-        iterations: EM iterations (>= 1).
-        inverse_temperature: ``lambda`` schedule (see :func:`em_routing`).
-        eps: mass guard, and the paper formulation's variance floor (see :func:`em_routing`).
-        cost_normalization: ``None``, ``"mean_std"`` or ``"mass"`` (see :func:`em_routing`).
-        detach_assignments: gradients only through the final M-step (see :func:`em_routing`).
-        formulation: ``"paper"`` or ``"official"`` (see :func:`em_routing`); :meth:`official` builds the
-            released code's routing of a convolutional or class capsule layer.
-        variance_floor: official formulation only (see :func:`em_routing`).
-
-    Shape:
-        ``votes (B, I, J, H), activations (B, I), beta_v (J,), beta_a (J,) -> (B, J, H), (B, J)``
-
-    Examples::
-
-        >>> layer = ConvMatrixCapsules(8, 16, routing=EMRouting(3, detach_assignments=True))
-        >>> conv, cls = EMRouting.official(3, layer="conv"), EMRouting.official(3, layer="class")
-    """
-
-    #: takes ``child_groups`` (a convolutional layer's ``assignment_scope`` other than "position" needs it)
-    supports_child_groups = True
-
-    def __init__(
-        self,
-        iterations: int = 3,
-        inverse_temperature: float | Sequence[float] | None = None,
-        *,
-        eps: float | None = None,
-        cost_normalization: str | None = None,
-        detach_assignments: bool = False,
-        formulation: str = "paper",
-        variance_floor: float | None = None,
-    ) -> None:
-        eps, variance_floor = _resolve_formulation(formulation, eps, variance_floor)
-        _check_settings(iterations, eps, cost_normalization, formulation, variance_floor)
-        self.iterations = int(iterations)
-        self.inverse_temperatures = _resolve_lambdas(inverse_temperature, self.iterations)
-        self.eps = eps
-        self.cost_normalization = cost_normalization
-        self.detach_assignments = bool(detach_assignments)
-        self.formulation = formulation
-        self.variance_floor = variance_floor
-
-    @classmethod
-    def official(cls, iterations: int = 3, *, layer: str = "conv", final_inverse_temperature: float = 0.01,
-                 detach_assignments: bool = False) -> "EMRouting":
-        """The released code's routing for a ``"conv"`` or ``"class"`` capsule layer: the official
-        formulation, ``lambda_t = final (1 - 0.95^(t+1))`` with ``final`` divided by 4 in the class layer,
-        variance floor 5e-4, mass guard 1e-7 (conv) or 1e-5 (class)."""
-        if layer not in OFFICIAL_MASS_EPS:
-            raise ValueError(f"layer must be 'conv' or 'class', got {layer!r}")
-        final = final_inverse_temperature / 4.0 if layer == "class" else final_inverse_temperature
-        return cls(iterations, em_inverse_temperatures(int(iterations), final=final), eps=OFFICIAL_MASS_EPS[layer],
-                   detach_assignments=detach_assignments, formulation="official")
-
-    def __call__(self, votes, activations, beta_v, beta_a, return_assignments: bool = False,
-                 child_groups: ChildGroups | None = None):
-        return em_routing(
-            votes, activations, beta_v, beta_a, self.iterations,
-            inverse_temperature=self.inverse_temperatures, return_assignments=return_assignments,
-            eps=self.eps, cost_normalization=self.cost_normalization,
-            detach_assignments=self.detach_assignments, child_groups=child_groups,
-            formulation=self.formulation, variance_floor=self.variance_floor,
-        )
-
-    def __repr__(self) -> str:
-        lams = ", ".join(f"{x:.3g}" for x in self.inverse_temperatures)
-        extra = (f", formulation='official', variance_floor={self.variance_floor}"
-                 if self.formulation == "official" else f", cost_normalization={self.cost_normalization!r}")
-        return (f"EMRouting(iterations={self.iterations}, inverse_temperature=[{lams}], eps={self.eps}"
-                f"{extra}, detach_assignments={self.detach_assignments})")

@@ -1,33 +1,73 @@
 """Routing by agreement between vector capsules (dynamic routing).
 
-Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules", Procedure 1.
+Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules", Sec. 2, Procedure 1.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim;
 ``H``/``W`` rows/columns of a capsule grid.
 
-Convolutional capsules (LaLonde & Bagci 2018, "Capsules for Object Segmentation", Sec. 3; SPEC §3) route
+Convolutional capsules (LaLonde & Bagci 2018, "Capsules for Object Segmentation", Sec. 3.1) route
 *locally*: :func:`local_routing` runs a routing procedure independently at every output position, between
 the child and parent capsule types there.
 
-Implementation notes (same result as the procedure, in fewer operations):
-- the predictions are laid out once as ``(B, J, I, D)`` so every weighted sum and every agreement is a
-  batched matrix product, with no ``(B, I, J, D)`` temporaries per iteration (the agreements as a row times a
-  matrix, :func:`~capsnets.functional.products.matvec`);
-- the first iteration's couplings are exactly ``1/J`` (softmax of zeros), so its sum is a mean;
-- the last iteration does not update the logits, whose new value would never be used.
+Implementation (same result as the procedure, in fewer operations): the predictions are laid out once as
+``(B, J, I, D)`` so every weighted sum and every agreement is a batched matrix product
+(:func:`~capsnets.functional.products.matvec`); the first iteration's couplings are exactly ``1/J``, so its
+sum is a mean; the last iteration does not update the logits, whose new value would never be used.
 
-Gradients: with ``detach=True`` (the authors' released code) the predictions are detached in every
-iteration but the last, so gradients reach ``u_hat`` only through the final weighted sum and the
-couplings act as constants. With ``detach=False`` gradients flow through every iteration, as the
-procedure reads when differentiated literally.
+Gradients: with ``detach_routing=True`` (the default, as in the authors' released code) the predictions are
+detached in every iteration but the last, so gradients reach ``u_hat`` only through the final weighted sum
+and the couplings act as constants. With ``detach_routing=False`` gradients flow through every iteration,
+as the procedure reads when differentiated literally.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from capsnets.functional.products import matvec
 from capsnets.functional.squash import squash
+
+
+@dataclass(frozen=True)
+class DynamicRouting:
+    """Dynamic routing as a value to pass to a capsule layer. Its defaults are the library's defaults of
+    dynamic routing: layers and model builders that are given no routing use ``DynamicRouting()``.
+
+    Args:
+        iterations: routing iterations ``r`` (>= 1; the paper uses 3).
+        detach_routing: detach the predictions in every iteration but the last (see the module docstring).
+
+    Shape:
+        ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)``.
+
+    Examples::
+
+        >>> routing = DynamicRouting(2)
+        >>> routing(torch.randn(8, 1152, 10, 16)).shape
+        torch.Size([8, 10, 16])
+        >>> routing.to_config()
+        {'type': 'dynamic', 'iterations': 2, 'detach_routing': True}
+    """
+
+    iterations: int = 3
+    detach_routing: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.iterations, bool) or int(self.iterations) != self.iterations or self.iterations < 1:
+            raise ValueError(f"iterations must be a positive integer, got {self.iterations!r}")
+        if not isinstance(self.detach_routing, bool):
+            raise ValueError(f"detach_routing must be True or False, got {self.detach_routing!r}")
+        object.__setattr__(self, "iterations", int(self.iterations))
+
+    def __call__(self, u_hat: Tensor, *, return_couplings: bool = False):
+        return dynamic_routing(u_hat, self.iterations, detach_routing=self.detach_routing,
+                               return_couplings=return_couplings)
+
+    def to_config(self) -> dict:
+        """The JSON-able spec of this routing (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
+        return {"type": "dynamic", "iterations": self.iterations, "detach_routing": self.detach_routing}
 
 
 def _check_u_hat(u_hat: Tensor, iterations: int) -> None:
@@ -42,27 +82,33 @@ def _check_u_hat(u_hat: Tensor, iterations: int) -> None:
 
 def dynamic_routing(
     u_hat: Tensor,
-    iterations: int = 3,
+    iterations: int = DynamicRouting.iterations,
     *,
-    detach: bool = True,
+    detach_routing: bool = DynamicRouting.detach_routing,
     return_couplings: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Route child predictions to parent capsules by agreement (Procedure 1).
 
     Args:
         u_hat: predictions ``u_hat[j|i]`` of every child ``i`` for every parent ``j``.
-        iterations: number of routing iterations ``r`` (>= 1; the paper uses 3).
-        detach: detach ``u_hat`` in all iterations but the last (see the module docstring).
+        iterations: number of routing iterations ``r`` (>= 1).
+        detach_routing: detach ``u_hat`` in every iteration but the last (see the module docstring).
         return_couplings: also return the couplings ``c`` used in the last iteration.
 
     Shape:
         - u_hat: ``(B, I, J, D)``
         - output: ``(B, J, D)``; couplings ``(B, I, J)``, summing to 1 over ``J``.
+
+    Examples::
+
+        >>> v, c = dynamic_routing(torch.randn(8, 1152, 10, 16), 3, return_couplings=True)
+        >>> v.shape, c.shape
+        (torch.Size([8, 10, 16]), torch.Size([8, 1152, 10]))
     """
     _check_u_hat(u_hat, iterations)
     batch, children, parents, _ = u_hat.shape
     u = u_hat.permute(0, 2, 1, 3).contiguous()  # (B, J, I, D)
-    u_route = u.detach() if detach else u
+    u_route = u.detach() if detach_routing else u
     logits = None  # (B, J, I); zero on entry, never materialised while it is zero
     for r in range(iterations):
         last = r == iterations - 1
@@ -85,48 +131,36 @@ def dynamic_routing(
     return v, couplings
 
 
-class DynamicRouting:
-    """Dynamic routing as a value to pass to a capsule layer.
+def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False):
+    """Route independently at every output position of a convolutional capsule layer.
+
+    LaLonde & Bagci (2018), Sec. 3.1: each example and position ``(h, w)`` is one routing problem between
+    the ``I`` child types and the ``J`` parent types there (logits ``b`` of shape ``(I, H, W, J)`` per
+    example, reset per forward, softmax over parents at each position). The positions are folded into the
+    batch, so any routing callable for ``(B, I, J, D)`` routes locally.
 
     Args:
-        iterations: routing iterations (>= 1).
-        detach: detach predictions in non-final iterations (see :func:`dynamic_routing`).
-
-    Shape:
-        ``(B, I, J, D) -> (B, J, D)``
-    """
-
-    def __init__(self, iterations: int = 3, *, detach: bool = True) -> None:
-        if int(iterations) != iterations or iterations < 1:
-            raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
-        self.iterations = int(iterations)
-        self.detach = detach
-
-    def __call__(self, u_hat: Tensor, *, return_couplings: bool = False):
-        return dynamic_routing(
-            u_hat, self.iterations, detach=self.detach, return_couplings=return_couplings
-        )
-
-    def __repr__(self) -> str:
-        return f"DynamicRouting(iterations={self.iterations}, detach={self.detach})"
-
-
-def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False):
-    """Route independently at every output position of a convolutional capsule layer (SPEC §3).
-
-    Each example and position ``(h, w)`` is one routing problem between the ``I`` child types and the
-    ``J`` parent types there (logits ``b`` of shape ``(I, H, W, J)`` per example, reset per forward,
-    softmax over parents at each position). The positions are folded into the batch, so any routing
-    callable for ``(B, I, J, D)`` (default :class:`DynamicRouting` with 3 iterations) routes locally.
+        u_hat: every child type's prediction for every parent type at every position.
+        routing: a routing callable, or its spec (a dict, :func:`~capsnets.functional.routing_from_config`);
+            None: ``DynamicRouting()``.
+        return_couplings: also return the couplings of the last iteration.
 
     Shape:
         - u_hat: ``(B, I, J, D, H, W)``
         - output: ``(B, J, D, H, W)``; couplings ``(B, I, J, H, W)``, summing to 1 over ``J``.
+
+    Examples::
+
+        >>> local_routing(torch.randn(2, 4, 8, 16, 6, 6), DynamicRouting(3)).shape
+        torch.Size([2, 8, 16, 6, 6])
     """
     if u_hat.dim() != 6:
         raise ValueError(f"local_routing expects u_hat of shape (B, I, J, D, H, W) (batch, child types, parent "
                          f"types, parent dim, rows, columns); got shape {tuple(u_hat.shape)}")
-    routing = routing if routing is not None else DynamicRouting(3)
+    if not callable(routing):  # None or a spec (the layers pass routing objects)
+        from capsnets.functional.routing_spec import as_routing
+
+        routing = as_routing(routing, DynamicRouting)
     batch, children, parents, dim, height, width = u_hat.shape
     # (B, I, J, D, H, W) -> (B, H, W, I, J, D) -> (B*H*W, I, J, D): one routing problem per position
     flat = u_hat.permute(0, 4, 5, 1, 2, 3).reshape(batch * height * width, children, parents, dim)
@@ -137,7 +171,7 @@ def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False
     return v, couplings.view(batch, height, width, children, parents).permute(0, 3, 4, 1, 2)
 
 
-def local_dynamic_routing(u_hat: Tensor, iterations: int = 3, *, detach: bool = True,
-                          return_couplings: bool = False):
+def local_dynamic_routing(u_hat: Tensor, iterations: int = DynamicRouting.iterations, *,
+                          detach_routing: bool = DynamicRouting.detach_routing, return_couplings: bool = False):
     """:func:`dynamic_routing` at every position of a capsule grid; see :func:`local_routing` for shapes."""
-    return local_routing(u_hat, DynamicRouting(iterations, detach=detach), return_couplings=return_couplings)
+    return local_routing(u_hat, DynamicRouting(iterations, detach_routing), return_couplings=return_couplings)

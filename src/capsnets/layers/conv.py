@@ -1,15 +1,15 @@
 """Convolutional and transposed-convolutional capsule layers with local routing.
 
-LaLonde & Bagci (2018), "Capsules for Object Segmentation" (SegCaps), Sec. 3.1; SPEC §3. Children are
+LaLonde & Bagci (2018), "Capsules for Object Segmentation" (SegCaps), Sec. 3.1. Children are
 capsule types on a grid. One convolution, its weights shared across child types, maps each child type's
 ``D_in`` maps to ``J x D_out`` maps: the predictions ``u_hat`` of every child type for every parent type
 at every output position (the convolution's bias is part of ``u_hat``). Routing then runs independently
 at each position (:func:`capsnets.functional.local_routing`).
 
 Deviation: LaLonde & Bagci's code adds the bias to the routed sum ``s`` of each parent; here it is the
-convolution's bias, added to every prediction, as SPEC describes ``u_hat``. Routing logits are per
-example with the softmax over parent types, as in SPEC and LaLonde & Bagci's code (the Bass tutorial's
-code shares the logits across the batch and normalises them over child types).
+convolution's bias, added to every prediction ``u_hat``. Routing logits are per example with the softmax
+over parent types, as in LaLonde & Bagci (2018), Sec. 3.1, and their code (the Bass tutorial's code shares
+the logits across the batch and normalises them over child types).
 
 Dimension legend: ``B`` batch, ``I``/``J`` child/parent capsule types, ``D_in``/``D_out`` capsule
 dimensions, ``H``/``W`` grid rows/columns (primed: the output grid).
@@ -20,7 +20,7 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from capsnets.functional import DynamicRouting, local_routing
+from capsnets.functional import DynamicRouting, as_routing, local_routing
 from capsnets.layers.validation import non_negative_int, positive_int
 
 
@@ -39,7 +39,7 @@ class _GridCapsules(nn.Module):
         self.kernel_size = positive_int("kernel_size", kernel_size)
         self.stride = positive_int("stride", stride)
         self.padding = non_negative_int("padding", padding)
-        self.routing = routing if routing is not None else DynamicRouting(3)
+        self.routing = as_routing(routing, DynamicRouting)
 
     def predictions(self, u: Tensor) -> Tensor:
         """Every child type's prediction for every parent type: ``(B, I, D_in, H, W) -> (B, I, J, D_out, H', W')``."""
@@ -68,8 +68,8 @@ class ConvCapsules2d(_GridCapsules):
         in_types, in_dim: child capsule types ``I`` and their dimension ``D_in``.
         out_types, out_dim: parent capsule types ``J`` and their dimension ``D_out``.
         kernel_size, stride, padding: of the convolution (``padding`` default ``kernel_size // 2``).
-        routing: a callable ``(N, I, J, D_out) -> (N, J, D_out)`` run at every position; default
-            ``DynamicRouting(3)`` (SegCaps uses 1 iteration in its first capsule layer, 3 elsewhere).
+        routing: a callable ``(N, I, J, D_out) -> (N, J, D_out)`` run at every position, or its spec (a
+            dict); None: ``DynamicRouting()`` (SegCaps routes once in its first capsule layer).
 
     Shape:
         - input: ``(B, I, D_in, H, W)``

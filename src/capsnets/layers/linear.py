@@ -1,7 +1,8 @@
 """Fully connected capsule layer: one transformation matrix per (child, parent) pair, then routing.
 
-Sabour, Frosst & Hinton (2017), Eq. 2: ``u_hat[j|i] = W[i, j] u[i]``; the routing that turns the
-predictions into parent capsules is passed in (e.g. :class:`capsnets.functional.DynamicRouting`).
+Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules", Sec. 2, Eq. 2:
+``u_hat[j|i] = W[i, j] u[i]``; the routing that turns the predictions into parent capsules is passed in
+(e.g. :class:`capsnets.functional.DynamicRouting`).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import DynamicRouting
+from capsnets.functional import DynamicRouting, as_routing
 from capsnets.layers.validation import positive_int
 
 
@@ -22,7 +23,8 @@ class LinearCapsules(nn.Module):
         in_dim: child capsule dimension ``D_in``.
         out_capsules: number of parent capsules ``J``.
         out_dim: parent capsule dimension ``D_out``.
-        routing: a callable ``(B, I, J, D_out) -> (B, J, D_out)``; default ``DynamicRouting(3)``.
+        routing: a callable ``(B, I, J, D_out) -> (B, J, D_out)`` or its spec (a dict,
+            :func:`~capsnets.functional.routing_from_config`); None: ``DynamicRouting()``.
         init_std: standard deviation of the normal initialisation of ``W``.
 
     Shape:
@@ -55,7 +57,7 @@ class LinearCapsules(nn.Module):
         self.out_dim = positive_int("out_dim", out_dim)
         if not init_std > 0:
             raise ValueError(f"init_std must be > 0, got {init_std!r}")
-        self.routing = routing if routing is not None else DynamicRouting(3)
+        self.routing = as_routing(routing, DynamicRouting)
         self.weight = nn.Parameter(
             torch.randn(in_capsules, out_capsules, out_dim, in_dim, device=device, dtype=dtype) * init_std
         )

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from capsnets.capsules import MatrixCapsules
+from capsnets.functional import EMRouting, as_routing
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups
 from capsnets.functional.patches import capsule_patches
 from capsnets.layers.validation import non_negative_int, positive_int
@@ -28,12 +29,6 @@ from capsnets.layers.validation import non_negative_int, positive_int
 
 #: How a convolutional capsule layer normalises the assignments of a child seen by several positions.
 ASSIGNMENT_SCOPES = ("position", "all_parents", "per_type")
-
-
-def _default_routing():
-    from capsnets.functional import EMRouting
-
-    return EMRouting(3)
 
 
 def matrix_votes(poses: Tensor, weight: Tensor) -> Tensor:
@@ -74,6 +69,12 @@ class PrimaryMatrixCapsules(nn.Module):
     Shape:
         - input: ``(B, in_channels, H, W)``
         - output: :class:`MatrixCapsules` with pose ``(B, T, H, W, P, P)``, activation ``(B, T, H, W)``.
+
+    Examples::
+
+        >>> caps = PrimaryMatrixCapsules(32, 8)(torch.randn(2, 32, 14, 14))
+        >>> caps.pose.shape, caps.activation.shape
+        (torch.Size([2, 8, 14, 14, 4, 4]), torch.Size([2, 8, 14, 14]))
     """
 
     def __init__(self, in_channels: int, num_types: int, *, pose_size: int = 4, kernel_size: int = 1,
@@ -112,7 +113,7 @@ class ConvMatrixCapsules(nn.Module):
         out_types: parent capsule types ``U``.
         kernel_size, stride, padding: convolution geometry over the capsule grid.
         routing: callable ``(votes (N, I, J, P*P), activations (N, I), beta_v (J,), beta_a (J,)) ->
-            (poses (N, J, P*P), activations (N, J))``; default ``EMRouting(3)``.
+            (poses (N, J, P*P), activations (N, J))``, or its spec (a dict); None: ``EMRouting()``.
         pose_size: pose side ``P``.
         checkpoint_chunks: if > 0, when training, compute votes and routing in this many chunks of
             output positions under activation checkpointing: backward keeps only the receptive-field
@@ -132,6 +133,12 @@ class ConvMatrixCapsules(nn.Module):
         - input: :class:`MatrixCapsules` ``(B, T, H, W, P, P)``
         - output: :class:`MatrixCapsules` ``(B, U, H', W', P, P)``
         - ``weight``: ``(T, K, K, U, P, P)``; ``beta_v``, ``beta_a``: ``(U,)``
+
+    Examples::
+
+        >>> layer = ConvMatrixCapsules(8, 16, kernel_size=3, stride=2, routing=EMRouting(2))
+        >>> layer(PrimaryMatrixCapsules(32, 8)(torch.randn(2, 32, 14, 14))).pose.shape
+        torch.Size([2, 16, 6, 6, 4, 4])
     """
 
     def __init__(self, in_types: int, out_types: int, *, kernel_size: int = 3, stride: int = 1, padding: int = 0,
@@ -145,7 +152,7 @@ class ConvMatrixCapsules(nn.Module):
         self.stride = positive_int("stride", stride)
         self.padding = non_negative_int("padding", padding)
         self.pose_size = positive_int("pose_size", pose_size)
-        self.routing = routing if routing is not None else _default_routing()
+        self.routing = as_routing(routing, EMRouting)
         self.assignment_scope = _check_scope(assignment_scope, self.routing, self.checkpoint_chunks)
         factory = {"device": device, "dtype": dtype}
         self.weight = _pose_weight(in_types, kernel_size, kernel_size, out_types, side=pose_size, **factory)
@@ -222,6 +229,12 @@ class ClassMatrixCapsules(nn.Module):
         - input: :class:`MatrixCapsules` ``(B, T, H, W, P, P)``
         - output: :class:`MatrixCapsules` ``(B, J, 1, 1, P, P)``
         - ``weight``: ``(T, J, P, P)``
+
+    Examples::
+
+        >>> caps = MatrixCapsules(torch.randn(2, 16, 4, 4, 4, 4), torch.rand(2, 16, 4, 4))
+        >>> ClassMatrixCapsules(16, 5)(caps).activation.shape
+        torch.Size([2, 5, 1, 1])
     """
 
     def __init__(self, in_types: int, num_classes: int, *, routing=None, coordinate_addition: bool = True,
@@ -233,7 +246,7 @@ class ClassMatrixCapsules(nn.Module):
         if pose_size**2 < 2 and coordinate_addition:
             raise ValueError("coordinate_addition needs at least 2 pose components")
         self.coordinate_addition = bool(coordinate_addition)
-        self.routing = routing if routing is not None else _default_routing()
+        self.routing = as_routing(routing, EMRouting)
         factory = {"device": device, "dtype": dtype}
         self.weight = _pose_weight(in_types, num_classes, side=pose_size, **factory)
         self.beta_v = nn.Parameter(torch.zeros(num_classes, **factory))

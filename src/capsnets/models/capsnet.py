@@ -7,9 +7,11 @@ Registered variants:
 - ``capsnet_small``: the same design, narrower (for CPU tests and quick experiments).
 - ``capsnet_digits``: for scikit-learn's 8x8 digits (3x3 kernels).
 
-Deviation: the paper adds no bias to the parent pre-activations; neither do we. The routing's gradient
-path is the ``detach`` option of :class:`~capsnets.functional.DynamicRouting` (default: the authors'
-released code, predictions detached in non-final iterations).
+The builders take ``routing`` (a routing object or its spec) or, for the default
+:class:`~capsnets.functional.DynamicRouting`, ``routing_iterations`` and ``detach_routing`` (None: the
+routing's defaults). As in the paper, the parent pre-activations have no bias. Deviation: the routing's
+gradient path follows the authors' released code by default (``detach_routing``: predictions detached in
+non-final iterations).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import DynamicRouting, capsule_length
+from capsnets.functional import DynamicRouting, as_routing, capsule_length
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
 from capsnets.layers.validation import conv_output_size, positive_int
 from capsnets.models.output import ModelOutput
@@ -37,13 +39,19 @@ class CapsNet(nn.Module):
         primary_dim: primary capsule dimension.
         primary_kernel, primary_stride: the primary convolution's kernel and stride.
         class_dim: class capsule dimension.
-        routing: routing callable for the class capsules (default ``DynamicRouting(3)``).
+        routing: routing callable for the class capsules, or its spec (a dict); None: ``DynamicRouting()``.
         decoder_hidden: hidden sizes of the decoder; ``None`` builds no decoder.
 
     Shape:
         - images: ``(B, C, H, W)``; labels (optional, selects the decoded capsule): ``(B,)``
         - output: :class:`ModelOutput` with ``scores`` ``(B, num_classes)`` (capsule lengths),
           ``capsules`` ``(B, num_classes, class_dim)``, ``reconstruction`` ``(B, C, H, W)``.
+
+    Examples::
+
+        >>> model = CapsNet(input_size=(1, 28, 28), routing=DynamicRouting(2))
+        >>> model(torch.rand(4, 1, 28, 28)).scores.shape
+        torch.Size([4, 10])
     """
 
     default_loss = "margin"
@@ -60,7 +68,7 @@ class CapsNet(nn.Module):
         primary_kernel: int = 9,
         primary_stride: int = 2,
         class_dim: int = 16,
-        routing: Callable[..., Tensor] | None = None,
+        routing: Callable[..., Tensor] | dict | None = None,
         decoder_hidden: Sequence[int] | None = (512, 1024),
         device=None,
         dtype=None,
@@ -81,7 +89,7 @@ class CapsNet(nn.Module):
         )
         self.classes = LinearCapsules(
             self.primary.num_capsules(conv_h, conv_w), primary_dim, num_classes, class_dim,
-            routing=routing if routing is not None else DynamicRouting(3), **factory,
+            routing=routing, **factory,
         )
         self.decoder = None
         if decoder_hidden is not None:
@@ -110,12 +118,13 @@ class CapsNet(nn.Module):
         return ModelOutput(lengths, "length", capsules, reconstruction)
 
 
-def _routing(routing, routing_iterations: int, detach_routing: bool):
-    return routing if routing is not None else DynamicRouting(routing_iterations, detach=detach_routing)
+def _routing(routing, routing_iterations: int | None, detach_routing: bool | None):
+    """The builders' routing: ``routing`` if given, else dynamic routing with the settings that are not None."""
+    return as_routing(routing, DynamicRouting, iterations=routing_iterations, detach_routing=detach_routing)
 
 
 @register_model("capsnet")
-def capsnet(*, num_classes=10, input_size=(1, 28, 28), routing_iterations=3, detach_routing=True,
+def capsnet(*, num_classes=10, input_size=(1, 28, 28), routing_iterations=None, detach_routing=None,
             routing=None, reconstruction=True, device=None, dtype=None) -> CapsNet:
     """The paper's MNIST CapsNet (Sec. 4): 256 9x9 conv, 32x8-D primary capsules, 16-D class capsules."""
     return CapsNet(
@@ -126,7 +135,7 @@ def capsnet(*, num_classes=10, input_size=(1, 28, 28), routing_iterations=3, det
 
 
 @register_model("capsnet_small")
-def capsnet_small(*, num_classes=10, input_size=(1, 28, 28), routing_iterations=3, detach_routing=True,
+def capsnet_small(*, num_classes=10, input_size=(1, 28, 28), routing_iterations=None, detach_routing=None,
                   routing=None, reconstruction=True, device=None, dtype=None) -> CapsNet:
     """CapsNet narrowed for CPUs: 32-channel conv, 8 types of 8-D primary capsules (288 capsules)."""
     return CapsNet(
@@ -137,7 +146,7 @@ def capsnet_small(*, num_classes=10, input_size=(1, 28, 28), routing_iterations=
 
 
 @register_model("capsnet_digits")
-def capsnet_digits(*, num_classes=10, input_size=(1, 8, 8), routing_iterations=3, detach_routing=True,
+def capsnet_digits(*, num_classes=10, input_size=(1, 8, 8), routing_iterations=None, detach_routing=None,
                    routing=None, reconstruction=True, device=None, dtype=None) -> CapsNet:
     """CapsNet for 8x8 digits: 3x3 kernels, primary stride 1 (4x4 grid of 16 types of 8-D capsules)."""
     return CapsNet(

@@ -1,7 +1,7 @@
 """CapsPix2pix: image synthesis from label maps with a convolutional capsule generator (Bass et al. 2019).
 
 Bass, Dai, Stuart et al. (2019), "Image synthesis with a convolutional capsule generative adversarial
-network" (MIDL); SPEC §3. pix2pix (Isola et al. 2017) is a conditional GAN: a generator maps a label map to
+network" (MIDL). pix2pix (Isola et al. 2017) is a conditional GAN: a generator maps a label map to
 an image, a PatchGAN discriminator judges (label map, image) pairs patch by patch, and the generator is
 trained on the adversarial loss plus ``lambda`` times the L1 distance to the real image. CapsPix2pix
 keeps the discriminator and the losses and builds the generator from convolutional capsule layers.
@@ -15,8 +15,9 @@ Deviations: Bass et al. add a noise input and use their own capsule U-Net; outpu
 (sigmoid, not tanh); the discriminator has two stride-2 stages (a 10x10 receptive field suited to 32x32
 images, against pix2pix's 70x70 for 256x256).
 
-Registered (task ``"synthesis"``): ``capspix2pix`` / ``capspix2pix_small`` (16-D / 8-D first capsules)
-and ``pix2pix`` / ``pix2pix_small`` (U-Net width 64 / 8). Inputs: ``(B, K, H, W)`` label maps (one
+Registered (task ``"synthesis"``): ``capspix2pix`` / ``capspix2pix_small`` (16-D / 8-D first capsules;
+``routing``, ``routing_iterations``, ``detach_routing`` as for SegCaps) and ``pix2pix`` / ``pix2pix_small``
+(U-Net width 64 / 8). Inputs: ``(B, K, H, W)`` label maps (one
 channel per class), ``H`` and ``W`` divisible by 8 (16 for the U-Net).
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import Tensor, nn
 
 from capsnets.layers.validation import positive_int
 from capsnets.models.registry import register_model
-from capsnets.models.segcaps import SegCaps
+from capsnets.models.segcaps import SegCaps, segcaps_routing
 from capsnets.models.unet import UNet
 
 
@@ -53,18 +54,26 @@ class CapsPix2pixGenerator(nn.Module):
         input_size: ``(K, H, W)`` of the label maps.
         out_channels: channels of the generated image.
         width: capsule dimension of the first capsule types (see :class:`SegCaps`).
-        routing_iterations, detach_routing: of the capsule layers (see :class:`SegCaps`).
+        routing: of the capsule layers (see :class:`SegCaps`); None: ``DynamicRouting()``.
         head_hidden: channels of the head's hidden 1x1 convolutions.
+
+    Shape:
+        label maps ``(B, K, H, W)`` -> :class:`SynthesisOutput` with images ``(B, out_channels, H, W)``.
+
+    Examples::
+
+        >>> generator = CapsPix2pixGenerator(input_size=(10, 32, 32), width=4)
+        >>> generator(torch.rand(2, 10, 32, 32)).images.shape
+        torch.Size([2, 1, 32, 32])
     """
 
     task = "synthesis"
 
     def __init__(self, *, input_size: Sequence[int] = (10, 32, 32), out_channels: int = 1, width: int = 16,
-                 routing_iterations: int = 3, detach_routing: bool = True, head_hidden: Sequence[int] = (64, 128),
-                 device=None, dtype=None) -> None:
+                 routing=None, head_hidden: Sequence[int] = (64, 128), device=None, dtype=None) -> None:
         super().__init__()
-        self.trunk = SegCaps(input_size=input_size, width=width, routing_iterations=routing_iterations,
-                             detach_routing=detach_routing, decoder_hidden=None, device=device, dtype=dtype)
+        self.trunk = SegCaps(input_size=input_size, width=width, routing=routing, decoder_hidden=None, device=device,
+                             dtype=dtype)
         self.input_size, self.out_channels = self.trunk.input_size, positive_int("out_channels", out_channels)
         sizes, layers = [width, *head_hidden], []
         for a, b in zip(sizes, sizes[1:]):
@@ -126,20 +135,20 @@ class PatchDiscriminator(nn.Module):
 
 
 @register_model("capspix2pix", task="synthesis")
-def capspix2pix(*, input_size=(10, 32, 32), out_channels=1, routing_iterations=3, detach_routing=True, device=None,
-                dtype=None) -> CapsPix2pixGenerator:
+def capspix2pix(*, input_size=(10, 32, 32), out_channels=1, routing=None, routing_iterations=None,
+                detach_routing=None, device=None, dtype=None) -> CapsPix2pixGenerator:
     """CapsPix2pix generator on the SegCaps R3 trunk (16-D first capsules)."""
     return CapsPix2pixGenerator(input_size=input_size, out_channels=out_channels, width=16,
-                                routing_iterations=routing_iterations, detach_routing=detach_routing, device=device,
+                                routing=segcaps_routing(routing, routing_iterations, detach_routing), device=device,
                                 dtype=dtype)
 
 
 @register_model("capspix2pix_small", task="synthesis")
-def capspix2pix_small(*, input_size=(10, 32, 32), out_channels=1, routing_iterations=3, detach_routing=True,
-                      device=None, dtype=None) -> CapsPix2pixGenerator:
+def capspix2pix_small(*, input_size=(10, 32, 32), out_channels=1, routing=None, routing_iterations=None,
+                      detach_routing=None, device=None, dtype=None) -> CapsPix2pixGenerator:
     """CapsPix2pix generator with 8-D first capsules and a (32, 64) head, for CPUs."""
     return CapsPix2pixGenerator(input_size=input_size, out_channels=out_channels, width=8, head_hidden=(32, 64),
-                                routing_iterations=routing_iterations, detach_routing=detach_routing, device=device,
+                                routing=segcaps_routing(routing, routing_iterations, detach_routing), device=device,
                                 dtype=dtype)
 
 

@@ -23,21 +23,25 @@ Two formulations (``formulation``; ``docs/em_formulations.md`` compares them lin
 
 Inputs of 32x32 (smallNORB crops) use no padding in Conv1; smaller inputs (28x28 MNIST) get padding 2,
 which gives the same 14x14 -> 6x6 -> 4x4 grids. Class scores are the class capsule activations.
-``detach_routing=True`` computes the assignments of the non-final EM iterations without gradient (a
-cheaper backward; see :func:`capsnets.functional.em_routing`). ``class_routing_args`` gives the class
-capsule layer routing settings of its own. Deviation in both formulations: the released code's
+The builders take ``routing`` (a routing object or its spec, shared by the three capsule layers) or the
+settings of the formulation's :class:`~capsnets.functional.EMRouting`: ``routing_iterations``,
+``detach_routing`` (the assignments of the non-final iterations without gradient: a cheaper backward),
+``cost_normalization`` and ``inverse_temperature`` (None: the routing's defaults); ``class_routing_args``
+gives the class capsule layer settings of its own. Deviation in both formulations: the released code's
 convolutional routing groups a child's copies as if every layer had stride 1, which in ConvCaps1 (stride 2)
 mixes different children; here the copies are grouped by the layer's real stride.
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from capsnets.layers.validation import positive_int
+from capsnets.functional import EMRouting, as_routing
 from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+from capsnets.layers.validation import positive_int
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 
@@ -53,40 +57,40 @@ def _check_formulation(formulation) -> str:
     return formulation
 
 
-def _em_routing(iterations: int, routing, detach_routing: bool = False, cost_normalization=None,
-                inverse_temperature=None, formulation: str = "paper", layer: str = "conv"):
-    if routing is not None:  # a routing object carries its own settings (as in the vector CapsNet builders)
-        return routing
-    from capsnets.functional import EMRouting
-
-    if formulation == "official":
-        if cost_normalization is not None or inverse_temperature is not None:
-            raise ValueError("formulation='official' fixes the activation logit and the inverse temperatures "
-                             "(final 0.01, divided by 4 in the class layer); leave cost_normalization and "
-                             "inverse_temperature unset, or use formulation='paper'")
-        return EMRouting.official(iterations, layer=layer, detach_assignments=detach_routing)
-    return EMRouting(iterations, inverse_temperature, detach_assignments=detach_routing,
-                     cost_normalization=cost_normalization)
+#: The routing settings a builder takes, with the names of :class:`~capsnets.functional.EMRouting`'s fields.
+_ROUTING_SETTINGS = {"routing_iterations": "iterations", "detach_routing": "detach_routing",
+                     "cost_normalization": "cost_normalization", "inverse_temperature": "inverse_temperature"}
 
 
-def _class_routing(class_routing_args, routing, **shared):
-    """The class capsule layer's own :class:`EMRouting`: the builder's ``shared`` routing arguments
-    (``routing_iterations``, ``detach_routing``, ``cost_normalization``, ``inverse_temperature``,
-    ``formulation``) overridden by ``class_routing_args``; None when that is None and the formulation is
-    the paper's (the class layer shares the convolutional layers' routing)."""
+def _em_routing(routing=None, formulation: str = "paper", layer: str = "conv", **settings):
+    """``routing`` (an object or its spec) if given, else the formulation's :class:`EMRouting` for a ``"conv"``
+    or ``"class"`` capsule layer with the builder's ``settings`` (keys of ``_ROUTING_SETTINGS``; None: the
+    routing's defaults)."""
+    settings = {_ROUTING_SETTINGS[name]: value for name, value in settings.items()}
+    if routing is not None or formulation != "official":
+        return as_routing(routing, EMRouting, **settings)
+    if settings.get("cost_normalization") is not None or settings.get("inverse_temperature") is not None:
+        raise ValueError("formulation='official' fixes the activation logit and the inverse temperatures "
+                         "(final 0.01, divided by 4 in the class layer); leave cost_normalization and "
+                         "inverse_temperature unset, or use formulation='paper'")
+    return as_routing(None, functools.partial(EMRouting.official, layer=layer), **settings)
+
+
+def _class_routing(class_routing_args, routing, formulation: str, settings: dict):
+    """The class capsule layer's own :class:`EMRouting`: the builder's routing ``settings`` overridden by
+    ``class_routing_args``; None when that is None and the formulation is the paper's (the class layer then
+    shares the convolutional layers' routing)."""
     if class_routing_args is None:
-        if shared["formulation"] == "official" and routing is None:
-            merged = dict(shared)
-            return _em_routing(merged.pop("routing_iterations"), None, **merged, layer="class")
+        if formulation == "official" and routing is None:
+            return _em_routing(None, formulation, "class", **settings)
         return None
     if routing is not None:
         raise ValueError("class_routing_args configures the default EMRouting; with a routing object, build "
                          "MatrixCapsNet(routing=..., class_routing=...) instead")
-    if not isinstance(class_routing_args, dict) or set(class_routing_args) - set(shared):
-        raise ValueError(f"class_routing_args must be a dict with keys from {sorted(shared)}, got "
+    if not isinstance(class_routing_args, dict) or set(class_routing_args) - set(settings):
+        raise ValueError(f"class_routing_args must be a dict with keys from {sorted(settings)}, got "
                          f"{class_routing_args!r}")
-    merged = {**shared, **class_routing_args}
-    return _em_routing(merged.pop("routing_iterations"), None, **merged, layer="class")
+    return _em_routing(None, formulation, "class", **{**settings, **class_routing_args})
 
 
 def _trunc_normal_(tensor: Tensor, std: float) -> None:
@@ -119,8 +123,10 @@ class MatrixCapsNet(nn.Module):
         conv_caps1_types: C, types of the first convolutional capsule layer.
         conv_caps2_types: D, types of the second.
         conv_padding: padding of Conv1; None: 2 for inputs smaller than 32 px, else 0.
-        routing: routing callable shared by the three capsule layers (default ``EMRouting(3)``).
-        class_routing: the class capsule layer's routing instead of ``routing`` (None: ``routing``).
+        routing: routing callable shared by the three capsule layers, or its spec (a dict); None: the
+            formulation's ``EMRouting()`` (official: :meth:`~capsnets.functional.EMRouting.official`, with the
+            class layer's own).
+        class_routing: the class capsule layer's routing (or spec) instead of ``routing`` (None: ``routing``).
         coordinate_addition: coordinate addition in the class capsules.
         checkpoint_chunks: activation checkpointing of the convolutional capsule layers in this many
             chunks (0: off); trades about one extra forward of votes and routing for memory.
@@ -154,10 +160,9 @@ class MatrixCapsNet(nn.Module):
         official = formulation == "official"
         if assignment_scope is None:
             assignment_scope = "per_type" if official else "position"
-        if routing is None:  # the formulation's routing (official: the class layer has its own)
-            routing = _em_routing(3, None, formulation=formulation)
-            if class_routing is None and official:
-                class_routing = _em_routing(3, None, formulation=formulation, layer="class")
+        if routing is None and class_routing is None and official:  # the class layer has its own
+            class_routing = _em_routing(None, formulation, "class")
+        routing = _em_routing(routing, formulation)
         factory = {"device": device, "dtype": dtype, "pose_size": pose_size}
         self.conv = nn.Conv2d(self.input_size[0], conv_channels, 5, stride=2, padding=conv_padding,
                               device=device, dtype=dtype)
@@ -170,7 +175,7 @@ class MatrixCapsNet(nn.Module):
         self._check_grid()
         coordinates = self._official_coordinates() if official else None
         self.classes = ClassMatrixCapsules(conv_caps2_types, num_classes,
-                                           routing=class_routing if class_routing is not None else routing,
+                                           routing=routing if class_routing is None else class_routing,
                                            coordinate_addition=coordinate_addition, coordinates=coordinates,
                                            **factory)
         if official:
@@ -228,43 +233,42 @@ class MatrixCapsNet(nn.Module):
         return ModelOutput(activation, "activation", poses)
 
 
-def _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
-           inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, class_routing_args, formulation,
-           device, dtype, **widths):
+def _build(widths: dict, *, routing, class_routing_args, formulation, routing_iterations, detach_routing,
+           cost_normalization, inverse_temperature, **model_args) -> MatrixCapsNet:
+    """A :class:`MatrixCapsNet` of the given ``widths`` from a builder's keyword arguments."""
     formulation = _check_formulation(formulation)
-    shared = {"routing_iterations": routing_iterations, "detach_routing": detach_routing,
-              "cost_normalization": cost_normalization, "inverse_temperature": inverse_temperature,
-              "formulation": formulation}
-    class_routing = _class_routing(class_routing_args, routing, **shared)
-    routing = _em_routing(routing_iterations, routing, detach_routing, cost_normalization, inverse_temperature,
-                          formulation)
-    return MatrixCapsNet(input_size=input_size, num_classes=num_classes, routing=routing, class_routing=class_routing,
-                         coordinate_addition=coordinate_addition, checkpoint_chunks=checkpoint_chunks,
-                         assignment_scope=assignment_scope, formulation=formulation, device=device, dtype=dtype,
-                         **widths)
+    settings = {"routing_iterations": routing_iterations, "detach_routing": detach_routing,
+                "cost_normalization": cost_normalization, "inverse_temperature": inverse_temperature}
+    class_routing = _class_routing(class_routing_args, routing, formulation, settings)
+    return MatrixCapsNet(routing=_em_routing(routing, formulation, **settings), class_routing=class_routing,
+                         formulation=formulation, **widths, **model_args)
 
 
 @register_model("matrix_capsnet", legacy_defaults={"formulation": "paper"})
-def matrix_capsnet(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
-                   detach_routing=False, cost_normalization=None, inverse_temperature=None,
+def matrix_capsnet(*, num_classes=5, input_size=(1, 32, 32), routing=None, routing_iterations=None,
+                   detach_routing=None, cost_normalization=None, inverse_temperature=None,
                    coordinate_addition=True, checkpoint_chunks=0, assignment_scope=None,
                    class_routing_args=None, formulation=DEFAULT_FORMULATION, device=None,
                    dtype=None) -> MatrixCapsNet:
     """The paper's smallNORB model: A=B=C=D=32 (about 310K parameters)."""
-    return _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
-                  inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, class_routing_args,
-                  formulation, device, dtype, conv_channels=32, primary_types=32, conv_caps1_types=32,
-                  conv_caps2_types=32)
+    return _build({"conv_channels": 32, "primary_types": 32, "conv_caps1_types": 32, "conv_caps2_types": 32},
+                  routing=routing, class_routing_args=class_routing_args, formulation=formulation,
+                  routing_iterations=routing_iterations, detach_routing=detach_routing,
+                  cost_normalization=cost_normalization, inverse_temperature=inverse_temperature,
+                  num_classes=num_classes, input_size=input_size, coordinate_addition=coordinate_addition,
+                  checkpoint_chunks=checkpoint_chunks, assignment_scope=assignment_scope, device=device, dtype=dtype)
 
 
 @register_model("matrix_capsnet_small", legacy_defaults={"formulation": "paper"})
-def matrix_capsnet_small(*, num_classes=5, input_size=(1, 32, 32), routing_iterations=3, routing=None,
-                         detach_routing=False, cost_normalization=None, inverse_temperature=None,
+def matrix_capsnet_small(*, num_classes=5, input_size=(1, 32, 32), routing=None, routing_iterations=None,
+                         detach_routing=None, cost_normalization=None, inverse_temperature=None,
                          coordinate_addition=True, checkpoint_chunks=0, assignment_scope=None,
                          class_routing_args=None, formulation=DEFAULT_FORMULATION, device=None,
                          dtype=None) -> MatrixCapsNet:
     """The paper's small model: A=64, B=8, C=D=16 (about 68K parameters)."""
-    return _build(num_classes, input_size, routing_iterations, routing, detach_routing, cost_normalization,
-                  inverse_temperature, coordinate_addition, checkpoint_chunks, assignment_scope, class_routing_args,
-                  formulation, device, dtype, conv_channels=64, primary_types=8, conv_caps1_types=16,
-                  conv_caps2_types=16)
+    return _build({"conv_channels": 64, "primary_types": 8, "conv_caps1_types": 16, "conv_caps2_types": 16},
+                  routing=routing, class_routing_args=class_routing_args, formulation=formulation,
+                  routing_iterations=routing_iterations, detach_routing=detach_routing,
+                  cost_normalization=cost_normalization, inverse_temperature=inverse_temperature,
+                  num_classes=num_classes, input_size=input_size, coordinate_addition=coordinate_addition,
+                  checkpoint_chunks=checkpoint_chunks, assignment_scope=assignment_scope, device=device, dtype=dtype)

@@ -1,15 +1,20 @@
 """Models by name (timm's ``create_model`` / torchvision's ``get_model``).
 
-Builders are small functions registered with :func:`register_model`; their keyword-only arguments are
-the overrides :func:`create_model` accepts.
+Builders are small functions registered with :func:`register_model` for one of the :data:`TASKS`; their
+keyword-only arguments are the overrides :func:`create_model` accepts. :func:`create_model` records the
+overrides in ``model.model_args`` (JSON values only, a ``routing`` object as its spec) so that a checkpoint
+can rebuild the model by name.
 """
 from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Mapping
 from typing import Callable
 
 from torch import nn
+
+from capsnets.functional import routing_config, routing_from_config
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _TASKS: dict[str, str] = {}
@@ -52,7 +57,7 @@ def list_models(task: str | None = None) -> list[str]:
 
 
 def model_task(name: str) -> str:
-    """The task model ``name`` was registered for (``"classification"`` or ``"segmentation"``)."""
+    """The task model ``name`` was registered for (one of :data:`TASKS`)."""
     _builder(name)
     return _TASKS[name]
 
@@ -88,10 +93,14 @@ def create_model(name: str, **overrides) -> nn.Module:
     Args:
         name: a name from :func:`list_models`.
         **overrides: keyword arguments of the model's builder (e.g. ``num_classes``, ``input_size``,
-            ``routing_iterations``, ``device``); see :func:`model_arguments`.
+            ``routing`` (a routing object or its spec), ``routing_iterations``, ``device``); see
+            :func:`model_arguments`.
 
     Examples:
         >>> model = create_model("capsnet_small", num_classes=10)
+        >>> model = create_model("capsnet_digits", routing=DynamicRouting(2))
+        >>> model.model_args
+        {'routing': {'type': 'dynamic', 'iterations': 2, 'detach_routing': True}}
     """
     builder = _builder(name)
     allowed = model_arguments(name)
@@ -107,10 +116,11 @@ def create_model(name: str, **overrides) -> nn.Module:
 
 
 def _json_safe_args(overrides: dict) -> dict:
-    """The builder arguments a checkpoint records to rebuild the model: JSON values only (tuples as
-    lists; dicts with string keys, such as ``class_routing_args``), without placement (``device``,
-    ``dtype``) or objects such as a ``routing`` callable (a model built with one is rebuilt with its
-    default routing)."""
+    """The builder arguments a checkpoint records to rebuild the model: JSON values (tuples as lists; dicts
+    with string keys, such as ``class_routing_args``), without placement (``device``, ``dtype``). A routing
+    (an object or a spec) is recorded as its complete spec; one the library cannot describe as
+    ``{"type": "opaque", "repr": ...}``, which refuses to be rebuilt
+    (:func:`~capsnets.functional.routing_config`)."""
     def plain(value) -> bool:
         if isinstance(value, (tuple, list)):
             return all(plain(v) for v in value)
@@ -118,8 +128,15 @@ def _json_safe_args(overrides: dict) -> dict:
             return all(isinstance(k, str) and plain(v) for k, v in value.items())
         return value is None or isinstance(value, (bool, int, float, str))
 
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in overrides.items()
-            if key not in ("device", "dtype") and plain(value)}
+    def record(key: str, value):
+        if key == "routing" and isinstance(value, Mapping):
+            return routing_config(routing_from_config(value))  # a spec, completed and validated
+        if callable(value):
+            return routing_config(value, strict=False)
+        return list(value) if isinstance(value, tuple) else value
+
+    recorded = {key: record(key, value) for key, value in overrides.items() if key not in ("device", "dtype")}
+    return {key: value for key, value in recorded.items() if plain(value)}
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,4 +1,5 @@
-"""SegCaps: convolutional capsules for object segmentation (LaLonde & Bagci 2018, arXiv 1804.04241).
+"""SegCaps: convolutional capsules for object segmentation (LaLonde & Bagci 2018, "Capsules for Object
+Segmentation", arXiv 1804.04241).
 
 Architecture (SegCaps R3, Fig. 2 of the paper): a 5x5 ReLU convolution whose 16 maps are one 16-D capsule
 type; an encoder of 5x5 convolutional capsule layers (stride 2 halves the grid; the first capsule layer
@@ -21,7 +22,9 @@ final capsules with the ground-truth mask (the predicted one at test time) and d
 Deviation: the convolution's bias is part of every prediction (see :mod:`capsnets.layers.conv`).
 Registered: ``segcaps`` (the paper's R3, 1 x 512 x 512 nominal input: LUNA16 slices) and
 ``segcaps_small`` (half the capsule dimensions; for CPUs). Both are fully convolutional: any ``H, W``
-divisible by 8 works.
+divisible by 8 works. Their routing (every capsule layer but the first) is ``routing`` (a routing object or
+its spec) or :class:`~capsnets.functional.DynamicRouting` with ``routing_iterations`` and ``detach_routing``
+(None: the routing's defaults).
 
 Dimension legend: ``B`` batch, ``T`` capsule types, ``D`` capsule dim, ``H``/``W`` grid.
 """
@@ -33,7 +36,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import DynamicRouting, capsule_length
+from capsnets.functional import DynamicRouting, as_routing, capsule_length
 from capsnets.layers import ConvCapsules2d, ConvTransposeCapsules2d
 from capsnets.layers.validation import positive_int
 from capsnets.models.registry import register_model
@@ -63,21 +66,26 @@ class SegCaps(nn.Module):
     Args:
         input_size: nominal ``(C, H, W)``; ``H`` and ``W`` must be divisible by 8 (three stride-2 stages).
         width: capsule dimension of the first capsule types (16 in the paper); deeper layers use 2x / 4x.
-        routing_iterations: iterations of every capsule layer but the first (which routes once).
-        detach_routing: the ``detach`` option of :class:`~capsnets.functional.DynamicRouting`.
+        routing: the routing of every capsule layer but the first (which routes once), or its spec (a dict);
+            None: ``DynamicRouting()``.
         decoder_hidden: channels of the reconstruction decoder's 1x1 convolutions; ``None``: no decoder.
 
     Shape:
         - images: ``(B, C, H, W)``; masks (optional, select what the decoder reconstructs): ``(B, 1, H, W)``
         - output: :class:`SegmentationOutput`.
+
+    Examples::
+
+        >>> model = SegCaps(input_size=(1, 32, 32), width=4, routing=DynamicRouting(2))
+        >>> model(torch.rand(2, 1, 32, 32)).probabilities.shape
+        torch.Size([2, 1, 32, 32])
     """
 
     default_loss = "segcaps"
     task = "segmentation"
 
-    def __init__(self, *, input_size: Sequence[int] = (1, 512, 512), width: int = 16, routing_iterations: int = 3,
-                 detach_routing: bool = True, decoder_hidden: Sequence[int] | None = (64, 128), device=None,
-                 dtype=None) -> None:
+    def __init__(self, *, input_size: Sequence[int] = (1, 512, 512), width: int = 16, routing=None,
+                 decoder_hidden: Sequence[int] | None = (64, 128), device=None, dtype=None) -> None:
         super().__init__()
         if len(tuple(input_size)) != 3:
             raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
@@ -87,7 +95,7 @@ class SegCaps(nn.Module):
         d = positive_int("width", width)
         channels = self.input_size[0]
         factory = {"device": device, "dtype": dtype}
-        once, routed = DynamicRouting(1), DynamicRouting(routing_iterations, detach=detach_routing)
+        once, routed = DynamicRouting(1), as_routing(routing, DynamicRouting)  # the primary layer routes once
 
         def caps(i, di, j, dj, stride=1, kernel=5, routing=routed):
             return ConvCapsules2d(i, di, j, dj, kernel_size=kernel, stride=stride, routing=routing, **factory)
@@ -142,19 +150,25 @@ class SegCaps(nn.Module):
         return SegmentationOutput(probabilities, capsules, reconstruction)
 
 
+def segcaps_routing(routing=None, routing_iterations: int | None = None, detach_routing: bool | None = None):
+    """The routing of a SegCaps builder: ``routing`` (an object or its spec) if given, else
+    :class:`~capsnets.functional.DynamicRouting` with the settings that are not None."""
+    return as_routing(routing, DynamicRouting, iterations=routing_iterations, detach_routing=detach_routing)
+
+
 @register_model("segcaps", task="segmentation")
-def segcaps(*, input_size=(1, 512, 512), routing_iterations=3, detach_routing=True, reconstruction=True,
-            device=None, dtype=None) -> SegCaps:
+def segcaps(*, input_size=(1, 512, 512), routing=None, routing_iterations=None, detach_routing=None,
+            reconstruction=True, device=None, dtype=None) -> SegCaps:
     """The paper's SegCaps R3 (16-D first capsules; 1.4M parameters)."""
-    return SegCaps(input_size=input_size, width=16, routing_iterations=routing_iterations,
-                   detach_routing=detach_routing, decoder_hidden=(64, 128) if reconstruction else None,
-                   device=device, dtype=dtype)
+    return SegCaps(input_size=input_size, width=16,
+                   routing=segcaps_routing(routing, routing_iterations, detach_routing),
+                   decoder_hidden=(64, 128) if reconstruction else None, device=device, dtype=dtype)
 
 
 @register_model("segcaps_small", task="segmentation")
-def segcaps_small(*, input_size=(1, 32, 32), routing_iterations=3, detach_routing=True, reconstruction=True,
-                  device=None, dtype=None) -> SegCaps:
+def segcaps_small(*, input_size=(1, 32, 32), routing=None, routing_iterations=None, detach_routing=None,
+                  reconstruction=True, device=None, dtype=None) -> SegCaps:
     """SegCaps R3 with 8-D first capsules (about a quarter of the parameters), for CPUs and tests."""
-    return SegCaps(input_size=input_size, width=8, routing_iterations=routing_iterations,
-                   detach_routing=detach_routing, decoder_hidden=(32, 64) if reconstruction else None,
-                   device=device, dtype=dtype)
+    return SegCaps(input_size=input_size, width=8,
+                   routing=segcaps_routing(routing, routing_iterations, detach_routing),
+                   decoder_hidden=(32, 64) if reconstruction else None, device=device, dtype=dtype)

@@ -1,0 +1,74 @@
+"""Routing specs: every routing class round-trips through a JSON-able dict, and a spec is accepted wherever a
+routing is."""
+import json
+
+import pytest
+import torch
+
+from capsnets.functional import (DynamicRouting, EMRouting, as_routing, local_routing, routing_config,
+                                 routing_from_config)
+from capsnets.layers import ClassMatrixCapsules, ConvCapsules2d, ConvMatrixCapsules, LinearCapsules
+
+ROUTINGS = [
+    DynamicRouting(), DynamicRouting(2, detach_routing=False), EMRouting(), EMRouting(2, 0.5, detach_routing=True),
+    EMRouting(cost_normalization="mean_std", eps=1e-4), EMRouting.official(), EMRouting.official(4, layer="class"),
+]
+
+
+@pytest.mark.parametrize("routing", ROUTINGS, ids=repr)
+def test_every_routing_round_trips_through_json(routing):
+    spec = json.loads(json.dumps(routing_config(routing)))
+    rebuilt = routing_from_config(spec)
+    assert rebuilt == routing and repr(rebuilt) == repr(routing) and rebuilt.to_config() == spec
+
+
+def test_the_function_defaults_are_the_classes_defaults():
+    import inspect
+
+    from capsnets.functional import dynamic_routing, em_routing, local_dynamic_routing
+
+    for function, cls in ((dynamic_routing, DynamicRouting), (local_dynamic_routing, DynamicRouting),
+                          (em_routing, EMRouting)):
+        parameters = inspect.signature(function).parameters
+        for name in ("iterations", "detach_routing"):
+            assert parameters[name].default == getattr(cls(), name), (function.__name__, name)
+    assert inspect.signature(em_routing).parameters["formulation"].default == EMRouting().formulation
+
+
+def test_specs_are_validated():
+    with pytest.raises(ValueError, match="unknown routing type 'vector'"):
+        routing_from_config({"type": "vector"})
+    with pytest.raises(ValueError, match="takes iterations, detach_routing; got detach"):
+        routing_from_config({"type": "dynamic", "detach": True})
+    with pytest.raises(ValueError, match="mapping with a 'type'"):
+        routing_from_config({"iterations": 3})
+    with pytest.raises(ValueError, match="iterations must be a positive integer"):
+        routing_from_config({"type": "em", "iterations": 0})
+    with pytest.raises(TypeError, match="not a routing capsnets can describe"):
+        routing_config(lambda u_hat: u_hat.sum(1))
+    opaque = routing_config(print, strict=False)
+    assert opaque["type"] == "opaque"
+    with pytest.raises(ValueError, match="cannot be rebuilt"):
+        routing_from_config(opaque)
+    with pytest.raises(ValueError, match="routing must be"):
+        as_routing(3, DynamicRouting)
+
+
+def test_a_spec_is_accepted_wherever_a_routing_is():
+    spec = {"type": "dynamic", "iterations": 2}
+    assert LinearCapsules(6, 2, 4, 3, routing=spec).routing == DynamicRouting(2)
+    assert ConvCapsules2d(2, 3, 2, 3, routing=spec).routing == DynamicRouting(2)
+    em = {"type": "em", "iterations": 2}
+    assert ConvMatrixCapsules(2, 3, routing=em).routing == ClassMatrixCapsules(2, 3, routing=em).routing == EMRouting(2)
+    u_hat = torch.randn(2, 3, 4, 5, 2, 2, dtype=torch.float64)
+    torch.testing.assert_close(local_routing(u_hat, spec), local_routing(u_hat, DynamicRouting(2)), rtol=0, atol=0)
+    assert LinearCapsules(6, 2, 4, 3).routing == DynamicRouting()  # None: the routing's defaults
+    assert ConvMatrixCapsules(2, 3).routing == EMRouting()
+
+
+def test_routings_are_frozen_values():
+    routing = EMRouting(2)
+    with pytest.raises(AttributeError):
+        routing.iterations = 3
+    assert routing.inverse_temperatures == list(routing.inverse_temperature) and len(routing.inverse_temperature) == 2
+    assert {DynamicRouting(2), DynamicRouting(2)} == {DynamicRouting(2)}

@@ -1,0 +1,105 @@
+"""A routing passed to a model builder survives a checkpoint: it is recorded as its spec and rebuilt, and a
+routing the library cannot describe is recorded as such and refuses to be rebuilt (never the default)."""
+import pytest
+import torch
+
+import capsnets
+from capsnets.engine.checkpoint import load_model, restore_model, save_checkpoint
+from capsnets.functional import DynamicRouting, EMRouting
+
+
+def _routings(model):
+    return {name: repr(module.routing) for name, module in model.named_modules() if hasattr(module, "routing")}
+
+
+def _save(model, path):
+    save_checkpoint(path, model=model, meta={"model": model.model_name, "model_args": model.model_args})
+    return path
+
+
+CASES = {
+    "dynamic, 2 iterations": ("capsnet_digits", {"routing": DynamicRouting(2)}, (1, 8, 8)),
+    "EM paper formulation": ("matrix_capsnet_small", {"routing": EMRouting(detach_routing=True)}, (1, 32, 32)),
+    "EM official, 2 iterations": ("matrix_capsnet_small", {"routing": EMRouting.official(2, layer="class")},
+                                  (1, 32, 32)),
+    "EM official spec": ("matrix_capsnet_small",
+                         {"routing": {"type": "em", "iterations": 1, "formulation": "official"}}, (1, 32, 32)),
+    "dynamic spec, SegCaps": ("segcaps_small", {"routing": {"type": "dynamic", "iterations": 2,
+                                                            "detach_routing": False}}, (1, 16, 16)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_checkpoint_rebuilds_the_routing_it_was_saved_with(case, tmp_path):
+    name, kwargs, shape = CASES[case]
+    torch.manual_seed(0)
+    model = capsnets.create_model(name, **kwargs).eval()
+    assert _routings(model) != _routings(capsnets.create_model(name))  # not the default: the test can fail
+    rebuilt, checkpoint = load_model(_save(model, tmp_path / "m.safetensors"))
+    assert checkpoint.meta["model_args"]["routing"]["type"] in ("dynamic", "em")
+    assert _routings(rebuilt) == _routings(model)
+    images = torch.rand(2, *shape)
+    with torch.no_grad():
+        before, after = model(images), rebuilt(images)
+    got = after.scores if hasattr(after, "scores") else after.probabilities
+    expected = before.scores if hasattr(before, "scores") else before.probabilities
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_the_recorded_spec_is_complete_and_json():
+    routing = EMRouting.official(2, layer="class")
+    model = capsnets.create_model("matrix_capsnet_small", routing=routing)
+    spec = model.model_args["routing"]
+    assert spec == routing.to_config() and spec["eps"] == 1e-5 and len(spec["inverse_temperature"]) == 2
+    assert capsnets.create_model("capsnet_small", routing=DynamicRouting(2)).model_args == {
+        "routing": {"type": "dynamic", "iterations": 2, "detach_routing": True}}
+    partial = capsnets.create_model("capsnet_small", routing={"type": "dynamic", "iterations": 2})
+    assert partial.model_args["routing"] == DynamicRouting(2).to_config()  # the defaults filled in
+
+
+class _Halved:
+    """A routing the library cannot describe: dynamic routing's output, halved."""
+
+    def __call__(self, u_hat, *, return_couplings=False):
+        return DynamicRouting()(u_hat) / 2
+
+    def __repr__(self):
+        return "Halved()"
+
+
+def test_an_undescribed_routing_is_recorded_and_refuses_to_be_rebuilt(tmp_path):
+    torch.manual_seed(0)
+    model = capsnets.create_model("capsnet_digits", routing=_Halved())
+    assert model.model_args["routing"] == {"type": "opaque", "repr": "Halved()"}
+    path = _save(model, tmp_path / "m.safetensors")  # the weights are kept ...
+    with pytest.raises(ValueError, match=r"Halved\(\).*cannot be rebuilt.*restore_model"):
+        load_model(path)  # ... but never loaded into a model with the default routing
+    same = capsnets.create_model("capsnet_digits", routing=_Halved())
+    from capsnets.engine.checkpoint import load_checkpoint
+
+    restore_model(same, load_checkpoint(path))  # the way the error names
+    images = torch.rand(2, 1, 8, 8)
+    torch.testing.assert_close(same(images).scores, model(images).scores, rtol=0, atol=0)
+
+
+def test_a_routing_and_settings_that_disagree_are_refused():
+    with pytest.raises(ValueError, match="disagrees with iterations=3"):
+        capsnets.create_model("capsnet_digits", routing=DynamicRouting(2), routing_iterations=3)
+    with pytest.raises(ValueError, match="disagrees with detach_routing=False"):
+        capsnets.create_model("segcaps_small", routing={"type": "dynamic"}, detach_routing=False)
+    with pytest.raises(ValueError, match="disagrees with iterations=3"):
+        capsnets.create_model("matrix_capsnet_small", routing=EMRouting(2), routing_iterations=3)
+    agreeing = capsnets.create_model("capsnet_digits", routing=DynamicRouting(2), routing_iterations=2)
+    assert agreeing.classes.routing == DynamicRouting(2)
+
+
+def test_builders_leave_the_routing_defaults_to_the_routing():
+    # None means "the routing's default": the defaults live in capsnets.functional alone
+    for name in ("capsnet", "capsnet_small", "segcaps_small", "capspix2pix_small", "matrix_capsnet_small"):
+        args = capsnets.models.model_arguments(name)
+        assert args["routing"] is None and args["routing_iterations"] is None and args["detach_routing"] is None
+    assert capsnets.create_model("capsnet_digits").classes.routing == DynamicRouting()
+    assert capsnets.create_model("matrix_capsnet_small", formulation="paper").classes.routing == EMRouting()
+    official = capsnets.create_model("matrix_capsnet_small")
+    assert official.conv_caps1.routing == EMRouting.official(layer="conv")
+    assert official.classes.routing == EMRouting.official(layer="class")
