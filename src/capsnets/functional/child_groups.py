@@ -1,10 +1,11 @@
 """Children shared by the routing problems of a convolutional capsule layer.
 
 In a convolutional capsule layer the parents at each output position are routed as one problem over the
-``K * K * T`` children of their receptive field (SPEC §2). Receptive fields overlap, so one child of the
-grid appears as a *copy* in several problems. Procedure 1 normalises each child's assignments over its
-parents; read per problem, each copy's assignments sum to 1 over the parent types at its position and
-the child hands out as much assignment as it has copies. Gritzman (2019, "Avoiding implementation
+``K * K * T`` children of their receptive field (Hinton, Sabour & Frosst 2018, "Matrix capsules with EM
+routing", Sec. 4). Receptive fields overlap, so one child of the grid appears as a *copy* in several
+problems. Procedure 1 normalises each child's assignments over its parents; read per problem, each copy's
+assignments sum to 1 over the parent types at its position and the child hands out as much assignment as
+it has copies. Gritzman (2019, "Avoiding implementation
 pitfalls of 'Matrix capsules with EM routing'", arXiv 1907.00652, pitfall 3; the IBM reproduction)
 normalises instead over *every* parent of every position whose receptive field holds the child, so that
 parents at different positions compete for it (``normalize="all_parents"``). The authors' released code

@@ -15,6 +15,11 @@ def mask_capsules(capsules: Tensor, select: Tensor) -> Tensor:
     Shape:
         - capsules: ``(B, J, D)``
         - output: ``(B, J * D)``
+
+    Examples::
+
+        >>> mask_capsules(torch.ones(2, 10, 16), torch.tensor([3, 7])).view(2, 10, 16).sum(dim=-1)[0]
+        tensor([ 0.,  0.,  0., 16.,  0.,  0.,  0.,  0.,  0.,  0.])
     """
     if capsules.dim() != 3:
         raise ValueError(f"capsules must be (B, J, D), got shape {tuple(capsules.shape)}")

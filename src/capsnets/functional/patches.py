@@ -1,6 +1,6 @@
 """Receptive fields of convolutional capsule layers, gathered with tensor ops (no loops).
 
-For a convolutional matrix capsule layer (Hinton, Sabour & Frosst 2018, Sec. 3), the children of the
+For a convolutional matrix capsule layer (Hinton, Sabour & Frosst 2018, Sec. 4), the children of the
 parents at one output position are the ``K * K * T`` capsules of its ``K x K`` receptive field. This
 module gathers them for every output position at once with ``torch.nn.functional.unfold``; zero
 padding adds children with activation 0, which take no part in routing.
@@ -27,6 +27,12 @@ def capsule_patches(
         - features: ``(B, T, F, H, W)``
         - output: ``(B, H', W', T * K * K, F)``, children ordered by (type, kernel row, kernel column),
           and the grid size ``(H', W')``.
+
+    Examples::
+
+        >>> patches, grid = capsule_patches(torch.randn(2, 8, 17, 14, 14), kernel_size=3, stride=2)
+        >>> patches.shape, grid
+        (torch.Size([2, 6, 6, 72, 17]), (6, 6))
     """
     if features.dim() != 5:
         raise ValueError(f"features must be (B, T, F, H, W), got shape {tuple(features.shape)}")

@@ -1,9 +1,8 @@
-"""Batched products shaped for PyTorch's kernels (same sums as the plain ``@``, faster).
+"""Batched products shaped for PyTorch's kernels (same sums as the plain ``@``).
 
-A batched matrix times a column, ``(..., M, K) @ (..., K, 1)``, runs at about a third of the speed of memory
-in PyTorch's CPU kernels (torch 2.13), while a row times a matrix reads the matrix at the speed of memory. The
-routing procedures' agreements and E-step products are of the first kind; :func:`matvec` computes them as the
-second (``benchmarks/README.md`` has the measurements).
+The routing procedures' agreements and E-step products are a batched matrix times a column,
+``(..., M, K) @ (..., K, 1)``; :func:`matvec` computes them as a row times the transposed matrix, a form
+PyTorch's CPU kernels read at the speed of memory (``benchmarks/README.md`` has the measurements).
 """
 from __future__ import annotations
 
@@ -16,5 +15,11 @@ def matvec(matrix: Tensor, column: Tensor) -> Tensor:
     Shape:
         matrix ``(..., M, K)``, column ``(..., K, 1)`` -> ``(..., M, 1)`` (a transposed view of a
         ``(..., 1, M)`` tensor).
+
+    Examples::
+
+        >>> matrix, column = torch.randn(8, 5, 3), torch.randn(8, 3, 1)
+        >>> torch.allclose(matvec(matrix, column), matrix @ column)
+        True
     """
     return (column.mT @ matrix.mT).mT

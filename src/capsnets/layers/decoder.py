@@ -27,6 +27,12 @@ class CapsuleDecoder(nn.Module):
     Shape:
         - capsules: ``(B, J, D)``; select: ``(B,)`` class indices or ``(B, J)`` mask
         - output: ``(B, C, H, W)`` in ``[0, 1]``
+
+    Examples::
+
+        >>> decoder = CapsuleDecoder(10, 16, (1, 28, 28))
+        >>> decoder(torch.randn(2, 10, 16), torch.tensor([3, 7])).shape
+        torch.Size([2, 1, 28, 28])
     """
 
     def __init__(
