@@ -32,6 +32,11 @@ class BaselineCNN(nn.Module):
 
     Shape:
         images ``(B, C, H, W)`` -> ``scores`` ``(B, num_classes)`` (logits).
+
+    Examples::
+
+        >>> BaselineCNN(channels=(16, 16, 8), hidden=(64, 32))(torch.rand(2, 1, 28, 28)).scores.shape
+        torch.Size([2, 10])
     """
 
     default_loss = "cross_entropy"
@@ -83,6 +88,11 @@ class SmallNorbCNN(nn.Module):
 
     Shape:
         images ``(B, C, H, W)`` -> ``scores`` ``(B, num_classes)`` (logits).
+
+    Examples::
+
+        >>> SmallNorbCNN(channels=(8, 16), hidden=64)(torch.rand(2, 1, 32, 32)).scores.shape
+        torch.Size([2, 5])
     """
 
     default_loss = "cross_entropy"

@@ -91,7 +91,21 @@ class CapsPix2pixGenerator(nn.Module):
 
 
 class Pix2pixGenerator(nn.Module):
-    """The pix2pix baseline: a U-Net from label maps to a sigmoid image."""
+    """The pix2pix baseline (Isola et al. 2017): a U-Net from label maps to a sigmoid image.
+
+    Args:
+        input_size: ``(K, H, W)`` of the label maps (``H``, ``W`` divisible by 16).
+        out_channels: channels of the generated image.
+        width: channels of the U-Net's first stage.
+
+    Shape:
+        label maps ``(B, K, H, W)`` -> :class:`SynthesisOutput` with images ``(B, out_channels, H, W)``.
+
+    Examples::
+
+        >>> Pix2pixGenerator(width=8)(torch.rand(2, 10, 32, 32)).images.shape
+        torch.Size([2, 1, 32, 32])
+    """
 
     task = "synthesis"
 
@@ -116,6 +130,11 @@ class PatchDiscriminator(nn.Module):
 
     Shape:
         ``(B, K, H, W), (B, C, H, W) -> (B, 1, H / 2**stages - 1, W / 2**stages - 1)`` logits.
+
+    Examples::
+
+        >>> PatchDiscriminator(11, width=8)(torch.rand(2, 10, 32, 32), torch.rand(2, 1, 32, 32)).shape
+        torch.Size([2, 1, 7, 7])
     """
 
     def __init__(self, in_channels: int, *, width: int = 64, stages: int = 2, device=None, dtype=None) -> None:

@@ -104,6 +104,11 @@ def receptive_field_centres(size: int, layers: Sequence[tuple[int, int, int]]) -
 
     Shape:
         ``(S,)`` for the output length ``S`` of the last layer.
+
+    Examples::
+
+        >>> receptive_field_centres(32, [(5, 2, 0), (3, 2, 0), (3, 1, 0)]).tolist()  # Conv1, ConvCaps1, ConvCaps2
+        [-8.0, -4.0, 0.0, 4.0]
     """
     offset, step, length = float((-size) // 2), 1.0, size  # centre(o) = offset + step * o
     for kernel, stride, padding in layers:
@@ -140,6 +145,13 @@ class MatrixCapsNet(nn.Module):
     Shape:
         images ``(B, C, H, W)`` -> :class:`ModelOutput` with ``scores`` = class activations ``(B, E)``
         and ``capsules`` = class poses flattened ``(B, E, 16)``.
+
+    Examples::
+
+        >>> model = MatrixCapsNet(conv_channels=64, primary_types=8, conv_caps1_types=16, conv_caps2_types=16)
+        >>> model(torch.rand(2, 1, 32, 32)).scores.shape
+        torch.Size([2, 5])
+        >>> paper = MatrixCapsNet(formulation="paper", routing=EMRouting(2, detach_routing=True))
     """
 
     default_loss = "spread"

@@ -41,6 +41,11 @@ class UNet(nn.Module):
     Shape:
         images ``(B, C, H, W)`` -> :class:`SegmentationOutput` with ``probabilities`` ``(B, 1, H, W)``
         (``capsules`` and ``reconstruction`` are None).
+
+    Examples::
+
+        >>> UNet(input_size=(1, 32, 32), width=8)(torch.rand(2, 1, 32, 32)).probabilities.shape
+        torch.Size([2, 1, 32, 32])
     """
 
     default_loss = "binary_segmentation"

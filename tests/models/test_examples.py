@@ -1,0 +1,25 @@
+"""The Examples in capsnets.models's docstrings run and print what they say (doctest)."""
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+import torch
+
+import capsnets.models
+
+MODULES = [info.name for info in pkgutil.iter_modules(capsnets.models.__path__, "capsnets.models.")]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    import capsnets.functional as functional
+    import capsnets.layers as layers
+    from capsnets.capsules import MatrixCapsules
+
+    names = {"torch": torch, "MatrixCapsules": MatrixCapsules}
+    for package in (functional, layers):
+        names.update({k: getattr(package, k) for k in package.__all__})
+    torch.manual_seed(0)
+    result = doctest.testmod(importlib.import_module(name), extraglobs=names, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed (see the output)"
