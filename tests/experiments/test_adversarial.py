@@ -61,7 +61,7 @@ def test_a_second_run_reloads_the_models_with_their_training_record(tmp_path, sh
 def test_train_to_accuracy_numbers_its_epochs_and_stops_at_the_target():
     import torch
 
-    from capsnets.experiments.adversarial import train_to_accuracy
+    from capsnets.experiments.training import train_to_accuracy
     from capsnets.models import create_model
 
     torch.manual_seed(0)
@@ -81,7 +81,7 @@ def test_train_to_accuracy_is_one_uninterrupted_run():
     (so Adam's moments and the learning-rate schedule carry over between epochs)."""
     import torch
 
-    from capsnets.experiments.adversarial import train_to_accuracy
+    from capsnets.experiments.training import train_to_accuracy
     from capsnets.experiments.training import train_classifier
     from capsnets.models import create_model
 

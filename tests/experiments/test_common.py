@@ -147,6 +147,20 @@ def _without_timing(history):
     return [{k: v for k, v in record.items() if k not in ("time_s", "time_limit")} for record in history]
 
 
+def test_a_checkpoint_cut_short_by_an_earlier_version_is_refused_with_what_to_do(tmp_path):
+    import json
+
+    from capsnets.experiments.training import TrainingState, load_or_train
+
+    _train_in_run(tmp_path, time_limit_s=1e-9)
+    sidecar = tmp_path / "m.json"
+    meta = json.loads(sidecar.read_text())
+    meta["training"] = {"epoch": 1, "finished": False, "step": 3, "done": 8, "best": 0}  # train_matched's old record
+    sidecar.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"m.safetensors: .*does not read \(done\); delete the checkpoint"):
+        load_or_train(NoisyLinear(), "m", lambda: None, checkpoint_dir=tmp_path, state=TrainingState())
+
+
 def test_a_training_cut_short_is_continued_by_the_next_run_as_if_uninterrupted(tmp_path):
     import json
 
@@ -155,7 +169,8 @@ def test_a_training_cut_short_is_continued_by_the_next_run_as_if_uninterrupted(t
     reference, reference_history, _ = _train_in_run(tmp_path / "whole", time_limit_s=None)
     model, history, loaded = _train_in_run(tmp_path / "cut", time_limit_s=1e-9)  # epoch 1 of 4, then stops
     assert not loaded and len(history) == 1 and history[-1]["time_limit"]
-    assert json.loads((tmp_path / "cut" / "m.json").read_text())["training"] == {"epoch": 1, "finished": False}
+    training = json.loads((tmp_path / "cut" / "m.json").read_text())["training"]
+    assert (training["epoch"], training["finished"], len(training["history"])) == (1, False, 1)
     model, history, loaded = _train_in_run(tmp_path / "cut", time_limit_s=1e-9, rng_seed=123)  # epoch 2
     assert not loaded and [r["epoch"] for r in history] == [1, 2]
     model, history, loaded = _train_in_run(tmp_path / "cut", time_limit_s=None, rng_seed=7)  # epochs 3 and 4
@@ -164,7 +179,7 @@ def test_a_training_cut_short_is_continued_by_the_next_run_as_if_uninterrupted(t
     assert epochs_trained(history, 4) == "4 (3 runs)"
     assert epochs_trained(history[:2], 4) == "2 of 4 (time limit; 2 runs)"
     sidecar = json.loads((tmp_path / "cut" / "m.json").read_text())
-    assert sidecar["training"] == {"epoch": 4, "finished": True} and "optimizer" not in sidecar
+    assert (sidecar["training"]["epoch"], sidecar["training"]["finished"]) == (4, True) and "optimizer" not in sidecar
     with safe_open(str(tmp_path / "cut" / "m.safetensors"), framework="pt") as handle:
         assert not [k for k in handle.keys() if k.startswith("optim.")]  # a finished model keeps no Adam state
     model, history, loaded = _train_in_run(tmp_path / "cut", time_limit_s=None)

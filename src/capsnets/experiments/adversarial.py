@@ -14,7 +14,7 @@ examples with a zero input gradient, so such gradient masking is visible rather 
 The CNN is the paper's baseline (35.4M parameters) in full
 runs and a narrow version of it (16/16/8 channels, 64/32 hidden) with ``smoke``. "Equal accuracy":
 each model is trained until its accuracy on a held-out part of the training set reaches
-``target_accuracy`` (or ``max_epochs`` pass), see :func:`train_to_accuracy`. Success rates count
+``target_accuracy`` (or ``max_epochs`` pass), see :func:`~capsnets.experiments.training.train_to_accuracy`. Success rates count
 only test examples the attacked (or, for transfer, the evaluated) model classifies correctly when
 clean; targeted attacks use one random wrong class per example, the same for every attack and eps.
 BIM takes ``bim_steps`` steps of ``2.5 * eps / bim_steps``.
@@ -22,7 +22,7 @@ BIM takes ``bim_steps`` steps of ``2.5 * eps / bim_steps``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -35,66 +35,9 @@ from capsnets.data import load_dataset
 from capsnets.models import count_parameters, create_model
 from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
                                          settings_table, write_report)
-from capsnets.experiments.training import (TrainingState, epochs_trained, evaluate_accuracy, load_or_train,
-                                           minutes_to_seconds, train_classifier)
+from capsnets.experiments.training import evaluate_accuracy, fit_or_load, minutes_to_seconds
 
-__all__ = ["train_to_accuracy", "fit_or_load", "matching_note", "training_metrics", "attack_table", "run"]
-
-
-def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_images: Tensor, val_labels: Tensor, *,
-                      target: float, max_epochs: int, lr: float = 1e-3, lr_decay: float = 0.96, batch_size: int = 128,
-                      seed: int = 0, augment: Callable | None = None, desc: str = "train",
-                      time_limit_s: float | None = None, state: TrainingState | None = None) -> dict:
-    """Train (one run of :func:`~capsnets.experiments.training.train_classifier`: Adam, learning rate
-    ``lr * lr_decay ** (epoch - 1)``) until the validation accuracy, scored after every epoch, reaches
-    ``target`` or ``max_epochs`` pass (or, with ``time_limit_s``, the first epoch that ends past that many
-    seconds of training). ``state``: as in :func:`~capsnets.experiments.training.train_classifier`.
-
-    Returns:
-        ``{"epochs", "val_accuracy", "history", "time_limit"}`` (``history``: one record per epoch trained in
-        this call, with its ``val_accuracy``).
-    """
-
-    def score(record: dict) -> bool:
-        record["val_accuracy"] = evaluate_accuracy(model, val_images, val_labels)
-        return record["val_accuracy"] >= target
-
-    history = train_classifier(model, images, labels, epochs=max_epochs, batch_size=batch_size, lr=lr,
-                               lr_decay=lr_decay, seed=seed, augment=augment, desc=desc, progress=False,
-                               after_epoch=score, time_limit_s=time_limit_s, state=state)
-    accuracy = history[-1]["val_accuracy"] if history else 0.0
-    return {"epochs": len(history), "val_accuracy": accuracy, "history": history,
-            "time_limit": bool(history and history[-1].get("time_limit"))}
-
-
-def fit_or_load(model: nn.Module, key: str, checkpoint_dir, images: Tensor, labels: Tensor, val_images: Tensor,
-                val_labels: Tensor, **train_args) -> dict:
-    """:func:`train_to_accuracy`, or ``checkpoint_dir/<key>.safetensors`` from an earlier run; the training
-    record (epochs, validation accuracy, history) is kept in the checkpoint's sidecar and read back. A training
-    cut short by ``time_limit_s`` is continued by the next run with the same ``checkpoint_dir``."""
-    record: dict = {"history": []}  # load_or_train fills the history of a training it continues
-    state = TrainingState()
-
-    def fit():
-        earlier = list(record["history"])
-        record.update(train_to_accuracy(model, images, labels, val_images, val_labels, state=state, **train_args))
-        record["history"] = earlier + record["history"]
-        record["epochs"] = len(record["history"])
-        record["val_accuracy"] = record["history"][-1]["val_accuracy"] if record["history"] else 0.0
-
-    augment = train_args.get("augment")
-    recipe = {"train_images": len(images), "val_images": len(val_images),
-              "augment": None if augment is None else type(augment).__name__,
-              **{k: v for k, v in train_args.items() if k not in ("augment", "desc", "time_limit_s")}}
-    if load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta=record, state=state, recipe=recipe):
-        # the sidecar's entries are in record now
-        record = {"epochs": f"{record['epochs']} (loaded)" if "epochs" in record else "loaded",
-                  "trained_epochs": record.get("epochs"), "history": record["history"],
-                  "val_accuracy": evaluate_accuracy(model, val_images, val_labels)}
-    else:
-        record["trained_epochs"] = record["epochs"]
-        record["epochs"] = epochs_trained(record["history"], train_args["max_epochs"])
-    return record
+__all__ = ["matching_note", "training_metrics", "attack_table", "run"]
 
 
 def training_metrics(training: dict[str, dict]) -> dict:

@@ -5,7 +5,7 @@ reach ~99.2% on such translated MNIST test digits (CapsNet 99.23%, CNN 99.22%); 
 set CapsNet gets 79% and the CNN 66%.
 
 Here: both models are trained until their accuracy on held-out translated training digits reaches
-``target_accuracy`` (or ``max_epochs`` pass; :func:`~capsnets.experiments.adversarial.train_to_accuracy`),
+``target_accuracy`` (or ``max_epochs`` pass; :func:`~capsnets.experiments.training.train_to_accuracy`),
 then tested on (a) translated MNIST test digits (fixed random positions), (b) an affNIST-style set made
 from MNIST test digits (:func:`capsnets.data.affnist.make_affnist_style`: the affNIST ranges, drawn
 uniformly), and (c) the real affNIST test set when its files are found (``affnist_path`` or
@@ -25,10 +25,10 @@ from torch import nn
 from capsnets.data import DatasetError, load_dataset
 from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
 from capsnets.models import count_parameters, create_model
-from capsnets.experiments.adversarial import fit_or_load, matching_note, training_metrics
+from capsnets.experiments.adversarial import matching_note, training_metrics
 from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
                                          settings_table, write_report)
-from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
+from capsnets.experiments.training import evaluate_accuracy, fit_or_load, minutes_to_seconds
 
 __all__ = ["run"]
 

@@ -25,8 +25,9 @@ from capsnets.data import load_dataset, random_shift
 from capsnets.engine.checkpoint import CheckpointError, load_model
 from capsnets.experiments.common import (ExperimentResult, markdown_table, merge_settings, percent, register_experiment,
                                          save_figure, settings_table, training_cell, write_report)
-from capsnets.experiments.training import (TrainingState, epochs_trained, evaluate_accuracy, load_or_train,
-                                           minutes_to_seconds, train_classifier)
+from capsnets.engine import TrainState
+from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, load_or_train, minutes_to_seconds,
+                                           train_classifier)
 from capsnets.functional import capsule_length
 from capsnets.models import count_parameters, create_model
 
@@ -111,19 +112,18 @@ def _model(cfg: dict, data, device: str, seed: int, checkpoint_dir) -> tuple[nn.
     images, labels = data.images[:cfg["train_images"]].to(device), data.labels[:cfg["train_images"]].to(device)
     shift = (lambda x, g: random_shift(x, cfg["max_shift"], g)) if cfg["max_shift"] else None
 
-    history: list = []
-    state = TrainingState()  # lets a later run continue a training its time limit cut short
+    state = TrainState()  # lets a later run continue a training its time limit cut short
 
     def fit():
-        history.extend(train_classifier(model, images, labels, epochs=cfg["epochs"], batch_size=cfg["batch_size"],
-                                        seed=seed, augment=shift, desc="dimensions capsnet",
-                                        time_limit_s=minutes_to_seconds(cfg["train_minutes"]), state=state))
+        train_classifier(model, images, labels, epochs=cfg["epochs"], batch_size=cfg["batch_size"], seed=seed,
+                         augment=shift, desc="dimensions capsnet", time_limit_s=minutes_to_seconds(cfg["train_minutes"]),
+                         state=state)
 
     recipe = {**{k: cfg[k] for k in ("train_images", "epochs", "batch_size", "max_shift")}, "seed": seed}
-    loaded = load_or_train(model, "dimensions_capsnet", fit, checkpoint_dir=checkpoint_dir,
-                           meta={"dataset": "mnist", "history": history}, state=state, recipe=recipe)
-    trained = f"{epochs_trained(history, cfg['epochs'])} x {len(images):,} images"
-    return model, training_cell(trained, history, loaded)
+    loaded = load_or_train(model, "dimensions_capsnet", fit, checkpoint_dir=checkpoint_dir, meta={"dataset": "mnist"},
+                           state=state, recipe=recipe)
+    trained = f"{epochs_trained(state.history, cfg['epochs'])} x {len(images):,} images"
+    return model, training_cell(trained, state.history, loaded)
 
 
 @register_experiment("dimensions")

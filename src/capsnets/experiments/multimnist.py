@@ -26,8 +26,9 @@ from capsnets.data import load_dataset
 from capsnets.data.multimnist import MultiMNIST, average_overlap, make_multimnist, multimnist_test_set
 from capsnets.experiments.common import (ExperimentResult, epoch_table, markdown_table, merge_settings, percent,
                                          register_experiment, save_figure, settings_table, training_cell, write_report)
-from capsnets.experiments.training import (TrainingState, epochs_trained, evaluate_accuracy, load_or_train,
-                                           minutes_to_seconds, train_classifier)
+from capsnets.engine import TrainState
+from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, load_or_train, minutes_to_seconds,
+                                           train_classifier)
 from capsnets.functional import capsule_length
 from capsnets.losses import margin_loss, reconstruction_loss
 from capsnets.models import count_parameters, create_model
@@ -140,24 +141,22 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
     for (name, model), loss_fn in zip(models.items(), (capsule_loss, cnn_loss)):
         key = "capsnet" if name == "CapsNet" else "cnn"
 
-        history: list = histories.setdefault(name, [])
+        state = TrainState()  # lets a later run continue a training its time limit cut short
 
-        state = TrainingState()  # lets a later run continue a training its time limit cut short
-
-        def fit(model=model, loss_fn=loss_fn, key=key, history=history, state=state):
+        def fit(model=model, loss_fn=loss_fn, key=key, state=state):
             def score(record):  # after every epoch; never stops training
                 record["val_error"] = 1.0 - evaluate_accuracy(model, val.images, (val.labels,), correct=both_correct)
                 return False
 
-            history += train_classifier(model, None, None, epoch_data=epoch_data, loss_fn=loss_fn, epochs=cfg["epochs"],
-                                        batch_size=cfg["batch_size"], lr=cfg["lr"], seed=seed, desc=f"multimnist {key}",
-                                        after_epoch=score, time_limit_s=minutes_to_seconds(cfg["train_minutes"]),
-                                        state=state)
+            train_classifier(model, None, None, epoch_data=epoch_data, loss_fn=loss_fn, epochs=cfg["epochs"],
+                             batch_size=cfg["batch_size"], lr=cfg["lr"], seed=seed, desc=f"multimnist {key}",
+                             after_epoch=score, time_limit_s=minutes_to_seconds(cfg["train_minutes"]), state=state)
 
         recipe = {**{k: cfg[k] for k in ("train_digits", "pairs_per_epoch", "epochs", "batch_size", "lr")},
                   "seed": seed}
-        loaded = load_or_train(model, f"multimnist_{key}", fit, checkpoint_dir=checkpoint_dir,
-                               meta={"history": history}, state=state, recipe=recipe)
+        loaded = load_or_train(model, f"multimnist_{key}", fit, checkpoint_dir=checkpoint_dir, state=state,
+                               recipe=recipe)
+        history = histories[name] = state.history
         error = 1.0 - evaluate_accuracy(model, test.images, (test.labels,), correct=both_correct)
         params = count_parameters(model)
         metrics.update({f"{key}_error": error, f"{key}_parameters": params})

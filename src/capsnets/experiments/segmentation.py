@@ -28,8 +28,9 @@ from capsnets.data.segmentation import SegmentationData, make_digit_segmentation
 from capsnets.engine.evaluate import dice_score
 from capsnets.experiments.common import (epoch_table, markdown_table, merge_settings, percent, register_experiment,
                                          save_figure, settings_table, training_cell, write_report)
-from capsnets.experiments.training import (TrainingState, checkpoint_name, epochs_trained, load_or_train,
-                                           minutes_to_seconds, train_classifier)
+from capsnets.engine import TrainState
+from capsnets.experiments.training import (checkpoint_name, epochs_trained, load_or_train, minutes_to_seconds,
+                                           train_classifier)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
 
@@ -131,25 +132,22 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     for name, model in models.items():
         criterion = create_loss(model.default_loss)
 
-        history: list = histories.setdefault(name, [])
+        state = TrainState()  # lets a later run continue a training its time limit cut short
 
-        state = TrainingState()  # lets a later run continue a training its time limit cut short
-
-        def fit(model=model, criterion=criterion, name=name, history=history, state=state):
+        def fit(model=model, criterion=criterion, name=name, state=state):
             def score(record):  # after every epoch; never stops training
                 record["val_dice"] = evaluate_dice(model, val)
                 return False
 
-            history += train_classifier(model, None, None, epoch_data=epoch_data, epochs=s["epochs"],
-                                        batch_size=s["batch_size"], lr=s["lr"], seed=seed, desc=name,
-                                        loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0], after_epoch=score,
-                                        time_limit_s=minutes_to_seconds(s["train_minutes"]), state=state)
+            train_classifier(model, None, None, epoch_data=epoch_data, epochs=s["epochs"], batch_size=s["batch_size"],
+                             lr=s["lr"], seed=seed, desc=name, loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0],
+                             after_epoch=score, time_limit_s=minutes_to_seconds(s["train_minutes"]), state=state)
 
         key = checkpoint_name(f"segmentation_{model.model_name}", builder_args[name])
         recipe = {**{k: s[k] for k in ("train_digits", "images_per_epoch", "epochs", "size", "clutter", "patch",
                                         "batch_size", "lr")}, "seed": seed}
-        loaded = load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, meta={"history": history},
-                               state=state, recipe=recipe)
+        loaded = load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, state=state, recipe=recipe)
+        history = histories[name] = state.history
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
         training = f"{epochs_trained(history, s['epochs'])} x {s['images_per_epoch']:,} images"

@@ -14,7 +14,6 @@ dimension perturbations). Deviations: the data (above); see the model module for
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +22,18 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from capsnets.data import load_dataset
 from capsnets.data.synthesis import silhouette_label_maps
 from capsnets.engine.checkpoint import join_optimizer_state, split_optimizer_state
+from capsnets.engine.fit import TrainState, fit
 from capsnets.engine.runtime import autocast, resolve_amp
 from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
                                          settings_table, training_cell, write_report)
-from capsnets.experiments.training import (TrainingState, check_time_limit, epochs_trained, load_or_train,
-                                           minutes_to_seconds)
+from capsnets.experiments.training import TensorBatches, epochs_trained, load_or_train, minutes_to_seconds
 from capsnets.models import PatchDiscriminator, count_parameters, create_model
 
-__all__ = ["run", "train_pix2pix", "synthesis_errors"]
+__all__ = ["run", "pix2pix_step", "train_pix2pix", "synthesis_errors"]
 
 FULL = {"train_images": 60000, "test_images": 10000, "epochs": 20, "batch_size": 32, "lr": 2e-4, "l1_weight": 100.0,
         "capsule_model": "capspix2pix", "cnn_model": "pix2pix", "discriminator_width": 64, "train_minutes": None}
@@ -48,78 +46,68 @@ SIZE = 32
 def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Tensor, images: Tensor, *,
                   epochs: int, batch_size: int = 32, lr: float = 2e-4, l1_weight: float = 100.0, seed: int = 0,
                   desc: str = "pix2pix", progress: bool = True, amp: str = "auto",
-                  time_limit_s: float | None = None, state: TrainingState | None = None) -> list[dict[str, Any]]:
-    """Train a generator and its discriminator with pix2pix's losses (Isola et al. 2017, Sec. 3).
+                  time_limit_s: float | None = None, state: TrainState | None = None) -> list[dict[str, Any]]:
+    """Train a generator and its discriminator with pix2pix's losses (Isola et al. 2017, Sec. 3), through
+    :func:`~capsnets.engine.fit` with a step that holds both optimisers (:func:`pix2pix_step`).
 
-    Per batch: the discriminator's loss is the mean of the binary cross-entropies of real pairs (target 1)
-    and generated pairs (target 0); the generator's is the cross-entropy of its pairs against target 1 plus
-    ``l1_weight`` times the mean absolute error to the real image. Batches are shuffled on the device by a
-    CPU generator seeded from ``(seed, epoch)``. Returns one ``{"epoch", "generator", "discriminator", "l1",
-    "time_s"}`` record per epoch. ``time_limit_s``: as in
-    :func:`~capsnets.experiments.training.train_classifier` (the last record then has ``"time_limit": True``).
-    ``state``: as in :func:`~capsnets.experiments.training.train_classifier`, with the generator as the model;
-    a training cut short also keeps the discriminator and its optimizer in it, so a later run continues both.
+    Batches are shuffled on the device by a CPU generator seeded from ``(seed, epoch)``. Returns the records of
+    the epochs trained in this call, with the mean ``generator``, ``discriminator`` and ``l1`` losses.
+    ``time_limit_s``, ``state``: as in :func:`~capsnets.experiments.training.train_classifier`, with the generator
+    as the model; a training cut short also keeps the discriminator and its optimizer, so a later run
+    continues both.
     """
-    check_time_limit(time_limit_s)
     options = {"lr": lr, "betas": (0.5, 0.999)}
     opt_g, opt_d = torch.optim.Adam(generator.parameters(), **options), torch.optim.Adam(discriminator.parameters(),
                                                                                          **options)
-    amp_dtype, history, began = resolve_amp(amp, images.device), [], time.perf_counter()
-    checkpoint = state.attach(opt_g) if state is not None else None
-    first_epoch = 1 if checkpoint is None else _continue_pix2pix(state, checkpoint, discriminator, opt_d)
+    state = state if state is not None else TrainState()
+    checkpoint = state.attach(opt_g)
+    if checkpoint is not None:  # the generator's weights came from load_or_train; the discriminator's side:
+        extra = {k[len("extra."):]: v for k, v in checkpoint.tensors.items() if k.startswith("extra.")}
+        discriminator.load_state_dict({k[len("discriminator."):]: v for k, v in extra.items()
+                                       if k.startswith("discriminator.")})
+        opt_d.load_state_dict(join_optimizer_state(extra, state.extra["optim_d"], opt_d, prefix="optim_d."))
     generator.train()
     discriminator.train()
-    for epoch in range(first_epoch, epochs + 1):
-        order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
-        totals, start = torch.zeros(3, dtype=torch.float64, device=images.device), time.perf_counter()
-        for first in tqdm(range(0, len(images), batch_size), desc=f"{desc} epoch {epoch}", leave=False,
-                          disable=None if progress else True):
-            index = order[first:first + batch_size].to(images.device)
-            x, y = label_maps[index], images[index]
-            with autocast(images.device, amp_dtype):
-                fake = generator(x).images
-                real_logits, fake_logits = discriminator(x, y), discriminator(x, fake.detach())
-                loss_d = 0.5 * (_bce(real_logits, 1.0) + _bce(fake_logits, 0.0))
-            opt_d.zero_grad(set_to_none=True)
-            loss_d.backward()
-            opt_d.step()
-            with autocast(images.device, amp_dtype):
-                l1 = (fake.float() - y.float()).abs().mean()
-                loss_g = _bce(discriminator(x, fake), 1.0) + l1_weight * l1
-            opt_g.zero_grad(set_to_none=True)
-            loss_g.backward()
-            opt_g.step()
-            totals += torch.stack([loss_g.detach(), loss_d.detach(), l1.detach()]).double() * len(index)
-        mean = (totals / len(images)).tolist()
-        if not all(np.isfinite(mean)):
-            raise FloatingPointError(f"{desc}: non-finite losses {mean} in epoch {epoch}; lower the learning rate")
-        history.append({"epoch": epoch, "generator": mean[0], "discriminator": mean[1], "l1": mean[2],
-                        "time_s": time.perf_counter() - start})
-        if state is not None:
-            state.epoch = epoch
-        if time_limit_s is not None and epoch < epochs and time.perf_counter() - began >= time_limit_s:
-            history[-1]["time_limit"] = True
-            break
-    if state is not None:
-        state.finished = not (history and history[-1].get("time_limit"))
-        if not state.finished:  # the discriminator's side, which the generator's checkpoint does not hold
-            optim_d, state.position = split_optimizer_state(opt_d.state_dict(), prefix="optim_d.")
-            weights = {f"discriminator.{k}": v.detach().clone() for k, v in discriminator.state_dict().items()}
-            state.tensors = {**weights, **optim_d}
+    first = len(state.history)
+    step = pix2pix_step(generator, discriminator, opt_g, opt_d, l1_weight=l1_weight, device=images.device,
+                        amp_dtype=resolve_amp(amp, images.device))
+    fit(step, TensorBatches(label_maps, images, batch_size, seed=seed), epochs=epochs, state=state,
+        time_limit_s=time_limit_s, desc=desc, progress=progress)
+    if not state.finished:  # the discriminator's side, which the generator's checkpoint does not hold
+        optim_d, state.extra["optim_d"] = split_optimizer_state(opt_d.state_dict(), prefix="optim_d.")
+        weights = {f"discriminator.{k}": v.detach().clone() for k, v in discriminator.state_dict().items()}
+        state.tensors = {**weights, **optim_d}
     generator.eval()
     discriminator.eval()
-    return history
+    return state.history[first:]
 
 
-def _continue_pix2pix(state: TrainingState, checkpoint, discriminator: nn.Module, opt_d) -> int:
-    """Restore the discriminator's side of what :func:`train_pix2pix` kept when its time limit stopped it (the
-    generator's weights come from ``load_or_train``, its optimizer and the RNG from ``state.attach``);
-    returns the epoch to start with."""
-    extra = {k[len("extra."):]: v for k, v in checkpoint.tensors.items() if k.startswith("extra.")}
-    discriminator.load_state_dict({k[len("discriminator."):]: v for k, v in extra.items()
-                                   if k.startswith("discriminator.")})
-    opt_d.load_state_dict(join_optimizer_state(extra, state.position, opt_d, prefix="optim_d."))
-    return state.epoch + 1
+def pix2pix_step(generator: nn.Module, discriminator: nn.Module, opt_g: torch.optim.Optimizer,
+                 opt_d: torch.optim.Optimizer, *, l1_weight: float, device: torch.device,
+                 amp_dtype: torch.dtype | None):
+    """One pix2pix step on a ``(label maps, images)`` batch: the discriminator's loss is the mean of the binary
+    cross-entropies of real pairs (target 1) and generated pairs (target 0); then the generator's, the
+    cross-entropy of its pairs against target 1 plus ``l1_weight`` times the mean absolute error to the real
+    image. Each takes its own optimiser step."""
+
+    def step(batch) -> dict[str, Tensor]:
+        x, y = batch
+        with autocast(device, amp_dtype):
+            fake = generator(x).images
+            real_logits, fake_logits = discriminator(x, y), discriminator(x, fake.detach())
+            loss_d = 0.5 * (_bce(real_logits, 1.0) + _bce(fake_logits, 0.0))
+        opt_d.zero_grad(set_to_none=True)
+        loss_d.backward()
+        opt_d.step()
+        with autocast(device, amp_dtype):
+            l1 = (fake.float() - y.float()).abs().mean()
+            loss_g = _bce(discriminator(x, fake), 1.0) + l1_weight * l1
+        opt_g.zero_grad(set_to_none=True)
+        loss_g.backward()
+        opt_g.step()
+        return {"generator": loss_g, "discriminator": loss_d, "l1": l1}
+
+    return step
 
 
 def _bce(logits: Tensor, target: float) -> Tensor:
@@ -206,19 +194,18 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     for name, generator in models.items():
         discriminator = PatchDiscriminator(size[0] + 1, width=s["discriminator_width"], device=device)
 
-        history: list = []
+        state = TrainState()  # lets a later run continue a training its time limit cut short
 
-        state = TrainingState()  # lets a later run continue a training its time limit cut short
-
-        def fit(generator=generator, discriminator=discriminator, name=name, history=history, state=state):
-            history += train_pix2pix(generator, discriminator, train_maps, train_images, epochs=s["epochs"],
-                                     batch_size=s["batch_size"], lr=s["lr"], l1_weight=s["l1_weight"], seed=seed,
-                                     desc=name, time_limit_s=minutes_to_seconds(s["train_minutes"]), state=state)
+        def train(generator=generator, discriminator=discriminator, name=name, state=state):
+            train_pix2pix(generator, discriminator, train_maps, train_images, epochs=s["epochs"],
+                          batch_size=s["batch_size"], lr=s["lr"], l1_weight=s["l1_weight"], seed=seed, desc=name,
+                          time_limit_s=minutes_to_seconds(s["train_minutes"]), state=state)
 
         recipe = {**{k: s[k] for k in ("train_images", "epochs", "batch_size", "lr", "l1_weight",
                                         "discriminator_width")}, "seed": seed}
-        loaded = load_or_train(generator, f"synthesis_{generator.model_name}", fit, checkpoint_dir=checkpoint_dir,
-                               meta={"history": history}, state=state, recipe=recipe)
+        loaded = load_or_train(generator, f"synthesis_{generator.model_name}", train, checkpoint_dir=checkpoint_dir,
+                               state=state, recipe=recipe)
+        history = state.history
         errors, params = synthesis_errors(generator, test_maps, test_images), count_parameters(generator)
         metrics.update({f"{name}_l1": errors["l1"], f"{name}_psnr": errors["psnr"],
                         f"{name}_parameters": params})

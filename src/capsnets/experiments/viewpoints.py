@@ -52,7 +52,8 @@ from capsnets.engine.runtime import seed_everything
 from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
                                          settings_table, write_report)
 from capsnets.experiments.matching import error_rate, train_matched
-from capsnets.experiments.training import TrainingState, checkpoint_name, load_or_train, minutes_to_seconds
+from capsnets.engine import TrainState
+from capsnets.experiments.training import checkpoint_name, load_or_train, minutes_to_seconds
 from capsnets.models import count_parameters, create_model
 
 __all__ = ["AZIMUTH_FAMILIAR", "ELEVATION_FAMILIAR", "familiar_mask", "viewpoint_split", "build_model", "run"]
@@ -147,7 +148,7 @@ def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, bat
     """:func:`train_matched` at learning rate ``lr``, or a checkpoint from an earlier run (its record is read
     from the sidecar)."""
     record: dict = {}
-    state = TrainingState()  # lets a later run continue a training its time limit cut short
+    state = TrainState()  # lets a later run continue a training its time limit cut short
 
     def train():
         record.update(train_matched(model, views, epochs=s["epochs"], target=target, batch_size=batch_size,
