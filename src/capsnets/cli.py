@@ -102,7 +102,8 @@ def default_run_dir(model: str) -> str:
 def _add_experiment(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("name", nargs="?", help="experiment name (see --list)")
-    add("--list", action="store_true", help="list the registered experiments and exit")
+    add("--list", action="store_true", help="list the experiments, one line each (with NAME: its settings, their "
+                                             "defaults and smoke values) and exit")
     add("--smoke", action="store_true", help="tiny CPU-sized version (minutes)")
     add("--out", help="directory for report.md and the figures")
     add("--device", default="auto", help="auto (default), cpu, cuda, cuda:1 ...")
@@ -113,15 +114,15 @@ def _add_experiment(parser: argparse.ArgumentParser) -> None:
     add("--data-dir", help="folder holding the data sets (default: $CAPSNETS_DATA or the library's default)")
     add("--checkpoint-dir", help="load trained models from here if present, else save them here "
                                  "(with --seeds: from its seed-N folders)")
-    add("--set", action="append", default=[], metavar="KEY=VALUE", help="experiment-specific setting")
+    add("--set", action="append", default=[], metavar="KEY=VALUE", help="one of the experiment's settings (NAME --list)")
     parser.set_defaults(handler=_experiment)
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    from capsnets.experiments import list_experiments, run_experiment, run_experiment_seeds
+    from capsnets.experiments import describe_experiments, list_experiments, run_experiment, run_experiment_seeds
 
     if args.list:
-        print("\n".join(list_experiments()))
+        print(describe_experiments(args.name))
         return 0
     if not args.name:
         raise ValueError(f"name an experiment (one of: {', '.join(list_experiments())}) or pass --list")
