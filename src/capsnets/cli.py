@@ -114,7 +114,8 @@ def _add_experiment(parser: argparse.ArgumentParser) -> None:
     add("--data-dir", help="folder holding the data sets (default: $CAPSNETS_DATA or the library's default)")
     add("--checkpoint-dir", help="load trained models from here if present, else save them here "
                                  "(with --seeds: from its seed-N folders)")
-    add("--set", action="append", default=[], metavar="KEY=VALUE", help="one of the experiment's settings (NAME --list)")
+    add("--set", action="append", default=[], metavar="KEY=VALUE",
+        help="one of the experiment's settings (see NAME --list)")
     parser.set_defaults(handler=_experiment)
 
 
