@@ -98,6 +98,35 @@ def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path,
     assert not Trainer(tiny_config(out=str(tmp_path / "d"), epochs=1, time_limit_minutes=1e-9)).fit()["time_limited"]
 
 
+def test_figures_show_the_best_checkpoint_and_say_so(tiny_config, monkeypatch):
+    from capsnets.engine import trainer as trainer_module
+
+    real, evaluated, shown = trainer_module.evaluate, [], {}
+
+    def scripted(model, *args, **kwargs):  # epoch 1 scores best, epoch 2 worse
+        result = real(model, *args, **kwargs)
+        evaluated.append({k: v.clone() for k, v in model.state_dict().items()})
+        result["accuracy"] = {1: 0.9, 2: 0.5}.get(len(evaluated), result["accuracy"])
+        return result
+
+    monkeypatch.setattr(trainer_module, "evaluate", scripted)
+    monkeypatch.setattr(reporting, "save_figures", lambda run_dir, **kwargs: shown.update(kwargs) or [])
+    config = tiny_config(epochs=2)
+    summary = Trainer(config).fit()
+    assert (summary["best_epoch"], summary["test_accuracy"]) == (1, 0.5)
+    assert shown["checkpoint"] == summary["figures_checkpoint"] and shown["checkpoint"].startswith(
+        "best.safetensors (epoch 1, ")
+    best = ckpt.load_checkpoint(Path(config.out) / "best.safetensors").model_state()
+    assert len(evaluated) == 3 and all(torch.equal(evaluated[-1][k], v) for k, v in best.items())
+
+
+def test_a_run_prints_nothing_when_not_in_a_terminal(tiny_config, capsys):
+    from capsnets.engine import train
+
+    train(tiny_config(epochs=1, progress=True))
+    assert capsys.readouterr() == ("", "")
+
+
 def test_resumes_a_run_directory_written_before_the_train_state(tiny_config, tmp_path, monkeypatch):
     """A last checkpoint whose sidecar holds the earlier ``progress`` entry (epochs, time; records in
     metrics.jsonl) is resumed as exactly as a current one."""

@@ -35,7 +35,7 @@ def test_adversarial_rejects_unknown_attack_losses(tmp_path):
 
 
 def test_matching_note_says_whether_the_models_reached_the_target():
-    from capsnets.experiments.adversarial import matching_note
+    from capsnets.experiments.report import matching_note
 
     both = matching_note({"CNN": {"val_accuracy": 0.991}, "CapsNet": {"val_accuracy": 0.993}}, 0.99)
     assert both.startswith("Every model reached the 99.00% validation target") and "CNN 99.10%" in both

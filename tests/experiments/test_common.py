@@ -70,7 +70,7 @@ def test_checkpoint_name_records_the_builder_arguments():
 
 
 def test_training_cell_says_how_a_loaded_model_was_trained():
-    from capsnets.experiments.common import training_cell
+    from capsnets.experiments.report import training_cell
 
     cell = "7 of 50 (time limit) x 60,000 pairs"
     assert training_cell(cell, [{}], loaded=False) == cell

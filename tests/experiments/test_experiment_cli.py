@@ -5,10 +5,16 @@ from capsnets.cli import main
 from capsnets.experiments import ExperimentResult, list_experiments, markdown_table, write_report
 
 
-def test_list_names_the_experiments(capsys):
+def test_list_names_the_experiments_one_line_each(capsys):
     assert main(["experiment", "--list"]) == 0
-    names = capsys.readouterr().out.split()
-    assert {"multimnist", "dimensions"} <= set(names) and names == list_experiments()
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list_experiments() and all(len(line.split()) > 3 for line in lines)
+
+
+def test_list_with_a_name_shows_its_settings_with_defaults(capsys):
+    assert main(["experiment", "synthesis", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "  epochs: int = 20 (smoke: 1)" in out and "  train_minutes: float | None = None" in out
 
 
 def test_unknown_experiment_lists_the_known_ones(capsys, tmp_path):
@@ -22,6 +28,19 @@ def test_missing_out_and_bad_setting(capsys, tmp_path):
     assert "--out" in capsys.readouterr().err
     assert main(["experiment", "dimensions", "--out", str(tmp_path), "--set", "nonsense=1"]) == 1
     assert "does not take nonsense" in capsys.readouterr().err
+    assert main(["experiment", "dimensions", "--out", str(tmp_path), "--set", "epochs=two"]) == 1
+    assert "dimensions: epochs='two' is not int" in capsys.readouterr().err
+
+
+def test_settings_are_typed_and_checked():
+    from capsnets.experiments import experiment_settings
+
+    s = experiment_settings("adversarial", smoke=True, eps=0.3, attack_losses="own", lr=1, train_minutes=None)
+    assert (s.eps, s.attack_losses, s.lr, s.train_minutes) == ((0.3,), ("own",), 1.0, None)
+    assert experiment_settings("viewpoints", render_lightings=[0, 2]).render_lightings == [0, 2]
+    for bad in ({"epochs": True}, {"lr": "fast"}, {"capsule_lr": [1]}, {"render_lightings": ["all"]}):
+        with pytest.raises(ValueError, match=f"viewpoints: {next(iter(bad))}="):
+            experiment_settings("viewpoints", **bad)
 
 
 def test_write_report_and_table(tmp_path):
@@ -48,7 +67,7 @@ def test_smoke_through_the_cli(name, settings, shared_data_root, tmp_path, capsy
 
 
 def test_reports_say_how_they_were_made(tmp_path):
-    from capsnets.experiments.common import _annotate_report, run_description
+    from capsnets.experiments.report import annotate_report, run_description
 
     full = run_description("multimnist", "out", smoke=False, device="cuda", seed=0, options={})
     assert full.startswith("Full version")
@@ -60,7 +79,7 @@ def test_reports_say_how_they_were_made(tmp_path):
     assert run_description("x", "o", smoke=True, device="cpu", seed=0, options={"a": 1}).startswith("**Smoke")
     report = tmp_path / "report.md"
     report.write_text("# Title\n\n## Results\n")
-    _annotate_report(report, reduced)
+    annotate_report(report, reduced)
     assert report.read_text() == f"# Title\n\n{reduced}\n\n## Results\n"
 
 

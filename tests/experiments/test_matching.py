@@ -109,7 +109,8 @@ def test_compile_trains_through_the_compiled_model_and_scores_the_eager_one(monk
         runs[flag] = train_matched(model, views, epochs=2, target=-1.0, batch_size=8, lr=1e-3, compile=flag)
         assert compiled == ([model] if flag else [])
     assert calls == [8] * 10  # every training step (2 epochs x 5), and no evaluation, went through it
-    untimed = {flag: [{k: v for k, v in h.items() if k != "time_s"} for h in run["history"]] for flag, run in runs.items()}
+    untimed = {flag: [{k: v for k, v in h.items() if k != "time_s"} for h in run["history"]]
+               for flag, run in runs.items()}
     assert untimed[True] == untimed[False]
 
 

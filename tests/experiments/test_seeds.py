@@ -5,8 +5,11 @@ import math
 import pytest
 
 from capsnets.cli import main
-from capsnets.experiments import register_experiment, run_experiment_seeds, summarise_seeds, write_report
-from capsnets.experiments.common import _CONTRASTS, _EXPERIMENTS
+from dataclasses import dataclass
+
+from capsnets.experiments import (ExperimentSettings, register_experiment, run_experiment_seeds, summarise_seeds,
+                                  write_report)
+from capsnets.experiments.common import _EXPERIMENTS
 
 CALLS = []
 
@@ -21,16 +24,19 @@ def fake_experiment():
     """A registered experiment whose metrics depend on the seed (and record how it was called)."""
     CALLS.clear()
 
-    @register_experiment("fake_seeded", contrasts=_fake_contrasts)
-    def run(out, *, smoke, device, seed, data_dir, checkpoint_dir, **options):
-        CALLS.append({"out": out, "seed": seed, "checkpoint_dir": checkpoint_dir, "options": options})
+    @dataclass(frozen=True)
+    class Settings(ExperimentSettings):
+        size: int = 1
+
+    @register_experiment("fake_seeded", Settings, "a fake", contrasts=_fake_contrasts)
+    def run(out, settings, *, smoke, device, seed, data_dir, checkpoint_dir):
+        CALLS.append({"out": out, "seed": seed, "checkpoint_dir": checkpoint_dir, "options": settings.to_dict()})
         metrics = {"A_acc": 0.9 + 0.01 * seed, "B_acc": 0.92 - 0.01 * seed, "params": 1000, "source": "rendered",
                    "label": f"s{seed}"}
         return write_report(out, "Fake", [("Results", "text")], metrics=metrics, name="fake_seeded")
 
     yield "fake_seeded"
     _EXPERIMENTS.pop("fake_seeded")
-    _CONTRASTS.pop("fake_seeded")
 
 
 def test_each_seed_runs_into_its_own_folder_with_its_own_checkpoints(fake_experiment, tmp_path):

@@ -53,7 +53,7 @@ def test_checkpoints_are_reused(shared_data_root, tmp_path):
 def test_rejects_unknown_options_and_sizes(tmp_path):
     with pytest.raises(ValueError, match="does not take epoch"):
         run_experiment("segmentation", tmp_path, smoke=True, device="cpu", epoch=1)
-    with pytest.raises(ValueError, match="unet_args must be a mapping"):
+    with pytest.raises(ValueError, match="unet_args='batch_norm' is not dict \\(a mapping, e.g. --set 'unet_args="):
         run_experiment("segmentation", tmp_path, smoke=True, device="cpu", unet_args="batch_norm")
     for size in (40, 16):
         with pytest.raises(ValueError, match="divisible by 16.*28x28 digit"):

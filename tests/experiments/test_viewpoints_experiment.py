@@ -1,4 +1,6 @@
 """The ``viewpoints`` experiment: split selection on the info fields, the rematch of the CNN, smoke runs."""
+from dataclasses import replace
+
 import pytest
 
 from capsnets.cli import main
@@ -6,6 +8,7 @@ from capsnets.data import TensorData
 from capsnets.experiments import list_experiments, run_experiment, viewpoints
 from capsnets.experiments.viewpoints import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, build_model,
                                              load_norb_like, viewpoint_split)
+from capsnets.experiments.report import STOPPED, matched_summary, viewpoint_results_table
 from capsnets.models import count_parameters
 from helpers import assert_contrasts_resolve
 
@@ -65,23 +68,23 @@ def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(render
 
     monkeypatch.setattr(viewpoints, "train_matched", fake_for_capsules)
     train, test, _ = rendered
-    settings = {**viewpoints.SMOKE, "train_size": 96, "test_size": 16, "rematch_evals_per_epoch": 3}
+    settings = replace(viewpoints.Settings.smoke(), train_size=96, test_size=16, rematch_evals_per_epoch=3)
     result = viewpoints._compare("elevation", train, test, settings, tag="t", device="cpu", seed=0,
                                  checkpoint_dir=tmp_path)
-    stopped = result["records"][viewpoints.STOPPED]
+    stopped = result["records"][STOPPED]
     assert stopped["reached"] and stopped["familiar_error"] <= 1.0
     assert len(stopped["history"]) == 1 and stopped["epoch"] == pytest.approx(1 / 3, abs=1e-3)  # its first score
     assert (tmp_path / "t_elevation_cnn_smallnorb_narrow_stopped_at_1.0000.safetensors").is_file()
-    summary = viewpoints._matched_summary({"elevation": result["records"]}, fixed_target=False)
+    summary = matched_summary({"elevation": result["records"]}, fixed_target=False)
     assert "novel-view error **90.00% (capsules) vs" in summary and "(CNN, stopped)" in summary
-    table = viewpoints._results_table({"elevation": result["records"]}, {"elevation": 0.5},
-                                      {"CNN": "c", "capsules": "m", viewpoints.STOPPED: "c"}, fixed_target=False)
+    table = viewpoint_results_table({"elevation": result["records"]}, {"elevation": 0.5},
+                                    {"CNN": "c", "capsules": "m", STOPPED: "c"}, fixed_target=False)
     chosen = [row.split("|")[8].strip() for row in table.splitlines()[2:]]  # the "chosen epoch" column
     assert chosen[1:] == ["1", "0.33"]  # capsules at epoch 1, the stopped CNN a third into its first epoch
-    without = viewpoints._compare("elevation", train, test, {**settings, "rematch_cnn": False}, tag="t",
+    without = viewpoints._compare("elevation", train, test, replace(settings, rematch_cnn=False), tag="t",
                                   device="cpu", seed=0, checkpoint_dir=None)
     assert viewpoints.STOPPED not in without["records"]
-    assert "no matched pair" in viewpoints._matched_summary({"elevation": without["records"]}, fixed_target=False)
+    assert "no matched pair" in matched_summary({"elevation": without["records"]}, fixed_target=False)
 
 
 @pytest.mark.parametrize("capsule_lr", [None, 5e-3])
@@ -97,9 +100,9 @@ def test_capsule_lr_sets_the_capsule_models_learning_rate_only(rendered, monkeyp
 
     monkeypatch.setattr(viewpoints, "train_matched", fake)
     train, test, _ = rendered
-    settings = {**viewpoints.SMOKE, "train_size": 16, "test_size": 8, "capsule_lr": capsule_lr}
+    settings = replace(viewpoints.Settings.smoke(), train_size=16, test_size=8, capsule_lr=capsule_lr)
     viewpoints._compare("azimuth", train, test, settings, tag="t", device="cpu", seed=0, checkpoint_dir=None)
-    lr = settings["lr"]
+    lr = settings.lr
     assert rates == {"cnn_smallnorb_narrow": [lr, lr], "matrix_capsnet_small": [capsule_lr or lr]}
 
 

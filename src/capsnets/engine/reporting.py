@@ -46,24 +46,27 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
     return path
 
 
-def save_figures(run_dir: Path, *, confusion: Tensor, class_names: list[str], samples: dict[str, Tensor] | None
-                 ) -> list[Path]:
+def save_figures(run_dir: Path, *, confusion: Tensor, class_names: list[str], samples: dict[str, Tensor] | None,
+                 checkpoint: str) -> list[Path]:
     """Training curves, confusion matrix and (if ``samples`` is given) inputs vs reconstructions.
 
     Args:
-        confusion: ``(K, K)`` confusion matrix of the final evaluation.
+        confusion: ``(K, K)`` confusion matrix of the checkpoint shown.
         class_names: ``K`` names.
         samples: ``images``, ``reconstructions``, ``labels``, ``predictions`` of a few test examples,
             or None when the model has no decoder.
+        checkpoint: which checkpoint the confusion matrix and reconstructions show (in their titles).
     """
     from capsnets import plots
 
     paths = [plots.plot_training_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE),
-             plots.plot_confusion_matrix(confusion, class_names, run_dir / CONFUSION_FILE)]
+             plots.plot_confusion_matrix(confusion, class_names, run_dir / CONFUSION_FILE,
+                                         title=f"Confusion matrix of {checkpoint}")]
     if samples is not None:
         paths.append(plots.plot_reconstructions(samples["images"], samples["reconstructions"],
                                                 run_dir / RECONSTRUCTIONS_FILE, labels=samples["labels"],
-                                                predictions=samples["predictions"]))
+                                                predictions=samples["predictions"],
+                                                title=f"Inputs and reconstructions of {checkpoint}"))
     return [Path(p) for p in paths]
 
 

@@ -249,7 +249,7 @@ class Trainer:
         shown = (f"best{ckpt.SUFFIX} (epoch {summary['best_epoch']}, test accuracy "
                  f"{100 * evaluation['accuracy']:.2f}%)")
         figures = reporting.save_figures(self.run_dir, confusion=evaluation["confusion_matrix"],
-                                         class_names=list(s.test_data.classes),
+                                         class_names=list(s.test_data.classes), checkpoint=shown,
                                          samples=_reconstruction_samples(model, s.test_data, s.device))
         summary.update(figures=[str(p) for p in figures], figures_checkpoint=shown)
         reporting.write_summary(self.run_dir, summary)

@@ -1,6 +1,6 @@
 """``adversarial``: FGSM and BIM against a capsule network and a CNN at (roughly) equal clean accuracy.
 
-Paper: Hinton, Sabour & Frosst (2018), "Matrix capsules with EM routing", Sec. 6 (SPEC §2): with both
+Paper: Hinton, Sabour & Frosst (2018), "Matrix capsules with EM routing", Sec. 6: with both
 models at the same clean accuracy, capsules are markedly less vulnerable than the CNN to FGSM and BIM,
 untargeted and targeted, but examples crafted on the CNN transfer to the capsule model about as well
 as to other CNNs. The paper reports this for matrix capsules on smallNORB with figures only (no table).
@@ -14,15 +14,17 @@ examples with a zero input gradient, so such gradient masking is visible rather 
 The CNN is the paper's baseline (35.4M parameters) in full
 runs and a narrow version of it (16/16/8 channels, 64/32 hidden) with ``smoke``. "Equal accuracy":
 each model is trained until its accuracy on a held-out part of the training set reaches
-``target_accuracy`` (or ``max_epochs`` pass), see :func:`~capsnets.experiments.training.train_to_accuracy`. Success rates count
+``target_accuracy`` (or ``max_epochs`` pass), see
+:func:`~capsnets.experiments.training.train_to_accuracy`. Success rates count
 only test examples the attacked (or, for transfer, the evaluated) model classifies correctly when
 clean; targeted attacks use one random wrong class per example, the same for every attack and eps.
 BIM takes ``bim_steps`` steps of ``2.5 * eps / bim_steps``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -33,37 +35,41 @@ from capsnets.attacks import (ATTACK_LOSSES, attack_loss, attack_success, bim, f
                               zero_gradient_fraction)
 from capsnets.data import load_dataset
 from capsnets.models import count_parameters, create_model
-from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
-                                         settings_table, write_report)
+from capsnets.experiments.common import ExperimentSettings, register_experiment
+from capsnets.experiments.report import (markdown_table, matching_note, percent, save_figure, settings_table,
+                                         training_metrics, write_report)
 from capsnets.experiments.training import evaluate_accuracy, fit_or_load, minutes_to_seconds
 
-__all__ = ["matching_note", "training_metrics", "attack_table", "run"]
+__all__ = ["Settings", "attack_table", "run"]
 
 
-def training_metrics(training: dict[str, dict]) -> dict:
-    """``<name>_val_accuracy`` and ``<name>_epochs`` of each :func:`fit_or_load` record (for the metrics, so a
-    multi-seed summary shows whether every seed compared the models at equal accuracy)."""
-    metrics = {}
-    for name, record in training.items():
-        metrics[f"{name}_val_accuracy"] = record["val_accuracy"]
-        metrics[f"{name}_epochs"] = record["trained_epochs"]
-    return metrics
 
+@dataclass(frozen=True)
+class Settings(ExperimentSettings):
+    """Data sizes, training to ``target_accuracy`` on the validation images, the attacks (``eps`` values,
+    ``bim_steps``, ``attack_losses``: some of ``"cross_entropy"``, ``"own"``) and the two models."""
 
-def matching_note(training: dict[str, dict], target: float) -> str:
-    """A sentence saying whether every model reached the validation ``target`` (``training``: name ->
-    :func:`train_to_accuracy` record), i.e. whether the comparison is at equal accuracy."""
-    reached = ", ".join(f"{name} {percent(record['val_accuracy'])}" for name, record in training.items())
-    missed = [name for name, record in training.items() if record["val_accuracy"] < target]
-    if not missed:
-        note = f"Every model reached the {percent(target)} validation target ({reached}): compared at equal accuracy."
-    else:
-        note = (f"**Not at equal accuracy**: {' and '.join(missed)} did not reach the {percent(target)} validation "
-                f"target within `max_epochs` or `train_minutes` ({reached}), so the comparison also reflects that "
-                f"difference in accuracy.")
-    curves = [f"{name} {', '.join(percent(h['val_accuracy']) for h in record['history'])}"
-              for name, record in training.items() if record.get("history")]
-    return note + ("\n\nValidation accuracy after each epoch: " + "; ".join(curves) + "." if curves else "")
+    train_size: int = 55000
+    val_size: int = 5000
+    test_size: int = 1000
+    max_epochs: int = 30
+    target_accuracy: float = 0.99
+    eps: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
+    bim_steps: int = 10
+    batch_size: int = 128
+    lr: float = 1e-3
+    capsule_model: str = "capsnet"
+    cnn_model: str = "cnn_baseline"
+    attack_losses: tuple[str, ...] = ("cross_entropy", "own")
+    train_minutes: float | None = None
+    SMOKE: ClassVar[dict] = {"train_size": 768, "val_size": 128, "test_size": 64, "max_epochs": 2,
+                             "target_accuracy": 0.9, "eps": (0.1, 0.2, 0.3), "bim_steps": 3, "batch_size": 32,
+                             "lr": 2e-3, "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow"}
+
+    def __post_init__(self) -> None:
+        if not self.attack_losses or any(kind not in ATTACK_LOSSES for kind in self.attack_losses):
+            raise ValueError(f"adversarial: attack_losses must name some of {ATTACK_LOSSES}, "
+                             f"got {self.attack_losses!r}")
 
 
 def _craft(attack: str, model, images, labels, eps, targets, steps, loss: str = "own"):
@@ -187,25 +193,6 @@ def _plot_examples(models: dict[str, nn.Module], images, labels, eps: float, ste
     return save_figure(fig, out_png)
 
 
-def _settings(smoke: bool, options: dict) -> dict:
-    full = {"train_size": 55000, "val_size": 5000, "test_size": 1000, "max_epochs": 30, "target_accuracy": 0.99,
-            "eps": (0.05, 0.1, 0.15, 0.2, 0.25, 0.3), "bim_steps": 10, "batch_size": 128, "lr": 1e-3,
-            "capsule_model": "capsnet", "cnn_model": "cnn_baseline", "attack_losses": ("cross_entropy", "own"),
-            "train_minutes": None}
-    small = {"train_size": 768, "val_size": 128, "test_size": 64, "max_epochs": 2, "target_accuracy": 0.9,
-             "eps": (0.1, 0.2, 0.3), "bim_steps": 3, "batch_size": 32, "lr": 2e-3,
-             "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow",
-             "attack_losses": ("cross_entropy", "own"), "train_minutes": None}
-    settings = merge_settings("adversarial", small if smoke else full, options)
-    settings["eps"] = tuple(float(e) for e in settings["eps"])
-    losses = settings["attack_losses"]
-    settings["attack_losses"] = (losses,) if isinstance(losses, str) else tuple(losses)
-    bad = [kind for kind in settings["attack_losses"] if kind not in ATTACK_LOSSES]
-    if bad or not settings["attack_losses"]:
-        raise ValueError(f"adversarial: attack_losses must name some of {ATTACK_LOSSES}, got {losses!r}")
-    return settings
-
-
 def _build(name: str, device: str) -> nn.Module:
     return create_model(name, device=device)
 
@@ -223,63 +210,56 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     return pairs
 
 
-@register_experiment("adversarial", contrasts=_contrasts)
-def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, data_dir=None, checkpoint_dir=None,
-        **options):
-    """Train (or load) the two models, attack them, write ``report.md`` and two PNGs into ``out``.
-
-    Options (override the smoke / full settings): ``train_size``, ``val_size``, ``test_size``,
-    ``max_epochs``, ``target_accuracy``, ``eps``, ``bim_steps``, ``batch_size``, ``lr``, ``capsule_model``,
-    ``cnn_model`` (``"cnn_baseline_narrow"`` is the narrow CNN), ``attack_losses`` (``"cross_entropy"``,
-    ``"own"``; see the module docstring).
-    """
-    s = _settings(smoke, options)
+@register_experiment("adversarial", Settings, "FGSM and BIM against capsules and a CNN at equal clean accuracy "
+                     "(Hinton et al. 2018, Sec. 6)", contrasts=_contrasts)
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+    """Train (or load) the two models, attack them, write ``report.md`` and two PNGs into ``out``."""
     train = load_dataset("mnist", root=data_dir, train=True, device=device)
-    test = load_dataset("mnist", root=data_dir, train=False, device=device).subset(s["test_size"])
-    fit = train.subset(s["train_size"] + s["val_size"])
-    fit_x, fit_y = fit.images[:s["train_size"]], fit.labels[:s["train_size"]]
-    val_x, val_y = fit.images[s["train_size"]:], fit.labels[s["train_size"]:]
-    models = {"CNN": _build(s["cnn_model"], device), "CapsNet": _build(s["capsule_model"], device)}
+    test = load_dataset("mnist", root=data_dir, train=False, device=device).subset(s.test_size)
+    fit = train.subset(s.train_size + s.val_size)
+    fit_x, fit_y = fit.images[:s.train_size], fit.labels[:s.train_size]
+    val_x, val_y = fit.images[s.train_size:], fit.labels[s.train_size:]
+    models = {"CNN": _build(s.cnn_model, device), "CapsNet": _build(s.capsule_model, device)}
     training = {name: fit_or_load(model, f"adversarial_{model.model_name}", checkpoint_dir, fit_x, fit_y, val_x, val_y,
-                                  target=s["target_accuracy"], max_epochs=s["max_epochs"], lr=s["lr"],
-                                  batch_size=s["batch_size"], seed=seed + 100 * index, desc=name,
-                                  time_limit_s=minutes_to_seconds(s["train_minutes"]))
+                                  target=s.target_accuracy, max_epochs=s.max_epochs, lr=s.lr,
+                                  batch_size=s.batch_size, seed=seed + 100 * index, desc=name,
+                                  time_limit_s=minutes_to_seconds(s.train_minutes))
                 for index, (name, model) in enumerate(models.items())}
     clean = {name: evaluate_accuracy(m, test.images, test.labels) for name, m in models.items()}
     wrong = random_wrong_targets(test.labels, test.num_classes, torch.Generator().manual_seed(seed))
     records, figures, rate_sections = [], [], []
-    for kind in s["attack_losses"]:
-        found = attack_table(models, test.images, test.labels, wrong, s["eps"], bim_steps=s["bim_steps"],
-                             batch_size=max(s["batch_size"], 64), loss=kind)
+    for kind in s.attack_losses:
+        found = attack_table(models, test.images, test.labels, wrong, s.eps, bim_steps=s.bim_steps,
+                             batch_size=max(s.batch_size, 64), loss=kind)
         records += found
-        figures.append(_plot_rates(found, s["eps"], "CapsNet", "CNN", out / f"success_rates_{kind}.png",
+        figures.append(_plot_rates(found, s.eps, "CapsNet", "CNN", out / f"success_rates_{kind}.png",
                                    title=f"attack success, crafted with {_LOSS_TEXT[kind]}"))
         rate_sections.append((f"Attack success rates, crafted with {_LOSS_TEXT[kind]}",
-                              _results_markdown(found, s["eps"], "CapsNet", "CNN")))
-    mid_eps = s["eps"][len(s["eps"]) // 2]
-    figures.append(_plot_examples(models, test.images, test.labels, mid_eps, s["bim_steps"], out / "examples.png",
-                                  loss=s["attack_losses"][0]))
+                              _results_markdown(found, s.eps, "CapsNet", "CNN")))
+    mid_eps = s.eps[len(s.eps) // 2]
+    figures.append(_plot_examples(models, test.images, test.labels, mid_eps, s.bim_steps, out / "examples.png",
+                                  loss=s.attack_losses[0]))
     flat = {(name, kind): zero_gradient_fraction(m, attack_loss(m, kind), test.images, test.labels)
-            for name, m in models.items() for kind in s["attack_losses"]}
+            for name, m in models.items() for kind in s.attack_losses}
     model_rows = [(name, m.model_name, f"{count_parameters(m):,}", training[name]["epochs"],
                    percent(training[name]["val_accuracy"]), percent(clean[name])) for name, m in models.items()]
     sections = [
         ("Models", markdown_table(["role", "model", "parameters", "epochs", "val. accuracy", "clean test accuracy"],
-                                  model_rows) + "\n\n" + matching_note(training, s["target_accuracy"])),
+                                  model_rows) + "\n\n" + matching_note(training, s.target_accuracy)),
         *rate_sections,
         ("How to read the tables", "Success: untargeted = prediction changed from the true class; targeted = "
          "prediction is the target. Counted over test examples the evaluated model classifies correctly when "
          "clean. BIM takes `bim_steps` steps of 2.5 eps / `bim_steps`."),
         ("Gradient masking", markdown_table(
-            ["model", *[f"zero input gradient, {_LOSS_TEXT[k]}" for k in s["attack_losses"]]],
-            [(name, *[percent(flat[name, k]) for k in s["attack_losses"]]) for name in models])
+            ["model", *[f"zero input gradient, {_LOSS_TEXT[k]}" for k in s.attack_losses]],
+            [(name, *[percent(flat[name, k]) for k in s.attack_losses]) for name in models])
          + "\n\nFraction of clean test examples whose input gradient of the attack loss is exactly zero: a "
            "sign-gradient attack leaves them unchanged, so a loss with a large fraction understates what an "
            "attacker can do (the margin and spread losses are flat once every hinge is inactive)."),
         ("Paper", "Hinton, Sabour & Frosst (2018), Sec. 6 (matrix capsules, smallNORB): at equal clean accuracy the "
          "capsule model is significantly less vulnerable than the CNN to FGSM and BIM, untargeted and targeted; "
          "examples crafted on the CNN transfer to it like to another CNN. The paper shows figures, no table."),
-        ("Settings", settings_table({**{k: v for k, v in s.items()}, "seed": seed, "device": device, "smoke": smoke})),
+        ("Settings", settings_table({**s.to_dict(), "seed": seed, "device": device, "smoke": smoke})),
     ]
     metrics = {f"{r['loss']}_{r['attack']}_{'targeted' if r['targeted'] else 'untargeted'}_{r['eps']}_"
                f"{r['source']}_on_{r['victim']}": r["rate"] for r in records}

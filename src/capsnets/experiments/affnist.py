@@ -15,7 +15,9 @@ CNN, a few hundred images and one or two epochs.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -25,9 +27,9 @@ from torch import nn
 from capsnets.data import DatasetError, load_dataset
 from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
 from capsnets.models import count_parameters, create_model
-from capsnets.experiments.adversarial import matching_note, training_metrics
-from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
-                                         settings_table, write_report)
+from capsnets.experiments.common import ExperimentSettings, register_experiment
+from capsnets.experiments.report import (markdown_table, matching_note, percent, save_figure, settings_table,
+                                         training_metrics, write_report)
 from capsnets.experiments.training import evaluate_accuracy, fit_or_load, minutes_to_seconds
 
 __all__ = ["run"]
@@ -35,14 +37,25 @@ __all__ = ["run"]
 _PAPER = {"CapsNet": (0.9923, 0.79), "CNN": (0.9922, 0.66)}
 
 
-def _settings(smoke: bool, options: dict) -> dict:
-    full = {"train_size": 55000, "val_size": 5000, "test_size": 10000, "max_epochs": 50, "target_accuracy": 0.992,
-            "batch_size": 128, "lr": 1e-3, "capsule_model": "capsnet", "cnn_model": "cnn_baseline",
-            "affnist_path": None, "train_minutes": None}
-    small = {"train_size": 1024, "val_size": 128, "test_size": 256, "max_epochs": 2, "target_accuracy": 0.9,
-             "batch_size": 32, "lr": 2e-3, "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow",
-             "affnist_path": None, "train_minutes": None}
-    return merge_settings("affnist", small if smoke else full, options)
+@dataclass(frozen=True)
+class Settings(ExperimentSettings):
+    """Data sizes, training to ``target_accuracy`` on held-out translated digits, the two models, and where the
+    real affNIST test set is (``affnist_path``: a ``.mat`` file or a folder; None: ``<data_dir>/affnist``)."""
+
+    train_size: int = 55000
+    val_size: int = 5000
+    test_size: int = 10000
+    max_epochs: int = 50
+    target_accuracy: float = 0.992
+    batch_size: int = 128
+    lr: float = 1e-3
+    capsule_model: str = "capsnet"
+    cnn_model: str = "cnn_baseline"
+    affnist_path: str | None = None
+    train_minutes: float | None = None
+    SMOKE: ClassVar[dict] = {"train_size": 1024, "val_size": 128, "test_size": 256, "max_epochs": 2,
+                             "target_accuracy": 0.9, "batch_size": 32, "lr": 2e-3, "capsule_model": "capsnet_small",
+                             "cnn_model": "cnn_baseline_narrow"}
 
 
 def _build(name: str, device: str) -> nn.Module:
@@ -88,30 +101,24 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     return [(f"CapsNet - CNN, {test.replace('_', ' ')} accuracy", f"CapsNet_{test}", f"CNN_{test}") for test in tests]
 
 
-@register_experiment("affnist", contrasts=_contrasts)
-def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, data_dir=None, checkpoint_dir=None,
-        **options):
-    """Train on translated MNIST, test on affNIST(-style) digits; write ``report.md`` and a PNG into ``out``.
-
-    Options (override the smoke / full settings): ``train_size``, ``val_size``, ``test_size``, ``max_epochs``,
-    ``target_accuracy``, ``batch_size``, ``lr``, ``capsule_model``, ``cnn_model`` (``"cnn_baseline_narrow"``: the
-    narrow CNN), ``affnist_path`` (a ``.mat`` file or a folder with the real test set).
-    """
-    s = _settings(smoke, options)
-    digits = load_dataset("mnist", root=data_dir, train=True, device=device).subset(s["train_size"] + s["val_size"])
-    fit_x, fit_y = digits.images[:s["train_size"]], digits.labels[:s["train_size"]]
-    val = translated_test_set(digits.select(slice(s["train_size"], None)), seed=seed + 1)
-    mnist_test = load_dataset("mnist", root=data_dir, train=False, device=device).subset(s["test_size"])
+@register_experiment("affnist", Settings, "trained on translated MNIST, tested on unseen affine transforms "
+                     "(Sabour et al. 2017, Sec. 5.2)", contrasts=_contrasts)
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+    """Train on translated MNIST, test on affNIST(-style) digits; write ``report.md`` and a PNG into ``out``."""
+    digits = load_dataset("mnist", root=data_dir, train=True, device=device).subset(s.train_size + s.val_size)
+    fit_x, fit_y = digits.images[:s.train_size], digits.labels[:s.train_size]
+    val = translated_test_set(digits.select(slice(s.train_size, None)), seed=seed + 1)
+    mnist_test = load_dataset("mnist", root=data_dir, train=False, device=device).subset(s.test_size)
     tests = {"translated MNIST": translated_test_set(mnist_test, seed=seed + 2),
              "affNIST-style": make_affnist_style(mnist_test, seed=seed + 3)[0]}
-    real, missing = _real_affnist(s["affnist_path"], data_dir, device)
+    real, missing = _real_affnist(s.affnist_path, data_dir, device)
     if real is not None:
         tests["affNIST (real)"] = real
-    models = {"CapsNet": _build(s["capsule_model"], device), "CNN": _build(s["cnn_model"], device)}
+    models = {"CapsNet": _build(s.capsule_model, device), "CNN": _build(s.cnn_model, device)}
     training = {name: fit_or_load(model, f"affnist_{model.model_name}", checkpoint_dir, fit_x, fit_y, val.images,
-                                  val.labels, target=s["target_accuracy"], max_epochs=s["max_epochs"], lr=s["lr"],
-                                  batch_size=s["batch_size"], seed=seed + 100 * index, augment=RandomPlacement(),
-                                  desc=name, time_limit_s=minutes_to_seconds(s["train_minutes"]))
+                                  val.labels, target=s.target_accuracy, max_epochs=s.max_epochs, lr=s.lr,
+                                  batch_size=s.batch_size, seed=seed + 100 * index, augment=RandomPlacement(),
+                                  desc=name, time_limit_s=minutes_to_seconds(s.train_minutes))
                 for index, (name, model) in enumerate(models.items())}
     accuracy = {(name, test): evaluate_accuracy(m, data.images, data.labels)
                 for name, m in models.items() for test, data in tests.items()}
@@ -127,9 +134,9 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
              "translated uniformly within the 40x40 frame. ")
     notes += ("The real affNIST test set was evaluated." if real is not None
               else f"Real affNIST not evaluated: {missing}")
-    notes += "\n\n" + matching_note(training, s["target_accuracy"])
+    notes += "\n\n" + matching_note(training, s.target_accuracy)
     sections = [("Results", markdown_table(headers, rows) + "\n\n" + notes),
-                ("Settings", settings_table({**s, "seed": seed, "device": device, "smoke": smoke}))]
+                ("Settings", settings_table({**s.to_dict(), "seed": seed, "device": device, "smoke": smoke}))]
     metrics = {f"{name}_{test}".replace(" ", "_"): value for (name, test), value in accuracy.items()}
     metrics.update(training_metrics(training))
     return write_report(out, "affNIST: generalisation to unseen affine transforms", sections, figures=[samples_png],

@@ -14,7 +14,9 @@ paper's ``capsnet``, 10 epochs, shifts of 2 px; smoke: ``capsnet_small`` on 2,00
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +25,9 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset, random_shift
 from capsnets.engine.checkpoint import CheckpointError, load_model
-from capsnets.experiments.common import (ExperimentResult, markdown_table, merge_settings, percent, register_experiment,
-                                         save_figure, settings_table, training_cell, write_report)
+from capsnets.experiments.common import ExperimentSettings, register_experiment
+from capsnets.experiments.report import (ExperimentResult, markdown_table, percent, save_figure, settings_table,
+                                         training_cell, write_report)
 from capsnets.engine import TrainState
 from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, load_or_train, minutes_to_seconds,
                                            train_classifier)
@@ -32,10 +35,22 @@ from capsnets.functional import capsule_length
 from capsnets.models import count_parameters, create_model
 
 PERTURBATIONS = torch.arange(-5, 6) * 0.05  # -0.25 ... +0.25 in steps of 0.05
-FULL = {"model": "capsnet", "train_images": 60000, "epochs": 10, "test_images": 10000, "max_shift": 2,
-        "batch_size": 128, "digits": 3, "train_minutes": None}
-SMOKE = {"model": "capsnet_small", "train_images": 2000, "epochs": 1, "test_images": 500, "max_shift": 0,
-         "batch_size": 32, "digits": 2, "train_minutes": None}
+
+
+@dataclass(frozen=True)
+class Settings(ExperimentSettings):
+    """The model (trained unless ``--checkpoint-dir`` holds one), its training, and how many digits to show."""
+
+    model: str = "capsnet"
+    train_images: int = 60000
+    epochs: int = 10
+    test_images: int = 10000
+    max_shift: int = 2
+    batch_size: int = 128
+    digits: int = 3
+    train_minutes: float | None = None
+    SMOKE: ClassVar[dict] = {"model": "capsnet_small", "train_images": 2000, "epochs": 1, "test_images": 500,
+                             "max_shift": 0, "batch_size": 32, "digits": 2}
 
 
 @torch.no_grad()
@@ -102,41 +117,40 @@ def plot_routing(images: Tensor, maps: list[Tensor], winners: list[int], out_png
     return save_figure(fig, out_png)
 
 
-def _model(cfg: dict, data, device: str, seed: int, checkpoint_dir) -> tuple[nn.Module, str]:
+def _model(cfg: Settings, data, device: str, seed: int, checkpoint_dir) -> tuple[nn.Module, str]:
     if checkpoint_dir is not None and not (Path(checkpoint_dir) / "dimensions_capsnet.safetensors").is_file():
         try:  # a trainer run directory
             return load_model(checkpoint_dir, device)[0], f"loaded from {checkpoint_dir}"
         except CheckpointError:
             pass
-    model = create_model(cfg["model"], device=device)
-    images, labels = data.images[:cfg["train_images"]].to(device), data.labels[:cfg["train_images"]].to(device)
-    shift = (lambda x, g: random_shift(x, cfg["max_shift"], g)) if cfg["max_shift"] else None
+    model = create_model(cfg.model, device=device)
+    images, labels = data.images[:cfg.train_images].to(device), data.labels[:cfg.train_images].to(device)
+    shift = (lambda x, g: random_shift(x, cfg.max_shift, g)) if cfg.max_shift else None
 
     state = TrainState()  # lets a later run continue a training its time limit cut short
 
     def fit():
-        train_classifier(model, images, labels, epochs=cfg["epochs"], batch_size=cfg["batch_size"], seed=seed,
-                         augment=shift, desc="dimensions capsnet", time_limit_s=minutes_to_seconds(cfg["train_minutes"]),
+        train_classifier(model, images, labels, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed,
+                         augment=shift, desc="dimensions capsnet", time_limit_s=minutes_to_seconds(cfg.train_minutes),
                          state=state)
 
-    recipe = {**{k: cfg[k] for k in ("train_images", "epochs", "batch_size", "max_shift")}, "seed": seed}
+    recipe = {**cfg.subset("train_images", "epochs", "batch_size", "max_shift"), "seed": seed}
     loaded = load_or_train(model, "dimensions_capsnet", fit, checkpoint_dir=checkpoint_dir, meta={"dataset": "mnist"},
                            state=state, recipe=recipe)
-    trained = f"{epochs_trained(state.history, cfg['epochs'])} x {len(images):,} images"
+    trained = f"{epochs_trained(state.history, cfg.epochs)} x {len(images):,} images"
     return model, training_cell(trained, state.history, loaded)
 
 
-@register_experiment("dimensions")
-def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, data_dir=None,
-        checkpoint_dir=None, **options) -> ExperimentResult:
+@register_experiment("dimensions", Settings, "what each dimension of a class capsule encodes, and what routes "
+                     "to it (Sabour et al. 2017, Fig. 4)")
+def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir) -> ExperimentResult:
     """Perturbation grids and routing pictures for ``digits`` MNIST test digits of different classes."""
-    cfg = merge_settings("dimensions", SMOKE if smoke else FULL, options)
     model, how = _model(cfg, load_dataset("mnist", root=data_dir, train=True), device, seed, checkpoint_dir)
     model.eval()
     test = load_dataset("mnist", root=data_dir, train=False)
-    images, labels = test.images[:cfg["test_images"]].to(device), test.labels[:cfg["test_images"]].to(device)
+    images, labels = test.images[:cfg.test_images].to(device), test.labels[:cfg.test_images].to(device)
     accuracy = evaluate_accuracy(model, images, labels)
-    chosen = [int((labels == k).nonzero()[0]) for k in range(cfg["digits"])]  # the first test digit of 0, 1, ...
+    chosen = [int((labels == k).nonzero()[0]) for k in range(cfg.digits)]  # the first test digit of 0, 1, ...
     figures, maps, winners, couplings = [], [], [], []
     for index in chosen:
         grid, winner = perturbation_grid(model, images[index])
@@ -148,7 +162,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
             for i, w, c in zip(chosen, winners, couplings)]
     sections = [
         ("Model", markdown_table(["model", "parameters", "test accuracy", "training"],
-                                 [(cfg["model"], f"{count_parameters(model):,}",
+                                 [(cfg.model, f"{count_parameters(model):,}",
                                    percent(accuracy) + f" on {len(images):,}", how)])),
         ("Digits", markdown_table(["label", "predicted", "test index", "couplings to it: min / mean / max"], rows)
          + "\n\nEach grid: rows = the 16 dimensions of the winning class capsule, columns = perturbations "
@@ -156,7 +170,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
            "`routing.png`: what the primary capsules route to the winning class, final coupling times capsule "
            f"length, summed over types. Uniform couplings would be 1/{model.num_classes}: the table shows how far "
            "routing moves them, which bounds what the picture can show."),
-        ("Settings", settings_table({**cfg, "seed": seed, "device": device})),
+        ("Settings", settings_table({**cfg.to_dict(), "seed": seed, "device": device})),
     ]
     return write_report(out, "What capsule dimensions represent (Sabour et al. 2017, Sec. 5.1)", sections,
                         figures=figures, metrics={"test_accuracy": accuracy}, name="dimensions")

@@ -15,7 +15,9 @@ training table shows whether the models were still improving when training ended
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +26,9 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.multimnist import MultiMNIST, average_overlap, make_multimnist, multimnist_test_set
-from capsnets.experiments.common import (ExperimentResult, epoch_table, markdown_table, merge_settings, percent,
-                                         register_experiment, save_figure, settings_table, training_cell, write_report)
+from capsnets.experiments.common import ExperimentSettings, register_experiment
+from capsnets.experiments.report import (ExperimentResult, epoch_table, markdown_table, percent, save_figure,
+                                         settings_table, training_cell, write_report)
 from capsnets.engine import TrainState
 from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, load_or_train, minutes_to_seconds,
                                            train_classifier)
@@ -35,12 +38,25 @@ from capsnets.models import count_parameters, create_model
 
 PAPER_ERROR = {"CapsNet": 0.052, "CNN baseline": 0.081}
 SIZE = 36  # 28 + 2 * 4
-FULL = {"train_digits": 60000, "pairs_per_epoch": 60000, "epochs": 50, "test_digits": 10000,
-        "test_pairs_per_digit": 10, "batch_size": 128, "lr": 1e-3, "capsnet": "capsnet", "cnn": "cnn_baseline",
-        "train_minutes": None}
-SMOKE = {"train_digits": 2000, "pairs_per_epoch": 400, "epochs": 1, "test_digits": 200,
-         "test_pairs_per_digit": 1, "batch_size": 32, "lr": 1e-3, "capsnet": "capsnet_small",
-         "cnn": "cnn_baseline_narrow", "train_minutes": None}
+
+
+@dataclass(frozen=True)
+class Settings(ExperimentSettings):
+    """Data sizes (a fresh set of ``pairs_per_epoch`` pairs every epoch), training, and the two models."""
+
+    train_digits: int = 60000
+    pairs_per_epoch: int = 60000
+    epochs: int = 50
+    test_digits: int = 10000
+    test_pairs_per_digit: int = 10
+    batch_size: int = 128
+    lr: float = 1e-3
+    capsnet: str = "capsnet"
+    cnn: str = "cnn_baseline"
+    train_minutes: float | None = None
+    SMOKE: ClassVar[dict] = {"train_digits": 2000, "pairs_per_epoch": 400, "epochs": 1, "test_digits": 200,
+                             "test_pairs_per_digit": 1, "batch_size": 32, "capsnet": "capsnet_small",
+                             "cnn": "cnn_baseline_narrow"}
 
 
 def two_hot(labels: Tensor, num_classes: int = 10) -> Tensor:
@@ -71,10 +87,10 @@ def cnn_loss(model: nn.Module, images: Tensor, targets: tuple[Tensor, Tensor]) -
     return F.binary_cross_entropy_with_logits(logits, two_hot(targets[0], logits.shape[1]))
 
 
-def _models(cfg: dict, device: str) -> dict[str, nn.Module]:
-    capsnet = create_model(cfg["capsnet"], input_size=(1, SIZE, SIZE), device=device)
+def _models(cfg: Settings, device: str) -> dict[str, nn.Module]:
+    capsnet = create_model(cfg.capsnet, input_size=(1, SIZE, SIZE), device=device)
     # the paper's CNN is far too slow on a CPU: the smoke run uses the same design, narrow
-    cnn = create_model(cfg["cnn"], input_size=(1, SIZE, SIZE), device=device)
+    cnn = create_model(cfg.cnn, input_size=(1, SIZE, SIZE), device=device)
     return {"CapsNet": capsnet, "CNN baseline": cnn}
 
 
@@ -117,23 +133,22 @@ def _load_digits(data_dir, train: bool, count: int, device: str) -> tuple[Tensor
     return data.images[:count].to(device), data.labels[:count].to(device)
 
 
-@register_experiment("multimnist", contrasts=lambda metrics: [("CapsNet - CNN, test error", "capsnet_error",
-                                                                   "cnn_error")])
-def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, data_dir=None,
-        checkpoint_dir=None, **options) -> ExperimentResult:
+@register_experiment("multimnist", Settings, "recognising two overlapping digits: CapsNet against a CNN "
+                     "(Sabour et al. 2017, Sec. 6)",
+                     contrasts=lambda metrics: [("CapsNet - CNN, test error", "capsnet_error", "cnn_error")])
+def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir) -> ExperimentResult:
     """Train CapsNet and the CNN on generated MultiMNIST, report the paper's error and the segmentation
-    figure. ``options`` override the settings (``FULL`` / ``SMOKE`` keys), e.g. ``pairs_per_epoch=64``."""
-    cfg = merge_settings("multimnist", SMOKE if smoke else FULL, options)
-    train_images, train_labels = _load_digits(data_dir, True, cfg["train_digits"], device)
-    test_images, test_labels = _load_digits(data_dir, False, cfg["test_digits"], device)
-    test = multimnist_test_set(test_images, test_labels, pairs_per_digit=cfg["test_pairs_per_digit"])
+    figure."""
+    train_images, train_labels = _load_digits(data_dir, True, cfg.train_digits, device)
+    test_images, test_labels = _load_digits(data_dir, False, cfg.test_digits, device)
+    test = multimnist_test_set(test_images, test_labels, pairs_per_digit=cfg.test_pairs_per_digit)
 
     def epoch_data(epoch: int):
-        data = make_multimnist(train_images, train_labels, cfg["pairs_per_epoch"], seed=seed * 100003 + epoch)
+        data = make_multimnist(train_images, train_labels, cfg.pairs_per_epoch, seed=seed * 100003 + epoch)
         return data.images, (data.labels, data.digits)
 
     # monitoring only (nothing is chosen on it): pairs of training digits, a seed no training epoch uses
-    val = make_multimnist(train_images, train_labels, min(2000, cfg["pairs_per_epoch"]),
+    val = make_multimnist(train_images, train_labels, min(2000, cfg.pairs_per_epoch),
                           seed=seed * 100003 + 100_000)
     rows, metrics, histories = [], {f"test_overlap_{mode}": average_overlap(test, mode=mode)
                                     for mode in ("frame", "smaller", "union")}, {}
@@ -148,11 +163,11 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
                 record["val_error"] = 1.0 - evaluate_accuracy(model, val.images, (val.labels,), correct=both_correct)
                 return False
 
-            train_classifier(model, None, None, epoch_data=epoch_data, loss_fn=loss_fn, epochs=cfg["epochs"],
-                             batch_size=cfg["batch_size"], lr=cfg["lr"], seed=seed, desc=f"multimnist {key}",
-                             after_epoch=score, time_limit_s=minutes_to_seconds(cfg["train_minutes"]), state=state)
+            train_classifier(model, None, None, epoch_data=epoch_data, loss_fn=loss_fn, epochs=cfg.epochs,
+                             batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, desc=f"multimnist {key}",
+                             after_epoch=score, time_limit_s=minutes_to_seconds(cfg.train_minutes), state=state)
 
-        recipe = {**{k: cfg[k] for k in ("train_digits", "pairs_per_epoch", "epochs", "batch_size", "lr")},
+        recipe = {**cfg.subset("train_digits", "pairs_per_epoch", "epochs", "batch_size", "lr"),
                   "seed": seed}
         loaded = load_or_train(model, f"multimnist_{key}", fit, checkpoint_dir=checkpoint_dir, state=state,
                                recipe=recipe)
@@ -160,7 +175,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
         error = 1.0 - evaluate_accuracy(model, test.images, (test.labels,), correct=both_correct)
         params = count_parameters(model)
         metrics.update({f"{key}_error": error, f"{key}_parameters": params})
-        training = f"{epochs_trained(history, cfg['epochs'])} x {cfg['pairs_per_epoch']:,} pairs"
+        training = f"{epochs_trained(history, cfg.epochs)} x {cfg.pairs_per_epoch:,} pairs"
         rows.append((name, f"{params:,}", percent(error), percent(PAPER_ERROR[name]),
                      training_cell(training, history, loaded)))
     png = plot_segmentation(models["CapsNet"], test, out / "segmentation.png")
@@ -169,13 +184,14 @@ def run(out: Path, *, smoke: bool = False, device: str = "auto", seed: int = 0, 
                                    rows)
          + "\n\nCorrect = the two highest scores are exactly the two labels (paper's metric)."),
         ("Training", _history_table(histories, len(val))),
-        ("Data", f"{len(test):,} fixed-seed test pairs from {cfg['test_digits']:,} MNIST test digits. Average "
+        ("Data", f"{len(test):,} fixed-seed test pairs from {cfg.test_digits:,} MNIST test digits. Average "
                  f"overlap of the two digits' 28x28 frames {percent(metrics['test_overlap_frame'])} (paper: 80%, "
                  f"most likely this statistic: its expectation under independent shifts of up to 4 px is 79.96%, "
                  f"where the 20x20 boxes the paper names would overlap by 72.6%); "
                  f"of their tight bounding boxes {percent(metrics['test_overlap_smaller'])} (intersection / "
                  f"smaller box; intersection / union {percent(metrics['test_overlap_union'])})."),
-        ("Settings", settings_table({**cfg, "seed": seed, "device": device, "combine": "max", "max_shift": 4})),
+        ("Settings", settings_table({**cfg.to_dict(), "seed": seed, "device": device, "combine": "max",
+                                     "max_shift": 4})),
     ]
     return write_report(out, "MultiMNIST (Sabour et al. 2017, Sec. 6)", sections, figures=[png],
                         metrics=metrics, name="multimnist")

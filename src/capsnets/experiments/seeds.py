@@ -24,8 +24,9 @@ from matplotlib.figure import Figure
 
 from capsnets._files import atomic_write
 from capsnets.engine.runtime import resolve_device
-from capsnets.experiments.common import (ExperimentResult, _annotate_report, get_contrasts, markdown_table, percent,
-                                         run_description, run_experiment, save_figure, write_report)
+from capsnets.experiments.common import get_contrasts, run_experiment
+from capsnets.experiments.report import (ExperimentResult, annotate_report, markdown_table, percent, run_description,
+                                         save_figure, write_report)
 
 __all__ = ["run_experiment_seeds", "summarise_seeds"]
 
@@ -92,7 +93,7 @@ def summarise_seeds(name: str, out: str | os.PathLike, metrics: dict[int, dict[s
     title = f"{name} over {len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
     result = write_report(out, title, sections, figures=figures, metrics=summary, name=name)
     if description:
-        _annotate_report(result.report, description)
+        annotate_report(result.report, description)
     return result
 
 

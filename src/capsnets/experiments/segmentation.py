@@ -1,4 +1,4 @@
-"""``segmentation``: SegCaps against U-Net (LaLonde & Bagci 2018, Sec. 4; SPEC §3).
+"""``segmentation``: SegCaps against U-Net (LaLonde & Bagci 2018, "Capsules for Object Segmentation", Sec. 4).
 
 Paper: on LUNA16 lung CT slices (512x512) SegCaps R3 reaches a Dice score of 98.48% with 1.4M parameters,
 U-Net 98.45% with 31M: the capsule network matches the CNN with 95% fewer parameters.
@@ -16,7 +16,9 @@ and ``unet_small`` on a few hundred 32x32 images.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -26,8 +28,9 @@ from torch import Tensor, nn
 from capsnets.data import load_dataset
 from capsnets.data.segmentation import SegmentationData, make_digit_segmentation
 from capsnets.engine.evaluate import dice_score
-from capsnets.experiments.common import (epoch_table, markdown_table, merge_settings, percent, register_experiment,
-                                         save_figure, settings_table, training_cell, write_report)
+from capsnets.experiments.common import ExperimentSettings, register_experiment
+from capsnets.experiments.report import (epoch_table, markdown_table, percent, save_figure, settings_table,
+                                         training_cell, write_report)
 from capsnets.engine import TrainState
 from capsnets.experiments.training import (checkpoint_name, epochs_trained, load_or_train, minutes_to_seconds,
                                            train_classifier)
@@ -37,24 +40,36 @@ from capsnets.models import count_parameters, create_model
 __all__ = ["run", "evaluate_dice"]
 
 PAPER = {"SegCaps": (0.9848, "1.4M"), "U-Net": (0.9845, "31M")}
-FULL = {"train_digits": 60000, "images_per_epoch": 20000, "epochs": 20, "test_digits": 10000, "test_images": 10000,
-        "size": 64, "clutter": 8, "patch": 8, "batch_size": 32, "lr": 1e-3, "segcaps": "segcaps", "unet": "unet",
-        "segcaps_args": {}, "unet_args": {}, "train_minutes": None}
-SMOKE = {"train_digits": 2000, "images_per_epoch": 256, "epochs": 1, "test_digits": 200, "test_images": 64,
-         "size": 32, "clutter": 4, "patch": 8, "batch_size": 32, "lr": 3e-3, "segcaps": "segcaps_small",
-         "unet": "unet_small", "segcaps_args": {}, "unet_args": {}, "train_minutes": None}
 
 
-def _settings(smoke: bool, options: dict) -> dict:
-    settings = merge_settings("segmentation", SMOKE if smoke else FULL, options)
-    if settings["size"] % 16 or settings["size"] < 28:
-        raise ValueError(f"size must be divisible by 16 (U-Net pools four times) and hold a 28x28 digit, got "
-                         f"{settings['size']}")
-    for key in ("segcaps_args", "unet_args"):
-        if not isinstance(settings[key], dict):
-            raise ValueError(f"{key} must be a mapping of builder arguments, e.g. "
-                             f"--set '{key}={{\"batch_norm\": true}}', got {settings[key]!r}")
-    return settings
+@dataclass(frozen=True)
+class Settings(ExperimentSettings):
+    """Data (``size``: canvas side, divisible by 16; ``clutter`` pieces of ``patch`` pixels), training, and the
+    two models with their builder arguments (e.g. ``unet_args={"batch_norm": true}``)."""
+
+    train_digits: int = 60000
+    images_per_epoch: int = 20000
+    epochs: int = 20
+    test_digits: int = 10000
+    test_images: int = 10000
+    size: int = 64
+    clutter: int = 8
+    patch: int = 8
+    batch_size: int = 32
+    lr: float = 1e-3
+    segcaps: str = "segcaps"
+    unet: str = "unet"
+    segcaps_args: dict = field(default_factory=dict)
+    unet_args: dict = field(default_factory=dict)
+    train_minutes: float | None = None
+    SMOKE: ClassVar[dict] = {"train_digits": 2000, "images_per_epoch": 256, "epochs": 1, "test_digits": 200,
+                             "test_images": 64, "size": 32, "clutter": 4, "batch_size": 32, "lr": 3e-3,
+                             "segcaps": "segcaps_small", "unet": "unet_small"}
+
+    def __post_init__(self) -> None:
+        if self.size % 16 or self.size < 28:
+            raise ValueError(f"size must be divisible by 16 (U-Net pools four times) and hold a 28x28 digit, got "
+                             f"{self.size}")
 
 
 @torch.no_grad()
@@ -102,32 +117,25 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     return [("SegCaps - U-Net, test Dice", "SegCaps_dice", "U-Net_dice")]
 
 
-@register_experiment("segmentation", contrasts=_contrasts)
-def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, data_dir=None, checkpoint_dir=None,
-        **options):
-    """Train (or load) SegCaps and U-Net on cluttered digits; write ``report.md`` and a PNG into ``out``.
-
-    Options (override the smoke / full settings): ``train_digits``, ``images_per_epoch``, ``epochs``,
-    ``test_digits``, ``test_images``, ``size`` (canvas side, divisible by 16), ``clutter``, ``patch``,
-    ``batch_size``, ``lr``, ``segcaps``, ``unet`` (model names), ``segcaps_args``, ``unet_args`` (their
-    builder arguments, e.g. ``{"batch_norm": True}`` for the U-Net), ``train_minutes``.
-    """
-    s = _settings(smoke, options)
-    shape = {"size": s["size"], "clutter": s["clutter"], "patch": s["patch"]}
-    train_digits = _digits(data_dir, True, s["train_digits"], device)
-    test = make_digit_segmentation(_digits(data_dir, False, s["test_digits"], device), s["test_images"],
+@register_experiment("segmentation", Settings, "segmenting cluttered digits: SegCaps against U-Net "
+                     "(LaLonde & Bagci 2018)", contrasts=_contrasts)
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+    """Train (or load) SegCaps and U-Net on cluttered digits; write ``report.md`` and a PNG into ``out``."""
+    shape = {"size": s.size, "clutter": s.clutter, "patch": s.patch}
+    train_digits = _digits(data_dir, True, s.train_digits, device)
+    test = make_digit_segmentation(_digits(data_dir, False, s.test_digits, device), s.test_images,
                                    seed=10_000 + seed, **shape)
 
     def epoch_data(epoch: int):
-        data = make_digit_segmentation(train_digits, s["images_per_epoch"], seed=seed * 1000 + epoch, **shape)
+        data = make_digit_segmentation(train_digits, s.images_per_epoch, seed=seed * 1000 + epoch, **shape)
         return data.images, data.masks
 
     # monitoring only (nothing is chosen on it): images from training digits, fixed by their seed
-    val = make_digit_segmentation(train_digits, min(1000, s["test_images"]), seed=20_000 + seed, **shape)
-    size = (1, s["size"], s["size"])
-    models = {"SegCaps": create_model(s["segcaps"], input_size=size, device=device, **s["segcaps_args"]),
-              "U-Net": create_model(s["unet"], input_size=size, device=device, **s["unet_args"])}
-    builder_args = {"SegCaps": s["segcaps_args"], "U-Net": s["unet_args"]}
+    val = make_digit_segmentation(train_digits, min(1000, s.test_images), seed=20_000 + seed, **shape)
+    size = (1, s.size, s.size)
+    models = {"SegCaps": create_model(s.segcaps, input_size=size, device=device, **s.segcaps_args),
+              "U-Net": create_model(s.unet, input_size=size, device=device, **s.unet_args)}
+    builder_args = {"SegCaps": s.segcaps_args, "U-Net": s.unet_args}
     rows, metrics, histories = [], {}, {}
     for name, model in models.items():
         criterion = create_loss(model.default_loss)
@@ -139,18 +147,18 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
                 record["val_dice"] = evaluate_dice(model, val)
                 return False
 
-            train_classifier(model, None, None, epoch_data=epoch_data, epochs=s["epochs"], batch_size=s["batch_size"],
-                             lr=s["lr"], seed=seed, desc=name, loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0],
-                             after_epoch=score, time_limit_s=minutes_to_seconds(s["train_minutes"]), state=state)
+            train_classifier(model, None, None, epoch_data=epoch_data, epochs=s.epochs, batch_size=s.batch_size,
+                             lr=s.lr, seed=seed, desc=name, loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0],
+                             after_epoch=score, time_limit_s=minutes_to_seconds(s.train_minutes), state=state)
 
         key = checkpoint_name(f"segmentation_{model.model_name}", builder_args[name])
-        recipe = {**{k: s[k] for k in ("train_digits", "images_per_epoch", "epochs", "size", "clutter", "patch",
-                                        "batch_size", "lr")}, "seed": seed}
+        recipe = {**s.subset("train_digits", "images_per_epoch", "epochs", "size", "clutter", "patch",
+                                        "batch_size", "lr"), "seed": seed}
         loaded = load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, state=state, recipe=recipe)
         history = histories[name] = state.history
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
-        training = f"{epochs_trained(history, s['epochs'])} x {s['images_per_epoch']:,} images"
+        training = f"{epochs_trained(history, s.epochs)} x {s.images_per_epoch:,} images"
         rows.append((f"{name} ({model.model_name})", f"{params:,}", percent(dice), percent(PAPER[name][0]),
                      PAPER[name][1], training_cell(training, history, loaded)))
     threshold = dice_score(test.images, test.masks).mean().item()
@@ -163,11 +171,11 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
          "P the pixels with probability > 0.5, M the mask. The paper's numbers are for LUNA16 lung CT, not this "
          "data: compare the models with each other and with the threshold row, not with the paper's Dice."),
         ("Training", _history_table(histories, len(val))),
-        ("Data", f"{len(test):,} fixed-seed {s['size']}x{s['size']} test images from {s['test_digits']:,} MNIST test "
-                 f"digits, each one digit plus {s['clutter']} {s['patch']}x{s['patch']} pieces of other digits; "
+        ("Data", f"{len(test):,} fixed-seed {s.size}x{s.size} test images from {s.test_digits:,} MNIST test "
+                 f"digits, each one digit plus {s.clutter} {s.patch}x{s.patch} pieces of other digits; "
                  f"{percent(test.masks.mean().item())} of the test pixels are object. Training: a fresh set of "
-                 f"{s['images_per_epoch']:,} images from {s['train_digits']:,} MNIST training digits every epoch."),
-        ("Settings", settings_table({**s, "seed": seed, "device": device, "smoke": smoke})),
+                 f"{s.images_per_epoch:,} images from {s.train_digits:,} MNIST training digits every epoch."),
+        ("Settings", settings_table({**s.to_dict(), "seed": seed, "device": device, "smoke": smoke})),
     ]
     return write_report(out, "Segmentation: SegCaps vs U-Net (LaLonde & Bagci 2018)", sections, figures=[png],
                         metrics=metrics, name="segmentation")

@@ -1,4 +1,5 @@
-"""``synthesis``: CapsPix2pix against pix2pix, label map in, image out (Bass et al. 2019; SPEC §3).
+"""``synthesis``: CapsPix2pix against pix2pix, label map in, image out (Bass et al. 2019,
+"Image synthesis with a convolutional capsule generative adversarial network").
 
 Paper: a conditional GAN whose generator is built from convolutional capsule layers synthesises images
 from label maps as well as pix2pix does, and individual capsule dimensions control interpretable
@@ -14,8 +15,9 @@ dimension perturbations). Deviations: the data (above); see the model module for
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -28,18 +30,33 @@ from capsnets.data.synthesis import silhouette_label_maps
 from capsnets.engine.checkpoint import join_optimizer_state, split_optimizer_state
 from capsnets.engine.fit import TrainState, fit
 from capsnets.engine.runtime import autocast, resolve_amp
-from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
-                                         settings_table, training_cell, write_report)
+from capsnets.experiments.common import ExperimentSettings, register_experiment
+from capsnets.experiments.report import (markdown_table, percent, save_figure, settings_table, training_cell,
+                                         write_report)
 from capsnets.experiments.training import TensorBatches, epochs_trained, load_or_train, minutes_to_seconds
 from capsnets.models import PatchDiscriminator, count_parameters, create_model
 
 __all__ = ["run", "pix2pix_step", "train_pix2pix", "synthesis_errors"]
 
-FULL = {"train_images": 60000, "test_images": 10000, "epochs": 20, "batch_size": 32, "lr": 2e-4, "l1_weight": 100.0,
-        "capsule_model": "capspix2pix", "cnn_model": "pix2pix", "discriminator_width": 64, "train_minutes": None}
-SMOKE = {"train_images": 256, "test_images": 64, "epochs": 1, "batch_size": 32, "lr": 2e-4, "l1_weight": 100.0,
-         "capsule_model": "capspix2pix_small", "cnn_model": "pix2pix_small", "discriminator_width": 16,
-         "train_minutes": None}
+
+
+@dataclass(frozen=True)
+class Settings(ExperimentSettings):
+    """Data sizes, pix2pix's training (Adam at ``lr``, ``l1_weight`` x L1), the two generators and the width of
+    their discriminators."""
+
+    train_images: int = 60000
+    test_images: int = 10000
+    epochs: int = 20
+    batch_size: int = 32
+    lr: float = 2e-4
+    l1_weight: float = 100.0
+    capsule_model: str = "capspix2pix"
+    cnn_model: str = "pix2pix"
+    discriminator_width: int = 64
+    train_minutes: float | None = None
+    SMOKE: ClassVar[dict] = {"train_images": 256, "test_images": 64, "epochs": 1, "capsule_model": "capspix2pix_small",
+                             "cnn_model": "pix2pix_small", "discriminator_width": 16}
 SIZE = 32
 
 
@@ -176,33 +193,28 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
             ("CapsPix2pix - pix2pix, test PSNR (dB)", "CapsPix2pix_psnr", "pix2pix_psnr")]
 
 
-@register_experiment("synthesis", contrasts=_contrasts)
-def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, data_dir=None, checkpoint_dir=None,
-        **options):
-    """Train (or load) both generators; write ``report.md`` and two PNGs into ``out``.
-
-    Options (override the smoke / full settings): ``train_images``, ``test_images``, ``epochs``, ``batch_size``,
-    ``lr``, ``l1_weight``, ``capsule_model``, ``cnn_model``, ``discriminator_width``.
-    """
-    s = merge_settings("synthesis", SMOKE if smoke else FULL, options)
-    train_maps, train_images = _data(data_dir, True, s["train_images"], device)
-    test_maps, test_images = _data(data_dir, False, s["test_images"], device)
+@register_experiment("synthesis", Settings, "label maps to images: CapsPix2pix against pix2pix (Bass et al. 2019)",
+                     contrasts=_contrasts)
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+    """Train (or load) both generators; write ``report.md`` and two PNGs into ``out``."""
+    train_maps, train_images = _data(data_dir, True, s.train_images, device)
+    test_maps, test_images = _data(data_dir, False, s.test_images, device)
     size = (train_maps.shape[1], SIZE, SIZE)
-    models = {"CapsPix2pix": create_model(s["capsule_model"], input_size=size, device=device),
-              "pix2pix": create_model(s["cnn_model"], input_size=size, device=device)}
+    models = {"CapsPix2pix": create_model(s.capsule_model, input_size=size, device=device),
+              "pix2pix": create_model(s.cnn_model, input_size=size, device=device)}
     rows, metrics = [], {}
     for name, generator in models.items():
-        discriminator = PatchDiscriminator(size[0] + 1, width=s["discriminator_width"], device=device)
+        discriminator = PatchDiscriminator(size[0] + 1, width=s.discriminator_width, device=device)
 
         state = TrainState()  # lets a later run continue a training its time limit cut short
 
         def train(generator=generator, discriminator=discriminator, name=name, state=state):
-            train_pix2pix(generator, discriminator, train_maps, train_images, epochs=s["epochs"],
-                          batch_size=s["batch_size"], lr=s["lr"], l1_weight=s["l1_weight"], seed=seed, desc=name,
-                          time_limit_s=minutes_to_seconds(s["train_minutes"]), state=state)
+            train_pix2pix(generator, discriminator, train_maps, train_images, epochs=s.epochs,
+                          batch_size=s.batch_size, lr=s.lr, l1_weight=s.l1_weight, seed=seed, desc=name,
+                          time_limit_s=minutes_to_seconds(s.train_minutes), state=state)
 
-        recipe = {**{k: s[k] for k in ("train_images", "epochs", "batch_size", "lr", "l1_weight",
-                                        "discriminator_width")}, "seed": seed}
+        recipe = {**s.subset("train_images", "epochs", "batch_size", "lr", "l1_weight",
+                                        "discriminator_width"), "seed": seed}
         loaded = load_or_train(generator, f"synthesis_{generator.model_name}", train, checkpoint_dir=checkpoint_dir,
                                state=state, recipe=recipe)
         history = state.history
@@ -211,7 +223,7 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
                         f"{name}_parameters": params})
         rows.append((f"{name} ({generator.model_name})", f"{params:,}", f"{count_parameters(discriminator):,}",
                      f"{errors['l1']:.4f}", f"{errors['psnr']:.2f} dB",
-                     training_cell(f"{epochs_trained(history, s['epochs'])} x {s['train_images']:,} images", history,
+                     training_cell(f"{epochs_trained(history, s.epochs)} x {s.train_images:,} images", history,
                                    loaded)))
     figures = [_plot_examples(models, test_maps, test_images, out / "examples.png"),
                _plot_dimensions(models["CapsPix2pix"], test_maps[0], out / "capsule_dimensions.png")]
@@ -221,11 +233,11 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
          "(pixels in [0, 1]); PSNR: mean per image of -10 log10(MSE). Both reward the average garment inside the "
          "silhouette; the examples show what the numbers do not (texture, seams, sharpness). The paper compares "
          "the generators qualitatively and gives no number to put beside these."),
-        ("Data", f"Fashion-MNIST, 28x28 padded to {SIZE}x{SIZE}: {s['train_images']:,} training and "
-                 f"{s['test_images']:,} test images; the label map has one channel per class ({size[0]}), the "
+        ("Data", f"Fashion-MNIST, 28x28 padded to {SIZE}x{SIZE}: {s.train_images:,} training and "
+                 f"{s.test_images:,} test images; the label map has one channel per class ({size[0]}), the "
                  f"garment's silhouette (pixels above 0.05) in the channel of its class. "
                  f"{percent(test_maps.sum(1).mean().item())} of the test pixels are inside a silhouette."),
-        ("Settings", settings_table({**s, "seed": seed, "device": device, "smoke": smoke})),
+        ("Settings", settings_table({**s.to_dict(), "seed": seed, "device": device, "smoke": smoke})),
     ]
     return write_report(out, "Image synthesis: CapsPix2pix vs pix2pix (Bass et al. 2019)", sections, figures=figures,
                         metrics=metrics, name="synthesis")

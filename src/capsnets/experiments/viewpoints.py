@@ -2,8 +2,8 @@
 
 Paper: on smallNORB, models are trained on a third of the training images and tested on the test toys
 seen from viewpoints never trained on. Azimuth split: train on azimuths 300, 320, 340, 0, 20, 40 degrees
-(smallNORB field values 30, 32, 34, 0, 2, 4: the third of the circle centred on 0 degrees; SPEC's
-"middle third" is read as this set, which the paper names), test on azimuths 60..280 (novel).
+(smallNORB field values 30, 32, 34, 0, 2, 4: the third of the circle centred on 0 degrees, the set the
+paper names), test on azimuths 60..280 (novel).
 Elevation split: train on the 3 lowest elevations (30..40 degrees, field 0..2), test on the 6 higher
 ones. Both are compared on the test toys at the familiar views too. "We stopped training the capsule
 model when its performance on the familiar viewpoints matched the baseline CNN": Table 2 gives novel /
@@ -39,7 +39,9 @@ Here:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -49,8 +51,8 @@ from torch import Tensor, nn
 
 from capsnets.data import DatasetError, TensorData, load_dataset, norb_protocol
 from capsnets.engine.runtime import seed_everything
-from capsnets.experiments.common import (markdown_table, merge_settings, percent, register_experiment, save_figure,
-                                         settings_table, write_report)
+from capsnets.experiments.common import ExperimentSettings, register_experiment
+from capsnets.experiments.report import STOPPED, matched_role, save_figure, viewpoint_sections, write_report
 from capsnets.experiments.matching import error_rate, train_matched
 from capsnets.engine import TrainState
 from capsnets.experiments.training import checkpoint_name, load_or_train, minutes_to_seconds
@@ -63,21 +65,46 @@ AZIMUTH_FAMILIAR = (30, 32, 34, 0, 2, 4)
 #: Elevation indices of the training views: the three lowest (30, 35, 40 degrees).
 ELEVATION_FAMILIAR = (0, 1, 2)
 SPLITS = ("azimuth", "elevation")
-#: The role of the CNN trained again and stopped at the capsule model's familiar-view error.
-STOPPED = "CNN, stopped"
-#: Table 2: (novel, familiar) test error.
-PAPER = {("azimuth", "CNN"): (0.20, 0.037), ("azimuth", "capsules"): (0.135, 0.037),
-         ("elevation", "CNN"): (0.178, 0.043), ("elevation", "capsules"): (0.123, 0.043)}
 NUM_CLASSES, INPUT_SIZE = 5, (1, 32, 32)
 
-FULL = {"splits": list(SPLITS), "capsule_model": "matrix_capsnet", "capsule_args": {}, "cnn_model": "cnn_smallnorb",
-        "epochs": 50, "capsule_batch_size": 64, "cnn_batch_size": 128, "lr": 1e-3, "capsule_lr": None, "lr_decay": 0.96,
-        "target_error": None, "rematch_cnn": True, "rematch_evals_per_epoch": 10, "train_size": None,
-        "test_size": None, "render_instances": None, "render_lightings": None, "train_minutes": None,
-        "novel_every": 5, "compile": False}
-SMOKE = {**FULL, "capsule_model": "matrix_capsnet_small", "capsule_args": {"detach_routing": True},
-         "cnn_model": "cnn_smallnorb_narrow", "epochs": 1, "capsule_batch_size": 32, "cnn_batch_size": 32, "lr": 2e-3,
-         "train_size": 192, "test_size": 64, "render_instances": 1, "render_lightings": [0], "novel_every": 1}
+
+
+@dataclass(frozen=True)
+class Settings(ExperimentSettings):
+    """The splits, the two models (``capsule_args``: builder arguments), training (``capsule_lr``: the capsule
+    model's rate, None: ``lr``), matching (``target_error``: both models' target instead of the CNN's error;
+    ``rematch_cnn``, ``rematch_evals_per_epoch``), data sizes (None: all; ``render_instances`` /
+    ``render_lightings``: a smaller rendered grid), ``novel_every`` and ``compile`` (train through
+    ``torch.compile``; evaluation stays eager)."""
+
+    splits: list[str] = field(default_factory=lambda: list(SPLITS))
+    capsule_model: str = "matrix_capsnet"
+    capsule_args: dict = field(default_factory=dict)
+    cnn_model: str = "cnn_smallnorb"
+    epochs: int = 50
+    capsule_batch_size: int = 64
+    cnn_batch_size: int = 128
+    lr: float = 1e-3
+    capsule_lr: float | None = None
+    lr_decay: float = 0.96
+    target_error: float | None = None
+    rematch_cnn: bool = True
+    rematch_evals_per_epoch: int = 10
+    train_size: int | None = None
+    test_size: int | None = None
+    render_instances: int | None = None
+    render_lightings: list[int] | None = None
+    train_minutes: float | None = None
+    novel_every: int = 5
+    compile: bool = False
+    SMOKE: ClassVar[dict] = {"capsule_model": "matrix_capsnet_small", "capsule_args": {"detach_routing": True},
+                             "cnn_model": "cnn_smallnorb_narrow", "epochs": 1, "capsule_batch_size": 32,
+                             "cnn_batch_size": 32, "lr": 2e-3, "train_size": 192, "test_size": 64,
+                             "render_instances": 1, "render_lightings": [0], "novel_every": 1}
+
+    def __post_init__(self) -> None:
+        if not self.splits or any(split not in SPLITS for split in self.splits):
+            raise ValueError(f"splits must be a non-empty list from {list(SPLITS)}, got {list(self.splits)!r}")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -143,7 +170,7 @@ def build_model(name: str, device: str, args: dict | None = None) -> nn.Module:
 # Training to a matched familiar-view error (the loop itself is in :mod:`.matching`)
 
 
-def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, batch_size: int, lr: float,
+def _fit(model, key: str, views, target, s: Settings, seed: int, checkpoint_dir, batch_size: int, lr: float,
          evals_per_epoch: int = 1) -> dict:
     """:func:`train_matched` at learning rate ``lr``, or a checkpoint from an earlier run (its record is read
     from the sidecar)."""
@@ -151,12 +178,12 @@ def _fit(model, key: str, views, target, s: dict, seed: int, checkpoint_dir, bat
     state = TrainState()  # lets a later run continue a training its time limit cut short
 
     def train():
-        record.update(train_matched(model, views, epochs=s["epochs"], target=target, batch_size=batch_size,
-                                    lr=lr, lr_decay=s["lr_decay"], seed=seed, evals_per_epoch=evals_per_epoch,
-                                    time_limit_s=minutes_to_seconds(s["train_minutes"]), novel_every=s["novel_every"],
-                                    state=state, compile=s["compile"]))
+        record.update(train_matched(model, views, epochs=s.epochs, target=target, batch_size=batch_size,
+                                    lr=lr, lr_decay=s.lr_decay, seed=seed, evals_per_epoch=evals_per_epoch,
+                                    time_limit_s=minutes_to_seconds(s.train_minutes), novel_every=s.novel_every,
+                                    state=state, compile=s.compile))
 
-    recipe = {**{k: s[k] for k in ("epochs", "lr_decay", "train_size", "render_instances", "render_lightings")},
+    recipe = {**s.subset("epochs", "lr_decay", "train_size", "render_instances", "render_lightings"),
               "lr": lr, "batch_size": batch_size, "seed": seed, "evals_per_epoch": evals_per_epoch}
     if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record, state=state, recipe=recipe):
         record = {k: record.get(k) for k in ("history", "epoch", "reached", "time_limit")}  # from the sidecar
@@ -236,138 +263,36 @@ def _plot_curves(records: dict, targets: dict, out_png: Path) -> Path:
 # The experiment
 
 
-def _settings(smoke: bool, options: dict) -> dict:
-    s = merge_settings("viewpoints", SMOKE if smoke else FULL, options)
-    bad = [x for x in s["splits"] if x not in SPLITS]
-    if bad or not s["splits"]:
-        raise ValueError(f"splits must be a non-empty list from {list(SPLITS)}, got {s['splits']!r}")
-    return s
+def _capsule_lr(s: Settings) -> float:
+    return s.lr if s.capsule_lr is None else s.capsule_lr
 
 
-def _capsule_lr(s: dict) -> float:
-    return s["lr"] if s["capsule_lr"] is None else s["capsule_lr"]
-
-
-def _epoch(epoch) -> str:
-    """An evaluation's epoch: ``3``, or ``2.50`` for one within an epoch (the "CNN, stopped" rematch)."""
-    return "-" if epoch is None else f"{epoch:g}" if float(epoch).is_integer() else f"{epoch:.2f}"
-
-
-def _results_table(records: dict, targets: dict, models: dict, fixed_target: bool) -> str:
-    rows = []
-    for split, recs in records.items():
-        for role, rec in recs.items():
-            novel, familiar = PAPER[(split, "CNN" if role == STOPPED else role)]
-            target = recs["capsules"]["familiar_error"] if role == STOPPED else targets[split]
-            reached = "sets it" if role == "CNN" and not fixed_target else "yes" if rec.get("reached") else "no"
-            rows.append((split, role, models[role], percent(rec["novel_error"]), percent(rec["familiar_error"]),
-                         percent(novel), percent(familiar), _epoch(rec["epoch"]), percent(target), reached))
-    headers = ["split", "role", "model", "novel error", "familiar error", "paper novel", "paper familiar",
-               "chosen epoch", "familiar target", "target reached"]
-    return markdown_table(headers, rows)
-
-
-def _compare(split: str, train: TensorData, test: TensorData, s: dict, *, tag: str, device: str, seed: int,
+def _compare(split: str, train: TensorData, test: TensorData, s: Settings, *, tag: str, device: str, seed: int,
              checkpoint_dir) -> dict:
     """Train (or load) the CNN, then the capsule model matched to its familiar-view error, on one split; if
     the capsule model never gets there, also the CNN stopped at the capsule model's error (role "CNN, stopped")."""
     views = viewpoint_split(train, test, split)
-    views = {k: _prefix(v, s["train_size"] if k == "train" else s["test_size"]) for k, v in views.items()}
-    cnn = build_model(s["cnn_model"], device)
-    caps = build_model(s["capsule_model"], device, s["capsule_args"])
-    cnn_key = f"{tag}_{split}_{s['cnn_model']}"
-    cnn_rec = _fit(cnn, cnn_key, views, s["target_error"], s, seed, checkpoint_dir, s["cnn_batch_size"], s["lr"])
-    target = s["target_error"] if s["target_error"] is not None else cnn_rec["familiar_error"]
-    caps_key = checkpoint_name(f"{tag}_{split}_{s['capsule_model']}", s["capsule_args"])
-    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoint_dir, s["capsule_batch_size"],
+    views = {k: _prefix(v, s.train_size if k == "train" else s.test_size) for k, v in views.items()}
+    cnn = build_model(s.cnn_model, device)
+    caps = build_model(s.capsule_model, device, s.capsule_args)
+    cnn_key = f"{tag}_{split}_{s.cnn_model}"
+    cnn_rec = _fit(cnn, cnn_key, views, s.target_error, s, seed, checkpoint_dir, s.cnn_batch_size, s.lr)
+    target = s.target_error if s.target_error is not None else cnn_rec["familiar_error"]
+    caps_key = checkpoint_name(f"{tag}_{split}_{s.capsule_model}", s.capsule_args)
+    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoint_dir, s.capsule_batch_size,
                     _capsule_lr(s))
     records = {"CNN": cnn_rec, "capsules": caps_rec}
-    if s["rematch_cnn"] and s["target_error"] is None and not caps_rec["reached"]:
+    if s.rematch_cnn and s.target_error is None and not caps_rec["reached"]:
         # The CNN learned faster than the capsule model could follow: train it again (same recipe and data
         # order, its own initialisation) and stop it where its familiar-view error first reaches the capsule
         # model's, scoring it several times per epoch. The models are then matched the other way round.
         seed_everything(seed + 2)
-        stopped = build_model(s["cnn_model"], device)
+        stopped = build_model(s.cnn_model, device)
         records[STOPPED] = _fit(stopped, f"{cnn_key}_stopped_at_{caps_rec['familiar_error']:.4f}", views,
-                                caps_rec["familiar_error"], s, seed, checkpoint_dir, s["cnn_batch_size"], s["lr"],
-                                evals_per_epoch=s["rematch_evals_per_epoch"])
+                                caps_rec["familiar_error"], s, seed, checkpoint_dir, s.cnn_batch_size, s.lr,
+                                evals_per_epoch=s.rematch_evals_per_epoch)
     return {"records": records, "target": target, "sizes": {k: len(v) for k, v in views.items()},
             "params": {"CNN": count_parameters(cnn), "capsules": count_parameters(caps)}}
-
-
-def _matched_role(recs: dict, fixed_target: bool) -> str | None:
-    """The CNN role matched with the capsule model on familiar-view error (``"CNN"``, STOPPED or None)."""
-    if recs["capsules"].get("reached") and (recs["CNN"].get("reached") or not fixed_target):
-        return "CNN"
-    if recs.get(STOPPED, {}).get("reached"):
-        return STOPPED
-    return None
-
-
-def _matched_summary(records: dict, fixed_target: bool) -> str:
-    """One line per split comparing the novel-view errors of the matched pair, if there is one."""
-    lines = []
-    for split, recs in records.items():
-        caps = recs["capsules"]
-        cnn_role = _matched_role(recs, fixed_target)
-        if cnn_role is None:
-            lines.append(f"- {split}: no matched pair (neither model reached the other's familiar-view error), so "
-                         "there is no novel-view comparison.")
-            continue
-        cnn = recs[cnn_role]
-        lines.append(f"- {split}: matched at familiar-view error {percent(caps['familiar_error'])} (capsules) / "
-                     f"{percent(cnn['familiar_error'])} ({cnn_role}), novel-view error "
-                     f"**{percent(caps['novel_error'])} (capsules) vs {percent(cnn['novel_error'])} (CNN)**.")
-    return "Matched comparison:\n\n" + "\n".join(lines)
-
-
-def _novel_note(novel_every: int) -> str:
-    """How often the novel views were scored (``novel_every``), as a sentence."""
-    if novel_every == 1:
-        return "it is scored at every evaluation."
-    others = f"at one evaluation in {novel_every} (for the curves)" if novel_every else "at no other"
-    return f"it is scored at the chosen evaluation and {others}."
-
-
-def _time_limit_note(records: dict, s: dict) -> str:
-    """A paragraph naming the trainings that the ``train_minutes`` limit stopped (empty if none)."""
-    stopped = [f"{split} {role} after {rec['history'][-1]['epoch'] if rec.get('history') else 0} epochs"
-               for split, recs in records.items() for role, rec in recs.items() if rec.get("time_limit")]
-    if not stopped:
-        return ""
-    return (f"\n\n**Stopped by the time limit** (`train_minutes` = {s['train_minutes']} per model, of "
-            f"{s['epochs']} epochs): {'; '.join(stopped)}.")
-
-
-def _sections(source: str, results: dict, s: dict, names: dict, extra: dict) -> list[tuple[str, str]]:
-    records = {split: r["records"] for split, r in results.items()}
-    targets = {split: r["target"] for split, r in results.items()}
-    params = next(iter(results.values()))["params"]
-    size_rows = [(split, r["sizes"]["train"], r["sizes"]["familiar"], r["sizes"]["novel"])
-                 for split, r in results.items()]
-    azimuths = ", ".join(f"{10 * a}°" for a in AZIMUTH_FAMILIAR)
-    fixed = s["target_error"] is not None
-    return [
-        ("Data", f"Data: {source}. Azimuth split: familiar azimuths {azimuths} (field {list(AZIMUTH_FAMILIAR)}); "
-                 f"elevation split: familiar elevation indices {list(ELEVATION_FAMILIAR)} (30-40°). Training images: "
-                 "train split (its own toys) at familiar views; familiar / novel: test split (other toys).\n\n"
-         + markdown_table(["split", "train images", "familiar test images", "novel test images"], size_rows)),
-        ("Results", _results_table(records, targets, names, fixed) + "\n\nMatching: the CNN is kept at its lowest "
-         "familiar-view test error, the target; the capsule model stops at the first epoch at or below it "
-         "(\"target reached\"), else it is kept at the epoch nearest to it. Novel-view error is never used to "
-         "choose; " + _novel_note(s["novel_every"])
-         + (f" Here both models match target_error = {s['target_error']}." if fixed else
-                      f" When the capsule model does not reach the target, the CNN is trained again (role "
-                      f"\"{STOPPED}\"; same recipe and data order, its own initialisation), scored "
-                      f"{s['rematch_evals_per_epoch']} times per epoch, and stopped at the first score at or below "
-                      "the capsule model's familiar-view error: the models are then matched the other way round.")
-         + "\n\n" + _matched_summary(records, fixed) + _time_limit_note(records, s)),
-        ("Parameters", markdown_table(["role", "model", "parameters"],
-                                      [(r, names[r], f"{params[r]:,}") for r in ("CNN", "capsules")])),
-        ("Paper", "Hinton, Sabour & Frosst (2018), Sec. 5.2, Table 2 (smallNORB, models matched on familiar-view "
-         "error): novel-viewpoint error reduced by about 30% (azimuth 20% -> 13.5%, elevation 17.8% -> 12.3%)."),
-        ("Settings", settings_table({**s, **extra})),
-    ]
 
 
 def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
@@ -377,24 +302,15 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
              f"{split}_matched_CNN_{view}_error") for split in splits for view in ("novel", "familiar")]
 
 
-@register_experiment("viewpoints", contrasts=_contrasts)
-def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, data_dir=None, checkpoint_dir=None,
-        **options):
-    """Train (or load) a CNN and a matrix capsule network per split, write ``report.md`` and two PNGs.
-
-    Options (override the smoke / full settings): ``splits``, ``capsule_model``, ``capsule_args``,
-    ``cnn_model``, ``epochs``, ``capsule_batch_size``, ``cnn_batch_size``, ``lr``, ``capsule_lr`` (the
-    capsule model's learning rate; None: ``lr``), ``lr_decay``,
-    ``target_error``, ``rematch_cnn``, ``rematch_evals_per_epoch``, ``train_size``, ``test_size``,
-    ``render_instances``, ``render_lightings``, ``train_minutes``, ``novel_every``, ``compile`` (train through
-    ``torch.compile``; evaluation stays eager).
-    """
-    s = _settings(smoke, options)
-    train, test, source = load_norb_like(data_dir, device, render_instances=s["render_instances"],
-                                         render_lightings=s["render_lightings"])
+@register_experiment("viewpoints", Settings, "novel viewpoints of toys: matrix capsules against a CNN at equal "
+                     "familiar-view error (Hinton et al. 2018, Sec. 5.2)", contrasts=_contrasts)
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+    """Train (or load) a CNN and a matrix capsule network per split, write ``report.md`` and two PNGs."""
+    train, test, source = load_norb_like(data_dir, device, render_instances=s.render_instances,
+                                         render_lightings=s.render_lightings)
     tag = f"viewpoints_{'smallnorb' if source == 'smallNORB' else 'rendered'}"
     results = {}
-    for split in s["splits"]:
+    for split in s.splits:
         # Each split starts from the same random state and its own data seed, whatever ran before it: a
         # one-split run trains what a two-split run does.
         seed_everything(seed)
@@ -403,12 +319,13 @@ def run(out: Path, *, smoke: bool = False, device: str = "cpu", seed: int = 0, d
     records = {split: r["records"] for split, r in results.items()}
     figures = [_plot_examples(test, out / "examples.png"),
                _plot_curves(records, {split: r["target"] for split, r in results.items()}, out / "error_curves.png")]
-    names = {"CNN": s["cnn_model"], "capsules": s["capsule_model"], STOPPED: s["cnn_model"]}
-    sections = _sections(source, results, s, names, {"seed": seed, "device": device, "smoke": smoke})
+    names = {"CNN": s.cnn_model, "capsules": s.capsule_model, STOPPED: s.cnn_model}
+    sections = viewpoint_sections(source, results, s, names, {"seed": seed, "device": device, "smoke": smoke},
+                                  familiar={"azimuth": AZIMUTH_FAMILIAR, "elevation": ELEVATION_FAMILIAR})
     metrics = {f"{split}_{role.replace(', ', '_')}_{k}": rec[k] for split, recs in records.items()
                for role, rec in recs.items() for k in ("novel_error", "familiar_error")}
     for split, recs in records.items():  # the CNN matched with the capsules, whichever way they were matched
-        role = _matched_role(recs, s["target_error"] is not None)
+        role = matched_role(recs, s.target_error is not None)
         metrics.update({f"{split}_matched_CNN_{k}": recs[role][k] for k in ("novel_error", "familiar_error")
                         if role is not None})
     metrics["data_source"] = "smallnorb" if source == "smallNORB" else "viewpoints"
