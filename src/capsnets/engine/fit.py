@@ -208,7 +208,7 @@ def fit(step: Step, batches: Batches, *, epochs: int, state: TrainState | None =
                 record.pop("time_limit", None)
                 out_of_time = False
             if context.is_main:
-                logger.info("%s epoch %s: %s", desc, f"{record['epoch']:g}", _format(record))
+                logger.info("%s epoch %s/%d: %s", desc, f"{record['epoch']:g}", epochs, _format(record))
             if stop or out_of_time:
                 break
             sums, since = None, time.perf_counter()

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.engine.evaluate import accuracy as evaluate_accuracy
-from capsnets.engine.fit import TrainState, check_time_limit, fit, save_state, training_step
+from capsnets.engine.fit import TrainState, fit, save_state, training_step
 from capsnets.engine.runtime import resolve_amp
 
-__all__ = ["TensorBatches", "TrainingState", "checkpoint_name", "check_time_limit", "default_loss_fn",
+__all__ = ["TensorBatches", "TrainingState", "checkpoint_name", "default_loss_fn",
            "epochs_trained", "evaluate_accuracy", "fit_or_load", "load_or_train", "minutes_to_seconds",
            "recording_cut_short", "train_classifier", "train_to_accuracy"]
 
