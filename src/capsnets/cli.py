@@ -10,7 +10,7 @@ defaults)::
     capsnets experiment multimnist --smoke --out runs/multimnist_smoke   # report.md + PNGs
 
 ``capsnets COMMAND --help`` gives every option with its default. ``train`` writes its run directory to
-``--out``, by default ``runs/<model>`` (:func:`default_run_dir`); its flags override the values of
+``--out``, by default ``runs/<model>``; its flags override the values of
 ``--config FILE`` (YAML or JSON with :class:`~capsnets.engine.config.TrainConfig` keys), which override
 the defaults. ``evaluate`` and ``reconstruct`` name their files after the checkpoint they read
 (:func:`output_label`), so they never replace a training run's files or each other's. Errors are reported
@@ -94,11 +94,6 @@ def _datasets() -> str:
     return ", ".join(list_datasets())
 
 
-def default_run_dir(model: str) -> str:
-    """``train``'s run directory when neither ``--out`` nor the config file names one: ``runs/<model>``."""
-    return f"runs/{model}"
-
-
 def _add_experiment(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("name", nargs="?", help="experiment name (see --list)")
@@ -146,7 +141,7 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def _add_train(parser: argparse.ArgumentParser) -> None:
-    from capsnets.engine.config import TrainConfig
+    from capsnets.engine.config import TrainConfig, default_run_dir
     from capsnets.engine.runtime import AMP_MODES
 
     default = TrainConfig()  # the values a flag left out (and absent from --config) takes
@@ -248,10 +243,10 @@ def parse_key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
 def config_from_args(args: argparse.Namespace):
     """The :class:`TrainConfig` described by parsed ``train`` arguments.
 
-    The run directory is ``--out``, else the config file's ``out``, else :func:`default_run_dir` of the
-    model; ``--resume`` without ``--config`` reads the run directory's ``config.yaml``.
+    The run directory is ``--out``, else the config file's ``out``, else ``runs/<model>``
+    (:func:`~capsnets.engine.config.default_run_dir`); ``--resume`` without ``--config`` reads the run directory's ``config.yaml``.
     """
-    from capsnets.engine.config import TrainConfig, build_config, read_config_file
+    from capsnets.engine.config import TrainConfig, build_config, default_run_dir, read_config_file
 
     config_file = args.config
     from_file = read_config_file(config_file) if config_file is not None else {}

@@ -41,6 +41,11 @@ def load_yaml(text: str) -> Any:
 SMALL_IMAGE_PX = 16
 
 
+def default_run_dir(model: str) -> str:
+    """The run directory of a training that names none: ``runs/<model>``."""
+    return f"runs/{model}"
+
+
 @dataclass
 class TrainConfig:
     """Everything a training run needs, and nothing about how the model works inside.
@@ -65,7 +70,7 @@ class TrainConfig:
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         amp: ``"auto"`` (bf16 autocast on CUDA, off on CPU), ``"bf16"`` or ``"off"``.
         compile: wrap the model in ``torch.compile``.
-        out: run directory (config, metrics, checkpoints, figures).
+        out: run directory (config, metrics, checkpoints, figures); None: ``runs/<model>``.
         limit_train: use only the first N training images (quick runs); None: all.
         limit_test: use only the first N test images; None: all.
         eval_every: evaluate on the test split every N epochs (and after the last).
@@ -94,7 +99,7 @@ class TrainConfig:
     device: str = "auto"
     amp: str = "auto"
     compile: bool = False
-    out: str = "runs/capsnet"
+    out: str | None = None
     limit_train: int | None = None
     limit_test: int | None = None
     eval_every: int = 1
@@ -103,6 +108,8 @@ class TrainConfig:
     time_limit_minutes: float | None = None
 
     def __post_init__(self) -> None:
+        if self.out is None:
+            self.out = default_run_dir(self.model)
         self.validate()
 
     def validate(self) -> None:
