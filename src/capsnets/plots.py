@@ -21,7 +21,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from capsnets._files import atomic_write
+from capsnets.files import atomic_write
 
 
 __all__ = ["plot_training_curves", "plot_reconstructions", "plot_confusion_matrix", "save_figure"]

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import capsnets
-from capsnets._files import default_permissions, temp_beside
+from capsnets.files import default_permissions, temp_beside
 from capsnets.engine.runtime import rng_state_tensors
 
 SUFFIX = ".safetensors"
