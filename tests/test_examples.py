@@ -1,4 +1,5 @@
-"""The Examples in capsnets.models's docstrings run and print what they say (doctest)."""
+"""The Examples in the docstrings of capsnets.functional, capsnets.layers and capsnets.models run and print
+what they say (doctest)."""
 import doctest
 import importlib
 import pkgutil
@@ -6,19 +7,20 @@ import pkgutil
 import pytest
 import torch
 
+import capsnets.functional
+import capsnets.layers
 import capsnets.models
 
-MODULES = [info.name for info in pkgutil.iter_modules(capsnets.models.__path__, "capsnets.models.")]
+MODULES = [info.name for package in (capsnets.functional, capsnets.layers, capsnets.models)
+           for info in pkgutil.iter_modules(package.__path__, f"{package.__name__}.")]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
-    import capsnets.functional as functional
-    import capsnets.layers as layers
     from capsnets.capsules import MatrixCapsules
 
     names = {"torch": torch, "MatrixCapsules": MatrixCapsules}
-    for package in (functional, layers):
+    for package in (capsnets.functional, capsnets.layers):
         names.update({k: getattr(package, k) for k in package.__all__})
     torch.manual_seed(0)
     result = doctest.testmod(importlib.import_module(name), extraglobs=names, optionflags=doctest.ELLIPSIS)
