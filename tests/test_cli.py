@@ -55,6 +55,42 @@ def test_train_prints_summary(tmp_path, capsys, monkeypatch):
     assert epochs == [1, 2, 3, 4]
 
 
+def test_train_never_replaces_a_run_by_accident(tmp_path, capsys, monkeypatch):
+    """Running the first command again (instead of adding --resume) is refused, with both ways on; changes that
+    make another run are refused on --resume; --overwrite replaces the run."""
+    from capsnets.engine import reporting
+
+    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
+    run = tmp_path / "run"
+    assert main([*TRAIN, "--out", str(run)]) == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"}
+    capsys.readouterr()
+    assert main([*TRAIN, "--epochs", "2", "--out", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("capsnets train: error: run directory") and "--resume" in err and "--overwrite" in err
+    assert main(["train", "--resume", "--epochs", "2", "--model-arg", "routing_iterations=3", "--out", str(run)]) == 1
+    assert "model_args.routing_iterations 2 -> 3" in capsys.readouterr().err
+    assert main(["train", "--resume", "--overwrite", "--out", str(run)]) == 1
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"} == before
+    assert main([*TRAIN, "--epochs", "2", "--overwrite", "--out", str(run)]) == 0
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_interrupted_training_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    import capsnets.engine.trainer as trainer
+
+    def interrupted(config, **kwargs):
+        trainer.Trainer(config.replace(epochs=1), **kwargs).fit()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train", interrupted)
+    monkeypatch.setattr("capsnets.engine.reporting.save_figures", lambda *args, **kwargs: [])
+    assert main([*TRAIN, "--epochs", "3", "--out", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err
+    assert f"the last checkpoint (epoch 1) is kept; continue with: capsnets train --out {tmp_path / 'run'} --resume" \
+        in err
+
+
 def test_evaluate(run_dir, tmp_path, capsys):
     assert main(["evaluate", "--checkpoint", str(run_dir), "--out", str(tmp_path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out

@@ -164,7 +164,12 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         help=f"mixed precision: auto is bf16 autocast on CUDA, off on CPU (default: {default.amp})")
     add("--compile", action="store_true", default=None, help="wrap the model in torch.compile (default: off)")
     add("--resume", action="store_true", default=False,
-        help="continue from <out>/last.safetensors with <out>/config.yaml (default: off)")
+        help="continue the run in --out from its last checkpoint, with its config.yaml; flags may change what can "
+             "change mid-run (--epochs, --lr, --lr-decay, --device, --time-limit...), not the model or data "
+             "(default: off)")
+    add("--overwrite", action="store_true", default=False,
+        help="replace the run already in --out: it is moved aside and deleted once the new run has saved its "
+             "first checkpoint (default: off; without it a fresh run into a run directory is refused)")
     add("--data-dir", metavar="DIR", help="folder holding the data set files (default: $CAPSNETS_DATA, else "
                                           "~/.cache/capsnets/data)")
     add("--download", action="store_true", default=None, help="download missing data set files (default: off)")
@@ -264,7 +269,12 @@ def config_from_args(args: argparse.Namespace):
 def _train(args: argparse.Namespace) -> int:
     from capsnets.engine.trainer import train
 
-    summary = train(config_from_args(args), resume=args.resume)
+    config = config_from_args(args)
+    try:
+        summary = train(config, resume=args.resume, overwrite=args.overwrite)
+    except KeyboardInterrupt:
+        print(f"capsnets train: interrupted; {_resume_hint(config.out)}", file=sys.stderr)
+        return 130
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     print(f"model {summary['model']} ({summary['parameters']:,} parameters) on {summary['dataset']}, "
@@ -277,6 +287,15 @@ def _train(args: argparse.Namespace) -> int:
     print(f"run directory: {summary['run_dir']} (figures: "
           f"{', '.join(Path(p).name for p in summary.get('figures', [])) or 'none'})")
     return 0
+
+
+def _resume_hint(out: str) -> str:
+    """What an interrupted training left, and the command that continues it."""
+    try:
+        epoch = json.loads((Path(out) / "last.json").read_text())["epoch"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"no checkpoint was saved in {out}; start the run again (add --overwrite if {out} holds files)"
+    return f"the last checkpoint (epoch {epoch}) is kept; continue with: capsnets train --out {out} --resume"
 
 
 def _load(args: argparse.Namespace):

@@ -6,10 +6,18 @@ Temporary files get the permissions a plain ``open(path, "w")`` would (``0o666``
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+
+class DamagedFileError(ValueError):
+    """A file the library reads is damaged; the message names it and says how to recover."""
 
 
 def _umask() -> int:
@@ -51,3 +59,31 @@ def atomic_write(target: str | os.PathLike, write: Callable[[str], object], *, f
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def read_json_lines(path: str | os.PathLike, *, recover: str = "delete the file") -> list[dict[str, Any]]:
+    """The JSON objects of an append-only JSON-lines file, one per non-blank line.
+
+    A last line that does not parse is what a write cut by a crash leaves: it is left out, with a warning.
+    Any other line that is not a JSON object raises :class:`DamagedFileError` naming the file and line, and
+    ``recover`` (how to repair it) ends the message."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DamagedFileError(f"cannot read '{path}' ({err}); {recover}") from err
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    records = []
+    for number, line in numbered:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif record is None and number == numbered[-1][0]:
+            logger.warning("'%s': left out its last line, torn by an interrupted write (%r)", path, line[:60])
+        else:
+            raise DamagedFileError(f"'{path}' line {number} is not a JSON object ({line[:60]!r}); delete that "
+                                   f"line, or {recover}")
+    return records

@@ -11,7 +11,6 @@ arXiv 1710.09829: Figure 3 pairs inputs with their reconstructions and marks the
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from capsnets.files import atomic_write
+from capsnets.files import atomic_write, read_json_lines
 
 
 __all__ = ["plot_training_curves", "plot_reconstructions", "plot_confusion_matrix", "save_figure"]
@@ -67,18 +66,8 @@ def save_figure(fig: Figure, out_png: str | os.PathLike) -> Path:
 
 
 def _read_metrics(path: Path) -> list[dict]:
-    """Read one JSON object per non-blank line; a malformed line raises ``ValueError`` naming it."""
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not a JSON object ({err.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-        records.append(record)
+    """The records of a JSON-lines file (:func:`capsnets.files.read_json_lines`); none raises ``ValueError``."""
+    records = read_json_lines(path)
     if not records:
         raise ValueError(f"metrics_jsonl_path={str(path)!r} holds no records")
     return records

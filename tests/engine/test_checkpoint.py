@@ -5,6 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import as_earlier_version
+
 from capsnets.engine import checkpoint as ckpt
 from capsnets.engine.checkpoint import CheckpointError, load_checkpoint, restore_model, restore_training, \
     save_checkpoint
@@ -59,23 +61,93 @@ def test_truncated_file_names_the_file(tmp_path):
         load_checkpoint(path)
 
 
-def test_missing_file_and_sidecar(tmp_path):
+def test_missing_file(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "nope.safetensors")
     with pytest.raises(CheckpointError, match="no best.safetensors or last.safetensors"):
         load_checkpoint(tmp_path)
-    _save(tmp_path / "last.safetensors")
-    (tmp_path / "last.json").unlink()
-    with pytest.raises(CheckpointError, match="no sidecar"):
-        load_checkpoint(tmp_path / "last.safetensors")
 
 
-def test_sidecar_from_another_save_is_detected(tmp_path):
-    _save(tmp_path / "a.safetensors")
-    _save(tmp_path / "b.safetensors")
+def _legacy(path):
+    """Rewrite ``path`` as checkpoints were before the sidecar was embedded: the pair of files."""
+    as_earlier_version(path, json.loads(path.with_suffix(".json").read_text()))
+
+
+def test_legacy_pair_missing_or_foreign_sidecar_is_refused(tmp_path):
+    for name in "ab":
+        _save(tmp_path / f"{name}.safetensors")
+        _legacy(tmp_path / f"{name}.safetensors")
+    assert load_checkpoint(tmp_path / "a.safetensors").meta["epoch"] == 3
     (tmp_path / "a.json").write_text((tmp_path / "b.json").read_text())
     with pytest.raises(CheckpointError, match="does not belong"):
         load_checkpoint(tmp_path / "a.safetensors")
+    (tmp_path / "a.json").unlink()
+    with pytest.raises(CheckpointError, match="no sidecar"):
+        load_checkpoint(tmp_path / "a.safetensors")
+
+
+def test_one_commit_point_a_crash_after_it_leaves_the_new_checkpoint(tmp_path, monkeypatch, caplog):
+    """A crash between the commit (the safetensors rename) and the readable sidecar: the new checkpoint loads,
+    with the copy of its sidecar from inside it, and recover_directory rewrites the stale .json."""
+    path = tmp_path / "last.safetensors"
+    _save(path, metrics={"run": "old"})
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt, "atomic_write", crash)
+    with pytest.raises(KeyboardInterrupt):
+        _save(path, seed=5, metrics={"run": "new"})
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "last.json").read_text())["metrics"] == {"run": "old"}  # stale copy
+    with caplog.at_level("WARNING"):
+        loaded = load_checkpoint(path)
+    assert loaded.meta["metrics"] == {"run": "new"} and "using the copy" in caplog.text
+    fresh, fresh_opt, fresh_sched = _trained(seed=1)
+    restore_training(loaded, fresh_opt, fresh_sched)  # the optimizer state is there: the run resumes
+    messages = ckpt.recover_directory(tmp_path)
+    assert len(messages) == 1 and "rewrote" in messages[0]
+    assert json.loads((tmp_path / "last.json").read_text())["metrics"] == {"run": "new"}
+    assert ckpt.recover_directory(tmp_path) == []
+
+
+def test_missing_readable_sidecar_is_rewritten(tmp_path):
+    _save(tmp_path / "last.safetensors")
+    (tmp_path / "last.json").unlink()
+    assert load_checkpoint(tmp_path / "last.safetensors").meta["epoch"] == 3
+    assert ckpt.recover_directory(tmp_path) and (tmp_path / "last.json").is_file()
+
+
+def test_leftover_of_a_save_cut_before_its_commit_point_is_removed(tmp_path):
+    _save(tmp_path / "last.safetensors", metrics={"run": "old"})
+    leftover = tmp_path / ".last.safetensors.abc123.tmp"
+    leftover.write_bytes(b"half a checkpoint")
+    messages = ckpt.recover_directory(tmp_path)
+    assert not leftover.exists() and "removed" in messages[0]
+    assert load_checkpoint(tmp_path / "last.safetensors").meta["metrics"] == {"run": "old"}
+
+
+@pytest.mark.parametrize("entry, value", [("epoch", "three"), ("epoch", -1), ("model_args", [1, 2]),
+                                          ("optimizer", {"param_groups": "x"}), ("training", 5)])
+def test_sidecar_of_wrong_types_is_refused_with_the_entry_named(tmp_path, entry, value):
+    model, optimizer, _ = _trained()
+    meta = {"model": "toy", "epoch": 3, entry: value}
+    save_checkpoint(tmp_path / "m.safetensors", model=model, meta=meta,
+                    optimizer=None if entry == "optimizer" else optimizer)
+    with pytest.raises(CheckpointError, match=f"damaged: '{entry.split('.')[0]}"):
+        load_checkpoint(tmp_path / "m.safetensors")
+
+
+def test_absurd_model_sizes_in_a_sidecar_allocate_nothing(tmp_path):
+    """A sidecar whose model arguments ask for a huge model is refused after building it on the meta device."""
+    from capsnets.engine.checkpoint import load_model
+    from capsnets.models import create_model
+
+    model = create_model("capsnet_digits")
+    save_checkpoint(tmp_path / "m.safetensors", model=model,
+                    meta={"model": "capsnet_digits", "model_args": {"num_classes": 10, "decoder_hidden": [2**40, 8]}})
+    with pytest.raises(CheckpointError, match="does not fit the model|do not build it"):
+        load_model(tmp_path / "m.safetensors")
 
 
 def test_key_mismatch(tmp_path):
@@ -84,7 +156,10 @@ def test_key_mismatch(tmp_path):
         restore_model(nn.Linear(4, 3), load_checkpoint(tmp_path / "last.safetensors"))
 
 
-def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), "safetensors"])
+def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch, error):
+    from safetensors import SafetensorError
+
     path = tmp_path / "last.safetensors"
     model, _, _ = _save(path)
     before = path.read_bytes(), (tmp_path / "last.json").read_text()
@@ -92,10 +167,11 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     def broken_save_file(tensors, filename, metadata=None):
         with open(filename, "wb") as handle:
             handle.write(b"partial")
-        raise OSError("disk full")
+        raise SafetensorError("Error while serializing: IoError(No space left on device)") if error == "safetensors" \
+            else error
 
     monkeypatch.setattr(ckpt, "save_file", broken_save_file)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ckpt.CheckpointWriteError, match="could not write checkpoint .*space.*is intact"):
         _save(path, seed=5)
     assert (path.read_bytes(), (tmp_path / "last.json").read_text()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.json", "last.safetensors"]  # no temp files

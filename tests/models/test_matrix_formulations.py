@@ -7,6 +7,7 @@ import torch
 import capsnets
 from capsnets.functional import EMRouting, em_inverse_temperatures
 from capsnets.models.matrix_capsnet import receptive_field_centres
+from helpers import as_earlier_version
 
 
 def test_official_model_uses_the_released_routing_in_each_layer():
@@ -94,7 +95,7 @@ def test_models_record_their_formulation_and_old_records_rebuild_as_the_paper(tm
     meta = json.loads(sidecar.read_text())
     assert meta["model_args"]["formulation"] == "paper"
     del meta["model_args"]["formulation"]  # as a checkpoint written before formulations existed
-    sidecar.write_text(json.dumps(meta))
+    as_earlier_version(tmp_path / "m.safetensors", meta)
     rebuilt, _ = load_model(tmp_path / "m.safetensors")
     assert rebuilt.formulation == "paper" and rebuilt.primary.pose.bias is not None
 

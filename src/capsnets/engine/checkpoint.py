@@ -7,13 +7,19 @@ be rebuilt without the training script), epoch, metrics, optimizer hyper-paramet
 state, scheduler state, versions and time.
 No pickle is involved, so loading a checkpoint never runs code.
 
-Each file is written to a temporary file in the same directory, fsynced, then moved over the old one
-with ``os.replace``; a failure while writing leaves the previous checkpoint untouched. Both files carry
-the same random ``checkpoint_id``, so a pair torn by a crash between the two renames is detected on load.
+A save has one commit point. The safetensors file also holds the whole sidecar (its header's metadata
+entry ``"sidecar"``); it is written to a temporary file in the same directory, fsynced, and moved over the
+old one with ``os.replace``. Only then is the ``.json`` file written (the same way): a readable copy. A crash
+at any moment leaves either the old or the new checkpoint, complete: a ``.json`` left stale by a crash after
+the commit point is recognised by its ``checkpoint_id``, the copy inside the checkpoint is used, and
+:func:`recover_directory` rewrites it; a temporary file left by a crash before the commit point is removed
+by :func:`recover_directory`. Checkpoints written before the sidecar was embedded are read from the pair
+of files, their ids compared.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import time
@@ -28,14 +34,22 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import capsnets
-from capsnets.files import default_permissions, temp_beside
+from capsnets.files import atomic_write, default_permissions, temp_beside
 from capsnets.engine.runtime import rng_state_tensors
 
+logger = logging.getLogger(__name__)
+
 SUFFIX = ".safetensors"
+#: The safetensors metadata entry holding the sidecar's JSON text.
+EMBEDDED_SIDECAR = "sidecar"
 
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, corrupt, or does not fit the model it is loaded into."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, no permission); the previous one is intact."""
 
 
 @dataclass
@@ -94,51 +108,163 @@ def save_checkpoint(path: str | Path, *, model: nn.Module, meta: dict[str, Any],
     if scheduler is not None:
         sidecar["scheduler"] = scheduler.state_dict()
     payload = json.dumps(sidecar, indent=2, default=_json_default)
-    metadata = {"checkpoint_id": sidecar["checkpoint_id"], "format": "capsnets"}
-    tmp_tensors = _write_temp(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    metadata = {"checkpoint_id": sidecar["checkpoint_id"], "format": "capsnets", EMBEDDED_SIDECAR: payload}
     try:
-        tmp_json = _write_temp(sidecar_path(path), lambda tmp: Path(tmp).write_text(payload))
-    except BaseException:
-        os.unlink(tmp_tensors)
-        raise
-    os.replace(tmp_tensors, path)
-    os.replace(tmp_json, sidecar_path(path))
-    _fsync_dir(path.parent)
+        tmp_tensors = _write_temp(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+        os.replace(tmp_tensors, path)  # the commit point
+        _fsync_dir(path.parent)
+    except (OSError, SafetensorError) as err:
+        raise CheckpointWriteError(f"could not write checkpoint '{path}' ({_reason(err)}); the checkpoint saved "
+                                   "there before is intact. Free disk space or fix the folder's permissions, then "
+                                   "resume") from err
+    try:
+        atomic_write(sidecar_path(path), lambda tmp: Path(tmp).write_text(payload), fsync=True)
+    except OSError as err:
+        raise CheckpointWriteError(f"checkpoint '{path}' is saved, but its readable copy '{sidecar_path(path)}' "
+                                   f"could not be written ({_reason(err)}); the checkpoint is complete without it. "
+                                   "Free disk space, then resume") from err
     return path
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a checkpoint written by :func:`save_checkpoint` (tensors stay on the CPU).
 
+    The sidecar is validated (types of the entries this library reads). A ``.json`` file that does not belong
+    to the checkpoint (a save interrupted after its commit point) is reported and the copy inside the checkpoint
+    is used.
+
     Raises:
-        CheckpointError: the file or sidecar is missing, unreadable, or the two do not belong together.
+        CheckpointError: the file or sidecar is missing, unreadable, damaged, or the two do not belong together.
     """
     path = resolve_checkpoint_path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist; pass a run directory or a {SUFFIX} file")
-    sidecar = sidecar_path(path)
-    if not sidecar.is_file():
-        raise CheckpointError(f"checkpoint '{path}' has no sidecar '{sidecar}'; copy it together with the "
-                              f"{SUFFIX} file")
     try:
         tensors = load_file(path)
         with safe_open(path, framework="pt") as handle:
-            header_id = (handle.metadata() or {}).get("checkpoint_id")
+            header = handle.metadata() or {}
     except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"checkpoint '{path}' is corrupt or truncated ({err}); use another checkpoint, "
+        raise CheckpointError(f"checkpoint '{path}' is corrupt or truncated ({_reason(err)}); use another checkpoint, "
                               "e.g. last/best of the same run, or retrain") from err
-    try:
-        meta = json.loads(sidecar.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"sidecar '{sidecar}' is not valid JSON ({err}); the checkpoint is damaged") from err
-    if meta.get("checkpoint_id") != header_id:
-        raise CheckpointError(f"sidecar '{sidecar}' does not belong to '{path}' (checkpoint ids differ), "
-                              "probably a save interrupted between the two files; use the other checkpoint")
+    sidecar = sidecar_path(path)
+    embedded = header.get(EMBEDDED_SIDECAR)
+    if embedded is not None:
+        meta = _parse_sidecar(embedded, f"the sidecar inside '{path}'")
+        if meta.get("checkpoint_id") != header.get("checkpoint_id"):
+            raise CheckpointError(f"the sidecar inside '{path}' does not match its header; the checkpoint is damaged: "
+                                  "use another checkpoint, e.g. last/best of the same run, or retrain")
+        if _sidecar_id(sidecar) != meta["checkpoint_id"]:
+            logger.warning("'%s' is missing or belongs to an earlier save (a save interrupted after its commit "
+                           "point); using the copy of the sidecar inside '%s'", sidecar, path)
+    else:  # written before the sidecar was embedded: the pair of files
+        if not sidecar.is_file():
+            raise CheckpointError(f"checkpoint '{path}' has no sidecar '{sidecar}'; copy it together with the "
+                                  f"{SUFFIX} file")
+        meta = _parse_sidecar(_read_text(sidecar), f"sidecar '{sidecar}'")
+        if meta.get("checkpoint_id") != header.get("checkpoint_id"):
+            raise CheckpointError(f"sidecar '{sidecar}' does not belong to '{path}' (checkpoint ids differ), "
+                                  "probably a save interrupted between the two files; use the other checkpoint")
+    validate_sidecar(meta, f"the sidecar of '{path}'")
     return Checkpoint(path=path, tensors=tensors, meta=meta)
+
+
+#: Sidecar entries this library reads, and the types they must have when present.
+_SIDECAR_TYPES: dict[str, tuple[type, ...]] = {
+    "checkpoint_id": (str,), "model": (str,), "model_args": (dict,), "dataset": (str,), "config": (dict,),
+    "epoch": (int, float), "metrics": (dict,), "training": (dict,), "optimizer": (dict,), "scheduler": (dict,),
+    "history": (list,), "recipe": (dict,)}
+
+
+def validate_sidecar(meta: Any, where: str) -> None:
+    """Raise :class:`CheckpointError` if ``meta`` is not a mapping whose known entries have the right types."""
+    def damaged(what: str) -> CheckpointError:
+        return CheckpointError(f"{where} is damaged: {what}; use another checkpoint (e.g. last/best of the same "
+                               "run) or retrain")
+
+    if not isinstance(meta, dict):
+        raise damaged(f"expected a JSON object, got {type(meta).__name__}")
+    for key, types in _SIDECAR_TYPES.items():
+        value = meta.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            raise damaged(f"'{key}' should be {' or '.join(t.__name__ for t in types)}, got {value!r:.60}")
+    if isinstance(meta.get("epoch"), (int, float)) and not meta["epoch"] >= 0:  # NaN too
+        raise damaged(f"'epoch' is negative ({meta['epoch']})")
+    optimizer = meta.get("optimizer")
+    if optimizer is not None:
+        groups = optimizer.get("param_groups")
+        if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+            raise damaged("'optimizer.param_groups' should be a list of objects")
+        if not isinstance(optimizer.get("plain_state", {}), dict):
+            raise damaged("'optimizer.plain_state' should be an object")
+
+
+def _parse_sidecar(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{where} is not valid JSON ({err}); the checkpoint is damaged: use another "
+                              "checkpoint, e.g. last/best of the same run, or retrain") from err
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"cannot read sidecar '{path}' ({_reason(err)})") from err
+
+
+def _sidecar_id(sidecar: Path) -> str | None:
+    """The ``checkpoint_id`` of a ``.json`` sidecar, or None if it is missing or unreadable."""
+    try:
+        value = json.loads(sidecar.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value.get("checkpoint_id") if isinstance(value, dict) else None
+
+
+def recover_directory(directory: str | Path) -> list[str]:
+    """Clean up after saves interrupted by a crash, in ``directory``; returns one message per repair (also logged).
+
+    - A temporary file (``.<name>.<random>.tmp``) is what a save left before its commit point: the file beside
+      it is the one saved before, complete. It is removed.
+    - A ``.json`` sidecar missing or older than the checkpoint it belongs to (a crash after the commit point) is
+      rewritten from the copy inside the checkpoint.
+    """
+    directory = Path(directory)
+    messages = []
+    if not directory.is_dir():
+        return messages
+    for leftover in sorted(directory.glob(".*.tmp")):
+        if leftover.is_file():
+            leftover.unlink()
+            messages.append(f"removed '{leftover}', left by a write that a crash interrupted (the file it was "
+                            "to replace is the complete earlier version)")
+    for path in sorted(directory.glob(f"*{SUFFIX}")):
+        try:
+            with safe_open(path, framework="pt") as handle:
+                header = handle.metadata() or {}
+        except (SafetensorError, OSError, ValueError):
+            continue  # reported when something loads it
+        embedded = header.get(EMBEDDED_SIDECAR)
+        if embedded is None or _sidecar_id(sidecar_path(path)) == header.get("checkpoint_id"):
+            continue
+        atomic_write(sidecar_path(path), lambda tmp: Path(tmp).write_text(embedded), fsync=True)
+        messages.append(f"rewrote '{sidecar_path(path)}' from the copy inside '{path}' (a save was interrupted "
+                        "after its commit point)")
+    for message in messages:
+        logger.warning("%s", message)
+    return messages
 
 
 def restore_model(model: nn.Module, checkpoint: Checkpoint) -> None:
     """Load the checkpoint's weights into ``model``; a key or shape mismatch raises ``CheckpointError``."""
+    _check_fits(model, checkpoint)
+    model.load_state_dict(checkpoint.model_state())
+
+
+def _check_fits(model: nn.Module, checkpoint: Checkpoint) -> None:
+    """Raise ``CheckpointError`` unless ``model``'s parameters and buffers have the checkpoint's names and shapes
+    (``model`` may live on the meta device)."""
     state = checkpoint.model_state()
     expected = model.state_dict()
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
@@ -148,7 +274,6 @@ def restore_model(model: nn.Module, checkpoint: Checkpoint) -> None:
             f"checkpoint '{checkpoint.path}' does not fit the model (missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}, wrong shape {wrong[:5]}); build the model with the checkpoint's model name "
             f"and model_args ({checkpoint.meta.get('model')!r}, {checkpoint.meta.get('model_args')})")
-    model.load_state_dict(state)
 
 
 def restore_training(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> None:
@@ -222,6 +347,13 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _reason(err: BaseException) -> str:
+    """An exception's message in one line (``OSError``: its strerror and file)."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}" + (f": '{err.filename}'" if err.filename else "")
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
 def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu", copy=True).contiguous()
 
@@ -262,6 +394,18 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
     if "model" not in checkpoint.meta:
         raise CheckpointError(f"sidecar of '{checkpoint.path}' does not name the model; it was not written "
                               "by capsnets' trainer")
-    model = build_model(checkpoint.meta["model"], checkpoint.meta.get("model_args"), recorded=True)
+    name, args = checkpoint.meta["model"], checkpoint.meta.get("model_args")
+    try:  # first without memory: a damaged sidecar's sizes must not allocate anything
+        with torch.device("meta"):
+            probe = build_model(name, args, recorded=True)
+    except (RuntimeError, NotImplementedError):  # a builder that needs real tensors
+        probe = None
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(f"the sidecar of '{checkpoint.path}' records model {name!r} with arguments that do not "
+                              f"build it ({str(err).splitlines()[0] if str(err) else type(err).__name__}); use "
+                              "another checkpoint or retrain") from err
+    if probe is not None:
+        _check_fits(probe, checkpoint)
+    model = build_model(name, args, recorded=True)
     restore_model(model, checkpoint)
     return model.to(device).eval(), checkpoint

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from capsnets.engine.runtime import AMP_MODES
+from capsnets.files import atomic_write
 
 class _YamlLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that ``1e-3`` (an exponent without a dot) is a float, as in JSON and
@@ -115,17 +116,22 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field whose value is out of range."""
         for name in ("epochs", "batch_size", "eval_every", "checkpoint_every"):
-            _require(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, getattr(self, name),
-                     "a positive integer")
+            value = getattr(self, name)
+            _require(_integer(value) and value >= 1, name, value, "a positive integer")
         for name, low in (("limit_train", 1), ("limit_test", 1), ("max_shift", 0)):
             value = getattr(self, name)
-            _require(value is None or (isinstance(value, int) and value >= low), name, value,
-                     f"None or an integer >= {low}")
-        _require(isinstance(self.lr, (int, float)) and self.lr > 0, "lr", self.lr, "a positive number")
-        _require(isinstance(self.lr_decay, (int, float)) and 0 < self.lr_decay <= 1, "lr_decay", self.lr_decay,
-                 "in (0, 1]")
-        _require(isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0, "weight_decay",
-                 self.weight_decay, "a non-negative number")
+            _require(value is None or (_integer(value) and value >= low), name, value, f"None or an integer >= {low}")
+        for name in ("download", "compile", "progress"):
+            _require(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
+        _require(_integer(self.seed) and self.seed >= 0, "seed", self.seed, "a non-negative integer")
+        _require(self.data_dir is None or (isinstance(self.data_dir, str) and self.data_dir), "data_dir",
+                 self.data_dir, "None or a folder")
+        _require(self.loss is None or (isinstance(self.loss, str) and self.loss), "loss", self.loss,
+                 "None or a loss name")
+        _require(_number(self.lr) and 0 < self.lr < math.inf, "lr", self.lr, "a positive finite number")
+        _require(_number(self.lr_decay) and 0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "in (0, 1]")
+        _require(_number(self.weight_decay) and 0 <= self.weight_decay < math.inf, "weight_decay",
+                 self.weight_decay, "a non-negative finite number")
         limit = self.time_limit_minutes
         _require(limit is None or (isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0
                                    and math.isfinite(limit)), "time_limit_minutes", limit, "None or a positive number")
@@ -160,8 +166,9 @@ class TrainConfig:
         return TrainConfig.from_dict({**self.to_dict(), **overrides})
 
     def save(self, path: str | Path) -> None:
-        """Write the config as YAML to ``path``."""
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        """Write the config as YAML to ``path`` (atomically)."""
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def field_names() -> list[str]:
@@ -174,7 +181,10 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read config file {str(path)!r} ({err})") from err
     try:
         values = json.loads(text) if path.suffix == ".json" else load_yaml(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
@@ -193,6 +203,11 @@ def build_config(config_file: str | Path | None = None, **overrides: Any) -> Tra
     Dict fields (``model_args``, ``loss_args``) are merged key by key, the overrides winning.
     """
     values = read_config_file(config_file) if config_file is not None else {}
+    if values:
+        try:
+            TrainConfig.from_dict(dict(values))
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"config file {str(config_file)!r}: {err}; correct it there") from err
     for key, value in overrides.items():
         if value is None:
             continue
@@ -200,6 +215,15 @@ def build_config(config_file: str | Path | None = None, **overrides: Any) -> Tra
             value = {**values[key], **value}
         values[key] = value
     return TrainConfig.from_dict(values)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    """A real number (not a bool); NaN fails every comparison the callers make."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _require(ok: bool, name: str, value: Any, expected: str) -> None:

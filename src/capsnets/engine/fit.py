@@ -108,6 +108,10 @@ class TrainState:
         if unknown:
             raise ValueError(f"the checkpoint records an unfinished training in a form this version of capsnets "
                              f"does not read ({', '.join(unknown)}); delete the checkpoint to train the model again")
+        for name, value in saved.items():
+            if not _SAVED_TYPES[name](value):
+                raise ValueError(f"the checkpoint's training.{name} is {value!r:.60}, which is not a valid value; the "
+                                 "checkpoint is damaged: use another checkpoint (e.g. best) or train again")
         state = cls(**saved)
         state.history = state.history or list(meta.get("history") or [])  # checkpoints that kept it beside
         return state
@@ -254,6 +258,19 @@ def evaluation_points(steps: int, per_epoch: int) -> list[int]:
     return sorted({max(1, round(steps * k / per_epoch)) for k in range(1, per_epoch + 1)})
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+#: What each saved field of a TrainState may hold.
+_SAVED_TYPES: dict[str, Callable[[Any], bool]] = {
+    "epoch": _count, "step": _count, "steps": _count,
+    "train_time_s": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+    "finished": lambda v: isinstance(v, bool),
+    "history": lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v),
+    "best": lambda v: v is None or _count(v), "extra": lambda v: isinstance(v, dict)}
+
+
 def check_time_limit(time_limit_s: float | None) -> None:
     """Refuse a training time limit that is not a positive number of seconds (None means no limit)."""
     ok = isinstance(time_limit_s, (int, float)) and not isinstance(time_limit_s, bool) and time_limit_s > 0
@@ -292,8 +309,8 @@ def _check_finite(pending: list[Tensor], names: list[str], desc: str, epoch: int
     row, column = (~finite).nonzero()[0].tolist()
     value = float(pending[row][column])
     raise NonFiniteLossError(f"{desc}: training {names[column]} is {value} at epoch {epoch}, step "
-                             f"{last_step - len(pending) + 1 + row}; the last checkpoint was kept. Lower the learning "
-                             "rate (--lr) or turn mixed precision off (--amp off), then resume or retrain")
+                             f"{last_step - len(pending) + 1 + row}: lower the "
+                             "learning rate (--lr) or turn mixed precision off (--amp off)")
 
 
 def _update_bar(bar, step: int, values: dict, sums: Tensor) -> None:

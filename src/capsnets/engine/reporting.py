@@ -11,6 +11,8 @@ from typing import Any
 
 from torch import Tensor
 
+from capsnets.files import atomic_write, read_json_lines
+
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CURVES_FILE = "training_curves.png"
@@ -25,25 +27,30 @@ def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def read_metrics(run_dir: Path, last_epoch: int | None = None) -> list[dict[str, Any]]:
-    """The records of ``metrics.jsonl`` (up to ``last_epoch``), or [] if there is none."""
+    """The records of ``metrics.jsonl`` (up to ``last_epoch``), or [] if there is none; a torn last line is left
+    out with a warning (:func:`capsnets.files.read_json_lines`)."""
     path = run_dir / METRICS_FILE
-    lines = path.read_text().splitlines() if path.is_file() else []
-    records = [json.loads(line) for line in lines if line.strip()]
-    return [r for r in records if last_epoch is None or r.get("epoch", 0) <= last_epoch]
+    if not path.is_file():
+        return []
+    records = read_json_lines(path, recover="delete the file: --resume rewrites it from the checkpoint")
+    return [r for r in records if last_epoch is None or _epoch(r) <= last_epoch]
 
 
-def truncate_metrics(run_dir: Path, last_epoch: int) -> None:
-    """Drop records after ``last_epoch`` (written after the checkpoint a resumed run starts from)."""
-    if (run_dir / METRICS_FILE).is_file():
-        kept = read_metrics(run_dir, last_epoch)
-        (run_dir / METRICS_FILE).write_text("".join(json.dumps(record) + "\n" for record in kept))
+def _epoch(record: dict[str, Any]) -> float:
+    epoch = record.get("epoch", 0)
+    return epoch if isinstance(epoch, (int, float)) and not isinstance(epoch, bool) else 0
+
+
+def write_metrics(run_dir: Path, records: list[dict[str, Any]]) -> None:
+    """Replace ``metrics.jsonl`` by ``records``, atomically."""
+    text = "".join(json.dumps(_finite_or_none(record)) + "\n" for record in records)
+    atomic_write(run_dir / METRICS_FILE, lambda tmp: Path(tmp).write_text(text))
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
-    """Write ``summary.json``."""
-    path = run_dir / SUMMARY_FILE
-    path.write_text(json.dumps(_finite_or_none(summary), indent=2) + "\n")
-    return path
+    """Write ``summary.json`` (atomically)."""
+    text = json.dumps(_finite_or_none(summary), indent=2) + "\n"
+    return atomic_write(run_dir / SUMMARY_FILE, lambda tmp: Path(tmp).write_text(text))
 
 
 def save_figures(run_dir: Path, *, confusion: Tensor, class_names: list[str], samples: dict[str, Tensor] | None,

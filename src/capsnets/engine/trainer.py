@@ -5,10 +5,13 @@ is applied once per epoch (``ExponentialLR``). The trainer only uses a model's `
 ``reconstruction`` and ``default_loss``: it knows nothing of capsules.
 
 Run directory (``config.out``): ``config.yaml``, ``metrics.jsonl`` (one line per epoch),
-``last``/``best`` checkpoints (``.safetensors`` + ``.json``), ``summary.json`` and figures.
+``last``/``best`` checkpoints (``.safetensors`` + ``.json``), ``summary.json`` and figures. A fresh run never
+replaces another run's directory unless asked to (``overwrite``), and a resumed run refuses changes that would
+make it another run (:mod:`capsnets.engine.run_dir`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from dataclasses import dataclass
@@ -22,7 +25,8 @@ from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import distributed, reporting
 from capsnets.engine.config import TrainConfig
 from capsnets.engine.evaluate import evaluate
-from capsnets.engine.fit import TrainState, fit, save_state, training_step
+from capsnets.engine.fit import NonFiniteLossError, TrainState, fit, save_state, training_step
+from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, resume_changes
 from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything
 
 logger = logging.getLogger(__name__)
@@ -51,26 +55,45 @@ class Trainer:
 
     Args:
         config: the run's configuration.
-        resume: continue from ``<out>/last.safetensors`` (weights, optimizer, scheduler, RNG, epoch).
+        resume: continue from ``<out>/last.safetensors`` (weights, optimizer, scheduler, RNG, epoch). The config
+            may change what can be applied from the resumed epoch on (more epochs, learning rate and its decay,
+            weight decay, device, evaluation and checkpoint intervals, time limit; logged and recorded);
+            a change of the model, its arguments, the data, batch size, seed or loss is refused.
+        overwrite: a fresh run may replace the run in ``config.out``: the old run is moved aside and deleted once
+            the new run has saved its first checkpoint (put back if the new run fails before). Without it, a
+            fresh run into a directory holding another run is refused.
 
     Examples:
         >>> summary = Trainer(TrainConfig(epochs=1, out="runs/quick")).fit()  # doctest: +SKIP
     """
 
-    def __init__(self, config: TrainConfig, *, resume: bool = False) -> None:
+    def __init__(self, config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> None:
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-        self.config, self.resume = config, resume
+        if resume and overwrite:
+            raise RunDirectoryError("resume continues the run and overwrite replaces it: pass one of them")
+        self.config, self.resume, self.overwrite = config, resume, overwrite
         self.run_dir = Path(config.out)
         self.model: torch.nn.Module | None = None  # the trained (bare) model once fit() has run
+        self._claim: RunDirectory | None = None
+        self._changes: dict[str, tuple[Any, Any]] = {}
 
     def fit(self) -> dict[str, Any]:
         """Run the training; returns the summary (also written to ``summary.json`` by rank 0)."""
         context, device = distributed.setup(self.config.device)
         try:
-            with deterministic_on_cpu(device):
+            claim = (RunDirectory(self.run_dir, resume=self.resume, overwrite=self.overwrite) if context.is_main
+                     else contextlib.nullcontext())
+            with claim, deterministic_on_cpu(device):
+                self._claim = claim if context.is_main else None
                 return self._fit(context, device)
+        except NonFiniteLossError as err:
+            kept = self.run_dir / f"last{ckpt.SUFFIX}"
+            where = (f"then --resume from the last checkpoint, {kept}, which is kept" if kept.is_file()
+                     else "then train again (no checkpoint was saved before it)")
+            raise NonFiniteLossError(f"{err}; {where}") from err
         finally:
+            self._claim = None
             distributed.teardown(context)
 
     def _fit(self, context: distributed.DistContext, device: torch.device) -> dict[str, Any]:
@@ -106,13 +129,16 @@ class Trainer:
     def _set_up(self, context: distributed.DistContext, device: torch.device) -> "_Session":
         """Seed, load data, build model, loss, optimizer and schedule; restore them when resuming."""
         cfg = self.config
+        checkpoint = self._resume_checkpoint() if self.resume else None
         seed_everything(cfg.seed)
         train_data, test_data = self._load_data(device)
         model = self.model = self._build_model(train_data).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_decay)
-        state = self._restore(model) if self.resume else TrainState()
+        state = self._restore(model, checkpoint) if checkpoint is not None else TrainState()
         state.attach(optimizer, scheduler)
+        if checkpoint is not None:
+            self._apply_changes(state, optimizer, scheduler)
         if context.is_main:
             self._prepare_run_dir(state)
         loader = self._loader(train_data, context)
@@ -188,40 +214,107 @@ class Trainer:
                              f"shared by {context.world_size} processes; lower --batch-size")
         return loader
 
-    def _restore(self, model) -> TrainState:
-        """The state of ``<out>/last``, with the model's weights loaded and the checkpoint kept in it for
-        :meth:`TrainState.attach` (optimizer, scheduler and RNG)."""
+    def _resume_checkpoint(self) -> ckpt.Checkpoint:
+        """``<out>/last``, after checking that the config resumes the run it holds (:func:`resume_changes`); the
+        config's model arguments become the run's."""
+        from capsnets.models import model_arguments
+
         path = self.run_dir / f"last{ckpt.SUFFIX}"
         if not path.is_file():
             raise ckpt.CheckpointError(f"cannot resume: no checkpoint '{path}'; train without --resume first")
         checkpoint = ckpt.load_checkpoint(path)
+        saved = checkpoint.meta.get("config")
+        if saved is not None:
+            cfg = self.config
+            self._changes = resume_changes(saved, cfg.to_dict(), model_arguments(saved.get("model", cfg.model)),
+                                           str(self.run_dir))
+            cfg.model_args = {**saved.get("model_args", {}), **cfg.model_args}
+        return checkpoint
+
+    def _restore(self, model, checkpoint: ckpt.Checkpoint) -> TrainState:
+        """The state of the checkpoint, with the model's weights loaded and the checkpoint kept in it for
+        :meth:`TrainState.attach` (optimizer, scheduler and RNG)."""
         ckpt.restore_model(model, checkpoint)
         state = TrainState.from_meta(checkpoint.meta)
         if not state.history:  # a checkpoint written before TrainState: the records are in metrics.jsonl
             state.history = reporting.read_metrics(self.run_dir, state.epoch)
             state.best = _best(state.history)
+        if self.config.epochs < state.epoch:
+            raise RunDirectoryError(f"the run in '{self.run_dir}' has trained {state.epoch} epochs; --epochs "
+                                    f"{self.config.epochs} is fewer: resume with --epochs {state.epoch} or more")
         state.checkpoint = checkpoint
-        logger.info("resuming from %s after epoch %d", path, state.epoch)
+        logger.info("resuming from %s after epoch %d", checkpoint.path, state.epoch)
         return state
+
+    def _apply_changes(self, state: TrainState, optimizer, scheduler) -> None:
+        """Apply and record what the resumed run changes (:data:`~capsnets.engine.run_dir.CHANGEABLE`). A new
+        learning rate, decay or weight decay takes effect as if the run had been configured with it: epoch ``e``
+        trains at ``lr * lr_decay**e``."""
+        if not self._changes:
+            return
+        cfg = self.config
+        for name, (old, new) in self._changes.items():
+            logger.warning("resuming with %s %s (was %s)", name, new, old)
+        if {"lr", "lr_decay", "weight_decay"} & set(self._changes):
+            scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
+            scheduler.gamma = cfg.lr_decay
+            for group in optimizer.param_groups:
+                group.update(initial_lr=cfg.lr, lr=cfg.lr * cfg.lr_decay ** scheduler.last_epoch,
+                             weight_decay=cfg.weight_decay)
+            scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+            logger.warning("epoch %d trains at learning rate %.4g", state.epoch + 1, optimizer.param_groups[0]["lr"])
+        state.extra.setdefault("resumed_with", []).append(
+            {"epoch": state.epoch, **{name: new for name, (_, new) in self._changes.items()}})
 
     def _prepare_run_dir(self, state: TrainState) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config.save(self.run_dir / "config.yaml")
-        if self.resume:
-            reporting.truncate_metrics(self.run_dir, state.epoch)
+        if self.resume:  # the checkpoint's records are the run's: a torn or longer metrics.jsonl is rewritten
+            try:
+                on_disk = reporting.read_metrics(self.run_dir, state.epoch)
+            except ValueError as err:
+                if not state.history:
+                    raise
+                logger.warning("%s; rewriting it from the checkpoint", err)
+                on_disk = None
+            reporting.write_metrics(self.run_dir, state.history or on_disk)
+            self._repair_best(state, self.model)
         else:
             (self.run_dir / reporting.METRICS_FILE).unlink(missing_ok=True)
 
     # -- per epoch / end of run -----------------------------------------------------------------------------
     def _save_epoch(self, record, state: TrainState, model, is_best: bool, final: bool) -> None:
+        """Checkpoints first, then the record: a crash between them leaves a record missing from metrics.jsonl,
+        which a resumed run rewrites from the checkpoint's history."""
         cfg = self.config
-        reporting.append_metrics(self.run_dir, record)
-        meta = {"model": cfg.model, "model_args": cfg.to_dict()["model_args"], "dataset": cfg.dataset,
-                "config": cfg.to_dict(), "epoch": state.epoch, "metrics": record}
+        meta = self._meta(state, record)
         if state.epoch % cfg.checkpoint_every == 0 or final:
             save_state(self.run_dir / f"last{ckpt.SUFFIX}", model, state, meta)
+            if self._claim is not None:  # the run it replaced (--overwrite) can go now
+                self._claim.committed()
         if is_best:
             save_state(self.run_dir / f"best{ckpt.SUFFIX}", model, state, meta, resumable=False)
+        reporting.append_metrics(self.run_dir, record)
+
+    def _meta(self, state: TrainState, record: dict[str, Any]) -> dict[str, Any]:
+        cfg = self.config
+        return {"model": cfg.model, "model_args": cfg.to_dict()["model_args"], "dataset": cfg.dataset,
+                "config": cfg.to_dict(), "epoch": state.epoch, "metrics": record}
+
+    def _repair_best(self, state: TrainState, model) -> None:
+        """A crash between saving ``last`` and ``best`` leaves ``best`` an epoch behind the history's best, which is
+        then the epoch ``last`` holds: save it again from the resumed model."""
+        if state.best is None or state.history[state.best].get("epoch") != state.epoch:
+            return
+        path = self.run_dir / f"best{ckpt.SUFFIX}"
+        try:
+            saved_epoch = ckpt.load_checkpoint(path).meta.get("epoch") if path.is_file() else None
+        except ckpt.CheckpointError:
+            saved_epoch = None
+        if saved_epoch != state.epoch:
+            logger.warning("%s did not hold the best epoch (%d), whose save a crash interrupted: saved it again",
+                           path, state.epoch)
+            save_state(path, model, state, self._meta(state, state.history[state.best]), resumable=False)
 
     def _summary(self, state: TrainState, model, device, context) -> dict[str, Any]:
         cfg = self.config
@@ -239,9 +332,11 @@ class Trainer:
                 "torch": torch.__version__, "capsnets": capsnets.__version__, "run_dir": str(self.run_dir)}
 
     def _finish(self, summary: dict[str, Any], s: "_Session", trained: bool) -> None:
-        """Write the summary and, if this call trained, the figures of the best checkpoint."""
+        """Write the summary and, if this call trained or a figure is missing (a run killed before drawing them),
+        the figures of the best checkpoint."""
         reporting.write_summary(self.run_dir, summary)
-        if not trained:  # resumed a finished run
+        drawn = all((self.run_dir / name).is_file() for name in (reporting.CURVES_FILE, reporting.CONFUSION_FILE))
+        if (not trained and drawn) or not (self.run_dir / f"best{ckpt.SUFFIX}").is_file():
             return
         model = copy.deepcopy(s.model)
         ckpt.restore_model(model, ckpt.load_checkpoint(self.run_dir / f"best{ckpt.SUFFIX}"))
@@ -256,9 +351,9 @@ class Trainer:
         logger.info("figures of %s in %s", shown, self.run_dir)
 
 
-def train(config: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
+def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train as described by ``config`` and return the summary; see :class:`Trainer`."""
-    return Trainer(config, resume=resume).fit()
+    return Trainer(config, resume=resume, overwrite=overwrite).fit()
 
 
 @torch.no_grad()

@@ -238,9 +238,11 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
     not a time limit), kept in the sidecar. A checkpoint trained with another recipe is refused with an
     error naming the settings that differ, rather than loaded as if this run had trained it (checkpoints
     written without a recipe are loaded as they are)."""
-    from capsnets.engine.checkpoint import load_checkpoint, restore_model
+    from capsnets.engine.checkpoint import load_checkpoint, recover_directory, restore_model
 
     path = Path(checkpoint_dir) / f"{name}.safetensors" if checkpoint_dir is not None else None
+    if path is not None:
+        recover_directory(path.parent)  # what a crash in an earlier save left
     if path is not None and path.is_file():
         checkpoint = load_checkpoint(path)
         saved = checkpoint.meta.get("model_args")

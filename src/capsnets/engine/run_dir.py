@@ -1,0 +1,183 @@
+"""A training's run directory is never replaced by accident, and a resumed run is the run it continues.
+
+- :class:`RunDirectory` claims the directory for one training: it holds a lock (a second training into the same
+  directory is refused), cleans up after saves a crash interrupted (:func:`~capsnets.engine.checkpoint.recover_directory`),
+  refuses a fresh run into a directory that holds files (naming ``--resume`` and ``--overwrite``), and with
+  ``overwrite`` moves the old run aside, deleting it only once the new run has saved its first checkpoint (a new
+  run that fails before that gets the old one back).
+- :func:`resume_changes` compares the configuration a run is resumed with against the one it was trained with:
+  changes that would alter the model or the data it sees are refused, changes it can apply (more epochs, a new
+  learning rate, another device) are returned, to be applied and logged.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from capsnets.engine.checkpoint import recover_directory
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+
+#: TrainConfig fields a resumed run may change: applied from the resumed epoch on, and recorded.
+CHANGEABLE = ("epochs", "lr", "lr_decay", "weight_decay", "device", "amp", "compile", "data_dir", "download",
+              "limit_test", "eval_every", "checkpoint_every", "progress", "time_limit_minutes", "out")
+#: Fields whose change would make the resumed run another run (the model, its data or its loss).
+FIXED = ("model", "model_args", "dataset", "batch_size", "seed", "max_shift", "limit_train", "loss", "loss_args")
+
+
+class RunDirectoryError(ValueError):
+    """The run directory cannot be used as asked (it holds another run, or another training holds it)."""
+
+
+class RunDirectory:
+    """Claim ``path`` for one training (see the module docstring); use as a context manager.
+
+    Args:
+        path: the run directory.
+        resume: the training continues the run in ``path``.
+        overwrite: a fresh run may replace the run in ``path``.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False) -> None:
+        if resume and overwrite:
+            raise RunDirectoryError("--resume continues the run and --overwrite replaces it: pass one of them")
+        self.path, self.resume, self.overwrite = Path(path), resume, overwrite
+        self.aside: Path | None = None  # the replaced run, until the new one has its first checkpoint
+        self._lock = None
+
+    def __enter__(self) -> "RunDirectory":
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirectoryError(f"run directory '{self.path}' is a file; pass another --out")
+        if self.resume and not self.path.is_dir():
+            raise RunDirectoryError(f"cannot resume: no run directory '{self.path}'; train without --resume first")
+        held = self.path.is_dir() and self._contents()
+        if held == ["config.yaml"]:  # a run that stopped before its first epoch ended (a bad flag...): nothing lost
+            held = []
+        if held and not self.resume:
+            if not self.overwrite:
+                raise RunDirectoryError(
+                    f"run directory '{self.path}' already holds a run ({_describe(self.path, held)}); continue it with "
+                    f"--resume, replace it with --overwrite (the old run is kept aside until the new one has saved "
+                    f"its first checkpoint), or pass another --out")
+            self._take_lock()  # nobody else may be training there while it moves
+            self._release_lock()
+            self.aside = self.path.with_name(f"{self.path.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+            os.replace(self.path, self.aside)
+            logger.warning("moved the run in '%s' aside to '%s'; it is deleted once the new run has saved its first "
+                           "checkpoint", self.path, self.aside)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        recover_directory(self.path)
+        return self
+
+    def committed(self) -> None:
+        """The new run has saved a checkpoint: delete the run it replaced."""
+        if self.aside is not None:
+            shutil.rmtree(self.aside, ignore_errors=True)
+            logger.info("deleted the replaced run '%s'", self.aside)
+            self.aside = None
+
+    def __exit__(self, kind, error, trace) -> None:
+        self._release_lock()
+        if self.aside is None:
+            return
+        if kind is None:  # finished without a checkpoint (cannot happen with the trainer): keep the new run
+            self.committed()
+            return
+        failed = self.path.with_name(f"{self.path.name}.failed-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(self.path, failed)
+        os.replace(self.aside, self.path)
+        logger.warning("the new run failed before its first checkpoint: put the replaced run back in '%s' (the "
+                       "failed run's files are in '%s')", self.path, failed)
+        self.aside = None
+
+    def _contents(self) -> list[str]:
+        return sorted(p.name for p in self.path.iterdir() if p.name != LOCK_FILE)
+
+    def _take_lock(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no advisory locks; one training per directory is then up to the user
+            return
+        handle = open(self.path / LOCK_FILE, "a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            owner = handle.read().strip() or "another process"
+            handle.close()
+            raise RunDirectoryError(f"run directory '{self.path}' is in use by another training ({owner}); wait for "
+                                    "it to end, or pass another --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        self._lock = handle
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
+def _describe(path: Path, names: list[str]) -> str:
+    """What a run directory holds, for an error message: its epochs if it has a checkpoint, else its files."""
+    try:
+        meta = json.loads((path / "last.json").read_text())
+        planned = (meta.get("config") or {}).get("epochs")
+        return f"epoch {meta['epoch']}" + (f" of {planned}" if planned else "")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        return f"files {shown}"
+
+
+def resume_changes(saved: dict[str, Any], wanted: dict[str, Any], model_defaults: dict[str, Any],
+                   where: str) -> dict[str, tuple[Any, Any]]:
+    """The changes a resumed run makes to the configuration it was trained with: ``{field: (old, new)}``.
+
+    Args:
+        saved: the trained run's configuration (``TrainConfig.to_dict()`` from its checkpoint).
+        wanted: the configuration the run is resumed with (same form). Its ``model_args`` need only name the
+            arguments it sets; each must equal the saved value, or the builder's default when the run did not
+            record it.
+        model_defaults: the model builder's default arguments.
+        where: the run directory, for the error message.
+
+    Raises:
+        RunDirectoryError: a field in :data:`FIXED` differs; the message lists every such change.
+    """
+    saved, wanted = _plain(saved), _plain(wanted)
+    refused = []
+    for name in FIXED:
+        if name == "model_args":
+            recorded = {**_plain(model_defaults), **(saved.get(name) or {})}
+            for key, value in sorted((wanted.get(name) or {}).items()):
+                if recorded.get(key, _MISSING) != value:
+                    refused.append(f"model_args.{key} {_show(recorded.get(key, _MISSING))} -> {_show(value)}")
+        elif name in saved and saved.get(name) != wanted.get(name):
+            refused.append(f"{name} {_show(saved.get(name))} -> {_show(wanted.get(name))}")
+    if refused:
+        raise RunDirectoryError(
+            f"cannot resume the run in '{where}' with {', '.join(refused)}: that would make it another run; "
+            "resume without these changes, or start a new run (another --out, or --overwrite)")
+    return {name: (saved[name], wanted.get(name)) for name in CHANGEABLE
+            if name in saved and saved[name] != wanted.get(name)}
+
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    return "(not set)" if value is _MISSING else json.dumps(value)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(value, default=str))
