@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from capsnets.layers.validation import ArgumentError, to_float_images
+from capsnets.models.arguments import check_arguments, signature_schema
 from capsnets.models.output import ModelOutput
 
 
@@ -87,7 +89,8 @@ class MarginLoss(nn.Module):
         reconstruction_weight: scale of the reconstruction term; 0 switches it off.
     """
 
-    def __init__(self, *, m_pos=0.9, m_neg=0.1, down_weight=0.5, reconstruction_weight=0.0005) -> None:
+    def __init__(self, *, m_pos: float = 0.9, m_neg: float = 0.1, down_weight: float = 0.5,
+                 reconstruction_weight: float = 0.0005) -> None:
         super().__init__()
         if not 0 <= m_neg < m_pos <= 1:
             raise ValueError(f"need 0 <= m_neg < m_pos <= 1, got m_neg={m_neg}, m_pos={m_pos}")
@@ -104,7 +107,7 @@ class MarginLoss(nn.Module):
         loss = margin
         if output.reconstruction is not None and self.reconstruction_weight > 0:
             recon = reconstruction_loss(
-                output.reconstruction.float(), images.float(), weight=self.reconstruction_weight
+                output.reconstruction.float(), to_float_images(images), weight=self.reconstruction_weight
             )
             parts["reconstruction"] = recon.detach()
             loss = loss + recon
@@ -122,6 +125,8 @@ class CrossEntropyLoss(nn.Module):
 
     def __init__(self, *, label_smoothing: float = 0.0) -> None:
         super().__init__()
+        if not 0 <= label_smoothing <= 1:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
         self.label_smoothing = label_smoothing
 
     def forward(self, output: ModelOutput, images: Tensor, targets: Tensor):
@@ -224,7 +229,7 @@ class SegCapsLoss(nn.Module):
             bce = binary_segmentation_loss(output.probabilities.float(), masks, pos_weight=self.pos_weight)
         parts, loss = {"bce": bce.detach()}, bce
         if output.reconstruction is not None and self.reconstruction_weight > 0:
-            target = images.float() * masks.to(images.dtype)
+            target = to_float_images(images) * masks.to(torch.float32)
             recon = self.reconstruction_weight * (output.reconstruction.float() - target).pow(2).mean()
             parts["reconstruction"] = recon.detach()
             loss = loss + recon
@@ -246,7 +251,8 @@ class TransformingLoss(nn.Module):
         if output.reconstruction.shape != targets.shape:
             raise ValueError(f"reconstruction {tuple(output.reconstruction.shape)} and targets "
                              f"{tuple(targets.shape)} differ in shape")
-        loss = (output.reconstruction.float() - targets.float()).pow(2).flatten(1).sum(dim=1).mean()
+        error = output.reconstruction.float() - to_float_images(targets, name="targets")
+        loss = error.pow(2).flatten(1).sum(dim=1).mean()
         return loss, {"squared_error": loss.detach()}
 
 
@@ -264,11 +270,17 @@ def list_losses() -> list[str]:
     return sorted(_LOSSES)
 
 
-def create_loss(name: str, **kwargs) -> nn.Module:
-    """Build a criterion by name (see :func:`list_losses`); ``kwargs`` go to its constructor."""
+def loss_schema(name: str) -> dict:
+    """The keyword arguments loss ``name`` takes, with their defaults and types
+    (:class:`~capsnets.models.arguments.Argument`; ``expects`` says in words what each takes)."""
     if name not in _LOSSES:
-        raise ValueError(f"unknown loss {name!r}; known losses: {', '.join(list_losses())}")
-    try:
-        return _LOSSES[name](**kwargs)
-    except TypeError as err:
-        raise ValueError(f"bad arguments for loss {name!r}: {err}") from None
+        raise ArgumentError(f"unknown loss {name!r}; known losses: {', '.join(list_losses())}")
+    return signature_schema(_LOSSES[name])
+
+
+def create_loss(name: str, **kwargs) -> nn.Module:
+    """Build a criterion by name (see :func:`list_losses`); ``kwargs`` go to its constructor, checked first
+    against :func:`loss_schema` (an :class:`~capsnets.layers.validation.ArgumentError`, a ``ValueError``, that
+    names the argument, what was given and what it takes)."""
+    kwargs = check_arguments(loss_schema(name), kwargs, owner=f"loss {name!r}")
+    return _LOSSES[name](**kwargs)

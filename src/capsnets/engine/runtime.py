@@ -14,6 +14,8 @@ import random
 import numpy as np
 import torch
 
+from capsnets.layers.validation import ArgumentError, check_device
+
 AMP_MODES = ("auto", "bf16", "off")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 _retained = False
@@ -23,17 +25,16 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """Return the device to run on: ``"auto"`` means CUDA when available, else CPU.
 
     Raises:
-        ValueError: if ``device`` is not a valid torch device string, or asks for CUDA without one.
+        ValueError: (an :class:`~capsnets.layers.validation.ArgumentError`) ``device`` is not a torch device name,
+            or names one this build of PyTorch or this machine lacks (``cuda`` on a CPU-only build, ``cuda:7``
+            with one GPU, ``mps``, ``xpu``); the message lists the devices that are available.
     """
-    if str(device) == "auto":
+    if isinstance(device, str) and device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device={device!r} is not a valid torch device (try 'auto', 'cpu', 'cuda:0')") from err
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is False; use 'cpu'")
-    return resolved
+        return check_device(device, "device")
+    except ArgumentError as err:
+        raise ArgumentError(f"{err}, or 'auto'") from None
 
 
 def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:

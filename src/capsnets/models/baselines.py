@@ -14,7 +14,8 @@ from typing import Sequence
 
 from torch import Tensor, nn
 
-from capsnets.layers.validation import positive_int
+from capsnets.layers.validation import image_batch, positive_int
+from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, Probability
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 
@@ -68,11 +69,9 @@ class BaselineCNN(nn.Module):
         self.classifier = nn.Sequential(*fcs)
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
-        if images.dim() != 4 or tuple(images.shape[1:]) != self.input_size:
-            raise ValueError(
-                f"BaselineCNN expects images of shape (B, {', '.join(map(str, self.input_size))}), "
-                f"got {tuple(images.shape)}; set input_size when creating the model"
-            )
+        """Logits of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``, floating-point ones cast
+        to the parameters' dtype: :func:`~capsnets.layers.validation.image_batch`)."""
+        images = image_batch(images, self.input_size, dtype=self.classifier[-1].weight.dtype, owner="BaselineCNN")
         return ModelOutput(self.classifier(self.features(images).flatten(1)), "logits")
 
 
@@ -115,34 +114,38 @@ class SmallNorbCNN(nn.Module):
             nn.Linear(hidden, num_classes, **factory))
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
-        if images.dim() != 4 or tuple(images.shape[1:]) != self.input_size:
-            raise ValueError(f"SmallNorbCNN expects images of shape (B, {', '.join(map(str, self.input_size))}), "
-                             f"got {tuple(images.shape)}; set input_size when creating the model")
+        """Logits of ``images`` (as :meth:`BaselineCNN.forward` takes them)."""
+        images = image_batch(images, self.input_size, dtype=self.classifier[-1].weight.dtype, owner="SmallNorbCNN")
         return ModelOutput(self.classifier(self.features(images).flatten(1)), "logits")  # (B, num_classes)
 
 
 @register_model("cnn_baseline")
-def cnn_baseline(*, num_classes=10, input_size=(1, 28, 28), dropout=0.5, device=None, dtype=None) -> BaselineCNN:
+def cnn_baseline(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
+                 dropout: Probability = 0.5, device: Device | None = None, dtype: DType | None = None) -> BaselineCNN:
     """The paper's baseline CNN (35.4M parameters on 28x28)."""
     return BaselineCNN(input_size=input_size, num_classes=num_classes, dropout=dropout, device=device, dtype=dtype)
 
 
 @register_model("cnn_baseline_narrow")
-def cnn_baseline_narrow(*, num_classes=10, input_size=(1, 28, 28), dropout=0.5, device=None, dtype=None) -> BaselineCNN:
+def cnn_baseline_narrow(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
+                        dropout: Probability = 0.5, device: Device | None = None,
+                        dtype: DType | None = None) -> BaselineCNN:
     """``cnn_baseline`` narrowed for CPU smoke runs: 16/16/8 channels, 64/32 hidden units."""
     return BaselineCNN(input_size=input_size, num_classes=num_classes, channels=(16, 16, 8), hidden=(64, 32),
                        dropout=dropout, device=device, dtype=dtype)
 
 
 @register_model("cnn_smallnorb")
-def cnn_smallnorb(*, num_classes=5, input_size=(1, 32, 32), dropout=0.5, device=None, dtype=None) -> SmallNorbCNN:
+def cnn_smallnorb(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
+                  dropout: Probability = 0.5, device: Device | None = None, dtype: DType | None = None) -> SmallNorbCNN:
     """The EM paper's smallNORB baseline CNN (4.2M parameters)."""
     return SmallNorbCNN(input_size=input_size, num_classes=num_classes, dropout=dropout, device=device, dtype=dtype)
 
 
 @register_model("cnn_smallnorb_narrow")
-def cnn_smallnorb_narrow(*, num_classes=5, input_size=(1, 32, 32), dropout=0.5, device=None,
-                         dtype=None) -> SmallNorbCNN:
+def cnn_smallnorb_narrow(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
+                         dropout: Probability = 0.5, device: Device | None = None,
+                         dtype: DType | None = None) -> SmallNorbCNN:
     """``cnn_smallnorb`` narrowed to 8/16 channels and 64 hidden units (69K parameters, about
     ``matrix_capsnet_small``'s 67K)."""
     return SmallNorbCNN(input_size=input_size, num_classes=num_classes, channels=(8, 16), hidden=64,

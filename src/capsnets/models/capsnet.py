@@ -22,7 +22,8 @@ from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting, as_routing, capsule_length
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
-from capsnets.layers.validation import conv_output_size, positive_int
+from capsnets.layers.validation import conv_output_size, image_batch, positive_int
+from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, Routing
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 
@@ -95,20 +96,16 @@ class CapsNet(nn.Module):
         if decoder_hidden is not None:
             self.decoder = CapsuleDecoder(num_classes, class_dim, self.input_size, hidden=decoder_hidden, **factory)
 
-    def _check_input(self, images: Tensor) -> None:
-        if images.dim() != 4 or tuple(images.shape[1:]) != self.input_size:
-            raise ValueError(
-                f"{type(self).__name__} expects images of shape (B, {', '.join(map(str, self.input_size))}), "
-                f"got {tuple(images.shape)}; set input_size when creating the model"
-            )
-
     def encode(self, images: Tensor) -> Tensor:
         """Class capsules ``(B, num_classes, class_dim)``."""
-        self._check_input(images)
+        images = image_batch(images, self.input_size, dtype=self.conv.weight.dtype, owner=type(self).__name__)
         features = torch.relu(self.conv(images))  # (B, conv_channels, H1, W1)
         return self.classes(self.primary(features))  # (B, N, D_p) -> (B, K, D_c)
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
+        """Class capsules, scores and reconstruction of ``images`` (a non-empty batch; uint8 images are scaled to
+        ``[0, 1]``, floating-point ones cast to the parameters' dtype:
+        :func:`~capsnets.layers.validation.image_batch`)."""
         capsules = self.encode(images)
         lengths = capsule_length(capsules)  # (B, K)
         reconstruction = None
@@ -124,8 +121,10 @@ def _routing(routing, routing_iterations: int | None, detach_routing: bool | Non
 
 
 @register_model("capsnet")
-def capsnet(*, num_classes=10, input_size=(1, 28, 28), routing_iterations=None, detach_routing=None,
-            routing=None, reconstruction=True, device=None, dtype=None) -> CapsNet:
+def capsnet(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
+            routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
+            routing: Routing | None = None, reconstruction: bool = True, device: Device | None = None,
+            dtype: DType | None = None) -> CapsNet:
     """The paper's MNIST CapsNet (Sec. 4): 256 9x9 conv, 32x8-D primary capsules, 16-D class capsules."""
     return CapsNet(
         input_size=input_size, num_classes=num_classes,
@@ -135,8 +134,10 @@ def capsnet(*, num_classes=10, input_size=(1, 28, 28), routing_iterations=None, 
 
 
 @register_model("capsnet_small")
-def capsnet_small(*, num_classes=10, input_size=(1, 28, 28), routing_iterations=None, detach_routing=None,
-                  routing=None, reconstruction=True, device=None, dtype=None) -> CapsNet:
+def capsnet_small(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
+                  routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
+                  routing: Routing | None = None, reconstruction: bool = True, device: Device | None = None,
+                  dtype: DType | None = None) -> CapsNet:
     """CapsNet narrowed for CPUs: 32-channel conv, 8 types of 8-D primary capsules (288 capsules)."""
     return CapsNet(
         input_size=input_size, num_classes=num_classes, conv_channels=32, primary_types=8,
@@ -146,8 +147,10 @@ def capsnet_small(*, num_classes=10, input_size=(1, 28, 28), routing_iterations=
 
 
 @register_model("capsnet_digits")
-def capsnet_digits(*, num_classes=10, input_size=(1, 8, 8), routing_iterations=None, detach_routing=None,
-                   routing=None, reconstruction=True, device=None, dtype=None) -> CapsNet:
+def capsnet_digits(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 8, 8),
+                   routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
+                   routing: Routing | None = None, reconstruction: bool = True, device: Device | None = None,
+                   dtype: DType | None = None) -> CapsNet:
     """CapsNet for 8x8 digits: 3x3 kernels, primary stride 1 (4x4 grid of 16 types of 8-D capsules)."""
     return CapsNet(
         input_size=input_size, num_classes=num_classes, conv_channels=64, conv_kernel=3,

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.layers.validation import positive_int
+from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, Routing
 from capsnets.models.registry import register_model
 from capsnets.models.segcaps import SegCaps, segcaps_routing
 from capsnets.models.unet import UNet
@@ -86,7 +87,9 @@ class CapsPix2pixGenerator(nn.Module):
         return self.head(capsules)
 
     def forward(self, label_maps: Tensor) -> SynthesisOutput:
-        capsules = self.trunk.encode(label_maps)  # (B, D, H, W)
+        """Images generated from ``label_maps`` (a non-empty batch; uint8 maps are scaled to ``[0, 1]``,
+        floating-point ones cast to the parameters' dtype: :func:`~capsnets.layers.validation.image_batch`)."""
+        capsules = self.trunk.encode(label_maps, owner="CapsPix2pixGenerator", name="label_maps")  # (B, D, H, W)
         return SynthesisOutput(self.decode(capsules), capsules)
 
 
@@ -117,7 +120,8 @@ class Pix2pixGenerator(nn.Module):
         self.input_size, self.out_channels = self.unet.input_size, out_channels
 
     def forward(self, label_maps: Tensor) -> SynthesisOutput:
-        return SynthesisOutput(torch.sigmoid(self.unet.logits(label_maps)))
+        """Images generated from ``label_maps`` (as :meth:`CapsPix2pixGenerator.forward` takes them)."""
+        return SynthesisOutput(torch.sigmoid(self.unet.logits(label_maps, owner="Pix2pixGenerator", name="label_maps")))
 
 
 class PatchDiscriminator(nn.Module):
@@ -154,8 +158,10 @@ class PatchDiscriminator(nn.Module):
 
 
 @register_model("capspix2pix", task="synthesis")
-def capspix2pix(*, input_size=(10, 32, 32), out_channels=1, routing=None, routing_iterations=None,
-                detach_routing=None, device=None, dtype=None) -> CapsPix2pixGenerator:
+def capspix2pix(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1,
+                routing: Routing | None = None, routing_iterations: PositiveInt | None = None,
+                detach_routing: bool | None = None, device: Device | None = None,
+                dtype: DType | None = None) -> CapsPix2pixGenerator:
     """CapsPix2pix generator on the SegCaps R3 trunk (16-D first capsules)."""
     return CapsPix2pixGenerator(input_size=input_size, out_channels=out_channels, width=16,
                                 routing=segcaps_routing(routing, routing_iterations, detach_routing), device=device,
@@ -163,8 +169,10 @@ def capspix2pix(*, input_size=(10, 32, 32), out_channels=1, routing=None, routin
 
 
 @register_model("capspix2pix_small", task="synthesis")
-def capspix2pix_small(*, input_size=(10, 32, 32), out_channels=1, routing=None, routing_iterations=None,
-                      detach_routing=None, device=None, dtype=None) -> CapsPix2pixGenerator:
+def capspix2pix_small(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1,
+                      routing: Routing | None = None, routing_iterations: PositiveInt | None = None,
+                      detach_routing: bool | None = None, device: Device | None = None,
+                      dtype: DType | None = None) -> CapsPix2pixGenerator:
     """CapsPix2pix generator with 8-D first capsules and a (32, 64) head, for CPUs."""
     return CapsPix2pixGenerator(input_size=input_size, out_channels=out_channels, width=8, head_hidden=(32, 64),
                                 routing=segcaps_routing(routing, routing_iterations, detach_routing), device=device,
@@ -172,12 +180,14 @@ def capspix2pix_small(*, input_size=(10, 32, 32), out_channels=1, routing=None, 
 
 
 @register_model("pix2pix", task="synthesis")
-def pix2pix(*, input_size=(10, 32, 32), out_channels=1, device=None, dtype=None) -> Pix2pixGenerator:
+def pix2pix(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1,
+            device: Device | None = None, dtype: DType | None = None) -> Pix2pixGenerator:
     """pix2pix's U-Net generator (width 64)."""
     return Pix2pixGenerator(input_size=input_size, out_channels=out_channels, width=64, device=device, dtype=dtype)
 
 
 @register_model("pix2pix_small", task="synthesis")
-def pix2pix_small(*, input_size=(10, 32, 32), out_channels=1, device=None, dtype=None) -> Pix2pixGenerator:
+def pix2pix_small(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1,
+                  device: Device | None = None, dtype: DType | None = None) -> Pix2pixGenerator:
     """pix2pix's U-Net generator with width 8, for CPUs."""
     return Pix2pixGenerator(input_size=input_size, out_channels=out_channels, width=8, device=device, dtype=dtype)

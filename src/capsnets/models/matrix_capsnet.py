@@ -34,14 +34,18 @@ mixes different children; here the copies are grouped by the layer's real stride
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+import inspect
+from typing import Literal, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from capsnets.functional import EMRouting, as_routing
 from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
-from capsnets.layers.validation import positive_int
+from capsnets.layers.matrix import ASSIGNMENT_SCOPES
+from capsnets.layers.validation import ArgumentError, image_batch, positive_int
+from capsnets.models.arguments import (Argument, Device, DType, ImageSize, NonNegativeInt, PositiveInt, Routing,
+                                       check_arguments, signature_schema)
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 
@@ -88,8 +92,11 @@ def _class_routing(class_routing_args, routing, formulation: str, settings: dict
         raise ValueError("class_routing_args configures the default EMRouting; with a routing object, build "
                          "MatrixCapsNet(routing=..., class_routing=...) instead")
     if not isinstance(class_routing_args, dict) or set(class_routing_args) - set(settings):
-        raise ValueError(f"class_routing_args must be a dict with keys from {sorted(settings)}, got "
-                         f"{class_routing_args!r}")
+        raise ArgumentError(f"class_routing_args must be a dict with keys from {sorted(settings)}, got "
+                            f"{class_routing_args!r}")
+    declared = signature_schema(matrix_capsnet)  # the settings' types, as the builders declare them
+    schema = {key: Argument(key, inspect.Parameter.empty, declared[key].annotation) for key in settings}
+    class_routing_args = check_arguments(schema, class_routing_args, owner="class_routing_args")
     return _em_routing(None, formulation, "class", **{**settings, **class_routing_args})
 
 
@@ -234,9 +241,9 @@ class MatrixCapsNet(nn.Module):
                              f"ConvCaps2 (3x3/1); use at least 28x28")
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
-        if images.dim() != 4 or tuple(images.shape[1:]) != self.input_size:
-            raise ValueError(f"MatrixCapsNet expects images of shape (B, {', '.join(map(str, self.input_size))}), "
-                             f"got {tuple(images.shape)}; set input_size when creating the model")
+        """Class activations and poses of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``,
+        floating-point ones cast to the parameters' dtype: :func:`~capsnets.layers.validation.image_batch`)."""
+        images = image_batch(images, self.input_size, dtype=self.conv.weight.dtype, owner="MatrixCapsNet")
         caps = self.primary(torch.relu(self.conv(images)))  # (B, A, 14, 14) -> B types on 14x14
         caps = self.conv_caps2(self.conv_caps1(caps))  # C types on 6x6 -> D types on 4x4
         classes = self.classes(caps)  # (B, E, 1, 1, 4, 4)
@@ -257,11 +264,15 @@ def _build(widths: dict, *, routing, class_routing_args, formulation, routing_it
 
 
 @register_model("matrix_capsnet", legacy_defaults={"formulation": "paper"})
-def matrix_capsnet(*, num_classes=5, input_size=(1, 32, 32), routing=None, routing_iterations=None,
-                   detach_routing=None, cost_normalization=None, inverse_temperature=None,
-                   coordinate_addition=True, checkpoint_chunks=0, assignment_scope=None,
-                   class_routing_args=None, formulation=DEFAULT_FORMULATION, device=None,
-                   dtype=None) -> MatrixCapsNet:
+def matrix_capsnet(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
+                   routing: Routing | None = None, routing_iterations: PositiveInt | None = None,
+                   detach_routing: bool | None = None, cost_normalization: str | None = None,
+                   inverse_temperature: float | Sequence[float] | None = None, coordinate_addition: bool = True,
+                   checkpoint_chunks: NonNegativeInt = 0,
+                   assignment_scope: Literal[ASSIGNMENT_SCOPES] | None = None,
+                   class_routing_args: dict[str, object] | None = None,
+                   formulation: Literal[FORMULATIONS] = DEFAULT_FORMULATION, device: Device | None = None,
+                   dtype: DType | None = None) -> MatrixCapsNet:
     """The paper's smallNORB model: A=B=C=D=32 (about 310K parameters)."""
     return _build({"conv_channels": 32, "primary_types": 32, "conv_caps1_types": 32, "conv_caps2_types": 32},
                   routing=routing, class_routing_args=class_routing_args, formulation=formulation,
@@ -272,11 +283,15 @@ def matrix_capsnet(*, num_classes=5, input_size=(1, 32, 32), routing=None, routi
 
 
 @register_model("matrix_capsnet_small", legacy_defaults={"formulation": "paper"})
-def matrix_capsnet_small(*, num_classes=5, input_size=(1, 32, 32), routing=None, routing_iterations=None,
-                         detach_routing=None, cost_normalization=None, inverse_temperature=None,
-                         coordinate_addition=True, checkpoint_chunks=0, assignment_scope=None,
-                         class_routing_args=None, formulation=DEFAULT_FORMULATION, device=None,
-                         dtype=None) -> MatrixCapsNet:
+def matrix_capsnet_small(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
+                         routing: Routing | None = None, routing_iterations: PositiveInt | None = None,
+                         detach_routing: bool | None = None, cost_normalization: str | None = None,
+                         inverse_temperature: float | Sequence[float] | None = None, coordinate_addition: bool = True,
+                         checkpoint_chunks: NonNegativeInt = 0,
+                         assignment_scope: Literal[ASSIGNMENT_SCOPES] | None = None,
+                         class_routing_args: dict[str, object] | None = None,
+                         formulation: Literal[FORMULATIONS] = DEFAULT_FORMULATION, device: Device | None = None,
+                         dtype: DType | None = None) -> MatrixCapsNet:
     """The paper's small model: A=64, B=8, C=D=16 (about 68K parameters)."""
     return _build({"conv_channels": 64, "primary_types": 8, "conv_caps1_types": 16, "conv_caps2_types": 16},
                   routing=routing, class_routing_args=class_routing_args, formulation=formulation,

@@ -1,20 +1,22 @@
 """Models by name (timm's ``create_model`` / torchvision's ``get_model``).
 
 Builders are small functions registered with :func:`register_model` for one of the :data:`TASKS`; their
-keyword-only arguments are the overrides :func:`create_model` accepts. :func:`create_model` records the
-overrides in ``model.model_args`` (JSON values only, a ``routing`` object as its spec) so that a checkpoint
-can rebuild the model by name.
+keyword-only arguments, with their defaults and type annotations, are the overrides :func:`create_model`
+accepts (:func:`model_schema`, checked by :mod:`capsnets.models.arguments` before the builder runs).
+:func:`create_model` records the overrides in ``model.model_args`` (JSON values only, a ``routing`` object as
+its spec) so that a checkpoint can rebuild the model by name.
 """
 from __future__ import annotations
 
 import difflib
-import inspect
 from collections.abc import Mapping
 from typing import Callable
 
 from torch import nn
 
 from capsnets.functional import routing_config, routing_from_config
+from capsnets.layers.validation import ArgumentError
+from capsnets.models.arguments import Argument, check_arguments, signature_schema
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _TASKS: dict[str, str] = {}
@@ -62,14 +64,21 @@ def model_task(name: str) -> str:
     return _TASKS[name]
 
 
+def model_schema(name: str) -> dict[str, Argument]:
+    """The overrides model ``name`` accepts: for each, its default, its type and ``expects``, the values it takes
+    in words (from the builder's signature: :func:`~capsnets.models.arguments.signature_schema`).
+
+    Examples::
+
+        >>> model_schema("capsnet_small")["routing_iterations"].expects
+        'a positive integer or None (YAML: null)'
+    """
+    return signature_schema(_builder(name))
+
+
 def model_arguments(name: str) -> dict[str, object]:
     """The overrides a model accepts, with their defaults."""
-    builder = _builder(name)
-    return {
-        p.name: p.default
-        for p in inspect.signature(builder).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    }
+    return {key: argument.default for key, argument in model_schema(name).items()}
 
 
 def recorded_model_args(name: str, model_args: dict) -> dict:
@@ -83,7 +92,7 @@ def _builder(name: str) -> Callable[..., nn.Module]:
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown model {name!r}.{hint} Known models: {', '.join(list_models())}")
+        raise ArgumentError(f"unknown model {name!r}.{hint} Known models: {', '.join(list_models())}")
     return _REGISTRY[name]
 
 
@@ -94,7 +103,9 @@ def create_model(name: str, **overrides) -> nn.Module:
         name: a name from :func:`list_models`.
         **overrides: keyword arguments of the model's builder (e.g. ``num_classes``, ``input_size``,
             ``routing`` (a routing object or its spec), ``routing_iterations``, ``device``); see
-            :func:`model_arguments`.
+            :func:`model_schema`. Each is checked against the builder's declared type first: an
+            :class:`~capsnets.layers.validation.ArgumentError` (a ``ValueError`` and a ``TypeError``) names the
+            argument, the value and what it takes; lists are taken for tuples, ints for floats.
 
     Examples:
         >>> model = create_model("capsnet_small", num_classes=10)
@@ -102,16 +113,13 @@ def create_model(name: str, **overrides) -> nn.Module:
         >>> model.model_args
         {'routing': {'type': 'dynamic', 'iterations': 2, 'detach_routing': True}}
     """
-    builder = _builder(name)
-    allowed = model_arguments(name)
-    unknown = sorted(set(overrides) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"model {name!r} does not take {', '.join(unknown)}; it takes: {', '.join(sorted(allowed))}"
-        )
+    builder, schema = _builder(name), model_schema(name)
+    overrides = check_arguments(schema, overrides, owner=f"model {name!r}",
+                                hint=f"; `capsnets list-models {name}` lists its arguments")
     model = builder(**overrides)
     model.model_name = name
-    model.model_args = _json_safe_args({**{key: allowed[key] for key in _LEGACY.get(name, {})}, **overrides})
+    legacy = {key: schema[key].default for key in _LEGACY.get(name, {})}
+    model.model_args = _json_safe_args({**legacy, **overrides})
     return model
 
 

@@ -38,7 +38,8 @@ from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting, as_routing, capsule_length
 from capsnets.layers import ConvCapsules2d, ConvTransposeCapsules2d
-from capsnets.layers.validation import positive_int
+from capsnets.layers.validation import image_batch, positive_int
+from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, Routing
 from capsnets.models.registry import register_model
 
 
@@ -120,14 +121,10 @@ class SegCaps(nn.Module):
                 layers += [nn.Conv2d(a, b, 1, **factory), nn.ReLU()]
             self.decoder = nn.Sequential(*layers, nn.Conv2d(sizes[-1], channels, 1, **factory), nn.Sigmoid())
 
-    def _check_input(self, images: Tensor) -> None:
-        if images.dim() != 4 or images.shape[1] != self.input_size[0] or images.shape[2] % 8 or images.shape[3] % 8:
-            raise ValueError(f"SegCaps expects images of shape (B, {self.input_size[0]}, H, W) with H and W divisible "
-                             f"by 8, got {tuple(images.shape)}")
-
-    def encode(self, images: Tensor) -> Tensor:
-        """The segmentation capsules ``(B, D, H, W)``."""
-        self._check_input(images)
+    def encode(self, images: Tensor, *, owner: str = "SegCaps", name: str = "images") -> Tensor:
+        """The segmentation capsules ``(B, D, H, W)`` (``owner`` and ``name``: for the messages of the input check)."""
+        images = image_batch(images, (self.input_size[0], None, None), dtype=self.conv1.weight.dtype, owner=owner,
+                             name=name, multiple=8)
         conv1 = torch.relu(self.conv1(images)).unsqueeze(1)  # (B, 1, D, H, W): one capsule type
         skip1 = self.enc1(self.primary(conv1))                # (B, 4, D, H/2, W/2)
         skip2 = self.enc2[1](self.enc2[0](skip1))             # (B, 8, 2D, H/4, W/4)
@@ -138,6 +135,9 @@ class SegCaps(nn.Module):
         return self.segment(x)[:, 0]                          # (B, D, H, W)
 
     def forward(self, images: Tensor, masks: Tensor | None = None) -> SegmentationOutput:
+        """Per-pixel probabilities, capsules and reconstruction of ``images`` (a non-empty batch; uint8 images are
+        scaled to ``[0, 1]``, floating-point ones cast to the parameters' dtype:
+        :func:`~capsnets.layers.validation.image_batch`)."""
         capsules = self.encode(images)
         probabilities = capsule_length(capsules, dim=1).unsqueeze(1)  # (B, 1, H, W)
         reconstruction = None
@@ -157,8 +157,9 @@ def segcaps_routing(routing=None, routing_iterations: int | None = None, detach_
 
 
 @register_model("segcaps", task="segmentation")
-def segcaps(*, input_size=(1, 512, 512), routing=None, routing_iterations=None, detach_routing=None,
-            reconstruction=True, device=None, dtype=None) -> SegCaps:
+def segcaps(*, input_size: ImageSize = (1, 512, 512), routing: Routing | None = None,
+            routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
+            reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> SegCaps:
     """The paper's SegCaps R3 (16-D first capsules; 1.4M parameters)."""
     return SegCaps(input_size=input_size, width=16,
                    routing=segcaps_routing(routing, routing_iterations, detach_routing),
@@ -166,8 +167,9 @@ def segcaps(*, input_size=(1, 512, 512), routing=None, routing_iterations=None, 
 
 
 @register_model("segcaps_small", task="segmentation")
-def segcaps_small(*, input_size=(1, 32, 32), routing=None, routing_iterations=None, detach_routing=None,
-                  reconstruction=True, device=None, dtype=None) -> SegCaps:
+def segcaps_small(*, input_size: ImageSize = (1, 32, 32), routing: Routing | None = None,
+                  routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
+                  reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> SegCaps:
     """SegCaps R3 with 8-D first capsules (about a quarter of the parameters), for CPUs and tests."""
     return SegCaps(input_size=input_size, width=8,
                    routing=segcaps_routing(routing, routing_iterations, detach_routing),

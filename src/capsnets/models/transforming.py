@@ -25,7 +25,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.layers.validation import positive_int
+from capsnets.layers.validation import image_batch, positive_int
+from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt
 from capsnets.models.registry import register_model
 
 
@@ -88,10 +89,7 @@ class TransformingAutoencoder(nn.Module):
 
     def encode(self, images: Tensor) -> tuple[Tensor, Tensor]:
         """Presence probabilities ``(B, N)`` and poses ``(B, N, 2)``."""
-        if images.dim() != 4 or tuple(images.shape[1:]) != self.input_size:
-            expected = ", ".join(map(str, self.input_size))
-            raise ValueError(f"TransformingAutoencoder expects images of shape (B, {expected}), "
-                             f"got {tuple(images.shape)}")
+        images = image_batch(images, self.input_size, dtype=self.output_bias.dtype, owner="TransformingAutoencoder")
         hidden = torch.sigmoid(self.recognition(images.flatten(1)))         # (B, N*R)
         hidden = hidden.view(len(images), self.num_capsules, -1)           # (B, N, R)
         out = torch.einsum("bnr,nrk->bnk", hidden, self.recognition_out) + self.recognition_bias  # (B, N, 3)
@@ -105,6 +103,9 @@ class TransformingAutoencoder(nn.Module):
         return torch.sigmoid(logits).view(-1, *self.input_size)
 
     def forward(self, images: Tensor, shifts: Tensor) -> AutoencoderOutput:
+        """The images shifted by ``shifts``, as the capsules predict them (``images``: a non-empty batch; uint8
+        images are scaled to ``[0, 1]``, floating-point ones cast to the parameters' dtype:
+        :func:`~capsnets.layers.validation.image_batch`)."""
         if shifts.shape != (len(images), 2):
             raise ValueError(f"shifts must be (B, 2) = ({len(images)}, 2) pixel offsets (dx, dy), got "
                              f"{tuple(shifts.shape)}")
@@ -114,8 +115,9 @@ class TransformingAutoencoder(nn.Module):
 
 
 @register_model("transforming_autoencoder", task="autoencoder")
-def transforming_autoencoder(*, input_size=(1, 28, 28), capsules=30, recognition_units=10, generative_units=20,
-                             device=None, dtype=None) -> TransformingAutoencoder:
+def transforming_autoencoder(*, input_size: ImageSize = (1, 28, 28), capsules: PositiveInt = 30,
+                             recognition_units: PositiveInt = 10, generative_units: PositiveInt = 20,
+                             device: Device | None = None, dtype: DType | None = None) -> TransformingAutoencoder:
     """The paper's MNIST transforming auto-encoder: 30 capsules, 10 recognition and 20 generative units each."""
     return TransformingAutoencoder(input_size=input_size, capsules=capsules, recognition_units=recognition_units,
                                    generative_units=generative_units, device=device, dtype=dtype)

@@ -15,7 +15,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.layers.validation import positive_int
+from capsnets.layers.validation import image_batch, positive_int
+from capsnets.models.arguments import Device, DType, ImageSize
 from capsnets.models.registry import register_model
 from capsnets.models.segcaps import SegmentationOutput
 
@@ -69,14 +70,16 @@ class UNet(nn.Module):
         self.head = nn.Conv2d(sizes[0], positive_int("out_channels", out_channels), 1, **factory)
 
     def forward(self, images: Tensor, masks: Tensor | None = None) -> SegmentationOutput:
+        """Per-pixel probabilities of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``,
+        floating-point ones cast to the parameters' dtype: :func:`~capsnets.layers.validation.image_batch`)."""
         logits = self.logits(images)
         return SegmentationOutput(torch.sigmoid(logits), logits=logits)
 
-    def logits(self, images: Tensor) -> Tensor:
-        """``(B, C, H, W) -> (B, out_channels, H, W)`` pre-sigmoid outputs."""
-        if images.dim() != 4 or images.shape[1] != self.input_size[0] or images.shape[2] % 16 or images.shape[3] % 16:
-            raise ValueError(f"UNet expects images of shape (B, {self.input_size[0]}, H, W) with H and W divisible by "
-                             f"16, got {tuple(images.shape)}")
+    def logits(self, images: Tensor, *, owner: str = "UNet", name: str = "images") -> Tensor:
+        """``(B, C, H, W) -> (B, out_channels, H, W)`` pre-sigmoid outputs (``owner`` and ``name``: for the
+        messages of the input check)."""
+        images = image_batch(images, (self.input_size[0], None, None), dtype=self.head.weight.dtype, owner=owner,
+                             name=name, multiple=16)
         skips, x = [], images
         for k, block in enumerate(self.down):
             x = block(x if k == 0 else nn.functional.max_pool2d(x, 2))
@@ -87,12 +90,14 @@ class UNet(nn.Module):
 
 
 @register_model("unet", task="segmentation")
-def unet(*, input_size=(1, 512, 512), batch_norm=False, device=None, dtype=None) -> UNet:
+def unet(*, input_size: ImageSize = (1, 512, 512), batch_norm: bool = False, device: Device | None = None,
+         dtype: DType | None = None) -> UNet:
     """The U-Net of Ronneberger et al. with "same" padding (31.0M parameters; ``batch_norm``: see UNet)."""
     return UNet(input_size=input_size, width=64, batch_norm=batch_norm, device=device, dtype=dtype)
 
 
 @register_model("unet_small", task="segmentation")
-def unet_small(*, input_size=(1, 32, 32), batch_norm=False, device=None, dtype=None) -> UNet:
+def unet_small(*, input_size: ImageSize = (1, 32, 32), batch_norm: bool = False, device: Device | None = None,
+               dtype: DType | None = None) -> UNet:
     """U-Net with 8 channels in the first stage (about 1/64 of the parameters), for CPUs and tests."""
     return UNet(input_size=input_size, width=8, batch_norm=batch_norm, device=device, dtype=dtype)

@@ -1,0 +1,235 @@
+"""Bad values at the library's boundary get an error that names the argument (issue 21): model arguments
+(checked against each builder's declared schema), loss arguments, devices and the images given to a model.
+
+Models are built on the meta device wherever the check comes before any computation, so every registered model
+is covered in seconds."""
+import json
+
+import pytest
+import torch
+
+import capsnets
+from capsnets.engine.runtime import resolve_device
+from capsnets.layers.validation import ArgumentError, available_devices
+from capsnets.losses import create_loss, list_losses, loss_schema
+from capsnets.models import model_schema, model_task
+
+MODELS = capsnets.list_models()
+
+
+def _arguments(expects: str) -> list[tuple[str, str]]:
+    """``(model, argument)`` for every argument of every registered model whose description contains ``expects``."""
+    return [(name, key) for name in MODELS for key, argument in model_schema(name).items()
+            if expects in argument.expects]
+
+
+def _refused(name: str, key: str, value, *also: str) -> str:
+    with pytest.raises(ArgumentError) as info:
+        capsnets.create_model(name, **{key: value})
+    message = str(info.value)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
+    for part in (key, repr(value)[:40], *also):
+        assert part in message, f"{part!r} not in {message!r}"
+    assert "\n" not in message
+    return message
+
+
+def _run(model, images):
+    """``model``'s forward pass with whatever else its task needs."""
+    if model_task(model.model_name) == "autoencoder":
+        return model(images, torch.zeros(len(images), 2, device=getattr(images, "device", None)))
+    return model(images)
+
+
+def _first_tensor(output):
+    return next(value for value in vars(output).values() if isinstance(value, torch.Tensor))
+
+
+# model arguments ------------------------------------------------------------------------------------------------
+
+def test_every_model_argument_is_declared():
+    for name in MODELS:
+        for key, argument in model_schema(name).items():
+            assert argument.expects != "any value", f"{name}: {key} has no type annotation"
+        assert capsnets.models.model_arguments(name) == {k: a.default for k, a in model_schema(name).items()}
+
+
+@pytest.mark.parametrize("name, key", _arguments("true"))
+def test_booleans_must_be_booleans(name, key):
+    for value in ("abc", "false", 1, 0.0):
+        message = _refused(name, key, value, "true")
+    assert "leave it out" in message and f"list-models {name}" in message
+
+
+@pytest.mark.parametrize("name, key", _arguments("positive integer"))
+def test_sizes_and_counts_must_be_positive_integers(name, key):
+    for value in (0, -3, 2.5, 2.0, "3", True):
+        _refused(name, key, value, "positive integer")
+
+
+@pytest.mark.parametrize("name, key", [(name, key) for name, key in _arguments("") if "None" not in
+                                       model_schema(name)[key].expects])
+def test_null_is_refused_where_an_argument_has_no_none(name, key):
+    _refused(name, key, None, "got None")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_input_size_must_be_three_positive_integers(name):
+    for value in ("abc", [1, 28], [1, 0, 28], [1.5, 28, 28], 28):
+        _refused(name, "input_size", value, "(C, H, W)")
+
+
+@pytest.mark.parametrize("name", [name for name in MODELS if "routing" in model_schema(name)])
+def test_routing_must_be_a_routing_or_its_spec(name):
+    _refused(name, "routing", "dynamic", "routing object", "spec")
+    _refused(name, "routing", 3, "routing object")
+    message = _refused(name, "routing", {"type": "dynamic", "iterations": "2"}, "iterations")
+    assert "integer" in message
+    _refused(name, "routing", {"type": "dinamic"}, "unknown routing type")
+    _refused(name, "routing", {"type": "em", "detach_routing": "yes"}, "detach_routing")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_placement_arguments_are_checked(name):
+    _refused(name, "dtype", "abc", "floating-point torch.dtype")
+    _refused(name, "dtype", torch.int64, "floating-point torch.dtype")
+    _refused(name, "device", "cuda:x", "available here")
+    _refused(name, "device", 3.5, "device name")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_unknown_arguments_are_named_with_the_ones_taken(name):
+    with pytest.raises(ArgumentError, match=r"does not take input_sise \(did you mean input_size\?\); it takes: "):
+        capsnets.create_model(name, input_sise=(1, 28, 28))
+
+
+def test_matrix_models_check_their_routing_settings():
+    _refused("matrix_capsnet_small", "inverse_temperature", "1", "a number, a list of numbers")
+    _refused("matrix_capsnet_small", "formulation", "offical", "one of 'paper', 'official'")
+    _refused("matrix_capsnet_small", "assignment_scope", "global", "'per_type'")
+    _refused("matrix_capsnet_small", "checkpoint_chunks", -1, "non-negative integer")
+    with pytest.raises(ArgumentError, match="class_routing_args: detach_routing must be true, false or None"):
+        capsnets.create_model("matrix_capsnet_small", class_routing_args={"detach_routing": "abc"})
+    _refused("cnn_baseline_narrow", "dropout", 1, "[0, 1)")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_values_from_yaml_and_json_are_taken(name):
+    default = model_schema(name)["input_size"].default
+    model = capsnets.create_model(name, input_size=list(default), device="meta")
+    assert model.input_size == tuple(default) and model.model_args["input_size"] == list(default)
+    rebuilt = capsnets.create_model(name, **json.loads(json.dumps(model.model_args)), device="meta")
+    assert rebuilt.model_args == model.model_args
+
+
+def test_ints_are_taken_for_floats_and_routings_rebuild_from_their_records():
+    model = capsnets.create_model("matrix_capsnet_small", formulation="paper", inverse_temperature=1, device="meta")
+    assert model.classes.routing.inverse_temperatures == [1.0] * 3 and model.model_args["inverse_temperature"] == 1.0
+    assert capsnets.create_model("cnn_baseline_narrow", dropout=0, device="meta").model_args["dropout"] == 0.0
+    official = capsnets.create_model("matrix_capsnet_small", routing=capsnets.functional.EMRouting.official(2),
+                                     device="meta")
+    record = json.loads(json.dumps(official.model_args))
+    assert capsnets.create_model("matrix_capsnet_small", **record, device="meta").model_args == record
+    assert capsnets.create_model("capsnet_small", dtype="float64", device="meta").conv.weight.dtype == torch.float64
+
+
+def test_the_command_line_prints_the_error_in_one_line(tmp_path, capsys):
+    from capsnets.cli import main
+
+    status = main(["train", "--model", "matrix_capsnet_small", "--dataset", "digits", "--out", str(tmp_path / "run"),
+                   "--model-arg", "detach_routing=abc"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and len(error) == 1
+    assert "detach_routing must be true, false or None" in error[0] and "'abc'" in error[0]
+
+
+# loss arguments -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list_losses())
+def test_loss_arguments_are_checked(name):
+    with pytest.raises(ArgumentError, match=f"loss '{name}' does not take weight"):
+        create_loss(name, weight=1.0)
+    for key in loss_schema(name):
+        with pytest.raises(ArgumentError, match=f"{key} must be a number, got 'abc'"):
+            create_loss(name, **{key: "abc"})
+        with pytest.raises(ArgumentError, match=f"{key} must be a number, got None"):
+            create_loss(name, **{key: None})
+    with pytest.raises(ArgumentError, match="unknown loss"):
+        create_loss(name + "x")
+
+
+def test_loss_arguments_take_ints_for_floats():
+    assert create_loss("margin", m_pos=1, reconstruction_weight=0).m_pos == 1.0
+    with pytest.raises(ValueError, match="label_smoothing must be in"):
+        create_loss("cross_entropy", label_smoothing=2)
+
+
+# devices --------------------------------------------------------------------------------------------------------
+
+def _usable(device: str) -> bool:
+    kind, _, index = device.partition(":")
+    if kind == "cuda":
+        return torch.cuda.is_available() and int(index or 0) < torch.cuda.device_count()
+    if kind == "mps":
+        return torch.backends.mps.is_available()
+    return hasattr(torch, "xpu") and torch.xpu.is_available() and int(index or 0) < torch.xpu.device_count()
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:7", "mps", "xpu", "xpu:3"])
+def test_devices_this_build_lacks_are_refused(device):
+    if _usable(device):
+        assert resolve_device(device) == torch.device(device)
+        return
+    with pytest.raises(ValueError, match=f"device='{device}': .*available here: {', '.join(available_devices())}"):
+        resolve_device(device)
+
+
+@pytest.mark.parametrize("device", ["cuda:x", "gpu", "", "cuda:-1", None, 2.0])
+def test_device_names_that_are_no_devices_are_refused(device):
+    with pytest.raises(ArgumentError, match=r"device.*available here: cpu"):
+        resolve_device(device)
+    assert resolve_device("cpu") == torch.device("cpu") and resolve_device("meta") == torch.device("meta")
+
+
+# images given to a model ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", MODELS)
+def test_bad_image_batches_are_refused(name):
+    model = capsnets.create_model(name, device="meta")
+    channels, height, width = model.input_size
+    argument = "label_maps" if model_task(name) == "synthesis" else "images"
+    bad = {"an empty batch": torch.zeros(0, channels, height, width),
+           f"of shape (B, {channels}, ": torch.zeros(2, channels + 1, height, width),
+           f"{argument} of shape (B, {channels}, ": torch.zeros(2, channels, height + 4, width),
+           "dtype torch.int64": torch.zeros(2, channels, height, width, dtype=torch.int64),
+           f"{argument} as a torch.Tensor": [[0.0]]}
+    for phrase, images in bad.items():
+        images = images.to("meta") if isinstance(images, torch.Tensor) else images
+        with pytest.raises(ArgumentError) as info:
+            _run(model, images)
+        assert phrase in str(info.value) and argument in str(info.value), str(info.value)
+
+
+#: One cheap registered model of every model class (the conversion is the same code in all of them), with the
+#: smallest input it takes.
+CHEAP = {"capsnet_digits": {}, "matrix_capsnet_small": {"input_size": (1, 28, 28)}, "cnn_baseline_narrow": {},
+         "cnn_smallnorb_narrow": {}, "segcaps_small": {"input_size": (1, 16, 16)},
+         "unet_small": {"input_size": (1, 16, 16)}, "capspix2pix_small": {"input_size": (10, 16, 16)},
+         "pix2pix_small": {"input_size": (10, 16, 16)}, "transforming_autoencoder": {}}
+
+
+def test_the_cheap_models_cover_every_model_class():
+    every = {type(capsnets.create_model(name, device="meta")) for name in MODELS}
+    assert every == {type(capsnets.create_model(name, device="meta")) for name in CHEAP}
+
+
+@pytest.mark.parametrize("name", CHEAP)
+def test_uint8_and_float64_images_are_converted(name):
+    # uint8 scaled by 1/255 and float64 cast to float32 are the same float32 images here: the same outputs
+    torch.manual_seed(0)
+    model = capsnets.create_model(name, **CHEAP[name]).eval()
+    pixels = torch.randint(0, 256, (1, *model.input_size), dtype=torch.uint8)
+    with torch.no_grad():
+        from_uint8, from_float64 = (_first_tensor(_run(model, x)) for x in (pixels, (pixels.float() / 255).double()))
+    assert from_uint8.dtype == from_float64.dtype == torch.float32
+    torch.testing.assert_close(from_uint8, from_float64, rtol=0, atol=0)
