@@ -138,7 +138,8 @@ def test_list_models_name_lists_its_model_args_with_defaults(capsys):
 
     assert main(["list-models", "capsnet"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "input_size=[1, 28, 28]" in lines and "reconstruction=true" in lines
+    assert "input_size=[1, 28, 28]  # (C, H, W): a list of 3 positive integers" in lines
+    assert "reconstruction=true  # true or false" in lines
     defaults = {key: list(value) if isinstance(value, tuple) else value
                 for key, value in model_arguments("capsnet").items() if key not in ("device", "dtype")}
     # one KEY=VALUE line per builder argument, each one --model-arg reads back as the default

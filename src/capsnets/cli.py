@@ -213,7 +213,7 @@ def _add_reconstruct(parser: argparse.ArgumentParser) -> None:
 
 def _add_list_models(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", metavar="MODEL",
-                        help="list this model's --model-arg keys with their defaults, one per line, instead "
+                        help="list this model's --model-arg keys with their defaults and what they take, one per line, instead "
                              "(default: list every model)")
     parser.set_defaults(handler=_list_models)
 
@@ -420,12 +420,13 @@ _PLACEMENT_ARGS = ("device", "dtype")
 
 
 def format_model_arguments(name: str) -> str:
-    """The ``--model-arg`` keys of model ``name`` with their defaults, one ``KEY=VALUE`` line each, VALUE written
-    as ``--model-arg`` reads it (YAML); taken from the builder's signature (:func:`capsnets.models.model_arguments`)."""
-    from capsnets.models import model_arguments
+    """The ``--model-arg`` keys of model ``name``, one ``KEY=DEFAULT  # what it takes`` line each, DEFAULT written
+    as ``--model-arg`` reads it (YAML, where ``#`` starts a comment); from the builder's declared schema
+    (:func:`capsnets.models.model_schema`)."""
+    from capsnets.models import model_schema
 
-    lines = [f"{key}={_yaml_value(value)}" for key, value in model_arguments(name).items()
-             if key not in _PLACEMENT_ARGS]
+    lines = [f"{key}={_yaml_value(argument.default)}  # {argument.expects}"
+             for key, argument in model_schema(name).items() if key not in _PLACEMENT_ARGS]
     return "\n".join(lines)
 
 

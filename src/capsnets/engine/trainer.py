@@ -133,6 +133,7 @@ class Trainer:
         seed_everything(cfg.seed)
         train_data, test_data = self._load_data(device)
         model = self.model = self._build_model(train_data).to(device)
+        criterion = self._build_loss(model)  # before anything is written: a bad --loss-arg leaves no trace
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_decay)
         state = self._restore(model, checkpoint) if checkpoint is not None else TrainState()
@@ -144,7 +145,7 @@ class Trainer:
         loader = self._loader(train_data, context)
         examples = len(loader) * cfg.batch_size if loader.drop_last else loader.num_examples
         return _Session(context=context, device=device, model=model,
-                        fast_model=torch.compile(model) if cfg.compile else model, criterion=self._build_loss(model),
+                        fast_model=torch.compile(model) if cfg.compile else model, criterion=criterion,
                         loader=loader, test_data=test_data, state=state, examples=examples)
 
     def _at_epoch_end(self, s: "_Session", record: dict[str, Any], final: bool) -> None:
