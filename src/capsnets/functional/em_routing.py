@@ -45,7 +45,16 @@ Numerical safety (everything that can be in log space is):
   receives no mass (all activations zero) gets ``mu = 0``, not ``0/0``;
 - ``log a_j`` is ``logsigmoid`` of the pre-activation and the assignments are a log-space softmax;
 - half-precision inputs (and calls under ``torch.autocast``) are computed in float32 with autocast
-  disabled inside; results are float32 for float16/bfloat16 inputs, the input dtype otherwise.
+  disabled inside; results are float32 for float16/bfloat16 inputs, the input dtype otherwise;
+- (not in the paper) the votes of a routing problem whose largest ``|V|`` exceeds
+  ``X = sqrt(finfo.max * floor / (32 H))`` (8e14 in float32 with the floor 1e-6 and H = 16), beyond which
+  their squares over the floor would overflow the E-step, are divided by a power of two ``2^k`` that brings
+  them within ``X``, and put back exactly (poses times ``2^k``, log variances plus ``2k log 2``); the floor
+  stays the same in those units, so it is ``2^2k`` times larger in the votes' own (still a fixed fraction of
+  ``X^2``). Every finite input then gives finite outputs, and votes up to ``X`` the values as before;
+- (not in the paper) where a parent's mass ``sum_i R'`` is below ``1e-3``, ``mu`` and ``sigma^2`` are
+  differentiated as if it were ``1e-3`` (the guarded equations' own slope there is ``1 / eps``), so the
+  gradients of the activations stay bounded when they are all zero. Values are unchanged.
 
 Convolutional layers fold output positions into ``B``, so by default each position's parents are routed
 as their own problem. ``child_groups`` (:mod:`capsnets.functional.child_groups`) ties the copies of a
@@ -64,10 +73,10 @@ Gradients flow through every iteration (the procedure differentiated literally) 
 
 Implementation (same values as the equations): votes are laid out once as ``(B, J, I, H)``, shifted by a
 per-parent origin ``c`` (the activation-weighted mean vote, a constant: every quantity is computed by exact
-algebra from ``V - c``, so nothing depends on ``c``) and stored once as ``xx = [V - c, (V - c)^2]``
-``(B, J, I, 2H)``. Each M-step is one batched product ``w @ xx`` giving ``sum_i w x`` and ``sum_i w x^2``
-(the variance about any centre follows by exact algebra, clamped at 0 against rounding), each E-step one
-product ``xx @ [-2 d / sigma^2, 1 / sigma^2]`` (as a row times ``xx^T``,
+algebra from ``V - c``, so nothing depends on ``c``), divided by the problem's power of two (above), and stored
+once as ``xx = [V - c, (V - c)^2]`` ``(B, J, I, 2H)``. Each M-step is one batched product ``w @ xx`` giving
+``sum_i w x`` and ``sum_i w x^2`` (the variance about any centre follows by exact algebra, clamped at 0 against
+rounding), each E-step one product ``xx @ [-2 d / sigma^2, 1 / sigma^2]`` (as a row times ``xx^T``,
 :func:`~capsnets.functional.products.matvec`): no ``(B, J, I, H)`` temporary per iteration. In eager
 training :class:`_EMFunction` supplies the backward: ``d loss / d xx`` is a sum of outer products, formed
 by one product of inner size ``2 * iterations - 1`` instead of one full-size tensor per use; under
@@ -78,6 +87,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -91,6 +101,7 @@ _COST_NORMALIZATIONS = (None, "mean_std", "mass")
 _FORMULATIONS = ("paper", "official")
 _BLEND = 0.9  # official: the weight of the new mean in the centre update
 _BETA_A_SCALE = 5000.0  # official: beta_a's factor in the activation logit
+_GRADIENT_MASS_FLOOR = 1e-3  # below this mass, mu and sigma^2 are differentiated as if at it (module docstring)
 #: The released code's settings: variance floor, and mass guards of convolutional and class capsule layers.
 OFFICIAL_VARIANCE_FLOOR = 5e-4
 OFFICIAL_MASS_EPS = {"conv": 1e-7, "class": 1e-5}
@@ -276,52 +287,92 @@ def _check_inputs(votes: Tensor, activations: Tensor, iterations, eps, cost_norm
     _check_settings(iterations, eps, cost_normalization, formulation, variance_floor)
 
 
-def _shifted_votes(v: Tensor, a_in: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """Votes about a per-parent origin, and their squares, side by side.
+class _Scale(NamedTuple):
+    """The units of one batch of routing problems (module docstring): each problem's votes are handled
+    divided by ``sigma``, a power of two (1 unless they are large enough for their squares to overflow)."""
+
+    inv: Tensor  # (B, 1, 1, 1): 1 / sigma
+    log_var: Tensor  # (B, 1, 1): 2 log sigma, which turns the log of a scaled variance into the real one
+    floor: Tensor  # (B, 1, 1): the variance floor in scaled units
+
+
+def _vote_scale(v: Tensor, floor: float) -> _Scale:
+    """The :class:`_Scale` of votes ``v`` (B, J, I, H) with variance floor ``floor``.
+
+    With scaled votes ``|V| <= X`` (so ``|V - c|, |mu - c| <= 2 X``) and scaled variances at least
+    ``32 H X^2 / max``, every term of the E-step's quadratic form is below ``max / (8 H)``: ``X`` is as large as
+    keeps that bound at the given floor (so votes up to ``X`` are not scaled and the floor not raised).
+    """
+    info, height = torch.finfo(v.dtype), v.shape[-1]
+    limit = min((info.max * floor / (32.0 * height)) ** 0.5, info.max**0.5 / 4.0)  # X
+    with torch.no_grad():
+        top = (torch.maximum(v.amax(dim=(1, 2, 3)), -v.amin(dim=(1, 2, 3))) if v.numel()  # (B,): the largest |V|
+               else v.new_zeros(v.shape[0]))
+        # the smallest power of two that brings every |V| within X (the log2 of 0 is -inf: sigma 1)
+        sigma = torch.exp2(torch.ceil(torch.log2(top / limit))).clamp_min(1.0)
+        inv = sigma.reciprocal()
+        scaled_floor = (floor * inv.square()).clamp_min(32.0 * height * limit**2 / info.max)
+        log_var = 2.0 * sigma.log()
+    return _Scale(inv.view(-1, 1, 1, 1), log_var.view(-1, 1, 1), scaled_floor.view(-1, 1, 1))
+
+
+def _shifted_votes(v: Tensor, a_in: Tensor, eps: float, inv: Tensor) -> tuple[Tensor, Tensor]:
+    """Votes about a per-parent origin, and their squares, side by side, in the units of ``inv`` (B, 1, 1, 1).
 
     The origin ``c`` is the activation-weighted mean vote (the first M-step's ``mu`` up to the mass
     guard), taken as a constant: the procedure is invariant to the shift, so its gradient is exact.
-    Returns ``c`` (B, J, 1, H) and ``xx = [V - c, (V - c)^2]`` (B, J, I, 2H).
+    Returns ``c * inv`` (B, J, 1, H) and ``xx = [x, x^2]`` with ``x = (V - c) * inv`` (B, J, I, 2H).
     """
     with torch.no_grad():
         w0 = (a_in / (a_in.sum(dim=-1, keepdim=True) + eps)).unsqueeze(2)  # (B, 1, 1, I)
-        c = torch.matmul(w0, v)  # (B, J, 1, H)
+        c = torch.matmul(w0, v) * inv  # (B, J, 1, H)
     if (torch.is_grad_enabled() and v.requires_grad) or torch.compiler.is_compiling():
-        x = v - c
+        x = torch.addcmul(-c, v, inv)  # v * inv - c
         return c, torch.cat([x, x * x], dim=-1)
     # Untracked (inference, or _EMFunction's forward): write both halves in place, no temporaries or cat.
     h = v.shape[-1]
     xx = v.new_empty(*v.shape[:-1], 2 * h)
-    x = torch.sub(v, c, out=xx[..., :h])
+    x = torch.addcmul(-c, v, inv, out=xx[..., :h])
     torch.mul(x, x, out=xx[..., h:])
     return c, xx
 
 
-def _m_step(r_prime, c, contract, beta_v, beta_a, lam, eps, cost_normalization, official=None):
-    """One M-step. r_prime (B, J, I), c (B, J, 1, H) -> mu - c, var, log_var (B, J, H), pre (B, J).
+def _mass_weights(r_prime: Tensor, mass: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The M-step's weights ``w = R' / (mass + eps)`` (B, J, I) and their total ``s = mass / (mass + eps)``
+    (B, J, 1). With gradients, a mass below ``_GRADIENT_MASS_FLOOR`` is differentiated as if it were there
+    (the values are the guarded equations'; module docstring)."""
+    guard = mass + eps
+    w, s = r_prime / guard, mass * guard.reciprocal()
+    if not torch.is_grad_enabled():
+        return w, s
+    floored = mass.clamp_min(_GRADIENT_MASS_FLOOR) + eps  # equal to guard (no change) above the floor
+    w_floored, s_floored = r_prime / floored, mass * floored.reciprocal()
+    return w_floored + (w - w_floored).detach(), s_floored + (s - s_floored).detach()
+
+
+def _m_step(r_prime, c, contract, beta_v, beta_a, lam, eps, cost_normalization, scale, d_prev=None):
+    """One M-step. r_prime (B, J, I), c (B, J, 1, H) -> mu - c, var (B, J, H) in the units of ``scale``
+    (a :class:`_Scale`), the real log_var (B, J, H), pre (B, J).
 
     With ``x = V - c`` and normalised weights ``w`` (summing to ``s = mass / (mass + eps)``):
     ``mu = m1 + s c`` and ``sum_i w (V - mu)^2 = m2 - 2 d m1 + s d^2`` where ``m1 = sum_i w x``,
     ``m2 = sum_i w x^2`` and ``d = mu - c`` (exact algebra; rounding can only make it slightly negative).
-    ``official``: ``(d_prev, floor)`` for the released code's formulation (module docstring): the centre
-    ``0.9 * mean + 0.1 * previous`` (``d_prev``: the previous centre minus ``c``), the variance floor
-    ``floor``, and its activation logit.
+    ``d_prev``: the previous centre minus ``c``, for the released code's formulation (module docstring): the
+    centre ``0.9 * mean + 0.1 * previous`` and its activation logit.
     """
     mass = r_prime.sum(dim=2, keepdim=True)  # (B, J, 1): sum_i R'
-    w = (r_prime / (mass + eps)).unsqueeze(2)  # (B, J, 1, I): normalised weights, guarded
-    m1, m2 = contract("m", w).squeeze(2).chunk(2, dim=-1)  # (B, J, H) each
-    s = mass * (mass + eps).reciprocal()  # (B, J, 1): sum_i w
+    w, s = _mass_weights(r_prime, mass, eps)  # (B, J, I) normalised weights, guarded; (B, J, 1) sum_i w
+    m1, m2 = contract("m", w.unsqueeze(2)).squeeze(2).chunk(2, dim=-1)  # (B, J, H) each
     d = m1 + (s - 1.0) * c.squeeze(2)  # (B, J, H): mu - c
-    if official is not None:
-        d_prev, floor = official
+    if d_prev is not None:
         d = _BLEND * d + (1.0 - _BLEND) * d_prev
-        var = (m2 - 2.0 * d * m1 + s * d.square()).clamp_min(0.0) + floor
-        log_var = var.log()
+        var = (m2 - 2.0 * d * m1 + s * d.square()).clamp_min(0.0) + scale.floor
+        log_var = var.log() + scale.log_var
         height = d.shape[-1]
         win = (mass + eps).squeeze(-1) * (-log_var.sum(dim=-1) - beta_v * (height * (1.0 + _LOG_2PI)))
         return d, var, log_var, lam * (win - _BETA_A_SCALE * beta_a)
-    var = (m2 - 2.0 * d * m1 + s * d.square()).clamp_min(0.0) + eps  # sigma^2 with its floor
-    log_var = var.log()
+    var = (m2 - 2.0 * d * m1 + s * d.square()).clamp_min(0.0) + scale.floor  # sigma^2 with its floor
+    log_var = var.log() + scale.log_var
     cost = ((beta_v.unsqueeze(-1) + 0.5 * log_var) * mass).sum(dim=-1)  # (B, J)
     if cost_normalization == "mass":  # per child and pose component of a uniform assignment: J / (I H)
         cost = cost * (cost.shape[1] / (r_prime.shape[-1] * d.shape[-1]))
@@ -337,7 +388,7 @@ def _e_step(contract, d, var, log_var, pre, groups):
     over every parent of every copy of the child, :func:`~capsnets.functional.child_groups.group_softmax`).
 
     ``sum_h (V - mu)^2 / sigma^2 = sum_h x^2 / sigma^2 - 2 x d / sigma^2 + d^2 / sigma^2``: one matrix
-    product with the stored ``[x, x^2]``, no (B, J, I, H) temporary.
+    product with the stored ``[x, x^2]``, no (B, J, I, H) temporary (the same in any units of the votes).
     """
     inv = var.reciprocal()  # (B, J, H)
     coef = torch.cat([-2.0 * d * inv, inv], dim=-1).unsqueeze(-1)  # (B, J, 2H, 1)
@@ -365,19 +416,20 @@ def _initial_assignments(c, a_in, groups):
 
 
 def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_routing, groups,
-           variance_floor=None):
+           variance_floor, scale):
     """The procedure on shifted votes, seen only through ``contract``: poses, activations, assignments.
 
     ``variance_floor`` None: the paper's procedure (``eps`` is floor and guard); a number: the released
-    code's formulation with that floor (module docstring)."""
+    code's formulation (module docstring). ``scale`` (a :class:`_Scale`): the units of ``c`` and of the
+    votes behind ``contract``, and the variance floor in them."""
     r = _initial_assignments(c, a_in, groups)  # (B, J, I)
-    official = None if variance_floor is None else (-c.squeeze(2), variance_floor)  # the centre starts at 0
+    d_prev = None if variance_floor is None else -c.squeeze(2)  # official: the centre starts at 0
 
     def m_step(r_, lam):
-        nonlocal official
-        out = _m_step(r_ * a_in, c, contract, beta_v, beta_a, lam, eps, cost_normalization, official)
-        if official is not None:
-            official = (out[0], variance_floor)
+        nonlocal d_prev
+        out = _m_step(r_ * a_in, c, contract, beta_v, beta_a, lam, eps, cost_normalization, scale, d_prev)
+        if d_prev is not None:
+            d_prev = out[0]
         return out
 
     if detach_routing and len(lambdas) > 1:
@@ -390,7 +442,9 @@ def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, 
         d, var, log_var, pre = m_step(r, lam)
         if t < len(lambdas) - 1:
             r = _e_step(contract, d, var, log_var, pre, groups)
-    return d + c.squeeze(2), torch.sigmoid(pre), r
+    top = torch.finfo(d.dtype).max  # the poses in real units; clamped only against rounding at the very top
+    mu = ((d + c.squeeze(2)) / scale.inv.squeeze(-1)).clamp(-top, top)
+    return mu, torch.sigmoid(pre), r
 
 
 class _Replay(torch.autograd.Function):
@@ -427,15 +481,15 @@ class _EMFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_routing, groups,
-                variance_floor):
-        c, xx = _shifted_votes(v, a_in, eps)
+                variance_floor, scale):
+        c, xx = _shifted_votes(v, a_in, eps, scale.inv)
         values, plain = [], _matmul_contract(xx)
 
         def record(kind, operand):
             values.append(plain(kind, operand))
             return values[-1]
 
-        ctx.settings = (lambdas, eps, cost_normalization, detach_routing, groups, variance_floor)
+        ctx.settings = (lambdas, eps, cost_normalization, detach_routing, groups, variance_floor, scale)
         ctx.values = values
         out = _route(c, record, a_in, beta_v, beta_a, *ctx.settings)
         ctx.save_for_backward(c, xx, a_in, beta_v, beta_a)
@@ -454,11 +508,12 @@ class _EMFunction(torch.autograd.Function):
             grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
         grad_v = None
         if sink and ctx.needs_input_grad[0]:
-            left = torch.cat([lhs for lhs, _ in sink], dim=-1)  # (B, J, I, K)
+            inv = ctx.settings[-1].inv  # (B, 1, 1, 1): d x / d v
+            left = torch.cat([lhs for lhs, _ in sink], dim=-1) * inv  # (B, J, I, K)
             g1, g2 = torch.matmul(left, torch.cat([rhs for _, rhs in sink], dim=-2)).chunk(2, dim=-1)
             h = g1.shape[-1]
-            grad_v = torch.addcmul(g1, xx[..., :h], g2, value=2.0)  # through xx = [x, x^2], x = v - c
-        return (grad_v, *grads, None, None, None, None, None, None)
+            grad_v = torch.addcmul(g1, xx[..., :h], g2, value=2.0)  # through xx = [x, x^2], x = (v - c) inv
+        return (grad_v, *grads, None, None, None, None, None, None, None)
 
 
 def em_routing(
@@ -537,13 +592,14 @@ def em_routing(
         a_in = activations.to(dtype).unsqueeze(1)  # (B, 1, I)
         beta_v = _check_beta(beta_v, "beta_v", v.shape[1], v)  # (J,) or (1,)
         beta_a = _check_beta(beta_a, "beta_a", v.shape[1], v)
-        settings = (lambdas, eps, cost_normalization, detach_routing, child_groups, variance_floor)
+        scale = _vote_scale(v, eps if variance_floor is None else variance_floor)
+        settings = (lambdas, eps, cost_normalization, detach_routing, child_groups, variance_floor, scale)
         lean = torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(
             t.requires_grad for t in (v, a_in, beta_v, beta_a))
         if lean:  # eager training: the lean backward of _EMFunction
             mu, a_out, r = _EMFunction.apply(v, a_in, beta_v, beta_a, *settings)
         else:  # inference, or traced by torch.compile: plain autograd through the same procedure
-            c, xx = _shifted_votes(v, a_in, eps)  # (B, J, 1, H), (B, J, I, 2H)
+            c, xx = _shifted_votes(v, a_in, eps, scale.inv)  # (B, J, 1, H), (B, J, I, 2H)
             mu, a_out, r = _route(c, _matmul_contract(xx), a_in, beta_v, beta_a, *settings)
     if return_assignments:
         return mu, a_out, r.transpose(1, 2)

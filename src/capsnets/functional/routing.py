@@ -11,8 +11,13 @@ the child and parent capsule types there.
 
 Implementation (same result as the procedure, in fewer operations): the predictions are laid out once as
 ``(B, J, I, D)`` so every weighted sum and every agreement is a batched matrix product
-(:func:`~capsnets.functional.products.matvec`); the first iteration's couplings are exactly ``1/J``, so its
-sum is a mean; the last iteration does not update the logits, whose new value would never be used.
+(:func:`~capsnets.functional.products.matvec`); the first iteration's couplings are exactly ``1/J``, so it
+takes no softmax; the last iteration does not update the logits, whose new value would never be used.
+
+Numerics (not in the paper; same values): the weighted sums are formed with the couplings times ``2^-k``
+(``2^k >= I``) and the agreements and logits with ``v`` times ``2^-m`` (``2^m >= 2 r sqrt(D)``), powers of
+two put back exactly where the values are used, so no sum overflows for any finite ``u_hat``; the softmax
+takes the logits less their maximum over parents. float16 predictions are routed in float32.
 
 Gradients: with ``detach_routing=True`` (the default, as in the authors' released code) the predictions are
 detached in every iteration but the last, so gradients reach ``u_hat`` only through the final weighted sum
@@ -21,13 +26,14 @@ as the procedure reads when differentiated literally.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from capsnets.functional.products import matvec
-from capsnets.functional.squash import squash
+from capsnets.functional.squash import _squash
 
 
 @dataclass(frozen=True)
@@ -106,29 +112,47 @@ def dynamic_routing(
         (torch.Size([8, 10, 16]), torch.Size([8, 1152, 10]))
     """
     _check_u_hat(u_hat, iterations)
-    batch, children, parents, _ = u_hat.shape
+    batch, children, parents, dim = u_hat.shape
     u = u_hat.permute(0, 2, 1, 3).contiguous()  # (B, J, I, D)
+    if u.dtype == torch.float16:  # its range is too narrow for the sums and agreements
+        u = u.float()
+    sum_unit, logit_unit = _units(children, dim, iterations)
     u_route = u.detach() if detach_routing else u
-    logits = None  # (B, J, I); zero on entry, never materialised while it is zero
+    logits = None  # (B, J, I), times logit_unit; zero on entry, never materialised while it is zero
     for r in range(iterations):
         last = r == iterations - 1
         u_r = u if last else u_route
         if logits is None:
-            s = u_r.sum(dim=2) / parents  # couplings are all 1/J: (B, J, D)
+            weights = u.new_full((batch, parents, 1, children), sum_unit / parents)  # couplings are all 1/J
         else:
-            c = torch.softmax(logits, dim=1)  # (B, J, I): softmax over parents
-            s = torch.matmul(c.unsqueeze(2), u_r).squeeze(2)  # (B, J, 1, I) @ (B, J, I, D) -> (B, J, D)
-        v = squash(s)  # (B, J, D)
-        if not last:
-            agreement = matvec(u_route, v.unsqueeze(-1)).squeeze(-1)  # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I)
+            weights = (_couplings(logits, logit_unit) * sum_unit).unsqueeze(2)  # (B, J, 1, I)
+        s = torch.matmul(weights, u_r).squeeze(2)  # (B, J, 1, I) @ (B, J, I, D) -> (B, J, D), times sum_unit
+        v = _squash(s, unit=sum_unit)  # (B, J, D)
+        if not last:  # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): the agreements, times logit_unit
+            agreement = matvec(u_route, (v * logit_unit).unsqueeze(-1)).squeeze(-1)
             logits = agreement if logits is None else logits + agreement
+    v = v.to(u_hat.dtype)
     if not return_couplings:
         return v
     if logits is None:
         couplings = u_hat.new_full((batch, children, parents), 1.0 / parents)
     else:
-        couplings = torch.softmax(logits, dim=1).transpose(1, 2)
+        couplings = _couplings(logits, logit_unit).transpose(1, 2).to(u_hat.dtype)
     return v, couplings
+
+
+def _units(children: int, dim: int, iterations: int) -> tuple[float, float]:
+    """Powers of two that keep every sum of the procedure within the largest ``|u_hat|`` (module docstring):
+    ``|sum_i c_ij u_ij| <= I max|u|`` and ``|sum of r agreements| <= r sqrt(D) max|u|`` (``|v| < 1``)."""
+    sum_unit = 2.0 ** -math.ceil(math.log2(max(children, 1)))
+    logit_unit = 2.0 ** -math.ceil(math.log2(2 * iterations * math.sqrt(dim)))
+    return sum_unit, logit_unit
+
+
+def _couplings(logits: Tensor, unit: float) -> Tensor:
+    """``softmax_j(logits / unit)`` (B, J, I), shifted by the per-child maximum first, so it cannot overflow."""
+    shifted = logits - logits.detach().amax(dim=1, keepdim=True)
+    return torch.softmax(shifted / unit, dim=1)
 
 
 def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False):
