@@ -16,10 +16,11 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    # A -m expression replaces the default "not slow and not gpu" (pyproject.toml); keep GPU and slow tests
-    # out unless it names them, so that `pytest -m "not learning"` is the quick CPU run it reads as.
+    # A -m expression replaces the default "not slow and not gpu and not faults_long" (pyproject.toml); keep
+    # GPU, slow and long fault-injection tests out unless it names them, so that `pytest -m "not learning"` is
+    # the quick CPU run it reads as.
     expression = config.getoption("markexpr") or ""
-    unnamed = [marker for marker in ("gpu", "slow") if marker not in expression]
+    unnamed = [marker for marker in ("gpu", "slow", "faults_long") if marker not in expression]
     keep, drop = [], []
     for item in items:
         (drop if any(item.get_closest_marker(m) for m in unnamed) else keep).append(item)

@@ -24,17 +24,19 @@ def assert_contrasts_resolve(experiment: str, metrics: dict, count: int) -> None
 
 def as_earlier_version(checkpoint, meta: dict) -> None:
     """Rewrite the checkpoint ``checkpoint`` (a ``.safetensors`` path) as a version of capsnets from before
-    the sidecar was embedded would have: the tensors without the embedded copy, and ``meta`` as its ``.json``."""
+    the sidecar was embedded would have: the tensors without the embedded copy (and the checksums), and ``meta``
+    as its ``.json``."""
     import json
     from pathlib import Path
 
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from capsnets.engine.checkpoint import EMBEDDED_SIDECAR
+    from capsnets.engine.checkpoint import EMBEDDED_SIDECAR, SIDECAR_DIGEST, TENSORS_DIGEST
 
     path = Path(checkpoint)
     with safe_open(path, framework="pt") as handle:
-        metadata = {k: v for k, v in handle.metadata().items() if k != EMBEDDED_SIDECAR}
+        metadata = {k: v for k, v in handle.metadata().items()
+                    if k not in (EMBEDDED_SIDECAR, SIDECAR_DIGEST, TENSORS_DIGEST)}
     save_file(load_file(path), path, metadata=metadata)
     path.with_suffix(".json").write_text(json.dumps(meta))

@@ -257,8 +257,8 @@ def config_from_args(args: argparse.Namespace):
     from_file = read_config_file(config_file) if config_file is not None else {}
     out = args.out or from_file.get("out") or default_run_dir(args.model or from_file.get("model")
                                                               or TrainConfig().model)
-    if config_file is None and args.resume and (Path(out) / "config.yaml").is_file():
-        config_file = Path(out) / "config.yaml"
+    if config_file is None and args.resume:
+        config_file = _run_config(Path(out))
     overrides = {name: getattr(args, name) for name in _CONFIG_FLAGS}
     overrides["out"] = out
     overrides["model_args"] = parse_key_values(args.model_arg, "--model-arg") or None
@@ -266,8 +266,36 @@ def config_from_args(args: argparse.Namespace):
     return build_config(config_file, **overrides)
 
 
+def _run_config(run_dir: Path) -> Path | dict[str, Any] | None:
+    """The configuration ``--resume`` continues the run in ``run_dir`` with: its ``config.yaml``, or, where that is
+    missing or damaged (not a mapping, unreadable, empty), the one recorded in its last checkpoint, with a warning
+    (the trainer writes config.yaml again)."""
+    from capsnets.engine.checkpoint import peek_sidecar
+    from capsnets.engine.config import read_config_file
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        problem = "is missing"
+    else:
+        try:
+            if read_config_file(path):
+                return path  # its values are checked where they are used, and a wrong one named
+            problem = "is empty"
+        except ValueError as err:
+            problem = f"is damaged ({str(err).splitlines()[0]})"
+    checkpoint = run_dir / "last.safetensors"
+    recorded = (peek_sidecar(checkpoint) or {}).get("config")
+    if not isinstance(recorded, dict):
+        return path if path.is_file() else None
+    logging.getLogger(__name__).warning("'%s' %s; resuming with the configuration recorded in '%s' (config.yaml is "
+                                        "written again)", path, problem, checkpoint)
+    return {key: value for key, value in recorded.items() if key != "out"}
+
+
 def _train(args: argparse.Namespace) -> int:
     from capsnets.engine.trainer import train
+
+    from capsnets.files import FileWriteError
 
     config = config_from_args(args)
     try:
@@ -275,6 +303,11 @@ def _train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"capsnets train: interrupted; {_resume_hint(config.out)}", file=sys.stderr)
         return 130
+    except FileWriteError as err:  # a full disk...: what was saved before is kept
+        if os.environ.get("CAPSNETS_DEBUG"):
+            raise
+        print(f"capsnets train: error: {str(err).splitlines()[0]}; {_resume_hint(config.out)}", file=sys.stderr)
+        return 1
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     print(f"model {summary['model']} ({summary['parameters']:,} parameters) on {summary['dataset']}, "
@@ -291,9 +324,10 @@ def _train(args: argparse.Namespace) -> int:
 
 def _resume_hint(out: str) -> str:
     """What an interrupted training left, and the command that continues it."""
-    try:
-        epoch = json.loads((Path(out) / "last.json").read_text())["epoch"]
-    except (OSError, ValueError, KeyError, TypeError):
+    from capsnets.engine.checkpoint import checkpoint_epoch
+
+    epoch = checkpoint_epoch(Path(out) / "last.safetensors")
+    if epoch is None:
         return f"no checkpoint was saved in {out}; start the run again (add --overwrite if {out} holds files)"
     return f"the last checkpoint (epoch {epoch}) is kept; continue with: capsnets train --out {out} --resume"
 
@@ -338,6 +372,7 @@ def _describe(checkpoint) -> str:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from capsnets.engine.evaluate import evaluate
+    from capsnets.files import atomic_write
     from capsnets.plots import plot_confusion_matrix
 
     model, checkpoint, data, device = _load(args)
@@ -350,7 +385,8 @@ def _evaluate(args: argparse.Namespace) -> int:
               "count": results["count"], "accuracy": results["accuracy"],
               "per_class_accuracy": dict(zip(classes, results["per_class_accuracy"].tolist())),
               "confusion_matrix": results["confusion_matrix"].tolist()}
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = json.dumps(report, indent=2) + "\n"
+    atomic_write(out / f"{stem}.json", lambda tmp: Path(tmp).write_text(text))
     png = plot_confusion_matrix(results["confusion_matrix"], classes, out / f"{stem}_confusion.png",
                                 title=f"{_describe(checkpoint)} on {data.name or 'test'}")
     print(format_report(results, classes))

@@ -20,6 +20,21 @@ class DamagedFileError(ValueError):
     """A file the library reads is damaged; the message names it and says how to recover."""
 
 
+class FileWriteError(OSError):
+    """A file could not be written (a full disk, no permission, a read-only folder); the message names it.
+
+    ``errno``, ``strerror`` and ``filename`` are those of the error that stopped the write (``filename`` the
+    file meant, not its temporary file)."""
+
+    def __init__(self, path: str | os.PathLike, cause: OSError, consequence: str = "") -> None:
+        reason = cause.strerror or str(cause) or type(cause).__name__
+        super().__init__(cause.errno, reason, str(path))
+        self.message = f"could not write '{path}' ({reason}){consequence}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -44,10 +59,17 @@ def atomic_write(target: str | os.PathLike, write: Callable[[str], object], *, f
     """Call ``write(tmp_path)`` to fill a temporary file, then move it over ``target`` (folders created).
 
     ``write`` may replace the file rather than fill it (safetensors does, creating it owner-only): the
-    default permissions are set again afterwards."""
+    default permissions are set again afterwards.
+
+    Raises:
+        FileWriteError: an ``OSError`` stopped the write (a full disk...); ``target`` is as it was before.
+    """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_beside(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_beside(target)
+    except OSError as err:
+        raise FileWriteError(target, err) from err
     try:
         write(tmp)
         default_permissions(tmp)
@@ -55,8 +77,10 @@ def atomic_write(target: str | os.PathLike, write: Callable[[str], object], *, f
             with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and not isinstance(err, FileWriteError):
+            raise FileWriteError(target, err, "; the file there before is intact" if target.exists() else "") from err
         raise
     return target
 

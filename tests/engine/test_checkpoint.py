@@ -61,6 +61,22 @@ def test_truncated_file_names_the_file(tmp_path):
         load_checkpoint(path)
 
 
+@pytest.mark.parametrize("where", ["tensors", "sidecar"])
+def test_flipped_bytes_are_found_by_the_checksums(tmp_path, where):
+    """safetensors checks the layout, not the numbers: a byte flipped in the data (or a digit in the embedded
+    sidecar) would load as other weights; the recorded SHA-256s refuse it, naming the file."""
+    path = tmp_path / "last.safetensors"
+    _save(path)
+    data = bytearray(path.read_bytes())
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    index = len(data) - 3 if where == "tensors" else data.index(b'\\"epoch\\": 3') + len(b'\\"epoch\\": ')
+    data[index] ^= 0x01 if where == "tensors" else ord("3") ^ ord("4")  # "epoch": 3 -> 4: still valid JSON
+    assert (index >= header_end) == (where == "tensors")
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"last.safetensors' is damaged: the checksum of its {where}"):
+        load_checkpoint(path)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "nope.safetensors")

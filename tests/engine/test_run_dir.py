@@ -1,4 +1,5 @@
 """Run directories: never replaced by accident, resumed only as the run they hold, repaired after a crash."""
+import hashlib
 import json
 from pathlib import Path
 
@@ -170,7 +171,9 @@ def test_sidecar_entries_of_the_wrong_type_are_refused_on_resume(tiny_config, no
         metadata = handle.metadata()
     meta = json.loads(metadata[ckpt.EMBEDDED_SIDECAR])
     meta["training"]["epoch"] = "one"
-    save_file(load_file(path), path, metadata={**metadata, ckpt.EMBEDDED_SIDECAR: json.dumps(meta)})
+    text = json.dumps(meta)  # with its checksum: written so, not damaged afterwards
+    save_file(load_file(path), path, metadata={**metadata, ckpt.EMBEDDED_SIDECAR: text,
+                                               ckpt.SIDECAR_DIGEST: hashlib.sha256(text.encode()).hexdigest()})
     with pytest.raises(ValueError, match="training.epoch.*'one'"):
         Trainer(config.replace(epochs=2), resume=True).fit()
     assert len(reporting.read_metrics(Path(config.out))) == 1

@@ -147,6 +147,9 @@ class DeviceLoader:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
         if not isinstance(max_shift, int) or max_shift < 0:
             raise ValueError(f"max_shift must be a non-negative int, got {max_shift!r}")
+        if max_shift >= min(images.shape[-2:]):
+            raise ValueError(f"max_shift={max_shift} is not smaller than the images ({images.shape[-2]}x"
+                             f"{images.shape[-1]}): shifts that large move whole images out of the frame")
         if augment is None:
             augment = getattr(data, "augment", None)
         elif augment is False:

@@ -5,7 +5,8 @@
 ``<name>.json`` holds everything else: the training config, model name and arguments (so a model can
 be rebuilt without the training script), epoch, metrics, optimizer hyper-parameters and non-tensor
 state, scheduler state, versions and time.
-No pickle is involved, so loading a checkpoint never runs code.
+No pickle is involved, so loading a checkpoint never runs code. The header also records the SHA-256 of the
+tensors and of the sidecar, checked on loading: a damaged file is reported, never loaded as other numbers.
 
 A save has one commit point. The safetensors file also holds the whole sidecar (its header's metadata
 entry ``"sidecar"``); it is written to a temporary file in the same directory, fsynced, and moved over the
@@ -18,6 +19,7 @@ of files, their ids compared.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -42,6 +44,8 @@ logger = logging.getLogger(__name__)
 SUFFIX = ".safetensors"
 #: The safetensors metadata entry holding the sidecar's JSON text.
 EMBEDDED_SIDECAR = "sidecar"
+#: Metadata entries holding the SHA-256 of the tensors (:func:`tensors_digest`) and of the embedded sidecar.
+TENSORS_DIGEST, SIDECAR_DIGEST = "tensors_sha256", "sidecar_sha256"
 
 
 class CheckpointError(ValueError):
@@ -108,7 +112,8 @@ def save_checkpoint(path: str | Path, *, model: nn.Module, meta: dict[str, Any],
     if scheduler is not None:
         sidecar["scheduler"] = scheduler.state_dict()
     payload = json.dumps(sidecar, indent=2, default=_json_default)
-    metadata = {"checkpoint_id": sidecar["checkpoint_id"], "format": "capsnets", EMBEDDED_SIDECAR: payload}
+    metadata = {"checkpoint_id": sidecar["checkpoint_id"], "format": "capsnets", EMBEDDED_SIDECAR: payload,
+                TENSORS_DIGEST: tensors_digest(tensors), SIDECAR_DIGEST: _text_digest(payload)}
     try:
         tmp_tensors = _write_temp(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
         os.replace(tmp_tensors, path)  # the commit point
@@ -148,6 +153,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
                               "e.g. last/best of the same run, or retrain") from err
     sidecar = sidecar_path(path)
     embedded = header.get(EMBEDDED_SIDECAR)
+    _check_digests(path, header, tensors)
     if embedded is not None:
         meta = _parse_sidecar(embedded, f"the sidecar inside '{path}'")
         if meta.get("checkpoint_id") != header.get("checkpoint_id"):
@@ -166,6 +172,40 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
                                   "probably a save interrupted between the two files; use the other checkpoint")
     validate_sidecar(meta, f"the sidecar of '{path}'")
     return Checkpoint(path=path, tensors=tensors, meta=meta)
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of tensors' names, dtypes, shapes and bytes, in name order: what a checkpoint records of its
+    tensors (header entry ``"tensors_sha256"``), so that flipped bytes in a file are found when it is read."""
+    sha = hashlib.sha256()
+    for key in sorted(tensors):
+        tensor = tensors[key].detach().to("cpu").contiguous()
+        sha.update(f"{key}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        sha.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return sha.hexdigest()
+
+
+def _text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _check_digests(path: Path, header: dict[str, str], tensors: dict[str, torch.Tensor]) -> None:
+    """Raise :class:`CheckpointError` if the tensors or the embedded sidecar are not what was saved (checkpoints
+    written before the digests were recorded are not checked)."""
+    damaged = []
+    if TENSORS_DIGEST in header and tensors_digest(tensors) != header[TENSORS_DIGEST]:
+        damaged.append("its tensors")
+    if SIDECAR_DIGEST in header and _text_digest(header.get(EMBEDDED_SIDECAR, "")) != header[SIDECAR_DIGEST]:
+        damaged.append("its sidecar")
+    if damaged:
+        raise CheckpointError(f"checkpoint '{path}' is damaged: the checksum of {' and '.join(damaged)} does not match "
+                              "the one recorded when it was saved; use another checkpoint, e.g. last/best of the same "
+                              "run, or retrain")
+
+
+def _embedded_sidecar_intact(header: dict[str, str]) -> bool:
+    """Whether a header's embedded sidecar is the one saved (when its digest was recorded)."""
+    return SIDECAR_DIGEST not in header or _text_digest(header.get(EMBEDDED_SIDECAR, "")) == header[SIDECAR_DIGEST]
 
 
 #: Sidecar entries this library reads, and the types they must have when present.
@@ -213,13 +253,53 @@ def _read_text(path: Path) -> str:
         raise CheckpointError(f"cannot read sidecar '{path}' ({_reason(err)})") from err
 
 
+def _text_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def _sidecar_id(sidecar: Path) -> str | None:
     """The ``checkpoint_id`` of a ``.json`` sidecar, or None if it is missing or unreadable."""
+    return _json_entry(sidecar, "checkpoint_id")
+
+
+def peek_sidecar(path: str | Path) -> dict[str, Any] | None:
+    """The sidecar of a checkpoint, read from its header alone (no tensor is read, so it is not validated against
+    them), or None if the file is missing or its header unreadable or damaged."""
     try:
-        value = json.loads(sidecar.read_text())
+        with safe_open(Path(path), framework="pt") as handle:
+            header = handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError):
+        return None
+    if EMBEDDED_SIDECAR not in header:  # written before the sidecar was embedded
+        meta = _json_entry(sidecar_path(path), None)
+        return meta if isinstance(meta, dict) and meta.get("checkpoint_id") == header.get("checkpoint_id") else None
+    if not _embedded_sidecar_intact(header):
+        return None
+    try:
+        meta = json.loads(header[EMBEDDED_SIDECAR])
+    except json.JSONDecodeError:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def checkpoint_epoch(path: str | Path) -> int | float | None:
+    """The epoch a checkpoint records (read from its header alone), or None if it is missing or unreadable."""
+    epoch = (peek_sidecar(path) or {}).get("epoch")
+    return epoch if isinstance(epoch, (int, float)) and not isinstance(epoch, bool) else None
+
+
+def _json_entry(path: Path, key: str | None) -> Any:
+    """Entry ``key`` of the JSON object in ``path`` (``None``: the object), or None if it is missing or unreadable."""
+    try:
+        value = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return value.get("checkpoint_id") if isinstance(value, dict) else None
+    if key is None:
+        return value
+    return value.get(key) if isinstance(value, dict) else None
 
 
 def recover_directory(directory: str | Path) -> list[str]:
@@ -227,8 +307,8 @@ def recover_directory(directory: str | Path) -> list[str]:
 
     - A temporary file (``.<name>.<random>.tmp``) is what a save left before its commit point: the file beside
       it is the one saved before, complete. It is removed.
-    - A ``.json`` sidecar missing or older than the checkpoint it belongs to (a crash after the commit point) is
-      rewritten from the copy inside the checkpoint.
+    - A ``.json`` sidecar missing, older than the checkpoint it belongs to (a crash after the commit point) or
+      otherwise different from the copy inside the checkpoint (damaged) is rewritten from that copy.
     """
     directory = Path(directory)
     messages = []
@@ -246,11 +326,12 @@ def recover_directory(directory: str | Path) -> list[str]:
         except (SafetensorError, OSError, ValueError):
             continue  # reported when something loads it
         embedded = header.get(EMBEDDED_SIDECAR)
-        if embedded is None or _sidecar_id(sidecar_path(path)) == header.get("checkpoint_id"):
-            continue
+        if embedded is None or _text_or_none(sidecar_path(path)) == embedded or not _embedded_sidecar_intact(header):
+            continue  # a damaged checkpoint is reported when something loads it
+        damaged = sidecar_path(path).exists() and _sidecar_id(sidecar_path(path)) in (None, header.get("checkpoint_id"))
+        why = "it was damaged" if damaged else "a save was interrupted after its commit point"
         atomic_write(sidecar_path(path), lambda tmp: Path(tmp).write_text(embedded), fsync=True)
-        messages.append(f"rewrote '{sidecar_path(path)}' from the copy inside '{path}' (a save was interrupted "
-                        "after its commit point)")
+        messages.append(f"rewrote '{sidecar_path(path)}' from the copy inside '{path}' ({why})")
     for message in messages:
         logger.warning("%s", message)
     return messages

@@ -10,6 +10,7 @@ epoch is the value used by the authors' public code, ``decay_rate=0.96``).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -123,15 +124,17 @@ class TrainConfig:
             _require(value is None or (_integer(value) and value >= low), name, value, f"None or an integer >= {low}")
         for name in ("download", "compile", "progress"):
             _require(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
-        _require(_integer(self.seed) and self.seed >= 0, "seed", self.seed, "a non-negative integer")
+        _require(_integer(self.seed) and 0 <= self.seed < 2**64, "seed", self.seed,
+                 "a non-negative integer below 2**64 (torch's generators take 64-bit seeds)")
         _require(self.data_dir is None or (isinstance(self.data_dir, str) and self.data_dir), "data_dir",
                  self.data_dir, "None or a folder")
         _require(self.loss is None or (isinstance(self.loss, str) and self.loss), "loss", self.loss,
                  "None or a loss name")
-        _require(_number(self.lr) and 0 < self.lr < math.inf, "lr", self.lr, "a positive finite number")
+        _require(_number(self.lr) and 0 < self.lr <= FLOAT32_MAX, "lr", self.lr,
+                 f"a positive number up to {FLOAT32_MAX:.4g} (the optimiser steps in float32)")
         _require(_number(self.lr_decay) and 0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "in (0, 1]")
-        _require(_number(self.weight_decay) and 0 <= self.weight_decay < math.inf, "weight_decay",
-                 self.weight_decay, "a non-negative finite number")
+        _require(_number(self.weight_decay) and 0 <= self.weight_decay <= FLOAT32_MAX, "weight_decay",
+                 self.weight_decay, f"a non-negative number up to {FLOAT32_MAX:.4g} (the optimiser steps in float32)")
         limit = self.time_limit_minutes
         _require(limit is None or (isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0
                                    and math.isfinite(limit)), "time_limit_minutes", limit, "None or a positive number")
@@ -171,6 +174,10 @@ class TrainConfig:
         atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
+#: The largest float32: a learning rate or weight decay above it overflows in the optimiser's step.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def field_names() -> list[str]:
     """The names of every :class:`TrainConfig` field, in declaration order."""
     return [f.name for f in dataclasses.fields(TrainConfig)]
@@ -197,17 +204,22 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return values
 
 
-def build_config(config_file: str | Path | None = None, **overrides: Any) -> TrainConfig:
+def build_config(config_file: str | Path | dict[str, Any] | None = None, **overrides: Any) -> TrainConfig:
     """Defaults, then ``config_file`` (if any), then ``overrides`` whose value is not None.
 
+    ``config_file`` is a YAML/JSON file, or the values of one already read (e.g. the config a checkpoint records).
     Dict fields (``model_args``, ``loss_args``) are merged key by key, the overrides winning.
     """
-    values = read_config_file(config_file) if config_file is not None else {}
+    if isinstance(config_file, dict):
+        values, where = copy.deepcopy(config_file), "the recorded config"
+    else:
+        values = read_config_file(config_file) if config_file is not None else {}
+        where = f"config file {str(config_file)!r}"
     if values:
         try:
             TrainConfig.from_dict(dict(values))
         except (ValueError, TypeError) as err:
-            raise ValueError(f"config file {str(config_file)!r}: {err}; correct it there") from err
+            raise ValueError(f"{where}: {err}; correct it there") from err
     for key, value in overrides.items():
         if value is None:
             continue

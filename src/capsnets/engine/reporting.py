@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import Tensor
 
-from capsnets.files import atomic_write, read_json_lines
+from capsnets.files import FileWriteError, atomic_write, read_json_lines
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -21,9 +21,18 @@ RECONSTRUCTIONS_FILE = "reconstructions.png"
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
-    """Append one epoch's record as a JSON line to ``metrics.jsonl``."""
-    with open(run_dir / METRICS_FILE, "a") as handle:
-        handle.write(json.dumps(_finite_or_none(record)) + "\n")
+    """Append one epoch's record as a JSON line to ``metrics.jsonl``.
+
+    Raises:
+        FileWriteError: the line could not be written (a full disk...); the checkpoint holds the record, and
+            ``--resume`` rewrites the file from it (dropping what part of the line was written).
+    """
+    path = run_dir / METRICS_FILE
+    try:
+        with open(path, "a") as handle:
+            handle.write(json.dumps(_finite_or_none(record)) + "\n")
+    except OSError as err:
+        raise FileWriteError(path, err) from err
 
 
 def read_metrics(run_dir: Path, last_epoch: int | None = None) -> list[dict[str, Any]]:
@@ -51,6 +60,20 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
     """Write ``summary.json`` (atomically)."""
     text = json.dumps(_finite_or_none(summary), indent=2) + "\n"
     return atomic_write(run_dir / SUMMARY_FILE, lambda tmp: Path(tmp).write_text(text))
+
+
+def drawn_figures(run_dir: Path) -> dict[str, Any] | None:
+    """The ``figures`` and ``figures_checkpoint`` entries of the run's ``summary.json`` when every figure it lists
+    is there; None when a figure is missing, or the summary is (a run killed while drawing them)."""
+    try:
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    figures = summary.get("figures") if isinstance(summary, dict) else None
+    if not isinstance(figures, list) or not all(isinstance(p, str) and (run_dir / Path(p).name).is_file()
+                                                for p in figures):
+        return None
+    return {"figures": figures, "figures_checkpoint": summary.get("figures_checkpoint")}
 
 
 def save_figures(run_dir: Path, *, confusion: Tensor, class_names: list[str], samples: dict[str, Tensor] | None,

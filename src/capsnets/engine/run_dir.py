@@ -4,13 +4,14 @@
   directory is refused), cleans up after saves a crash interrupted (:func:`~capsnets.engine.checkpoint.recover_directory`),
   refuses a fresh run into a directory that holds files (naming ``--resume`` and ``--overwrite``), and with
   ``overwrite`` moves the old run aside, deleting it only once the new run has saved its first checkpoint (a new
-  run that fails before that gets the old one back).
+  run that fails before that gets the old one back; after a crash, the next training into the directory does it).
 - :func:`resume_changes` compares the configuration a run is resumed with against the one it was trained with:
   changes that would alter the model or the data it sees are refused, changes it can apply (more epochs, a new
   learning rate, another device) are returned, to be applied and logged.
 """
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from capsnets.engine.checkpoint import recover_directory
+from capsnets.files import FileWriteError
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ class RunDirectory:
     def __enter__(self) -> "RunDirectory":
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"run directory '{self.path}' is a file; pass another --out")
+        self._recover_interrupted_overwrite()
         if self.resume and not self.path.is_dir():
             raise RunDirectoryError(f"cannot resume: no run directory '{self.path}'; train without --resume first")
         held = self.path.is_dir() and self._contents()
@@ -68,7 +71,7 @@ class RunDirectory:
                     f"its first checkpoint), or pass another --out")
             self._take_lock()  # nobody else may be training there while it moves
             self._release_lock()
-            self.aside = self.path.with_name(f"{self.path.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+            self.aside = self._beside("replaced")
             os.replace(self.path, self.aside)
             logger.warning("moved the run in '%s' aside to '%s'; it is deleted once the new run has saved its first "
                            "checkpoint", self.path, self.aside)
@@ -91,12 +94,51 @@ class RunDirectory:
         if kind is None:  # finished without a checkpoint (cannot happen with the trainer): keep the new run
             self.committed()
             return
-        failed = self.path.with_name(f"{self.path.name}.failed-{time.strftime('%Y%m%d-%H%M%S')}")
+        failed = self._beside("failed")
         os.replace(self.path, failed)
         os.replace(self.aside, self.path)
         logger.warning("the new run failed before its first checkpoint: put the replaced run back in '%s' (the "
                        "failed run's files are in '%s')", self.path, failed)
         self.aside = None
+
+    def _recover_interrupted_overwrite(self) -> None:
+        """Finish an ``overwrite`` that a crash cut short, as it would have ended: the run it moved aside is deleted
+        if the new run saved a checkpoint, else put back (the new run's files, only its config and the leftovers of
+        an interrupted save without a checkpoint, are deleted; anything more is kept in ``<path>.failed-*``)."""
+        leftovers = sorted(self.path.parent.glob(f"{glob.escape(self.path.name)}.replaced-*"))
+        leftovers = [p for p in leftovers if p.is_dir()]
+        if not leftovers:
+            return
+        if self.path.is_dir():
+            self._take_lock()  # an overwrite still running holds it, and its run aside is no leftover
+            self._release_lock()
+        if (self.path / "last.safetensors").is_file():
+            for aside in leftovers:
+                shutil.rmtree(aside, ignore_errors=True)
+                logger.warning("deleted '%s', the run replaced by an --overwrite whose new run saved its first "
+                               "checkpoint before a crash", aside)
+            return
+        aside = leftovers[-1]
+        if self.path.is_dir():
+            if {p.name for p in self.path.iterdir()} - {"config.yaml", LOCK_FILE} - {
+                    p.name for p in self.path.glob(".*.tmp")}:
+                failed = self._beside("failed")
+                os.replace(self.path, failed)
+                logger.warning("kept the files of the interrupted --overwrite run in '%s'", failed)
+            else:
+                shutil.rmtree(self.path)
+        os.replace(aside, self.path)
+        logger.warning("an --overwrite of '%s' was interrupted before its new run saved a checkpoint: put back the "
+                       "run it replaced (from '%s')", self.path, aside)
+
+    def _beside(self, kind: str) -> Path:
+        """A new name beside the run directory: ``<name>.<kind>-<time>`` (``-2``, ``-3``... if taken)."""
+        stem = f"{self.path.name}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+        candidate, number = self.path.with_name(stem), 1
+        while candidate.exists():
+            number += 1
+            candidate = self.path.with_name(f"{stem}-{number}")
+        return candidate
 
     def _contents(self) -> list[str]:
         return sorted(p.name for p in self.path.iterdir() if p.name != LOCK_FILE)
@@ -115,10 +157,14 @@ class RunDirectory:
             handle.close()
             raise RunDirectoryError(f"run directory '{self.path}' is in use by another training ({owner}); wait for "
                                     "it to end, or pass another --out") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()}\n")
+            handle.flush()
+        except OSError as err:
+            handle.close()
+            raise FileWriteError(self.path / LOCK_FILE, err) from err
         self._lock = handle
 
     def _release_lock(self) -> None:

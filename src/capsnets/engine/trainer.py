@@ -244,6 +244,7 @@ class Trainer:
             raise RunDirectoryError(f"the run in '{self.run_dir}' has trained {state.epoch} epochs; --epochs "
                                     f"{self.config.epochs} is fewer: resume with --epochs {state.epoch} or more")
         state.checkpoint = checkpoint
+        self._check_best(state)
         logger.info("resuming from %s after epoch %d", checkpoint.path, state.epoch)
         return state
 
@@ -302,19 +303,40 @@ class Trainer:
         return {"model": cfg.model, "model_args": cfg.to_dict()["model_args"], "dataset": cfg.dataset,
                 "config": cfg.to_dict(), "epoch": state.epoch, "metrics": record}
 
+    def _check_best(self, state: TrainState) -> None:
+        """Before anything is written: ``best`` must load, unless it holds the epoch ``last`` holds (then
+        :meth:`_repair_best` saves it again). A damaged one whose epoch is gone is refused, so that it is not
+        replaced unseen; a missing one is reported."""
+        path = self.run_dir / f"best{ckpt.SUFFIX}"
+        best = state.history[state.best] if state.best is not None else None
+        if best is None or best.get("epoch") == state.epoch:
+            return
+        if not path.is_file():
+            logger.warning("%s is missing: the weights of the best epoch so far (%s) are lost; it is saved again when "
+                           "an epoch beats that one", path, best.get("epoch"))
+            return
+        try:
+            ckpt.load_checkpoint(path)
+        except ckpt.CheckpointError as err:
+            raise ckpt.CheckpointError(f"cannot resume: {str(err).split('; ')[0]}; it holds the best epoch "
+                                       f"({best.get('epoch')}), which the run cannot save again: restore it from a "
+                                       "copy, or move it away to resume without it") from err
+
     def _repair_best(self, state: TrainState, model) -> None:
         """A crash between saving ``last`` and ``best`` leaves ``best`` an epoch behind the history's best, which is
-        then the epoch ``last`` holds: save it again from the resumed model."""
+        then the epoch ``last`` holds: save it again from the resumed model (also when it is damaged or missing)."""
         if state.best is None or state.history[state.best].get("epoch") != state.epoch:
             return
         path = self.run_dir / f"best{ckpt.SUFFIX}"
-        try:
-            saved_epoch = ckpt.load_checkpoint(path).meta.get("epoch") if path.is_file() else None
-        except ckpt.CheckpointError:
-            saved_epoch = None
+        saved_epoch = ckpt.checkpoint_epoch(path) if path.is_file() else None
+        if saved_epoch == state.epoch:
+            try:
+                ckpt.load_checkpoint(path)
+            except ckpt.CheckpointError:
+                saved_epoch = None
         if saved_epoch != state.epoch:
-            logger.warning("%s did not hold the best epoch (%d), whose save a crash interrupted: saved it again",
-                           path, state.epoch)
+            logger.warning("%s did not hold the best epoch (%d) (a crash interrupted its save, or it is damaged or "
+                           "missing): saved it again", path, state.epoch)
             save_state(path, model, state, self._meta(state, state.history[state.best]), resumable=False)
 
     def _summary(self, state: TrainState, model, device, context) -> dict[str, Any]:
@@ -333,11 +355,12 @@ class Trainer:
                 "torch": torch.__version__, "capsnets": capsnets.__version__, "run_dir": str(self.run_dir)}
 
     def _finish(self, summary: dict[str, Any], s: "_Session", trained: bool) -> None:
-        """Write the summary and, if this call trained or a figure is missing (a run killed before drawing them),
-        the figures of the best checkpoint."""
+        """Write the summary and, if this call trained or a figure the summary lists is missing (a run killed while
+        drawing them), the figures of the best checkpoint."""
+        drawn = None if trained else reporting.drawn_figures(self.run_dir)
+        summary.update(drawn or {})
         reporting.write_summary(self.run_dir, summary)
-        drawn = all((self.run_dir / name).is_file() for name in (reporting.CURVES_FILE, reporting.CONFUSION_FILE))
-        if (not trained and drawn) or not (self.run_dir / f"best{ckpt.SUFFIX}").is_file():
+        if drawn is not None or not (self.run_dir / f"best{ckpt.SUFFIX}").is_file():
             return
         model = copy.deepcopy(s.model)
         ckpt.restore_model(model, ckpt.load_checkpoint(self.run_dir / f"best{ckpt.SUFFIX}"))

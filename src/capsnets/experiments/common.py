@@ -146,6 +146,7 @@ def run_experiment(name: str, out: str | os.PathLike, *, smoke: bool = False, de
                    **options) -> ExperimentResult:
     """Seed everything, create ``out`` and run the experiment ``name`` (its report goes to ``out/report.md``);
     ``options`` override single settings (see :func:`describe_experiments`)."""
+    check_seed(seed)
     settings = experiment_settings(name, smoke=smoke, **options)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,6 +159,17 @@ def run_experiment(name: str, out: str | os.PathLike, *, smoke: bool = False, de
     annotate_report(result.report, run_description(name, out, smoke=smoke, device=device, seed=seed,
                                                    options=options))
     return result
+
+
+#: Seeds an experiment takes: ``[0, 2**32)``, NumPy's range (experiments derive further seeds from them).
+SEED_LIMIT = 2**32
+
+
+def check_seed(seed: Any) -> int:
+    """``seed`` if it is an int in ``[0, 2**32)``, else a ``ValueError`` naming it."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+    return seed
 
 
 def _typed(name: str, key: str, hint: Any, value: Any) -> Any:

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 
 from capsnets.files import atomic_write
 from capsnets.engine.runtime import resolve_device
-from capsnets.experiments.common import get_contrasts, run_experiment
+from capsnets.experiments.common import check_seed, get_contrasts, run_experiment
 from capsnets.experiments.report import (ExperimentResult, annotate_report, markdown_table, percent, run_description,
                                          save_figure, write_report)
 
@@ -53,6 +53,8 @@ def _check_seeds(seeds: Sequence[int]) -> list[int]:
     seeds = list(seeds)
     if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ValueError(f"seeds must be a non-empty list of ints, got {seeds!r}")
+    for seed in seeds:
+        check_seed(seed)
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct (each seed is one run), got {seeds!r}")
     return seeds
