@@ -343,8 +343,9 @@ TRAIN_TINY = ["train", "--limit-train", "8", "--limit-test", "8", "--epochs", "1
     (["experiment", "multimnist", "--smoke", "--device", "cpu", "--seed", str(2**64)], "seed must be"),  # the same
     (["experiment", "multimnist", "--smoke", "--device", "cpu", "--seeds", "1", str(2**32)], "seed must be"),
 ])
-def test_inputs_the_fuzz_found(argv, named, offline_and_quick, tmp_path, capsys):
-    """Inputs found while fuzzing that ended in a traceback or a message naming nothing: one line naming the value."""
+def test_values_of_the_fuzz_tried_one_by_one(argv, named, offline_and_quick, tmp_path, capsys):
+    """Values of the fuzz's strategies that, tried one by one, ended in a traceback or in a message naming
+    nothing (the fuzz meets them too rarely): now one line naming the value."""
     argv = [*argv, "--out", str(tmp_path / "out")]
     assert main(argv) == 1
     assert named in one_error_line(capsys.readouterr().err, argv[0])
