@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import capsnets
+from capsnets.functional import routing_from_config
 from capsnets.engine.runtime import resolve_device
 from capsnets.layers.validation import ArgumentError, available_devices
 from capsnets.losses import create_loss, list_losses, loss_schema
@@ -81,12 +82,16 @@ def test_input_size_must_be_three_positive_integers(name):
 
 @pytest.mark.parametrize("name", [name for name in MODELS if "routing" in model_schema(name)])
 def test_routing_must_be_a_routing_or_its_spec(name):
-    _refused(name, "routing", "dynamic", "routing object", "spec")
+    own, other = ("em", "dynamic") if name.startswith("matrix") else ("dynamic", "em")
+    _refused(name, "routing", own, "routing object", "spec")
     _refused(name, "routing", 3, "routing object")
-    message = _refused(name, "routing", {"type": "dynamic", "iterations": "2"}, "iterations")
+    message = _refused(name, "routing", {"type": own, "iterations": "2"}, "iterations")
     assert "integer" in message
     _refused(name, "routing", {"type": "dinamic"}, "unknown routing type")
-    _refused(name, "routing", {"type": "em", "detach_routing": "yes"}, "detach_routing")
+    _refused(name, "routing", {"type": own, "detach_routing": "yes"}, "detach_routing")
+    # the other family's routing: its layers would call it with the wrong arguments
+    _refused(name, "routing", {"type": other}, f"its type is '{other}'", f"route with '{own}'")
+    _refused(name, "routing", routing_from_config({"type": other}), f"its type is '{other}'")
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -188,7 +193,13 @@ def test_devices_this_build_lacks_are_refused(device):
 def test_device_names_that_are_no_devices_are_refused(device):
     with pytest.raises(ArgumentError, match=r"device.*available here: cpu"):
         resolve_device(device)
-    assert resolve_device("cpu") == torch.device("cpu") and resolve_device("meta") == torch.device("meta")
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_the_meta_device_builds_models_but_does_not_run_them():
+    assert capsnets.create_model("capsnet_digits", device="meta").primary.conv.weight.is_meta
+    with pytest.raises(ArgumentError, match=r"device='meta': the meta device holds shapes but no data.*use one of: cpu"):
+        resolve_device("meta")
 
 
 # images given to a model ----------------------------------------------------------------------------------------
@@ -233,3 +244,19 @@ def test_uint8_and_float64_images_are_converted(name):
         from_uint8, from_float64 = (_first_tensor(_run(model, x)) for x in (pixels, (pixels.float() / 255).double()))
     assert from_uint8.dtype == from_float64.dtype == torch.float32
     torch.testing.assert_close(from_uint8, from_float64, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("overrides", [{"num_classes": 10**15}, {"input_size": (1, 10**15, 8)}])
+def test_sizes_too_large_to_build_are_refused(overrides):
+    # sizes whose tensors overflow get an error naming the arguments (sizes too large to allocate, e.g.
+    # num_classes=10**9, get the same error where the allocation fails; where memory is overcommitted it may not)
+    with pytest.raises(ArgumentError, match=r"model 'capsnet_digits' cannot be built with .*too large.*smaller sizes"):
+        capsnets.create_model("capsnet_digits", **overrides)
+
+
+def test_losses_are_listed_by_the_task_they_serve():
+    from capsnets.losses import LOSS_TASKS
+
+    assert set(LOSS_TASKS) == set(list_losses())
+    assert list_losses("classification") == ["cross_entropy", "margin", "spread"]
+    assert list_losses("segmentation") == ["binary_segmentation", "segcaps"]

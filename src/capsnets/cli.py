@@ -311,7 +311,7 @@ def _train(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     print(f"model {summary['model']} ({summary['parameters']:,} parameters) on {summary['dataset']}, "
-          f"{summary['epochs']} epochs, {summary['train_time_s']:.1f} s of training on {summary['device']}")
+          f"{summary['epochs']} epoch{'' if summary['epochs'] == 1 else 's'}, {summary['train_time_s']:.1f} s of training on {summary['device']}")
     print(f"test accuracy {_pct(summary['test_accuracy'])} (best {_pct(summary['best_test_accuracy'])} "
           f"at epoch {summary['best_epoch']})")
     if summary.get("time_limited"):

@@ -266,8 +266,20 @@ _LOSSES: dict[str, Callable[..., nn.Module]] = {
 }
 
 
-def list_losses() -> list[str]:
-    return sorted(_LOSSES)
+#: What each loss takes: the task of the models whose outputs it reads (:data:`capsnets.models.registry.TASKS`).
+LOSS_TASKS: dict[str, str] = {
+    "spread": "classification",
+    "margin": "classification",
+    "cross_entropy": "classification",
+    "segcaps": "segmentation",
+    "binary_segmentation": "segmentation",
+    "transforming": "autoencoder",
+}
+
+
+def list_losses(task: str | None = None) -> list[str]:
+    """The loss names, or those for models of ``task`` (e.g. ``"classification"``)."""
+    return sorted(name for name in _LOSSES if task is None or LOSS_TASKS[name] == task)
 
 
 def loss_schema(name: str) -> dict:

@@ -33,18 +33,15 @@ from reliability.faults import copy_run, one_error_line
 MODELS = ["capsnet_digits", "capsnet", "capsnet_small", "matrix_capsnet_small", "cnn_smallnorb_narrow",
           "cnn_baseline_narrow", "segcaps_small", "transforming_autoencoder", "capsnet_dgits"]
 DATASETS = ["digits", "mnist", "fashion-mnist", "smallnorb", "DIGITS", "cifar"]
-# Left out while they end in a traceback (test_open_bugs.py pins them): the device "meta", the losses "segcaps"
-# and "binary_segmentation" for classifiers, "routing={type: em}" for dynamic-routing models, and huge values
-# of num_classes and input_size.
-DEVICES = ["cpu", "auto", "cuda", "cuda:0", "cuda:7", "mps", "cpu:1", "cuda:x", "CPU", "xpu"]
-LOSSES = ["margin", "spread", "cross_entropy", "transforming", "hinge"]
-NOT_HUGE = ("num_classes", "input_size", "iterations", "routing_iterations")  # (iteration counts: far too slow)
+DEVICES = ["cpu", "auto", "cuda", "cuda:0", "cuda:7", "mps", "cpu:1", "cuda:x", "CPU", "xpu", "meta"]
+LOSSES = ["margin", "spread", "cross_entropy", "transforming", "hinge", "segcaps", "binary_segmentation"]
+NOT_HUGE = ("iterations", "routing_iterations")  # (iteration counts: far too slow)
 LOSS_KEYS = ["reconstruction_weight", "m_pos", "m_neg", "down_weight", "margin_start", "margin_end", "ramp",
              "label_smoothing", "m_plus", "bogus"]
 #: YAML values for --model-arg / --loss-arg / --set, valid and invalid.
 VALUES = ["1", "2", "0", "-1", "1.5", "1e-3", ".nan", ".inf", "-.inf", "nan", "null", "true", "false", "x", "'2'",
           "[1, 8, 8]", "[1, 28, 28]", "[]", "[1, -8, 8]", "{}", "{type: dynamic, iterations: 2}",
-          "{type: bogus}", "[[1]]", "1e400"]
+          "{type: bogus}", "{type: em}", "[[1]]", "1e400"]
 HUGE = ["1000000000000000", "[1, 1000000000000000, 8]", "[1000000000000000, 8]"]  # sizes: refused or out of memory
 
 GARBAGE = st.one_of(

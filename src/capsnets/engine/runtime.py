@@ -14,7 +14,7 @@ import random
 import numpy as np
 import torch
 
-from capsnets.layers.validation import ArgumentError, check_device
+from capsnets.layers.validation import ArgumentError, available_devices, check_device
 
 AMP_MODES = ("auto", "bf16", "off")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
@@ -27,14 +27,19 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     Raises:
         ValueError: (an :class:`~capsnets.layers.validation.ArgumentError`) ``device`` is not a torch device name,
             or names one this build of PyTorch or this machine lacks (``cuda`` on a CPU-only build, ``cuda:7``
-            with one GPU, ``mps``, ``xpu``); the message lists the devices that are available.
+            with one GPU, ``mps``, ``xpu``), or is ``meta``, which holds no data to train or evaluate on; the
+            message lists the devices that are available.
     """
     if isinstance(device, str) and device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return check_device(device, "device")
+        resolved = check_device(device, "device")
     except ArgumentError as err:
         raise ArgumentError(f"{err}, or 'auto'") from None
+    if resolved.type == "meta":
+        raise ArgumentError(f"device={device!r}: the meta device holds shapes but no data, so nothing can be trained "
+                            f"or evaluated on it; use one of: {', '.join(available_devices())}, or 'auto'")
+    return resolved
 
 
 def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:

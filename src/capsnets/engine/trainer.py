@@ -199,9 +199,19 @@ class Trainer:
         return model
 
     def _build_loss(self, model: torch.nn.Module) -> torch.nn.Module:
-        from capsnets.losses import create_loss
+        from capsnets.losses import LOSS_TASKS, create_loss, list_losses
 
-        return create_loss(self.config.loss or model.default_loss, **self.config.loss_args)
+        name = self.config.loss or model.default_loss
+        if LOSS_TASKS.get(name, "classification") != "classification":
+            raise ValueError(f"loss {name!r} is for {LOSS_TASKS[name]} models, and the trainer trains classifiers; "
+                             f"use one of {', '.join(list_losses('classification'))} (or leave --loss out for the "
+                             f"model's own, {model.default_loss!r})")
+        criterion = create_loss(name, **self.config.loss_args)
+        weight = getattr(criterion, "reconstruction_weight", 0)
+        if "reconstruction_weight" in self.config.loss_args and weight > 0 and getattr(model, "decoder", 0) is None:
+            raise ValueError(f"reconstruction_weight={weight} would have no effect: model {self.config.model!r} "
+                             f"was built without a decoder (reconstruction=false); drop one of the two")
+        return criterion
 
     def _loader(self, data, context: distributed.DistContext):
         from capsnets.data import DeviceLoader

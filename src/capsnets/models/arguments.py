@@ -8,7 +8,8 @@ where that is unambiguous: an int where a float is expected (``inverse_temperatu
 is (YAML and JSON have no tuples). Constraints ride in ``typing.Annotated``; the types builders use:
 
 - :data:`PositiveInt`, :data:`NonNegativeInt`, :data:`ImageSize` ``(C, H, W)``, :data:`Probability` ``[0, 1)``;
-- :data:`Routing`: a routing object, its spec (a mapping with a ``type``) or None;
+- :data:`Routing`: a routing object, its spec (a mapping with a ``type``) or None; :data:`VectorRouting` and
+  :data:`MatrixRouting` take only the routings of vector capsules (``dynamic``) or of matrix capsules (``em``);
 - :data:`Device`: a device this build of PyTorch has; :data:`DType`: a floating-point ``torch.dtype`` (or its name).
 
 Examples::
@@ -42,8 +43,9 @@ from capsnets.functional import routing_from_config
 from capsnets.functional.routing_spec import ROUTING_TYPES
 from capsnets.layers.validation import ArgumentError, check_device
 
-__all__ = ["Argument", "Custom", "DType", "Device", "Expects", "ImageSize", "NonNegativeInt", "PositiveInt",
-           "Probability", "Range", "Routing", "check_arguments", "describe", "signature_schema"]
+__all__ = ["Argument", "Custom", "DType", "Device", "Expects", "ImageSize", "MatrixRouting", "NonNegativeInt",
+           "PositiveInt", "Probability", "Range", "Routing", "VectorRouting", "check_arguments", "describe",
+           "signature_schema"]
 
 
 class _Mismatch(Exception):
@@ -80,13 +82,21 @@ class Custom:
     expects: str
 
 
-def _check_routing(value):
-    """A routing object as it is, or a spec with its settings checked against the routing class's fields."""
+def _check_routing(value, types: tuple[str, ...] | None = None):
+    """A routing object as it is, or a spec with its settings checked against the routing class's fields;
+    ``types``: the spec types (:data:`ROUTING_TYPES`) the model's layers can call, None for any."""
     if not isinstance(value, Mapping):
-        if callable(value):
-            return value
-        raise TypeError("")
+        if not callable(value):
+            raise TypeError("")
+        known = next((name for name, cls in ROUTING_TYPES.items() if type(value) is cls), None)
+        if types is not None and known is not None and known not in types:
+            raise ValueError(f"its type is {known!r}, and this model's capsule layers route with "
+                             f"{' or '.join(map(repr, types))}")
+        return value
     cls = ROUTING_TYPES.get(value.get("type")) if isinstance(value.get("type"), str) else None
+    if types is not None and cls is not None and value["type"] not in types:
+        raise ValueError(f"its type is {value['type']!r}, and this model's capsule layers route with "
+                         f"{' or '.join(map(repr, types))}")
     try:
         hints = typing.get_type_hints(cls) if cls is not None else {}
     except (NameError, TypeError):  # annotations that cannot be resolved: the routing checks its settings alone
@@ -116,6 +126,12 @@ Probability = Annotated[float, Range(0.0, 1.0, high_open=True), Expects("a numbe
 ImageSize = Annotated[tuple[PositiveInt, PositiveInt, PositiveInt], Expects("(C, H, W): a list of 3 positive integers")]
 Routing = Annotated[object, Custom(_check_routing, "a routing object, its spec (a mapping with a 'type': "
                                                    f"{' or '.join(ROUTING_TYPES)}, and its settings)")]
+VectorRouting = Annotated[object, Custom(functools.partial(_check_routing, types=("dynamic",)),
+                                         "a routing object of vector capsules (DynamicRouting) or its "
+                                         "spec (a mapping with type 'dynamic' and its settings)")]
+MatrixRouting = Annotated[object, Custom(functools.partial(_check_routing, types=("em",)),
+                                         "a routing object of matrix capsules (EMRouting) or its spec "
+                                         "(a mapping with type 'em' and its settings)")]
 Device = Annotated[object, Custom(check_device, "a device this build of PyTorch has, by name ('cpu', 'cuda:0' ...) "
                                                 "or as a torch.device")]
 DType = Annotated[object, Custom(_check_dtype, "a floating-point torch.dtype or its name (float32, float64, "

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from capsnets.functional import DynamicRouting, as_routing, capsule_length
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
 from capsnets.layers.validation import conv_output_size, image_batch, positive_int
-from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, Routing
+from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 
@@ -123,7 +123,7 @@ def _routing(routing, routing_iterations: int | None, detach_routing: bool | Non
 @register_model("capsnet")
 def capsnet(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
             routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-            routing: Routing | None = None, reconstruction: bool = True, device: Device | None = None,
+            routing: VectorRouting | None = None, reconstruction: bool = True, device: Device | None = None,
             dtype: DType | None = None) -> CapsNet:
     """The paper's MNIST CapsNet (Sec. 4): 256 9x9 conv, 32x8-D primary capsules, 16-D class capsules."""
     return CapsNet(
@@ -136,7 +136,7 @@ def capsnet(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28
 @register_model("capsnet_small")
 def capsnet_small(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
                   routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-                  routing: Routing | None = None, reconstruction: bool = True, device: Device | None = None,
+                  routing: VectorRouting | None = None, reconstruction: bool = True, device: Device | None = None,
                   dtype: DType | None = None) -> CapsNet:
     """CapsNet narrowed for CPUs: 32-channel conv, 8 types of 8-D primary capsules (288 capsules)."""
     return CapsNet(
@@ -149,7 +149,7 @@ def capsnet_small(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 
 @register_model("capsnet_digits")
 def capsnet_digits(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 8, 8),
                    routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-                   routing: Routing | None = None, reconstruction: bool = True, device: Device | None = None,
+                   routing: VectorRouting | None = None, reconstruction: bool = True, device: Device | None = None,
                    dtype: DType | None = None) -> CapsNet:
     """CapsNet for 8x8 digits: 3x3 kernels, primary stride 1 (4x4 grid of 16 types of 8-D capsules)."""
     return CapsNet(

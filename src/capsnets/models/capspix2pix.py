@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.layers.validation import positive_int
-from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, Routing
+from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
 from capsnets.models.registry import register_model
 from capsnets.models.segcaps import SegCaps, segcaps_routing
 from capsnets.models.unet import UNet
@@ -159,7 +159,7 @@ class PatchDiscriminator(nn.Module):
 
 @register_model("capspix2pix", task="synthesis")
 def capspix2pix(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1,
-                routing: Routing | None = None, routing_iterations: PositiveInt | None = None,
+                routing: VectorRouting | None = None, routing_iterations: PositiveInt | None = None,
                 detach_routing: bool | None = None, device: Device | None = None,
                 dtype: DType | None = None) -> CapsPix2pixGenerator:
     """CapsPix2pix generator on the SegCaps R3 trunk (16-D first capsules)."""
@@ -170,7 +170,7 @@ def capspix2pix(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveI
 
 @register_model("capspix2pix_small", task="synthesis")
 def capspix2pix_small(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1,
-                      routing: Routing | None = None, routing_iterations: PositiveInt | None = None,
+                      routing: VectorRouting | None = None, routing_iterations: PositiveInt | None = None,
                       detach_routing: bool | None = None, device: Device | None = None,
                       dtype: DType | None = None) -> CapsPix2pixGenerator:
     """CapsPix2pix generator with 8-D first capsules and a (32, 64) head, for CPUs."""

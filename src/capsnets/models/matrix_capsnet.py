@@ -44,7 +44,7 @@ from capsnets.functional import EMRouting, as_routing
 from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsnets.layers.matrix import ASSIGNMENT_SCOPES
 from capsnets.layers.validation import ArgumentError, image_batch, positive_int
-from capsnets.models.arguments import (Argument, Device, DType, ImageSize, NonNegativeInt, PositiveInt, Routing,
+from capsnets.models.arguments import (Argument, Device, DType, ImageSize, MatrixRouting, NonNegativeInt, PositiveInt,
                                        check_arguments, signature_schema)
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
@@ -265,7 +265,7 @@ def _build(widths: dict, *, routing, class_routing_args, formulation, routing_it
 
 @register_model("matrix_capsnet", legacy_defaults={"formulation": "paper"})
 def matrix_capsnet(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
-                   routing: Routing | None = None, routing_iterations: PositiveInt | None = None,
+                   routing: MatrixRouting | None = None, routing_iterations: PositiveInt | None = None,
                    detach_routing: bool | None = None, cost_normalization: str | None = None,
                    inverse_temperature: float | Sequence[float] | None = None, coordinate_addition: bool = True,
                    checkpoint_chunks: NonNegativeInt = 0,
@@ -284,7 +284,7 @@ def matrix_capsnet(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 
 
 @register_model("matrix_capsnet_small", legacy_defaults={"formulation": "paper"})
 def matrix_capsnet_small(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
-                         routing: Routing | None = None, routing_iterations: PositiveInt | None = None,
+                         routing: MatrixRouting | None = None, routing_iterations: PositiveInt | None = None,
                          detach_routing: bool | None = None, cost_normalization: str | None = None,
                          inverse_temperature: float | Sequence[float] | None = None, coordinate_addition: bool = True,
                          checkpoint_chunks: NonNegativeInt = 0,

@@ -116,11 +116,27 @@ def create_model(name: str, **overrides) -> nn.Module:
     builder, schema = _builder(name), model_schema(name)
     overrides = check_arguments(schema, overrides, owner=f"model {name!r}",
                                 hint=f"; `capsnets list-models {name}` lists its arguments")
-    model = builder(**overrides)
+    try:
+        model = builder(**overrides)
+    except (RuntimeError, MemoryError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if not isinstance(err, MemoryError) and not any(word in reason.lower() for word in _SIZE_ERRORS):
+            raise
+        given = ", ".join(f"{key}={_shown_arg(value)}" for key, value in overrides.items()) or "its defaults"
+        raise ArgumentError(f"model {name!r} cannot be built with {given}: its tensors are too large "
+                            f"({reason}); use smaller sizes") from None
     model.model_name = name
     legacy = {key: schema[key].default for key in _LEGACY.get(name, {})}
     model.model_args = _json_safe_args({**legacy, **overrides})
     return model
+
+
+_SIZE_ERRORS = ("overflow", "allocate", "out of memory", "invalid argument 2: size")
+
+
+def _shown_arg(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _json_safe_args(overrides: dict) -> dict:

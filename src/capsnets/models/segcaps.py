@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from capsnets.functional import DynamicRouting, as_routing, capsule_length
 from capsnets.layers import ConvCapsules2d, ConvTransposeCapsules2d
 from capsnets.layers.validation import image_batch, positive_int
-from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, Routing
+from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
 from capsnets.models.registry import register_model
 
 
@@ -157,7 +157,7 @@ def segcaps_routing(routing=None, routing_iterations: int | None = None, detach_
 
 
 @register_model("segcaps", task="segmentation")
-def segcaps(*, input_size: ImageSize = (1, 512, 512), routing: Routing | None = None,
+def segcaps(*, input_size: ImageSize = (1, 512, 512), routing: VectorRouting | None = None,
             routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
             reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> SegCaps:
     """The paper's SegCaps R3 (16-D first capsules; 1.4M parameters)."""
@@ -167,7 +167,7 @@ def segcaps(*, input_size: ImageSize = (1, 512, 512), routing: Routing | None = 
 
 
 @register_model("segcaps_small", task="segmentation")
-def segcaps_small(*, input_size: ImageSize = (1, 32, 32), routing: Routing | None = None,
+def segcaps_small(*, input_size: ImageSize = (1, 32, 32), routing: VectorRouting | None = None,
                   routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
                   reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> SegCaps:
     """SegCaps R3 with 8-D first capsules (about a quarter of the parameters), for CPUs and tests."""
