@@ -15,6 +15,10 @@ routings are tested against them, and users can test their own routings or layer
 - :func:`reference_conv_em_routing`: a convolutional matrix capsule layer with EM routing over the capsule
   grid, with each of the ways to normalise a child's assignments (per position, over all the parents whose
   receptive fields hold it, or per parent type as in the released code).
+- :func:`reference_uniform_routing`, :func:`reference_self_attention_routing` (Mazzia, Salvetti & Chiaberge
+  (2021), "Efficient-CapsNet", Eqs. 6-7), :func:`reference_inverted_attention_routing` (Tsai et al. (2020),
+  "Capsules with Inverted Dot-Product Attention Routing", Procedure 1), :func:`reference_self_routing` (Hahn,
+  Pyeon & Kim (2019), "Self-Routing Capsule Networks", Eqs. 1-5): the non-iterative and attention routings.
 
 The EM references use the safety floors of :func:`capsnets.functional.em_routing`: in the paper's
 procedure ``eps`` is added to every variance and to every ``sum_i R'`` denominator; ``log a_j`` is the
@@ -28,7 +32,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["reference_dynamic_routing", "reference_local_dynamic_routing", "reference_em_routing",
-           "reference_conv_em_routing"]
+           "reference_conv_em_routing", "reference_uniform_routing", "reference_self_attention_routing",
+           "reference_inverted_attention_routing", "reference_self_routing"]
 
 
 def _squash_vector(s: list[float]) -> list[float]:
@@ -264,3 +269,124 @@ def reference_conv_em_routing(pose: Tensor, activation: Tensor, weight: Tensor, 
         out_a.append([[[_sigmoid(stats[(oy, ox, u)][2]) for ox in range(out_w)] for oy in range(out_h)]
                       for u in range(parents_per_position)])
     return torch.tensor(out_mu, dtype=torch.float64), torch.tensor(out_a, dtype=torch.float64)
+
+
+def _efficient_squash_vector(s: list[float]) -> list[float]:
+    n = math.sqrt(sum(x * x for x in s))
+    if n == 0.0:
+        return [0.0 for _ in s]
+    return [(1.0 - 1.0 / math.exp(n)) * x / n for x in s]
+
+
+def _squash_by_name(kind: str, s: list[float]) -> list[float]:
+    return _squash_vector(s) if kind == "sabour" else _efficient_squash_vector(s)
+
+
+def _softmax(x: list[float]) -> list[float]:
+    exps = [math.exp(value - max(x)) for value in x]
+    return [e / sum(exps) for e in exps]
+
+
+def reference_uniform_routing(u_hat: Tensor, *, mean: bool = False, squash: str = "sabour") -> tuple[Tensor, Tensor]:
+    """Uniform coupling (no routing), literally: ``v_j = squash(sum_i c u_hat[j|i])`` with ``c = 1/J``
+    (``1/I`` with ``mean``); ``squash`` is ``"sabour"`` or ``"efficient"``.
+
+    Shape:
+        ``u_hat (B, I, J, D)`` -> ``v (B, J, D)`` and ``couplings (B, I, J)``, both float64.
+    """
+    out_v, out_c = [], []
+    for ub in u_hat.detach().double().tolist():
+        children, parents, dim = len(ub), len(ub[0]), len(ub[0][0])
+        c = 1.0 / (children if mean else parents)
+        out_v.append([_squash_by_name(squash, [sum(c * ub[i][j][d] for i in range(children)) for d in range(dim)])
+                      for j in range(parents)])
+        out_c.append([[c] * parents for _ in range(children)])
+    return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)
+
+
+def reference_self_attention_routing(u_hat: Tensor, bias: Tensor | None = None, *,
+                                     squash: str = "efficient") -> tuple[Tensor, Tensor]:
+    """Self-attention routing (Mazzia et al. 2021, Efficient-CapsNet, Eqs. 6-7), literally: per example and
+    parent ``j``, ``A_ij = sum_k u_hat[j|i] . u_hat[j|k]``; ``c_ij = softmax_j(A_ij / sqrt(D))``;
+    ``v_j = squash(sum_i (c_ij + b_ij) u_hat[j|i])``.
+
+    Shape:
+        ``u_hat (B, I, J, D)``, ``bias (I, J)`` -> ``v (B, J, D)`` and the couplings ``c + b`` ``(B, I, J)``.
+    """
+    b = bias.detach().double().tolist() if bias is not None else None
+    out_v, out_c = [], []
+    for ub in u_hat.detach().double().tolist():
+        children, parents, dim = len(ub), len(ub[0]), len(ub[0][0])
+        logits = [[sum(sum(ub[i][j][d] * ub[k][j][d] for d in range(dim)) for k in range(children)) / math.sqrt(dim)
+                   for j in range(parents)] for i in range(children)]
+        c = [_softmax(logits[i]) for i in range(children)]
+        if b is not None:
+            c = [[c[i][j] + b[i][j] for j in range(parents)] for i in range(children)]
+        out_v.append([_squash_by_name(squash, [sum(c[i][j] * ub[i][j][d] for i in range(children))
+                                               for d in range(dim)]) for j in range(parents)])
+        out_c.append(c)
+    return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)
+
+
+def reference_inverted_attention_routing(u_hat: Tensor, iterations: int, *, weight: Tensor | None = None,
+                                         bias: Tensor | None = None, eps: float = 1e-5,
+                                         parents: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Inverted dot-product attention routing (Tsai et al. 2020, Procedure 1), literally: poses ``v`` start at
+    ``parents`` or zero; each iteration ``c_ij = softmax_j(u_hat[j|i] . v_j / sqrt(D))``,
+    ``v_j = LayerNorm(sum_i c_ij u_hat[j|i])`` (biased variance, ``eps``, then ``* weight + bias``).
+
+    Shape:
+        ``u_hat (B, I, J, D)``, ``weight``/``bias (D,)``, ``parents (B, J, D)`` -> ``v (B, J, D)`` and the
+        couplings of the last iteration ``(B, I, J)``.
+    """
+    out_v, out_c = [], []
+    for example, ub in enumerate(u_hat.detach().double().tolist()):
+        children, num_parents, dim = len(ub), len(ub[0]), len(ub[0][0])
+        g = weight.detach().double().tolist() if weight is not None else [1.0] * dim
+        h = bias.detach().double().tolist() if bias is not None else [0.0] * dim
+        v = parents[example].detach().double().tolist() if parents is not None else [[0.0] * dim] * num_parents
+        for _ in range(iterations):
+            c = [_softmax([sum(ub[i][j][d] * v[j][d] for d in range(dim)) / math.sqrt(dim)
+                           for j in range(num_parents)]) for i in range(children)]
+            v = []
+            for j in range(num_parents):
+                s = [sum(c[i][j] * ub[i][j][d] for i in range(children)) for d in range(dim)]
+                mu = sum(s) / dim
+                var = sum((x - mu) ** 2 for x in s) / dim
+                v.append([(s[d] - mu) / math.sqrt(var + eps) * g[d] + h[d] for d in range(dim)])
+        out_v.append(v)
+        out_c.append(c)
+    return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)
+
+
+def reference_self_routing(u_hat: Tensor, poses: Tensor, weight: Tensor, bias: Tensor,
+                           activations: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Self-routing (Hahn et al. 2019, Eqs. 1-5), literally, for vector capsules: ``c_ij = softmax_j(W_ij . u_i +
+    beta_ij)``; ``a_i = |u_i|`` unless given; ``a_j = sum_i c_ij a_i / sum_i a_i``; ``p_j = sum_i c_ij a_i
+    u_hat[j|i] / sum_i c_ij a_i``; ``v_j = a_j p_j / |p_j|`` (zero for a zero denominator or pose).
+
+    Shape:
+        ``u_hat (B, I, J, D)``, ``poses (B, I, D_in)``, ``weight (I, J, D_in)``, ``bias (I, J)``,
+        ``activations (B, I)`` -> ``v (B, J, D)`` and the couplings ``(B, I, J)``.
+    """
+    w, beta = weight.detach().double().tolist(), bias.detach().double().tolist()
+    out_v, out_c = [], []
+    for example, ub in enumerate(u_hat.detach().double().tolist()):
+        children, parents, dim = len(ub), len(ub[0]), len(ub[0][0])
+        u = poses[example].detach().double().tolist()
+        a = (activations[example].detach().double().tolist() if activations is not None
+             else [math.sqrt(sum(x * x for x in u[i])) for i in range(children)])
+        c = [_softmax([sum(w[i][j][k] * u[i][k] for k in range(len(u[i]))) + beta[i][j] for j in range(parents)])
+             for i in range(children)]
+        total = sum(a)
+        v = []
+        for j in range(parents):
+            mass = sum(c[i][j] * a[i] for i in range(children))
+            a_j = mass / total if total != 0 else 0.0
+            p = [sum(c[i][j] * a[i] * ub[i][j][d] for i in range(children)) / mass if mass != 0 else 0.0
+                 for d in range(dim)]
+            length = math.sqrt(sum(x * x for x in p))
+            v.append([a_j * x / length if length != 0 else 0.0 for x in p])
+        out_v.append(v)
+        out_c.append(c)
+    return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)

@@ -1,28 +1,48 @@
 """Stateless capsule math: squash, safe lengths, routing (and routing specs), masking."""
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups, group_softmax
 from capsnets.functional.em_routing import EMRouting, em_inverse_temperatures, em_routing
+from capsnets.functional.inverted_attention_routing import (InvertedAttentionRouting,
+                                                            concurrent_inverted_attention_routing,
+                                                            inverted_attention_routing)
 from capsnets.functional.masking import mask_capsules
 from capsnets.functional.routing import DynamicRouting, dynamic_routing, local_dynamic_routing, local_routing
-from capsnets.functional.routing_spec import ROUTING_TYPES, as_routing, routing_config, routing_from_config
+from capsnets.functional.routing_common import bind_routing, efficient_squash
+from capsnets.functional.routing_spec import (ROUTING_TYPES, VECTOR_ROUTING_TYPES, as_routing, routing_config,
+                                              routing_from_config)
+from capsnets.functional.self_attention_routing import SelfAttentionRouting, self_attention_routing
+from capsnets.functional.self_routing import SelfRoutingRouting, self_routing
 from capsnets.functional.squash import capsule_length, safe_norm, squash
+from capsnets.functional.uniform_routing import UniformRouting, uniform_routing
 
 __all__ = [
     "ChildGroups",
     "DynamicRouting",
     "EMRouting",
+    "InvertedAttentionRouting",
     "ROUTING_TYPES",
+    "SelfAttentionRouting",
+    "SelfRoutingRouting",
+    "UniformRouting",
+    "VECTOR_ROUTING_TYPES",
     "as_routing",
+    "bind_routing",
     "capsule_length",
+    "concurrent_inverted_attention_routing",
     "dynamic_routing",
+    "efficient_squash",
     "em_inverse_temperatures",
     "em_routing",
     "grid_child_groups",
     "group_softmax",
+    "inverted_attention_routing",
     "local_dynamic_routing",
     "local_routing",
     "mask_capsules",
     "routing_config",
     "routing_from_config",
     "safe_norm",
+    "self_attention_routing",
+    "self_routing",
     "squash",
+    "uniform_routing",
 ]

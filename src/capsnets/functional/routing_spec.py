@@ -15,10 +15,18 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from capsnets.functional.em_routing import EMRouting
+from capsnets.functional.inverted_attention_routing import InvertedAttentionRouting
 from capsnets.functional.routing import DynamicRouting
+from capsnets.functional.self_attention_routing import SelfAttentionRouting
+from capsnets.functional.self_routing import SelfRoutingRouting
+from capsnets.functional.uniform_routing import UniformRouting
 
 #: The routing classes by the ``type`` of their spec.
-ROUTING_TYPES: dict[str, type] = {"dynamic": DynamicRouting, "em": EMRouting}
+ROUTING_TYPES: dict[str, type] = {"dynamic": DynamicRouting, "em": EMRouting, "self_attention": SelfAttentionRouting,
+                                  "inverted_attention": InvertedAttentionRouting, "self_routing": SelfRoutingRouting,
+                                  "uniform": UniformRouting}
+#: The spec types of the routings of vector capsules (``(B, I, J, D)`` votes), as :class:`LinearCapsules` calls them.
+VECTOR_ROUTING_TYPES = ("dynamic", "self_attention", "inverted_attention", "self_routing", "uniform")
 #: The ``type`` recorded for a routing the library cannot describe.
 OPAQUE = "opaque"
 
@@ -27,7 +35,8 @@ def routing_config(routing, *, strict: bool = True) -> dict:
     """The JSON-able spec of ``routing`` (``routing.to_config()``).
 
     Args:
-        routing: a routing object of one of :data:`ROUTING_TYPES`.
+        routing: a routing object of one of :data:`ROUTING_TYPES`, or the module one builds for its layer
+            (``routing.spec`` is then such an object).
         strict: raise for any other callable; else record it as ``{"type": "opaque", "repr": repr(routing)}``,
             which :func:`routing_from_config` refuses to rebuild.
 
@@ -41,6 +50,8 @@ def routing_config(routing, *, strict: bool = True) -> dict:
     """
     if type(routing) in ROUTING_TYPES.values():
         return routing.to_config()
+    if type(getattr(routing, "spec", None)) in ROUTING_TYPES.values():  # a routing bound to its layer's sizes
+        return routing.spec.to_config()
     if strict:
         raise TypeError(f"{routing!r} is not a routing capsnets can describe (one of "
                         f"{', '.join(cls.__name__ for cls in ROUTING_TYPES.values())}), so it has no spec")

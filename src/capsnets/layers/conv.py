@@ -20,7 +20,7 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from capsnets.functional import DynamicRouting, as_routing, local_routing
+from capsnets.functional import DynamicRouting, as_routing, bind_routing, local_routing
 from capsnets.layers.validation import non_negative_int, positive_int
 
 
@@ -30,7 +30,7 @@ class _GridCapsules(nn.Module):
     conv: nn.Module
 
     def __init__(self, in_types: int, in_dim: int, out_types: int, out_dim: int, kernel_size: int, stride: int,
-                 padding: int, routing: Callable[..., Tensor] | None) -> None:
+                 padding: int, routing: Callable[..., Tensor] | None, *, device=None, dtype=None) -> None:
         super().__init__()
         self.in_types = positive_int("in_types", in_types)
         self.in_dim = positive_int("in_dim", in_dim)
@@ -39,7 +39,12 @@ class _GridCapsules(nn.Module):
         self.kernel_size = positive_int("kernel_size", kernel_size)
         self.stride = positive_int("stride", stride)
         self.padding = non_negative_int("padding", padding)
-        self.routing = as_routing(routing, DynamicRouting)
+        routing = as_routing(routing, DynamicRouting)
+        if getattr(routing, "needs_poses", False):
+            raise ValueError(f"routing={routing!r} routes by the children's own poses, which a convolutional capsule "
+                             f"layer does not give it; use it in LinearCapsules")
+        # a routing with parameters (e.g. self-attention's log priors) gets one set per (child type, parent type)
+        self.routing = bind_routing(routing, in_types, in_dim, out_types, out_dim, device=device, dtype=dtype)
 
     def predictions(self, u: Tensor) -> Tensor:
         """Every child type's prediction for every parent type: ``(B, I, D_in, H, W) -> (B, I, J, D_out, H', W')``."""
@@ -86,7 +91,8 @@ class ConvCapsules2d(_GridCapsules):
                  stride: int = 1, padding: int | None = None, routing: Callable[..., Tensor] | None = None,
                  device=None, dtype=None) -> None:
         padding = kernel_size // 2 if padding is None else padding
-        super().__init__(in_types, in_dim, out_types, out_dim, kernel_size, stride, padding, routing)
+        super().__init__(in_types, in_dim, out_types, out_dim, kernel_size, stride, padding, routing,
+                         device=device, dtype=dtype)
         self.conv = nn.Conv2d(in_dim, out_types * out_dim, kernel_size, stride, padding, device=device, dtype=dtype)
 
 
@@ -110,6 +116,7 @@ class ConvTransposeCapsules2d(_GridCapsules):
     def __init__(self, in_types: int, in_dim: int, out_types: int, out_dim: int, *, kernel_size: int = 4,
                  stride: int = 2, padding: int = 1, routing: Callable[..., Tensor] | None = None,
                  device=None, dtype=None) -> None:
-        super().__init__(in_types, in_dim, out_types, out_dim, kernel_size, stride, padding, routing)
+        super().__init__(in_types, in_dim, out_types, out_dim, kernel_size, stride, padding, routing,
+                         device=device, dtype=dtype)
         self.conv = nn.ConvTranspose2d(in_dim, out_types * out_dim, kernel_size, stride, padding, device=device,
                                        dtype=dtype)

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import DynamicRouting, as_routing
+from capsnets.functional import DynamicRouting, as_routing, bind_routing
 from capsnets.layers.validation import positive_int
 
 
@@ -24,7 +24,10 @@ class LinearCapsules(nn.Module):
         out_capsules: number of parent capsules ``J``.
         out_dim: parent capsule dimension ``D_out``.
         routing: a callable ``(B, I, J, D_out) -> (B, J, D_out)`` or its spec (a dict,
-            :func:`~capsnets.functional.routing_from_config`); None: ``DynamicRouting()``.
+            :func:`~capsnets.functional.routing_from_config`); None: ``DynamicRouting()``. A routing with
+            parameters of its own (e.g. :class:`~capsnets.functional.SelfRoutingRouting`) is built for this
+            layer's sizes (``routing.build``), and its parameters are the layer's; one with ``needs_poses`` is
+            also given the child capsules (``poses=``).
         init_std: standard deviation of the normal initialisation of ``W``.
 
     Shape:
@@ -57,7 +60,8 @@ class LinearCapsules(nn.Module):
         self.out_dim = positive_int("out_dim", out_dim)
         if not init_std > 0:
             raise ValueError(f"init_std must be > 0, got {init_std!r}")
-        self.routing = as_routing(routing, DynamicRouting)
+        self.routing = bind_routing(as_routing(routing, DynamicRouting), in_capsules, in_dim, out_capsules, out_dim,
+                                    device=device, dtype=dtype)
         self.weight = nn.Parameter(
             torch.randn(in_capsules, out_capsules, out_dim, in_dim, device=device, dtype=dtype) * init_std
         )
@@ -76,9 +80,10 @@ class LinearCapsules(nn.Module):
 
     def forward(self, u: Tensor, *, return_couplings: bool = False):
         u_hat = self.predictions(u)  # (B, I, J, D_out)
+        children = {"poses": u} if getattr(self.routing, "needs_poses", False) else {}
         if return_couplings:
-            return self.routing(u_hat, return_couplings=True)
-        return self.routing(u_hat)
+            return self.routing(u_hat, return_couplings=True, **children)
+        return self.routing(u_hat, **children)
 
     def extra_repr(self) -> str:
         return (

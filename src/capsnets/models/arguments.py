@@ -9,7 +9,8 @@ is (YAML and JSON have no tuples). Constraints ride in ``typing.Annotated``; the
 
 - :data:`PositiveInt`, :data:`NonNegativeInt`, :data:`ImageSize` ``(C, H, W)``, :data:`Probability` ``[0, 1)``;
 - :data:`Routing`: a routing object, its spec (a mapping with a ``type``) or None; :data:`VectorRouting` and
-  :data:`MatrixRouting` take only the routings of vector capsules (``dynamic``) or of matrix capsules (``em``);
+  :data:`MatrixRouting` take only the routings of vector capsules (``dynamic``, ``self_attention``,
+  ``inverted_attention``, ``self_routing``, ``uniform``) or of matrix capsules (``em``);
 - :data:`Device`: a device this build of PyTorch has; :data:`DType`: a floating-point ``torch.dtype`` (or its name).
 
 Examples::
@@ -40,7 +41,7 @@ from typing import Annotated, Any, Literal, Union
 import torch
 
 from capsnets.functional import routing_from_config
-from capsnets.functional.routing_spec import ROUTING_TYPES
+from capsnets.functional.routing_spec import ROUTING_TYPES, VECTOR_ROUTING_TYPES
 from capsnets.layers.validation import ArgumentError, check_device
 
 __all__ = ["Argument", "Custom", "DType", "Device", "Expects", "ImageSize", "MatrixRouting", "NonNegativeInt",
@@ -126,9 +127,11 @@ Probability = Annotated[float, Range(0.0, 1.0, high_open=True), Expects("a numbe
 ImageSize = Annotated[tuple[PositiveInt, PositiveInt, PositiveInt], Expects("(C, H, W): a list of 3 positive integers")]
 Routing = Annotated[object, Custom(_check_routing, "a routing object, its spec (a mapping with a 'type': "
                                                    f"{' or '.join(ROUTING_TYPES)}, and its settings)")]
-VectorRouting = Annotated[object, Custom(functools.partial(_check_routing, types=("dynamic",)),
-                                         "a routing object of vector capsules (DynamicRouting) or its "
-                                         "spec (a mapping with type 'dynamic' and its settings)")]
+VectorRouting = Annotated[object, Custom(functools.partial(_check_routing, types=VECTOR_ROUTING_TYPES),
+                                         "a routing object of vector capsules (DynamicRouting, SelfAttentionRouting, "
+                                         "InvertedAttentionRouting, SelfRoutingRouting, UniformRouting) or its spec "
+                                         f"(a mapping with type {' or '.join(map(repr, VECTOR_ROUTING_TYPES))} and "
+                                         "its settings)")]
 MatrixRouting = Annotated[object, Custom(functools.partial(_check_routing, types=("em",)),
                                          "a routing object of matrix capsules (EMRouting) or its spec "
                                          "(a mapping with type 'em' and its settings)")]

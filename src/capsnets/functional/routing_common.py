@@ -1,0 +1,106 @@
+"""What the non-iterative and attention routings share: checks of their votes and settings, the dtype they
+compute in, the two squash functions they may end with, and binding a routing to its layer's sizes.
+
+Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim,
+``D_in`` child capsule dim.
+
+The squash of Efficient-CapsNet (Mazzia, Salvetti & Chiaberge 2021, "Efficient-CapsNet: Capsule Network with
+Self-Attention Routing", Scientific Reports, Eq. 5; EscVM/Efficient-CapsNet, ``utils/layers.py``, ``Squash``)
+is ``(1 - 1/exp(|s|)) s / |s|``: :func:`efficient_squash`. Where that code adds ``1e-20`` to ``|s|`` and to
+``exp(|s|)``, here the length has an epsilon under its square root (as :func:`~capsnets.functional.squash`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from capsnets.functional.squash import _default_eps, _scaled, _squash
+
+#: The squash functions a routing may end with, by the name its spec records.
+SQUASHES = ("sabour", "efficient")
+
+
+def check_votes(u_hat: Tensor, owner: str) -> None:
+    """Raise a ``ValueError`` unless ``u_hat`` is a floating-point ``(B, I, J, D)`` tensor."""
+    if not isinstance(u_hat, Tensor) or u_hat.dim() != 4:
+        shape = tuple(u_hat.shape) if isinstance(u_hat, Tensor) else type(u_hat).__name__
+        raise ValueError(f"{owner} expects u_hat of shape (B, I, J, D) (batch, children, parents, parent dim); "
+                         f"got {shape}")
+    if not u_hat.is_floating_point():
+        raise ValueError(f"{owner} expects floating-point votes, got {u_hat.dtype}")
+
+
+def check_choice(name: str, value, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def check_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def working(t: Tensor) -> Tensor:
+    """``t`` in the dtype the routings compute in: float32 for float16/bfloat16 (too narrow for their sums)."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def sum_unit(count: int) -> float:
+    """``2^-k`` with ``2^k >= count``: sums of ``count`` terms, each times it, stay within the largest term."""
+    return 2.0 ** -math.ceil(math.log2(max(count, 1)))
+
+
+def efficient_squash(s: Tensor, dim: int = -1, eps: float | None = None) -> Tensor:
+    """Efficient-CapsNet's squash: keep the direction, map the length ``n`` to ``1 - exp(-n)``.
+
+    Mazzia, Salvetti & Chiaberge (2021), Eq. 5: ``v = (1 - 1/exp(|s|)) s / |s|``. Finite, with a finite
+    gradient, for every finite ``s`` (zero included: the length has ``eps`` under its square root).
+
+    Args:
+        s: capsule pre-activations.
+        dim: the capsule dimension.
+        eps: added under the square root of the length; default ``finfo(s.dtype).eps ** 2``.
+
+    Shape:
+        any; output has the shape of ``s``.
+
+    Examples::
+
+        >>> v = efficient_squash(torch.tensor([[3.0, 4.0]]))   # |s| = 5 -> |v| = 1 - exp(-5)
+        >>> torch.allclose(v.norm(dim=-1), torch.tensor([1 - math.exp(-5)]))
+        True
+    """
+    return _efficient_squash(s, dim, eps)
+
+
+def _efficient_squash(s: Tensor, dim: int = -1, eps: float | None = None, unit: float = 1.0) -> Tensor:
+    """``efficient_squash(s / unit)`` from ``s``: ``t / sqrt(q)`` is the direction and ``sqrt(q) / kappa``
+    the length (:func:`~capsnets.functional.squash._scaled`), which may overflow to inf harmlessly."""
+    if eps is None:
+        eps = _default_eps(s.dtype)
+    t, kappa, q = _scaled(s, dim, eps, unit)
+    root = q.sqrt()
+    return t / root * -torch.expm1(-(root / kappa))
+
+
+def apply_squash(kind: str, s: Tensor, unit: float = 1.0) -> Tensor:
+    """``squash(s / unit)`` (Sabour et al. 2017, Eq. 1) or ``efficient_squash(s / unit)``, by ``kind``."""
+    return _squash(s, unit=unit) if kind == "sabour" else _efficient_squash(s, unit=unit)
+
+
+def bind_routing(routing, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None,
+                 dtype=None):
+    """The routing a layer calls: ``routing.build(...)`` for a routing that has parameters of its own (they become
+    the layer's), the routing itself otherwise."""
+    build = getattr(routing, "build", None)
+    if build is None:
+        return routing
+    return build(in_capsules, in_dim, out_capsules, out_dim, device=device, dtype=dtype)

@@ -1,0 +1,119 @@
+"""Self-attention routing (Efficient-CapsNet): one pass, no iterations.
+
+Mazzia, Salvetti & Chiaberge (2021), "Efficient-CapsNet: Capsule Network with Self-Attention Routing",
+Scientific Reports 11, Sec. "Self-attention routing", Eqs. 6-7, and the authors' code (EscVM/Efficient-CapsNet,
+``utils/layers.py``, ``FCCaps.call``). For each parent ``j`` the agreement of child ``i``'s vote with all the
+votes for ``j``, ``A_ij = sum_k u_hat[j|i] . u_hat[j|k]``, scaled by ``1/sqrt(D)``, gives the couplings
+``c_ij = softmax_j(A_ij / sqrt(D))``; the log priors ``b_ij`` (learned, zero at the start) are added to the
+couplings, as in the code (``c = softmax(...); c = c + b``), and ``v_j = squash(sum_i (c_ij + b_ij) u_hat[j|i])``.
+The paper uses its own squash (:func:`~capsnets.functional.efficient_squash`), the default here.
+
+Numerics (not in the paper; same values): the agreements are formed from the votes divided by a power of two
+``k >= max |u_hat|`` per example (``k = 1`` for votes within [-1, 1]) and the shift by their maximum over
+parents is taken before dividing by ``k^2``, so no product overflows for any finite votes; float16/bfloat16
+votes are routed in float32.
+
+Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from capsnets.functional.routing_common import SQUASHES, apply_squash, check_choice, check_flag, check_votes, \
+    sum_unit, working
+
+
+@dataclass(frozen=True)
+class SelfAttentionRouting:
+    """Self-attention routing as a value to pass to a capsule layer.
+
+    Args:
+        bias: learn the log priors ``b`` (``(I, J)``, zero at the start) as in the paper; they are parameters of
+            the layer the routing is given to (``build``). False: no priors, and no parameters.
+        squash: ``"efficient"`` (the paper's, :func:`~capsnets.functional.efficient_squash`) or ``"sabour"``.
+
+    Shape:
+        ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``c + b`` ``(B, I, J)``.
+
+    Examples::
+
+        >>> layer = LinearCapsules(32, 8, 10, 16, routing=SelfAttentionRouting())
+        >>> layer(torch.randn(2, 32, 8)).shape, layer.routing.bias.shape
+        (torch.Size([2, 10, 16]), torch.Size([32, 10]))
+        >>> SelfAttentionRouting(bias=False)(torch.randn(2, 32, 10, 16)).shape
+        torch.Size([2, 10, 16])
+    """
+
+    bias: bool = True
+    squash: str = "efficient"
+
+    def __post_init__(self) -> None:
+        check_flag("bias", self.bias)
+        check_choice("squash", self.squash, SQUASHES)
+
+    def __call__(self, u_hat: Tensor, *, bias: Tensor | None = None, return_couplings: bool = False):
+        if self.bias and bias is None:
+            raise ValueError("SelfAttentionRouting(bias=True) learns its log priors: give it to a capsule layer "
+                             "(which builds them), call .build(in_capsules, in_dim, out_capsules, out_dim), or "
+                             "pass bias=; SelfAttentionRouting(bias=False) has none")
+        if not self.bias and bias is not None:
+            raise ValueError("SelfAttentionRouting(bias=False) takes no bias")
+        return self_attention_routing(u_hat, bias, squash=self.squash, return_couplings=return_couplings)
+
+    def build(self, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None, dtype=None):
+        """The routing with its log priors ``b`` ``(in_capsules, out_capsules)``, zeros (an ``nn.Module``);
+        the routing itself when ``bias=False``."""
+        if not self.bias:
+            return self
+        from capsnets.layers.bound_routing import BoundRouting
+
+        return BoundRouting(self, {"bias": torch.zeros(in_capsules, out_capsules, device=device, dtype=dtype)})
+
+    def to_config(self) -> dict:
+        """The JSON-able spec of this routing (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
+        return {"type": "self_attention", "bias": self.bias, "squash": self.squash}
+
+
+def self_attention_routing(u_hat: Tensor, bias: Tensor | None = None, *, squash: str = "efficient",
+                           return_couplings: bool = False):
+    """Route votes to parents by their agreement with all the votes for that parent (one pass).
+
+    Args:
+        u_hat: votes ``u_hat[j|i]`` of every child ``i`` for every parent ``j``.
+        bias: log priors ``b`` added to the couplings, or None for none.
+        squash: ``"efficient"`` or ``"sabour"`` (see :class:`SelfAttentionRouting`).
+        return_couplings: also return the couplings ``c + b``.
+
+    Shape:
+        - u_hat: ``(B, I, J, D)``; bias: ``(I, J)``
+        - output: ``(B, J, D)``; couplings ``(B, I, J)``.
+
+    Examples::
+
+        >>> v, c = self_attention_routing(torch.randn(8, 1152, 10, 16), return_couplings=True)
+        >>> v.shape, c.shape
+        (torch.Size([8, 10, 16]), torch.Size([8, 1152, 10]))
+    """
+    check_votes(u_hat, "self_attention_routing")
+    check_choice("squash", squash, SQUASHES)
+    batch, children, parents, dim = u_hat.shape
+    if bias is not None and tuple(bias.shape) != (children, parents):
+        raise ValueError(f"self_attention_routing expects a bias of shape (I, J) = {(children, parents)}, "
+                         f"got {tuple(bias.shape)}")
+    u = working(u_hat)
+    with torch.no_grad():  # k: a power of two >= max |u_hat| per example, 1 for votes within [-1, 1]
+        k = torch.exp2(torch.ceil(torch.log2(u.abs().amax(dim=(1, 2, 3), keepdim=True).clamp_min(1.0))))
+    scaled = u / k  # (B, I, J, D), within [-1, 1]
+    agreement = (scaled * scaled.sum(dim=1, keepdim=True)).sum(dim=-1)  # (B, I, J): A_ij / k^2, |.| <= I D
+    shifted = agreement - agreement.detach().amax(dim=2, keepdim=True)  # <= 0, exactly 0 at the maximum
+    couplings = torch.softmax(shifted / k.squeeze(-1) / (k.squeeze(-1) * math.sqrt(dim)), dim=2)  # (B, I, J)
+    if bias is not None:
+        couplings = couplings + working(bias).to(couplings.dtype)
+    unit = sum_unit(children)
+    s = torch.einsum("bij,bijd->bjd", couplings * unit, u)  # sum_i (c_ij + b_ij) u_hat[j|i], times unit
+    v = apply_squash(squash, s, unit).to(u_hat.dtype)
+    return (v, couplings.to(u_hat.dtype)) if return_couplings else v

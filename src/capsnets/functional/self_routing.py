@@ -1,0 +1,123 @@
+"""Self-routing: each child routes by a small routing network of its own, not by agreement.
+
+Hahn, Pyeon & Kim (2019), "Self-Routing Capsule Networks", NeurIPS, Sec. 3 (Eqs. 1-5), and the authors' code
+(coder3000/SR-CapsNet, ``modules.py``, ``SelfRouting2d.forward``). Child ``i`` with pose ``u_i`` and activation
+``a_i`` computes its coupling logits from its own pose, ``b_ij = W_ij . u_i + beta_ij`` (``W``, ``beta``
+learned, zero at the start as in the code), ``c_ij = softmax_j(b_ij)``; the parent activation is
+``a_j = sum_i c_ij a_i / sum_i a_i`` and the parent pose the activation-weighted mean of its votes,
+``p_j = sum_i c_ij a_i u_hat[j|i] / sum_i c_ij a_i``.
+
+Vector capsules (deviation): a child's activation is its length ``|u_i|`` unless activations are given, and the
+parent capsule is its pose rescaled to length ``a_j``, ``v_j = a_j p_j / |p_j|``, so that its length is its
+activation, as every vector capsule's is. The paper keeps pose and activation apart.
+
+Numerics (not in the paper): a quotient whose denominator is zero (all the children inactive) is zero, not NaN;
+float16/bfloat16 votes are routed in float32.
+
+Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim,
+``D_in`` child capsule dim.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from capsnets.functional.routing_common import check_votes, working
+from capsnets.functional.squash import safe_norm
+
+
+@dataclass(frozen=True)
+class SelfRoutingRouting:
+    """Self-routing as a value to pass to a capsule layer; its routing weights ``W`` ``(I, J, D_in)`` and
+    biases ``beta`` ``(I, J)`` are parameters of the layer it is given to (``build``), zeros at the start.
+
+    The layer passes the children's poses (``poses=``, ``needs_poses`` is True); their activations are their
+    lengths.
+
+    Shape:
+        ``(B, I, J, D)`` votes and ``(B, I, D_in)`` poses -> ``(B, J, D)``; with ``return_couplings=True`` also
+        the couplings ``(B, I, J)``.
+
+    Examples::
+
+        >>> layer = LinearCapsules(32, 8, 10, 16, routing=SelfRoutingRouting())
+        >>> layer(torch.randn(2, 32, 8)).shape, layer.routing.weight.shape
+        (torch.Size([2, 10, 16]), torch.Size([32, 10, 8]))
+    """
+
+    needs_poses = True  # a class attribute, not a setting
+
+    def __call__(self, u_hat: Tensor, *, poses: Tensor | None = None, weight: Tensor | None = None,
+                 bias: Tensor | None = None, activations: Tensor | None = None, return_couplings: bool = False):
+        if weight is None or bias is None:
+            raise ValueError("SelfRoutingRouting learns a routing network per child: give it to a capsule layer "
+                             "(which builds it), or call .build(in_capsules, in_dim, out_capsules, out_dim)")
+        if poses is None:
+            raise ValueError("SelfRoutingRouting needs the children's poses (poses=, shape (B, I, D_in))")
+        return self_routing(u_hat, poses, weight, bias, activations=activations, return_couplings=return_couplings)
+
+    def build(self, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None, dtype=None):
+        """The routing with its weights ``(in_capsules, out_capsules, in_dim)`` and biases ``(in_capsules,
+        out_capsules)``, zeros (an ``nn.Module``)."""
+        from capsnets.layers.bound_routing import BoundRouting
+
+        return BoundRouting(self, {
+            "weight": torch.zeros(in_capsules, out_capsules, in_dim, device=device, dtype=dtype),
+            "bias": torch.zeros(in_capsules, out_capsules, device=device, dtype=dtype)})
+
+    def to_config(self) -> dict:
+        """The JSON-able spec of this routing (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
+        return {"type": "self_routing"}
+
+
+def self_routing(u_hat: Tensor, poses: Tensor, weight: Tensor, bias: Tensor, *, activations: Tensor | None = None,
+                 return_couplings: bool = False):
+    """Route votes to parents by each child's own routing network (Hahn et al. 2019).
+
+    Args:
+        u_hat: votes ``u_hat[j|i]`` of every child ``i`` for every parent ``j``.
+        poses: the children's poses ``u_i``.
+        weight, bias: the routing networks, ``b_ij = weight[i, j] . u_i + bias[i, j]``.
+        activations: the children's activations ``a_i >= 0``; None: their lengths ``|u_i|``.
+        return_couplings: also return the couplings ``c``.
+
+    Shape:
+        - u_hat: ``(B, I, J, D)``; poses: ``(B, I, D_in)``; weight: ``(I, J, D_in)``; bias: ``(I, J)``;
+          activations: ``(B, I)``
+        - output: ``(B, J, D)``, of length ``a_j``; couplings ``(B, I, J)``, summing to 1 over ``J``.
+
+    Examples::
+
+        >>> u_hat, poses = torch.randn(2, 32, 10, 16), torch.randn(2, 32, 8)
+        >>> self_routing(u_hat, poses, torch.zeros(32, 10, 8), torch.zeros(32, 10)).shape
+        torch.Size([2, 10, 16])
+    """
+    check_votes(u_hat, "self_routing")
+    batch, children, parents, dim = u_hat.shape
+    in_dim = poses.shape[-1] if isinstance(poses, Tensor) and poses.dim() == 3 else None
+    expected = {"poses": (batch, children, in_dim), "weight": (children, parents, in_dim),
+                "bias": (children, parents), "activations": (batch, children)}
+    for name, value in (("poses", poses), ("weight", weight), ("bias", bias), ("activations", activations)):
+        if value is not None and (not isinstance(value, Tensor) or tuple(value.shape) != expected[name]):
+            shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ValueError(f"self_routing expects {name} of shape {expected[name]} (B, I, J, D_in from u_hat "
+                             f"{tuple(u_hat.shape)} and poses), got {shape}")
+    u, pose = working(u_hat), working(poses).to(working(u_hat).dtype)
+    logits = torch.einsum("bic,ijc->bij", pose, working(weight).to(u.dtype)) + working(bias).to(u.dtype)
+    couplings = torch.softmax(logits, dim=2)  # (B, I, J)
+    act = safe_norm(pose) if activations is None else working(activations).to(u.dtype)  # (B, I)
+    weighted = couplings * act.unsqueeze(-1)  # (B, I, J): c_ij a_i
+    mass = weighted.sum(dim=1)  # (B, J)
+    a_out = _ratio(mass, act.sum(dim=1, keepdim=True))  # (B, J)
+    share = _ratio(weighted, mass.unsqueeze(1))  # (B, I, J), summing to 1 over children (or all zero)
+    pose_out = torch.einsum("bij,bijd->bjd", share, u)  # (B, J, D): a mean of votes, within max |u_hat|
+    v = (pose_out / safe_norm(pose_out, keepdim=True) * a_out.unsqueeze(-1)).to(u_hat.dtype)
+    return (v, couplings.to(u_hat.dtype)) if return_couplings else v
+
+
+def _ratio(numerator: Tensor, denominator: Tensor) -> Tensor:
+    """``numerator / denominator``, zero where the denominator is zero (with a zero gradient there)."""
+    zero = denominator == 0
+    return torch.where(zero, 0.0, numerator / torch.where(zero, 1.0, denominator))
