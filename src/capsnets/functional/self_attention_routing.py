@@ -105,12 +105,13 @@ def self_attention_routing(u_hat: Tensor, bias: Tensor | None = None, *, squash:
         raise ValueError(f"self_attention_routing expects a bias of shape (I, J) = {(children, parents)}, "
                          f"got {tuple(bias.shape)}")
     u = working(u_hat)
-    with torch.no_grad():  # k: a power of two >= max |u_hat| per example, 1 for votes within [-1, 1]
-        k = torch.exp2(torch.ceil(torch.log2(u.abs().amax(dim=(1, 2, 3), keepdim=True).clamp_min(1.0))))
-    scaled = u / k  # (B, I, J, D), within [-1, 1]
-    agreement = (scaled * scaled.sum(dim=1, keepdim=True)).sum(dim=-1)  # (B, I, J): A_ij / k^2, |.| <= I D
+    with torch.no_grad():  # k: a power of two >= max |u_hat| per example (or the largest finite one), 1 for votes
+        exponent = torch.ceil(torch.log2(u.abs().amax(dim=(1, 2, 3), keepdim=True).clamp_min(1.0)))
+        k = torch.exp2(exponent.clamp_max(math.floor(math.log2(torch.finfo(u.dtype).max)))).squeeze(-1)  # (B, 1, 1)
+    scaled = u / k.unsqueeze(-1)  # (B, I, J, D), within [-2, 2]
+    agreement = (scaled * scaled.sum(dim=1, keepdim=True)).sum(dim=-1)  # (B, I, J): A_ij / k^2, |.| <= 4 I D
     shifted = agreement - agreement.detach().amax(dim=2, keepdim=True)  # <= 0, exactly 0 at the maximum
-    couplings = torch.softmax(shifted / k.squeeze(-1) / (k.squeeze(-1) * math.sqrt(dim)), dim=2)  # (B, I, J)
+    couplings = torch.softmax(shifted * (k / math.sqrt(dim)) * k, dim=2)  # (B, I, J); -inf at most, never NaN
     if bias is not None:
         couplings = couplings + working(bias).to(couplings.dtype)
     unit = sum_unit(children)
