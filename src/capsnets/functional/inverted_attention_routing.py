@@ -13,10 +13,11 @@ Deviations: the code's re-normalisation ``c / (sum_j c + 1e-10)`` (a no-op up to
 on the poses are left out. Parent poses are LayerNorm outputs, whose length is about ``sqrt(D)``, not a
 probability: a model reads its classes from them with a layer of its own (the paper's ``final_fc``).
 
-Numerics (not in the paper; same values): the weighted sums are formed with the couplings times ``2^-k``
-(``2^k >= I``), and the LayerNorm from each pose divided by a power of two ``>=`` its largest component, the
-epsilon scaled to match, so no sum or square overflows for any finite votes; float16/bfloat16 votes are routed
-in float32.
+Numerics (not in the paper; same values): the agreements are formed from the votes divided by a power of two
+``>= max |u_hat|`` per example (1 for votes within [-1, 1]) and shifted by their maximum over parents before
+it is put back, the weighted sums with the couplings times ``2^-k`` (``2^k >= I``), and the LayerNorm from each
+pose divided by a power of two ``>=`` its largest component, the epsilon scaled to match, so no sum, product or
+square overflows for any finite votes; float16/bfloat16 votes are routed in float32.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
@@ -131,12 +132,16 @@ def inverted_attention_routing(u_hat: Tensor, iterations: int = InvertedAttentio
             raise ValueError(f"inverted_attention_routing expects {name} of shape {shape}, got {tuple(value.shape)}")
     u = working(u_hat).transpose(1, 2)  # (B, J, I, D)
     unit = sum_unit(children)
+    k = _power_of_two_above(u.abs().amax(dim=(1, 2, 3), keepdim=True), 1.0)  # (B, 1, 1, 1), 1 for votes in [-1, 1]
+    scaled = u / k
     v, couplings = working(parents) if parents is not None else None, None
     for _ in range(iterations):
         if v is None:  # poses at zero: every coupling is 1/J
             couplings = u.new_full((batch, num_parents, children), 1.0 / num_parents)
-        else:  # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): the agreements; softmax over parents
-            couplings = torch.softmax(torch.matmul(u, v.unsqueeze(-1)).squeeze(-1) / math.sqrt(dim), dim=1)
+        else:  # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): the agreements over k, shifted; softmax over parents
+            agreement = torch.matmul(scaled, v.unsqueeze(-1)).squeeze(-1)
+            shifted = agreement - agreement.detach().amax(dim=1, keepdim=True)
+            couplings = torch.softmax(shifted * (k.squeeze(-1) / math.sqrt(dim)), dim=1)
         s = torch.matmul((couplings * unit).unsqueeze(2), u).squeeze(2)  # (B, J, D): sum_i c_ij u_hat, times unit
         v = _layer_norm(s, unit, eps, weight, bias)
     v = v.to(u_hat.dtype)
@@ -146,17 +151,24 @@ def inverted_attention_routing(u_hat: Tensor, iterations: int = InvertedAttentio
 def _layer_norm(s: Tensor, unit: float, eps: float, weight: Tensor | None, bias: Tensor | None) -> Tensor:
     """``LayerNorm(s / unit)`` over the last dim, computed from each pose divided by a power of two ``>=`` its
     largest component (``eps`` scaled to match), so that its square cannot overflow."""
-    with torch.no_grad():
-        k = torch.exp2(torch.ceil(torch.log2(s.abs().amax(dim=-1, keepdim=True).clamp_min(unit))))
+    k = _power_of_two_above(s.abs().amax(dim=-1, keepdim=True), unit)
     t = s / k
     centred = t - t.mean(dim=-1, keepdim=True)
     variance = centred.square().mean(dim=-1, keepdim=True)
-    out = centred * torch.rsqrt(variance + eps * (unit / k).square())
+    # eps (unit / k)^2 may underflow to zero for the longest poses: a zero variance then still gives a zero pose
+    out = centred / (variance + eps * (unit / k).square()).sqrt().clamp_min(torch.finfo(s.dtype).tiny)
     if weight is not None:
         out = out * working(weight).to(out.dtype)
     if bias is not None:
         out = out + working(bias).to(out.dtype)
     return out
+
+
+def _power_of_two_above(magnitude: Tensor, least: float) -> Tensor:
+    """The least power of two ``>= max(magnitude, least)``, at most the dtype's largest (detached)."""
+    with torch.no_grad():
+        exponent = torch.ceil(torch.log2(magnitude.clamp_min(least)))
+        return torch.exp2(exponent.clamp_max(math.floor(math.log2(torch.finfo(magnitude.dtype).max))))
 
 
 def concurrent_inverted_attention_routing(layers: Sequence, u: Tensor, iterations: int | None = None) -> list[Tensor]:
