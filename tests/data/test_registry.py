@@ -15,13 +15,14 @@ def test_data_root_precedence(monkeypatch, tmp_path):
 
 
 def test_list_and_info_without_files():
-    assert list_datasets() == ["digits", "mnist", "fashion_mnist", "smallnorb", "viewpoints"]
+    assert list_datasets() == ["digits", "mnist", "fashion_mnist", "smallnorb", "viewpoints", "cifar10", "svhn"]
     info = dataset_info("Fashion-MNIST")
     assert info.name == "fashion_mnist" and info.image_shape == (1, 28, 28) and info.num_classes == 10
     assert info.classes[-1] == "Ankle boot"
     assert dataset_info("digits").image_shape == (1, 8, 8)
-    with pytest.raises(ValueError, match="known: digits, mnist, fashion_mnist"):
-        dataset_info("cifar10")
+    assert dataset_info("CIFAR-10").image_shape == (3, 32, 32) and dataset_info("svhn").num_train == 73_257
+    with pytest.raises(ValueError, match="known: digits, mnist, fashion_mnist.*folder:PATH"):
+        dataset_info("cifar100")
 
 
 def test_load_digits():

@@ -1,7 +1,8 @@
 """Data sets by name: :func:`load_dataset`, :func:`list_datasets`, :func:`dataset_info`.
 
-Every loader returns a :class:`~capsnets.data.base.TensorData` of float32 images: in ``[0, 1]`` for
-the digit data sets; for the smallNORB-like ones (``"smallnorb"``, ``"viewpoints"``) standardised per
+Besides the registered names, ``"folder:PATH"`` reads your own images (one subfolder per class; see
+:mod:`capsnets.data.image_folder`). Every loader returns a :class:`~capsnets.data.base.TensorData` of
+float32 images: in ``[0, 1]`` for the digit, CIFAR-10, SVHN and folder data sets; for the smallNORB-like ones (``"smallnorb"``, ``"viewpoints"``) standardised per
 image and prepared by :func:`~capsnets.data.norb_common.norb_protocol`: the train split is 48x48 with
 an ``augment`` (random 32x32 crop + brightness/contrast) applied per batch by the
 :class:`~capsnets.data.device.DeviceLoader`, the test split is centre-cropped to 32x32.
@@ -15,11 +16,14 @@ from dataclasses import dataclass
 import torch
 
 from .base import TensorData, data_root
+from .cifar import CIFAR10
 from .digits import DIGITS_CLASSES, load_digits_split
 from .errors import DatasetError
+from .image_folder import FOLDER_PREFIX, load_image_folder, scan_image_folder
 from .mnist import MNIST, FashionMNIST, IdxImageDataset
 from .norb_common import NORB_CROP, RawNorbLike, norb_protocol
 from .smallnorb import SMALLNORB_CLASSES, SmallNORB
+from .svhn import SVHN
 
 __all__ = ["DatasetInfo", "load_dataset", "list_datasets", "dataset_info"]
 
@@ -29,7 +33,7 @@ class DatasetInfo:
     """What a data set is, known without reading any file.
 
     Attributes:
-        name: canonical name (``"digits"``, ``"mnist"``, ``"fashion_mnist"``).
+        name: canonical name (``"digits"``, ``"mnist"``, ``"cifar10"``...; ``"folder:PATH"`` as given).
         num_classes: number of classes.
         image_shape: ``(C, H, W)`` the model sees. For smallNORB-like data sets this is the 32x32
             crop; their TRAIN tensors are 48x48 and cropped per batch by ``TensorData.augment``.
@@ -62,57 +66,105 @@ _INFO = {
     # (5 classes x 5 instances x 18 azimuths x 9 elevations x 6 lightings per split).
     "viewpoints": DatasetInfo("viewpoints", 5, (1, NORB_CROP, NORB_CROP), tuple(SMALLNORB_CLASSES),
                               24_300, 24_300, True),
+    "cifar10": DatasetInfo("cifar10", 10, (3, 32, 32), tuple(CIFAR10.classes), 50_000, 10_000, True),
+    "svhn": DatasetInfo("svhn", 10, (3, 32, 32), tuple(SVHN.classes), 73_257, 26_032, True),
 }
-_IDX_CLASSES = {"mnist": MNIST, "fashion_mnist": FashionMNIST}
+#: Registered data sets read by a class with ``images`` (uint8 ``(N, H, W)`` or ``(N, C, H, W)``) and ``labels``.
+_FILE_CLASSES = {"mnist": MNIST, "fashion_mnist": FashionMNIST, "cifar10": CIFAR10, "svhn": SVHN}
 
 
 def _canonical(name: str) -> str:
     key = name.lower().replace("-", "_")
     if key not in _INFO:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(list_datasets())}")
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(list_datasets())}, or {FOLDER_PREFIX}PATH "
+                         "for a folder of your own images")
     return key
 
 
+def _is_folder(name: str) -> bool:
+    return name.startswith(FOLDER_PREFIX)
+
+
+def _folder_path(name: str) -> str:
+    path = name[len(FOLDER_PREFIX):]
+    if not path:
+        raise ValueError(f"dataset {name!r} names no folder: expected {FOLDER_PREFIX}PATH, e.g. {FOLDER_PREFIX}photos")
+    return path
+
+
+def _check_fixed_size(info: DatasetInfo, image_size) -> None:
+    """Registered data sets have a fixed size: ``image_size`` may only restate it."""
+    if image_size is None:
+        return
+    pair = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if pair != info.image_shape[1:]:
+        raise ValueError(f"image_size={image_size!r} applies to {FOLDER_PREFIX}PATH data sets only; {info.name} "
+                         f"images are {info.image_shape[1]}x{info.image_shape[2]}: leave image_size out")
+
+
 def list_datasets() -> list[str]:
-    """Canonical names accepted by :func:`load_dataset` (``"fashion-mnist"`` is accepted too)."""
+    """Canonical names accepted by :func:`load_dataset` (``"fashion-mnist"`` is accepted too), besides
+    ``"folder:PATH"``."""
     return list(_INFO)
 
 
-def dataset_info(name: str) -> DatasetInfo:
-    """Classes and shapes of data set ``name`` without loading it."""
-    return _INFO[_canonical(name)]
+def dataset_info(name: str, *, image_size: int | tuple[int, int] | None = None) -> DatasetInfo:
+    """Classes and shapes of data set ``name`` without loading it.
+
+    For ``"folder:PATH"`` the folder is listed and every image's header read (no pixels are decoded);
+    ``image_size`` is as for :func:`load_dataset`.
+    """
+    if _is_folder(name):
+        scan = scan_image_folder(_folder_path(name), image_size=image_size)
+        return DatasetInfo(name, len(scan.classes), scan.image_shape, scan.classes, len(scan.train),
+                           len(scan.test), True)
+    info = _INFO[_canonical(name)]
+    _check_fixed_size(info, image_size)
+    return info
 
 
 def load_dataset(name: str, *, root: str | os.PathLike | None = None, train: bool = True,
-                 download: bool = False, device: str | torch.device = "cpu") -> TensorData:
+                 download: bool = False, device: str | torch.device = "cpu",
+                 image_size: int | tuple[int, int] | None = None) -> TensorData:
     """Load one split of a data set by name as float32 images in ``[0, 1]``.
 
     Args:
-        name: one of :func:`list_datasets` (case-insensitive, ``-`` or ``_``).
+        name: one of :func:`list_datasets` (case-insensitive, ``-`` or ``_``), or ``"folder:PATH"``: a
+            folder of your own PNG/JPEG images, one subfolder per class, with ``train/`` and ``test/`` or
+            split 80/20 by class with seed 0 (:func:`~capsnets.data.image_folder.load_image_folder`).
         root: data root (``--data-dir``); ``None`` means ``$CAPSNETS_DATA`` or ``~/.cache/capsnets/data``.
-            Unused by ``"digits"``, which ships inside scikit-learn.
+            Unused by ``"digits"``, which ships inside scikit-learn, and by ``"folder:PATH"``.
         train: training split if True, else test split.
-        download: fetch missing files from the official mirrors (mnist, fashion_mnist, smallnorb).
+        download: fetch missing files from the official mirrors (mnist, fashion_mnist, smallnorb, cifar10,
+            svhn).
         device: where the returned tensors live.
+        image_size: ``"folder:PATH"`` only: ``H`` or ``(H, W)`` every image is resized to (default: the
+            first training image's size). The registered data sets have a fixed size and refuse another.
 
     Raises:
-        ValueError: unknown ``name``.
-        DatasetError: files missing (and ``download=False``), corrupt or failing their md5.
+        ValueError: unknown ``name``, or an ``image_size`` a registered data set does not have.
+        DatasetError: files missing (and ``download=False``), corrupt or failing their md5; a folder that
+            is not one subfolder per class of readable images.
 
     Shape:
-        - images: ``(N, C, H, W)``; labels: ``(N,)``; smallnorb / viewpoints: ``(N, 1, 48, 48)``
+        - images: ``(N, C, H, W)``; labels: ``(N,)``; cifar10 / svhn: ``(N, 3, 32, 32)``;
+          ``folder:PATH``: ``(N, 1 or 3, H, W)``; smallnorb / viewpoints: ``(N, 1, 48, 48)``
           (train, 32x32 after ``augment``) or ``(N, 1, 32, 32)`` (test), plus ``info``.
     """
+    if _is_folder(name):
+        return load_image_folder(_folder_path(name), train=train, image_size=image_size).to(device)
     key = _canonical(name)
     info = _INFO[key]
+    _check_fixed_size(info, image_size)
     if key in ("smallnorb", "viewpoints"):
         raw = SmallNORB(root, train=train, download=download).raw() if key == "smallnorb" else _viewpoints(root, train)
         return norb_protocol(raw, train, name=key).to(device)
     if key == "digits":
         images, labels = load_digits_split(train)
     else:
-        split = _IDX_CLASSES[key](root, train=train, download=download)
-        images, labels = split.images.unsqueeze(1).float().div_(255.0), split.labels
+        split = _FILE_CLASSES[key](root, train=train, download=download)
+        images = split.images if split.images.dim() == 4 else split.images.unsqueeze(1)
+        images, labels = images.float().div_(255.0), split.labels
     data = TensorData(images, labels, info.num_classes, list(info.classes), key)
     return data.to(device)
 

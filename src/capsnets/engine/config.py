@@ -55,8 +55,11 @@ class TrainConfig:
     Attributes:
         model: registered model name (see ``capsnets.list_models()``).
         model_args: keyword overrides for the model builder, e.g. ``{"routing_iterations": 1}``.
-        dataset: data set name (see ``capsnets.data.list_datasets()``).
+        dataset: data set name (see ``capsnets.data.list_datasets()``), or ``"folder:PATH"`` for a folder of
+            your own images with one subfolder per class.
         data_dir: where the data set files live (None: the data package's default).
+        image_size: ``folder:PATH`` data sets only: the side ``H`` (or ``[H, W]``) every image is resized to;
+            None: the first training image's size. The model's ``input_size`` follows the data.
         download: fetch missing data set files.
         epochs: number of passes over the training split.
         batch_size: GLOBAL batch size; with ``world_size`` processes each takes ``batch_size / world_size``.
@@ -88,6 +91,7 @@ class TrainConfig:
     model_args: dict[str, Any] = field(default_factory=dict)
     dataset: str = "digits"
     data_dir: str | None = None
+    image_size: int | list[int] | None = None
     download: bool = False
     epochs: int = 10
     batch_size: int = 128
@@ -128,6 +132,10 @@ class TrainConfig:
                  "a non-negative integer below 2**64 (torch's generators take 64-bit seeds)")
         _require(self.data_dir is None or (isinstance(self.data_dir, str) and self.data_dir), "data_dir",
                  self.data_dir, "None or a folder")
+        size = self.image_size
+        _require(size is None or (_integer(size) and size >= 1) or (
+            isinstance(size, (list, tuple)) and len(size) == 2 and all(_integer(s) and s >= 1 for s in size)),
+            "image_size", size, "None, a positive integer or [height, width]")
         _require(self.loss is None or (isinstance(self.loss, str) and self.loss), "loss", self.loss,
                  "None or a loss name")
         _require(_number(self.lr) and 0 < self.lr <= FLOAT32_MAX, "lr", self.lr,

@@ -169,7 +169,8 @@ class Trainer:
         cfg = self.config
         splits = []
         for train, limit in ((True, cfg.limit_train), (False, cfg.limit_test)):
-            data = load_dataset(cfg.dataset, root=cfg.data_dir, train=train, download=cfg.download)
+            data = load_dataset(cfg.dataset, root=cfg.data_dir, train=train, download=cfg.download,
+                                image_size=cfg.image_size)
             splits.append((data.subset(min(limit, len(data))) if limit is not None else data).to(device))
         return splits
 

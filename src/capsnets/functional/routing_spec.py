@@ -62,7 +62,7 @@ def routing_from_config(config: Mapping) -> Callable:
     """The routing object a spec describes (the inverse of :func:`routing_config`).
 
     Args:
-        config: ``{"type": "dynamic" | "em", **settings}``; settings left out take the class's defaults.
+        config: ``{"type": one of ROUTING_TYPES, **settings}``; settings left out take the class's defaults.
 
     Raises:
         ValueError: an unknown type or setting, or the record of a routing the library cannot describe.
@@ -87,7 +87,7 @@ def routing_from_config(config: Mapping) -> Callable:
     names = [field.name for field in dataclasses.fields(cls) if field.name != "_"]
     unknown = sorted(set(settings) - set(names))
     if unknown:
-        raise ValueError(f"routing type {kind!r} takes {', '.join(names)}; got {', '.join(unknown)}")
+        raise ValueError(f"routing type {kind!r} takes {', '.join(names) or 'no settings'}; got {', '.join(unknown)}")
     return cls(**settings)
 
 

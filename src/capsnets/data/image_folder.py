@@ -1,0 +1,268 @@
+"""Your own images: a folder with one subfolder per class of PNG / JPEG files (``folder:PATH``).
+
+Layouts (class names are the sorted subfolder names; hidden files and folders are skipped)::
+
+    PATH/cat/001.png  PATH/dog/x.jpg ...              one folder: a seeded, stratified split
+    PATH/train/cat/...  PATH/test/cat/...             train/ and test/: the split as given
+
+Without ``train/`` and ``test/``, each class's images are shuffled by ``split_seed`` and
+``round(test_fraction * n)`` of them (at least 1 and at most ``n - 1`` for classes of 2 or more)
+form the test split, so both splits have every class in the folder's proportions and the same
+arguments always give the same split.
+
+Channels follow the images: 1 if every image of both splits is grayscale (modes ``1``, ``L``, ``LA``,
+16-bit ``I;16`` / ``I``, or a palette of greys), else 3 (grayscale images are then repeated on three
+channels). The mode decides, not the pixels: an RGB file whose pixels are grey counts as colour.
+Alpha is dropped, and JPEG EXIF orientation is applied. Every image is resized (Pillow, bilinear with
+antialiasing) to ``image_size``; by default the size of the first training image (class by class,
+files in sorted order), so a folder of same-sized images keeps its size. The whole
+split is held in memory as float32 (N x C x H x W x 4 bytes): pass a small ``image_size`` for photos.
+Pillow reads the files, in the style of torchvision's ``ImageFolder``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .base import TensorData
+from .errors import DatasetError
+
+__all__ = ["FOLDER_PREFIX", "IMAGE_SUFFIXES", "ImageFolderScan", "scan_image_folder", "load_image_folder",
+           "read_image"]
+
+#: ``load_dataset`` names of the form ``folder:PATH`` read an image folder.
+FOLDER_PREFIX = "folder:"
+#: File name endings read as images (case-insensitive); other files are ignored.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+_GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N"}
+
+
+@dataclass(frozen=True)
+class ImageFolderScan:
+    """What :func:`scan_image_folder` found, before any image is decoded.
+
+    Attributes:
+        root: the folder.
+        classes: class names (sorted subfolder names), index = label.
+        train: ``(file, label)`` pairs of the training split, class by class, files sorted.
+        test: the same for the test split.
+        presplit: True if the folder has ``train/`` and ``test/``, False for a seeded split.
+        channels: 1 (every image grayscale) or 3.
+        image_size: ``(H, W)`` every image is resized to.
+    """
+
+    root: Path
+    classes: tuple[str, ...]
+    train: tuple[tuple[Path, int], ...]
+    test: tuple[tuple[Path, int], ...]
+    presplit: bool
+    channels: int
+    image_size: tuple[int, int]
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """``(C, H, W)`` of the loaded images."""
+        return (self.channels, *self.image_size)
+
+
+def scan_image_folder(path: str | os.PathLike, *, image_size: int | tuple[int, int] | None = None,
+                      test_fraction: float = 0.2, split_seed: int = 0) -> ImageFolderScan:
+    """List an image folder's classes and files, split them, and decide the channels and size.
+
+    Every image's header is read (not its pixels), so an unreadable file is reported here.
+
+    Args:
+        path: the folder (``~`` is expanded; a relative path is relative to the working directory).
+        image_size: ``H`` (square) or ``(H, W)``; ``None``: the size of the first image.
+        test_fraction: share of each class that forms the test split when there is no ``train/`` + ``test/``.
+        split_seed: seed of that split.
+
+    Raises:
+        DatasetError: a missing folder, no class subfolders, fewer than 2 classes, an empty class,
+            ``train/`` and ``test/`` with different classes, an unreadable image; each message names the
+            folder or file and the fix.
+        ValueError: ``image_size`` or ``test_fraction`` out of range.
+    """
+    size = _check_size(image_size)
+    if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
+        raise ValueError(f"test_fraction={test_fraction!r} is invalid: expected a number in (0, 1)")
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise DatasetError(f"folder:{path}: {root} is not a folder{' (it is a file)' if root.exists() else ''}; "
+                           "Fix: give the folder that holds one subfolder per class of PNG/JPEG images")
+    presplit = (root / "train").is_dir() or (root / "test").is_dir()
+    if presplit:
+        classes, train, test = _presplit(root)
+    else:
+        classes = _class_folders(root)
+        per_class = [_class_files(root / name) for name in classes]
+        train, test = _seeded_split(root, per_class, test_fraction, split_seed)
+    channels, first_size = _inspect(train + test)
+    return ImageFolderScan(root, tuple(classes), tuple(train), tuple(test), presplit, channels, size or first_size)
+
+
+def load_image_folder(path: str | os.PathLike, *, train: bool = True, image_size: int | tuple[int, int] | None = None,
+                      test_fraction: float = 0.2, split_seed: int = 0) -> TensorData:
+    """One split of an image folder as float32 images in ``[0, 1]`` (see the module docstring).
+
+    The examples come in an order shuffled by ``split_seed``, so a prefix (``--limit-train``) has
+    roughly every class.
+
+    Args:
+        path, image_size, test_fraction, split_seed: as for :func:`scan_image_folder`.
+        train: the training split if True, else the test split.
+
+    Raises:
+        DatasetError: as :func:`scan_image_folder`, or a file that cannot be decoded.
+
+    Shape:
+        - images: ``(N, C, H, W)`` with ``C`` 1 or 3 and ``(H, W) = image_size``; labels: ``(N,)``.
+
+    Example::
+
+        >>> data = load_image_folder("photos", image_size=32)   # photos/cat/*.jpg, photos/dog/*.jpg
+        >>> data.images.shape, data.classes
+        (torch.Size([40, 3, 32, 32]), ['cat', 'dog'])
+    """
+    scan = scan_image_folder(path, image_size=image_size, test_fraction=test_fraction, split_seed=split_seed)
+    items = scan.train if train else scan.test
+    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(split_seed)).tolist()
+    items = [items[i] for i in order]
+    images = torch.empty(len(items), *scan.image_shape)
+    for i, (file, _) in enumerate(items):
+        images[i] = read_image(file, scan.channels, scan.image_size)
+    labels = torch.tensor([label for _, label in items], dtype=torch.long)
+    return TensorData(images, labels, len(scan.classes), list(scan.classes), f"{FOLDER_PREFIX}{path}")
+
+
+def read_image(path: str | os.PathLike, channels: int, size: tuple[int, int] | None = None) -> Tensor:
+    """One PNG/JPEG file as a float32 ``(channels, H, W)`` tensor in ``[0, 1]``.
+
+    Args:
+        path: the file.
+        channels: 1 (colour is converted to luminance, ITU-R 601-2 as Pillow's ``L``) or 3 (grey is repeated).
+        size: ``(H, W)`` to resize to (bilinear, antialiased); ``None``: keep the file's size.
+
+    Raises:
+        DatasetError: the file cannot be decoded; the message names it.
+    """
+    from PIL import Image, ImageOps
+
+    if channels not in (1, 3):
+        raise ValueError(f"channels={channels!r} is invalid: expected 1 or 3")
+    try:
+        with Image.open(path) as image:
+            image = ImageOps.exif_transpose(image)
+            if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+                pixels = np.asarray(image, dtype=np.float32) / (1.0 if image.mode == "F" else 65535.0)
+                image = Image.fromarray(np.clip(pixels, 0, 1), mode="F")
+                scale = 1.0
+            else:
+                image = image.convert("L" if channels == 1 else "RGB")
+                scale = 255.0
+            if size is not None and image.size != (size[1], size[0]):
+                image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            pixels = np.asarray(image, dtype=np.float32) / scale
+    except (OSError, ValueError, SyntaxError) as err:  # PIL raises these three for bad files
+        raise _unreadable(Path(path), err) from err
+    tensor = torch.from_numpy(np.ascontiguousarray(pixels))
+    tensor = tensor.unsqueeze(0) if tensor.dim() == 2 else tensor.permute(2, 0, 1)
+    if tensor.shape[0] != channels:
+        tensor = tensor.expand(channels, -1, -1)
+    return tensor.clamp(0, 1).contiguous()
+
+
+# -- scanning ---------------------------------------------------------------------------------------------
+def _check_size(image_size) -> tuple[int, int] | None:
+    if image_size is None:
+        return None
+    pair = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if len(pair) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in pair):
+        raise ValueError(f"image_size={image_size!r} is invalid: expected a positive integer or (height, width)")
+    return pair
+
+
+def _class_folders(folder: Path) -> list[str]:
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        loose = [p.name for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES]
+        found = f" (it holds {len(loose)} images directly, e.g. {loose[0]})" if loose else ""
+        raise DatasetError(f"{folder} has no class subfolders{found}; Fix: put each class's PNG/JPEG images in a "
+                           f"subfolder named after the class, e.g. {folder / 'cat' / '001.png'}")
+    if len(classes) < 2:
+        raise DatasetError(f"{folder} has only one class subfolder ({classes[0]}); a classifier needs at least 2 "
+                           "classes; Fix: add a subfolder of images for each other class")
+    return classes
+
+
+def _class_files(folder: Path) -> list[Path]:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    if not files:
+        raise DatasetError(f"class folder {folder} has no PNG or JPEG images ({', '.join(IMAGE_SUFFIXES)}); "
+                           "Fix: add images to it, or remove the folder")
+    return files
+
+
+def _presplit(root: Path) -> tuple[list[str], list, list]:
+    for name, other in (("train", "test"), ("test", "train")):
+        if not (root / name).is_dir():
+            raise DatasetError(f"{root} has {other}/ but no {name}/; Fix: add {root / name} with the same class "
+                               f"subfolders, or move the class subfolders of {other}/ up into {root} for a seeded split")
+    train_classes, test_classes = _class_folders(root / "train"), _class_folders(root / "test")
+    if train_classes != test_classes:
+        only_train = sorted(set(train_classes) - set(test_classes))
+        only_test = sorted(set(test_classes) - set(train_classes))
+        raise DatasetError(f"{root}: train/ and test/ have different classes (only in train/: {only_train or 'none'}; "
+                           f"only in test/: {only_test or 'none'}); Fix: give both the same class subfolders")
+    splits = [[(file, label) for label, name in enumerate(train_classes) for file in _class_files(root / split / name)]
+              for split in ("train", "test")]
+    return train_classes, splits[0], splits[1]
+
+
+def _seeded_split(root: Path, per_class: list[list[Path]], test_fraction: float, seed: int) -> tuple[list, list]:
+    generator = torch.Generator().manual_seed(seed)
+    train, test = [], []
+    for label, files in enumerate(per_class):
+        order = torch.randperm(len(files), generator=generator).tolist()
+        n_test = min(max(round(test_fraction * len(files)), 1), len(files) - 1) if len(files) > 1 else 0
+        test += [(files[i], label) for i in sorted(order[:n_test])]
+        train += [(files[i], label) for i in sorted(order[n_test:])]
+    if not test:
+        raise DatasetError(f"{root}: every class has a single image, so no test split can be drawn; Fix: add images, "
+                           "or give train/ and test/ subfolders")
+    return train, test
+
+
+def _inspect(items: list[tuple[Path, int]]) -> tuple[int, tuple[int, int]]:
+    """``(channels, (H, W) of the first image)`` from the files' headers."""
+    from PIL import Image
+
+    colour, first = False, None
+    for file, _ in items:
+        try:
+            with Image.open(file) as image:
+                colour = colour or not _is_grey(image)
+                first = first or (image.height, image.width)
+        except (OSError, ValueError, SyntaxError) as err:
+            raise _unreadable(file, err) from err
+    return (3 if colour else 1), first
+
+
+def _is_grey(image) -> bool:
+    if image.mode in _GREY_MODES:
+        return True
+    if image.mode in ("P", "PA"):
+        palette = np.asarray(image.getpalette() or [0, 0, 1], dtype=np.int64).reshape(-1, 3)
+        return bool((palette == palette[:, :1]).all())
+    return False
+
+
+def _unreadable(file: Path, err: Exception) -> DatasetError:
+    return DatasetError(f"{file}: cannot be read as an image ({type(err).__name__}: {err}); Fix: replace or delete "
+                        "the file (only PNG and JPEG images are read)")
