@@ -73,8 +73,13 @@ _INFO = {
 _FILE_CLASSES = {"mnist": MNIST, "fashion_mnist": FashionMNIST, "cifar10": CIFAR10, "svhn": SVHN}
 
 
+#: Other spellings accepted for a registered name.
+_ALIASES = {"cifar_10": "cifar10"}
+
+
 def _canonical(name: str) -> str:
     key = name.lower().replace("-", "_")
+    key = _ALIASES.get(key, key)
     if key not in _INFO:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(list_datasets())}, or {FOLDER_PREFIX}PATH "
                          "for a folder of your own images")
@@ -103,7 +108,7 @@ def _check_fixed_size(info: DatasetInfo, image_size) -> None:
 
 
 def list_datasets() -> list[str]:
-    """Canonical names accepted by :func:`load_dataset` (``"fashion-mnist"`` is accepted too), besides
+    """Canonical names accepted by :func:`load_dataset` (``"fashion-mnist"``, ``"CIFAR-10"`` are accepted too), besides
     ``"folder:PATH"``."""
     return list(_INFO)
 
