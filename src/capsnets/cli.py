@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(command("train", "train a model and write a run directory"))
     _add_evaluate(command("evaluate", "accuracy, per-class accuracy and confusion matrix of a checkpoint"))
     _add_reconstruct(command("reconstruct", "inputs against their reconstructions by a checkpoint"))
+    _add_predict(command("predict", "classify image files (PNG, JPEG...) with a checkpoint, or segment them"))
     _add_list_models(command("list-models", "registered models and their parameter counts, or the "
                                             "--model-arg keys of one model"))
     _add_experiment(command("experiment", "run a paper experiment, write DIR/report.md + PNGs"))
@@ -209,6 +210,24 @@ def _add_reconstruct(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="directory for reconstructions_<checkpoint>.png "
                                                      "(default: the checkpoint's directory)")
     parser.set_defaults(handler=_reconstruct)
+
+
+def _add_predict(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_FOLDER",
+                        help="image files, or folders searched for them (PNG, JPEG, BMP, GIF, WebP, TIFF)")
+    parser.add_argument("--checkpoint", required=True, metavar="PATH",
+                        help="run directory (its best, else last, checkpoint) or .safetensors file (required, "
+                             "no default)")
+    parser.add_argument("--json", metavar="FILE", help="also write the predictions as JSON to FILE ('-': print "
+                                                       "JSON instead of the text)")
+    parser.add_argument("--invert", choices=["auto", "yes", "no"], default="auto",
+                        help="invert images (light background) for models trained on light strokes on black, "
+                             "such as MNIST; auto: when an image's border is lighter than mid-grey")
+    parser.add_argument("--out", metavar="DIR", help="segmentation models: directory for the <image>_mask.png files "
+                                                     "(default: ./masks)")
+    parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
+    parser.set_defaults(handler=_predict)
 
 
 def _add_list_models(parser: argparse.ArgumentParser) -> None:
@@ -429,6 +448,74 @@ def _reconstruct(args: argparse.Namespace) -> int:
                                title=f"{_describe(checkpoint)}, {data.name or 'test'} test images")
     print(f"wrote {png}")
     return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from capsnets.engine.checkpoint import load_model
+    from capsnets.engine.runtime import resolve_device
+    from capsnets.files import atomic_write
+    from capsnets.models import model_task
+    from capsnets.predict import collect_image_files, predict, read_images, segment
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    files = collect_image_files(args.inputs)
+    device = resolve_device(args.device)
+    model, checkpoint = load_model(args.checkpoint, device)
+    name, dataset = checkpoint.meta["model"], checkpoint.meta.get("dataset")
+    task = model_task(name)
+    if task not in ("classification", "segmentation"):
+        raise ValueError(f"model {name!r} is for {task}; predict classifies or segments images")
+    images, notes = read_images(files, model.input_size, _canonical_dataset(dataset), invert=args.invert)
+    if task == "segmentation":
+        results = segment(model, images, [str(f) for f in files], Path(args.out or "masks"))
+    else:
+        results = predict(model, images, classes=_class_names(checkpoint, model), paths=[str(f) for f in files],
+                          batch_size=args.batch_size)
+    for result, adapted in zip(results, notes):
+        result.adapted = adapted
+    records = [result.to_dict() for result in results]
+    text = json.dumps({"checkpoint": str(checkpoint.path), "model": name, "dataset": dataset,
+                       "predictions": records}, indent=2) + "\n"
+    if args.json == "-":
+        print(text, end="")
+        return 0
+    for result in results:
+        print(format_prediction(result))
+    if args.json:
+        atomic_write(Path(args.json), lambda tmp: Path(tmp).write_text(text))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _canonical_dataset(dataset: str | None) -> str | None:
+    return dataset.lower().replace("-", "_") if isinstance(dataset, str) else None
+
+
+def _class_names(checkpoint, model) -> list[str]:
+    """The class names a checkpoint records, else its data set's, else ``0``, ``1``..."""
+    from capsnets.data import dataset_info
+
+    count = int(model.num_classes)
+    recorded = checkpoint.meta.get("classes")
+    if isinstance(recorded, list) and len(recorded) == count:
+        return [str(name) for name in recorded]
+    try:
+        names = list(dataset_info(checkpoint.meta.get("dataset") or "").classes)
+    except (ValueError, KeyError):
+        names = []
+    return [str(name) for name in names] if len(names) == count else [str(k) for k in range(count)]
+
+
+def format_prediction(result) -> str:
+    """One image's prediction as text: the class and its score, every class capsule's length, what was adapted."""
+    adapted = f"  [{'; '.join(result.adapted)}]" if result.adapted else ""
+    if result.mask is not None:
+        return f"{result.path}: mask {result.mask} ({_pct(result.foreground)} foreground){adapted}"
+    line = f"{result.path}: {result.label} (score {result.score:.3f}){adapted}"
+    if result.lengths:
+        line += "\n    lengths: " + "  ".join(f"{name} {value:.3f}" for name, value in result.lengths.items())
+    return line
 
 
 def _list_models(args: argparse.Namespace) -> int:

@@ -212,7 +212,7 @@ def _embedded_sidecar_intact(header: dict[str, str]) -> bool:
 _SIDECAR_TYPES: dict[str, tuple[type, ...]] = {
     "checkpoint_id": (str,), "model": (str,), "model_args": (dict,), "dataset": (str,), "config": (dict,),
     "epoch": (int, float), "metrics": (dict,), "training": (dict,), "optimizer": (dict,), "scheduler": (dict,),
-    "history": (list,), "recipe": (dict,)}
+    "history": (list,), "recipe": (dict,), "classes": (list,)}
 
 
 def validate_sidecar(meta: Any, where: str) -> None:

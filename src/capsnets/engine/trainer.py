@@ -132,6 +132,7 @@ class Trainer:
         checkpoint = self._resume_checkpoint() if self.resume else None
         seed_everything(cfg.seed)
         train_data, test_data = self._load_data(device)
+        self._classes = [str(name) for name in train_data.classes] or None  # recorded for `capsnets predict`
         model = self.model = self._build_model(train_data).to(device)
         criterion = self._build_loss(model)  # before anything is written: a bad --loss-arg leaves no trace
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -312,7 +313,8 @@ class Trainer:
     def _meta(self, state: TrainState, record: dict[str, Any]) -> dict[str, Any]:
         cfg = self.config
         return {"model": cfg.model, "model_args": cfg.to_dict()["model_args"], "dataset": cfg.dataset,
-                "config": cfg.to_dict(), "epoch": state.epoch, "metrics": record}
+                "classes": getattr(self, "_classes", None), "config": cfg.to_dict(), "epoch": state.epoch,
+                "metrics": record}
 
     def _check_best(self, state: TrainState) -> None:
         """Before anything is written: ``best`` must load, unless it holds the epoch ``last`` holds (then

@@ -1,0 +1,256 @@
+"""Predictions for image files: read, adapt to the model, classify (or segment), report.
+
+:func:`read_images` turns PNG/JPEG files into the tensor a trained model takes, preparing them as the model's
+training data was prepared (:func:`prepare_image`), and says what it had to adapt: a size or channel count
+other than the model's, or a light background for a model trained on light strokes on black (MNIST).
+:func:`predict` runs the model and returns one :class:`Prediction` per image. ``capsnets predict`` is the
+command line of both.
+
+Examples::
+
+    >>> model, checkpoint = load_model("runs/capsnet_small_mnist")              # doctest: +SKIP
+    >>> images, notes = read_images(["seven.png"], model.input_size, "mnist")  # doctest: +SKIP
+    >>> predict(model, images, classes=[str(k) for k in range(10)])[0].label   # doctest: +SKIP
+    '7'
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from capsnets.layers.validation import ArgumentError
+
+__all__ = ["IMAGE_SUFFIXES", "Prediction", "collect_image_files", "predict", "prepare_image", "read_images",
+           "segment"]
+
+#: The file suffixes read as images (Pillow decodes them).
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+#: Data sets of light strokes on a dark background: an image with a light background is inverted (``invert="auto"``).
+DARK_BACKGROUND = ("digits", "mnist", "fashion_mnist", "multimnist", "affnist")
+#: Data sets prepared by the smallNORB protocol (resized to 48x48, centre 32x32, standardised per image).
+NORB_LIKE = ("smallnorb", "viewpoints")
+INVERT_MODES = ("auto", "yes", "no")
+_GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
+
+
+@dataclass
+class Prediction:
+    """One image's prediction.
+
+    Attributes:
+        path: the image file.
+        index: the predicted class index (None for segmentation).
+        label: its name.
+        score: a probability-like score of the prediction in ``[0, 1]``: the class capsule's length (vector
+            capsules), its activation (matrix capsules), the softmax of the logits (CNNs).
+        scores: every class's softmax probability, by class name (models whose scores are logits; capsule
+            models give ``lengths`` instead).
+        lengths: every class capsule's length (vector capsules) or activation (matrix capsules), by class name;
+            empty for models without class capsules.
+        adapted: what was changed to fit the image to the model (``"resized 640x480 -> 28x28"`` ...).
+        mask: the written mask file (segmentation models).
+        foreground: the fraction of pixels in the mask (segmentation models).
+    """
+
+    path: str
+    index: int | None = None
+    label: str | None = None
+    score: float | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    lengths: dict[str, float] = field(default_factory=dict)
+    adapted: list[str] = field(default_factory=list)
+    mask: str | None = None
+    foreground: float | None = None
+
+    def to_dict(self) -> dict:
+        """A JSON-able record (the fields that apply)."""
+        return {key: value for key, value in self.__dict__.items() if value not in (None, {}, [])}
+
+
+def collect_image_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
+    """The image files named by ``inputs``: files as given, folders searched (recursively, sorted) for files
+    with an :data:`IMAGE_SUFFIXES` suffix.
+
+    Raises:
+        FileNotFoundError: an input does not exist.
+        ArgumentError: a folder holds no image, or nothing was named.
+    """
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise ArgumentError(f"folder '{path}' holds no image file ({', '.join(IMAGE_SUFFIXES)})")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"'{path}' is neither an image file nor a folder")
+    if not files:
+        raise ArgumentError("no image given: name image files or folders of them")
+    return files
+
+
+def prepare_image(image, input_size: Sequence[int], dataset: str | None = None, *,
+                  invert: str = "auto") -> tuple[Tensor, list[str]]:
+    """One Pillow image as the ``(C, H, W)`` float32 tensor a model trained on ``dataset`` takes.
+
+    The image is converted to the model's channels (grayscale ``L`` or ``RGB``), resized to its ``H x W``
+    (smallNORB-like data sets: to 48x48, then the centre 32x32, as their test split), scaled to ``[0, 1]``
+    (smallNORB-like: standardised per image), and, for a data set of light strokes on a dark background
+    (:data:`DARK_BACKGROUND`), inverted when its border is lighter than its middle (``invert="auto"``).
+
+    Args:
+        image: a ``PIL.Image.Image``.
+        input_size: the model's ``(C, H, W)``; ``C`` is 1 or 3.
+        dataset: the name of the data set the model was trained on (None: scale to ``[0, 1]`` only).
+        invert: ``"auto"``, ``"yes"`` (always) or ``"no"`` (never).
+
+    Returns:
+        The tensor and the list of what was adapted, in words (empty when the image fitted as it was).
+    """
+    from PIL import Image
+
+    from capsnets.data.norb_common import NORB_CROP, NORB_SIZE
+    from capsnets.data.transforms import center_crop, standardize
+
+    if invert not in INVERT_MODES:
+        raise ArgumentError(f"invert must be one of {', '.join(INVERT_MODES)}, got {invert!r}")
+    channels, height, width = (int(v) for v in input_size)
+    if channels not in (1, 3):
+        raise ArgumentError(f"the model takes {channels}-channel images; only 1 (grayscale) and 3 (RGB) can be "
+                            "made from image files")
+    if dataset in NORB_LIKE and (height, width) != (NORB_CROP, NORB_CROP):
+        raise ArgumentError(f"the model takes {height}x{width} images, not the {NORB_CROP}x{NORB_CROP} crops of "
+                            f"its data set {dataset!r}")
+    notes: list[str] = []
+    mode = "L" if channels == 1 else "RGB"
+    source = image.mode
+    if source in ("RGBA", "LA", "PA") or (source == "P" and "transparency" in image.info):
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))  # transparent parts as white paper
+        image = Image.alpha_composite(background, image.convert("RGBA"))
+        notes.append("transparency flattened onto white")
+    if image.mode != mode:
+        grey = source in _GREY_MODES
+        if mode == "L" and not grey:
+            notes.append(f"converted colour ({source}) -> grayscale")
+        elif mode == "RGB" and grey:
+            notes.append(f"converted grayscale ({source}) -> RGB")
+        image = image.convert(mode)
+    norb = dataset in NORB_LIKE
+    target = (NORB_SIZE, NORB_SIZE) if norb else (height, width)
+    if image.size != (target[1], target[0]):
+        before = f"{image.size[0]}x{image.size[1]}"
+        image = image.resize((target[1], target[0]), Image.Resampling.BILINEAR, reducing_gap=None)
+        notes.append(f"resized {before} -> {target[1]}x{target[0]}"
+                     + (" (aspect ratio changed)" if _aspect_changed(before, target) else ""))
+    tensor = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+    tensor = tensor.view(target[0], target[1], channels).permute(2, 0, 1).float().div_(255.0)
+    if dataset in DARK_BACKGROUND and invert != "no":
+        border = torch.cat([tensor[:, 0], tensor[:, -1], tensor[:, :, 0], tensor[:, :, -1]], dim=1).mean()
+        if invert == "yes" or border > 0.5:
+            tensor = 1.0 - tensor
+            notes.append("inverted (" + ("--invert yes" if invert == "yes" else "light background; the model was "
+                                         "trained on light strokes on black") + ")")
+    if norb:
+        tensor = standardize(center_crop(tensor.unsqueeze(0), NORB_CROP))[0]
+    return tensor.contiguous(), notes
+
+
+def _aspect_changed(before: str, target: tuple[int, int]) -> bool:
+    w, h = (int(v) for v in before.split("x"))
+    return abs(w / h - target[1] / target[0]) > 0.02 * target[1] / target[0]
+
+
+def read_images(paths: Sequence[str | os.PathLike], input_size: Sequence[int], dataset: str | None = None, *,
+                invert: str = "auto") -> tuple[Tensor, list[list[str]]]:
+    """Read image files and prepare each as :func:`prepare_image` does.
+
+    Returns:
+        ``(images, notes)``: ``(N, C, H, W)`` float32 and, per image, what was adapted.
+
+    Raises:
+        ValueError: a file is not an image Pillow can read (naming it).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    tensors, notes = [], []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image.load()
+                tensor, adapted = prepare_image(image, input_size, dataset, invert=invert)
+        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as err:
+            if isinstance(err, FileNotFoundError):
+                raise
+            raise ValueError(f"'{path}' is not an image that can be read ({str(err).splitlines()[0] or 'unknown'}); "
+                             f"give PNG or JPEG files") from None
+        tensors.append(tensor)
+        notes.append(adapted)
+    return torch.stack(tensors), notes
+
+
+@torch.no_grad()
+def predict(model: nn.Module, images: Tensor, *, classes: Sequence[str] | None = None,
+            paths: Sequence[str] | None = None, batch_size: int = 64) -> list[Prediction]:
+    """Classify ``images`` with a classification model (in eval mode).
+
+    Args:
+        model: a model returning :class:`~capsnets.models.output.ModelOutput`.
+        images: ``(N, C, H, W)`` as :func:`read_images` returns them.
+        classes: the class names (default ``"0"``, ``"1"``...).
+        paths: the images' files, recorded in the predictions.
+        batch_size: images per forward pass.
+
+    Shape:
+        - images: ``(N, C, H, W)``; the result has ``N`` predictions.
+    """
+    classes = list(classes) if classes is not None else [str(k) for k in range(int(model.num_classes))]
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    results: list[Prediction] = []
+    try:
+        for start in range(0, len(images), batch_size):
+            output = model(images[start:start + batch_size].to(device))
+            scores = output.scores.float()
+            probs = scores.softmax(-1) if output.score_kind == "logits" else scores.clamp(0.0, 1.0)
+            for row, (p, raw) in enumerate(zip(probs.cpu(), scores.cpu())):
+                index = int(p.argmax())
+                k = start + row
+                results.append(Prediction(
+                    path=str(paths[k]) if paths is not None else str(k), index=index, label=classes[index],
+                    score=float(p[index]),
+                    scores=dict(zip(classes, p.tolist())) if output.score_kind == "logits" else {},
+                    lengths=dict(zip(classes, raw.tolist())) if output.score_kind != "logits" else {}))
+    finally:
+        model.train(was_training)
+    return results
+
+
+@torch.no_grad()
+def segment(model: nn.Module, images: Tensor, paths: Sequence[str], out: Path, *,
+            threshold: float = 0.5) -> list[Prediction]:
+    """Segment ``images`` with a segmentation model and write each mask as ``out/<file stem>_mask.png``
+    (white where the probability is above ``threshold``)."""
+    from PIL import Image
+
+    from capsnets.files import atomic_write
+
+    device = next(model.parameters()).device
+    model.eval()
+    results = []
+    out.mkdir(parents=True, exist_ok=True)
+    for k, path in enumerate(paths):
+        probabilities = model(images[k:k + 1].to(device)).probabilities[0, 0].float().cpu()
+        mask = (probabilities > threshold).to(torch.uint8).mul_(255)
+        target = out / f"{Path(path).stem}_mask.png"
+        atomic_write(target, lambda tmp: Image.fromarray(mask.numpy(), mode="L").save(tmp, format="PNG"))
+        results.append(Prediction(path=str(path), mask=str(target), foreground=float((mask > 0).float().mean())))
+    return results
