@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.autograd import gradcheck
 
-from capsnets.functional import SelfRoutingRouting, capsule_length, routing_config, routing_from_config, self_routing
+from capsnets.functional import SelfRouting, capsule_length, routing_config, routing_from_config, self_routing
 from capsnets.layers import LinearCapsules
 from capsnets.layers.conv import ConvCapsules2d
 from capsnets.testing import reference_self_routing
@@ -72,7 +72,7 @@ def test_edge_cases_are_finite():
 
 
 def test_spec_round_trip_and_layer_owns_the_routing_networks():
-    assert routing_from_config(routing_config(SelfRoutingRouting())) == SelfRoutingRouting()
+    assert routing_from_config(routing_config(SelfRouting())) == SelfRouting()
     layer = LinearCapsules(6, 4, 3, 5, routing={"type": "self_routing"})
     assert routing_config(layer.routing) == {"type": "self_routing"}
     assert layer.routing.weight.shape == (6, 3, 4) and layer.routing.bias.shape == (6, 3)
@@ -89,9 +89,9 @@ def test_spec_round_trip_and_layer_owns_the_routing_networks():
 def test_bad_arguments():
     u_hat, poses, weight, bias = _problem(2, 4, 3, 5, 6, dtype=torch.float32)
     with pytest.raises(ValueError, match="routing network per child"):
-        SelfRoutingRouting()(u_hat, poses=poses)
+        SelfRouting()(u_hat, poses=poses)
     with pytest.raises(ValueError, match="needs the children's poses"):
-        SelfRoutingRouting()(u_hat, weight=weight, bias=bias)
+        SelfRouting()(u_hat, weight=weight, bias=bias)
     with pytest.raises(ValueError, match="poses of shape"):
         self_routing(u_hat, poses[:, :3], weight, bias)
     with pytest.raises(ValueError, match="weight of shape"):
@@ -103,4 +103,4 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="takes no settings"):
         routing_from_config({"type": "self_routing", "iterations": 2})
     with pytest.raises(ValueError, match="children's own poses"):
-        ConvCapsules2d(4, 8, 3, 6, routing=SelfRoutingRouting())
+        ConvCapsules2d(4, 8, 3, 6, routing=SelfRouting())

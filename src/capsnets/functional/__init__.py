@@ -10,7 +10,7 @@ from capsnets.functional.routing_common import bind_routing, efficient_squash
 from capsnets.functional.routing_spec import (ROUTING_TYPES, VECTOR_ROUTING_TYPES, as_routing, routing_config,
                                               routing_from_config)
 from capsnets.functional.self_attention_routing import SelfAttentionRouting, self_attention_routing
-from capsnets.functional.self_routing import SelfRoutingRouting, self_routing
+from capsnets.functional.self_routing import SelfRouting, self_routing
 from capsnets.functional.squash import capsule_length, safe_norm, squash
 from capsnets.functional.uniform_routing import UniformRouting, uniform_routing
 
@@ -21,7 +21,7 @@ __all__ = [
     "InvertedAttentionRouting",
     "ROUTING_TYPES",
     "SelfAttentionRouting",
-    "SelfRoutingRouting",
+    "SelfRouting",
     "UniformRouting",
     "VECTOR_ROUTING_TYPES",
     "as_routing",

@@ -18,12 +18,12 @@ from capsnets.functional.em_routing import EMRouting
 from capsnets.functional.inverted_attention_routing import InvertedAttentionRouting
 from capsnets.functional.routing import DynamicRouting
 from capsnets.functional.self_attention_routing import SelfAttentionRouting
-from capsnets.functional.self_routing import SelfRoutingRouting
+from capsnets.functional.self_routing import SelfRouting
 from capsnets.functional.uniform_routing import UniformRouting
 
 #: The routing classes by the ``type`` of their spec.
 ROUTING_TYPES: dict[str, type] = {"dynamic": DynamicRouting, "em": EMRouting, "self_attention": SelfAttentionRouting,
-                                  "inverted_attention": InvertedAttentionRouting, "self_routing": SelfRoutingRouting,
+                                  "inverted_attention": InvertedAttentionRouting, "self_routing": SelfRouting,
                                   "uniform": UniformRouting}
 #: The spec types of the routings of vector capsules (``(B, I, J, D)`` votes), as :class:`LinearCapsules` calls them.
 VECTOR_ROUTING_TYPES = ("dynamic", "self_attention", "inverted_attention", "self_routing", "uniform")

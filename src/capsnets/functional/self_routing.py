@@ -29,7 +29,7 @@ from capsnets.functional.squash import safe_norm
 
 
 @dataclass(frozen=True)
-class SelfRoutingRouting:
+class SelfRouting:
     """Self-routing as a value to pass to a capsule layer; its routing weights ``W`` ``(I, J, D_in)`` and
     biases ``beta`` ``(I, J)`` are parameters of the layer it is given to (``build``), zeros at the start.
 
@@ -42,7 +42,7 @@ class SelfRoutingRouting:
 
     Examples::
 
-        >>> layer = LinearCapsules(32, 8, 10, 16, routing=SelfRoutingRouting())
+        >>> layer = LinearCapsules(32, 8, 10, 16, routing=SelfRouting())
         >>> layer(torch.randn(2, 32, 8)).shape, layer.routing.weight.shape
         (torch.Size([2, 10, 16]), torch.Size([32, 10, 8]))
     """
@@ -52,10 +52,10 @@ class SelfRoutingRouting:
     def __call__(self, u_hat: Tensor, *, poses: Tensor | None = None, weight: Tensor | None = None,
                  bias: Tensor | None = None, activations: Tensor | None = None, return_couplings: bool = False):
         if weight is None or bias is None:
-            raise ValueError("SelfRoutingRouting learns a routing network per child: give it to a capsule layer "
+            raise ValueError("SelfRouting learns a routing network per child: give it to a capsule layer "
                              "(which builds it), or call .build(in_capsules, in_dim, out_capsules, out_dim)")
         if poses is None:
-            raise ValueError("SelfRoutingRouting needs the children's poses (poses=, shape (B, I, D_in))")
+            raise ValueError("SelfRouting needs the children's poses (poses=, shape (B, I, D_in))")
         return self_routing(u_hat, poses, weight, bias, activations=activations, return_couplings=return_couplings)
 
     def build(self, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None, dtype=None):

@@ -2,7 +2,7 @@
 
 Some routings learn: Efficient-CapsNet's self-attention routing a bias per (child, parent) pair, inverted
 dot-product attention the affine part of its LayerNorm, self-routing a small routing network per child. Their
-spec (e.g. :class:`~capsnets.functional.SelfRoutingRouting`) is a frozen dataclass like
+spec (e.g. :class:`~capsnets.functional.SelfRouting`) is a frozen dataclass like
 :class:`~capsnets.functional.DynamicRouting`; a capsule layer calls its ``build(in_capsules, in_dim,
 out_capsules, out_dim)``, which returns a :class:`BoundRouting`: an ``nn.Module``, so the parameters belong to
 the layer (optimisers, ``state_dict``, ``.to()``), that calls the spec with them.

@@ -25,7 +25,7 @@ class LinearCapsules(nn.Module):
         out_dim: parent capsule dimension ``D_out``.
         routing: a callable ``(B, I, J, D_out) -> (B, J, D_out)`` or its spec (a dict,
             :func:`~capsnets.functional.routing_from_config`); None: ``DynamicRouting()``. A routing with
-            parameters of its own (e.g. :class:`~capsnets.functional.SelfRoutingRouting`) is built for this
+            parameters of its own (e.g. :class:`~capsnets.functional.SelfRouting`) is built for this
             layer's sizes (``routing.build``), and its parameters are the layer's; one with ``needs_poses`` is
             also given the child capsules (``poses=``).
         init_std: standard deviation of the normal initialisation of ``W``.

@@ -129,7 +129,7 @@ Routing = Annotated[object, Custom(_check_routing, "a routing object, its spec (
                                                    f"{' or '.join(ROUTING_TYPES)}, and its settings)")]
 VectorRouting = Annotated[object, Custom(functools.partial(_check_routing, types=VECTOR_ROUTING_TYPES),
                                          "a routing object of vector capsules (DynamicRouting, SelfAttentionRouting, "
-                                         "InvertedAttentionRouting, SelfRoutingRouting, UniformRouting) or its spec "
+                                         "InvertedAttentionRouting, SelfRouting, UniformRouting) or its spec "
                                          f"(a mapping with type {' or '.join(map(repr, VECTOR_ROUTING_TYPES))} and "
                                          "its settings)")]
 MatrixRouting = Annotated[object, Custom(functools.partial(_check_routing, types=("em",)),
