@@ -6,7 +6,7 @@ Layouts (class names are the sorted subfolder names; hidden files and folders ar
     PATH/train/cat/...  PATH/test/cat/...             train/ and test/: the split as given
 
 Without ``train/`` and ``test/``, each class's images are shuffled by ``split_seed`` and
-``round(test_fraction * n)`` of them (at least 1 and at most ``n - 1`` for classes of 2 or more)
+``test_fraction * n`` of them (rounded half up; at least 1 and at most ``n - 1`` for classes of 2 or more)
 form the test split, so both splits have every class in the folder's proportions and the same
 arguments always give the same split.
 
@@ -230,7 +230,7 @@ def _seeded_split(root: Path, per_class: list[list[Path]], test_fraction: float,
     train, test = [], []
     for label, files in enumerate(per_class):
         order = torch.randperm(len(files), generator=generator).tolist()
-        n_test = min(max(round(test_fraction * len(files)), 1), len(files) - 1) if len(files) > 1 else 0
+        n_test = min(max(int(test_fraction * len(files) + 0.5), 1), len(files) - 1) if len(files) > 1 else 0
         test += [(files[i], label) for i in sorted(order[:n_test])]
         train += [(files[i], label) for i in sorted(order[n_test:])]
     if not test:
