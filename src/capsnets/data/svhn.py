@@ -41,7 +41,8 @@ def read_svhn_mat(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
     try:
         mat = scipy.io.loadmat(path, variable_names=["X", "y"])
-    except (ValueError, TypeError, OSError, NotImplementedError) as err:  # scipy's MatReadError is a ValueError
+    except (ValueError, TypeError, OSError, NotImplementedError, IndexError, KeyError, EOFError) as err:
+        # what scipy raises for files it cannot parse (its MatReadError is a ValueError)
         raise DatasetError(f"{path}: not a readable MATLAB v5 .mat file ({err}); " + FIX_HINT) from err
     if "X" not in mat or "y" not in mat:
         raise DatasetError(f"{path}: expected variables X and y, found {sorted(k for k in mat if not k.startswith('__'))}"
