@@ -102,3 +102,14 @@ def test_bad_arguments():
         self_attention_routing(torch.randn(2, 4, 3, 5), torch.zeros(3, 4))
     with pytest.raises(ValueError, match=r"\(B, I, J, D\)"):
         self_attention_routing(torch.randn(3, 4, 5))
+
+
+def test_conv_capsules_route_locally_with_their_own_log_priors():
+    from capsnets.layers.conv import ConvCapsules2d
+
+    layer = ConvCapsules2d(4, 8, 3, 6, kernel_size=3, routing=SelfAttentionRouting())
+    assert layer.routing.bias.shape == (4, 3)
+    v = layer(torch.randn(2, 4, 8, 5, 5))
+    assert v.shape[:3] == (2, 3, 6)
+    (v * torch.randn_like(v)).sum().backward()
+    assert layer.routing.bias.grad.abs().sum() > 0

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import check_flag, check_positive_int, check_votes, sum_unit, working
 
 #: LayerNorm's epsilon (``nn.LayerNorm``'s default, used by the authors' code).
@@ -130,18 +131,17 @@ def inverted_attention_routing(u_hat: Tensor, iterations: int = InvertedAttentio
                                ("parents", parents, (batch, num_parents, dim))):
         if value is not None and tuple(value.shape) != shape:
             raise ValueError(f"inverted_attention_routing expects {name} of shape {shape}, got {tuple(value.shape)}")
-    u = working(u_hat).transpose(1, 2)  # (B, J, I, D)
+    u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
     unit = sum_unit(children)
-    k = _power_of_two_above(u.abs().amax(dim=(1, 2, 3), keepdim=True), 1.0)  # (B, 1, 1, 1), 1 for votes in [-1, 1]
-    scaled = u / k
+    k = _power_of_two_above(u.abs().amax(dim=(1, 2, 3)), 1.0).view(batch, 1, 1)  # 1 for votes within [-1, 1]
     v, couplings = working(parents) if parents is not None else None, None
     for _ in range(iterations):
         if v is None:  # poses at zero: every coupling is 1/J
             couplings = u.new_full((batch, num_parents, children), 1.0 / num_parents)
         else:  # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): the agreements over k, shifted; softmax over parents
-            agreement = torch.matmul(scaled, v.unsqueeze(-1)).squeeze(-1)
+            agreement = matvec(u, (v / k).unsqueeze(-1)).squeeze(-1)
             shifted = agreement - agreement.detach().amax(dim=1, keepdim=True)
-            couplings = torch.softmax(shifted * (k.squeeze(-1) / math.sqrt(dim)), dim=1)
+            couplings = torch.softmax(shifted * (k / math.sqrt(dim)), dim=1)
         s = torch.matmul((couplings * unit).unsqueeze(2), u).squeeze(2)  # (B, J, D): sum_i c_ij u_hat, times unit
         v = _layer_norm(s, unit, eps, weight, bias)
     v = v.to(u_hat.dtype)

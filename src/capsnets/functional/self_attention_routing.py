@@ -8,10 +8,12 @@ votes for ``j``, ``A_ij = sum_k u_hat[j|i] . u_hat[j|k]``, scaled by ``1/sqrt(D)
 couplings, as in the code (``c = softmax(...); c = c + b``), and ``v_j = squash(sum_i (c_ij + b_ij) u_hat[j|i])``.
 The paper uses its own squash (:func:`~capsnets.functional.efficient_squash`), the default here.
 
-Numerics (not in the paper; same values): the agreements are formed from the votes divided by a power of two
-``k >= max |u_hat|`` per example (``k = 1`` for votes within [-1, 1]) and the shift by their maximum over
-parents is taken before dividing by ``k^2``, so no product overflows for any finite votes; float16/bfloat16
-votes are routed in float32.
+Implementation (same values): the votes are laid out once as ``(B, J, I, D)``, so the sums over children and the
+agreements are batched matrix products (as in :func:`~capsnets.functional.dynamic_routing`). Numerics (not in
+the paper): sums are formed with every term times ``2^-m`` (``2^m >= I``) and the agreements from the votes
+over a power of two ``k >= max |u_hat|`` per example (``k = 1`` for votes within [-1, 1]), shifted by their
+maximum over parents before ``k^2`` is put back, so no sum or product overflows for any finite votes;
+float16/bfloat16 votes are routed in float32.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import SQUASHES, apply_squash, check_choice, check_flag, check_votes, \
     sum_unit, working
 
@@ -104,17 +107,20 @@ def self_attention_routing(u_hat: Tensor, bias: Tensor | None = None, *, squash:
     if bias is not None and tuple(bias.shape) != (children, parents):
         raise ValueError(f"self_attention_routing expects a bias of shape (I, J) = {(children, parents)}, "
                          f"got {tuple(bias.shape)}")
-    u = working(u_hat)
-    with torch.no_grad():  # k: a power of two >= max |u_hat| per example (or the largest finite one), 1 for votes
-        exponent = torch.ceil(torch.log2(u.abs().amax(dim=(1, 2, 3), keepdim=True).clamp_min(1.0)))
-        k = torch.exp2(exponent.clamp_max(math.floor(math.log2(torch.finfo(u.dtype).max)))).squeeze(-1)  # (B, 1, 1)
-    scaled = u / k.unsqueeze(-1)  # (B, I, J, D), within [-2, 2]
-    agreement = (scaled * scaled.sum(dim=1, keepdim=True)).sum(dim=-1)  # (B, I, J): A_ij / k^2, |.| <= 4 I D
-    shifted = agreement - agreement.detach().amax(dim=2, keepdim=True)  # <= 0, exactly 0 at the maximum
-    couplings = torch.softmax(shifted * (k / math.sqrt(dim)) * k, dim=2)  # (B, I, J); -inf at most, never NaN
-    if bias is not None:
-        couplings = couplings + working(bias).to(couplings.dtype)
+    u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
     unit = sum_unit(children)
-    s = torch.einsum("bij,bijd->bjd", couplings * unit, u)  # sum_i (c_ij + b_ij) u_hat[j|i], times unit
+    with torch.no_grad():  # k: a power of two >= max |u_hat| per example (at most the dtype's largest), 1 for votes
+        exponent = torch.ceil(torch.log2(u.abs().amax(dim=(1, 2, 3)).clamp_min(1.0)))  # within [-1, 1]
+        k = torch.exp2(exponent.clamp_max(math.floor(math.log2(torch.finfo(u.dtype).max)))).view(batch, 1, 1)
+    ones = u.new_full((1, 1, 1, children), unit)
+    total = torch.matmul(ones, u).squeeze(2) / k  # (B, J, D): unit sum_k u_hat[j|k] / k, within [-1, 1]
+    # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): A_ij unit / k^2, each product within max |u_hat| / k <= 1
+    agreement = matvec(u, (total / k).unsqueeze(-1)).squeeze(-1)
+    shifted = agreement - agreement.detach().amax(dim=1, keepdim=True)  # <= 0, exactly 0 at the maximum
+    couplings = torch.softmax(shifted * (k / (unit * math.sqrt(dim))) * k, dim=1)  # (B, J, I); -inf at most
+    if bias is not None:
+        couplings = couplings + working(bias).to(couplings.dtype).t()
+    s = torch.matmul((couplings * unit).unsqueeze(2), u).squeeze(2)  # (B, J, D): sum_i (c + b) u_hat, times unit
     v = apply_squash(squash, s, unit).to(u_hat.dtype)
+    couplings = couplings.transpose(1, 2)  # (B, I, J)
     return (v, couplings.to(u_hat.dtype)) if return_couplings else v
