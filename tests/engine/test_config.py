@@ -30,10 +30,16 @@ def test_unknown_key_names_key_and_valid_keys(tmp_path):
 
 
 @pytest.mark.parametrize("key, value", [("epochs", 0), ("lr", -1.0), ("lr_decay", 1.5), ("amp", "fp8"),
-                                        ("limit_train", 0), ("batch_size", 2.5)])
+                                        ("limit_train", 0), ("batch_size", 2.5), ("image_size", 0),
+                                        ("image_size", [32]), ("image_size", True)])
 def test_bad_values_name_the_field(key, value):
     with pytest.raises(ValueError, match=f"{key}="):
         TrainConfig(**{key: value})
+
+
+def test_image_size_takes_a_side_or_a_pair():
+    assert TrainConfig(image_size=32).image_size == 32 and TrainConfig(image_size=[24, 32]).image_size == [24, 32]
+    assert TrainConfig().image_size is None
 
 
 def test_bad_file(tmp_path):

@@ -148,6 +148,8 @@ def test_resume_changes_lists_what_it_applies():
     assert resume_changes(saved, wanted, {"a": 0, "b": (1, 2)}, "run") == {"epochs": (2, 5)}
     with pytest.raises(RunDirectoryError, match=r"model_args.a 1 -> 2"):
         resume_changes(saved, {**wanted, "model_args": {"a": 2}}, {"a": 0}, "run")
+    with pytest.raises(RunDirectoryError, match=r"image_size 32 -> 16"):  # the data's size: another run
+        resume_changes({**saved, "image_size": 32}, {**wanted, "image_size": 16}, {"a": 0}, "run")
 
 
 def test_figures_missing_after_a_kill_are_drawn_on_resume(tiny_config):
