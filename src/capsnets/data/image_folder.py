@@ -160,7 +160,7 @@ def read_image(path: str | os.PathLike, channels: int, size: tuple[int, int] | N
             image = ImageOps.exif_transpose(image)
             if image.mode in ("I", "F") or image.mode.startswith("I;16"):
                 pixels = np.asarray(image, dtype=np.float32) / (1.0 if image.mode == "F" else 65535.0)
-                image = Image.fromarray(np.clip(pixels, 0, 1), mode="F")
+                image = Image.fromarray(np.clip(pixels, 0, 1))  # float32: mode "F"
                 scale = 1.0
             else:
                 image = image.convert("L" if channels == 1 else "RGB")
