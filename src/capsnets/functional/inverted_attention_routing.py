@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.products import matvec
-from capsnets.functional.routing_common import check_flag, check_positive_int, check_votes, sum_unit, working
+from capsnets.functional.routing_common import check_flag, check_positive_int, check_votes, power_of_two_above, \
+    sum_unit, working
 
 #: LayerNorm's epsilon (``nn.LayerNorm``'s default, used by the authors' code).
 LAYER_NORM_EPS = 1e-5
@@ -133,7 +134,7 @@ def inverted_attention_routing(u_hat: Tensor, iterations: int = InvertedAttentio
             raise ValueError(f"inverted_attention_routing expects {name} of shape {shape}, got {tuple(value.shape)}")
     u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
     unit = sum_unit(children)
-    k = _power_of_two_above(u.abs().amax(dim=(1, 2, 3)), 1.0).view(batch, 1, 1)  # 1 for votes within [-1, 1]
+    k = power_of_two_above(u.abs().amax(dim=(1, 2, 3)), 1.0).view(batch, 1, 1)  # 1 for votes within [-1, 1]
     v, couplings = working(parents) if parents is not None else None, None
     for _ in range(iterations):
         if v is None:  # poses at zero: every coupling is 1/J
@@ -151,24 +152,19 @@ def inverted_attention_routing(u_hat: Tensor, iterations: int = InvertedAttentio
 def _layer_norm(s: Tensor, unit: float, eps: float, weight: Tensor | None, bias: Tensor | None) -> Tensor:
     """``LayerNorm(s / unit)`` over the last dim, computed from each pose divided by a power of two ``>=`` its
     largest component (``eps`` scaled to match), so that its square cannot overflow."""
-    k = _power_of_two_above(s.abs().amax(dim=-1, keepdim=True), unit)
+    k = power_of_two_above(s.abs().amax(dim=-1, keepdim=True), unit)
     t = s / k
     centred = t - t.mean(dim=-1, keepdim=True)
     variance = centred.square().mean(dim=-1, keepdim=True)
-    # eps (unit / k)^2 may underflow to zero for the longest poses: a zero variance then still gives a zero pose
-    out = centred / (variance + eps * (unit / k).square()).sqrt().clamp_min(torch.finfo(s.dtype).tiny)
+    # eps (unit / k)^2 may underflow to zero for the longest poses: the floor (eps of the dtype, squared; below
+    # any variance the rounding of t resolves) keeps a zero variance giving a zero pose, with a finite gradient
+    floor = torch.finfo(s.dtype).eps ** 2
+    out = centred / (variance + eps * (unit / k).square()).clamp_min(floor).sqrt()
     if weight is not None:
         out = out * working(weight).to(out.dtype)
     if bias is not None:
         out = out + working(bias).to(out.dtype)
     return out
-
-
-def _power_of_two_above(magnitude: Tensor, least: float) -> Tensor:
-    """The least power of two ``>= max(magnitude, least)``, at most the dtype's largest (detached)."""
-    with torch.no_grad():
-        exponent = torch.ceil(torch.log2(magnitude.clamp_min(least)))
-        return torch.exp2(exponent.clamp_max(math.floor(math.log2(torch.finfo(magnitude.dtype).max))))
 
 
 def concurrent_inverted_attention_routing(layers: Sequence, u: Tensor, iterations: int | None = None) -> list[Tensor]:

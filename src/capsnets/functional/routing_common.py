@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from capsnets.functional.squash import _default_eps, _scaled, _squash
+from capsnets.functional.squash import _default_eps, _scaled, _squash, safe_norm
 
 #: The squash functions a routing may end with, by the name its spec records.
 SQUASHES = ("sabour", "efficient")
@@ -58,6 +58,13 @@ def sum_unit(count: int) -> float:
     return 2.0 ** -math.ceil(math.log2(max(count, 1)))
 
 
+def power_of_two_above(magnitude: Tensor, least: float) -> Tensor:
+    """The least power of two ``>= max(magnitude, least)``, at most the dtype's largest (detached)."""
+    with torch.no_grad():
+        exponent = torch.ceil(torch.log2(magnitude.clamp_min(least)))
+        return torch.exp2(exponent.clamp_max(math.frexp(torch.finfo(magnitude.dtype).max)[1] - 1))
+
+
 def efficient_squash(s: Tensor, dim: int = -1, eps: float | None = None) -> Tensor:
     """Efficient-CapsNet's squash: keep the direction, map the length ``n`` to ``1 - exp(-n)``.
 
@@ -94,6 +101,17 @@ def _efficient_squash(s: Tensor, dim: int = -1, eps: float | None = None, unit: 
 def apply_squash(kind: str, s: Tensor, unit: float = 1.0) -> Tensor:
     """``squash(s / unit)`` (Sabour et al. 2017, Eq. 1) or ``efficient_squash(s / unit)``, by ``kind``."""
     return _squash(s, unit=unit) if kind == "sabour" else _efficient_squash(s, unit=unit)
+
+
+def squash_scaled(kind: str, t: Tensor, scale: Tensor) -> Tensor:
+    """``squash(t * scale)`` (``"sabour"`` or ``"efficient"``) for capsules ``t`` and a positive, detached
+    ``scale`` (the capsule dim kept, size 1) whose product with ``t`` may overflow: the direction is taken from
+    ``t``, and the length ``|t| scale`` enters only through ``1 / (1 + 1/n^2)`` or ``1 - exp(-n)``, both 1 at
+    ``n = inf``."""
+    length = safe_norm(t, keepdim=True)  # > 0: eps under the square root
+    n = length * scale
+    factor = -torch.expm1(-n) if kind == "efficient" else torch.reciprocal(1 + torch.reciprocal(n).square())
+    return t / length * factor
 
 
 def bind_routing(routing, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None,

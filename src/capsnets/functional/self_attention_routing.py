@@ -27,7 +27,7 @@ from torch import Tensor
 
 from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import SQUASHES, apply_squash, check_choice, check_flag, check_votes, \
-    sum_unit, working
+    power_of_two_above, squash_scaled, sum_unit, working
 
 
 @dataclass(frozen=True)
@@ -109,18 +109,23 @@ def self_attention_routing(u_hat: Tensor, bias: Tensor | None = None, *, squash:
                          f"got {tuple(bias.shape)}")
     u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
     unit = sum_unit(children)
-    with torch.no_grad():  # k: a power of two >= max |u_hat| per example (at most the dtype's largest), 1 for votes
-        exponent = torch.ceil(torch.log2(u.abs().amax(dim=(1, 2, 3)).clamp_min(1.0)))  # within [-1, 1]
-        k = torch.exp2(exponent.clamp_max(math.floor(math.log2(torch.finfo(u.dtype).max)))).view(batch, 1, 1)
+    # k: a power of two >= max |u_hat| per example (at most the dtype's largest), 1 for votes within [-1, 1]
+    k = power_of_two_above(u.abs().amax(dim=(1, 2, 3)), 1.0).view(batch, 1, 1)
     ones = u.new_full((1, 1, 1, children), unit)
     total = torch.matmul(ones, u).squeeze(2) / k  # (B, J, D): unit sum_k u_hat[j|k] / k, within [-1, 1]
     # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): A_ij unit / k^2, each product within max |u_hat| / k <= 1
     agreement = matvec(u, (total / k).unsqueeze(-1)).squeeze(-1)
     shifted = agreement - agreement.detach().amax(dim=1, keepdim=True)  # <= 0, exactly 0 at the maximum
-    couplings = torch.softmax(shifted * (k / (unit * math.sqrt(dim))) * k, dim=1)  # (B, J, I); -inf at most
-    if bias is not None:
+    # each factor finite, so a zero stays zero and the rest go at most to -inf
+    couplings = torch.softmax(shifted * (k / math.sqrt(dim)) * k / unit, dim=1)  # (B, J, I)
+    if bias is None:
+        s = torch.matmul((couplings * unit).unsqueeze(2), u).squeeze(2)  # (B, J, D): sum_i c u_hat, times unit
+        v = apply_squash(squash, s, unit)
+    else:  # the weights c + b over m, a power of two >= their largest, so that the sum cannot overflow either
         couplings = couplings + working(bias).to(couplings.dtype).t()
-    s = torch.matmul((couplings * unit).unsqueeze(2), u).squeeze(2)  # (B, J, D): sum_i (c + b) u_hat, times unit
-    v = apply_squash(squash, s, unit).to(u_hat.dtype)
+        m = power_of_two_above(couplings.abs().amax(dim=2, keepdim=True), 1.0)
+        s = torch.matmul((couplings * (unit / m)).unsqueeze(2), u).squeeze(2)  # sum_i (c + b) u_hat, times unit / m
+        v = squash_scaled(squash, s, m / unit)
+    v = v.to(u_hat.dtype)
     couplings = couplings.transpose(1, 2)  # (B, I, J)
     return (v, couplings.to(u_hat.dtype)) if return_couplings else v

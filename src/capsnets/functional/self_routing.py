@@ -113,7 +113,9 @@ def self_routing(u_hat: Tensor, poses: Tensor, weight: Tensor, bias: Tensor, *, 
     a_out = _ratio(mass, act.sum(dim=1, keepdim=True))  # (B, J)
     share = _ratio(weighted, mass.unsqueeze(1))  # (B, I, J), summing to 1 over children (or all zero)
     pose_out = torch.einsum("bij,bijd->bjd", share, u)  # (B, J, D): a mean of votes, within max |u_hat|
-    v = (pose_out / safe_norm(pose_out, keepdim=True) * a_out.unsqueeze(-1)).to(u_hat.dtype)
+    # |p_j| with the epsilon of the votes' dtype (the gradient at p_j = 0, a_j / sqrt(eps), fits in that dtype)
+    length = safe_norm(pose_out, keepdim=True, eps=torch.finfo(u_hat.dtype).eps ** 2)
+    v = (pose_out / length * a_out.unsqueeze(-1)).to(u_hat.dtype)
     return (v, couplings.to(u_hat.dtype)) if return_couplings else v
 
 
