@@ -16,9 +16,9 @@ routings are tested against them, and users can test their own routings or layer
   grid, with each of the ways to normalise a child's assignments (per position, over all the parents whose
   receptive fields hold it, or per parent type as in the released code).
 - :func:`reference_uniform_routing`, :func:`reference_self_attention_routing` (Mazzia, Salvetti & Chiaberge
-  (2021), "Efficient-CapsNet", Eqs. 6-7), :func:`reference_inverted_attention_routing` (Tsai et al. (2020),
+  (2021), "Efficient-CapsNet"), :func:`reference_inverted_attention_routing` (Tsai et al. (2020),
   "Capsules with Inverted Dot-Product Attention Routing", Procedure 1), :func:`reference_self_routing` (Hahn,
-  Pyeon & Kim (2019), "Self-Routing Capsule Networks", Eqs. 1-5): the non-iterative and attention routings.
+  Pyeon & Kim (2019), "Self-Routing Capsule Networks"): the non-iterative and attention routings.
 
 The EM references use the safety floors of :func:`capsnets.functional.em_routing`: in the paper's
 procedure ``eps`` is added to every variance and to every ``sum_i R'`` denominator; ``log a_j`` is the
@@ -306,7 +306,7 @@ def reference_uniform_routing(u_hat: Tensor, *, mean: bool = False, squash: str 
 
 def reference_self_attention_routing(u_hat: Tensor, bias: Tensor | None = None, *,
                                      squash: str = "efficient") -> tuple[Tensor, Tensor]:
-    """Self-attention routing (Mazzia et al. 2021, Efficient-CapsNet, Eqs. 6-7), literally: per example and
+    """Self-attention routing (Mazzia et al. 2021, Efficient-CapsNet), literally: per example and
     parent ``j``, ``A_ij = sum_k u_hat[j|i] . u_hat[j|k]``; ``c_ij = softmax_j(A_ij / sqrt(D))``;
     ``v_j = squash(sum_i (c_ij + b_ij) u_hat[j|i])``.
 
@@ -333,7 +333,8 @@ def reference_inverted_attention_routing(u_hat: Tensor, iterations: int, *, weig
                                          parents: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Inverted dot-product attention routing (Tsai et al. 2020, Procedure 1), literally: poses ``v`` start at
     ``parents`` or zero; each iteration ``c_ij = softmax_j(u_hat[j|i] . v_j / sqrt(D))``,
-    ``v_j = LayerNorm(sum_i c_ij u_hat[j|i])`` (biased variance, ``eps``, then ``* weight + bias``).
+    ``v_j = LayerNorm(sum_i c_ij u_hat[j|i])`` (biased variance, ``eps``, then ``* weight + bias``); the
+    ``1/sqrt(D)`` is the authors' code's (``src/layers.py``, ``CapsuleFC``).
 
     Shape:
         ``u_hat (B, I, J, D)``, ``weight``/``bias (D,)``, ``parents (B, J, D)`` -> ``v (B, J, D)`` and the
@@ -361,7 +362,7 @@ def reference_inverted_attention_routing(u_hat: Tensor, iterations: int, *, weig
 
 def reference_self_routing(u_hat: Tensor, poses: Tensor, weight: Tensor, bias: Tensor,
                            activations: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Self-routing (Hahn et al. 2019, Eqs. 1-5), literally, for vector capsules: ``c_ij = softmax_j(W_ij . u_i +
+    """Self-routing (Hahn et al. 2019), literally, for vector capsules: ``c_ij = softmax_j(W_ij . u_i +
     beta_ij)``; ``a_i = |u_i|`` unless given; ``a_j = sum_i c_ij a_i / sum_i a_i``; ``p_j = sum_i c_ij a_i
     u_hat[j|i] / sum_i c_ij a_i``; ``v_j = a_j p_j / |p_j|`` (zero for a zero denominator or pose).
 

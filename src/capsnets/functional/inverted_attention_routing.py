@@ -1,23 +1,25 @@
 """Inverted dot-product attention routing, within one layer or concurrently across a stack of layers.
 
 Tsai, Srivastava, Goh & Salakhutdinov (2020), "Capsules with Inverted Dot-Product Attention Routing", ICLR,
-Sec. 2 (Procedure 1) and Sec. 2.2 (concurrent iterative routing); the authors' code
+Procedure 1 and the concurrent iterative routing of its Fig. 3; the authors' code
 (apple/ml-capsules-inverted-attention-routing, ``src/layers.py``, ``CapsuleFC.forward``, and
 ``src/capsule_model.py``, ``CapsModel.forward``). The parent poses start at zero, so the first couplings are
 uniform, ``1/J``; each further iteration scores every vote against its parent, ``a_ij = u_hat[j|i] . v_j /
 sqrt(D)``, normalises over the *parents* (the inversion: children compete for parents, as queries over keys),
 ``c_ij = softmax_j(a_ij)``, and sets ``v_j = LayerNorm(sum_i c_ij u_hat[j|i])``: a LayerNorm over the pose
-(``eps = 1e-5``, with a learned elementwise affine by default, as ``nn.LayerNorm``) instead of a squash.
+(``eps = 1e-5``, with a learned elementwise affine by default, as ``nn.LayerNorm``) instead of a squash. The
+``1/sqrt(D)`` scale of the agreements is the code's (``CapsuleFC.scale``); Procedure 1 has none.
 
 Deviations: the code's re-normalisation ``c / (sum_j c + 1e-10)`` (a no-op up to rounding) and its dropout
 on the poses are left out. Parent poses are LayerNorm outputs, whose length is about ``sqrt(D)``, not a
-probability: a model reads its classes from them with a layer of its own (the paper's ``final_fc``).
+probability: a model reads its classes from them with a layer of its own (the code's ``CapsModel.final_fc``).
 
 Numerics (not in the paper; same values): the agreements are formed from the votes divided by a power of two
 ``>= max |u_hat|`` per example (1 for votes within [-1, 1]) and shifted by their maximum over parents before
 it is put back, the weighted sums with the couplings times ``2^-k`` (``2^k >= I``), and the LayerNorm from each
 pose divided by a power of two ``>=`` its largest component, the epsilon scaled to match, so no sum, product or
-square overflows for any finite votes; float16/bfloat16 votes are routed in float32.
+square overflows for any finite votes; float16/bfloat16 votes are routed in float32. The gradient grows with
+the votes (it is finite for votes up to about 1e12).
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
@@ -168,7 +170,7 @@ def _layer_norm(s: Tensor, unit: float, eps: float, weight: Tensor | None, bias:
 
 
 def concurrent_inverted_attention_routing(layers: Sequence, u: Tensor, iterations: int | None = None) -> list[Tensor]:
-    """Concurrent iterative routing through a stack of capsule layers (Tsai et al. 2020, Sec. 2.2).
+    """Concurrent iterative routing through a stack of capsule layers (Tsai et al. 2020, Fig. 3).
 
     The first iteration is one bottom-up pass with uniform couplings in every layer; in each further iteration
     every layer routes at once, from the capsules of the layer below and to the parent poses of the previous

@@ -5,7 +5,7 @@ Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`
 ``D_in`` child capsule dim.
 
 The squash of Efficient-CapsNet (Mazzia, Salvetti & Chiaberge 2021, "Efficient-CapsNet: Capsule Network with
-Self-Attention Routing", Scientific Reports, Eq. 5; EscVM/Efficient-CapsNet, ``utils/layers.py``, ``Squash``)
+Self-Attention Routing", Scientific Reports; EscVM/Efficient-CapsNet, ``utils/layers.py``, ``Squash``)
 is ``(1 - 1/exp(|s|)) s / |s|``: :func:`efficient_squash`. Where that code adds ``1e-20`` to ``|s|`` and to
 ``exp(|s|)``, here the length has an epsilon under its square root (as :func:`~capsnets.functional.squash`).
 """
@@ -68,7 +68,7 @@ def power_of_two_above(magnitude: Tensor, least: float) -> Tensor:
 def efficient_squash(s: Tensor, dim: int = -1, eps: float | None = None) -> Tensor:
     """Efficient-CapsNet's squash: keep the direction, map the length ``n`` to ``1 - exp(-n)``.
 
-    Mazzia, Salvetti & Chiaberge (2021), Eq. 5: ``v = (1 - 1/exp(|s|)) s / |s|``. Finite, with a finite
+    Mazzia, Salvetti & Chiaberge (2021): ``v = (1 - 1/exp(|s|)) s / |s|``. Finite, with a finite
     gradient, for every finite ``s`` (zero included: the length has ``eps`` under its square root).
 
     Args:

@@ -1,7 +1,7 @@
 """Self-attention routing (Efficient-CapsNet): one pass, no iterations.
 
 Mazzia, Salvetti & Chiaberge (2021), "Efficient-CapsNet: Capsule Network with Self-Attention Routing",
-Scientific Reports 11, Sec. "Self-attention routing", Eqs. 6-7, and the authors' code (EscVM/Efficient-CapsNet,
+Scientific Reports 11 (its self-attention routing), and the authors' code (EscVM/Efficient-CapsNet,
 ``utils/layers.py``, ``FCCaps.call``). For each parent ``j`` the agreement of child ``i``'s vote with all the
 votes for ``j``, ``A_ij = sum_k u_hat[j|i] . u_hat[j|k]``, scaled by ``1/sqrt(D)``, gives the couplings
 ``c_ij = softmax_j(A_ij / sqrt(D))``; the log priors ``b_ij`` (learned, zero at the start) are added to the
@@ -10,10 +10,11 @@ The paper uses its own squash (:func:`~capsnets.functional.efficient_squash`), t
 
 Implementation (same values): the votes are laid out once as ``(B, J, I, D)``, so the sums over children and the
 agreements are batched matrix products (as in :func:`~capsnets.functional.dynamic_routing`). Numerics (not in
-the paper): sums are formed with every term times ``2^-m`` (``2^m >= I``) and the agreements from the votes
-over a power of two ``k >= max |u_hat|`` per example (``k = 1`` for votes within [-1, 1]), shifted by their
-maximum over parents before ``k^2`` is put back, so no sum or product overflows for any finite votes;
-float16/bfloat16 votes are routed in float32.
+the paper): sums are formed with every term times ``2^-n`` (``2^n >= I``; with log priors, also over a power of
+two ``>= max |c + b|``), and the agreements from the votes over a power of two ``k >= max |u_hat|`` per example
+(``k = 1`` for votes within [-1, 1]), shifted by their maximum over parents before ``k^2`` is put back, so the
+output is finite for every finite vote; float16/bfloat16 votes are routed in float32. The gradient grows with
+the votes squared (it is finite for votes up to about 1e12).
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """

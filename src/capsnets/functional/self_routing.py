@@ -1,6 +1,6 @@
 """Self-routing: each child routes by a small routing network of its own, not by agreement.
 
-Hahn, Pyeon & Kim (2019), "Self-Routing Capsule Networks", NeurIPS, Sec. 3 (Eqs. 1-5), and the authors' code
+Hahn, Pyeon & Kim (2019), "Self-Routing Capsule Networks", NeurIPS (its self-routing), and the authors' code
 (coder3000/SR-CapsNet, ``modules.py``, ``SelfRouting2d.forward``). Child ``i`` with pose ``u_i`` and activation
 ``a_i`` computes its coupling logits from its own pose, ``b_ij = W_ij . u_i + beta_ij`` (``W``, ``beta``
 learned, zero at the start as in the code), ``c_ij = softmax_j(b_ij)``; the parent activation is

@@ -3,8 +3,7 @@
 Every child sends its vote to every parent with the same coupling ``c_ij = 1/J`` (the couplings dynamic routing
 starts from: Sabour, Frosst & Hinton 2017, Procedure 1, with one iteration), or, with ``mean=True``, ``1/I``
 (each parent the mean of its votes); then squash. Paik, Kwak & Kim (2019), "Capsule Networks Need an Improved
-Routing Algorithm", and Hahn, Pyeon & Kim (2019), "Self-Routing Capsule Networks", Sec. 4, report that this
-baseline is hard to beat.
+Routing Algorithm", report routing algorithms that do no better than couplings assigned uniformly.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
