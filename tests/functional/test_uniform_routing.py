@@ -73,3 +73,13 @@ def test_bad_arguments():
         uniform_routing(torch.randn(3, 4, 5))
     with pytest.raises(ValueError, match="takes mean, squash"):
         routing_from_config({"type": "uniform", "iterations": 3})
+
+
+def test_builders_refuse_settings_the_routing_does_not_have():
+    import capsnets
+
+    with pytest.raises(ValueError, match="has no iterations"):
+        capsnets.create_model("capsnet_digits", routing={"type": "uniform"}, routing_iterations=3)
+    model = capsnets.create_model("capsnet_digits", routing={"type": "inverted_attention", "iterations": 3},
+                                  routing_iterations=3)
+    assert model.model_args["routing"]["iterations"] == 3

@@ -102,7 +102,7 @@ def as_routing(routing, default: Callable, **settings) -> Callable:
 
     Raises:
         ValueError: a setting disagrees with the given ``routing`` (the record of a model must not name two
-            routings), or ``routing`` is neither a callable, a spec nor None.
+            routings) or is one that routing does not have, or ``routing`` is neither a callable, a spec nor None.
 
     Examples::
 
@@ -126,4 +126,8 @@ def as_routing(routing, default: Callable, **settings) -> Callable:
         if differ:
             raise ValueError(f"routing={routing!r} disagrees with " + ", ".join(f"{name}={settings[name]!r}"
                              for name in differ) + "; pass the routing alone or leave those settings out")
+        lacking = [name for name in settings if type(routing) in ROUTING_TYPES.values() and not hasattr(routing, name)]
+        if lacking:  # e.g. routing iterations for a routing without iterations: they would be silently ignored
+            raise ValueError(f"routing={routing!r} has no " + ", ".join(f"{name} (given {settings[name]!r})"
+                             for name in lacking) + "; leave those settings out")
     return routing
