@@ -195,7 +195,8 @@ def test_dataset_help_lists_the_registered_data_sets(command, capsys):
     from capsnets.data import list_datasets
 
     listed = re.search(r": (.*?) \(default", _help_entries(command, capsys)["--dataset"]).group(1)
-    assert listed.split(", ") == list_datasets()
+    names, own = listed.split(", or ")
+    assert names.split(", ") == list_datasets() and own.startswith("folder:PATH (your own images")
 
 
 def test_run_directory_follows_the_model(tmp_path, monkeypatch):

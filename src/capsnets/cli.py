@@ -32,7 +32,7 @@ import yaml
 #: ``train`` flags that map one-to-one onto TrainConfig fields (argparse dest == field name).
 _CONFIG_FLAGS = ("model", "dataset", "epochs", "out", "batch_size", "lr", "lr_decay", "weight_decay", "seed",
                  "device", "amp", "compile", "data_dir", "download", "limit_train", "limit_test", "max_shift",
-                 "loss", "eval_every", "checkpoint_every", "progress", "time_limit_minutes")
+                 "loss", "eval_every", "checkpoint_every", "progress", "time_limit_minutes", "image_size")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(command("train", "train a model and write a run directory"))
     _add_evaluate(command("evaluate", "accuracy, per-class accuracy and confusion matrix of a checkpoint"))
     _add_reconstruct(command("reconstruct", "inputs against their reconstructions by a checkpoint"))
-    _add_predict(command("predict", "classify image files (PNG, JPEG...) with a checkpoint, or segment them"))
+    _add_predict(command("predict", "classify image files (PNG, JPEG) with a checkpoint, or segment them"))
     _add_list_models(command("list-models", "registered models and their parameter counts, or the "
                                             "--model-arg keys of one model"))
     _add_experiment(command("experiment", "run a paper experiment, write DIR/report.md + PNGs"))
@@ -92,7 +92,7 @@ def _datasets() -> str:
     """The registered data sets, for help texts."""
     from capsnets.data import list_datasets
 
-    return ", ".join(list_datasets())
+    return ", ".join(list_datasets()) + ", or folder:PATH (your own images: one subfolder per class)"
 
 
 def _add_experiment(parser: argparse.ArgumentParser) -> None:
@@ -176,6 +176,9 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     add("--download", action="store_true", default=None, help="download missing data set files (default: off)")
     add("--limit-train", type=int, metavar="N", help="use only the first N training images (default: all)")
     add("--limit-test", type=int, metavar="N", help="use only the first N test images (default: all)")
+    add("--image-size", type=int, metavar="PIXELS",
+        help="folder:PATH data sets: resize every image to PIXELS x PIXELS (default: the first training image's "
+             "size)")
     add("--max-shift", type=int, metavar="PIXELS",
         help="random shift of training images (default: 2; 0 for images of 16 px or less and for data sets with "
              "their own training augmentation)")
@@ -214,7 +217,7 @@ def _add_reconstruct(parser: argparse.ArgumentParser) -> None:
 
 def _add_predict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_FOLDER",
-                        help="image files, or folders searched for them (PNG, JPEG, BMP, GIF, WebP, TIFF)")
+                        help="image files (PNG, JPEG), or folders searched for them")
     parser.add_argument("--checkpoint", required=True, metavar="PATH",
                         help="run directory (its best, else last, checkpoint) or .safetensors file (required, "
                              "no default)")
@@ -362,8 +365,10 @@ def _load(args: argparse.Namespace):
     dataset = args.dataset or checkpoint.meta.get("dataset")
     if dataset is None:
         raise ValueError(f"checkpoint '{checkpoint.path}' does not record its data set; pass --dataset")
-    data_dir = args.data_dir or checkpoint.meta.get("config", {}).get("data_dir")
-    data = load_dataset(dataset, root=data_dir, train=False).to(device)
+    recorded = checkpoint.meta.get("config") or {}
+    data_dir = args.data_dir or recorded.get("data_dir")
+    image_size = recorded.get("image_size") if str(dataset).startswith("folder:") else None
+    data = load_dataset(dataset, root=data_dir, train=False, image_size=image_size).to(device)
     if tuple(data.images.shape[1:]) != tuple(model.input_size) or data.num_classes != model.num_classes:
         raise ValueError(f"data set {dataset!r} ({data.num_classes} classes of {tuple(data.images.shape[1:])}) "
                          f"does not fit the model ({model.num_classes} classes of {tuple(model.input_size)})")

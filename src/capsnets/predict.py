@@ -23,19 +23,17 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from capsnets.data.image_folder import IMAGE_SUFFIXES
 from capsnets.layers.validation import ArgumentError
 
 __all__ = ["IMAGE_SUFFIXES", "Prediction", "collect_image_files", "predict", "prepare_image", "read_images",
            "segment"]
 
-#: The file suffixes read as images (Pillow decodes them).
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 #: Data sets of light strokes on a dark background: an image with a light background is inverted (``invert="auto"``).
 DARK_BACKGROUND = ("digits", "mnist", "fashion_mnist", "multimnist", "affnist")
 #: Data sets prepared by the smallNORB protocol (resized to 48x48, centre 32x32, standardised per image).
 NORB_LIKE = ("smallnorb", "viewpoints")
 INVERT_MODES = ("auto", "yes", "no")
-_GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
 
 
 @dataclass
@@ -101,9 +99,10 @@ def prepare_image(image, input_size: Sequence[int], dataset: str | None = None, 
                   invert: str = "auto") -> tuple[Tensor, list[str]]:
     """One Pillow image as the ``(C, H, W)`` float32 tensor a model trained on ``dataset`` takes.
 
-    The image is converted to the model's channels (grayscale ``L`` or ``RGB``), resized to its ``H x W``
-    (smallNORB-like data sets: to 48x48, then the centre 32x32, as their test split), scaled to ``[0, 1]``
-    (smallNORB-like: standardised per image), and, for a data set of light strokes on a dark background
+    The image is read as the ``folder:PATH`` data sets read their files
+    (:func:`~capsnets.data.image_folder.image_to_tensor`: EXIF orientation, transparency on white, the model's
+    channels), resized to its ``H x W`` (smallNORB-like data sets: to 48x48, then the centre 32x32, as their
+    test split), scaled to ``[0, 1]`` (smallNORB-like: standardised per image), and, for a data set of light strokes on a dark background
     (:data:`DARK_BACKGROUND`), inverted when its border is lighter than its middle (``invert="auto"``).
 
     Args:
@@ -115,8 +114,7 @@ def prepare_image(image, input_size: Sequence[int], dataset: str | None = None, 
     Returns:
         The tensor and the list of what was adapted, in words (empty when the image fitted as it was).
     """
-    from PIL import Image
-
+    from capsnets.data.image_folder import image_to_tensor
     from capsnets.data.norb_common import NORB_CROP, NORB_SIZE
     from capsnets.data.transforms import center_crop, standardize
 
@@ -126,32 +124,11 @@ def prepare_image(image, input_size: Sequence[int], dataset: str | None = None, 
     if channels not in (1, 3):
         raise ArgumentError(f"the model takes {channels}-channel images; only 1 (grayscale) and 3 (RGB) can be "
                             "made from image files")
-    if dataset in NORB_LIKE and (height, width) != (NORB_CROP, NORB_CROP):
+    norb = dataset in NORB_LIKE
+    if norb and (height, width) != (NORB_CROP, NORB_CROP):
         raise ArgumentError(f"the model takes {height}x{width} images, not the {NORB_CROP}x{NORB_CROP} crops of "
                             f"its data set {dataset!r}")
-    notes: list[str] = []
-    mode = "L" if channels == 1 else "RGB"
-    source = image.mode
-    if source in ("RGBA", "LA", "PA") or (source == "P" and "transparency" in image.info):
-        background = Image.new("RGBA", image.size, (255, 255, 255, 255))  # transparent parts as white paper
-        image = Image.alpha_composite(background, image.convert("RGBA"))
-        notes.append("transparency flattened onto white")
-    if image.mode != mode:
-        grey = source in _GREY_MODES
-        if mode == "L" and not grey:
-            notes.append(f"converted colour ({source}) -> grayscale")
-        elif mode == "RGB" and grey:
-            notes.append(f"converted grayscale ({source}) -> RGB")
-        image = image.convert(mode)
-    norb = dataset in NORB_LIKE
-    target = (NORB_SIZE, NORB_SIZE) if norb else (height, width)
-    if image.size != (target[1], target[0]):
-        before = f"{image.size[0]}x{image.size[1]}"
-        image = image.resize((target[1], target[0]), Image.Resampling.BILINEAR, reducing_gap=None)
-        notes.append(f"resized {before} -> {target[1]}x{target[0]}"
-                     + (" (aspect ratio changed)" if _aspect_changed(before, target) else ""))
-    tensor = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-    tensor = tensor.view(target[0], target[1], channels).permute(2, 0, 1).float().div_(255.0)
+    tensor, notes = image_to_tensor(image, channels, (NORB_SIZE, NORB_SIZE) if norb else (height, width))
     if dataset in DARK_BACKGROUND and invert != "no":
         border = torch.cat([tensor[:, 0], tensor[:, -1], tensor[:, :, 0], tensor[:, :, -1]], dim=1).mean()
         if invert == "yes" or border > 0.5:
@@ -161,11 +138,6 @@ def prepare_image(image, input_size: Sequence[int], dataset: str | None = None, 
     if norb:
         tensor = standardize(center_crop(tensor.unsqueeze(0), NORB_CROP))[0]
     return tensor.contiguous(), notes
-
-
-def _aspect_changed(before: str, target: tuple[int, int]) -> bool:
-    w, h = (int(v) for v in before.split("x"))
-    return abs(w / h - target[1] / target[0]) > 0.02 * target[1] / target[0]
 
 
 def read_images(paths: Sequence[str | os.PathLike], input_size: Sequence[int], dataset: str | None = None, *,
@@ -186,7 +158,7 @@ def read_images(paths: Sequence[str | os.PathLike], input_size: Sequence[int], d
             with Image.open(path) as image:
                 image.load()
                 tensor, adapted = prepare_image(image, input_size, dataset, invert=invert)
-        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as err:
+        except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as err:
             if isinstance(err, FileNotFoundError):
                 raise
             raise ValueError(f"'{path}' is not an image that can be read ({str(err).splitlines()[0] or 'unknown'}); "

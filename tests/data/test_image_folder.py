@@ -79,7 +79,7 @@ def test_channels_follow_the_images(tmp_path):
 
 def test_grey_palette_alpha_and_16_bit(tmp_path):
     for name, image in {"p": Image.fromarray(np.arange(120, dtype=np.uint8).reshape(10, 12)).convert("P"),
-                        "la": Image.new("LA", (12, 10), (200, 50)),
+                        "la": Image.new("LA", (12, 10), (200, 255)),
                         "i16": Image.fromarray(np.full((10, 12), 65535, dtype=np.uint16))}.items():
         (tmp_path / name).mkdir()
         image.save(tmp_path / name / "x.png")
@@ -90,7 +90,9 @@ def test_grey_palette_alpha_and_16_bit(tmp_path):
     assert torch.allclose(read_image(tmp_path / "la" / "x.png", 1), torch.full((1, 10, 12), 200 / 255))
     Image.new("RGBA", (12, 10), (255, 0, 0, 0)).save(tmp_path / "la" / "rgba.png")
     assert scan_image_folder(tmp_path).channels == 3
-    assert read_image(tmp_path / "la" / "rgba.png", 3)[:, 0, 0].tolist() == [1.0, 0.0, 0.0]  # alpha dropped
+    assert read_image(tmp_path / "la" / "rgba.png", 3)[:, 0, 0].tolist() == [1.0, 1.0, 1.0]  # clear: white paper
+    Image.new("RGBA", (12, 10), (255, 0, 0, 255)).save(tmp_path / "la" / "red.png")
+    assert read_image(tmp_path / "la" / "red.png", 3)[:, 0, 0].tolist() == [1.0, 0.0, 0.0]  # opaque: as it is
 
 
 def test_resizing(tmp_path):

@@ -125,6 +125,19 @@ class _Paths:
         self.empty.mkdir()
         self.missing = root / "missing" / "deeper"
 
+    def images(self):
+        """Image files and folders for ``predict``: readable ones (of any size and mode), text, nothing."""
+        from PIL import Image
+
+        folder = self.root / "images"
+        if not folder.is_dir():
+            folder.mkdir()
+            Image.new("L", (8, 8), 0).save(folder / "dark.png")
+            Image.new("RGB", (30, 20), "white").save(folder / "paper.jpg")
+            Image.new("RGBA", (5, 90), (0, 0, 0, 0)).save(self.root / "clear.png")
+        return st.sampled_from([folder, folder / "dark.png", folder / "paper.jpg", self.root / "clear.png",
+                                self.file, self.empty, self.missing]).map(str)
+
     def checkpoints(self):
         run = self.run
         return st.sampled_from([run, run / "best.safetensors", run / "last.json", run / "config.yaml", self.file,
@@ -173,20 +186,22 @@ def _value(data, command: str, action: argparse.Action, paths: _Paths) -> str:
 def _argv(data, paths: _Paths) -> list[str]:
     """One command line: a sub-command, some of its options in any order, each with a drawn value."""
     parsers = _subcommands()
-    weights = {"train": 5, "evaluate": 2, "reconstruct": 1, "experiment": 1, "list-models": 1}
+    weights = {"train": 5, "evaluate": 2, "reconstruct": 1, "predict": 2, "experiment": 1, "list-models": 1}
     assert set(weights) == set(parsers), "a new sub-command: give it a weight"
     command = data.draw(st.sampled_from([c for c, n in weights.items() for _ in range(n)]), label="command")
     argv = [command]
     actions = [a for a in parsers[command]._actions if a.option_strings and a.dest != "help"
                and a.dest != "compile"]
     positional = [a for a in parsers[command]._actions if not a.option_strings]
-    if positional:
+    if command == "predict":
+        argv += data.draw(st.lists(paths.images(), min_size=1, max_size=3), label="images")
+    elif positional:
         names = _positional_names(command)
         if data.draw(st.booleans(), label="positional"):
             argv.append(data.draw(_one_in_five_wrong(st.sampled_from(names), st.just("bogus")), label="name"))
     chosen = data.draw(st.lists(st.sampled_from(actions), max_size=6, unique_by=lambda a: a.dest), label="options") \
         if actions else []
-    if command in ("evaluate", "reconstruct") and data.draw(st.sampled_from([True] * 9 + [False]), label="ckpt"):
+    if command in ("evaluate", "reconstruct", "predict") and data.draw(st.sampled_from([True] * 9 + [False]), label="ckpt"):
         chosen = [a for a in actions if a.dest == "checkpoint"] + [a for a in chosen if a.dest != "checkpoint"]
     for action in chosen:
         option = action.option_strings[-1]
@@ -225,6 +240,8 @@ def _tiny(command: str, argv: list[str], paths: _Paths) -> list[str]:
             argv.append("--no-progress")
     elif command in ("evaluate", "reconstruct"):
         extra = [("--device", "cpu")]
+    elif command == "predict":
+        extra = [("--device", "cpu"), ("--out", str(paths.root / "masks"))]
     elif command == "experiment":
         extra = [("--device", "cpu"), ("--out", str(paths.root / "experiment"))]
     return argv + [x for option, value in extra if option not in given for x in (option, value)]

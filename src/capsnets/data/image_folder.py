@@ -13,7 +13,7 @@ arguments always give the same split.
 Channels follow the images: 1 if every image of both splits is grayscale (modes ``1``, ``L``, ``LA``,
 16-bit ``I;16`` / ``I``, or a palette of greys), else 3 (grayscale images are then repeated on three
 channels). The mode decides, not the pixels: an RGB file whose pixels are grey counts as colour.
-Alpha is dropped, and JPEG EXIF orientation is applied. Every image is resized (Pillow, bilinear with
+Transparent parts are laid on white, and JPEG EXIF orientation is applied. Every image is resized (Pillow, bilinear with
 antialiasing) to ``image_size``; by default the size of the first training image (class by class,
 files in sorted order), so a folder of same-sized images keeps its size. The whole
 split is held in memory as float32 (N x C x H x W x 4 bytes): pass a small ``image_size`` for photos.
@@ -32,8 +32,8 @@ from torch import Tensor
 from .base import TensorData
 from .errors import DatasetError
 
-__all__ = ["FOLDER_PREFIX", "IMAGE_SUFFIXES", "ImageFolderScan", "scan_image_folder", "load_image_folder",
-           "read_image"]
+__all__ = ["FOLDER_PREFIX", "IMAGE_SUFFIXES", "ImageFolderScan", "image_to_tensor", "scan_image_folder",
+           "load_image_folder", "read_image"]
 
 #: ``load_dataset`` names of the form ``folder:PATH`` read an image folder.
 FOLDER_PREFIX = "folder:"
@@ -141,7 +141,7 @@ def load_image_folder(path: str | os.PathLike, *, train: bool = True, image_size
 
 
 def read_image(path: str | os.PathLike, channels: int, size: tuple[int, int] | None = None) -> Tensor:
-    """One PNG/JPEG file as a float32 ``(channels, H, W)`` tensor in ``[0, 1]``.
+    """One PNG/JPEG file as a float32 ``(channels, H, W)`` tensor in ``[0, 1]`` (see :func:`image_to_tensor`).
 
     Args:
         path: the file.
@@ -151,30 +151,63 @@ def read_image(path: str | os.PathLike, channels: int, size: tuple[int, int] | N
     Raises:
         DatasetError: the file cannot be decoded; the message names it.
     """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            return image_to_tensor(image, channels, size)[0]
+    except (OSError, ValueError, SyntaxError) as err:  # PIL raises these three for bad files
+        if isinstance(err, ValueError) and "channels=" in str(err):
+            raise
+        raise _unreadable(Path(path), err) from err
+
+
+def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -> tuple[Tensor, list[str]]:
+    """A Pillow image as a float32 ``(channels, H, W)`` tensor in ``[0, 1]``, and what was changed, in words.
+
+    JPEG EXIF orientation is applied; transparent parts are laid on white (as on paper); colour is converted to
+    luminance (ITU-R 601-2, Pillow's ``L``) for ``channels=1`` and grey repeated for ``channels=3``; 16-bit and
+    float images keep their precision; the image is resized to ``size`` (bilinear, antialiased). The notes name
+    the changes a user would not expect: transparency, a change between colour and grey, the resizing. This is
+    how ``folder:PATH`` data sets read their files and how ``capsnets predict`` reads a user's image.
+
+    Args:
+        image: a ``PIL.Image.Image``.
+        channels: 1 or 3.
+        size: ``(H, W)``, or None to keep the image's size.
+    """
     from PIL import Image, ImageOps
 
     if channels not in (1, 3):
         raise ValueError(f"channels={channels!r} is invalid: expected 1 or 3")
-    try:
-        with Image.open(path) as image:
-            image = ImageOps.exif_transpose(image)
-            if image.mode in ("I", "F") or image.mode.startswith("I;16"):
-                pixels = np.asarray(image, dtype=np.float32) / (1.0 if image.mode == "F" else 65535.0)
-                image = Image.fromarray(np.clip(pixels, 0, 1))  # float32: mode "F"
-                scale = 1.0
-            else:
-                image = image.convert("L" if channels == 1 else "RGB")
-                scale = 255.0
-            if size is not None and image.size != (size[1], size[0]):
-                image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-            pixels = np.asarray(image, dtype=np.float32) / scale
-    except (OSError, ValueError, SyntaxError) as err:  # PIL raises these three for bad files
-        raise _unreadable(Path(path), err) from err
+    notes: list[str] = []
+    image = ImageOps.exif_transpose(image)
+    grey = _is_grey(image)
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        paper = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(paper, image.convert("RGBA"))
+        notes.append("transparency flattened onto white")
+    if channels == 1 and not grey:
+        notes.append(f"converted colour ({image.mode}) -> grayscale")
+    elif channels == 3 and grey:
+        notes.append(f"converted grayscale ({image.mode}) -> RGB")
+    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+        pixels = np.asarray(image, dtype=np.float32) / (1.0 if image.mode == "F" else 65535.0)
+        image, scale = Image.fromarray(np.clip(pixels, 0, 1)), 1.0  # float32: mode "F"
+    else:
+        image, scale = image.convert("L" if channels == 1 else "RGB"), 255.0
+    if size is not None and image.size != (size[1], size[0]):
+        before = image.size
+        image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        changed = abs(before[0] / before[1] - size[1] / size[0]) > 0.02 * size[1] / size[0]
+        notes.append(f"resized {before[0]}x{before[1]} -> {size[1]}x{size[0]}"
+                     + (" (aspect ratio changed)" if changed else ""))
+    pixels = np.asarray(image, dtype=np.float32) / scale
     tensor = torch.from_numpy(np.ascontiguousarray(pixels))
     tensor = tensor.unsqueeze(0) if tensor.dim() == 2 else tensor.permute(2, 0, 1)
     if tensor.shape[0] != channels:
         tensor = tensor.expand(channels, -1, -1)
-    return tensor.clamp(0, 1).contiguous()
+    return tensor.clamp(0, 1).contiguous(), notes
 
 
 # -- scanning ---------------------------------------------------------------------------------------------
