@@ -56,6 +56,11 @@ class InvertedAttentionRouting:
         ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)`` of the last
         iteration.
 
+    Note:
+        The parents are LayerNorm outputs, all of length about ``sqrt(D)``: a model whose class scores are capsule
+        lengths (e.g. ``capsnet_digits``) cannot learn with this routing in its class layer; read the classes from
+        the poses with a layer of its own, as the paper does.
+
     Examples::
 
         >>> layer = LinearCapsules(32, 8, 10, 16, routing=InvertedAttentionRouting(2))
