@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(command("train", "train a model and write a run directory"))
     _add_evaluate(command("evaluate", "accuracy, per-class accuracy and confusion matrix of a checkpoint"))
     _add_reconstruct(command("reconstruct", "inputs against their reconstructions by a checkpoint"))
+    _add_export(command("export", "write a checkpoint's model as ONNX (or a torch.export program), checked "
+                                  "against PyTorch"))
     _add_predict(command("predict", "classify image files (PNG, JPEG) with a checkpoint, or segment them"))
     _add_list_models(command("list-models", "registered models and their parameter counts, or the "
                                             "--model-arg keys of one model"))
@@ -231,6 +233,18 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
     parser.set_defaults(handler=_predict)
+
+
+def _add_export(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, metavar="PATH",
+                        help="run directory (its best, else last, checkpoint) or .safetensors file (required, "
+                             "no default)")
+    parser.add_argument("--format", choices=["onnx", "torch_export"], default="onnx",
+                        help="onnx (run by onnxruntime; needs pip install 'capsnets[export]') or torch_export "
+                             "(a .pt2 torch.export program)")
+    parser.add_argument("--out", metavar="FILE", help="the file to write (default: beside the checkpoint, "
+                                                      "<checkpoint>.onnx or .pt2)")
+    parser.set_defaults(handler=_export)
 
 
 def _add_list_models(parser: argparse.ArgumentParser) -> None:
@@ -452,6 +466,22 @@ def _reconstruct(args: argparse.Namespace) -> int:
                                labels=labels.cpu(), predictions=output.scores.argmax(-1).cpu(), n=len(images),
                                title=f"{_describe(checkpoint)}, {data.name or 'test'} test images")
     print(f"wrote {png}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from capsnets.engine.checkpoint import load_model
+    from capsnets.export import EXPORT_FORMATS, export_model
+
+    model, checkpoint = load_model(args.checkpoint, "cpu")
+    out = Path(args.out) if args.out else checkpoint.path.with_suffix(EXPORT_FORMATS[args.format])
+    if out.suffix.lower() in (".safetensors", ".json", ".yaml", ".jsonl"):
+        raise ValueError(f"--out '{out}' would replace a run file; name a {EXPORT_FORMATS[args.format]} file")
+    report = export_model(model, out, args.format)
+    print(f"wrote {report.path} ({report.bytes / 1e6:.1f} MB, {report.format}, outputs: "
+          f"{', '.join(report.output_names)}; batch dimension dynamic) in {report.seconds:.0f} s")
+    print(f"checked against PyTorch on batches of {' and '.join(map(str, report.checked_batches))}: largest "
+          f"difference {report.max_abs_difference:.2g}")
     return 0
 
 

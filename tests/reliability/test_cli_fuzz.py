@@ -186,7 +186,8 @@ def _value(data, command: str, action: argparse.Action, paths: _Paths) -> str:
 def _argv(data, paths: _Paths) -> list[str]:
     """One command line: a sub-command, some of its options in any order, each with a drawn value."""
     parsers = _subcommands()
-    weights = {"train": 5, "evaluate": 2, "reconstruct": 1, "predict": 2, "experiment": 1, "list-models": 1}
+    weights = {"train": 5, "evaluate": 2, "reconstruct": 1, "predict": 2, "export": 1, "experiment": 1,
+               "list-models": 1}
     assert set(weights) == set(parsers), "a new sub-command: give it a weight"
     command = data.draw(st.sampled_from([c for c, n in weights.items() for _ in range(n)]), label="command")
     argv = [command]
@@ -201,7 +202,7 @@ def _argv(data, paths: _Paths) -> list[str]:
             argv.append(data.draw(_one_in_five_wrong(st.sampled_from(names), st.just("bogus")), label="name"))
     chosen = data.draw(st.lists(st.sampled_from(actions), max_size=6, unique_by=lambda a: a.dest), label="options") \
         if actions else []
-    if command in ("evaluate", "reconstruct", "predict") and data.draw(st.sampled_from([True] * 9 + [False]), label="ckpt"):
+    if command in ("evaluate", "reconstruct", "predict", "export") and data.draw(st.sampled_from([True] * 9 + [False]), label="ckpt"):
         chosen = [a for a in actions if a.dest == "checkpoint"] + [a for a in chosen if a.dest != "checkpoint"]
     for action in chosen:
         option = action.option_strings[-1]
@@ -267,9 +268,9 @@ def data_root(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def offline_and_quick(monkeypatch, tmp_path, data_root):
-    """No network, no figures, experiments stubbed, the data root a folder of links, and the working directory a
-    temporary folder."""
-    from capsnets import plots
+    """No network, no figures, experiments and the exporters' tracing stubbed (tests/test_export.py runs them), the
+    data root a folder of links, and the working directory a temporary folder."""
+    from capsnets import export, plots
     from capsnets.engine import reporting
     from capsnets.experiments import common
     from capsnets.experiments.report import write_report
@@ -286,7 +287,13 @@ def offline_and_quick(monkeypatch, tmp_path, data_root):
     def stub_experiment(out, settings, **kwargs):
         return write_report(out, "stub", [("Settings", str(settings))], metrics={"accuracy": 0.5})
 
+    def stub_export(model, path, format="onnx", **kwargs):  # what export_model checks and writes, without tracing
+        export.ExportableModel(model)
+        Path(path).write_bytes(b"exported")
+        return export.ExportReport(str(path), format, ["scores"], 0.0, [1, 5], 0.0, 8)
+
     monkeypatch.setenv("CAPSNETS_DATA", str(data_root))
+    monkeypatch.setattr(export, "export_model", stub_export)
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
     monkeypatch.setattr(plots, "plot_confusion_matrix", stub_figure)

@@ -80,8 +80,9 @@ def group_softmax(logits: Tensor, groups: ChildGroups) -> Tensor:
         count, per_slot, shape = groups.count, torch.logsumexp(logits, dim=1).reshape(-1), (n, 1, i)
     with torch.no_grad():
         top = per_slot.new_full((count,), float("-inf"))
-        if torch.compiler.is_compiling():  # inductor (torch 2.13) can emit broken code around the extern
-            top = top.index_reduce_(0, flat_index, per_slot, "amax")[flat_index]  # scatter_reduce; this is lowered
+        if torch.compiler.is_compiling() and not torch.compiler.is_exporting():  # inductor (torch 2.13) can emit
+            # broken code around the extern scatter_reduce; ONNX export has no index_reduce, but has scatter_reduce
+            top = top.index_reduce_(0, flat_index, per_slot, "amax")[flat_index]  # this one is lowered
         else:
             top = top.scatter_reduce(0, flat_index, per_slot, reduce="amax")[flat_index]
     total = per_slot.new_zeros(count).index_add(0, flat_index, torch.exp(per_slot - top))

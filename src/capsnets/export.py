@@ -1,0 +1,234 @@
+"""Export a trained model for deployment: ONNX (run by onnxruntime) or a ``torch.export`` program.
+
+The model is traced with :func:`torch.export.export` on an example batch, with the batch dimension dynamic;
+routing iterations are unrolled, and the routings take their traced branches (``torch.compiler.is_exporting``),
+which compute the same values. :func:`export_model` then checks the exported file against eager PyTorch on
+random inputs of two batch sizes and reports the largest difference, so that a model that exports but computes
+something else is caught at export time.
+
+Outputs, by the model's task:
+
+- classification: ``scores`` ``(B, num_classes)`` (capsule lengths, matrix capsule activations, or logits) and,
+  for capsule models, ``capsules`` ``(B, num_classes, D)``;
+- segmentation: ``probabilities`` ``(B, 1, H, W)``.
+
+Examples::
+
+    >>> model, _ = load_model("runs/quickstart")                         # doctest: +SKIP
+    >>> report = export_model(model, "capsnet.onnx")                      # doctest: +SKIP
+    >>> report.max_abs_difference < 1e-4                                  # doctest: +SKIP
+    True
+
+ONNX export needs the ``export`` extra: ``pip install -e '.[export]'`` (onnx, onnxscript, onnxruntime).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["EXPORT_FORMATS", "ExportReport", "ExportableModel", "export_model", "run_onnx"]
+
+#: The formats :func:`export_model` writes, with their file suffixes.
+EXPORT_FORMATS = {"onnx": ".onnx", "torch_export": ".pt2"}
+
+
+class ExportableModel(nn.Module):
+    """A model whose forward returns a tuple of tensors (named in :attr:`output_names`), as exporters need.
+
+    Args:
+        model: a registered classification or segmentation model (in eval mode).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        from capsnets.models import model_task
+
+        task = model_task(getattr(model, "model_name", "")) if getattr(model, "model_name", None) else None
+        if task not in (None, "classification", "segmentation"):
+            raise ValueError(f"{model.model_name!r} is registered for {task}; only classification and segmentation models "
+                             "can be exported")
+        with torch.no_grad():
+            probe = model(torch.zeros(1, *model.input_size, device=_device(model)))
+        if hasattr(probe, "probabilities"):
+            self.output_names = ["probabilities"]
+        elif hasattr(probe, "scores"):
+            self.output_names = ["scores"] + (["capsules"] if probe.capsules is not None else [])
+        else:
+            raise ValueError(f"{type(model).__name__} returns {type(probe).__name__}; only classification and "
+                             "segmentation models can be exported")
+
+    def forward(self, images: Tensor) -> tuple[Tensor, ...]:
+        output = self.model(images)
+        return tuple(getattr(output, name) for name in self.output_names)
+
+
+@dataclass
+class ExportReport:
+    """What :func:`export_model` wrote and how well it agrees with eager PyTorch.
+
+    Attributes:
+        path: the file written.
+        format: ``"onnx"`` or ``"torch_export"``.
+        output_names: the outputs, in order.
+        max_abs_difference: the largest absolute difference of any output from eager PyTorch, over the checked
+            batches (float32).
+        checked_batches: the batch sizes checked (two, to show the batch dimension is dynamic).
+        seconds: the time the export took.
+        bytes: the file's size.
+    """
+
+    path: str
+    format: str
+    output_names: list[str]
+    max_abs_difference: float
+    checked_batches: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    bytes: int = 0
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def export_model(model: nn.Module, path: str | os.PathLike, format: str = "onnx", *, check: bool = True,
+                 check_batches: tuple[int, ...] = (1, 5), seed: int = 0) -> ExportReport:
+    """Export ``model`` (on the CPU, float32) to ``path`` and check the file against eager PyTorch.
+
+    Args:
+        model: a registered classification or segmentation model.
+        path: the file to write (created atomically: a failed export leaves no file).
+        format: ``"onnx"`` (needs onnx, onnxscript and onnxruntime) or ``"torch_export"`` (``torch.export.save``).
+        check: run the exported file on random inputs of ``check_batches`` sizes and compare.
+        seed: of the random check inputs.
+
+    Raises:
+        ValueError: an unknown format, a model that cannot be exported (the reason is given), or an exported
+            file that disagrees with eager PyTorch by more than 1e-4.
+        ImportError: the ONNX packages are missing (the message says how to install them).
+    """
+    from capsnets.files import atomic_write
+
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
+    if format == "onnx":
+        _require_onnx()
+    model = model.to("cpu", torch.float32).eval()
+    wrapped = ExportableModel(model).eval()
+    example = torch.rand(2, *model.input_size, generator=torch.Generator().manual_seed(seed))
+    batch = torch.export.Dim("batch", min=1, max=65536)
+    start = time.perf_counter()
+    try:
+        with _quiet():
+            program = torch.export.export(wrapped, (example,), dynamic_shapes=({0: batch},), strict=False)
+    except Exception as err:  # torch.export raises many kinds; the user gets the first line and the model
+        raise ValueError(f"{getattr(model, 'model_name', type(model).__name__)} cannot be traced by "
+                         f"torch.export: {type(err).__name__}: {_first_line(err)}") from err
+    path = Path(path)
+    if format == "onnx":
+        def write(tmp):
+            with _quiet():
+                onnx_program = torch.onnx.export(program, (example,), dynamo=True, optimize=False, verbose=False,
+                                                 input_names=["images"], output_names=wrapped.output_names)
+                onnx_program.save(tmp)
+    else:
+        def write(tmp):
+            with open(tmp, "wb") as file:
+                torch.export.save(program, file)
+    try:
+        atomic_write(path, write)
+    except (OSError, ValueError, ImportError):
+        raise
+    except Exception as err:
+        raise ValueError(f"{getattr(model, 'model_name', type(model).__name__)} cannot be converted to {format}: "
+                         f"{type(err).__name__}: {_first_line(err)}") from err
+    report = ExportReport(str(path), format, list(wrapped.output_names), 0.0, [],
+                          time.perf_counter() - start, path.stat().st_size)
+    if check:
+        generator = torch.Generator().manual_seed(seed + 1)
+        run = _onnx_runner(path) if format == "onnx" else _program_runner(path)
+        for size in check_batches:
+            images = torch.rand(size, *model.input_size, generator=generator)
+            with torch.no_grad():
+                expected = wrapped(images)
+            got = run(images)
+            difference = max(float((g - e).abs().max()) for g, e in zip(got, expected))
+            report.max_abs_difference = max(report.max_abs_difference, difference)
+            report.checked_batches.append(size)
+        if not report.max_abs_difference <= 1e-4:  # NaN too
+            raise ValueError(f"the exported {format} file '{path}' disagrees with PyTorch by "
+                             f"{report.max_abs_difference:.3g} (more than 1e-4); it was written but should not "
+                             "be used")
+    return report
+
+
+def run_onnx(path: str | os.PathLike, images: Tensor, *, threads: int | None = None) -> list[Tensor]:
+    """Run an exported ONNX file on ``images`` with onnxruntime (CPU); returns its outputs as tensors."""
+    return _onnx_runner(path, threads)(images)
+
+
+def _onnx_runner(path, threads: int | None = None):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+
+    def run(images: Tensor) -> list[Tensor]:
+        return [torch.from_numpy(out) for out in session.run(None, {name: images.cpu().float().numpy()})]
+
+    return run
+
+
+def _program_runner(path):
+    module = torch.export.load(str(path)).module()
+
+    def run(images: Tensor) -> list[Tensor]:
+        with torch.no_grad():
+            return list(module(images))
+
+    return run
+
+
+def _require_onnx() -> None:
+    missing = []
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ImportError(f"ONNX export needs {', '.join(missing)}: pip install 'capsnets[export]' (or, in a "
+                          "clone, pip install -e '.[export]')")
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The exporter's progress prints and warnings, silenced (errors still raise)."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        previous = logging.root.manager.disable
+        logging.disable(logging.WARNING)  # the exporters' INFO/WARNING logs (e.g. "Removed 28 unused nodes")
+        try:
+            yield
+        finally:
+            logging.disable(previous)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else "no message"

@@ -1,0 +1,100 @@
+"""Export (:mod:`capsnets.export`, ``capsnets export``): every model family to ONNX, run by onnxruntime and compared
+with eager PyTorch on random and real inputs at several batch sizes; torch.export programs; clear refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import capsnets
+from capsnets.cli import main
+from capsnets.engine.checkpoint import save_checkpoint
+from capsnets.export import ExportableModel, export_model, run_onnx
+
+#: One model of each family: vector capsules (dynamic routing), matrix capsules (EM routing), SegCaps, a CNN.
+FAMILIES = ["capsnet_digits", "matrix_capsnet_small", "segcaps_small", "cnn_baseline_narrow"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Each family's model (seeded) and its ONNX file, exported once for the module."""
+    root = tmp_path_factory.mktemp("export")
+    made = {}
+    for name in FAMILIES:
+        torch.manual_seed(0)
+        model = capsnets.create_model(name).eval()
+        report = export_model(model, root / f"{name}.onnx")
+        made[name] = (model, report)
+    return made
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_onnx_runs_in_onnxruntime_as_pytorch_does(exported, name):
+    model, report = exported[name]
+    assert report.max_abs_difference <= 1e-4 and report.checked_batches == [1, 5]
+    wrapped = ExportableModel(model)
+    gen = torch.Generator().manual_seed(7)
+    for batch in (1, 3, 64):  # the batch dimension is dynamic
+        images = torch.rand(batch, *model.input_size, generator=gen)
+        got = run_onnx(report.path, images)
+        with torch.no_grad():
+            expected = wrapped(images)
+        assert [g.shape for g in got] == [e.shape for e in expected]
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, rtol=0, atol=1e-4)
+
+
+def test_onnx_agrees_on_real_images(exported):
+    from capsnets.data import load_dataset
+
+    model, report = exported["capsnet_digits"]
+    images = load_dataset("digits", train=False).images[:100]
+    scores = run_onnx(report.path, images)[0]
+    with torch.no_grad():
+        expected = model(images).scores
+    assert (scores - expected).abs().max() <= 1e-4
+    assert torch.equal(scores.argmax(-1), expected.argmax(-1))
+
+
+def test_outputs_are_named_by_task(exported):
+    assert exported["capsnet_digits"][1].output_names == ["scores", "capsules"]
+    assert exported["matrix_capsnet_small"][1].output_names == ["scores", "capsules"]
+    assert exported["cnn_baseline_narrow"][1].output_names == ["scores"]
+    assert exported["segcaps_small"][1].output_names == ["probabilities"]
+
+
+def test_torch_export_programs_load_and_agree(tmp_path):
+    torch.manual_seed(0)
+    model = capsnets.create_model("capsnet_digits").eval()
+    report = export_model(model, tmp_path / "m.pt2", "torch_export")
+    assert report.max_abs_difference <= 1e-5
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    images = torch.rand(4, *model.input_size)
+    with torch.no_grad():
+        torch.testing.assert_close(program(images)[0], model(images).scores, rtol=0, atol=1e-5)
+
+
+def test_models_that_cannot_be_exported_say_why(tmp_path):
+    with pytest.raises(ValueError, match="only classification and segmentation models can be exported"):
+        export_model(capsnets.create_model("transforming_autoencoder"), tmp_path / "t.onnx")
+    assert not (tmp_path / "t.onnx").exists()
+    with pytest.raises(ValueError, match="format must be one of onnx, torch_export"):
+        export_model(capsnets.create_model("capsnet_digits"), tmp_path / "t.onnx", "tflite")
+
+
+def test_the_cli_exports_a_run(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = capsnets.create_model("capsnet_digits")
+    save_checkpoint(tmp_path / "run" / "best.safetensors", model=model,
+                    meta={"model": "capsnet_digits", "model_args": model.model_args, "dataset": "digits"})
+    assert main(["export", "--checkpoint", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'run' / 'best.onnx'}" in out and "largest difference" in out
+    assert "unused nodes" not in out  # the exporters' chatter is kept out
+    images = torch.rand(2, *model.input_size)
+    with torch.no_grad():
+        torch.testing.assert_close(run_onnx(tmp_path / "run" / "best.onnx", images)[0], model.eval()(images).scores,
+                                   rtol=0, atol=1e-4)
+    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "run" / "last.json")]) == 1
+    assert "would replace a run file" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", str(tmp_path / "nowhere")]) == 1
+    assert "does not exist" in capsys.readouterr().err
