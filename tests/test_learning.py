@@ -28,28 +28,31 @@ def test_capsnet_small_on_mnist_reaches_97_5_percent(tmp_path, shared_data_root)
     assert summary["test_accuracy"] >= 0.975, summary
 
 
-# Matrix capsules with EM routing, the models' default formulation (the authors' released code), detached
-# routing gradients (the assignments of non-final EM iterations without gradient, ~2x faster), Adam 3e-3,
-# batch 32, one epoch of 6,400 images (200 steps), first 1,000 test images. How soon a run takes off varies
-# from seed to seed, so each floor sits well below the worst of seeds 0, 1, 2 (measured on a 2-core CPU,
-# torch 2.13; the old paper-formulation tests were within a few points of chance and failed on other machines).
-def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 6400, **model_args) -> TrainConfig:
+# Matrix capsules with EM routing, detached routing gradients (the assignments of non-final EM iterations without
+# gradient, ~2x faster), Adam at 1e-2 (the authors' released learning rate), batch 32, one epoch of 6,400 images
+# (200 steps), first 1,000 test images. How soon a run takes off varies from seed to seed, so each floor sits well
+# below the worst of seeds 0, 1, 2 (measured on a 2-core CPU, torch 2.13, with the commands and results in
+# benchmarks/README.md, "The learning tests' floors"; at Adam 3e-3 the default reached only 47.8%, 46.8% and 29.0%
+# on MNIST, and the old paper-formulation tests sat within a few points of chance and failed on other machines).
+def _em_config(dataset: str, data_dir: str, out: str, lr: float = 1e-2, **model_args) -> TrainConfig:
     return TrainConfig(model="matrix_capsnet_small", dataset=dataset, data_dir=data_dir, epochs=1, batch_size=32,
-                       lr=3e-3, limit_train=limit_train, limit_test=1000, device="cpu", progress=False,
+                       lr=lr, limit_train=6400, limit_test=1000, device="cpu", progress=False,
                        model_args={"detach_routing": True, **model_args}, out=out)
 
 
 def test_matrix_capsnet_small_on_mnist_learns(tmp_path, shared_data_root):
-    # Chance is 10%. Measured: 47.8%, 46.8%, 29.0% (seeds 0, 1, 2).
+    # The models' default formulation (the authors' released code). Chance is 10%. Measured: 60.2%, 63.7%, 57.9%
+    # (seeds 0, 1, 2).
     summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mnist")))
-    assert summary["test_accuracy"] >= 0.20, summary
+    assert summary["test_accuracy"] >= 0.35, summary
 
 
 def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path, viewpoints_root):
-    # Rendered views of 5 classes; chance is 20%. The paper formulation: with the official one this budget is
-    # too short on the rendered set (seed 0: 19.7%, chance). Measured on novel-instance test views: 51.9%,
-    # 55.1%, 52.6% (seeds 0, 1, 2).
-    summary = train(_em_config("viewpoints", str(viewpoints_root), str(tmp_path / "em_viewpoints"),
+    # Rendered views of 5 classes; chance is 20%. The paper formulation (Procedure 1 as printed), which stays
+    # selectable, at Adam 3e-3. Measured on novel-instance test views: 51.9%, 55.1%, 52.6% (seeds 0, 1, 2). The
+    # default formulation is too slow to start on this set for a test of this length: 40.6%, 49.3% and 19.5% at
+    # Adam 1e-2, 19.7% (seed 0) at 3e-3.
+    summary = train(_em_config("viewpoints", str(viewpoints_root), str(tmp_path / "em_viewpoints"), lr=3e-3,
                                formulation="paper"))
     assert summary["test_accuracy"] >= 0.35, summary
 
