@@ -10,8 +10,9 @@ from capsnets.cli import main
 from capsnets.engine.checkpoint import save_checkpoint
 from capsnets.export import ExportableModel, export_model, run_onnx
 
-#: One model of each family: vector capsules (dynamic routing), matrix capsules (EM routing), SegCaps, a CNN.
-FAMILIES = ["capsnet_digits", "matrix_capsnet_small", "segcaps_small", "cnn_baseline_narrow"]
+#: One model of each family: vector capsules (dynamic routing), matrix capsules (EM routing), SegCaps, a CNN,
+#: Efficient-CapsNet (self-attention routing).
+FAMILIES = ["capsnet_digits", "matrix_capsnet_small", "segcaps_small", "cnn_baseline_narrow", "efficient_capsnet"]
 
 
 @pytest.fixture(scope="module")

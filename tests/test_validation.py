@@ -226,7 +226,8 @@ def test_bad_image_batches_are_refused(name):
 CHEAP = {"capsnet_digits": {}, "matrix_capsnet_small": {"input_size": (1, 28, 28)}, "cnn_baseline_narrow": {},
          "cnn_smallnorb_narrow": {}, "segcaps_small": {"input_size": (1, 16, 16)},
          "unet_small": {"input_size": (1, 16, 16)}, "capspix2pix_small": {"input_size": (10, 16, 16)},
-         "pix2pix_small": {"input_size": (10, 16, 16)}, "transforming_autoencoder": {}}
+         "pix2pix_small": {"input_size": (10, 16, 16)}, "transforming_autoencoder": {}, "efficient_capsnet": {},
+         "routing_zoo": {}}
 
 
 def test_the_cheap_models_cover_every_model_class():

@@ -1,5 +1,6 @@
 """Model families, their registry and the output contract."""
-from capsnets.models import baselines, capsnet, capspix2pix, matrix_capsnet, segcaps, transforming, unet  # noqa: F401
+from capsnets.models import (baselines, capsnet, capspix2pix, efficient_capsnet, matrix_capsnet,  # noqa: F401
+                             routing_zoo, segcaps, transforming, unet)
 from capsnets.models.baselines import BaselineCNN, SmallNorbCNN
 from capsnets.models.capsnet import CapsNet
 from capsnets.models.capspix2pix import (CapsPix2pixGenerator, PatchDiscriminator, Pix2pixGenerator,

@@ -1,0 +1,274 @@
+"""A router zoo: one convolutional backbone, one head chosen by name, so that the head is the only difference.
+
+Hahn, Pyeon & Kim (2019), "Self-Routing Capsule Networks", NeurIPS, Sec. 4 (smallNORB: capsule layers appended to
+a 7-layer CNN, compared with CNN heads), and the authors' code (coder3000/SR-CapsNet, ``models/convnet.py``,
+``ConvNet``, with its defaults ``planes=16``, ``num_caps=32``, ``caps_size=16``, ``depth=1``). The backbone: six
+3x3 convolutions (no bias) of ``w, 2w, 2w, 4w, 4w, 8w`` channels with strides ``1, 2, 1, 2, 1, 2``, each with
+batch norm and ReLU (a 4x4 map for 32x32 images). The heads (``head``):
+
+- capsule heads: a 3x3 convolution and batch norm make ``capsule_types`` primary capsules of ``capsule_dim`` at
+  every position, then class capsules of ``capsule_dim`` by one routing: ``"dynamic"``
+  (:class:`~capsnets.functional.DynamicRouting`), ``"self_attention"`` (Mazzia et al. 2021), ``"uniform"``,
+  ``"inverted_attention"`` (Tsai et al. 2020: classes read from the poses by a linear layer shared by the
+  classes, the code's ``final_fc``), ``"self_routing"`` (Hahn et al. 2019), each through
+  :class:`~capsnets.layers.LinearCapsules`, and ``"em"`` (Hinton et al. 2018: the primary capsules as 4x4
+  pose matrices with activations, class capsules by :class:`~capsnets.layers.ConvMatrixCapsules` whose kernel
+  covers the whole map, as the code's ``EmRouting2d``). Vector primary capsules are squashed; those of ``"em"``
+  and ``"self_routing"`` have activations of their own, ``sigmoid(BN(conv))``, as in the code.
+- CNN heads: ``"avg_pool"`` and ``"max_pool"`` (pooling over the map, then a linear layer) and
+  ``"fully_connected"`` (a 3x3 convolution to ``capsule_types * capsule_dim`` channels, batch norm, ReLU, then
+  a linear layer over the whole map).
+
+Each head has the loss its paper trains it with (``model.default_loss``): the margin loss on capsule lengths
+(dynamic, self-attention, uniform), the spread loss on activations (EM), cross-entropy on logits (the CNN
+heads, inverted attention, and self-routing, whose logits are the log class activations: the paper's NLL loss).
+Convolutions and linear layers start as the code's ``weights_init`` (Kaiming uniform); the vector class
+capsules' transformations normal with standard deviation 0.1, as the code's dynamic routing head. With the
+defaults and 5 classes, the dynamic, EM, pooling and fully connected heads have the parameter counts of the
+code's (1,389,872; 812,410; 144,309; 775,477). Deviation: the code's self-routing class layer has activations
+only; here its class capsules also have poses of ``capsule_dim`` (655,360 more parameters), as every vector head's.
+
+Dimension legend: ``B`` batch, ``F`` backbone channels (``8w``), ``h``/``w`` its map, ``T`` capsule types,
+``D`` capsule dim, ``K`` classes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from capsnets.capsules import MatrixCapsules
+from capsnets.functional import (DynamicRouting, EMRouting, InvertedAttentionRouting, SelfAttentionRouting,
+                                 SelfRouting, UniformRouting, capsule_length, squash)
+from capsnets.layers import ConvMatrixCapsules, LinearCapsules
+from capsnets.layers.validation import conv_output_size, image_batch, positive_int
+from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt
+from capsnets.models.output import ModelOutput
+from capsnets.models.registry import register_model
+
+#: The routings of the capsule heads, by head name.
+ROUTINGS = {"dynamic": DynamicRouting, "em": EMRouting, "self_attention": SelfAttentionRouting,
+            "inverted_attention": InvertedAttentionRouting, "self_routing": SelfRouting, "uniform": UniformRouting}
+#: Every head: the capsule heads, then the CNN heads.
+HEADS = (*ROUTINGS, "avg_pool", "max_pool", "fully_connected")
+#: The loss each head is trained with (``model.default_loss``).
+HEAD_LOSSES = {"dynamic": "margin", "self_attention": "margin", "uniform": "margin", "em": "spread",
+               "inverted_attention": "cross_entropy", "self_routing": "cross_entropy", "avg_pool": "cross_entropy",
+               "max_pool": "cross_entropy", "fully_connected": "cross_entropy"}
+_ITERATIVE = ("dynamic", "em", "inverted_attention")
+
+
+def _conv_bn(in_channels: int, out_channels: int, factory: dict, stride: int = 1) -> list[nn.Module]:
+    return [nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False, **factory),
+            nn.BatchNorm2d(out_channels, **factory)]
+
+
+class ConvBackbone(nn.Module):
+    """Hahn et al.'s 6-convolution backbone: 3x3 convolutions of ``w, 2w, 2w, 4w, 4w, 8w`` channels, strides
+    ``1, 2, 1, 2, 1, 2``, padding 1, each followed by batch norm and ReLU.
+
+    Shape:
+        ``(B, C, H, W) -> (B, 8w, h, w)``, each side ``ceil(S / 8)``.
+
+    Examples::
+
+        >>> ConvBackbone(1, 16)(torch.rand(2, 1, 32, 32)).shape
+        torch.Size([2, 128, 4, 4])
+    """
+
+    def __init__(self, in_channels: int, width: int, *, device=None, dtype=None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        widths = [width * m for m in (1, 2, 2, 4, 4, 8)]
+        layers: list[nn.Module] = []
+        for index, out_channels in enumerate(widths):
+            layers += [*_conv_bn(in_channels, out_channels, factory, stride=1 + index % 2), nn.ReLU()]
+            in_channels = out_channels
+        self.layers = nn.Sequential(*layers)
+        self.out_channels = widths[-1]
+
+    @staticmethod
+    def output_grid(height: int, width: int) -> tuple[int, int]:
+        """The ``(h, w)`` of the output map for an ``H x W`` input."""
+        for _ in range(3):
+            height, width = (conv_output_size(s, 3, 2, 1) for s in (height, width))
+        return height, width
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layers(x)
+
+
+class CapsuleHead(nn.Module):
+    """Primary capsules on the backbone's map -> class capsules by one routing (see the module docstring).
+
+    Args:
+        in_channels: channels ``F`` of the map; grid: its ``(h, w)``.
+        num_classes: class capsules ``K``.
+        routing: a key of :data:`ROUTINGS`.
+        capsule_types, capsule_dim: primary capsule types ``T`` and the dim ``D`` of every capsule (a square for
+            ``"em"``: its poses are ``sqrt(D) x sqrt(D)`` matrices).
+        routing_iterations: iterations of ``"dynamic"``, ``"em"`` or ``"inverted_attention"``; None: the
+            routing's default.
+
+    Shape:
+        ``(B, F, h, w)`` -> :class:`ModelOutput` with ``scores`` ``(B, K)`` and ``capsules`` ``(B, K, D)``.
+    """
+
+    def __init__(self, in_channels: int, grid: tuple[int, int], num_classes: int, routing: str, *,
+                 capsule_types: int = 32, capsule_dim: int = 16, routing_iterations: int | None = None,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        self.kind, self.types, self.dim = routing, capsule_types, capsule_dim
+        factory = {"device": device, "dtype": dtype}
+        settings = {} if routing_iterations is None else {"iterations": routing_iterations}
+        self.pose = nn.Sequential(*_conv_bn(in_channels, capsule_types * capsule_dim, factory))
+        self.activation = None
+        if routing in ("em", "self_routing"):
+            self.activation = nn.Sequential(*_conv_bn(in_channels, capsule_types, factory), nn.Sigmoid())
+        if routing == "em":
+            side = math.isqrt(capsule_dim)
+            if side * side != capsule_dim or grid[0] != grid[1]:
+                raise ValueError(f"head 'em' needs a square capsule_dim (4x4 poses: 16) and a square map; got "
+                                 f"capsule_dim={capsule_dim} and a {grid[0]}x{grid[1]} map")
+            self.classes = ConvMatrixCapsules(capsule_types, num_classes, kernel_size=grid[0], pose_size=side,
+                                              routing=EMRouting(**settings), **factory)
+        else:
+            self.classes = LinearCapsules(capsule_types * grid[0] * grid[1], capsule_dim, num_classes, capsule_dim,
+                                          routing=ROUTINGS[routing](**settings), init_std=0.1, **factory)
+        self.score = nn.Linear(capsule_dim, 1, **factory) if routing == "inverted_attention" else None
+
+    def forward(self, features: Tensor) -> ModelOutput:
+        batch, _, height, width = features.shape
+        pose = self.pose(features).view(batch, self.types, self.dim, height, width)  # (B, T, D, h, w)
+        if self.kind == "em":
+            return self._route_matrices(pose, self.activation(features))
+        pose = pose.permute(0, 1, 3, 4, 2).reshape(batch, -1, self.dim)  # (B, T*h*w, D)
+        if self.kind == "self_routing":  # the children's activations are their own, not their lengths
+            active = self.activation(features).flatten(1)  # (B, T*h*w), ordered as the poses
+            capsules = self.classes.routing(self.classes.predictions(pose), poses=pose, activations=active)
+            logits = torch.log(capsule_length(capsules).clamp_min(torch.finfo(capsules.dtype).tiny))
+            return ModelOutput(logits, "logits", capsules)  # (B, K): the log class activations
+        capsules = self.classes(squash(pose))  # (B, K, D)
+        if self.score is not None:
+            return ModelOutput(self.score(capsules).squeeze(-1), "logits", capsules)
+        return ModelOutput(capsule_length(capsules), "length", capsules)
+
+    def _route_matrices(self, pose: Tensor, activation: Tensor) -> ModelOutput:
+        """EM routing of ``(B, T, D, h, w)`` poses with ``(B, T, h, w)`` activations to the class capsules."""
+        batch, types, _, height, width = pose.shape
+        side = math.isqrt(self.dim)
+        pose = pose.view(batch, types, side, side, height, width).permute(0, 1, 4, 5, 2, 3)  # (B, T, h, w, P, P)
+        classes = self.classes(MatrixCapsules(pose, activation))  # (B, K, 1, 1, P, P)
+        return ModelOutput(classes.activation.flatten(1), "activation", classes.pose.flatten(2))
+
+
+class CNNHead(nn.Module):
+    """A CNN head: ``"avg_pool"``/``"max_pool"`` (pool the map, a linear layer) or ``"fully_connected"`` (a 3x3
+    convolution to ``hidden_channels``, batch norm, ReLU, a linear layer over the map).
+
+    Shape:
+        ``(B, F, h, w)`` -> :class:`ModelOutput` with ``scores`` ``(B, K)`` (logits).
+    """
+
+    def __init__(self, in_channels: int, grid: tuple[int, int], num_classes: int, kind: str, *,
+                 hidden_channels: int = 512, device=None, dtype=None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        if kind == "fully_connected":
+            self.features = nn.Sequential(*_conv_bn(in_channels, hidden_channels, factory), nn.ReLU(), nn.Flatten())
+            fan_in = hidden_channels * grid[0] * grid[1]
+        else:
+            pool = nn.AdaptiveAvgPool2d(1) if kind == "avg_pool" else nn.AdaptiveMaxPool2d(1)
+            self.features, fan_in = nn.Sequential(pool, nn.Flatten()), in_channels
+        self.linear = nn.Linear(fan_in, num_classes, **factory)
+
+    def forward(self, features: Tensor) -> ModelOutput:
+        return ModelOutput(self.linear(self.features(features)), "logits")
+
+
+class RoutingZoo(nn.Module):
+    """One backbone (:class:`ConvBackbone`) and one head by name (module docstring).
+
+    Args:
+        input_size: ``(C, H, W)``.
+        num_classes: classes ``K``.
+        head: one of :data:`HEADS`.
+        width: the backbone's first width ``w`` (the code's ``planes``).
+        capsule_types, capsule_dim: primary capsules per position and the dim of every capsule; the
+            ``"fully_connected"`` head's convolution has ``capsule_types * capsule_dim`` channels.
+        routing_iterations: iterations of the ``"dynamic"``, ``"em"`` and ``"inverted_attention"`` heads (None:
+            the routing's default, 3, 3 and 2).
+
+    Shape:
+        images ``(B, C, H, W)`` -> :class:`ModelOutput` with ``scores`` ``(B, K)``: capsule lengths, activations
+        (``"em"``) or logits (``score_kind`` says which); ``capsules`` ``(B, K, D)`` for capsule heads.
+
+    Examples::
+
+        >>> model = RoutingZoo(head="self_routing")
+        >>> out = model(torch.rand(2, 1, 32, 32))
+        >>> out.scores.shape, out.capsules.shape, model.default_loss
+        (torch.Size([2, 5]), torch.Size([2, 5, 16]), 'cross_entropy')
+        >>> RoutingZoo(head="em", input_size=(1, 28, 28), num_classes=10)(torch.rand(2, 1, 28, 28)).scores.shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5, head: str = "dynamic",
+                 width: int = 16, capsule_types: int = 32, capsule_dim: int = 16,
+                 routing_iterations: int | None = None, device=None, dtype=None) -> None:
+        super().__init__()
+        if len(tuple(input_size)) != 3:
+            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {', '.join(map(repr, HEADS))}, got {head!r}")
+        if routing_iterations is not None and head not in _ITERATIVE:
+            raise ValueError(f"routing_iterations={routing_iterations!r} is for the heads that iterate "
+                             f"({', '.join(map(repr, _ITERATIVE))}); head {head!r} has no iterations: leave it out")
+        self.input_size = tuple(int(s) for s in input_size)
+        self.num_classes = positive_int("num_classes", num_classes)
+        self.head_name, self.default_loss = head, HEAD_LOSSES[head]
+        factory = {"device": device, "dtype": dtype}
+        self.backbone = _init_as_hahn(ConvBackbone(self.input_size[0], positive_int("width", width), **factory))
+        grid = ConvBackbone.output_grid(*self.input_size[1:])
+        capsule_types = positive_int("capsule_types", capsule_types)
+        capsule_dim = positive_int("capsule_dim", capsule_dim)
+        if head in ROUTINGS:  # built after the backbone is initialised: one seed, one backbone for every head
+            self.head = CapsuleHead(self.backbone.out_channels, grid, num_classes, head, capsule_types=capsule_types,
+                                    capsule_dim=capsule_dim, routing_iterations=routing_iterations, **factory)
+        else:
+            self.head = CNNHead(self.backbone.out_channels, grid, num_classes, head,
+                                hidden_channels=capsule_types * capsule_dim, **factory)
+        _init_as_hahn(self.head)
+
+    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
+        """Class scores of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``, floating-point ones
+        cast to the parameters' dtype: :func:`~capsnets.layers.validation.image_batch`); ``labels`` are unused."""
+        dtype = self.backbone.layers[0].weight.dtype
+        images = image_batch(images, self.input_size, dtype=dtype, owner=type(self).__name__)
+        return self.head(self.backbone(images))  # (B, F, h, w) -> scores (B, K)
+
+    def extra_repr(self) -> str:
+        return f"head={self.head_name!r}, input_size={self.input_size}, num_classes={self.num_classes}"
+
+
+@torch.no_grad()
+def _init_as_hahn(module: nn.Module) -> nn.Module:
+    """``module`` with the code's ``weights_init``: Kaiming uniform (gain sqrt(2)) for convolutions and linear
+    layers."""
+    for layer in module.modules():
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_uniform_(layer.weight)
+    return module
+
+
+@register_model("routing_zoo")
+def routing_zoo(*, head: Literal[HEADS] = "dynamic", num_classes: PositiveInt = 5,
+                input_size: ImageSize = (1, 32, 32), width: PositiveInt = 16, capsule_types: PositiveInt = 32,
+                capsule_dim: PositiveInt = 16, routing_iterations: PositiveInt | None = None,
+                device: Device | None = None, dtype: DType | None = None) -> RoutingZoo:
+    """Hahn et al.'s smallNORB comparison: one backbone, the head by name (``head``: a routing or a CNN head)."""
+    return RoutingZoo(input_size=input_size, num_classes=num_classes, head=head, width=width,
+                      capsule_types=capsule_types, capsule_dim=capsule_dim, routing_iterations=routing_iterations,
+                      device=device, dtype=dtype)
