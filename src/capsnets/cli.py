@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_list_models(command("list-models", "registered models and their parameter counts, or the "
                                             "--model-arg keys of one model"))
     _add_experiment(command("experiment", "run a paper experiment, write DIR/report.md + PNGs"))
+    _add_demo(command("demo", "a local web page to see what capsules encode: draw a digit, see its class capsules, "
+                              "move their dimensions, see the routing (needs pip install -e '.[demo]')"))
     return parser
 
 
@@ -252,6 +254,23 @@ def _add_list_models(parser: argparse.ArgumentParser) -> None:
                         help="list this model's --model-arg keys with their defaults and what they take, one per line, instead "
                              "(default: list every model)")
     parser.set_defaults(handler=_list_models)
+
+
+def _add_demo(parser: argparse.ArgumentParser) -> None:
+    from capsnets.demo.source import DEMO_RUN_DIR, DEMO_TRAINING
+
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint", metavar="PATH",
+                        help="run directory (its best, else last, checkpoint) or .safetensors file of the capsule "
+                             "model to show (default: the demo model of --out)")
+    source.add_argument("--out", metavar="DIR",
+                        help=f"run directory of the demo model: trained there on the first start "
+                             f"({DEMO_TRAINING['model']} on {DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} "
+                             f"epochs, about 20 s on a CPU), loaded on later starts (default: {DEMO_RUN_DIR})")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on; 0.0.0.0 opens the demo to every machine that can reach this one")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: a free port)")
+    parser.set_defaults(handler=_demo)
 
 
 def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
@@ -520,6 +539,30 @@ def _predict(args: argparse.Namespace) -> int:
     if args.json:
         atomic_write(Path(args.json), lambda tmp: Path(tmp).write_text(text))
         print(f"wrote {args.json}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import ipaddress
+
+    try:
+        from capsnets.demo import app as server
+    except ImportError as err:
+        raise ValueError(f"the demo needs FastAPI and uvicorn ({err.name or err} is missing): "
+                         "pip install -e '.[demo]'") from None
+    from capsnets.demo.source import DEMO_RUN_DIR, load_demo_model
+
+    with server.listen(args.host, args.port) as sock:  # a busy port is refused before the model is trained
+        demo = load_demo_model(args.checkpoint, out=args.out or DEMO_RUN_DIR)
+        print(f"model: {demo.name} ({demo.kind} capsules) on {demo.dataset or 'an unknown data set'}, {demo.source}")
+        try:
+            local = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
+        except ValueError:  # a host name
+            local = False
+        if not local:
+            print(f"warning: listening on {args.host}: whoever can reach this machine can use the demo")
+        print(f"capsnets demo: open {server.url(sock)} in a browser (Ctrl+C stops it)", flush=True)
+        server.run_server(server.create_app(demo), sock)
     return 0
 
 

@@ -187,7 +187,7 @@ def _argv(data, paths: _Paths) -> list[str]:
     """One command line: a sub-command, some of its options in any order, each with a drawn value."""
     parsers = _subcommands()
     weights = {"train": 5, "evaluate": 2, "reconstruct": 1, "predict": 2, "export": 1, "experiment": 1,
-               "list-models": 1}
+               "list-models": 1, "demo": 1}
     assert set(weights) == set(parsers), "a new sub-command: give it a weight"
     command = data.draw(st.sampled_from([c for c, n in weights.items() for _ in range(n)]), label="command")
     argv = [command]
@@ -268,8 +268,9 @@ def data_root(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def offline_and_quick(monkeypatch, tmp_path, data_root):
-    """No network, no figures, experiments and the exporters' tracing stubbed (tests/test_export.py runs them), the
-    data root a folder of links, and the working directory a temporary folder."""
+    """No network, no figures, experiments, the exporters' tracing (tests/test_export.py runs them) and the demo's web
+    server stubbed (tests/demo/ runs it), the data root a folder of links, and the working directory a temporary
+    folder."""
     from capsnets import export, plots
     from capsnets.engine import reporting
     from capsnets.experiments import common
@@ -293,6 +294,14 @@ def offline_and_quick(monkeypatch, tmp_path, data_root):
         return export.ExportReport(str(path), format, ["scores"], 0.0, [1, 5], 0.0, 8)
 
     monkeypatch.setenv("CAPSNETS_DATA", str(data_root))
+    try:  # demo: the server returns at once (the socket is still bound), and its model trains in a second
+        from capsnets.demo import app as demo_app, source as demo_source
+
+        monkeypatch.setattr(demo_app, "run_server", lambda app, sock: None)
+        monkeypatch.setattr(demo_source, "DEMO_TRAINING", {**demo_source.DEMO_TRAINING, "epochs": 1,
+                                                           "limit_train": 8, "limit_test": 8, "progress": False})
+    except ImportError:  # no demo extra: the command says so in one line
+        pass
     monkeypatch.setattr(export, "export_model", stub_export)
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])

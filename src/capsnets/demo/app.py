@@ -1,0 +1,266 @@
+"""The demo's web server: the page (plain HTML, JS and CSS from ``static/``) and its JSON API, on FastAPI.
+
+Endpoints (every error is a 4xx with ``{"detail": message}``; bodies over :data:`MAX_BODY_BYTES` get 413):
+
+- ``GET /api/info``: the model, its classes, where it comes from, what the page can show for it.
+- ``GET /api/samples``: test images of the model's data set, to pick instead of drawing.
+- ``POST /api/predict``: an image (a PNG/JPEG body, or JSON ``{"image": base64 or data URL}`` or
+  ``{"pixels": [[...]]}``, with ``"frame": true`` for a drawing and ``"capsule": k`` to reconstruct class ``k``)
+  -> scores, class capsules, the reconstruction and the routing pictures.
+- ``POST /api/reconstruct``: JSON ``{"capsule": [D numbers], "class": k}`` -> the decoded image.
+- ``POST /api/perturbations``: an image as for predict -> the winning capsule's perturbation grid (Sabour et al.
+  2017, Fig. 4).
+
+:func:`serve` binds the socket (:func:`listen`, localhost by default) and runs uvicorn on it
+(:func:`run_server`). Needs the ``demo`` extra: ``pip install -e '.[demo]'``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+import torch
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from capsnets.demo.capsules import Analysis, DemoModel
+from capsnets.demo.images import data_url, decode_base64, display, heat_png, map_png, read_image, tensor_png
+from capsnets.layers.validation import ArgumentError
+from capsnets.predict import NORB_LIKE
+
+__all__ = ["MAX_BODY_BYTES", "create_app", "listen", "run_server", "serve"]
+
+logger = logging.getLogger(__name__)
+
+#: Request bodies larger than this are refused (413): a canvas drawing as PNG is ~10-30 kB.
+MAX_BODY_BYTES = 2 * 1024 * 1024
+STATIC = Path(__file__).parent / "static"
+#: File signatures of images sent as the body itself (PNG, JPEG, GIF, BMP, WebP).
+_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")
+
+Pixels = list[list[float]] | list[list[list[float]]]
+
+
+class ImageInput(BaseModel):
+    """An input image: ``image`` (a PNG/JPEG file as base64 or a data URL) or ``pixels`` (the model's input,
+    ``H x W`` or ``C x H x W`` numbers: in ``[0, 1]``, standardised for smallNORB-like data sets)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    image: str | None = Field(None, description="PNG or JPEG file, base64 or data:image/...;base64, URL")
+    pixels: Pixels | None = Field(None, description="the model's input, H x W or C x H x W numbers")
+    frame: bool = Field(False, description="a drawing: crop its strokes and scale them as the training digits")
+    capsule: int | None = Field(None, description="the class capsule to reconstruct (default: the winner)")
+
+
+class CapsuleInput(BaseModel):
+    """A class capsule vector to decode."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    capsule: list[float] = Field(description="the capsule's D numbers")
+    class_index: Annotated[int, Field(alias="class", description="the class capsule it is (the others are masked)")]
+
+
+def create_app(demo: DemoModel) -> FastAPI:
+    """The FastAPI application serving ``demo``'s page and API."""
+    app = FastAPI(title="capsnets demo", summary="See what capsules encode.", docs_url=None, redoc_url=None)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.exception_handler(ArgumentError)
+    async def bad_input(request: Request, error: ArgumentError) -> JSONResponse:
+        return JSONResponse({"detail": str(error).splitlines()[0]}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("capsnets demo: %s %s failed", request.method, request.url.path)
+        return JSONResponse({"detail": f"internal error ({type(error).__name__})"}, status_code=500)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/api/info")
+    async def info() -> dict:
+        return {**demo.info(), "max_body_bytes": MAX_BODY_BYTES}
+
+    @app.get("/api/samples")
+    async def samples() -> dict:
+        images, labels = await run_in_threadpool(demo.samples)
+        return {"samples": [{"class": int(k), "label": demo.classes[int(k)], "image": _png(demo, x),
+                             "pixels": _pixels(x)} for x, k in zip(images, labels)], "note": demo.samples_note}
+
+    @app.post("/api/predict", openapi_extra=_body_schema(ImageInput, image=True))
+    async def predict(request: Request) -> dict:
+        image, notes, request_input = await _image(request, demo)
+        analysis = await run_in_threadpool(demo.analyse, image, request_input.capsule)
+        return _analysis(demo, image, analysis, notes)
+
+    @app.post("/api/reconstruct", openapi_extra=_body_schema(CapsuleInput))
+    async def reconstruct(request: Request) -> dict:
+        body = _parse(CapsuleInput, await _read_body(request))
+        decoded = await run_in_threadpool(demo.reconstruct, torch.tensor(body.capsule), body.class_index)
+        return {"class": body.class_index, "reconstruction": data_url(tensor_png(decoded)), "pixels": _pixels(decoded)}
+
+    @app.post("/api/perturbations", openapi_extra=_body_schema(ImageInput, image=True))
+    async def perturbations(request: Request) -> dict:
+        image, _, _ = await _image(request, demo)
+        png, winner = await run_in_threadpool(demo.perturbation_png, image)
+        return {"class": winner, "label": demo.classes[winner], "grid": data_url(png)}
+
+    return app
+
+
+async def _read_body(request: Request) -> bytes:
+    """The request body, refused with 413 past :data:`MAX_BODY_BYTES` (as declared, or as it arrives)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
+        raise HTTPException(413, f"request body too large: at most {MAX_BODY_BYTES:,} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise HTTPException(413, f"request body too large: at most {MAX_BODY_BYTES:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse(schema: type[BaseModel], body: bytes) -> Any:
+    """``body`` (JSON) validated against ``schema``; 400 for what is not JSON, 422 naming the first wrong field."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise HTTPException(400, "body must be JSON (or, for an image, the PNG or JPEG file itself)") from None
+    try:
+        return schema.model_validate(data)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise HTTPException(422, f"{where}: {first['msg']}") from None
+
+
+async def _image(request: Request, demo: DemoModel) -> tuple[torch.Tensor, list[str], ImageInput]:
+    """The model input a request sends: an image file as the body, or :class:`ImageInput` JSON."""
+    body = await _read_body(request)
+    if body.startswith(_IMAGE_MAGIC) or request.headers.get("content-type", "").startswith("image/"):
+        request_input = ImageInput()
+        tensor, notes = await run_in_threadpool(read_image, body, demo.input_size, demo.dataset)
+        return tensor, notes, request_input
+    request_input = _parse(ImageInput, body)
+    if (request_input.image is None) == (request_input.pixels is None):
+        raise HTTPException(422, "send one of image (a PNG or JPEG file as base64) and pixels")
+    if request_input.image is not None:
+        tensor, notes = await run_in_threadpool(read_image, decode_base64(request_input.image), demo.input_size,
+                                                demo.dataset, frame=request_input.frame)
+        return tensor, notes, request_input
+    return _from_pixels(request_input.pixels, demo), [], request_input
+
+
+def _from_pixels(pixels: list, demo: DemoModel) -> torch.Tensor:
+    try:
+        tensor = torch.tensor(pixels, dtype=torch.float32)
+    except (ValueError, TypeError, OverflowError):
+        raise ArgumentError("pixels must be a rectangular array of numbers") from None
+    if tensor.dim() == 2:
+        tensor = tensor[None]
+    channels, height, width = demo.input_size
+    if tuple(tensor.shape) != demo.input_size:
+        wanted = f"{channels} x {height} x {width}" + (f" or {height} x {width}" if channels == 1 else "")
+        raise ArgumentError(f"pixels must be {wanted} numbers for this model, got {' x '.join(map(str, tensor.shape))}")
+    if not bool(tensor.isfinite().all()):
+        raise ArgumentError("pixels must be finite numbers")
+    if demo.dataset not in NORB_LIKE and (tensor.min() < 0 or tensor.max() > 1):
+        raise ArgumentError("pixels must lie in [0, 1]")
+    return tensor
+
+
+def _analysis(demo: DemoModel, image: torch.Tensor, analysis: Analysis, notes: list[str]) -> dict:
+    """An :class:`Analysis` as the JSON the page reads."""
+    result = {"input": _png(demo, image), "notes": notes, "classes": demo.classes,
+              "scores": analysis.scores.tolist(), "prediction": analysis.prediction,
+              "label": demo.classes[analysis.prediction], "shown": analysis.shown,
+              "capsules": analysis.capsules.tolist(), "reconstruction": None, "couplings": None}
+    if analysis.reconstruction is not None:
+        result["reconstruction"] = data_url(tensor_png(analysis.reconstruction))
+    if analysis.couplings is not None:
+        maps = analysis.couplings.float()
+        top = float(maps.max())
+        result["couplings"] = {
+            "grid": list(maps.shape[1:]), "values": maps.tolist(), "what": _couplings_text(demo, maps),
+            "overlay": data_url(heat_png(display(image, demo.dataset), maps[analysis.shown], top=top)),
+            "maps": [data_url(map_png(m, top)) for m in maps]}
+    return result
+
+
+def _couplings_text(demo: DemoModel, maps: torch.Tensor) -> str:
+    height, width = maps.shape[1:]
+    if demo.kind == "vector":
+        return (f"c_ij |u_i|: each primary capsule's final routing coupling to class j times its length, summed "
+                f"over the capsule types at each position of the {height}x{width} primary capsule grid")
+    return (f"R_ij a_i: each ConvCaps2 capsule's final EM assignment to class j times its activation, summed over "
+            f"the capsule types at each position of the {height}x{width} grid")
+
+
+def _png(demo: DemoModel, image: torch.Tensor) -> str:
+    return data_url(tensor_png(display(image, demo.dataset)))
+
+
+def _pixels(image: torch.Tensor) -> list:
+    """A ``(C, H, W)`` image as nested lists (``H x W`` for one channel), rounded to 4 decimals."""
+    image = image.detach().float().cpu()
+    values = (image[0] if image.shape[0] == 1 else image).mul(1e4).round().div(1e4)
+    return values.tolist()
+
+
+def _body_schema(schema: type[BaseModel], image: bool = False) -> dict:
+    """The OpenAPI request body of an endpoint that reads its body itself."""
+    content: dict[str, Any] = {"application/json": {"schema": schema.model_json_schema()}}
+    if image:
+        content.update({kind: {"schema": {"type": "string", "format": "binary"}} for kind in ("image/png",
+                                                                                                "image/jpeg")})
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (port 0: a free one).
+
+    Raises:
+        ArgumentError: an empty host or a port outside 0-65535.
+        OSError: the address cannot be used (naming it and why).
+    """
+    if not isinstance(host, str) or not host.strip():
+        raise ArgumentError(f"host must name an address to listen on, such as 127.0.0.1, got {host!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ArgumentError(f"port must be an integer in [0, 65535] (0: a free port), got {port!r}")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family)
+    except (OSError, UnicodeError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise OSError(f"cannot listen on {host}:{port}: {reason}") from None
+
+
+def run_server(app: FastAPI, sock: socket.socket) -> None:
+    """Serve ``app`` with uvicorn on the listening socket ``sock`` until interrupted."""
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def serve(demo: DemoModel, host: str = "127.0.0.1", port: int = 8000,
+          announce: Callable[[str], None] = print) -> None:
+    """Serve ``demo`` on ``host``:``port`` until interrupted, announcing its address."""
+    with listen(host, port) as sock:
+        announce(f"capsnets demo: {url(sock)}")
+        run_server(create_app(demo), sock)
+
+
+def url(sock: socket.socket) -> str:
+    """The page's address on a listening socket."""
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/"

@@ -1,0 +1,270 @@
+"""What the demo page shows of a trained capsule classifier: class capsules, reconstructions, routing.
+
+:class:`DemoModel` wraps a vector capsule network (:class:`~capsnets.models.capsnet.CapsNet`, Sabour, Frosst &
+Hinton 2017) or a matrix capsule network (:class:`~capsnets.models.matrix_capsnet.MatrixCapsNet`, Hinton, Sabour
+& Frosst 2018) and answers the page's questions about one input: the class capsules and their lengths (or
+activations), the reconstruction from one capsule, a capsule vector decoded as the user moves its dimensions,
+the paper's perturbation grid (Fig. 4, drawn by :mod:`capsnets.experiments.dimensions`), and what the routing
+sent to each class capsule.
+
+The routing picture is :func:`capsnets.experiments.dimensions.routing_map`'s, for every class: each child
+capsule's final coupling to the class times the child's length (vector capsules) or activation (matrix
+capsules), summed over capsule types, on the child capsules' grid. Matrix capsule networks have no decoder: no
+reconstruction, sliders or perturbation grid for them. Their class layer's assignments are read by wrapping its
+routing for one call (:func:`_recording_assignments`), as the layer does not return them.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from capsnets.functional import capsule_length
+from capsnets.layers.validation import ArgumentError
+from capsnets.models.capsnet import CapsNet
+from capsnets.models.matrix_capsnet import MatrixCapsNet
+
+__all__ = ["Analysis", "DemoModel"]
+
+
+@dataclass
+class Analysis:
+    """One input as the page shows it.
+
+    Attributes:
+        scores: ``(K,)`` class capsule lengths (vector capsules) or activations (matrix capsules).
+        capsules: ``(K, D)`` class capsule vectors, or flattened ``P x P`` poses.
+        prediction: the class with the highest score.
+        shown: the capsule the reconstruction and the sliders are of.
+        reconstruction: ``(C, H, W)`` decoded from capsule ``shown`` alone; None without a decoder.
+        couplings: ``(K, h, w)`` what the routing sent to each class capsule, on the child capsules' grid;
+            None where the routing does not expose it.
+    """
+
+    scores: Tensor
+    capsules: Tensor
+    prediction: int
+    shown: int
+    reconstruction: Tensor | None
+    couplings: Tensor | None
+
+
+class DemoModel:
+    """A trained capsule classifier, evaluated one input at a time (thread-safe: one call at a time).
+
+    Args:
+        model: a :class:`CapsNet` or a :class:`MatrixCapsNet` (put in eval mode).
+        classes: the class names (default ``"0"``, ``"1"``...).
+        dataset: the data set it was trained on (how inputs are prepared; its test images are offered).
+        source: where the model comes from, in words (shown on the page).
+        name: the registered model name.
+        data_dir, image_size: how to load ``dataset``'s test images (as recorded in the training's config).
+
+    Raises:
+        ArgumentError: another kind of model.
+    """
+
+    def __init__(self, model: nn.Module, *, classes: Sequence[str] | None = None, dataset: str | None = None,
+                 source: str = "", name: str | None = None, data_dir: str | None = None,
+                 image_size=None) -> None:
+        if isinstance(model, CapsNet):
+            self.kind = "vector"
+        elif isinstance(model, MatrixCapsNet):
+            self.kind = "matrix"
+        else:
+            raise ArgumentError(f"the demo shows capsule classifiers (CapsNet and matrix capsule models), not "
+                                f"{name or type(model).__name__} ({type(model).__name__})")
+        self.model = model.eval()
+        self.num_classes = int(model.num_classes)
+        self.classes = [str(c) for c in classes] if classes is not None else [str(k) for k in
+                                                                               range(self.num_classes)]
+        if len(self.classes) != self.num_classes:
+            raise ArgumentError(f"classes must name the model's {self.num_classes} classes, got {len(self.classes)}")
+        self.input_size = tuple(int(s) for s in model.input_size)
+        self.dataset, self.source, self.name = dataset, source, name or type(model).__name__
+        self.data_dir, self.image_size = data_dir, image_size
+        self.decoder = getattr(model, "decoder", None)
+        self.capsule_dim = self.decoder.capsule_dim if self.decoder is not None else None
+        self._lock = threading.Lock()
+        self._samples: tuple[Tensor, Tensor] | None = None
+        self.samples_note = ""
+
+    def info(self) -> dict:
+        """What the page needs to lay itself out (JSON-able)."""
+        matrix = self.kind == "matrix"
+        return {"model": self.name, "kind": self.kind, "source": self.source, "dataset": self.dataset,
+                "classes": self.classes, "input_size": list(self.input_size),
+                "score": "activation" if matrix else "length", "decoder": self.decoder is not None,
+                "capsule_dim": self.capsule_dim,
+                "pose_size": int(self.model.classes.pose_size) if matrix else None,
+                "note": self._note()}
+
+    def _note(self) -> str:
+        if self.kind == "matrix":
+            return ("Matrix capsules: each class capsule is a 4x4 pose matrix and an activation. This model has "
+                    "no decoder, so there is no reconstruction, no slider and no perturbation grid; the poses are "
+                    "shown instead.")
+        if self.decoder is None:
+            return "This model was built without a decoder: no reconstruction, slider or perturbation grid."
+        return ""
+
+    @torch.no_grad()
+    def analyse(self, image: Tensor, capsule: int | None = None) -> Analysis:
+        """Class capsules, the reconstruction from capsule ``capsule`` (default: the winner) and the routing
+        picture of one ``(C, H, W)`` input."""
+        self._check_image(image)
+        if capsule is not None:
+            self._check_class(capsule)
+        with self._lock:
+            if self.kind == "vector":
+                capsules, couplings = self._vector(image)
+                scores = capsule_length(capsules)
+            else:
+                scores, capsules, couplings = self._matrix(image)
+            prediction = int(scores.argmax())
+            shown = prediction if capsule is None else capsule
+            reconstruction = None
+            if self.decoder is not None:
+                reconstruction = self.decoder(capsules[None], torch.tensor([shown]))[0]
+        return Analysis(scores, capsules, prediction, shown, reconstruction, couplings)
+
+    def _vector(self, image: Tensor) -> tuple[Tensor, Tensor]:
+        """Class capsules ``(K, D)`` and coupling maps ``(K, H', W')`` (routing_map's, for every class)."""
+        model = self.model
+        features = torch.relu(model.conv(image[None]))  # (1, conv_channels, H1, W1)
+        primary = model.primary(features)  # (1, T*H'*W', D_p), ordered (type, row, col)
+        capsules, couplings = model.classes(primary, return_couplings=True)  # (1, K, D), (1, I, K)
+        grid = model.primary.output_grid(*features.shape[-2:])  # (H', W')
+        routed = couplings[0] * capsule_length(primary[0])[:, None]  # (I, K): c[i, j] |u_i|
+        return capsules[0], routed.T.reshape(self.num_classes, -1, *grid).sum(dim=1)
+
+    def _matrix(self, image: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Activations ``(K,)``, flattened poses ``(K, P*P)`` and assignment maps ``(K, h, w)`` (or None)."""
+        children = {}
+        hook = self.model.classes.register_forward_hook(lambda layer, inputs, output: children.update(caps=inputs[0]))
+        try:
+            with _recording_assignments(self.model.classes) as record:
+                output = self.model(image[None])
+        finally:
+            hook.remove()
+        maps = None
+        if "assignments" in record:  # (1, H*W*T, K), children ordered (row, col, type)
+            caps = children["caps"]
+            activation = caps.activation.permute(0, 2, 3, 1).reshape(-1)  # (H*W*T,)
+            routed = record["assignments"][0] * activation[:, None]  # (I, K)
+            maps = routed.view(*caps.grid, caps.types, -1).sum(dim=2).permute(2, 0, 1)  # (K, h, w)
+        return output.scores[0], output.capsules[0], maps
+
+    @torch.no_grad()
+    def reconstruct(self, vector: Tensor, index: int) -> Tensor:
+        """Decode class capsule ``index`` set to ``vector`` ``(D,)``, the others masked: ``(C, H, W)``."""
+        self._require_decoder()
+        self._check_class(index)
+        vector = torch.as_tensor(vector, dtype=torch.float32)
+        if vector.shape != (self.capsule_dim,) or not bool(vector.isfinite().all()):
+            raise ArgumentError(f"capsule must be {self.capsule_dim} finite numbers, got shape {tuple(vector.shape)}")
+        capsules = torch.zeros(1, self.num_classes, self.capsule_dim)
+        capsules[0, index] = vector
+        with self._lock:
+            return self.decoder(capsules, torch.tensor([index]))[0]
+
+    def perturbation_png(self, image: Tensor) -> tuple[bytes, int]:
+        """The perturbation grid of the winning capsule (paper Fig. 4) as a PNG, and the winning class, drawn by
+        :func:`~capsnets.experiments.dimensions.perturbation_grid` and
+        :func:`~capsnets.experiments.dimensions.plot_grid`."""
+        from capsnets.experiments.dimensions import perturbation_grid, plot_grid
+
+        self._require_decoder()
+        self._check_image(image)
+        with self._lock:
+            grid, winner = perturbation_grid(self.model, image)
+        with tempfile.TemporaryDirectory() as folder:
+            return _trimmed(plot_grid(grid, winner, Path(folder) / "grid.png")), winner
+
+    def samples(self, per_class: int = 2) -> tuple[Tensor, Tensor]:
+        """The first ``per_class`` test images of each class, ``(N, C, H, W)``, and their labels ``(N,)``; empty
+        (with :attr:`samples_note` saying why) when the data set cannot be read here."""
+        if self._samples is None:
+            self._samples = self._load_samples(per_class)
+        return self._samples
+
+    def _load_samples(self, per_class: int) -> tuple[Tensor, Tensor]:
+        from capsnets.data import load_dataset
+
+        empty = (torch.zeros(0, *self.input_size), torch.zeros(0, dtype=torch.long))
+        if self.dataset is None:
+            self.samples_note = "the model does not record its data set: draw, or send your own images"
+            return empty
+        try:
+            data = load_dataset(self.dataset, root=self.data_dir, train=False, image_size=self.image_size)
+        except (OSError, ValueError, KeyError) as err:  # DatasetError, missing files...
+            self.samples_note = (f"the test images of {self.dataset} cannot be read here "
+                                 f"({str(err).splitlines()[0] if str(err) else type(err).__name__})")
+            return empty
+        if tuple(data.images.shape[1:]) != self.input_size:
+            self.samples_note = f"the test images of {self.dataset} do not fit the model's input {self.input_size}"
+            return empty
+        chosen = [i for k in range(self.num_classes) for i in (data.labels == k).nonzero()[:per_class, 0].tolist()]
+        return data.images[chosen].float(), data.labels[chosen]
+
+    def _check_image(self, image: Tensor) -> None:
+        if not isinstance(image, Tensor) or tuple(image.shape) != self.input_size:
+            shape = tuple(image.shape) if isinstance(image, Tensor) else type(image).__name__
+            raise ArgumentError(f"image must have the model's input size {self.input_size}, got {shape}")
+
+    def _check_class(self, index) -> None:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.num_classes:
+            raise ArgumentError(f"class must be an integer in [0, {self.num_classes - 1}], got {index!r}")
+
+    def _require_decoder(self) -> None:
+        if self.decoder is None:
+            raise ArgumentError(f"model {self.name} has no decoder, so it cannot reconstruct: {self._note()}")
+
+
+def _trimmed(png: Path, margin: int = 6) -> bytes:
+    """A figure's PNG without its white border (but ``margin`` pixels of it)."""
+    from PIL import Image, ImageChops
+
+    with Image.open(png) as figure:
+        figure = figure.convert("RGB")
+    box = ImageChops.difference(figure, Image.new("RGB", figure.size, "white")).getbbox()
+    if box is not None:
+        left, top, right, bottom = box
+        figure = figure.crop((max(0, left - margin), max(0, top - margin), min(figure.width, right + margin),
+                              min(figure.height, bottom + margin)))
+    buffer = io.BytesIO()
+    figure.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def _recording_assignments(layer: nn.Module):
+    """Within the block, ``layer``'s routing also records its final assignments ``(B, I, J)`` in the dict it
+    yields (key ``"assignments"``; absent where the routing takes no ``return_assignments``)."""
+    original, record = layer.routing, {}
+    try:
+        records = "return_assignments" in inspect.signature(original).parameters
+    except (TypeError, ValueError):  # no signature to read
+        records = False
+
+    def recording(*args, **kwargs):
+        pose, activation, assignments = original(*args, return_assignments=True, **kwargs)
+        record["assignments"] = assignments
+        return pose, activation
+
+    if not records:
+        yield record
+        return
+    layer.routing = recording
+    try:
+        yield record
+    finally:
+        layer.routing = original

@@ -1,0 +1,106 @@
+"""Where the demo's model comes from: a run directory or checkpoint the user names, or one the demo trains.
+
+No pretrained weights are shipped yet. Without a checkpoint, :func:`load_demo_model` trains
+:data:`DEMO_TRAINING` (``capsnet_digits`` on scikit-learn's 8x8 digits, offline, about 20 s on 2 CPU cores, about
+97% test accuracy) into a run directory on the first start and loads it from there on later starts; a training
+interrupted there is continued.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from capsnets.demo.capsules import DemoModel
+from capsnets.layers.validation import ArgumentError
+
+__all__ = ["DEMO_RUN_DIR", "DEMO_TRAINING", "load_demo_model"]
+
+logger = logging.getLogger(__name__)
+
+#: The run directory the demo model is trained into and loaded from when no checkpoint is named.
+DEMO_RUN_DIR = "runs/demo"
+#: The demo model's training (:class:`~capsnets.engine.TrainConfig` fields; ``out`` is the run directory).
+DEMO_TRAINING = {"model": "capsnet_digits", "dataset": "digits", "epochs": 10, "batch_size": 32, "device": "cpu"}
+
+
+def load_demo_model(checkpoint: str | os.PathLike | None = None, *, out: str | os.PathLike = DEMO_RUN_DIR
+                    ) -> DemoModel:
+    """The model the demo shows, on the CPU, with a sentence saying where it comes from (``DemoModel.source``).
+
+    Args:
+        checkpoint: a run directory (its best checkpoint) or a ``.safetensors`` checkpoint; None: the demo model
+            in ``out``.
+        out: the demo model's run directory: loaded when it holds a finished training, continued when it holds an
+            interrupted one, trained (:data:`DEMO_TRAINING`) when it is missing or empty.
+
+    Raises:
+        ValueError: the checkpoint cannot be loaded, or ``out`` holds other files (naming it).
+    """
+    from capsnets.engine.checkpoint import load_model
+
+    if checkpoint is not None:
+        model, loaded = load_model(checkpoint, "cpu")
+        return _demo_model(model, loaded, f"loaded from {loaded.path}{_epoch(loaded)}")
+    run = Path(out)
+    if (run / "summary.json").is_file():
+        model, loaded = load_model(run, "cpu")
+        return _demo_model(model, loaded, f"loaded from {loaded.path}{_epoch(loaded)}, trained by an earlier start "
+                                          "of the demo or by capsnets train")
+    seconds = _train(run)
+    model, loaded = load_model(run, "cpu")
+    return _demo_model(model, loaded, f"trained now in {seconds:.0f} s ({DEMO_TRAINING['model']} on "
+                                      f"{DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} epochs), saved in "
+                                      f"{run}: the next start loads it")
+
+
+def _train(run: Path) -> float:
+    """Train :data:`DEMO_TRAINING` into ``run`` (or continue it there); the seconds it took."""
+    from capsnets.engine import TrainConfig, train
+
+    if run.exists() and not run.is_dir():
+        raise ArgumentError(f"'{run}' is a file, not a run directory for the demo model; name another --out")
+    resume = (run / "last.safetensors").is_file()
+    if not resume and run.is_dir() and any(run.iterdir()):
+        raise ArgumentError(f"'{run}' holds files but no demo model; name another --out, or empty it")
+    logger.info("%s the demo model (%s on %s, %d epochs, about 20 s) in %s", "continuing" if resume else "training",
+                DEMO_TRAINING["model"], DEMO_TRAINING["dataset"], DEMO_TRAINING["epochs"], run)
+    start = time.perf_counter()
+    train(TrainConfig(**DEMO_TRAINING, out=str(run)), resume=resume)
+    return time.perf_counter() - start
+
+
+def _demo_model(model, checkpoint, source: str) -> DemoModel:
+    meta = checkpoint.meta
+    dataset = meta.get("dataset")
+    if not isinstance(dataset, str):
+        dataset = None
+    elif not dataset.startswith("folder:"):
+        dataset = dataset.lower().replace("-", "_")  # as the data registry names it
+    config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    accuracy = (meta.get("metrics") or {}).get("test_accuracy") if isinstance(meta.get("metrics"), dict) else None
+    if isinstance(accuracy, float):
+        source += f"; test accuracy {100 * accuracy:.1f}%"
+    image_size = config.get("image_size") if str(dataset).startswith("folder:") else None
+    return DemoModel(model, classes=_class_names(meta, int(model.num_classes)), dataset=dataset, source=source,
+                     name=meta.get("model"), data_dir=config.get("data_dir"), image_size=image_size)
+
+
+def _epoch(checkpoint) -> str:
+    epoch = checkpoint.meta.get("epoch")
+    return f" (epoch {epoch})" if epoch is not None else ""
+
+
+def _class_names(meta: dict, count: int) -> list[str]:
+    """The class names a checkpoint records, else its data set's, else ``0``, ``1``... (as ``capsnets predict``)."""
+    from capsnets.data import dataset_info
+
+    recorded = meta.get("classes")
+    if isinstance(recorded, list) and len(recorded) == count:
+        return [str(name) for name in recorded]
+    try:
+        names = list(dataset_info(meta.get("dataset") or "").classes)
+    except (ValueError, KeyError, OSError):
+        names = []
+    return [str(name) for name in names] if len(names) == count else [str(k) for k in range(count)]

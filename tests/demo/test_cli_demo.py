@@ -1,0 +1,92 @@
+"""``capsnets demo``: it says which model it shows and where, listens on localhost by default, and bad input is one
+error line (the server itself is replaced by a stub that returns at once)."""
+from __future__ import annotations
+
+import re
+import socket
+
+import pytest
+
+from capsnets.cli import build_parser, main
+
+
+@pytest.fixture
+def served(monkeypatch, web):
+    """What ``run_server`` was given, instead of running uvicorn."""
+    from capsnets.demo import app
+
+    calls = []
+    monkeypatch.setattr(app, "run_server", lambda application, sock: calls.append((application, sock.getsockname())))
+    return calls
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("capsnets demo: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_demo_serves_a_checkpoint_and_says_which(trained_run, served, capsys):
+    assert main(["demo", "--checkpoint", trained_run, "--port", "0"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"model: capsnet_digits \(vector capsules\) on digits, loaded from .*best\.safetensors "
+                     r"\(epoch 5\)", out), out
+    assert re.search(r"open http://127\.0\.0\.1:\d+/ in a browser", out) and "warning" not in out
+    (application, (host, port)), = served
+    assert host == "127.0.0.1" and port > 0 and application.title == "capsnets demo"
+
+
+def test_demo_loads_its_run_directory_on_a_second_start(trained_run, served, capsys):
+    assert main(["demo", "--out", trained_run, "--port", "0"]) == 0
+    assert "trained by an earlier start of the demo" in capsys.readouterr().out
+
+
+def test_demo_listens_on_localhost_by_default_and_warns_otherwise(trained_run, served, capsys):
+    args = build_parser().parse_args(["demo"])
+    assert (args.host, args.port, args.checkpoint, args.out) == ("127.0.0.1", 8000, None, None)
+    assert main(["demo", "--checkpoint", trained_run, "--host", "0.0.0.0", "--port", "0"]) == 0
+    assert "warning: listening on 0.0.0.0" in capsys.readouterr().out
+
+
+def test_demo_help_gives_every_option_with_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option in ("--checkpoint", "--out", "--host", "--port"):
+        assert re.search(re.escape(option) + r" \w+ .*?\(default: [^)]+\)", text), option
+    assert "(default: runs/demo)" in text and "(default: 127.0.0.1)" in text and "(default: 8000)" in text
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--port", "70000"], "port must be an integer in [0, 65535]"),
+    (["--port", "-1"], "port must be"),
+    (["--host", "", "--port", "0"], "host must name an address"),
+    (["--host", "no.such.host.invalid", "--port", "0"], "cannot listen on no.such.host.invalid:0"),
+    (["--checkpoint", "missing/run", "--port", "0"], "missing/run"),
+])
+def test_bad_input_is_one_error_line(argv, words, served, capsys, tmp_path):
+    assert main(["demo", *argv]) == 1
+    assert words in one_error_line(capsys.readouterr().err)
+    assert not served
+
+
+def test_a_busy_port_is_refused_before_anything_is_trained(served, capsys, tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        assert main(["demo", "--port", str(port), "--out", str(tmp_path / "run")]) == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_that_is_no_capsule_classifier_is_one_error_line(served, capsys, tmp_path):
+    from capsnets.engine import reporting
+
+    run = tmp_path / "cnn"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
+        assert main(["train", "--model", "cnn_baseline_narrow", "--dataset", "digits", "--epochs", "1",
+                     "--limit-train", "8", "--limit-test", "8", "--device", "cpu", "--no-progress", "--out",
+                     str(run)]) == 0
+    capsys.readouterr()
+    assert main(["demo", "--checkpoint", str(run), "--port", "0"]) == 1
+    assert "capsule classifiers" in one_error_line(capsys.readouterr().err)
