@@ -29,6 +29,8 @@ steps (the order of docs/gpu.md; each fits a 10-minute command):
   segmentation-bn          segmentation with a batch-normed U-Net (if the plain one collapses)
   affnist-synthesis        affnist (most of the command, so the CNN reaches its target) and synthesis
   matrix-mnist             matrix_capsnet on MNIST, 8 minutes at a time, resumed from its last checkpoint
+  routers                  every routing_zoo head, seeds 0 1 2, 2.5 minutes of training per seed (MINUTES:
+                           time_limit_minutes), continued from $RUNS/ckpt/routers until trainings_left is 0
   pack                     split the viewpoints checkpoints into 15 MB parts under $BUNDLE_DIR/ckpt-parts
   unpack DIR               restore checkpoints packed by `pack` from the parts in DIR into $RUNS/ckpt
 
@@ -170,6 +172,11 @@ run_step() {
         fi
         start matrix-mnist "$PY" -m capsnets train --dataset mnist "${limits[@]}" --device "$DEVICE" \
             --time-limit "${MINUTES:-8}" --no-progress --out "$out" "${resume[@]}"
+        wait_all
+        ;;
+    routers)
+        start routers "$PY" -m capsnets experiment routers "${SMOKE[@]}" --out "$RUNS/out/routers" --device "$DEVICE" \
+            --checkpoint-dir "$CKPT/routers" --seeds 0 1 2 --set "time_limit_minutes=${MINUTES:-2.5}"
         wait_all
         ;;
     *)

@@ -213,6 +213,8 @@ _SMOKE = {
     "viewpoints": dict(train_size=24, test_size=12),
     "segmentation": dict(images_per_epoch=64, test_images=16),
     "synthesis": dict(train_images=32, test_images=16),
+    "routers": dict(fashion_train_size=64, affnist_train_size=64, affnist_val_size=32, viewpoints_train_size=32,
+                    test_size=32, throughput_steps=1, throughput_repeats=1),
 }
 
 

@@ -22,7 +22,8 @@ from .report import ExperimentResult, markdown_table, percent, save_figure, sett
 from .seeds import run_experiment_seeds, summarise_seeds
 from .training import TrainingState, evaluate_accuracy, load_or_train, train_classifier
 
-_MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints", "segmentation", "synthesis")
+_MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints", "segmentation", "synthesis",
+            "routers")
 
 for _name in _MODULES:
     importlib.import_module(f"{__name__}.{_name}")

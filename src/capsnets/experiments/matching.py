@@ -6,21 +6,32 @@ CNN").
 - :func:`train_matched`: train, score on the familiar views a few times per epoch, keep the chosen
   evaluation; a training its time limit cut short can be continued by a later process.
 - :func:`error_rate`: the fraction of a data set a model gets wrong.
+- the paper's viewpoint splits (:func:`familiar_mask`, :func:`viewpoint_split`: the familiar and novel views
+  of the azimuth and elevation splits) and :func:`load_norb_like` (smallNORB, else the offline viewpoint set),
+  shared by the experiments that compare models on novel viewpoints.
 """
 from __future__ import annotations
 
 import copy
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from capsnets.data import DeviceLoader, TensorData
+from capsnets.data import DatasetError, DeviceLoader, TensorData, load_dataset, norb_protocol
 from capsnets.engine.evaluate import evaluate
 from capsnets.engine.fit import TrainState, fit, training_step
 from capsnets.engine.runtime import resolve_amp
 from capsnets.losses import create_loss
 
-__all__ = ["train_matched", "error_rate"]
+__all__ = ["train_matched", "error_rate", "AZIMUTH_FAMILIAR", "ELEVATION_FAMILIAR", "SPLITS", "familiar_mask",
+           "viewpoint_split", "load_norb_like"]
+
+#: smallNORB azimuth field values (x10 degrees) of the paper's training views: 300 .. 40 degrees.
+AZIMUTH_FAMILIAR = (30, 32, 34, 0, 2, 4)
+#: Elevation indices of the training views: the three lowest (30, 35, 40 degrees).
+ELEVATION_FAMILIAR = (0, 1, 2)
+SPLITS = ("azimuth", "elevation")
+
 
 
 def error_rate(model: nn.Module, data: TensorData) -> float:
@@ -118,3 +129,48 @@ class _OneBasedLoader(DeviceLoader):
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch + 1)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The viewpoint splits (Hinton, Sabour & Frosst 2018, Sec. 5.2)
+
+
+def familiar_mask(info: dict[str, Tensor], split: str) -> Tensor:
+    """``(N,)`` bool: which examples are at the training (familiar) views of ``split``."""
+    if split == "azimuth":
+        return torch.isin(info["azimuth"], torch.tensor(AZIMUTH_FAMILIAR, device=info["azimuth"].device))
+    if split == "elevation":
+        return torch.isin(info["elevation"], torch.tensor(ELEVATION_FAMILIAR, device=info["elevation"].device))
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def viewpoint_split(train: TensorData, test: TensorData, split: str) -> dict[str, TensorData]:
+    """``{"train": train split at familiar views, "familiar": test split at familiar views, "novel": the rest
+    of the test split}``, selected on the ``info`` fields."""
+    familiar = familiar_mask(test.info, split)
+    return {"train": train.select(familiar_mask(train.info, split)), "familiar": test.select(familiar),
+            "novel": test.select(~familiar)}
+
+
+def load_norb_like(data_dir, device: str, *, render_instances: int | None = None,
+                   render_lightings=None) -> tuple[TensorData, TensorData, str]:
+    """``(train, test, source)``: smallNORB if its files are under ``data_dir``, else the viewpoint set
+    (the whole cached grid, or, with ``render_instances`` / ``render_lightings``, a smaller one rendered now)."""
+    try:
+        return (load_dataset("smallnorb", root=data_dir, train=True, device=device),
+                load_dataset("smallnorb", root=data_dir, train=False, device=device), "smallNORB")
+    except DatasetError as err:
+        reason = str(err).splitlines()[0].split(". Fix:")[0]
+    if render_instances is None and render_lightings is None:
+        splits = [load_dataset("viewpoints", root=data_dir, train=t, device=device) for t in (True, False)]
+        return (*splits, f"the offline rendered viewpoint set (smallNORB not found: {reason})")
+    from capsnets.data.viewpoints import render_viewpoints, split_instances
+
+    splits = []
+    for train in (True, False):
+        name = "train" if train else "test"
+        instances = None if render_instances is None else list(split_instances(name)[:render_instances])
+        raw = render_viewpoints(name, instances=instances, lightings=render_lightings)
+        splits.append(norb_protocol(raw, train, name="viewpoints").to(device))
+    return (*splits, f"the offline rendered viewpoint set, a reduced grid ({render_instances or 5} toy(s) per class "
+                     f"and split, lightings {render_lightings or 'all'}; smallNORB not found: {reason})")

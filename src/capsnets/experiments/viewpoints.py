@@ -47,24 +47,20 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
-from torch import Tensor, nn
+from torch import nn
 
-from capsnets.data import DatasetError, TensorData, load_dataset, norb_protocol
+from capsnets.data import TensorData
 from capsnets.engine.runtime import seed_everything
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import STOPPED, matched_role, save_figure, viewpoint_sections, write_report
-from capsnets.experiments.matching import error_rate, train_matched
+from capsnets.experiments.matching import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, SPLITS, error_rate, familiar_mask,
+                                           load_norb_like, train_matched, viewpoint_split)
 from capsnets.engine import TrainState
 from capsnets.experiments.training import checkpoint_name, load_or_train, minutes_to_seconds
 from capsnets.models import count_parameters, create_model
 
 __all__ = ["AZIMUTH_FAMILIAR", "ELEVATION_FAMILIAR", "familiar_mask", "viewpoint_split", "build_model", "run"]
 
-#: smallNORB azimuth field values (x10 degrees) of the paper's training views: 300 .. 40 degrees.
-AZIMUTH_FAMILIAR = (30, 32, 34, 0, 2, 4)
-#: Elevation indices of the training views: the three lowest (30, 35, 40 degrees).
-ELEVATION_FAMILIAR = (0, 1, 2)
-SPLITS = ("azimuth", "elevation")
 NUM_CLASSES, INPUT_SIZE = 5, (1, 32, 32)
 
 
@@ -111,49 +107,8 @@ class Settings(ExperimentSettings):
 # Splits
 
 
-def familiar_mask(info: dict[str, Tensor], split: str) -> Tensor:
-    """``(N,)`` bool: which examples are at the training (familiar) views of ``split``."""
-    if split == "azimuth":
-        return torch.isin(info["azimuth"], torch.tensor(AZIMUTH_FAMILIAR, device=info["azimuth"].device))
-    if split == "elevation":
-        return torch.isin(info["elevation"], torch.tensor(ELEVATION_FAMILIAR, device=info["elevation"].device))
-    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-
-
-def viewpoint_split(train: TensorData, test: TensorData, split: str) -> dict[str, TensorData]:
-    """``{"train": train split at familiar views, "familiar": test split at familiar views, "novel": the rest
-    of the test split}``, selected on the ``info`` fields."""
-    familiar = familiar_mask(test.info, split)
-    return {"train": train.select(familiar_mask(train.info, split)), "familiar": test.select(familiar),
-            "novel": test.select(~familiar)}
-
-
 def _prefix(data: TensorData, size: int | None) -> TensorData:
     return data if size is None or size >= len(data) else data.subset(size)
-
-
-def load_norb_like(data_dir, device: str, *, render_instances: int | None = None,
-                   render_lightings=None) -> tuple[TensorData, TensorData, str]:
-    """``(train, test, source)``: smallNORB if its files are under ``data_dir``, else the viewpoint set
-    (the whole cached grid, or, with ``render_instances`` / ``render_lightings``, a smaller one rendered now)."""
-    try:
-        return (load_dataset("smallnorb", root=data_dir, train=True, device=device),
-                load_dataset("smallnorb", root=data_dir, train=False, device=device), "smallNORB")
-    except DatasetError as err:
-        reason = str(err).splitlines()[0].split(". Fix:")[0]
-    if render_instances is None and render_lightings is None:
-        splits = [load_dataset("viewpoints", root=data_dir, train=t, device=device) for t in (True, False)]
-        return (*splits, f"the offline rendered viewpoint set (smallNORB not found: {reason})")
-    from capsnets.data.viewpoints import render_viewpoints, split_instances
-
-    splits = []
-    for train in (True, False):
-        name = "train" if train else "test"
-        instances = None if render_instances is None else list(split_instances(name)[:render_instances])
-        raw = render_viewpoints(name, instances=instances, lightings=render_lightings)
-        splits.append(norb_protocol(raw, train, name="viewpoints").to(device))
-    return (*splits, f"the offline rendered viewpoint set, a reduced grid ({render_instances or 5} toy(s) per class "
-                     f"and split, lightings {render_lightings or 'all'}; smallNORB not found: {reason})")
 
 
 # --------------------------------------------------------------------------------------------------------
