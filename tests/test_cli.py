@@ -157,7 +157,7 @@ def _help(command: str, capsys) -> tuple[list[str], dict[str, str]]:
     usage, options = capsys.readouterr().out.split("options:", 1)
     entries, current = {}, None
     for line in options.splitlines():
-        match = re.match(r"^  (-\w)?(?:, )?(--[\w-]+)( [\w=.\[\]{},]+)?(?:\s{2,}(.*))?$", line)
+        match = re.match(r"^  (-\w)?(?:, )?(--[\w-]+)( [\w=.\[\]{},]+(?: \[\w+ \.\.\.\])?)?(?:\s{2,}(.*))?$", line)
         if match:
             current = match.group(2)
             entries[current] = match.group(4) or ""

@@ -5,6 +5,7 @@ defaults)::
 
     capsnets train --epochs 5                             # run directory runs/capsnet_digits
     capsnets evaluate --checkpoint runs/capsnet_digits    # evaluation_best_digits.json + PNG there
+    capsnets evaluate --checkpoint runs/a runs/b          # their ensemble: runs/evaluation_ensemble_a_best+b_best_...
     capsnets list-models capsnet                          # the --model-arg keys of capsnet, with defaults
     capsnets train --model capsnet --dataset mnist --download --epochs 50 --model-arg routing_iterations=1
     capsnets experiment multimnist --smoke --out runs/multimnist_smoke   # report.md + PNGs
@@ -12,13 +13,15 @@ defaults)::
 ``capsnets COMMAND --help`` gives every option with its default. ``train`` writes its run directory to
 ``--out``, by default ``runs/<model>``; its flags override the values of
 ``--config FILE`` (YAML or JSON with :class:`~capsnets.engine.config.TrainConfig` keys), which override
-the defaults. ``evaluate`` and ``reconstruct`` name their files after the checkpoint they read
-(:func:`output_label`), so they never replace a training run's files or each other's. Errors are reported
-as one line on stderr with a non-zero exit status (set ``CAPSNETS_DEBUG=1`` for the traceback).
+the defaults. ``evaluate`` and ``reconstruct`` name their files after the checkpoint(s) they read
+(:func:`output_label`, :func:`ensemble_label`), so they never replace a training run's files or each other's.
+Errors are reported as one line on stderr with a non-zero exit status (set ``CAPSNETS_DEBUG=1`` for the
+traceback).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -79,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         return commands.add_parser(name, help=summary, description=summary, formatter_class=_HelpFormatter)
 
     _add_train(command("train", "train a model and write a run directory"))
-    _add_evaluate(command("evaluate", "accuracy, per-class accuracy and confusion matrix of a checkpoint"))
+    _add_evaluate(command("evaluate", "accuracy, per-class accuracy and confusion matrix of a checkpoint, or of "
+                                      "an ensemble of checkpoints"))
     _add_reconstruct(command("reconstruct", "inputs against their reconstructions by a checkpoint"))
     _add_export(command("export", "write a checkpoint's model as ONNX (or a torch.export program), checked "
                                   "against PyTorch"))
@@ -204,9 +208,11 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_evaluate(parser: argparse.ArgumentParser) -> None:
-    _add_checkpoint_args(parser)
-    parser.add_argument("--out", metavar="DIR", help="directory for evaluation_<checkpoint>_<dataset>.json and "
-                                                     "its confusion-matrix PNG (default: the checkpoint's directory)")
+    _add_checkpoint_args(parser, several=True)
+    parser.add_argument("--out", metavar="DIR", help="directory for evaluation_<checkpoint>_<dataset>.json (several "
+                                                     "checkpoints: evaluation_ensemble_<checkpoints>_<dataset>.json) "
+                                                     "and its confusion-matrix PNG (default: the checkpoint's "
+                                                     "directory; several: the folder that holds them all)")
     parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
     parser.set_defaults(handler=_evaluate)
 
@@ -273,10 +279,16 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_demo)
 
 
-def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, metavar="PATH",
-                        help="run directory (its best, else last, checkpoint) or .safetensors file (required, "
-                             "no default)")
+def _add_checkpoint_args(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    if several:  # evaluate: one checkpoint, or an ensemble of them
+        parser.add_argument("--checkpoint", required=True, nargs="+", metavar="PATH",
+                            help="run directory (its best, else last, checkpoint) or .safetensors file; several: "
+                                 "their ensemble, scored by the mean of their class capsule lengths (or other "
+                                 "scores), trained on the same data set (required, no default)")
+    else:
+        parser.add_argument("--checkpoint", required=True, metavar="PATH",
+                            help="run directory (its best, else last, checkpoint) or .safetensors file (required, "
+                                 "no default)")
     parser.add_argument("--dataset", help=f"test split of: {_datasets()} (default: the one the model was trained on)")
     parser.add_argument("--data-dir", metavar="DIR", help="folder holding the data set files (default: the one "
                                                           "recorded by the training run, else $CAPSNETS_DATA)")
@@ -387,14 +399,20 @@ def _resume_hint(out: str) -> str:
     return f"the last checkpoint (epoch {epoch}) is kept; continue with: capsnets train --out {out} --resume"
 
 
-def _load(args: argparse.Namespace):
-    """Model, checkpoint, test data and device for ``evaluate`` / ``reconstruct``."""
-    from capsnets.data import load_dataset
+def _load(args: argparse.Namespace, path: str):
+    """Model, checkpoint, test data and device for ``evaluate`` / ``reconstruct`` of the checkpoint ``path``."""
     from capsnets.engine.checkpoint import load_model
     from capsnets.engine.runtime import resolve_device
 
     device = resolve_device(args.device)
-    model, checkpoint = load_model(args.checkpoint, device)
+    model, checkpoint = load_model(path, device)
+    return model, checkpoint, _test_data(args, checkpoint, model, device), device
+
+
+def _test_data(args: argparse.Namespace, checkpoint, model, device):
+    """The test split ``model`` is evaluated on: ``--dataset``, else the one ``checkpoint`` was trained on."""
+    from capsnets.data import load_dataset
+
     dataset = args.dataset or checkpoint.meta.get("dataset")
     if dataset is None:
         raise ValueError(f"checkpoint '{checkpoint.path}' does not record its data set; pass --dataset")
@@ -405,7 +423,7 @@ def _load(args: argparse.Namespace):
     if tuple(data.images.shape[1:]) != tuple(model.input_size) or data.num_classes != model.num_classes:
         raise ValueError(f"data set {dataset!r} ({data.num_classes} classes of {tuple(data.images.shape[1:])}) "
                          f"does not fit the model ({model.num_classes} classes of {tuple(model.input_size)})")
-    return model, checkpoint, data, device
+    return data
 
 
 def output_label(checkpoint_path: str | os.PathLike, out: str | os.PathLike) -> str:
@@ -429,26 +447,66 @@ def _describe(checkpoint) -> str:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from capsnets.engine.evaluate import evaluate
+
+    if len(args.checkpoint) > 1:
+        return _evaluate_ensemble(args)
+    model, checkpoint, data, device = _load(args, args.checkpoint[0])
+    results = evaluate(model, data, args.batch_size, device)
+    out = Path(args.out) if args.out else checkpoint.path.parent
+    stem = f"evaluation_{output_label(checkpoint.path, out)}_{_file_safe(data.name or 'test')}"
+    record = {"checkpoint": str(checkpoint.path), "epoch": checkpoint.meta.get("epoch")}
+    _write_evaluation(results, data, out, stem, record, title=_describe(checkpoint))
+    return 0
+
+
+def _evaluate_ensemble(args: argparse.Namespace) -> int:
+    """``evaluate`` of several checkpoints: each alone, then their ensemble (the mean of their scores)."""
+    from capsnets.engine.evaluate import evaluate, load_ensemble
+    from capsnets.engine.runtime import resolve_device
+
+    device = resolve_device(args.device)
+    ensemble, checkpoints = load_ensemble(args.checkpoint, device)
+    data = _test_data(args, checkpoints[0], ensemble, device)
+    members = [evaluate(model, data, args.batch_size, device)["accuracy"] for model in ensemble.members]
+    results = evaluate(ensemble, data, args.batch_size, device)
+    paths = [checkpoint.path for checkpoint in checkpoints]
+    out = Path(args.out) if args.out else Path(os.path.commonpath([path.parent.resolve() for path in paths]))
+    stem = f"evaluation_ensemble_{ensemble_label(paths, out)}_{_file_safe(data.name or 'test')}"
+    record = {"checkpoints": [str(path) for path in paths],
+              "epochs": [checkpoint.meta.get("epoch") for checkpoint in checkpoints],
+              "members": [{"checkpoint": str(path), "accuracy": accuracy} for path, accuracy in zip(paths, members)]}
+    for path, accuracy in zip(paths, members):
+        print(f"{_pct(accuracy)}  {path} alone")
+    _write_evaluation(results, data, out, stem, record, title=f"ensemble of {len(paths)} checkpoints")
+    return 0
+
+
+def ensemble_label(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> str:
+    """The name ``evaluate`` gives an ensemble in its file names: its checkpoints' :func:`output_label` joined by
+    ``+``; for a long list the first one's, the number of the others and a digest of all their paths."""
+    labels = [output_label(path, out) for path in paths]
+    if len("+".join(labels)) <= 120:
+        return "+".join(labels)
+    digest = hashlib.sha1("\n".join(str(Path(path).resolve()) for path in paths).encode()).hexdigest()[:8]
+    return f"{labels[0]}+{len(labels) - 1}_more_{digest}"
+
+
+def _write_evaluation(results: dict[str, Any], data, out: Path, stem: str, record: dict[str, Any], title: str) -> None:
+    """``OUT/STEM.json`` (``record`` and the results) and ``OUT/STEM_confusion.png``; prints the report."""
     from capsnets.files import atomic_write
     from capsnets.plots import plot_confusion_matrix
 
-    model, checkpoint, data, device = _load(args)
-    results = evaluate(model, data, args.batch_size, device)
-    out = Path(args.out) if args.out else checkpoint.path.parent
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"evaluation_{output_label(checkpoint.path, out)}_{_file_safe(data.name or 'test')}"
     classes = list(data.classes) or [str(k) for k in range(data.num_classes)]
-    report = {"checkpoint": str(checkpoint.path), "epoch": checkpoint.meta.get("epoch"), "dataset": data.name,
-              "count": results["count"], "accuracy": results["accuracy"],
+    report = {**record, "dataset": data.name, "count": results["count"], "accuracy": results["accuracy"],
               "per_class_accuracy": dict(zip(classes, results["per_class_accuracy"].tolist())),
               "confusion_matrix": results["confusion_matrix"].tolist()}
     text = json.dumps(report, indent=2) + "\n"
     atomic_write(out / f"{stem}.json", lambda tmp: Path(tmp).write_text(text))
     png = plot_confusion_matrix(results["confusion_matrix"], classes, out / f"{stem}_confusion.png",
-                                title=f"{_describe(checkpoint)} on {data.name or 'test'}")
+                                title=f"{title} on {data.name or 'test'}")
     print(format_report(results, classes))
     print(f"wrote {out / f'{stem}.json'} and {png}")
-    return 0
 
 
 def format_report(results: dict[str, Any], classes: list[str]) -> str:
@@ -471,7 +529,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
 
     if args.n < 1:
         raise ValueError(f"--n must be at least 1, got {args.n}")
-    model, checkpoint, data, _ = _load(args)
+    model, checkpoint, data, _ = _load(args, args.checkpoint)
     images, labels = data.images[:args.n], data.labels[:args.n]
     with torch.no_grad():
         output = model(images)

@@ -6,7 +6,7 @@ routings are tested against them, and users can test their own routings or layer
 ``torch.testing.assert_close(my_routing(u_hat.double()), reference_dynamic_routing(u_hat, 3)[0])``.
 
 - :func:`reference_dynamic_routing`: routing by agreement, Sabour, Frosst & Hinton (2017), "Dynamic
-  Routing Between Capsules", Procedure 1.
+  Routing Between Capsules", Procedure 1, optionally with the "none-of-the-above" parent of its Sec. 7.
 - :func:`reference_local_dynamic_routing`: the same procedure run independently at every position of a
   convolutional capsule grid (LaLonde & Bagci (2018), "Capsules for Object Segmentation", Sec. 3.1).
 - :func:`reference_em_routing`: EM routing, Hinton, Sabour & Frosst (2018), "Matrix capsules with EM
@@ -44,22 +44,30 @@ def _squash_vector(s: list[float]) -> list[float]:
     return [scale * x for x in s]
 
 
-def reference_dynamic_routing(u_hat: Tensor, iterations: int) -> tuple[Tensor, Tensor]:
+def reference_dynamic_routing(u_hat: Tensor, iterations: int, *,
+                              none_of_the_above: bool = False) -> tuple[Tensor, Tensor]:
     """Dynamic routing (Sabour et al. 2017, Procedure 1), literally.
+
+    With ``none_of_the_above`` (Sec. 7) every child's logits have one more entry, ``b[i][J]``, which starts at
+    0 and is never updated (the extra parent has no capsule to agree with), and each softmax runs over all
+    ``J + 1`` (the authors' released code, Sarasra/models ``research/capsules/models/layers/layers.py``,
+    ``_leaky_routing``).
 
     Shape:
         ``u_hat (B, I, J, D)``, each child's prediction for each parent -> ``v (B, J, D)``, the parent
-        capsules, and ``couplings (B, I, J)`` of the last iteration, both float64.
+        capsules, and ``couplings (B, I, J)`` of the last iteration (``(B, I, J + 1)`` with
+        ``none_of_the_above``, the extra parent last), both float64.
     """
     u = u_hat.detach().double().tolist()
     out_v, out_c = [], []
     for ub in u:  # one example at a time; logits reset per example
         children, parents, dim = len(ub), len(ub[0]), len(ub[0][0])
-        b = [[0.0] * parents for _ in range(children)]
+        routes = parents + 1 if none_of_the_above else parents  # softmax entries per child
+        b = [[0.0] * routes for _ in range(children)]
         for _ in range(iterations):
             c = []
             for i in range(children):
-                exps = [math.exp(b[i][j] - max(b[i])) for j in range(parents)]
+                exps = [math.exp(b[i][j] - max(b[i])) for j in range(routes)]
                 c.append([e / sum(exps) for e in exps])
             v = []
             for j in range(parents):

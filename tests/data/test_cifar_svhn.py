@@ -1,9 +1,6 @@
 """CIFAR-10 and SVHN on small files written in the real formats: the binary-version tarball
 (1 label byte + 3072 RGB plane bytes per record) and format-2 MATLAB v5 .mat files (X: 32x32x3xN, y: Nx1)."""
 import hashlib
-import io
-import tarfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,37 +8,7 @@ import scipy.io
 import torch
 
 from capsnets.data import CIFAR10, SVHN, DatasetError, dataset_info, load_dataset
-
-CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-
-
-def cifar_records(images: np.ndarray, labels: np.ndarray) -> bytes:
-    """The binary version's records, written from the format description on the CIFAR page."""
-    return b"".join(bytes([label]) + image.tobytes() for image, label in zip(images, labels))
-
-
-def write_cifar_tarball(path: Path, splits: dict[str, tuple[np.ndarray, np.ndarray]],
-                        meta: str = "\n".join(CIFAR_CLASSES) + "\n\n", extra: bytes = b"") -> Path:
-    """The tarball's layout: cifar-10-batches-bin/{batches.meta.txt, readme.html, *.bin}; ``extra`` is
-    appended to test_batch.bin."""
-    members = {"batches.meta.txt": meta.encode(), "readme.html": b"<html></html>",
-               **{f"{name}.bin": cifar_records(*arrays) for name, arrays in splits.items()}}
-    if "test_batch.bin" in members:
-        members["test_batch.bin"] += extra
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(f"cifar-10-batches-bin/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
-
-def fake_cifar_splits(seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    sizes = {**{f"data_batch_{i}": 3 + i for i in range(1, 6)}, "test_batch": 7}
-    return {name: (rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8), (np.arange(n) % 10).astype(np.uint8))
-            for name, n in sizes.items()}
+from fake_datasets import CIFAR_CLASSES, fake_cifar_splits, write_cifar_tarball, write_svhn_mat
 
 
 @pytest.fixture
@@ -122,16 +89,6 @@ def test_cifar_download_from_a_mirror(fake_cifar_root, tmp_path, monkeypatch):
 
 
 # --- SVHN format 2 ----------------------------------------------------------------------------------------
-def write_svhn_mat(path: Path, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """X: uint8 (32, 32, 3, n); y: uint8 (n, 1) in 1..10 (10 is the digit 0), as the official files."""
-    rng = np.random.default_rng(seed)
-    images = rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8)
-    labels = (np.arange(n) % 10 + 1).astype(np.uint8).reshape(n, 1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scipy.io.savemat(path, {"X": images, "y": labels}, format="5")
-    return images, labels
-
-
 @pytest.fixture
 def fake_svhn_root(tmp_path, monkeypatch):
     """A data root with fake train (12) and test (10) .mat files and SVHN's md5s patched to match."""

@@ -38,7 +38,7 @@ def test_the_function_defaults_are_the_classes_defaults():
 def test_specs_are_validated():
     with pytest.raises(ValueError, match="unknown routing type 'vector'"):
         routing_from_config({"type": "vector"})
-    with pytest.raises(ValueError, match="takes iterations, detach_routing; got detach"):
+    with pytest.raises(ValueError, match="takes iterations, detach_routing, none_of_the_above; got detach"):
         routing_from_config({"type": "dynamic", "detach": True})
     with pytest.raises(ValueError, match="mapping with a 'type'"):
         routing_from_config({"iterations": 3})

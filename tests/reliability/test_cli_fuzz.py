@@ -213,6 +213,9 @@ def _argv(data, paths: _Paths) -> list[str]:
             items = _key_value(keys, VALID_ITEMS[action.dest])
             for item in data.draw(st.lists(items, min_size=1, max_size=3), label=action.dest):
                 argv += [option, item]
+        elif action.nargs == "+" and action.dest == "checkpoint":  # evaluate: one checkpoint or an ensemble
+            checkpoints = _one_in_five_wrong(paths.checkpoints(), GARBAGE)
+            argv += [option, *data.draw(st.lists(checkpoints, min_size=1, max_size=3), label=action.dest)]
         elif action.nargs == "+":
             seeds = _one_in_five_wrong(VALID["seeds"], BAD_INTEGERS)
             argv += [option, *map(str, data.draw(st.lists(seeds, min_size=1, max_size=3), label=action.dest))]

@@ -139,10 +139,9 @@ class DemoModel:
     def _vector(self, image: Tensor) -> tuple[Tensor, Tensor]:
         """Class capsules ``(K, D)`` and coupling maps ``(K, H', W')`` (routing_map's, for every class)."""
         model = self.model
-        features = torch.relu(model.conv(image[None]))  # (1, conv_channels, H1, W1)
-        primary = model.primary(features)  # (1, T*H'*W', D_p), ordered (type, row, col)
+        primary = model.primary_capsules(image[None])  # (1, T*H'*W', D_p), ordered (type, row, col)
         capsules, couplings = model.classes(primary, return_couplings=True)  # (1, K, D), (1, I, K)
-        grid = model.primary.output_grid(*features.shape[-2:])  # (H', W')
+        grid = model.primary_grid()  # (H', W')
         routed = couplings[0] * capsule_length(primary[0])[:, None]  # (I, K): c[i, j] |u_i|
         return capsules[0], routed.T.reshape(self.num_classes, -1, *grid).sum(dim=1)
 

@@ -5,16 +5,24 @@ taken in stored order; counting is done with tensor ops on the device (one ``bin
 In a data-parallel run each process evaluates one contiguous shard and the counts are summed over the
 group, so every process gets the whole data set's figures for 1/world_size of the work.
 :func:`dice_score` scores segmentation models (per-image Dice of thresholded probabilities).
+
+:class:`Ensemble` makes several trained models one, scoring each image with the mean of their scores (class
+capsule lengths): Sabour, Frosst & Hinton (2017), Sec. 7, report CIFAR-10 for an ensemble of 7 models, which the
+authors' released code evaluates by summing their lengths (Sarasra/models, ``research/capsules/experiment.py``,
+``evaluate_ensemble``: the same predictions as the mean). :func:`load_ensemble` builds one from checkpoints,
+after checking that they were trained on the same data set and classes.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, resolve_amp, resolve_device
+from capsnets.models.output import ModelOutput
 
 
 @torch.no_grad()
@@ -123,3 +131,94 @@ def dice_score(probabilities: Tensor, masks: Tensor, *, threshold: float = 0.5) 
     overlap = (predicted & truth).sum(dim=1).double()
     total = (predicted.sum(dim=1) + truth.sum(dim=1)).double()
     return torch.where(total > 0, 2 * overlap / total.clamp(min=1), torch.ones_like(total))
+
+
+class Ensemble(nn.Module):
+    """Several trained classifiers as one model whose scores are the mean of theirs.
+
+    Args:
+        members: models with the same ``num_classes`` and ``input_size``, returning :class:`ModelOutput` of one
+            ``score_kind`` (lengths are averaged with lengths, never with logits).
+
+    Shape:
+        - images: ``(B, C, H, W)``
+        - output: :class:`ModelOutput` with ``scores`` ``(B, num_classes)`` (float32, the members' mean) and
+          their ``score_kind``; no capsules, no reconstruction.
+
+    Examples::
+
+        >>> import capsnets
+        >>> ensemble = Ensemble([capsnets.create_model("capsnet_digits") for _ in range(2)]).eval()
+        >>> ensemble(torch.rand(4, 1, 8, 8)).scores.shape
+        torch.Size([4, 10])
+    """
+
+    def __init__(self, members: Iterable[nn.Module]) -> None:
+        super().__init__()
+        members = list(members)
+        if not members:
+            raise ValueError("an ensemble needs at least one model")
+        for name in ("num_classes", "input_size"):
+            values = [tuple(v) if isinstance(v, (list, tuple)) else v for v in (getattr(m, name, None) for m in members)]
+            if any(value != values[0] for value in values):
+                raise ValueError(f"the models of an ensemble must agree on {name}; got {values}")
+        self.members = nn.ModuleList(members)
+        self.num_classes, self.input_size = members[0].num_classes, tuple(members[0].input_size)
+
+    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
+        outputs = [member(images) for member in self.members]
+        kinds = sorted({output.score_kind for output in outputs})
+        if len(kinds) > 1:
+            raise ValueError(f"the models of an ensemble score in different units ({', '.join(kinds)}); their mean "
+                             f"would mean nothing: ensemble models of one kind")
+        scores = torch.stack([output.scores.float() for output in outputs]).mean(dim=0)  # (M, B, K) -> (B, K)
+        return ModelOutput(scores, kinds[0])
+
+
+def load_ensemble(paths: Sequence[str | Path], device: str | torch.device = "cpu"):
+    """The models of several checkpoints as an :class:`Ensemble` (in eval mode), and their checkpoints.
+
+    Args:
+        paths: run directories (their best checkpoints) or ``.safetensors`` files, at least one; no checkpoint twice.
+        device: where the models go.
+
+    Raises:
+        ValueError: a checkpoint given twice, one that does not record its data set, or checkpoints trained on
+            different data sets, classes or image sizes (the message names the two that differ).
+    """
+    from capsnets.engine.checkpoint import load_model
+
+    loaded = [load_model(path, device) for path in paths]
+    if not loaded:
+        raise ValueError("an ensemble needs at least one checkpoint")
+    seen: dict[Path, str] = {}
+    for (model, checkpoint), given in zip(loaded, paths):
+        where = checkpoint.path.resolve()
+        if where in seen:
+            raise ValueError(f"checkpoint '{checkpoint.path}' is given twice ({seen[where]!r} and {str(given)!r}); "
+                             f"an ensemble counts each model once")
+        seen[where] = str(given)
+    first_model, first = loaded[0]
+    for model, checkpoint in loaded:
+        if checkpoint.meta.get("dataset") is None:
+            raise ValueError(f"checkpoint '{checkpoint.path}' does not record the data set it was trained on, so it "
+                             f"cannot be checked against the other models of the ensemble")
+        checks = [("data set", _dataset_name(first.meta["dataset"]), _dataset_name(checkpoint.meta["dataset"])),
+                  ("number of classes", int(first_model.num_classes), int(model.num_classes)),
+                  ("input size", tuple(first_model.input_size), tuple(model.input_size))]
+        names = first.meta.get("classes"), checkpoint.meta.get("classes")
+        if all(isinstance(recorded, list) for recorded in names):  # where both runs recorded their class names
+            checks.append(("classes", *names))
+        for what, theirs, mine in checks:
+            if mine != theirs:
+                raise ValueError(f"the models of an ensemble must be trained on the same data: '{first.path}' has "
+                                 f"{what} {theirs!r} and '{checkpoint.path}' has {mine!r}")
+    return Ensemble(model for model, _ in loaded).eval(), [checkpoint for _, checkpoint in loaded]
+
+
+def _dataset_name(name: str) -> str:
+    """A recorded data set's canonical name (``"CIFAR-10"`` and ``"cifar10"`` are one data set); a folder's as given."""
+    from capsnets.data import dataset_info
+    from capsnets.data.image_folder import FOLDER_PREFIX
+
+    return name if name.startswith(FOLDER_PREFIX) else dataset_info(name).name

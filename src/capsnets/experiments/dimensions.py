@@ -78,11 +78,10 @@ def routing_map(model: nn.Module, image: Tensor, return_couplings: bool = False)
         image ``(C, H, W)`` -> ``(H', W')`` map on the primary grid and the winning class; with
         ``return_couplings`` also the couplings ``(I,)`` of every primary capsule to the winning class.
     """
-    features = torch.relu(model.conv(image[None]))  # (1, conv_channels, H1, W1)
-    primary = model.primary(features)  # (1, T*H'*W', D_p), ordered (type, row, col)
+    primary = model.primary_capsules(image[None])  # (1, T*H'*W', D_p), ordered (type, row, col)
     capsules, couplings = model.classes(primary, return_couplings=True)  # (1, K, D), (1, I, K)
     winner = int(capsule_length(capsules)[0].argmax())
-    grid = model.primary.output_grid(*features.shape[-2:])  # (H', W')
+    grid = model.primary_grid()  # (H', W')
     routed = couplings[0, :, winner] * capsule_length(primary[0])  # (T*H'*W',): c[i, j] |u_i|
     heat = routed.view(-1, *grid).sum(dim=0)
     return (heat, winner, couplings[0, :, winner]) if return_couplings else (heat, winner)

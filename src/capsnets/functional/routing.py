@@ -2,6 +2,13 @@
 
 Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules", Sec. 2, Procedure 1.
 
+The "none-of-the-above" category (Sec. 7, for CIFAR-10: "we do not expect the final layer of ten capsules to
+explain everything in the image"): with ``none_of_the_above=True`` each child's softmax runs over the ``J``
+parents and one more, whose logit stays 0 in every iteration (it has no capsule, so no agreement updates it).
+It takes part of each child's coupling and yields no output and no class score; the couplings to the ``J``
+parents then sum to less than 1. This is what the authors' released code does with ``leaky=True``
+(Sarasra/models, ``research/capsules/models/layers/layers.py``, ``_leaky_routing``), in every iteration.
+
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim;
 ``H``/``W`` rows/columns of a capsule grid.
 
@@ -11,8 +18,9 @@ the child and parent capsule types there.
 
 Implementation (same result as the procedure, in fewer operations): the predictions are laid out once as
 ``(B, J, I, D)`` so every weighted sum and every agreement is a batched matrix product
-(:func:`~capsnets.functional.products.matvec`); the first iteration's couplings are exactly ``1/J``, so it
-takes no softmax; the last iteration does not update the logits, whose new value would never be used.
+(:func:`~capsnets.functional.products.matvec`); the first iteration's couplings are exactly ``1/J`` (``1/(J+1)``
+with the none-of-the-above parent), so it takes no softmax; the last iteration does not update the logits, whose
+new value would never be used.
 
 Numerics (not in the paper; same values): the weighted sums are formed with the couplings times ``2^-k``
 (``2^k >= I``) and the agreements and logits with ``v`` times ``2^-m`` (``2^m >= 2 r sqrt(D)``), powers of
@@ -36,7 +44,7 @@ from capsnets.functional.products import matvec
 from capsnets.functional.squash import _squash
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class DynamicRouting:
     """Dynamic routing as a value to pass to a capsule layer. Its defaults are the library's defaults of
     dynamic routing: layers and model builders that are given no routing use ``DynamicRouting()``.
@@ -44,9 +52,13 @@ class DynamicRouting:
     Args:
         iterations: routing iterations ``r`` (>= 1; the paper uses 3).
         detach_routing: detach the predictions in every iteration but the last (see the module docstring).
+        none_of_the_above: an extra parent in each child's softmax that takes coupling but has no capsule
+            (Sec. 7; see the module docstring). Its spec and repr name it only when it is on, so the records
+            of routings made before it existed read the same.
 
     Shape:
-        ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)``.
+        ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)`` to the
+        ``J`` parents (without the none-of-the-above parent's share).
 
     Examples::
 
@@ -55,25 +67,34 @@ class DynamicRouting:
         torch.Size([8, 10, 16])
         >>> routing.to_config()
         {'type': 'dynamic', 'iterations': 2, 'detach_routing': True}
+        >>> DynamicRouting(3, none_of_the_above=True).to_config()
+        {'type': 'dynamic', 'iterations': 3, 'detach_routing': True, 'none_of_the_above': True}
     """
 
     iterations: int = 3
     detach_routing: bool = True
+    none_of_the_above: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.iterations, bool) or int(self.iterations) != self.iterations or self.iterations < 1:
             raise ValueError(f"iterations must be a positive integer, got {self.iterations!r}")
-        if not isinstance(self.detach_routing, bool):
-            raise ValueError(f"detach_routing must be True or False, got {self.detach_routing!r}")
+        for name in ("detach_routing", "none_of_the_above"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         object.__setattr__(self, "iterations", int(self.iterations))
 
     def __call__(self, u_hat: Tensor, *, return_couplings: bool = False):
         return dynamic_routing(u_hat, self.iterations, detach_routing=self.detach_routing,
-                               return_couplings=return_couplings)
+                               none_of_the_above=self.none_of_the_above, return_couplings=return_couplings)
+
+    def __repr__(self) -> str:
+        extra = ", none_of_the_above=True" if self.none_of_the_above else ""
+        return f"DynamicRouting(iterations={self.iterations}, detach_routing={self.detach_routing}{extra})"
 
     def to_config(self) -> dict:
         """The JSON-able spec of this routing (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
-        return {"type": "dynamic", "iterations": self.iterations, "detach_routing": self.detach_routing}
+        config = {"type": "dynamic", "iterations": self.iterations, "detach_routing": self.detach_routing}
+        return {**config, "none_of_the_above": True} if self.none_of_the_above else config
 
 
 def _check_u_hat(u_hat: Tensor, iterations: int) -> None:
@@ -91,6 +112,7 @@ def dynamic_routing(
     iterations: int = DynamicRouting.iterations,
     *,
     detach_routing: bool = DynamicRouting.detach_routing,
+    none_of_the_above: bool = DynamicRouting.none_of_the_above,
     return_couplings: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Route child predictions to parent capsules by agreement (Procedure 1).
@@ -99,11 +121,13 @@ def dynamic_routing(
         u_hat: predictions ``u_hat[j|i]`` of every child ``i`` for every parent ``j``.
         iterations: number of routing iterations ``r`` (>= 1).
         detach_routing: detach ``u_hat`` in every iteration but the last (see the module docstring).
+        none_of_the_above: route over one more parent, with a logit fixed at 0 and no capsule (Sec. 7).
         return_couplings: also return the couplings ``c`` used in the last iteration.
 
     Shape:
         - u_hat: ``(B, I, J, D)``
-        - output: ``(B, J, D)``; couplings ``(B, I, J)``, summing to 1 over ``J``.
+        - output: ``(B, J, D)``; couplings ``(B, I, J)``, summing to 1 over ``J`` (to 1 less the
+          none-of-the-above parent's share with ``none_of_the_above``).
 
     Examples::
 
@@ -118,14 +142,15 @@ def dynamic_routing(
         u = u.float()
     sum_unit, logit_unit = _units(children, dim, iterations)
     u_route = u.detach() if detach_routing else u
+    first = 1.0 / (parents + 1 if none_of_the_above else parents)  # the couplings while the logits are all 0
     logits = None  # (B, J, I), times logit_unit; zero on entry, never materialised while it is zero
     for r in range(iterations):
         last = r == iterations - 1
         u_r = u if last else u_route
         if logits is None:
-            weights = u.new_full((batch, parents, 1, children), sum_unit / parents)  # couplings are all 1/J
+            weights = u.new_full((batch, parents, 1, children), sum_unit * first)
         else:
-            weights = (_couplings(logits, logit_unit) * sum_unit).unsqueeze(2)  # (B, J, 1, I)
+            weights = (_couplings(logits, logit_unit, none_of_the_above) * sum_unit).unsqueeze(2)  # (B, J, 1, I)
         s = torch.matmul(weights, u_r).squeeze(2)  # (B, J, 1, I) @ (B, J, I, D) -> (B, J, D), times sum_unit
         v = _squash(s, unit=sum_unit)  # (B, J, D)
         if not last:  # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): the agreements, times logit_unit
@@ -135,9 +160,9 @@ def dynamic_routing(
     if not return_couplings:
         return v
     if logits is None:
-        couplings = u_hat.new_full((batch, children, parents), 1.0 / parents)
+        couplings = u_hat.new_full((batch, children, parents), first)
     else:
-        couplings = _couplings(logits, logit_unit).transpose(1, 2).to(u_hat.dtype)
+        couplings = _couplings(logits, logit_unit, none_of_the_above).transpose(1, 2).to(u_hat.dtype)
     return v, couplings
 
 
@@ -149,10 +174,15 @@ def _units(children: int, dim: int, iterations: int) -> tuple[float, float]:
     return sum_unit, logit_unit
 
 
-def _couplings(logits: Tensor, unit: float) -> Tensor:
-    """``softmax_j(logits / unit)`` (B, J, I), shifted by the per-child maximum first, so it cannot overflow."""
+def _couplings(logits: Tensor, unit: float, none_of_the_above: bool = False) -> Tensor:
+    """``softmax_j(logits / unit)`` (B, J, I), shifted by the per-child maximum first, so it cannot overflow.
+    With ``none_of_the_above`` the softmax also runs over a parent ``J + 1`` whose logit is 0, and its
+    share is left out of the result."""
+    if none_of_the_above:
+        logits = torch.cat([logits, logits.new_zeros(logits.shape[0], 1, logits.shape[2])], dim=1)  # (B, J+1, I)
     shifted = logits - logits.detach().amax(dim=1, keepdim=True)
-    return torch.softmax(shifted / unit, dim=1)
+    couplings = torch.softmax(shifted / unit, dim=1)
+    return couplings[:, :-1] if none_of_the_above else couplings
 
 
 def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False):
@@ -196,6 +226,8 @@ def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False
 
 
 def local_dynamic_routing(u_hat: Tensor, iterations: int = DynamicRouting.iterations, *,
-                          detach_routing: bool = DynamicRouting.detach_routing, return_couplings: bool = False):
+                          detach_routing: bool = DynamicRouting.detach_routing,
+                          none_of_the_above: bool = DynamicRouting.none_of_the_above, return_couplings: bool = False):
     """:func:`dynamic_routing` at every position of a capsule grid; see :func:`local_routing` for shapes."""
-    return local_routing(u_hat, DynamicRouting(iterations, detach_routing), return_couplings=return_couplings)
+    return local_routing(u_hat, DynamicRouting(iterations, detach_routing, none_of_the_above),
+                         return_couplings=return_couplings)

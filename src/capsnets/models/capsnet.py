@@ -3,15 +3,30 @@
 Architecture (Sec. 4, Fig. 1-2): ReLU Conv1 -> PrimaryCapsules -> DigitCaps (routing) -> masked decoder.
 Registered variants:
 
-- ``capsnet``: the paper's MNIST model, 28x28 input, 8,215,568 parameters with the decoder.
+- ``capsnet``: the paper's MNIST model, 28x28 input, 8,215,568 parameters with the decoder (Sec. 5: 8.2M, 6.8M
+  without it). On smallNORB and the rendered viewpoint set it takes their 1x32x32 crops and 5 classes, as
+  Sec. 7 trains the MNIST architecture, unchanged, on smallNORB (8,256,768 parameters).
+- ``capsnet_cifar10``: Sec. 7's CIFAR-10 model: the MNIST model with 3 input channels, 64 primary capsule
+  types, 24x24 patches of the 32x32 images (a random one in training, the central one at test) and a
+  "none-of-the-above" parent in the routing softmax (:class:`~capsnets.functional.DynamicRouting`); no
+  decoder, as the authors' released code trains it (``remake=false``). 11,990,528 parameters.
+- ``capsnet_svhn``: Sec. 7's smaller SVHN model: 64 channels in the first convolution, 16 types of 6-D
+  primary capsules, 8-D class capsules, a decoder from the 10 x 8-D capsules to 3x32x32. 4,720,480 parameters.
 - ``capsnet_small``: the same design, narrower (for CPU tests and quick experiments).
 - ``capsnet_digits``: for scikit-learn's 8x8 digits (3x3 kernels).
 
 The builders take ``routing`` (a routing object or its spec) or, for the default
-:class:`~capsnets.functional.DynamicRouting`, ``routing_iterations`` and ``detach_routing`` (None: the
-routing's defaults). As in the paper, the parent pre-activations have no bias. Deviation: the routing's
-gradient path follows the authors' released code by default (``detach_routing``: predictions detached in
-non-final iterations).
+:class:`~capsnets.functional.DynamicRouting`, ``routing_iterations``, ``detach_routing`` and
+``none_of_the_above`` (None: the routing's defaults). As in the paper, the parent pre-activations have no bias.
+Deviations: the routing's gradient path follows the authors' released code by default (``detach_routing``:
+predictions detached in non-final iterations). The CIFAR-10 patches are cut by the model (``crop``), not by
+the data set, so any 32x32 data, ``evaluate``, ``predict`` and export give it what it was trained on; its
+random windows come from torch's generator (saved in a run's checkpoints), not the data loader's. The released
+code (Sarasra/models, ``research/capsules``) trains CIFAR-10 with ``num_prime_capsules=64,padding=SAME,
+leaky=true,remake=false`` (its README) and also flips, jitters brightness and contrast and standardises each
+patch (``input_data/cifar10/cifar10_input.py``); the paper names none of the padding and distortions, and they
+are not done here. smallNORB's images are stereo pairs (two channels in the released code); the library reads
+the left camera.
 """
 from __future__ import annotations
 
@@ -20,6 +35,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from capsnets.data.transforms import center_crop, random_crop
 from capsnets.functional import DynamicRouting, as_routing, capsule_length
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
 from capsnets.layers.validation import conv_output_size, image_batch, positive_int
@@ -33,6 +49,10 @@ class CapsNet(nn.Module):
 
     Args:
         input_size: ``(C, H, W)`` of the input images.
+        crop: side of the square window of each image that the first convolution sees: a random window in
+            training mode, the central one in eval mode (Sec. 7: CIFAR-10 on 24x24 patches); None: the whole
+            image. A model that crops has no decoder (its reconstruction would be of the window, and the
+            reconstruction loss compares it with the whole image).
         num_classes: number of class capsules.
         conv_channels: channels of the first (ReLU) convolution.
         conv_kernel: its kernel size.
@@ -53,6 +73,10 @@ class CapsNet(nn.Module):
         >>> model = CapsNet(input_size=(1, 28, 28), routing=DynamicRouting(2))
         >>> model(torch.rand(4, 1, 28, 28)).scores.shape
         torch.Size([4, 10])
+        >>> cropped = CapsNet(input_size=(3, 32, 32), crop=24, conv_channels=16, primary_types=4,
+        ...                   decoder_hidden=None).eval()
+        >>> cropped(torch.rand(2, 3, 32, 32)).scores.shape, cropped.primary.num_capsules(16, 16)
+        (torch.Size([2, 10]), 64)
     """
 
     default_loss = "margin"
@@ -61,6 +85,7 @@ class CapsNet(nn.Module):
         self,
         *,
         input_size: Sequence[int] = (1, 28, 28),
+        crop: int | None = None,
         num_classes: int = 10,
         conv_channels: int = 256,
         conv_kernel: int = 9,
@@ -80,11 +105,13 @@ class CapsNet(nn.Module):
         self.input_size = tuple(int(s) for s in input_size)
         self.num_classes = positive_int("num_classes", num_classes)
         channels, height, width = self.input_size
+        self.crop = _check_crop(crop, self.input_size, decoder_hidden is not None)
+        seen_h, seen_w = (height, width) if crop is None else (crop, crop)
         factory = {"device": device, "dtype": dtype}
         self.conv = nn.Conv2d(channels, conv_channels, conv_kernel, **factory)
-        conv_h, conv_w = (conv_output_size(s, conv_kernel, 1, 0) for s in (height, width))
+        conv_h, conv_w = (conv_output_size(s, conv_kernel, 1, 0) for s in (seen_h, seen_w))
         if min(conv_h, conv_w) < 1:
-            raise ValueError(f"input_size {self.input_size} is smaller than conv_kernel={conv_kernel}")
+            raise ValueError(f"input_size {self.input_size} (crop={crop}) is smaller than conv_kernel={conv_kernel}")
         self.primary = PrimaryCapsules(
             conv_channels, primary_types, primary_dim, kernel_size=primary_kernel, stride=primary_stride, **factory
         )
@@ -96,11 +123,24 @@ class CapsNet(nn.Module):
         if decoder_hidden is not None:
             self.decoder = CapsuleDecoder(num_classes, class_dim, self.input_size, hidden=decoder_hidden, **factory)
 
+    def primary_capsules(self, images: Tensor) -> Tensor:
+        """Primary capsules ``(B, N, primary_dim)`` of ``images`` (cropped first when the model crops), ordered
+        (type, row, column)."""
+        images = image_batch(images, self.input_size, dtype=self.conv.weight.dtype, owner=type(self).__name__)
+        if self.crop is not None:  # (B, C, crop, crop): a random window in training, the central one otherwise
+            images = random_crop(images, self.crop) if self.training else center_crop(images, self.crop)
+        return self.primary(torch.relu(self.conv(images)))  # (B, conv_channels, H1, W1) -> (B, N, D_p)
+
+    def primary_grid(self) -> tuple[int, int]:
+        """Spatial size ``(H', W')`` of the primary capsule grid for this model's input (its crop, if it crops):
+        :meth:`primary_capsules` are ordered (type, row, column) over it."""
+        side = self.input_size[1:] if self.crop is None else (self.crop, self.crop)
+        conv = [conv_output_size(s, self.conv.kernel_size[0], self.conv.stride[0], self.conv.padding[0]) for s in side]
+        return self.primary.output_grid(*conv)
+
     def encode(self, images: Tensor) -> Tensor:
         """Class capsules ``(B, num_classes, class_dim)``."""
-        images = image_batch(images, self.input_size, dtype=self.conv.weight.dtype, owner=type(self).__name__)
-        features = torch.relu(self.conv(images))  # (B, conv_channels, H1, W1)
-        return self.classes(self.primary(features))  # (B, N, D_p) -> (B, K, D_c)
+        return self.classes(self.primary_capsules(images))  # (B, N, D_p) -> (B, K, D_c)
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class capsules, scores and reconstruction of ``images`` (a non-empty batch; uint8 images are scaled to
@@ -114,21 +154,78 @@ class CapsNet(nn.Module):
             reconstruction = self.decoder(capsules, select)
         return ModelOutput(lengths, "length", capsules, reconstruction)
 
+    def extra_repr(self) -> str:
+        return f"input_size={self.input_size}" + (f", crop={self.crop}" if self.crop is not None else "")
 
-def _routing(routing, routing_iterations: int | None, detach_routing: bool | None):
+
+def _check_crop(crop: int | None, input_size: tuple[int, int, int], decoder: bool) -> int | None:
+    """``crop`` if it fits the images and the model has no decoder (:class:`CapsNet`'s ``crop``)."""
+    if crop is None:
+        return None
+    crop = positive_int("crop", crop)
+    if crop > min(input_size[1:]):
+        raise ValueError(f"crop={crop} is larger than the {input_size[1]}x{input_size[2]} images of "
+                         f"input_size {input_size}")
+    if decoder:
+        raise ValueError(f"crop={crop} with a decoder: it would draw the {crop}x{crop} window, and the reconstruction "
+                         f"loss compares it with the whole {input_size[1]}x{input_size[2]} image; leave the decoder "
+                         f"out (reconstruction=false, as the authors' released code trains its CIFAR-10 model) or "
+                         f"the crop (crop=null)")
+    return crop
+
+
+def _routing(routing, routing_iterations: int | None, detach_routing: bool | None,
+             none_of_the_above: bool | None = None):
     """The builders' routing: ``routing`` if given, else dynamic routing with the settings that are not None."""
-    return as_routing(routing, DynamicRouting, iterations=routing_iterations, detach_routing=detach_routing)
+    return as_routing(routing, DynamicRouting, iterations=routing_iterations, detach_routing=detach_routing,
+                      none_of_the_above=none_of_the_above)
 
 
 @register_model("capsnet")
 def capsnet(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
             routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-            routing: VectorRouting | None = None, reconstruction: bool = True, device: Device | None = None,
-            dtype: DType | None = None) -> CapsNet:
+            none_of_the_above: bool | None = None, routing: VectorRouting | None = None, reconstruction: bool = True,
+            device: Device | None = None, dtype: DType | None = None) -> CapsNet:
     """The paper's MNIST CapsNet (Sec. 4): 256 9x9 conv, 32x8-D primary capsules, 16-D class capsules."""
     return CapsNet(
         input_size=input_size, num_classes=num_classes,
-        routing=_routing(routing, routing_iterations, detach_routing),
+        routing=_routing(routing, routing_iterations, detach_routing, none_of_the_above),
+        decoder_hidden=(512, 1024) if reconstruction else None, device=device, dtype=dtype,
+    )
+
+
+@register_model("capsnet_cifar10")
+def capsnet_cifar10(*, num_classes: PositiveInt = 10, input_size: ImageSize = (3, 32, 32),
+                    crop: PositiveInt | None = 24, routing_iterations: PositiveInt | None = None,
+                    detach_routing: bool | None = None, none_of_the_above: bool | None = None,
+                    routing: VectorRouting | None = None, reconstruction: bool = False, device: Device | None = None,
+                    dtype: DType | None = None) -> CapsNet:
+    """Sec. 7's CIFAR-10 CapsNet: the MNIST model with 64 primary capsule types, on ``crop`` x ``crop`` patches
+    (random in training, central at test), routing with a none-of-the-above parent.
+
+    ``none_of_the_above`` None: on, unless ``routing`` is given (then that routing's own setting).
+    ``reconstruction=true`` takes ``crop=null`` (a decoder of the whole image; see :class:`CapsNet`). The patches
+    are the paper's only augmentation here: train with ``--max-shift 0``.
+    """
+    if none_of_the_above is None and routing is None:
+        none_of_the_above = True
+    return CapsNet(
+        input_size=input_size, crop=crop, num_classes=num_classes, primary_types=64,
+        routing=_routing(routing, routing_iterations, detach_routing, none_of_the_above),
+        decoder_hidden=(512, 1024) if reconstruction else None, device=device, dtype=dtype,
+    )
+
+
+@register_model("capsnet_svhn")
+def capsnet_svhn(*, num_classes: PositiveInt = 10, input_size: ImageSize = (3, 32, 32),
+                 routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
+                 none_of_the_above: bool | None = None, routing: VectorRouting | None = None,
+                 reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> CapsNet:
+    """Sec. 7's smaller SVHN CapsNet: 64-channel 9x9 conv, 16 types of 6-D primary capsules, 8-D class capsules;
+    the decoder's hidden layers are the MNIST model's (512, 1024; the paper gives none)."""
+    return CapsNet(
+        input_size=input_size, num_classes=num_classes, conv_channels=64, primary_types=16, primary_dim=6,
+        class_dim=8, routing=_routing(routing, routing_iterations, detach_routing, none_of_the_above),
         decoder_hidden=(512, 1024) if reconstruction else None, device=device, dtype=dtype,
     )
 
@@ -136,12 +233,12 @@ def capsnet(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28
 @register_model("capsnet_small")
 def capsnet_small(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
                   routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-                  routing: VectorRouting | None = None, reconstruction: bool = True, device: Device | None = None,
-                  dtype: DType | None = None) -> CapsNet:
+                  none_of_the_above: bool | None = None, routing: VectorRouting | None = None,
+                  reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> CapsNet:
     """CapsNet narrowed for CPUs: 32-channel conv, 8 types of 8-D primary capsules (288 capsules)."""
     return CapsNet(
         input_size=input_size, num_classes=num_classes, conv_channels=32, primary_types=8,
-        routing=_routing(routing, routing_iterations, detach_routing),
+        routing=_routing(routing, routing_iterations, detach_routing, none_of_the_above),
         decoder_hidden=(256, 512) if reconstruction else None, device=device, dtype=dtype,
     )
 
@@ -149,12 +246,12 @@ def capsnet_small(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 
 @register_model("capsnet_digits")
 def capsnet_digits(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 8, 8),
                    routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-                   routing: VectorRouting | None = None, reconstruction: bool = True, device: Device | None = None,
-                   dtype: DType | None = None) -> CapsNet:
+                   none_of_the_above: bool | None = None, routing: VectorRouting | None = None,
+                   reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> CapsNet:
     """CapsNet for 8x8 digits: 3x3 kernels, primary stride 1 (4x4 grid of 16 types of 8-D capsules)."""
     return CapsNet(
         input_size=input_size, num_classes=num_classes, conv_channels=64, conv_kernel=3,
         primary_types=16, primary_kernel=3, primary_stride=1,
-        routing=_routing(routing, routing_iterations, detach_routing),
+        routing=_routing(routing, routing_iterations, detach_routing, none_of_the_above),
         decoder_hidden=(128, 256) if reconstruction else None, device=device, dtype=dtype,
     )
