@@ -208,11 +208,12 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_evaluate(parser: argparse.ArgumentParser) -> None:
-    _add_checkpoint_args(parser, several=True)
+    _add_checkpoint_args(parser, several=True, pretrained=True)
     parser.add_argument("--out", metavar="DIR", help="directory for evaluation_<checkpoint>_<dataset>.json (several "
                                                      "checkpoints: evaluation_ensemble_<checkpoints>_<dataset>.json) "
                                                      "and its confusion-matrix PNG (default: the checkpoint's "
-                                                     "directory; several: the folder that holds them all)")
+                                                     "directory; several: the folder that holds them all; "
+                                                     "--pretrained: the current directory)")
     parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
     parser.set_defaults(handler=_evaluate)
 
@@ -228,9 +229,11 @@ def _add_reconstruct(parser: argparse.ArgumentParser) -> None:
 def _add_predict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_FOLDER",
                         help="image files (PNG, JPEG), or folders searched for them")
-    parser.add_argument("--checkpoint", required=True, metavar="PATH",
-                        help="run directory (its best, else last, checkpoint) or .safetensors file (required, "
-                             "no default)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="PATH",
+                        help="run directory (its best, else last, checkpoint) or .safetensors file (this or "
+                             "--pretrained is required, no default)")
+    _add_pretrained_arg(source)
     parser.add_argument("--json", metavar="FILE", help="also write the predictions as JSON to FILE ('-': print "
                                                        "JSON instead of the text)")
     parser.add_argument("--invert", choices=["auto", "yes", "no"], default="auto",
@@ -259,32 +262,50 @@ def _add_list_models(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", metavar="MODEL",
                         help="list this model's --model-arg keys with their defaults and what they take, one per line, instead "
                              "(default: list every model)")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="list the pretrained weights shipped with the package (the names --pretrained takes) "
+                             "with their test accuracy, instead")
     parser.set_defaults(handler=_list_models)
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
-    from capsnets.demo.source import DEMO_RUN_DIR, DEMO_TRAINING
+    from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING
 
     source = parser.add_mutually_exclusive_group()
+    source.add_argument("--pretrained", metavar="NAME",
+                        help=f"a shipped pretrained weight (capsnets list-models --pretrained) (default: "
+                             f"{DEMO_PRETRAINED}, unless --checkpoint or --out is given)")
     source.add_argument("--checkpoint", metavar="PATH",
                         help="run directory (its best, else last, checkpoint) or .safetensors file of the capsule "
-                             "model to show (default: the demo model of --out)")
+                             "model to show (default: none)")
     source.add_argument("--out", metavar="DIR",
-                        help=f"run directory of the demo model: trained there on the first start "
-                             f"({DEMO_TRAINING['model']} on {DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} "
-                             f"epochs, about 20 s on a CPU), loaded on later starts (default: {DEMO_RUN_DIR})")
+                        help=f"run directory of a demo model trained on the first start ({DEMO_TRAINING['model']} "
+                             f"on {DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} epochs, about 20 s on a CPU) "
+                             f"and loaded on later starts, instead of the pretrained weight, e.g. {DEMO_RUN_DIR} "
+                             f"(default: none)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on; 0.0.0.0 opens the demo to every machine that can reach this one")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: a free port)")
     parser.set_defaults(handler=_demo)
 
 
-def _add_checkpoint_args(parser: argparse.ArgumentParser, several: bool = False) -> None:
+def _add_pretrained_arg(parser) -> None:
+    parser.add_argument("--pretrained", metavar="NAME",
+                        help="a pretrained weight shipped with the package, <model>-<dataset> (e.g. "
+                             "capsnet_small-mnist; `capsnets list-models --pretrained` lists them), instead of "
+                             "--checkpoint (default: none)")
+
+
+def _add_checkpoint_args(parser: argparse.ArgumentParser, several: bool = False, pretrained: bool = False) -> None:
     if several:  # evaluate: one checkpoint, or an ensemble of them
-        parser.add_argument("--checkpoint", required=True, nargs="+", metavar="PATH",
+        source = parser.add_mutually_exclusive_group(required=True) if pretrained else parser
+        source.add_argument("--checkpoint", required=not pretrained, nargs="+", metavar="PATH",
                             help="run directory (its best, else last, checkpoint) or .safetensors file; several: "
                                  "their ensemble, scored by the mean of their class capsule lengths (or other "
-                                 "scores), trained on the same data set (required, no default)")
+                                 "scores), trained on the same data set (" +
+                                 ("this or --pretrained is " if pretrained else "") + "required, no default)")
+        if pretrained:
+            _add_pretrained_arg(source)
     else:
         parser.add_argument("--checkpoint", required=True, metavar="PATH",
                             help="run directory (its best, else last, checkpoint) or .safetensors file (required, "
@@ -448,11 +469,11 @@ def _describe(checkpoint) -> str:
 def _evaluate(args: argparse.Namespace) -> int:
     from capsnets.engine.evaluate import evaluate
 
-    if len(args.checkpoint) > 1:
+    if args.pretrained is None and len(args.checkpoint) > 1:
         return _evaluate_ensemble(args)
-    model, checkpoint, data, device = _load(args, args.checkpoint[0])
+    model, checkpoint, data, device = _load(args, _checkpoint_source(args, args.checkpoint))
     results = evaluate(model, data, args.batch_size, device)
-    out = Path(args.out) if args.out else checkpoint.path.parent
+    out = Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent
     stem = f"evaluation_{output_label(checkpoint.path, out)}_{_file_safe(data.name or 'test')}"
     record = {"checkpoint": str(checkpoint.path), "epoch": checkpoint.meta.get("epoch")}
     _write_evaluation(results, data, out, stem, record, title=_describe(checkpoint))
@@ -573,7 +594,7 @@ def _predict(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     files = collect_image_files(args.inputs)
     device = resolve_device(args.device)
-    model, checkpoint = load_model(args.checkpoint, device)
+    model, checkpoint = load_model(_checkpoint_source(args, [args.checkpoint]), device)
     name, dataset = checkpoint.meta["model"], checkpoint.meta.get("dataset")
     task = model_task(name)
     if task not in ("classification", "segmentation"):
@@ -600,6 +621,16 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_source(args: argparse.Namespace, checkpoints: list[str] | None) -> str | Path:
+    """The checkpoint ``evaluate`` / ``predict`` read: the shipped weight ``--pretrained`` names (its SHA-256
+    checked), else the one ``--checkpoint``."""
+    from capsnets.pretrained import resolve_pretrained
+
+    if args.pretrained is not None:
+        return resolve_pretrained(args.pretrained)
+    return checkpoints[0]
+
+
 def _demo(args: argparse.Namespace) -> int:
     import ipaddress
 
@@ -608,10 +639,11 @@ def _demo(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise ValueError(f"the demo needs FastAPI and uvicorn ({err.name or err} is missing): "
                          "pip install -e '.[demo]'") from None
-    from capsnets.demo.source import DEMO_RUN_DIR, load_demo_model
+    from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, load_demo_model
 
     with server.listen(args.host, args.port) as sock:  # a busy port is refused before the model is trained
-        demo = load_demo_model(args.checkpoint, out=args.out or DEMO_RUN_DIR)
+        pretrained = args.pretrained or (DEMO_PRETRAINED if args.checkpoint is None and args.out is None else None)
+        demo = load_demo_model(args.checkpoint, out=args.out or DEMO_RUN_DIR, pretrained=pretrained)
         print(f"model: {demo.name} ({demo.kind} capsules) on {demo.dataset or 'an unknown data set'}, {demo.source}")
         try:
             local = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
@@ -659,6 +691,11 @@ def _list_models(args: argparse.Namespace) -> int:
 
     from capsnets.models import count_parameters, create_model, list_models, model_task
 
+    if args.pretrained:
+        if args.name is not None:
+            raise ValueError("list-models --pretrained lists every shipped weight; give no MODEL with it")
+        print(format_pretrained())
+        return 0
     if args.name is not None:
         print(format_model_arguments(args.name))
         return 0
@@ -672,6 +709,22 @@ def _list_models(args: argparse.Namespace) -> int:
             count = count_parameters(create_model(name))
         print(f"{name:<{width}}  {count:>12,}  {model_task(name)}")
     return 0
+
+
+def format_pretrained() -> str:
+    """The shipped pretrained weights, one ``NAME  ACCURACY  DTYPE  SIZE`` line each (from their model cards)."""
+    from capsnets.pretrained import shipped_weights
+
+    weights = shipped_weights()
+    if not weights:
+        return "no pretrained weights are shipped"
+    width = max(len(name) for name in weights)
+    lines = [f"{'name':<{width}}  test acc.  dtype    size"]
+    for name, weight in weights.items():
+        size = weight.path.stat().st_size / 1e6 if weight.path.is_file() else float("nan")
+        lines.append(f"{name:<{width}}  {_pct(weight.accuracy):>9}  {weight.card['card'].get('dtype', '?'):<7}  "
+                     f"{size:.1f} MB")
+    return "\n".join(lines)
 
 
 #: Builder arguments that are no --model-arg: the trainer places the model (--device, --amp).

@@ -36,6 +36,15 @@ def test_demo_serves_a_checkpoint_and_says_which(trained_run, served, capsys):
     assert host == "127.0.0.1" and port > 0 and application.title == "capsnets demo"
 
 
+def test_demo_shows_the_shipped_pretrained_weight_by_default(served, capsys):
+    assert main(["demo", "--port", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "model: capsnet_small (vector capsules) on mnist, the shipped pretrained weight capsnet_small-mnist" in out
+    assert len(served) == 1
+    assert main(["demo", "--pretrained", "nonsense", "--port", "0"]) == 1
+    assert "nonsense" in one_error_line(capsys.readouterr().err)
+
+
 def test_demo_loads_its_run_directory_on_a_second_start(trained_run, served, capsys):
     assert main(["demo", "--out", trained_run, "--port", "0"]) == 0
     assert "trained by an earlier start of the demo" in capsys.readouterr().out
@@ -43,7 +52,7 @@ def test_demo_loads_its_run_directory_on_a_second_start(trained_run, served, cap
 
 def test_demo_listens_on_localhost_by_default_and_warns_otherwise(trained_run, served, capsys):
     args = build_parser().parse_args(["demo"])
-    assert (args.host, args.port, args.checkpoint, args.out) == ("127.0.0.1", 8000, None, None)
+    assert (args.host, args.port, args.checkpoint, args.out, args.pretrained) == ("127.0.0.1", 8000, None, None, None)
     assert main(["demo", "--checkpoint", trained_run, "--host", "0.0.0.0", "--port", "0"]) == 0
     assert "warning: listening on 0.0.0.0" in capsys.readouterr().out
 
@@ -52,9 +61,9 @@ def test_demo_help_gives_every_option_with_its_default(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for option in ("--checkpoint", "--out", "--host", "--port"):
+    for option in ("--pretrained", "--checkpoint", "--out", "--host", "--port"):
         assert re.search(re.escape(option) + r" \w+ .*?\(default: [^)]+\)", text), option
-    assert "(default: runs/demo)" in text and "(default: 127.0.0.1)" in text and "(default: 8000)" in text
+    assert "(default: capsnet_small-mnist, unless" in text and "(default: 127.0.0.1)" in text and "(default: 8000)" in text
 
 
 @pytest.mark.parametrize("argv, words", [

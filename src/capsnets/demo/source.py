@@ -1,9 +1,10 @@
-"""Where the demo's model comes from: a run directory or checkpoint the user names, or one the demo trains.
+"""Where the demo's model comes from: a shipped pretrained weight, a run directory or checkpoint the user names, or
+one the demo trains.
 
-No pretrained weights are shipped yet. Without a checkpoint, :func:`load_demo_model` trains
-:data:`DEMO_TRAINING` (``capsnet_digits`` on scikit-learn's 8x8 digits, offline, about 20 s on 2 CPU cores, about
-97% test accuracy) into a run directory on the first start and loads it from there on later starts; a training
-interrupted there is continued.
+By default :func:`load_demo_model` loads the shipped weight :data:`DEMO_PRETRAINED` (``capsnet_small`` on MNIST,
+offline: :mod:`capsnets.pretrained`). Given a run directory ``out`` instead, it trains :data:`DEMO_TRAINING`
+(``capsnet_digits`` on scikit-learn's 8x8 digits, offline, about 20 s on 2 CPU cores, about 97% test accuracy) there
+on the first start and loads it on later starts; a training interrupted there is continued.
 """
 from __future__ import annotations
 
@@ -15,23 +16,25 @@ from pathlib import Path
 from capsnets.demo.capsules import DemoModel
 from capsnets.layers.validation import ArgumentError
 
-__all__ = ["DEMO_RUN_DIR", "DEMO_TRAINING", "load_demo_model"]
+__all__ = ["DEMO_PRETRAINED", "DEMO_RUN_DIR", "DEMO_TRAINING", "load_demo_model"]
 
 logger = logging.getLogger(__name__)
 
-#: The run directory the demo model is trained into and loaded from when no checkpoint is named.
+#: The shipped weight the demo shows when neither a checkpoint nor a run directory is named.
+DEMO_PRETRAINED = "capsnet_small-mnist"
+#: The run directory the demo model is trained into and loaded from when ``--out`` is given without a path.
 DEMO_RUN_DIR = "runs/demo"
 #: The demo model's training (:class:`~capsnets.engine.TrainConfig` fields; ``out`` is the run directory).
 DEMO_TRAINING = {"model": "capsnet_digits", "dataset": "digits", "epochs": 10, "batch_size": 32, "device": "cpu"}
 
 
-def load_demo_model(checkpoint: str | os.PathLike | None = None, *, out: str | os.PathLike = DEMO_RUN_DIR
-                    ) -> DemoModel:
+def load_demo_model(checkpoint: str | os.PathLike | None = None, *, out: str | os.PathLike = DEMO_RUN_DIR,
+                    pretrained: str | None = None) -> DemoModel:
     """The model the demo shows, on the CPU, with a sentence saying where it comes from (``DemoModel.source``).
 
     Args:
-        checkpoint: a run directory (its best checkpoint) or a ``.safetensors`` checkpoint; None: the demo model
-            in ``out``.
+        checkpoint: a run directory (its best checkpoint) or a ``.safetensors`` checkpoint; None: ``pretrained``,
+            else the demo model in ``out``.
         out: the demo model's run directory: loaded when it holds a finished training, continued when it holds an
             interrupted one, trained (:data:`DEMO_TRAINING`) when it is missing or empty.
 
@@ -43,6 +46,11 @@ def load_demo_model(checkpoint: str | os.PathLike | None = None, *, out: str | o
     if checkpoint is not None:
         model, loaded = load_model(checkpoint, "cpu")
         return _demo_model(model, loaded, f"loaded from {loaded.path}{_epoch(loaded)}")
+    if pretrained is not None:
+        from capsnets.pretrained import load_pretrained
+
+        model, loaded = load_pretrained(pretrained, device="cpu")
+        return _demo_model(model, loaded, f"the shipped pretrained weight {pretrained}")
     run = Path(out)
     if (run / "summary.json").is_file():
         model, loaded = load_model(run, "cpu")

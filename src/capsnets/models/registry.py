@@ -96,11 +96,16 @@ def _builder(name: str) -> Callable[..., nn.Module]:
     return _REGISTRY[name]
 
 
-def create_model(name: str, **overrides) -> nn.Module:
+def create_model(name: str, *, pretrained: str | None = None, sha256: str | None = None, **overrides) -> nn.Module:
     """Build a registered model.
 
     Args:
         name: a name from :func:`list_models`.
+        pretrained: load trained weights (:mod:`capsnets.pretrained`): a shipped tag (the data set, e.g.
+            ``"mnist"``; ``capsnets list-models --pretrained`` lists them), a local ``.safetensors`` checkpoint
+            or ``file://`` URL, or an ``https://`` URL (then ``sha256`` is required). The model is rebuilt with
+            the arguments the weight records, so ``overrides`` may only add ``device``. Returned in eval mode.
+        sha256: the expected SHA-256 of the ``pretrained`` file (hex).
         **overrides: keyword arguments of the model's builder (e.g. ``num_classes``, ``input_size``,
             ``routing`` (a routing object or its spec), ``routing_iterations``, ``device``); see
             :func:`model_schema`. Each is checked against the builder's declared type first: an
@@ -112,8 +117,13 @@ def create_model(name: str, **overrides) -> nn.Module:
         >>> model = create_model("capsnet_digits", routing=DynamicRouting(2))
         >>> model.model_args
         {'routing': {'type': 'dynamic', 'iterations': 2, 'detach_routing': True}}
+        >>> model = create_model("capsnet_small", pretrained="mnist")
     """
     builder, schema = _builder(name), model_schema(name)
+    if pretrained is not None:
+        return _create_pretrained(name, pretrained, sha256, overrides)
+    if sha256 is not None:
+        raise ArgumentError("sha256 is the expected digest of a pretrained weight; pass it with pretrained=...")
     overrides = check_arguments(schema, overrides, owner=f"model {name!r}",
                                 hint=f"; `capsnets list-models {name}` lists its arguments")
     try:
@@ -128,6 +138,19 @@ def create_model(name: str, **overrides) -> nn.Module:
     model.model_name = name
     legacy = {key: schema[key].default for key in _LEGACY.get(name, {})}
     model.model_args = _json_safe_args({**legacy, **overrides})
+    return model
+
+
+def _create_pretrained(name: str, pretrained: str, sha256: str | None, overrides: dict) -> nn.Module:
+    """``create_model(name, pretrained=...)``: the model rebuilt from the weight's record, loaded."""
+    from capsnets.pretrained import load_pretrained
+
+    extra = sorted(set(overrides) - {"device"})
+    if extra:
+        raise ArgumentError(f"model {name!r} with pretrained={pretrained!r} is built with the arguments its weight "
+                            f"records; {', '.join(extra)} cannot be changed (build it without pretrained=... "
+                            "and load the weights yourself)")
+    model, _ = load_pretrained(pretrained, name, sha256=sha256, device=overrides.get("device") or "cpu")
     return model
 
 

@@ -1,0 +1,176 @@
+"""Pretrained weights (:mod:`capsnets.pretrained`): the shipped ones load offline and match their cards; local
+files and ``file://`` URLs load the same way; a file whose SHA-256 differs is refused; bad tags say what exists."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import capsnets
+from capsnets import pretrained
+from capsnets.cli import main
+from capsnets.layers.validation import ArgumentError
+from capsnets.pretrained import PretrainedError, file_sha256, save_pretrained, shipped_weights
+from reliability.faults import one_error_line
+
+SHIPPED = shipped_weights()
+CARD_KEYS = ("data", "command", "seed", "test_accuracy", "date", "dtype", "torch")
+
+
+@pytest.fixture
+def tiny_weight(tmp_path):
+    """A capsnet_digits weight saved as a pretrained file in ``tmp_path`` (untrained: only the plumbing counts)."""
+    torch.manual_seed(0)
+    model = capsnets.create_model("capsnet_digits")
+    path = save_pretrained(model, tmp_path / "capsnet_digits-digits.safetensors", dataset="digits",
+                           card={"test_accuracy": 0.1, "data": "none", "command": "none", "seed": 0, "date": "-"})
+    return model, path
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_at_least_one_weight_ships_with_a_complete_card():
+    assert "capsnet_small-mnist" in SHIPPED
+    for name, weight in SHIPPED.items():
+        assert set(CARD_KEYS) <= set(weight.card["card"]), name
+        assert weight.path.is_file() and file_sha256(weight.path) == weight.sha256, name
+        assert weight.card["model"] in capsnets.list_models()
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_weight_loads_offline_by_tag(name, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("a shipped weight must load without the network")
+
+    monkeypatch.setattr("urllib.request.urlopen", no_network)
+    weight = SHIPPED[name]
+    model = capsnets.create_model(weight.model, pretrained=weight.dataset)
+    assert not model.training and model.model_name == weight.model
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    with torch.no_grad():
+        scores = model(torch.zeros(2, *model.input_size)).scores
+    assert scores.shape == (2, model.num_classes) and torch.isfinite(scores).all()
+    by_name = capsnets.create_model(weight.model, pretrained=name)  # the full <model>-<dataset> name too
+    assert _same_weights(model, by_name)
+
+
+def test_tampered_shipped_weight_is_refused(tmp_path, monkeypatch):
+    name, weight = next(iter(SHIPPED.items()))
+    shutil.copy(weight.path, tmp_path / weight.path.name)
+    shutil.copy(weight.path.with_suffix(".json"), tmp_path / f"{name}.json")
+    data = bytearray((tmp_path / weight.path.name).read_bytes())
+    data[-3] ^= 0x01  # one bit of one weight
+    (tmp_path / weight.path.name).write_bytes(bytes(data))
+    monkeypatch.setattr(pretrained, "WEIGHTS_DIR", tmp_path)
+    with pytest.raises(PretrainedError, match="SHA-256"):
+        capsnets.create_model(weight.model, pretrained=weight.dataset)
+
+
+def test_local_path_and_file_url_load_the_same_weights(tiny_weight):
+    model, path = tiny_weight
+    for source in (str(path), path.as_uri()):
+        loaded = capsnets.create_model("capsnet_digits", pretrained=source)
+        assert _same_weights(model, loaded)
+    loaded = capsnets.create_model("capsnet_digits", pretrained=str(path), sha256=file_sha256(path))
+    assert _same_weights(model, loaded)
+    with pytest.raises(PretrainedError, match="SHA-256"):
+        capsnets.create_model("capsnet_digits", pretrained=str(path), sha256="0" * 64)
+
+
+def test_half_precision_weight_is_loaded_as_float32(tmp_path):
+    model = capsnets.create_model("capsnet_digits")
+    path = save_pretrained(model, tmp_path / "w.safetensors", dataset="digits", card={"test_accuracy": 0.1},
+                           half=True)
+    loaded = capsnets.create_model("capsnet_digits", pretrained=str(path))
+    assert all(p.dtype == torch.float32 for p in loaded.parameters())
+    assert _same_weights(model.half().float(), loaded)
+    assert json.loads(path.with_suffix(".json").read_text())["card"]["dtype"] == "float16"
+
+
+def test_url_download_is_verified_cached_and_atomic(tiny_weight, tmp_path):
+    _, path = tiny_weight
+    cache = tmp_path / "cache"
+    digest = file_sha256(path)
+    with pytest.raises(PretrainedError, match="SHA-256"):  # a wrong digest: refused, nothing cached
+        pretrained.download_weights(path.as_uri(), "f" * 64, cache_dir=cache)
+    assert not cache.exists() or not any(cache.iterdir())
+    cached = pretrained.download_weights(path.as_uri(), digest, cache_dir=cache)
+    assert file_sha256(cached) == digest and [p.name for p in cache.iterdir()] == [cached.name]
+    path.unlink()  # a second call uses the cached file
+    assert pretrained.download_weights(path.as_uri(), digest, cache_dir=cache) == cached
+
+
+@pytest.mark.parametrize("sha256", [None, "", "abc", "g" * 64])
+def test_https_url_without_a_valid_sha256_is_refused(sha256):
+    with pytest.raises(PretrainedError, match="SHA-256"):
+        capsnets.create_model("capsnet_small", pretrained="https://example.org/w.safetensors", sha256=sha256)
+
+
+@pytest.mark.parametrize("model, tag, message", [
+    ("capsnet_small", "cifar10", "no shipped pretrained weight 'capsnet_small-cifar10'; shipped: "),
+    ("capsnet", "mnist", "no shipped pretrained weight 'capsnet-mnist'"),
+    ("capsnet_small", "/no/such/file.safetensors", "does not exist"),
+    ("capsnet_small", "ftp://example.org/w.safetensors", "only https:// and file:// URLs"),
+])
+def test_bad_tags_say_what_exists(model, tag, message):
+    with pytest.raises(PretrainedError, match=message.replace("(", r"\(")):
+        capsnets.create_model(model, pretrained=tag)
+
+
+def test_weight_for_another_model_and_overrides_are_refused(tiny_weight):
+    _, path = tiny_weight
+    with pytest.raises(PretrainedError, match="is for model 'capsnet_digits', not 'capsnet_small'"):
+        capsnets.create_model("capsnet_small", pretrained=str(path))
+    with pytest.raises(ArgumentError, match="routing_iterations cannot be changed"):
+        capsnets.create_model("capsnet_digits", pretrained=str(path), routing_iterations=1)
+    with pytest.raises(ArgumentError, match="unknown model"):
+        capsnets.create_model("capsnet_smal", pretrained="mnist")
+    with pytest.raises(ArgumentError, match="pretrained"):
+        capsnets.create_model("capsnet_digits", sha256="0" * 64)
+
+
+def test_cli_lists_shipped_weights_with_their_accuracy(capsys):
+    assert main(["list-models", "--pretrained"]) == 0
+    out = capsys.readouterr().out
+    for name, weight in SHIPPED.items():
+        assert name in out and f"{100 * weight.accuracy:.2f}%" in out
+    assert main(["list-models", "capsnet", "--pretrained"]) == 1
+    one_error_line(capsys.readouterr().err, "list-models")
+
+
+def test_cli_predict_with_a_shipped_weight(tmp_path, capsys):
+    from PIL import Image
+
+    Image.new("L", (28, 28), 0).save(tmp_path / "blank.png")
+    assert main(["predict", str(tmp_path / "blank.png"), "--pretrained", "capsnet_small-mnist", "--json", "-"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["model"] == "capsnet_small" and len(record["predictions"]) == 1
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_cli_bad_pretrained_name_is_one_error_line(command, tmp_path, capsys):
+    argv = [command, str(tmp_path)] if command == "predict" else [command]
+    (tmp_path / "x.png").write_bytes(b"")
+    assert main(argv + ["--pretrained", "capsnet_small-cifar10"]) == 1
+    assert "no shipped pretrained weight" in one_error_line(capsys.readouterr().err, command)
+
+
+@pytest.mark.learning
+def test_every_shipped_weight_reaches_its_cards_accuracy(shared_data_root, tmp_path, capsys, monkeypatch):
+    # The real test split of each weight's data set; the card's accuracy to within 0.05 points.
+    from capsnets.data import load_dataset
+    from capsnets.engine.evaluate import evaluate
+
+    for name, weight in SHIPPED.items():
+        model = capsnets.create_model(weight.model, pretrained=weight.dataset)
+        test = load_dataset(weight.dataset, root=shared_data_root, train=False)
+        assert len(test.labels) == weight.card["card"]["test_images"]
+        accuracy = evaluate(model, test)["accuracy"]
+        assert abs(accuracy - weight.accuracy) <= 0.0005, (name, accuracy, weight.accuracy)
+    monkeypatch.setenv("CAPSNETS_DATA", str(shared_data_root))
+    assert main(["evaluate", "--pretrained", "capsnet_small-mnist", "--out", str(tmp_path)]) == 0
+    assert f"accuracy {100 * SHIPPED['capsnet_small-mnist'].accuracy:.2f}%" in capsys.readouterr().out
