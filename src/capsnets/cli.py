@@ -1,4 +1,5 @@
-"""The ``capsnets`` command: ``train``, ``evaluate``, ``reconstruct``, ``list-models`` and ``experiment``.
+"""The ``capsnets`` command: ``train``, ``evaluate``, ``reconstruct``, ``predict``, ``export``, ``list-models``,
+``experiment`` and ``demo``.
 
 Quick start (offline, 8x8 scikit-learn digits; ``--model capsnet_digits --dataset digits`` are the
 defaults)::
@@ -9,6 +10,9 @@ defaults)::
     capsnets list-models capsnet                          # the --model-arg keys of capsnet, with defaults
     capsnets train --model capsnet --dataset mnist --download --epochs 50 --model-arg routing_iterations=1
     capsnets experiment multimnist --smoke --out runs/multimnist_smoke   # report.md + PNGs
+    capsnets predict --pretrained capsnet_small-mnist seven.png   # a shipped weight
+    capsnets export --checkpoint runs/capsnet_digits      # runs/capsnet_digits/best.onnx
+    capsnets demo                                         # http://127.0.0.1:8000/
 
 ``capsnets COMMAND --help`` gives every option with its default. ``train`` writes its run directory to
 ``--out``, by default ``runs/<model>``; its flags override the values of
