@@ -36,11 +36,11 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.data.transforms import center_crop, random_crop
-from capsnets.functional import DynamicRouting, as_routing, capsule_length
+from capsnets.functional import DynamicRouting, as_routing
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
 from capsnets.layers.validation import conv_output_size, image_batch, positive_int
 from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
-from capsnets.models.output import ModelOutput
+from capsnets.models.output import ModelOutput, vector_capsule_output
 from capsnets.models.registry import register_model
 
 
@@ -146,13 +146,7 @@ class CapsNet(nn.Module):
         """Class capsules, scores and reconstruction of ``images`` (a non-empty batch; uint8 images are scaled to
         ``[0, 1]``, floating-point ones cast to the parameters' dtype:
         :func:`~capsnets.layers.validation.image_batch`)."""
-        capsules = self.encode(images)
-        lengths = capsule_length(capsules)  # (B, K)
-        reconstruction = None
-        if self.decoder is not None:
-            select = labels if labels is not None else lengths.argmax(dim=1)
-            reconstruction = self.decoder(capsules, select)
-        return ModelOutput(lengths, "length", capsules, reconstruction)
+        return vector_capsule_output(self.encode(images), self.decoder, labels)
 
     def extra_repr(self) -> str:
         return f"input_size={self.input_size}" + (f", crop={self.crop}" if self.crop is not None else "")

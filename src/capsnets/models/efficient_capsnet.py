@@ -40,11 +40,11 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import SelfAttentionRouting, as_routing, capsule_length, efficient_squash, mask_capsules
+from capsnets.functional import SelfAttentionRouting, as_routing, efficient_squash, mask_capsules
 from capsnets.layers import CapsuleDecoder, LinearCapsules
 from capsnets.layers.validation import conv_output_size, image_batch, positive_int
 from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
-from capsnets.models.output import ModelOutput
+from capsnets.models.output import ModelOutput, vector_capsule_output
 from capsnets.models.registry import register_model
 
 #: ``(channels, kernel, stride)`` of the four convolutions of the authors' MNIST and smallNORB models.
@@ -222,12 +222,7 @@ class EfficientCapsNet(nn.Module):
         """Class capsules, scores and reconstruction of ``images`` (a non-empty batch; uint8 images are scaled to
         ``[0, 1]``, floating-point ones cast to the parameters' dtype:
         :func:`~capsnets.layers.validation.image_batch`)."""
-        capsules = self.encode(images)
-        lengths = capsule_length(capsules)  # (B, K)
-        reconstruction = None
-        if self.decoder is not None:
-            reconstruction = self.decoder(capsules, labels if labels is not None else lengths.argmax(dim=1))
-        return ModelOutput(lengths, "length", capsules, reconstruction)
+        return vector_capsule_output(self.encode(images), self.decoder, labels)
 
 
 def _stem(input_size: tuple[int, int, int], convs, norm: str, factory: dict) -> tuple[nn.Sequential, tuple]:

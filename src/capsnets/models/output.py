@@ -6,6 +6,7 @@ model family without knowing about capsules: ``scores`` is the only field every 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from torch import Tensor
 
@@ -27,3 +28,20 @@ class ModelOutput:
     score_kind: str = "logits"
     capsules: Tensor | None = None
     reconstruction: Tensor | None = None
+
+
+def vector_capsule_output(capsules: Tensor, decoder: Callable[[Tensor, Tensor], Tensor] | None = None,
+                          labels: Tensor | None = None) -> ModelOutput:
+    """The output of a vector capsule classifier: the class capsules' lengths as scores and, with a ``decoder``,
+    the reconstruction from the capsule of each image's label (in training) or of its longest capsule.
+
+    Shape:
+        capsules ``(B, K, D)``, labels ``(B,)`` -> scores ``(B, K)``.
+    """
+    from capsnets.functional import capsule_length
+
+    lengths = capsule_length(capsules)  # (B, K)
+    reconstruction = None
+    if decoder is not None:
+        reconstruction = decoder(capsules, labels if labels is not None else lengths.argmax(dim=1))
+    return ModelOutput(lengths, "length", capsules, reconstruction)
