@@ -94,7 +94,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from capsnets.functional.child_groups import ChildGroups, group_softmax
-from capsnets.functional.products import matvec
+from capsnets.functional.em_kernel import fused_kernel
+from capsnets.functional.products import matrix_votes, matvec
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _COST_NORMALIZATIONS = (None, "mean_std", "mass")
@@ -199,6 +200,18 @@ class EMRouting:
             formulation=self.formulation, variance_floor=self.variance_floor,
         )
 
+    def route_poses(self, poses, weight, activations, beta_v, beta_a, coordinates=None, return_assignments: bool = False,
+                    child_groups: ChildGroups | None = None):
+        """This routing of the votes ``poses @ weight`` (:func:`em_routing_poses`: with the fused CPU kernel
+        where it applies, so the votes are never stored)."""
+        return em_routing_poses(
+            poses, weight, activations, beta_v, beta_a, self.iterations, coordinates=coordinates,
+            inverse_temperature=self.inverse_temperature, return_assignments=return_assignments,
+            eps=self.eps, cost_normalization=self.cost_normalization,
+            detach_routing=self.detach_routing, child_groups=child_groups,
+            formulation=self.formulation, variance_floor=self.variance_floor,
+        )
+
     def to_config(self) -> dict:
         """The JSON-able spec of this routing, every setting resolved
         (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
@@ -297,17 +310,23 @@ class _Scale(NamedTuple):
 
 
 def _vote_scale(v: Tensor, floor: float) -> _Scale:
-    """The :class:`_Scale` of votes ``v`` (B, J, I, H) with variance floor ``floor``.
+    """The :class:`_Scale` of votes ``v`` (B, J, I, H) with variance floor ``floor``."""
+    with torch.no_grad():
+        top = (torch.maximum(v.amax(dim=(1, 2, 3)), -v.amin(dim=(1, 2, 3))) if v.numel()  # (B,): the largest |V|
+               else v.new_zeros(v.shape[0]))
+    return _scale_from_top(top, v.shape[-1], floor)
+
+
+def _scale_from_top(top: Tensor, height: int, floor: float) -> _Scale:
+    """The :class:`_Scale` of problems whose largest ``|V|`` is ``top`` (B,), ``height`` pose components.
 
     With scaled votes ``|V| <= X`` (so ``|V - c|, |mu - c| <= 2 X``) and scaled variances at least
     ``32 H X^2 / max``, every term of the E-step's quadratic form is below ``max / (8 H)``: ``X`` is as large as
     keeps that bound at the given floor (so votes up to ``X`` are not scaled and the floor not raised).
     """
-    info, height = torch.finfo(v.dtype), v.shape[-1]
+    info = torch.finfo(top.dtype)
     limit = min((info.max * floor / (32.0 * height)) ** 0.5, info.max**0.5 / 4.0)  # X
     with torch.no_grad():
-        top = (torch.maximum(v.amax(dim=(1, 2, 3)), -v.amin(dim=(1, 2, 3))) if v.numel()  # (B,): the largest |V|
-               else v.new_zeros(v.shape[0]))
         # the smallest power of two that brings every |V| within X (the log2 of 0 is -inf: sigma 1)
         sigma = torch.exp2(torch.ceil(torch.log2(top / limit))).clamp_min(1.0)
         inv = sigma.reciprocal()
@@ -398,12 +417,47 @@ def _e_step(contract, d, var, log_var, pre, groups):
     return torch.softmax(logits, dim=1) if groups is None else group_softmax(logits, groups)
 
 
-def _matmul_contract(xx: Tensor):
-    """``contract(kind, operand)``: the two products of the procedure with ``xx`` (B, J, I, 2H).
+class _DenseVotes:
+    """The votes as a stored ``xx = [x, x^2]`` (B, J, I, 2H): the two products of the procedure with it.
 
-    ``"m"``: weights (B, J, 1, I) -> (B, J, 1, 2H); ``"e"``: coefficients (B, J, 2H, 1) -> (B, J, I, 1).
+    ``m(w)``: weights (B, J, 1, I) -> ``w @ xx`` (B, J, 1, 2H); ``e(coef)``: coefficients (B, J, 2H, 1) ->
+    ``xx @ coef`` (B, J, I, 1). :class:`_FusedVotes` computes the same products without storing ``xx``.
     """
-    return lambda kind, operand: torch.matmul(operand, xx) if kind == "m" else matvec(xx, operand)
+
+    def __init__(self, xx: Tensor) -> None:
+        self.xx = xx
+
+    def m(self, w: Tensor) -> Tensor:
+        return torch.matmul(w, self.xx)
+
+    def e(self, coef: Tensor) -> Tensor:
+        return matvec(self.xx, coef)
+
+    def contract(self, kind: str, operand: Tensor) -> Tensor:
+        return self.m(operand) if kind == "m" else self.e(operand)
+
+
+class _FusedVotes(_DenseVotes):
+    """The votes ``V[n, i, j] = M[n, i] W[i % Iw, j]`` (+ coordinates), never stored: each product with
+    ``[x, x^2]``, ``x = V inv - c``, is computed from the poses by the fused kernel
+    (:mod:`capsnets.functional.em_kernel`)."""
+
+    def __init__(self, kernel, pose: Tensor, weight: Tensor, coord: Tensor, c: Tensor, inv: Tensor) -> None:
+        self.kernel, self.pose, self.weight, self.coord = kernel, pose, weight, coord
+        self.c, self.inv = c.squeeze(2).contiguous(), inv.reshape(-1).contiguous()  # (B, J, H), (B,)
+
+    def m(self, w: Tensor) -> Tensor:
+        args = (self.pose, self.weight, self.coord, self.c, self.inv, w.squeeze(2).contiguous())
+        return self.kernel.m_product(*args).unsqueeze(2)
+
+    def e(self, coef: Tensor) -> Tensor:
+        args = (self.pose, self.weight, self.coord, self.c, self.inv, coef.squeeze(-1).contiguous())
+        return self.kernel.e_product(*args).unsqueeze(-1)
+
+
+def _matmul_contract(xx: Tensor):
+    """``contract(kind, operand)`` of the votes stored as ``xx`` (B, J, I, 2H) (see :class:`_DenseVotes`)."""
+    return _DenseVotes(xx).contract
 
 
 def _initial_assignments(c, a_in, groups):
@@ -448,12 +502,13 @@ def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, 
 
 
 class _Replay(torch.autograd.Function):
-    """A product with ``xx`` replayed from its forward value; its gradient for ``xx`` goes to ``sink``."""
+    """A product with the votes (``source``, a :class:`_DenseVotes`) replayed from its forward value; its
+    gradient for the votes goes to ``sink`` as outer-product factors."""
 
     @staticmethod
-    def forward(ctx, operand, value, xx, kind, sink):
+    def forward(ctx, operand, value, source, kind, sink):
         ctx.save_for_backward(operand)
-        ctx.xx, ctx.kind, ctx.sink = xx, kind, sink
+        ctx.source, ctx.kind, ctx.sink = source, kind, sink
         return value.clone()
 
     @staticmethod
@@ -462,12 +517,39 @@ class _Replay(torch.autograd.Function):
         # node's ctx, so keeping the attached tensor would make a cycle through the autograd graph that
         # Python's garbage collector cannot see (every training step's graph would stay in memory).
         operand = ctx.saved_tensors[0].detach()
-        xx = ctx.xx
         if ctx.kind == "m":  # value = operand @ xx: d xx = operand^T grad, an outer product (I) x (2H)
             ctx.sink.append((operand.transpose(-1, -2), grad))
-            return torch.matmul(grad, xx.transpose(-1, -2)), None, None, None, None
+            return ctx.source.e(grad.mT).mT, None, None, None, None  # grad @ xx^T
         ctx.sink.append((grad, operand.transpose(-1, -2)))  # value = xx @ operand: d xx = grad operand^T
-        return matvec(xx.transpose(-1, -2), grad), None, None, None, None
+        return ctx.source.m(grad.mT).mT, None, None, None, None  # xx^T @ grad
+
+
+def _recording(ctx, source: _DenseVotes):
+    """``contract`` on ``source`` that keeps every product's value in ``ctx.values`` for the backward."""
+    ctx.values = []
+
+    def record(kind, operand):
+        ctx.values.append(source.contract(kind, operand))
+        return ctx.values[-1]
+
+    return record
+
+
+def _replay(ctx, source: _DenseVotes, c, a_in, beta_v, beta_a, g_outs):
+    """The backward of the small-tensor part of :func:`_route`, replayed from the recorded products.
+
+    Returns the gradients of ``(a_in, beta_v, beta_a)`` and the outer-product factors ``(left, right)``
+    of ``d loss / d xx = cat(left, -1) @ cat(right, -2)``, ``left`` (B, J, I, K), ``right`` (B, J, K, 2H)."""
+    replayed, sink = iter(ctx.values), []
+    leaves = [t.detach().requires_grad_() for t in (a_in, beta_v, beta_a)]
+    with torch.enable_grad():
+        out = _route(c, lambda kind, op: _Replay.apply(op, next(replayed), source, kind, sink), *leaves,
+                     *ctx.settings)
+        pairs = [(o, g) for o, g in zip(out, g_outs) if g is not None and o.requires_grad]
+        grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+    if not sink:
+        return grads, None, None
+    return grads, torch.cat([lhs for lhs, _ in sink], dim=-1), torch.cat([rhs for _, rhs in sink], dim=-2)
 
 
 class _EMFunction(torch.autograd.Function):
@@ -483,15 +565,8 @@ class _EMFunction(torch.autograd.Function):
     def forward(ctx, v, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_routing, groups,
                 variance_floor, scale):
         c, xx = _shifted_votes(v, a_in, eps, scale.inv)
-        values, plain = [], _matmul_contract(xx)
-
-        def record(kind, operand):
-            values.append(plain(kind, operand))
-            return values[-1]
-
         ctx.settings = (lambdas, eps, cost_normalization, detach_routing, groups, variance_floor, scale)
-        ctx.values = values
-        out = _route(c, record, a_in, beta_v, beta_a, *ctx.settings)
+        out = _route(c, _recording(ctx, _DenseVotes(xx)), a_in, beta_v, beta_a, *ctx.settings)
         ctx.save_for_backward(c, xx, a_in, beta_v, beta_a)
         return out
 
@@ -499,21 +574,42 @@ class _EMFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_mu, g_a, g_r):
         c, xx, a_in, beta_v, beta_a = ctx.saved_tensors
-        replayed, sink = iter(ctx.values), []
-        leaves = [t.detach().requires_grad_() for t in (a_in, beta_v, beta_a)]
-        with torch.enable_grad():
-            out = _route(c, lambda kind, op: _Replay.apply(op, next(replayed), xx, kind, sink), *leaves,
-                         *ctx.settings)
-            pairs = [(o, g) for o, g in zip(out, (g_mu, g_a, g_r)) if g is not None and o.requires_grad]
-            grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+        grads, left, right = _replay(ctx, _DenseVotes(xx), c, a_in, beta_v, beta_a, (g_mu, g_a, g_r))
         grad_v = None
-        if sink and ctx.needs_input_grad[0]:
+        if left is not None and ctx.needs_input_grad[0]:
             inv = ctx.settings[-1].inv  # (B, 1, 1, 1): d x / d v
-            left = torch.cat([lhs for lhs, _ in sink], dim=-1) * inv  # (B, J, I, K)
-            g1, g2 = torch.matmul(left, torch.cat([rhs for _, rhs in sink], dim=-2)).chunk(2, dim=-1)
+            g1, g2 = torch.matmul(left * inv, right).chunk(2, dim=-1)
             h = g1.shape[-1]
             grad_v = torch.addcmul(g1, xx[..., :h], g2, value=2.0)  # through xx = [x, x^2], x = (v - c) inv
         return (grad_v, *grads, None, None, None, None, None, None, None)
+
+
+class _FusedEMFunction(torch.autograd.Function):
+    """:class:`_EMFunction` on votes that are never stored (:class:`_FusedVotes`): the fused kernel
+    computes every product with them, and in the backward ``d pose`` and ``d weight`` straight from the
+    outer-product factors, recomputing the votes it needs."""
+
+    @staticmethod
+    def forward(ctx, pose, weight, a_in, beta_v, beta_a, coord, kernel, c, lambdas, eps, cost_normalization,
+                detach_routing, groups, variance_floor, scale):
+        ctx.settings = (lambdas, eps, cost_normalization, detach_routing, groups, variance_floor, scale)
+        ctx.source = _FusedVotes(kernel, pose, weight, coord, c, scale.inv)
+        out = _route(c, _recording(ctx, ctx.source), a_in, beta_v, beta_a, *ctx.settings)
+        ctx.save_for_backward(c, a_in, beta_v, beta_a)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_mu, g_a, g_r):
+        c, a_in, beta_v, beta_a = ctx.saved_tensors
+        source = ctx.source
+        grads, left, right = _replay(ctx, source, c, a_in, beta_v, beta_a, (g_mu, g_a, g_r))
+        grad_pose = grad_weight = None
+        if left is not None and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            grad_pose, grad_weight = source.kernel.votes_backward(
+                source.pose, source.weight, source.coord, source.c, source.inv, left.contiguous(),
+                right.contiguous())
+        return (grad_pose, grad_weight, *grads, None, None, None, None, None, None, None, None, None, None)
 
 
 def em_routing(
@@ -601,6 +697,111 @@ def em_routing(
         else:  # inference, or traced by torch.compile: plain autograd through the same procedure
             c, xx = _shifted_votes(v, a_in, eps, scale.inv)  # (B, J, 1, H), (B, J, I, 2H)
             mu, a_out, r = _route(c, _matmul_contract(xx), a_in, beta_v, beta_a, *settings)
+    if return_assignments:
+        return mu, a_out, r.transpose(1, 2)
+    return mu, a_out
+
+
+def em_routing_poses(
+    poses: Tensor,
+    weight: Tensor,
+    activations: Tensor,
+    beta_v: Tensor | float,
+    beta_a: Tensor | float,
+    iterations: int = EMRouting.iterations,
+    *,
+    coordinates: Tensor | None = None,
+    inverse_temperature: float | Sequence[float] | None = None,
+    return_assignments: bool = False,
+    eps: float | None = None,
+    cost_normalization: str | None = None,
+    detach_routing: bool = EMRouting.detach_routing,
+    child_groups: ChildGroups | None = None,
+    formulation: str = EMRouting.formulation,
+    variance_floor: float | None = None,
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+    """:func:`em_routing` of the votes ``V[n, i, j] = M[n, i] @ W[i % Iw, j]`` of matrix capsules, plus
+    ``coordinates`` on the first two pose components.
+
+    For float32/float64 4x4 poses on the CPU, the fused kernel (:mod:`capsnets.functional.em_kernel`)
+    computes every product with the votes from ``poses`` and ``weight`` and never stores them; elsewhere
+    (or with ``CAPSNETS_EM_KERNEL=torch``) the votes are formed by :func:`~capsnets.functional.products.matrix_votes`
+    and routed by :func:`em_routing`. Both give the same values and gradients up to rounding.
+
+    Args:
+        poses: child poses ``M``.
+        weight: transforms ``W``; child ``i`` uses ``weight[i % Iw]`` (``Iw = I`` for a convolutional
+            layer's receptive field; the child types for a class layer whose children are ordered
+            (position, type) with the type last).
+        activations, beta_v, beta_a, iterations: as in :func:`em_routing`.
+        coordinates: values added to each child's votes' components 0 and 1 (coordinate addition), or None.
+        The other keyword arguments: as in :func:`em_routing`.
+
+    Shape:
+        - poses: ``(B, I, P, P)``; weight: ``(Iw, J, P, P)``; activations: ``(B, I)``; coordinates: ``(I, 2)``.
+        - output: as :func:`em_routing`'s, with ``H = P * P``.
+
+    Examples::
+
+        >>> poses, weight, acts = torch.randn(8, 72, 4, 4), torch.randn(72, 10, 4, 4), torch.rand(8, 72)
+        >>> mu, a = em_routing_poses(poses, weight, acts, 0.0, 0.0, formulation="official")
+        >>> mu.shape, a.shape
+        (torch.Size([8, 10, 16]), torch.Size([8, 10]))
+    """
+    if not isinstance(poses, Tensor) or poses.dim() != 4 or poses.shape[-1] != poses.shape[-2]:
+        got = tuple(poses.shape) if isinstance(poses, Tensor) else type(poses).__name__
+        raise ValueError(f"poses must be a (B, I, P, P) tensor of square pose matrices; got {got}")
+    batch, children, side = poses.shape[0], poses.shape[1], poses.shape[-1]
+    if (not isinstance(weight, Tensor) or weight.dim() != 4 or tuple(weight.shape[-2:]) != (side, side)
+            or weight.shape[0] < 1 or children % weight.shape[0]):
+        got = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
+        raise ValueError(f"weight must be an (Iw, J, {side}, {side}) tensor with I = {children} a multiple of Iw; "
+                         f"got {got}")
+    if coordinates is not None and (not isinstance(coordinates, Tensor) or tuple(coordinates.shape) != (children, 2)
+                                    or side * side < 2):
+        got = tuple(coordinates.shape) if isinstance(coordinates, Tensor) else type(coordinates).__name__
+        raise ValueError(f"coordinates must be None or an (I, 2) = ({children}, 2) tensor; got {got}")
+    kernel = fused_kernel(poses)
+    if kernel is None or weight.dtype != poses.dtype or (coordinates is not None and coordinates.requires_grad):
+        full = weight.repeat(children // weight.shape[0], 1, 1, 1) if weight.shape[0] != children else weight
+        votes = matrix_votes(poses, full)  # (B, I, J, P*P)
+        if coordinates is not None:
+            coords = coordinates.to(votes.dtype).view(1, children, 1, 2)
+            votes = torch.cat([votes[..., :2] + coords, votes[..., 2:]], dim=-1)
+        return em_routing(votes, activations, beta_v, beta_a, iterations, inverse_temperature=inverse_temperature,
+                          return_assignments=return_assignments, eps=eps, cost_normalization=cost_normalization,
+                          detach_routing=detach_routing, child_groups=child_groups, formulation=formulation,
+                          variance_floor=variance_floor)
+    eps, variance_floor = _resolve_formulation(formulation, eps, variance_floor)
+    _check_settings(iterations, eps, cost_normalization, formulation, variance_floor)
+    if not isinstance(activations, Tensor) or tuple(activations.shape) != (batch, children):
+        got = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
+        raise ValueError(f"activations must have shape (B, I) = {(batch, children)} to match poses; got {got}")
+    if child_groups is not None and (not isinstance(child_groups, ChildGroups)
+                                     or tuple(child_groups.index.shape) != (batch, children)):
+        got = tuple(child_groups.index.shape) if isinstance(child_groups, ChildGroups) else type(child_groups).__name__
+        raise ValueError(f"child_groups must be a ChildGroups whose index has the poses' (B, I) = "
+                         f"{(batch, children)}; got {got}")
+    lambdas = _resolve_lambdas(inverse_temperature, int(iterations))
+    height = side * side
+    with torch.autocast(device_type="cpu", enabled=False):
+        pose = poses.reshape(batch, children, height).contiguous()
+        w = weight.reshape(weight.shape[0], weight.shape[1], height).contiguous()
+        coord = pose.new_empty(0) if coordinates is None else coordinates.to(pose.dtype).detach().contiguous()
+        a_in = activations.to(pose.dtype).unsqueeze(1)  # (B, 1, I)
+        beta_v = _check_beta(beta_v, "beta_v", w.shape[1], pose)
+        beta_a = _check_beta(beta_a, "beta_a", w.shape[1], pose)
+        with torch.no_grad():  # the origin c (the activation-weighted mean vote) and the scale: constants
+            w0 = (a_in / (a_in.sum(dim=-1, keepdim=True) + eps)).squeeze(1).contiguous()
+            mean, top = kernel.votes_stats(pose.detach(), w.detach(), coord, w0.detach())
+            scale = _scale_from_top(top, height, eps if variance_floor is None else variance_floor)
+            c = (mean * scale.inv.view(-1, 1, 1)).unsqueeze(2)  # (B, J, 1, H)
+        settings = (lambdas, eps, cost_normalization, detach_routing, child_groups, variance_floor, scale)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (pose, w, a_in, beta_v, beta_a)):
+            mu, a_out, r = _FusedEMFunction.apply(pose, w, a_in, beta_v, beta_a, coord, kernel, c, *settings)
+        else:
+            source = _FusedVotes(kernel, pose, w, coord, c, scale.inv)
+            mu, a_out, r = _route(c, source.contract, a_in, beta_v, beta_a, *settings)
     if return_assignments:
         return mu, a_out, r.transpose(1, 2)
     return mu, a_out

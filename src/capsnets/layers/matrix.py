@@ -24,29 +24,12 @@ from capsnets.capsules import MatrixCapsules
 from capsnets.functional import EMRouting, as_routing
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups
 from capsnets.functional.patches import capsule_patches
+from capsnets.functional.products import matrix_votes
 from capsnets.layers.validation import non_negative_int, positive_int
 
 
 #: How a convolutional capsule layer normalises the assignments of a child seen by several positions.
 ASSIGNMENT_SCOPES = ("position", "all_parents", "per_type")
-
-
-def matrix_votes(poses: Tensor, weight: Tensor) -> Tensor:
-    """Votes ``V[n, i, j] = M[n, i] @ W[i, j]`` of every child ``i`` for every parent ``j``.
-
-    Shape:
-        - poses: ``(N, I, P, P)``; weight: ``(I, J, P, P)``
-        - output: ``(N, I, J, P * P)``, a view of a tensor stored as ``(N, J, I, P * P)``: the layout
-          EM routing works in, so it needs no copy of its own.
-    """
-    n, children, side, _ = poses.shape
-    parents = weight.shape[1]
-    # One batched matmul over children: (I, N*P, P) @ (I, P, J*P) -> (I, N*P, J*P)
-    lhs = poses.transpose(0, 1).reshape(children, n * side, side)
-    rhs = weight.permute(0, 2, 1, 3).reshape(children, side, parents * side)
-    votes = torch.bmm(lhs, rhs).view(children, n, side, parents, side)
-    votes = votes.permute(1, 3, 0, 2, 4).reshape(n, parents, children, side * side)  # (N, J, I, P*P)
-    return votes.transpose(1, 2)
 
 
 def _pose_weight(*shape: int, side: int, device, dtype) -> nn.Parameter:
@@ -186,8 +169,12 @@ class ConvMatrixCapsules(nn.Module):
     def _route(self, patches: Tensor, groups: ChildGroups | None = None) -> tuple[Tensor, Tensor]:
         """Votes and routing for a block of output positions: ``(N, I, P*P + 1) -> (N, U, P*P), (N, U)``."""
         side, children = self.pose_size, patches.shape[1]
-        votes = matrix_votes(patches[..., :-1].reshape(-1, children, side, side),
-                             self.weight.reshape(children, self.out_types, side, side))
+        poses = patches[..., :-1].reshape(-1, children, side, side)
+        weight = self.weight.reshape(children, self.out_types, side, side)
+        if isinstance(self.routing, EMRouting):  # the fused CPU kernel where it applies: no stored votes
+            return self.routing.route_poses(poses, weight, patches[..., -1], self.beta_v, self.beta_a,
+                                            child_groups=groups)
+        votes = matrix_votes(poses, weight)
         if groups is None:
             return self.routing(votes, patches[..., -1], self.beta_v, self.beta_a)
         return self.routing(votes, patches[..., -1], self.beta_v, self.beta_a, child_groups=groups)
@@ -276,14 +263,21 @@ class ClassMatrixCapsules(nn.Module):
         batch, side = caps.batch, self.pose_size
         height, width = caps.grid
         pose = caps.pose.permute(0, 2, 3, 1, 4, 5)  # (B, H, W, T, P, P)
+        activation = caps.activation.permute(0, 2, 3, 1).reshape(batch, -1)  # (B, H*W*T)
+        coords = None
+        if self.coordinate_addition:
+            coords = self.coordinates(height, width, pose.device, pose.dtype)  # (H, W, 2)
+            coords = coords.unsqueeze(2).expand(-1, -1, self.in_types, -1).reshape(-1, 2)  # (H*W*T, 2)
+        if isinstance(self.routing, EMRouting):  # the fused CPU kernel where it applies: no stored votes
+            out_pose, out_act = self.routing.route_poses(pose.reshape(batch, -1, side, side), self.weight, activation,
+                                                         self.beta_v, self.beta_a, coordinates=coords)
+            return MatrixCapsules(out_pose.view(batch, self.num_classes, 1, 1, side, side),
+                                  out_act.view(batch, self.num_classes, 1, 1))
         weight = self.weight.unsqueeze(0).expand(height * width, -1, -1, -1, -1)
         weight = weight.reshape(-1, self.num_classes, side, side)  # (H*W*T, J, P, P)
         votes = matrix_votes(pose.reshape(batch, -1, side, side), weight)  # (B, H*W*T, J, P*P)
-        if self.coordinate_addition:
-            coords = self.coordinates(height, width, votes.device, votes.dtype)  # (H, W, 2)
-            coords = coords.unsqueeze(2).expand(-1, -1, self.in_types, -1).reshape(1, -1, 1, 2)
-            votes = torch.cat([votes[..., :2] + coords, votes[..., 2:]], dim=-1)
-        activation = caps.activation.permute(0, 2, 3, 1).reshape(batch, -1)  # (B, H*W*T)
+        if coords is not None:
+            votes = torch.cat([votes[..., :2] + coords.view(1, -1, 1, 2), votes[..., 2:]], dim=-1)
         out_pose, out_act = self.routing(votes, activation, self.beta_v, self.beta_a)
         return MatrixCapsules(out_pose.view(batch, self.num_classes, 1, 1, side, side),
                               out_act.view(batch, self.num_classes, 1, 1))

@@ -1,0 +1,269 @@
+"""The fused CPU kernel of EM routing (capsnets.functional.em_kernel) against the float64 references and the
+PyTorch path: forward, gradients, both layouts, both formulations, edge cases, training, and the switch."""
+import unittest.mock
+import warnings
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from capsnets import create_model
+from capsnets.capsules import MatrixCapsules
+from capsnets.functional import EMRouting, em_kernel, em_routing, em_routing_poses  # noqa: F401
+from capsnets.functional.em_routing import OFFICIAL_VARIANCE_FLOOR
+from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules
+from capsnets.testing import reference_conv_em_routing, reference_em_routing
+
+
+@pytest.fixture
+def cpp(monkeypatch):
+    """Force the kernel: a test that uses it fails (does not skip) where it cannot be built or loaded."""
+    monkeypatch.setenv(em_kernel.ENV_VAR, "cpp")
+    assert em_kernel.load() is not None, f"the fused EM kernel did not build or load: {em_kernel.load_error()}"
+
+
+def _poses(batch, children, child_types, parents, *, gen, dtype=torch.float64, scale=1.0):
+    poses = scale * torch.randn(batch, children, 4, 4, generator=gen, dtype=dtype)
+    weight = torch.randn(child_types, parents, 4, 4, generator=gen, dtype=dtype) / 2
+    acts = torch.rand(batch, children, generator=gen, dtype=dtype)
+    acts[torch.rand(batch, children, generator=gen) < 0.25] = 0.0  # some inactive children
+    beta_v = torch.rand(parents, generator=gen, dtype=dtype)
+    beta_a = 0.01 * torch.randn(parents, generator=gen, dtype=dtype)
+    return poses, weight, acts, beta_v, beta_a
+
+
+def _votes(poses, weight, coords=None):
+    full = weight.repeat(poses.shape[1] // weight.shape[0], 1, 1, 1)
+    votes = (poses.unsqueeze(2) @ full.unsqueeze(0)).flatten(-2)  # (B, I, J, 16)
+    if coords is not None:
+        votes = torch.cat([votes[..., :2] + coords.view(1, -1, 1, 2), votes[..., 2:]], dim=-1)
+    return votes
+
+
+def test_the_kernel_is_used_where_it_applies(cpp):
+    with unittest.mock.patch.object(em_kernel, "load", wraps=em_kernel.load) as load:
+        em_routing_poses(*_poses(2, 6, 6, 3, gen=torch.Generator().manual_seed(0)))
+        assert load.call_count == 1
+        em_routing_poses(*_poses(2, 6, 6, 3, gen=torch.Generator().manual_seed(0), dtype=torch.bfloat16))
+        assert load.call_count == 1  # half precision: the PyTorch path
+
+
+@pytest.mark.parametrize("formulation", ["paper", "official"])
+@pytest.mark.parametrize("detach", [False, True])
+@pytest.mark.parametrize("coordinates", [False, True])
+def test_fully_connected_layout_agrees_with_the_literal_reference(cpp, formulation, detach, coordinates):
+    gen = torch.Generator().manual_seed(1)
+    for children, child_types in ((12, 12), (12, 3), (1, 1)):  # per-child weights, shared by type, one child
+        poses, weight, acts, beta_v, beta_a = _poses(2, children, child_types, 3, gen=gen, scale=0.5)
+        coords = torch.rand(children, 2, generator=gen, dtype=torch.float64) if coordinates else None
+        lambdas = [0.01, 0.02, 0.03] if formulation == "official" else [0.5, 1.0, 2.0]
+        floor = OFFICIAL_VARIANCE_FLOOR if formulation == "official" else None
+        for eps in (1e-7, 1e-5):
+            mu, a, r = em_routing_poses(poses, weight, acts, beta_v, beta_a, 3, coordinates=coords,
+                                        inverse_temperature=lambdas, return_assignments=True, eps=eps,
+                                        detach_routing=detach, formulation=formulation)
+            ref = reference_em_routing(_votes(poses, weight, coords), acts, beta_v, beta_a, 3, lambdas, eps,
+                                       variance_floor=floor)
+            for got, want in zip((mu, a, r), ref):
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("formulation", ["paper", "official"])
+@pytest.mark.parametrize("scope", ["position", "all_parents", "per_type"])
+def test_convolutional_layout_agrees_with_the_literal_reference(cpp, formulation, scope):
+    gen = torch.Generator().manual_seed(2)
+    caps = MatrixCapsules(torch.randn(2, 2, 5, 5, 4, 4, generator=gen, dtype=torch.float64),
+                          torch.rand(2, 2, 5, 5, generator=gen, dtype=torch.float64))
+    routing = (EMRouting.official(3) if formulation == "official" else EMRouting(3, [0.2, 0.5, 1.0]))
+    torch.manual_seed(0)
+    layer = ConvMatrixCapsules(2, 3, stride=1, padding=1, routing=routing, assignment_scope=scope,
+                               dtype=torch.float64)
+    with torch.no_grad():
+        layer.beta_v.uniform_(0.0, 1.0)
+        layer.beta_a.uniform_(-0.01, 0.01)
+    out = layer(caps)
+    ref_pose, ref_act = reference_conv_em_routing(
+        caps.pose, caps.activation, layer.weight.detach(), layer.beta_v.detach(), layer.beta_a.detach(), stride=1,
+        padding=1, inverse_temperatures=list(routing.inverse_temperature), eps=routing.eps, scope=scope,
+        variance_floor=routing.variance_floor)
+    torch.testing.assert_close(out.pose.flatten(4), ref_pose, rtol=0, atol=1e-8)
+    torch.testing.assert_close(out.activation, ref_act, rtol=0, atol=1e-8)
+
+
+def _fc_inputs(seed):
+    gen = torch.Generator().manual_seed(seed)
+    poses, weight, acts, beta_v, beta_a = _poses(2, 6, 3, 3, gen=gen, scale=0.5)
+    coords = torch.rand(6, 2, generator=gen, dtype=torch.float64)
+    return (poses, weight, acts.clamp_min(0.05), beta_v, beta_a), coords
+
+
+def _lambdas(formulation):
+    return [0.05, 0.1, 0.15] if formulation == "official" else [0.3, 0.6, 1.0]
+
+
+@pytest.mark.parametrize("formulation", ["paper", "official"])
+def test_gradcheck(cpp, formulation):
+    inputs, coords = _fc_inputs(3)
+
+    def route(p, w, a, bv, ba):
+        return em_routing_poses(p, w, a, bv, ba, 3, coordinates=coords, inverse_temperature=_lambdas(formulation),
+                                formulation=formulation)
+
+    assert gradcheck(route, tuple(t.clone().requires_grad_() for t in inputs), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("formulation", ["paper", "official"])
+def test_detached_gradients_match_the_pytorch_path(monkeypatch, formulation):
+    # detach_routing's gradient is not the derivative (the assignments act as constants), so no gradcheck:
+    # the same float64 gradients as the PyTorch path, whose detached gradients the em_routing tests check
+    inputs, coords = _fc_inputs(12)
+    grads = {}
+    for path in ("torch", "cpp"):
+        monkeypatch.setenv(em_kernel.ENV_VAR, path)
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        mu, a = em_routing_poses(*leaves, 3, coordinates=coords, inverse_temperature=_lambdas(formulation),
+                                 formulation=formulation, detach_routing=True)
+        (mu.square().sum() + a.sum()).backward()
+        grads[path] = [t.grad for t in leaves]
+    for got, want in zip(grads["cpp"], grads["torch"]):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("scope", ["all_parents", "per_type"])
+@pytest.mark.parametrize("detach", [False, True])
+def test_float32_gradients_match_the_pytorch_path_in_float64(cpp, monkeypatch, scope, detach):
+    # a convolutional layer with the released code's routing, as in matrix_capsnet: float32 kernel gradients
+    # against the PyTorch path's float64 gradients (which the tests of em_routing check by gradcheck)
+    gen = torch.Generator().manual_seed(4)
+    pose = torch.randn(2, 4, 6, 6, 4, 4, generator=gen, dtype=torch.float64)
+    act = torch.rand(2, 4, 6, 6, generator=gen, dtype=torch.float64)
+    grads = {}
+    for path, dtype in (("torch", torch.float64), ("cpp", torch.float32)):
+        monkeypatch.setenv(em_kernel.ENV_VAR, path)
+        torch.manual_seed(0)
+        layer = ConvMatrixCapsules(4, 5, stride=1, routing=EMRouting.official(3, detach_routing=detach),
+                                   assignment_scope=scope, dtype=torch.float64).to(dtype)
+        p = pose.to(dtype).detach().clone().requires_grad_()
+        a = act.to(dtype).detach().clone().requires_grad_()
+        out = layer(MatrixCapsules(p, a))
+        probe = torch.randn(out.pose.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        loss = (out.pose * probe.to(dtype)).sum() + out.activation.sum() * 3
+        loss.backward()
+        grads[path] = [t.double() for t in (out.pose, out.activation, p.grad, a.grad, layer.weight.grad,
+                                            layer.beta_v.grad, layer.beta_a.grad)]
+    for got, want in zip(grads["cpp"], grads["torch"]):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4 * want.abs().max().item())
+
+
+def test_class_layer_with_coordinate_addition_matches_the_pytorch_path(cpp, monkeypatch):
+    gen = torch.Generator().manual_seed(6)
+    caps = MatrixCapsules(torch.randn(3, 4, 3, 3, 4, 4, generator=gen), torch.rand(3, 4, 3, 3, generator=gen))
+    outs = {}
+    for path in ("torch", "cpp"):
+        monkeypatch.setenv(em_kernel.ENV_VAR, path)
+        torch.manual_seed(0)
+        layer = ClassMatrixCapsules(4, 5, routing=EMRouting.official(3, layer="class"))
+        pose = caps.pose.clone().requires_grad_()
+        out = layer(MatrixCapsules(pose, caps.activation))
+        (out.pose.sum() + 10 * out.activation.sum()).backward()
+        outs[path] = (out.pose, out.activation, pose.grad, layer.weight.grad, layer.beta_a.grad)
+    for got, want in zip(outs["cpp"], outs["torch"]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["zero_activations", "identical_votes", "huge_votes"])
+def test_edge_cases_match_the_pytorch_path(cpp, monkeypatch, case):
+    gen = torch.Generator().manual_seed(7)
+    poses, weight, acts, beta_v, beta_a = _poses(3, 8, 8, 4, gen=gen, dtype=torch.float32)
+    if case == "zero_activations":
+        acts = torch.zeros_like(acts)
+    elif case == "identical_votes":
+        poses = poses[:, :1].expand_as(poses).contiguous()
+        weight = weight[:1].expand_as(weight).contiguous()
+    else:
+        poses = poses * 1e18  # votes beyond the float32 overflow bound of the squares: rescaled
+    results = {}
+    for path in ("torch", "cpp"):
+        monkeypatch.setenv(em_kernel.ENV_VAR, path)
+        leaves = [t.clone().requires_grad_() for t in (poses, weight, acts, beta_v, beta_a)]
+        mu, a = em_routing_poses(*leaves, formulation="official")
+        ((mu / mu.abs().max().clamp_min(1)).sum() + a.sum()).backward()
+        results[path] = [mu, a] + [t.grad for t in leaves]
+    for got, want in zip(results["cpp"], results["torch"]):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5 * max(1.0, want.abs().max().item()))
+
+
+def test_training_steps_give_the_same_losses(monkeypatch):
+    x = torch.randn(8, 1, 28, 28, generator=torch.Generator().manual_seed(8))
+    y = torch.arange(8) % 10
+    losses = {}
+    for path in ("torch", "cpp"):
+        monkeypatch.setenv(em_kernel.ENV_VAR, path)
+        torch.manual_seed(0)
+        model = create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28))
+        opt = torch.optim.Adam(model.parameters(), 1e-2)
+        losses[path] = []
+        for _ in range(4):
+            loss = torch.nn.functional.cross_entropy(model(x).scores * 10, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses[path].append(loss.item())
+    assert losses["cpp"] == pytest.approx(losses["torch"], rel=1e-4)
+    assert losses["cpp"][-1] != losses["cpp"][0]  # the steps did change the model
+
+
+def test_em_routing_poses_agrees_with_em_routing_on_the_pytorch_path(monkeypatch):
+    monkeypatch.setenv(em_kernel.ENV_VAR, "torch")
+    gen = torch.Generator().manual_seed(9)
+    poses, weight, acts, beta_v, beta_a = _poses(2, 9, 3, 4, gen=gen)
+    coords = torch.rand(9, 2, generator=gen, dtype=torch.float64)
+    got = em_routing_poses(poses, weight, acts, beta_v, beta_a, coordinates=coords, formulation="official")
+    want = em_routing(_votes(poses, weight, coords), acts, beta_v, beta_a, formulation="official")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+def test_bad_inputs_get_clear_errors(cpp):
+    gen = torch.Generator().manual_seed(10)
+    poses, weight, acts, beta_v, beta_a = _poses(2, 6, 3, 3, gen=gen)
+    with pytest.raises(ValueError, match="multiple of Iw"):
+        em_routing_poses(poses, weight[:, :, :, :2], acts, beta_v, beta_a)
+    with pytest.raises(ValueError, match="multiple of Iw"):
+        em_routing_poses(poses, torch.randn(4, 3, 4, 4, dtype=torch.float64), acts, beta_v, beta_a)
+    with pytest.raises(ValueError, match=r"\(B, I, P, P\)"):
+        em_routing_poses(poses.flatten(2), weight, acts, beta_v, beta_a)
+    with pytest.raises(ValueError, match="activations"):
+        em_routing_poses(poses, weight, acts[:, :3], beta_v, beta_a)
+    with pytest.raises(ValueError, match="coordinates"):
+        em_routing_poses(poses, weight, acts, beta_v, beta_a, coordinates=torch.zeros(6, 3))
+
+
+def test_the_switch(monkeypatch):
+    monkeypatch.setenv(em_kernel.ENV_VAR, "fast")
+    with pytest.raises(ValueError, match="CAPSNETS_EM_KERNEL must be one of"):
+        em_kernel.kernel_mode()
+    monkeypatch.setenv(em_kernel.ENV_VAR, "torch")
+    assert em_kernel.fused_kernel(torch.zeros(1, 1, 4, 4)) is None
+    monkeypatch.setenv(em_kernel.ENV_VAR, "auto")
+    assert em_kernel.fused_kernel(torch.zeros(1, 1, 3, 3)) is None  # 3x3 poses: the PyTorch path
+    with unittest.mock.patch("torch.compiler.is_compiling", return_value=True):
+        assert em_kernel.fused_kernel(torch.zeros(1, 1, 4, 4)) is None  # traced: the PyTorch path
+
+
+def test_a_kernel_that_cannot_load_falls_back_once_or_fails_when_forced(monkeypatch):
+    monkeypatch.setattr(em_kernel, "_state", {"tried": True, "module": None, "error": "OSError: no compiler",
+                                              "warned": False})
+    gen = torch.Generator().manual_seed(11)
+    inputs = _poses(2, 6, 3, 3, gen=gen)
+    monkeypatch.setenv(em_kernel.ENV_VAR, "auto")
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        mu, _ = em_routing_poses(*inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once only
+        mu_again, _ = em_routing_poses(*inputs)
+    torch.testing.assert_close(mu, mu_again)
+    monkeypatch.setenv(em_kernel.ENV_VAR, "cpp")
+    with pytest.raises(RuntimeError, match="CAPSNETS_EM_KERNEL=torch"):
+        em_routing_poses(*inputs)
