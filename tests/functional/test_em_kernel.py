@@ -81,7 +81,11 @@ def test_convolutional_layout_agrees_with_the_literal_reference(cpp, formulation
     with torch.no_grad():
         layer.beta_v.uniform_(0.0, 1.0)
         layer.beta_a.uniform_(-0.01, 0.01)
-    out = layer(caps)
+    with torch.no_grad():  # without gradients every iteration but the last runs inside the kernel
+        head = layer(caps)
+    out = layer(caps)  # with gradients (exact): only the vote products run in the kernel
+    torch.testing.assert_close(head.pose, out.pose.detach(), rtol=0, atol=1e-10)
+    torch.testing.assert_close(head.activation, out.activation.detach(), rtol=0, atol=1e-10)
     ref_pose, ref_act = reference_conv_em_routing(
         caps.pose, caps.activation, layer.weight.detach(), layer.beta_v.detach(), layer.beta_a.detach(), stride=1,
         padding=1, inverse_temperatures=list(routing.inverse_temperature), eps=routing.eps, scope=scope,
@@ -212,6 +216,23 @@ def test_training_steps_give_the_same_losses(monkeypatch):
             losses[path].append(loss.item())
     assert losses["cpp"] == pytest.approx(losses["torch"], rel=1e-4)
     assert losses["cpp"][-1] != losses["cpp"][0]  # the steps did change the model
+
+
+@pytest.mark.parametrize("cost_normalization", ["mean_std", "mass"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_cost_normalizations_match_the_pytorch_path(cpp, monkeypatch, cost_normalization, grad):
+    gen = torch.Generator().manual_seed(13)
+    inputs = _poses(3, 10, 5, 4, gen=gen)
+    results = {}
+    for path in ("torch", "cpp"):
+        monkeypatch.setenv(em_kernel.ENV_VAR, path)
+        with torch.set_grad_enabled(grad):
+            leaves = [t.clone().requires_grad_(grad) for t in inputs]
+            mu, a, r = em_routing_poses(*leaves, 3, inverse_temperature=1.0, cost_normalization=cost_normalization,
+                                        detach_routing=True, return_assignments=True)
+        results[path] = (mu, a, r)
+    for got, want in zip(results["cpp"], results["torch"]):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
 def test_em_routing_poses_agrees_with_em_routing_on_the_pytorch_path(monkeypatch):

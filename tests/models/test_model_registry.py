@@ -166,7 +166,9 @@ def test_training_steps_leave_no_tensors_behind(name):
     before = live_tensors()
     for _ in range(2):
         step()
-    assert live_tensors() == before
+    # A leak adds tensors at every step. Fewer is no leak: a previous test's leftovers (seen once, after
+    # the tests of other files had run) may be freed during these steps.
+    assert live_tensors() <= before
 
 
 def test_matrix_models_give_the_class_layer_routing_settings_of_its_own(tmp_path):

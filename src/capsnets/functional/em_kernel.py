@@ -4,9 +4,11 @@ EM routing (:mod:`capsnets.functional.em_routing`) uses the votes ``V = M W`` on
 ``[x, x^2]``, ``x = V / scale - c``: one per M-step, one per E-step, and their transposes in the backward.
 ``csrc/em_votes.cpp`` computes each product straight from the child poses ``M`` and the transforms ``W``,
 one (routing problem, parent) block at a time, so the ``(N, J, I, 16)`` vote tensor is never written to
-memory, forward or backward (the backward recomputes the votes it needs). Everything else of the procedure
-(the M- and E-step equations, every formulation, exact or detached gradients) is the same Python code as
-the PyTorch path, so both paths compute one procedure.
+memory, forward or backward (the backward recomputes the votes it needs). Where no gradient flows through
+them (inference, and every iteration but the last with ``detach_routing=True``), the kernel also runs those
+iterations whole (``route_head``: M-step, E-step and the child groups' normalisation, per routing problem in
+cache). The last M-step, and with exact gradients every iteration, are the same Python code as the PyTorch
+path, differentiated by the same replay (:mod:`capsnets.functional.em_routing`).
 
 The kernel is C++ with OpenMP (``at::parallel_for``), compiled by PyTorch's extension tooling
 (:func:`torch.utils.cpp_extension.load`, with the compiler and ninja that are on the machine) the first time

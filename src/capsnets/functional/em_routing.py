@@ -470,12 +470,13 @@ def _initial_assignments(c, a_in, groups):
 
 
 def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, detach_routing, groups,
-           variance_floor, scale):
+           variance_floor, scale, head=None):
     """The procedure on shifted votes, seen only through ``contract``: poses, activations, assignments.
 
     ``variance_floor`` None: the paper's procedure (``eps`` is floor and guard); a number: the released
     code's formulation (module docstring). ``scale`` (a :class:`_Scale`): the units of ``c`` and of the
-    votes behind ``contract``, and the variance floor in them."""
+    votes behind ``contract``, and the variance floor in them. ``head``: ``(r, d)`` after every iteration
+    but the last, computed without gradients elsewhere (:func:`_fused_head`); only the last M-step runs here."""
     r = _initial_assignments(c, a_in, groups)  # (B, J, I)
     d_prev = None if variance_floor is None else -c.squeeze(2)  # official: the centre starts at 0
 
@@ -486,7 +487,11 @@ def _route(c, contract, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, 
             d_prev = out[0]
         return out
 
-    if detach_routing and len(lambdas) > 1:
+    if head is not None and len(lambdas) > 1:
+        r, d_head = head
+        d_prev = None if d_prev is None else d_head
+        lambdas = lambdas[-1:]
+    elif detach_routing and len(lambdas) > 1:
         with torch.no_grad():  # the assignments become constants: no graph for these iterations
             for lam in lambdas[:-1]:
                 d, var, log_var, pre = m_step(r, lam)
@@ -535,7 +540,7 @@ def _recording(ctx, source: _DenseVotes):
     return record
 
 
-def _replay(ctx, source: _DenseVotes, c, a_in, beta_v, beta_a, g_outs):
+def _replay(ctx, source: _DenseVotes, c, a_in, beta_v, beta_a, g_outs, head=None):
     """The backward of the small-tensor part of :func:`_route`, replayed from the recorded products.
 
     Returns the gradients of ``(a_in, beta_v, beta_a)`` and the outer-product factors ``(left, right)``
@@ -544,7 +549,7 @@ def _replay(ctx, source: _DenseVotes, c, a_in, beta_v, beta_a, g_outs):
     leaves = [t.detach().requires_grad_() for t in (a_in, beta_v, beta_a)]
     with torch.enable_grad():
         out = _route(c, lambda kind, op: _Replay.apply(op, next(replayed), source, kind, sink), *leaves,
-                     *ctx.settings)
+                     *ctx.settings, head=head)
         pairs = [(o, g) for o, g in zip(out, g_outs) if g is not None and o.requires_grad]
         grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
     if not sink:
@@ -590,11 +595,11 @@ class _FusedEMFunction(torch.autograd.Function):
     outer-product factors, recomputing the votes it needs."""
 
     @staticmethod
-    def forward(ctx, pose, weight, a_in, beta_v, beta_a, coord, kernel, c, lambdas, eps, cost_normalization,
+    def forward(ctx, pose, weight, a_in, beta_v, beta_a, coord, kernel, c, head, lambdas, eps, cost_normalization,
                 detach_routing, groups, variance_floor, scale):
         ctx.settings = (lambdas, eps, cost_normalization, detach_routing, groups, variance_floor, scale)
-        ctx.source = _FusedVotes(kernel, pose, weight, coord, c, scale.inv)
-        out = _route(c, _recording(ctx, ctx.source), a_in, beta_v, beta_a, *ctx.settings)
+        ctx.source, ctx.head = _FusedVotes(kernel, pose, weight, coord, c, scale.inv), head
+        out = _route(c, _recording(ctx, ctx.source), a_in, beta_v, beta_a, *ctx.settings, head=head)
         ctx.save_for_backward(c, a_in, beta_v, beta_a)
         return out
 
@@ -603,13 +608,13 @@ class _FusedEMFunction(torch.autograd.Function):
     def backward(ctx, g_mu, g_a, g_r):
         c, a_in, beta_v, beta_a = ctx.saved_tensors
         source = ctx.source
-        grads, left, right = _replay(ctx, source, c, a_in, beta_v, beta_a, (g_mu, g_a, g_r))
+        grads, left, right = _replay(ctx, source, c, a_in, beta_v, beta_a, (g_mu, g_a, g_r), head=ctx.head)
         grad_pose = grad_weight = None
         if left is not None and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             grad_pose, grad_weight = source.kernel.votes_backward(
                 source.pose, source.weight, source.coord, source.c, source.inv, left.contiguous(),
                 right.contiguous())
-        return (grad_pose, grad_weight, *grads, None, None, None, None, None, None, None, None, None, None)
+        return (grad_pose, grad_weight, *grads, None, None, None, None, None, None, None, None, None, None, None)
 
 
 def em_routing(
@@ -797,11 +802,33 @@ def em_routing_poses(
             scale = _scale_from_top(top, height, eps if variance_floor is None else variance_floor)
             c = (mean * scale.inv.view(-1, 1, 1)).unsqueeze(2)  # (B, J, 1, H)
         settings = (lambdas, eps, cost_normalization, detach_routing, child_groups, variance_floor, scale)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (pose, w, a_in, beta_v, beta_a)):
-            mu, a_out, r = _FusedEMFunction.apply(pose, w, a_in, beta_v, beta_a, coord, kernel, c, *settings)
+        tracked = torch.is_grad_enabled() and any(t.requires_grad for t in (pose, w, a_in, beta_v, beta_a))
+        head = None  # the iterations without gradients, all in the kernel
+        if len(lambdas) > 1 and (detach_routing or not tracked):
+            head = _fused_head(kernel, pose, w, coord, c, a_in, beta_v, beta_a, *settings)
+        if tracked:
+            mu, a_out, r = _FusedEMFunction.apply(pose, w, a_in, beta_v, beta_a, coord, kernel, c, head, *settings)
         else:
             source = _FusedVotes(kernel, pose, w, coord, c, scale.inv)
-            mu, a_out, r = _route(c, source.contract, a_in, beta_v, beta_a, *settings)
+            mu, a_out, r = _route(c, source.contract, a_in, beta_v, beta_a, *settings, head=head)
     if return_assignments:
         return mu, a_out, r.transpose(1, 2)
     return mu, a_out
+
+
+def _fused_head(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas, eps, cost_normalization,
+                detach_routing, groups, variance_floor, scale):
+    """Every iteration but the last, without gradients, in the kernel: ``(r (B, J, I), d (B, J, H))``, the
+    assignments of the last M-step and the last centre (minus ``c``, in the units of ``scale``)."""
+    with torch.no_grad():
+        parents = weight.shape[1]
+        r0 = _initial_assignments(c, a_in, groups).contiguous()
+        index = groups.index.contiguous() if groups is not None else pose.new_empty(0, dtype=torch.long)
+        r, d = kernel.route_head(
+            pose, weight, coord, c.squeeze(2).contiguous(), scale.inv.reshape(-1).contiguous(),
+            a_in.squeeze(1).contiguous(), beta_v.expand(parents).contiguous(), beta_a.expand(parents).contiguous(),
+            scale.floor.reshape(-1).contiguous(), scale.log_var.reshape(-1).contiguous(), r0, index,
+            [float(x) for x in lambdas[:-1]], float(eps), variance_floor is not None,
+            _COST_NORMALIZATIONS.index(cost_normalization), 1 if groups is not None and groups.normalize == "per_type"
+            else 0, groups.count if groups is not None else 0)
+    return r, d

@@ -17,33 +17,28 @@
 //   e_product(pose, weight, coord, c, inv, coef (N, J, 32)) -> [x, x^2] . coef    (N, J, I)
 //   votes_backward(pose, weight, coord, c, inv, left (N, J, I, K), right (N, J, K, 32))
 //       with d loss / d xx = left @ right: -> d pose (N, I, 16), d weight (Iw, J, 16)
+//   route_head(...): whole iterations without gradients (M-step, E-step, child-group normalisation) ->
+//       the assignments (N, J, I) of the next M-step and the last centre (N, J, 16)
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace {
 
 constexpr int64_t kH = 16;  // pose components of a 4x4 matrix
 
-template <typename T>
-inline void vote(const T* __restrict m, const T* __restrict w, const T* __restrict coord, T* __restrict v) {
-  for (int r = 0; r < 4; ++r) {
-    const T m0 = m[r * 4], m1 = m[r * 4 + 1], m2 = m[r * 4 + 2], m3 = m[r * 4 + 3];
-    for (int col = 0; col < 4; ++col) {
-      v[r * 4 + col] = m0 * w[col] + m1 * w[4 + col] + m2 * w[8 + col] + m3 * w[12 + col];
-    }
-  }
-  if (coord != nullptr) {
-    v[0] += coord[0];
-    v[1] += coord[1];
-  }
-}
+// Inside the kernels, one child's votes for all J parents are held as a (4, 4J) block, row r of the pose
+// matrix by (parent, column): V[r][4j + col] = sum_k M[r][k] Wt[k][4j + col], with the transforms laid out
+// as Wt (Iw, 4, 4J). Every loop over that block runs over 4J contiguous values, which the compiler
+// vectorises; per-parent quantities are spread to (4, 4J) blocks once per routing problem.
 
 struct Geometry {
   int64_t n, i, j, iw;
+  int64_t q() const { return 4 * j; }  // the length of one row of a block
 };
 
 Geometry check(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord) {
@@ -62,6 +57,57 @@ Geometry check(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
   return {pose.size(0), children, weight.size(1), iw};
 }
 
+// Wt[i][k][4j + col] = W[i][j][4k + col]
+template <typename T>
+std::vector<T> transpose_weight(const at::Tensor& weight, const Geometry& g) {
+  const T* W = weight.data_ptr<T>();
+  std::vector<T> wt(static_cast<size_t>(g.iw * kH * g.j));
+  for (int64_t i = 0; i < g.iw; ++i)
+    for (int64_t j = 0; j < g.j; ++j)
+      for (int k = 0; k < 4; ++k)
+        for (int col = 0; col < 4; ++col)
+          wt[(i * 4 + k) * g.q() + 4 * j + col] = W[(i * g.j + j) * kH + 4 * k + col];
+  return wt;
+}
+
+// block[r][4j + col] = per_parent[j * stride + 4r + col]: a (J, 16) slice spread to a (4, 4J) block
+template <typename T>
+inline void spread(const T* per_parent, int64_t stride, int64_t parents, T* block) {
+  const int64_t q = 4 * parents;
+  for (int64_t j = 0; j < parents; ++j)
+    for (int r = 0; r < 4; ++r)
+      for (int col = 0; col < 4; ++col) block[r * q + 4 * j + col] = per_parent[j * stride + 4 * r + col];
+}
+
+// out[j * stride + 4r + col] = block[r][4j + col]
+template <typename T>
+inline void gather(const T* block, int64_t parents, int64_t stride, T* out) {
+  const int64_t q = 4 * parents;
+  for (int64_t j = 0; j < parents; ++j)
+    for (int r = 0; r < 4; ++r)
+      for (int col = 0; col < 4; ++col) out[j * stride + 4 * r + col] = block[r * q + 4 * j + col];
+}
+
+// The (4, 4J) vote block of child i of problem n, times u, minus the origin block c (or plain with c null).
+template <typename T>
+inline void vote_block(const T* __restrict m, const T* __restrict wt, const T* __restrict coord, T u,
+                       const T* __restrict c, int64_t q, T* __restrict x) {
+  for (int r = 0; r < 4; ++r) {
+    const T m0 = m[4 * r], m1 = m[4 * r + 1], m2 = m[4 * r + 2], m3 = m[4 * r + 3];
+    T* xr = x + r * q;
+    for (int64_t e = 0; e < q; ++e) xr[e] = m0 * wt[e] + m1 * wt[q + e] + m2 * wt[2 * q + e] + m3 * wt[3 * q + e];
+  }
+  if (coord != nullptr) {
+    for (int64_t e = 0; e < q; e += 4) {
+      x[e] += coord[0];
+      x[e + 1] += coord[1];
+    }
+  }
+  if (c != nullptr) {
+    for (int64_t e = 0; e < 4 * q; ++e) x[e] = x[e] * u - c[e];
+  }
+}
+
 template <typename T>
 const T* coord_ptr(const at::Tensor& coord) {
   return coord.numel() > 0 ? coord.data_ptr<T>() : nullptr;
@@ -70,34 +116,32 @@ const T* coord_ptr(const at::Tensor& coord) {
 template <typename T>
 void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& w0,
                 at::Tensor& mean, at::Tensor& top, const Geometry& g) {
+  const auto wt = transpose_weight<T>(weight, g);
   const T* P = pose.data_ptr<T>();
-  const T* W = weight.data_ptr<T>();
   const T* C = coord_ptr<T>(coord);
   const T* A = w0.data_ptr<T>();
   T* out = mean.data_ptr<T>();
   T* mx = top.data_ptr<T>();
+  const int64_t q = g.q();
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    T v[kH];
+    std::vector<T> v(4 * q), acc(4 * q), big(4 * q);
     for (int64_t n = begin; n < end; ++n) {
-      T biggest = 0;
-      T* acc = out + n * g.j * kH;
-      std::fill(acc, acc + g.j * kH, T(0));
+      bool nan = false;
+      std::fill(acc.begin(), acc.end(), T(0));
+      std::fill(big.begin(), big.end(), T(0));
       for (int64_t i = 0; i < g.i; ++i) {
-        const T* m = P + (n * g.i + i) * kH;
+        vote_block(P + (n * g.i + i) * kH, wt.data() + (i % g.iw) * 4 * q, C ? C + 2 * i : nullptr, T(1),
+                   static_cast<const T*>(nullptr), q, v.data());
         const T a = A[n * g.i + i];
-        const T* wi = W + (i % g.iw) * g.j * kH;
-        const T* ci = C ? C + i * 2 : nullptr;
-        for (int64_t j = 0; j < g.j; ++j) {
-          vote(m, wi + j * kH, ci, v);
-          T* accj = acc + j * kH;
-          for (int h = 0; h < kH; ++h) {
-            accj[h] += a * v[h];
-            const T size = std::abs(v[h]);
-            biggest = (size > biggest || size != size) ? size : biggest;  // a NaN vote stays NaN
-          }
+        for (int64_t e = 0; e < 4 * q; ++e) {
+          acc[e] += a * v[e];
+          const T size = std::abs(v[e]);
+          big[e] = size > big[e] ? size : big[e];
+          nan |= size != size;
         }
       }
-      mx[n] = biggest;
+      gather(acc.data(), g.j, kH, out + n * g.j * kH);
+      mx[n] = nan ? std::numeric_limits<T>::quiet_NaN() : *std::max_element(big.begin(), big.end());
     }
   });
 }
@@ -105,36 +149,38 @@ void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
 template <typename T>
 void m_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
             const at::Tensor& inv, const at::Tensor& w, at::Tensor& out, const Geometry& g) {
+  const auto wt = transpose_weight<T>(weight, g);
   const T* P = pose.data_ptr<T>();
-  const T* W = weight.data_ptr<T>();
   const T* C = coord_ptr<T>(coord);
   const T* S = c.data_ptr<T>();
   const T* U = inv.data_ptr<T>();
   const T* R = w.data_ptr<T>();
   T* O = out.data_ptr<T>();
-  at::parallel_for(0, g.n * g.j, 1, [&](int64_t begin, int64_t end) {
-    T v[kH];
-    for (int64_t nj = begin; nj < end; ++nj) {
-      const int64_t n = nj / g.j, j = nj % g.j;
-      const T u = U[n];
-      const T* cj = S + nj * kH;
-      const T* r = R + nj * g.i;
-      T s1[kH] = {0}, s2[kH] = {0};
+  const int64_t q = g.q();
+  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> cb(4 * q), x(4 * q), s1(4 * q), s2(4 * q), we(q);
+    for (int64_t n = begin; n < end; ++n) {
+      spread(S + n * g.j * kH, kH, g.j, cb.data());
+      std::fill(s1.begin(), s1.end(), T(0));
+      std::fill(s2.begin(), s2.end(), T(0));
+      const T* r = R + n * g.j * g.i;  // (J, I)
       for (int64_t i = 0; i < g.i; ++i) {
-        const T weight_i = r[i];
-        vote(P + (n * g.i + i) * kH, W + ((i % g.iw) * g.j + j) * kH, C ? C + i * 2 : nullptr, v);
-        for (int h = 0; h < kH; ++h) {
-          const T x = v[h] * u - cj[h];
-          const T wx = weight_i * x;
-          s1[h] += wx;
-          s2[h] += wx * x;
+        for (int64_t j = 0; j < g.j; ++j) we[4 * j] = we[4 * j + 1] = we[4 * j + 2] = we[4 * j + 3] = r[j * g.i + i];
+        vote_block(P + (n * g.i + i) * kH, wt.data() + (i % g.iw) * 4 * q, C ? C + 2 * i : nullptr, U[n],
+                   cb.data(), q, x.data());
+        for (int row = 0; row < 4; ++row) {
+          const T* xr = x.data() + row * q;
+          T* a1 = s1.data() + row * q;
+          T* a2 = s2.data() + row * q;
+          for (int64_t e = 0; e < q; ++e) {
+            const T wx = we[e] * xr[e];
+            a1[e] += wx;
+            a2[e] += wx * xr[e];
+          }
         }
       }
-      T* o = O + nj * 2 * kH;
-      for (int h = 0; h < kH; ++h) {
-        o[h] = s1[h];
-        o[kH + h] = s2[h];
-      }
+      gather(s1.data(), g.j, 2 * kH, O + n * g.j * 2 * kH);
+      gather(s2.data(), g.j, 2 * kH, O + n * g.j * 2 * kH + kH);
     }
   });
 }
@@ -142,30 +188,32 @@ void m_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& 
 template <typename T>
 void e_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
             const at::Tensor& inv, const at::Tensor& coef, at::Tensor& out, const Geometry& g) {
+  const auto wt = transpose_weight<T>(weight, g);
   const T* P = pose.data_ptr<T>();
-  const T* W = weight.data_ptr<T>();
   const T* C = coord_ptr<T>(coord);
   const T* S = c.data_ptr<T>();
   const T* U = inv.data_ptr<T>();
   const T* K = coef.data_ptr<T>();
   T* O = out.data_ptr<T>();
-  at::parallel_for(0, g.n * g.j, 1, [&](int64_t begin, int64_t end) {
-    T v[kH];
-    for (int64_t nj = begin; nj < end; ++nj) {
-      const int64_t n = nj / g.j, j = nj % g.j;
-      const T u = U[n];
-      const T* cj = S + nj * kH;
-      const T* k1 = K + nj * 2 * kH;
-      const T* k2 = k1 + kH;
-      T* o = O + nj * g.i;
+  const int64_t q = g.q();
+  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> cb(4 * q), x(4 * q), k1(4 * q), k2(4 * q), t(q);
+    for (int64_t n = begin; n < end; ++n) {
+      spread(S + n * g.j * kH, kH, g.j, cb.data());
+      spread(K + n * g.j * 2 * kH, 2 * kH, g.j, k1.data());
+      spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, k2.data());
+      T* o = O + n * g.j * g.i;  // (J, I)
       for (int64_t i = 0; i < g.i; ++i) {
-        vote(P + (n * g.i + i) * kH, W + ((i % g.iw) * g.j + j) * kH, C ? C + i * 2 : nullptr, v);
-        T total = 0;
-        for (int h = 0; h < kH; ++h) {
-          const T x = v[h] * u - cj[h];
-          total += x * (k1[h] + x * k2[h]);
+        vote_block(P + (n * g.i + i) * kH, wt.data() + (i % g.iw) * 4 * q, C ? C + 2 * i : nullptr, U[n],
+                   cb.data(), q, x.data());
+        std::fill(t.begin(), t.end(), T(0));
+        for (int row = 0; row < 4; ++row) {
+          const T* xr = x.data() + row * q;
+          const T* c1 = k1.data() + row * q;
+          const T* c2 = k2.data() + row * q;
+          for (int64_t e = 0; e < q; ++e) t[e] += xr[e] * (c1[e] + xr[e] * c2[e]);
         }
-        o[i] = total;
+        for (int64_t j = 0; j < g.j; ++j) o[j * g.i + i] = (t[4 * j] + t[4 * j + 1]) + (t[4 * j + 2] + t[4 * j + 3]);
       }
     }
   });
@@ -176,71 +224,258 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
                    const at::Tensor& inv, const at::Tensor& left, const at::Tensor& right, at::Tensor& gpose,
                    at::Tensor& gweight, const Geometry& g) {
   const int64_t kk = left.size(3);
+  const auto wt = transpose_weight<T>(weight, g);
   const T* P = pose.data_ptr<T>();
-  const T* W = weight.data_ptr<T>();
   const T* C = coord_ptr<T>(coord);
   const T* S = c.data_ptr<T>();
   const T* U = inv.data_ptr<T>();
   const T* L = left.data_ptr<T>();
   const T* Rt = right.data_ptr<T>();
   T* GP = gpose.data_ptr<T>();
-  const int64_t wsize = g.iw * g.j * kH;
+  const int64_t q = g.q();
+  const int64_t wsize = g.iw * 4 * q;
   const int threads = at::get_num_threads();
-  std::vector<T> partial(static_cast<size_t>(threads) * wsize, T(0));  // d weight, one copy per thread
+  std::vector<T> partial(static_cast<size_t>(threads) * wsize, T(0));  // d Wt, one copy per thread
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
     T* gw = partial.data() + static_cast<int64_t>(at::get_thread_num()) * wsize;
-    T v[kH], gv[kH];
+    std::vector<T> cb(4 * q), x(4 * q), gv(4 * q), r1(kk * 4 * q), r2(kk * 4 * q), le(kk * q);
     for (int64_t n = begin; n < end; ++n) {
       const T u = U[n];
-      for (int64_t j = 0; j < g.j; ++j) {
-        const int64_t nj = n * g.j + j;
-        const T* cj = S + nj * kH;
-        const T* rj = Rt + nj * kk * 2 * kH;  // (K, 32)
-        for (int64_t i = 0; i < g.i; ++i) {
-          const T* m = P + (n * g.i + i) * kH;
-          const T* wij = W + ((i % g.iw) * g.j + j) * kH;
-          vote(m, wij, C ? C + i * 2 : nullptr, v);
-          const T* l = L + (nj * g.i + i) * kk;
-          T g1[kH] = {0}, g2[kH] = {0};
+      spread(S + n * g.j * kH, kH, g.j, cb.data());
+      for (int64_t k = 0; k < kk; ++k) {  // right (J, K, 32) -> two (K, 4, 4J) blocks
+        spread(Rt + (n * g.j * kk + k) * 2 * kH, kk * 2 * kH, g.j, r1.data() + k * 4 * q);
+        spread(Rt + (n * g.j * kk + k) * 2 * kH + kH, kk * 2 * kH, g.j, r2.data() + k * 4 * q);
+      }
+      for (int64_t i = 0; i < g.i; ++i) {
+        const T* m = P + (n * g.i + i) * kH;
+        const T* wti = wt.data() + (i % g.iw) * 4 * q;
+        vote_block(m, wti, C ? C + 2 * i : nullptr, u, cb.data(), q, x.data());
+        for (int64_t j = 0; j < g.j; ++j) {  // left (J, I, K) -> (K, 4J)
+          const T* l = L + ((n * g.j + j) * g.i + i) * kk;
+          for (int64_t k = 0; k < kk; ++k) le[k * q + 4 * j] = le[k * q + 4 * j + 1] = le[k * q + 4 * j + 2] =
+              le[k * q + 4 * j + 3] = l[k];
+        }
+        for (int row = 0; row < 4; ++row) {
+          T* gvr = gv.data() + row * q;
+          const T* xr = x.data() + row * q;
+          for (int64_t e = 0; e < q; ++e) gvr[e] = 0;
           for (int64_t k = 0; k < kk; ++k) {
-            const T lk = l[k];
-            const T* rk = rj + k * 2 * kH;
-            for (int h = 0; h < kH; ++h) {
-              g1[h] += lk * rk[h];
-              g2[h] += lk * rk[kH + h];
-            }
+            const T* lk = le.data() + k * q;
+            const T* a = r1.data() + (k * 4 + row) * q;
+            const T* b = r2.data() + (k * 4 + row) * q;
+            for (int64_t e = 0; e < q; ++e) gvr[e] += lk[e] * (a[e] + 2 * xr[e] * b[e]);  // through [x, x^2]
           }
-          for (int h = 0; h < kH; ++h) {
-            const T x = v[h] * u - cj[h];
-            gv[h] = (g1[h] + 2 * x * g2[h]) * u;  // d loss / d V through xx = [x, x^2]
-          }
-          // V = M W: d M = dV W^T, d W = M^T dV
-          T* gm = GP + (n * g.i + i) * kH;
-          T* gwij = gw + ((i % g.iw) * g.j + j) * kH;
-          for (int r = 0; r < 4; ++r) {
-            for (int k = 0; k < 4; ++k) {
-              gm[r * 4 + k] += gv[r * 4] * wij[k * 4] + gv[r * 4 + 1] * wij[k * 4 + 1] +
-                               gv[r * 4 + 2] * wij[k * 4 + 2] + gv[r * 4 + 3] * wij[k * 4 + 3];
-            }
-          }
+          for (int64_t e = 0; e < q; ++e) gvr[e] *= u;  // d loss / d V
+        }
+        // V = M Wt: d M[r][k] = sum_e dV[r][e] Wt[k][e]; d Wt[k][e] += sum_r M[r][k] dV[r][e]
+        T* gm = GP + (n * g.i + i) * kH;
+        T* gwi = gw + (i % g.iw) * 4 * q;
+        for (int row = 0; row < 4; ++row) {
+          const T* gvr = gv.data() + row * q;
           for (int k = 0; k < 4; ++k) {
-            const T m0 = m[k], m1 = m[4 + k], m2 = m[8 + k], m3 = m[12 + k];
-            for (int col = 0; col < 4; ++col) {
-              gwij[k * 4 + col] += m0 * gv[col] + m1 * gv[4 + col] + m2 * gv[8 + col] + m3 * gv[12 + col];
-            }
+            const T* wk = wti + k * q;
+            T total = 0;
+            for (int64_t e = 0; e < q; ++e) total += gvr[e] * wk[e];
+            gm[4 * row + k] += total;
           }
+        }
+        for (int k = 0; k < 4; ++k) {
+          const T m0 = m[k], m1 = m[4 + k], m2 = m[8 + k], m3 = m[12 + k];
+          T* gk = gwi + k * q;
+          const T* g0 = gv.data();
+          for (int64_t e = 0; e < q; ++e) gk[e] += m0 * g0[e] + m1 * g0[q + e] + m2 * g0[2 * q + e] + m3 * g0[3 * q + e];
         }
       }
     }
   });
   T* GW = gweight.data_ptr<T>();
-  at::parallel_for(0, wsize, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t e = begin; e < end; ++e) {
-      T total = 0;
-      for (int t = 0; t < threads; ++t) total += partial[static_cast<size_t>(t) * wsize + e];
-      GW[e] = total;
+  at::parallel_for(0, g.iw, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> total(4 * q);
+    for (int64_t i = begin; i < end; ++i) {
+      std::fill(total.begin(), total.end(), T(0));
+      for (int t = 0; t < threads; ++t) {
+        const T* part = partial.data() + static_cast<size_t>(t) * wsize + i * 4 * q;
+        for (int64_t e = 0; e < 4 * q; ++e) total[e] += part[e];
+      }
+      // Wt (4 = k, 4J) -> W (J, 16 = 4k + col): the block's rows are k here, so gather matches
+      gather(total.data(), g.j, kH, GW + i * g.j * kH);
     }
   });
+}
+
+// The non-final iterations of EM routing without gradients (module docstring of em_routing): from the
+// initial assignments r, `lambdas.size()` rounds of M-step and E-step; returns the assignments of the next
+// M-step and the last centre (d = mu - c, scaled units), which the released code's formulation carries over.
+struct HeadSettings {
+  std::vector<double> lambdas;
+  double eps;
+  bool official;
+  int cost_normalization;  // 0 none, 1 mean_std, 2 mass (paper formulation only)
+  int normalize;           // groups: 0 all parents, 1 per type
+  int64_t groups;          // 0: no child groups (softmax over the parents of each slot)
+};
+
+template <typename T>
+inline T log_sigmoid(T x) {
+  return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
+}
+
+template <typename T>
+void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
+               const at::Tensor& inv, const at::Tensor& a_in, const at::Tensor& beta_v, const at::Tensor& beta_a,
+               const at::Tensor& floor, const at::Tensor& log_var_offset, const at::Tensor& index,
+               const HeadSettings& hs, at::Tensor& r, at::Tensor& d_out, const Geometry& g) {
+  const auto wt = transpose_weight<T>(weight, g);
+  const T* P = pose.data_ptr<T>();
+  const T* C = coord_ptr<T>(coord);
+  const T* S = c.data_ptr<T>();
+  const T* U = inv.data_ptr<T>();
+  const T* A = a_in.data_ptr<T>();
+  const T* BV = beta_v.data_ptr<T>();
+  const T* BA = beta_a.data_ptr<T>();
+  const T* F = floor.data_ptr<T>();
+  const T* LV = log_var_offset.data_ptr<T>();
+  const int64_t* G = hs.groups ? index.data_ptr<int64_t>() : nullptr;
+  T* R = r.data_ptr<T>();  // (N, J, I): the assignments, updated in place; logits between the two phases
+  T* D = d_out.data_ptr<T>();  // (N, J, 16)
+  const int64_t q = g.q();
+  const T log2pi = static_cast<T>(std::log(2.0 * M_PI));
+  const T blend = static_cast<T>(0.9);
+  for (size_t t = 0; t < hs.lambdas.size(); ++t) {
+    const T lam = static_cast<T>(hs.lambdas[t]);
+    const T eps = static_cast<T>(hs.eps);
+    at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> cb(4 * q), x(4 * q), s1(4 * q), s2(4 * q), we(q), db(4 * q), var(4 * q), lv(4 * q), tmp(q);
+      std::vector<T> mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j), logit(g.j);
+      for (int64_t n = begin; n < end; ++n) {
+        const T u = U[n];
+        T* rn = R + n * g.j * g.i;  // (J, I)
+        spread(S + n * g.j * kH, kH, g.j, cb.data());
+        // M-step: weights R a / (mass + eps)
+        for (int64_t j = 0; j < g.j; ++j) {
+          T total = 0;
+          for (int64_t i = 0; i < g.i; ++i) total += rn[j * g.i + i] * A[n * g.i + i];
+          mass[j] = total;
+          sj[j] = total / (total + eps);
+        }
+        std::fill(s1.begin(), s1.end(), T(0));
+        std::fill(s2.begin(), s2.end(), T(0));
+        for (int64_t i = 0; i < g.i; ++i) {
+          const T a = A[n * g.i + i];
+          for (int64_t j = 0; j < g.j; ++j)
+            we[4 * j] = we[4 * j + 1] = we[4 * j + 2] = we[4 * j + 3] = rn[j * g.i + i] * a / (mass[j] + eps);
+          vote_block(P + (n * g.i + i) * kH, wt.data() + (i % g.iw) * 4 * q, C ? C + 2 * i : nullptr, u, cb.data(),
+                     q, x.data());
+          for (int row = 0; row < 4; ++row) {
+            const T* xr = x.data() + row * q;
+            T* a1 = s1.data() + row * q;
+            T* a2 = s2.data() + row * q;
+            for (int64_t e = 0; e < q; ++e) {
+              const T wx = we[e] * xr[e];
+              a1[e] += wx;
+              a2[e] += wx * xr[e];
+            }
+          }
+        }
+        // centres, variances (about the centre, by exact algebra), log variances in real units
+        if (hs.official && t > 0) spread(D + n * g.j * kH, kH, g.j, db.data());  // the previous centre
+        for (int row = 0; row < 4; ++row) {
+          for (int64_t e = 0; e < q; ++e) {
+            const int64_t k = row * q + e;
+            const T s = sj[e / 4];
+            T d = s1[k] + (s - 1) * cb[k];
+            if (hs.official) d = blend * d + (1 - blend) * (t > 0 ? db[k] : -cb[k]);
+            db[k] = d;
+            const T v = std::max(s2[k] - 2 * d * s1[k] + s * d * d, T(0)) + F[n];
+            var[k] = v;
+            lv[k] = std::log(v) + LV[n];
+          }
+        }
+        gather(db.data(), g.j, kH, D + n * g.j * kH);
+        std::fill(sumlog.begin(), sumlog.end(), T(0));
+        for (int row = 0; row < 4; ++row)
+          for (int64_t e = 0; e < q; ++e) sumlog[e / 4] += lv[row * q + e];
+        for (int64_t j = 0; j < g.j; ++j) {
+          const T bv = BV[j], ba = BA[j];
+          if (hs.official) {
+            pre[j] = lam * ((mass[j] + eps) * (-sumlog[j] - bv * kH * (1 + log2pi)) - T(5000) * ba);
+          } else {
+            pre[j] = (kH * bv + T(0.5) * sumlog[j]) * mass[j];  // the cost, before normalisation
+          }
+        }
+        if (!hs.official) {
+          if (hs.cost_normalization == 2) {
+            for (int64_t j = 0; j < g.j; ++j) pre[j] *= static_cast<T>(g.j) / static_cast<T>(g.i * kH);
+          } else if (hs.cost_normalization == 1) {
+            T mean = 0, spread2 = 0;
+            for (int64_t j = 0; j < g.j; ++j) mean += pre[j];
+            mean /= static_cast<T>(g.j);
+            for (int64_t j = 0; j < g.j; ++j) spread2 += (pre[j] - mean) * (pre[j] - mean);
+            const T scale = T(1) / std::sqrt(spread2 / static_cast<T>(g.j) + eps);
+            for (int64_t j = 0; j < g.j; ++j) pre[j] = (pre[j] - mean) * scale;
+          }
+          for (int64_t j = 0; j < g.j; ++j) pre[j] = lam * (BA[j] - pre[j]);
+        }
+        for (int64_t j = 0; j < g.j; ++j) logsig[j] = log_sigmoid(pre[j]) - T(0.5) * (sumlog[j] + kH * log2pi);
+        for (int64_t k = 0; k < 4 * q; ++k) var[k] = T(1) / var[k];  // now the precisions
+        // E-step logits log a_j + log p[i, j]; without child groups, the softmax over j of each slot
+        for (int64_t i = 0; i < g.i; ++i) {
+          vote_block(P + (n * g.i + i) * kH, wt.data() + (i % g.iw) * 4 * q, C ? C + 2 * i : nullptr, u, cb.data(),
+                     q, x.data());
+          std::fill(tmp.begin(), tmp.end(), T(0));
+          for (int row = 0; row < 4; ++row) {
+            const T* xr = x.data() + row * q;
+            const T* dr = db.data() + row * q;
+            const T* pr = var.data() + row * q;
+            for (int64_t e = 0; e < q; ++e) {
+              const T diff = xr[e] - dr[e];
+              tmp[e] += diff * diff * pr[e];
+            }
+          }
+          T top = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < g.j; ++j) {
+            logit[j] = logsig[j] - T(0.5) * ((tmp[4 * j] + tmp[4 * j + 1]) + (tmp[4 * j + 2] + tmp[4 * j + 3]));
+            top = std::max(top, logit[j]);
+          }
+          if (G != nullptr) {
+            for (int64_t j = 0; j < g.j; ++j) rn[j * g.i + i] = logit[j];
+          } else {
+            T total = 0;
+            for (int64_t j = 0; j < g.j; ++j) total += (logit[j] = std::exp(logit[j] - top));
+            for (int64_t j = 0; j < g.j; ++j) rn[j * g.i + i] = logit[j] / total;
+          }
+        }
+      }
+    });
+    if (G == nullptr) continue;
+    // child groups: normalise each child's logits over its slots (and every parent, or one parent type)
+    const int64_t slots = g.n * g.i;
+    const int64_t lanes = hs.normalize == 1 ? g.j : 1;  // per type: one independent problem per parent type
+    at::parallel_for(0, lanes, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> top(hs.groups), total(hs.groups);
+      for (int64_t lane = begin; lane < end; ++lane) {
+        const int64_t j0 = hs.normalize == 1 ? lane : 0, j1 = hs.normalize == 1 ? lane + 1 : g.j;
+        std::fill(top.begin(), top.end(), -std::numeric_limits<T>::infinity());
+        std::fill(total.begin(), total.end(), T(0));
+        for (int64_t slot = 0; slot < slots; ++slot) {
+          const int64_t n = slot / g.i, i = slot % g.i, grp = G[slot];
+          for (int64_t j = j0; j < j1; ++j) top[grp] = std::max(top[grp], R[(n * g.j + j) * g.i + i]);
+        }
+        for (int64_t slot = 0; slot < slots; ++slot) {
+          const int64_t n = slot / g.i, i = slot % g.i, grp = G[slot];
+          for (int64_t j = j0; j < j1; ++j) {
+            T& z = R[(n * g.j + j) * g.i + i];
+            z = std::exp(z - top[grp]);
+            total[grp] += z;
+          }
+        }
+        for (int64_t slot = 0; slot < slots; ++slot) {
+          const int64_t n = slot / g.i, i = slot % g.i, grp = G[slot];
+          for (int64_t j = j0; j < j1; ++j) R[(n * g.j + j) * g.i + i] /= total[grp];
+        }
+      }
+    });
+  }
 }
 
 void check_like(const at::Tensor& t, const at::Tensor& like, std::vector<int64_t> shape, const char* name) {
@@ -304,9 +539,43 @@ std::vector<at::Tensor> votes_backward(const at::Tensor& pose, const at::Tensor&
   return {gpose, gweight};
 }
 
+std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
+                                   const at::Tensor& c, const at::Tensor& inv, const at::Tensor& a_in,
+                                   const at::Tensor& beta_v, const at::Tensor& beta_a, const at::Tensor& floor,
+                                   const at::Tensor& log_var_offset, const at::Tensor& r0, const at::Tensor& index,
+                                   std::vector<double> lambdas, double eps, bool official, int64_t cost_normalization,
+                                   int64_t normalize, int64_t groups) {
+  const Geometry g = check(pose, weight, coord);
+  check_like(c, pose, {g.n, g.j, kH}, "c");
+  check_like(inv, pose, {g.n}, "inv");
+  check_like(a_in, pose, {g.n, g.i}, "a_in");
+  check_like(beta_v, pose, {g.j}, "beta_v");
+  check_like(beta_a, pose, {g.j}, "beta_a");
+  check_like(floor, pose, {g.n}, "floor");
+  check_like(log_var_offset, pose, {g.n}, "log_var_offset");
+  check_like(r0, pose, {g.n, g.j, g.i}, "r0");
+  if (groups > 0) {
+    TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.sizes() == at::IntArrayRef({g.n, g.i}),
+                "index must be a contiguous (N, I) int64 tensor");
+    const int64_t lo = index.min().item<int64_t>(), hi = index.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi < groups, "group index out of range [0, ", groups, ")");
+  }
+  TORCH_CHECK(cost_normalization >= 0 && cost_normalization <= 2 && normalize >= 0 && normalize <= 1,
+              "bad cost_normalization or normalize");
+  HeadSettings hs{std::move(lambdas), eps, official, static_cast<int>(cost_normalization), static_cast<int>(normalize),
+                  groups};
+  auto r = r0.clone();
+  auto d = at::zeros({g.n, g.j, kH}, pose.options());
+  AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "route_head", [&] {
+    head_impl<scalar_t>(pose, weight, coord, c, inv, a_in, beta_v, beta_a, floor, log_var_offset, index, hs, r, d, g);
+  });
+  return {r, d};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("votes_stats", &votes_stats, "activation-weighted mean vote and largest |vote| per problem");
   m.def("m_product", &m_product, "M-step product sum_i w [x, x^2]");
   m.def("e_product", &e_product, "E-step product [x, x^2] . coef");
   m.def("votes_backward", &votes_backward, "d pose, d weight from d xx = left @ right");
+  m.def("route_head", &route_head, "the non-final iterations of EM routing, without gradients");
 }
