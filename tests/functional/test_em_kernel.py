@@ -195,7 +195,7 @@ def test_edge_cases_match_the_pytorch_path(cpp, monkeypatch, case):
         results[path] = [mu, a] + [t.grad for t in leaves]
     for got, want in zip(results["cpp"], results["torch"]):
         assert torch.isfinite(got).all()
-        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5 * max(1.0, want.abs().max().item()))
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=2e-4 * max(1.0, want.abs().max().item()))
 
 
 def test_training_steps_give_the_same_losses(monkeypatch):
@@ -288,3 +288,29 @@ def test_a_kernel_that_cannot_load_falls_back_once_or_fails_when_forced(monkeypa
     monkeypatch.setenv(em_kernel.ENV_VAR, "cpp")
     with pytest.raises(RuntimeError, match="CAPSNETS_EM_KERNEL=torch"):
         em_routing_poses(*inputs)
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_training_step_leaves_no_reference_cycles(cpp, detach):
+    # the autograd graph of a step must be freed by reference counting alone (a cycle through a node's ctx
+    # would keep every step's graph alive until a garbage collection, or forever through C++ references)
+    import gc
+
+    torch.manual_seed(0)
+    model = create_model("matrix_capsnet_small", detach_routing=detach)
+    images, labels = torch.rand(2, *model.input_size), torch.arange(2)
+
+    def step():
+        torch.nn.functional.cross_entropy(model(images).scores, labels).backward()
+
+    step()
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        step()
+        gc.collect()
+        cycles = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert cycles == []

@@ -540,15 +540,20 @@ def _recording(ctx, source: _DenseVotes):
     return record
 
 
-def _replay(ctx, source: _DenseVotes, c, a_in, beta_v, beta_a, g_outs, head=None):
-    """The backward of the small-tensor part of :func:`_route`, replayed from the recorded products.
+def _replay(ctx, source: _DenseVotes, c, a_in, beta_v, beta_a, g_outs, head=None, live: bool = False):
+    """The backward of the small-tensor part of :func:`_route`, replayed from the recorded products (or,
+    with ``live``, from products computed again by ``source``: the forward did not record them all).
 
     Returns the gradients of ``(a_in, beta_v, beta_a)`` and the outer-product factors ``(left, right)``
     of ``d loss / d xx = cat(left, -1) @ cat(right, -2)``, ``left`` (B, J, I, K), ``right`` (B, J, K, 2H)."""
     replayed, sink = iter(ctx.values), []
     leaves = [t.detach().requires_grad_() for t in (a_in, beta_v, beta_a)]
+
+    def value(kind, op):
+        return source.contract(kind, op.detach()) if live else next(replayed)
+
     with torch.enable_grad():
-        out = _route(c, lambda kind, op: _Replay.apply(op, next(replayed), source, kind, sink), *leaves,
+        out = _route(c, lambda kind, op: _Replay.apply(op, value(kind, op), source, kind, sink), *leaves,
                      *ctx.settings, head=head)
         pairs = [(o, g) for o, g in zip(out, g_outs) if g is not None and o.requires_grad]
         grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
@@ -592,23 +597,28 @@ class _EMFunction(torch.autograd.Function):
 class _FusedEMFunction(torch.autograd.Function):
     """:class:`_EMFunction` on votes that are never stored (:class:`_FusedVotes`): the fused kernel
     computes every product with them, and in the backward ``d pose`` and ``d weight`` straight from the
-    outer-product factors, recomputing the votes it needs."""
+    outer-product factors, recomputing the votes it needs. The forward runs every iteration but the last in
+    the kernel (``head``); with exact gradients the backward replays every iteration with products
+    computed again (they are cheap without the vote tensor), with ``detach_routing`` only the last M-step."""
 
     @staticmethod
     def forward(ctx, pose, weight, a_in, beta_v, beta_a, coord, kernel, c, head, lambdas, eps, cost_normalization,
                 detach_routing, groups, variance_floor, scale):
         ctx.settings = (lambdas, eps, cost_normalization, detach_routing, groups, variance_floor, scale)
         ctx.source, ctx.head = _FusedVotes(kernel, pose, weight, coord, c, scale.inv), head
-        out = _route(c, _recording(ctx, ctx.source), a_in, beta_v, beta_a, *ctx.settings, head=head)
+        mu, a_out, r = _route(c, _recording(ctx, ctx.source), a_in, beta_v, beta_a, *ctx.settings, head=head)
         ctx.save_for_backward(c, a_in, beta_v, beta_a)
-        return out
+        # an output that is the head's own tensor would hold this node through ctx.head: a reference cycle
+        return mu, a_out, (r.clone() if head is not None and r is head[0] else r)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_mu, g_a, g_r):
         c, a_in, beta_v, beta_a = ctx.saved_tensors
         source = ctx.source
-        grads, left, right = _replay(ctx, source, c, a_in, beta_v, beta_a, (g_mu, g_a, g_r), head=ctx.head)
+        detached = ctx.settings[3]
+        grads, left, right = _replay(ctx, source, c, a_in, beta_v, beta_a, (g_mu, g_a, g_r),
+                                     head=ctx.head if detached else None, live=ctx.head is not None and not detached)
         grad_pose = grad_weight = None
         if left is not None and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             grad_pose, grad_weight = source.kernel.votes_backward(
@@ -804,7 +814,7 @@ def em_routing_poses(
         settings = (lambdas, eps, cost_normalization, detach_routing, child_groups, variance_floor, scale)
         tracked = torch.is_grad_enabled() and any(t.requires_grad for t in (pose, w, a_in, beta_v, beta_a))
         head = None  # the iterations without gradients, all in the kernel
-        if len(lambdas) > 1 and (detach_routing or not tracked):
+        if len(lambdas) > 1:
             head = _fused_head(kernel, pose, w, coord, c, a_in, beta_v, beta_a, *settings)
         if tracked:
             mu, a_out, r = _FusedEMFunction.apply(pose, w, a_in, beta_v, beta_a, coord, kernel, c, head, *settings)
