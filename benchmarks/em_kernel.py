@@ -84,7 +84,9 @@ def _status_bytes(field: str) -> int:
 
 def measure_memory(name: str, path: str, batch: int, detach: bool) -> dict:
     command = [sys.executable, __file__, "--memory-child", name, path, str(batch)] + (["--detach"] if detach else [])
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:  # e.g. killed for memory: recorded, not fatal
+        return {"error": f"exit {result.returncode}: {(result.stderr.strip().splitlines() or [''])[-1]}"}
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -141,11 +143,12 @@ def main(argv=None) -> int:
             row["memory_batch"] = args.memory_batch
             row["memory"] = {p: measure_memory(caps, p, args.memory_batch, args.detach) for p in PATHS}
             row["memory"]["cnn"] = measure_memory(cnn, "torch", args.memory_batch, args.detach)
-            row["memory_ratio_cpp_to_torch"] = (row["memory"]["cpp"]["peak_rss_increase_bytes"]
-                                                / row["memory"]["torch"]["peak_rss_increase_bytes"])
+            if all("error" not in row["memory"][p] for p in PATHS):
+                row["memory_ratio_cpp_to_torch"] = (row["memory"]["cpp"]["peak_rss_increase_bytes"]
+                                                    / row["memory"]["torch"]["peak_rss_increase_bytes"])
         rows.append(row)
         mem = (f", peak memory at batch {args.memory_batch}: cpp/torch {row['memory_ratio_cpp_to_torch']:.2f}"
-               if "memory" in row else "")
+               if "memory_ratio_cpp_to_torch" in row else "")
         print(f"{caps}: torch {row['train_images_per_s']['torch']:.1f}, cpp {row['train_images_per_s']['cpp']:.1f} "
               f"images/s ({row['kernel_speedup']:.2f}x); {cnn} {row['cnn_train_images_per_s']:.1f} images/s "
               f"(tax: torch {row['capsule_tax']['torch']:.1f}x, cpp {row['capsule_tax']['cpp']:.1f}x){mem}")
