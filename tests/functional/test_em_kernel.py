@@ -116,6 +116,23 @@ def test_gradcheck(cpp, formulation):
     assert gradcheck(route, tuple(t.clone().requires_grad_() for t in inputs), eps=1e-6, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("scope", ["all_parents", "per_type"])
+def test_gradcheck_of_a_convolutional_layer_with_child_groups(cpp, scope):
+    # exact gradients through every iteration and the groups' normalisation (the hand-written backward)
+    gen = torch.Generator().manual_seed(14)
+    torch.manual_seed(0)
+    layer = ConvMatrixCapsules(2, 3, stride=1, routing=EMRouting.official(3, final_inverse_temperature=0.2),
+                               assignment_scope=scope, dtype=torch.float64)
+    pose = torch.randn(1, 2, 4, 4, 4, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    act = (0.1 + 0.8 * torch.rand(1, 2, 4, 4, generator=gen, dtype=torch.float64)).requires_grad_()
+
+    def run(p, a):
+        out = layer(MatrixCapsules(p, a))
+        return out.pose, out.activation
+
+    assert gradcheck(run, (pose, act), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("formulation", ["paper", "official"])
 def test_detached_gradients_match_the_pytorch_path(monkeypatch, formulation):
     # detach_routing's gradient is not the derivative (the assignments act as constants), so no gradcheck:

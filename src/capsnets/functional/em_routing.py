@@ -594,6 +594,142 @@ class _EMFunction(torch.autograd.Function):
         return (grad_v, *grads, None, None, None, None, None, None, None)
 
 
+def _route_saving(c, contract, a_in, beta_v, beta_a, lambdas, eps, groups, variance_floor, scale):
+    """:func:`_route` with exact gradients (no ``detach_routing``, no cost normalisation), keeping what
+    :func:`_manual_backward` needs: per iteration the assignments ``r``, the M-step product ``m``
+    ``(B, J, 2H)``, the centre ``d`` and the previous one, ``var``, ``pre``. Same values as :func:`_route`."""
+    r = _initial_assignments(c, a_in, groups)
+    d_prev = None if variance_floor is None else -c.squeeze(2)
+    saved, product = [], {}
+
+    def capture(kind, operand):
+        value = contract(kind, operand)
+        if kind == "m":
+            product["m"] = value
+        return value
+
+    for t, lam in enumerate(lambdas):
+        d, var, log_var, pre = _m_step(r * a_in, c, capture, beta_v, beta_a, lam, eps, None, scale, d_prev)
+        saved.append({"r": r, "m": product["m"].squeeze(2), "d": d, "d_prev": d_prev, "var": var, "pre": pre,
+                      "log_var": log_var})
+        d_prev = d if d_prev is not None else None
+        if t < len(lambdas) - 1:
+            r = _e_step(contract, d, var, log_var, pre, groups)
+    top = torch.finfo(d.dtype).max
+    mu = ((d + c.squeeze(2)) / scale.inv.squeeze(-1)).clamp(-top, top)
+    return (mu, torch.sigmoid(pre), r), saved
+
+
+def _group_sum(x: Tensor, groups: ChildGroups | None) -> Tensor:
+    """For each slot of ``x`` (B, J, I), the sum of ``x`` over the slots and parents its assignments are
+    normalised over (the softmax's normaliser: over J, or :func:`group_softmax`'s groups)."""
+    if groups is None:
+        return x.sum(dim=1, keepdim=True).expand_as(x)
+    n, parents, i = x.shape
+    if groups.normalize == "per_type":
+        types = torch.arange(parents, device=x.device).view(1, parents, 1)
+        flat = (groups.index.unsqueeze(1) * parents + types).reshape(-1)
+        total = x.new_zeros(groups.count * parents).index_add_(0, flat, x.reshape(-1))
+        return total[flat].view(n, parents, i)
+    flat = groups.index.reshape(-1)
+    total = x.new_zeros(groups.count).index_add_(0, flat, x.sum(dim=1).reshape(-1))
+    return total[flat].view(n, 1, i).expand_as(x)
+
+
+def _reduce_like(grad: Tensor, like: Tensor) -> Tensor:
+    """``grad`` (B, J) summed to the shape of a ``beta`` (``(J,)`` or ``(1,)``)."""
+    grad = grad.sum(dim=0)
+    return grad.sum().reshape(1) if like.numel() == 1 else grad
+
+
+def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, groups, variance_floor, scale,
+                     g_mu, g_a, g_r):
+    """The exact gradients of :func:`_route_saving`'s procedure, by hand (the derivative of each equation
+    of the M- and E-steps in reverse order), in products with the votes (``source``) and ``(B, J, I)``
+    tensors: no autograd graph of the procedure is built. Returns the gradients of ``a_in``, ``beta_v``,
+    ``beta_a`` and the votes' outer-product factors ``(left (B, J, I, K), right (B, J, K, 2H))``."""
+    official = variance_floor is not None
+    height = saved[0]["d"].shape[-1]
+    cc = c.squeeze(2)  # (B, J, H)
+    inv = scale.inv.view(-1, 1, 1)
+    entropy = height * (1.0 + _LOG_2PI)
+    g_d = torch.zeros_like(cc) if g_mu is None else g_mu / inv
+    last_pre = saved[-1]["pre"]
+    g_pre = torch.zeros_like(last_pre) if g_a is None else g_a * torch.sigmoid(last_pre) * torch.sigmoid(-last_pre)
+    g_var = torch.zeros_like(cc)  # from the E-step that used this iteration's parameters
+    g_sum_log = torch.zeros_like(last_pre)
+    g_a_in = torch.zeros_like(a_in)
+    g_bv, g_ba = torch.zeros_like(last_pre), torch.zeros_like(last_pre)
+    left, right = [], []
+    for t in range(len(lambdas) - 1, -1, -1):
+        st, lam = saved[t], lambdas[t]
+        r, d, var, pre = st["r"], st["d"], st["var"], st["pre"]
+        m1, m2 = st["m"].chunk(2, dim=-1)
+        r_prime = r * a_in
+        mass = r_prime.sum(dim=2)  # (B, J)
+        guard = mass + eps
+        s = mass / guard
+        floored = mass.clamp_min(_GRADIENT_MASS_FLOOR) + eps  # the gradients' denominator (_mass_weights)
+        slope = (mass >= _GRADIENT_MASS_FLOOR).to(mass.dtype)
+        sum_log = st["log_var"].sum(dim=-1)
+        # the activation logit
+        if official:
+            g_guard = g_pre * lam * (-sum_log - beta_v * entropy)
+            g_sum_log = g_sum_log - g_pre * lam * guard
+            g_bv = g_bv - g_pre * lam * guard * entropy
+            g_ba = g_ba - g_pre * lam * _BETA_A_SCALE
+            g_mass = g_guard
+        else:
+            g_cost = -lam * g_pre
+            g_ba = g_ba + lam * g_pre
+            g_bv = g_bv + g_cost * height * mass
+            g_sum_log = g_sum_log + 0.5 * g_cost * mass
+            g_mass = g_cost * (height * beta_v + 0.5 * sum_log)
+        # variance about the centre: var = max(m2 - 2 d m1 + s d^2, 0) + floor, log_var = log var + offset
+        g_var = g_var + g_sum_log.unsqueeze(-1) / var
+        raw = m2 - 2.0 * d * m1 + s.unsqueeze(-1) * d.square()
+        g_raw = g_var * (raw >= 0).to(raw.dtype)
+        g_d = g_d + g_raw * (2.0 * s.unsqueeze(-1) * d - 2.0 * m1)
+        g_m1 = -2.0 * d * g_raw
+        g_m2 = g_raw
+        g_s = (g_raw * d.square()).sum(dim=-1)
+        # the centre: d = m1 + (s - 1) c, blended with the previous centre in the released code's formulation
+        g_e = _BLEND * g_d if official else g_d
+        g_m1 = g_m1 + g_e
+        g_s = g_s + (g_e * cc).sum(dim=-1)
+        g_d_prev = (1.0 - _BLEND) * g_d if official else None
+        # m = sum_i w [x, x^2] with w = R' / (mass + eps), s = mass / (mass + eps)
+        coef = torch.cat([g_m1, g_m2], dim=-1)  # (B, J, 2H)
+        w = r_prime / guard.unsqueeze(-1)
+        left.append(w.unsqueeze(-1))
+        right.append(coef.unsqueeze(2))
+        g_w = source.e(coef.unsqueeze(-1)).squeeze(-1)  # (B, J, I): sum_h g_m1 x + g_m2 x^2
+        g_mass = (g_mass + g_s * (1.0 / floored - slope * mass / floored.square())
+                  - slope * (g_w * r_prime).sum(dim=2) / floored.square())
+        g_r_prime = g_w / floored.unsqueeze(-1) + g_mass.unsqueeze(-1)
+        g_a_in = g_a_in + (g_r_prime * r).sum(dim=1, keepdim=True)
+        if t == 0:
+            break
+        g_r_t = g_r_prime * a_in
+        if t == len(lambdas) - 1 and g_r is not None:
+            g_r_t = g_r_t + g_r
+        # E-step t-1: r = softmax over each child's normalisation group of z, with
+        # z = logsigmoid(pre) - 0.5 (sum_h (x - d)^2 / var + sum_h log_var + H log 2 pi)
+        gz = r * (g_r_t - _group_sum(r * g_r_t, groups))
+        prev = saved[t - 1]
+        d, var, pre = prev["d"], prev["var"], prev["pre"]
+        left.append(gz.unsqueeze(-1))
+        right.append(torch.cat([d / var, -0.5 / var], dim=-1).unsqueeze(2))
+        s1, s2 = source.m(gz.unsqueeze(2)).squeeze(2).chunk(2, dim=-1)  # sum_i gz x, sum_i gz x^2
+        s0 = gz.sum(dim=2, keepdim=True)
+        g_pre = gz.sum(dim=2) * torch.sigmoid(-pre)
+        g_sum_log = -0.5 * s0.squeeze(-1)
+        g_d = (s1 - d * s0) / var + (g_d_prev if official else 0.0)
+        g_var = 0.5 * (s2 - 2.0 * d * s1 + d.square() * s0) / var.square()
+    grads = (g_a_in, _reduce_like(g_bv, beta_v), _reduce_like(g_ba, beta_a))
+    return grads, torch.cat(left, dim=-1), torch.cat(right, dim=-2)
+
+
 class _FusedEMFunction(torch.autograd.Function):
     """:class:`_EMFunction` on votes that are never stored (:class:`_FusedVotes`): the fused kernel
     computes every product with them, and in the backward ``d pose`` and ``d weight`` straight from the
@@ -606,10 +742,17 @@ class _FusedEMFunction(torch.autograd.Function):
                 detach_routing, groups, variance_floor, scale):
         ctx.settings = (lambdas, eps, cost_normalization, detach_routing, groups, variance_floor, scale)
         ctx.source, ctx.head = _FusedVotes(kernel, pose, weight, coord, c, scale.inv), head
-        mu, a_out, r = _route(c, _recording(ctx, ctx.source), a_in, beta_v, beta_a, *ctx.settings, head=head)
+        ctx.saved = None
+        if not detach_routing and cost_normalization is None:  # exact gradients by hand (_manual_backward)
+            ctx.head = head = None
+            (mu, a_out, r), ctx.saved = _route_saving(c, ctx.source.contract, a_in, beta_v, beta_a, lambdas, eps,
+                                                      groups, variance_floor, scale)
+        else:
+            mu, a_out, r = _route(c, _recording(ctx, ctx.source), a_in, beta_v, beta_a, *ctx.settings, head=head)
         ctx.save_for_backward(c, a_in, beta_v, beta_a)
-        # an output that is the head's own tensor would hold this node through ctx.head: a reference cycle
-        return mu, a_out, (r.clone() if head is not None and r is head[0] else r)
+        # an output that ctx also holds (the head's or a saved iteration's assignments) would make a reference
+        # cycle through this node: return a copy
+        return mu, a_out, r.clone()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -617,8 +760,14 @@ class _FusedEMFunction(torch.autograd.Function):
         c, a_in, beta_v, beta_a = ctx.saved_tensors
         source = ctx.source
         detached = ctx.settings[3]
-        grads, left, right = _replay(ctx, source, c, a_in, beta_v, beta_a, (g_mu, g_a, g_r),
-                                     head=ctx.head if detached else None, live=ctx.head is not None and not detached)
+        if ctx.saved is not None:
+            lambdas, eps, _, _, groups, variance_floor, scale = ctx.settings
+            grads, left, right = _manual_backward(ctx.saved, source, c, a_in, beta_v, beta_a, lambdas, eps, groups,
+                                                  variance_floor, scale, g_mu, g_a, g_r)
+        else:
+            grads, left, right = _replay(ctx, source, c, a_in, beta_v, beta_a, (g_mu, g_a, g_r),
+                                         head=ctx.head if detached else None,
+                                         live=ctx.head is not None and not detached)
         grad_pose = grad_weight = None
         if left is not None and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             grad_pose, grad_weight = source.kernel.votes_backward(

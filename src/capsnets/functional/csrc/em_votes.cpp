@@ -126,7 +126,6 @@ void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> v(4 * q), acc(4 * q), big(4 * q);
     for (int64_t n = begin; n < end; ++n) {
-      bool nan = false;
       std::fill(acc.begin(), acc.end(), T(0));
       std::fill(big.begin(), big.end(), T(0));
       for (int64_t i = 0; i < g.i; ++i) {
@@ -137,10 +136,12 @@ void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
           acc[e] += a * v[e];
           const T size = std::abs(v[e]);
           big[e] = size > big[e] ? size : big[e];
-          nan |= size != size;
         }
       }
       gather(acc.data(), g.j, kH, out + n * g.j * kH);
+      // a NaN vote makes its parent's sum NaN (a * NaN is NaN for every a): the largest |V| is then NaN too
+      bool nan = false;
+      for (int64_t e = 0; e < 4 * q; ++e) nan |= acc[e] != acc[e];
       mx[n] = nan ? std::numeric_limits<T>::quiet_NaN() : *std::max_element(big.begin(), big.end());
     }
   });
