@@ -8,7 +8,8 @@ memory, forward or backward (the backward recomputes the votes it needs). Where 
 them (inference, and every iteration but the last with ``detach_routing=True``), the kernel also runs those
 iterations whole (``route_head``: M-step, E-step and the child groups' normalisation, per routing problem in
 cache). The last M-step, and with exact gradients every iteration, are the same Python code as the PyTorch
-path, differentiated by the same replay (:mod:`capsnets.functional.em_routing`).
+path; exact gradients are the procedure's derivative written out by hand (``_manual_backward`` in
+:mod:`capsnets.functional.em_routing`; with a cost normalisation, an autograd replay of the procedure).
 
 The kernel is C++ with OpenMP (``at::parallel_for``), compiled by PyTorch's extension tooling
 (:func:`torch.utils.cpp_extension.load`, with the compiler and ninja that are on the machine) the first time

@@ -81,6 +81,12 @@ rounding), each E-step one product ``xx @ [-2 d / sigma^2, 1 / sigma^2]`` (as a 
 training :class:`_EMFunction` supplies the backward: ``d loss / d xx`` is a sum of outer products, formed
 by one product of inner size ``2 * iterations - 1`` instead of one full-size tensor per use; under
 ``torch.compile`` (and without gradients) plain autograd runs through the same code.
+
+Matrix capsule layers call :func:`em_routing_poses` (poses and transforms instead of votes). On the CPU it
+uses the fused kernel of :mod:`capsnets.functional.em_kernel`: the products with ``xx`` are computed from the
+poses without storing the votes, the iterations that need no gradient run whole in C++, and exact gradients
+(without cost normalisation) come from :func:`_manual_backward`, the procedure's derivative written out by
+hand, instead of an autograd replay. Elsewhere it forms the votes and calls :func:`em_routing`.
 """
 from __future__ import annotations
 
