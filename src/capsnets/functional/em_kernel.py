@@ -14,7 +14,9 @@ path; exact gradients are the procedure's derivative written out by hand (``_man
 The kernel is C++ with OpenMP (``at::parallel_for``), compiled by PyTorch's extension tooling
 (:func:`torch.utils.cpp_extension.load`, with the compiler and ninja that are on the machine) the first time
 it is needed and cached (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``);
-``python -m capsnets.functional.em_kernel`` builds it ahead of time. It is compiled on the machine rather
+``python -m capsnets.functional.em_kernel`` builds it ahead of time. It is compiled for the machine's own CPU
+(``-march=native``), so a home directory shared by machines of different CPUs needs one
+``TORCH_EXTENSIONS_DIR`` per machine. It is compiled on the machine rather
 than at ``pip install``: a build-time step would need torch inside pip's isolated build environment, which
 fetches a torch build of its own (possibly another version, breaking the extension's ABI).
 
@@ -56,14 +58,23 @@ def load(verbose: bool = False):
     with _lock:
         if not _state["tried"]:
             _state["tried"] = True
+            path = os.environ.get("PATH", "")
             try:
                 from torch.utils.cpp_extension import load as load_extension
 
+                try:  # the ninja of the pip package (a dependency), also when the environment is not activated
+                    import ninja
+
+                    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
+                except ImportError:
+                    pass
                 flags = ["-O3", "-march=native", "-fopenmp"]
                 _state["module"] = load_extension(name="capsnets_em_votes", sources=[str(_SOURCE)],
                                                   extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=verbose)
             except Exception as exc:  # no compiler, no ninja, a failed build: the PyTorch path remains
                 _state["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+            finally:
+                os.environ["PATH"] = path
     return _state["module"]
 
 
