@@ -306,6 +306,13 @@ def _check_inputs(votes: Tensor, activations: Tensor, iterations, eps, cost_norm
     _check_settings(iterations, eps, cost_normalization, formulation, variance_floor)
 
 
+def _check_child_groups(child_groups, shape: tuple, of: str) -> None:
+    if child_groups is not None and (not isinstance(child_groups, ChildGroups)
+                                     or tuple(child_groups.index.shape) != shape):
+        got = tuple(child_groups.index.shape) if isinstance(child_groups, ChildGroups) else type(child_groups).__name__
+        raise ValueError(f"child_groups must be a ChildGroups whose index has the {of}' (B, I) = {shape}; got {got}")
+
+
 class _Scale(NamedTuple):
     """The units of one batch of routing problems (module docstring): each problem's votes are handled
     divided by ``sigma``, a power of two (1 unless they are large enough for their squares to overflow)."""
@@ -846,11 +853,7 @@ def em_routing(
     """
     eps, variance_floor = _resolve_formulation(formulation, eps, variance_floor)
     _check_inputs(votes, activations, iterations, eps, cost_normalization, formulation, variance_floor)
-    if child_groups is not None and (not isinstance(child_groups, ChildGroups)
-                                     or tuple(child_groups.index.shape) != tuple(votes.shape[:2])):
-        got = tuple(child_groups.index.shape) if isinstance(child_groups, ChildGroups) else type(child_groups).__name__
-        raise ValueError(f"child_groups must be a ChildGroups whose index has the votes' (B, I) = "
-                         f"{tuple(votes.shape[:2])}; got {got}")
+    _check_child_groups(child_groups, tuple(votes.shape[:2]), "votes")
     lambdas = _resolve_lambdas(inverse_temperature, int(iterations))
     dtype = votes.dtype if votes.dtype in (torch.float32, torch.float64) else torch.float32
     with torch.autocast(device_type=votes.device.type, enabled=False):
@@ -947,11 +950,7 @@ def em_routing_poses(
     if not isinstance(activations, Tensor) or tuple(activations.shape) != (batch, children):
         got = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
         raise ValueError(f"activations must have shape (B, I) = {(batch, children)} to match poses; got {got}")
-    if child_groups is not None and (not isinstance(child_groups, ChildGroups)
-                                     or tuple(child_groups.index.shape) != (batch, children)):
-        got = tuple(child_groups.index.shape) if isinstance(child_groups, ChildGroups) else type(child_groups).__name__
-        raise ValueError(f"child_groups must be a ChildGroups whose index has the poses' (B, I) = "
-                         f"{(batch, children)}; got {got}")
+    _check_child_groups(child_groups, (batch, children), "poses")
     lambdas = _resolve_lambdas(inverse_temperature, int(iterations))
     height = side * side
     with torch.autocast(device_type="cpu", enabled=False):

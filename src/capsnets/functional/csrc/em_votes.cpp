@@ -113,12 +113,41 @@ const T* coord_ptr(const at::Tensor& coord) {
   return coord.numel() > 0 ? coord.data_ptr<T>() : nullptr;
 }
 
+// The votes of one call: the poses, the transforms laid out as (Iw, 4, 4J), the coordinates, and (except for
+// votes_stats) the origin c and the scale inv of each routing problem.
+template <typename T>
+struct Votes {
+  Geometry g;
+  std::vector<T> wt;
+  const T* pose;
+  const T* coord;
+  const T* c;
+  const T* inv;
+
+  Votes(const at::Tensor& pose_t, const at::Tensor& weight, const at::Tensor& coord_t, const at::Tensor* c_t,
+        const at::Tensor* inv_t, const Geometry& geometry)
+      : g(geometry),
+        wt(transpose_weight<T>(weight, geometry)),
+        pose(pose_t.data_ptr<T>()),
+        coord(coord_ptr<T>(coord_t)),
+        c(c_t ? c_t->data_ptr<T>() : nullptr),
+        inv(inv_t ? inv_t->data_ptr<T>() : nullptr) {}
+
+  const T* transform(int64_t i) const { return wt.data() + (i % g.iw) * 4 * g.q(); }
+  const T* child(int64_t n, int64_t i) const { return pose + (n * g.i + i) * kH; }
+  // the origin of problem n as a (4, 4J) block
+  void origin(int64_t n, T* block) const { spread(c + n * g.j * kH, kH, g.j, block); }
+  // the (4, 4J) block x = V inv - c of child i of problem n (V itself without an origin), cb: origin(n)
+  void block(int64_t n, int64_t i, const T* cb, T* x) const {
+    vote_block(child(n, i), transform(i), coord ? coord + 2 * i : nullptr, inv ? inv[n] : T(1), c ? cb : nullptr,
+               g.q(), x);
+  }
+};
+
 template <typename T>
 void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& w0,
                 at::Tensor& mean, at::Tensor& top, const Geometry& g) {
-  const auto wt = transpose_weight<T>(weight, g);
-  const T* P = pose.data_ptr<T>();
-  const T* C = coord_ptr<T>(coord);
+  const Votes<T> votes(pose, weight, coord, nullptr, nullptr, g);
   const T* A = w0.data_ptr<T>();
   T* out = mean.data_ptr<T>();
   T* mx = top.data_ptr<T>();
@@ -129,8 +158,7 @@ void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
       std::fill(acc.begin(), acc.end(), T(0));
       std::fill(big.begin(), big.end(), T(0));
       for (int64_t i = 0; i < g.i; ++i) {
-        vote_block(P + (n * g.i + i) * kH, wt.data() + (i % g.iw) * 4 * q, C ? C + 2 * i : nullptr, T(1),
-                   static_cast<const T*>(nullptr), q, v.data());
+        votes.block(n, i, nullptr, v.data());
         const T a = A[n * g.i + i];
         for (int64_t e = 0; e < 4 * q; ++e) {
           acc[e] += a * v[e];
@@ -150,25 +178,20 @@ void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
 template <typename T>
 void m_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
             const at::Tensor& inv, const at::Tensor& w, at::Tensor& out, const Geometry& g) {
-  const auto wt = transpose_weight<T>(weight, g);
-  const T* P = pose.data_ptr<T>();
-  const T* C = coord_ptr<T>(coord);
-  const T* S = c.data_ptr<T>();
-  const T* U = inv.data_ptr<T>();
+  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
   const T* R = w.data_ptr<T>();
   T* O = out.data_ptr<T>();
   const int64_t q = g.q();
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> cb(4 * q), x(4 * q), s1(4 * q), s2(4 * q), we(q);
     for (int64_t n = begin; n < end; ++n) {
-      spread(S + n * g.j * kH, kH, g.j, cb.data());
+      votes.origin(n, cb.data());
       std::fill(s1.begin(), s1.end(), T(0));
       std::fill(s2.begin(), s2.end(), T(0));
       const T* r = R + n * g.j * g.i;  // (J, I)
       for (int64_t i = 0; i < g.i; ++i) {
         for (int64_t j = 0; j < g.j; ++j) we[4 * j] = we[4 * j + 1] = we[4 * j + 2] = we[4 * j + 3] = r[j * g.i + i];
-        vote_block(P + (n * g.i + i) * kH, wt.data() + (i % g.iw) * 4 * q, C ? C + 2 * i : nullptr, U[n],
-                   cb.data(), q, x.data());
+        votes.block(n, i, cb.data(), x.data());
         for (int row = 0; row < 4; ++row) {
           const T* xr = x.data() + row * q;
           T* a1 = s1.data() + row * q;
@@ -189,24 +212,19 @@ void m_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& 
 template <typename T>
 void e_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
             const at::Tensor& inv, const at::Tensor& coef, at::Tensor& out, const Geometry& g) {
-  const auto wt = transpose_weight<T>(weight, g);
-  const T* P = pose.data_ptr<T>();
-  const T* C = coord_ptr<T>(coord);
-  const T* S = c.data_ptr<T>();
-  const T* U = inv.data_ptr<T>();
+  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
   const T* K = coef.data_ptr<T>();
   T* O = out.data_ptr<T>();
   const int64_t q = g.q();
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> cb(4 * q), x(4 * q), k1(4 * q), k2(4 * q), t(q);
     for (int64_t n = begin; n < end; ++n) {
-      spread(S + n * g.j * kH, kH, g.j, cb.data());
+      votes.origin(n, cb.data());
       spread(K + n * g.j * 2 * kH, 2 * kH, g.j, k1.data());
       spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, k2.data());
       T* o = O + n * g.j * g.i;  // (J, I)
       for (int64_t i = 0; i < g.i; ++i) {
-        vote_block(P + (n * g.i + i) * kH, wt.data() + (i % g.iw) * 4 * q, C ? C + 2 * i : nullptr, U[n],
-                   cb.data(), q, x.data());
+        votes.block(n, i, cb.data(), x.data());
         std::fill(t.begin(), t.end(), T(0));
         for (int row = 0; row < 4; ++row) {
           const T* xr = x.data() + row * q;
@@ -225,11 +243,7 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
                    const at::Tensor& inv, const at::Tensor& left, const at::Tensor& right, at::Tensor& gpose,
                    at::Tensor& gweight, const Geometry& g) {
   const int64_t kk = left.size(3);
-  const auto wt = transpose_weight<T>(weight, g);
-  const T* P = pose.data_ptr<T>();
-  const T* C = coord_ptr<T>(coord);
-  const T* S = c.data_ptr<T>();
-  const T* U = inv.data_ptr<T>();
+  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
   const T* L = left.data_ptr<T>();
   const T* Rt = right.data_ptr<T>();
   T* GP = gpose.data_ptr<T>();
@@ -241,16 +255,16 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
     T* gw = partial.data() + static_cast<int64_t>(at::get_thread_num()) * wsize;
     std::vector<T> cb(4 * q), x(4 * q), gv(4 * q), r1(kk * 4 * q), r2(kk * 4 * q), le(kk * q);
     for (int64_t n = begin; n < end; ++n) {
-      const T u = U[n];
-      spread(S + n * g.j * kH, kH, g.j, cb.data());
+      const T u = votes.inv[n];
+      votes.origin(n, cb.data());
       for (int64_t k = 0; k < kk; ++k) {  // right (J, K, 32) -> two (K, 4, 4J) blocks
         spread(Rt + (n * g.j * kk + k) * 2 * kH, kk * 2 * kH, g.j, r1.data() + k * 4 * q);
         spread(Rt + (n * g.j * kk + k) * 2 * kH + kH, kk * 2 * kH, g.j, r2.data() + k * 4 * q);
       }
       for (int64_t i = 0; i < g.i; ++i) {
-        const T* m = P + (n * g.i + i) * kH;
-        const T* wti = wt.data() + (i % g.iw) * 4 * q;
-        vote_block(m, wti, C ? C + 2 * i : nullptr, u, cb.data(), q, x.data());
+        const T* m = votes.child(n, i);
+        const T* wti = votes.transform(i);
+        votes.block(n, i, cb.data(), x.data());
         for (int64_t j = 0; j < g.j; ++j) {  // left (J, I, K) -> (K, 4J)
           const T* l = L + ((n * g.j + j) * g.i + i) * kk;
           for (int64_t k = 0; k < kk; ++k) le[k * q + 4 * j] = le[k * q + 4 * j + 1] = le[k * q + 4 * j + 2] =
@@ -326,11 +340,7 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
                const at::Tensor& inv, const at::Tensor& a_in, const at::Tensor& beta_v, const at::Tensor& beta_a,
                const at::Tensor& floor, const at::Tensor& log_var_offset, const at::Tensor& index,
                const HeadSettings& hs, at::Tensor& r, at::Tensor& d_out, const Geometry& g) {
-  const auto wt = transpose_weight<T>(weight, g);
-  const T* P = pose.data_ptr<T>();
-  const T* C = coord_ptr<T>(coord);
-  const T* S = c.data_ptr<T>();
-  const T* U = inv.data_ptr<T>();
+  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
   const T* A = a_in.data_ptr<T>();
   const T* BV = beta_v.data_ptr<T>();
   const T* BA = beta_a.data_ptr<T>();
@@ -349,9 +359,8 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
       std::vector<T> cb(4 * q), x(4 * q), s1(4 * q), s2(4 * q), we(q), db(4 * q), var(4 * q), lv(4 * q), tmp(q);
       std::vector<T> mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j), logit(g.j);
       for (int64_t n = begin; n < end; ++n) {
-        const T u = U[n];
         T* rn = R + n * g.j * g.i;  // (J, I)
-        spread(S + n * g.j * kH, kH, g.j, cb.data());
+        votes.origin(n, cb.data());
         // M-step: weights R a / (mass + eps)
         for (int64_t j = 0; j < g.j; ++j) {
           T total = 0;
@@ -365,8 +374,7 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
           const T a = A[n * g.i + i];
           for (int64_t j = 0; j < g.j; ++j)
             we[4 * j] = we[4 * j + 1] = we[4 * j + 2] = we[4 * j + 3] = rn[j * g.i + i] * a / (mass[j] + eps);
-          vote_block(P + (n * g.i + i) * kH, wt.data() + (i % g.iw) * 4 * q, C ? C + 2 * i : nullptr, u, cb.data(),
-                     q, x.data());
+          votes.block(n, i, cb.data(), x.data());
           for (int row = 0; row < 4; ++row) {
             const T* xr = x.data() + row * q;
             T* a1 = s1.data() + row * q;
@@ -421,8 +429,7 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
         for (int64_t k = 0; k < 4 * q; ++k) var[k] = T(1) / var[k];  // now the precisions
         // E-step logits log a_j + log p[i, j]; without child groups, the softmax over j of each slot
         for (int64_t i = 0; i < g.i; ++i) {
-          vote_block(P + (n * g.i + i) * kH, wt.data() + (i % g.iw) * 4 * q, C ? C + 2 * i : nullptr, u, cb.data(),
-                     q, x.data());
+          votes.block(n, i, cb.data(), x.data());
           std::fill(tmp.begin(), tmp.end(), T(0));
           for (int row = 0; row < 4; ++row) {
             const T* xr = x.data() + row * q;
