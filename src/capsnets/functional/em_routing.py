@@ -607,32 +607,6 @@ class _EMFunction(torch.autograd.Function):
         return (grad_v, *grads, None, None, None, None, None, None, None)
 
 
-def _route_saving(c, contract, a_in, beta_v, beta_a, lambdas, eps, groups, variance_floor, scale):
-    """:func:`_route` with exact gradients (no ``detach_routing``, no cost normalisation), keeping what
-    :func:`_manual_backward` needs: per iteration the assignments ``r``, the M-step product ``m``
-    ``(B, J, 2H)``, the centre ``d`` and the previous one, ``var``, ``pre``. Same values as :func:`_route`."""
-    r = _initial_assignments(c, a_in, groups)
-    d_prev = None if variance_floor is None else -c.squeeze(2)
-    saved, product = [], {}
-
-    def capture(kind, operand):
-        value = contract(kind, operand)
-        if kind == "m":
-            product["m"] = value
-        return value
-
-    for t, lam in enumerate(lambdas):
-        d, var, log_var, pre = _m_step(r * a_in, c, capture, beta_v, beta_a, lam, eps, None, scale, d_prev)
-        saved.append({"r": r, "m": product["m"].squeeze(2), "d": d, "d_prev": d_prev, "var": var, "pre": pre,
-                      "log_var": log_var})
-        d_prev = d if d_prev is not None else None
-        if t < len(lambdas) - 1:
-            r = _e_step(contract, d, var, log_var, pre, groups)
-    top = torch.finfo(d.dtype).max
-    mu = ((d + c.squeeze(2)) / scale.inv.squeeze(-1)).clamp(-top, top)
-    return (mu, torch.sigmoid(pre), r), saved
-
-
 def _group_sum(x: Tensor, groups: ChildGroups | None) -> Tensor:
     """For each slot of ``x`` (B, J, I), the sum of ``x`` over the slots and parents its assignments are
     normalised over (the softmax's normaliser: over J, or :func:`group_softmax`'s groups)."""
@@ -657,7 +631,7 @@ def _reduce_like(grad: Tensor, like: Tensor) -> Tensor:
 
 def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, groups, variance_floor, scale,
                      g_mu, g_a, g_r):
-    """The exact gradients of :func:`_route_saving`'s procedure, by hand (the derivative of each equation
+    """The exact gradients of the procedure (without cost normalisation) kept by :func:`_fused_saving`, by hand (the derivative of each equation
     of the M- and E-steps in reverse order), in products with the votes (``source``) and ``(B, J, I)``
     tensors: no autograd graph of the procedure is built. Returns the gradients of ``a_in``, ``beta_v``,
     ``beta_a`` and the votes' outer-product factors ``(left (B, J, I, K), right (B, J, K, 2H))``."""
@@ -758,8 +732,8 @@ class _FusedEMFunction(torch.autograd.Function):
         ctx.saved = None
         if not detach_routing and cost_normalization is None:  # exact gradients by hand (_manual_backward)
             ctx.head = head = None
-            (mu, a_out, r), ctx.saved = _route_saving(c, ctx.source.contract, a_in, beta_v, beta_a, lambdas, eps,
-                                                      groups, variance_floor, scale)
+            (mu, a_out, r), ctx.saved = _fused_saving(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas,
+                                                      eps, groups, variance_floor, scale)
         else:
             mu, a_out, r = _route(c, _recording(ctx, ctx.source), a_in, beta_v, beta_a, *ctx.settings, head=head)
         ctx.save_for_backward(c, a_in, beta_v, beta_a)
@@ -980,19 +954,39 @@ def em_routing_poses(
     return mu, a_out
 
 
-def _fused_head(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas, eps, cost_normalization,
-                detach_routing, groups, variance_floor, scale):
-    """Every iteration but the last, without gradients, in the kernel: ``(r (B, J, I), d (B, J, H))``, the
-    assignments of the last M-step and the last centre (minus ``c``, in the units of ``scale``)."""
+def _kernel_route(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas, eps, cost_normalization, groups,
+                  variance_floor, scale, keep):
+    """``kernel.route_head`` on the iterations of ``lambdas`` (the last one an M-step only with ``keep``)."""
     with torch.no_grad():
         parents = weight.shape[1]
         r0 = _initial_assignments(c, a_in, groups).contiguous()
         index = groups.index.contiguous() if groups is not None else pose.new_empty(0, dtype=torch.long)
-        r, d = kernel.route_head(
+        return kernel.route_head(
             pose, weight, coord, c.squeeze(2).contiguous(), scale.inv.reshape(-1).contiguous(),
             a_in.squeeze(1).contiguous(), beta_v.expand(parents).contiguous(), beta_a.expand(parents).contiguous(),
             scale.floor.reshape(-1).contiguous(), scale.log_var.reshape(-1).contiguous(), r0, index,
-            [float(x) for x in lambdas[:-1]], float(eps), variance_floor is not None,
+            [float(x) for x in lambdas], float(eps), variance_floor is not None,
             _COST_NORMALIZATIONS.index(cost_normalization), 1 if groups is not None and groups.normalize == "per_type"
-            else 0, groups.count if groups is not None else 0)
+            else 0, groups.count if groups is not None else 0, keep)
+
+
+def _fused_head(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas, eps, cost_normalization,
+                detach_routing, groups, variance_floor, scale):
+    """Every iteration but the last, without gradients, in the kernel: ``(r (B, J, I), d (B, J, H))``, the
+    assignments of the last M-step and the last centre (minus ``c``, in the units of ``scale``)."""
+    r, d = _kernel_route(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas[:-1], eps, cost_normalization,
+                         groups, variance_floor, scale, False)[:2]
     return r, d
+
+
+def _fused_saving(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas, eps, groups, variance_floor, scale):
+    """The whole procedure with exact gradients (no cost normalisation) by the kernel: the outputs ``(mu, a,
+    r)`` and, per iteration, what :func:`_manual_backward` needs (the assignments ``r``, the M-step product ``m``
+    ``(B, J, 2H)``, the centre ``d``, ``var``, ``log_var`` and ``pre``)."""
+    _, _, r, m, d, var, log_var, pre = _kernel_route(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas,
+                                                     eps, None, groups, variance_floor, scale, True)
+    saved = [{"r": r[t], "m": m[t], "d": d[t], "var": var[t], "log_var": log_var[t], "pre": pre[t]}
+             for t in range(len(lambdas))]
+    top = torch.finfo(d.dtype).max
+    mu = ((d[-1] + c.squeeze(2)) / scale.inv.squeeze(-1)).clamp(-top, top)
+    return (mu, torch.sigmoid(pre[-1]), r[-1]), saved

@@ -18,7 +18,8 @@
 //   votes_backward(pose, weight, coord, c, inv, left (N, J, I, K), right (N, J, K, 32))
 //       with d loss / d xx = left @ right: -> d pose (N, I, 16), d weight (Iw, J, 16)
 //   route_head(...): whole iterations without gradients (M-step, E-step, child-group normalisation) ->
-//       the assignments (N, J, I) of the next M-step and the last centre (N, J, 16)
+//       the assignments (N, J, I) of the next M-step and the last centre (N, J, 16); with keep, the whole
+//       procedure (the last iteration an M-step only) and what each iteration's backward needs
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -328,6 +329,20 @@ struct HeadSettings {
   int cost_normalization;  // 0 none, 1 mean_std, 2 mass (paper formulation only)
   int normalize;           // groups: 0 all parents, 1 per type
   int64_t groups;          // 0: no child groups (softmax over the parents of each slot)
+  bool last_m_only;        // the last iteration is an M-step only (the whole procedure, for the backward)
+};
+
+// What the hand-written backward needs of each iteration t (null pointers: not kept): the assignments of its
+// M-step (T, N, J, I), the M-step product [sum w x, sum w x^2] (T, N, J, 32), the centre, variance and log
+// variance (T, N, J, 16) and the activation logit (T, N, J).
+template <typename T>
+struct Kept {
+  T* r = nullptr;
+  T* m = nullptr;
+  T* d = nullptr;
+  T* var = nullptr;
+  T* log_var = nullptr;
+  T* pre = nullptr;
 };
 
 template <typename T>
@@ -339,7 +354,7 @@ template <typename T>
 void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
                const at::Tensor& inv, const at::Tensor& a_in, const at::Tensor& beta_v, const at::Tensor& beta_a,
                const at::Tensor& floor, const at::Tensor& log_var_offset, const at::Tensor& index,
-               const HeadSettings& hs, at::Tensor& r, at::Tensor& d_out, const Geometry& g) {
+               const HeadSettings& hs, at::Tensor& r, at::Tensor& d_out, const Kept<T>& kept, const Geometry& g) {
   const Votes<T> votes(pose, weight, coord, &c, &inv, g);
   const T* A = a_in.data_ptr<T>();
   const T* BV = beta_v.data_ptr<T>();
@@ -358,9 +373,12 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
     at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
       std::vector<T> cb(4 * q), x(4 * q), s1(4 * q), s2(4 * q), we(q), db(4 * q), var(4 * q), lv(4 * q), tmp(q);
       std::vector<T> mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j), logit(g.j);
+      const bool last = hs.last_m_only && t + 1 == hs.lambdas.size();
+      const int64_t at_t = static_cast<int64_t>(t) * g.n;  // the (t, n = 0) row of the kept tensors
       for (int64_t n = begin; n < end; ++n) {
         T* rn = R + n * g.j * g.i;  // (J, I)
         votes.origin(n, cb.data());
+        if (kept.r) std::copy(rn, rn + g.j * g.i, kept.r + (at_t + n) * g.j * g.i);
         // M-step: weights R a / (mass + eps)
         for (int64_t j = 0; j < g.j; ++j) {
           T total = 0;
@@ -401,6 +419,13 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
           }
         }
         gather(db.data(), g.j, kH, D + n * g.j * kH);
+        if (kept.m) {
+          gather(s1.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH);
+          gather(s2.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH + kH);
+          gather(db.data(), g.j, kH, kept.d + (at_t + n) * g.j * kH);
+          gather(var.data(), g.j, kH, kept.var + (at_t + n) * g.j * kH);
+          gather(lv.data(), g.j, kH, kept.log_var + (at_t + n) * g.j * kH);
+        }
         std::fill(sumlog.begin(), sumlog.end(), T(0));
         for (int row = 0; row < 4; ++row)
           for (int64_t e = 0; e < q; ++e) sumlog[e / 4] += lv[row * q + e];
@@ -425,6 +450,8 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
           }
           for (int64_t j = 0; j < g.j; ++j) pre[j] = lam * (BA[j] - pre[j]);
         }
+        if (kept.pre) std::copy(pre.begin(), pre.end(), kept.pre + (at_t + n) * g.j);
+        if (last) continue;  // no E-step after the last M-step
         for (int64_t j = 0; j < g.j; ++j) logsig[j] = log_sigmoid(pre[j]) - T(0.5) * (sumlog[j] + kH * log2pi);
         for (int64_t k = 0; k < 4 * q; ++k) var[k] = T(1) / var[k];  // now the precisions
         // E-step logits log a_j + log p[i, j]; without child groups, the softmax over j of each slot
@@ -455,7 +482,7 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
         }
       }
     });
-    if (G == nullptr) continue;
+    if (G == nullptr || (hs.last_m_only && t + 1 == hs.lambdas.size())) continue;
     // child groups: normalise each child's logits over its slots (and every parent, or one parent type)
     const int64_t slots = g.n * g.i;
     const int64_t lanes = hs.normalize == 1 ? g.j : 1;  // per type: one independent problem per parent type
@@ -552,7 +579,7 @@ std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& wei
                                    const at::Tensor& beta_v, const at::Tensor& beta_a, const at::Tensor& floor,
                                    const at::Tensor& log_var_offset, const at::Tensor& r0, const at::Tensor& index,
                                    std::vector<double> lambdas, double eps, bool official, int64_t cost_normalization,
-                                   int64_t normalize, int64_t groups) {
+                                   int64_t normalize, int64_t groups, bool keep) {
   const Geometry g = check(pose, weight, coord);
   check_like(c, pose, {g.n, g.j, kH}, "c");
   check_like(inv, pose, {g.n}, "inv");
@@ -570,14 +597,28 @@ std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& wei
   }
   TORCH_CHECK(cost_normalization >= 0 && cost_normalization <= 2 && normalize >= 0 && normalize <= 1,
               "bad cost_normalization or normalize");
+  const int64_t steps = static_cast<int64_t>(lambdas.size());
   HeadSettings hs{std::move(lambdas), eps, official, static_cast<int>(cost_normalization), static_cast<int>(normalize),
-                  groups};
+                  groups, keep};
   auto r = r0.clone();
   auto d = at::zeros({g.n, g.j, kH}, pose.options());
+  const int64_t t_kept = keep ? steps : 0;
+  auto kr = at::empty({t_kept, g.n, g.j, g.i}, pose.options());
+  auto km = at::empty({t_kept, g.n, g.j, 2 * kH}, pose.options());
+  auto kd = at::empty({t_kept, g.n, g.j, kH}, pose.options());
+  auto kvar = at::empty({t_kept, g.n, g.j, kH}, pose.options());
+  auto klv = at::empty({t_kept, g.n, g.j, kH}, pose.options());
+  auto kpre = at::empty({t_kept, g.n, g.j}, pose.options());
   AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "route_head", [&] {
-    head_impl<scalar_t>(pose, weight, coord, c, inv, a_in, beta_v, beta_a, floor, log_var_offset, index, hs, r, d, g);
+    Kept<scalar_t> kept;
+    if (keep) {
+      kept = {kr.data_ptr<scalar_t>(), km.data_ptr<scalar_t>(), kd.data_ptr<scalar_t>(), kvar.data_ptr<scalar_t>(),
+              klv.data_ptr<scalar_t>(), kpre.data_ptr<scalar_t>()};
+    }
+    head_impl<scalar_t>(pose, weight, coord, c, inv, a_in, beta_v, beta_a, floor, log_var_offset, index, hs, r, d, kept,
+                        g);
   });
-  return {r, d};
+  return {r, d, kr, km, kd, kvar, klv, kpre};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
