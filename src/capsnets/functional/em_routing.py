@@ -731,7 +731,6 @@ class _FusedEMFunction(torch.autograd.Function):
         ctx.source, ctx.head = _FusedVotes(kernel, pose, weight, coord, c, scale.inv), head
         ctx.saved = None
         if not detach_routing and cost_normalization is None:  # exact gradients by hand (_manual_backward)
-            ctx.head = head = None
             (mu, a_out, r), ctx.saved = _fused_saving(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas,
                                                       eps, groups, variance_floor, scale)
         else:
@@ -941,8 +940,10 @@ def em_routing_poses(
             c = (mean * scale.inv.view(-1, 1, 1)).unsqueeze(2)  # (B, J, 1, H)
         settings = (lambdas, eps, cost_normalization, detach_routing, child_groups, variance_floor, scale)
         tracked = torch.is_grad_enabled() and any(t.requires_grad for t in (pose, w, a_in, beta_v, beta_a))
-        head = None  # the iterations without gradients, all in the kernel
-        if len(lambdas) > 1:
+        # the iterations before the last, in the kernel (with exact gradients by hand, _FusedEMFunction runs the
+        # whole procedure there itself)
+        head = None
+        if len(lambdas) > 1 and (not tracked or detach_routing or cost_normalization is not None):
             head = _fused_head(kernel, pose, w, coord, c, a_in, beta_v, beta_a, *settings)
         if tracked:
             mu, a_out, r = _FusedEMFunction.apply(pose, w, a_in, beta_v, beta_a, coord, kernel, c, head, *settings)
