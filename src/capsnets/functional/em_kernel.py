@@ -3,13 +3,14 @@
 EM routing (:mod:`capsnets.functional.em_routing`) uses the votes ``V = M W`` only through products with
 ``[x, x^2]``, ``x = V / scale - c``: one per M-step, one per E-step, and their transposes in the backward.
 ``csrc/em_votes.cpp`` computes each product straight from the child poses ``M`` and the transforms ``W``,
-one (routing problem, parent) block at a time, so the ``(N, J, I, 16)`` vote tensor is never written to
-memory, forward or backward (the backward recomputes the votes it needs). Where no gradient flows through
-them (inference, and every iteration but the last with ``detach_routing=True``), the kernel also runs those
-iterations whole (``route_head``: M-step, E-step and the child groups' normalisation, per routing problem in
-cache). The last M-step, and with exact gradients every iteration, are the same Python code as the PyTorch
-path; exact gradients are the procedure's derivative written out by hand (``_manual_backward`` in
-:mod:`capsnets.functional.em_routing`; with a cost normalisation, an autograd replay of the procedure).
+one routing problem at a time in cache, so the ``(N, J, I, 16)`` vote tensor is never written to memory,
+forward or backward (the backward recomputes the votes it needs). The kernel also runs whole iterations
+(``route_head``: M-step, E-step and the child groups' normalisation): every iteration but the last where no
+gradient flows through them (inference, ``detach_routing=True``), and with exact gradients the whole
+procedure, keeping what the backward needs; that backward is the procedure's derivative written out by hand
+(``_manual_backward`` in :mod:`capsnets.functional.em_routing`). The last M-step with detached gradients, and
+every iteration with a cost normalisation, are the PyTorch path's Python code, differentiated by an autograd
+replay of the procedure.
 
 The kernel is C++ with OpenMP (``at::parallel_for``), compiled by PyTorch's extension tooling
 (:func:`torch.utils.cpp_extension.load`, with the compiler and ninja that are on the machine) the first time
