@@ -9,7 +9,7 @@ from torch.autograd import gradcheck
 
 from capsnets import create_model
 from capsnets.capsules import MatrixCapsules
-from capsnets.functional import EMRouting, em_kernel, em_routing, em_routing_poses  # noqa: F401
+from capsnets.functional import EMRouting, em_kernel, em_routing, em_routing_poses
 from capsnets.functional.em_routing import OFFICIAL_VARIANCE_FLOOR
 from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules
 from capsnets.testing import reference_conv_em_routing, reference_em_routing
