@@ -468,11 +468,6 @@ class _FusedVotes(_DenseVotes):
         return self.kernel.e_product(*args).unsqueeze(-1)
 
 
-def _matmul_contract(xx: Tensor):
-    """``contract(kind, operand)`` of the votes stored as ``xx`` (B, J, I, 2H) (see :class:`_DenseVotes`)."""
-    return _DenseVotes(xx).contract
-
-
 def _initial_assignments(c, a_in, groups):
     """Uniform over each child's parents: ``1 / J``, or ``1 / (J * copies)`` with ``groups`` normalised over
     all parents (``"per_type"`` groups start at ``1 / J`` in every copy, as the released code does). (B, J, I)."""
@@ -842,7 +837,7 @@ def em_routing(
             mu, a_out, r = _EMFunction.apply(v, a_in, beta_v, beta_a, *settings)
         else:  # inference, or traced by torch.compile: plain autograd through the same procedure
             c, xx = _shifted_votes(v, a_in, eps, scale.inv)  # (B, J, 1, H), (B, J, I, 2H)
-            mu, a_out, r = _route(c, _matmul_contract(xx), a_in, beta_v, beta_a, *settings)
+            mu, a_out, r = _route(c, _DenseVotes(xx).contract, a_in, beta_v, beta_a, *settings)
     if return_assignments:
         return mu, a_out, r.transpose(1, 2)
     return mu, a_out
