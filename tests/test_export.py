@@ -99,3 +99,26 @@ def test_the_cli_exports_a_run(tmp_path, capsys):
     assert "would replace a run file" in capsys.readouterr().err
     assert main(["export", "--checkpoint", str(tmp_path / "nowhere")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("routing", ["dynamic", "none_of_the_above"])
+def test_exported_local_routing_agrees_with_eager(tmp_path, routing):
+    # The routing alone, on votes of unit scale: a model's outputs at initialisation can hide a routing error
+    # below the 1e-4 tolerance, so the graph that export takes for few children (sums of products) is checked
+    # here where every iteration changes the result.
+    from capsnets.functional import DynamicRouting, local_routing
+
+    class Route(torch.nn.Module):
+        def forward(self, u_hat):
+            return local_routing(u_hat, DynamicRouting(3, none_of_the_above=routing == "none_of_the_above"))
+
+    u_hat = torch.randn(2, 3, 4, 8, 5, 5, generator=torch.Generator().manual_seed(0))
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = torch.export.export(Route(), (u_hat,), dynamic_shapes=({0: batch},), strict=False)
+    torch.onnx.export(program, (u_hat,), dynamo=True, optimize=False, verbose=False).save(tmp_path / "route.onnx")
+    one_pass = local_routing(u_hat, DynamicRouting(1))
+    for votes in (u_hat, torch.randn(3, 3, 4, 8, 5, 5, generator=torch.Generator().manual_seed(1))):
+        got = run_onnx(tmp_path / "route.onnx", votes)[0]
+        expected = Route()(votes)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert (Route()(u_hat) - one_pass).abs().max() > 1e-2  # the iterations matter on these votes

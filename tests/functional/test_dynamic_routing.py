@@ -1,3 +1,5 @@
+from unittest import mock
+
 import pytest
 import torch
 from torch.autograd import gradcheck
@@ -16,6 +18,17 @@ def test_agrees_with_literal_procedure_1(iterations):
         v_ref, c_ref = reference_dynamic_routing(u_hat, iterations)
         torch.testing.assert_close(v, v_ref, rtol=0, atol=1e-10)
         torch.testing.assert_close(c, c_ref, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("none_of_the_above", [False, True])
+def test_exported_elementwise_form_agrees_with_literal_procedure_1(none_of_the_above):
+    # Under export, few children take sums of products instead of batched matmuls (faster in onnxruntime).
+    u_hat = torch.randn(40, 2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with mock.patch("torch.compiler.is_exporting", return_value=True):
+        v, c = dynamic_routing(u_hat, 3, none_of_the_above=none_of_the_above, return_couplings=True)
+    v_ref, c_ref = reference_dynamic_routing(u_hat, 3, none_of_the_above=none_of_the_above)
+    torch.testing.assert_close(v, v_ref, rtol=0, atol=1e-10)
+    torch.testing.assert_close(c, c_ref[..., :5], rtol=0, atol=1e-10)  # the extra parent's share is left out
 
 
 @pytest.mark.parametrize("detach", [True, False])

@@ -107,6 +107,10 @@ def _check_u_hat(u_hat: Tensor, iterations: int) -> None:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
 
 
+#: Up to this many children per parent, an exported graph sums elementwise products instead of a batched product.
+_ELEMENTWISE_CHILDREN = 32
+
+
 def dynamic_routing(
     u_hat: Tensor,
     iterations: int = DynamicRouting.iterations,
@@ -143,6 +147,9 @@ def dynamic_routing(
     sum_unit, logit_unit = _units(children, dim, iterations)
     u_route = u.detach() if detach_routing else u
     first = 1.0 / (parents + 1 if none_of_the_above else parents)  # the couplings while the logits are all 0
+    # An exported graph (ONNX) runs a batched product of tiny matrices as one small GEMM per batch entry;
+    # with few children (local routing folds every position into the batch) products and sums are faster.
+    elementwise = children <= _ELEMENTWISE_CHILDREN and torch.compiler.is_exporting()
     logits = None  # (B, J, I), times logit_unit; zero on entry, never materialised while it is zero
     for r in range(iterations):
         last = r == iterations - 1
@@ -151,10 +158,16 @@ def dynamic_routing(
             weights = u.new_full((batch, parents, 1, children), sum_unit * first)
         else:
             weights = (_couplings(logits, logit_unit, none_of_the_above) * sum_unit).unsqueeze(2)  # (B, J, 1, I)
-        s = torch.matmul(weights, u_r).squeeze(2)  # (B, J, 1, I) @ (B, J, I, D) -> (B, J, D), times sum_unit
+        if elementwise:  # (B, J, I, 1) * (B, J, I, D), summed over I
+            s = (weights.transpose(2, 3) * u_r).sum(2)
+        else:  # (B, J, 1, I) @ (B, J, I, D) -> (B, J, D), times sum_unit
+            s = torch.matmul(weights, u_r).squeeze(2)
         v = _squash(s, unit=sum_unit)  # (B, J, D)
-        if not last:  # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): the agreements, times logit_unit
-            agreement = matvec(u_route, (v * logit_unit).unsqueeze(-1)).squeeze(-1)
+        if not last:  # (B, J, I, D) times (B, J, D, 1) -> (B, J, I): the agreements, times logit_unit
+            if elementwise:
+                agreement = (u_route * (v * logit_unit).unsqueeze(2)).sum(-1)
+            else:
+                agreement = matvec(u_route, (v * logit_unit).unsqueeze(-1)).squeeze(-1)
             logits = agreement if logits is None else logits + agreement
     v = v.to(u_hat.dtype)
     if not return_couplings:
