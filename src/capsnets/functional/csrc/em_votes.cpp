@@ -89,6 +89,19 @@ inline void gather(const T* block, int64_t parents, int64_t stride, T* out) {
       for (int col = 0; col < 4; ++col) out[j * stride + 4 * r + col] = block[r * q + 4 * j + col];
 }
 
+// sum_e a[e] b[e] in 8 independent partial sums: the compiler does not reorder a floating-point sum by
+// itself, so a plain loop runs one dependent add after another; these vectorise.
+template <typename T>
+inline T dot(const T* __restrict a, const T* __restrict b, int64_t q) {
+  T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t e = 0;
+  for (; e + 8 <= q; e += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[e + l] * b[e + l];
+  T total = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; e < q; ++e) total += a[e] * b[e];
+  return total;
+}
+
 // The (4, 4J) vote block of child i of problem n, times u, minus the origin block c (or plain with c null).
 template <typename T>
 inline void vote_block(const T* __restrict m, const T* __restrict wt, const T* __restrict coord, T u,
@@ -288,12 +301,7 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
         T* gwi = gw + (i % g.iw) * 4 * q;
         for (int row = 0; row < 4; ++row) {
           const T* gvr = gv.data() + row * q;
-          for (int k = 0; k < 4; ++k) {
-            const T* wk = wti + k * q;
-            T total = 0;
-            for (int64_t e = 0; e < q; ++e) total += gvr[e] * wk[e];
-            gm[4 * row + k] += total;
-          }
+          for (int k = 0; k < 4; ++k) gm[4 * row + k] += dot(gvr, wti + k * q, q);
         }
         for (int k = 0; k < 4; ++k) {
           const T m0 = m[k], m1 = m[4 + k], m2 = m[8 + k], m3 = m[12 + k];
@@ -371,7 +379,9 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
     const T lam = static_cast<T>(hs.lambdas[t]);
     const T eps = static_cast<T>(hs.eps);
     at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> cb(4 * q), x(4 * q), s1(4 * q), s2(4 * q), we(q), db(4 * q), var(4 * q), lv(4 * q), tmp(q);
+      // xs: the problem's (4, 4J) blocks x of every child, made by the M-step and read again by the E-step
+      std::vector<T> cb(4 * q), xs(g.i * 4 * q), s1(4 * q), s2(4 * q), we(q), db(4 * q), var(4 * q), lv(4 * q),
+          tmp(q);
       std::vector<T> mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j), logit(g.j);
       const bool last = hs.last_m_only && t + 1 == hs.lambdas.size();
       const int64_t at_t = static_cast<int64_t>(t) * g.n;  // the (t, n = 0) row of the kept tensors
@@ -392,9 +402,10 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
           const T a = A[n * g.i + i];
           for (int64_t j = 0; j < g.j; ++j)
             we[4 * j] = we[4 * j + 1] = we[4 * j + 2] = we[4 * j + 3] = rn[j * g.i + i] * a / (mass[j] + eps);
-          votes.block(n, i, cb.data(), x.data());
+          T* x = xs.data() + i * 4 * q;
+          votes.block(n, i, cb.data(), x);
           for (int row = 0; row < 4; ++row) {
-            const T* xr = x.data() + row * q;
+            const T* xr = x + row * q;
             T* a1 = s1.data() + row * q;
             T* a2 = s2.data() + row * q;
             for (int64_t e = 0; e < q; ++e) {
@@ -456,10 +467,10 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
         for (int64_t k = 0; k < 4 * q; ++k) var[k] = T(1) / var[k];  // now the precisions
         // E-step logits log a_j + log p[i, j]; without child groups, the softmax over j of each slot
         for (int64_t i = 0; i < g.i; ++i) {
-          votes.block(n, i, cb.data(), x.data());
+          const T* x = xs.data() + i * 4 * q;
           std::fill(tmp.begin(), tmp.end(), T(0));
           for (int row = 0; row < 4; ++row) {
-            const T* xr = x.data() + row * q;
+            const T* xr = x + row * q;
             const T* dr = db.data() + row * q;
             const T* pr = var.data() + row * q;
             for (int64_t e = 0; e < q; ++e) {
