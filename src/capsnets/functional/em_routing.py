@@ -612,10 +612,10 @@ def _group_sum(x: Tensor, groups: ChildGroups | None) -> Tensor:
         types = torch.arange(parents, device=x.device).view(1, parents, 1)
         flat = (groups.index.unsqueeze(1) * parents + types).reshape(-1)
         total = x.new_zeros(groups.count * parents).index_add_(0, flat, x.reshape(-1))
-        return total[flat].view(n, parents, i)
+        return total.index_select(0, flat).view(n, parents, i)  # index_select: several times faster than [flat]
     flat = groups.index.reshape(-1)
     total = x.new_zeros(groups.count).index_add_(0, flat, x.sum(dim=1).reshape(-1))
-    return total[flat].view(n, 1, i).expand_as(x)
+    return total.index_select(0, flat).view(n, 1, i).expand_as(x)
 
 
 def _reduce_like(grad: Tensor, like: Tensor) -> Tensor:
@@ -629,7 +629,8 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
     """The exact gradients of the procedure (without cost normalisation) kept by :func:`_fused_saving`, by hand (the derivative of each equation
     of the M- and E-steps in reverse order), in products with the votes (``source``) and ``(B, J, I)``
     tensors: no autograd graph of the procedure is built. Returns the gradients of ``a_in``, ``beta_v``,
-    ``beta_a`` and the votes' outer-product factors ``(left (B, J, I, K), right (B, J, K, 2H))``."""
+    ``beta_a`` and the votes' outer-product factors ``(left (K, B, J, I), right (B, J, K, 2H))``; each factor of
+    ``left`` is written in place, as the kernel reads them (no concatenation of ``K`` copies of (B, J, I))."""
     official = variance_floor is not None
     height = saved[0]["d"].shape[-1]
     cc = c.squeeze(2)  # (B, J, H)
@@ -642,7 +643,8 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
     g_sum_log = torch.zeros_like(last_pre)
     g_a_in = torch.zeros_like(a_in)
     g_bv, g_ba = torch.zeros_like(last_pre), torch.zeros_like(last_pre)
-    left, right = [], []
+    left = a_in.new_empty(2 * len(lambdas) - 1, *saved[0]["r"].shape)  # (K, B, J, I)
+    right, col = [], 0
     for t in range(len(lambdas) - 1, -1, -1):
         st, lam = saved[t], lambdas[t]
         r, d, var, pre = st["r"], st["d"], st["var"], st["pre"]
@@ -682,8 +684,8 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         g_d_prev = (1.0 - _BLEND) * g_d if official else None
         # m = sum_i w [x, x^2] with w = R' / (mass + eps), s = mass / (mass + eps)
         coef = torch.cat([g_m1, g_m2], dim=-1)  # (B, J, 2H)
-        w = r_prime / guard.unsqueeze(-1)
-        left.append(w.unsqueeze(-1))
+        w = torch.div(r_prime, guard.unsqueeze(-1), out=left[col])
+        col += 1
         right.append(coef.unsqueeze(2))
         g_w = source.e(coef.unsqueeze(-1)).squeeze(-1)  # (B, J, I): sum_h g_m1 x + g_m2 x^2
         g_mass = (g_mass + g_s * (1.0 / floored - slope * mass / floored.square())
@@ -697,10 +699,10 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
             g_r_t = g_r_t + g_r
         # E-step t-1: r = softmax over each child's normalisation group of z, with
         # z = logsigmoid(pre) - 0.5 (sum_h (x - d)^2 / var + sum_h log_var + H log 2 pi)
-        gz = r * (g_r_t - _group_sum(r * g_r_t, groups))
+        gz = torch.mul(r, g_r_t - _group_sum(r * g_r_t, groups), out=left[col])
+        col += 1
         prev = saved[t - 1]
         d, var, pre = prev["d"], prev["var"], prev["pre"]
-        left.append(gz.unsqueeze(-1))
         right.append(torch.cat([d / var, -0.5 / var], dim=-1).unsqueeze(2))
         s1, s2 = source.m(gz.unsqueeze(2)).squeeze(2).chunk(2, dim=-1)  # sum_i gz x, sum_i gz x^2
         s0 = gz.sum(dim=2, keepdim=True)
@@ -709,7 +711,7 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         g_d = (s1 - d * s0) / var + (g_d_prev if official else 0.0)
         g_var = 0.5 * (s2 - 2.0 * d * s1 + d.square() * s0) / var.square()
     grads = (g_a_in, _reduce_like(g_bv, beta_v), _reduce_like(g_ba, beta_a))
-    return grads, torch.cat(left, dim=-1), torch.cat(right, dim=-2)
+    return grads, left, torch.cat(right, dim=-2)
 
 
 class _FusedEMFunction(torch.autograd.Function):
@@ -749,6 +751,7 @@ class _FusedEMFunction(torch.autograd.Function):
             grads, left, right = _replay(ctx, source, c, a_in, beta_v, beta_a, (g_mu, g_a, g_r),
                                          head=ctx.head if detached else None,
                                          live=ctx.head is not None and not detached)
+            left = None if left is None else left.permute(3, 0, 1, 2)  # (B, J, I, K) -> (K, B, J, I)
         grad_pose = grad_weight = None
         if left is not None and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             grad_pose, grad_weight = source.kernel.votes_backward(

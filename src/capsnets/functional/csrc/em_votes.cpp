@@ -15,7 +15,7 @@
 //   votes_stats(pose, weight, coord, w0 (N, I)) -> (sum_i w0 V  (N, J, 16), max |V| (N,))
 //   m_product(pose, weight, coord, c, inv, w (N, J, I)) -> sum_i w [x, x^2]       (N, J, 32)
 //   e_product(pose, weight, coord, c, inv, coef (N, J, 32)) -> [x, x^2] . coef    (N, J, I)
-//   votes_backward(pose, weight, coord, c, inv, left (N, J, I, K), right (N, J, K, 32))
+//   votes_backward(pose, weight, coord, c, inv, left (K, N, J, I), right (N, J, K, 32))
 //       with d loss / d xx = left @ right: -> d pose (N, I, 16), d weight (Iw, J, 16)
 //   route_head(...): whole iterations without gradients (M-step, E-step, child-group normalisation) ->
 //       the assignments (N, J, I) of the next M-step and the last centre (N, J, 16); with keep, the whole
@@ -256,7 +256,7 @@ template <typename T>
 void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
                    const at::Tensor& inv, const at::Tensor& left, const at::Tensor& right, at::Tensor& gpose,
                    at::Tensor& gweight, const Geometry& g) {
-  const int64_t kk = left.size(3);
+  const int64_t kk = left.size(0);
   const Votes<T> votes(pose, weight, coord, &c, &inv, g);
   const T* L = left.data_ptr<T>();
   const T* Rt = right.data_ptr<T>();
@@ -279,10 +279,10 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
         const T* m = votes.child(n, i);
         const T* wti = votes.transform(i);
         votes.block(n, i, cb.data(), x.data());
-        for (int64_t j = 0; j < g.j; ++j) {  // left (J, I, K) -> (K, 4J)
-          const T* l = L + ((n * g.j + j) * g.i + i) * kk;
-          for (int64_t k = 0; k < kk; ++k) le[k * q + 4 * j] = le[k * q + 4 * j + 1] = le[k * q + 4 * j + 2] =
-              le[k * q + 4 * j + 3] = l[k];
+        for (int64_t k = 0; k < kk; ++k) {  // left (K, n, J, i) -> (K, 4J)
+          const T* l = L + (k * g.n + n) * g.j * g.i + i;
+          for (int64_t j = 0; j < g.j; ++j)
+            le[k * q + 4 * j] = le[k * q + 4 * j + 1] = le[k * q + 4 * j + 2] = le[k * q + 4 * j + 3] = l[j * g.i];
         }
         for (int row = 0; row < 4; ++row) {
           T* gvr = gv.data() + row * q;
@@ -573,9 +573,9 @@ std::vector<at::Tensor> votes_backward(const at::Tensor& pose, const at::Tensor&
   const Geometry g = check(pose, weight, coord);
   check_like(c, pose, {g.n, g.j, kH}, "c");
   check_like(inv, pose, {g.n}, "inv");
-  TORCH_CHECK(left.dim() == 4, "left must be (N, J, I, K)");
-  const int64_t kk = left.size(3);
-  check_like(left, pose, {g.n, g.j, g.i, kk}, "left");
+  TORCH_CHECK(left.dim() == 4, "left must be (K, N, J, I)");
+  const int64_t kk = left.size(0);
+  check_like(left, pose, {kk, g.n, g.j, g.i}, "left");
   check_like(right, pose, {g.n, g.j, kk, 2 * kH}, "right");
   auto gpose = at::zeros({g.n, g.i, kH}, pose.options());
   auto gweight = at::empty({g.iw, g.j, kH}, pose.options());
