@@ -503,21 +503,29 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
         const int64_t j0 = hs.normalize == 1 ? lane : 0, j1 = hs.normalize == 1 ? lane + 1 : g.j;
         std::fill(top.begin(), top.end(), -std::numeric_limits<T>::infinity());
         std::fill(total.begin(), total.end(), T(0));
-        for (int64_t slot = 0; slot < slots; ++slot) {
-          const int64_t n = slot / g.i, i = slot % g.i, grp = G[slot];
-          for (int64_t j = j0; j < j1; ++j) top[grp] = std::max(top[grp], R[(n * g.j + j) * g.i + i]);
-        }
-        for (int64_t slot = 0; slot < slots; ++slot) {
-          const int64_t n = slot / g.i, i = slot % g.i, grp = G[slot];
+        // three passes over the slots (n, i) of this lane's parents: each child's largest logit, the sum of
+        // exp(logit - largest), and the division; the exponentials run over contiguous rows of I
+        for (int64_t n = 0; n < g.n; ++n) {
+          const int64_t* gn = G + n * g.i;
           for (int64_t j = j0; j < j1; ++j) {
-            T& z = R[(n * g.j + j) * g.i + i];
-            z = std::exp(z - top[grp]);
-            total[grp] += z;
+            const T* z = R + (n * g.j + j) * g.i;
+            for (int64_t i = 0; i < g.i; ++i) top[gn[i]] = std::max(top[gn[i]], z[i]);
           }
         }
-        for (int64_t slot = 0; slot < slots; ++slot) {
-          const int64_t n = slot / g.i, i = slot % g.i, grp = G[slot];
-          for (int64_t j = j0; j < j1; ++j) R[(n * g.j + j) * g.i + i] /= total[grp];
+        for (int64_t n = 0; n < g.n; ++n) {
+          const int64_t* gn = G + n * g.i;
+          for (int64_t j = j0; j < j1; ++j) {
+            T* z = R + (n * g.j + j) * g.i;
+            for (int64_t i = 0; i < g.i; ++i) z[i] = std::exp(z[i] - top[gn[i]]);
+            for (int64_t i = 0; i < g.i; ++i) total[gn[i]] += z[i];
+          }
+        }
+        for (int64_t n = 0; n < g.n; ++n) {
+          const int64_t* gn = G + n * g.i;
+          for (int64_t j = j0; j < j1; ++j) {
+            T* z = R + (n * g.j + j) * g.i;
+            for (int64_t i = 0; i < g.i; ++i) z[i] /= total[gn[i]];
+          }
         }
       }
     });
