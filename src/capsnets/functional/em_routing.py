@@ -602,11 +602,13 @@ class _EMFunction(torch.autograd.Function):
         return (grad_v, *grads, None, None, None, None, None, None, None)
 
 
-def _group_sum(x: Tensor, groups: ChildGroups | None) -> Tensor:
+def _group_sum(x: Tensor, groups: ChildGroups | None, expand: bool = True) -> Tensor:
     """For each slot of ``x`` (B, J, I), the sum of ``x`` over the slots and parents its assignments are
-    normalised over (the softmax's normaliser: over J, or :func:`group_softmax`'s groups)."""
+    normalised over (the softmax's normaliser: over J, or :func:`group_softmax`'s groups). Where that sum is
+    the same for every parent (no groups, or ``"all_parents"``), ``expand=False`` returns it as (B, 1, I)."""
     if groups is None:
-        return x.sum(dim=1, keepdim=True).expand_as(x)
+        total = x.sum(dim=1, keepdim=True)
+        return total.expand_as(x) if expand else total
     n, parents, i = x.shape
     if groups.normalize == "per_type":
         types = torch.arange(parents, device=x.device).view(1, parents, 1)
@@ -615,7 +617,8 @@ def _group_sum(x: Tensor, groups: ChildGroups | None) -> Tensor:
         return total.index_select(0, flat).view(n, parents, i)  # index_select: several times faster than [flat]
     flat = groups.index.reshape(-1)
     total = x.new_zeros(groups.count).index_add_(0, flat, x.sum(dim=1).reshape(-1))
-    return total.index_select(0, flat).view(n, 1, i).expand_as(x)
+    total = total.index_select(0, flat).view(n, 1, i)
+    return total.expand_as(x) if expand else total
 
 
 def _reduce_like(grad: Tensor, like: Tensor) -> Tensor:
@@ -641,7 +644,11 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
     g_pre = torch.zeros_like(last_pre) if g_a is None else g_a * torch.sigmoid(last_pre) * torch.sigmoid(-last_pre)
     g_var = torch.zeros_like(cc)  # from the E-step that used this iteration's parameters
     g_sum_log = torch.zeros_like(last_pre)
-    g_a_in = torch.zeros_like(a_in)
+    n, _, children = a_in.shape
+    a_flat = a_in.reshape(n, children).contiguous()
+    g_a_in = a_in.new_zeros(n, children)  # accumulated in place by the kernel
+    g_r_extra = a_in.new_empty(0) if g_r is None else g_r.contiguous()
+    kernel, votes = source.kernel, (source.pose, source.weight, source.coord, source.c, source.inv)
     g_bv, g_ba = torch.zeros_like(last_pre), torch.zeros_like(last_pre)
     left = a_in.new_empty(2 * len(lambdas) - 1, *saved[0]["r"].shape)  # (K, B, J, I)
     right, col = [], 0
@@ -649,8 +656,7 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         st, lam = saved[t], lambdas[t]
         r, d, var, pre = st["r"], st["d"], st["var"], st["pre"]
         m1, m2 = st["m"].chunk(2, dim=-1)
-        r_prime = r * a_in
-        mass = r_prime.sum(dim=2)  # (B, J)
+        mass = torch.matmul(r, a_flat.unsqueeze(-1)).squeeze(-1)  # (B, J): sum_i r a
         guard = mass + eps
         s = mass / guard
         floored = mass.clamp_min(_GRADIENT_MASS_FLOOR) + eps  # the gradients' denominator (_mass_weights)
@@ -684,33 +690,33 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         g_d_prev = (1.0 - _BLEND) * g_d if official else None
         # m = sum_i w [x, x^2] with w = R' / (mass + eps), s = mass / (mass + eps)
         coef = torch.cat([g_m1, g_m2], dim=-1)  # (B, J, 2H)
-        w = torch.div(r_prime, guard.unsqueeze(-1), out=left[col])
-        col += 1
         right.append(coef.unsqueeze(2))
-        g_w = source.e(coef.unsqueeze(-1)).squeeze(-1)  # (B, J, I): sum_h g_m1 x + g_m2 x^2
-        g_mass = (g_mass + g_s * (1.0 / floored - slope * mass / floored.square())
-                  - slope * (g_w * r_prime).sum(dim=2) / floored.square())
-        g_r_prime = g_w / floored.unsqueeze(-1) + g_mass.unsqueeze(-1)
-        g_a_in = g_a_in + (g_r_prime * r).sum(dim=1, keepdim=True)
+        # per child, in the kernel: g_w = [x, x^2] . coef; g_mass less slope sum_i g_w R' / floored^2;
+        # g_R' = g_w / floored + g_mass; d a_in += sum_j g_R' r; left[col] = R' / guard (the M-step's weights);
+        # and for the E-step before it g_r = g_R' a (+ g_r from the output) and y = r g_r
+        base = (g_mass + g_s * (1.0 / floored - slope * mass / floored.square())).contiguous()
+        g_r_t, y = kernel.mstep_back(*votes, coef.contiguous(), r, a_flat, guard.contiguous(), floored.contiguous(),
+                                     slope.contiguous(), base, g_r_extra if t == len(lambdas) - 1 else
+                                     a_in.new_empty(0), left[col], g_a_in, t > 0)
+        col += 1
         if t == 0:
             break
-        g_r_t = g_r_prime * a_in
-        if t == len(lambdas) - 1 and g_r is not None:
-            g_r_t = g_r_t + g_r
         # E-step t-1: r = softmax over each child's normalisation group of z, with
-        # z = logsigmoid(pre) - 0.5 (sum_h (x - d)^2 / var + sum_h log_var + H log 2 pi)
-        gz = torch.mul(r, g_r_t - _group_sum(r * g_r_t, groups), out=left[col])
+        # z = logsigmoid(pre) - 0.5 (sum_h (x - d)^2 / var + sum_h log_var + H log 2 pi);
+        # gz = r (g_r - group sum of r g_r) goes to left[col], with sum_i gz [x, x^2] and sum_i gz
+        total = _group_sum(y, groups, expand=False).contiguous()
+        s12, s0 = kernel.estep_back(*votes, r, g_r_t, total, left[col])
         col += 1
         prev = saved[t - 1]
         d, var, pre = prev["d"], prev["var"], prev["pre"]
         right.append(torch.cat([d / var, -0.5 / var], dim=-1).unsqueeze(2))
-        s1, s2 = source.m(gz.unsqueeze(2)).squeeze(2).chunk(2, dim=-1)  # sum_i gz x, sum_i gz x^2
-        s0 = gz.sum(dim=2, keepdim=True)
-        g_pre = gz.sum(dim=2) * torch.sigmoid(-pre)
+        s1, s2 = s12.chunk(2, dim=-1)  # sum_i gz x, sum_i gz x^2
+        g_pre = s0 * torch.sigmoid(-pre)
+        s0 = s0.unsqueeze(-1)
         g_sum_log = -0.5 * s0.squeeze(-1)
         g_d = (s1 - d * s0) / var + (g_d_prev if official else 0.0)
         g_var = 0.5 * (s2 - 2.0 * d * s1 + d.square() * s0) / var.square()
-    grads = (g_a_in, _reduce_like(g_bv, beta_v), _reduce_like(g_ba, beta_a))
+    grads = (g_a_in.view_as(a_in), _reduce_like(g_bv, beta_v), _reduce_like(g_ba, beta_a))
     return grads, left, torch.cat(right, dim=-2)
 
 

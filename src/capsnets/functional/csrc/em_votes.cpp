@@ -532,6 +532,134 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
   }
 }
 
+// The hand-written backward's per-child work for one M-step (em_routing._manual_backward), per problem n:
+// from coef (J, 32) = [d loss / d sum_i w x, d loss / d sum_i w x^2] and the per-parent factors,
+//   g_w[j, i] = [x, x^2] . coef[j]                              (the E-step product)
+//   g_mass[j] = base[j] - slope[j] * sum_i g_w r a / floored[j]^2
+//   g_r'[j, i] = g_w / floored[j] + g_mass[j];   d a[i] += sum_j g_r' r
+//   left_w[j, i] = r a / guard[j]                                 (the M-step's weights, an outer-product factor)
+//   with want_next: g_r[j, i] = g_r' a (+ g_r_extra), y = r g_r   (for the E-step before it)
+template <typename T>
+void mstep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
+                     const at::Tensor& inv, const at::Tensor& coef, const at::Tensor& r, const at::Tensor& a_in,
+                     const at::Tensor& guard, const at::Tensor& floored, const at::Tensor& slope,
+                     const at::Tensor& base, const at::Tensor& g_r_extra, at::Tensor& left_w, at::Tensor& g_a_in,
+                     at::Tensor& g_r, at::Tensor& y, bool want_next, const Geometry& g) {
+  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
+  const T* K = coef.data_ptr<T>();
+  const T* R = r.data_ptr<T>();
+  const T* A = a_in.data_ptr<T>();
+  const T* GU = guard.data_ptr<T>();
+  const T* FL = floored.data_ptr<T>();
+  const T* SL = slope.data_ptr<T>();
+  const T* BA = base.data_ptr<T>();
+  const T* GX = g_r_extra.numel() > 0 ? g_r_extra.data_ptr<T>() : nullptr;
+  T* LW = left_w.data_ptr<T>();
+  T* GA = g_a_in.data_ptr<T>();
+  T* GR = want_next ? g_r.data_ptr<T>() : nullptr;
+  T* Y = want_next ? y.data_ptr<T>() : nullptr;
+  const int64_t q = g.q(), ji = g.j * g.i;
+  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> cb(4 * q), x(4 * q), k1(4 * q), k2(4 * q), t(q), gw(ji), gmass(g.j), ga(g.i);
+    for (int64_t n = begin; n < end; ++n) {
+      votes.origin(n, cb.data());
+      spread(K + n * g.j * 2 * kH, 2 * kH, g.j, k1.data());
+      spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, k2.data());
+      for (int64_t i = 0; i < g.i; ++i) {
+        votes.block(n, i, cb.data(), x.data());
+        std::fill(t.begin(), t.end(), T(0));
+        for (int row = 0; row < 4; ++row) {
+          const T* xr = x.data() + row * q;
+          const T* c1 = k1.data() + row * q;
+          const T* c2 = k2.data() + row * q;
+          for (int64_t e = 0; e < q; ++e) t[e] += xr[e] * (c1[e] + xr[e] * c2[e]);
+        }
+        for (int64_t j = 0; j < g.j; ++j) gw[j * g.i + i] = (t[4 * j] + t[4 * j + 1]) + (t[4 * j + 2] + t[4 * j + 3]);
+      }
+      const T* rn = R + n * ji;
+      const T* an = A + n * g.i;
+      for (int64_t j = 0; j < g.j; ++j) {
+        T total = 0;
+        for (int64_t i = 0; i < g.i; ++i) total += gw[j * g.i + i] * (rn[j * g.i + i] * an[i]);
+        const T fl = FL[n * g.j + j];
+        gmass[j] = BA[n * g.j + j] - SL[n * g.j + j] * total / (fl * fl);
+      }
+      std::fill(ga.begin(), ga.end(), T(0));
+      for (int64_t j = 0; j < g.j; ++j) {
+        const T fl = FL[n * g.j + j], gu = GU[n * g.j + j], gm = gmass[j];
+        const int64_t row = n * ji + j * g.i;
+        for (int64_t i = 0; i < g.i; ++i) {
+          const T rr = rn[j * g.i + i];
+          const T grp = gw[j * g.i + i] / fl + gm;
+          ga[i] += grp * rr;
+          LW[row + i] = rr * an[i] / gu;
+          if (want_next) {
+            T gr = grp * an[i];
+            if (GX != nullptr) gr += GX[row + i];
+            GR[row + i] = gr;
+            Y[row + i] = rr * gr;
+          }
+        }
+      }
+      for (int64_t i = 0; i < g.i; ++i) GA[n * g.i + i] += ga[i];
+    }
+  });
+}
+
+// The E-step's part of the same backward, per problem n: gz[j, i] = r (g_r - group_sum) (written to left_gz, an
+// outer-product factor), and its M-step-like products sum_i gz [x, x^2] (J, 32) and sum_i gz (J).
+template <typename T>
+void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
+                     const at::Tensor& inv, const at::Tensor& r, const at::Tensor& g_r, const at::Tensor& total,
+                     at::Tensor& left_gz, at::Tensor& out, at::Tensor& s0, const Geometry& g) {
+  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
+  const T* R = r.data_ptr<T>();
+  const T* GR = g_r.data_ptr<T>();
+  const T* TT = total.data_ptr<T>();
+  const bool shared = total.size(1) == 1;  // one sum per child slot for every parent (all_parents, or no groups)
+  T* LZ = left_gz.data_ptr<T>();
+  T* O = out.data_ptr<T>();
+  T* S0 = s0.data_ptr<T>();
+  const int64_t q = g.q(), ji = g.j * g.i;
+  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> cb(4 * q), x(4 * q), s1(4 * q), s2(4 * q), we(q), zsum(g.j);
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t base = n * ji;
+      for (int64_t j = 0; j < g.j; ++j) {
+        T z = 0;
+        for (int64_t i = 0; i < g.i; ++i) {
+          const int64_t k = base + j * g.i + i;
+          const T gz = R[k] * (GR[k] - (shared ? TT[n * g.i + i] : TT[k]));
+          LZ[k] = gz;
+          z += gz;
+        }
+        zsum[j] = z;
+      }
+      votes.origin(n, cb.data());
+      std::fill(s1.begin(), s1.end(), T(0));
+      std::fill(s2.begin(), s2.end(), T(0));
+      for (int64_t i = 0; i < g.i; ++i) {
+        for (int64_t j = 0; j < g.j; ++j)
+          we[4 * j] = we[4 * j + 1] = we[4 * j + 2] = we[4 * j + 3] = LZ[base + j * g.i + i];
+        votes.block(n, i, cb.data(), x.data());
+        for (int row = 0; row < 4; ++row) {
+          const T* xr = x.data() + row * q;
+          T* a1 = s1.data() + row * q;
+          T* a2 = s2.data() + row * q;
+          for (int64_t e = 0; e < q; ++e) {
+            const T wx = we[e] * xr[e];
+            a1[e] += wx;
+            a2[e] += wx * xr[e];
+          }
+        }
+      }
+      gather(s1.data(), g.j, 2 * kH, O + n * g.j * 2 * kH);
+      gather(s2.data(), g.j, 2 * kH, O + n * g.j * 2 * kH + kH);
+      for (int64_t j = 0; j < g.j; ++j) S0[n * g.j + j] = zsum[j];
+    }
+  });
+}
+
 void check_like(const at::Tensor& t, const at::Tensor& like, std::vector<int64_t> shape, const char* name) {
   TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.is_contiguous() && t.device().is_cpu(), name,
               " must be a contiguous CPU tensor of pose's dtype");
@@ -593,6 +721,57 @@ std::vector<at::Tensor> votes_backward(const at::Tensor& pose, const at::Tensor&
   return {gpose, gweight};
 }
 
+// mstep_back(pose, weight, coord, c, inv, coef (N, J, 32), r (N, J, I), a_in (N, I), guard, floored, slope,
+//            base (N, J), g_r_extra (N, J, I) or empty, left_w (N, J, I) out, g_a_in (N, I) accumulated,
+//            want_next) -> [g_r (N, J, I), y (N, J, I)] (empty without want_next)
+std::vector<at::Tensor> mstep_back(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
+                                   const at::Tensor& c, const at::Tensor& inv, const at::Tensor& coef,
+                                   const at::Tensor& r, const at::Tensor& a_in, const at::Tensor& guard,
+                                   const at::Tensor& floored, const at::Tensor& slope, const at::Tensor& base,
+                                   const at::Tensor& g_r_extra, at::Tensor left_w, at::Tensor g_a_in, bool want_next) {
+  const Geometry g = check(pose, weight, coord);
+  check_like(c, pose, {g.n, g.j, kH}, "c");
+  check_like(inv, pose, {g.n}, "inv");
+  check_like(coef, pose, {g.n, g.j, 2 * kH}, "coef");
+  check_like(r, pose, {g.n, g.j, g.i}, "r");
+  check_like(a_in, pose, {g.n, g.i}, "a_in");
+  check_like(guard, pose, {g.n, g.j}, "guard");
+  check_like(floored, pose, {g.n, g.j}, "floored");
+  check_like(slope, pose, {g.n, g.j}, "slope");
+  check_like(base, pose, {g.n, g.j}, "base");
+  if (g_r_extra.numel() > 0) check_like(g_r_extra, pose, {g.n, g.j, g.i}, "g_r_extra");
+  check_like(left_w, pose, {g.n, g.j, g.i}, "left_w");
+  check_like(g_a_in, pose, {g.n, g.i}, "g_a_in");
+  const int64_t size = want_next ? g.n : 0;
+  auto g_r = at::empty({size, g.j, g.i}, pose.options());
+  auto y = at::empty({size, g.j, g.i}, pose.options());
+  AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "mstep_back", [&] {
+    mstep_back_impl<scalar_t>(pose, weight, coord, c, inv, coef, r, a_in, guard, floored, slope, base, g_r_extra,
+                              left_w, g_a_in, g_r, y, want_next, g);
+  });
+  return {g_r, y};
+}
+
+// estep_back(pose, weight, coord, c, inv, r (N, J, I), g_r (N, J, I), total (N, J, I) or (N, 1, I),
+//            left_gz (N, J, I) out) -> [sum_i gz [x, x^2] (N, J, 32), sum_i gz (N, J)]
+std::vector<at::Tensor> estep_back(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
+                                   const at::Tensor& c, const at::Tensor& inv, const at::Tensor& r,
+                                   const at::Tensor& g_r, const at::Tensor& total, at::Tensor left_gz) {
+  const Geometry g = check(pose, weight, coord);
+  check_like(c, pose, {g.n, g.j, kH}, "c");
+  check_like(inv, pose, {g.n}, "inv");
+  check_like(r, pose, {g.n, g.j, g.i}, "r");
+  check_like(g_r, pose, {g.n, g.j, g.i}, "g_r");
+  check_like(total, pose, {g.n, total.size(1) == 1 ? 1 : g.j, g.i}, "total");
+  check_like(left_gz, pose, {g.n, g.j, g.i}, "left_gz");
+  auto out = at::empty({g.n, g.j, 2 * kH}, pose.options());
+  auto s0 = at::empty({g.n, g.j}, pose.options());
+  AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "estep_back", [&] {
+    estep_back_impl<scalar_t>(pose, weight, coord, c, inv, r, g_r, total, left_gz, out, s0, g);
+  });
+  return {out, s0};
+}
+
 std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
                                    const at::Tensor& c, const at::Tensor& inv, const at::Tensor& a_in,
                                    const at::Tensor& beta_v, const at::Tensor& beta_a, const at::Tensor& floor,
@@ -646,4 +825,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("e_product", &e_product, "E-step product [x, x^2] . coef");
   m.def("votes_backward", &votes_backward, "d pose, d weight from d xx = left @ right");
   m.def("route_head", &route_head, "the non-final iterations of EM routing, without gradients");
+  m.def("mstep_back", &mstep_back, "the hand-written backward's per-child work for one M-step");
+  m.def("estep_back", &estep_back, "the hand-written backward's per-child work for one E-step");
 }
