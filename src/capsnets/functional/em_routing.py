@@ -629,11 +629,12 @@ def _reduce_like(grad: Tensor, like: Tensor) -> Tensor:
 
 def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, groups, variance_floor, scale,
                      g_mu, g_a, g_r):
-    """The exact gradients of the procedure (without cost normalisation) kept by :func:`_fused_saving`, by hand (the derivative of each equation
-    of the M- and E-steps in reverse order), in products with the votes (``source``) and ``(B, J, I)``
-    tensors: no autograd graph of the procedure is built. Returns the gradients of ``a_in``, ``beta_v``,
-    ``beta_a`` and the votes' outer-product factors ``(left (K, B, J, I), right (B, J, K, 2H))``; each factor of
-    ``left`` is written in place, as the kernel reads them (no concatenation of ``K`` copies of (B, J, I))."""
+    """The exact gradients of the procedure (without cost normalisation) kept by :func:`_fused_saving`, by hand
+    (the derivative of each equation of the M- and E-steps in reverse order): the per-child work of each step
+    runs in the kernel (``mstep_back``, ``estep_back``, with the products that need the votes of ``source``),
+    the per-parent ``(B, J, H)`` algebra and the child groups' sums here; no autograd graph of the procedure
+    is built. Returns the gradients of ``a_in``, ``beta_v``, ``beta_a`` and the votes' outer-product factors
+    ``(left (K, B, J, I), right (B, J, K, 2H))``; the kernel writes each factor of ``left`` in place."""
     official = variance_floor is not None
     height = saved[0]["d"].shape[-1]
     cc = c.squeeze(2)  # (B, J, H)

@@ -20,6 +20,8 @@
 //   route_head(...): whole iterations without gradients (M-step, E-step, child-group normalisation) ->
 //       the assignments (N, J, I) of the next M-step and the last centre (N, J, 16); with keep, the whole
 //       procedure (the last iteration an M-step only) and what each iteration's backward needs
+//   mstep_back(...), estep_back(...): the hand-written backward's per-child work for one M-step and one
+//       E-step (em_routing._manual_backward), each with the product that needs the votes, per problem
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
