@@ -648,7 +648,8 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
     n, _, children = a_in.shape
     a_flat = a_in.reshape(n, children).contiguous()
     g_a_in = a_in.new_zeros(n, children)  # accumulated in place by the kernel
-    g_r_extra = a_in.new_empty(0) if g_r is None else g_r.contiguous()
+    no_extra = a_in.new_empty(0)
+    g_r_extra = no_extra if g_r is None else g_r.contiguous()
     kernel, votes = source.kernel, (source.pose, source.weight, source.coord, source.c, source.inv)
     g_bv, g_ba = torch.zeros_like(last_pre), torch.zeros_like(last_pre)
     left = a_in.new_empty(2 * len(lambdas) - 1, *saved[0]["r"].shape)  # (K, B, J, I)
@@ -696,9 +697,9 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         # g_R' = g_w / floored + g_mass; d a_in += sum_j g_R' r; left[col] = R' / guard (the M-step's weights);
         # and for the E-step before it g_r = g_R' a (+ g_r from the output) and y = r g_r
         base = (g_mass + g_s * (1.0 / floored - slope * mass / floored.square())).contiguous()
+        extra = g_r_extra if t == len(lambdas) - 1 else no_extra  # the output assignments' gradient, last step
         g_r_t, y = kernel.mstep_back(*votes, coef.contiguous(), r, a_flat, guard.contiguous(), floored.contiguous(),
-                                     slope.contiguous(), base, g_r_extra if t == len(lambdas) - 1 else
-                                     a_in.new_empty(0), left[col], g_a_in, t > 0)
+                                     slope.contiguous(), base, extra, left[col], g_a_in, t > 0)
         col += 1
         if t == 0:
             break
@@ -713,8 +714,8 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         right.append(torch.cat([d / var, -0.5 / var], dim=-1).unsqueeze(2))
         s1, s2 = s12.chunk(2, dim=-1)  # sum_i gz x, sum_i gz x^2
         g_pre = s0 * torch.sigmoid(-pre)
-        s0 = s0.unsqueeze(-1)
-        g_sum_log = -0.5 * s0.squeeze(-1)
+        g_sum_log = -0.5 * s0
+        s0 = s0.unsqueeze(-1)  # (B, J, 1)
         g_d = (s1 - d * s0) / var + (g_d_prev if official else 0.0)
         g_var = 0.5 * (s2 - 2.0 * d * s1 + d.square() * s0) / var.square()
     grads = (g_a_in.view_as(a_in), _reduce_like(g_bv, beta_v), _reduce_like(g_ba, beta_a))

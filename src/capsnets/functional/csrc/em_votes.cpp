@@ -191,6 +191,52 @@ void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
   });
 }
 
+// sum_i w[j, i] [x, x^2] of problem n, with w its (J, I) weights: -> out (J, 32). cb: the origin block of
+// problem n; x, s1, s2 (4 * 4J) and we (4J): scratch.
+template <typename T>
+inline void m_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* w, T* x, T* s1, T* s2, T* we,
+                      T* out) {
+  const Geometry& g = votes.g;
+  const int64_t q = g.q();
+  std::fill(s1, s1 + 4 * q, T(0));
+  std::fill(s2, s2 + 4 * q, T(0));
+  for (int64_t i = 0; i < g.i; ++i) {
+    for (int64_t j = 0; j < g.j; ++j) we[4 * j] = we[4 * j + 1] = we[4 * j + 2] = we[4 * j + 3] = w[j * g.i + i];
+    votes.block(n, i, cb, x);
+    for (int row = 0; row < 4; ++row) {
+      const T* xr = x + row * q;
+      T* a1 = s1 + row * q;
+      T* a2 = s2 + row * q;
+      for (int64_t e = 0; e < q; ++e) {
+        const T wx = we[e] * xr[e];
+        a1[e] += wx;
+        a2[e] += wx * xr[e];
+      }
+    }
+  }
+  gather(s1, g.j, 2 * kH, out);
+  gather(s2, g.j, 2 * kH, out + kH);
+}
+
+// [x, x^2] . coef[j] for every child i of problem n, with coef spread to the blocks k1, k2: -> o (J, I).
+// x (4 * 4J) and t (4J): scratch.
+template <typename T>
+inline void e_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* k1, const T* k2, T* x, T* t, T* o) {
+  const Geometry& g = votes.g;
+  const int64_t q = g.q();
+  for (int64_t i = 0; i < g.i; ++i) {
+    votes.block(n, i, cb, x);
+    std::fill(t, t + q, T(0));
+    for (int row = 0; row < 4; ++row) {
+      const T* xr = x + row * q;
+      const T* c1 = k1 + row * q;
+      const T* c2 = k2 + row * q;
+      for (int64_t e = 0; e < q; ++e) t[e] += xr[e] * (c1[e] + xr[e] * c2[e]);
+    }
+    for (int64_t j = 0; j < g.j; ++j) o[j * g.i + i] = (t[4 * j] + t[4 * j + 1]) + (t[4 * j + 2] + t[4 * j + 3]);
+  }
+}
+
 template <typename T>
 void m_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
             const at::Tensor& inv, const at::Tensor& w, at::Tensor& out, const Geometry& g) {
@@ -202,25 +248,8 @@ void m_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& 
     std::vector<T> cb(4 * q), x(4 * q), s1(4 * q), s2(4 * q), we(q);
     for (int64_t n = begin; n < end; ++n) {
       votes.origin(n, cb.data());
-      std::fill(s1.begin(), s1.end(), T(0));
-      std::fill(s2.begin(), s2.end(), T(0));
-      const T* r = R + n * g.j * g.i;  // (J, I)
-      for (int64_t i = 0; i < g.i; ++i) {
-        for (int64_t j = 0; j < g.j; ++j) we[4 * j] = we[4 * j + 1] = we[4 * j + 2] = we[4 * j + 3] = r[j * g.i + i];
-        votes.block(n, i, cb.data(), x.data());
-        for (int row = 0; row < 4; ++row) {
-          const T* xr = x.data() + row * q;
-          T* a1 = s1.data() + row * q;
-          T* a2 = s2.data() + row * q;
-          for (int64_t e = 0; e < q; ++e) {
-            const T wx = we[e] * xr[e];
-            a1[e] += wx;
-            a2[e] += wx * xr[e];
-          }
-        }
-      }
-      gather(s1.data(), g.j, 2 * kH, O + n * g.j * 2 * kH);
-      gather(s2.data(), g.j, 2 * kH, O + n * g.j * 2 * kH + kH);
+      m_problem(votes, n, cb.data(), R + n * g.j * g.i, x.data(), s1.data(), s2.data(), we.data(),
+                O + n * g.j * 2 * kH);
     }
   });
 }
@@ -238,18 +267,7 @@ void e_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& 
       votes.origin(n, cb.data());
       spread(K + n * g.j * 2 * kH, 2 * kH, g.j, k1.data());
       spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, k2.data());
-      T* o = O + n * g.j * g.i;  // (J, I)
-      for (int64_t i = 0; i < g.i; ++i) {
-        votes.block(n, i, cb.data(), x.data());
-        std::fill(t.begin(), t.end(), T(0));
-        for (int row = 0; row < 4; ++row) {
-          const T* xr = x.data() + row * q;
-          const T* c1 = k1.data() + row * q;
-          const T* c2 = k2.data() + row * q;
-          for (int64_t e = 0; e < q; ++e) t[e] += xr[e] * (c1[e] + xr[e] * c2[e]);
-        }
-        for (int64_t j = 0; j < g.j; ++j) o[j * g.i + i] = (t[4 * j] + t[4 * j + 1]) + (t[4 * j + 2] + t[4 * j + 3]);
-      }
+      e_problem(votes, n, cb.data(), k1.data(), k2.data(), x.data(), t.data(), O + n * g.j * g.i);
     }
   });
 }
@@ -567,17 +585,7 @@ void mstep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
       votes.origin(n, cb.data());
       spread(K + n * g.j * 2 * kH, 2 * kH, g.j, k1.data());
       spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, k2.data());
-      for (int64_t i = 0; i < g.i; ++i) {
-        votes.block(n, i, cb.data(), x.data());
-        std::fill(t.begin(), t.end(), T(0));
-        for (int row = 0; row < 4; ++row) {
-          const T* xr = x.data() + row * q;
-          const T* c1 = k1.data() + row * q;
-          const T* c2 = k2.data() + row * q;
-          for (int64_t e = 0; e < q; ++e) t[e] += xr[e] * (c1[e] + xr[e] * c2[e]);
-        }
-        for (int64_t j = 0; j < g.j; ++j) gw[j * g.i + i] = (t[4 * j] + t[4 * j + 1]) + (t[4 * j + 2] + t[4 * j + 3]);
-      }
+      e_problem(votes, n, cb.data(), k1.data(), k2.data(), x.data(), t.data(), gw.data());
       const T* rn = R + n * ji;
       const T* an = A + n * g.i;
       for (int64_t j = 0; j < g.j; ++j) {
@@ -638,25 +646,7 @@ void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
         zsum[j] = z;
       }
       votes.origin(n, cb.data());
-      std::fill(s1.begin(), s1.end(), T(0));
-      std::fill(s2.begin(), s2.end(), T(0));
-      for (int64_t i = 0; i < g.i; ++i) {
-        for (int64_t j = 0; j < g.j; ++j)
-          we[4 * j] = we[4 * j + 1] = we[4 * j + 2] = we[4 * j + 3] = LZ[base + j * g.i + i];
-        votes.block(n, i, cb.data(), x.data());
-        for (int row = 0; row < 4; ++row) {
-          const T* xr = x.data() + row * q;
-          T* a1 = s1.data() + row * q;
-          T* a2 = s2.data() + row * q;
-          for (int64_t e = 0; e < q; ++e) {
-            const T wx = we[e] * xr[e];
-            a1[e] += wx;
-            a2[e] += wx * xr[e];
-          }
-        }
-      }
-      gather(s1.data(), g.j, 2 * kH, O + n * g.j * 2 * kH);
-      gather(s2.data(), g.j, 2 * kH, O + n * g.j * 2 * kH + kH);
+      m_problem(votes, n, cb.data(), LZ + base, x.data(), s1.data(), s2.data(), we.data(), O + n * g.j * 2 * kH);
       for (int64_t j = 0; j < g.j; ++j) S0[n * g.j + j] = zsum[j];
     }
   });
