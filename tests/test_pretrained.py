@@ -174,3 +174,24 @@ def test_every_shipped_weight_reaches_its_cards_accuracy(shared_data_root, tmp_p
     monkeypatch.setenv("CAPSNETS_DATA", str(shared_data_root))
     assert main(["evaluate", "--pretrained", "capsnet_small-mnist", "--out", str(tmp_path)]) == 0
     assert f"accuracy {100 * SHIPPED['capsnet_small-mnist'].accuracy:.2f}%" in capsys.readouterr().out
+
+
+def test_publish_without_the_decoder_keeps_the_scores(tiny_weight, tmp_path):
+    model, path = tiny_weight
+    out = pretrained.publish_checkpoint(path, command="none", data="digits", out_dir=tmp_path / "out",
+                                        reconstruction=False)
+    card = json.loads(out.with_suffix(".json").read_text())
+    assert card["model_args"]["reconstruction"] is False
+    loaded = capsnets.create_model("capsnet_digits", pretrained=str(out))
+    bare = capsnets.create_model("capsnet_digits", reconstruction=False)
+    assert capsnets.count_parameters(loaded) == capsnets.count_parameters(bare) < capsnets.count_parameters(model)
+    reference = model.half().float() if card["card"]["dtype"] == "float16" else model
+    images = torch.rand(5, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.allclose(loaded.eval()(images).scores, reference.eval()(images).scores, atol=1e-6)
+        assert loaded(images).reconstruction is None
+
+
+def test_publish_without_the_decoder_refuses_a_model_without_one():
+    with pytest.raises(PretrainedError, match="no 'reconstruction' argument"):
+        pretrained._without_decoder(capsnets.create_model("cnn_baseline_narrow"))

@@ -200,17 +200,21 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, *, dataset: str, 
 
 
 def publish_checkpoint(checkpoint: str | os.PathLike, *, command: str, data: str, data_dir: str | None = None,
-                       out_dir: str | os.PathLike = WEIGHTS_DIR) -> Path:
+                       out_dir: str | os.PathLike = WEIGHTS_DIR, reconstruction: bool = True) -> Path:
     """Evaluate a trained checkpoint on its data set's test split with its weights in float32 and rounded to
     float16, and save it to ``out_dir/<model>-<dataset>.safetensors`` (float16 when that loses no accuracy)
     with its model card: ``data`` (what it was trained and tested on), ``command`` (how it was trained), the
-    seed and epochs, both accuracies and the date."""
+    seed and epochs, both accuracies and the date. ``reconstruction=False`` ships the model without its
+    reconstruction decoder (rebuilt with ``reconstruction=False``; the scores do not depend on the decoder),
+    for models whose builder takes that argument."""
     import time
 
     from capsnets.data import load_dataset
     from capsnets.engine.evaluate import evaluate
 
     model, trained = load_model(checkpoint, "cpu")
+    if not reconstruction:
+        model = _without_decoder(model)
     dataset = _canonical(trained.meta["dataset"])
     test = load_dataset(dataset, root=data_dir, train=False)
     accuracy32 = evaluate(model, test)["accuracy"]
@@ -223,6 +227,23 @@ def publish_checkpoint(checkpoint: str | os.PathLike, *, command: str, data: str
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
     path = Path(out_dir) / f"{model.model_name}-{dataset}.safetensors"
     return save_pretrained(model, path, dataset=dataset, card=card, half=half, classes=trained.meta.get("classes"))
+
+
+def _without_decoder(model: nn.Module) -> nn.Module:
+    """``model`` rebuilt with ``reconstruction=False`` and loaded with its weights but the decoder's."""
+    from capsnets.models import create_model, model_arguments
+
+    if "reconstruction" not in model_arguments(model.model_name):
+        raise PretrainedError(f"model '{model.model_name}' has no 'reconstruction' argument; it cannot be "
+                              "published without a decoder")
+    bare = create_model(model.model_name, **{**model.model_args, "reconstruction": False})
+    state = model.state_dict()
+    missing = [key for key in bare.state_dict() if key not in state]
+    if missing:
+        raise PretrainedError(f"model '{model.model_name}' without its decoder has weights the trained model "
+                              f"lacks: {missing[:3]}")
+    bare.load_state_dict({key: state[key] for key in bare.state_dict()})
+    return bare.eval()
 
 
 def _check_sha256(path: Path, expected: str) -> None:
