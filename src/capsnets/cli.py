@@ -39,7 +39,7 @@ import yaml
 #: ``train`` flags that map one-to-one onto TrainConfig fields (argparse dest == field name).
 _CONFIG_FLAGS = ("model", "dataset", "epochs", "out", "batch_size", "lr", "lr_decay", "weight_decay", "seed",
                  "device", "amp", "compile", "data_dir", "download", "limit_train", "limit_test", "max_shift",
-                 "loss", "eval_every", "checkpoint_every", "progress", "time_limit_minutes", "image_size")
+                 "augment", "loss", "eval_every", "checkpoint_every", "progress", "time_limit_minutes", "image_size")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,6 +194,9 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     add("--max-shift", type=int, metavar="PIXELS",
         help="random shift of training images (default: 2; 0 for images of 16 px or less and for data sets with "
              "their own training augmentation)")
+    add("--augment", metavar="NAME",
+        help="training augmentation after the shifts: digits, the random rotation, squeeze and erased patch of "
+             "Efficient-CapsNet's code (default: shifts only)")
     add("--eval-every", type=int, metavar="N",
         help=f"evaluate on the test split every N epochs and after the last (default: {default.eval_every})")
     add("--checkpoint-every", type=int, metavar="N",

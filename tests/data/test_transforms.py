@@ -1,9 +1,9 @@
-"""Batched smallNORB transforms: shapes, exact windows, jitter ranges, determinism."""
+"""Batched transforms: smallNORB's (shapes, exact windows, jitter ranges, determinism) and the digit augmentation."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from capsnets.data import NorbAugment, brightness_contrast, center_crop, random_crop, resize, standardize
+from capsnets.data import DigitAugment, NorbAugment, brightness_contrast, center_crop, random_crop, resize, standardize
 
 
 def gen(seed=0):
@@ -76,3 +76,57 @@ def test_norb_augment():
     g = gen(7)
     window = random_crop(images, 32, g)
     assert torch.equal(brightness_contrast(window, g, brightness=0.2, contrast=0.5), out)
+
+
+def test_digit_augment_is_deterministic_and_keeps_shape_and_range():
+    images = torch.rand(16, 1, 28, 28)
+    out = DigitAugment()(images, gen(3))
+    assert out.shape == images.shape and out.dtype == torch.float32
+    assert torch.equal(out, DigitAugment()(images, gen(3)))
+    assert not torch.equal(out, DigitAugment()(images, gen(4)))
+    assert 0 <= out.min() and out.max() <= 1
+    as_bytes = DigitAugment()((images * 255).round().to(torch.uint8), gen(3))  # uint8 is read as [0, 255]
+    assert as_bytes.dtype == torch.float32 and (as_bytes - out).abs().max() < 0.01
+
+
+def test_digit_augment_squeeze_without_rotation_is_a_narrower_copy_at_the_left():
+    ones = torch.ones(64, 1, 28, 28)
+    out = DigitAugment(angle=0, erase=0)(ones, gen(0))
+    torch.testing.assert_close(out, out[:, :, :1].expand_as(out), atol=1e-5, rtol=0)  # no rotation: equal rows
+    lit = out[:, 0, 0] > 0.5
+    width = lit.sum(dim=1)
+    assert ((width >= 28 - 8) & (width <= 27)).all() and width.unique().numel() > 1  # 1 to 8 px taken off
+    first = lit.float().argmax(dim=1)
+    assert (first <= 5).all()  # placed w // 2 + {0, 1} from the left
+    columns = torch.arange(28)
+    assert torch.equal(lit, (columns >= first[:, None]) & (columns < (first + width)[:, None]))  # one block
+
+
+def test_digit_augment_erases_one_patch_and_rotates_some_images():
+    ones = torch.ones(64, 1, 28, 28)
+    plain, erased = DigitAugment(angle=0, erase=0)(ones, gen(1)), DigitAugment(angle=0, erase=4)(ones, gen(1))
+    changed = (plain - erased).abs() > 1e-6
+    assert (erased[changed] == 0).all()
+    for mask in changed[:, 0]:
+        rows, cols = mask.nonzero(as_tuple=True)
+        assert 0 < len(rows) <= 16 and rows.max() - rows.min() <= 3 and cols.max() - cols.min() <= 3
+        assert rows.min() >= 4 and cols.min() >= 4 and rows.max() <= 25 and cols.max() <= 25
+    rotated = DigitAugment(angle=30, erase=0)(ones, gen(1))
+    tilted = (rotated - plain).abs().amax(dim=(1, 2, 3)) > 1e-3  # a rotation moves the block's edges
+    assert 10 < int(tilted.sum()) < 54  # about half the images
+
+
+@pytest.mark.parametrize("kwargs, images, message", [
+    ({}, torch.rand(2, 1, 8, 8), "at least 10 pixels"),
+    ({}, torch.zeros(2, 1, 28, 28, dtype=torch.int64), "uint8 or floating-point"),
+    ({}, torch.rand(1, 28, 28), r"\(B, C, H, W\)"),
+])
+def test_digit_augment_bad_input_says_what_is_wrong(kwargs, images, message):
+    with pytest.raises(ValueError, match=message):
+        DigitAugment(**kwargs)(images, gen())
+
+
+@pytest.mark.parametrize("kwargs, message", [({"angle": -1}, "angle"), ({"erase": 1.5}, "erase")])
+def test_digit_augment_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DigitAugment(**kwargs)

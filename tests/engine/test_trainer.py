@@ -201,3 +201,48 @@ def test_loss_schedule_gets_training_progress(tiny_config, monkeypatch):
     monkeypatch.setattr(Trainer, "_build_loss", lambda self, model: Scheduled())
     Trainer(tiny_config(epochs=2, batch_size=32, limit_train=64)).fit()
     assert seen == [0.0, 0.25, 0.5, 0.75]  # 2 epochs x 2 steps
+
+
+def _larger_digits(monkeypatch, augment=None):
+    """The trainer's data: the digits resized to 16x16 (the digit augmentation needs at least 10 px)."""
+    import dataclasses
+
+    from capsnets.data import resize
+
+    load = Trainer._load_data
+
+    def larger(self, device):
+        return [dataclasses.replace(d, images=resize(d.images, 16), augment=augment if i == 0 else None)
+                for i, d in enumerate(load(self, device))]
+
+    monkeypatch.setattr(Trainer, "_load_data", larger)
+
+
+def test_augment_applies_the_digit_augmentation_to_every_training_batch(tiny_config, monkeypatch):
+    from capsnets.data import DigitAugment
+
+    _larger_digits(monkeypatch)
+    calls = []
+    original = DigitAugment.__call__
+    monkeypatch.setattr(DigitAugment, "__call__", lambda self, images, generator=None: calls.append(len(images))
+                        or original(self, images, generator))
+    config = tiny_config(model="cnn_baseline_narrow", model_args={}, epochs=1, augment="digits")
+    Trainer(config).fit()
+    assert calls == [32, 32]  # 64 training digits in batches of 32
+    assert "augment: digits" in (Path(config.out) / "config.yaml").read_text()
+
+
+def test_augment_is_refused_for_data_with_its_own_augmentation(tiny_config, monkeypatch):
+    _larger_digits(monkeypatch, augment=lambda images, generator: images)
+    with pytest.raises(ValueError, match="has its own training augmentation; drop --augment"):
+        Trainer(tiny_config(model="cnn_baseline", model_args={}, epochs=1, augment="digits")).fit()
+
+
+def test_augment_on_images_too_small_says_so(tiny_config):
+    with pytest.raises(ValueError, match="at least 10 pixels a side, got 8x8"):
+        Trainer(tiny_config(augment="digits", epochs=1)).fit()
+
+
+def test_augment_must_be_a_known_name(tiny_config):
+    with pytest.raises(ValueError, match=r"augment='rotate' is invalid: expected None or one of \['digits'\]"):
+        tiny_config(augment="rotate")

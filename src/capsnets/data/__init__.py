@@ -10,7 +10,8 @@
 - :class:`RawNorbLike`, :func:`norb_protocol`: smallNORB-like raw splits and the 48 -> 32 crop protocol
 - :class:`DeviceLoader`, :func:`random_shift`: batching and CapsNet's shift augmentation on the device
   (:func:`shift_pairs`: the transforming auto-encoder's training pairs);
-  :mod:`capsnets.data.transforms`: batched resize / crops / brightness-contrast (:class:`NorbAugment`)
+  :mod:`capsnets.data.transforms`: batched resize / crops / brightness-contrast (:class:`NorbAugment`), the digit
+  augmentation of Efficient-CapsNet's code (:class:`DigitAugment`)
 """
 from .base import DATA_ENV_VAR, TensorData, data_root
 from .cifar import CIFAR10
@@ -25,7 +26,8 @@ from .norb_format import read_norb_matrix
 from .registry import DatasetInfo, dataset_info, list_datasets, load_dataset
 from .smallnorb import SmallNORB
 from .svhn import SVHN
-from .transforms import NorbAugment, brightness_contrast, center_crop, random_crop, resize, standardize
+from .transforms import (AUGMENTATIONS, DigitAugment, NorbAugment, brightness_contrast, center_crop, random_crop, resize,
+                         standardize)
 
 __all__ = [
     "DATA_ENV_VAR", "TensorData", "data_root", "DeviceLoader", "random_shift", "shift_pairs",
@@ -34,5 +36,5 @@ __all__ = [
     "load_image_folder", "scan_image_folder", "read_image",
     "DatasetInfo", "dataset_info", "list_datasets", "load_dataset",
     "SmallNORB", "read_norb_matrix", "RawNorbLike", "norb_protocol",
-    "NorbAugment", "resize", "standardize", "random_crop", "center_crop", "brightness_contrast",
+    "AUGMENTATIONS", "DigitAugment", "NorbAugment", "resize", "standardize", "random_crop", "center_crop", "brightness_contrast",
 ]

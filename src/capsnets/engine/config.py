@@ -71,6 +71,9 @@ class TrainConfig:
         max_shift: random translation in pixels (zero padding). None: 2 px, or 0 for images of at most
             ``SMALL_IMAGE_PX`` pixels (the 8x8 digits) and for data sets with their own training
             augmentation (smallNORB and the viewpoint set: random crops and brightness/contrast).
+        augment: a training augmentation by name, applied after the shifts (``capsnets.data.AUGMENTATIONS``):
+            ``"digits"``, the random rotation, squeeze and erased patch of Efficient-CapsNet's code
+            (:class:`~capsnets.data.DigitAugment`). None: shifts only. Not for data sets with their own.
         seed: seed for initialisation, shuffling and augmentation.
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         amp: ``"auto"`` (bf16 autocast on CUDA, off on CPU), ``"bf16"`` or ``"off"``.
@@ -101,6 +104,7 @@ class TrainConfig:
     loss: str | None = None
     loss_args: dict[str, Any] = field(default_factory=dict)
     max_shift: int | None = None
+    augment: str | None = None
     seed: int = 0
     device: str = "auto"
     amp: str = "auto"
@@ -136,6 +140,10 @@ class TrainConfig:
         _require(size is None or (_integer(size) and size >= 1) or (
             isinstance(size, (list, tuple)) and len(size) == 2 and all(_integer(s) and s >= 1 for s in size)),
             "image_size", size, "None, a positive integer or [height, width]")
+        from capsnets.data.transforms import AUGMENTATIONS
+
+        _require(self.augment is None or self.augment in AUGMENTATIONS, "augment", self.augment,
+                 f"None or one of {sorted(AUGMENTATIONS)}")
         _require(self.loss is None or (isinstance(self.loss, str) and self.loss), "loss", self.loss,
                  "None or a loss name")
         _require(_number(self.lr) and 0 < self.lr <= FLOAT32_MAX, "lr", self.lr,

@@ -31,8 +31,8 @@ LOCK_FILE = ".lock"
 CHANGEABLE = ("epochs", "lr", "lr_decay", "weight_decay", "device", "amp", "compile", "data_dir", "download",
               "limit_test", "eval_every", "checkpoint_every", "progress", "time_limit_minutes", "out")
 #: Fields whose change would make the resumed run another run (the model, its data or its loss).
-FIXED = ("model", "model_args", "dataset", "image_size", "batch_size", "seed", "max_shift", "limit_train", "loss",
-         "loss_args")
+FIXED = ("model", "model_args", "dataset", "image_size", "batch_size", "seed", "max_shift", "augment", "limit_train",
+         "loss", "loss_args")
 
 
 class RunDirectoryError(ValueError):

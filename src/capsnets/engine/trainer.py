@@ -218,10 +218,18 @@ class Trainer:
     def _loader(self, data, context: distributed.DistContext):
         from capsnets.data import DeviceLoader
 
+        from capsnets.data.transforms import AUGMENTATIONS
+
         cfg = self.config
+        augment = None
+        if cfg.augment is not None:
+            if data.augment is not None:
+                raise ValueError(f"--augment {cfg.augment}: the {cfg.dataset} data set has its own training "
+                                 "augmentation; drop --augment")
+            augment = AUGMENTATIONS[cfg.augment]()
         loader = DeviceLoader(data, cfg.batch_size, shuffle=True, drop_last=context.enabled,
                               max_shift=cfg.resolved_max_shift(data.images.shape[-2], data.augment), seed=cfg.seed,
-                              rank=context.rank, world_size=context.world_size)
+                              rank=context.rank, world_size=context.world_size, augment=augment)
         if len(loader) == 0:
             raise ValueError(f"batch_size={cfg.batch_size} is larger than the {len(data)} training examples "
                              f"shared by {context.world_size} processes; lower --batch-size")
