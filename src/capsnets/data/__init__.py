@@ -26,8 +26,8 @@ from .norb_format import read_norb_matrix
 from .registry import DatasetInfo, dataset_info, list_datasets, load_dataset
 from .smallnorb import SmallNORB
 from .svhn import SVHN
-from .transforms import (AUGMENTATIONS, DigitAugment, NorbAugment, brightness_contrast, center_crop, random_crop, resize,
-                         standardize)
+from .transforms import (AUGMENTATIONS, DigitAugment, NorbAugment, brightness_contrast, center_crop, random_crop,
+                         resize, standardize)
 
 __all__ = [
     "DATA_ENV_VAR", "TensorData", "data_root", "DeviceLoader", "random_shift", "shift_pairs",
@@ -36,5 +36,6 @@ __all__ = [
     "load_image_folder", "scan_image_folder", "read_image",
     "DatasetInfo", "dataset_info", "list_datasets", "load_dataset",
     "SmallNORB", "read_norb_matrix", "RawNorbLike", "norb_protocol",
-    "AUGMENTATIONS", "DigitAugment", "NorbAugment", "resize", "standardize", "random_crop", "center_crop", "brightness_contrast",
+    "AUGMENTATIONS", "DigitAugment", "NorbAugment", "resize", "standardize", "random_crop", "center_crop",
+    "brightness_contrast",
 ]

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["AUGMENTATIONS", "DigitAugment", "NorbAugment", "brightness_contrast", "center_crop", "random_crop", "resize",
-           "standardize"]
+__all__ = ["AUGMENTATIONS", "DigitAugment", "NorbAugment", "brightness_contrast", "center_crop", "random_crop",
+           "resize", "standardize"]
 
 
 def _check_batch(images: Tensor) -> None:
@@ -249,7 +249,8 @@ class DigitAugment:
         cos, sin = torch.cos(radians), torch.sin(radians)
         theta = torch.zeros(batch, 2, 3, **{k: v for k, v in draw.items() if k != "generator"})
         theta[:, 0, 0], theta[:, 0, 1], theta[:, 0, 2] = cos * scale, -sin * height / width, cos * offset
-        theta[:, 1, 0], theta[:, 1, 1], theta[:, 1, 2] = sin * scale * width / height, cos, sin * offset * width / height
+        aspect = width / height
+        theta[:, 1, 0], theta[:, 1, 1], theta[:, 1, 2] = sin * scale * aspect, cos, sin * offset * aspect
         grid = F.affine_grid(theta.to(images.device, images.dtype), list(images.shape), align_corners=False)
         out = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         # the columns left and right of the squeezed image are empty (whatever the rotation would read there)
