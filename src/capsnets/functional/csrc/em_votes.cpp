@@ -191,49 +191,145 @@ void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
   });
 }
 
-// sum_i w[j, i] [x, x^2] of problem n, with w its (J, I) weights: -> out (J, 32). cb: the origin block of
-// problem n; x, s1, s2 (4 * 4J) and we (4J): scratch.
+// The register-blocked form of the loops over a problem's children: lanes [c0, c0 + W) of the (4, 4J) blocks
+// (W = 16 for whole chunks, 4 for the rest; 4J is a multiple of 4) with the child loop inside, so that the
+// chunk's vote rows, origin and accumulators stay in vector registers instead of passing through memory for
+// every child. x[r][l] = (V[r][c0 + l] (+ coordinates)) inv - c[r][c0 + l] of child i.
+template <int W, typename T>
+inline void vote_chunk(const Votes<T>& votes, int64_t n, int64_t i, int64_t c0, T u, const T (&c)[4][W],
+                       T (&x)[4][W]) {
+  const int64_t q = votes.g.q();
+  const T* m = votes.child(n, i);
+  const T* wt = votes.transform(i) + c0;
+  for (int r = 0; r < 4; ++r) {
+    const T m0 = m[4 * r], m1 = m[4 * r + 1], m2 = m[4 * r + 2], m3 = m[4 * r + 3];
+    for (int l = 0; l < W; ++l) x[r][l] = m0 * wt[l] + m1 * wt[q + l] + m2 * wt[2 * q + l] + m3 * wt[3 * q + l];
+  }
+  if (votes.coord != nullptr) {  // components 0 and 1 of every parent: row 0, lanes 4j and 4j + 1
+    const T a = votes.coord[2 * i], b = votes.coord[2 * i + 1];
+    for (int l = 0; l < W; ++l) x[0][l] += l % 4 == 0 ? a : (l % 4 == 1 ? b : T(0));
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int l = 0; l < W; ++l) x[r][l] = x[r][l] * u - c[r][l];
+}
+
+template <int W, typename T>
+inline void load_chunk(const T* block, int64_t q, int64_t c0, T (&out)[4][W]) {
+  for (int r = 0; r < 4; ++r)
+    for (int l = 0; l < W; ++l) out[r][l] = block[r * q + c0 + l];
+}
+
+// M-step product over lanes [c0, c0 + W): s1 += sum_i we[i] x, s2 += sum_i we[i] x^2, with we (I, 4J) the
+// weights spread to lanes; with xs, each child's x is also stored there ((I, 4, 4J), for an E-step).
+template <int W, typename T>
+inline void m_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, const T* we, T* s1, T* s2, T* xs) {
+  const int64_t q = votes.g.q();
+  const T u = votes.inv[n];
+  T c[4][W], a1[4][W] = {}, a2[4][W] = {}, x[4][W];
+  load_chunk(cb, q, c0, c);
+  for (int64_t i = 0; i < votes.g.i; ++i) {
+    vote_chunk(votes, n, i, c0, u, c, x);
+    const T* wi = we + i * q + c0;
+    for (int r = 0; r < 4; ++r)
+      for (int l = 0; l < W; ++l) {
+        const T wx = wi[l] * x[r][l];
+        a1[r][l] += wx;
+        a2[r][l] += wx * x[r][l];
+      }
+    if (xs != nullptr)
+      for (int r = 0; r < 4; ++r)
+        for (int l = 0; l < W; ++l) xs[(i * 4 + r) * q + c0 + l] = x[r][l];
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int l = 0; l < W; ++l) {
+      s1[r * q + c0 + l] = a1[r][l];
+      s2[r * q + c0 + l] = a2[r][l];
+    }
+}
+
+// we[i][4j + col] = w[j * I + i] (each child's weights spread to the lanes of its block)
 template <typename T>
-inline void m_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* w, T* x, T* s1, T* s2, T* we,
-                      T* out) {
+inline void spread_weights(const T* w, int64_t parents, int64_t children, T* we) {
+  for (int64_t i = 0; i < children; ++i)
+    for (int64_t j = 0; j < parents; ++j) {
+      const T v = w[j * children + i];
+      T* o = we + i * 4 * parents + 4 * j;
+      o[0] = o[1] = o[2] = o[3] = v;
+    }
+}
+
+// The M-step products of problem n as blocks: s1 = sum_i we[i] x, s2 = sum_i we[i] x^2 (4, 4J), with we (I, 4J)
+// the weights spread to lanes; xs (I, 4, 4J) or null: each child's x block.
+template <typename T>
+inline void m_blocks(const Votes<T>& votes, int64_t n, const T* cb, const T* we, T* s1, T* s2, T* xs) {
+  const int64_t q = votes.g.q();
+  int64_t c0 = 0;
+  for (; c0 + 16 <= q; c0 += 16) m_chunk<16>(votes, n, c0, cb, we, s1, s2, xs);
+  for (; c0 < q; c0 += 4) m_chunk<4>(votes, n, c0, cb, we, s1, s2, xs);
+}
+
+// sum_i w[j, i] [x, x^2] of problem n, with w its (J, I) weights: -> out (J, 32). cb: the origin block of
+// problem n; s1, s2 (4 * 4J) and we (I * 4J): scratch; xs (I * 4 * 4J) or null: each child's x block.
+template <typename T>
+inline void m_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* w, T* s1, T* s2, T* we, T* out,
+                      T* xs = nullptr) {
   const Geometry& g = votes.g;
   const int64_t q = g.q();
-  std::fill(s1, s1 + 4 * q, T(0));
-  std::fill(s2, s2 + 4 * q, T(0));
-  for (int64_t i = 0; i < g.i; ++i) {
-    for (int64_t j = 0; j < g.j; ++j) we[4 * j] = we[4 * j + 1] = we[4 * j + 2] = we[4 * j + 3] = w[j * g.i + i];
-    votes.block(n, i, cb, x);
-    for (int row = 0; row < 4; ++row) {
-      const T* xr = x + row * q;
-      T* a1 = s1 + row * q;
-      T* a2 = s2 + row * q;
-      for (int64_t e = 0; e < q; ++e) {
-        const T wx = we[e] * xr[e];
-        a1[e] += wx;
-        a2[e] += wx * xr[e];
-      }
-    }
-  }
+  spread_weights(w, g.j, g.i, we);
+  m_blocks(votes, n, cb, we, s1, s2, xs);
   gather(s1, g.j, 2 * kH, out);
   gather(s2, g.j, 2 * kH, out + kH);
 }
 
+// E-step product over lanes [c0, c0 + W) (the parents c0 / 4 ...): o[j, i] = [x, x^2] . coef[j] of every
+// child i, with coef spread to the blocks k1, k2.
+template <int W, typename T>
+inline void e_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, const T* k1, const T* k2, T* o) {
+  const int64_t q = votes.g.q(), children = votes.g.i;
+  const T u = votes.inv[n];
+  T c[4][W], a[4][W], b[4][W], x[4][W];
+  load_chunk(cb, q, c0, c);
+  load_chunk(k1, q, c0, a);
+  load_chunk(k2, q, c0, b);
+  T* oc = o + (c0 / 4) * children;
+  for (int64_t i = 0; i < children; ++i) {
+    vote_chunk(votes, n, i, c0, u, c, x);
+    T t[W] = {};
+    for (int r = 0; r < 4; ++r)
+      for (int l = 0; l < W; ++l) t[l] += x[r][l] * (a[r][l] + x[r][l] * b[r][l]);
+    for (int p = 0; p < W / 4; ++p) oc[p * children + i] = (t[4 * p] + t[4 * p + 1]) + (t[4 * p + 2] + t[4 * p + 3]);
+  }
+}
+
 // [x, x^2] . coef[j] for every child i of problem n, with coef spread to the blocks k1, k2: -> o (J, I).
-// x (4 * 4J) and t (4J): scratch.
 template <typename T>
-inline void e_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* k1, const T* k2, T* x, T* t, T* o) {
-  const Geometry& g = votes.g;
-  const int64_t q = g.q();
-  for (int64_t i = 0; i < g.i; ++i) {
-    votes.block(n, i, cb, x);
-    std::fill(t, t + q, T(0));
-    for (int row = 0; row < 4; ++row) {
-      const T* xr = x + row * q;
-      const T* c1 = k1 + row * q;
-      const T* c2 = k2 + row * q;
-      for (int64_t e = 0; e < q; ++e) t[e] += xr[e] * (c1[e] + xr[e] * c2[e]);
-    }
-    for (int64_t j = 0; j < g.j; ++j) o[j * g.i + i] = (t[4 * j] + t[4 * j + 1]) + (t[4 * j + 2] + t[4 * j + 3]);
+inline void e_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* k1, const T* k2, T* o) {
+  const int64_t q = votes.g.q();
+  int64_t c0 = 0;
+  for (; c0 + 16 <= q; c0 += 16) e_chunk<16>(votes, n, c0, cb, k1, k2, o);
+  for (; c0 < q; c0 += 4) e_chunk<4>(votes, n, c0, cb, k1, k2, o);
+}
+
+// The E-step's log densities over lanes [c0, c0 + W): o[j, i] = base[j] - 0.5 sum_h (x - d)^2 p of every child
+// i, from the children's x blocks xs (I, 4, 4J), the centre block d and the precision block p.
+template <int W, typename T>
+inline void quad_chunk(const T* xs, int64_t children, int64_t q, int64_t c0, const T* d, const T* p, const T* base,
+                       T* o) {
+  T dc[4][W], pc[4][W];
+  load_chunk(d, q, c0, dc);
+  load_chunk(p, q, c0, pc);
+  const T* bc = base + c0 / 4;
+  T* oc = o + (c0 / 4) * children;
+  for (int64_t i = 0; i < children; ++i) {
+    const T* x = xs + i * 4 * q + c0;
+    T t[W] = {};
+    for (int r = 0; r < 4; ++r)
+      for (int l = 0; l < W; ++l) {
+        const T diff = x[r * q + l] - dc[r][l];
+        t[l] += diff * diff * pc[r][l];
+      }
+    for (int k = 0; k < W / 4; ++k)
+      oc[k * children + i] = bc[k] - T(0.5) * ((t[4 * k] + t[4 * k + 1]) + (t[4 * k + 2] + t[4 * k + 3]));
   }
 }
 
@@ -245,11 +341,10 @@ void m_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& 
   T* O = out.data_ptr<T>();
   const int64_t q = g.q();
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), x(4 * q), s1(4 * q), s2(4 * q), we(q);
+    std::vector<T> cb(4 * q), s1(4 * q), s2(4 * q), we(g.i * q);
     for (int64_t n = begin; n < end; ++n) {
       votes.origin(n, cb.data());
-      m_problem(votes, n, cb.data(), R + n * g.j * g.i, x.data(), s1.data(), s2.data(), we.data(),
-                O + n * g.j * 2 * kH);
+      m_problem(votes, n, cb.data(), R + n * g.j * g.i, s1.data(), s2.data(), we.data(), O + n * g.j * 2 * kH);
     }
   });
 }
@@ -262,12 +357,12 @@ void e_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& 
   T* O = out.data_ptr<T>();
   const int64_t q = g.q();
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), x(4 * q), k1(4 * q), k2(4 * q), t(q);
+    std::vector<T> cb(4 * q), k1(4 * q), k2(4 * q);
     for (int64_t n = begin; n < end; ++n) {
       votes.origin(n, cb.data());
       spread(K + n * g.j * 2 * kH, 2 * kH, g.j, k1.data());
       spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, k2.data());
-      e_problem(votes, n, cb.data(), k1.data(), k2.data(), x.data(), t.data(), O + n * g.j * g.i);
+      e_problem(votes, n, cb.data(), k1.data(), k2.data(), O + n * g.j * g.i);
     }
   });
 }
@@ -400,9 +495,9 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
     const T eps = static_cast<T>(hs.eps);
     at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
       // xs: the problem's (4, 4J) blocks x of every child, made by the M-step and read again by the E-step
-      std::vector<T> cb(4 * q), xs(g.i * 4 * q), s1(4 * q), s2(4 * q), we(q), db(4 * q), var(4 * q), lv(4 * q),
-          tmp(q);
-      std::vector<T> mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j), logit(g.j);
+      std::vector<T> cb(4 * q), xs(g.i * 4 * q), s1(4 * q), s2(4 * q), wm(g.j * g.i), we(g.i * q), db(4 * q),
+          var(4 * q), lv(4 * q);
+      std::vector<T> mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j);
       const bool last = hs.last_m_only && t + 1 == hs.lambdas.size();
       const int64_t at_t = static_cast<int64_t>(t) * g.n;  // the (t, n = 0) row of the kept tensors
       for (int64_t n = begin; n < end; ++n) {
@@ -416,25 +511,10 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
           mass[j] = total;
           sj[j] = total / (total + eps);
         }
-        std::fill(s1.begin(), s1.end(), T(0));
-        std::fill(s2.begin(), s2.end(), T(0));
-        for (int64_t i = 0; i < g.i; ++i) {
-          const T a = A[n * g.i + i];
-          for (int64_t j = 0; j < g.j; ++j)
-            we[4 * j] = we[4 * j + 1] = we[4 * j + 2] = we[4 * j + 3] = rn[j * g.i + i] * a / (mass[j] + eps);
-          T* x = xs.data() + i * 4 * q;
-          votes.block(n, i, cb.data(), x);
-          for (int row = 0; row < 4; ++row) {
-            const T* xr = x + row * q;
-            T* a1 = s1.data() + row * q;
-            T* a2 = s2.data() + row * q;
-            for (int64_t e = 0; e < q; ++e) {
-              const T wx = we[e] * xr[e];
-              a1[e] += wx;
-              a2[e] += wx * xr[e];
-            }
-          }
-        }
+        for (int64_t j = 0; j < g.j; ++j)
+          for (int64_t i = 0; i < g.i; ++i) wm[j * g.i + i] = rn[j * g.i + i] * A[n * g.i + i] / (mass[j] + eps);
+        spread_weights(wm.data(), g.j, g.i, we.data());
+        m_blocks(votes, n, cb.data(), we.data(), s1.data(), s2.data(), xs.data());
         // centres, variances (about the centre, by exact algebra), log variances in real units
         if (hs.official && t > 0) spread(D + n * g.j * kH, kH, g.j, db.data());  // the previous centre
         for (int row = 0; row < 4; ++row) {
@@ -486,30 +566,16 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
         for (int64_t j = 0; j < g.j; ++j) logsig[j] = log_sigmoid(pre[j]) - T(0.5) * (sumlog[j] + kH * log2pi);
         for (int64_t k = 0; k < 4 * q; ++k) var[k] = T(1) / var[k];  // now the precisions
         // E-step logits log a_j + log p[i, j]; without child groups, the softmax over j of each slot
+        int64_t c0 = 0;
+        for (; c0 + 16 <= q; c0 += 16) quad_chunk<16>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
+        for (; c0 < q; c0 += 4) quad_chunk<4>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
+        if (G != nullptr) continue;
         for (int64_t i = 0; i < g.i; ++i) {
-          const T* x = xs.data() + i * 4 * q;
-          std::fill(tmp.begin(), tmp.end(), T(0));
-          for (int row = 0; row < 4; ++row) {
-            const T* xr = x + row * q;
-            const T* dr = db.data() + row * q;
-            const T* pr = var.data() + row * q;
-            for (int64_t e = 0; e < q; ++e) {
-              const T diff = xr[e] - dr[e];
-              tmp[e] += diff * diff * pr[e];
-            }
-          }
           T top = -std::numeric_limits<T>::infinity();
-          for (int64_t j = 0; j < g.j; ++j) {
-            logit[j] = logsig[j] - T(0.5) * ((tmp[4 * j] + tmp[4 * j + 1]) + (tmp[4 * j + 2] + tmp[4 * j + 3]));
-            top = std::max(top, logit[j]);
-          }
-          if (G != nullptr) {
-            for (int64_t j = 0; j < g.j; ++j) rn[j * g.i + i] = logit[j];
-          } else {
-            T total = 0;
-            for (int64_t j = 0; j < g.j; ++j) total += (logit[j] = std::exp(logit[j] - top));
-            for (int64_t j = 0; j < g.j; ++j) rn[j * g.i + i] = logit[j] / total;
-          }
+          for (int64_t j = 0; j < g.j; ++j) top = std::max(top, rn[j * g.i + i]);
+          T total = 0;
+          for (int64_t j = 0; j < g.j; ++j) total += (rn[j * g.i + i] = std::exp(rn[j * g.i + i] - top));
+          for (int64_t j = 0; j < g.j; ++j) rn[j * g.i + i] /= total;
         }
       }
     });
@@ -580,12 +646,12 @@ void mstep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
   T* Y = want_next ? y.data_ptr<T>() : nullptr;
   const int64_t q = g.q(), ji = g.j * g.i;
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), x(4 * q), k1(4 * q), k2(4 * q), t(q), gw(ji), gmass(g.j), ga(g.i);
+    std::vector<T> cb(4 * q), k1(4 * q), k2(4 * q), gw(ji), gmass(g.j), ga(g.i);
     for (int64_t n = begin; n < end; ++n) {
       votes.origin(n, cb.data());
       spread(K + n * g.j * 2 * kH, 2 * kH, g.j, k1.data());
       spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, k2.data());
-      e_problem(votes, n, cb.data(), k1.data(), k2.data(), x.data(), t.data(), gw.data());
+      e_problem(votes, n, cb.data(), k1.data(), k2.data(), gw.data());
       const T* rn = R + n * ji;
       const T* an = A + n * g.i;
       for (int64_t j = 0; j < g.j; ++j) {
@@ -632,7 +698,7 @@ void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
   T* S0 = s0.data_ptr<T>();
   const int64_t q = g.q(), ji = g.j * g.i;
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), x(4 * q), s1(4 * q), s2(4 * q), we(q), zsum(g.j);
+    std::vector<T> cb(4 * q), s1(4 * q), s2(4 * q), we(g.i * q), zsum(g.j);
     for (int64_t n = begin; n < end; ++n) {
       const int64_t base = n * ji;
       for (int64_t j = 0; j < g.j; ++j) {
@@ -646,7 +712,7 @@ void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
         zsum[j] = z;
       }
       votes.origin(n, cb.data());
-      m_problem(votes, n, cb.data(), LZ + base, x.data(), s1.data(), s2.data(), we.data(), O + n * g.j * 2 * kH);
+      m_problem(votes, n, cb.data(), LZ + base, s1.data(), s2.data(), we.data(), O + n * g.j * 2 * kH);
       for (int64_t j = 0; j < g.j; ++j) S0[n * g.j + j] = zsum[j];
     }
   });
