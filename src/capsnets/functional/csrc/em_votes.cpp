@@ -27,6 +27,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <limits>
 #include <vector>
 
@@ -189,6 +191,44 @@ void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
       mx[n] = nan ? std::numeric_limits<T>::quiet_NaN() : *std::max_element(big.begin(), big.end());
     }
   });
+}
+
+// W lanes of T as one value (GCC and Clang vector extensions; the build flags are theirs too), for the loops
+// whose accumulators the compiler would otherwise keep in memory.
+template <typename T, int W>
+struct Lanes {
+  typedef T type __attribute__((vector_size(W * sizeof(T))));
+};
+template <typename T, int W>
+using vec = typename Lanes<T, W>::type;
+
+template <typename V, typename T>
+inline V vload(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <typename V, typename T>
+inline void vstore(T* p, const V& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// lanes l of a W-lane value = p[(l / 4) step]: four values, each spread to four lanes (one parent's columns)
+template <int W, typename T>
+inline vec<T, W> expand4(const T* p, int64_t step) {
+  vec<T, W> out;
+#if defined(__clang__)
+  for (int l = 0; l < W; ++l) out[l] = p[(l / 4) * step];
+#else
+  using Index = vec<typename std::conditional<sizeof(T) == 4, int32_t, int64_t>::type, W>;
+  vec<T, W> t = {};
+  for (int k = 0; k < W / 4; ++k) t[k] = p[k * step];
+  Index mask;
+  for (int l = 0; l < W; ++l) mask[l] = l / 4;
+  out = __builtin_shuffle(t, mask);
+#endif
+  return out;
 }
 
 // The register-blocked form of the loops over a problem's children: lanes [c0, c0 + W) of the (4, 4J) blocks
@@ -367,6 +407,35 @@ void e_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& 
   });
 }
 
+// d loss / d V of child i over lanes [c0, c0 + W), from d loss / d xx = left @ right through xx = [x, x^2]:
+// gv[r][e] = inv sum_k le_k[e] (r1[k][r][e] + 2 x[r][e] r2[k][r][e]), with le_k the child's left factors
+// spread to lanes (lt: its (K, J) factors).
+template <int W, typename T>
+inline void grad_chunk(const Votes<T>& votes, int64_t n, int64_t i, int64_t c0, T u, int64_t kk, const T* cb,
+                       const T* r1, const T* r2, const T* left, T* gv) {
+  using V = vec<T, W>;
+  const int64_t q = votes.g.q(), children = votes.g.i, stride = votes.g.n * votes.g.j * children;
+  T c[4][W], x[4][W];
+  load_chunk(cb, q, c0, c);
+  vote_chunk(votes, n, i, c0, u, c, x);
+  const V x0 = vload<V>(x[0]), x1 = vload<V>(x[1]), x2 = vload<V>(x[2]), x3 = vload<V>(x[3]);
+  V g0 = {}, g1 = {}, g2 = {}, g3 = {};
+  const T* lc = left + (n * votes.g.j + c0 / 4) * children + i;  // left[k][n][j][i] = lc[k * stride + (j - c0/4) I]
+  for (int64_t k = 0; k < kk; ++k) {
+    const V le = expand4<W>(lc + k * stride, children);
+    const T* a = r1 + k * 4 * q + c0;
+    const T* b = r2 + k * 4 * q + c0;
+    g0 += le * (vload<V>(a) + 2 * x0 * vload<V>(b));
+    g1 += le * (vload<V>(a + q) + 2 * x1 * vload<V>(b + q));
+    g2 += le * (vload<V>(a + 2 * q) + 2 * x2 * vload<V>(b + 2 * q));
+    g3 += le * (vload<V>(a + 3 * q) + 2 * x3 * vload<V>(b + 3 * q));
+  }
+  vstore(gv + c0, g0 * u);
+  vstore(gv + q + c0, g1 * u);
+  vstore(gv + 2 * q + c0, g2 * u);
+  vstore(gv + 3 * q + c0, g3 * u);
+}
+
 template <typename T>
 void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
                    const at::Tensor& inv, const at::Tensor& left, const at::Tensor& right, at::Tensor& gpose,
@@ -382,7 +451,7 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
   std::vector<T> partial(static_cast<size_t>(threads) * wsize, T(0));  // d Wt, one copy per thread
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
     T* gw = partial.data() + static_cast<int64_t>(at::get_thread_num()) * wsize;
-    std::vector<T> cb(4 * q), x(4 * q), gv(4 * q), r1(kk * 4 * q), r2(kk * 4 * q), le(kk * q);
+    std::vector<T> cb(4 * q), gv(4 * q), r1(kk * 4 * q), r2(kk * 4 * q);
     for (int64_t n = begin; n < end; ++n) {
       const T u = votes.inv[n];
       votes.origin(n, cb.data());
@@ -393,24 +462,11 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
       for (int64_t i = 0; i < g.i; ++i) {
         const T* m = votes.child(n, i);
         const T* wti = votes.transform(i);
-        votes.block(n, i, cb.data(), x.data());
-        for (int64_t k = 0; k < kk; ++k) {  // left (K, n, J, i) -> (K, 4J)
-          const T* l = L + (k * g.n + n) * g.j * g.i + i;
-          for (int64_t j = 0; j < g.j; ++j)
-            le[k * q + 4 * j] = le[k * q + 4 * j + 1] = le[k * q + 4 * j + 2] = le[k * q + 4 * j + 3] = l[j * g.i];
-        }
-        for (int row = 0; row < 4; ++row) {
-          T* gvr = gv.data() + row * q;
-          const T* xr = x.data() + row * q;
-          for (int64_t e = 0; e < q; ++e) gvr[e] = 0;
-          for (int64_t k = 0; k < kk; ++k) {
-            const T* lk = le.data() + k * q;
-            const T* a = r1.data() + (k * 4 + row) * q;
-            const T* b = r2.data() + (k * 4 + row) * q;
-            for (int64_t e = 0; e < q; ++e) gvr[e] += lk[e] * (a[e] + 2 * xr[e] * b[e]);  // through [x, x^2]
-          }
-          for (int64_t e = 0; e < q; ++e) gvr[e] *= u;  // d loss / d V
-        }
+        int64_t c0 = 0;
+        for (; c0 + 16 <= q; c0 += 16)
+          grad_chunk<16>(votes, n, i, c0, u, kk, cb.data(), r1.data(), r2.data(), L, gv.data());
+        for (; c0 < q; c0 += 4)
+          grad_chunk<4>(votes, n, i, c0, u, kk, cb.data(), r1.data(), r2.data(), L, gv.data());
         // V = M Wt: d M[r][k] = sum_e dV[r][e] Wt[k][e]; d Wt[k][e] += sum_r M[r][k] dV[r][e]
         T* gm = GP + (n * g.i + i) * kH;
         T* gwi = gw + (i % g.iw) * 4 * q;
