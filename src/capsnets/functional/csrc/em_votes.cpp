@@ -524,6 +524,42 @@ struct Kept {
   T* pre = nullptr;
 };
 
+// z[i] = exp(z[i]) for z[i] <= 0 (also -inf and NaN), 16 values at a time (std::exp is a call per value).
+// Float: z = k ln 2 + r by Cody and Waite's two-part ln 2, exp(r) by the degree-6 polynomial of Cephes' expf
+// (within 2 ulp of the exact value); z < -87.33 gives 0 instead of a subnormal, which only drops terms that
+// vanish against the sum of at least 1 they are added to (after subtracting each group's largest logit).
+// Double: std::exp.
+template <typename T>
+inline void exp_nonpositive(T* z, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) z[i] = std::exp(z[i]);
+}
+
+template <>
+inline void exp_nonpositive<float>(float* z, int64_t count) {
+  using V = vec<float, 16>;
+  using Vi = vec<int32_t, 16>;
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const V x = vload<V>(z + i);
+    const V xc = x < -87.33f ? V{} - 87.33f : x;  // NaN: the comparison is false and stays NaN
+    V k = xc * 1.44269504088896341f + 0.5f;
+    for (int l = 0; l < 16; ++l) k[l] = std::floor(k[l]);
+    V r = xc - k * 0.693359375f;
+    r = r + k * 2.12194440e-4f;
+    V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const Vi bits = (__builtin_convertvector(k, Vi) + 127) << 23;  // 2^k for k in [-126, 0]
+    V scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    vstore(z + i, x < -87.33f ? V{} : p * scale);
+  }
+  for (; i < count; ++i) z[i] = std::exp(z[i]);
+}
+
 template <typename T>
 inline T log_sigmoid(T x) {
   return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
@@ -646,7 +682,8 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
         std::fill(top.begin(), top.end(), -std::numeric_limits<T>::infinity());
         std::fill(total.begin(), total.end(), T(0));
         // three passes over the slots (n, i) of this lane's parents: each child's largest logit, the sum of
-        // exp(logit - largest), and the division; the exponentials run over contiguous rows of I
+        // exp(logit - largest), and the product with the sum's reciprocal; the exponentials run over contiguous
+        // rows of I
         for (int64_t n = 0; n < g.n; ++n) {
           const int64_t* gn = G + n * g.i;
           for (int64_t j = j0; j < j1; ++j) {
@@ -658,15 +695,17 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
           const int64_t* gn = G + n * g.i;
           for (int64_t j = j0; j < j1; ++j) {
             T* z = R + (n * g.j + j) * g.i;
-            for (int64_t i = 0; i < g.i; ++i) z[i] = std::exp(z[i] - top[gn[i]]);
+            for (int64_t i = 0; i < g.i; ++i) z[i] -= top[gn[i]];
+            exp_nonpositive(z, g.i);
             for (int64_t i = 0; i < g.i; ++i) total[gn[i]] += z[i];
           }
         }
+        for (int64_t k = 0; k < hs.groups; ++k) total[k] = T(1) / total[k];
         for (int64_t n = 0; n < g.n; ++n) {
           const int64_t* gn = G + n * g.i;
           for (int64_t j = j0; j < j1; ++j) {
             T* z = R + (n * g.j + j) * g.i;
-            for (int64_t i = 0; i < g.i; ++i) z[i] /= total[gn[i]];
+            for (int64_t i = 0; i < g.i; ++i) z[i] *= total[gn[i]];
           }
         }
       }
