@@ -259,17 +259,19 @@ inline void load_chunk(const T* block, int64_t q, int64_t c0, T (&out)[4][W]) {
     for (int l = 0; l < W; ++l) out[r][l] = block[r * q + c0 + l];
 }
 
-// M-step product over lanes [c0, c0 + W): s1 += sum_i we[i] x, s2 += sum_i we[i] x^2, with we (I, 4J) the
-// weights spread to lanes; with xs, each child's x is also stored there ((I, 4, 4J), for an E-step).
+// M-step product over lanes [c0, c0 + W): s1 = sum_i w[j, i] x, s2 = sum_i w[j, i] x^2, with w (J, I) the weights
+// (j the lane's parent); with xs, each child's x is also stored there ((I, 4, 4J), for an E-step).
 template <int W, typename T>
-inline void m_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, const T* we, T* s1, T* s2, T* xs) {
+inline void m_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, const T* w, T* s1, T* s2, T* xs) {
   const int64_t q = votes.g.q();
   const T u = votes.inv[n];
   T c[4][W], a1[4][W] = {}, a2[4][W] = {}, x[4][W];
   load_chunk(cb, q, c0, c);
   for (int64_t i = 0; i < votes.g.i; ++i) {
     vote_chunk(votes, n, i, c0, u, c, x);
-    const T* wi = we + i * q + c0;
+    const vec<T, W> wv = expand4<W>(w + (c0 / 4) * votes.g.i + i, votes.g.i);
+    T wi[W];
+    vstore(wi, wv);
     for (int r = 0; r < 4; ++r)
       for (int l = 0; l < W; ++l) {
         const T wx = wi[l] * x[r][l];
@@ -287,36 +289,24 @@ inline void m_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, c
     }
 }
 
-// we[i][4j + col] = w[j * I + i] (each child's weights spread to the lanes of its block)
+// The M-step products of problem n as blocks: s1 = sum_i w[j, i] x, s2 = sum_i w[j, i] x^2 (4, 4J), with w (J, I)
+// the weights; xs (I, 4, 4J) or null: each child's x block.
 template <typename T>
-inline void spread_weights(const T* w, int64_t parents, int64_t children, T* we) {
-  for (int64_t i = 0; i < children; ++i)
-    for (int64_t j = 0; j < parents; ++j) {
-      const T v = w[j * children + i];
-      T* o = we + i * 4 * parents + 4 * j;
-      o[0] = o[1] = o[2] = o[3] = v;
-    }
-}
-
-// The M-step products of problem n as blocks: s1 = sum_i we[i] x, s2 = sum_i we[i] x^2 (4, 4J), with we (I, 4J)
-// the weights spread to lanes; xs (I, 4, 4J) or null: each child's x block.
-template <typename T>
-inline void m_blocks(const Votes<T>& votes, int64_t n, const T* cb, const T* we, T* s1, T* s2, T* xs) {
+inline void m_blocks(const Votes<T>& votes, int64_t n, const T* cb, const T* w, T* s1, T* s2, T* xs) {
   const int64_t q = votes.g.q();
   int64_t c0 = 0;
-  for (; c0 + 16 <= q; c0 += 16) m_chunk<16>(votes, n, c0, cb, we, s1, s2, xs);
-  for (; c0 < q; c0 += 4) m_chunk<4>(votes, n, c0, cb, we, s1, s2, xs);
+  for (; c0 + 16 <= q; c0 += 16) m_chunk<16>(votes, n, c0, cb, w, s1, s2, xs);
+  for (; c0 < q; c0 += 4) m_chunk<4>(votes, n, c0, cb, w, s1, s2, xs);
 }
 
 // sum_i w[j, i] [x, x^2] of problem n, with w its (J, I) weights: -> out (J, 32). cb: the origin block of
-// problem n; s1, s2 (4 * 4J) and we (I * 4J): scratch; xs (I * 4 * 4J) or null: each child's x block.
+// problem n; s1, s2 (4 * 4J): scratch; xs (I * 4 * 4J) or null: each child's x block.
 template <typename T>
-inline void m_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* w, T* s1, T* s2, T* we, T* out,
+inline void m_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* w, T* s1, T* s2, T* out,
                       T* xs = nullptr) {
   const Geometry& g = votes.g;
   const int64_t q = g.q();
-  spread_weights(w, g.j, g.i, we);
-  m_blocks(votes, n, cb, we, s1, s2, xs);
+  m_blocks(votes, n, cb, w, s1, s2, xs);
   gather(s1, g.j, 2 * kH, out);
   gather(s2, g.j, 2 * kH, out + kH);
 }
@@ -381,10 +371,10 @@ void m_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& 
   T* O = out.data_ptr<T>();
   const int64_t q = g.q();
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), s1(4 * q), s2(4 * q), we(g.i * q);
+    std::vector<T> cb(4 * q), s1(4 * q), s2(4 * q);
     for (int64_t n = begin; n < end; ++n) {
       votes.origin(n, cb.data());
-      m_problem(votes, n, cb.data(), R + n * g.j * g.i, s1.data(), s2.data(), we.data(), O + n * g.j * 2 * kH);
+      m_problem(votes, n, cb.data(), R + n * g.j * g.i, s1.data(), s2.data(), O + n * g.j * 2 * kH);
     }
   });
 }
@@ -560,6 +550,53 @@ inline void exp_nonpositive<float>(float* z, int64_t count) {
   for (; i < count; ++i) z[i] = std::exp(z[i]);
 }
 
+// out[k] = log(x[k]) + add, 16 values at a time where all 16 are positive normal numbers (the variances here,
+// at least the floor), else by std::log. Float: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log m by the
+// polynomial of Cephes' logf (within 2 ulp of the exact value), e ln 2 in Cody and Waite's two parts. Double:
+// std::log.
+template <typename T>
+inline void log_plus(const T* x, T add, int64_t count, T* out) {
+  for (int64_t k = 0; k < count; ++k) out[k] = std::log(x[k]) + add;
+}
+
+template <>
+inline void log_plus<float>(const float* x, float add, int64_t count, float* out) {
+  using V = vec<float, 16>;
+  using Vi = vec<int32_t, 16>;
+  int64_t k = 0;
+  for (; k + 16 <= count; k += 16) {
+    Vi bits;
+    std::memcpy(&bits, x + k, sizeof bits);
+    bool normal = true;  // 2^-126 <= x < inf
+    for (int l = 0; l < 16; ++l) normal &= bits[l] >= 0x00800000 && bits[l] < 0x7f800000;
+    if (!normal) {
+      for (int l = 0; l < 16; ++l) out[k + l] = std::log(x[k + l]) + add;
+      continue;
+    }
+    Vi e = (bits >> 23) - 127;
+    const Vi mbits = (bits & 0x007fffff) | 0x3f800000;  // m in [1, 2)
+    V m;
+    std::memcpy(&m, &mbits, sizeof m);
+    const auto big = m > 1.41421356237309505f;
+    m = big ? m * 0.5f : m;
+    e = big ? e + 1 : e;
+    const V f = m - 1.0f, z = f * f, ef = __builtin_convertvector(e, V);
+    V y = f * 7.0376836292e-2f - 1.1514610310e-1f;
+    y = y * f + 1.1676998740e-1f;
+    y = y * f - 1.2420140846e-1f;
+    y = y * f + 1.4249322787e-1f;
+    y = y * f - 1.6668057665e-1f;
+    y = y * f + 2.0000714765e-1f;
+    y = y * f - 2.4999993993e-1f;
+    y = y * f + 3.3333331174e-1f;
+    y = y * f * z;
+    y = y - 2.12194440e-4f * ef;
+    y = y - 0.5f * z;
+    vstore(out + k, (f + y) + 0.693359375f * ef + add);
+  }
+  for (; k < count; ++k) out[k] = std::log(x[k]) + add;
+}
+
 template <typename T>
 inline T log_sigmoid(T x) {
   return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
@@ -587,7 +624,7 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
     const T eps = static_cast<T>(hs.eps);
     at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
       // xs: the problem's (4, 4J) blocks x of every child, made by the M-step and read again by the E-step
-      std::vector<T> cb(4 * q), xs(g.i * 4 * q), s1(4 * q), s2(4 * q), wm(g.j * g.i), we(g.i * q), db(4 * q),
+      std::vector<T> cb(4 * q), xs(g.i * 4 * q), s1(4 * q), s2(4 * q), wm(g.j * g.i), sq(q), db(4 * q),
           var(4 * q), lv(4 * q);
       std::vector<T> mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j);
       const bool last = hs.last_m_only && t + 1 == hs.lambdas.size();
@@ -598,29 +635,27 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
         if (kept.r) std::copy(rn, rn + g.j * g.i, kept.r + (at_t + n) * g.j * g.i);
         // M-step: weights R a / (mass + eps)
         for (int64_t j = 0; j < g.j; ++j) {
-          T total = 0;
-          for (int64_t i = 0; i < g.i; ++i) total += rn[j * g.i + i] * A[n * g.i + i];
+          const T total = dot(rn + j * g.i, A + n * g.i, g.i);
           mass[j] = total;
           sj[j] = total / (total + eps);
+          sq[4 * j] = sq[4 * j + 1] = sq[4 * j + 2] = sq[4 * j + 3] = sj[j];
         }
         for (int64_t j = 0; j < g.j; ++j)
           for (int64_t i = 0; i < g.i; ++i) wm[j * g.i + i] = rn[j * g.i + i] * A[n * g.i + i] / (mass[j] + eps);
-        spread_weights(wm.data(), g.j, g.i, we.data());
-        m_blocks(votes, n, cb.data(), we.data(), s1.data(), s2.data(), xs.data());
+        m_blocks(votes, n, cb.data(), wm.data(), s1.data(), s2.data(), xs.data());
         // centres, variances (about the centre, by exact algebra), log variances in real units
         if (hs.official && t > 0) spread(D + n * g.j * kH, kH, g.j, db.data());  // the previous centre
         for (int row = 0; row < 4; ++row) {
           for (int64_t e = 0; e < q; ++e) {
             const int64_t k = row * q + e;
-            const T s = sj[e / 4];
+            const T s = sq[e];
             T d = s1[k] + (s - 1) * cb[k];
             if (hs.official) d = blend * d + (1 - blend) * (t > 0 ? db[k] : -cb[k]);
             db[k] = d;
-            const T v = std::max(s2[k] - 2 * d * s1[k] + s * d * d, T(0)) + F[n];
-            var[k] = v;
-            lv[k] = std::log(v) + LV[n];
+            var[k] = std::max(s2[k] - 2 * d * s1[k] + s * d * d, T(0)) + F[n];
           }
         }
+        log_plus(var.data(), LV[n], 4 * q, lv.data());
         gather(db.data(), g.j, kH, D + n * g.j * kH);
         if (kept.m) {
           gather(s1.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH);
@@ -793,7 +828,7 @@ void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
   T* S0 = s0.data_ptr<T>();
   const int64_t q = g.q(), ji = g.j * g.i;
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), s1(4 * q), s2(4 * q), we(g.i * q), zsum(g.j);
+    std::vector<T> cb(4 * q), s1(4 * q), s2(4 * q), zsum(g.j);
     for (int64_t n = begin; n < end; ++n) {
       const int64_t base = n * ji;
       for (int64_t j = 0; j < g.j; ++j) {
@@ -807,7 +842,7 @@ void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
         zsum[j] = z;
       }
       votes.origin(n, cb.data());
-      m_problem(votes, n, cb.data(), LZ + base, s1.data(), s2.data(), we.data(), O + n * g.j * 2 * kH);
+      m_problem(votes, n, cb.data(), LZ + base, s1.data(), s2.data(), O + n * g.j * 2 * kH);
       for (int64_t j = 0; j < g.j; ++j) S0[n * g.j + j] = zsum[j];
     }
   });
