@@ -215,6 +215,39 @@ def test_edge_cases_match_the_pytorch_path(cpp, monkeypatch, case):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=2e-4 * max(1.0, want.abs().max().item()))
 
 
+@pytest.mark.parametrize("case", ["zero_activations", "identical_votes", "huge_votes", "tiny_variances"])
+def test_convolutional_edge_cases_match_the_pytorch_path(cpp, monkeypatch, case):
+    # 36 children per position and 5 parent types: the child groups' sums and the log variances run through the
+    # kernel's 16-lane exp and log (and their scalar ends), with extreme logits
+    gen = torch.Generator().manual_seed(12)
+    pose = torch.randn(2, 4, 5, 5, 4, 4, generator=gen)
+    act = torch.rand(2, 4, 5, 5, generator=gen)
+    if case == "zero_activations":
+        act = torch.zeros_like(act)
+    elif case == "identical_votes":
+        pose = pose[:, :1, :1, :1].expand_as(pose).contiguous()
+    elif case == "huge_votes":
+        pose = pose * 1e18
+    results = {}
+    for path in ("torch", "cpp"):
+        monkeypatch.setenv(em_kernel.ENV_VAR, path)
+        torch.manual_seed(0)
+        layer = ConvMatrixCapsules(4, 5, stride=1, routing=EMRouting.official(3), assignment_scope="per_type")
+        if case == "identical_votes":
+            with torch.no_grad():
+                layer.weight.copy_(layer.weight[:1, :1].expand_as(layer.weight))
+        if case == "tiny_variances":  # votes close to their centres: logits of size ~1e5, most exps underflow
+            with torch.no_grad():
+                layer.weight.mul_(1e-3)
+        p, a = pose.clone().requires_grad_(), act.clone().requires_grad_()
+        out = layer(MatrixCapsules(p, a))
+        ((out.pose / out.pose.abs().max().clamp_min(1)).sum() + out.activation.sum()).backward()
+        results[path] = [out.pose, out.activation, p.grad, a.grad, layer.weight.grad]
+    for got, want in zip(results["cpp"], results["torch"]):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=2e-4 * max(1.0, want.abs().max().item()))
+
+
 def test_training_steps_give_the_same_losses(monkeypatch):
     x = torch.randn(8, 1, 28, 28, generator=torch.Generator().manual_seed(8))
     y = torch.arange(8) % 10
