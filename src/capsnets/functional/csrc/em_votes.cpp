@@ -106,6 +106,30 @@ inline T dot(const T* __restrict a, const T* __restrict b, int64_t q) {
   return total;
 }
 
+// sum_e a[e] (b[e] c[e]), the same way
+template <typename T>
+inline T dot3(const T* __restrict a, const T* __restrict b, const T* __restrict c, int64_t q) {
+  T acc[8] = {};
+  int64_t e = 0;
+  for (; e + 8 <= q; e += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[e + l] * (b[e + l] * c[e + l]);
+  T total = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; e < q; ++e) total += a[e] * (b[e] * c[e]);
+  return total;
+}
+
+// sum_e a[e], the same way
+template <typename T>
+inline T sum8(const T* __restrict a, int64_t q) {
+  T acc[8] = {};
+  int64_t e = 0;
+  for (; e + 8 <= q; e += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[e + l];
+  T total = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; e < q; ++e) total += a[e];
+  return total;
+}
+
 // The (4, 4J) vote block of child i of problem n, times u, minus the origin block c (or plain with c null).
 template <typename T>
 inline void vote_block(const T* __restrict m, const T* __restrict wt, const T* __restrict coord, T u,
@@ -640,8 +664,13 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
           sj[j] = total / (total + eps);
           sq[4 * j] = sq[4 * j + 1] = sq[4 * j + 2] = sq[4 * j + 3] = sj[j];
         }
-        for (int64_t j = 0; j < g.j; ++j)
-          for (int64_t i = 0; i < g.i; ++i) wm[j * g.i + i] = rn[j * g.i + i] * A[n * g.i + i] / (mass[j] + eps);
+        for (int64_t j = 0; j < g.j; ++j) {
+          const T* __restrict rj = rn + j * g.i;
+          const T* __restrict an = A + n * g.i;
+          T* __restrict wj = wm.data() + j * g.i;
+          const T scale = T(1) / (mass[j] + eps);
+          for (int64_t i = 0; i < g.i; ++i) wj[i] = rj[i] * an[i] * scale;
+        }
         m_blocks(votes, n, cb.data(), wm.data(), s1.data(), s2.data(), xs.data());
         // centres, variances (about the centre, by exact algebra), log variances in real units
         if (hs.official && t > 0) spread(D + n * g.j * kH, kH, g.j, db.data());  // the previous centre
@@ -776,35 +805,36 @@ void mstep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
   T* Y = want_next ? y.data_ptr<T>() : nullptr;
   const int64_t q = g.q(), ji = g.j * g.i;
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), k1(4 * q), k2(4 * q), gw(ji), gmass(g.j), ga(g.i);
+    std::vector<T> cb(4 * q), k1(4 * q), k2(4 * q), gw(ji), ga(g.i);
     for (int64_t n = begin; n < end; ++n) {
       votes.origin(n, cb.data());
       spread(K + n * g.j * 2 * kH, 2 * kH, g.j, k1.data());
       spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, k2.data());
       e_problem(votes, n, cb.data(), k1.data(), k2.data(), gw.data());
-      const T* rn = R + n * ji;
-      const T* an = A + n * g.i;
-      for (int64_t j = 0; j < g.j; ++j) {
-        T total = 0;
-        for (int64_t i = 0; i < g.i; ++i) total += gw[j * g.i + i] * (rn[j * g.i + i] * an[i]);
-        const T fl = FL[n * g.j + j];
-        gmass[j] = BA[n * g.j + j] - SL[n * g.j + j] * total / (fl * fl);
-      }
+      const T* __restrict rn = R + n * ji;
+      const T* __restrict an = A + n * g.i;
+      const T* __restrict gwn = gw.data();
+      T* __restrict gan = ga.data();
       std::fill(ga.begin(), ga.end(), T(0));
       for (int64_t j = 0; j < g.j; ++j) {
-        const T fl = FL[n * g.j + j], gu = GU[n * g.j + j], gm = gmass[j];
+        const T* __restrict rj = rn + j * g.i;
+        const T* __restrict gj = gwn + j * g.i;
+        const T fl = FL[n * g.j + j];
+        const T gm = BA[n * g.j + j] - SL[n * g.j + j] * dot3(gj, rj, an, g.i) / (fl * fl);
+        const T rfl = T(1) / fl, rgu = T(1) / GU[n * g.j + j];
         const int64_t row = n * ji + j * g.i;
+        T* __restrict lw = LW + row;
         for (int64_t i = 0; i < g.i; ++i) {
-          const T rr = rn[j * g.i + i];
-          const T grp = gw[j * g.i + i] / fl + gm;
-          ga[i] += grp * rr;
-          LW[row + i] = rr * an[i] / gu;
-          if (want_next) {
-            T gr = grp * an[i];
-            if (GX != nullptr) gr += GX[row + i];
-            GR[row + i] = gr;
-            Y[row + i] = rr * gr;
-          }
+          gan[i] += (gj[i] * rfl + gm) * rj[i];
+          lw[i] = rj[i] * an[i] * rgu;
+        }
+        if (want_next) {
+          T* __restrict gr = GR + row;
+          T* __restrict y = Y + row;
+          for (int64_t i = 0; i < g.i; ++i) gr[i] = (gj[i] * rfl + gm) * an[i];
+          if (GX != nullptr)
+            for (int64_t i = 0; i < g.i; ++i) gr[i] += GX[row + i];
+          for (int64_t i = 0; i < g.i; ++i) y[i] = rj[i] * gr[i];
         }
       }
       for (int64_t i = 0; i < g.i; ++i) GA[n * g.i + i] += ga[i];
@@ -832,14 +862,13 @@ void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
     for (int64_t n = begin; n < end; ++n) {
       const int64_t base = n * ji;
       for (int64_t j = 0; j < g.j; ++j) {
-        T z = 0;
-        for (int64_t i = 0; i < g.i; ++i) {
-          const int64_t k = base + j * g.i + i;
-          const T gz = R[k] * (GR[k] - (shared ? TT[n * g.i + i] : TT[k]));
-          LZ[k] = gz;
-          z += gz;
-        }
-        zsum[j] = z;
+        const int64_t row = base + j * g.i;
+        const T* __restrict r = R + row;
+        const T* __restrict gr = GR + row;
+        const T* __restrict tt = shared ? TT + n * g.i : TT + row;
+        T* __restrict lz = LZ + row;
+        for (int64_t i = 0; i < g.i; ++i) lz[i] = r[i] * (gr[i] - tt[i]);
+        zsum[j] = sum8(lz, g.i);
       }
       votes.origin(n, cb.data());
       m_problem(votes, n, cb.data(), LZ + base, s1.data(), s2.data(), O + n * g.j * 2 * kH);
