@@ -216,9 +216,7 @@ class Trainer:
         return criterion
 
     def _loader(self, data, context: distributed.DistContext):
-        from capsnets.data import DeviceLoader
-
-        from capsnets.data.transforms import AUGMENTATIONS
+        from capsnets.data import AUGMENTATIONS, DeviceLoader
 
         cfg = self.config
         augment = None
