@@ -658,7 +658,7 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         st, lam = saved[t], lambdas[t]
         r, d, var, pre = st["r"], st["d"], st["var"], st["pre"]
         m1, m2 = st["m"].chunk(2, dim=-1)
-        mass = torch.matmul(r, a_flat.unsqueeze(-1)).squeeze(-1)  # (B, J): sum_i r a
+        mass = st["mass"]  # (B, J): sum_i r a, as the forward computed it
         guard = mass + eps
         s = mass / guard
         floored = mass.clamp_min(_GRADIENT_MASS_FLOOR) + eps  # the gradients' denominator (_mass_weights)
@@ -989,10 +989,10 @@ def _fused_head(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas, e
 def _fused_saving(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas, eps, groups, variance_floor, scale):
     """The whole procedure with exact gradients (no cost normalisation) by the kernel: the outputs ``(mu, a,
     r)`` and, per iteration, what :func:`_manual_backward` needs (the assignments ``r``, the M-step product ``m``
-    ``(B, J, 2H)``, the centre ``d``, ``var``, ``log_var`` and ``pre``)."""
-    _, _, r, m, d, var, log_var, pre = _kernel_route(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas,
-                                                     eps, None, groups, variance_floor, scale, True)
-    saved = [{"r": r[t], "m": m[t], "d": d[t], "var": var[t], "log_var": log_var[t], "pre": pre[t]}
+    ``(B, J, 2H)``, the centre ``d``, ``var``, ``log_var``, ``pre`` and the mass ``sum_i r a`` ``(B, J)``)."""
+    _, _, r, m, d, var, log_var, pre, mass = _kernel_route(kernel, pose, weight, coord, c, a_in, beta_v, beta_a,
+                                                           lambdas, eps, None, groups, variance_floor, scale, True)
+    saved = [{"r": r[t], "m": m[t], "d": d[t], "var": var[t], "log_var": log_var[t], "pre": pre[t], "mass": mass[t]}
              for t in range(len(lambdas))]
     top = torch.finfo(d.dtype).max
     mu = ((d[-1] + c.squeeze(2)) / scale.inv.squeeze(-1)).clamp(-top, top)

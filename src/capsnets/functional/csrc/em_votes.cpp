@@ -527,7 +527,7 @@ struct HeadSettings {
 
 // What the hand-written backward needs of each iteration t (null pointers: not kept): the assignments of its
 // M-step (T, N, J, I), the M-step product [sum w x, sum w x^2] (T, N, J, 32), the centre, variance and log
-// variance (T, N, J, 16) and the activation logit (T, N, J).
+// variance (T, N, J, 16), the activation logit and the mass sum_i r a (T, N, J).
 template <typename T>
 struct Kept {
   T* r = nullptr;
@@ -536,6 +536,7 @@ struct Kept {
   T* var = nullptr;
   T* log_var = nullptr;
   T* pre = nullptr;
+  T* mass = nullptr;
 };
 
 // z[i] = exp(z[i]) for z[i] <= 0 (also -inf and NaN), 16 values at a time (std::exp is a call per value).
@@ -718,6 +719,7 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
           for (int64_t j = 0; j < g.j; ++j) pre[j] = lam * (BA[j] - pre[j]);
         }
         if (kept.pre) std::copy(pre.begin(), pre.end(), kept.pre + (at_t + n) * g.j);
+        if (kept.mass) std::copy(mass.begin(), mass.end(), kept.mass + (at_t + n) * g.j);
         if (last) continue;  // no E-step after the last M-step
         for (int64_t j = 0; j < g.j; ++j) logsig[j] = log_sigmoid(pre[j]) - T(0.5) * (sumlog[j] + kH * log2pi);
         for (int64_t k = 0; k < 4 * q; ++k) var[k] = T(1) / var[k];  // now the precisions
@@ -1024,16 +1026,17 @@ std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& wei
   auto kvar = at::empty({t_kept, g.n, g.j, kH}, pose.options());
   auto klv = at::empty({t_kept, g.n, g.j, kH}, pose.options());
   auto kpre = at::empty({t_kept, g.n, g.j}, pose.options());
+  auto kmass = at::empty({t_kept, g.n, g.j}, pose.options());
   AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "route_head", [&] {
     Kept<scalar_t> kept;
     if (keep) {
       kept = {kr.data_ptr<scalar_t>(), km.data_ptr<scalar_t>(), kd.data_ptr<scalar_t>(), kvar.data_ptr<scalar_t>(),
-              klv.data_ptr<scalar_t>(), kpre.data_ptr<scalar_t>()};
+              klv.data_ptr<scalar_t>(), kpre.data_ptr<scalar_t>(), kmass.data_ptr<scalar_t>()};
     }
     head_impl<scalar_t>(pose, weight, coord, c, inv, a_in, beta_v, beta_a, floor, log_var_offset, index, hs, r, d, kept,
                         g);
   });
-  return {r, d, kr, km, kd, kvar, klv, kpre};
+  return {r, d, kr, km, kd, kvar, klv, kpre, kmass};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
