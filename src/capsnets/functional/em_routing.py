@@ -706,7 +706,10 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         # E-step t-1: r = softmax over each child's normalisation group of z, with
         # z = logsigmoid(pre) - 0.5 (sum_h (x - d)^2 / var + sum_h log_var + H log 2 pi);
         # gz = r (g_r - group sum of r g_r) goes to left[col], with sum_i gz [x, x^2] and sum_i gz
-        total = _group_sum(y, groups, expand=False).contiguous()
+        if groups is None:
+            total = y.sum(dim=1, keepdim=True)
+        else:
+            total = kernel.group_sum(y, groups.index.contiguous(), groups.count, groups.normalize == "per_type")
         s12, s0 = kernel.estep_back(*votes, r, g_r_t, total, left[col])
         col += 1
         prev = saved[t - 1]

@@ -22,6 +22,8 @@
 //       procedure (the last iteration an M-step only) and what each iteration's backward needs
 //   mstep_back(...), estep_back(...): the hand-written backward's per-child work for one M-step and one
 //       E-step (em_routing._manual_backward), each with the product that needs the votes, per problem
+//   group_sum(x (N, J, I), index, groups, per_type): each slot's sum over its child group (that backward's
+//       normaliser of the child groups' softmax)
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -879,6 +881,36 @@ void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
   });
 }
 
+// For each slot (n, j, i) of x, the sum of x over its child group (index (N, I) of groups children): over the
+// slots of that child and one parent type (per_type: out (N, J, I)) or every parent type (out (N, 1, I)).
+template <typename T>
+void group_sum_impl(const at::Tensor& x, const at::Tensor& index, int64_t groups, bool per_type, at::Tensor& out) {
+  const int64_t n_ = x.size(0), parents = x.size(1), children = x.size(2);
+  const T* X = x.data_ptr<T>();
+  const int64_t* G = index.data_ptr<int64_t>();
+  T* O = out.data_ptr<T>();
+  const int64_t lanes = per_type ? parents : 1;
+  at::parallel_for(0, lanes, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> total(groups);
+    for (int64_t lane = begin; lane < end; ++lane) {
+      const int64_t j0 = per_type ? lane : 0, j1 = per_type ? lane + 1 : parents;
+      std::fill(total.begin(), total.end(), T(0));
+      for (int64_t n = 0; n < n_; ++n) {
+        const int64_t* gn = G + n * children;
+        for (int64_t j = j0; j < j1; ++j) {
+          const T* xr = X + (n * parents + j) * children;
+          for (int64_t i = 0; i < children; ++i) total[gn[i]] += xr[i];
+        }
+      }
+      for (int64_t n = 0; n < n_; ++n) {
+        const int64_t* gn = G + n * children;
+        T* o = O + (n * lanes + lane) * children;
+        for (int64_t i = 0; i < children; ++i) o[i] = total[gn[i]];
+      }
+    }
+  });
+}
+
 void check_like(const at::Tensor& t, const at::Tensor& like, std::vector<int64_t> shape, const char* name) {
   TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.is_contiguous() && t.device().is_cpu(), name,
               " must be a contiguous CPU tensor of pose's dtype");
@@ -991,6 +1023,22 @@ std::vector<at::Tensor> estep_back(const at::Tensor& pose, const at::Tensor& wei
   return {out, s0};
 }
 
+// group_sum(x (N, J, I), index (N, I) int64, groups, per_type) -> (N, J, I) (per_type) or (N, 1, I)
+at::Tensor group_sum(const at::Tensor& x, const at::Tensor& index, int64_t groups, bool per_type) {
+  TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous (N, J, I) CPU tensor");
+  TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() &&
+                  index.sizes() == at::IntArrayRef({x.size(0), x.size(2)}),
+              "index must be a contiguous (N, I) int64 tensor");
+  if (index.numel() > 0) {
+    const int64_t lo = index.min().item<int64_t>(), hi = index.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi < groups, "group index out of range [0, ", groups, ")");
+  }
+  auto out = at::empty({x.size(0), per_type ? x.size(1) : 1, x.size(2)}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "group_sum",
+                             [&] { group_sum_impl<scalar_t>(x, index, groups, per_type, out); });
+  return out;
+}
+
 std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
                                    const at::Tensor& c, const at::Tensor& inv, const at::Tensor& a_in,
                                    const at::Tensor& beta_v, const at::Tensor& beta_a, const at::Tensor& floor,
@@ -1047,4 +1095,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("route_head", &route_head, "the non-final iterations of EM routing, without gradients");
   m.def("mstep_back", &mstep_back, "the hand-written backward's per-child work for one M-step");
   m.def("estep_back", &estep_back, "the hand-written backward's per-child work for one E-step");
+  m.def("group_sum", &group_sum, "each slot's sum over its child group");
 }
