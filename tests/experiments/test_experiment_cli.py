@@ -77,6 +77,9 @@ def test_reports_say_how_they_were_made(tmp_path):
     assert reduced.startswith("**Reduced run**") and "`capsule_model=\"capsnet_small\"`" in reduced
     assert "--set 'eps=[0.1,0.2]'" in reduced and "--seed 1" in reduced
     assert run_description("x", "o", smoke=True, device="cpu", seed=0, options={"a": 1}).startswith("**Smoke")
+    located = run_description("routers", "o", smoke=False, device="cpu", seed=0, options={"viewpoints_dir": "v"})
+    assert located.startswith("Full version") and "Data read from `viewpoints_dir=\"v\"`." in located
+    assert "--set 'viewpoints_dir=\"v\"'" in located
     report = tmp_path / "report.md"
     report.write_text("# Title\n\n## Results\n")
     annotate_report(report, reduced)

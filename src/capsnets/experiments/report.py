@@ -104,7 +104,8 @@ def run_description(name: str, out: str | os.PathLike, *, smoke: bool, device: s
                     options: dict[str, Any]) -> str:
     """Markdown saying how a report was made: the equivalent command line, and whether this is the full
     version, the smoke version, or a run with settings overridden (whose numbers are not the full run's).
-    A list of seeds describes a multi-seed run (``--seeds``)."""
+    Settings named ``*_dir`` say where data is read from and do not make a run reduced. A list of seeds
+    describes a multi-seed run (``--seeds``)."""
 
     def value(v: Any) -> str:
         return json.dumps(list(v) if isinstance(v, tuple) else v, separators=(",", ":"))
@@ -113,14 +114,18 @@ def run_description(name: str, out: str | os.PathLike, *, smoke: bool, device: s
     seed_flags = ["--seed", str(seed)] if isinstance(seed, int) else ["--seeds", *map(str, seed)]
     command = " ".join(["capsnets experiment", name, *(["--smoke"] if smoke else []), "--out", str(out),
                         "--device", device, *seed_flags, *(f"--set '{item}'" for item in sets)])
+    changed = [f"{k}={value(v)}" for k, v in options.items() if not k.endswith("_dir")]
+    places = [f"{k}={value(v)}" for k, v in options.items() if k.endswith("_dir")]
     if smoke:
         scale = "**Smoke version**: tiny data and models; the numbers test the pipeline, not the paper."
-    elif options:
+    elif changed:
         scale = ("**Reduced run**: the full version with these settings overridden: "
-                 + ", ".join(f"`{item}`" for item in sets)
+                 + ", ".join(f"`{item}`" for item in changed)
                  + ". Its numbers are not the full experiment's; the Settings table lists every value.")
     else:
         scale = "Full version (the experiment's default settings)."
+    if places and not smoke:
+        scale += " Data read from " + ", ".join(f"`{item}`" for item in places) + "."
     return f"{scale}\n\nCommand: `{command}`"
 
 
