@@ -425,7 +425,7 @@ void e_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& 
 
 // d loss / d V of child i over lanes [c0, c0 + W), from d loss / d xx = left @ right through xx = [x, x^2]:
 // gv[r][e] = inv sum_k le_k[e] (r1[k][r][e] + 2 x[r][e] r2[k][r][e]), with le_k the child's left factors
-// spread to lanes (lt: its (K, J) factors).
+// left[k][n][j][i] expanded to the lanes of parent j.
 template <int W, typename T>
 inline void grad_chunk(const Votes<T>& votes, int64_t n, int64_t i, int64_t c0, T u, int64_t kk, const T* cb,
                        const T* r1, const T* r2, const T* left, T* gv) {
