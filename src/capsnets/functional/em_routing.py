@@ -653,7 +653,7 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
     kernel, votes = source.kernel, (source.pose, source.weight, source.coord, source.c, source.inv)
     g_bv, g_ba = torch.zeros_like(last_pre), torch.zeros_like(last_pre)
     left = a_in.new_empty(2 * len(lambdas) - 1, *saved[0]["r"].shape)  # (K, B, J, I)
-    right, col = [], 0
+    right, col = a_in.new_empty(*cc.shape[:2], len(left), 2 * height), 0  # (B, J, K, 2H), one factor per col
     for t in range(len(lambdas) - 1, -1, -1):
         st, lam = saved[t], lambdas[t]
         r, d, var, pre = st["r"], st["d"], st["var"], st["pre"]
@@ -692,7 +692,7 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         g_d_prev = (1.0 - _BLEND) * g_d if official else None
         # m = sum_i w [x, x^2] with w = R' / (mass + eps), s = mass / (mass + eps)
         coef = torch.cat([g_m1, g_m2], dim=-1)  # (B, J, 2H)
-        right.append(coef.unsqueeze(2))
+        right[:, :, col] = coef
         # per child, in the kernel: g_w = [x, x^2] . coef; g_mass less slope sum_i g_w R' / floored^2;
         # g_R' = g_w / floored + g_mass; d a_in += sum_j g_R' r; left[col] = R' / guard (the M-step's weights);
         # and for the E-step before it g_r = g_R' a (+ g_r from the output) and y = r g_r
@@ -711,10 +711,11 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         else:
             total = kernel.group_sum(y, groups.index.contiguous(), groups.count, groups.normalize == "per_type")
         s12, s0 = kernel.estep_back(*votes, r, g_r_t, total, left[col])
-        col += 1
         prev = saved[t - 1]
         d, var, pre = prev["d"], prev["var"], prev["pre"]
-        right.append(torch.cat([d / var, -0.5 / var], dim=-1).unsqueeze(2))
+        right[:, :, col, :height] = d / var
+        right[:, :, col, height:] = -0.5 / var
+        col += 1
         s1, s2 = s12.chunk(2, dim=-1)  # sum_i gz x, sum_i gz x^2
         g_pre = s0 * torch.sigmoid(-pre)
         g_sum_log = -0.5 * s0
@@ -722,7 +723,7 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         g_d = (s1 - d * s0) / var + (g_d_prev if official else 0.0)
         g_var = 0.5 * (s2 - 2.0 * d * s1 + d.square() * s0) / var.square()
     grads = (g_a_in.view_as(a_in), _reduce_like(g_bv, beta_v), _reduce_like(g_ba, beta_a))
-    return grads, left, torch.cat(right, dim=-2)
+    return grads, left, right
 
 
 class _FusedEMFunction(torch.autograd.Function):
