@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from capsnets.functional.patches import capsule_patches
+from capsnets.functional.patches import patch_index
 
 
 @dataclass(frozen=True)
@@ -103,10 +103,8 @@ def grid_child_groups(batch: int, types: int, height: int, width: int, kernel_si
         :class:`ChildGroups` with ``index`` of shape ``(B * H' * W', T * K * K)``.
     """
     per_example = types * height * width
-    ids = torch.arange(1, per_example + 1, device=device, dtype=torch.float64)  # 0 marks padding
-    patches, _ = capsule_patches(ids.view(1, types, 1, height, width), kernel_size, stride, padding)
-    slots = patches.round().long().reshape(-1, types * kernel_size**2) - 1  # (H'*W', I); -1 = padding
-    offsets = torch.arange(batch, device=device).view(batch, 1, 1) * per_example
+    slots = patch_index(types, height, width, kernel_size, stride, padding, device)  # (H'*W', I); padding: per_example
+    offsets = torch.arange(batch, device=slots.device).view(batch, 1, 1) * per_example
     pad = batch * per_example  # the group of every padding slot
-    index = torch.where(slots < 0, pad, slots + offsets)  # (B, H'*W', I)
+    index = torch.where(slots == per_example, pad, slots + offsets)  # (B, H'*W', I)
     return ChildGroups(index.reshape(-1, slots.shape[1]), pad + 1, normalize)

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from capsnets.capsules import MatrixCapsules
 from capsnets.functional import EMRouting, as_routing
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups
-from capsnets.functional.patches import capsule_patches
+from capsnets.functional.patches import gather_patches, patch_grid, patch_index
 from capsnets.functional.products import matrix_votes
 from capsnets.layers.validation import non_negative_int, positive_int
 
@@ -147,37 +147,40 @@ class ConvMatrixCapsules(nn.Module):
             raise ValueError(f"ConvMatrixCapsules expects {self.in_types} types of {self.pose_size}x{self.pose_size} "
                              f"poses, got {caps!r}")
         batch, side = caps.batch, self.pose_size
-        pose = caps.pose.permute(0, 1, 4, 5, 2, 3).flatten(2, 3)  # (B, T, P*P, H, W)
-        feats = torch.cat([pose, caps.activation.unsqueeze(2)], dim=2)  # (B, T, P*P + 1, H, W)
-        patches, (out_h, out_w) = capsule_patches(feats, self.kernel_size, self.stride, self.padding)
-        patches = patches.flatten(0, 2)  # (N = B*H'*W', I = T*K*K, P*P + 1)
+        height, width = caps.grid
+        out_h, out_w = patch_grid(height, width, self.kernel_size, self.stride, self.padding)
+        index = patch_index(caps.types, height, width, self.kernel_size, self.stride, self.padding, caps.pose.device)
+        # poses (N = B*H'*W', I = T*K*K, P*P) and activations (N, I) in one gather: with a gather each,
+        # inductor (torch 2.13) dropped the activations' gradient in a compiled training step
+        feats = torch.cat([caps.pose.reshape(batch, -1, side * side), caps.activation.reshape(batch, -1, 1)], dim=-1)
+        patches = gather_patches(feats, index, self.padding)
+        poses, acts = patches[..., :-1], patches[..., -1]
         if self.assignment_scope != "position":  # one routing problem over the whole grid
-            groups = grid_child_groups(batch, caps.types, *caps.grid, self.kernel_size, self.stride, self.padding,
-                                       device=patches.device, normalize=self.assignment_scope)
-            out_pose, out_act = self._route(patches, groups)
+            groups = grid_child_groups(batch, caps.types, height, width, self.kernel_size, self.stride, self.padding,
+                                       device=poses.device, normalize=self.assignment_scope)
+            out_pose, out_act = self._route(poses, acts, groups)
         elif self.checkpoint_chunks and torch.is_grad_enabled():
             # Keep only the patches for backward; votes and routing are recomputed chunk by chunk.
-            outs = [checkpoint(self._route, chunk, use_reentrant=False)
-                    for chunk in patches.chunk(self.checkpoint_chunks)]
+            outs = [checkpoint(self._route, p, a, use_reentrant=False)
+                    for p, a in zip(poses.chunk(self.checkpoint_chunks), acts.chunk(self.checkpoint_chunks))]
             out_pose, out_act = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
         else:
-            out_pose, out_act = self._route(patches)
+            out_pose, out_act = self._route(poses, acts)
         out_pose = out_pose.view(batch, out_h, out_w, self.out_types, side, side).permute(0, 3, 1, 2, 4, 5)
         out_act = out_act.view(batch, out_h, out_w, self.out_types).permute(0, 3, 1, 2)
         return MatrixCapsules(out_pose, out_act)
 
-    def _route(self, patches: Tensor, groups: ChildGroups | None = None) -> tuple[Tensor, Tensor]:
-        """Votes and routing for a block of output positions: ``(N, I, P*P + 1) -> (N, U, P*P), (N, U)``."""
-        side, children = self.pose_size, patches.shape[1]
-        poses = patches[..., :-1].reshape(-1, children, side, side)
+    def _route(self, poses: Tensor, acts: Tensor, groups: ChildGroups | None = None) -> tuple[Tensor, Tensor]:
+        """Votes and routing for a block of output positions: ``(N, I, P*P), (N, I) -> (N, U, P*P), (N, U)``."""
+        side, children = self.pose_size, poses.shape[1]
+        poses = poses.reshape(-1, children, side, side)
         weight = self.weight.reshape(children, self.out_types, side, side)
         if isinstance(self.routing, EMRouting):  # the fused CPU kernel where it applies: no stored votes
-            return self.routing.route_poses(poses, weight, patches[..., -1], self.beta_v, self.beta_a,
-                                            child_groups=groups)
+            return self.routing.route_poses(poses, weight, acts, self.beta_v, self.beta_a, child_groups=groups)
         votes = matrix_votes(poses, weight)
         if groups is None:
-            return self.routing(votes, patches[..., -1], self.beta_v, self.beta_a)
-        return self.routing(votes, patches[..., -1], self.beta_v, self.beta_a, child_groups=groups)
+            return self.routing(votes, acts, self.beta_v, self.beta_a)
+        return self.routing(votes, acts, self.beta_v, self.beta_a, child_groups=groups)
 
     def extra_repr(self) -> str:
         chunks = f", checkpoint_chunks={self.checkpoint_chunks}" if self.checkpoint_chunks else ""
