@@ -6,7 +6,7 @@ import torch
 
 from capsnets.capsules import MatrixCapsules
 from capsnets.functional import EMRouting
-from capsnets.functional.patches import capsule_patches
+from capsnets.functional.patches import capsule_patches, patch_index
 from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsnets.testing import reference_conv_em_routing
 
@@ -269,3 +269,27 @@ def test_class_capsules_with_fixed_coordinates():
         layer(MatrixCapsules(torch.randn(2, 2, 3, 3, 4, 4), torch.rand(2, 2, 3, 3)))
     with pytest.raises(ValueError, match=r"\(H, W, 2\)"):
         ClassMatrixCapsules(2, 4, coordinates=torch.zeros(3, 3))
+
+
+@pytest.mark.parametrize("kernel_size,stride,padding", [(3, 1, 0), (3, 2, 0), (3, 2, 1), (2, 1, 1), (1, 1, 0)])
+def test_capsule_patches_equal_unfold_with_gradients(kernel_size, stride, padding):
+    gen = torch.Generator().manual_seed(kernel_size * 100 + stride * 10 + padding)
+    feats = torch.randn(2, 3, 5, 7, 6, dtype=torch.float64, generator=gen, requires_grad=True)
+    patches, grid = capsule_patches(feats, kernel_size, stride=stride, padding=padding)
+    # reference: unfold over (B, T*F, H, W), columns ordered (T, F, K, K) per position
+    cols = torch.nn.functional.unfold(feats.reshape(2, 15, 7, 6), kernel_size, padding=padding, stride=stride)
+    want = cols.view(2, 3, 5, kernel_size**2, *grid).permute(0, 4, 5, 1, 3, 2).reshape(2, *grid, -1, 5)
+    torch.testing.assert_close(patches, want, rtol=0, atol=0)
+    weight = torch.randn(patches.shape, dtype=torch.float64, generator=gen)
+    got_grad, = torch.autograd.grad((patches * weight).sum(), feats)
+    want_grad, = torch.autograd.grad((want * weight).sum(), feats)
+    torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_patch_index_is_cached_and_marks_padding():
+    index = patch_index(2, 3, 3, kernel_size=3, stride=1, padding=1)
+    assert index is patch_index(2, 3, 3, kernel_size=3, stride=1, padding=1)
+    assert index.shape == (9, 18) and index[0, 0] == 2 * 3 * 3  # the first slot of the corner is padding
+    assert index[4].tolist() == list(range(18))  # the centre position reads the whole grid of both types
+    with pytest.raises(ValueError, match="smaller than kernel_size"):
+        patch_index(1, 2, 2, kernel_size=3)
