@@ -1,5 +1,6 @@
 """The fused CPU kernel of EM routing (capsnets.functional.em_kernel) against the float64 references and the
 PyTorch path: forward, gradients, both layouts, both formulations, edge cases, training, and the switch."""
+import dataclasses
 import unittest.mock
 import warnings
 
@@ -9,8 +10,9 @@ from torch.autograd import gradcheck
 
 from capsnets import create_model
 from capsnets.capsules import MatrixCapsules
-from capsnets.functional import EMRouting, em_kernel, em_routing, em_routing_poses
+from capsnets.functional import ChildGroups, EMRouting, em_kernel, em_routing, em_routing_poses, grid_child_groups
 from capsnets.functional.em_routing import OFFICIAL_VARIANCE_FLOOR
+from capsnets.functional.patches import gather_patches, patch_index
 from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules
 from capsnets.testing import reference_conv_em_routing, reference_em_routing
 
@@ -131,6 +133,37 @@ def test_gradcheck_of_a_convolutional_layer_with_child_groups(cpp, scope):
         return out.pose, out.activation
 
     assert gradcheck(run, (pose, act), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scope", ["all_parents", "per_type"])
+def test_child_groups_by_runs_of_problems_match_the_whole_batch_at_once(cpp, scope):
+    # grid_child_groups declares one run of problems per example (blocks = B): the kernel then routes and
+    # normalises example by example; with blocks = 1 it normalises the whole batch at once
+    gen = torch.Generator().manual_seed(15)
+    batch, types, side = 3, 2, 5
+    poses, weight, acts, beta_v, beta_a = _poses(batch, types * side * side, types * 9, 4, gen=gen)
+    grid = MatrixCapsules(poses.view(batch, types, side, side, 4, 4), acts.view(batch, types, side, side))
+    index = patch_index(types, side, side, 3, 2, 1)  # stride 2, padding 1: 3x3 positions, padding slots
+    patch_poses = gather_patches(grid.pose.reshape(batch, -1, 16), index, 1).view(-1, types * 9, 4, 4)
+    patch_acts = gather_patches(grid.activation.reshape(batch, -1), index, 1)
+    runs = grid_child_groups(batch, types, side, side, 3, 2, 1, normalize=scope)
+    assert runs.blocks == batch
+    whole = dataclasses.replace(runs, blocks=1)
+    results = {}
+    for name, groups in (("runs", runs), ("whole", whole)):
+        leaves = [t.clone().requires_grad_() for t in (patch_poses, weight, patch_acts, beta_v, beta_a)]
+        mu, a, r = em_routing_poses(*leaves, 3, inverse_temperature=[0.01, 0.02, 0.2], formulation="official",
+                                    child_groups=groups, return_assignments=True)
+        (mu.square().sum() + a.sum() + (r * r.detach()).sum()).backward()
+        results[name] = [mu, a, r] + [t.grad for t in leaves]
+    for got, want in zip(results["runs"], results["whole"]):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # a run declaration the index does not keep is refused (the examples' problems swapped)
+    swapped = ChildGroups(runs.index.view(batch, -1, types * 9).flip(0).reshape(runs.index.shape), runs.count,
+                          scope, blocks=batch)
+    with pytest.raises(RuntimeError, match="outside its run"):
+        em_routing_poses(patch_poses, weight, patch_acts, beta_v, beta_a, 3, formulation="official",
+                         child_groups=swapped)
 
 
 @pytest.mark.parametrize("formulation", ["paper", "official"])

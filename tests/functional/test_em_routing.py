@@ -324,12 +324,15 @@ def test_gradcheck_with_child_groups():
 
 def test_grid_child_groups_count_the_receptive_fields_of_each_child():
     groups = grid_child_groups(2, 3, 6, 6, 3, stride=2, padding=1)
-    assert groups.index.shape == (2 * 3 * 3, 3 * 9) and groups.count == 2 * 3 * 36 + 1
-    copies = torch.bincount(groups.index.flatten(), minlength=groups.count)
+    # per example: 3 * 36 capsules and one group of its padding slots; the examples' problems are two runs
+    assert groups.index.shape == (2 * 3 * 3, 3 * 9) and groups.count == 2 * (3 * 36 + 1) and groups.blocks == 2
+    copies = torch.bincount(groups.index.flatten(), minlength=groups.count).view(2, 3 * 36 + 1)
     per_axis = torch.tensor([1, 2, 1, 2, 1, 1])  # K=3, stride 2, padding 1 over 6 cells: fields covering each
-    expected = (per_axis.view(-1, 1) * per_axis.view(1, -1)).flatten().repeat(6)  # (B * T * H * W,)
-    torch.testing.assert_close(copies[:-1], expected)
-    assert copies[-1] == 2 * 9 * 27 - expected.sum()  # the padding slots
+    expected = (per_axis.view(-1, 1) * per_axis.view(1, -1)).flatten().repeat(3)  # (T * H * W,)
+    torch.testing.assert_close(copies[:, :-1], expected.expand(2, -1))
+    assert (copies[:, -1] == 9 * 27 - expected.sum()).all()  # the padding slots
+    run = groups.index.view(2, 9 * 27) // (3 * 36 + 1)  # each example's slots stay in its own groups
+    assert (run == torch.arange(2).view(2, 1)).all()
 
 
 def test_bad_child_groups_are_refused():

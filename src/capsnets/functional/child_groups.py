@@ -36,11 +36,16 @@ class ChildGroups:
         count: ``G``, the number of groups.
         normalize: ``"all_parents"``: a child's assignments sum to 1 over every parent type at every
             position that sees it; ``"per_type"``: for each parent type, they sum to 1 over the positions.
+        blocks: ``b > 1`` declares that the problems fall into ``b`` equal, consecutive runs, and the slots
+            of run ``k`` belong only to the groups ``k G / b .. (k + 1) G / b - 1`` (:func:`grid_child_groups`:
+            one run per example). The fused EM kernel then routes and normalises run by run, in cache, and
+            checks the declaration; the PyTorch path does not need it.
     """
 
     index: Tensor
     count: int
     normalize: str = "all_parents"
+    blocks: int = 1
 
     def __post_init__(self) -> None:
         if self.index.dim() != 2 or self.index.dtype != torch.long:
@@ -48,6 +53,11 @@ class ChildGroups:
                              f"of shape {tuple(self.index.shape)}")
         if self.normalize not in ("all_parents", "per_type"):
             raise ValueError(f"ChildGroups.normalize must be 'all_parents' or 'per_type', got {self.normalize!r}")
+        problems = self.index.shape[0]
+        if (not isinstance(self.blocks, int) or self.blocks < 1 or problems % self.blocks
+                or self.count % self.blocks):
+            raise ValueError(f"ChildGroups.blocks must be a positive int dividing both the problems N = {problems} "
+                             f"and count = {self.count}, got {self.blocks!r}")
 
     def copies(self) -> Tensor:
         """``(N, I)`` int64: how many slots (copies) the child of each slot has."""
@@ -97,14 +107,15 @@ def grid_child_groups(batch: int, types: int, height: int, width: int, kernel_si
     """The child groups of a convolutional capsule layer, in :func:`capsule_patches`' slot order.
 
     Each capsule ``(b, t, y, x)`` of the ``(B, T, H, W)`` input grid is one group; the zero-padding slots
-    (activation 0, no part in routing) share one further group.
+    (activation 0, no part in routing) of each example share one further group. The groups of example ``b``
+    are ``b (T H W + 1) .. (b + 1) (T H W + 1) - 1`` and its problems the ``b``-th run of ``H' W'``
+    (``blocks = B``).
 
     Returns:
         :class:`ChildGroups` with ``index`` of shape ``(B * H' * W', T * K * K)``.
     """
-    per_example = types * height * width
-    slots = patch_index(types, height, width, kernel_size, stride, padding, device)  # (H'*W', I); padding: per_example
+    per_example = types * height * width + 1  # the last one: the example's padding slots
+    slots = patch_index(types, height, width, kernel_size, stride, padding, device)  # (H'*W', I); padding: T*H*W
     offsets = torch.arange(batch, device=slots.device).view(batch, 1, 1) * per_example
-    pad = batch * per_example  # the group of every padding slot
-    index = torch.where(slots == per_example, pad, slots + offsets)  # (B, H'*W', I)
-    return ChildGroups(index.reshape(-1, slots.shape[1]), pad + 1, normalize)
+    index = slots + offsets  # (B, H'*W', I)
+    return ChildGroups(index.reshape(-1, slots.shape[1]), batch * per_example, normalize, blocks=max(batch, 1))

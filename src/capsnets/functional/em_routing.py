@@ -709,7 +709,8 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         if groups is None:
             total = y.sum(dim=1, keepdim=True)
         else:
-            total = kernel.group_sum(y, groups.index.contiguous(), groups.count, groups.normalize == "per_type")
+            total = kernel.group_sum(y, groups.index.contiguous(), groups.count, groups.normalize == "per_type",
+                                     groups.blocks)
         s12, s0 = kernel.estep_back(*votes, r, g_r_t, total, left[col])
         prev = saved[t - 1]
         d, var, pre = prev["d"], prev["var"], prev["pre"]
@@ -978,7 +979,7 @@ def _kernel_route(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas,
             scale.floor.reshape(-1).contiguous(), scale.log_var.reshape(-1).contiguous(), r0, index,
             [float(x) for x in lambdas], float(eps), variance_floor is not None,
             _COST_NORMALIZATIONS.index(cost_normalization), 1 if groups is not None and groups.normalize == "per_type"
-            else 0, groups.count if groups is not None else 0, keep)
+            else 0, groups.count if groups is not None else 0, groups.blocks if groups is not None else 1, keep)
 
 
 def _fused_head(kernel, pose, weight, coord, c, a_in, beta_v, beta_a, lambdas, eps, cost_normalization,

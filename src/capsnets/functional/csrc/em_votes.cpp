@@ -22,7 +22,7 @@
 //       procedure (the last iteration an M-step only) and what each iteration's backward needs
 //   mstep_back(...), estep_back(...): the hand-written backward's per-child work for one M-step and one
 //       E-step (em_routing._manual_backward), each with the product that needs the votes, per problem
-//   group_sum(x (N, J, I), index, groups, per_type): each slot's sum over its child group (that backward's
+//   group_sum(x (N, J, I), index, groups, per_type, blocks): each slot's sum over its child group (that backward's
 //       normaliser of the child groups' softmax)
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -525,6 +525,7 @@ struct HeadSettings {
   int normalize;           // groups: 0 all parents, 1 per type
   int64_t groups;          // 0: no child groups (softmax over the parents of each slot)
   bool last_m_only;        // the last iteration is an M-step only (the whole procedure, for the backward)
+  int64_t blocks;          // > 1: the groups fall into this many runs of problems (check_blocks)
 };
 
 // What the hand-written backward needs of each iteration t (null pointers: not kept): the assignments of its
@@ -629,6 +630,53 @@ inline T log_sigmoid(T x) {
   return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
 }
 
+// The child groups' softmax over the slots of problems [n0, n1) and parents [j0, j1), whose groups are
+// g0 .. g0 + top.size() - 1: z = exp(z - the group's largest) / the group's sum, in three passes (each group's
+// largest logit, the exponentials and their sums, the products with the sums' reciprocals); the exponentials
+// run over contiguous rows of I.
+template <typename T>
+void normalise_groups(T* R, const int64_t* G, int64_t n0, int64_t n1, int64_t j0, int64_t j1, int64_t parents,
+                      int64_t children, int64_t g0, std::vector<T>& top, std::vector<T>& total) {
+  std::fill(top.begin(), top.end(), -std::numeric_limits<T>::infinity());
+  std::fill(total.begin(), total.end(), T(0));
+  T* tp = top.data() - g0;
+  T* tt = total.data() - g0;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t* gn = G + n * children;
+    for (int64_t j = j0; j < j1; ++j) {
+      const T* z = R + (n * parents + j) * children;
+      for (int64_t i = 0; i < children; ++i) tp[gn[i]] = std::max(tp[gn[i]], z[i]);
+    }
+  }
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t* gn = G + n * children;
+    for (int64_t j = j0; j < j1; ++j) {
+      T* z = R + (n * parents + j) * children;
+      for (int64_t i = 0; i < children; ++i) z[i] -= tp[gn[i]];
+      exp_nonpositive(z, children);
+      for (int64_t i = 0; i < children; ++i) tt[gn[i]] += z[i];
+    }
+  }
+  for (auto& x : total) x = T(1) / x;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t* gn = G + n * children;
+    for (int64_t j = j0; j < j1; ++j) {
+      T* z = R + (n * parents + j) * children;
+      for (int64_t i = 0; i < children; ++i) z[i] *= tt[gn[i]];
+    }
+  }
+}
+
+// One thread's scratch for head_impl's problems. xs: the problem's (4, 4J) blocks x of every child, made by
+// the M-step and read again by the E-step.
+template <typename T>
+struct HeadScratch {
+  std::vector<T> cb, xs, s1, s2, wm, sq, db, var, lv, mass, sj, pre, sumlog, logsig;
+  explicit HeadScratch(const Geometry& g)
+      : cb(4 * g.q()), xs(g.i * 4 * g.q()), s1(4 * g.q()), s2(4 * g.q()), wm(g.j * g.i), sq(g.q()), db(4 * g.q()),
+        var(4 * g.q()), lv(4 * g.q()), mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j) {}
+};
+
 template <typename T>
 void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
                const at::Tensor& inv, const at::Tensor& a_in, const at::Tensor& beta_v, const at::Tensor& beta_a,
@@ -649,134 +697,120 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
   for (size_t t = 0; t < hs.lambdas.size(); ++t) {
     const T lam = static_cast<T>(hs.lambdas[t]);
     const T eps = static_cast<T>(hs.eps);
-    at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-      // xs: the problem's (4, 4J) blocks x of every child, made by the M-step and read again by the E-step
-      std::vector<T> cb(4 * q), xs(g.i * 4 * q), s1(4 * q), s2(4 * q), wm(g.j * g.i), sq(q), db(4 * q),
-          var(4 * q), lv(4 * q);
-      std::vector<T> mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j);
-      const bool last = hs.last_m_only && t + 1 == hs.lambdas.size();
-      const int64_t at_t = static_cast<int64_t>(t) * g.n;  // the (t, n = 0) row of the kept tensors
-      for (int64_t n = begin; n < end; ++n) {
-        T* rn = R + n * g.j * g.i;  // (J, I)
-        votes.origin(n, cb.data());
-        if (kept.r) std::copy(rn, rn + g.j * g.i, kept.r + (at_t + n) * g.j * g.i);
-        // M-step: weights R a / (mass + eps)
-        for (int64_t j = 0; j < g.j; ++j) {
-          const T total = dot(rn + j * g.i, A + n * g.i, g.i);
-          mass[j] = total;
-          sj[j] = total / (total + eps);
-          sq[4 * j] = sq[4 * j + 1] = sq[4 * j + 2] = sq[4 * j + 3] = sj[j];
-        }
-        for (int64_t j = 0; j < g.j; ++j) {
-          const T* __restrict rj = rn + j * g.i;
-          const T* __restrict an = A + n * g.i;
-          T* __restrict wj = wm.data() + j * g.i;
-          const T scale = T(1) / (mass[j] + eps);
-          for (int64_t i = 0; i < g.i; ++i) wj[i] = rj[i] * an[i] * scale;
-        }
-        m_blocks(votes, n, cb.data(), wm.data(), s1.data(), s2.data(), xs.data());
-        // centres, variances (about the centre, by exact algebra), log variances in real units
-        if (hs.official && t > 0) spread(D + n * g.j * kH, kH, g.j, db.data());  // the previous centre
-        for (int row = 0; row < 4; ++row) {
-          for (int64_t e = 0; e < q; ++e) {
-            const int64_t k = row * q + e;
-            const T s = sq[e];
-            T d = s1[k] + (s - 1) * cb[k];
-            if (hs.official) d = blend * d + (1 - blend) * (t > 0 ? db[k] : -cb[k]);
-            db[k] = d;
-            var[k] = std::max(s2[k] - 2 * d * s1[k] + s * d * d, T(0)) + F[n];
-          }
-        }
-        log_plus(var.data(), LV[n], 4 * q, lv.data());
-        gather(db.data(), g.j, kH, D + n * g.j * kH);
-        if (kept.m) {
-          gather(s1.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH);
-          gather(s2.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH + kH);
-          gather(db.data(), g.j, kH, kept.d + (at_t + n) * g.j * kH);
-          gather(var.data(), g.j, kH, kept.var + (at_t + n) * g.j * kH);
-          gather(lv.data(), g.j, kH, kept.log_var + (at_t + n) * g.j * kH);
-        }
-        std::fill(sumlog.begin(), sumlog.end(), T(0));
-        for (int row = 0; row < 4; ++row)
-          for (int64_t e = 0; e < q; ++e) sumlog[e / 4] += lv[row * q + e];
-        for (int64_t j = 0; j < g.j; ++j) {
-          const T bv = BV[j], ba = BA[j];
-          if (hs.official) {
-            pre[j] = lam * ((mass[j] + eps) * (-sumlog[j] - bv * kH * (1 + log2pi)) - T(5000) * ba);
-          } else {
-            pre[j] = (kH * bv + T(0.5) * sumlog[j]) * mass[j];  // the cost, before normalisation
-          }
-        }
-        if (!hs.official) {
-          if (hs.cost_normalization == 2) {
-            for (int64_t j = 0; j < g.j; ++j) pre[j] *= static_cast<T>(g.j) / static_cast<T>(g.i * kH);
-          } else if (hs.cost_normalization == 1) {
-            T mean = 0, spread2 = 0;
-            for (int64_t j = 0; j < g.j; ++j) mean += pre[j];
-            mean /= static_cast<T>(g.j);
-            for (int64_t j = 0; j < g.j; ++j) spread2 += (pre[j] - mean) * (pre[j] - mean);
-            const T scale = T(1) / std::sqrt(spread2 / static_cast<T>(g.j) + eps);
-            for (int64_t j = 0; j < g.j; ++j) pre[j] = (pre[j] - mean) * scale;
-          }
-          for (int64_t j = 0; j < g.j; ++j) pre[j] = lam * (BA[j] - pre[j]);
-        }
-        if (kept.pre) std::copy(pre.begin(), pre.end(), kept.pre + (at_t + n) * g.j);
-        if (kept.mass) std::copy(mass.begin(), mass.end(), kept.mass + (at_t + n) * g.j);
-        if (last) continue;  // no E-step after the last M-step
-        for (int64_t j = 0; j < g.j; ++j) logsig[j] = log_sigmoid(pre[j]) - T(0.5) * (sumlog[j] + kH * log2pi);
-        for (int64_t k = 0; k < 4 * q; ++k) var[k] = T(1) / var[k];  // now the precisions
-        // E-step logits log a_j + log p[i, j]; without child groups, the softmax over j of each slot
-        int64_t c0 = 0;
-        for (; c0 + 16 <= q; c0 += 16) quad_chunk<16>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
-        for (; c0 < q; c0 += 4) quad_chunk<4>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
-        if (G != nullptr) continue;
-        for (int64_t i = 0; i < g.i; ++i) {
-          T top = -std::numeric_limits<T>::infinity();
-          for (int64_t j = 0; j < g.j; ++j) top = std::max(top, rn[j * g.i + i]);
-          T total = 0;
-          for (int64_t j = 0; j < g.j; ++j) total += (rn[j * g.i + i] = std::exp(rn[j * g.i + i] - top));
-          for (int64_t j = 0; j < g.j; ++j) rn[j * g.i + i] /= total;
+    const bool last = hs.last_m_only && t + 1 == hs.lambdas.size();
+    const int64_t at_t = static_cast<int64_t>(t) * g.n;  // the (t, n = 0) row of the kept tensors
+    // problem n's M-step and E-step logits (without child groups, its softmax too)
+    auto problem = [&](int64_t n, HeadScratch<T>& sc) {
+      auto &cb = sc.cb, &xs = sc.xs, &s1 = sc.s1, &s2 = sc.s2, &wm = sc.wm, &sq = sc.sq, &db = sc.db, &var = sc.var,
+           &lv = sc.lv, &mass = sc.mass, &sj = sc.sj, &pre = sc.pre, &sumlog = sc.sumlog, &logsig = sc.logsig;
+      T* rn = R + n * g.j * g.i;  // (J, I)
+      votes.origin(n, cb.data());
+      if (kept.r) std::copy(rn, rn + g.j * g.i, kept.r + (at_t + n) * g.j * g.i);
+      // M-step: weights R a / (mass + eps)
+      for (int64_t j = 0; j < g.j; ++j) {
+        const T total = dot(rn + j * g.i, A + n * g.i, g.i);
+        mass[j] = total;
+        sj[j] = total / (total + eps);
+        sq[4 * j] = sq[4 * j + 1] = sq[4 * j + 2] = sq[4 * j + 3] = sj[j];
+      }
+      for (int64_t j = 0; j < g.j; ++j) {
+        const T* __restrict rj = rn + j * g.i;
+        const T* __restrict an = A + n * g.i;
+        T* __restrict wj = wm.data() + j * g.i;
+        const T scale = T(1) / (mass[j] + eps);
+        for (int64_t i = 0; i < g.i; ++i) wj[i] = rj[i] * an[i] * scale;
+      }
+      m_blocks(votes, n, cb.data(), wm.data(), s1.data(), s2.data(), xs.data());
+      // centres, variances (about the centre, by exact algebra), log variances in real units
+      if (hs.official && t > 0) spread(D + n * g.j * kH, kH, g.j, db.data());  // the previous centre
+      for (int row = 0; row < 4; ++row) {
+        for (int64_t e = 0; e < q; ++e) {
+          const int64_t k = row * q + e;
+          const T s = sq[e];
+          T d = s1[k] + (s - 1) * cb[k];
+          if (hs.official) d = blend * d + (1 - blend) * (t > 0 ? db[k] : -cb[k]);
+          db[k] = d;
+          var[k] = std::max(s2[k] - 2 * d * s1[k] + s * d * d, T(0)) + F[n];
         }
       }
-    });
-    if (G == nullptr || (hs.last_m_only && t + 1 == hs.lambdas.size())) continue;
-    // child groups: normalise each child's logits over its slots (and every parent, or one parent type)
-    const int64_t slots = g.n * g.i;
+      log_plus(var.data(), LV[n], 4 * q, lv.data());
+      gather(db.data(), g.j, kH, D + n * g.j * kH);
+      if (kept.m) {
+        gather(s1.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH);
+        gather(s2.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH + kH);
+        gather(db.data(), g.j, kH, kept.d + (at_t + n) * g.j * kH);
+        gather(var.data(), g.j, kH, kept.var + (at_t + n) * g.j * kH);
+        gather(lv.data(), g.j, kH, kept.log_var + (at_t + n) * g.j * kH);
+      }
+      std::fill(sumlog.begin(), sumlog.end(), T(0));
+      for (int row = 0; row < 4; ++row)
+        for (int64_t e = 0; e < q; ++e) sumlog[e / 4] += lv[row * q + e];
+      for (int64_t j = 0; j < g.j; ++j) {
+        const T bv = BV[j], ba = BA[j];
+        if (hs.official) {
+          pre[j] = lam * ((mass[j] + eps) * (-sumlog[j] - bv * kH * (1 + log2pi)) - T(5000) * ba);
+        } else {
+          pre[j] = (kH * bv + T(0.5) * sumlog[j]) * mass[j];  // the cost, before normalisation
+        }
+      }
+      if (!hs.official) {
+        if (hs.cost_normalization == 2) {
+          for (int64_t j = 0; j < g.j; ++j) pre[j] *= static_cast<T>(g.j) / static_cast<T>(g.i * kH);
+        } else if (hs.cost_normalization == 1) {
+          T mean = 0, spread2 = 0;
+          for (int64_t j = 0; j < g.j; ++j) mean += pre[j];
+          mean /= static_cast<T>(g.j);
+          for (int64_t j = 0; j < g.j; ++j) spread2 += (pre[j] - mean) * (pre[j] - mean);
+          const T scale = T(1) / std::sqrt(spread2 / static_cast<T>(g.j) + eps);
+          for (int64_t j = 0; j < g.j; ++j) pre[j] = (pre[j] - mean) * scale;
+        }
+        for (int64_t j = 0; j < g.j; ++j) pre[j] = lam * (BA[j] - pre[j]);
+      }
+      if (kept.pre) std::copy(pre.begin(), pre.end(), kept.pre + (at_t + n) * g.j);
+      if (kept.mass) std::copy(mass.begin(), mass.end(), kept.mass + (at_t + n) * g.j);
+      if (last) return;  // no E-step after the last M-step
+      for (int64_t j = 0; j < g.j; ++j) logsig[j] = log_sigmoid(pre[j]) - T(0.5) * (sumlog[j] + kH * log2pi);
+      for (int64_t k = 0; k < 4 * q; ++k) var[k] = T(1) / var[k];  // now the precisions
+      // E-step logits log a_j + log p[i, j]; without child groups, the softmax over j of each slot
+      int64_t c0 = 0;
+      for (; c0 + 16 <= q; c0 += 16) quad_chunk<16>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
+      for (; c0 < q; c0 += 4) quad_chunk<4>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
+      if (G != nullptr) return;
+      for (int64_t i = 0; i < g.i; ++i) {
+        T top = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < g.j; ++j) top = std::max(top, rn[j * g.i + i]);
+        T total = 0;
+        for (int64_t j = 0; j < g.j; ++j) total += (rn[j * g.i + i] = std::exp(rn[j * g.i + i] - top));
+        for (int64_t j = 0; j < g.j; ++j) rn[j * g.i + i] /= total;
+      }
+    };
+    const bool grouped = G != nullptr && !last;
     const int64_t lanes = hs.normalize == 1 ? g.j : 1;  // per type: one independent problem per parent type
+    if (grouped && hs.blocks > 1) {
+      // groups confined to runs of problems (one example each): each run routed and normalised in cache
+      const int64_t run = g.n / hs.blocks, run_groups = hs.groups / hs.blocks;
+      at::parallel_for(0, hs.blocks, 1, [&](int64_t begin, int64_t end) {
+        HeadScratch<T> sc(g);
+        std::vector<T> top(run_groups), total(run_groups);
+        for (int64_t b = begin; b < end; ++b) {
+          for (int64_t n = b * run; n < (b + 1) * run; ++n) problem(n, sc);
+          for (int64_t lane = 0; lane < lanes; ++lane)
+            normalise_groups(R, G, b * run, (b + 1) * run, lanes > 1 ? lane : 0, lanes > 1 ? lane + 1 : g.j, g.j,
+                             g.i, b * run_groups, top, total);
+        }
+      });
+      continue;
+    }
+    at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+      HeadScratch<T> sc(g);
+      for (int64_t n = begin; n < end; ++n) problem(n, sc);
+    });
+    if (!grouped) continue;
+    // child groups: normalise each child's logits over its slots (and every parent, or one parent type)
     at::parallel_for(0, lanes, 1, [&](int64_t begin, int64_t end) {
       std::vector<T> top(hs.groups), total(hs.groups);
-      for (int64_t lane = begin; lane < end; ++lane) {
-        const int64_t j0 = hs.normalize == 1 ? lane : 0, j1 = hs.normalize == 1 ? lane + 1 : g.j;
-        std::fill(top.begin(), top.end(), -std::numeric_limits<T>::infinity());
-        std::fill(total.begin(), total.end(), T(0));
-        // three passes over the slots (n, i) of this lane's parents: each child's largest logit, the sum of
-        // exp(logit - largest), and the product with the sum's reciprocal; the exponentials run over contiguous
-        // rows of I
-        for (int64_t n = 0; n < g.n; ++n) {
-          const int64_t* gn = G + n * g.i;
-          for (int64_t j = j0; j < j1; ++j) {
-            const T* z = R + (n * g.j + j) * g.i;
-            for (int64_t i = 0; i < g.i; ++i) top[gn[i]] = std::max(top[gn[i]], z[i]);
-          }
-        }
-        for (int64_t n = 0; n < g.n; ++n) {
-          const int64_t* gn = G + n * g.i;
-          for (int64_t j = j0; j < j1; ++j) {
-            T* z = R + (n * g.j + j) * g.i;
-            for (int64_t i = 0; i < g.i; ++i) z[i] -= top[gn[i]];
-            exp_nonpositive(z, g.i);
-            for (int64_t i = 0; i < g.i; ++i) total[gn[i]] += z[i];
-          }
-        }
-        for (int64_t k = 0; k < hs.groups; ++k) total[k] = T(1) / total[k];
-        for (int64_t n = 0; n < g.n; ++n) {
-          const int64_t* gn = G + n * g.i;
-          for (int64_t j = j0; j < j1; ++j) {
-            T* z = R + (n * g.j + j) * g.i;
-            for (int64_t i = 0; i < g.i; ++i) z[i] *= total[gn[i]];
-          }
-        }
-      }
+      for (int64_t lane = begin; lane < end; ++lane)
+        normalise_groups(R, G, 0, g.n, lanes > 1 ? lane : 0, lanes > 1 ? lane + 1 : g.j, g.j, g.i, 0, top, total);
     });
   }
 }
@@ -884,31 +918,63 @@ void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
 // For each slot (n, j, i) of x, the sum of x over its child group (index (N, I) of groups children): over the
 // slots of that child and one parent type (per_type: out (N, J, I)) or every parent type (out (N, 1, I)).
 template <typename T>
-void group_sum_impl(const at::Tensor& x, const at::Tensor& index, int64_t groups, bool per_type, at::Tensor& out) {
+void group_sum_impl(const at::Tensor& x, const at::Tensor& index, int64_t groups, bool per_type, int64_t blocks,
+                    at::Tensor& out) {
   const int64_t n_ = x.size(0), parents = x.size(1), children = x.size(2);
   const T* X = x.data_ptr<T>();
   const int64_t* G = index.data_ptr<int64_t>();
   T* O = out.data_ptr<T>();
   const int64_t lanes = per_type ? parents : 1;
-  at::parallel_for(0, lanes, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> total(groups);
-    for (int64_t lane = begin; lane < end; ++lane) {
-      const int64_t j0 = per_type ? lane : 0, j1 = per_type ? lane + 1 : parents;
-      std::fill(total.begin(), total.end(), T(0));
-      for (int64_t n = 0; n < n_; ++n) {
-        const int64_t* gn = G + n * children;
-        for (int64_t j = j0; j < j1; ++j) {
-          const T* xr = X + (n * parents + j) * children;
-          for (int64_t i = 0; i < children; ++i) total[gn[i]] += xr[i];
-        }
-      }
-      for (int64_t n = 0; n < n_; ++n) {
-        const int64_t* gn = G + n * children;
-        T* o = O + (n * lanes + lane) * children;
-        for (int64_t i = 0; i < children; ++i) o[i] = total[gn[i]];
+  // the sums of the slots of problems [n0, n1) in one lane, whose groups are g0 .. g0 + total.size() - 1
+  auto sum_run = [&](int64_t n0, int64_t n1, int64_t lane, int64_t g0, std::vector<T>& total) {
+    const int64_t j0 = per_type ? lane : 0, j1 = per_type ? lane + 1 : parents;
+    std::fill(total.begin(), total.end(), T(0));
+    T* tt = total.data() - g0;
+    for (int64_t n = n0; n < n1; ++n) {
+      const int64_t* gn = G + n * children;
+      for (int64_t j = j0; j < j1; ++j) {
+        const T* xr = X + (n * parents + j) * children;
+        for (int64_t i = 0; i < children; ++i) tt[gn[i]] += xr[i];
       }
     }
+    for (int64_t n = n0; n < n1; ++n) {
+      const int64_t* gn = G + n * children;
+      T* o = O + (n * lanes + lane) * children;
+      for (int64_t i = 0; i < children; ++i) o[i] = tt[gn[i]];
+    }
+  };
+  if (blocks > 1) {  // groups confined to runs of problems: each run's sums in cache
+    const int64_t run = n_ / blocks, run_groups = groups / blocks;
+    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> total(run_groups);
+      for (int64_t b = begin; b < end; ++b)
+        for (int64_t lane = 0; lane < lanes; ++lane) sum_run(b * run, (b + 1) * run, lane, b * run_groups, total);
+    });
+    return;
+  }
+  at::parallel_for(0, lanes, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> total(groups);
+    for (int64_t lane = begin; lane < end; ++lane) sum_run(0, n_, lane, 0, total);
   });
+}
+
+// The child groups' index (N, I): every entry in [0, groups); with blocks > 1, the slots of the problems
+// [b N / blocks, (b + 1) N / blocks) only in the groups [b G / blocks, (b + 1) G / blocks) (ChildGroups.blocks).
+void check_groups(const at::Tensor& index, int64_t n, int64_t children, int64_t groups, int64_t blocks) {
+  TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.device().is_cpu() &&
+                  index.sizes() == at::IntArrayRef({n, children}),
+              "index must be a contiguous (N, I) int64 CPU tensor");
+  TORCH_CHECK(blocks >= 1 && n % blocks == 0 && groups % blocks == 0, "blocks = ", blocks,
+              " must divide the problems N = ", n, " and the groups ", groups);
+  const int64_t* G = index.data_ptr<int64_t>();
+  const int64_t run = std::max<int64_t>(n / blocks, 1), run_groups = groups / blocks;
+  bool ok = true;
+  for (int64_t p = 0; p < n; ++p) {
+    const int64_t lo = (p / run) * run_groups, hi = lo + run_groups;
+    for (int64_t k = 0; k < children; ++k) ok &= G[p * children + k] >= lo && G[p * children + k] < hi;
+  }
+  TORCH_CHECK(ok, blocks > 1 ? "a group index outside its run of problems' range (ChildGroups.blocks)"
+                             : "group index out of range [0, groups)");
 }
 
 void check_like(const at::Tensor& t, const at::Tensor& like, std::vector<int64_t> shape, const char* name) {
@@ -1023,19 +1089,13 @@ std::vector<at::Tensor> estep_back(const at::Tensor& pose, const at::Tensor& wei
   return {out, s0};
 }
 
-// group_sum(x (N, J, I), index (N, I) int64, groups, per_type) -> (N, J, I) (per_type) or (N, 1, I)
-at::Tensor group_sum(const at::Tensor& x, const at::Tensor& index, int64_t groups, bool per_type) {
+// group_sum(x (N, J, I), index (N, I) int64, groups, per_type, blocks) -> (N, J, I) (per_type) or (N, 1, I)
+at::Tensor group_sum(const at::Tensor& x, const at::Tensor& index, int64_t groups, bool per_type, int64_t blocks) {
   TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous (N, J, I) CPU tensor");
-  TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() &&
-                  index.sizes() == at::IntArrayRef({x.size(0), x.size(2)}),
-              "index must be a contiguous (N, I) int64 tensor");
-  if (index.numel() > 0) {
-    const int64_t lo = index.min().item<int64_t>(), hi = index.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi < groups, "group index out of range [0, ", groups, ")");
-  }
+  check_groups(index, x.size(0), x.size(2), groups, blocks);
   auto out = at::empty({x.size(0), per_type ? x.size(1) : 1, x.size(2)}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "group_sum",
-                             [&] { group_sum_impl<scalar_t>(x, index, groups, per_type, out); });
+                             [&] { group_sum_impl<scalar_t>(x, index, groups, per_type, blocks, out); });
   return out;
 }
 
@@ -1044,7 +1104,7 @@ std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& wei
                                    const at::Tensor& beta_v, const at::Tensor& beta_a, const at::Tensor& floor,
                                    const at::Tensor& log_var_offset, const at::Tensor& r0, const at::Tensor& index,
                                    std::vector<double> lambdas, double eps, bool official, int64_t cost_normalization,
-                                   int64_t normalize, int64_t groups, bool keep) {
+                                   int64_t normalize, int64_t groups, int64_t blocks, bool keep) {
   const Geometry g = check(pose, weight, coord);
   check_like(c, pose, {g.n, g.j, kH}, "c");
   check_like(inv, pose, {g.n}, "inv");
@@ -1054,17 +1114,12 @@ std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& wei
   check_like(floor, pose, {g.n}, "floor");
   check_like(log_var_offset, pose, {g.n}, "log_var_offset");
   check_like(r0, pose, {g.n, g.j, g.i}, "r0");
-  if (groups > 0) {
-    TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.sizes() == at::IntArrayRef({g.n, g.i}),
-                "index must be a contiguous (N, I) int64 tensor");
-    const int64_t lo = index.min().item<int64_t>(), hi = index.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi < groups, "group index out of range [0, ", groups, ")");
-  }
+  if (groups > 0) check_groups(index, g.n, g.i, groups, blocks);
   TORCH_CHECK(cost_normalization >= 0 && cost_normalization <= 2 && normalize >= 0 && normalize <= 1,
               "bad cost_normalization or normalize");
   const int64_t steps = static_cast<int64_t>(lambdas.size());
   HeadSettings hs{std::move(lambdas), eps, official, static_cast<int>(cost_normalization), static_cast<int>(normalize),
-                  groups, keep};
+                  groups, keep, groups > 0 ? blocks : 1};
   auto r = r0.clone();
   auto d = at::zeros({g.n, g.j, kH}, pose.options());
   const int64_t t_kept = keep ? steps : 0;
