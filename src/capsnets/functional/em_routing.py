@@ -735,8 +735,9 @@ class _FusedEMFunction(torch.autograd.Function):
     computed again (they are cheap without the vote tensor), with ``detach_routing`` only the last M-step."""
 
     @staticmethod
-    def forward(ctx, pose, weight, a_in, beta_v, beta_a, coord, kernel, c, head, lambdas, eps, cost_normalization,
-                detach_routing, groups, variance_floor, scale):
+    def forward(ctx, pose, weight, a_in, beta_v, beta_a, coord, kernel, c, head, want_r, lambdas, eps,
+                cost_normalization, detach_routing, groups, variance_floor, scale):
+        ctx.want_r = want_r
         ctx.settings = (lambdas, eps, cost_normalization, detach_routing, groups, variance_floor, scale)
         ctx.source, ctx.head = _FusedVotes(kernel, pose, weight, coord, c, scale.inv), head
         ctx.saved = None
@@ -747,8 +748,8 @@ class _FusedEMFunction(torch.autograd.Function):
             mu, a_out, r = _route(c, _recording(ctx, ctx.source), a_in, beta_v, beta_a, *ctx.settings, head=head)
         ctx.save_for_backward(c, a_in, beta_v, beta_a)
         # an output that ctx also holds (the head's or a saved iteration's assignments) would make a reference
-        # cycle through this node: return a copy
-        return mu, a_out, r.clone()
+        # cycle through this node: return a copy, where the caller wants them
+        return mu, a_out, (r.clone() if want_r else r.new_empty(0))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -756,6 +757,7 @@ class _FusedEMFunction(torch.autograd.Function):
         c, a_in, beta_v, beta_a = ctx.saved_tensors
         source = ctx.source
         detached = ctx.settings[3]
+        g_r = g_r if ctx.want_r else None
         if ctx.saved is not None:
             lambdas, eps, _, _, groups, variance_floor, scale = ctx.settings
             grads, left, right = _manual_backward(ctx.saved, source, c, a_in, beta_v, beta_a, lambdas, eps, groups,
@@ -770,7 +772,7 @@ class _FusedEMFunction(torch.autograd.Function):
             grad_pose, grad_weight = source.kernel.votes_backward(
                 source.pose, source.weight, source.coord, source.c, source.inv, left.contiguous(),
                 right.contiguous())
-        return (grad_pose, grad_weight, *grads, None, None, None, None, None, None, None, None, None, None, None)
+        return (grad_pose, grad_weight, *grads, None, None, None, None, None, None, None, None, None, None, None, None)
 
 
 def em_routing(
@@ -957,7 +959,8 @@ def em_routing_poses(
         if len(lambdas) > 1 and (not tracked or detach_routing or cost_normalization is not None):
             head = _fused_head(kernel, pose, w, coord, c, a_in, beta_v, beta_a, *settings)
         if tracked:
-            mu, a_out, r = _FusedEMFunction.apply(pose, w, a_in, beta_v, beta_a, coord, kernel, c, head, *settings)
+            mu, a_out, r = _FusedEMFunction.apply(pose, w, a_in, beta_v, beta_a, coord, kernel, c, head,
+                                                  return_assignments, *settings)
         else:
             source = _FusedVotes(kernel, pose, w, coord, c, scale.inv)
             mu, a_out, r = _route(c, source.contract, a_in, beta_v, beta_a, *settings, head=head)

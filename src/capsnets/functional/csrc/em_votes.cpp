@@ -488,7 +488,7 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
         T* gwi = gw + (i % g.iw) * 4 * q;
         for (int row = 0; row < 4; ++row) {
           const T* gvr = gv.data() + row * q;
-          for (int k = 0; k < 4; ++k) gm[4 * row + k] += dot(gvr, wti + k * q, q);
+          for (int k = 0; k < 4; ++k) gm[4 * row + k] = dot(gvr, wti + k * q, q);
         }
         for (int k = 0; k < 4; ++k) {
           const T m0 = m[k], m1 = m[4 + k], m2 = m[8 + k], m3 = m[12 + k];
@@ -1030,7 +1030,7 @@ std::vector<at::Tensor> votes_backward(const at::Tensor& pose, const at::Tensor&
   const int64_t kk = left.size(0);
   check_like(left, pose, {kk, g.n, g.j, g.i}, "left");
   check_like(right, pose, {g.n, g.j, kk, 2 * kH}, "right");
-  auto gpose = at::zeros({g.n, g.i, kH}, pose.options());
+  auto gpose = at::empty({g.n, g.i, kH}, pose.options());  // every entry written once
   auto gweight = at::empty({g.iw, g.j, kH}, pose.options());
   AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "votes_backward", [&] {
     backward_impl<scalar_t>(pose, weight, coord, c, inv, left, right, gpose, gweight, g);
