@@ -630,76 +630,46 @@ def _reduce_like(grad: Tensor, like: Tensor) -> Tensor:
 def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, groups, variance_floor, scale,
                      g_mu, g_a, g_r):
     """The exact gradients of the procedure (without cost normalisation) kept by :func:`_fused_saving`, by hand
-    (the derivative of each equation of the M- and E-steps in reverse order): the per-child work of each step
-    runs in the kernel (``mstep_back``, ``estep_back``, with the products that need the votes of ``source``),
-    the per-parent ``(B, J, H)`` algebra and the child groups' sums here; no autograd graph of the procedure
-    is built. Returns the gradients of ``a_in``, ``beta_v``, ``beta_a`` and the votes' outer-product factors
-    ``(left (K, B, J, I), right (B, J, K, 2H))``; the kernel writes each factor of ``left`` in place."""
+    (the derivative of each equation of the M- and E-steps in reverse order), all in the kernel: for each
+    iteration, the per-parent algebra before its M-step (``mstep_parents``: the variance about the centre,
+    the centre and the activation logit), the M-step's per-child work (``mstep_back``, with the product that
+    needs the votes of ``source``), the child groups' sums (``group_sum``), the E-step's per-child work
+    (``estep_back``) and the per-parent algebra after it (``estep_parents``: the log densities' parameters).
+    No autograd graph of the procedure is built. Returns the gradients of ``a_in``, ``beta_v``, ``beta_a``
+    and the votes' outer-product factors ``(left (K, B, J, I), right (B, J, K, 2H))``, both written in place
+    by the kernel."""
     official = variance_floor is not None
-    height = saved[0]["d"].shape[-1]
-    cc = c.squeeze(2)  # (B, J, H)
-    inv = scale.inv.view(-1, 1, 1)
-    entropy = height * (1.0 + _LOG_2PI)
-    g_d = torch.zeros_like(cc) if g_mu is None else g_mu / inv
+    cc = c.squeeze(2).contiguous()  # (B, J, H)
+    height = cc.shape[-1]
     last_pre = saved[-1]["pre"]
-    g_pre = torch.zeros_like(last_pre) if g_a is None else g_a * torch.sigmoid(last_pre) * torch.sigmoid(-last_pre)
+    # the state carried from step to step, updated in place by the kernel
+    g_d = torch.zeros_like(cc) if g_mu is None else (g_mu / scale.inv.view(-1, 1, 1)).contiguous()
+    g_pre = (torch.zeros_like(last_pre) if g_a is None
+             else (g_a * torch.sigmoid(last_pre) * torch.sigmoid(-last_pre)).contiguous())
     g_var = torch.zeros_like(cc)  # from the E-step that used this iteration's parameters
-    g_sum_log = torch.zeros_like(last_pre)
+    g_sum_log, g_bv, g_ba = (torch.zeros_like(last_pre) for _ in range(3))
     n, _, children = a_in.shape
     a_flat = a_in.reshape(n, children).contiguous()
     g_a_in = a_in.new_zeros(n, children)  # accumulated in place by the kernel
     no_extra = a_in.new_empty(0)
     g_r_extra = no_extra if g_r is None else g_r.contiguous()
     kernel, votes = source.kernel, (source.pose, source.weight, source.coord, source.c, source.inv)
-    g_bv, g_ba = torch.zeros_like(last_pre), torch.zeros_like(last_pre)
+    bv = beta_v.expand(cc.shape[1]).contiguous()
     left = a_in.new_empty(2 * len(lambdas) - 1, *saved[0]["r"].shape)  # (K, B, J, I)
-    right, col = a_in.new_empty(*cc.shape[:2], len(left), 2 * height), 0  # (B, J, K, 2H), one factor per col
+    right = a_in.new_empty(*cc.shape[:2], len(left), 2 * height)  # (B, J, K, 2H)
+    constants = (official, _GRADIENT_MASS_FLOOR, _BLEND, _BETA_A_SCALE)
+    col = 0
     for t in range(len(lambdas) - 1, -1, -1):
-        st, lam = saved[t], lambdas[t]
-        r, d, var, pre = st["r"], st["d"], st["var"], st["pre"]
-        m1, m2 = st["m"].chunk(2, dim=-1)
-        mass = st["mass"]  # (B, J): sum_i r a, as the forward computed it
-        guard = mass + eps
-        s = mass / guard
-        floored = mass.clamp_min(_GRADIENT_MASS_FLOOR) + eps  # the gradients' denominator (_mass_weights)
-        slope = (mass >= _GRADIENT_MASS_FLOOR).to(mass.dtype)
-        sum_log = st["log_var"].sum(dim=-1)
-        # the activation logit
-        if official:
-            g_guard = g_pre * lam * (-sum_log - beta_v * entropy)
-            g_sum_log = g_sum_log - g_pre * lam * guard
-            g_bv = g_bv - g_pre * lam * guard * entropy
-            g_ba = g_ba - g_pre * lam * _BETA_A_SCALE
-            g_mass = g_guard
-        else:
-            g_cost = -lam * g_pre
-            g_ba = g_ba + lam * g_pre
-            g_bv = g_bv + g_cost * height * mass
-            g_sum_log = g_sum_log + 0.5 * g_cost * mass
-            g_mass = g_cost * (height * beta_v + 0.5 * sum_log)
-        # variance about the centre: var = max(m2 - 2 d m1 + s d^2, 0) + floor, log_var = log var + offset
-        g_var = g_var + g_sum_log.unsqueeze(-1) / var
-        raw = m2 - 2.0 * d * m1 + s.unsqueeze(-1) * d.square()
-        g_raw = g_var * (raw >= 0).to(raw.dtype)
-        g_d = g_d + g_raw * (2.0 * s.unsqueeze(-1) * d - 2.0 * m1)
-        g_m1 = -2.0 * d * g_raw
-        g_m2 = g_raw
-        g_s = (g_raw * d.square()).sum(dim=-1)
-        # the centre: d = m1 + (s - 1) c, blended with the previous centre in the released code's formulation
-        g_e = _BLEND * g_d if official else g_d
-        g_m1 = g_m1 + g_e
-        g_s = g_s + (g_e * cc).sum(dim=-1)
-        g_d_prev = (1.0 - _BLEND) * g_d if official else None
-        # m = sum_i w [x, x^2] with w = R' / (mass + eps), s = mass / (mass + eps)
-        coef = torch.cat([g_m1, g_m2], dim=-1)  # (B, J, 2H)
-        right[:, :, col] = coef
-        # per child, in the kernel: g_w = [x, x^2] . coef; g_mass less slope sum_i g_w R' / floored^2;
-        # g_R' = g_w / floored + g_mass; d a_in += sum_j g_R' r; left[col] = R' / guard (the M-step's weights);
-        # and for the E-step before it g_r = g_R' a (+ g_r from the output) and y = r g_r
-        base = (g_mass + g_s * (1.0 / floored - slope * mass / floored.square())).contiguous()
-        extra = g_r_extra if t == len(lambdas) - 1 else no_extra  # the output assignments' gradient, last step
-        g_r_t, y = kernel.mstep_back(*votes, coef.contiguous(), r, a_flat, guard.contiguous(), floored.contiguous(),
-                                     slope.contiguous(), base, extra, left[col], g_a_in, t > 0)
+        st = saved[t]
+        coef, guard, floored, slope, base = kernel.mstep_parents(
+            st["m"], st["d"], st["var"], st["log_var"], st["mass"], cc, bv, g_d, g_var, g_pre, g_sum_log, g_bv, g_ba,
+            right, col, float(lambdas[t]), float(eps), *constants)
+        # per child: g_w = [x, x^2] . coef; g_R' = g_w / floored + g_mass; d a_in += sum_j g_R' r;
+        # left[col] = R' / guard (the M-step's weights); for the E-step before it g_r = g_R' a (+ the output
+        # assignments' gradient, last step) and y = r g_r
+        extra = g_r_extra if t == len(lambdas) - 1 else no_extra
+        g_r_t, y = kernel.mstep_back(*votes, coef, st["r"], a_flat, guard, floored, slope, base, extra, left[col],
+                                     g_a_in, t > 0)
         col += 1
         if t == 0:
             break
@@ -711,18 +681,10 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
         else:
             total = kernel.group_sum(y, groups.index.contiguous(), groups.count, groups.normalize == "per_type",
                                      groups.blocks)
-        s12, s0 = kernel.estep_back(*votes, r, g_r_t, total, left[col])
+        s12, s0 = kernel.estep_back(*votes, st["r"], g_r_t, total, left[col])
         prev = saved[t - 1]
-        d, var, pre = prev["d"], prev["var"], prev["pre"]
-        right[:, :, col, :height] = d / var
-        right[:, :, col, height:] = -0.5 / var
+        kernel.estep_parents(s12, s0, prev["d"], prev["var"], prev["pre"], g_d, g_var, g_pre, g_sum_log, right, col)
         col += 1
-        s1, s2 = s12.chunk(2, dim=-1)  # sum_i gz x, sum_i gz x^2
-        g_pre = s0 * torch.sigmoid(-pre)
-        g_sum_log = -0.5 * s0
-        s0 = s0.unsqueeze(-1)  # (B, J, 1)
-        g_d = (s1 - d * s0) / var + (g_d_prev if official else 0.0)
-        g_var = 0.5 * (s2 - 2.0 * d * s1 + d.square() * s0) / var.square()
     grads = (g_a_in.view_as(a_in), _reduce_like(g_bv, beta_v), _reduce_like(g_ba, beta_a))
     return grads, left, right
 

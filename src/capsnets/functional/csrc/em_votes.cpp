@@ -915,6 +915,108 @@ void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
   });
 }
 
+// The hand-written backward's per-parent algebra (em_routing._manual_backward), for every problem n and parent
+// j, before the per-child work of one M-step (mstep_parents) and after that of the E-step before it
+// (estep_parents). The state carried between them, updated in place, per (n, j): g_d, g_var (16 each), g_pre,
+// g_sum_log, and the accumulated gradients of beta_v and beta_a.
+struct ParentSettings {
+  double lam, eps, mass_floor, blend, beta_a_scale;
+  bool official;
+};
+
+// From M-step t's kept m = [m1, m2] (32), centre d, variance var, log variance lv (16 each) and mass: the
+// products' gradients coef = [g_m1, g_m2] (written to coef and to right[n, j, col]), and per parent the
+// guards mass + eps, floored = max(mass, floor) + eps, slope = [mass >= floor] and the per-child constant
+// base of mstep_back. g_d becomes what the previous centre receives (official: (1 - blend) g_d; else 0).
+template <typename T>
+void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tensor& var, const at::Tensor& lv,
+                        const at::Tensor& mass, const at::Tensor& c, const at::Tensor& beta_v, const ParentSettings& ps,
+                        at::Tensor& g_d, at::Tensor& g_var, at::Tensor& g_pre, at::Tensor& g_sum_log, at::Tensor& g_bv,
+                        at::Tensor& g_ba, at::Tensor& coef, at::Tensor& right, int64_t col, at::Tensor& guard,
+                        at::Tensor& floored, at::Tensor& slope, at::Tensor& base) {
+  const int64_t n_ = d.size(0), parents = d.size(1), kk = right.size(2);
+  const T *M = m.data_ptr<T>(), *D = d.data_ptr<T>(), *V = var.data_ptr<T>(), *LV = lv.data_ptr<T>();
+  const T *MS = mass.data_ptr<T>(), *C = c.data_ptr<T>(), *BV = beta_v.data_ptr<T>();
+  T *GD = g_d.data_ptr<T>(), *GV = g_var.data_ptr<T>(), *GP = g_pre.data_ptr<T>(), *GS = g_sum_log.data_ptr<T>();
+  T *GBV = g_bv.data_ptr<T>(), *GBA = g_ba.data_ptr<T>(), *K = coef.data_ptr<T>(), *RT = right.data_ptr<T>();
+  T *GU = guard.data_ptr<T>(), *FL = floored.data_ptr<T>(), *SL = slope.data_ptr<T>(), *BS = base.data_ptr<T>();
+  const T lam = static_cast<T>(ps.lam), eps = static_cast<T>(ps.eps), floor_ = static_cast<T>(ps.mass_floor);
+  const T blend = static_cast<T>(ps.blend), entropy = static_cast<T>(kH * (1.0 + std::log(2.0 * M_PI)));
+  at::parallel_for(0, n_ * parents, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t j = p % parents;
+      const T ms = MS[p], gu = ms + eps, sv = ms / gu, fl = std::max(ms, floor_) + eps;
+      const T sl = ms >= floor_ ? T(1) : T(0);
+      T sum_log = 0;
+      for (int h = 0; h < kH; ++h) sum_log += LV[p * kH + h];
+      const T gp = GP[p];
+      T g_mass;
+      if (ps.official) {
+        g_mass = gp * lam * (-sum_log - BV[j] * entropy);
+        GS[p] -= gp * lam * gu;
+        GBV[p] -= gp * lam * gu * entropy;
+        GBA[p] -= gp * lam * static_cast<T>(ps.beta_a_scale);
+      } else {
+        const T g_cost = -lam * gp;
+        GBA[p] += lam * gp;
+        GBV[p] += g_cost * kH * ms;
+        GS[p] += T(0.5) * g_cost * ms;
+        g_mass = g_cost * (kH * BV[j] + T(0.5) * sum_log);
+      }
+      const T gsl = GS[p];
+      T g_s = 0;
+      T* k = K + p * 2 * kH;
+      for (int h = 0; h < kH; ++h) {
+        const int64_t e = p * kH + h;
+        const T dd = D[e], m1 = M[p * 2 * kH + h], m2 = M[p * 2 * kH + kH + h];
+        const T raw = m2 - 2 * dd * m1 + sv * dd * dd;  // the variance about the centre, before the floor
+        const T g_raw = raw >= 0 ? GV[e] + gsl / V[e] : T(0);
+        const T gd = GD[e] + g_raw * (2 * sv * dd - 2 * m1);
+        const T g_e = ps.official ? blend * gd : gd;  // the centre d = m1 + (s - 1) c (blended: official)
+        g_s += g_raw * dd * dd + g_e * C[e];
+        k[h] = g_e - 2 * dd * g_raw;
+        k[kH + h] = g_raw;
+        GD[e] = ps.official ? (1 - blend) * gd : T(0);
+      }
+      std::copy(k, k + 2 * kH, RT + (p * kk + col) * 2 * kH);
+      GU[p] = gu;
+      FL[p] = fl;
+      SL[p] = sl;
+      BS[p] = g_mass + g_s * (T(1) / fl - sl * ms / (fl * fl));
+    }
+  });
+}
+
+// From the E-step products s12 = [sum_i gz x, sum_i gz x^2] (32) and s0 = sum_i gz of the E-step that used
+// iteration t's parameters d, var, pre: the state for iteration t's M-step, and right[n, j, col] = [d / var,
+// -0.5 / var].
+template <typename T>
+void estep_parents_impl(const at::Tensor& s12, const at::Tensor& s0, const at::Tensor& d, const at::Tensor& var,
+                        const at::Tensor& pre, at::Tensor& g_d, at::Tensor& g_var, at::Tensor& g_pre,
+                        at::Tensor& g_sum_log, at::Tensor& right, int64_t col) {
+  const int64_t n_ = d.size(0), parents = d.size(1), kk = right.size(2);
+  const T *S12 = s12.data_ptr<T>(), *S0 = s0.data_ptr<T>(), *D = d.data_ptr<T>(), *V = var.data_ptr<T>();
+  const T* PRE = pre.data_ptr<T>();
+  T *GD = g_d.data_ptr<T>(), *GV = g_var.data_ptr<T>(), *GP = g_pre.data_ptr<T>(), *GS = g_sum_log.data_ptr<T>();
+  T* RT = right.data_ptr<T>();
+  at::parallel_for(0, n_ * parents, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const T z = S0[p];
+      GP[p] = z / (T(1) + std::exp(PRE[p]));  // z sigmoid(-pre)
+      GS[p] = T(-0.5) * z;
+      T* rt = RT + (p * kk + col) * 2 * kH;
+      for (int h = 0; h < kH; ++h) {
+        const int64_t e = p * kH + h;
+        const T s1 = S12[p * 2 * kH + h], s2 = S12[p * 2 * kH + kH + h], dd = D[e], v = V[e];
+        GD[e] += (s1 - dd * z) / v;
+        GV[e] = T(0.5) * (s2 - 2 * dd * s1 + dd * dd * z) / (v * v);
+        rt[h] = dd / v;
+        rt[kH + h] = T(-0.5) / v;
+      }
+    }
+  });
+}
+
 // For each slot (n, j, i) of x, the sum of x over its child group (index (N, I) of groups children): over the
 // slots of that child and one parent type (per_type: out (N, J, I)) or every parent type (out (N, 1, I)).
 template <typename T>
@@ -1089,6 +1191,58 @@ std::vector<at::Tensor> estep_back(const at::Tensor& pose, const at::Tensor& wei
   return {out, s0};
 }
 
+// mstep_parents(m (N, J, 32), d, var, log_var (N, J, 16), mass (N, J), c (N, J, 16), beta_v (J), the state g_d,
+// g_var (N, J, 16), g_pre, g_sum_log, g_bv, g_ba (N, J) (updated in place), right (N, J, K, 32), col, lam, eps,
+// official, mass_floor, blend, beta_a_scale) -> coef (N, J, 32), guard, floored, slope, base (N, J)
+std::vector<at::Tensor> mstep_parents(const at::Tensor& m, const at::Tensor& d, const at::Tensor& var,
+                                      const at::Tensor& log_var, const at::Tensor& mass, const at::Tensor& c,
+                                      const at::Tensor& beta_v, at::Tensor g_d, at::Tensor g_var, at::Tensor g_pre,
+                                      at::Tensor g_sum_log, at::Tensor g_bv, at::Tensor g_ba, at::Tensor right,
+                                      int64_t col, double lam, double eps, bool official, double mass_floor,
+                                      double blend, double beta_a_scale) {
+  TORCH_CHECK(d.dim() == 3 && d.size(2) == kH, "d must be (N, J, 16)");
+  const int64_t n = d.size(0), j = d.size(1);
+  check_like(d, d, {n, j, kH}, "d");
+  check_like(m, d, {n, j, 2 * kH}, "m");
+  for (auto* t : {&var, &log_var, &c, &static_cast<const at::Tensor&>(g_d), &static_cast<const at::Tensor&>(g_var)})
+    check_like(*t, d, {n, j, kH}, "a (N, J, 16) operand");
+  for (auto* t : {&mass, &static_cast<const at::Tensor&>(g_pre), &static_cast<const at::Tensor&>(g_sum_log),
+                  &static_cast<const at::Tensor&>(g_bv), &static_cast<const at::Tensor&>(g_ba)})
+    check_like(*t, d, {n, j}, "an (N, J) operand");
+  check_like(beta_v, d, {j}, "beta_v");
+  TORCH_CHECK(right.dim() == 4 && col >= 0 && col < right.size(2), "col out of right's range");
+  check_like(right, d, {n, j, right.size(2), 2 * kH}, "right");
+  auto coef = at::empty({n, j, 2 * kH}, d.options());
+  auto guard = at::empty({n, j}, d.options()), floored = at::empty({n, j}, d.options());
+  auto slope = at::empty({n, j}, d.options()), base = at::empty({n, j}, d.options());
+  const ParentSettings ps{lam, eps, mass_floor, blend, beta_a_scale, official};
+  AT_DISPATCH_FLOATING_TYPES(d.scalar_type(), "mstep_parents", [&] {
+    mstep_parents_impl<scalar_t>(m, d, var, log_var, mass, c, beta_v, ps, g_d, g_var, g_pre, g_sum_log, g_bv, g_ba,
+                                 coef, right, col, guard, floored, slope, base);
+  });
+  return {coef, guard, floored, slope, base};
+}
+
+// estep_parents(s12 (N, J, 32), s0 (N, J), d, var (N, J, 16), pre (N, J), the state g_d, g_var, g_pre,
+// g_sum_log (updated in place), right (N, J, K, 32), col)
+void estep_parents(const at::Tensor& s12, const at::Tensor& s0, const at::Tensor& d, const at::Tensor& var,
+                   const at::Tensor& pre, at::Tensor g_d, at::Tensor g_var, at::Tensor g_pre, at::Tensor g_sum_log,
+                   at::Tensor right, int64_t col) {
+  TORCH_CHECK(d.dim() == 3 && d.size(2) == kH, "d must be (N, J, 16)");
+  const int64_t n = d.size(0), j = d.size(1);
+  check_like(d, d, {n, j, kH}, "d");
+  check_like(s12, d, {n, j, 2 * kH}, "s12");
+  for (auto* t : {&var, &static_cast<const at::Tensor&>(g_d), &static_cast<const at::Tensor&>(g_var)})
+    check_like(*t, d, {n, j, kH}, "a (N, J, 16) operand");
+  for (auto* t : {&s0, &pre, &static_cast<const at::Tensor&>(g_pre), &static_cast<const at::Tensor&>(g_sum_log)})
+    check_like(*t, d, {n, j}, "an (N, J) operand");
+  TORCH_CHECK(right.dim() == 4 && col >= 0 && col < right.size(2), "col out of right's range");
+  check_like(right, d, {n, j, right.size(2), 2 * kH}, "right");
+  AT_DISPATCH_FLOATING_TYPES(d.scalar_type(), "estep_parents", [&] {
+    estep_parents_impl<scalar_t>(s12, s0, d, var, pre, g_d, g_var, g_pre, g_sum_log, right, col);
+  });
+}
+
 // group_sum(x (N, J, I), index (N, I) int64, groups, per_type, blocks) -> (N, J, I) (per_type) or (N, 1, I)
 at::Tensor group_sum(const at::Tensor& x, const at::Tensor& index, int64_t groups, bool per_type, int64_t blocks) {
   TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous (N, J, I) CPU tensor");
@@ -1151,4 +1305,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mstep_back", &mstep_back, "the hand-written backward's per-child work for one M-step");
   m.def("estep_back", &estep_back, "the hand-written backward's per-child work for one E-step");
   m.def("group_sum", &group_sum, "each slot's sum over its child group");
+  m.def("mstep_parents", &mstep_parents, "the hand-written backward's per-parent algebra before one M-step");
+  m.def("estep_parents", &estep_parents, "the hand-written backward's per-parent algebra after one E-step");
 }
