@@ -24,6 +24,8 @@
 //       E-step (em_routing._manual_backward), each with the product that needs the votes, per problem
 //   group_sum(x (N, J, I), index, groups, per_type, blocks): each slot's sum over its child group (that backward's
 //       normaliser of the child groups' softmax)
+//   mstep_parents(...), estep_parents(...): that backward's per-parent algebra before each M-step and after
+//       each E-step, element-wise over (N, J, 16)
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
