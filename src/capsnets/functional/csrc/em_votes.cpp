@@ -527,7 +527,7 @@ struct HeadSettings {
   int normalize;           // groups: 0 all parents, 1 per type
   int64_t groups;          // 0: no child groups (softmax over the parents of each slot)
   bool last_m_only;        // the last iteration is an M-step only (the whole procedure, for the backward)
-  int64_t blocks;          // > 1: the groups fall into this many runs of problems (check_blocks)
+  int64_t blocks;          // > 1: the groups fall into this many runs of problems (check_groups)
 };
 
 // What the hand-written backward needs of each iteration t (null pointers: not kept): the assignments of its
@@ -641,22 +641,22 @@ void normalise_groups(T* R, const int64_t* G, int64_t n0, int64_t n1, int64_t j0
                       int64_t children, int64_t g0, std::vector<T>& top, std::vector<T>& total) {
   std::fill(top.begin(), top.end(), -std::numeric_limits<T>::infinity());
   std::fill(total.begin(), total.end(), T(0));
-  T* tp = top.data() - g0;
-  T* tt = total.data() - g0;
+  T* tp = top.data();
+  T* tt = total.data();
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t* gn = G + n * children;
     for (int64_t j = j0; j < j1; ++j) {
       const T* z = R + (n * parents + j) * children;
-      for (int64_t i = 0; i < children; ++i) tp[gn[i]] = std::max(tp[gn[i]], z[i]);
+      for (int64_t i = 0; i < children; ++i) tp[gn[i] - g0] = std::max(tp[gn[i] - g0], z[i]);
     }
   }
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t* gn = G + n * children;
     for (int64_t j = j0; j < j1; ++j) {
       T* z = R + (n * parents + j) * children;
-      for (int64_t i = 0; i < children; ++i) z[i] -= tp[gn[i]];
+      for (int64_t i = 0; i < children; ++i) z[i] -= tp[gn[i] - g0];
       exp_nonpositive(z, children);
-      for (int64_t i = 0; i < children; ++i) tt[gn[i]] += z[i];
+      for (int64_t i = 0; i < children; ++i) tt[gn[i] - g0] += z[i];
     }
   }
   for (auto& x : total) x = T(1) / x;
@@ -664,7 +664,7 @@ void normalise_groups(T* R, const int64_t* G, int64_t n0, int64_t n1, int64_t j0
     const int64_t* gn = G + n * children;
     for (int64_t j = j0; j < j1; ++j) {
       T* z = R + (n * parents + j) * children;
-      for (int64_t i = 0; i < children; ++i) z[i] *= tt[gn[i]];
+      for (int64_t i = 0; i < children; ++i) z[i] *= tt[gn[i] - g0];
     }
   }
 }
@@ -1033,18 +1033,18 @@ void group_sum_impl(const at::Tensor& x, const at::Tensor& index, int64_t groups
   auto sum_run = [&](int64_t n0, int64_t n1, int64_t lane, int64_t g0, std::vector<T>& total) {
     const int64_t j0 = per_type ? lane : 0, j1 = per_type ? lane + 1 : parents;
     std::fill(total.begin(), total.end(), T(0));
-    T* tt = total.data() - g0;
+    T* tt = total.data();
     for (int64_t n = n0; n < n1; ++n) {
       const int64_t* gn = G + n * children;
       for (int64_t j = j0; j < j1; ++j) {
         const T* xr = X + (n * parents + j) * children;
-        for (int64_t i = 0; i < children; ++i) tt[gn[i]] += xr[i];
+        for (int64_t i = 0; i < children; ++i) tt[gn[i] - g0] += xr[i];
       }
     }
     for (int64_t n = n0; n < n1; ++n) {
       const int64_t* gn = G + n * children;
       T* o = O + (n * lanes + lane) * children;
-      for (int64_t i = 0; i < children; ++i) o[i] = tt[gn[i]];
+      for (int64_t i = 0; i < children; ++i) o[i] = tt[gn[i] - g0];
     }
   };
   if (blocks > 1) {  // groups confined to runs of problems: each run's sums in cache
