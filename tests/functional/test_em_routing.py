@@ -342,3 +342,6 @@ def test_bad_child_groups_are_refused():
         em_routing(*inputs, child_groups=ChildGroups(torch.zeros(2, 4, dtype=torch.long), 1))
     with pytest.raises(ValueError, match="int64"):
         ChildGroups(torch.zeros(2, 5), 1)
+    for blocks in (0, 3, True, 2.0):  # 3 divides neither N = 2 nor count = 4
+        with pytest.raises(ValueError, match="ChildGroups.blocks must be a positive int dividing"):
+            ChildGroups(torch.zeros(2, 5, dtype=torch.long), 4, blocks=blocks)

@@ -53,11 +53,12 @@ class ChildGroups:
                              f"of shape {tuple(self.index.shape)}")
         if self.normalize not in ("all_parents", "per_type"):
             raise ValueError(f"ChildGroups.normalize must be 'all_parents' or 'per_type', got {self.normalize!r}")
-        problems = self.index.shape[0]
-        if (not isinstance(self.blocks, int) or self.blocks < 1 or problems % self.blocks
-                or self.count % self.blocks):
+        problems, blocks = self.index.shape[0], self.blocks
+        concrete = all(isinstance(v, int) for v in (problems, blocks, self.count))  # not while export traces
+        if (isinstance(blocks, bool) or not isinstance(blocks, (int, torch.SymInt))
+                or (concrete and (blocks < 1 or problems % blocks or self.count % blocks))):
             raise ValueError(f"ChildGroups.blocks must be a positive int dividing both the problems N = {problems} "
-                             f"and count = {self.count}, got {self.blocks!r}")
+                             f"and count = {self.count}, got {blocks!r}")
 
     def copies(self) -> Tensor:
         """``(N, I)`` int64: how many slots (copies) the child of each slot has."""
@@ -118,4 +119,4 @@ def grid_child_groups(batch: int, types: int, height: int, width: int, kernel_si
     slots = patch_index(types, height, width, kernel_size, stride, padding, device)  # (H'*W', I); padding: T*H*W
     offsets = torch.arange(batch, device=slots.device).view(batch, 1, 1) * per_example
     index = slots + offsets  # (B, H'*W', I)
-    return ChildGroups(index.reshape(-1, slots.shape[1]), batch * per_example, normalize, blocks=max(batch, 1))
+    return ChildGroups(index.reshape(-1, slots.shape[1]), batch * per_example, normalize, blocks=torch.sym_max(batch, 1))
