@@ -951,6 +951,8 @@ void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tens
       const T sl = ms >= floor_ ? T(1) : T(0);
       T sum_log = 0;
       for (int h = 0; h < kH; ++h) sum_log += LV[p * kH + h];
+      // the activation logit: official lam ((mass + eps) (-sum_h log_var - beta_v H (1 + log 2 pi)) - 5000
+      // beta_a); paper lam (beta_a - cost), cost = (H beta_v + 0.5 sum_h log_var) mass
       const T gp = GP[p];
       T g_mass;
       if (ps.official) {
@@ -965,6 +967,8 @@ void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tens
         GS[p] += T(0.5) * g_cost * ms;
         g_mass = g_cost * (kH * BV[j] + T(0.5) * sum_log);
       }
+      // var = max(m2 - 2 d m1 + s d^2, 0) + floor, log_var = log var + offset; m = sum_i w [x, x^2] with
+      // w = R' / (mass + eps) and s = mass / (mass + eps)
       const T gsl = GS[p];
       T g_s = 0;
       T* k = K + p * 2 * kH;
@@ -984,7 +988,7 @@ void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tens
       GU[p] = gu;
       FL[p] = fl;
       SL[p] = sl;
-      BS[p] = g_mass + g_s * (T(1) / fl - sl * ms / (fl * fl));
+      BS[p] = g_mass + g_s * (T(1) / fl - sl * ms / (fl * fl));  // through s and the floored mass
     }
   });
 }
