@@ -630,15 +630,14 @@ def _reduce_like(grad: Tensor, like: Tensor) -> Tensor:
 def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, groups, variance_floor, scale,
                      g_mu, g_a, g_r):
     """The exact gradients of the procedure (without cost normalisation) kept by :func:`_fused_saving`, by hand
-    (the derivative of each equation of the M- and E-steps in reverse order), all in the kernel: the last
-    M-step's per-parent algebra (``mstep_parents``: the variance about the centre, the centre and the
-    activation logit) and per-child work (``mstep_back``, with the product that needs the votes of
-    ``source``); then for each earlier iteration the child groups' sums (``group_sum``) and one pass over
-    the votes (``iteration_back``) for the E-step's per-child work, its per-parent algebra (the log
-    densities' parameters), and the M-step's per-parent algebra and per-child work, each problem's votes
-    computed once for both steps. No autograd graph of the procedure is built. Returns the gradients of
-    ``a_in``, ``beta_v``, ``beta_a`` and the votes' outer-product factors ``(left (K, B, J, I), right (B, J, K,
-    2H))``, both written in place by the kernel."""
+    (the derivative of each equation of the M- and E-steps in reverse order), all in the kernel: for each
+    iteration, the per-parent algebra before its M-step (``mstep_parents``: the variance about the centre,
+    the centre and the activation logit), the M-step's per-child work (``mstep_back``, with the product that
+    needs the votes of ``source``), the child groups' sums (``group_sum``), the E-step's per-child work
+    (``estep_back``) and the per-parent algebra after it (``estep_parents``: the log densities' parameters).
+    No autograd graph of the procedure is built. Returns the gradients of ``a_in``, ``beta_v``, ``beta_a``
+    and the votes' outer-product factors ``(left (K, B, J, I), right (B, J, K, 2H))``, both written in place
+    by the kernel."""
     official = variance_floor is not None
     cc = c.squeeze(2).contiguous()  # (B, J, H)
     height = cc.shape[-1]
@@ -659,33 +658,33 @@ def _manual_backward(saved, source, c, a_in, beta_v, beta_a, lambdas, eps, group
     left = a_in.new_empty(2 * len(lambdas) - 1, *saved[0]["r"].shape)  # (K, B, J, I)
     right = a_in.new_empty(*cc.shape[:2], len(left), 2 * height)  # (B, J, K, 2H)
     constants = (official, _GRADIENT_MASS_FLOOR, _BLEND, _BETA_A_SCALE)
-    state = [g_d, g_var, g_pre, g_sum_log, g_bv, g_ba]
-    last = len(lambdas) - 1
-    # the last M-step (no E-step after it): per parent g_m = coef; per child g_w = [x, x^2] . coef;
-    # g_R' = g_w / floored + g_mass; d a_in += sum_j g_R' r; left[0] = R' / guard (its weights); for the E-step
-    # before it g_r = g_R' a (+ the output assignments' gradient) and y = r g_r
-    st = saved[last]
-    coef, guard, floored, slope, base = kernel.mstep_parents(
-        st["m"], st["d"], st["var"], st["log_var"], st["mass"], cc, bv, *state, right, 0, float(lambdas[last]),
-        float(eps), *constants)
-    g_r_t, y = kernel.mstep_back(*votes, coef, st["r"], a_flat, guard, floored, slope, base, g_r_extra, left[0],
-                                 g_a_in, last > 0)
-    for t in range(last, 0, -1):
+    col = 0
+    for t in range(len(lambdas) - 1, -1, -1):
+        st = saved[t]
+        coef, guard, floored, slope, base = kernel.mstep_parents(
+            st["m"], st["d"], st["var"], st["log_var"], st["mass"], cc, bv, g_d, g_var, g_pre, g_sum_log, g_bv, g_ba,
+            right, col, float(lambdas[t]), float(eps), *constants)
+        # per child: g_w = [x, x^2] . coef; g_R' = g_w / floored + g_mass; d a_in += sum_j g_R' r;
+        # left[col] = R' / guard (the M-step's weights); for the E-step before it g_r = g_R' a (+ the output
+        # assignments' gradient, last step) and y = r g_r
+        extra = g_r_extra if t == len(lambdas) - 1 else no_extra
+        g_r_t, y = kernel.mstep_back(*votes, coef, st["r"], a_flat, guard, floored, slope, base, extra, left[col],
+                                     g_a_in, t > 0)
+        col += 1
+        if t == 0:
+            break
         # E-step t-1: r = softmax over each child's normalisation group of z, with
-        # z = logsigmoid(pre) - 0.5 (sum_h (x - d)^2 / var + sum_h log_var + H log 2 pi); gz = r (g_r - group
-        # sum of r g_r) goes to left[col], with sum_i gz [x, x^2] and sum_i gz; then M-step t-1 as above, into
-        # left[col + 1]: one kernel pass per iteration (iteration_back), the votes computed once for both
+        # z = logsigmoid(pre) - 0.5 (sum_h (x - d)^2 / var + sum_h log_var + H log 2 pi);
+        # gz = r (g_r - group sum of r g_r) goes to left[col], with sum_i gz [x, x^2] and sum_i gz
         if groups is None:
             total = y.sum(dim=1, keepdim=True)
         else:
             total = kernel.group_sum(y, groups.index.contiguous(), groups.count, groups.normalize == "per_type",
                                      groups.blocks)
+        s12, s0 = kernel.estep_back(*votes, st["r"], g_r_t, total, left[col])
         prev = saved[t - 1]
-        col = 2 * (last - t) + 1
-        g_r_t, y = kernel.iteration_back(
-            *votes, saved[t]["r"], g_r_t, total,
-            [prev[k] for k in ("r", "m", "d", "var", "log_var", "pre", "mass")], cc, bv, a_flat, state, g_a_in, left,
-            right, col, float(lambdas[t - 1]), float(eps), *constants, t > 1)
+        kernel.estep_parents(s12, s0, prev["d"], prev["var"], prev["pre"], g_d, g_var, g_pre, g_sum_log, right, col)
+        col += 1
     grads = (g_a_in.view_as(a_in), _reduce_like(g_bv, beta_v), _reduce_like(g_ba, beta_a))
     return grads, left, right
 

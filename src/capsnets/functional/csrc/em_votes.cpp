@@ -20,13 +20,12 @@
 //   route_head(...): whole iterations without gradients (M-step, E-step, child-group normalisation) ->
 //       the assignments (N, J, I) of the next M-step and the last centre (N, J, 16); with keep, the whole
 //       procedure (the last iteration an M-step only) and what each iteration's backward needs
-//   mstep_parents(...), mstep_back(...): the hand-written backward (em_routing._manual_backward) of the last
-//       M-step: its per-parent algebra, element-wise over (N, J, 16), and its per-child work with the product
-//       that needs the votes, per problem
+//   mstep_back(...), estep_back(...): the hand-written backward's per-child work for one M-step and one
+//       E-step (em_routing._manual_backward), each with the product that needs the votes, per problem
 //   group_sum(x (N, J, I), index, groups, per_type, blocks): each slot's sum over its child group (that backward's
 //       normaliser of the child groups' softmax)
-//   iteration_back(...): that backward of each earlier iteration after the child groups' sums: the E-step's
-//       per-child work and per-parent algebra, then the M-step's, in one pass per problem
+//   mstep_parents(...), estep_parents(...): that backward's per-parent algebra before each M-step and after
+//       each E-step, element-wise over (N, J, 16)
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -288,19 +287,17 @@ inline void load_chunk(const T* block, int64_t q, int64_t c0, T (&out)[4][W]) {
     for (int l = 0; l < W; ++l) out[r][l] = block[r * q + c0 + l];
 }
 
-// M-step product over lanes [c0, c0 + W): s1 = sum_i w[j, i] x, s2 = sum_i w[j, i] x^2, with w[j, i] the weights at
-// w[j wj + i wi] (j the lane's parent; (J, I) or (I, J)); with xs, each child's x is also stored there ((I, 4, 4J),
-// for an E-step).
+// M-step product over lanes [c0, c0 + W): s1 = sum_i w[j, i] x, s2 = sum_i w[j, i] x^2, with w (J, I) the weights
+// (j the lane's parent); with xs, each child's x is also stored there ((I, 4, 4J), for an E-step).
 template <int W, typename T>
-inline void m_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, const T* w, int64_t wj, int64_t wi,
-                    T* s1, T* s2, T* xs) {
+inline void m_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, const T* w, T* s1, T* s2, T* xs) {
   const int64_t q = votes.g.q();
   const T u = votes.inv[n];
   T c[4][W], a1[4][W] = {}, a2[4][W] = {}, x[4][W];
   load_chunk(cb, q, c0, c);
   for (int64_t i = 0; i < votes.g.i; ++i) {
     vote_chunk(votes, n, i, c0, u, c, x);
-    const vec<T, W> wv = expand4<W>(w + (c0 / 4) * wj + i * wi, wj);
+    const vec<T, W> wv = expand4<W>(w + (c0 / 4) * votes.g.i + i, votes.g.i);
     T wi[W];
     vstore(wi, wv);
     for (int r = 0; r < 4; ++r)
@@ -320,16 +317,14 @@ inline void m_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, c
     }
 }
 
-// The M-step products of problem n as blocks: s1 = sum_i w[j, i] x, s2 = sum_i w[j, i] x^2 (4, 4J), with the
-// weights w (J, I), or (I, J) with child_major; xs (I, 4, 4J) or null: each child's x block.
+// The M-step products of problem n as blocks: s1 = sum_i w[j, i] x, s2 = sum_i w[j, i] x^2 (4, 4J), with w (J, I)
+// the weights; xs (I, 4, 4J) or null: each child's x block.
 template <typename T>
-inline void m_blocks(const Votes<T>& votes, int64_t n, const T* cb, const T* w, T* s1, T* s2, T* xs,
-                     bool child_major = false) {
+inline void m_blocks(const Votes<T>& votes, int64_t n, const T* cb, const T* w, T* s1, T* s2, T* xs) {
   const int64_t q = votes.g.q();
-  const int64_t wj = child_major ? 1 : votes.g.i, wi = child_major ? votes.g.j : 1;
   int64_t c0 = 0;
-  for (; c0 + 16 <= q; c0 += 16) m_chunk<16>(votes, n, c0, cb, w, wj, wi, s1, s2, xs);
-  for (; c0 < q; c0 += 4) m_chunk<4>(votes, n, c0, cb, w, wj, wi, s1, s2, xs);
+  for (; c0 + 16 <= q; c0 += 16) m_chunk<16>(votes, n, c0, cb, w, s1, s2, xs);
+  for (; c0 < q; c0 += 4) m_chunk<4>(votes, n, c0, cb, w, s1, s2, xs);
 }
 
 // sum_i w[j, i] [x, x^2] of problem n, with w its (J, I) weights: -> out (J, 32). cb: the origin block of
@@ -373,8 +368,8 @@ inline void e_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* k1
   for (; c0 < q; c0 += 4) e_chunk<4>(votes, n, c0, cb, k1, k2, o);
 }
 
-// The E-step's log densities over lanes [c0, c0 + W): o[i, j] = base[j] - 0.5 sum_h (x - d)^2 p of every child
-// i (o (I, J)), from the children's x blocks xs (I, 4, 4J), the centre block d and the precision block p.
+// The E-step's log densities over lanes [c0, c0 + W): o[j, i] = base[j] - 0.5 sum_h (x - d)^2 p of every child
+// i, from the children's x blocks xs (I, 4, 4J), the centre block d and the precision block p.
 template <int W, typename T>
 inline void quad_chunk(const T* xs, int64_t children, int64_t q, int64_t c0, const T* d, const T* p, const T* base,
                        T* o) {
@@ -382,7 +377,7 @@ inline void quad_chunk(const T* xs, int64_t children, int64_t q, int64_t c0, con
   load_chunk(d, q, c0, dc);
   load_chunk(p, q, c0, pc);
   const T* bc = base + c0 / 4;
-  T* oc = o + c0 / 4;
+  T* oc = o + (c0 / 4) * children;
   for (int64_t i = 0; i < children; ++i) {
     const T* x = xs + i * 4 * q + c0;
     T t[W] = {};
@@ -392,31 +387,8 @@ inline void quad_chunk(const T* xs, int64_t children, int64_t q, int64_t c0, con
         t[l] += diff * diff * pc[r][l];
       }
     for (int k = 0; k < W / 4; ++k)
-      oc[i * (q / 4) + k] = bc[k] - T(0.5) * ((t[4 * k] + t[4 * k + 1]) + (t[4 * k + 2] + t[4 * k + 3]));
+      oc[k * children + i] = bc[k] - T(0.5) * ((t[4 * k] + t[4 * k + 1]) + (t[4 * k + 2] + t[4 * k + 3]));
   }
-}
-
-// e_problem from the children's x blocks xs (I, 4, 4J) instead of the votes: o[j, i] = [x, x^2] . coef[j].
-template <int W, typename T>
-inline void e_chunk_kept(const T* xs, int64_t children, int64_t q, int64_t c0, const T* k1, const T* k2, T* o) {
-  T a[4][W], b[4][W];
-  load_chunk(k1, q, c0, a);
-  load_chunk(k2, q, c0, b);
-  T* oc = o + (c0 / 4) * children;
-  for (int64_t i = 0; i < children; ++i) {
-    const T* x = xs + i * 4 * q + c0;
-    T t[W] = {};
-    for (int r = 0; r < 4; ++r)
-      for (int l = 0; l < W; ++l) t[l] += x[r * q + l] * (a[r][l] + x[r * q + l] * b[r][l]);
-    for (int p = 0; p < W / 4; ++p) oc[p * children + i] = (t[4 * p] + t[4 * p + 1]) + (t[4 * p + 2] + t[4 * p + 3]);
-  }
-}
-
-template <typename T>
-inline void e_problem_kept(const T* xs, int64_t children, int64_t q, const T* k1, const T* k2, T* o) {
-  int64_t c0 = 0;
-  for (; c0 + 16 <= q; c0 += 16) e_chunk_kept<16>(xs, children, q, c0, k1, k2, o);
-  for (; c0 < q; c0 += 4) e_chunk_kept<4>(xs, children, q, c0, k1, k2, o);
 }
 
 template <typename T>
@@ -660,76 +632,39 @@ inline T log_sigmoid(T x) {
   return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
 }
 
-// a[k] = f(a[k], b[k]) for k < count, 16 lanes at a time (a plain loop with a ternary or a gathered operand is not
-// vectorised by the compiler)
-template <typename T, typename F>
-inline void lanewise(T* __restrict a, const T* __restrict b, int64_t count, F f) {
-  using V = vec<T, 16>;
-  int64_t k = 0;
-  for (; k + 16 <= count; k += 16) vstore(a + k, f(vload<V>(a + k), vload<V>(b + k)));
-  for (; k < count; ++k) a[k] = f(a[k], b[k]);
-}
-
-// The child groups' softmax over the slots of problems [n0, n1), whose groups are g0 .. g0 + G - 1, with the
-// logits child-major (N, I, J): z = exp(z - the group's largest) / the group's sum. per_type: a group per child
-// and parent type (top, total: (G, J)); else per child over every parent (top, total: (G)). Three passes (each
-// group's largest logit, the exponentials and their sums, the products with the sums' reciprocals), each over a
-// slot's J logits at once; the exponentials over each problem's (I, J) logits.
+// The child groups' softmax over the slots of problems [n0, n1) and parents [j0, j1), whose groups are
+// g0 .. g0 + top.size() - 1: z = exp(z - the group's largest) / the group's sum, in three passes (each group's
+// largest logit, the exponentials and their sums, the products with the sums' reciprocals); the exponentials
+// run over contiguous rows of I.
 template <typename T>
-void normalise_groups(T* R, const int64_t* G, int64_t n0, int64_t n1, int64_t parents, int64_t children, int64_t g0,
-                      bool per_type, std::vector<T>& top, std::vector<T>& total) {
+void normalise_groups(T* R, const int64_t* G, int64_t n0, int64_t n1, int64_t j0, int64_t j1, int64_t parents,
+                      int64_t children, int64_t g0, std::vector<T>& top, std::vector<T>& total) {
   std::fill(top.begin(), top.end(), -std::numeric_limits<T>::infinity());
   std::fill(total.begin(), total.end(), T(0));
-  const int64_t ij = parents * children;
-  const int64_t width = per_type ? parents : 1;  // the entries of top and total per group
+  T* tp = top.data();
+  T* tt = total.data();
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t* gn = G + n * children;
-    for (int64_t i = 0; i < children; ++i) {
-      const T* __restrict z = R + n * ij + i * parents;
-      T* __restrict tp = top.data() + (gn[i] - g0) * width;
-      if (per_type) {
-        lanewise(tp, z, parents, [](auto a, auto b) { return b > a ? b : a; });
-      } else {
-        T m = tp[0];
-        for (int64_t j = 0; j < parents; ++j) m = std::max(m, z[j]);
-        tp[0] = m;
-      }
+    for (int64_t j = j0; j < j1; ++j) {
+      const T* z = R + (n * parents + j) * children;
+      for (int64_t i = 0; i < children; ++i) tp[gn[i] - g0] = std::max(tp[gn[i] - g0], z[i]);
     }
   }
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t* gn = G + n * children;
-    T* rn = R + n * ij;
-    for (int64_t i = 0; i < children; ++i) {
-      T* __restrict z = rn + i * parents;
-      const T* __restrict tp = top.data() + (gn[i] - g0) * width;
-      if (per_type) {
-        lanewise(z, tp, parents, [](auto a, auto b) { return a - b; });
-      } else {
-        for (int64_t j = 0; j < parents; ++j) z[j] -= tp[0];
-      }
-    }
-    exp_nonpositive(rn, ij);
-    for (int64_t i = 0; i < children; ++i) {
-      const T* __restrict z = rn + i * parents;
-      T* __restrict tt = total.data() + (gn[i] - g0) * width;
-      if (per_type) {
-        lanewise(tt, z, parents, [](auto a, auto b) { return a + b; });
-      } else {
-        tt[0] += sum8(z, parents);
-      }
+    for (int64_t j = j0; j < j1; ++j) {
+      T* z = R + (n * parents + j) * children;
+      for (int64_t i = 0; i < children; ++i) z[i] -= tp[gn[i] - g0];
+      exp_nonpositive(z, children);
+      for (int64_t i = 0; i < children; ++i) tt[gn[i] - g0] += z[i];
     }
   }
   for (auto& x : total) x = T(1) / x;
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t* gn = G + n * children;
-    for (int64_t i = 0; i < children; ++i) {
-      T* __restrict z = R + n * ij + i * parents;
-      const T* __restrict tt = total.data() + (gn[i] - g0) * width;
-      if (per_type) {
-        lanewise(z, tt, parents, [](auto a, auto b) { return a * b; });
-      } else {
-        for (int64_t j = 0; j < parents; ++j) z[j] *= tt[0];
-      }
+    for (int64_t j = j0; j < j1; ++j) {
+      T* z = R + (n * parents + j) * children;
+      for (int64_t i = 0; i < children; ++i) z[i] *= tt[gn[i] - g0];
     }
   }
 }
@@ -738,10 +673,10 @@ void normalise_groups(T* R, const int64_t* G, int64_t n0, int64_t n1, int64_t pa
 // the M-step and read again by the E-step.
 template <typename T>
 struct HeadScratch {
-  std::vector<T> cb, xs, s1, s2, wm, sq, db, var, lv, mass, sj, scale, pre, sumlog, logsig;
+  std::vector<T> cb, xs, s1, s2, wm, sq, db, var, lv, mass, sj, pre, sumlog, logsig;
   explicit HeadScratch(const Geometry& g)
       : cb(4 * g.q()), xs(g.i * 4 * g.q()), s1(4 * g.q()), s2(4 * g.q()), wm(g.j * g.i), sq(g.q()), db(4 * g.q()),
-        var(4 * g.q()), lv(4 * g.q()), mass(g.j), sj(g.j), scale(g.j), pre(g.j), sumlog(g.j), logsig(g.j) {}
+        var(4 * g.q()), lv(4 * g.q()), mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j) {}
 };
 
 template <typename T>
@@ -756,7 +691,7 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
   const T* F = floor.data_ptr<T>();
   const T* LV = log_var_offset.data_ptr<T>();
   const int64_t* G = hs.groups ? index.data_ptr<int64_t>() : nullptr;
-  T* R = r.data_ptr<T>();  // (N, I, J): the assignments, updated in place; logits between the two phases
+  T* R = r.data_ptr<T>();  // (N, J, I): the assignments, updated in place; logits between the two phases
   T* D = d_out.data_ptr<T>();  // (N, J, 16)
   const int64_t q = g.q();
   const T log2pi = static_cast<T>(std::log(2.0 * M_PI));
@@ -769,35 +704,25 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
     // problem n's M-step and E-step logits (without child groups, its softmax too)
     auto problem = [&](int64_t n, HeadScratch<T>& sc) {
       auto &cb = sc.cb, &xs = sc.xs, &s1 = sc.s1, &s2 = sc.s2, &wm = sc.wm, &sq = sc.sq, &db = sc.db, &var = sc.var,
-           &lv = sc.lv, &mass = sc.mass, &sj = sc.sj, &scale = sc.scale, &pre = sc.pre, &sumlog = sc.sumlog,
-           &logsig = sc.logsig;
-      T* rn = R + n * g.j * g.i;  // (I, J)
-      const T* an = A + n * g.i;
+           &lv = sc.lv, &mass = sc.mass, &sj = sc.sj, &pre = sc.pre, &sumlog = sc.sumlog, &logsig = sc.logsig;
+      T* rn = R + n * g.j * g.i;  // (J, I)
       votes.origin(n, cb.data());
-      if (kept.r) {  // kept (J, I)
-        T* kr = kept.r + (at_t + n) * g.j * g.i;
-        for (int64_t j = 0; j < g.j; ++j)
-          for (int64_t i = 0; i < g.i; ++i) kr[j * g.i + i] = rn[i * g.j + j];
-      }
-      // M-step: weights R a / (mass + eps), child-major
-      std::fill(mass.begin(), mass.end(), T(0));
-      for (int64_t i = 0; i < g.i; ++i) {
-        const T* __restrict ri = rn + i * g.j;
-        T* __restrict ms = mass.data();
-        for (int64_t j = 0; j < g.j; ++j) ms[j] += ri[j] * an[i];
+      if (kept.r) std::copy(rn, rn + g.j * g.i, kept.r + (at_t + n) * g.j * g.i);
+      // M-step: weights R a / (mass + eps)
+      for (int64_t j = 0; j < g.j; ++j) {
+        const T total = dot(rn + j * g.i, A + n * g.i, g.i);
+        mass[j] = total;
+        sj[j] = total / (total + eps);
+        sq[4 * j] = sq[4 * j + 1] = sq[4 * j + 2] = sq[4 * j + 3] = sj[j];
       }
       for (int64_t j = 0; j < g.j; ++j) {
-        sj[j] = mass[j] / (mass[j] + eps);
-        sq[4 * j] = sq[4 * j + 1] = sq[4 * j + 2] = sq[4 * j + 3] = sj[j];
-        scale[j] = T(1) / (mass[j] + eps);
+        const T* __restrict rj = rn + j * g.i;
+        const T* __restrict an = A + n * g.i;
+        T* __restrict wj = wm.data() + j * g.i;
+        const T scale = T(1) / (mass[j] + eps);
+        for (int64_t i = 0; i < g.i; ++i) wj[i] = rj[i] * an[i] * scale;
       }
-      for (int64_t i = 0; i < g.i; ++i) {
-        const T* __restrict ri = rn + i * g.j;
-        const T* __restrict inv_mass = scale.data();
-        T* __restrict wi = wm.data() + i * g.j;
-        for (int64_t j = 0; j < g.j; ++j) wi[j] = ri[j] * an[i] * inv_mass[j];
-      }
-      m_blocks(votes, n, cb.data(), wm.data(), s1.data(), s2.data(), xs.data(), true);
+      m_blocks(votes, n, cb.data(), wm.data(), s1.data(), s2.data(), xs.data());
       // centres, variances (about the centre, by exact algebra), log variances in real units
       if (hs.official && t > 0) spread(D + n * g.j * kH, kH, g.j, db.data());  // the previous centre
       for (int row = 0; row < 4; ++row) {
@@ -854,26 +779,26 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
       for (; c0 < q; c0 += 4) quad_chunk<4>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
       if (G != nullptr) return;
       for (int64_t i = 0; i < g.i; ++i) {
-        T* z = rn + i * g.j;
         T top = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < g.j; ++j) top = std::max(top, z[j]);
+        for (int64_t j = 0; j < g.j; ++j) top = std::max(top, rn[j * g.i + i]);
         T total = 0;
-        for (int64_t j = 0; j < g.j; ++j) total += (z[j] = std::exp(z[j] - top));
-        for (int64_t j = 0; j < g.j; ++j) z[j] /= total;
+        for (int64_t j = 0; j < g.j; ++j) total += (rn[j * g.i + i] = std::exp(rn[j * g.i + i] - top));
+        for (int64_t j = 0; j < g.j; ++j) rn[j * g.i + i] /= total;
       }
     };
     const bool grouped = G != nullptr && !last;
-    const bool per_type = hs.normalize == 1;  // per type: one independent problem per parent type
-    const int64_t width = per_type ? g.j : 1;
+    const int64_t lanes = hs.normalize == 1 ? g.j : 1;  // per type: one independent problem per parent type
     if (grouped && hs.blocks > 1) {
       // groups confined to runs of problems (one example each): each run routed and normalised in cache
       const int64_t run = g.n / hs.blocks, run_groups = hs.groups / hs.blocks;
       at::parallel_for(0, hs.blocks, 1, [&](int64_t begin, int64_t end) {
         HeadScratch<T> sc(g);
-        std::vector<T> top(run_groups * width), total(run_groups * width);
+        std::vector<T> top(run_groups), total(run_groups);
         for (int64_t b = begin; b < end; ++b) {
           for (int64_t n = b * run; n < (b + 1) * run; ++n) problem(n, sc);
-          normalise_groups(R, G, b * run, (b + 1) * run, g.j, g.i, b * run_groups, per_type, top, total);
+          for (int64_t lane = 0; lane < lanes; ++lane)
+            normalise_groups(R, G, b * run, (b + 1) * run, lanes > 1 ? lane : 0, lanes > 1 ? lane + 1 : g.j, g.j,
+                             g.i, b * run_groups, top, total);
         }
       });
       continue;
@@ -884,8 +809,11 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
     });
     if (!grouped) continue;
     // child groups: normalise each child's logits over its slots (and every parent, or one parent type)
-    std::vector<T> top(hs.groups * width), total(hs.groups * width);
-    normalise_groups(R, G, 0, g.n, g.j, g.i, 0, per_type, top, total);
+    at::parallel_for(0, lanes, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> top(hs.groups), total(hs.groups);
+      for (int64_t lane = begin; lane < end; ++lane)
+        normalise_groups(R, G, 0, g.n, lanes > 1 ? lane : 0, lanes > 1 ? lane + 1 : g.j, g.j, g.i, 0, top, total);
+    });
   }
 }
 
@@ -896,40 +824,6 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
 //   g_r'[j, i] = g_w / floored[j] + g_mass[j];   d a[i] += sum_j g_r' r
 //   left_w[j, i] = r a / guard[j]                                 (the M-step's weights, an outer-product factor)
 //   with want_next: g_r[j, i] = g_r' a (+ g_r_extra), y = r g_r   (for the E-step before it)
-// Everything after the product, for problem n: gw (J, I) the product; gu, fl, sl, bs (J) that problem's guard,
-// floored, slope and base; rows of r, left_w, g_r_extra, g_r and y start at n J I; ga (I): scratch.
-template <typename T>
-inline void mstep_children(const Geometry& g, int64_t n, const T* __restrict gw, const T* R, const T* A, const T* gu,
-                           const T* fl, const T* sl, const T* bs, const T* GX, T* LW, T* GA, T* GR, T* Y, T* ga) {
-  const int64_t ji = g.j * g.i;
-  const T* __restrict rn = R + n * ji;
-  const T* __restrict an = A + n * g.i;
-  T* __restrict gan = ga;
-  std::fill(ga, ga + g.i, T(0));
-  for (int64_t j = 0; j < g.j; ++j) {
-    const T* __restrict rj = rn + j * g.i;
-    const T* __restrict gj = gw + j * g.i;
-    const T f = fl[j];
-    const T gm = bs[j] - sl[j] * dot3(gj, rj, an, g.i) / (f * f);
-    const T rfl = T(1) / f, rgu = T(1) / gu[j];
-    const int64_t row = n * ji + j * g.i;
-    T* __restrict lw = LW + row;
-    for (int64_t i = 0; i < g.i; ++i) {
-      gan[i] += (gj[i] * rfl + gm) * rj[i];
-      lw[i] = rj[i] * an[i] * rgu;
-    }
-    if (GR != nullptr) {
-      T* __restrict gr = GR + row;
-      T* __restrict y = Y + row;
-      for (int64_t i = 0; i < g.i; ++i) gr[i] = (gj[i] * rfl + gm) * an[i];
-      if (GX != nullptr)
-        for (int64_t i = 0; i < g.i; ++i) gr[i] += GX[row + i];
-      for (int64_t i = 0; i < g.i; ++i) y[i] = rj[i] * gr[i];
-    }
-  }
-  for (int64_t i = 0; i < g.i; ++i) GA[n * g.i + i] += ga[i];
-}
-
 template <typename T>
 void mstep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
                      const at::Tensor& inv, const at::Tensor& coef, const at::Tensor& r, const at::Tensor& a_in,
@@ -949,115 +843,93 @@ void mstep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
   T* GA = g_a_in.data_ptr<T>();
   T* GR = want_next ? g_r.data_ptr<T>() : nullptr;
   T* Y = want_next ? y.data_ptr<T>() : nullptr;
-  const int64_t q = g.q();
+  const int64_t q = g.q(), ji = g.j * g.i;
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), k1(4 * q), k2(4 * q), gw(g.j * g.i), ga(g.i);
+    std::vector<T> cb(4 * q), k1(4 * q), k2(4 * q), gw(ji), ga(g.i);
     for (int64_t n = begin; n < end; ++n) {
       votes.origin(n, cb.data());
       spread(K + n * g.j * 2 * kH, 2 * kH, g.j, k1.data());
       spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, k2.data());
       e_problem(votes, n, cb.data(), k1.data(), k2.data(), gw.data());
-      const int64_t p = n * g.j;
-      mstep_children(g, n, gw.data(), R, A, GU + p, FL + p, SL + p, BA + p, GX, LW, GA, GR, Y, ga.data());
+      const T* __restrict rn = R + n * ji;
+      const T* __restrict an = A + n * g.i;
+      const T* __restrict gwn = gw.data();
+      T* __restrict gan = ga.data();
+      std::fill(ga.begin(), ga.end(), T(0));
+      for (int64_t j = 0; j < g.j; ++j) {
+        const T* __restrict rj = rn + j * g.i;
+        const T* __restrict gj = gwn + j * g.i;
+        const T fl = FL[n * g.j + j];
+        const T gm = BA[n * g.j + j] - SL[n * g.j + j] * dot3(gj, rj, an, g.i) / (fl * fl);
+        const T rfl = T(1) / fl, rgu = T(1) / GU[n * g.j + j];
+        const int64_t row = n * ji + j * g.i;
+        T* __restrict lw = LW + row;
+        for (int64_t i = 0; i < g.i; ++i) {
+          gan[i] += (gj[i] * rfl + gm) * rj[i];
+          lw[i] = rj[i] * an[i] * rgu;
+        }
+        if (want_next) {
+          T* __restrict gr = GR + row;
+          T* __restrict y = Y + row;
+          for (int64_t i = 0; i < g.i; ++i) gr[i] = (gj[i] * rfl + gm) * an[i];
+          if (GX != nullptr)
+            for (int64_t i = 0; i < g.i; ++i) gr[i] += GX[row + i];
+          for (int64_t i = 0; i < g.i; ++i) y[i] = rj[i] * gr[i];
+        }
+      }
+      for (int64_t i = 0; i < g.i; ++i) GA[n * g.i + i] += ga[i];
     }
   });
 }
 
-// The E-step's part of the same backward, per problem n: gz[j, i] = r (g_r - group_sum) (written to LZ, rows from
-// n J I, an outer-product factor) and zsum[j] = sum_i gz (J); total's rows are (N, J, I), or (N, 1, I) with shared
-// (one sum per child slot for every parent: all_parents, or no groups). Its M-step-like product sum_i gz [x, x^2]
-// follows in iteration_back_impl.
+// The E-step's part of the same backward, per problem n: gz[j, i] = r (g_r - group_sum) (written to left_gz, an
+// outer-product factor), and its M-step-like products sum_i gz [x, x^2] (J, 32) and sum_i gz (J).
 template <typename T>
-inline void estep_weights(const Geometry& g, int64_t n, const T* R, const T* GR, const T* TT, bool shared, T* LZ,
-                          T* zsum) {
-  const int64_t base = n * g.j * g.i;
-  for (int64_t j = 0; j < g.j; ++j) {
-    const int64_t row = base + j * g.i;
-    const T* __restrict r = R + row;
-    const T* __restrict gr = GR + row;
-    const T* __restrict tt = shared ? TT + n * g.i : TT + row;
-    T* __restrict lz = LZ + row;
-    for (int64_t i = 0; i < g.i; ++i) lz[i] = r[i] * (gr[i] - tt[i]);
-    zsum[j] = sum8(lz, g.i);
-  }
+void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
+                     const at::Tensor& inv, const at::Tensor& r, const at::Tensor& g_r, const at::Tensor& total,
+                     at::Tensor& left_gz, at::Tensor& out, at::Tensor& s0, const Geometry& g) {
+  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
+  const T* R = r.data_ptr<T>();
+  const T* GR = g_r.data_ptr<T>();
+  const T* TT = total.data_ptr<T>();
+  const bool shared = total.size(1) == 1;  // one sum per child slot for every parent (all_parents, or no groups)
+  T* LZ = left_gz.data_ptr<T>();
+  T* O = out.data_ptr<T>();
+  T* S0 = s0.data_ptr<T>();
+  const int64_t q = g.q(), ji = g.j * g.i;
+  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> cb(4 * q), s1(4 * q), s2(4 * q), zsum(g.j);
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t base = n * ji;
+      for (int64_t j = 0; j < g.j; ++j) {
+        const int64_t row = base + j * g.i;
+        const T* __restrict r = R + row;
+        const T* __restrict gr = GR + row;
+        const T* __restrict tt = shared ? TT + n * g.i : TT + row;
+        T* __restrict lz = LZ + row;
+        for (int64_t i = 0; i < g.i; ++i) lz[i] = r[i] * (gr[i] - tt[i]);
+        zsum[j] = sum8(lz, g.i);
+      }
+      votes.origin(n, cb.data());
+      m_problem(votes, n, cb.data(), LZ + base, s1.data(), s2.data(), O + n * g.j * 2 * kH);
+      for (int64_t j = 0; j < g.j; ++j) S0[n * g.j + j] = zsum[j];
+    }
+  });
 }
 
 // The hand-written backward's per-parent algebra (em_routing._manual_backward), for every problem n and parent
-// j, before the per-child work of one M-step (mstep_parent) and after that of the E-step before it
-// (estep_parent). The state carried between them, updated in place, per (n, j): g_d, g_var (16 each), g_pre,
+// j, before the per-child work of one M-step (mstep_parents) and after that of the E-step before it
+// (estep_parents). The state carried between them, updated in place, per (n, j): g_d, g_var (16 each), g_pre,
 // g_sum_log, and the accumulated gradients of beta_v and beta_a.
 struct ParentSettings {
   double lam, eps, mass_floor, blend, beta_a_scale;
   bool official;
 };
 
-// The state carried between the per-parent steps, per (n, j) (arrays over N J, or N J 16 for g_d and g_var).
-template <typename T>
-struct ParentState {
-  T *g_d, *g_var, *g_pre, *g_sum_log, *g_bv, *g_ba;
-};
-
-// What mstep_parents reads of M-step t: the kept m (N, J, 32), d, var, log_var (N, J, 16) and mass (N, J); the
-// origin c (N, J, 16) and beta_v (J).
-template <typename T>
-struct MStepKept {
-  const T *m, *d, *var, *log_var, *mass, *c, *beta_v;
-};
-
 // From M-step t's kept m = [m1, m2] (32), centre d, variance var, log variance lv (16 each) and mass: the
-// products' gradients coef = [g_m1, g_m2] (written to k and to the right factor rt, 32 each), and per parent the
+// products' gradients coef = [g_m1, g_m2] (written to coef and to right[n, j, col]), and per parent the
 // guards mass + eps, floored = max(mass, floor) + eps, slope = [mass >= floor] and the per-child constant
 // base of mstep_back. g_d becomes what the previous centre receives (official: (1 - blend) g_d; else 0).
-// p = n J + j: one problem's parent.
-template <typename T>
-inline void mstep_parent(int64_t p, int64_t j, const MStepKept<T>& in, const ParentState<T>& st,
-                         const ParentSettings& ps, T* __restrict k, T* __restrict rt, T& guard, T& floored, T& slope,
-                         T& base) {
-  const T lam = static_cast<T>(ps.lam), eps = static_cast<T>(ps.eps), floor_ = static_cast<T>(ps.mass_floor);
-  const T blend = static_cast<T>(ps.blend), entropy = static_cast<T>(kH * (1.0 + std::log(2.0 * M_PI)));
-  const T ms = in.mass[p], gu = ms + eps, sv = ms / gu, fl = std::max(ms, floor_) + eps;
-  const T sl = ms >= floor_ ? T(1) : T(0);
-  T sum_log = 0;
-  for (int h = 0; h < kH; ++h) sum_log += in.log_var[p * kH + h];
-  // the activation logit: official lam ((mass + eps) (-sum_h log_var - beta_v H (1 + log 2 pi)) - 5000
-  // beta_a); paper lam (beta_a - cost), cost = (H beta_v + 0.5 sum_h log_var) mass
-  const T gp = st.g_pre[p];
-  T g_mass;
-  if (ps.official) {
-    g_mass = gp * lam * (-sum_log - in.beta_v[j] * entropy);
-    st.g_sum_log[p] -= gp * lam * gu;
-    st.g_bv[p] -= gp * lam * gu * entropy;
-    st.g_ba[p] -= gp * lam * static_cast<T>(ps.beta_a_scale);
-  } else {
-    const T g_cost = -lam * gp;
-    st.g_ba[p] += lam * gp;
-    st.g_bv[p] += g_cost * kH * ms;
-    st.g_sum_log[p] += T(0.5) * g_cost * ms;
-    g_mass = g_cost * (kH * in.beta_v[j] + T(0.5) * sum_log);
-  }
-  // var = max(m2 - 2 d m1 + s d^2, 0) + floor, log_var = log var + offset; m = sum_i w [x, x^2] with
-  // w = R' / (mass + eps) and s = mass / (mass + eps)
-  const T gsl = st.g_sum_log[p];
-  T g_s = 0;
-  for (int h = 0; h < kH; ++h) {
-    const int64_t e = p * kH + h;
-    const T dd = in.d[e], m1 = in.m[p * 2 * kH + h], m2 = in.m[p * 2 * kH + kH + h];
-    const T raw = m2 - 2 * dd * m1 + sv * dd * dd;  // the variance about the centre, before the floor
-    const T g_raw = raw >= 0 ? st.g_var[e] + gsl / in.var[e] : T(0);
-    const T gd = st.g_d[e] + g_raw * (2 * sv * dd - 2 * m1);
-    const T g_e = ps.official ? blend * gd : gd;  // the centre d = m1 + (s - 1) c (blended: official)
-    g_s += g_raw * dd * dd + g_e * in.c[e];
-    k[h] = g_e - 2 * dd * g_raw;
-    k[kH + h] = g_raw;
-    st.g_d[e] = ps.official ? (1 - blend) * gd : T(0);
-  }
-  std::copy(k, k + 2 * kH, rt);
-  guard = gu;
-  floored = fl;
-  slope = sl;
-  base = g_mass + g_s * (T(1) / fl - sl * ms / (fl * fl));  // through s and the floored mass
-}
-
 template <typename T>
 void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tensor& var, const at::Tensor& lv,
                         const at::Tensor& mass, const at::Tensor& c, const at::Tensor& beta_v, const ParentSettings& ps,
@@ -1065,88 +937,88 @@ void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tens
                         at::Tensor& g_ba, at::Tensor& coef, at::Tensor& right, int64_t col, at::Tensor& guard,
                         at::Tensor& floored, at::Tensor& slope, at::Tensor& base) {
   const int64_t n_ = d.size(0), parents = d.size(1), kk = right.size(2);
-  const MStepKept<T> in{m.data_ptr<T>(),    d.data_ptr<T>(), var.data_ptr<T>(), lv.data_ptr<T>(),
-                        mass.data_ptr<T>(), c.data_ptr<T>(), beta_v.data_ptr<T>()};
-  const ParentState<T> st{g_d.data_ptr<T>(),       g_var.data_ptr<T>(), g_pre.data_ptr<T>(),
-                          g_sum_log.data_ptr<T>(), g_bv.data_ptr<T>(),  g_ba.data_ptr<T>()};
-  T *K = coef.data_ptr<T>(), *RT = right.data_ptr<T>();
+  const T *M = m.data_ptr<T>(), *D = d.data_ptr<T>(), *V = var.data_ptr<T>(), *LV = lv.data_ptr<T>();
+  const T *MS = mass.data_ptr<T>(), *C = c.data_ptr<T>(), *BV = beta_v.data_ptr<T>();
+  T *GD = g_d.data_ptr<T>(), *GV = g_var.data_ptr<T>(), *GP = g_pre.data_ptr<T>(), *GS = g_sum_log.data_ptr<T>();
+  T *GBV = g_bv.data_ptr<T>(), *GBA = g_ba.data_ptr<T>(), *K = coef.data_ptr<T>(), *RT = right.data_ptr<T>();
   T *GU = guard.data_ptr<T>(), *FL = floored.data_ptr<T>(), *SL = slope.data_ptr<T>(), *BS = base.data_ptr<T>();
+  const T lam = static_cast<T>(ps.lam), eps = static_cast<T>(ps.eps), floor_ = static_cast<T>(ps.mass_floor);
+  const T blend = static_cast<T>(ps.blend), entropy = static_cast<T>(kH * (1.0 + std::log(2.0 * M_PI)));
   at::parallel_for(0, n_ * parents, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p)
-      mstep_parent(p, p % parents, in, st, ps, K + p * 2 * kH, RT + (p * kk + col) * 2 * kH, GU[p], FL[p], SL[p],
-                   BS[p]);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t j = p % parents;
+      const T ms = MS[p], gu = ms + eps, sv = ms / gu, fl = std::max(ms, floor_) + eps;
+      const T sl = ms >= floor_ ? T(1) : T(0);
+      T sum_log = 0;
+      for (int h = 0; h < kH; ++h) sum_log += LV[p * kH + h];
+      // the activation logit: official lam ((mass + eps) (-sum_h log_var - beta_v H (1 + log 2 pi)) - 5000
+      // beta_a); paper lam (beta_a - cost), cost = (H beta_v + 0.5 sum_h log_var) mass
+      const T gp = GP[p];
+      T g_mass;
+      if (ps.official) {
+        g_mass = gp * lam * (-sum_log - BV[j] * entropy);
+        GS[p] -= gp * lam * gu;
+        GBV[p] -= gp * lam * gu * entropy;
+        GBA[p] -= gp * lam * static_cast<T>(ps.beta_a_scale);
+      } else {
+        const T g_cost = -lam * gp;
+        GBA[p] += lam * gp;
+        GBV[p] += g_cost * kH * ms;
+        GS[p] += T(0.5) * g_cost * ms;
+        g_mass = g_cost * (kH * BV[j] + T(0.5) * sum_log);
+      }
+      // var = max(m2 - 2 d m1 + s d^2, 0) + floor, log_var = log var + offset; m = sum_i w [x, x^2] with
+      // w = R' / (mass + eps) and s = mass / (mass + eps)
+      const T gsl = GS[p];
+      T g_s = 0;
+      T* k = K + p * 2 * kH;
+      for (int h = 0; h < kH; ++h) {
+        const int64_t e = p * kH + h;
+        const T dd = D[e], m1 = M[p * 2 * kH + h], m2 = M[p * 2 * kH + kH + h];
+        const T raw = m2 - 2 * dd * m1 + sv * dd * dd;  // the variance about the centre, before the floor
+        const T g_raw = raw >= 0 ? GV[e] + gsl / V[e] : T(0);
+        const T gd = GD[e] + g_raw * (2 * sv * dd - 2 * m1);
+        const T g_e = ps.official ? blend * gd : gd;  // the centre d = m1 + (s - 1) c (blended: official)
+        g_s += g_raw * dd * dd + g_e * C[e];
+        k[h] = g_e - 2 * dd * g_raw;
+        k[kH + h] = g_raw;
+        GD[e] = ps.official ? (1 - blend) * gd : T(0);
+      }
+      std::copy(k, k + 2 * kH, RT + (p * kk + col) * 2 * kH);
+      GU[p] = gu;
+      FL[p] = fl;
+      SL[p] = sl;
+      BS[p] = g_mass + g_s * (T(1) / fl - sl * ms / (fl * fl));  // through s and the floored mass
+    }
   });
 }
 
-// From the E-step products s12 = [sum_i gz x, sum_i gz x^2] (32) and z = sum_i gz of the E-step that used
-// iteration t's parameters d, var (N, J, 16), pre (N, J): the state for iteration t's M-step, and the right factor
-// rt = [d / var, -0.5 / var] (32). p = n J + j: one problem's parent.
+// From the E-step products s12 = [sum_i gz x, sum_i gz x^2] (32) and s0 = sum_i gz of the E-step that used
+// iteration t's parameters d, var, pre: the state for iteration t's M-step, and right[n, j, col] = [d / var,
+// -0.5 / var].
 template <typename T>
-inline void estep_parent(int64_t p, const T* __restrict s12, T z, const T* D, const T* V, const T* PRE,
-                         const ParentState<T>& st, T* __restrict rt) {
-  st.g_pre[p] = z / (T(1) + std::exp(PRE[p]));  // z sigmoid(-pre)
-  st.g_sum_log[p] = T(-0.5) * z;
-  for (int h = 0; h < kH; ++h) {
-    const int64_t e = p * kH + h;
-    const T s1 = s12[h], s2 = s12[kH + h], dd = D[e], v = V[e];
-    st.g_d[e] += (s1 - dd * z) / v;
-    st.g_var[e] = T(0.5) * (s2 - 2 * dd * s1 + dd * dd * z) / (v * v);
-    rt[h] = dd / v;
-    rt[kH + h] = T(-0.5) / v;
-  }
-}
-
-// One iteration t >= 1 of the hand-written backward after the child groups' sums, per problem n while its
-// votes are in cache: the E-step t - 1's per-child work (estep_weights: the weights gz into left[col]; the product
-// sum_i gz [x, x^2], each child's x block kept), its per-parent algebra (estep_parent: right[.., col]), the
-// per-parent algebra before M-step t - 1 (mstep_parent: right[.., col + 1]) and that M-step's per-child work
-// (mstep_children: left[col + 1], d a_in, and with want_next g_r and y), whose product [x, x^2] . coef reads
-// the kept x blocks instead of computing the votes again.
-template <typename T>
-void iteration_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
-                         const at::Tensor& c, const at::Tensor& inv, const at::Tensor& r, const at::Tensor& g_r_in,
-                         const at::Tensor& total, const std::vector<at::Tensor>& prev, const at::Tensor& c_parents,
-                         const at::Tensor& beta_v, const at::Tensor& a_in, const std::vector<at::Tensor>& state,
-                         at::Tensor& g_a_in, at::Tensor& left, at::Tensor& right, int64_t col, const ParentSettings& ps,
-                         at::Tensor& g_r, at::Tensor& y, bool want_next, const Geometry& g) {
-  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
-  const T* R = r.data_ptr<T>();
-  const T* GRI = g_r_in.data_ptr<T>();
-  const T* TT = total.data_ptr<T>();
-  const bool shared = total.size(1) == 1;
-  // prev: iteration t - 1's kept r, m, d, var, log_var, pre, mass
-  const T* RP = prev[0].data_ptr<T>();
-  const MStepKept<T> in{prev[1].data_ptr<T>(), prev[2].data_ptr<T>(), prev[3].data_ptr<T>(), prev[4].data_ptr<T>(),
-                        prev[6].data_ptr<T>(), c_parents.data_ptr<T>(), beta_v.data_ptr<T>()};
-  const T* PRE = prev[5].data_ptr<T>();
-  const ParentState<T> st{state[0].data_ptr<T>(), state[1].data_ptr<T>(), state[2].data_ptr<T>(),
-                          state[3].data_ptr<T>(), state[4].data_ptr<T>(), state[5].data_ptr<T>()};
-  const T* A = a_in.data_ptr<T>();
-  T* GA = g_a_in.data_ptr<T>();
-  const int64_t q = g.q(), ji = g.j * g.i, kk = right.size(2);
-  T* LZ = left.data_ptr<T>() + col * g.n * ji;
-  T* LW = LZ + g.n * ji;
+void estep_parents_impl(const at::Tensor& s12, const at::Tensor& s0, const at::Tensor& d, const at::Tensor& var,
+                        const at::Tensor& pre, at::Tensor& g_d, at::Tensor& g_var, at::Tensor& g_pre,
+                        at::Tensor& g_sum_log, at::Tensor& right, int64_t col) {
+  const int64_t n_ = d.size(0), parents = d.size(1), kk = right.size(2);
+  const T *S12 = s12.data_ptr<T>(), *S0 = s0.data_ptr<T>(), *D = d.data_ptr<T>(), *V = var.data_ptr<T>();
+  const T* PRE = pre.data_ptr<T>();
+  T *GD = g_d.data_ptr<T>(), *GV = g_var.data_ptr<T>(), *GP = g_pre.data_ptr<T>(), *GS = g_sum_log.data_ptr<T>();
   T* RT = right.data_ptr<T>();
-  T* GR = want_next ? g_r.data_ptr<T>() : nullptr;
-  T* Y = want_next ? y.data_ptr<T>() : nullptr;
-  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), s1(4 * q), s2(4 * q), xs(g.i * 4 * q), s12(g.j * 2 * kH), zsum(g.j);
-    std::vector<T> coef(g.j * 2 * kH), k1(4 * q), k2(4 * q), gw(ji), ga(g.i), gu(g.j), fl(g.j), sl(g.j), bs(g.j);
-    for (int64_t n = begin; n < end; ++n) {
-      estep_weights(g, n, R, GRI, TT, shared, LZ, zsum.data());
-      votes.origin(n, cb.data());
-      m_problem(votes, n, cb.data(), LZ + n * ji, s1.data(), s2.data(), s12.data(), xs.data());
-      for (int64_t j = 0; j < g.j; ++j) {
-        const int64_t p = n * g.j + j;
-        estep_parent(p, s12.data() + j * 2 * kH, zsum[j], in.d, in.var, PRE, st, RT + (p * kk + col) * 2 * kH);
-        mstep_parent(p, j, in, st, ps, coef.data() + j * 2 * kH, RT + (p * kk + col + 1) * 2 * kH, gu[j], fl[j],
-                     sl[j], bs[j]);
+  at::parallel_for(0, n_ * parents, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const T z = S0[p];
+      GP[p] = z / (T(1) + std::exp(PRE[p]));  // z sigmoid(-pre)
+      GS[p] = T(-0.5) * z;
+      T* rt = RT + (p * kk + col) * 2 * kH;
+      for (int h = 0; h < kH; ++h) {
+        const int64_t e = p * kH + h;
+        const T s1 = S12[p * 2 * kH + h], s2 = S12[p * 2 * kH + kH + h], dd = D[e], v = V[e];
+        GD[e] += (s1 - dd * z) / v;
+        GV[e] = T(0.5) * (s2 - 2 * dd * s1 + dd * dd * z) / (v * v);
+        rt[h] = dd / v;
+        rt[kH + h] = T(-0.5) / v;
       }
-      spread(coef.data(), 2 * kH, g.j, k1.data());
-      spread(coef.data() + kH, 2 * kH, g.j, k2.data());
-      e_problem_kept(xs.data(), g.i, q, k1.data(), k2.data(), gw.data());
-      mstep_children(g, n, gw.data(), RP, A, gu.data(), fl.data(), sl.data(), bs.data(), static_cast<const T*>(nullptr),
-                     LW, GA, GR, Y, ga.data());
     }
   });
 }
@@ -1305,6 +1177,26 @@ std::vector<at::Tensor> mstep_back(const at::Tensor& pose, const at::Tensor& wei
   return {g_r, y};
 }
 
+// estep_back(pose, weight, coord, c, inv, r (N, J, I), g_r (N, J, I), total (N, J, I) or (N, 1, I),
+//            left_gz (N, J, I) out) -> [sum_i gz [x, x^2] (N, J, 32), sum_i gz (N, J)]
+std::vector<at::Tensor> estep_back(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
+                                   const at::Tensor& c, const at::Tensor& inv, const at::Tensor& r,
+                                   const at::Tensor& g_r, const at::Tensor& total, at::Tensor left_gz) {
+  const Geometry g = check(pose, weight, coord);
+  check_like(c, pose, {g.n, g.j, kH}, "c");
+  check_like(inv, pose, {g.n}, "inv");
+  check_like(r, pose, {g.n, g.j, g.i}, "r");
+  check_like(g_r, pose, {g.n, g.j, g.i}, "g_r");
+  check_like(total, pose, {g.n, total.size(1) == 1 ? 1 : g.j, g.i}, "total");
+  check_like(left_gz, pose, {g.n, g.j, g.i}, "left_gz");
+  auto out = at::empty({g.n, g.j, 2 * kH}, pose.options());
+  auto s0 = at::empty({g.n, g.j}, pose.options());
+  AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "estep_back", [&] {
+    estep_back_impl<scalar_t>(pose, weight, coord, c, inv, r, g_r, total, left_gz, out, s0, g);
+  });
+  return {out, s0};
+}
+
 // mstep_parents(m (N, J, 32), d, var, log_var (N, J, 16), mass (N, J), c (N, J, 16), beta_v (J), the state g_d,
 // g_var (N, J, 16), g_pre, g_sum_log, g_bv, g_ba (N, J) (updated in place), right (N, J, K, 32), col, lam, eps,
 // official, mass_floor, blend, beta_a_scale) -> coef (N, J, 32), guard, floored, slope, base (N, J)
@@ -1337,48 +1229,24 @@ std::vector<at::Tensor> mstep_parents(const at::Tensor& m, const at::Tensor& d, 
   return {coef, guard, floored, slope, base};
 }
 
-// iteration_back(pose, weight, coord, c, inv, r (N, J, I) of M-step t, g_r (N, J, I), total (N, J, I) or (N, 1, I),
-// prev [r (N, J, I), m (N, J, 32), d, var, log_var (N, J, 16), pre, mass (N, J)] of iteration t - 1, c (N, J, 16),
-// beta_v (J), a_in (N, I), state [g_d, g_var (N, J, 16), g_pre, g_sum_log, g_bv, g_ba (N, J)] (updated in place),
-// g_a_in (N, I) accumulated, left (K, N, J, I), right (N, J, K, 32) (columns col and col + 1 written), col, lam,
-// eps, official, mass_floor, blend, beta_a_scale, want_next) -> [g_r, y (N, J, I)] (empty without want_next):
-// the per-child and per-parent work of one iteration's E-step and the M-step before it, in one pass
-std::vector<at::Tensor> iteration_back(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
-                                       const at::Tensor& c, const at::Tensor& inv, const at::Tensor& r,
-                                       const at::Tensor& g_r, const at::Tensor& total, std::vector<at::Tensor> prev,
-                                       const at::Tensor& c_parents, const at::Tensor& beta_v, const at::Tensor& a_in,
-                                       std::vector<at::Tensor> state, at::Tensor g_a_in, at::Tensor left,
-                                       at::Tensor right, int64_t col, double lam, double eps, bool official,
-                                       double mass_floor, double blend, double beta_a_scale, bool want_next) {
-  const Geometry g = check(pose, weight, coord);
-  check_like(c, pose, {g.n, g.j, kH}, "c");
-  check_like(inv, pose, {g.n}, "inv");
-  check_like(r, pose, {g.n, g.j, g.i}, "r");
-  check_like(g_r, pose, {g.n, g.j, g.i}, "g_r");
-  check_like(total, pose, {g.n, total.size(1) == 1 ? 1 : g.j, g.i}, "total");
-  TORCH_CHECK(prev.size() == 7 && state.size() == 6, "prev must hold 7 tensors and state 6");
-  check_like(prev[0], pose, {g.n, g.j, g.i}, "prev r");
-  check_like(prev[1], pose, {g.n, g.j, 2 * kH}, "prev m");
-  for (int k = 2; k < 5; ++k) check_like(prev[k], pose, {g.n, g.j, kH}, "prev d, var, log_var");
-  for (int k = 5; k < 7; ++k) check_like(prev[k], pose, {g.n, g.j}, "prev pre, mass");
-  check_like(c_parents, pose, {g.n, g.j, kH}, "c_parents");
-  check_like(beta_v, pose, {g.j}, "beta_v");
-  check_like(a_in, pose, {g.n, g.i}, "a_in");
-  for (int k = 0; k < 2; ++k) check_like(state[k], pose, {g.n, g.j, kH}, "g_d, g_var");
-  for (int k = 2; k < 6; ++k) check_like(state[k], pose, {g.n, g.j}, "g_pre, g_sum_log, g_bv, g_ba");
-  check_like(g_a_in, pose, {g.n, g.i}, "g_a_in");
-  TORCH_CHECK(left.dim() == 4 && col >= 0 && col + 1 < left.size(0), "col, col + 1 out of left's range");
-  check_like(left, pose, {left.size(0), g.n, g.j, g.i}, "left");
-  check_like(right, pose, {g.n, g.j, left.size(0), 2 * kH}, "right");
-  const int64_t size = want_next ? g.n : 0;
-  auto g_r_out = at::empty({size, g.j, g.i}, pose.options());
-  auto y = at::empty({size, g.j, g.i}, pose.options());
-  const ParentSettings ps{lam, eps, mass_floor, blend, beta_a_scale, official};
-  AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "iteration_back", [&] {
-    iteration_back_impl<scalar_t>(pose, weight, coord, c, inv, r, g_r, total, prev, c_parents, beta_v, a_in, state,
-                                  g_a_in, left, right, col, ps, g_r_out, y, want_next, g);
+// estep_parents(s12 (N, J, 32), s0 (N, J), d, var (N, J, 16), pre (N, J), the state g_d, g_var, g_pre,
+// g_sum_log (updated in place), right (N, J, K, 32), col)
+void estep_parents(const at::Tensor& s12, const at::Tensor& s0, const at::Tensor& d, const at::Tensor& var,
+                   const at::Tensor& pre, at::Tensor g_d, at::Tensor g_var, at::Tensor g_pre, at::Tensor g_sum_log,
+                   at::Tensor right, int64_t col) {
+  TORCH_CHECK(d.dim() == 3 && d.size(2) == kH, "d must be (N, J, 16)");
+  const int64_t n = d.size(0), j = d.size(1);
+  check_like(d, d, {n, j, kH}, "d");
+  check_like(s12, d, {n, j, 2 * kH}, "s12");
+  for (auto* t : {&var, &static_cast<const at::Tensor&>(g_d), &static_cast<const at::Tensor&>(g_var)})
+    check_like(*t, d, {n, j, kH}, "a (N, J, 16) operand");
+  for (auto* t : {&s0, &pre, &static_cast<const at::Tensor&>(g_pre), &static_cast<const at::Tensor&>(g_sum_log)})
+    check_like(*t, d, {n, j}, "an (N, J) operand");
+  TORCH_CHECK(right.dim() == 4 && col >= 0 && col < right.size(2), "col out of right's range");
+  check_like(right, d, {n, j, right.size(2), 2 * kH}, "right");
+  AT_DISPATCH_FLOATING_TYPES(d.scalar_type(), "estep_parents", [&] {
+    estep_parents_impl<scalar_t>(s12, s0, d, var, pre, g_d, g_var, g_pre, g_sum_log, right, col);
   });
-  return {g_r_out, y};
 }
 
 // group_sum(x (N, J, I), index (N, I) int64, groups, per_type, blocks) -> (N, J, I) (per_type) or (N, 1, I)
@@ -1388,22 +1256,6 @@ at::Tensor group_sum(const at::Tensor& x, const at::Tensor& index, int64_t group
   auto out = at::empty({x.size(0), per_type ? x.size(1) : 1, x.size(2)}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "group_sum",
                              [&] { group_sum_impl<scalar_t>(x, index, groups, per_type, blocks, out); });
-  return out;
-}
-
-// x (N, A, B) -> (N, B, A) contiguous, one problem at a time in parallel
-at::Tensor transpose_problems(const at::Tensor& x) {
-  auto out = at::empty({x.size(0), x.size(2), x.size(1)}, x.options());
-  const int64_t rows = x.size(1), cols = x.size(2);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "transpose_problems", [&] {
-    const scalar_t* src = x.data_ptr<scalar_t>();
-    scalar_t* dst = out.data_ptr<scalar_t>();
-    at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n)
-        for (int64_t a = 0; a < rows; ++a)
-          for (int64_t b = 0; b < cols; ++b) dst[(n * cols + b) * rows + a] = src[(n * rows + a) * cols + b];
-    });
-  });
   return out;
 }
 
@@ -1428,7 +1280,7 @@ std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& wei
   const int64_t steps = static_cast<int64_t>(lambdas.size());
   HeadSettings hs{std::move(lambdas), eps, official, static_cast<int>(cost_normalization), static_cast<int>(normalize),
                   groups, keep, groups > 0 ? blocks : 1};
-  auto r = transpose_problems(r0);  // (N, I, J) inside the kernel
+  auto r = r0.clone();
   auto d = at::zeros({g.n, g.j, kH}, pose.options());
   const int64_t t_kept = keep ? steps : 0;
   auto kr = at::empty({t_kept, g.n, g.j, g.i}, pose.options());
@@ -1447,8 +1299,7 @@ std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& wei
     head_impl<scalar_t>(pose, weight, coord, c, inv, a_in, beta_v, beta_a, floor, log_var_offset, index, hs, r, d, kept,
                         g);
   });
-  // with keep, the last iteration is an M-step only, so the assignments after it are the kept ones
-  return {keep ? kr.select(0, steps - 1) : transpose_problems(r), d, kr, km, kd, kvar, klv, kpre, kmass};
+  return {r, d, kr, km, kd, kvar, klv, kpre, kmass};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -1458,7 +1309,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("votes_backward", &votes_backward, "d pose, d weight from d xx = left @ right");
   m.def("route_head", &route_head, "the non-final iterations of EM routing, without gradients");
   m.def("mstep_back", &mstep_back, "the hand-written backward's per-child work for one M-step");
-  m.def("iteration_back", &iteration_back, "one iteration of the hand-written backward after the child groups' sums");
+  m.def("estep_back", &estep_back, "the hand-written backward's per-child work for one E-step");
   m.def("group_sum", &group_sum, "each slot's sum over its child group");
   m.def("mstep_parents", &mstep_parents, "the hand-written backward's per-parent algebra before one M-step");
+  m.def("estep_parents", &estep_parents, "the hand-written backward's per-parent algebra after one E-step");
 }
