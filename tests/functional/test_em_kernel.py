@@ -50,6 +50,28 @@ def test_the_kernel_is_used_where_it_applies(cpp):
         assert load.call_count == 1  # half precision: the PyTorch path
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_votes_stats_against_the_votes(cpp, dtype):
+    """The origin and scale of every routing problem: the w0-weighted sum of the votes and the largest |vote|,
+    computed from poses and transforms (J = 5 and 12: the 16-lane and 4-lane paths), with coordinates; a NaN
+    vote makes the problem's largest |vote| NaN."""
+    kernel = em_kernel.load()
+    gen = torch.Generator().manual_seed(5)
+    for children, child_types, parents, coordinates in ((12, 12, 5, False), (12, 3, 12, True), (1, 1, 4, True)):
+        poses, weight, acts, _, _ = _poses(3, children, child_types, parents, gen=gen, dtype=dtype)
+        coords = torch.rand(children, 2, generator=gen, dtype=dtype) if coordinates else None
+        w0 = acts / (acts.sum(-1, keepdim=True) + 1e-6)
+        votes = _votes(poses.double(), weight.double(), None if coords is None else coords.double())
+        mean, top = kernel.votes_stats(poses.flatten(-2).contiguous(), weight.flatten(-2).contiguous(),
+                                       torch.empty(0, dtype=dtype) if coords is None else coords, w0)
+        tol = 1e-5 if dtype == torch.float32 else 1e-12
+        torch.testing.assert_close(mean.double(), (w0.double()[..., None, None] * votes).sum(1), rtol=tol, atol=tol)
+        torch.testing.assert_close(top.double(), votes.abs().flatten(1).amax(1), rtol=tol, atol=tol)
+    poses[1, 0, 2, 3] = float("nan")
+    _, top = kernel.votes_stats(poses.flatten(-2).contiguous(), weight.flatten(-2).contiguous(), coords, w0)
+    assert top[1].isnan() and not top[[0, 2]].isnan().any()
+
+
 @pytest.mark.parametrize("formulation", ["paper", "official"])
 @pytest.mark.parametrize("detach", [False, True])
 @pytest.mark.parametrize("coordinates", [False, True])

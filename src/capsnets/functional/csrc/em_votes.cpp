@@ -134,26 +134,6 @@ inline T sum8(const T* __restrict a, int64_t q) {
   return total;
 }
 
-// The (4, 4J) vote block of child i of problem n, times u, minus the origin block c (or plain with c null).
-template <typename T>
-inline void vote_block(const T* __restrict m, const T* __restrict wt, const T* __restrict coord, T u,
-                       const T* __restrict c, int64_t q, T* __restrict x) {
-  for (int r = 0; r < 4; ++r) {
-    const T m0 = m[4 * r], m1 = m[4 * r + 1], m2 = m[4 * r + 2], m3 = m[4 * r + 3];
-    T* xr = x + r * q;
-    for (int64_t e = 0; e < q; ++e) xr[e] = m0 * wt[e] + m1 * wt[q + e] + m2 * wt[2 * q + e] + m3 * wt[3 * q + e];
-  }
-  if (coord != nullptr) {
-    for (int64_t e = 0; e < q; e += 4) {
-      x[e] += coord[0];
-      x[e + 1] += coord[1];
-    }
-  }
-  if (c != nullptr) {
-    for (int64_t e = 0; e < 4 * q; ++e) x[e] = x[e] * u - c[e];
-  }
-}
-
 template <typename T>
 const T* coord_ptr(const at::Tensor& coord) {
   return coord.numel() > 0 ? coord.data_ptr<T>() : nullptr;
@@ -183,43 +163,7 @@ struct Votes {
   const T* child(int64_t n, int64_t i) const { return pose + (n * g.i + i) * kH; }
   // the origin of problem n as a (4, 4J) block
   void origin(int64_t n, T* block) const { spread(c + n * g.j * kH, kH, g.j, block); }
-  // the (4, 4J) block x = V inv - c of child i of problem n (V itself without an origin), cb: origin(n)
-  void block(int64_t n, int64_t i, const T* cb, T* x) const {
-    vote_block(child(n, i), transform(i), coord ? coord + 2 * i : nullptr, inv ? inv[n] : T(1), c ? cb : nullptr,
-               g.q(), x);
-  }
 };
-
-template <typename T>
-void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& w0,
-                at::Tensor& mean, at::Tensor& top, const Geometry& g) {
-  const Votes<T> votes(pose, weight, coord, nullptr, nullptr, g);
-  const T* A = w0.data_ptr<T>();
-  T* out = mean.data_ptr<T>();
-  T* mx = top.data_ptr<T>();
-  const int64_t q = g.q();
-  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> v(4 * q), acc(4 * q), big(4 * q);
-    for (int64_t n = begin; n < end; ++n) {
-      std::fill(acc.begin(), acc.end(), T(0));
-      std::fill(big.begin(), big.end(), T(0));
-      for (int64_t i = 0; i < g.i; ++i) {
-        votes.block(n, i, nullptr, v.data());
-        const T a = A[n * g.i + i];
-        for (int64_t e = 0; e < 4 * q; ++e) {
-          acc[e] += a * v[e];
-          const T size = std::abs(v[e]);
-          big[e] = size > big[e] ? size : big[e];
-        }
-      }
-      gather(acc.data(), g.j, kH, out + n * g.j * kH);
-      // a NaN vote makes its parent's sum NaN (a * NaN is NaN for every a): the largest |V| is then NaN too
-      bool nan = false;
-      for (int64_t e = 0; e < 4 * q; ++e) nan |= acc[e] != acc[e];
-      mx[n] = nan ? std::numeric_limits<T>::quiet_NaN() : *std::max_element(big.begin(), big.end());
-    }
-  });
-}
 
 // W lanes of T as one value (GCC and Clang vector extensions; the build flags are theirs too), for the loops
 // whose accumulators the compiler would otherwise keep in memory.
@@ -285,6 +229,53 @@ template <int W, typename T>
 inline void load_chunk(const T* block, int64_t q, int64_t c0, T (&out)[4][W]) {
   for (int r = 0; r < 4; ++r)
     for (int l = 0; l < W; ++l) out[r][l] = block[r * q + c0 + l];
+}
+
+// votes_stats over lanes [c0, c0 + W) of problem n: acc = sum_i a[i] V, big = max_i |V| (elementwise, (4, 4J)
+// blocks), V the plain votes (+ coordinates).
+template <int W, typename T>
+inline void stats_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* a, T* acc, T* big) {
+  const int64_t q = votes.g.q();
+  const T zero[4][W] = {};
+  T s[4][W] = {}, m[4][W] = {}, x[4][W];
+  for (int64_t i = 0; i < votes.g.i; ++i) {
+    vote_chunk(votes, n, i, c0, T(1), zero, x);
+    const T ai = a[i];
+    for (int r = 0; r < 4; ++r)
+      for (int l = 0; l < W; ++l) {
+        s[r][l] += ai * x[r][l];
+        const T size = std::abs(x[r][l]);
+        m[r][l] = size > m[r][l] ? size : m[r][l];
+      }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int l = 0; l < W; ++l) {
+      acc[r * q + c0 + l] = s[r][l];
+      big[r * q + c0 + l] = m[r][l];
+    }
+}
+
+template <typename T>
+void stats_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& w0,
+                at::Tensor& mean, at::Tensor& top, const Geometry& g) {
+  const Votes<T> votes(pose, weight, coord, nullptr, nullptr, g);
+  const T* A = w0.data_ptr<T>();
+  T* out = mean.data_ptr<T>();
+  T* mx = top.data_ptr<T>();
+  const int64_t q = g.q();
+  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> acc(4 * q), big(4 * q);
+    for (int64_t n = begin; n < end; ++n) {
+      int64_t c0 = 0;
+      for (; c0 + 16 <= q; c0 += 16) stats_chunk<16>(votes, n, c0, A + n * g.i, acc.data(), big.data());
+      for (; c0 < q; c0 += 4) stats_chunk<4>(votes, n, c0, A + n * g.i, acc.data(), big.data());
+      gather(acc.data(), g.j, kH, out + n * g.j * kH);
+      // a NaN vote makes its parent's sum NaN (a * NaN is NaN for every a): the largest |V| is then NaN too
+      bool nan = false;
+      for (int64_t e = 0; e < 4 * q; ++e) nan |= acc[e] != acc[e];
+      mx[n] = nan ? std::numeric_limits<T>::quiet_NaN() : *std::max_element(big.begin(), big.end());
+    }
+  });
 }
 
 // M-step product over lanes [c0, c0 + W): s1 = sum_i w[j, i] x, s2 = sum_i w[j, i] x^2, with w (J, I) the weights
