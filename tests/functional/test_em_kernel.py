@@ -53,8 +53,8 @@ def test_the_kernel_is_used_where_it_applies(cpp):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_votes_stats_against_the_votes(cpp, dtype):
     """The origin and scale of every routing problem: the w0-weighted sum of the votes and the largest |vote|,
-    computed from poses and transforms (J = 5 and 12: the 16-lane and 4-lane paths), with coordinates; a NaN
-    vote makes the problem's largest |vote| NaN."""
+    computed from poses and transforms (J = 5, 12 and 4: chunks of 16 lanes and the 4-lane remainder), with and
+    without coordinates; a NaN vote makes its problem's largest |vote| NaN."""
     kernel = em_kernel.load()
     gen = torch.Generator().manual_seed(5)
     for children, child_types, parents, coordinates in ((12, 12, 5, False), (12, 3, 12, True), (1, 1, 4, True)):
