@@ -1,0 +1,79 @@
+"""The source distribution: it carries the package data (the EM kernel's C++ source, the shipped weights and their
+cards, the demo's page), and an installation from it builds and runs the fused EM kernel on this machine."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "capsnets"
+# the globs of [tool.setuptools.package-data] in pyproject.toml, as files of the source tree
+DATA = ["functional/csrc/*.cpp", "weights/*.safetensors", "weights/*.json", "demo/static/*.html",
+        "demo/static/*.js", "demo/static/*.css"]
+IGNORED = shutil.ignore_patterns(".git", ".venv", "runs", "build", "dist", "__pycache__", "*.egg-info",
+                                 ".pytest_cache", ".ruff_cache")
+
+pytestmark = pytest.mark.skipif(not (ROOT / "pyproject.toml").is_file(), reason="needs the source tree")
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> Path:
+    """Build the sdist from a copy of the source tree (the build writes egg-info next to the sources)."""
+    work = tmp_path_factory.mktemp("sdist")
+    tree = work / "tree"
+    shutil.copytree(ROOT, tree, ignore=IGNORED)
+    code = f"from setuptools import build_meta; print(build_meta.build_sdist({str(work / 'dist')!r}))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tree, check=False, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return work / "dist" / done.stdout.split()[-1]
+
+
+def test_sdist_carries_the_kernel_source_weights_and_demo(sdist):
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    expected = {f"src/capsnets/{path.relative_to(PACKAGE).as_posix()}" for glob in DATA for path in PACKAGE.glob(glob)}
+    assert any(name.endswith("em_votes.cpp") for name in expected) and any(name.endswith(".safetensors")
+                                                                          for name in expected)
+    assert expected <= names, sorted(expected - names)
+
+
+def test_installed_sdist_builds_and_runs_the_em_kernel(sdist, tmp_path):
+    """pip installs the sdist (no dependencies: they are this environment's); in a fresh process that imports the
+    installed copy, the kernel compiles from its installed source into an empty extensions directory, and a
+    matrix-capsule model gives the PyTorch path's scores with it; the shipped weights load from it."""
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--target", str(target), str(sdist)], check=False, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    code = """
+import json, os, torch, capsnets
+from capsnets.functional import em_kernel
+from capsnets.pretrained import shipped_weights
+torch.manual_seed(0)
+model = capsnets.create_model("matrix_capsnet_small").eval()
+images = torch.rand(2, 1, 32, 32)
+with torch.no_grad():
+    os.environ[em_kernel.ENV_VAR] = "torch"
+    reference = model(images).scores
+    os.environ[em_kernel.ENV_VAR] = "cpp"
+    fused = model(images).scores
+module = em_kernel.load()
+capsnets.create_model("efficient_capsnet", pretrained="mnist")  # its SHA-256 checked on load
+print(json.dumps({"package": capsnets.__file__, "kernel": module.__file__, "source": str(em_kernel._SOURCE),
+                  "difference": (fused - reference).abs().max().item(), "weights": sorted(shipped_weights())}))
+"""
+    env = {**os.environ, "PYTHONPATH": str(target), "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"),
+           "CAPSNETS_EM_KERNEL": "cpp"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=False, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert Path(report["package"]).is_relative_to(target)
+    assert Path(report["source"]).is_relative_to(target) and Path(report["kernel"]).is_relative_to(tmp_path)
+    assert report["difference"] < 1e-4
+    assert report["weights"] == sorted(p.stem for p in (PACKAGE / "weights").glob("*.safetensors"))
