@@ -13,7 +13,7 @@ from PIL import Image
 import capsnets
 from capsnets.cli import main
 from capsnets.engine.checkpoint import load_model, save_checkpoint
-from capsnets.layers.validation import ArgumentError
+from capsnets.validation import ArgumentError
 from capsnets.predict import collect_image_files, predict, prepare_image, read_images
 
 

@@ -11,7 +11,7 @@ import torch
 import capsnets
 from capsnets import pretrained
 from capsnets.cli import main
-from capsnets.layers.validation import ArgumentError
+from capsnets.validation import ArgumentError
 from capsnets.pretrained import PretrainedError, file_sha256, save_pretrained, shipped_weights
 from reliability.faults import one_error_line
 

@@ -11,7 +11,7 @@ import torch
 import capsnets
 from capsnets.functional import routing_from_config
 from capsnets.engine.runtime import resolve_device
-from capsnets.layers.validation import ArgumentError, available_devices
+from capsnets.validation import ArgumentError, available_devices
 from capsnets.losses import create_loss, list_losses, loss_schema
 from capsnets.models import model_schema, model_task
 

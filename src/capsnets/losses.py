@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from capsnets.layers.validation import ArgumentError, to_float_images
+from capsnets.validation import ArgumentError, to_float_images
 from capsnets.models.arguments import check_arguments, signature_schema
 from capsnets.models.output import ModelOutput
 
@@ -292,7 +292,7 @@ def loss_schema(name: str) -> dict:
 
 def create_loss(name: str, **kwargs) -> nn.Module:
     """Build a criterion by name (see :func:`list_losses`); ``kwargs`` go to its constructor, checked first
-    against :func:`loss_schema` (an :class:`~capsnets.layers.validation.ArgumentError`, a ``ValueError``, that
+    against :func:`loss_schema` (an :class:`~capsnets.validation.ArgumentError`, a ``ValueError``, that
     names the argument, what was given and what it takes)."""
     kwargs = check_arguments(loss_schema(name), kwargs, owner=f"loss {name!r}")
     return _LOSSES[name](**kwargs)

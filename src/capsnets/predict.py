@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.data.image_folder import IMAGE_SUFFIXES
-from capsnets.layers.validation import ArgumentError
+from capsnets.validation import ArgumentError
 
 __all__ = ["IMAGE_SUFFIXES", "Prediction", "collect_image_files", "predict", "prepare_image", "read_images",
            "segment"]

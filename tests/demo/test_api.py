@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from capsnets.layers.validation import ArgumentError
+from capsnets.validation import ArgumentError
 
 
 def client(demo):

@@ -7,7 +7,7 @@ import torch
 
 import capsnets
 from capsnets.functional import SelfAttentionRouting
-from capsnets.layers.validation import ArgumentError
+from capsnets.validation import ArgumentError
 from capsnets.losses import create_loss
 from capsnets.models.efficient_capsnet import ConvCapsuleDecoder, DepthwisePrimaryCapsules, EfficientCapsNet
 from helpers import assert_finite

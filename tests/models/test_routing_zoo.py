@@ -5,7 +5,7 @@ import torch
 
 import capsnets
 from capsnets.cli import main
-from capsnets.layers.validation import ArgumentError
+from capsnets.validation import ArgumentError
 from capsnets.losses import create_loss
 from capsnets.models.routing_zoo import HEAD_LOSSES, HEADS, RoutingZoo
 from helpers import assert_finite

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.functional import capsule_length
-from capsnets.layers.validation import ArgumentError
+from capsnets.validation import ArgumentError
 from capsnets.models.capsnet import CapsNet
 from capsnets.models.matrix_capsnet import MatrixCapsNet
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from capsnets.layers.validation import ArgumentError
+from capsnets.validation import ArgumentError
 from capsnets.predict import DARK_BACKGROUND, NORB_LIKE, prepare_image
 
 __all__ = ["MAX_IMAGE_PIXELS", "data_url", "decode_base64", "display", "frame_drawing", "heat_png", "map_png",

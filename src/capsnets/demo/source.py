@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from capsnets.demo.capsules import DemoModel
-from capsnets.layers.validation import ArgumentError
+from capsnets.validation import ArgumentError
 
 __all__ = ["DEMO_PRETRAINED", "DEMO_RUN_DIR", "DEMO_TRAINING", "load_demo_model"]
 

@@ -14,7 +14,7 @@ import random
 import numpy as np
 import torch
 
-from capsnets.layers.validation import ArgumentError, available_devices, check_device
+from capsnets.validation import ArgumentError, available_devices, check_device
 
 AMP_MODES = ("auto", "bf16", "off")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
@@ -25,7 +25,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """Return the device to run on: ``"auto"`` means CUDA when available, else CPU.
 
     Raises:
-        ValueError: (an :class:`~capsnets.layers.validation.ArgumentError`) ``device`` is not a torch device name,
+        ValueError: (an :class:`~capsnets.validation.ArgumentError`) ``device`` is not a torch device name,
             or names one this build of PyTorch or this machine lacks (``cuda`` on a CPU-only build, ``cuda:7``
             with one GPU, ``mps``, ``xpu``), or is ``meta``, which holds no data to train or evaluate on; the
             message lists the devices that are available.

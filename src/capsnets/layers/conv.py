@@ -21,7 +21,7 @@ from typing import Callable
 from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting, as_routing, bind_routing, local_routing
-from capsnets.layers.validation import non_negative_int, positive_int
+from capsnets.validation import non_negative_int, positive_int
 
 
 class _GridCapsules(nn.Module):

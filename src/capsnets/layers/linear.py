@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting, as_routing, bind_routing
-from capsnets.layers.validation import positive_int
+from capsnets.validation import positive_int
 
 
 class LinearCapsules(nn.Module):

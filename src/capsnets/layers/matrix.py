@@ -25,7 +25,7 @@ from capsnets.functional import EMRouting, as_routing
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups
 from capsnets.functional.patches import gather_patches, patch_grid, patch_index
 from capsnets.functional.products import matrix_votes
-from capsnets.layers.validation import non_negative_int, positive_int
+from capsnets.validation import non_negative_int, positive_int
 
 
 #: How a convolutional capsule layer normalises the assignments of a child seen by several positions.

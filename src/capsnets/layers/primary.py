@@ -7,7 +7,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from capsnets.functional import squash
-from capsnets.layers.validation import conv_output_size, non_negative_int, positive_int
+from capsnets.validation import conv_output_size, non_negative_int, positive_int
 
 
 class PrimaryCapsules(nn.Module):

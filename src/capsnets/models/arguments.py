@@ -23,7 +23,7 @@ Examples::
     {'num_classes': 5}
     >>> check_arguments(schema, {"detach_routing": "abc"}, owner="model 'm'")
     Traceback (most recent call last):
-    capsnets.layers.validation.ArgumentError: model 'm': detach_routing must be true, false or None (YAML: null), ...
+    capsnets.validation.ArgumentError: model 'm': detach_routing must be true, false or None (YAML: null), ...
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ import torch
 
 from capsnets.functional import routing_from_config
 from capsnets.functional.routing_spec import ROUTING_TYPES, VECTOR_ROUTING_TYPES
-from capsnets.layers.validation import ArgumentError, check_device
+from capsnets.validation import ArgumentError, check_device
 
 __all__ = ["Argument", "Custom", "DType", "Device", "Expects", "ImageSize", "MatrixRouting", "NonNegativeInt",
            "PositiveInt", "Probability", "Range", "Routing", "VectorRouting", "check_arguments", "describe",

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from torch import Tensor, nn
 
-from capsnets.layers.validation import image_batch, positive_int
+from capsnets.validation import image_batch, positive_int
 from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, Probability
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
@@ -70,7 +70,7 @@ class BaselineCNN(nn.Module):
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Logits of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``, floating-point ones cast
-        to the parameters' dtype: :func:`~capsnets.layers.validation.image_batch`)."""
+        to the parameters' dtype: :func:`~capsnets.validation.image_batch`)."""
         images = image_batch(images, self.input_size, dtype=self.classifier[-1].weight.dtype, owner="BaselineCNN")
         return ModelOutput(self.classifier(self.features(images).flatten(1)), "logits")
 

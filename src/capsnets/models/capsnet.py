@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from capsnets.data.transforms import center_crop, random_crop
 from capsnets.functional import DynamicRouting, as_routing
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
-from capsnets.layers.validation import conv_output_size, image_batch, positive_int
+from capsnets.validation import conv_output_size, image_batch, positive_int
 from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
 from capsnets.models.output import ModelOutput, vector_capsule_output
 from capsnets.models.registry import register_model
@@ -145,7 +145,7 @@ class CapsNet(nn.Module):
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class capsules, scores and reconstruction of ``images`` (a non-empty batch; uint8 images are scaled to
         ``[0, 1]``, floating-point ones cast to the parameters' dtype:
-        :func:`~capsnets.layers.validation.image_batch`)."""
+        :func:`~capsnets.validation.image_batch`)."""
         return vector_capsule_output(self.encode(images), self.decoder, labels)
 
     def extra_repr(self) -> str:

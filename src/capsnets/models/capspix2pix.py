@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.layers.validation import positive_int
+from capsnets.validation import positive_int
 from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
 from capsnets.models.registry import register_model
 from capsnets.models.segcaps import SegCaps, segcaps_routing
@@ -88,7 +88,7 @@ class CapsPix2pixGenerator(nn.Module):
 
     def forward(self, label_maps: Tensor) -> SynthesisOutput:
         """Images generated from ``label_maps`` (a non-empty batch; uint8 maps are scaled to ``[0, 1]``,
-        floating-point ones cast to the parameters' dtype: :func:`~capsnets.layers.validation.image_batch`)."""
+        floating-point ones cast to the parameters' dtype: :func:`~capsnets.validation.image_batch`)."""
         capsules = self.trunk.encode(label_maps, owner="CapsPix2pixGenerator", name="label_maps")  # (B, D, H, W)
         return SynthesisOutput(self.decode(capsules), capsules)
 

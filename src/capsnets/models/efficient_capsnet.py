@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from capsnets.functional import SelfAttentionRouting, as_routing, efficient_squash, mask_capsules
 from capsnets.layers import CapsuleDecoder, LinearCapsules
-from capsnets.layers.validation import conv_output_size, image_batch, positive_int
+from capsnets.validation import conv_output_size, image_batch, positive_int
 from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
 from capsnets.models.output import ModelOutput, vector_capsule_output
 from capsnets.models.registry import register_model
@@ -221,7 +221,7 @@ class EfficientCapsNet(nn.Module):
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class capsules, scores and reconstruction of ``images`` (a non-empty batch; uint8 images are scaled to
         ``[0, 1]``, floating-point ones cast to the parameters' dtype:
-        :func:`~capsnets.layers.validation.image_batch`)."""
+        :func:`~capsnets.validation.image_batch`)."""
         return vector_capsule_output(self.encode(images), self.decoder, labels)
 
 

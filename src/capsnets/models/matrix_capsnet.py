@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from capsnets.functional import EMRouting, as_routing
 from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsnets.layers.matrix import ASSIGNMENT_SCOPES
-from capsnets.layers.validation import ArgumentError, image_batch, positive_int
+from capsnets.validation import ArgumentError, image_batch, positive_int
 from capsnets.models.arguments import (Argument, Device, DType, ImageSize, MatrixRouting, NonNegativeInt, PositiveInt,
                                        check_arguments, signature_schema)
 from capsnets.models.output import ModelOutput
@@ -242,7 +242,7 @@ class MatrixCapsNet(nn.Module):
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class activations and poses of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``,
-        floating-point ones cast to the parameters' dtype: :func:`~capsnets.layers.validation.image_batch`)."""
+        floating-point ones cast to the parameters' dtype: :func:`~capsnets.validation.image_batch`)."""
         images = image_batch(images, self.input_size, dtype=self.conv.weight.dtype, owner="MatrixCapsNet")
         caps = self.primary(torch.relu(self.conv(images)))  # (B, A, 14, 14) -> B types on 14x14
         caps = self.conv_caps2(self.conv_caps1(caps))  # C types on 6x6 -> D types on 4x4

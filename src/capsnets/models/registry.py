@@ -15,7 +15,7 @@ from typing import Callable
 from torch import nn
 
 from capsnets.functional import routing_config, routing_from_config
-from capsnets.layers.validation import ArgumentError
+from capsnets.validation import ArgumentError
 from capsnets.models.arguments import Argument, check_arguments, signature_schema
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
@@ -109,7 +109,7 @@ def create_model(name: str, *, pretrained: str | None = None, sha256: str | None
         **overrides: keyword arguments of the model's builder (e.g. ``num_classes``, ``input_size``,
             ``routing`` (a routing object or its spec), ``routing_iterations``, ``device``); see
             :func:`model_schema`. Each is checked against the builder's declared type first: an
-            :class:`~capsnets.layers.validation.ArgumentError` (a ``ValueError`` and a ``TypeError``) names the
+            :class:`~capsnets.validation.ArgumentError` (a ``ValueError`` and a ``TypeError``) names the
             argument, the value and what it takes; lists are taken for tuples, ints for floats.
 
     Examples:

@@ -43,7 +43,7 @@ from capsnets.capsules import MatrixCapsules
 from capsnets.functional import (DynamicRouting, EMRouting, InvertedAttentionRouting, SelfAttentionRouting,
                                  SelfRouting, UniformRouting, capsule_length, squash)
 from capsnets.layers import ConvMatrixCapsules, LinearCapsules
-from capsnets.layers.validation import conv_output_size, image_batch, positive_int
+from capsnets.validation import conv_output_size, image_batch, positive_int
 from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
@@ -244,7 +244,7 @@ class RoutingZoo(nn.Module):
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class scores of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``, floating-point ones
-        cast to the parameters' dtype: :func:`~capsnets.layers.validation.image_batch`); ``labels`` are unused."""
+        cast to the parameters' dtype: :func:`~capsnets.validation.image_batch`); ``labels`` are unused."""
         dtype = self.backbone.layers[0].weight.dtype
         images = image_batch(images, self.input_size, dtype=dtype, owner=type(self).__name__)
         return self.head(self.backbone(images))  # (B, F, h, w) -> scores (B, K)

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting, as_routing, capsule_length
 from capsnets.layers import ConvCapsules2d, ConvTransposeCapsules2d
-from capsnets.layers.validation import image_batch, positive_int
+from capsnets.validation import image_batch, positive_int
 from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
 from capsnets.models.registry import register_model
 
@@ -137,7 +137,7 @@ class SegCaps(nn.Module):
     def forward(self, images: Tensor, masks: Tensor | None = None) -> SegmentationOutput:
         """Per-pixel probabilities, capsules and reconstruction of ``images`` (a non-empty batch; uint8 images are
         scaled to ``[0, 1]``, floating-point ones cast to the parameters' dtype:
-        :func:`~capsnets.layers.validation.image_batch`)."""
+        :func:`~capsnets.validation.image_batch`)."""
         capsules = self.encode(images)
         probabilities = capsule_length(capsules, dim=1).unsqueeze(1)  # (B, 1, H, W)
         reconstruction = None

@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.layers.validation import image_batch, positive_int
+from capsnets.validation import image_batch, positive_int
 from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt
 from capsnets.models.registry import register_model
 
@@ -105,7 +105,7 @@ class TransformingAutoencoder(nn.Module):
     def forward(self, images: Tensor, shifts: Tensor) -> AutoencoderOutput:
         """The images shifted by ``shifts``, as the capsules predict them (``images``: a non-empty batch; uint8
         images are scaled to ``[0, 1]``, floating-point ones cast to the parameters' dtype:
-        :func:`~capsnets.layers.validation.image_batch`)."""
+        :func:`~capsnets.validation.image_batch`)."""
         if shifts.shape != (len(images), 2):
             raise ValueError(f"shifts must be (B, 2) = ({len(images)}, 2) pixel offsets (dx, dy), got "
                              f"{tuple(shifts.shape)}")

@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.layers.validation import image_batch, positive_int
+from capsnets.validation import image_batch, positive_int
 from capsnets.models.arguments import Device, DType, ImageSize
 from capsnets.models.registry import register_model
 from capsnets.models.segcaps import SegmentationOutput
@@ -71,7 +71,7 @@ class UNet(nn.Module):
 
     def forward(self, images: Tensor, masks: Tensor | None = None) -> SegmentationOutput:
         """Per-pixel probabilities of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``,
-        floating-point ones cast to the parameters' dtype: :func:`~capsnets.layers.validation.image_batch`)."""
+        floating-point ones cast to the parameters' dtype: :func:`~capsnets.validation.image_batch`)."""
         logits = self.logits(images)
         return SegmentationOutput(torch.sigmoid(logits), logits=logits)
 

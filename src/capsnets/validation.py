@@ -11,7 +11,7 @@ Examples::
     10
     >>> positive_int("num_classes", 0)
     Traceback (most recent call last):
-    capsnets.layers.validation.ArgumentError: num_classes must be a positive integer, got 0
+    capsnets.validation.ArgumentError: num_classes must be a positive integer, got 0
     >>> image_batch(torch.zeros(2, 1, 8, 8, dtype=torch.uint8) + 255, (1, 8, 8), dtype=torch.float32).max()
     tensor(1.)
 """
