@@ -32,7 +32,7 @@ def test_capsnet_small_on_mnist_reaches_97_5_percent(tmp_path, shared_data_root)
 # gradient, ~2x faster), Adam at 1e-2 (the authors' released learning rate), batch 32, one epoch of 6,400 images
 # (200 steps), first 1,000 test images. How soon a run takes off varies from seed to seed, so each floor sits well
 # below the worst of seeds 0, 1, 2 (measured on a 2-core CPU, torch 2.13, with the commands and results in
-# benchmarks/README.md, "The learning tests' floors"; at Adam 3e-3 the default reached only 47.8%, 46.8% and 29.0%
+# docs/results/learning-floors.md; at Adam 3e-3 the default reached only 47.8%, 46.8% and 29.0%
 # on MNIST, and the old paper-formulation tests sat within a few points of chance and failed on other machines).
 def _em_config(dataset: str, data_dir: str, out: str, lr: float = 1e-2, **model_args) -> TrainConfig:
     return TrainConfig(model="matrix_capsnet_small", dataset=dataset, data_dir=data_dir, epochs=1, batch_size=32,

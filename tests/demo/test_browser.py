@@ -3,7 +3,7 @@ as mouse strokes are classified right, a slider redraws the reconstruction, the 
 
 Skipped where Chromium, chromedriver or Selenium are missing, except in CI (``CI`` set), where that fails the test.
 The screenshot goes to pytest's temporary folder, or, with ``CAPSNETS_DEMO_SCREENSHOTS=DIR`` (e.g.
-``docs/images``), to ``DIR/demo.png`` for the README.
+``docs/images``), to ``DIR/demo.png`` for docs/demo.md.
 """
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_drawn_digits_are_classified_and_the_sliders_redraw_the_reconstruction(b
 
 def _screenshot(driver, target: Path, height: int | None = None) -> Path:
     """The page's top ``height`` CSS pixels (None: the whole page) as a PNG at ``target``, or, where
-    ``CAPSNETS_DEMO_SCREENSHOTS`` names a folder, as a small palette PNG of that name there, for the README."""
+    ``CAPSNETS_DEMO_SCREENSHOTS`` names a folder, as a small palette PNG of that name there, for docs/demo.md."""
     from PIL import Image
 
     folder = os.environ.get("CAPSNETS_DEMO_SCREENSHOTS")
