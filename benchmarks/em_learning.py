@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import capsnets
-from capsnets.files import atomic_write
+from capsnets.io import atomic_write
 from capsnets.data import DeviceLoader, load_dataset
 from capsnets.engine.runtime import resolve_device, retain_freed_memory
 from capsnets.losses import create_loss

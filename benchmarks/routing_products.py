@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from capsnets.files import atomic_write
+from capsnets.io import atomic_write
 from capsnets.engine.runtime import resolve_device, retain_freed_memory
 from throughput import environment, max_rss_bytes, synchronize
 

@@ -153,7 +153,7 @@ FIGURES = ("plot_training_curves", "plot_confusion_matrix", "plot_reconstruction
 def figure_stub(*args, **kwargs):
     """A stand-in for a :mod:`capsnets.plots` function: a tiny file written (atomically) where and as the figure
     is. Drawing takes seconds; what the tests look at is how the file is written."""
-    from capsnets.files import atomic_write
+    from capsnets.io import atomic_write
 
     out = next(a for a in (*args, *kwargs.values()) if isinstance(a, (str, os.PathLike)) and str(a).endswith(".png"))
     return atomic_write(out, lambda tmp: Path(tmp).write_bytes(b"\x89PNG stand-in"))
