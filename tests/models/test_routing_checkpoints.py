@@ -4,7 +4,9 @@ import pytest
 import torch
 
 import capsnets
-from capsnets.engine.checkpoint import load_model, restore_model, save_checkpoint
+from capsnets.engine.checkpoint import save_checkpoint
+from capsnets.io import load_checkpoint
+from capsnets.models.hub import load_model, restore_model
 from capsnets.functional import DynamicRouting, EMRouting
 
 
@@ -75,8 +77,6 @@ def test_an_undescribed_routing_is_recorded_and_refuses_to_be_rebuilt(tmp_path):
     with pytest.raises(ValueError, match=r"Halved\(\).*cannot be rebuilt.*restore_model"):
         load_model(path)  # ... but never loaded into a model with the default routing
     same = capsnets.create_model("capsnet_digits", routing=_Halved())
-    from capsnets.engine.checkpoint import load_checkpoint
-
     restore_model(same, load_checkpoint(path))  # the way the error names
     images = torch.rand(2, 1, 8, 8)
     torch.testing.assert_close(same(images).scores, model(images).scores, rtol=0, atol=0)

@@ -18,6 +18,7 @@ import pytest
 from safetensors import SafetensorError
 
 from capsnets.cli import main
+from capsnets import io as capsnets_io
 from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import reporting
 from reliability.crash_runner import FIGURES as FIGURE_FUNCTIONS, figure_stub
@@ -53,7 +54,7 @@ class DiskFull:
 
         patch.setattr(builtins, "open", open_)
         patch.setattr(io, "open", open_)
-        patch.setattr(ckpt, "save_file", save_file)
+        patch.setattr(capsnets_io, "save_file", save_file)
         return self
 
     def _due(self, path) -> bool:
@@ -193,7 +194,7 @@ def _write_counts(argv, run) -> dict[str, int]:
         patch.setattr(builtins, "open", open_)
         patch.setattr(io, "open", open_)
         real_save = ckpt.save_file
-        patch.setattr(ckpt, "save_file", lambda tensors, filename, metadata=None: (
+        patch.setattr(capsnets_io, "save_file", lambda tensors, filename, metadata=None: (
             counts.__setitem__(target_name(filename), counts.get(target_name(filename), 0) + 1),
             real_save(tensors, filename, metadata=metadata))[1])
         assert main(argv) == 0
