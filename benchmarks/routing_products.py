@@ -118,7 +118,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    retain_freed_memory()  # as the capsnets command does
+    retain_freed_memory()  # as `capsnets --retain-freed-memory` does
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

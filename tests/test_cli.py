@@ -257,3 +257,18 @@ def test_python_dash_m(tmp_path):
 
     done = subprocess.run([sys.executable, "-m", "capsnets", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "list-models" in done.stdout
+
+
+def test_the_allocator_is_left_alone_unless_asked(monkeypatch, capsys):
+    """The command changes glibc's malloc settings (a process-wide change) only with --retain-freed-memory or
+    CAPSNETS_RETAIN_FREED_MEMORY=1."""
+    import capsnets.cli
+
+    calls = []
+    monkeypatch.setattr(capsnets.cli, "retain_freed_memory", lambda: calls.append(True) or True)
+    monkeypatch.delenv("CAPSNETS_RETAIN_FREED_MEMORY", raising=False)
+    assert main(["list-models", "--pretrained"]) == 0 and calls == []
+    assert main(["--retain-freed-memory", "list-models", "--pretrained"]) == 0 and calls == [True]
+    monkeypatch.setenv("CAPSNETS_RETAIN_FREED_MEMORY", "1")
+    assert main(["list-models", "--pretrained"]) == 0 and calls == [True, True]
+    assert "--retain-freed-memory" in capsnets.cli.build_parser().format_help()

@@ -54,7 +54,7 @@ def test_the_recorded_spec_is_complete_and_json():
     spec = model.model_args["routing"]
     assert spec == routing.to_config() and spec["eps"] == 1e-5 and len(spec["inverse_temperature"]) == 2
     assert capsnets.create_model("capsnet_small", routing=DynamicRouting(2)).model_args == {
-        "routing": {"type": "dynamic", "iterations": 2, "detach_routing": True}}
+        "routing": {"type": "dynamic", "iterations": 2, "detach_routing": True, "none_of_the_above": False}}
     partial = capsnets.create_model("capsnet_small", routing={"type": "dynamic", "iterations": 2})
     assert partial.model_args["routing"] == DynamicRouting(2).to_config()  # the defaults filled in
 

@@ -36,7 +36,7 @@ class DiskFull:
         self.name, self.nth, self.seen, self.fired = name, nth, 0, False
 
     def install(self, patch: pytest.MonkeyPatch) -> "DiskFull":
-        real_open, real_save = io.open, ckpt.save_file
+        real_open, real_save = io.open, capsnets_io.save_file
 
         def open_(file, mode="r", *args, **kwargs):
             handle = real_open(file, mode, *args, **kwargs)
@@ -193,7 +193,7 @@ def _write_counts(argv, run) -> dict[str, int]:
         _no_figures(patch, False)
         patch.setattr(builtins, "open", open_)
         patch.setattr(io, "open", open_)
-        real_save = ckpt.save_file
+        real_save = capsnets_io.save_file
         patch.setattr(capsnets_io, "save_file", lambda tensors, filename, metadata=None: (
             counts.__setitem__(target_name(filename), counts.get(target_name(filename), 0) + 1),
             real_save(tensors, filename, metadata=metadata))[1])
