@@ -77,13 +77,14 @@ def test_train_never_replaces_a_run_by_accident(tmp_path, capsys, monkeypatch):
 
 
 def test_interrupted_training_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    import capsnets.cli
     import capsnets.engine.trainer as trainer
 
     def interrupted(config, **kwargs):
         trainer.Trainer(config.replace(epochs=1), **kwargs).fit()
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer, "train", interrupted)
+    monkeypatch.setattr(capsnets.cli, "train", interrupted)
     monkeypatch.setattr("capsnets.engine.reporting.save_figures", lambda *args, **kwargs: [])
     assert main([*TRAIN, "--epochs", "3", "--out", str(tmp_path / "run")]) == 130
     err = capsys.readouterr().err

@@ -92,7 +92,8 @@ def _install(plan: _Plan, figures: bool | str) -> None:
     import safetensors.torch
     import torch
 
-    from capsnets.engine import checkpoint, reporting
+    from capsnets import io as capsnets_io
+    from capsnets.engine import reporting
 
     if not figures:
         reporting.save_figures = lambda *args, **kwargs: []
@@ -119,7 +120,7 @@ def _install(plan: _Plan, figures: bool | str) -> None:
         plan.tick("save_file", "after")
         return result
 
-    checkpoint.save_file = save_file
+    capsnets_io.save_file = save_file
 
     real_replace, real_fsync, real_unlink = os.replace, os.fsync, os.unlink
 

@@ -14,10 +14,10 @@ checked before the file is loaded.
 
 Examples::
 
-    >>> model = capsnets.create_model("capsnet_small", pretrained="mnist")        # shipped, offline
-    >>> model = capsnets.create_model("capsnet_small", pretrained="runs/a/best.safetensors")  # doctest: +SKIP
-    >>> model = capsnets.create_model("capsnet_small", pretrained="https://example.org/w.safetensors",
-    ...                               sha256="9f86d0...")                          # doctest: +SKIP
+    >>> model = create_model("capsnet_small", pretrained="mnist")                  # shipped, offline
+    >>> model = create_model("capsnet_small", pretrained="runs/a/best.safetensors")  # doctest: +SKIP
+    >>> model = create_model("capsnet_small", pretrained="https://example.org/w.safetensors",
+    ...                      sha256="9f86d0...")                                    # doctest: +SKIP
 """
 from __future__ import annotations
 
