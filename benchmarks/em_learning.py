@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import capsnets
-from capsnets.files import atomic_write
+from capsnets.io import atomic_write
 from capsnets.data import DeviceLoader, load_dataset
 from capsnets.engine.runtime import resolve_device, retain_freed_memory
 from capsnets.losses import create_loss
@@ -176,7 +176,7 @@ def learning_curve(args, extra: dict, train, test, device) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    retain_freed_memory()  # as the capsnets command does
+    retain_freed_memory()  # as `capsnets --retain-freed-memory` does
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

@@ -23,7 +23,7 @@ import torch
 
 import capsnets
 from capsnets.export import ExportableModel, export_model
-from capsnets.files import atomic_write
+from capsnets.io import atomic_write
 from throughput import environment, max_rss_bytes  # benchmarks/throughput.py, beside this script
 
 #: One model of each family: vector capsules, matrix capsules with EM routing, SegCaps, and a CNN baseline.

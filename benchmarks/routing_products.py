@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from capsnets.files import atomic_write
+from capsnets.io import atomic_write
 from capsnets.engine.runtime import resolve_device, retain_freed_memory
 from throughput import environment, max_rss_bytes, synchronize
 
@@ -118,7 +118,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    retain_freed_memory()  # as the capsnets command does
+    retain_freed_memory()  # as `capsnets --retain-freed-memory` does
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

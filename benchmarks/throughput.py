@@ -332,7 +332,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    retain_freed_memory()  # as the capsnets command does; CAPSNETS_RETAIN_FREED_MEMORY=0 measures without
+    retain_freed_memory()  # as `capsnets --retain-freed-memory` does; CAPSNETS_RETAIN_FREED_MEMORY=0 measures without
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

@@ -55,6 +55,8 @@ DETACHED='capsule_args={"detach_routing":true}'  # the default (official) formul
 EXACT='capsule_args={"detach_routing":false}'
 PY="${PYTHON:-python}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+# the capsnets commands keep freed CPU memory for reuse (capsnets --retain-freed-memory); 0 leaves malloc alone
+export CAPSNETS_RETAIN_FREED_MEMORY="${CAPSNETS_RETAIN_FREED_MEMORY:-1}"
 if [[ ${#SMOKE[@]} -eq 0 && -z "${CAPSNETS_DATA:-}" && -z "${DRY_RUN:-}" ]]; then
     echo "CAPSNETS_DATA is not set: point it at the folder holding mnist/ and fashion-mnist/" >&2
     exit 2

@@ -22,21 +22,22 @@ def assert_contrasts_resolve(experiment: str, metrics: dict, count: int) -> None
                                                                f"which is not a numeric metric of the run"
 
 
-def as_earlier_version(checkpoint, meta: dict) -> None:
-    """Rewrite the checkpoint ``checkpoint`` (a ``.safetensors`` path) as a version of capsnets from before
-    the sidecar was embedded would have: the tensors without the embedded copy (and the checksums), and ``meta``
-    as its ``.json``."""
+def rewrite_sidecar(checkpoint, meta: dict) -> None:
+    """Rewrite the checkpoint ``checkpoint`` (a ``.safetensors`` path) with ``meta`` as its sidecar, in the current
+    format (the tensors as they are, the digests and the readable ``.json`` copy made anew): a checkpoint as a
+    writer that recorded other entries would have left it."""
     import json
     from pathlib import Path
 
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from capsnets.engine.checkpoint import EMBEDDED_SIDECAR, SIDECAR_DIGEST, TENSORS_DIGEST
+    from capsnets import io
 
     path = Path(checkpoint)
     with safe_open(path, framework="pt") as handle:
-        metadata = {k: v for k, v in handle.metadata().items()
-                    if k not in (EMBEDDED_SIDECAR, SIDECAR_DIGEST, TENSORS_DIGEST)}
+        metadata = dict(handle.metadata())
+    payload = json.dumps({**meta, "format_version": io.FORMAT_VERSION, "checkpoint_id": metadata["checkpoint_id"]})
+    metadata.update({io.EMBEDDED_SIDECAR: payload, io.SIDECAR_DIGEST: io._text_digest(payload)})
     save_file(load_file(path), path, metadata=metadata)
-    path.with_suffix(".json").write_text(json.dumps(meta))
+    path.with_suffix(".json").write_text(payload)

@@ -77,13 +77,14 @@ def test_train_never_replaces_a_run_by_accident(tmp_path, capsys, monkeypatch):
 
 
 def test_interrupted_training_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    import capsnets.cli
     import capsnets.engine.trainer as trainer
 
     def interrupted(config, **kwargs):
         trainer.Trainer(config.replace(epochs=1), **kwargs).fit()
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer, "train", interrupted)
+    monkeypatch.setattr(capsnets.cli, "train", interrupted)
     monkeypatch.setattr("capsnets.engine.reporting.save_figures", lambda *args, **kwargs: [])
     assert main([*TRAIN, "--epochs", "3", "--out", str(tmp_path / "run")]) == 130
     err = capsys.readouterr().err
@@ -257,3 +258,18 @@ def test_python_dash_m(tmp_path):
 
     done = subprocess.run([sys.executable, "-m", "capsnets", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "list-models" in done.stdout
+
+
+def test_the_allocator_is_left_alone_unless_asked(monkeypatch, capsys):
+    """The command changes glibc's malloc settings (a process-wide change) only with --retain-freed-memory or
+    CAPSNETS_RETAIN_FREED_MEMORY=1."""
+    import capsnets.cli
+
+    calls = []
+    monkeypatch.setattr(capsnets.cli, "retain_freed_memory", lambda: calls.append(True) or True)
+    monkeypatch.delenv("CAPSNETS_RETAIN_FREED_MEMORY", raising=False)
+    assert main(["list-models", "--pretrained"]) == 0 and calls == []
+    assert main(["--retain-freed-memory", "list-models", "--pretrained"]) == 0 and calls == [True]
+    monkeypatch.setenv("CAPSNETS_RETAIN_FREED_MEMORY", "1")
+    assert main(["list-models", "--pretrained"]) == 0 and calls == [True, True]
+    assert "--retain-freed-memory" in capsnets.cli.build_parser().format_help()

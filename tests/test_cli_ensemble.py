@@ -26,7 +26,7 @@ def runs(tmp_path_factory):
 
 def test_the_ensemble_scores_with_the_mean_of_the_runs_lengths(runs, capsys):
     from capsnets.data import load_dataset
-    from capsnets.engine.checkpoint import load_model
+    from capsnets.models import load_model
 
     assert main(["evaluate", "--checkpoint", str(runs / "run0"), str(runs / "run1"), "--device", "cpu"]) == 0
     out = capsys.readouterr().out

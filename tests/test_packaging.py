@@ -53,7 +53,7 @@ def test_installed_sdist_builds_and_runs_the_em_kernel(sdist, tmp_path):
     code = """
 import json, os, torch, capsnets
 from capsnets.functional import em_kernel
-from capsnets.pretrained import shipped_weights
+from capsnets.models.hub import shipped_weights
 torch.manual_seed(0)
 model = capsnets.create_model("matrix_capsnet_small").eval()
 images = torch.rand(2, 1, 32, 32)

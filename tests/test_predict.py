@@ -12,7 +12,8 @@ from PIL import Image
 
 import capsnets
 from capsnets.cli import main
-from capsnets.engine.checkpoint import load_model, save_checkpoint
+from capsnets.engine.checkpoint import save_checkpoint
+from capsnets.models import load_model
 from capsnets.validation import ArgumentError
 from capsnets.predict import collect_image_files, predict, prepare_image, read_images
 

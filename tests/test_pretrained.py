@@ -1,4 +1,4 @@
-"""Pretrained weights (:mod:`capsnets.pretrained`): the shipped ones load offline and match their cards; local
+"""Pretrained weights (:mod:`capsnets.models.hub`): the shipped ones load offline and match their cards; local
 files and ``file://`` URLs load the same way; a file whose SHA-256 differs is refused; bad tags say what exists."""
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import pytest
 import torch
 
 import capsnets
-from capsnets import pretrained
+from capsnets.engine import publish
+from capsnets.models import hub
 from capsnets.cli import main
 from capsnets.validation import ArgumentError
-from capsnets.pretrained import PretrainedError, file_sha256, save_pretrained, shipped_weights
+from capsnets.io import file_sha256
+from capsnets.models.hub import PretrainedError, save_pretrained, shipped_weights
 from reliability.faults import one_error_line
 
 SHIPPED = shipped_weights()
@@ -65,7 +67,7 @@ def test_tampered_shipped_weight_is_refused(tmp_path, monkeypatch):
     data = bytearray((tmp_path / weight.path.name).read_bytes())
     data[-3] ^= 0x01  # one bit of one weight
     (tmp_path / weight.path.name).write_bytes(bytes(data))
-    monkeypatch.setattr(pretrained, "WEIGHTS_DIR", tmp_path)
+    monkeypatch.setattr(hub, "WEIGHTS_DIR", tmp_path)
     with pytest.raises(PretrainedError, match="SHA-256"):
         capsnets.create_model(weight.model, pretrained=weight.dataset)
 
@@ -96,12 +98,12 @@ def test_url_download_is_verified_cached_and_atomic(tiny_weight, tmp_path):
     cache = tmp_path / "cache"
     digest = file_sha256(path)
     with pytest.raises(PretrainedError, match="SHA-256"):  # a wrong digest: refused, nothing cached
-        pretrained.download_weights(path.as_uri(), "f" * 64, cache_dir=cache)
+        hub.download_weights(path.as_uri(), "f" * 64, cache_dir=cache)
     assert not cache.exists() or not any(cache.iterdir())
-    cached = pretrained.download_weights(path.as_uri(), digest, cache_dir=cache)
+    cached = hub.download_weights(path.as_uri(), digest, cache_dir=cache)
     assert file_sha256(cached) == digest and [p.name for p in cache.iterdir()] == [cached.name]
     path.unlink()  # a second call uses the cached file
-    assert pretrained.download_weights(path.as_uri(), digest, cache_dir=cache) == cached
+    assert hub.download_weights(path.as_uri(), digest, cache_dir=cache) == cached
 
 
 @pytest.mark.parametrize("sha256", [None, "", "abc", "g" * 64])
@@ -178,7 +180,7 @@ def test_every_shipped_weight_reaches_its_cards_accuracy(shared_data_root, tmp_p
 
 def test_publish_without_the_decoder_keeps_the_scores(tiny_weight, tmp_path):
     model, path = tiny_weight
-    out = pretrained.publish_checkpoint(path, command="none", data="digits", out_dir=tmp_path / "out",
+    out = publish.publish_checkpoint(path, command="none", data="digits", out_dir=tmp_path / "out",
                                         reconstruction=False)
     card = json.loads(out.with_suffix(".json").read_text())
     assert card["model_args"]["reconstruction"] is False
@@ -194,4 +196,4 @@ def test_publish_without_the_decoder_keeps_the_scores(tiny_weight, tmp_path):
 
 def test_publish_without_the_decoder_refuses_a_model_without_one():
     with pytest.raises(PretrainedError, match="no 'reconstruction' argument"):
-        pretrained._without_decoder(capsnets.create_model("cnn_baseline_narrow"))
+        hub.without_decoder(capsnets.create_model("cnn_baseline_narrow"))

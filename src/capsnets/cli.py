@@ -20,12 +20,15 @@ defaults)::
 the defaults. ``evaluate`` and ``reconstruct`` name their files after the checkpoint(s) they read
 (:func:`output_label`, :func:`ensemble_label`), so they never replace a training run's files or each other's.
 Errors are reported as one line on stderr with a non-zero exit status (set ``CAPSNETS_DEBUG=1`` for the
-traceback).
+traceback). The command changes no process-wide setting unless asked: ``--retain-freed-memory`` (or
+``CAPSNETS_RETAIN_FREED_MEMORY=1``) keeps freed CPU memory in the process
+(:func:`~capsnets.engine.runtime.retain_freed_memory`).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -34,8 +37,23 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
 import yaml
 
+from capsnets.data import dataset_info, list_datasets, load_dataset
+from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
+from capsnets.engine.config import TrainConfig, build_config, default_run_dir, load_yaml, read_config_file
+from capsnets.engine.evaluate import evaluate, load_ensemble
+from capsnets.engine.runtime import AMP_MODES, resolve_device, retain_freed_memory
+from capsnets.engine.trainer import train
+from capsnets.export import EXPORT_FORMATS, export_model
+from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, peek_sidecar
+from capsnets.models import count_parameters, create_model, list_models, model_schema, model_task
+from capsnets.models.hub import load_model, resolve_pretrained, shipped_weights
+from capsnets.predict import collect_image_files, predict, read_images, segment
+
+#: The environment variable that turns on ``--retain-freed-memory`` (``1``).
+RETAIN_FREED_MEMORY_ENV = "CAPSNETS_RETAIN_FREED_MEMORY"
 #: ``train`` flags that map one-to-one onto TrainConfig fields (argparse dest == field name).
 _CONFIG_FLAGS = ("model", "dataset", "epochs", "out", "batch_size", "lr", "lr_decay", "weight_decay", "seed",
                  "device", "amp", "compile", "data_dir", "download", "limit_train", "limit_test", "max_shift",
@@ -45,9 +63,8 @@ _CONFIG_FLAGS = ("model", "dataset", "epochs", "out", "batch_size", "lr", "lr_de
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = build_parser().parse_args(argv)
-    from capsnets.engine.runtime import retain_freed_memory
-
-    retain_freed_memory()  # this process is ours: freed CPU tensors stay for the next step (engine.runtime)
+    if args.retain_freed_memory or os.environ.get(RETAIN_FREED_MEMORY_ENV) == "1":
+        retain_freed_memory()  # asked for: freed CPU tensors stay in the process (engine.runtime)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         return args.handler(args) or 0
@@ -80,6 +97,10 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with its sub-commands."""
     parser = argparse.ArgumentParser(prog="capsnets", description="Capsule networks: train, evaluate, inspect.")
+    parser.add_argument("--retain-freed-memory", action="store_true",
+                        help="keep the memory of freed CPU tensors in the process for reuse (glibc's mallopt; "
+                             "faster CPU training of EM routing, at the price of a resident size near the peak; "
+                             f"also {RETAIN_FREED_MEMORY_ENV}=1) (default: off)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, summary: str) -> argparse.ArgumentParser:
@@ -102,8 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _datasets() -> str:
     """The registered data sets, for help texts."""
-    from capsnets.data import list_datasets
-
     return ", ".join(list_datasets()) + ", or folder:PATH (your own images: one subfolder per class)"
 
 
@@ -128,6 +147,7 @@ def _add_experiment(parser: argparse.ArgumentParser) -> None:
 
 
 def _experiment(args: argparse.Namespace) -> int:
+    # slow (matplotlib and every experiment's module); only this command needs it
     from capsnets.experiments import describe_experiments, list_experiments, run_experiment, run_experiment_seeds
 
     if args.list:
@@ -154,9 +174,6 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def _add_train(parser: argparse.ArgumentParser) -> None:
-    from capsnets.engine.config import TrainConfig, default_run_dir
-    from capsnets.engine.runtime import AMP_MODES
-
     default = TrainConfig()  # the values a flag left out (and absent from --config) takes
     add = parser.add_argument
     add("--config", metavar="FILE", help="YAML/JSON file of TrainConfig keys; flags override it (default: none)")
@@ -276,8 +293,6 @@ def _add_list_models(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
-    from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING
-
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--pretrained", metavar="NAME",
                         help=f"a shipped pretrained weight (capsnets list-models --pretrained) (default: "
@@ -326,8 +341,6 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser, several: bool = False,
 def parse_key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
     """``["a=1", "b=[1, 8, 8]"]`` -> ``{"a": 1, "b": [1, 8, 8]}`` (values parsed as YAML scalars/lists;
     ``1e-3`` is a float)."""
-    from capsnets.engine.config import load_yaml
-
     values = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -346,8 +359,6 @@ def config_from_args(args: argparse.Namespace):
     The run directory is ``--out``, else the config file's ``out``, else ``runs/<model>``
     (:func:`~capsnets.engine.config.default_run_dir`); ``--resume`` without ``--config`` reads the run directory's ``config.yaml``.
     """
-    from capsnets.engine.config import TrainConfig, build_config, default_run_dir, read_config_file
-
     config_file = args.config
     from_file = read_config_file(config_file) if config_file is not None else {}
     out = args.out or from_file.get("out") or default_run_dir(args.model or from_file.get("model")
@@ -365,9 +376,6 @@ def _run_config(run_dir: Path) -> Path | dict[str, Any] | None:
     """The configuration ``--resume`` continues the run in ``run_dir`` with: its ``config.yaml``, or, where that is
     missing or damaged (not a mapping, unreadable, empty), the one recorded in its last checkpoint, with a warning
     (the trainer writes config.yaml again)."""
-    from capsnets.engine.checkpoint import peek_sidecar
-    from capsnets.engine.config import read_config_file
-
     path = run_dir / "config.yaml"
     if not path.is_file():
         problem = "is missing"
@@ -388,10 +396,6 @@ def _run_config(run_dir: Path) -> Path | dict[str, Any] | None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from capsnets.engine.trainer import train
-
-    from capsnets.files import FileWriteError
-
     config = config_from_args(args)
     try:
         summary = train(config, resume=args.resume, overwrite=args.overwrite)
@@ -419,8 +423,6 @@ def _train(args: argparse.Namespace) -> int:
 
 def _resume_hint(out: str) -> str:
     """What an interrupted training left, and the command that continues it."""
-    from capsnets.engine.checkpoint import checkpoint_epoch
-
     epoch = checkpoint_epoch(Path(out) / "last.safetensors")
     if epoch is None:
         return f"no checkpoint was saved in {out}; start the run again (add --overwrite if {out} holds files)"
@@ -429,9 +431,6 @@ def _resume_hint(out: str) -> str:
 
 def _load(args: argparse.Namespace, path: str):
     """Model, checkpoint, test data and device for ``evaluate`` / ``reconstruct`` of the checkpoint ``path``."""
-    from capsnets.engine.checkpoint import load_model
-    from capsnets.engine.runtime import resolve_device
-
     device = resolve_device(args.device)
     model, checkpoint = load_model(path, device)
     return model, checkpoint, _test_data(args, checkpoint, model, device), device
@@ -439,8 +438,6 @@ def _load(args: argparse.Namespace, path: str):
 
 def _test_data(args: argparse.Namespace, checkpoint, model, device):
     """The test split ``model`` is evaluated on: ``--dataset``, else the one ``checkpoint`` was trained on."""
-    from capsnets.data import load_dataset
-
     dataset = args.dataset or checkpoint.meta.get("dataset")
     if dataset is None:
         raise ValueError(f"checkpoint '{checkpoint.path}' does not record its data set; pass --dataset")
@@ -474,8 +471,6 @@ def _describe(checkpoint) -> str:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from capsnets.engine.evaluate import evaluate
-
     if args.pretrained is None and len(args.checkpoint) > 1:
         return _evaluate_ensemble(args)
     model, checkpoint, data, device = _load(args, _checkpoint_source(args, args.checkpoint))
@@ -489,9 +484,6 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _evaluate_ensemble(args: argparse.Namespace) -> int:
     """``evaluate`` of several checkpoints: each alone, then their ensemble (the mean of their scores)."""
-    from capsnets.engine.evaluate import evaluate, load_ensemble
-    from capsnets.engine.runtime import resolve_device
-
     device = resolve_device(args.device)
     ensemble, checkpoints = load_ensemble(args.checkpoint, device)
     data = _test_data(args, checkpoints[0], ensemble, device)
@@ -521,8 +513,7 @@ def ensemble_label(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -
 
 def _write_evaluation(results: dict[str, Any], data, out: Path, stem: str, record: dict[str, Any], title: str) -> None:
     """``OUT/STEM.json`` (``record`` and the results) and ``OUT/STEM_confusion.png``; prints the report."""
-    from capsnets.files import atomic_write
-    from capsnets.plots import plot_confusion_matrix
+    from capsnets.plots import plot_confusion_matrix  # matplotlib is slow to import; only figures need it
 
     out.mkdir(parents=True, exist_ok=True)
     classes = list(data.classes) or [str(k) for k in range(data.num_classes)]
@@ -551,9 +542,7 @@ def format_report(results: dict[str, Any], classes: list[str]) -> str:
 
 
 def _reconstruct(args: argparse.Namespace) -> int:
-    import torch
-
-    from capsnets.plots import plot_reconstructions
+    from capsnets.plots import plot_reconstructions  # matplotlib is slow to import; only figures need it
 
     if args.n < 1:
         raise ValueError(f"--n must be at least 1, got {args.n}")
@@ -575,9 +564,6 @@ def _reconstruct(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from capsnets.engine.checkpoint import load_model
-    from capsnets.export import EXPORT_FORMATS, export_model
-
     model, checkpoint = load_model(args.checkpoint, "cpu")
     out = Path(args.out) if args.out else checkpoint.path.with_suffix(EXPORT_FORMATS[args.format])
     if out.suffix.lower() in (".safetensors", ".json", ".yaml", ".jsonl"):
@@ -591,12 +577,6 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from capsnets.engine.checkpoint import load_model
-    from capsnets.engine.runtime import resolve_device
-    from capsnets.files import atomic_write
-    from capsnets.models import model_task
-    from capsnets.predict import collect_image_files, predict, read_images, segment
-
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     files = collect_image_files(args.inputs)
@@ -631,22 +611,17 @@ def _predict(args: argparse.Namespace) -> int:
 def _checkpoint_source(args: argparse.Namespace, checkpoints: list[str] | None) -> str | Path:
     """The checkpoint ``evaluate`` / ``predict`` read: the shipped weight ``--pretrained`` names (its SHA-256
     checked), else the one ``--checkpoint``."""
-    from capsnets.pretrained import resolve_pretrained
-
     if args.pretrained is not None:
         return resolve_pretrained(args.pretrained)
     return checkpoints[0]
 
 
 def _demo(args: argparse.Namespace) -> int:
-    import ipaddress
-
     try:
-        from capsnets.demo import app as server
+        from capsnets.demo import app as server  # optional dependencies: FastAPI and uvicorn (the demo extra)
     except ImportError as err:
         raise ValueError(f"the demo needs FastAPI and uvicorn ({err.name or err} is missing): "
                          "pip install -e '.[demo]'") from None
-    from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, load_demo_model
 
     with server.listen(args.host, args.port) as sock:  # a busy port is refused before the model is trained
         pretrained = args.pretrained or (DEMO_PRETRAINED if args.checkpoint is None and args.out is None else None)
@@ -669,8 +644,6 @@ def _canonical_dataset(dataset: str | None) -> str | None:
 
 def _class_names(checkpoint, model) -> list[str]:
     """The class names a checkpoint records, else its data set's, else ``0``, ``1``..."""
-    from capsnets.data import dataset_info
-
     count = int(model.num_classes)
     recorded = checkpoint.meta.get("classes")
     if isinstance(recorded, list) and len(recorded) == count:
@@ -694,10 +667,6 @@ def format_prediction(result) -> str:
 
 
 def _list_models(args: argparse.Namespace) -> int:
-    import torch
-
-    from capsnets.models import count_parameters, create_model, list_models, model_task
-
     if args.pretrained:
         if args.name is not None:
             raise ValueError("list-models --pretrained lists every shipped weight; give no MODEL with it")
@@ -720,8 +689,6 @@ def _list_models(args: argparse.Namespace) -> int:
 
 def format_pretrained() -> str:
     """The shipped pretrained weights, one ``NAME  ACCURACY  DTYPE  SIZE`` line each (from their model cards)."""
-    from capsnets.pretrained import shipped_weights
-
     weights = shipped_weights()
     if not weights:
         return "no pretrained weights are shipped"
@@ -742,8 +709,6 @@ def format_model_arguments(name: str) -> str:
     """The ``--model-arg`` keys of model ``name``, one ``KEY=DEFAULT  # what it takes`` line each, DEFAULT written
     as ``--model-arg`` reads it (YAML, where ``#`` starts a comment); from the builder's declared schema
     (:func:`capsnets.models.model_schema`)."""
-    from capsnets.models import model_schema
-
     lines = [f"{key}={_yaml_value(argument.default)}  # {argument.expects}"
              for key, argument in model_schema(name).items() if key not in _PLACEMENT_ARGS]
     return "\n".join(lines)

@@ -35,6 +35,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from capsnets.io import atomic_write
+from capsnets.models import model_task
+
 __all__ = ["EXPORT_FORMATS", "ExportReport", "ExportableModel", "export_model", "run_onnx"]
 
 #: The formats :func:`export_model` writes, with their file suffixes.
@@ -51,8 +54,6 @@ class ExportableModel(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        from capsnets.models import model_task
-
         task = model_task(getattr(model, "model_name", "")) if getattr(model, "model_name", None) else None
         if task not in (None, "classification", "segmentation"):
             raise ValueError(f"{model.model_name!r} is registered for {task}; only classification and segmentation models "
@@ -116,8 +117,6 @@ def export_model(model: nn.Module, path: str | os.PathLike, format: str = "onnx"
             file that disagrees with eager PyTorch by more than 1e-4.
         ImportError: the ONNX packages are missing (the message says how to install them).
     """
-    from capsnets.files import atomic_write
-
     if format not in EXPORT_FORMATS:
         raise ValueError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
     if format == "onnx":
@@ -177,7 +176,7 @@ def run_onnx(path: str | os.PathLike, images: Tensor, *, threads: int | None = N
 
 
 def _onnx_runner(path, threads: int | None = None):
-    import onnxruntime
+    import onnxruntime  # optional dependency (the export extra)
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only

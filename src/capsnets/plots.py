@@ -20,7 +20,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from capsnets.files import atomic_write, read_json_lines
+from capsnets.io import atomic_write, read_json_lines
 
 
 __all__ = ["plot_training_curves", "plot_reconstructions", "plot_confusion_matrix", "save_figure"]
@@ -66,7 +66,7 @@ def save_figure(fig: Figure, out_png: str | os.PathLike) -> Path:
 
 
 def _read_metrics(path: Path) -> list[dict]:
-    """The records of a JSON-lines file (:func:`capsnets.files.read_json_lines`); none raises ``ValueError``."""
+    """The records of a JSON-lines file (:func:`capsnets.io.read_json_lines`); none raises ``ValueError``."""
     records = read_json_lines(path)
     if not records:
         raise ValueError(f"metrics_jsonl_path={str(path)!r} holds no records")

@@ -21,9 +21,13 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor, nn
 
-from capsnets.data.image_folder import IMAGE_SUFFIXES
+from capsnets.data.image_folder import IMAGE_SUFFIXES, image_to_tensor
+from capsnets.data.norb_common import NORB_CROP, NORB_SIZE
+from capsnets.data.transforms import center_crop, standardize
+from capsnets.io import atomic_write
 from capsnets.validation import ArgumentError
 
 __all__ = ["IMAGE_SUFFIXES", "Prediction", "collect_image_files", "predict", "prepare_image", "read_images",
@@ -114,10 +118,6 @@ def prepare_image(image, input_size: Sequence[int], dataset: str | None = None, 
     Returns:
         The tensor and the list of what was adapted, in words (empty when the image fitted as it was).
     """
-    from capsnets.data.image_folder import image_to_tensor
-    from capsnets.data.norb_common import NORB_CROP, NORB_SIZE
-    from capsnets.data.transforms import center_crop, standardize
-
     if invert not in INVERT_MODES:
         raise ArgumentError(f"invert must be one of {', '.join(INVERT_MODES)}, got {invert!r}")
     channels, height, width = (int(v) for v in input_size)
@@ -150,8 +150,6 @@ def read_images(paths: Sequence[str | os.PathLike], input_size: Sequence[int], d
     Raises:
         ValueError: a file is not an image Pillow can read (naming it).
     """
-    from PIL import Image, UnidentifiedImageError
-
     tensors, notes = [], []
     for path in paths:
         try:
@@ -211,10 +209,6 @@ def segment(model: nn.Module, images: Tensor, paths: Sequence[str], out: Path, *
             threshold: float = 0.5) -> list[Prediction]:
     """Segment ``images`` with a segmentation model and write each mask as ``out/<file stem>_mask.png``
     (white where the probability is above ``threshold``)."""
-    from PIL import Image
-
-    from capsnets.files import atomic_write
-
     device = next(model.parameters()).device
     model.eval()
     results = []

@@ -5,8 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import as_earlier_version
-
+from capsnets import io as capsnets_io
 from capsnets.engine import checkpoint as ckpt
 from capsnets.engine.checkpoint import CheckpointError, load_checkpoint, restore_model, restore_training, \
     save_checkpoint
@@ -84,22 +83,43 @@ def test_missing_file(tmp_path):
         load_checkpoint(tmp_path)
 
 
-def _legacy(path):
-    """Rewrite ``path`` as checkpoints were before the sidecar was embedded: the pair of files."""
-    as_earlier_version(path, json.loads(path.with_suffix(".json").read_text()))
+def _rewrite_header(path, **changes):
+    """Rewrite ``path``'s safetensors header with ``changes`` to its metadata (None deletes an entry)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(path, framework="pt") as handle:
+        metadata = dict(handle.metadata())
+    metadata.update(changes)
+    save_file(load_file(path), path, metadata={k: v for k, v in metadata.items() if v is not None})
 
 
-def test_legacy_pair_missing_or_foreign_sidecar_is_refused(tmp_path):
-    for name in "ab":
-        _save(tmp_path / f"{name}.safetensors")
-        _legacy(tmp_path / f"{name}.safetensors")
-    assert load_checkpoint(tmp_path / "a.safetensors").meta["epoch"] == 3
-    (tmp_path / "a.json").write_text((tmp_path / "b.json").read_text())
-    with pytest.raises(CheckpointError, match="does not belong"):
-        load_checkpoint(tmp_path / "a.safetensors")
-    (tmp_path / "a.json").unlink()
-    with pytest.raises(CheckpointError, match="no sidecar"):
-        load_checkpoint(tmp_path / "a.safetensors")
+@pytest.mark.parametrize("version", ["2", "0", None])
+def test_a_file_of_another_format_version_is_refused_with_a_clear_error(tmp_path, version):
+    path = tmp_path / "last.safetensors"
+    _save(path)
+    _rewrite_header(path, format_version=version)
+    written = f"format version {version}" if version is not None else "no format version"
+    with pytest.raises(CheckpointError, match=f"'{path}' has {written}; this capsnets .* reads format version 1 only"):
+        load_checkpoint(path)
+    assert ckpt.checkpoint_epoch(path) is None  # the header alone: another format is not read either
+
+
+def test_every_sidecar_records_the_format_version(tmp_path):
+    from capsnets.io import FORMAT_VERSION
+
+    path = tmp_path / "last.safetensors"
+    _save(path)
+    assert load_checkpoint(path).meta["format_version"] == FORMAT_VERSION
+    assert json.loads(path.with_suffix(".json").read_text())["format_version"] == FORMAT_VERSION
+
+
+def test_a_safetensors_file_that_is_no_checkpoint_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, tmp_path / "w.safetensors")
+    with pytest.raises(CheckpointError, match="not a capsnets checkpoint"):
+        load_checkpoint(tmp_path / "w.safetensors")
 
 
 def test_one_commit_point_a_crash_after_it_leaves_the_new_checkpoint(tmp_path, monkeypatch, caplog):
@@ -111,7 +131,7 @@ def test_one_commit_point_a_crash_after_it_leaves_the_new_checkpoint(tmp_path, m
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ckpt, "atomic_write", crash)
+    monkeypatch.setattr(capsnets_io, "atomic_write", crash)
     with pytest.raises(KeyboardInterrupt):
         _save(path, seed=5, metrics={"run": "new"})
     monkeypatch.undo()
@@ -156,8 +176,7 @@ def test_sidecar_of_wrong_types_is_refused_with_the_entry_named(tmp_path, entry,
 
 def test_absurd_model_sizes_in_a_sidecar_allocate_nothing(tmp_path):
     """A sidecar whose model arguments ask for a huge model is refused after building it on the meta device."""
-    from capsnets.engine.checkpoint import load_model
-    from capsnets.models import create_model
+    from capsnets.models import create_model, load_model
 
     model = create_model("capsnet_digits")
     save_checkpoint(tmp_path / "m.safetensors", model=model,
@@ -186,7 +205,7 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch, error):
         raise SafetensorError("Error while serializing: IoError(No space left on device)") if error == "safetensors" \
             else error
 
-    monkeypatch.setattr(ckpt, "save_file", broken_save_file)
+    monkeypatch.setattr(capsnets_io, "save_file", broken_save_file)
     with pytest.raises(ckpt.CheckpointWriteError, match="could not write checkpoint .*space.*is intact"):
         _save(path, seed=5)
     assert (path.read_bytes(), (tmp_path / "last.json").read_text()) == before

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from capsnets import io as capsnets_io
 from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import reporting
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, resume_changes
@@ -171,11 +172,11 @@ def test_sidecar_entries_of_the_wrong_type_are_refused_on_resume(tiny_config, no
     path = Path(config.out) / "last.safetensors"
     with safe_open(path, framework="pt") as handle:
         metadata = handle.metadata()
-    meta = json.loads(metadata[ckpt.EMBEDDED_SIDECAR])
+    meta = json.loads(metadata[capsnets_io.EMBEDDED_SIDECAR])
     meta["training"]["epoch"] = "one"
     text = json.dumps(meta)  # with its checksum: written so, not damaged afterwards
-    save_file(load_file(path), path, metadata={**metadata, ckpt.EMBEDDED_SIDECAR: text,
-                                               ckpt.SIDECAR_DIGEST: hashlib.sha256(text.encode()).hexdigest()})
+    save_file(load_file(path), path, metadata={**metadata, capsnets_io.EMBEDDED_SIDECAR: text,
+                                               capsnets_io.SIDECAR_DIGEST: hashlib.sha256(text.encode()).hexdigest()})
     with pytest.raises(ValueError, match="training.epoch.*'one'"):
         Trainer(config.replace(epochs=2), resume=True).fit()
     assert len(reporting.read_metrics(Path(config.out))) == 1

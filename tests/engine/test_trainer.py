@@ -11,7 +11,7 @@ from capsnets.engine import reporting
 from capsnets.engine import NonFiniteLossError
 from capsnets.engine.trainer import Trainer
 from capsnets.models.output import ModelOutput
-from helpers import as_earlier_version
+from helpers import rewrite_sidecar
 
 
 class DropoutNet(nn.Module):
@@ -29,7 +29,7 @@ class DropoutNet(nn.Module):
 
 @pytest.fixture
 def dropout_net(monkeypatch):
-    monkeypatch.setattr(ckpt, "build_model", lambda name, args=None, recorded=False: DropoutNet())
+    monkeypatch.setattr(ckpt, "build_model", lambda name, args=None: DropoutNet())
 
 
 def test_run_directory(tiny_config):
@@ -141,7 +141,7 @@ def test_resumes_a_run_directory_written_before_the_train_state(tiny_config, tmp
     training = meta.pop("training")
     meta["progress"] = {"epoch": 1, "train_time_s": training["train_time_s"], "best_epoch": 1,
                         "test_accuracy": training["history"][0]["test_accuracy"], "time_to_accuracy": {}}
-    as_earlier_version(sidecar.with_suffix(".safetensors"), meta)
+    rewrite_sidecar(sidecar.with_suffix(".safetensors"), meta)
     resumed = Trainer(tiny_config(out=str(tmp_path / "b"), epochs=2, **small), resume=True)
     summary = resumed.fit()
     assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()))

@@ -5,7 +5,7 @@ from torch import nn
 
 from capsnets.experiments.training import epochs_trained, minutes_to_seconds, train_classifier
 from capsnets.models.output import ModelOutput
-from helpers import as_earlier_version
+from helpers import rewrite_sidecar
 
 
 class Linear(nn.Module):
@@ -157,7 +157,7 @@ def test_a_checkpoint_cut_short_by_an_earlier_version_is_refused_with_what_to_do
     sidecar = tmp_path / "m.json"
     meta = json.loads(sidecar.read_text())
     meta["training"] = {"epoch": 1, "finished": False, "step": 3, "done": 8, "best": 0}  # train_matched's old record
-    as_earlier_version(tmp_path / "m.safetensors", meta)
+    rewrite_sidecar(tmp_path / "m.safetensors", meta)
     with pytest.raises(ValueError, match=r"m.safetensors: .*does not read \(done\); delete the checkpoint"):
         load_or_train(NoisyLinear(), "m", lambda: None, checkpoint_dir=tmp_path, state=TrainingState())
 

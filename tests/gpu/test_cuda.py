@@ -147,7 +147,7 @@ def test_compiled_training_step_matches_eager_on_cuda(cuda, name):
 
 
 def test_trainer_on_cuda_with_bf16_resumes_and_loads_on_cpu(cuda, tmp_path):
-    from capsnets.engine.checkpoint import load_model
+    from capsnets.models import load_model
     from capsnets.engine.config import TrainConfig
     from capsnets.engine.trainer import train
 

@@ -9,7 +9,8 @@ import torch
 
 import capsnets
 from capsnets.data import center_crop, random_crop
-from capsnets.engine.checkpoint import load_model, save_checkpoint
+from capsnets.engine.checkpoint import save_checkpoint
+from capsnets.models import load_model
 from capsnets.functional import DynamicRouting, SelfAttentionRouting
 from capsnets.models.capsnet import CapsNet
 from capsnets.testing import reference_dynamic_routing

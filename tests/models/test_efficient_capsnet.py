@@ -145,6 +145,7 @@ def test_bad_arguments_are_refused_clearly():
 def test_another_routing_can_be_passed_in():
     model = capsnets.create_model("efficient_capsnet", routing={"type": "dynamic", "iterations": 2},
                                   reconstruction=False)
-    assert model.model_args["routing"] == {"type": "dynamic", "iterations": 2, "detach_routing": True}
+    assert model.model_args["routing"] == {"type": "dynamic", "iterations": 2, "detach_routing": True,
+                                           "none_of_the_above": False}
     assert model(torch.rand(2, 1, 28, 28)).scores.shape == (2, 10)
 

@@ -1,13 +1,10 @@
 """matrix_capsnet's two formulations: the paper's text and the authors' released code."""
-import json
-
 import pytest
 import torch
 
 import capsnets
 from capsnets.functional import EMRouting, em_inverse_temperatures
 from capsnets.models.matrix_capsnet import receptive_field_centres
-from helpers import as_earlier_version
 
 
 def test_official_model_uses_the_released_routing_in_each_layer():
@@ -82,30 +79,9 @@ def test_a_routing_object_overrides_the_routing_but_not_the_rest():
     assert model.primary.activation_offset == -1.0
 
 
-def test_models_record_their_formulation_and_old_records_rebuild_as_the_paper(tmp_path):
-    from capsnets.engine.checkpoint import load_model
-    from capsnets.experiments.training import load_or_train
-
-    model = capsnets.create_model("matrix_capsnet_small")
-    assert model.model_args["formulation"] == model.formulation
-    torch.manual_seed(0)
+def test_a_model_records_its_formulation_and_rebuilds_from_the_record(tmp_path):
     paper = capsnets.create_model("matrix_capsnet_small", formulation="paper")
-    assert not load_or_train(paper, "m", lambda: None, checkpoint_dir=tmp_path)
-    sidecar = tmp_path / "m.json"
-    meta = json.loads(sidecar.read_text())
-    assert meta["model_args"]["formulation"] == "paper"
-    del meta["model_args"]["formulation"]  # as a checkpoint written before formulations existed
-    as_earlier_version(tmp_path / "m.safetensors", meta)
-    rebuilt, _ = load_model(tmp_path / "m.safetensors")
+    capsnets.save_model(tmp_path / "m.safetensors", paper)
+    rebuilt, checkpoint = capsnets.load_model(tmp_path / "m.safetensors")
+    assert checkpoint.meta["model_args"]["formulation"] == "paper"
     assert rebuilt.formulation == "paper" and rebuilt.primary.pose.bias is not None
-
-
-def test_recorded_arguments_fill_in_the_old_default():
-    from capsnets.engine.checkpoint import build_model
-    from capsnets.models.registry import recorded_model_args
-
-    assert recorded_model_args("matrix_capsnet_small", {}) == {"formulation": "paper"}
-    assert recorded_model_args("matrix_capsnet_small", {"formulation": "official"}) == {"formulation": "official"}
-    assert recorded_model_args("capsnet_small", {"num_classes": 5}) == {"num_classes": 5}
-    assert build_model("matrix_capsnet_small", {}, recorded=True).formulation == "paper"  # a run being resumed
-    assert build_model("matrix_capsnet_small", {}).formulation == "official"  # a new run

@@ -110,7 +110,7 @@ def test_models_record_the_arguments_that_rebuild_them():
 
 
 def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
-    from capsnets.engine.checkpoint import load_model
+    from capsnets.models import load_model
     from capsnets.experiments.training import load_or_train
 
     model = capsnets.create_model("capsnet_small", input_size=(1, 36, 36))
@@ -172,7 +172,7 @@ def test_training_steps_leave_no_tensors_behind(name):
 
 
 def test_matrix_models_give_the_class_layer_routing_settings_of_its_own(tmp_path):
-    from capsnets.engine.checkpoint import load_model
+    from capsnets.models import load_model
     from capsnets.experiments.training import load_or_train
 
     torch.manual_seed(0)

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 import capsnets
-from capsnets.engine.checkpoint import load_model, restore_model, save_checkpoint
+from capsnets.engine.checkpoint import save_checkpoint
+from capsnets.io import load_checkpoint
+from capsnets.models.hub import load_model, restore_model
 from capsnets.functional import DynamicRouting, EMRouting
 
 
@@ -52,7 +54,7 @@ def test_the_recorded_spec_is_complete_and_json():
     spec = model.model_args["routing"]
     assert spec == routing.to_config() and spec["eps"] == 1e-5 and len(spec["inverse_temperature"]) == 2
     assert capsnets.create_model("capsnet_small", routing=DynamicRouting(2)).model_args == {
-        "routing": {"type": "dynamic", "iterations": 2, "detach_routing": True}}
+        "routing": {"type": "dynamic", "iterations": 2, "detach_routing": True, "none_of_the_above": False}}
     partial = capsnets.create_model("capsnet_small", routing={"type": "dynamic", "iterations": 2})
     assert partial.model_args["routing"] == DynamicRouting(2).to_config()  # the defaults filled in
 
@@ -75,8 +77,6 @@ def test_an_undescribed_routing_is_recorded_and_refuses_to_be_rebuilt(tmp_path):
     with pytest.raises(ValueError, match=r"Halved\(\).*cannot be rebuilt.*restore_model"):
         load_model(path)  # ... but never loaded into a model with the default routing
     same = capsnets.create_model("capsnet_digits", routing=_Halved())
-    from capsnets.engine.checkpoint import load_checkpoint
-
     restore_model(same, load_checkpoint(path))  # the way the error names
     images = torch.rand(2, 1, 8, 8)
     torch.testing.assert_close(same(images).scores, model(images).scores, rtol=0, atol=0)

@@ -18,6 +18,7 @@ import pytest
 from safetensors import SafetensorError
 
 from capsnets.cli import main
+from capsnets import io as capsnets_io
 from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import reporting
 from reliability.crash_runner import FIGURES as FIGURE_FUNCTIONS, figure_stub
@@ -35,7 +36,7 @@ class DiskFull:
         self.name, self.nth, self.seen, self.fired = name, nth, 0, False
 
     def install(self, patch: pytest.MonkeyPatch) -> "DiskFull":
-        real_open, real_save = io.open, ckpt.save_file
+        real_open, real_save = io.open, capsnets_io.save_file
 
         def open_(file, mode="r", *args, **kwargs):
             handle = real_open(file, mode, *args, **kwargs)
@@ -53,7 +54,7 @@ class DiskFull:
 
         patch.setattr(builtins, "open", open_)
         patch.setattr(io, "open", open_)
-        patch.setattr(ckpt, "save_file", save_file)
+        patch.setattr(capsnets_io, "save_file", save_file)
         return self
 
     def _due(self, path) -> bool:
@@ -192,8 +193,8 @@ def _write_counts(argv, run) -> dict[str, int]:
         _no_figures(patch, False)
         patch.setattr(builtins, "open", open_)
         patch.setattr(io, "open", open_)
-        real_save = ckpt.save_file
-        patch.setattr(ckpt, "save_file", lambda tensors, filename, metadata=None: (
+        real_save = capsnets_io.save_file
+        patch.setattr(capsnets_io, "save_file", lambda tensors, filename, metadata=None: (
             counts.__setitem__(target_name(filename), counts.get(target_name(filename), 0) + 1),
             real_save(tensors, filename, metadata=metadata))[1])
         assert main(argv) == 0

@@ -62,7 +62,7 @@ def read_affnist_mat(path: str | os.PathLike) -> tuple[Tensor, Tensor]:
         DatasetError: not a MATLAB file, no ``affNISTdata`` struct, or fields of the wrong shape.
     """
     try:
-        from scipy.io import loadmat
+        from scipy.io import loadmat  # slow to import, and only affNIST's .mat files need it
     except ImportError as err:  # pragma: no cover - scipy comes with scikit-learn
         raise DatasetError("reading affNIST .mat files needs scipy (pip install scipy)") from err
     path = Path(path)

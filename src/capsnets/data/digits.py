@@ -58,7 +58,7 @@ def load_digits_split(train: bool = True, *, test_size: int = 360, seed: int = 0
         - images: ``(N, 1, 8, 8)``
         - labels: ``(N,)``
     """
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # scikit-learn is slow to import; only this data set needs it
 
     bunch = load_digits()
     train_idx, test_idx = stratified_split(bunch.target, test_size, seed)

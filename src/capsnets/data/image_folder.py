@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image, ImageOps
 from torch import Tensor
 
 from .base import TensorData
@@ -151,8 +152,6 @@ def read_image(path: str | os.PathLike, channels: int, size: tuple[int, int] | N
     Raises:
         DatasetError: the file cannot be decoded; the message names it.
     """
-    from PIL import Image
-
     try:
         with Image.open(path) as image:
             return image_to_tensor(image, channels, size)[0]
@@ -176,8 +175,6 @@ def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -
         channels: 1 or 3.
         size: ``(H, W)``, or None to keep the image's size.
     """
-    from PIL import Image, ImageOps
-
     if channels not in (1, 3):
         raise ValueError(f"channels={channels!r} is invalid: expected 1 or 3")
     notes: list[str] = []
@@ -274,8 +271,6 @@ def _seeded_split(root: Path, per_class: list[list[Path]], test_fraction: float,
 
 def _inspect(items: list[tuple[Path, int]]) -> tuple[int, tuple[int, int]]:
     """``(channels, (H, W) of the first image)`` from the files' headers."""
-    from PIL import Image
-
     colour, first = False, None
     for file, _ in items:
         try:

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .base import TensorData
+from .transforms import NorbAugment, center_crop, resize, standardize
+
 __all__ = ["RawNorbLike", "NORB_INFO_KEYS", "norb_protocol", "NORB_SIZE", "NORB_CROP"]
 
 #: Side of the downscaled images that are stored (and randomly cropped in training).
@@ -91,9 +94,6 @@ def norb_protocol(raw: RawNorbLike, train: bool, *, name: str = "", size: int = 
         A :class:`~capsnets.data.base.TensorData`; images ``(N, 1, size, size)`` (train) or
         ``(N, 1, crop, crop)`` (test), float32, zero mean and unit variance per (uncropped) image.
     """
-    from .base import TensorData
-    from .transforms import NorbAugment, center_crop, resize, standardize
-
     chunks = [standardize(resize(part.unsqueeze(1).float().div_(255.0), size))  # (n, 1, size, size)
               for part in raw.images.split(_CHUNK)]  # chunks bound the float copy of 96x96 images
     images = torch.cat(chunks) if chunks else torch.zeros(0, 1, size, size)

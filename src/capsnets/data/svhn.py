@@ -37,7 +37,7 @@ def read_svhn_mat(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     Raises:
         DatasetError: the file is not a MATLAB v5 file, or ``X`` / ``y`` are missing or malformed.
     """
-    import scipy.io
+    import scipy.io  # slow to import, and only SVHN's .mat files need it
 
     try:
         mat = scipy.io.loadmat(path, variable_names=["X", "y"])

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from PIL import Image, ImageChops
 from torch import Tensor, nn
 
+from capsnets.data import load_dataset
 from capsnets.functional import capsule_length
 from capsnets.validation import ArgumentError
 from capsnets.models.capsnet import CapsNet
@@ -179,6 +181,7 @@ class DemoModel:
         """The perturbation grid of the winning capsule (paper Fig. 4) as a PNG, and the winning class, drawn by
         :func:`~capsnets.experiments.dimensions.perturbation_grid` and
         :func:`~capsnets.experiments.dimensions.plot_grid`."""
+        # slow (matplotlib and every experiment); only this figure needs it
         from capsnets.experiments.dimensions import perturbation_grid, plot_grid
 
         self._require_decoder()
@@ -196,8 +199,6 @@ class DemoModel:
         return self._samples
 
     def _load_samples(self, per_class: int) -> tuple[Tensor, Tensor]:
-        from capsnets.data import load_dataset
-
         empty = (torch.zeros(0, *self.input_size), torch.zeros(0, dtype=torch.long))
         if self.dataset is None:
             self.samples_note = "the model does not record its data set: draw, or send your own images"
@@ -230,8 +231,6 @@ class DemoModel:
 
 def _trimmed(png: Path, margin: int = 6) -> bytes:
     """A figure's PNG without its white border (but ``margin`` pixels of it)."""
-    from PIL import Image, ImageChops
-
     with Image.open(png) as figure:
         figure = figure.convert("RGB")
     box = ImageChops.difference(figure, Image.new("RGB", figure.size, "white")).getbbox()

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
 from capsnets.validation import ArgumentError
@@ -53,8 +54,6 @@ def open_image(data: bytes):
     Raises:
         ArgumentError: not an image Pillow reads, or too large.
     """
-    from PIL import Image, UnidentifiedImageError
-
     try:
         image = Image.open(io.BytesIO(data))
         width, height = image.size
@@ -146,8 +145,6 @@ def display(image: Tensor, dataset: str | None = None) -> Tensor:
 def tensor_png(image: Tensor, scale: int = 1) -> bytes:
     """A ``(C, H, W)`` image in ``[0, 1]`` (C = 1 or 3; other counts: the first channel) as PNG bytes, each pixel
     repeated ``scale`` times in both directions."""
-    from PIL import Image
-
     image = image.detach().float().cpu().clamp(0, 1)
     if image.shape[0] not in (1, 3):
         image = image[:1]
@@ -189,7 +186,7 @@ def map_png(heat: Tensor, top: float | None = None) -> bytes:
 
 def _inferno(values: Tensor) -> Tensor:
     """``(h, w)`` values in ``[0, 1]`` as ``(3, h, w)`` colours of matplotlib's ``inferno``."""
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # slow to import; only the heat maps need it
 
     return torch.from_numpy(colormaps["inferno"](values.detach().cpu().numpy())[..., :3]).float().permute(2, 0, 1)
 

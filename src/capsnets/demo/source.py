@@ -2,7 +2,7 @@
 one the demo trains.
 
 By default :func:`load_demo_model` loads the shipped weight :data:`DEMO_PRETRAINED` (``capsnet_small`` on MNIST,
-offline: :mod:`capsnets.pretrained`). Given a run directory ``out`` instead, it trains :data:`DEMO_TRAINING`
+offline: :mod:`capsnets.models.hub`). Given a run directory ``out`` instead, it trains :data:`DEMO_TRAINING`
 (``capsnet_digits`` on scikit-learn's 8x8 digits, offline, about 20 s on 2 CPU cores, about 97% test accuracy) there
 on the first start and loads it on later starts; a training interrupted there is continued.
 """
@@ -13,7 +13,10 @@ import os
 import time
 from pathlib import Path
 
+from capsnets.data import dataset_info
 from capsnets.demo.capsules import DemoModel
+from capsnets.engine import TrainConfig, train
+from capsnets.models.hub import load_model, load_pretrained
 from capsnets.validation import ArgumentError
 
 __all__ = ["DEMO_PRETRAINED", "DEMO_RUN_DIR", "DEMO_TRAINING", "load_demo_model"]
@@ -41,14 +44,10 @@ def load_demo_model(checkpoint: str | os.PathLike | None = None, *, out: str | o
     Raises:
         ValueError: the checkpoint cannot be loaded, or ``out`` holds other files (naming it).
     """
-    from capsnets.engine.checkpoint import load_model
-
     if checkpoint is not None:
         model, loaded = load_model(checkpoint, "cpu")
         return _demo_model(model, loaded, f"loaded from {loaded.path}{_epoch(loaded)}")
     if pretrained is not None:
-        from capsnets.pretrained import load_pretrained
-
         model, loaded = load_pretrained(pretrained, device="cpu")
         return _demo_model(model, loaded, f"the shipped pretrained weight {pretrained}")
     run = Path(out)
@@ -65,8 +64,6 @@ def load_demo_model(checkpoint: str | os.PathLike | None = None, *, out: str | o
 
 def _train(run: Path) -> float:
     """Train :data:`DEMO_TRAINING` into ``run`` (or continue it there); the seconds it took."""
-    from capsnets.engine import TrainConfig, train
-
     if run.exists() and not run.is_dir():
         raise ArgumentError(f"'{run}' is a file, not a run directory for the demo model; name another --out")
     resume = (run / "last.safetensors").is_file()
@@ -102,8 +99,6 @@ def _epoch(checkpoint) -> str:
 
 def _class_names(meta: dict, count: int) -> list[str]:
     """The class names a checkpoint records, else its data set's, else ``0``, ``1``... (as ``capsnets predict``)."""
-    from capsnets.data import dataset_info
-
     recorded = meta.get("classes")
     if isinstance(recorded, list) and len(recorded) == count:
         return [str(name) for name in recorded]

@@ -1,23 +1,24 @@
-"""Training, evaluation, checkpoints and distributed set-up; nothing here knows about capsules.
+"""Training, evaluation, training checkpoints and distributed set-up; nothing here knows about capsules.
 
 - :class:`TrainConfig`, :func:`build_config`: the run's configuration (file + overrides)
 - :func:`train` / :class:`Trainer`: train a registered model on a data set, writing a run directory
 - :func:`fit`, :class:`TrainState`, :func:`training_step`: the one training loop that the trainer and every
   experiment use (a step function, evaluation points, time limit, exact continuation)
 - :func:`evaluate`: accuracy, per-class accuracy and confusion matrix of a model on a data set
-- :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`load_model`: safetensors + JSON checkpoints
+- :func:`save_checkpoint`, :func:`restore_training`: a model with its optimizer, scheduler and RNG state (the
+  file format is :mod:`capsnets.io`'s; a model alone: :func:`capsnets.models.load_model`)
+- :func:`publish_checkpoint`: a trained checkpoint as a pretrained weight with its model card
 """
-from .checkpoint import (Checkpoint, CheckpointError, build_model, load_checkpoint, load_model,
-                         resolve_checkpoint_path, restore_model, restore_training, save_checkpoint)
+from .checkpoint import restore_training, save_checkpoint
 from .config import TrainConfig, build_config, read_config_file
 from .distributed import DistContext
 from .evaluate import accuracy, dice_score, evaluate
 from .fit import NonFiniteLossError, TrainState, fit, save_state, training_step
+from .publish import publish_checkpoint
 from .trainer import Trainer, train
 
 __all__ = [
-    "Checkpoint", "CheckpointError", "build_model", "load_checkpoint", "load_model", "resolve_checkpoint_path",
-    "restore_model", "restore_training", "save_checkpoint", "TrainConfig", "build_config", "read_config_file",
-    "DistContext", "accuracy", "dice_score", "evaluate", "NonFiniteLossError", "TrainState", "fit", "save_state",
-    "training_step", "Trainer", "train",
+    "restore_training", "save_checkpoint", "TrainConfig", "build_config", "read_config_file", "DistContext",
+    "accuracy", "dice_score", "evaluate", "NonFiniteLossError", "TrainState", "fit", "save_state", "training_step",
+    "publish_checkpoint", "Trainer", "train",
 ]

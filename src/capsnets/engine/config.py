@@ -21,8 +21,9 @@ from typing import Any
 
 import yaml
 
+from capsnets.data.transforms import AUGMENTATIONS
 from capsnets.engine.runtime import AMP_MODES
-from capsnets.files import atomic_write
+from capsnets.io import atomic_write
 
 class _YamlLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that ``1e-3`` (an exponent without a dot) is a float, as in JSON and
@@ -140,8 +141,6 @@ class TrainConfig:
         _require(size is None or (_integer(size) and size >= 1) or (
             isinstance(size, (list, tuple)) and len(size) == 2 and all(_integer(s) and s >= 1 for s in size)),
             "image_size", size, "None, a positive integer or [height, width]")
-        from capsnets.data.transforms import AUGMENTATIONS
-
         _require(self.augment is None or self.augment in AUGMENTATIONS, "augment", self.augment,
                  f"None or one of {sorted(AUGMENTATIONS)}")
         _require(self.loss is None or (isinstance(self.loss, str) and self.loss), "loss", self.loss,

@@ -20,8 +20,11 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from capsnets.data import dataset_info
+from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, resolve_amp, resolve_device
+from capsnets.models.hub import load_model
 from capsnets.models.output import ModelOutput
 
 
@@ -186,8 +189,6 @@ def load_ensemble(paths: Sequence[str | Path], device: str | torch.device = "cpu
         ValueError: a checkpoint given twice, one that does not record its data set, or checkpoints trained on
             different data sets, classes or image sizes (the message names the two that differ).
     """
-    from capsnets.engine.checkpoint import load_model
-
     loaded = [load_model(path, device) for path in paths]
     if not loaded:
         raise ValueError("an ensemble needs at least one checkpoint")
@@ -218,7 +219,4 @@ def load_ensemble(paths: Sequence[str | Path], device: str | torch.device = "cpu
 
 def _dataset_name(name: str) -> str:
     """A recorded data set's canonical name (``"CIFAR-10"`` and ``"cifar10"`` are one data set); a folder's as given."""
-    from capsnets.data import dataset_info
-    from capsnets.data.image_folder import FOLDER_PREFIX
-
     return name if name.startswith(FOLDER_PREFIX) else dataset_info(name).name

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import Tensor
 
-from capsnets.files import FileWriteError, atomic_write, read_json_lines
+from capsnets.io import FileWriteError, atomic_write, read_json_lines
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -37,7 +37,7 @@ def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
 
 def read_metrics(run_dir: Path, last_epoch: int | None = None) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl`` (up to ``last_epoch``), or [] if there is none; a torn last line is left
-    out with a warning (:func:`capsnets.files.read_json_lines`)."""
+    out with a warning (:func:`capsnets.io.read_json_lines`)."""
     path = run_dir / METRICS_FILE
     if not path.is_file():
         return []
@@ -87,7 +87,7 @@ def save_figures(run_dir: Path, *, confusion: Tensor, class_names: list[str], sa
             or None when the model has no decoder.
         checkpoint: which checkpoint the confusion matrix and reconstructions show (in their titles).
     """
-    from capsnets import plots
+    from capsnets import plots  # matplotlib is slow to import; only the end of a run draws figures
 
     paths = [plots.plot_training_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE),
              plots.plot_confusion_matrix(confusion, class_names, run_dir / CONFUSION_FILE,

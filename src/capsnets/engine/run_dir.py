@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from capsnets.engine.checkpoint import recover_directory
-from capsnets.files import FileWriteError
+from capsnets.io import FileWriteError
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class RunDirectory:
 
     def _take_lock(self) -> None:
         try:
-            import fcntl
+            import fcntl  # POSIX only
         except ImportError:  # Windows: no advisory locks; one training per directory is then up to the user
             return
         handle = open(self.path / LOCK_FILE, "a+")

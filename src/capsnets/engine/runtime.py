@@ -116,8 +116,9 @@ def retain_freed_memory() -> bool:
     heap and stay there once freed: a training step then touches memory it already has. The price is that
     the process's resident memory stays near its peak.
 
-    It changes the whole process, so the library never calls it on import: the ``capsnets`` command calls it,
-    as do the benchmarks and the test suite. Set ``CAPSNETS_RETAIN_FREED_MEMORY=0`` to leave malloc alone.
+    It changes the whole process, so the library never calls it on import: the ``capsnets`` command calls it
+    when asked (``--retain-freed-memory`` or ``CAPSNETS_RETAIN_FREED_MEMORY=1``), as do the benchmarks and the
+    test suite. Set ``CAPSNETS_RETAIN_FREED_MEMORY=0`` to leave malloc alone.
 
     Returns:
         True if the settings are in effect (now or from an earlier call), False where the C library is not

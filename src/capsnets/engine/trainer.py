@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 import capsnets
+from capsnets.data import AUGMENTATIONS, DeviceLoader, load_dataset
 from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import distributed, reporting
 from capsnets.engine.config import TrainConfig
@@ -28,6 +29,8 @@ from capsnets.engine.evaluate import evaluate
 from capsnets.engine.fit import NonFiniteLossError, TrainState, fit, save_state, training_step
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, resume_changes
 from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything
+from capsnets.losses import LOSS_TASKS, create_loss, list_losses
+from capsnets.models import model_arguments, model_task
 
 logger = logging.getLogger(__name__)
 
@@ -165,8 +168,6 @@ class Trainer:
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load_data(self, device: torch.device):
-        from capsnets.data import load_dataset
-
         cfg = self.config
         splits = []
         for train, limit in ((True, cfg.limit_train), (False, cfg.limit_test)):
@@ -177,8 +178,6 @@ class Trainer:
 
     def _build_model(self, data) -> torch.nn.Module:
         """Build the model; ``num_classes`` and ``input_size`` default to the data set's (saved in the config)."""
-        from capsnets.models import model_arguments, model_task
-
         task = model_task(self.config.model)
         if task != "classification":
             where = {"segmentation": "`capsnets experiment segmentation` trains segmentation models",
@@ -189,7 +188,7 @@ class Trainer:
         for key, value in (("num_classes", data.num_classes), ("input_size", list(data.input_shape))):
             if key in accepted and key not in self.config.model_args:
                 self.config.model_args[key] = value
-        model = ckpt.build_model(self.config.model, self.config.model_args, recorded=self.resume)
+        model = ckpt.build_model(self.config.model, self.config.model_args)
         recorded = getattr(model, "model_args", {})  # e.g. an argument whose default changed: named from now on
         self.config.model_args.update({k: v for k, v in recorded.items() if k not in self.config.model_args})
         expected_shape = tuple(data.input_shape)  # after the data set's own augmentation (e.g. crops)
@@ -201,8 +200,6 @@ class Trainer:
         return model
 
     def _build_loss(self, model: torch.nn.Module) -> torch.nn.Module:
-        from capsnets.losses import LOSS_TASKS, create_loss, list_losses
-
         name = self.config.loss or model.default_loss
         if LOSS_TASKS.get(name, "classification") != "classification":
             raise ValueError(f"loss {name!r} is for {LOSS_TASKS[name]} models, and the trainer trains classifiers; "
@@ -216,8 +213,6 @@ class Trainer:
         return criterion
 
     def _loader(self, data, context: distributed.DistContext):
-        from capsnets.data import AUGMENTATIONS, DeviceLoader
-
         cfg = self.config
         augment = None
         if cfg.augment is not None:
@@ -236,8 +231,6 @@ class Trainer:
     def _resume_checkpoint(self) -> ckpt.Checkpoint:
         """``<out>/last``, after checking that the config resumes the run it holds (:func:`resume_changes`); the
         config's model arguments become the run's."""
-        from capsnets.models import model_arguments
-
         path = self.run_dir / f"last{ckpt.SUFFIX}"
         if not path.is_file():
             raise ckpt.CheckpointError(f"cannot resume: no checkpoint '{path}'; train without --resume first")

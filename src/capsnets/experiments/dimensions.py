@@ -24,7 +24,8 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from capsnets.data import load_dataset, random_shift
-from capsnets.engine.checkpoint import CheckpointError, load_model
+from capsnets.io import CheckpointError
+from capsnets.models.hub import load_model
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (ExperimentResult, markdown_table, percent, save_figure, settings_table,
                                          training_cell, write_report)

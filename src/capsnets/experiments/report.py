@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from capsnets.files import atomic_write
+from capsnets.io import atomic_write
 from capsnets.plots import save_figure
 
 __all__ = ["ExperimentResult", "annotate_report", "epoch_table", "markdown_table", "matching_note", "percent",

@@ -53,7 +53,7 @@ from capsnets.experiments.matching import error_rate, load_norb_like, train_matc
 from capsnets.experiments.report import markdown_table, percent, save_figure, settings_table, write_report
 from capsnets.experiments.training import (TensorBatches, checkpoint_name, default_loss_fn, evaluate_accuracy,
                                            fit_or_load, load_or_train, minutes_to_seconds)
-from capsnets.files import atomic_write
+from capsnets.io import atomic_write
 from capsnets.models import count_parameters, create_model
 from capsnets.models.routing_zoo import HEADS
 

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from capsnets.files import atomic_write
+from capsnets.io import atomic_write
 from capsnets.engine.runtime import resolve_device
 from capsnets.experiments.common import check_seed, get_contrasts, run_experiment
 from capsnets.experiments.report import (ExperimentResult, annotate_report, markdown_table, percent, run_description,

@@ -25,6 +25,9 @@ from torch import Tensor, nn
 from capsnets.engine.evaluate import accuracy as evaluate_accuracy
 from capsnets.engine.fit import TrainState, fit, save_state, training_step
 from capsnets.engine.runtime import resolve_amp
+from capsnets.io import load_checkpoint, recover_directory
+from capsnets.losses import create_loss
+from capsnets.models.hub import restore_model
 
 __all__ = ["TensorBatches", "TrainingState", "checkpoint_name", "default_loss_fn",
            "epochs_trained", "evaluate_accuracy", "fit_or_load", "load_or_train", "minutes_to_seconds",
@@ -47,8 +50,6 @@ def _take(targets: Targets, index: Tensor | slice) -> Targets:
 
 def default_loss_fn(model: nn.Module) -> LossFn:
     """``loss(model, images, labels)`` with the model's default loss (margin + reconstruction, or CE)."""
-    from capsnets.losses import create_loss
-
     criterion = create_loss(getattr(model, "default_loss", "cross_entropy"))
 
     def loss(model: nn.Module, images: Tensor, labels: Tensor) -> Tensor:
@@ -238,8 +239,6 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
     not a time limit), kept in the sidecar. A checkpoint trained with another recipe is refused with an
     error naming the settings that differ, rather than loaded as if this run had trained it (checkpoints
     written without a recipe are loaded as they are)."""
-    from capsnets.engine.checkpoint import load_checkpoint, recover_directory, restore_model
-
     path = Path(checkpoint_dir) / f"{name}.safetensors" if checkpoint_dir is not None else None
     if path is not None:
         recover_directory(path.parent)  # what a crash in an earlier save left

@@ -67,10 +67,10 @@ def load(verbose: bool = False):
             _state["tried"] = True
             path = os.environ.get("PATH", "")
             try:
-                from torch.utils.cpp_extension import load as load_extension
+                from torch.utils.cpp_extension import load as load_extension  # slow; only to build the kernel
 
                 try:  # the ninja of the pip package (a dependency), also when the environment is not activated
-                    import ninja
+                    import ninja  # optional: a system ninja serves too
 
                     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
                 except ImportError:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import check_flag, check_positive_int, check_votes, power_of_two_above, \
     sum_unit, working
@@ -98,8 +99,6 @@ class InvertedAttentionRouting:
         ``nn.Module``); the routing itself when ``affine=False``."""
         if not self.affine:
             return self
-        from capsnets.layers.bound_routing import BoundRouting
-
         return BoundRouting(self, {"weight": torch.ones(out_dim, device=device, dtype=dtype),
                                    "bias": torch.zeros(out_dim, device=device, dtype=dtype)})
 

@@ -9,12 +9,9 @@ It takes part of each child's coupling and yields no output and no class score; 
 parents then sum to less than 1. This is what the authors' released code does with ``leaky=True``
 (Sarasra/models, ``research/capsules/models/layers/layers.py``, ``_leaky_routing``), in every iteration.
 
-Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim;
-``H``/``W`` rows/columns of a capsule grid.
+Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 
-Convolutional capsules (LaLonde & Bagci 2018, "Capsules for Object Segmentation", Sec. 3.1) route
-*locally*: :func:`local_routing` runs a routing procedure independently at every output position, between
-the child and parent capsule types there.
+Convolutional capsules route at every position of a grid: :mod:`capsnets.functional.local_routing`.
 
 Implementation (same result as the procedure, in fewer operations): the predictions are laid out once as
 ``(B, J, I, D)`` so every weighted sum and every agreement is a batched matrix product
@@ -44,7 +41,7 @@ from capsnets.functional.products import matvec
 from capsnets.functional.squash import _squash
 
 
-@dataclass(frozen=True, repr=False)
+@dataclass(frozen=True)
 class DynamicRouting:
     """Dynamic routing as a value to pass to a capsule layer. Its defaults are the library's defaults of
     dynamic routing: layers and model builders that are given no routing use ``DynamicRouting()``.
@@ -53,8 +50,7 @@ class DynamicRouting:
         iterations: routing iterations ``r`` (>= 1; the paper uses 3).
         detach_routing: detach the predictions in every iteration but the last (see the module docstring).
         none_of_the_above: an extra parent in each child's softmax that takes coupling but has no capsule
-            (Sec. 7; see the module docstring). Its spec and repr name it only when it is on, so the records
-            of routings made before it existed read the same.
+            (Sec. 7; see the module docstring).
 
     Shape:
         ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)`` to the
@@ -66,9 +62,7 @@ class DynamicRouting:
         >>> routing(torch.randn(8, 1152, 10, 16)).shape
         torch.Size([8, 10, 16])
         >>> routing.to_config()
-        {'type': 'dynamic', 'iterations': 2, 'detach_routing': True}
-        >>> DynamicRouting(3, none_of_the_above=True).to_config()
-        {'type': 'dynamic', 'iterations': 3, 'detach_routing': True, 'none_of_the_above': True}
+        {'type': 'dynamic', 'iterations': 2, 'detach_routing': True, 'none_of_the_above': False}
     """
 
     iterations: int = 3
@@ -87,14 +81,10 @@ class DynamicRouting:
         return dynamic_routing(u_hat, self.iterations, detach_routing=self.detach_routing,
                                none_of_the_above=self.none_of_the_above, return_couplings=return_couplings)
 
-    def __repr__(self) -> str:
-        extra = ", none_of_the_above=True" if self.none_of_the_above else ""
-        return f"DynamicRouting(iterations={self.iterations}, detach_routing={self.detach_routing}{extra})"
-
     def to_config(self) -> dict:
         """The JSON-able spec of this routing (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
-        config = {"type": "dynamic", "iterations": self.iterations, "detach_routing": self.detach_routing}
-        return {**config, "none_of_the_above": True} if self.none_of_the_above else config
+        return {"type": "dynamic", "iterations": self.iterations, "detach_routing": self.detach_routing,
+                "none_of_the_above": self.none_of_the_above}
 
 
 def _check_u_hat(u_hat: Tensor, iterations: int) -> None:
@@ -196,51 +186,3 @@ def _couplings(logits: Tensor, unit: float, none_of_the_above: bool = False) -> 
     shifted = logits - logits.detach().amax(dim=1, keepdim=True)
     couplings = torch.softmax(shifted / unit, dim=1)
     return couplings[:, :-1] if none_of_the_above else couplings
-
-
-def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False):
-    """Route independently at every output position of a convolutional capsule layer.
-
-    LaLonde & Bagci (2018), Sec. 3.1: each example and position ``(h, w)`` is one routing problem between
-    the ``I`` child types and the ``J`` parent types there (logits ``b`` of shape ``(I, H, W, J)`` per
-    example, reset per forward, softmax over parents at each position). The positions are folded into the
-    batch, so any routing callable for ``(B, I, J, D)`` routes locally.
-
-    Args:
-        u_hat: every child type's prediction for every parent type at every position.
-        routing: a routing callable, or its spec (a dict, :func:`~capsnets.functional.routing_from_config`);
-            None: ``DynamicRouting()``.
-        return_couplings: also return the couplings of the last iteration.
-
-    Shape:
-        - u_hat: ``(B, I, J, D, H, W)``
-        - output: ``(B, J, D, H, W)``; couplings ``(B, I, J, H, W)``, summing to 1 over ``J``.
-
-    Examples::
-
-        >>> local_routing(torch.randn(2, 4, 8, 16, 6, 6), DynamicRouting(3)).shape
-        torch.Size([2, 8, 16, 6, 6])
-    """
-    if u_hat.dim() != 6:
-        raise ValueError(f"local_routing expects u_hat of shape (B, I, J, D, H, W) (batch, child types, parent "
-                         f"types, parent dim, rows, columns); got shape {tuple(u_hat.shape)}")
-    if not callable(routing):  # None or a spec (the layers pass routing objects)
-        from capsnets.functional.routing_spec import as_routing
-
-        routing = as_routing(routing, DynamicRouting)
-    batch, children, parents, dim, height, width = u_hat.shape
-    # (B, I, J, D, H, W) -> (B, H, W, I, J, D) -> (B*H*W, I, J, D): one routing problem per position
-    flat = u_hat.permute(0, 4, 5, 1, 2, 3).reshape(batch * height * width, children, parents, dim)
-    v, couplings = routing(flat, return_couplings=True) if return_couplings else (routing(flat), None)
-    v = v.view(batch, height, width, parents, dim).permute(0, 3, 4, 1, 2)  # (B, J, D, H, W)
-    if not return_couplings:
-        return v
-    return v, couplings.view(batch, height, width, children, parents).permute(0, 3, 4, 1, 2)
-
-
-def local_dynamic_routing(u_hat: Tensor, iterations: int = DynamicRouting.iterations, *,
-                          detach_routing: bool = DynamicRouting.detach_routing,
-                          none_of_the_above: bool = DynamicRouting.none_of_the_above, return_couplings: bool = False):
-    """:func:`dynamic_routing` at every position of a capsule grid; see :func:`local_routing` for shapes."""
-    return local_routing(u_hat, DynamicRouting(iterations, detach_routing, none_of_the_above),
-                         return_couplings=return_couplings)

@@ -46,7 +46,7 @@ def routing_config(routing, *, strict: bool = True) -> dict:
     Examples::
 
         >>> routing_config(DynamicRouting(2))
-        {'type': 'dynamic', 'iterations': 2, 'detach_routing': True}
+        {'type': 'dynamic', 'iterations': 2, 'detach_routing': True, 'none_of_the_above': False}
     """
     if type(routing) in ROUTING_TYPES.values():
         return routing.to_config()
@@ -70,7 +70,7 @@ def routing_from_config(config: Mapping) -> Callable:
     Examples::
 
         >>> routing_from_config({"type": "dynamic", "iterations": 2})
-        DynamicRouting(iterations=2, detach_routing=True)
+        DynamicRouting(iterations=2, detach_routing=True, none_of_the_above=False)
         >>> routing_from_config(EMRouting.official(2).to_config()) == EMRouting.official(2)
         True
     """
@@ -80,7 +80,7 @@ def routing_from_config(config: Mapping) -> Callable:
     if kind == OPAQUE:
         raise ValueError(f"the model was recorded with the routing {config.get('repr', '?')}, which capsnets cannot "
                          f"describe, so it cannot be rebuilt from its record; build it with that routing passed in "
-                         f"(routing=...) and load the weights into it (capsnets.engine.checkpoint.restore_model)")
+                         f"(routing=...) and load the weights into it (capsnets.models.hub.restore_model)")
     if kind not in ROUTING_TYPES:
         raise ValueError(f"unknown routing type {kind!r}; known types: {', '.join(ROUTING_TYPES)}")
     cls = ROUTING_TYPES[kind]
@@ -107,9 +107,9 @@ def as_routing(routing, default: Callable, **settings) -> Callable:
     Examples::
 
         >>> as_routing(None, DynamicRouting, iterations=None, detach_routing=False)
-        DynamicRouting(iterations=3, detach_routing=False)
+        DynamicRouting(iterations=3, detach_routing=False, none_of_the_above=False)
         >>> as_routing({"type": "dynamic", "iterations": 2}, DynamicRouting, iterations=2)
-        DynamicRouting(iterations=2, detach_routing=True)
+        DynamicRouting(iterations=2, detach_routing=True, none_of_the_above=False)
     """
     settings = {name: value for name, value in settings.items() if value is not None}
     if routing is None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import SQUASHES, apply_squash, check_choice, check_flag, check_votes, \
     power_of_two_above, squash_scaled, sum_unit, working
@@ -73,8 +74,6 @@ class SelfAttentionRouting:
         the routing itself when ``bias=False``."""
         if not self.bias:
             return self
-        from capsnets.layers.bound_routing import BoundRouting
-
         return BoundRouting(self, {"bias": torch.zeros(in_capsules, out_capsules, device=device, dtype=dtype)})
 
     def to_config(self) -> dict:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.routing_common import check_votes, working
 from capsnets.functional.squash import safe_norm
 
@@ -61,8 +62,6 @@ class SelfRouting:
     def build(self, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None, dtype=None):
         """The routing with its weights ``(in_capsules, out_capsules, in_dim)`` and biases ``(in_capsules,
         out_capsules)``, zeros (an ``nn.Module``)."""
-        from capsnets.layers.bound_routing import BoundRouting
-
         return BoundRouting(self, {
             "weight": torch.zeros(in_capsules, out_capsules, in_dim, device=device, dtype=dtype),
             "bias": torch.zeros(in_capsules, out_capsules, device=device, dtype=dtype)})

@@ -1,14 +1,15 @@
-"""Model families, their registry and the output contract."""
+"""Model families, their registry, the output contract, and models from files (:mod:`capsnets.models.hub`)."""
 from capsnets.models import (baselines, capsnet, capspix2pix, efficient_capsnet, matrix_capsnet,  # noqa: F401
                              routing_zoo, segcaps, transforming, unet)
 from capsnets.models.baselines import BaselineCNN, SmallNorbCNN
 from capsnets.models.capsnet import CapsNet
 from capsnets.models.capspix2pix import (CapsPix2pixGenerator, PatchDiscriminator, Pix2pixGenerator,
                                          SynthesisOutput)
+from capsnets.models.hub import create_model, load_model, load_pretrained, save_model, shipped_weights
 from capsnets.models.matrix_capsnet import MatrixCapsNet
 from capsnets.models.output import ModelOutput
-from capsnets.models.registry import (count_parameters, create_model, list_models, model_arguments, model_schema,
-                                     model_task, register_model)
+from capsnets.models.registry import (count_parameters, list_models, model_arguments, model_schema, model_task,
+                                     register_model)
 from capsnets.models.segcaps import SegCaps, SegmentationOutput
 from capsnets.models.transforming import AutoencoderOutput, TransformingAutoencoder
 from capsnets.models.unet import UNet
@@ -16,6 +17,7 @@ from capsnets.models.unet import UNet
 __all__ = [
     "AutoencoderOutput", "BaselineCNN", "CapsNet", "CapsPix2pixGenerator", "MatrixCapsNet", "ModelOutput",
     "PatchDiscriminator", "Pix2pixGenerator", "SegCaps", "SegmentationOutput", "SmallNorbCNN", "SynthesisOutput",
-    "TransformingAutoencoder", "UNet", "count_parameters", "create_model", "list_models", "model_arguments",
-    "model_schema", "model_task", "register_model",
+    "TransformingAutoencoder", "UNet", "count_parameters", "create_model", "list_models", "load_model",
+    "load_pretrained", "model_arguments", "model_schema", "model_task", "register_model", "save_model",
+    "shipped_weights",
 ]

@@ -35,8 +35,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.data.transforms import center_crop, random_crop
 from capsnets.functional import DynamicRouting, as_routing
+from capsnets.functional.crop import center_crop, random_crop
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
 from capsnets.validation import conv_output_size, image_batch, positive_int
 from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting

@@ -263,7 +263,7 @@ def _build(widths: dict, *, routing, class_routing_args, formulation, routing_it
                          formulation=formulation, **widths, **model_args)
 
 
-@register_model("matrix_capsnet", legacy_defaults={"formulation": "paper"})
+@register_model("matrix_capsnet")
 def matrix_capsnet(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
                    routing: MatrixRouting | None = None, routing_iterations: PositiveInt | None = None,
                    detach_routing: bool | None = None, cost_normalization: str | None = None,
@@ -282,7 +282,7 @@ def matrix_capsnet(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 
                   checkpoint_chunks=checkpoint_chunks, assignment_scope=assignment_scope, device=device, dtype=dtype)
 
 
-@register_model("matrix_capsnet_small", legacy_defaults={"formulation": "paper"})
+@register_model("matrix_capsnet_small")
 def matrix_capsnet_small(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
                          routing: MatrixRouting | None = None, routing_iterations: PositiveInt | None = None,
                          detach_routing: bool | None = None, cost_normalization: str | None = None,

@@ -10,6 +10,8 @@ from typing import Callable
 
 from torch import Tensor
 
+from capsnets.functional import capsule_length
+
 
 @dataclass
 class ModelOutput:
@@ -38,8 +40,6 @@ def vector_capsule_output(capsules: Tensor, decoder: Callable[[Tensor, Tensor], 
     Shape:
         capsules ``(B, K, D)``, labels ``(B,)`` -> scores ``(B, K)``.
     """
-    from capsnets.functional import capsule_length
-
     lengths = capsule_length(capsules)  # (B, K)
     reconstruction = None
     if decoder is not None:

@@ -20,7 +20,6 @@ from capsnets.models.arguments import Argument, check_arguments, signature_schem
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _TASKS: dict[str, str] = {}
-_LEGACY: dict[str, dict[str, object]] = {}
 #: What a model's forward pass returns, by task: ``"classification"`` models return a
 #: :class:`~capsnets.models.output.ModelOutput` (class scores); ``"segmentation"`` models a
 #: :class:`~capsnets.models.segcaps.SegmentationOutput` (per-pixel probabilities); ``"autoencoder"``
@@ -29,14 +28,9 @@ _LEGACY: dict[str, dict[str, object]] = {}
 TASKS = ("classification", "segmentation", "autoencoder", "synthesis")
 
 
-def register_model(name: str, *, task: str = "classification", legacy_defaults: dict | None = None
+def register_model(name: str, *, task: str = "classification"
                    ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator registering a model builder under ``name`` for ``task`` (one of :data:`TASKS`).
-
-    ``legacy_defaults``: builder arguments whose default has changed, with the value they had before.
-    :func:`create_model` always records their values in ``model.model_args`` (so checkpoints name them),
-    and a model rebuilt from a record that lacks them gets the old value (:func:`recorded_model_args`).
-    """
+    """Decorator registering a model builder under ``name`` for ``task`` (one of :data:`TASKS`)."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
 
@@ -45,7 +39,6 @@ def register_model(name: str, *, task: str = "classification", legacy_defaults: 
             raise ValueError(f"model {name!r} is already registered")
         _REGISTRY[name] = builder
         _TASKS[name] = task
-        _LEGACY[name] = dict(legacy_defaults or {})
         return builder
 
     return decorate
@@ -81,13 +74,6 @@ def model_arguments(name: str) -> dict[str, object]:
     return {key: argument.default for key, argument in model_schema(name).items()}
 
 
-def recorded_model_args(name: str, model_args: dict) -> dict:
-    """The builder arguments of a model recorded by an earlier run (a checkpoint or a run's config): those
-    recorded, plus the old value of every argument whose default changed since and that is not recorded."""
-    _builder(name)
-    return {**_LEGACY.get(name, {}), **model_args}
-
-
 def _builder(name: str) -> Callable[..., nn.Module]:
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=3)
@@ -96,16 +82,12 @@ def _builder(name: str) -> Callable[..., nn.Module]:
     return _REGISTRY[name]
 
 
-def create_model(name: str, *, pretrained: str | None = None, sha256: str | None = None, **overrides) -> nn.Module:
-    """Build a registered model.
+def create_model(name: str, **overrides) -> nn.Module:
+    """Build a registered model from its builder's arguments (:func:`capsnets.models.create_model` adds
+    ``pretrained=``: :mod:`capsnets.models.hub`).
 
     Args:
         name: a name from :func:`list_models`.
-        pretrained: load trained weights (:mod:`capsnets.pretrained`): a shipped tag (the data set, e.g.
-            ``"mnist"``; ``capsnets list-models --pretrained`` lists them), a local ``.safetensors`` checkpoint
-            or ``file://`` URL, or an ``https://`` URL (then ``sha256`` is required). The model is rebuilt with
-            the arguments the weight records, so ``overrides`` may only add ``device``. Returned in eval mode.
-        sha256: the expected SHA-256 of the ``pretrained`` file (hex).
         **overrides: keyword arguments of the model's builder (e.g. ``num_classes``, ``input_size``,
             ``routing`` (a routing object or its spec), ``routing_iterations``, ``device``); see
             :func:`model_schema`. Each is checked against the builder's declared type first: an
@@ -116,14 +98,9 @@ def create_model(name: str, *, pretrained: str | None = None, sha256: str | None
         >>> model = create_model("capsnet_small", num_classes=10)
         >>> model = create_model("capsnet_digits", routing=DynamicRouting(2))
         >>> model.model_args
-        {'routing': {'type': 'dynamic', 'iterations': 2, 'detach_routing': True}}
-        >>> model = create_model("capsnet_small", pretrained="mnist")
+        {'routing': {'type': 'dynamic', 'iterations': 2, 'detach_routing': True, 'none_of_the_above': False}}
     """
     builder, schema = _builder(name), model_schema(name)
-    if pretrained is not None:
-        return _create_pretrained(name, pretrained, sha256, overrides)
-    if sha256 is not None:
-        raise ArgumentError("sha256 is the expected digest of a pretrained weight; pass it with pretrained=...")
     overrides = check_arguments(schema, overrides, owner=f"model {name!r}",
                                 hint=f"; `capsnets list-models {name}` lists its arguments")
     try:
@@ -136,21 +113,7 @@ def create_model(name: str, *, pretrained: str | None = None, sha256: str | None
         raise ArgumentError(f"model {name!r} cannot be built with {given}: its tensors are too large "
                             f"({reason}); use smaller sizes") from None
     model.model_name = name
-    legacy = {key: schema[key].default for key in _LEGACY.get(name, {})}
-    model.model_args = _json_safe_args({**legacy, **overrides})
-    return model
-
-
-def _create_pretrained(name: str, pretrained: str, sha256: str | None, overrides: dict) -> nn.Module:
-    """``create_model(name, pretrained=...)``: the model rebuilt from the weight's record, loaded."""
-    from capsnets.pretrained import load_pretrained
-
-    extra = sorted(set(overrides) - {"device"})
-    if extra:
-        raise ArgumentError(f"model {name!r} with pretrained={pretrained!r} is built with the arguments its weight "
-                            f"records; {', '.join(extra)} cannot be changed (build it without pretrained=... "
-                            "and load the weights yourself)")
-    model, _ = load_pretrained(pretrained, name, sha256=sha256, device=overrides.get("device") or "cpu")
+    model.model_args = _json_safe_args(overrides)
     return model
 
 

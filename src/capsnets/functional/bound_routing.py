@@ -5,7 +5,8 @@ dot-product attention the affine part of its LayerNorm, self-routing a small rou
 spec (e.g. :class:`~capsnets.functional.SelfRouting`) is a frozen dataclass like
 :class:`~capsnets.functional.DynamicRouting`; a capsule layer calls its ``build(in_capsules, in_dim,
 out_capsules, out_dim)``, which returns a :class:`BoundRouting`: an ``nn.Module``, so the parameters belong to
-the layer (optimisers, ``state_dict``, ``.to()``), that calls the spec with them.
+the layer (optimisers, ``state_dict``, ``.to()``), that calls the spec with them. It holds parameters but no
+math, and lives beside the specs that build it, so that ``functional`` imports nothing from ``layers``.
 """
 from __future__ import annotations
 

@@ -1,8 +1,12 @@
-"""Pretrained weights: shipped inside the package, a local checkpoint file, or a URL with its SHA-256.
+"""Models from files: building a model from a checkpoint, saving one, and pretrained weights.
 
-A pretrained weight is a checkpoint in the library's one format (:mod:`capsnets.engine.checkpoint`): a
-``.safetensors`` file whose embedded sidecar records the model name and ``model_args`` (so the model is
-rebuilt exactly), without optimizer state. Shipped weights live in ``capsnets/weights/`` as
+:func:`create_model` is the registry's :func:`~capsnets.models.registry.create_model` plus ``pretrained=``
+(timm's ``create_model(..., pretrained=True)``). :func:`load_model` rebuilds the model a checkpoint records and
+loads its weights; :func:`save_model` writes one. Files are read and written by :mod:`capsnets.io`.
+
+A pretrained weight is a checkpoint in the library's one format (:mod:`capsnets.io`): a ``.safetensors`` file
+whose embedded sidecar records the model name and ``model_args`` (so the model is rebuilt exactly), without
+optimizer state. Shipped weights live in ``capsnets/weights/`` as
 ``<model>-<dataset>.safetensors`` beside ``<model>-<dataset>.json``, the readable copy of the sidecar, which is
 also the weight's model card: its ``card`` entry gives the data, the training command, the seed, the test
 accuracy, the date and the torch version, and its ``sha256`` entry the SHA-256 of the ``.safetensors`` file,
@@ -10,15 +14,14 @@ checked before the file is loaded.
 
 Examples::
 
-    >>> model = capsnets.create_model("capsnet_small", pretrained="mnist")        # shipped, offline
-    >>> model = capsnets.create_model("capsnet_small", pretrained="runs/a/best.safetensors")  # doctest: +SKIP
-    >>> model = capsnets.create_model("capsnet_small", pretrained="https://example.org/w.safetensors",
-    ...                               sha256="9f86d0...")                          # doctest: +SKIP
+    >>> model = create_model("capsnet_small", pretrained="mnist")                  # shipped, offline
+    >>> model = create_model("capsnet_small", pretrained="runs/a/best.safetensors")  # doctest: +SKIP
+    >>> model = create_model("capsnet_small", pretrained="https://example.org/w.safetensors",
+    ...                      sha256="9f86d0...")                                    # doctest: +SKIP
 """
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import urllib.parse
@@ -30,11 +33,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from capsnets.engine.checkpoint import Checkpoint, CheckpointError, load_model, save_checkpoint, sidecar_path
-from capsnets.files import atomic_write
+from capsnets.io import (Checkpoint, CheckpointError, atomic_write, file_sha256, load_checkpoint, sidecar_path,
+                         write_checkpoint)
+from capsnets.models import registry
+from capsnets.models.registry import model_arguments
+from capsnets.validation import ArgumentError
 
 #: The folder of the weights shipped inside the package.
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
 #: Where weights downloaded from a URL are kept, named by their SHA-256.
 CACHE_DIR = Path.home() / ".cache" / "capsnets" / "weights"
 
@@ -65,6 +71,119 @@ class PretrainedWeight:
     @property
     def sha256(self) -> str:
         return str(self.card["sha256"])
+
+
+def create_model(name: str, *, pretrained: str | os.PathLike | None = None, sha256: str | None = None,
+                 **overrides) -> nn.Module:
+    """Build a registered model, with trained weights when ``pretrained`` is given.
+
+    Args:
+        name: a name from :func:`~capsnets.models.list_models`.
+        pretrained: load trained weights: a shipped tag (the data set, e.g. ``"mnist"``;
+            ``capsnets list-models --pretrained`` lists them), a local ``.safetensors`` checkpoint or ``file://``
+            URL, or an ``https://`` URL (then ``sha256`` is required). The model is rebuilt with the arguments the
+            weight records, so ``overrides`` may only add ``device``. Returned in eval mode.
+        sha256: the expected SHA-256 of the ``pretrained`` file (hex).
+        **overrides: keyword arguments of the model's builder (e.g. ``num_classes``, ``input_size``,
+            ``routing`` (a routing object or its spec), ``device``); see
+            :func:`~capsnets.models.model_schema` and :func:`capsnets.models.registry.create_model`.
+
+    Examples:
+        >>> model = create_model("capsnet_small", num_classes=10)
+        >>> model = create_model("capsnet_digits", routing=DynamicRouting(2))
+        >>> model = create_model("capsnet_small", pretrained="mnist")
+    """
+    if pretrained is None:
+        if sha256 is not None:
+            raise ArgumentError("sha256 is the expected digest of a pretrained weight; pass it with pretrained=...")
+        return registry.create_model(name, **overrides)
+    model_arguments(name)  # an unknown name is reported as such
+    extra = sorted(set(overrides) - {"device"})
+    if extra:
+        raise ArgumentError(f"model {name!r} with pretrained={pretrained!r} is built with the arguments its weight "
+                            f"records; {', '.join(extra)} cannot be changed (build it without pretrained=... "
+                            "and load the weights yourself)")
+    model, _ = load_pretrained(pretrained, name, sha256=sha256, device=overrides.get("device") or "cpu")
+    return model
+
+
+def build_model(name: str, model_args: dict[str, Any] | None = None) -> nn.Module:
+    """``create_model(name, **model_args)`` for recorded arguments: list values (from YAML/JSON) become tuples."""
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in (model_args or {}).items()}
+    return registry.create_model(name, **args)
+
+
+def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s ``state_dict`` as a checkpoint stores it (keys ``model.<name>``)."""
+    return {f"model.{k}": v for k, v in model.state_dict().items()}
+
+
+def save_model(path: str | os.PathLike, model: nn.Module, *, meta: dict[str, Any] | None = None) -> Path:
+    """Write a model built by :func:`create_model` to a checkpoint that :func:`load_model` rebuilds it from.
+
+    Args:
+        path: target ``.safetensors`` file (the readable sidecar goes beside it as ``.json``).
+        model: a model with ``model_name`` and ``model_args`` (as :func:`create_model` returns it).
+        meta: other JSON-safe entries for the sidecar (data set, metrics, ``classes``...).
+
+    Examples::
+
+        >>> save_model("runs/m.safetensors", create_model("capsnet_small"))   # doctest: +SKIP
+        >>> model, checkpoint = load_model("runs/m.safetensors")              # doctest: +SKIP
+    """
+    meta = {"model": model.model_name, "model_args": model.model_args, **(meta or {})}
+    return write_checkpoint(path, model_tensors(model), meta)
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, Checkpoint]:
+    """Rebuild the model recorded in a checkpoint's sidecar, load its weights, move it to ``device`` (eval mode).
+
+    Args:
+        path: a run directory (its best checkpoint), or a ``.safetensors`` / ``.json`` checkpoint file.
+
+    Raises:
+        CheckpointError: the file cannot be read (:func:`capsnets.io.load_checkpoint`), names no model, records
+            arguments that do not build it, or its weights do not fit the model.
+    """
+    checkpoint = load_checkpoint(path)
+    if "model" not in checkpoint.meta:
+        raise CheckpointError(f"sidecar of '{checkpoint.path}' does not name the model; it was not written "
+                              "by capsnets' trainer")
+    name, args = checkpoint.meta["model"], checkpoint.meta.get("model_args")
+    try:  # first without memory: a damaged sidecar's sizes must not allocate anything
+        with torch.device("meta"):
+            probe = build_model(name, args)
+    except (RuntimeError, NotImplementedError):  # a builder that needs real tensors
+        probe = None
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(f"the sidecar of '{checkpoint.path}' records model {name!r} with arguments that do not "
+                              f"build it ({str(err).splitlines()[0] if str(err) else type(err).__name__}); use "
+                              "another checkpoint or retrain") from err
+    if probe is not None:
+        check_fits(probe, checkpoint)
+    model = build_model(name, args)
+    restore_model(model, checkpoint)
+    return model.to(device).eval(), checkpoint
+
+
+def restore_model(model: nn.Module, checkpoint: Checkpoint) -> None:
+    """Load the checkpoint's weights into ``model``; a key or shape mismatch raises ``CheckpointError``."""
+    check_fits(model, checkpoint)
+    model.load_state_dict(checkpoint.model_state())
+
+
+def check_fits(model: nn.Module, checkpoint: Checkpoint) -> None:
+    """Raise ``CheckpointError`` unless ``model``'s parameters and buffers have the checkpoint's names and shapes
+    (``model`` may live on the meta device)."""
+    state = checkpoint.model_state()
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    if missing or unexpected or wrong:
+        raise CheckpointError(
+            f"checkpoint '{checkpoint.path}' does not fit the model (missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}, wrong shape {wrong[:5]}); build the model with the checkpoint's model name "
+            f"and model_args ({checkpoint.meta.get('model')!r}, {checkpoint.meta.get('model_args')})")
 
 
 def shipped_weights() -> dict[str, PretrainedWeight]:
@@ -169,15 +288,6 @@ def load_pretrained(pretrained: str | os.PathLike, model: str | None = None, *, 
     return module, checkpoint
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file's bytes, in hex."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
-
-
 def save_pretrained(model: nn.Module, path: str | os.PathLike, *, dataset: str, card: dict[str, Any],
                     half: bool = False, classes: list[str] | None = None) -> Path:
     """Write ``model`` as a pretrained weight: a checkpoint without optimizer state, its sidecar carrying the
@@ -191,7 +301,7 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, *, dataset: str, 
             "card": {**card, "dtype": "float16" if half else "float32", "torch": torch.__version__}}
     if classes is not None:
         meta["classes"] = list(classes)
-    path = save_checkpoint(path, model=saved, meta=meta)
+    path = save_model(path, saved, meta=meta)
     sidecar = json.loads(sidecar_path(path).read_text())
     sidecar["sha256"] = file_sha256(path)
     text = json.dumps(sidecar, indent=2) + "\n"
@@ -199,44 +309,12 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, *, dataset: str, 
     return path
 
 
-def publish_checkpoint(checkpoint: str | os.PathLike, *, command: str, data: str, data_dir: str | None = None,
-                       out_dir: str | os.PathLike = WEIGHTS_DIR, reconstruction: bool = True) -> Path:
-    """Evaluate a trained checkpoint on its data set's test split with its weights in float32 and rounded to
-    float16, and save it to ``out_dir/<model>-<dataset>.safetensors`` (float16 when that loses no accuracy)
-    with its model card: ``data`` (what it was trained and tested on), ``command`` (how it was trained), the
-    seed and epochs, both accuracies and the date. ``reconstruction=False`` ships the model without its
-    reconstruction decoder (rebuilt with ``reconstruction=False``; the scores do not depend on the decoder),
-    for models whose builder takes that argument."""
-    import time
-
-    from capsnets.data import load_dataset
-    from capsnets.engine.evaluate import evaluate
-
-    model, trained = load_model(checkpoint, "cpu")
-    if not reconstruction:
-        model = _without_decoder(model)
-    dataset = _canonical(trained.meta["dataset"])
-    test = load_dataset(dataset, root=data_dir, train=False)
-    accuracy32 = evaluate(model, test)["accuracy"]
-    accuracy16 = evaluate(copy.deepcopy(model).half().float(), test)["accuracy"]
-    half = accuracy16 >= accuracy32
-    config = trained.meta.get("config") or {}
-    card = {"data": data, "command": command, "seed": config.get("seed"), "epochs": trained.meta.get("epoch"),
-            "test_accuracy": accuracy16 if half else accuracy32, "test_images": len(test.labels),
-            "accuracy_float32": accuracy32, "accuracy_float16": accuracy16,
-            "date": time.strftime("%Y-%m-%d", time.gmtime())}
-    path = Path(out_dir) / f"{model.model_name}-{dataset}.safetensors"
-    return save_pretrained(model, path, dataset=dataset, card=card, half=half, classes=trained.meta.get("classes"))
-
-
-def _without_decoder(model: nn.Module) -> nn.Module:
+def without_decoder(model: nn.Module) -> nn.Module:
     """``model`` rebuilt with ``reconstruction=False`` and loaded with its weights but the decoder's."""
-    from capsnets.models import create_model, model_arguments
-
     if "reconstruction" not in model_arguments(model.model_name):
         raise PretrainedError(f"model '{model.model_name}' has no 'reconstruction' argument; it cannot be "
                               "published without a decoder")
-    bare = create_model(model.model_name, **{**model.model_args, "reconstruction": False})
+    bare = registry.create_model(model.model_name, **{**model.model_args, "reconstruction": False})
     state = model.state_dict()
     missing = [key for key in bare.state_dict() if key not in state]
     if missing:
