@@ -7,8 +7,8 @@ from capsnets.models.capspix2pix import (CapsPix2pixGenerator, PatchDiscriminato
                                          SynthesisOutput)
 from capsnets.models.matrix_capsnet import MatrixCapsNet
 from capsnets.models.output import ModelOutput
-from capsnets.models.registry import (count_parameters, create_model, list_models, model_arguments, model_schema,
-                                     model_task, register_model)
+from capsnets.models.registry import (count_parameters, create_model, default_routing, list_models, model_arguments,
+                                     model_schema, model_task, register_model, routing_keys)
 from capsnets.models.segcaps import SegCaps, SegmentationOutput
 from capsnets.models.transforming import AutoencoderOutput, TransformingAutoencoder
 from capsnets.models.unet import UNet
@@ -16,6 +16,6 @@ from capsnets.models.unet import UNet
 __all__ = [
     "AutoencoderOutput", "BaselineCNN", "CapsNet", "CapsPix2pixGenerator", "MatrixCapsNet", "ModelOutput",
     "PatchDiscriminator", "Pix2pixGenerator", "SegCaps", "SegmentationOutput", "SmallNorbCNN", "SynthesisOutput",
-    "TransformingAutoencoder", "UNet", "count_parameters", "create_model", "list_models", "model_arguments",
-    "model_schema", "model_task", "register_model",
+    "TransformingAutoencoder", "UNet", "count_parameters", "create_model", "default_routing", "list_models",
+    "model_arguments", "model_schema", "model_task", "register_model", "routing_keys",
 ]
