@@ -55,7 +55,8 @@ class TrainConfig:
 
     Attributes:
         model: registered model name (see ``capsnets.list_models()``).
-        model_args: keyword overrides for the model builder, e.g. ``{"routing_iterations": 1}``.
+        model_args: keyword overrides for the model builder, e.g. ``{"routing": {"iterations": 1}}`` (routing
+            settings alone update the model's default routing).
         dataset: data set name (see ``capsnets.data.list_datasets()``), or ``"folder:PATH"`` for a folder of
             your own images with one subfolder per class.
         data_dir: where the data set files live (None: the data package's default).
