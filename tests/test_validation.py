@@ -55,6 +55,20 @@ def test_every_model_argument_is_declared():
         assert capsnets.models.model_arguments(name) == {k: a.default for k, a in model_schema(name).items()}
 
 
+def test_the_choices_builders_list_are_the_ones_their_models_take():
+    from capsnets.layers.matrix import ASSIGNMENT_SCOPES
+    from capsnets.models.matrix_capsnet import FORMULATIONS
+    from capsnets.models.routing_zoo import HEADS
+
+    def listed(choices) -> str:
+        return "one of " + ", ".join(map(repr, choices))
+
+    assert model_schema("routing_zoo")["head"].expects == listed(HEADS)
+    assert model_schema("matrix_capsnet")["formulation"].expects == listed(FORMULATIONS)
+    assert model_schema("matrix_capsnet")["assignment_scope"].expects == listed(ASSIGNMENT_SCOPES) + \
+        " or None (YAML: null)"
+
+
 @pytest.mark.parametrize("name, key", _arguments("true"))
 def test_booleans_must_be_booleans(name, key):
     for value in ("abc", "false", 1, 0.0):

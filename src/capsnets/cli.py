@@ -203,9 +203,8 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     add("--checkpoint-every", type=int, metavar="N",
         help=f"save <out>/last.safetensors every N epochs and after the last (default: {default.checkpoint_every})")
     add("--model-arg", action="append", default=[], metavar="KEY=VALUE",
-        help="argument of the model's builder, repeatable; routing.KEY=VALUE changes one setting of the model's "
-             "routing (e.g. routing.iterations=2); `capsnets list-models MODEL` lists the keys, routing keys "
-             "included, and their defaults")
+        help="argument of the model's builder, repeatable; `capsnets list-models MODEL` lists the keys and their "
+             "defaults; routing.KEY=VALUE sets one setting of the model's routing (e.g. routing.iterations=2)")
     add("--loss-arg", action="append", default=[], metavar="KEY=VALUE",
         help="argument of the loss, repeatable")
     add("--no-progress", dest="progress", action="store_false", default=None,

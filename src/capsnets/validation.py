@@ -64,7 +64,7 @@ _WORDS = {
 
 def describe(annotation) -> str:
     """What an argument annotated ``annotation`` takes, in words, read from the annotation's text (``X | None``
-    adds ``None``); the text itself where it has no words here.
+    adds ``None``, ``Literal["a", "b"]`` is one of its values); the text itself where it has no words here.
 
     Examples::
 
@@ -75,7 +75,8 @@ def describe(annotation) -> str:
         return "any value"
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     parts = [part.strip() for part in text.split(" | ")]
-    words = [_WORDS.get(part, part) for part in parts if part != "None"]
+    words = [_WORDS.get(part, "one of " + part[8:-1].replace('"', "'") if part.startswith("Literal[") else part)
+             for part in parts if part != "None"]
     if "None" in parts:
         words.append("None (YAML: null)")
     return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]

@@ -119,6 +119,6 @@ def test_bad_arguments_are_refused_clearly():
 def test_list_models_shows_the_heads(capsys):
     assert main(["list-models", "routing_zoo"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "head=dynamic  # a string" in lines
+    assert "head=dynamic  # one of " + ", ".join(map(repr, HEADS)) in lines
     assert "routing=null  # " + describe("Routing | None") in lines
     assert "routing.iterations=3  # a setting of the default routing" in lines

@@ -33,7 +33,7 @@ mixes different children; here the copies are grouped by the layer's real stride
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -237,7 +237,8 @@ _WIDTHS = {"matrix_capsnet": {"conv_channels": 32, "primary_types": 32, "conv_ca
 @register_model("matrix_capsnet", legacy_defaults={"formulation": "paper"})
 def matrix_capsnet(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32), routing: Routing = "em",
                    coordinate_addition: bool = True, checkpoint_chunks: NonNegativeInt = 0,
-                   assignment_scope: str | None = None, formulation: str = DEFAULT_FORMULATION,
+                   assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,
+                   formulation: Literal["paper", "official"] = DEFAULT_FORMULATION,
                    device: Device | None = None, dtype: DType | None = None) -> MatrixCapsNet:
     """The paper's smallNORB model: A=B=C=D=32 (about 310K parameters)."""
     return MatrixCapsNet(**_WIDTHS["matrix_capsnet"], num_classes=num_classes, input_size=input_size, routing=routing,
@@ -248,7 +249,8 @@ def matrix_capsnet(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 
 @register_model("matrix_capsnet_small", legacy_defaults={"formulation": "paper"})
 def matrix_capsnet_small(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32), routing: Routing = "em",
                          coordinate_addition: bool = True, checkpoint_chunks: NonNegativeInt = 0,
-                         assignment_scope: str | None = None, formulation: str = DEFAULT_FORMULATION,
+                         assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,
+                   formulation: Literal["paper", "official"] = DEFAULT_FORMULATION,
                          device: Device | None = None, dtype: DType | None = None) -> MatrixCapsNet:
     """The paper's small model: A=64, B=8, C=D=16 (about 68K parameters)."""
     return MatrixCapsNet(**_WIDTHS["matrix_capsnet_small"], num_classes=num_classes, input_size=input_size,

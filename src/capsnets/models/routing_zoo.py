@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -273,7 +273,9 @@ def _init_as_hahn(module: nn.Module) -> nn.Module:
 
 
 @register_model("routing_zoo")
-def routing_zoo(*, head: str = "dynamic", num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
+def routing_zoo(*, head: Literal["dynamic", "em", "self_attention", "inverted_attention", "self_routing", "uniform",
+                                 "avg_pool", "max_pool", "fully_connected"] = "dynamic",
+                num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
                 width: PositiveInt = 16, capsule_types: PositiveInt = 32, capsule_dim: PositiveInt = 16,
                 routing: Routing | None = None, device: Device | None = None,
                 dtype: DType | None = None) -> RoutingZoo:
