@@ -36,7 +36,8 @@ def test_train_prints_summary(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"epochs": 1, "batch_size": 32, "limit_train": 32, "limit_test": 16,
-                                      "device": "cpu", "progress": False, "model_args": {"routing": {"iterations": 1}}}))
+                                      "device": "cpu", "progress": False,
+                                      "model_args": {"routing": {"iterations": 1}}}))
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert re.search(r"test accuracy \d+\.\d\d% \(best", out) and str(tmp_path / "run") in out

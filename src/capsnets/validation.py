@@ -36,8 +36,8 @@ from torch import Tensor
 
 __all__ = ["Argument", "ArgumentError", "DType", "Device", "ImageSize", "NonNegativeInt", "PositiveInt", "Probability",
            "Routing", "available_devices", "check_device", "choice", "conv_output_size", "describe", "expect",
-           "flag", "floating_dtype", "image_batch", "image_size", "keyword_arguments", "non_negative_int", "number", "placement",
-           "positive_int", "positive_ints", "reject_unknown", "to_float_images"]
+           "flag", "floating_dtype", "image_batch", "image_size", "keyword_arguments", "non_negative_int", "number",
+           "placement", "positive_int", "positive_ints", "reject_unknown", "to_float_images"]
 
 #: Annotations for the keyword arguments of builders and losses. They are the plain types (no checking rides
 #: on them); their names say what the argument takes, in words, where ``capsnets list-models MODEL`` lists it

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.data.transforms import center_crop, random_crop
-from capsnets.functional import VECTOR_ROUTING_TYPES, DynamicRouting, as_routing, routing_config
+from capsnets.functional import VECTOR_ROUTING_TYPES, as_routing, routing_config
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
 from capsnets.validation import (ArgumentError, Device, DType, ImageSize, PositiveInt, Routing, conv_output_size, flag,
                                   image_batch, image_size, placement, positive_int)

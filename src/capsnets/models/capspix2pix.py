@@ -16,7 +16,7 @@ Deviations: Bass et al. add a noise input and use their own capsule U-Net; outpu
 images, against pix2pix's 70x70 for 256x256).
 
 Registered (task ``"synthesis"``): ``capspix2pix`` / ``capspix2pix_small`` (16-D / 8-D first capsules;
-``routing``, ``routing_iterations``, ``detach_routing`` as for SegCaps) and ``pix2pix`` / ``pix2pix_small``
+``routing`` as for SegCaps) and ``pix2pix`` / ``pix2pix_small``
 (U-Net width 64 / 8). Inputs: ``(B, K, H, W)`` label maps (one
 channel per class), ``H`` and ``W`` divisible by 8 (16 for the U-Net).
 """

@@ -40,8 +40,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import (VECTOR_ROUTING_TYPES, SelfAttentionRouting, as_routing, efficient_squash, mask_capsules,
-                                 routing_config)
+from capsnets.functional import VECTOR_ROUTING_TYPES, as_routing, efficient_squash, mask_capsules, routing_config
 from capsnets.layers import CapsuleDecoder, LinearCapsules
 from capsnets.validation import (Device, DType, ImageSize, PositiveInt, Routing, choice, conv_output_size, flag,
                                   image_batch, image_size, placement, positive_int)
@@ -257,7 +256,8 @@ def efficient_capsnet(*, num_classes: PositiveInt = 10, input_size: ImageSize = 
                       device: Device | None = None, dtype: DType | None = None) -> EfficientCapsNet:
     """The paper's MNIST model (161,824 parameters without the decoder, 1,573,168 with it)."""
     return EfficientCapsNet(input_size=input_size, num_classes=num_classes, routing=routing,
-                            decoder="fully_connected" if flag("reconstruction", reconstruction) else None, device=device, dtype=dtype)
+                            decoder="fully_connected" if flag("reconstruction", reconstruction) else None,
+                            device=device, dtype=dtype)
 
 
 @register_model("efficient_capsnet_smallnorb")
@@ -267,5 +267,6 @@ def efficient_capsnet_smallnorb(*, num_classes: PositiveInt = 5, input_size: Ima
     """The paper's smallNORB model: 7x7 stride-2 stem, instance norm, convolutional decoder (143,952 parameters
     without the decoder on 32x32 grey images, 151,664 on the authors' 48x48 stereo pairs)."""
     return EfficientCapsNet(input_size=input_size, num_classes=num_classes, convs=SMALLNORB_CONVS, norm="instance",
-                            routing=routing, decoder="convolutional" if flag("reconstruction", reconstruction) else None, device=device,
+                            routing=routing,
+                            decoder="convolutional" if flag("reconstruction", reconstruction) else None, device=device,
                             dtype=dtype)

@@ -22,9 +22,8 @@ final capsules with the ground-truth mask (the predicted one at test time) and d
 Deviation: the convolution's bias is part of every prediction (see :mod:`capsnets.layers.conv`).
 Registered: ``segcaps`` (the paper's R3, 1 x 512 x 512 nominal input: LUNA16 slices) and
 ``segcaps_small`` (half the capsule dimensions; for CPUs). Both are fully convolutional: any ``H, W``
-divisible by 8 works. Their routing (every capsule layer but the first) is ``routing`` (a routing object or
-its spec) or :class:`~capsnets.functional.DynamicRouting` with ``routing_iterations`` and ``detach_routing``
-(None: the routing's defaults).
+divisible by 8 works. Their routing (every capsule layer but the first) is ``routing``: a routing object, its
+spec or a type name (default ``"dynamic"``: :class:`~capsnets.functional.DynamicRouting` with its defaults).
 
 Dimension legend: ``B`` batch, ``T`` capsule types, ``D`` capsule dim, ``H``/``W`` grid.
 """
