@@ -177,6 +177,26 @@ def test_the_command_line_prints_the_error_in_one_line(tmp_path, capsys):
     assert "detach_routing must be True or False" in error[0] and "'abc'" in error[0]
 
 
+# the helpers ----------------------------------------------------------------------------------------------------
+
+def test_the_helpers_return_what_the_caller_keeps_and_name_the_argument():
+    from capsnets.validation import choice, describe, flag, floating_dtype, image_size, number, reject_unknown
+
+    assert image_size("input_size", [1, 28, 28]) == (1, 28, 28) and number("lr", 1) == 1.0
+    assert floating_dtype("dtype", "torch.float64") is torch.float64 and flag("x", False) is False
+    assert choice("norm", None, ("batch", None)) is None
+    for call, words in [(lambda: number("ramp", 0, 0, 1, low_open=True), "ramp must be a number in (0, 1]"),
+                        (lambda: number("w", float("nan")), "w must be a number, got nan"),
+                        (lambda: choice("norm", 1, (True, 1.0)), "norm must be one of True, 1.0, got 1"),
+                        (lambda: flag("bias", 1), "bias must be true or false, got 1"),
+                        (lambda: reject_unknown("loss 'x'", ["widht"], ["width"]), "(did you mean width?)")]:
+        with pytest.raises(ArgumentError) as info:
+            call()
+        assert words in str(info.value) and info.value.argument is not None
+    assert describe("Literal['a', 'b'] | None") == "one of 'a', 'b' or None (YAML: null)"
+    assert describe("") == "any value" and describe("Sequence[int]") == "Sequence[int]"
+
+
 # loss arguments -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", list_losses())
