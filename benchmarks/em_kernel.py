@@ -38,7 +38,7 @@ PATHS = ("torch", "cpp")
 
 
 def build(name: str, detach: bool):
-    kwargs = {"detach_routing": True} if detach and name.startswith("matrix") else {}
+    kwargs = {"routing": {"detach_routing": True}} if detach and name.startswith("matrix") else {}
     torch.manual_seed(0)
     model = capsnets.create_model(name, **kwargs)
     return model, torch.optim.Adam(model.parameters(), 1e-3)

@@ -34,7 +34,7 @@ import torch
 import capsnets
 from capsnets.engine.runtime import autocast, resolve_device, retain_freed_memory
 from capsnets.losses import create_loss
-from capsnets.models import CapsNet, MatrixCapsNet, model_arguments
+from capsnets.models import CapsNet, MatrixCapsNet, model_arguments, routing_keys
 
 from baselines import NaiveDynamicRouting, NaiveEMRouting  # benchmarks/baselines.py, beside this script
 
@@ -105,14 +105,18 @@ def model_routing(model: torch.nn.Module):
 def build_paths(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     """``{"production": model, "naive": model}`` with shared weights; ``{"default": model}`` without routing.
 
-    production: the model's default routing (with ``--routing-iterations`` where the model takes
-    ``routing_iterations``); naive: the naive routing of the model's family with the same iterations;
+    production: the model's default routing (with ``--routing-iterations`` where that routing has iterations);
+    naive: the naive routing of the model's family with the same iterations;
     compiled (``--compare-compile``): a copy of the production (or default) model run through ``torch.compile``.
     """
     accepted = model_arguments(name)
-    kwargs = dict(args.model_arg)
-    if "routing_iterations" in accepted:
-        kwargs.setdefault("routing_iterations", args.routing_iterations)
+    kwargs = {key: value for key, value in args.model_arg if "." not in key}
+    for key, value in args.model_arg:  # routing.KEY=VALUE: a setting of the model's routing
+        if "." in key:
+            head, _, rest = key.partition(".")
+            kwargs.setdefault(head, {})[rest] = value
+    if "iterations" in routing_keys(name):
+        kwargs["routing"] = {"iterations": args.routing_iterations, **kwargs.get("routing", {})}
     unknown = sorted(set(kwargs) - set(accepted))
     if unknown:
         raise SystemExit(f"{name} does not take {unknown}; it takes {sorted(accepted)}")
@@ -316,7 +320,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--routing-iterations", type=int, default=3, help="routing iterations of both paths")
     parser.add_argument("--skip-naive", action="store_true", help="do not measure the naive routing path")
     parser.add_argument("--model-arg", action="append", type=parse_model_arg, default=[], metavar="KEY=VALUE",
-                        help="keyword argument for create_model, e.g. detach_routing=true (repeatable)")
+                        help="keyword argument for create_model, e.g. routing.detach_routing=true (repeatable)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON file (default benchmarks/results/throughput_<device>_<time>.json)")
     args = parser.parse_args(argv)

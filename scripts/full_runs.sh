@@ -51,8 +51,8 @@ fi
 RUNS="${RUNS:-runs/full${SMOKE:+-smoke}}"
 DEVICE="${DEVICE:-$([[ ${#SMOKE[@]} -gt 0 ]] && echo cpu || echo cuda)}"
 CKPT="$RUNS/ckpt"
-DETACHED='capsule_args={"detach_routing":true}'  # the default (official) formulation
-EXACT='capsule_args={"detach_routing":false}'
+DETACHED='capsule_args={"routing":{"detach_routing":true}}'  # the default (official) formulation
+EXACT='capsule_args={"routing":{"detach_routing":false}}'
 PY="${PYTHON:-python}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 # the capsnets commands keep freed CPU memory for reuse (capsnets --retain-freed-memory); 0 leaves malloc alone

@@ -5,11 +5,11 @@ import re
 import pytest
 import yaml
 
-from capsnets.cli import build_parser, config_from_args, main, parse_key_values
+from capsnets.cli import build_parser, config_from_args, main, nest_dotted, parse_key_values
 
 TRAIN = ["train", "--model", "capsnet_digits", "--dataset", "digits", "--epochs", "1", "--batch-size", "32",
          "--limit-train", "64", "--limit-test", "32", "--device", "cpu", "--no-progress",
-         "--model-arg", "routing_iterations=2", "--loss-arg", "reconstruction_weight=0.001"]
+         "--model-arg", "routing.iterations=2", "--loss-arg", "reconstruction_weight=0.001"]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def test_train_writes_run_directory(run_dir, capsys):
                  "reconstructions.png"):
         assert (run_dir / name).is_file(), name
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert config["model_args"] == {"routing_iterations": 2, "num_classes": 10, "input_size": [1, 8, 8]}
+    assert config["model_args"] == {"routing": {"iterations": 2}, "num_classes": 10, "input_size": [1, 8, 8]}
     assert config["loss_args"] == {"reconstruction_weight": 0.001}
     assert config["progress"] is False and config["limit_train"] == 64
 
@@ -36,7 +36,8 @@ def test_train_prints_summary(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"epochs": 1, "batch_size": 32, "limit_train": 32, "limit_test": 16,
-                                      "device": "cpu", "progress": False, "model_args": {"routing_iterations": 1}}))
+                                      "device": "cpu", "progress": False,
+                                      "model_args": {"routing": {"iterations": 1}}}))
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert re.search(r"test accuracy \d+\.\d\d% \(best", out) and str(tmp_path / "run") in out
@@ -68,8 +69,8 @@ def test_train_never_replaces_a_run_by_accident(tmp_path, capsys, monkeypatch):
     assert main([*TRAIN, "--epochs", "2", "--out", str(run)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("capsnets train: error: run directory") and "--resume" in err and "--overwrite" in err
-    assert main(["train", "--resume", "--epochs", "2", "--model-arg", "routing_iterations=3", "--out", str(run)]) == 1
-    assert "model_args.routing_iterations 2 -> 3" in capsys.readouterr().err
+    assert main(["train", "--resume", "--epochs", "2", "--model-arg", "routing.iterations=3", "--out", str(run)]) == 1
+    assert "model_args.routing.iterations 2 -> 3" in capsys.readouterr().err
     assert main(["train", "--resume", "--overwrite", "--out", str(run)]) == 1
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"} == before
     assert main([*TRAIN, "--epochs", "2", "--overwrite", "--out", str(run)]) == 0
@@ -143,8 +144,13 @@ def test_list_models_name_lists_its_model_args_with_defaults(capsys):
     assert "reconstruction=true  # true or false" in lines
     defaults = {key: list(value) if isinstance(value, tuple) else value
                 for key, value in model_arguments("capsnet").items() if key not in ("device", "dtype")}
-    # one KEY=VALUE line per builder argument, each one --model-arg reads back as the default
-    assert parse_key_values(lines, "--model-arg") == defaults and len(lines) == len(defaults)
+    # one KEY=VALUE line per builder argument, each one --model-arg reads back as the default, then the settings of
+    # the default routing (routing.KEY=VALUE)
+    arguments = [line for line in lines if not line.startswith("routing.")]
+    assert parse_key_values(arguments, "--model-arg") == defaults and len(arguments) == len(defaults)
+    routing = parse_key_values([line for line in lines if line.startswith("routing.")], "--model-arg")
+    assert routing == {"routing.iterations": 3, "routing.detach_routing": True, "routing.none_of_the_above": False}
+    assert nest_dotted(routing) == {"routing": {"iterations": 3, "detach_routing": True}}
     assert main(["list-models", "capsnet_dgits"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "unknown model 'capsnet_dgits'" in err and "capsnet_digits" in err
@@ -232,7 +238,7 @@ def test_corrupt_checkpoint_is_one_line_error(run_dir, tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["train", "--model", "no_such_model", "--epochs", "1"], "unknown model"),
     (["train", "--epochs", "0"], "epochs=0"),
-    (["train", "--model-arg", "routing_iterations"], "KEY=VALUE"),
+    (["train", "--model-arg", "routing.iterations"], "KEY=VALUE"),
     (["evaluate", "--checkpoint", "/nonexistent/run"], "does not exist"),
 ])
 def test_errors_exit_non_zero_with_one_line(argv, message, capsys, tmp_path):

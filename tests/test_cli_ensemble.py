@@ -8,7 +8,7 @@ import torch
 from capsnets.cli import ensemble_label, main
 
 TRAIN = ["train", "--model", "capsnet_digits", "--dataset", "digits", "--epochs", "1", "--batch-size", "32",
-         "--limit-train", "64", "--device", "cpu", "--no-progress", "--model-arg", "routing_iterations=2"]
+         "--limit-train", "64", "--device", "cpu", "--no-progress", "--model-arg", "routing.iterations=2"]
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def test_capsnet_small_on_mnist_reaches_97_5_percent(tmp_path, shared_data_root)
 def _em_config(dataset: str, data_dir: str, out: str, lr: float = 1e-2, **model_args) -> TrainConfig:
     return TrainConfig(model="matrix_capsnet_small", dataset=dataset, data_dir=data_dir, epochs=1, batch_size=32,
                        lr=lr, limit_train=6400, limit_test=1000, device="cpu", progress=False,
-                       model_args={"detach_routing": True, **model_args}, out=out)
+                       model_args={"routing": {"detach_routing": True}, **model_args}, out=out)
 
 
 def test_matrix_capsnet_small_on_mnist_learns(tmp_path, shared_data_root):

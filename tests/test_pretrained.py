@@ -127,8 +127,8 @@ def test_weight_for_another_model_and_overrides_are_refused(tiny_weight):
     _, path = tiny_weight
     with pytest.raises(PretrainedError, match="is for model 'capsnet_digits', not 'capsnet_small'"):
         capsnets.create_model("capsnet_small", pretrained=str(path))
-    with pytest.raises(ArgumentError, match="routing_iterations cannot be changed"):
-        capsnets.create_model("capsnet_digits", pretrained=str(path), routing_iterations=1)
+    with pytest.raises(ArgumentError, match="routing cannot be changed"):
+        capsnets.create_model("capsnet_digits", pretrained=str(path), routing={"iterations": 1})
     with pytest.raises(ArgumentError, match="unknown model"):
         capsnets.create_model("capsnet_smal", pretrained="mnist")
     with pytest.raises(ArgumentError, match="pretrained"):

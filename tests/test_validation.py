@@ -55,6 +55,20 @@ def test_every_model_argument_is_declared():
         assert capsnets.models.model_arguments(name) == {k: a.default for k, a in model_schema(name).items()}
 
 
+def test_the_choices_builders_list_are_the_ones_their_models_take():
+    from capsnets.layers.matrix import ASSIGNMENT_SCOPES
+    from capsnets.models.matrix_capsnet import FORMULATIONS
+    from capsnets.models.routing_zoo import HEADS
+
+    def listed(choices) -> str:
+        return "one of " + ", ".join(map(repr, choices))
+
+    assert model_schema("routing_zoo")["head"].expects == listed(HEADS)
+    assert model_schema("matrix_capsnet")["formulation"].expects == listed(FORMULATIONS)
+    assert model_schema("matrix_capsnet")["assignment_scope"].expects == listed(ASSIGNMENT_SCOPES) + \
+        " or None (YAML: null)"
+
+
 @pytest.mark.parametrize("name, key", _arguments("true"))
 def test_booleans_must_be_booleans(name, key):
     for value in ("abc", "false", 1, 0.0):
@@ -83,14 +97,20 @@ def test_input_size_must_be_three_positive_integers(name):
 @pytest.mark.parametrize("name", [name for name in MODELS if "routing" in model_schema(name)])
 def test_routing_must_be_a_routing_or_its_spec(name):
     own, other = ("em", "dynamic") if name.startswith("matrix") else ("dynamic", "em")
-    _refused(name, "routing", own, "routing object", "spec")
+    family = own  # the first type the message names
+    own = "self_attention" if name.startswith("efficient") else own
+    assert capsnets.create_model(name, routing=own, device="meta").routing_spec["type"] == own  # a type name
+    _refused(name, "routing", "dinamic", "unknown routing type")
     _refused(name, "routing", 3, "routing object")
-    message = _refused(name, "routing", {"type": own, "iterations": "2"}, "iterations")
-    assert "integer" in message
+    if own == "self_attention":  # no iterations
+        _refused(name, "routing", {"type": own, "bias": "2"}, "bias must be true or false")
+    else:
+        message = _refused(name, "routing", {"type": own, "iterations": "2"}, "iterations")
+        assert "integer" in message
     _refused(name, "routing", {"type": "dinamic"}, "unknown routing type")
     _refused(name, "routing", {"type": own, "detach_routing": "yes"}, "detach_routing")
     # the other family's routing: its layers would call it with the wrong arguments
-    _refused(name, "routing", {"type": other}, f"its type is '{other}'", f"route with '{own}'")
+    _refused(name, "routing", {"type": other}, f"its type is '{other}'", f"route with '{family}'")
     _refused(name, "routing", routing_from_config({"type": other}), f"its type is '{other}'")
 
 
@@ -109,13 +129,20 @@ def test_unknown_arguments_are_named_with_the_ones_taken(name):
 
 
 def test_matrix_models_check_their_routing_settings():
-    _refused("matrix_capsnet_small", "inverse_temperature", "1", "a number, a list of numbers")
+    _refused("matrix_capsnet_small", "routing", {"type": "em", "formulation": "paper", "inverse_temperature": "abc"},
+             "could not convert")
     _refused("matrix_capsnet_small", "formulation", "offical", "one of 'paper', 'official'")
     _refused("matrix_capsnet_small", "assignment_scope", "global", "'per_type'")
     _refused("matrix_capsnet_small", "checkpoint_chunks", -1, "non-negative integer")
-    with pytest.raises(ArgumentError, match="class_routing_args: detach_routing must be true, false or None"):
-        capsnets.create_model("matrix_capsnet_small", class_routing_args={"detach_routing": "abc"})
+    _refused("matrix_capsnet_small", "routing", {"type": "em", "detach_routing": "abc"}, "detach_routing must be True")
     _refused("cnn_baseline_narrow", "dropout", 1, "[0, 1)")
+
+
+def test_routing_settings_given_as_arguments_are_pointed_to_the_routing():
+    with pytest.raises(ArgumentError, match=r"routing_iterations.*routing=\{'iterations': 2\}.*routing.iterations=2"):
+        capsnets.create_model("capsnet_small", routing_iterations=2)
+    with pytest.raises(ArgumentError, match=r"detach_routing.*routing.detach_routing=True"):
+        capsnets.create_model("matrix_capsnet_small", detach_routing=True)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -128,8 +155,10 @@ def test_values_from_yaml_and_json_are_taken(name):
 
 
 def test_ints_are_taken_for_floats_and_routings_rebuild_from_their_records():
-    model = capsnets.create_model("matrix_capsnet_small", formulation="paper", inverse_temperature=1, device="meta")
-    assert model.classes.routing.inverse_temperatures == [1.0] * 3 and model.model_args["inverse_temperature"] == 1.0
+    model = capsnets.create_model("matrix_capsnet_small", formulation="paper", routing={"inverse_temperature": 1},
+                                  device="meta")
+    assert model.classes.routing.inverse_temperatures == [1.0] * 3
+    assert model.model_args["routing"]["inverse_temperature"] == [1.0] * 3
     assert capsnets.create_model("cnn_baseline_narrow", dropout=0, device="meta").model_args["dropout"] == 0.0
     official = capsnets.create_model("matrix_capsnet_small", routing=capsnets.functional.EMRouting.official(2),
                                      device="meta")
@@ -142,10 +171,30 @@ def test_the_command_line_prints_the_error_in_one_line(tmp_path, capsys):
     from capsnets.cli import main
 
     status = main(["train", "--model", "matrix_capsnet_small", "--dataset", "digits", "--out", str(tmp_path / "run"),
-                   "--model-arg", "detach_routing=abc"])
+                   "--model-arg", "routing.detach_routing=abc"])
     error = capsys.readouterr().err.strip().splitlines()
     assert status == 1 and len(error) == 1
-    assert "detach_routing must be true, false or None" in error[0] and "'abc'" in error[0]
+    assert "detach_routing must be True or False" in error[0] and "'abc'" in error[0]
+
+
+# the helpers ----------------------------------------------------------------------------------------------------
+
+def test_the_helpers_return_what_the_caller_keeps_and_name_the_argument():
+    from capsnets.validation import choice, describe, flag, floating_dtype, image_size, number, reject_unknown
+
+    assert image_size("input_size", [1, 28, 28]) == (1, 28, 28) and number("lr", 1) == 1.0
+    assert floating_dtype("dtype", "torch.float64") is torch.float64 and flag("x", False) is False
+    assert choice("norm", None, ("batch", None)) is None
+    for call, words in [(lambda: number("ramp", 0, 0, 1, low_open=True), "ramp must be a number in (0, 1]"),
+                        (lambda: number("w", float("nan")), "w must be a number, got nan"),
+                        (lambda: choice("norm", 1, (True, 1.0)), "norm must be one of True, 1.0, got 1"),
+                        (lambda: flag("bias", 1), "bias must be true or false, got 1"),
+                        (lambda: reject_unknown("loss 'x'", ["widht"], ["width"]), "(did you mean width?)")]:
+        with pytest.raises(ArgumentError) as info:
+            call()
+        assert words in str(info.value) and info.value.argument is not None
+    assert describe("Literal['a', 'b'] | None") == "one of 'a', 'b' or None (YAML: null)"
+    assert describe("") == "any value" and describe("Sequence[int]") == "Sequence[int]"
 
 
 # loss arguments -------------------------------------------------------------------------------------------------
@@ -155,9 +204,9 @@ def test_loss_arguments_are_checked(name):
     with pytest.raises(ArgumentError, match=f"loss '{name}' does not take weight"):
         create_loss(name, weight=1.0)
     for key in loss_schema(name):
-        with pytest.raises(ArgumentError, match=f"{key} must be a number, got 'abc'"):
+        with pytest.raises(ArgumentError, match=f"{key} must be a number.*, got 'abc'"):
             create_loss(name, **{key: "abc"})
-        with pytest.raises(ArgumentError, match=f"{key} must be a number, got None"):
+        with pytest.raises(ArgumentError, match=f"{key} must be a number.*, got None"):
             create_loss(name, **{key: None})
     with pytest.raises(ArgumentError, match="unknown loss"):
         create_loss(name + "x")
@@ -165,7 +214,7 @@ def test_loss_arguments_are_checked(name):
 
 def test_loss_arguments_take_ints_for_floats():
     assert create_loss("margin", m_pos=1, reconstruction_weight=0).m_pos == 1.0
-    with pytest.raises(ValueError, match="label_smoothing must be in"):
+    with pytest.raises(ValueError, match="label_smoothing must be a number in"):
         create_loss("cross_entropy", label_smoothing=2)
 
 

@@ -8,7 +8,7 @@ defaults)::
     capsnets evaluate --checkpoint runs/capsnet_digits    # evaluation_best_digits.json + PNG there
     capsnets evaluate --checkpoint runs/a runs/b          # their ensemble: runs/evaluation_ensemble_a_best+b_best_...
     capsnets list-models capsnet                          # the --model-arg keys of capsnet, with defaults
-    capsnets train --model capsnet --dataset mnist --download --epochs 50 --model-arg routing_iterations=1
+    capsnets train --model capsnet --dataset mnist --download --epochs 50 --model-arg routing.iterations=1
     capsnets experiment multimnist --smoke --out runs/multimnist_smoke   # report.md + PNGs
     capsnets predict --pretrained capsnet_small-mnist seven.png   # a shipped weight
     capsnets export --checkpoint runs/capsnet_digits      # runs/capsnet_digits/best.onnx
@@ -34,6 +34,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,7 +49,7 @@ from capsnets.engine.runtime import AMP_MODES, resolve_device, retain_freed_memo
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
 from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, peek_sidecar
-from capsnets.models import count_parameters, create_model, list_models, model_schema, model_task
+from capsnets.models import count_parameters, create_model, list_models, model_schema, model_task, routing_keys
 from capsnets.models.hub import load_model, resolve_pretrained, shipped_weights
 from capsnets.predict import collect_image_files, predict, read_images, segment
 
@@ -220,7 +221,7 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         help=f"save <out>/last.safetensors every N epochs and after the last (default: {default.checkpoint_every})")
     add("--model-arg", action="append", default=[], metavar="KEY=VALUE",
         help="argument of the model's builder, repeatable; `capsnets list-models MODEL` lists the keys and their "
-             "defaults")
+             "defaults; routing.KEY=VALUE sets one setting of the model's routing (e.g. routing.iterations=2)")
     add("--loss-arg", action="append", default=[], metavar="KEY=VALUE",
         help="argument of the loss, repeatable")
     add("--no-progress", dest="progress", action="store_false", default=None,
@@ -353,6 +354,21 @@ def parse_key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
     return values
 
 
+def nest_dotted(values: dict[str, Any]) -> dict[str, Any]:
+    """``{"routing.iterations": 2, "num_classes": 5}`` -> ``{"routing": {"iterations": 2}, "num_classes": 5}``:
+    a dotted key sets one entry of the mapping its first part names."""
+    nested: dict[str, Any] = {}
+    for key, value in values.items():
+        head, dot, rest = key.partition(".")
+        if not dot:
+            nested[key] = value
+            continue
+        if head in nested and not isinstance(nested[head], dict):
+            raise ValueError(f"{key}={value!r} sets an entry of {head}, which is also given as {nested[head]!r}")
+        nested.setdefault(head, {})[rest] = value
+    return nested
+
+
 def config_from_args(args: argparse.Namespace):
     """The :class:`TrainConfig` described by parsed ``train`` arguments.
 
@@ -367,7 +383,7 @@ def config_from_args(args: argparse.Namespace):
         config_file = _run_config(Path(out))
     overrides = {name: getattr(args, name) for name in _CONFIG_FLAGS}
     overrides["out"] = out
-    overrides["model_args"] = parse_key_values(args.model_arg, "--model-arg") or None
+    overrides["model_args"] = nest_dotted(parse_key_values(args.model_arg, "--model-arg")) or None
     overrides["loss_args"] = parse_key_values(args.loss_arg, "--loss-arg") or None
     return build_config(config_file, **overrides)
 
@@ -707,16 +723,19 @@ _PLACEMENT_ARGS = ("device", "dtype")
 
 def format_model_arguments(name: str) -> str:
     """The ``--model-arg`` keys of model ``name``, one ``KEY=DEFAULT  # what it takes`` line each, DEFAULT written
-    as ``--model-arg`` reads it (YAML, where ``#`` starts a comment); from the builder's declared schema
-    (:func:`capsnets.models.model_schema`)."""
+    as ``--model-arg`` reads it (YAML, where ``#`` starts a comment); from the builder's signature
+    (:func:`capsnets.models.model_schema`), then the settings of its default routing as ``routing.KEY=VALUE``
+    (:func:`capsnets.models.routing_keys`)."""
     lines = [f"{key}={_yaml_value(argument.default)}  # {argument.expects}"
              for key, argument in model_schema(name).items() if key not in _PLACEMENT_ARGS]
+    lines += [f"routing.{key}={_yaml_value(value)}  # a setting of the default routing"
+              for key, value in routing_keys(name).items()]
     return "\n".join(lines)
 
 
 def _yaml_value(value: Any) -> str:
     """``value`` in one line of YAML flow style (``null``, ``true``, ``[1, 28, 28]``); tuples as lists."""
-    plain = list(value) if isinstance(value, tuple) else value
+    plain = list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, Mapping) else value
     try:
         text = yaml.safe_dump(plain, default_flow_style=True, width=1_000_000).strip()
     except yaml.YAMLError:  # not a YAML value (an object): as Python shows it

@@ -30,8 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from capsnets.validation import ArgumentError, to_float_images
-from capsnets.models.arguments import check_arguments, signature_schema
+from capsnets.validation import Argument, ArgumentError, keyword_arguments, number, reject_unknown, to_float_images
 from capsnets.models.output import ModelOutput
 
 
@@ -92,10 +91,11 @@ class MarginLoss(nn.Module):
     def __init__(self, *, m_pos: float = 0.9, m_neg: float = 0.1, down_weight: float = 0.5,
                  reconstruction_weight: float = 0.0005) -> None:
         super().__init__()
-        if not 0 <= m_neg < m_pos <= 1:
-            raise ValueError(f"need 0 <= m_neg < m_pos <= 1, got m_neg={m_neg}, m_pos={m_pos}")
-        if reconstruction_weight < 0:
-            raise ValueError(f"reconstruction_weight must be >= 0, got {reconstruction_weight}")
+        m_pos, m_neg = number("m_pos", m_pos, 0.0, 1.0), number("m_neg", m_neg, 0.0, 1.0)
+        if not m_neg < m_pos:
+            raise ArgumentError(f"need 0 <= m_neg < m_pos <= 1, got m_neg={m_neg}, m_pos={m_pos}", "m_neg")
+        down_weight = number("down_weight", down_weight)
+        reconstruction_weight = number("reconstruction_weight", reconstruction_weight, 0.0)
         self.m_pos, self.m_neg, self.down_weight = m_pos, m_neg, down_weight
         self.reconstruction_weight = reconstruction_weight
 
@@ -125,8 +125,7 @@ class CrossEntropyLoss(nn.Module):
 
     def __init__(self, *, label_smoothing: float = 0.0) -> None:
         super().__init__()
-        if not 0 <= label_smoothing <= 1:
-            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+        label_smoothing = number("label_smoothing", label_smoothing, 0.0, 1.0)
         self.label_smoothing = label_smoothing
 
     def forward(self, output: ModelOutput, images: Tensor, targets: Tensor):
@@ -160,10 +159,11 @@ class SpreadLoss(nn.Module):
 
     def __init__(self, *, margin_start: float = 0.2, margin_end: float = 0.9, ramp: float = 0.5) -> None:
         super().__init__()
-        if not 0 <= margin_start <= margin_end:
-            raise ValueError(f"need 0 <= margin_start <= margin_end, got {margin_start}, {margin_end}")
-        if not 0 < ramp <= 1:
-            raise ValueError(f"ramp must be in (0, 1], got {ramp}")
+        margin_start, margin_end = number("margin_start", margin_start, 0.0), number("margin_end", margin_end)
+        if not margin_start <= margin_end:
+            raise ArgumentError(f"need 0 <= margin_start <= margin_end, got {margin_start}, {margin_end}",
+                                "margin_end")
+        ramp = number("ramp", ramp, 0.0, 1.0, low_open=True)
         self.margin_start, self.margin_end, self.ramp = margin_start, margin_end, ramp
         self.margin = margin_start
 
@@ -216,10 +216,8 @@ class SegCapsLoss(nn.Module):
 
     def __init__(self, *, pos_weight: float = 1.0, reconstruction_weight: float = 1.0) -> None:
         super().__init__()
-        if not pos_weight > 0:
-            raise ValueError(f"pos_weight must be > 0, got {pos_weight}")
-        if reconstruction_weight < 0:
-            raise ValueError(f"reconstruction_weight must be >= 0, got {reconstruction_weight}")
+        pos_weight = number("pos_weight", pos_weight, 0.0, low_open=True)
+        reconstruction_weight = number("reconstruction_weight", reconstruction_weight, 0.0)
         self.pos_weight, self.reconstruction_weight = pos_weight, reconstruction_weight
 
     def forward(self, output, images: Tensor, masks: Tensor):
@@ -282,17 +280,20 @@ def list_losses(task: str | None = None) -> list[str]:
     return sorted(name for name in _LOSSES if task is None or LOSS_TASKS[name] == task)
 
 
-def loss_schema(name: str) -> dict:
-    """The keyword arguments loss ``name`` takes, with their defaults and types
-    (:class:`~capsnets.models.arguments.Argument`; ``expects`` says in words what each takes)."""
+def loss_schema(name: str) -> dict[str, Argument]:
+    """The keyword arguments loss ``name`` takes, with their defaults and annotations
+    (:class:`~capsnets.validation.Argument`; ``expects`` says in words what each takes)."""
     if name not in _LOSSES:
-        raise ArgumentError(f"unknown loss {name!r}; known losses: {', '.join(list_losses())}")
-    return signature_schema(_LOSSES[name])
+        raise ArgumentError(f"unknown loss {name!r}; known losses: {', '.join(list_losses())}", "name")
+    return keyword_arguments(_LOSSES[name])
 
 
 def create_loss(name: str, **kwargs) -> nn.Module:
-    """Build a criterion by name (see :func:`list_losses`); ``kwargs`` go to its constructor, checked first
-    against :func:`loss_schema` (an :class:`~capsnets.validation.ArgumentError`, a ``ValueError``, that
-    names the argument, what was given and what it takes)."""
-    kwargs = check_arguments(loss_schema(name), kwargs, owner=f"loss {name!r}")
-    return _LOSSES[name](**kwargs)
+    """Build a criterion by name (see :func:`list_losses`); ``kwargs`` go to its constructor, which checks them
+    (an :class:`~capsnets.validation.ArgumentError`, a ``ValueError``, that names the argument, what was given
+    and what it takes); a name it does not take is refused with the names it takes."""
+    reject_unknown(f"loss {name!r}", kwargs, loss_schema(name))
+    try:
+        return _LOSSES[name](**kwargs)
+    except ArgumentError as err:
+        raise ArgumentError(f"loss {name!r}: {err}", err.argument) from None

@@ -1,9 +1,13 @@
-"""Argument checks for capsule layers and models: errors that name the argument, its value and what it takes.
+"""Argument checks for capsule layers, models, losses and configs: errors that name the argument, its value
+and what it takes.
 
-Public so that every package that builds or runs modules (``layers``, ``models``, ``losses``, ``engine``)
-validates sizes, devices and image batches the same way. Every error is an :class:`ArgumentError`, which is
-both a ``ValueError`` (what the command line reports as a one-line message) and a ``TypeError`` (what Python
-raises for an argument of the wrong type).
+Public, and the one place where the library checks arguments: ``functional``, ``layers``, ``models``,
+``losses``, ``engine`` and the command line validate sizes, flags, choices, devices and image batches with
+these helpers, in the constructors that take them (as ``torch.nn`` modules and e3nn do). Every error is an
+:class:`ArgumentError`, which is both a ``ValueError`` (what the command line reports as a one-line message)
+and a ``TypeError`` (what Python raises for an argument of the wrong type). Helpers that check a value return
+it as the caller should keep it (a list as a tuple, an int as a float where a number is meant), so values
+read from YAML or JSON work as the Python ones do.
 
 Examples::
 
@@ -12,36 +16,220 @@ Examples::
     >>> positive_int("num_classes", 0)
     Traceback (most recent call last):
     capsnets.validation.ArgumentError: num_classes must be a positive integer, got 0
+    >>> image_size("input_size", [1, 28, 28])
+    (1, 28, 28)
     >>> image_batch(torch.zeros(2, 1, 8, 8, dtype=torch.uint8) + 255, (1, 8, 8), dtype=torch.float32).max()
     tensor(1.)
 """
 from __future__ import annotations
 
-from typing import Sequence
+import difflib
+import functools
+import inspect
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["ArgumentError", "available_devices", "check_device", "conv_output_size", "image_batch",
-           "non_negative_int", "positive_int", "to_float_images"]
+__all__ = ["Argument", "ArgumentError", "DType", "Device", "ImageSize", "NonNegativeInt", "PositiveInt", "Probability",
+           "Routing", "available_devices", "check_device", "choice", "conv_output_size", "describe", "expect",
+           "flag", "floating_dtype", "image_batch", "image_size", "keyword_arguments", "non_negative_int", "number",
+           "placement", "positive_int", "positive_ints", "reject_unknown", "to_float_images"]
+
+#: Annotations for the keyword arguments of builders and losses. They are the plain types (no checking rides
+#: on them); their names say what the argument takes, in words, where ``capsnets list-models MODEL`` lists it
+#: (:func:`describe`).
+PositiveInt = int
+NonNegativeInt = int
+Probability = float
+ImageSize = tuple[int, int, int]
+Device = str | torch.device
+DType = str | torch.dtype
+Routing = str | Mapping | object
+
+#: What an annotation takes, in words, by the text of the annotation.
+_WORDS = {
+    "bool": "true or false", "int": "an integer", "float": "a number", "str": "a string",
+    "PositiveInt": "a positive integer", "NonNegativeInt": "a non-negative integer",
+    "Probability": "a number in [0, 1)", "ImageSize": "(C, H, W): a list of 3 positive integers",
+    "Device": "a device this build of PyTorch has, by name ('cpu', 'cuda:0' ...) or as a torch.device",
+    "DType": "a floating-point torch.dtype or its name (float32, float64, bfloat16, float16)",
+    "Routing": "a routing object, its spec (a mapping with a 'type' and settings) or a routing type name; "
+               "settings alone (routing.KEY=VALUE) update the model's default routing",
+}
+
+
+def describe(annotation) -> str:
+    """What an argument annotated ``annotation`` takes, in words, read from the annotation's text (``X | None``
+    adds ``None``, ``Literal["a", "b"]`` is one of its values); the text itself where it has no words here.
+
+    Examples::
+
+        >>> describe("PositiveInt | None")
+        'a positive integer or None (YAML: null)'
+    """
+    if annotation is None or annotation == "" or annotation is object:
+        return "any value"
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    parts = [part.strip() for part in text.split(" | ")]
+    words = [_WORDS.get(part, "one of " + part[8:-1].replace('"', "'") if part.startswith("Literal[") else part)
+             for part in parts if part != "None"]
+    if "None" in parts:
+        words.append("None (YAML: null)")
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+
+
+@dataclass(frozen=True)
+class Argument:
+    """A keyword-only argument of a builder or constructor: its ``name``, ``default`` and ``annotation`` (the
+    annotation's text); ``expects`` says in words what it takes (:func:`describe`)."""
+
+    name: str
+    default: Any
+    annotation: str = ""
+
+    @property
+    def expects(self) -> str:
+        return describe(self.annotation)
+
+
+def keyword_arguments(function: Callable) -> dict[str, Argument]:
+    """The keyword-only arguments of ``function`` (a function, a class or a ``functools.partial`` of one), from its
+    signature: what :func:`~capsnets.models.model_schema` and :func:`~capsnets.losses.loss_schema` list."""
+    target = function.func if isinstance(function, functools.partial) else function
+    parameters = inspect.signature(function).parameters.values()
+    hints = getattr(target.__init__ if isinstance(target, type) else target, "__annotations__", {})
+    def text(annotation) -> str:
+        return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+
+    return {p.name: Argument(p.name, p.default, text(hints.get(p.name, "")))
+            for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
 class ArgumentError(ValueError, TypeError):
-    """A bad argument: its message names the argument, the value given and what is expected."""
+    """A bad argument: its message names the argument, the value given and what is expected.
+
+    Args:
+        message: the message.
+        argument: the name of the argument at fault, where one is (callers add to the message by it, e.g.
+            :func:`~capsnets.models.create_model` names the default of a model argument).
+    """
+
+    def __init__(self, message: str, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def expect(ok: bool, name: str, value, expected: str) -> None:
+    """Raise an :class:`ArgumentError` ``"{name}={value!r} is invalid: expected {expected}"`` unless ``ok``."""
+    if not ok:
+        raise ArgumentError(f"{name}={_shown(value)} is invalid: expected {expected}", name)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def positive_int(name: str, value) -> int:
     """``value`` if it is an ``int`` >= 1 (not a bool); else an :class:`ArgumentError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ArgumentError(f"{name} must be a positive integer, got {value!r}")
+    if not _is_int(value) or value < 1:
+        raise ArgumentError(f"{name} must be a positive integer, got {_shown(value)}", name)
     return value
 
 
 def non_negative_int(name: str, value) -> int:
     """``value`` if it is an ``int`` >= 0 (not a bool); else an :class:`ArgumentError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ArgumentError(f"{name} must be a non-negative integer, got {value!r}")
+    if not _is_int(value) or value < 0:
+        raise ArgumentError(f"{name} must be a non-negative integer, got {_shown(value)}", name)
     return value
+
+
+def positive_ints(name: str, value, length: int | None = None, what: str = "") -> tuple[int, ...]:
+    """``value`` (a list or tuple of positive ``int`` s, ``length`` of them where given) as a tuple; else an
+    :class:`ArgumentError` naming ``name`` (``what``: the meaning of the items, e.g. ``"(C, H, W)"``)."""
+    count = f"{length} " if length is not None else ""
+    if (not isinstance(value, (list, tuple)) or (length is not None and len(value) != length)
+            or not all(_is_int(item) and item >= 1 for item in value)):
+        meaning = f"{what}: " if what else ""
+        raise ArgumentError(f"{name} must be {meaning}a list of {count}positive integers, got {_shown(value)}", name)
+    return tuple(value)
+
+
+def image_size(name: str, value) -> tuple[int, int, int]:
+    """``value`` as an image size ``(C, H, W)`` of three positive ints (a list or tuple)."""
+    return positive_ints(name, value, 3, "(C, H, W)")
+
+
+def flag(name: str, value) -> bool:
+    """``value`` if it is a bool; else an :class:`ArgumentError` naming ``name``."""
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{name} must be true or false, got {_shown(value)}", name)
+    return value
+
+
+def number(name: str, value, low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False) -> float:
+    """``value`` (an int or float, not a bool) as a float within ``[low, high]`` (an end open where asked);
+    else an :class:`ArgumentError` naming ``name``, the value and the range."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if ok:
+        ok = (low is None or (value > low if low_open else value >= low)) and (
+            high is None or (value < high if high_open else value <= high))
+    if not ok:
+        where = ""
+        if low is not None or high is not None:
+            left = "(" if low_open or low is None else "["
+            right = ")" if high_open or high is None else "]"
+            lo, hi = ("-inf" if low is None else f"{low:g}"), ("inf" if high is None else f"{high:g}")
+            where = f" in {left}{lo}, {hi}{right}"
+        raise ArgumentError(f"{name} must be a number{where}, got {_shown(value)}", name)
+    return float(value)
+
+
+def choice(name: str, value, choices: Iterable):
+    """``value`` if it is one of ``choices``; else an :class:`ArgumentError` naming ``name`` and the choices."""
+    choices = tuple(choices)
+    if not any(value == option and type(value) is type(option) for option in choices):
+        raise ArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, got {_shown(value)}", name)
+    return value
+
+
+def floating_dtype(name: str, value) -> torch.dtype:
+    """``value`` (a floating-point ``torch.dtype`` or its name, ``"float64"`` or ``"torch.float64"``) as a
+    ``torch.dtype``; else an :class:`ArgumentError` naming ``name``."""
+    dtype = getattr(torch, value.removeprefix("torch."), None) if isinstance(value, str) else value
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ArgumentError(f"{name} must be a floating-point torch.dtype or its name (float32, float64, bfloat16, "
+                            f"float16), got {_shown(value)}", name)
+    return dtype
+
+
+def placement(device, dtype) -> tuple[torch.device | None, torch.dtype | None]:
+    """A module's ``device`` and ``dtype`` arguments checked (:func:`check_device`, :func:`floating_dtype`);
+    None stays None (torch's defaults)."""
+    return (None if device is None else check_device(device),
+            None if dtype is None else floating_dtype("dtype", dtype))
+
+
+def reject_unknown(owner: str, given: Iterable[str], taken: Iterable[str]) -> None:
+    """An :class:`ArgumentError` for the names in ``given`` that are not in ``taken``, with the names they may
+    have meant and every name taken (``"model 'capsnet' does not take widht (did you mean width?); it takes:
+    ..."``)."""
+    taken = sorted(taken)
+    unknown = sorted(set(given) - set(taken))
+    if unknown:
+        close = sorted({match for key in unknown for match in difflib.get_close_matches(key, taken, n=2)})
+        maybe = f" (did you mean {', '.join(close)}?)" if close else ""
+        takes = f"it takes: {', '.join(taken)}" if taken else "it takes no arguments"
+        raise ArgumentError(f"{owner} does not take {', '.join(unknown)}{maybe}; {takes}", unknown[0])
 
 
 def conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -77,20 +265,20 @@ def check_device(device, name: str = "device") -> torch.device:
     available = ", ".join(available_devices())
     if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
         raise ArgumentError(f"{name} must be a device name such as 'cpu' or 'cuda:0', or a torch.device; got "
-                            f"{device!r} ({type(device).__name__}); available here: {available}")
+                            f"{device!r} ({type(device).__name__}); available here: {available}", name)
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as err:
         raise ArgumentError(f"{name}={device!r} is not a device PyTorch can name ({str(err).splitlines()[0]}); "
-                            f"available here: {available}") from None
+                            f"available here: {available}", name) from None
     count = _device_count(resolved.type)
     if count == 0:
         why = (f"this build of PyTorch ({torch.__version__}) has no CUDA support" if resolved.type == "cuda"
                and torch.version.cuda is None else f"no {resolved.type} device is available to this process")
-        raise ArgumentError(f"{name}={device!r}: {why}; available here: {available}")
+        raise ArgumentError(f"{name}={device!r}: {why}; available here: {available}", name)
     if resolved.type not in ("cpu", "meta") and resolved.index is not None and resolved.index >= count:
         raise ArgumentError(f"{name}={device!r}: there {'is' if count == 1 else 'are'} only {count} "
-                            f"{resolved.type} device{'' if count == 1 else 's'}; available here: {available}")
+                            f"{resolved.type} device{'' if count == 1 else 's'}; available here: {available}", name)
     return resolved
 
 

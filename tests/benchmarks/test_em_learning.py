@@ -10,7 +10,8 @@ def test_em_learning_records_a_curve_per_variant(tmp_path):
     out = tmp_path / "curves.json"
     command = [sys.executable, str(SCRIPT), "--model", "capsnet_digits", "--dataset", "digits", "--train-size", "48",
                "--test-size", "20", "--steps", "3", "--eval-every", "2", "--batch-size", "16", "--device", "cpu",
-               "--variant", "three", '{"routing_iterations": 3}', "--variant", "one", '{"routing_iterations": 1}',
+               "--variant", "three", '{"routing": {"iterations": 3}}', "--variant", "one",
+               '{"routing": {"iterations": 1}}',
                "--out", str(out)]
     subprocess.run(command, check=True, capture_output=True, text=True)
     result = json.loads(out.read_text())
@@ -21,7 +22,7 @@ def test_em_learning_records_a_curve_per_variant(tmp_path):
         assert [point["images"] for point in variant["curve"]] == [32, 48]
         assert 0 <= variant["final_test_accuracy"] <= 1 and variant["train_images_per_s"] > 0
         assert variant["initial_activations"] == {} and all(p["activations"] == {} for p in variant["curve"])
-    assert result["variants"]["one"]["model_args"] == {"routing_iterations": 1}
+    assert result["variants"]["one"]["model_args"] == {"routing": {"iterations": 1}}
 
 
 def test_em_learning_rejects_a_variant_that_is_not_an_object(tmp_path):
@@ -81,7 +82,7 @@ def test_set_layer_routing_replaces_one_layers_routing(load_benchmark):
 
     em_learning = load_benchmark("em_learning")
     model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28),
-                                  detach_routing=True)
+                                  routing={"detach_routing": True})
     em_learning.set_layer_routing(model, {"classes": {"cost_normalization": "mean_std", "inverse_temperature": 1.0,
                                                       "iterations": 2}})
     assert model.classes.routing.cost_normalization == "mean_std" and model.classes.routing.iterations == 2

@@ -187,7 +187,7 @@ def test_bad_arguments(tmp_path):
 @pytest.mark.parametrize("model, size, mode, args", [
     ("capsnet_digits", (8, 8), "L", []),
     ("capsnet_small", (28, 28), "RGB", []),
-    ("matrix_capsnet_small", (32, 32), "L", ["--model-arg", "routing_iterations=1"]),
+    ("matrix_capsnet_small", (32, 32), "L", ["--model-arg", "routing.iterations=1"]),
 ])
 def test_train_on_a_folder_end_to_end(tmp_path, model, size, mode, args):
     from capsnets.cli import main

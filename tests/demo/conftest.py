@@ -68,7 +68,7 @@ def untrained_capsnet():
     from capsnets.models import create_model
 
     torch.manual_seed(0)
-    return DemoModel(create_model("capsnet_digits", routing_iterations=2), dataset="digits", source="untrained",
+    return DemoModel(create_model("capsnet_digits", routing={"iterations": 2}), dataset="digits", source="untrained",
                      name="capsnet_digits")
 
 
@@ -79,5 +79,5 @@ def untrained_matrix():
     from capsnets.models import create_model
 
     torch.manual_seed(0)
-    model = create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28), routing_iterations=1)
+    model = create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28), routing={"iterations": 1})
     return DemoModel(model, source="untrained", name="matrix_capsnet_small")

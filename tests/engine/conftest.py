@@ -11,7 +11,7 @@ def tiny_config(tmp_path):
     def make(**overrides):
         values = dict(model="capsnet_digits", dataset="digits", epochs=2, batch_size=32, limit_train=64,
                       limit_test=32, device="cpu", progress=False, out=str(tmp_path / "run"),
-                      model_args={"routing_iterations": 2})
+                      model_args={"routing": {"iterations": 2}})
         values.update(overrides)
         return TrainConfig(**values)
 

@@ -9,10 +9,13 @@ from capsnets.engine.config import TrainConfig, build_config, read_config_file
 
 def test_file_then_overrides(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"epochs": 3, "lr": 0.01, "model_args": {"routing_iterations": 1}}))
-    config = build_config(path, epochs=5, model_args={"reconstruction": False}, seed=None)
+    path.write_text(yaml.safe_dump({"epochs": 3, "lr": 0.01, "model_args": {"routing": {"type": "dynamic",
+                                                                                       "iterations": 1}}}))
+    config = build_config(path, epochs=5, model_args={"reconstruction": False, "routing": {"detach_routing": False}},
+                          seed=None)
     assert config.epochs == 5 and config.lr == 0.01 and config.seed == 0
-    assert config.model_args == {"routing_iterations": 1, "reconstruction": False}
+    assert config.model_args == {"routing": {"type": "dynamic", "iterations": 1, "detach_routing": False},
+                                 "reconstruction": False}
 
 
 def test_json_file(tmp_path):
@@ -25,7 +28,7 @@ def test_json_file(tmp_path):
 def test_unknown_key_names_key_and_valid_keys(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("epochz: 3\n")
-    with pytest.raises(ValueError, match=r"epochz.*valid keys are: model, model_args"):
+    with pytest.raises(ValueError, match=r"epochz \(did you mean epochs\?\); it takes: .*model, model_args"):
         build_config(path)
 
 

@@ -72,8 +72,9 @@ def test_resume_and_overwrite_together_are_refused(tiny_config):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(model_args={"routing_iterations": 3}), "model_args.routing_iterations 2 -> 3"),
-    (dict(model_args={"routing_iterations": 2, "reconstruction": False}), "model_args.reconstruction true -> false"),
+    (dict(model_args={"routing": {"iterations": 3}}), "model_args.routing.iterations 2 -> 3"),
+    (dict(model_args={"routing": {"iterations": 2}, "reconstruction": False}),
+     "model_args.reconstruction true -> false"),
     (dict(batch_size=8), "batch_size 16 -> 8"),
     (dict(seed=4), "seed 0 -> 4"),
     (dict(loss="margin", **{"loss_args": {"m_plus": 0.8}}), "loss null -> \"margin\""),

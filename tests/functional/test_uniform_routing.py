@@ -78,8 +78,7 @@ def test_bad_arguments():
 def test_builders_refuse_settings_the_routing_does_not_have():
     import capsnets
 
-    with pytest.raises(ValueError, match="has no iterations"):
-        capsnets.create_model("capsnet_digits", routing={"type": "uniform"}, routing_iterations=3)
-    model = capsnets.create_model("capsnet_digits", routing={"type": "inverted_attention", "iterations": 3},
-                                  routing_iterations=3)
+    with pytest.raises(ValueError, match="routing type 'uniform' takes .*; got iterations"):
+        capsnets.create_model("capsnet_digits", routing={"type": "uniform", "iterations": 3})
+    model = capsnets.create_model("capsnet_digits", routing={"type": "inverted_attention", "iterations": 3})
     assert model.model_args["routing"]["iterations"] == 3

@@ -90,7 +90,7 @@ def _uncropped_twin(model: CapsNet) -> CapsNet:
 
 def test_the_patches_are_random_in_training_and_central_at_test():
     torch.manual_seed(0)
-    model = capsnets.create_model("capsnet_cifar10", routing_iterations=1)
+    model = capsnets.create_model("capsnet_cifar10", routing={"iterations": 1})
     twin = _uncropped_twin(model)
     images = torch.rand(4, 3, 32, 32)
     with torch.no_grad():
@@ -123,18 +123,19 @@ def test_the_none_of_the_above_parent_takes_coupling_but_gives_no_score():
 
 def test_none_of_the_above_is_an_option_of_every_capsnet():
     for name in ("capsnet", "capsnet_small", "capsnet_digits", "capsnet_svhn"):
-        model = capsnets.create_model(name, none_of_the_above=True, routing_iterations=2, device="meta")
+        model = capsnets.create_model(name, routing={"none_of_the_above": True, "iterations": 2}, device="meta")
         assert model.classes.routing == DynamicRouting(2, none_of_the_above=True), name
-    # the CIFAR-10 model: on unless turned off, or unless a routing is given (then that routing's own setting)
-    assert not capsnets.create_model("capsnet_cifar10", none_of_the_above=False).classes.routing.none_of_the_above
+    # the CIFAR-10 model: on unless turned off; settings alone update it, a spec with a type replaces it
+    assert not capsnets.create_model("capsnet_cifar10", routing={"none_of_the_above": False}).classes.routing \
+        .none_of_the_above
+    assert capsnets.create_model("capsnet_cifar10", routing={"iterations": 2}).classes.routing == DynamicRouting(
+        2, none_of_the_above=True)
     given = capsnets.create_model("capsnet_cifar10", routing={"type": "dynamic", "iterations": 2})
     assert given.classes.routing == DynamicRouting(2)
     attention = capsnets.create_model("capsnet_cifar10", routing={"type": "self_attention"})
     assert isinstance(attention.classes.routing.spec, SelfAttentionRouting)
-    with pytest.raises(ValueError, match="has no none_of_the_above"):
-        capsnets.create_model("capsnet_cifar10", routing={"type": "self_attention"}, none_of_the_above=True)
-    with pytest.raises(ValueError, match="disagrees with none_of_the_above=True"):
-        capsnets.create_model("capsnet_small", routing={"type": "dynamic"}, none_of_the_above=True)
+    with pytest.raises(ValueError, match="takes bias, squash; got none_of_the_above"):
+        capsnets.create_model("capsnet_cifar10", routing={"type": "self_attention", "none_of_the_above": True})
 
 
 def test_a_checkpoint_keeps_the_option(tmp_path):

@@ -130,9 +130,9 @@ def test_bad_arguments_are_refused_clearly():
         capsnets.create_model("efficient_capsnet_smallnorb", input_size=(1, 36, 36))
     assert capsnets.create_model("efficient_capsnet_smallnorb", input_size=(1, 36, 36), reconstruction=False,
                                  device="meta").decoder is None
-    with pytest.raises(ArgumentError, match="routing must be a routing object of vector capsules"):
+    with pytest.raises(ArgumentError, match="routing=.*its type is 'em', and these capsule layers route with"):
         capsnets.create_model("efficient_capsnet", routing={"type": "em"})
-    with pytest.raises(ValueError, match="norm must be 'batch' or 'instance', got 'layer'"):
+    with pytest.raises(ValueError, match="norm must be one of 'batch', 'instance', got 'layer'"):
         EfficientCapsNet(norm="layer")
     with pytest.raises(ValueError, match="decoder must be one of"):
         EfficientCapsNet(decoder="mlp")

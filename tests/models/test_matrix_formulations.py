@@ -8,7 +8,7 @@ from capsnets.models.matrix_capsnet import receptive_field_centres
 
 
 def test_official_model_uses_the_released_routing_in_each_layer():
-    model = capsnets.create_model("matrix_capsnet_small", formulation="official", detach_routing=True)
+    model = capsnets.create_model("matrix_capsnet_small", formulation="official", routing={"detach_routing": True})
     for layer in (model.conv_caps1, model.conv_caps2):
         r = layer.routing
         assert (r.formulation, r.eps, r.variance_floor, r.detach_routing) == ("official", 1e-7, 5e-4, True)
@@ -17,8 +17,12 @@ def test_official_model_uses_the_released_routing_in_each_layer():
     r = model.classes.routing
     assert (r.formulation, r.eps, r.variance_floor) == ("official", 1e-5, 5e-4)
     assert r.inverse_temperatures == pytest.approx(em_inverse_temperatures(3, final=0.0025))
-    two = capsnets.create_model("matrix_capsnet_small", formulation="official", routing_iterations=2)
+    two = capsnets.create_model("matrix_capsnet_small", formulation="official", routing={"iterations": 2})
     assert two.conv_caps1.routing.iterations == two.classes.routing.iterations == 2
+    assert two.classes.routing == EMRouting.official(2, layer="class")
+    # a routing object equal to the released code's gives the class layer the released class routing too
+    given = capsnets.create_model("matrix_capsnet_small", routing=EMRouting.official(2), device="meta")
+    assert given.classes.routing == two.classes.routing
 
 
 def test_official_initialisation():
@@ -63,10 +67,13 @@ def test_paper_and_official_models_differ_only_in_the_primary_biases():
 
 
 def test_official_formulation_refuses_the_paper_cost_options():
-    with pytest.raises(ValueError, match="formulation='paper'"):
-        capsnets.create_model("matrix_capsnet_small", formulation="official", cost_normalization="mean_std")
-    with pytest.raises(ValueError, match="formulation='paper'"):
-        capsnets.create_model("matrix_capsnet_small", formulation="official", inverse_temperature=1.0)
+    with pytest.raises(ValueError, match="cost_normalization must be None"):
+        capsnets.create_model("matrix_capsnet_small", formulation="official",
+                              routing={"cost_normalization": "mean_std"})
+    # other settings make a routing that is not the released code's: it is used in every layer
+    model = capsnets.create_model("matrix_capsnet_small", formulation="official", routing={"inverse_temperature": 1.0})
+    assert model.classes.routing is model.conv_caps1.routing
+    assert model.classes.routing.inverse_temperatures == [1.0] * 3
     with pytest.raises(ValueError, match="formulation must be one of"):
         capsnets.create_model("matrix_capsnet_small", formulation="google")
 

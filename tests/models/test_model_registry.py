@@ -3,7 +3,9 @@ import pytest
 import torch
 
 import capsnets
+from capsnets.functional import DynamicRouting, EMRouting
 from capsnets.losses import create_loss
+from capsnets.models import MatrixCapsNet
 from helpers import assert_finite
 
 EXPECTED_PARAMETERS = {
@@ -73,25 +75,27 @@ def test_routing_is_passed_in(load_benchmark):
     naive.load_state_dict(fast.state_dict())
     x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
     torch.testing.assert_close(fast(x).scores, naive(x).scores, rtol=0, atol=1e-6)
-    assert capsnets.create_model("capsnet_digits", routing_iterations=1).classes.routing.iterations == 1
+    assert capsnets.create_model("capsnet_digits", routing={"iterations": 1}).classes.routing.iterations == 1
+    assert capsnets.create_model("capsnet_digits", routing="dynamic").classes.routing == DynamicRouting()
 
 
 def test_matrix_models_configure_their_em_routing():
-    model = capsnets.create_model("matrix_capsnet_small", routing_iterations=2, cost_normalization="mass",
-                                  inverse_temperature=1.5, detach_routing=True, formulation="paper")
+    settings = {"iterations": 2, "cost_normalization": "mass", "inverse_temperature": 1.5, "detach_routing": True}
+    model = capsnets.create_model("matrix_capsnet_small", routing=settings, formulation="paper")
     for layer in (model.conv_caps1, model.conv_caps2, model.classes):
         routing = layer.routing
         assert (routing.iterations, routing.cost_normalization, routing.detach_routing) == (2, "mass", True)
         assert routing.inverse_temperatures == [1.5, 1.5]
-    assert model.model_args["cost_normalization"] == "mass" and model.model_args["inverse_temperature"] == 1.5
+    assert model.model_args["routing"]["cost_normalization"] == "mass"
+    assert model.model_args["routing"]["inverse_temperature"] == [1.5, 1.5]
     with pytest.raises(ValueError, match="cost_normalization"):
-        capsnets.create_model("matrix_capsnet_small", cost_normalization="layer", formulation="paper")
+        capsnets.create_model("matrix_capsnet_small", routing={"cost_normalization": "layer"}, formulation="paper")
 
 
 def test_matrix_models_take_the_assignment_scope_of_their_convolutional_capsule_layers():
     torch.manual_seed(0)
     model = capsnets.create_model("matrix_capsnet_small", input_size=(1, 28, 28), num_classes=10,
-                                  assignment_scope="all_parents", detach_routing=True)
+                                  assignment_scope="all_parents", routing={"detach_routing": True})
     assert model.conv_caps1.assignment_scope == model.conv_caps2.assignment_scope == "all_parents"
     assert model.model_args["assignment_scope"] == "all_parents"
     images, labels = torch.rand(3, 1, 28, 28), torch.tensor([0, 4, 9])
@@ -124,12 +128,12 @@ def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
 def test_experiment_checkpoints_of_differently_built_models_are_refused(tmp_path):
     from capsnets.experiments.training import load_or_train
 
-    model = capsnets.create_model("matrix_capsnet_small", detach_routing=True)
+    model = capsnets.create_model("matrix_capsnet_small", routing={"detach_routing": True})
     assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
-    assert load_or_train(capsnets.create_model("matrix_capsnet_small", detach_routing=True), "m",
+    assert load_or_train(capsnets.create_model("matrix_capsnet_small", routing={"detach_routing": True}), "m",
                          lambda: None, checkpoint_dir=tmp_path)
-    other = capsnets.create_model("matrix_capsnet_small", formulation="paper", cost_normalization="mean_std",
-                                  detach_routing=True)
+    other = capsnets.create_model("matrix_capsnet_small", formulation="paper",
+                                  routing={"cost_normalization": "mean_std", "detach_routing": True})
     with pytest.raises(ValueError, match=r"cost_normalization.*another --checkpoint-dir"):
         load_or_train(other, "m", lambda: None, checkpoint_dir=tmp_path)
 
@@ -171,31 +175,15 @@ def test_training_steps_leave_no_tensors_behind(name):
     assert live_tensors() <= before
 
 
-def test_matrix_models_give_the_class_layer_routing_settings_of_its_own(tmp_path):
-    from capsnets.models import load_model
-    from capsnets.experiments.training import load_or_train
-
-    torch.manual_seed(0)
-    model = capsnets.create_model("matrix_capsnet_small", input_size=(1, 28, 28), num_classes=10, detach_routing=True,
-                                  formulation="paper",
-                                  class_routing_args={"cost_normalization": "mean_std", "inverse_temperature": 1.0})
-    conv, classes = model.conv_caps1.routing, model.classes.routing
-    assert conv is model.conv_caps2.routing and conv is not classes
-    assert (conv.cost_normalization, classes.cost_normalization) == (None, "mean_std")
-    assert classes.inverse_temperatures == [1.0, 1.0, 1.0] and conv.inverse_temperatures[-1] < 0.01
-    assert classes.detach_routing and classes.iterations == 3  # the rest as the shared settings
-    assert model.model_args["class_routing_args"] == {"cost_normalization": "mean_std", "inverse_temperature": 1.0}
-    assert model.model_args["formulation"] == "paper"
+def test_matrix_models_give_the_class_layer_a_routing_of_its_own():
+    conv = EMRouting(3, detach_routing=True)
+    classes = EMRouting(3, 1.0, cost_normalization="mean_std", detach_routing=True)
+    model = MatrixCapsNet(input_size=(1, 28, 28), num_classes=10, conv_channels=64, primary_types=8,
+                          conv_caps1_types=16, conv_caps2_types=16, formulation="paper", routing=conv,
+                          class_routing=classes.to_config())
+    assert model.conv_caps1.routing is conv and model.conv_caps2.routing is conv
+    assert model.classes.routing == classes
     images, labels = torch.rand(2, 1, 28, 28), torch.tensor([1, 7])
     assert model(images, labels).scores.shape == (2, 10)
-    assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)  # a checkpoint rebuilds it
-    rebuilt, _ = load_model(tmp_path / "m.safetensors")
-    assert rebuilt.classes.routing.cost_normalization == "mean_std"
-    assert rebuilt.conv_caps1.routing.cost_normalization is None
-    two = capsnets.create_model("matrix_capsnet_small", class_routing_args={"routing_iterations": 2})
-    assert two.classes.routing.iterations == 2 and two.conv_caps1.routing.iterations == 3
-    with pytest.raises(ValueError, match="keys from"):
-        capsnets.create_model("matrix_capsnet_small", class_routing_args={"iterations": 2})
-    with pytest.raises(ValueError, match="class_routing="):
-        capsnets.create_model("matrix_capsnet_small", routing=capsnets.functional.EMRouting(2),
-                              class_routing_args={"routing_iterations": 1})
+    with pytest.raises(ValueError, match="class_routing=.*its type is 'dynamic'"):
+        MatrixCapsNet(class_routing="dynamic", device="meta")

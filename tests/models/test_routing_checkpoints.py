@@ -82,22 +82,19 @@ def test_an_undescribed_routing_is_recorded_and_refuses_to_be_rebuilt(tmp_path):
     torch.testing.assert_close(same(images).scores, model(images).scores, rtol=0, atol=0)
 
 
-def test_a_routing_and_settings_that_disagree_are_refused():
-    with pytest.raises(ValueError, match="disagrees with iterations=3"):
-        capsnets.create_model("capsnet_digits", routing=DynamicRouting(2), routing_iterations=3)
-    with pytest.raises(ValueError, match="disagrees with detach_routing=False"):
-        capsnets.create_model("segcaps_small", routing={"type": "dynamic"}, detach_routing=False)
-    with pytest.raises(ValueError, match="disagrees with iterations=3"):
-        capsnets.create_model("matrix_capsnet_small", routing=EMRouting(2), routing_iterations=3)
-    agreeing = capsnets.create_model("capsnet_digits", routing=DynamicRouting(2), routing_iterations=2)
-    assert agreeing.classes.routing == DynamicRouting(2)
+def test_routing_settings_alone_update_the_models_default_routing():
+    assert capsnets.create_model("capsnet_digits", routing={"iterations": 2}).classes.routing == DynamicRouting(2)
+    assert capsnets.create_model("segcaps_small", routing={"detach_routing": False}).enc1.routing == \
+        DynamicRouting(detach_routing=False)
+    assert capsnets.create_model("matrix_capsnet_small", routing={"iterations": 2}).conv_caps1.routing == \
+        EMRouting.official(2)
 
 
 def test_builders_leave_the_routing_defaults_to_the_routing():
-    # None means "the routing's default": the defaults live in capsnets.functional alone
+    # a builder names its routing's type: the defaults live in capsnets.functional alone
     for name in ("capsnet", "capsnet_small", "segcaps_small", "capspix2pix_small", "matrix_capsnet_small"):
         args = capsnets.models.model_arguments(name)
-        assert args["routing"] is None and args["routing_iterations"] is None and args["detach_routing"] is None
+        assert args["routing"] in ("dynamic", "em") and not any(key.startswith("routing_") for key in args)
     assert capsnets.create_model("capsnet_digits").classes.routing == DynamicRouting()
     assert capsnets.create_model("matrix_capsnet_small", formulation="paper").classes.routing == EMRouting()
     official = capsnets.create_model("matrix_capsnet_small")

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import capsnets
+from capsnets.functional import DynamicRouting
 from capsnets.cli import main
-from capsnets.validation import ArgumentError
+from capsnets.validation import ArgumentError, describe
 from capsnets.losses import create_loss
 from capsnets.models.routing_zoo import HEAD_LOSSES, HEADS, RoutingZoo
 from helpers import assert_finite
@@ -84,15 +85,20 @@ def test_every_head_has_the_same_backbone():
         assert all(torch.equal(state[key], states[0][key]) for key in state)
 
 
-def test_routing_iterations_reach_the_heads_that_iterate():
-    dynamic = capsnets.create_model("routing_zoo", head="dynamic", routing_iterations=2, device="meta")
-    em = capsnets.create_model("routing_zoo", head="em", routing_iterations=2, device="meta")
-    inverted = capsnets.create_model("routing_zoo", head="inverted_attention", routing_iterations=4, device="meta")
+def test_routing_settings_reach_the_heads():
+    dynamic = capsnets.create_model("routing_zoo", head="dynamic", routing={"iterations": 2}, device="meta")
+    em = capsnets.create_model("routing_zoo", head="em", routing={"iterations": 2}, device="meta")
+    inverted = capsnets.create_model("routing_zoo", head="inverted_attention", routing={"iterations": 4},
+                                     device="meta")
     assert dynamic.head.classes.routing.iterations == em.head.classes.routing.iterations == 2
     assert inverted.head.classes.routing.spec.iterations == 4
-    assert dynamic.model_args == {"head": "dynamic", "routing_iterations": 2}
-    with pytest.raises(ValueError, match="head 'uniform' has no iterations"):
-        capsnets.create_model("routing_zoo", head="uniform", routing_iterations=2)
+    assert dynamic.model_args == {"head": "dynamic", "routing": DynamicRouting(2).to_config()}
+    with pytest.raises(ValueError, match="routing type 'uniform' takes .*; got iterations"):
+        capsnets.create_model("routing_zoo", head="uniform", routing={"iterations": 2})
+    with pytest.raises(ValueError, match="head 'avg_pool' has no routing"):
+        capsnets.create_model("routing_zoo", head="avg_pool", routing={"iterations": 2})
+    with pytest.raises(ValueError, match="its type is 'em'"):
+        capsnets.create_model("routing_zoo", head="dynamic", routing={"type": "em"})
 
 
 def test_bad_arguments_are_refused_clearly():
@@ -114,3 +120,5 @@ def test_list_models_shows_the_heads(capsys):
     assert main(["list-models", "routing_zoo"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "head=dynamic  # one of " + ", ".join(map(repr, HEADS)) in lines
+    assert "routing=null  # " + describe("Routing | None") in lines
+    assert "routing.iterations=3  # a setting of the default routing" in lines

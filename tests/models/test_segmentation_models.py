@@ -59,7 +59,7 @@ def test_forward_backward_every_parameter_gets_gradient(name, batch):
 
 
 def test_segcaps_routes_once_in_its_first_capsule_layer_then_as_configured():
-    model = capsnets.create_model("segcaps_small", routing_iterations=2)
+    model = capsnets.create_model("segcaps_small", routing={"iterations": 2})
     assert model.primary.routing.iterations == 1
     routed = [m.routing.iterations for name, m in model.named_modules() if hasattr(m, "routing") and name != "primary"]
     assert len(routed) == 11 and set(routed) == {2}  # 12 capsule layers in all

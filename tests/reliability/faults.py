@@ -20,7 +20,7 @@ def train_args(epochs: int = 3) -> list[str]:
     """The tiny offline training every case breaks: ``epochs`` epochs of 2 steps on 32 digits, tested on 16."""
     return ["train", "--model", "capsnet_digits", "--dataset", "digits", "--epochs", str(epochs), "--batch-size",
             "16", "--limit-train", "32", "--limit-test", "16", "--device", "cpu", "--no-progress",
-            "--model-arg", "routing_iterations=2"]
+            "--model-arg", "routing.iterations=2"]
 
 
 TRAIN = train_args(3)

@@ -35,7 +35,7 @@ MODELS = ["capsnet_digits", "capsnet", "capsnet_small", "matrix_capsnet_small", 
 DATASETS = ["digits", "mnist", "fashion-mnist", "smallnorb", "DIGITS", "cifar"]
 DEVICES = ["cpu", "auto", "cuda", "cuda:0", "cuda:7", "mps", "cpu:1", "cuda:x", "CPU", "xpu", "meta"]
 LOSSES = ["margin", "spread", "cross_entropy", "transforming", "hinge", "segcaps", "binary_segmentation"]
-NOT_HUGE = ("iterations", "routing_iterations")  # (iteration counts: far too slow)
+NOT_HUGE = ("iterations", "routing.iterations")  # (iteration counts: far too slow)
 LOSS_KEYS = ["reconstruction_weight", "m_pos", "m_neg", "down_weight", "margin_start", "margin_end", "ramp",
              "label_smoothing", "m_plus", "bogus"]
 #: YAML values for --model-arg / --loss-arg / --set, valid and invalid.
@@ -81,8 +81,8 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 #: Items that are right (for the default model, the margin loss, every experiment).
-VALID_ITEMS = {"model_arg": ["routing_iterations=1", "routing_iterations=2", "reconstruction=false",
-                             "detach_routing=false"],
+VALID_ITEMS = {"model_arg": ["routing.iterations=1", "routing.iterations=2", "reconstruction=false",
+                             "routing.detach_routing=false"],
                "loss_arg": ["reconstruction_weight=0.001", "reconstruction_weight=0"],
                "set": ["train_minutes=1", "batch_size=8"]}
 
@@ -103,7 +103,7 @@ def _model_keys() -> list[str]:
     keys = set()
     for name in MODELS[:-1]:
         keys.update(model_schema(name))
-    return sorted(keys - {"device", "dtype"}) + ["bogus", "iterations"]
+    return sorted(keys - {"device", "dtype"}) + ["bogus", "iterations", "routing.iterations", "routing.bogus"]
 
 
 def _setting_keys() -> list[str]:

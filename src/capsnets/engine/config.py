@@ -24,6 +24,7 @@ import yaml
 from capsnets.data.transforms import AUGMENTATIONS
 from capsnets.engine.runtime import AMP_MODES
 from capsnets.io import atomic_write
+from capsnets.validation import ArgumentError, expect, reject_unknown
 
 class _YamlLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that ``1e-3`` (an exponent without a dot) is a float, as in JSON and
@@ -55,7 +56,8 @@ class TrainConfig:
 
     Attributes:
         model: registered model name (see ``capsnets.list_models()``).
-        model_args: keyword overrides for the model builder, e.g. ``{"routing_iterations": 1}``.
+        model_args: keyword overrides for the model builder, e.g. ``{"routing": {"iterations": 1}}`` (routing
+            settings alone update the model's default routing).
         dataset: data set name (see ``capsnets.data.list_datasets()``), or ``"folder:PATH"`` for a folder of
             your own images with one subfolder per class.
         data_dir: where the data set files live (None: the data package's default).
@@ -124,40 +126,41 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first field whose value is out of range."""
+        """Raise an :class:`~capsnets.validation.ArgumentError` (a ``ValueError``) naming the first field whose value
+        is out of range."""
         for name in ("epochs", "batch_size", "eval_every", "checkpoint_every"):
             value = getattr(self, name)
-            _require(_integer(value) and value >= 1, name, value, "a positive integer")
+            expect(_integer(value) and value >= 1, name, value, "a positive integer")
         for name, low in (("limit_train", 1), ("limit_test", 1), ("max_shift", 0)):
             value = getattr(self, name)
-            _require(value is None or (_integer(value) and value >= low), name, value, f"None or an integer >= {low}")
+            expect(value is None or (_integer(value) and value >= low), name, value, f"None or an integer >= {low}")
         for name in ("download", "compile", "progress"):
-            _require(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
-        _require(_integer(self.seed) and 0 <= self.seed < 2**64, "seed", self.seed,
+            expect(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
+        expect(_integer(self.seed) and 0 <= self.seed < 2**64, "seed", self.seed,
                  "a non-negative integer below 2**64 (torch's generators take 64-bit seeds)")
-        _require(self.data_dir is None or (isinstance(self.data_dir, str) and self.data_dir), "data_dir",
+        expect(self.data_dir is None or (isinstance(self.data_dir, str) and self.data_dir), "data_dir",
                  self.data_dir, "None or a folder")
         size = self.image_size
-        _require(size is None or (_integer(size) and size >= 1) or (
+        expect(size is None or (_integer(size) and size >= 1) or (
             isinstance(size, (list, tuple)) and len(size) == 2 and all(_integer(s) and s >= 1 for s in size)),
             "image_size", size, "None, a positive integer or [height, width]")
-        _require(self.augment is None or self.augment in AUGMENTATIONS, "augment", self.augment,
+        expect(self.augment is None or self.augment in AUGMENTATIONS, "augment", self.augment,
                  f"None or one of {sorted(AUGMENTATIONS)}")
-        _require(self.loss is None or (isinstance(self.loss, str) and self.loss), "loss", self.loss,
+        expect(self.loss is None or (isinstance(self.loss, str) and self.loss), "loss", self.loss,
                  "None or a loss name")
-        _require(_number(self.lr) and 0 < self.lr <= FLOAT32_MAX, "lr", self.lr,
+        expect(_number(self.lr) and 0 < self.lr <= FLOAT32_MAX, "lr", self.lr,
                  f"a positive number up to {FLOAT32_MAX:.4g} (the optimiser steps in float32)")
-        _require(_number(self.lr_decay) and 0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "in (0, 1]")
-        _require(_number(self.weight_decay) and 0 <= self.weight_decay <= FLOAT32_MAX, "weight_decay",
+        expect(_number(self.lr_decay) and 0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "in (0, 1]")
+        expect(_number(self.weight_decay) and 0 <= self.weight_decay <= FLOAT32_MAX, "weight_decay",
                  self.weight_decay, f"a non-negative number up to {FLOAT32_MAX:.4g} (the optimiser steps in float32)")
         limit = self.time_limit_minutes
-        _require(limit is None or (isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0
+        expect(limit is None or (isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0
                                    and math.isfinite(limit)), "time_limit_minutes", limit, "None or a positive number")
-        _require(self.amp in AMP_MODES, "amp", self.amp, f"one of {AMP_MODES}")
+        expect(self.amp in AMP_MODES, "amp", self.amp, f"one of {AMP_MODES}")
         for name in ("model_args", "loss_args"):
-            _require(isinstance(getattr(self, name), dict), name, getattr(self, name), "a mapping")
+            expect(isinstance(getattr(self, name), dict), name, getattr(self, name), "a mapping")
         for name in ("model", "dataset", "out", "device"):
-            _require(isinstance(getattr(self, name), str) and getattr(self, name), name, getattr(self, name),
+            expect(isinstance(getattr(self, name), str) and getattr(self, name), name, getattr(self, name),
                      "a non-empty string")
 
     def resolved_max_shift(self, image_height: int, dataset_augment=None) -> int:
@@ -173,10 +176,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
-        """Build a config from a mapping; unknown keys raise a ``ValueError`` listing the valid ones."""
-        unknown = sorted(set(values) - set(field_names()))
-        if unknown:
-            raise ValueError(f"unknown config key(s) {unknown}; valid keys are: {', '.join(field_names())}")
+        """Build a config from a mapping; unknown keys raise an
+        :class:`~capsnets.validation.ArgumentError` (a ``ValueError``) naming the keys it takes."""
+        reject_unknown("the training config", values, field_names())
         return cls(**values)
 
     def replace(self, **overrides: Any) -> "TrainConfig":
@@ -223,7 +225,8 @@ def build_config(config_file: str | Path | dict[str, Any] | None = None, **overr
     """Defaults, then ``config_file`` (if any), then ``overrides`` whose value is not None.
 
     ``config_file`` is a YAML/JSON file, or the values of one already read (e.g. the config a checkpoint records).
-    Dict fields (``model_args``, ``loss_args``) are merged key by key, the overrides winning.
+    Dict fields (``model_args``, ``loss_args``) are merged key by key, the overrides winning (a mapping
+    within them, such as ``model_args.routing``, key by key too).
     """
     if isinstance(config_file, dict):
         values, where = copy.deepcopy(config_file), "the recorded config"
@@ -234,14 +237,23 @@ def build_config(config_file: str | Path | dict[str, Any] | None = None, **overr
         try:
             TrainConfig.from_dict(dict(values))
         except (ValueError, TypeError) as err:
-            raise ValueError(f"{where}: {err}; correct it there") from err
+            raise ArgumentError(f"{where}: {err}; correct it there", getattr(err, "argument", None)) from err
     for key, value in overrides.items():
         if value is None:
             continue
         if isinstance(value, dict) and isinstance(values.get(key), dict):
-            value = {**values[key], **value}
+            value = _merged(values[key], value)
         values[key] = value
     return TrainConfig.from_dict(values)
+
+
+def _merged(base: dict, update: dict) -> dict:
+    """``base`` updated by ``update``, mappings in both merged key by key (``model_args.routing``)."""
+    merged = dict(base)
+    for key, value in update.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        merged[key] = _merged(base[key], value) if both else value
+    return merged
 
 
 def _integer(value: Any) -> bool:
@@ -251,11 +263,6 @@ def _integer(value: Any) -> bool:
 def _number(value: Any) -> bool:
     """A real number (not a bool); NaN fails every comparison the callers make."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _require(ok: bool, name: str, value: Any, expected: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value!r} is invalid: expected {expected}")
 
 
 def _plain(value: Any) -> Any:

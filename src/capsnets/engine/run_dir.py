@@ -206,8 +206,12 @@ def resume_changes(saved: dict[str, Any], wanted: dict[str, Any], model_defaults
         if name == "model_args":
             recorded = {**_plain(model_defaults), **(saved.get(name) or {})}
             for key, value in sorted((wanted.get(name) or {}).items()):
-                if recorded.get(key, _MISSING) != value:
-                    refused.append(f"model_args.{key} {_show(recorded.get(key, _MISSING))} -> {_show(value)}")
+                old = recorded.get(key, _MISSING)
+                if isinstance(value, dict) and isinstance(old, dict):  # e.g. routing settings: key by key
+                    refused += [f"model_args.{key}.{sub} {_show(old.get(sub, _MISSING))} -> {_show(new)}"
+                                for sub, new in sorted(value.items()) if old.get(sub, _MISSING) != new]
+                elif old != value:
+                    refused.append(f"model_args.{key} {_show(old)} -> {_show(value)}")
         elif name in saved and saved.get(name) != wanted.get(name):
             refused.append(f"{name} {_show(saved.get(name))} -> {_show(wanted.get(name))}")
     if refused:

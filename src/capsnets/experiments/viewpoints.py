@@ -93,9 +93,10 @@ class Settings(ExperimentSettings):
     train_minutes: float | None = None
     novel_every: int = 5
     compile: bool = False
-    SMOKE: ClassVar[dict] = {"capsule_model": "matrix_capsnet_small", "capsule_args": {"detach_routing": True},
-                             "cnn_model": "cnn_smallnorb_narrow", "epochs": 1, "capsule_batch_size": 32,
-                             "cnn_batch_size": 32, "lr": 2e-3, "train_size": 192, "test_size": 64,
+    SMOKE: ClassVar[dict] = {"capsule_model": "matrix_capsnet_small",
+                             "capsule_args": {"routing": {"detach_routing": True}}, "cnn_model": "cnn_smallnorb_narrow",
+                             "epochs": 1, "capsule_batch_size": 32, "cnn_batch_size": 32, "lr": 2e-3,
+                             "train_size": 192, "test_size": 64,
                              "render_instances": 1, "render_lightings": [0], "novel_every": 1}
 
     def __post_init__(self) -> None:

@@ -34,8 +34,9 @@ from torch import Tensor
 
 from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.products import matvec
-from capsnets.functional.routing_common import check_flag, check_positive_int, check_votes, power_of_two_above, \
+from capsnets.functional.routing_common import check_votes, power_of_two_above, \
     sum_unit, working
+from capsnets.validation import flag, positive_int
 
 #: LayerNorm's epsilon (``nn.LayerNorm``'s default, used by the authors' code).
 LAYER_NORM_EPS = 1e-5
@@ -76,8 +77,8 @@ class InvertedAttentionRouting:
     eps: float = LAYER_NORM_EPS
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "iterations", check_positive_int("iterations", self.iterations))
-        check_flag("affine", self.affine)
+        object.__setattr__(self, "iterations", positive_int("iterations", self.iterations))
+        flag("affine", self.affine)
         if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not self.eps > 0:
             raise ValueError(f"eps must be a number > 0, got {self.eps!r}")
         object.__setattr__(self, "eps", float(self.eps))
@@ -132,7 +133,7 @@ def inverted_attention_routing(u_hat: Tensor, iterations: int = InvertedAttentio
         torch.Size([8, 10, 16])
     """
     check_votes(u_hat, "inverted_attention_routing")
-    iterations = check_positive_int("iterations", iterations)
+    iterations = positive_int("iterations", iterations)
     batch, children, num_parents, dim = u_hat.shape
     for name, value, shape in (("weight", weight, (dim,)), ("bias", bias, (dim,)),
                                ("parents", parents, (batch, num_parents, dim))):
@@ -205,7 +206,7 @@ def concurrent_inverted_attention_routing(layers: Sequence, u: Tensor, iteration
             raise ValueError(f"layer {index} routes with {layer.routing!r}, not inverted dot-product attention")
     if iterations is None:
         iterations = getattr(layers[0].routing, "spec", layers[0].routing).iterations
-    iterations = check_positive_int("iterations", iterations)
+    iterations = positive_int("iterations", iterations)
     values = [u]
     for layer in layers:  # the first iteration: uniform couplings, bottom-up
         values.append(layer.routing(layer.predictions(values[-1]), iterations=1))

@@ -32,22 +32,6 @@ def check_votes(u_hat: Tensor, owner: str) -> None:
         raise ValueError(f"{owner} expects floating-point votes, got {u_hat.dtype}")
 
 
-def check_choice(name: str, value, choices: tuple) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-
-
-def check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-
-
-def check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def working(t: Tensor) -> Tensor:
     """``t`` in the dtype the routings compute in: float32 for float16/bfloat16 (too narrow for their sums)."""
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t

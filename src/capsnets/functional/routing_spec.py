@@ -12,7 +12,7 @@ from it raises instead of silently falling back to the default routing.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from capsnets.functional.em_routing import EMRouting
 from capsnets.functional.inverted_attention_routing import InvertedAttentionRouting
@@ -20,6 +20,7 @@ from capsnets.functional.routing import DynamicRouting
 from capsnets.functional.self_attention_routing import SelfAttentionRouting
 from capsnets.functional.self_routing import SelfRouting
 from capsnets.functional.uniform_routing import UniformRouting
+from capsnets.validation import ArgumentError
 
 #: The routing classes by the ``type`` of their spec.
 ROUTING_TYPES: dict[str, type] = {"dynamic": DynamicRouting, "em": EMRouting, "self_attention": SelfAttentionRouting,
@@ -91,43 +92,58 @@ def routing_from_config(config: Mapping) -> Callable:
     return cls(**settings)
 
 
-def as_routing(routing, default: Callable, **settings) -> Callable:
-    """The routing for an argument that takes a routing object, its spec or None.
+def as_routing(routing, default: Callable | None, *, types: Sequence[str] | None = None, name: str = "routing",
+               defaults: Mapping | None = None) -> Callable:
+    """The routing object for an argument that takes a routing object, its spec, a spec type name or None.
 
     Args:
-        routing: a routing callable (used as it is), a spec (:func:`routing_from_config`), or None.
-        default: the routing class (or factory, e.g. :meth:`EMRouting.official`) that None stands for.
-        **settings: settings for ``default``, e.g. ``iterations=2`` (those that are None are left out, so the
-            routing's own defaults apply). With a given ``routing`` they must agree with its attributes.
+        routing: a routing callable (used as it is), a spec (:func:`routing_from_config`), a spec type
+            (``"dynamic"``: that routing with its defaults), or None (``default()``).
+        default: the routing class (or factory) that None stands for; None: None is refused.
+        types: the spec types (:data:`ROUTING_TYPES`) the caller's layers can call, e.g.
+            :data:`VECTOR_ROUTING_TYPES`; a routing of another known type is refused. None: any.
+        name: the argument's name, for the messages.
+        defaults: settings for a spec (or type name) that leaves them out, instead of the routing class's.
 
     Raises:
-        ValueError: a setting disagrees with the given ``routing`` (the record of a model must not name two
-            routings) or is one that routing does not have, or ``routing`` is neither a callable, a spec nor None.
+        ArgumentError: ``routing`` is none of these, its spec is not one the library can build, or it is of a
+            type the caller cannot call.
 
     Examples::
 
-        >>> as_routing(None, DynamicRouting, iterations=None, detach_routing=False)
-        DynamicRouting(iterations=3, detach_routing=False, none_of_the_above=False)
-        >>> as_routing({"type": "dynamic", "iterations": 2}, DynamicRouting, iterations=2)
+        >>> as_routing(None, DynamicRouting)
+        DynamicRouting(iterations=3, detach_routing=True, none_of_the_above=False)
+        >>> as_routing({"type": "dynamic", "iterations": 2}, DynamicRouting)
         DynamicRouting(iterations=2, detach_routing=True, none_of_the_above=False)
+        >>> as_routing("em", DynamicRouting, types=VECTOR_ROUTING_TYPES)
+        Traceback (most recent call last):
+        capsnets.validation.ArgumentError: routing='em': its type is 'em', and these capsule layers route with ...
     """
-    settings = {name: value for name, value in settings.items() if value is not None}
-    if routing is None:
-        return default(**settings)
+    given = routing
+    if routing is None and default is not None:
+        return default()
+    if isinstance(routing, str):
+        routing = {"type": routing}
     if isinstance(routing, Mapping):
-        routing = routing_from_config(routing)
-    elif not callable(routing):
-        raise ValueError(f"routing must be a routing callable, its spec (a dict with a 'type') or None; "
-                         f"got {routing!r}")
-    if settings:
-        wanted = default(**settings)  # the settings validated and resolved (e.g. an inverse temperature schedule)
-        differ = [name for name in settings
-                  if hasattr(routing, name) and getattr(routing, name) != getattr(wanted, name)]
-        if differ:
-            raise ValueError(f"routing={routing!r} disagrees with " + ", ".join(f"{name}={settings[name]!r}"
-                             for name in differ) + "; pass the routing alone or leave those settings out")
-        lacking = [name for name in settings if type(routing) in ROUTING_TYPES.values() and not hasattr(routing, name)]
-        if lacking:  # e.g. routing iterations for a routing without iterations: they would be silently ignored
-            raise ValueError(f"routing={routing!r} has no " + ", ".join(f"{name} (given {settings[name]!r})"
-                             for name in lacking) + "; leave those settings out")
+        kind = routing.get("type")
+        if types is not None and isinstance(kind, str) and kind in ROUTING_TYPES and kind not in types:
+            raise _wrong_type(name, given, kind, types)
+        try:
+            return routing_from_config({**(defaults or {}), **routing})
+        except (ValueError, TypeError) as err:
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ArgumentError(f"{name}={given!r}: {reason}", name) from None
+    if not callable(routing):
+        raise ArgumentError(f"{name} must be a routing object, its spec (a mapping with a 'type': "
+                            f"{', '.join(types or ROUTING_TYPES)}) or a routing type name; got {given!r}", name)
+    kind = next((key for key, cls in ROUTING_TYPES.items() if type(routing) is cls), None)
+    if types is not None and kind is not None and kind not in types:
+        raise _wrong_type(name, given, kind, types)
     return routing
+
+
+def _wrong_type(name: str, given, kind: str, types: Sequence[str]) -> ArgumentError:
+    shown = repr(given)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return ArgumentError(f"{name}={shown}: its type is {kind!r}, and these capsule layers route with "
+                         f"{' or '.join(map(repr, types))}", name)

@@ -28,8 +28,9 @@ from torch import Tensor
 
 from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.products import matvec
-from capsnets.functional.routing_common import SQUASHES, apply_squash, check_choice, check_flag, check_votes, \
+from capsnets.functional.routing_common import SQUASHES, apply_squash, check_votes, \
     power_of_two_above, squash_scaled, sum_unit, working
+from capsnets.validation import choice, flag
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,8 @@ class SelfAttentionRouting:
     squash: str = "efficient"
 
     def __post_init__(self) -> None:
-        check_flag("bias", self.bias)
-        check_choice("squash", self.squash, SQUASHES)
+        flag("bias", self.bias)
+        choice("squash", self.squash, SQUASHES)
 
     def __call__(self, u_hat: Tensor, *, bias: Tensor | None = None, return_couplings: bool = False):
         if self.bias and bias is None:
@@ -102,7 +103,7 @@ def self_attention_routing(u_hat: Tensor, bias: Tensor | None = None, *, squash:
         (torch.Size([8, 10, 16]), torch.Size([8, 1152, 10]))
     """
     check_votes(u_hat, "self_attention_routing")
-    check_choice("squash", squash, SQUASHES)
+    choice("squash", squash, SQUASHES)
     batch, children, parents, dim = u_hat.shape
     if bias is not None and tuple(bias.shape) != (children, parents):
         raise ValueError(f"self_attention_routing expects a bias of shape (I, J) = {(children, parents)}, "

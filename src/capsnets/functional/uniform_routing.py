@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from capsnets.functional.routing_common import SQUASHES, apply_squash, check_choice, check_flag, check_votes, \
+from capsnets.functional.routing_common import SQUASHES, apply_squash, check_votes, \
     sum_unit, working
+from capsnets.validation import choice, flag
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,8 @@ class UniformRouting:
     squash: str = "sabour"
 
     def __post_init__(self) -> None:
-        check_flag("mean", self.mean)
-        check_choice("squash", self.squash, SQUASHES)
+        flag("mean", self.mean)
+        choice("squash", self.squash, SQUASHES)
 
     def __call__(self, u_hat: Tensor, *, return_couplings: bool = False):
         return uniform_routing(u_hat, mean=self.mean, squash=self.squash, return_couplings=return_couplings)
@@ -70,7 +71,7 @@ def uniform_routing(u_hat: Tensor, *, mean: bool = False, squash: str = "sabour"
         True
     """
     check_votes(u_hat, "uniform_routing")
-    check_choice("squash", squash, SQUASHES)
+    choice("squash", squash, SQUASHES)
     batch, children, parents, _ = u_hat.shape
     unit = sum_unit(children)
     s = (working(u_hat) * unit).sum(dim=1)  # (B, J, D): sum_i u_hat / 2^k, within max |u_hat|

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.functional import mask_capsules
-from capsnets.validation import positive_int
+from capsnets.validation import image_size, positive_int, positive_ints
 
 
 class CapsuleDecoder(nn.Module):
@@ -48,11 +48,8 @@ class CapsuleDecoder(nn.Module):
         super().__init__()
         self.num_capsules = positive_int("num_capsules", num_capsules)
         self.capsule_dim = positive_int("capsule_dim", capsule_dim)
-        self.output_shape = tuple(output_shape)
-        if len(self.output_shape) != 3:
-            raise ValueError(f"output_shape must be (C, H, W), got {output_shape!r}")
-        for size in (*self.output_shape, *hidden):
-            positive_int("output_shape/hidden sizes", size)
+        self.output_shape = image_size("output_shape", output_shape)
+        positive_ints("hidden", tuple(hidden))
         sizes = [num_capsules * capsule_dim, *hidden]
         layers: list[nn.Module] = []
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):

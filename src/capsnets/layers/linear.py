@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting, as_routing, bind_routing
-from capsnets.validation import positive_int
+from capsnets.validation import number, positive_int
 
 
 class LinearCapsules(nn.Module):
@@ -58,8 +58,7 @@ class LinearCapsules(nn.Module):
         self.in_dim = positive_int("in_dim", in_dim)
         self.out_capsules = positive_int("out_capsules", out_capsules)
         self.out_dim = positive_int("out_dim", out_dim)
-        if not init_std > 0:
-            raise ValueError(f"init_std must be > 0, got {init_std!r}")
+        number("init_std", init_std, 0.0, low_open=True)
         self.routing = bind_routing(as_routing(routing, DynamicRouting), in_capsules, in_dim, out_capsules, out_dim,
                                     device=device, dtype=dtype)
         self.weight = nn.Parameter(

@@ -25,7 +25,7 @@ from capsnets.functional import EMRouting, as_routing
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups
 from capsnets.functional.patches import gather_patches, patch_grid, patch_index
 from capsnets.functional.products import matrix_votes
-from capsnets.validation import non_negative_int, positive_int
+from capsnets.validation import ArgumentError, choice, flag, non_negative_int, positive_int
 
 
 #: How a convolutional capsule layer normalises the assignments of a child seen by several positions.
@@ -190,8 +190,7 @@ class ConvMatrixCapsules(nn.Module):
 
 
 def _check_scope(scope: str, routing, checkpoint_chunks: int) -> str:
-    if scope not in ASSIGNMENT_SCOPES:
-        raise ValueError(f"assignment_scope must be one of {ASSIGNMENT_SCOPES}, got {scope!r}")
+    choice("assignment_scope", scope, ASSIGNMENT_SCOPES)
     if scope != "position" and not getattr(routing, "supports_child_groups", False):
         raise ValueError(f"assignment_scope={scope!r} needs a routing that takes child_groups (EMRouting "
                          f"does); got {routing!r}")
@@ -233,9 +232,9 @@ class ClassMatrixCapsules(nn.Module):
         self.in_types = positive_int("in_types", in_types)
         self.num_classes = positive_int("num_classes", num_classes)
         self.pose_size = positive_int("pose_size", pose_size)
-        if pose_size**2 < 2 and coordinate_addition:
-            raise ValueError("coordinate_addition needs at least 2 pose components")
-        self.coordinate_addition = bool(coordinate_addition)
+        self.coordinate_addition = flag("coordinate_addition", coordinate_addition)
+        if pose_size**2 < 2 and self.coordinate_addition:
+            raise ArgumentError("coordinate_addition needs at least 2 pose components", "coordinate_addition")
         self.routing = as_routing(routing, EMRouting)
         factory = {"device": device, "dtype": dtype}
         self.weight = _pose_weight(in_types, num_classes, side=pose_size, **factory)

@@ -8,8 +8,8 @@ from capsnets.models.capspix2pix import (CapsPix2pixGenerator, PatchDiscriminato
 from capsnets.models.hub import create_model, load_model, load_pretrained, save_model, shipped_weights
 from capsnets.models.matrix_capsnet import MatrixCapsNet
 from capsnets.models.output import ModelOutput
-from capsnets.models.registry import (count_parameters, list_models, model_arguments, model_schema, model_task,
-                                     register_model)
+from capsnets.models.registry import (count_parameters, default_routing, list_models, model_arguments,
+                                     model_schema, model_task, register_model, routing_keys)
 from capsnets.models.segcaps import SegCaps, SegmentationOutput
 from capsnets.models.transforming import AutoencoderOutput, TransformingAutoencoder
 from capsnets.models.unet import UNet
@@ -17,7 +17,7 @@ from capsnets.models.unet import UNet
 __all__ = [
     "AutoencoderOutput", "BaselineCNN", "CapsNet", "CapsPix2pixGenerator", "MatrixCapsNet", "ModelOutput",
     "PatchDiscriminator", "Pix2pixGenerator", "SegCaps", "SegmentationOutput", "SmallNorbCNN", "SynthesisOutput",
-    "TransformingAutoencoder", "UNet", "count_parameters", "create_model", "list_models", "load_model",
-    "load_pretrained", "model_arguments", "model_schema", "model_task", "register_model", "save_model",
-    "shipped_weights",
+    "TransformingAutoencoder", "UNet", "count_parameters", "create_model", "default_routing", "list_models",
+    "load_model", "load_pretrained", "model_arguments", "model_schema", "model_task", "register_model",
+    "routing_keys", "save_model", "shipped_weights",
 ]

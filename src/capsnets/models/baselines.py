@@ -14,8 +14,8 @@ from typing import Sequence
 
 from torch import Tensor, nn
 
-from capsnets.validation import image_batch, positive_int
-from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, Probability
+from capsnets.validation import (ArgumentError, Device, DType, ImageSize, PositiveInt, Probability, image_batch,
+                                  image_size, number, placement, positive_int)
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 
@@ -46,14 +46,12 @@ class BaselineCNN(nn.Module):
                  channels: Sequence[int] = (256, 256, 128), kernel_size: int = 5,
                  hidden: Sequence[int] = (328, 192), dropout: float = 0.5, device=None, dtype=None) -> None:
         super().__init__()
-        if len(tuple(input_size)) != 3:
-            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
-        if kernel_size % 2 != 1:
-            raise ValueError(f"kernel_size must be odd to keep the image size, got {kernel_size}")
-        if not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.input_size = tuple(int(s) for s in input_size)
+        self.input_size = image_size("input_size", input_size)
+        if positive_int("kernel_size", kernel_size) % 2 != 1:
+            raise ArgumentError(f"kernel_size must be odd to keep the image size, got {kernel_size}", "kernel_size")
+        dropout = number("dropout", dropout, 0.0, 1.0, high_open=True)
         self.num_classes = positive_int("num_classes", num_classes)
+        device, dtype = placement(device, dtype)
         factory = {"device": device, "dtype": dtype}
         convs: list[nn.Module] = []
         in_ch = self.input_size[0]
@@ -100,10 +98,13 @@ class SmallNorbCNN(nn.Module):
                  channels: Sequence[int] = (32, 64), hidden: int = 1024, dropout: float = 0.5,
                  device=None, dtype=None) -> None:
         super().__init__()
-        self.input_size = tuple(int(s) for s in input_size)
-        if len(self.input_size) != 3 or self.input_size[1] % 4 or self.input_size[2] % 4:
-            raise ValueError(f"input_size must be (C, H, W) with H and W divisible by 4, got {input_size!r}")
+        self.input_size = image_size("input_size", input_size)
+        if self.input_size[1] % 4 or self.input_size[2] % 4:
+            raise ArgumentError(f"input_size must be (C, H, W) with H and W divisible by 4, got {input_size!r}",
+                                "input_size")
+        dropout = number("dropout", dropout, 0.0, 1.0, high_open=True)
         self.num_classes = positive_int("num_classes", num_classes)
+        device, dtype = placement(device, dtype)
         factory = {"device": device, "dtype": dtype}
         c, h, w = self.input_size
         self.features = nn.Sequential(

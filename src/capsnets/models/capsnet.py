@@ -15,9 +15,9 @@ Registered variants:
 - ``capsnet_small``: the same design, narrower (for CPU tests and quick experiments).
 - ``capsnet_digits``: for scikit-learn's 8x8 digits (3x3 kernels).
 
-The builders take ``routing`` (a routing object or its spec) or, for the default
-:class:`~capsnets.functional.DynamicRouting`, ``routing_iterations``, ``detach_routing`` and
-``none_of_the_above`` (None: the routing's defaults). As in the paper, the parent pre-activations have no bias.
+The builders take ``routing``: a routing object, its spec or a spec type name (default ``"dynamic"``:
+:class:`~capsnets.functional.DynamicRouting` with its defaults; ``capsnet_cifar10``: with a
+none-of-the-above parent). As in the paper, the parent pre-activations have no bias.
 Deviations: the routing's gradient path follows the authors' released code by default (``detach_routing``:
 predictions detached in non-final iterations). The CIFAR-10 patches are cut by the model (``crop``), not by
 the data set, so any 32x32 data, ``evaluate``, ``predict`` and export give it what it was trained on; its
@@ -30,16 +30,17 @@ the left camera.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from types import MappingProxyType
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import DynamicRouting, as_routing
+from capsnets.functional import VECTOR_ROUTING_TYPES, as_routing, routing_config
 from capsnets.functional.crop import center_crop, random_crop
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
-from capsnets.validation import conv_output_size, image_batch, positive_int
-from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
+from capsnets.validation import (ArgumentError, Device, DType, ImageSize, PositiveInt, Routing, conv_output_size, flag,
+                                  image_batch, image_size, placement, positive_int)
 from capsnets.models.output import ModelOutput, vector_capsule_output
 from capsnets.models.registry import register_model
 
@@ -60,7 +61,8 @@ class CapsNet(nn.Module):
         primary_dim: primary capsule dimension.
         primary_kernel, primary_stride: the primary convolution's kernel and stride.
         class_dim: class capsule dimension.
-        routing: routing callable for the class capsules, or its spec (a dict); None: ``DynamicRouting()``.
+        routing: routing callable for the class capsules, its spec (a dict) or its type name (default
+            ``"dynamic"``: :class:`~capsnets.functional.DynamicRouting` with its defaults).
         decoder_hidden: hidden sizes of the decoder; ``None`` builds no decoder.
 
     Shape:
@@ -94,16 +96,17 @@ class CapsNet(nn.Module):
         primary_kernel: int = 9,
         primary_stride: int = 2,
         class_dim: int = 16,
-        routing: Callable[..., Tensor] | dict | None = None,
+        routing: Callable[..., Tensor] | Mapping | str = "dynamic",
         decoder_hidden: Sequence[int] | None = (512, 1024),
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
-        if len(tuple(input_size)) != 3:
-            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
-        self.input_size = tuple(int(s) for s in input_size)
+        self.input_size = image_size("input_size", input_size)
         self.num_classes = positive_int("num_classes", num_classes)
+        routing = as_routing(routing, None, types=VECTOR_ROUTING_TYPES)
+        self.routing_spec = routing_config(routing, strict=False)
+        device, dtype = placement(device, dtype)
         channels, height, width = self.input_size
         self.crop = _check_crop(crop, self.input_size, decoder_hidden is not None)
         seen_h, seen_w = (height, width) if crop is None else (crop, crop)
@@ -158,94 +161,68 @@ def _check_crop(crop: int | None, input_size: tuple[int, int, int], decoder: boo
         return None
     crop = positive_int("crop", crop)
     if crop > min(input_size[1:]):
-        raise ValueError(f"crop={crop} is larger than the {input_size[1]}x{input_size[2]} images of "
-                         f"input_size {input_size}")
+        raise ArgumentError(f"crop={crop} is larger than the {input_size[1]}x{input_size[2]} images of "
+                            f"input_size {input_size}", "crop")
     if decoder:
-        raise ValueError(f"crop={crop} with a decoder: it would draw the {crop}x{crop} window, and the reconstruction "
-                         f"loss compares it with the whole {input_size[1]}x{input_size[2]} image; leave the decoder "
-                         f"out (reconstruction=false, as the authors' released code trains its CIFAR-10 model) or "
-                         f"the crop (crop=null)")
+        raise ArgumentError(f"crop={crop} with a decoder: it would draw the {crop}x{crop} window, and the "
+                            f"reconstruction loss compares it with the whole {input_size[1]}x{input_size[2]} image; "
+                            f"leave the decoder out (reconstruction=false, as the authors' released code trains its "
+                            f"CIFAR-10 model) or the crop (crop=null)", "crop")
     return crop
 
 
-def _routing(routing, routing_iterations: int | None, detach_routing: bool | None,
-             none_of_the_above: bool | None = None):
-    """The builders' routing: ``routing`` if given, else dynamic routing with the settings that are not None."""
-    return as_routing(routing, DynamicRouting, iterations=routing_iterations, detach_routing=detach_routing,
-                      none_of_the_above=none_of_the_above)
+#: The routing of Sec. 7's CIFAR-10 model: dynamic routing with a none-of-the-above parent.
+CIFAR10_ROUTING = MappingProxyType({"type": "dynamic", "none_of_the_above": True})
+
+
+def _decoder(reconstruction, hidden: tuple[int, int]) -> tuple[int, int] | None:
+    return hidden if flag("reconstruction", reconstruction) else None
 
 
 @register_model("capsnet")
-def capsnet(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
-            routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-            none_of_the_above: bool | None = None, routing: VectorRouting | None = None, reconstruction: bool = True,
-            device: Device | None = None, dtype: DType | None = None) -> CapsNet:
+def capsnet(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28), routing: Routing = "dynamic",
+            reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> CapsNet:
     """The paper's MNIST CapsNet (Sec. 4): 256 9x9 conv, 32x8-D primary capsules, 16-D class capsules."""
-    return CapsNet(
-        input_size=input_size, num_classes=num_classes,
-        routing=_routing(routing, routing_iterations, detach_routing, none_of_the_above),
-        decoder_hidden=(512, 1024) if reconstruction else None, device=device, dtype=dtype,
-    )
+    return CapsNet(input_size=input_size, num_classes=num_classes, routing=routing,
+                   decoder_hidden=_decoder(reconstruction, (512, 1024)), device=device, dtype=dtype)
 
 
 @register_model("capsnet_cifar10")
 def capsnet_cifar10(*, num_classes: PositiveInt = 10, input_size: ImageSize = (3, 32, 32),
-                    crop: PositiveInt | None = 24, routing_iterations: PositiveInt | None = None,
-                    detach_routing: bool | None = None, none_of_the_above: bool | None = None,
-                    routing: VectorRouting | None = None, reconstruction: bool = False, device: Device | None = None,
-                    dtype: DType | None = None) -> CapsNet:
+                    crop: PositiveInt | None = 24, routing: Routing = CIFAR10_ROUTING, reconstruction: bool = False,
+                    device: Device | None = None, dtype: DType | None = None) -> CapsNet:
     """Sec. 7's CIFAR-10 CapsNet: the MNIST model with 64 primary capsule types, on ``crop`` x ``crop`` patches
     (random in training, central at test), routing with a none-of-the-above parent.
 
-    ``none_of_the_above`` None: on, unless ``routing`` is given (then that routing's own setting).
     ``reconstruction=true`` takes ``crop=null`` (a decoder of the whole image; see :class:`CapsNet`). The patches
     are the paper's only augmentation here: train with ``--max-shift 0``.
     """
-    if none_of_the_above is None and routing is None:
-        none_of_the_above = True
-    return CapsNet(
-        input_size=input_size, crop=crop, num_classes=num_classes, primary_types=64,
-        routing=_routing(routing, routing_iterations, detach_routing, none_of_the_above),
-        decoder_hidden=(512, 1024) if reconstruction else None, device=device, dtype=dtype,
-    )
+    return CapsNet(input_size=input_size, crop=crop, num_classes=num_classes, primary_types=64, routing=routing,
+                   decoder_hidden=_decoder(reconstruction, (512, 1024)), device=device, dtype=dtype)
 
 
 @register_model("capsnet_svhn")
-def capsnet_svhn(*, num_classes: PositiveInt = 10, input_size: ImageSize = (3, 32, 32),
-                 routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-                 none_of_the_above: bool | None = None, routing: VectorRouting | None = None,
+def capsnet_svhn(*, num_classes: PositiveInt = 10, input_size: ImageSize = (3, 32, 32), routing: Routing = "dynamic",
                  reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> CapsNet:
     """Sec. 7's smaller SVHN CapsNet: 64-channel 9x9 conv, 16 types of 6-D primary capsules, 8-D class capsules;
     the decoder's hidden layers are the MNIST model's (512, 1024; the paper gives none)."""
-    return CapsNet(
-        input_size=input_size, num_classes=num_classes, conv_channels=64, primary_types=16, primary_dim=6,
-        class_dim=8, routing=_routing(routing, routing_iterations, detach_routing, none_of_the_above),
-        decoder_hidden=(512, 1024) if reconstruction else None, device=device, dtype=dtype,
-    )
+    return CapsNet(input_size=input_size, num_classes=num_classes, conv_channels=64, primary_types=16, primary_dim=6,
+                   class_dim=8, routing=routing, decoder_hidden=_decoder(reconstruction, (512, 1024)), device=device,
+                   dtype=dtype)
 
 
 @register_model("capsnet_small")
-def capsnet_small(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
-                  routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-                  none_of_the_above: bool | None = None, routing: VectorRouting | None = None,
+def capsnet_small(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28), routing: Routing = "dynamic",
                   reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> CapsNet:
     """CapsNet narrowed for CPUs: 32-channel conv, 8 types of 8-D primary capsules (288 capsules)."""
-    return CapsNet(
-        input_size=input_size, num_classes=num_classes, conv_channels=32, primary_types=8,
-        routing=_routing(routing, routing_iterations, detach_routing, none_of_the_above),
-        decoder_hidden=(256, 512) if reconstruction else None, device=device, dtype=dtype,
-    )
+    return CapsNet(input_size=input_size, num_classes=num_classes, conv_channels=32, primary_types=8, routing=routing,
+                   decoder_hidden=_decoder(reconstruction, (256, 512)), device=device, dtype=dtype)
 
 
 @register_model("capsnet_digits")
-def capsnet_digits(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 8, 8),
-                   routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-                   none_of_the_above: bool | None = None, routing: VectorRouting | None = None,
+def capsnet_digits(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 8, 8), routing: Routing = "dynamic",
                    reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> CapsNet:
     """CapsNet for 8x8 digits: 3x3 kernels, primary stride 1 (4x4 grid of 16 types of 8-D capsules)."""
-    return CapsNet(
-        input_size=input_size, num_classes=num_classes, conv_channels=64, conv_kernel=3,
-        primary_types=16, primary_kernel=3, primary_stride=1,
-        routing=_routing(routing, routing_iterations, detach_routing, none_of_the_above),
-        decoder_hidden=(128, 256) if reconstruction else None, device=device, dtype=dtype,
-    )
+    return CapsNet(input_size=input_size, num_classes=num_classes, conv_channels=64, conv_kernel=3, primary_types=16,
+                   primary_kernel=3, primary_stride=1, routing=routing,
+                   decoder_hidden=_decoder(reconstruction, (128, 256)), device=device, dtype=dtype)

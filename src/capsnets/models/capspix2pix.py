@@ -16,7 +16,7 @@ Deviations: Bass et al. add a noise input and use their own capsule U-Net; outpu
 images, against pix2pix's 70x70 for 256x256).
 
 Registered (task ``"synthesis"``): ``capspix2pix`` / ``capspix2pix_small`` (16-D / 8-D first capsules;
-``routing``, ``routing_iterations``, ``detach_routing`` as for SegCaps) and ``pix2pix`` / ``pix2pix_small``
+``routing`` as for SegCaps) and ``pix2pix`` / ``pix2pix_small``
 (U-Net width 64 / 8). Inputs: ``(B, K, H, W)`` label maps (one
 channel per class), ``H`` and ``W`` divisible by 8 (16 for the U-Net).
 """
@@ -28,10 +28,9 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.validation import positive_int
-from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
+from capsnets.validation import Device, DType, ImageSize, PositiveInt, Routing, placement, positive_int
 from capsnets.models.registry import register_model
-from capsnets.models.segcaps import SegCaps, segcaps_routing
+from capsnets.models.segcaps import SegCaps
 from capsnets.models.unet import UNet
 
 
@@ -55,7 +54,7 @@ class CapsPix2pixGenerator(nn.Module):
         input_size: ``(K, H, W)`` of the label maps.
         out_channels: channels of the generated image.
         width: capsule dimension of the first capsule types (see :class:`SegCaps`).
-        routing: of the capsule layers (see :class:`SegCaps`); None: ``DynamicRouting()``.
+        routing: of the capsule layers (see :class:`SegCaps`).
         head_hidden: channels of the head's hidden 1x1 convolutions.
 
     Shape:
@@ -71,11 +70,13 @@ class CapsPix2pixGenerator(nn.Module):
     task = "synthesis"
 
     def __init__(self, *, input_size: Sequence[int] = (10, 32, 32), out_channels: int = 1, width: int = 16,
-                 routing=None, head_hidden: Sequence[int] = (64, 128), device=None, dtype=None) -> None:
+                 routing="dynamic", head_hidden: Sequence[int] = (64, 128), device=None, dtype=None) -> None:
         super().__init__()
+        device, dtype = placement(device, dtype)
         self.trunk = SegCaps(input_size=input_size, width=width, routing=routing, decoder_hidden=None, device=device,
                              dtype=dtype)
         self.input_size, self.out_channels = self.trunk.input_size, positive_int("out_channels", out_channels)
+        self.routing_spec = self.trunk.routing_spec
         sizes, layers = [width, *head_hidden], []
         for a, b in zip(sizes, sizes[1:]):
             layers += [nn.Conv2d(a, b, 1, device=device, dtype=dtype), nn.ReLU()]
@@ -158,25 +159,20 @@ class PatchDiscriminator(nn.Module):
 
 
 @register_model("capspix2pix", task="synthesis")
-def capspix2pix(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1,
-                routing: VectorRouting | None = None, routing_iterations: PositiveInt | None = None,
-                detach_routing: bool | None = None, device: Device | None = None,
-                dtype: DType | None = None) -> CapsPix2pixGenerator:
+def capspix2pix(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1, routing: Routing = "dynamic",
+                device: Device | None = None, dtype: DType | None = None) -> CapsPix2pixGenerator:
     """CapsPix2pix generator on the SegCaps R3 trunk (16-D first capsules)."""
-    return CapsPix2pixGenerator(input_size=input_size, out_channels=out_channels, width=16,
-                                routing=segcaps_routing(routing, routing_iterations, detach_routing), device=device,
-                                dtype=dtype)
+    return CapsPix2pixGenerator(input_size=input_size, out_channels=out_channels, width=16, routing=routing,
+                                device=device, dtype=dtype)
 
 
 @register_model("capspix2pix_small", task="synthesis")
 def capspix2pix_small(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1,
-                      routing: VectorRouting | None = None, routing_iterations: PositiveInt | None = None,
-                      detach_routing: bool | None = None, device: Device | None = None,
+                      routing: Routing = "dynamic", device: Device | None = None,
                       dtype: DType | None = None) -> CapsPix2pixGenerator:
     """CapsPix2pix generator with 8-D first capsules and a (32, 64) head, for CPUs."""
     return CapsPix2pixGenerator(input_size=input_size, out_channels=out_channels, width=8, head_hidden=(32, 64),
-                                routing=segcaps_routing(routing, routing_iterations, detach_routing), device=device,
-                                dtype=dtype)
+                                routing=routing, device=device, dtype=dtype)
 
 
 @register_model("pix2pix", task="synthesis")

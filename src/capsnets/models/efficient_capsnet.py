@@ -35,15 +35,15 @@ capsules, ``D_p`` their dim, ``K`` classes, ``D`` class capsule dim.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import SelfAttentionRouting, as_routing, efficient_squash, mask_capsules
+from capsnets.functional import VECTOR_ROUTING_TYPES, as_routing, efficient_squash, mask_capsules, routing_config
 from capsnets.layers import CapsuleDecoder, LinearCapsules
-from capsnets.validation import conv_output_size, image_batch, positive_int
-from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
+from capsnets.validation import (Device, DType, ImageSize, PositiveInt, Routing, choice, conv_output_size, flag,
+                                  image_batch, image_size, placement, positive_int)
 from capsnets.models.output import ModelOutput, vector_capsule_output
 from capsnets.models.registry import register_model
 
@@ -149,7 +149,8 @@ class EfficientCapsNet(nn.Module):
             (leaky ReLU of slope 0.3 and instance norm with a learned scale and offset, the smallNORB model).
         primary_dim: primary capsule dim ``D_p`` (``F / D_p`` primary capsules).
         class_dim: class capsule dim ``D``.
-        routing: routing of the class capsules, or its spec; None: :class:`~capsnets.functional.SelfAttentionRouting`.
+        routing: routing of the class capsules, its spec or its type name (default ``"self_attention"``:
+            :class:`~capsnets.functional.SelfAttentionRouting` with its defaults).
         decoder: ``"fully_connected"`` (hidden 512, 1024), ``"convolutional"`` (:class:`ConvCapsuleDecoder`) or None.
 
     Shape:
@@ -169,22 +170,21 @@ class EfficientCapsNet(nn.Module):
 
     def __init__(self, *, input_size: Sequence[int] = (1, 28, 28), num_classes: int = 10,
                  convs: Sequence[tuple[int, int, int]] = MNIST_CONVS, norm: str = "batch", primary_dim: int = 8,
-                 class_dim: int = 16, routing: Callable[..., Tensor] | dict | None = None,
+                 class_dim: int = 16, routing: Callable[..., Tensor] | Mapping | str = "self_attention",
                  decoder: str | None = "fully_connected", device=None, dtype=None) -> None:
         super().__init__()
-        if len(tuple(input_size)) != 3:
-            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
-        if norm not in ("batch", "instance"):
-            raise ValueError(f"norm must be 'batch' or 'instance', got {norm!r}")
-        if decoder is not None and decoder not in DECODERS:
-            raise ValueError(f"decoder must be one of {DECODERS} or None, got {decoder!r}")
-        self.input_size = tuple(int(s) for s in input_size)
+        self.input_size = image_size("input_size", input_size)
+        choice("norm", norm, ("batch", "instance"))
+        choice("decoder", decoder, (*DECODERS, None))
         self.num_classes = positive_int("num_classes", num_classes)
+        routing = as_routing(routing, None, types=VECTOR_ROUTING_TYPES)
+        self.routing_spec = routing_config(routing, strict=False)
+        device, dtype = placement(device, dtype)
         factory = {"device": device, "dtype": dtype}
         self.stem, grid = _stem(self.input_size, convs, norm, factory)
         self.primary = DepthwisePrimaryCapsules(convs[-1][0], primary_dim, grid, **factory)
         self.classes = LinearCapsules(convs[-1][0] // primary_dim, primary_dim, num_classes, class_dim,
-                                      routing=as_routing(routing, SelfAttentionRouting), **factory)
+                                      routing=routing, **factory)
         self.decoder = None
         if decoder == "fully_connected":
             self.decoder = CapsuleDecoder(num_classes, class_dim, self.input_size, hidden=(512, 1024), **factory)
@@ -252,19 +252,21 @@ def _keras_normal_(weight: Tensor, fan: float) -> None:
 
 @register_model("efficient_capsnet")
 def efficient_capsnet(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
-                      routing: VectorRouting | None = None, reconstruction: bool = True,
+                      routing: Routing = "self_attention", reconstruction: bool = True,
                       device: Device | None = None, dtype: DType | None = None) -> EfficientCapsNet:
     """The paper's MNIST model (161,824 parameters without the decoder, 1,573,168 with it)."""
     return EfficientCapsNet(input_size=input_size, num_classes=num_classes, routing=routing,
-                            decoder="fully_connected" if reconstruction else None, device=device, dtype=dtype)
+                            decoder="fully_connected" if flag("reconstruction", reconstruction) else None,
+                            device=device, dtype=dtype)
 
 
 @register_model("efficient_capsnet_smallnorb")
 def efficient_capsnet_smallnorb(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
-                                routing: VectorRouting | None = None, reconstruction: bool = True,
+                                routing: Routing = "self_attention", reconstruction: bool = True,
                                 device: Device | None = None, dtype: DType | None = None) -> EfficientCapsNet:
     """The paper's smallNORB model: 7x7 stride-2 stem, instance norm, convolutional decoder (143,952 parameters
     without the decoder on 32x32 grey images, 151,664 on the authors' 48x48 stereo pairs)."""
     return EfficientCapsNet(input_size=input_size, num_classes=num_classes, convs=SMALLNORB_CONVS, norm="instance",
-                            routing=routing, decoder="convolutional" if reconstruction else None, device=device,
+                            routing=routing,
+                            decoder="convolutional" if flag("reconstruction", reconstruction) else None, device=device,
                             dtype=dtype)

@@ -23,29 +23,26 @@ Two formulations (``formulation``; ``docs/em_formulations.md`` compares them lin
 
 Inputs of 32x32 (smallNORB crops) use no padding in Conv1; smaller inputs (28x28 MNIST) get padding 2,
 which gives the same 14x14 -> 6x6 -> 4x4 grids. Class scores are the class capsule activations.
-The builders take ``routing`` (a routing object or its spec, shared by the three capsule layers) or the
-settings of the formulation's :class:`~capsnets.functional.EMRouting`: ``routing_iterations``,
-``detach_routing`` (the assignments of the non-final iterations without gradient: a cheaper backward),
-``cost_normalization`` and ``inverse_temperature`` (None: the routing's defaults); ``class_routing_args``
-gives the class capsule layer settings of its own. Deviation in both formulations: the released code's
+The builders take ``routing``: an :class:`~capsnets.functional.EMRouting`, its spec or ``"em"`` (the default),
+e.g. ``{"type": "em", "iterations": 2, "detach_routing": True}`` (the assignments of the non-final iterations
+without gradient: a cheaper backward); with the official formulation, the settings a spec leaves out are the
+released code's, per layer (see :class:`MatrixCapsNet`). Deviation in both formulations: the released code's
 convolutional routing groups a child's copies as if every layer had stride 1, which in ConvCaps1 (stride 2)
 mixes different children; here the copies are grouped by the layer's real stride.
 """
 from __future__ import annotations
 
-import functools
-import inspect
+from collections.abc import Mapping
 from typing import Literal, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import EMRouting, as_routing
+from capsnets.functional import EMRouting, as_routing, routing_config
 from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsnets.layers.matrix import ASSIGNMENT_SCOPES
-from capsnets.validation import ArgumentError, image_batch, positive_int
-from capsnets.models.arguments import (Argument, Device, DType, ImageSize, MatrixRouting, NonNegativeInt, PositiveInt,
-                                       check_arguments, signature_schema)
+from capsnets.validation import (Device, DType, ImageSize, NonNegativeInt, PositiveInt, Routing, choice, flag,
+                                  image_batch, image_size, non_negative_int, placement, positive_int)
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 
@@ -55,49 +52,19 @@ FORMULATIONS = ("paper", "official")
 DEFAULT_FORMULATION = "official"
 
 
-def _check_formulation(formulation) -> str:
-    if formulation not in FORMULATIONS:
-        raise ValueError(f"formulation must be one of {FORMULATIONS}, got {formulation!r}")
-    return formulation
-
-
-#: The routing settings a builder takes, with the names of :class:`~capsnets.functional.EMRouting`'s fields.
-_ROUTING_SETTINGS = {"routing_iterations": "iterations", "detach_routing": "detach_routing",
-                     "cost_normalization": "cost_normalization", "inverse_temperature": "inverse_temperature"}
-
-
-def _em_routing(routing=None, formulation: str = "paper", layer: str = "conv", **settings):
-    """``routing`` (an object or its spec) if given, else the formulation's :class:`EMRouting` for a ``"conv"``
-    or ``"class"`` capsule layer with the builder's ``settings`` (keys of ``_ROUTING_SETTINGS``; None: the
-    routing's defaults)."""
-    settings = {_ROUTING_SETTINGS[name]: value for name, value in settings.items()}
-    if routing is not None or formulation != "official":
-        return as_routing(routing, EMRouting, **settings)
-    if settings.get("cost_normalization") is not None or settings.get("inverse_temperature") is not None:
-        raise ValueError("formulation='official' fixes the activation logit and the inverse temperatures "
-                         "(final 0.01, divided by 4 in the class layer); leave cost_normalization and "
-                         "inverse_temperature unset, or use formulation='paper'")
-    return as_routing(None, functools.partial(EMRouting.official, layer=layer), **settings)
-
-
-def _class_routing(class_routing_args, routing, formulation: str, settings: dict):
-    """The class capsule layer's own :class:`EMRouting`: the builder's routing ``settings`` overridden by
-    ``class_routing_args``; None when that is None and the formulation is the paper's (the class layer then
-    shares the convolutional layers' routing)."""
-    if class_routing_args is None:
-        if formulation == "official" and routing is None:
-            return _em_routing(None, formulation, "class", **settings)
-        return None
-    if routing is not None:
-        raise ValueError("class_routing_args configures the default EMRouting; with a routing object, build "
-                         "MatrixCapsNet(routing=..., class_routing=...) instead")
-    if not isinstance(class_routing_args, dict) or set(class_routing_args) - set(settings):
-        raise ArgumentError(f"class_routing_args must be a dict with keys from {sorted(settings)}, got "
-                            f"{class_routing_args!r}")
-    declared = signature_schema(matrix_capsnet)  # the settings' types, as the builders declare them
-    schema = {key: Argument(key, inspect.Parameter.empty, declared[key].annotation) for key in settings}
-    class_routing_args = check_arguments(schema, class_routing_args, owner="class_routing_args")
-    return _em_routing(None, formulation, "class", **{**settings, **class_routing_args})
+def _routings(routing, formulation: str) -> tuple[EMRouting, EMRouting]:
+    """The EM routing of the convolutional capsule layers and of the class capsule layer, from ``routing``
+    (an object, its spec, ``"em"`` or None) and the formulation (see :class:`MatrixCapsNet`)."""
+    defaults = {}
+    if formulation == "official" and (isinstance(routing, str) or (
+            isinstance(routing, Mapping) and routing.get("formulation", "official") == "official")):
+        defaults = {"formulation": "official", "eps": EMRouting.official(layer="conv").eps}  # the released code's
+    conv = as_routing(routing, None, types=("em",), defaults=defaults)
+    released = formulation == "official" and conv == EMRouting.official(
+        conv.iterations, layer="conv", detach_routing=conv.detach_routing)
+    if released:  # the released code's class layer: its final inverse temperature / 4, its own mass guard
+        return conv, EMRouting.official(conv.iterations, layer="class", detach_routing=conv.detach_routing)
+    return conv, conv
 
 
 def _trunc_normal_(tensor: Tensor, std: float) -> None:
@@ -135,10 +102,12 @@ class MatrixCapsNet(nn.Module):
         conv_caps1_types: C, types of the first convolutional capsule layer.
         conv_caps2_types: D, types of the second.
         conv_padding: padding of Conv1; None: 2 for inputs smaller than 32 px, else 0.
-        routing: routing callable shared by the three capsule layers, or its spec (a dict); None: the
-            formulation's ``EMRouting()`` (official: :meth:`~capsnets.functional.EMRouting.official`, with the
-            class layer's own).
-        class_routing: the class capsule layer's routing (or spec) instead of ``routing`` (None: ``routing``).
+        routing: the EM routing of the three capsule layers: an :class:`~capsnets.functional.EMRouting`, its spec
+            or ``"em"`` (the default). With the official formulation, the settings a spec leaves out are the
+            released code's (:meth:`~capsnets.functional.EMRouting.official`), and the released code's routing
+            of the convolutional layers gives the class layer the released code's class routing (its final
+            inverse temperature divided by 4, its own mass guard); any other routing is used in every layer.
+        class_routing: the class capsule layer's routing (or spec) instead of the one ``routing`` gives it.
         coordinate_addition: coordinate addition in the class capsules.
         checkpoint_chunks: activation checkpointing of the convolutional capsule layers in this many
             chunks (0: off); trades about one extra forward of votes and routing for memory.
@@ -159,29 +128,37 @@ class MatrixCapsNet(nn.Module):
         >>> model(torch.rand(2, 1, 32, 32)).scores.shape
         torch.Size([2, 5])
         >>> paper = MatrixCapsNet(formulation="paper", routing=EMRouting(2, detach_routing=True))
+        >>> official = MatrixCapsNet(routing={"type": "em", "iterations": 2})
+        >>> official.classes.routing == EMRouting.official(2, layer="class")
+        True
     """
 
     default_loss = "spread"
 
     def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5, conv_channels: int = 32,
                  primary_types: int = 32, conv_caps1_types: int = 32, conv_caps2_types: int = 32,
-                 conv_padding: int | None = None, routing=None, class_routing=None, coordinate_addition: bool = True,
+                 conv_padding: int | None = None, routing="em", class_routing=None, coordinate_addition: bool = True,
                  pose_size: int = 4, checkpoint_chunks: int = 0, assignment_scope: str | None = None,
                  formulation: str = DEFAULT_FORMULATION, device=None, dtype=None) -> None:
         super().__init__()
-        if len(tuple(input_size)) != 3:
-            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
-        self.input_size = tuple(int(s) for s in input_size)
+        self.input_size = image_size("input_size", input_size)
         self.num_classes = positive_int("num_classes", num_classes)
         if conv_padding is None:
             conv_padding = 2 if min(self.input_size[1:]) < 32 else 0
-        self.formulation = _check_formulation(formulation)
+        self.formulation = choice("formulation", formulation, FORMULATIONS)
         official = formulation == "official"
         if assignment_scope is None:
             assignment_scope = "per_type" if official else "position"
-        if routing is None and class_routing is None and official:  # the class layer has its own
-            class_routing = _em_routing(None, formulation, "class")
-        routing = _em_routing(routing, formulation)
+        choice("assignment_scope", assignment_scope, ASSIGNMENT_SCOPES)
+        flag("coordinate_addition", coordinate_addition)
+        non_negative_int("checkpoint_chunks", checkpoint_chunks)
+        device, dtype = placement(device, dtype)
+        routing, own_class_routing = _routings(routing, formulation)
+        self.routing_spec = routing_config(routing, strict=False)
+        if class_routing is None:
+            class_routing = own_class_routing
+        else:
+            class_routing = as_routing(class_routing, EMRouting, types=("em",), name="class_routing")
         factory = {"device": device, "dtype": dtype, "pose_size": pose_size}
         self.conv = nn.Conv2d(self.input_size[0], conv_channels, 5, stride=2, padding=conv_padding,
                               device=device, dtype=dtype)
@@ -252,50 +229,30 @@ class MatrixCapsNet(nn.Module):
         return ModelOutput(activation, "activation", poses)
 
 
-def _build(widths: dict, *, routing, class_routing_args, formulation, routing_iterations, detach_routing,
-           cost_normalization, inverse_temperature, **model_args) -> MatrixCapsNet:
-    """A :class:`MatrixCapsNet` of the given ``widths`` from a builder's keyword arguments."""
-    formulation = _check_formulation(formulation)
-    settings = {"routing_iterations": routing_iterations, "detach_routing": detach_routing,
-                "cost_normalization": cost_normalization, "inverse_temperature": inverse_temperature}
-    class_routing = _class_routing(class_routing_args, routing, formulation, settings)
-    return MatrixCapsNet(routing=_em_routing(routing, formulation, **settings), class_routing=class_routing,
-                         formulation=formulation, **widths, **model_args)
+_WIDTHS = {"matrix_capsnet": {"conv_channels": 32, "primary_types": 32, "conv_caps1_types": 32, "conv_caps2_types": 32},
+           "matrix_capsnet_small": {"conv_channels": 64, "primary_types": 8, "conv_caps1_types": 16,
+                                    "conv_caps2_types": 16}}
 
 
 @register_model("matrix_capsnet")
-def matrix_capsnet(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
-                   routing: MatrixRouting | None = None, routing_iterations: PositiveInt | None = None,
-                   detach_routing: bool | None = None, cost_normalization: str | None = None,
-                   inverse_temperature: float | Sequence[float] | None = None, coordinate_addition: bool = True,
-                   checkpoint_chunks: NonNegativeInt = 0,
-                   assignment_scope: Literal[ASSIGNMENT_SCOPES] | None = None,
-                   class_routing_args: dict[str, object] | None = None,
-                   formulation: Literal[FORMULATIONS] = DEFAULT_FORMULATION, device: Device | None = None,
-                   dtype: DType | None = None) -> MatrixCapsNet:
+def matrix_capsnet(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32), routing: Routing = "em",
+                   coordinate_addition: bool = True, checkpoint_chunks: NonNegativeInt = 0,
+                   assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,
+                   formulation: Literal["paper", "official"] = DEFAULT_FORMULATION,
+                   device: Device | None = None, dtype: DType | None = None) -> MatrixCapsNet:
     """The paper's smallNORB model: A=B=C=D=32 (about 310K parameters)."""
-    return _build({"conv_channels": 32, "primary_types": 32, "conv_caps1_types": 32, "conv_caps2_types": 32},
-                  routing=routing, class_routing_args=class_routing_args, formulation=formulation,
-                  routing_iterations=routing_iterations, detach_routing=detach_routing,
-                  cost_normalization=cost_normalization, inverse_temperature=inverse_temperature,
-                  num_classes=num_classes, input_size=input_size, coordinate_addition=coordinate_addition,
-                  checkpoint_chunks=checkpoint_chunks, assignment_scope=assignment_scope, device=device, dtype=dtype)
+    return MatrixCapsNet(**_WIDTHS["matrix_capsnet"], num_classes=num_classes, input_size=input_size, routing=routing,
+                         coordinate_addition=coordinate_addition, checkpoint_chunks=checkpoint_chunks,
+                         assignment_scope=assignment_scope, formulation=formulation, device=device, dtype=dtype)
 
 
 @register_model("matrix_capsnet_small")
-def matrix_capsnet_small(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
-                         routing: MatrixRouting | None = None, routing_iterations: PositiveInt | None = None,
-                         detach_routing: bool | None = None, cost_normalization: str | None = None,
-                         inverse_temperature: float | Sequence[float] | None = None, coordinate_addition: bool = True,
-                         checkpoint_chunks: NonNegativeInt = 0,
-                         assignment_scope: Literal[ASSIGNMENT_SCOPES] | None = None,
-                         class_routing_args: dict[str, object] | None = None,
-                         formulation: Literal[FORMULATIONS] = DEFAULT_FORMULATION, device: Device | None = None,
-                         dtype: DType | None = None) -> MatrixCapsNet:
+def matrix_capsnet_small(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32), routing: Routing = "em",
+                         coordinate_addition: bool = True, checkpoint_chunks: NonNegativeInt = 0,
+                         assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,
+                         formulation: Literal["paper", "official"] = DEFAULT_FORMULATION,
+                         device: Device | None = None, dtype: DType | None = None) -> MatrixCapsNet:
     """The paper's small model: A=64, B=8, C=D=16 (about 68K parameters)."""
-    return _build({"conv_channels": 64, "primary_types": 8, "conv_caps1_types": 16, "conv_caps2_types": 16},
-                  routing=routing, class_routing_args=class_routing_args, formulation=formulation,
-                  routing_iterations=routing_iterations, detach_routing=detach_routing,
-                  cost_normalization=cost_normalization, inverse_temperature=inverse_temperature,
-                  num_classes=num_classes, input_size=input_size, coordinate_addition=coordinate_addition,
-                  checkpoint_chunks=checkpoint_chunks, assignment_scope=assignment_scope, device=device, dtype=dtype)
+    return MatrixCapsNet(**_WIDTHS["matrix_capsnet_small"], num_classes=num_classes, input_size=input_size,
+                         routing=routing, coordinate_addition=coordinate_addition, checkpoint_chunks=checkpoint_chunks,
+                         assignment_scope=assignment_scope, formulation=formulation, device=device, dtype=dtype)

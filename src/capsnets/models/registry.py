@@ -1,10 +1,12 @@
 """Models by name (timm's ``create_model`` / torchvision's ``get_model``).
 
 Builders are small functions registered with :func:`register_model` for one of the :data:`TASKS`; their
-keyword-only arguments, with their defaults and type annotations, are the overrides :func:`create_model`
-accepts (:func:`model_schema`, checked by :mod:`capsnets.models.arguments` before the builder runs).
-:func:`create_model` records the overrides in ``model.model_args`` (JSON values only, a ``routing`` object as
-its spec) so that a checkpoint can rebuild the model by name.
+keyword-only arguments, with their defaults, are the overrides :func:`create_model` accepts
+(:func:`model_schema`). A builder and the model it builds check their own arguments (with
+:mod:`capsnets.validation`); :func:`create_model` refuses names a builder does not take. A ``routing`` given
+as its settings alone (``{"iterations": 2}``, ``--model-arg routing.iterations=2``) updates the builder's
+default routing spec. :func:`create_model` records the overrides in ``model.model_args`` (JSON values only, a
+``routing`` as its complete spec) so that a checkpoint can rebuild the model by name.
 """
 from __future__ import annotations
 
@@ -15,8 +17,7 @@ from typing import Callable
 from torch import nn
 
 from capsnets.functional import routing_config, routing_from_config
-from capsnets.validation import ArgumentError
-from capsnets.models.arguments import Argument, check_arguments, signature_schema
+from capsnets.validation import Argument, ArgumentError, keyword_arguments, reject_unknown
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _TASKS: dict[str, str] = {}
@@ -58,20 +59,72 @@ def model_task(name: str) -> str:
 
 
 def model_schema(name: str) -> dict[str, Argument]:
-    """The overrides model ``name`` accepts: for each, its default, its type and ``expects``, the values it takes
-    in words (from the builder's signature: :func:`~capsnets.models.arguments.signature_schema`).
+    """The overrides model ``name`` accepts: for each, its default, its annotation and ``expects``, the values it
+    takes in words (from the builder's signature: :func:`~capsnets.validation.keyword_arguments`).
 
     Examples::
 
-        >>> model_schema("capsnet_small")["routing_iterations"].expects
-        'a positive integer or None (YAML: null)'
+        >>> model_schema("capsnet_small")["num_classes"].expects
+        'a positive integer'
     """
-    return signature_schema(_builder(name))
+    return keyword_arguments(_builder(name))
 
 
 def model_arguments(name: str) -> dict[str, object]:
     """The overrides a model accepts, with their defaults."""
     return {key: argument.default for key, argument in model_schema(name).items()}
+
+
+def default_routing(name: str) -> dict | None:
+    """The default ``routing`` of model ``name``'s builder as a spec (settings it leaves out take the routing's
+    defaults), or None for a model without a routing argument or whose routing depends on other arguments.
+
+    Examples::
+
+        >>> default_routing("capsnet_cifar10")
+        {'type': 'dynamic', 'none_of_the_above': True}
+    """
+    default = model_arguments(name).get("routing")
+    if isinstance(default, str):
+        return {"type": default}
+    return dict(default) if isinstance(default, Mapping) else None
+
+
+def routing_keys(name: str) -> dict[str, object]:
+    """The settings of the routing model ``name`` builds by default (``--model-arg routing.KEY=VALUE`` changes
+    one), with their values: its complete spec less the ``type``; empty for a model without routing.
+
+    Examples::
+
+        >>> routing_keys("capsnet_small")
+        {'iterations': 3, 'detach_routing': True, 'none_of_the_above': False}
+    """
+    spec = getattr(create_model(name, device="meta"), "routing_spec", None)
+    return {key: value for key, value in (spec or {}).items() if key != "type"}
+
+
+def _reject_routing_settings(name: str, overrides: dict, schema: dict) -> None:
+    """An :class:`ArgumentError` for a setting of the model's routing given as an argument of its own, saying
+    where it goes (``routing={"iterations": 2}``)."""
+    unknown = [key for key in overrides if key not in schema]
+    if not unknown or "routing" not in schema:
+        return
+    keys = routing_keys(name)
+    for key in unknown:
+        setting = key.removeprefix("routing_") if key.removeprefix("routing_") in keys else key
+        if setting in keys:
+            value = overrides[key]
+            raise ArgumentError(f"model {name!r} does not take {key}: its routing does; pass "
+                                f"routing={{{setting!r}: {value!r}}} (--model-arg routing.{setting}={value!r})", key)
+
+
+def _with_default_routing(name: str, routing):
+    """``routing`` given as its settings alone (a mapping without a ``type``) over the model's default spec."""
+    if isinstance(routing, Mapping) and "type" not in routing:
+        default = default_routing(name)
+        if default is not None:
+            return {**default, **routing}
+    return routing
 
 
 def _builder(name: str) -> Callable[..., nn.Module]:
@@ -89,8 +142,8 @@ def create_model(name: str, **overrides) -> nn.Module:
     Args:
         name: a name from :func:`list_models`.
         **overrides: keyword arguments of the model's builder (e.g. ``num_classes``, ``input_size``,
-            ``routing`` (a routing object or its spec), ``routing_iterations``, ``device``); see
-            :func:`model_schema`. Each is checked against the builder's declared type first: an
+            ``routing`` (a routing object, its spec, its type name, or its settings alone, which update the
+            model's default routing), ``device``); see :func:`model_schema`. The builder checks them: an
             :class:`~capsnets.validation.ArgumentError` (a ``ValueError`` and a ``TypeError``) names the
             argument, the value and what it takes; lists are taken for tuples, ints for floats.
 
@@ -99,12 +152,22 @@ def create_model(name: str, **overrides) -> nn.Module:
         >>> model = create_model("capsnet_digits", routing=DynamicRouting(2))
         >>> model.model_args
         {'routing': {'type': 'dynamic', 'iterations': 2, 'detach_routing': True, 'none_of_the_above': False}}
+        >>> create_model("capsnet_digits", routing={"iterations": 1}).classes.routing
+        DynamicRouting(iterations=1, detach_routing=True, none_of_the_above=False)
     """
     builder, schema = _builder(name), model_schema(name)
-    overrides = check_arguments(schema, overrides, owner=f"model {name!r}",
-                                hint=f"; `capsnets list-models {name}` lists its arguments")
+    _reject_routing_settings(name, overrides, schema)
+    reject_unknown(f"model {name!r}", overrides, schema)
+    if "routing" in overrides:
+        overrides["routing"] = _with_default_routing(name, overrides["routing"])
     try:
         model = builder(**overrides)
+    except ArgumentError as err:
+        argument = schema.get(err.argument)
+        default = (f"; leave it out to use its default, {argument.default!r}"
+                   if argument is not None and err.argument in overrides else "")
+        raise ArgumentError(f"model {name!r}: {err}{default}; `capsnets list-models {name}` lists its arguments",
+                            err.argument) from None
     except (RuntimeError, MemoryError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         if not isinstance(err, MemoryError) and not any(word in reason.lower() for word in _SIZE_ERRORS):
@@ -113,7 +176,7 @@ def create_model(name: str, **overrides) -> nn.Module:
         raise ArgumentError(f"model {name!r} cannot be built with {given}: its tensors are too large "
                             f"({reason}); use smaller sizes") from None
     model.model_name = name
-    model.model_args = _json_safe_args(overrides)
+    model.model_args = _json_safe_args(overrides, getattr(model, "routing_spec", None))
     return model
 
 
@@ -125,11 +188,11 @@ def _shown_arg(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _json_safe_args(overrides: dict) -> dict:
+def _json_safe_args(overrides: dict, routing_spec: dict | None = None) -> dict:
     """The builder arguments a checkpoint records to rebuild the model: JSON values (tuples as lists; dicts
-    with string keys, such as ``class_routing_args``), without placement (``device``, ``dtype``). A routing
-    (an object or a spec) is recorded as its complete spec; one the library cannot describe as
-    ``{"type": "opaque", "repr": ...}``, which refuses to be rebuilt
+    with string keys), without placement (``device``, ``dtype``). A routing (an object or a spec) is recorded as
+    its complete spec: ``routing_spec``, the model's own record of it, where the model has one; one the library
+    cannot describe as ``{"type": "opaque", "repr": ...}``, which refuses to be rebuilt
     (:func:`~capsnets.functional.routing_config`)."""
     def plain(value) -> bool:
         if isinstance(value, (tuple, list)):
@@ -139,8 +202,12 @@ def _json_safe_args(overrides: dict) -> dict:
         return value is None or isinstance(value, (bool, int, float, str))
 
     def record(key: str, value):
+        if key == "routing" and routing_spec is not None:
+            return routing_spec
+        if key == "routing" and isinstance(value, str):
+            value = {"type": value}
         if key == "routing" and isinstance(value, Mapping):
-            return routing_config(routing_from_config(value))  # a spec, completed and validated
+            return routing_config(routing_from_config(value))  # a spec, completed
         if callable(value):
             return routing_config(value, strict=False)
         return list(value) if isinstance(value, tuple) else value

@@ -34,6 +34,7 @@ Dimension legend: ``B`` batch, ``F`` backbone channels (``8w``), ``h``/``w`` its
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Literal, Sequence
 
 import torch
@@ -41,10 +42,10 @@ from torch import Tensor, nn
 
 from capsnets.capsules import MatrixCapsules
 from capsnets.functional import (DynamicRouting, EMRouting, InvertedAttentionRouting, SelfAttentionRouting,
-                                 SelfRouting, UniformRouting, capsule_length, squash)
+                                 SelfRouting, UniformRouting, as_routing, capsule_length, routing_config, squash)
 from capsnets.layers import ConvMatrixCapsules, LinearCapsules
-from capsnets.validation import conv_output_size, image_batch, positive_int
-from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt
+from capsnets.validation import (ArgumentError, Device, DType, ImageSize, PositiveInt, Routing, choice,
+                                  conv_output_size, image_batch, image_size, placement, positive_int)
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 
@@ -57,7 +58,6 @@ HEADS = (*ROUTINGS, "avg_pool", "max_pool", "fully_connected")
 HEAD_LOSSES = {"dynamic": "margin", "self_attention": "margin", "uniform": "margin", "em": "spread",
                "inverted_attention": "cross_entropy", "self_routing": "cross_entropy", "avg_pool": "cross_entropy",
                "max_pool": "cross_entropy", "fully_connected": "cross_entropy"}
-_ITERATIVE = ("dynamic", "em", "inverted_attention")
 
 
 def _conv_bn(in_channels: int, out_channels: int, factory: dict, stride: int = 1) -> list[nn.Module]:
@@ -109,35 +109,33 @@ class CapsuleHead(nn.Module):
         routing: a key of :data:`ROUTINGS`.
         capsule_types, capsule_dim: primary capsule types ``T`` and the dim ``D`` of every capsule (a square for
             ``"em"``: its poses are ``sqrt(D) x sqrt(D)`` matrices).
-        routing_iterations: iterations of ``"dynamic"``, ``"em"`` or ``"inverted_attention"``; None: the
-            routing's default.
+        routing: the routing object, of the type ``routing`` names (its defaults where this is None).
 
     Shape:
         ``(B, F, h, w)`` -> :class:`ModelOutput` with ``scores`` ``(B, K)`` and ``capsules`` ``(B, K, D)``.
     """
 
-    def __init__(self, in_channels: int, grid: tuple[int, int], num_classes: int, routing: str, *,
-                 capsule_types: int = 32, capsule_dim: int = 16, routing_iterations: int | None = None,
-                 device=None, dtype=None) -> None:
+    def __init__(self, in_channels: int, grid: tuple[int, int], num_classes: int, kind: str, *,
+                 capsule_types: int = 32, capsule_dim: int = 16, routing=None, device=None, dtype=None) -> None:
         super().__init__()
-        self.kind, self.types, self.dim = routing, capsule_types, capsule_dim
+        self.kind, self.types, self.dim = kind, capsule_types, capsule_dim
         factory = {"device": device, "dtype": dtype}
-        settings = {} if routing_iterations is None else {"iterations": routing_iterations}
+        routing = ROUTINGS[kind]() if routing is None else routing
         self.pose = nn.Sequential(*_conv_bn(in_channels, capsule_types * capsule_dim, factory))
         self.activation = None
-        if routing in ("em", "self_routing"):
+        if kind in ("em", "self_routing"):
             self.activation = nn.Sequential(*_conv_bn(in_channels, capsule_types, factory), nn.Sigmoid())
-        if routing == "em":
+        if kind == "em":
             side = math.isqrt(capsule_dim)
             if side * side != capsule_dim or grid[0] != grid[1]:
                 raise ValueError(f"head 'em' needs a square capsule_dim (4x4 poses: 16) and a square map; got "
                                  f"capsule_dim={capsule_dim} and a {grid[0]}x{grid[1]} map")
             self.classes = ConvMatrixCapsules(capsule_types, num_classes, kernel_size=grid[0], pose_size=side,
-                                              routing=EMRouting(**settings), **factory)
+                                              routing=routing, **factory)
         else:
             self.classes = LinearCapsules(capsule_types * grid[0] * grid[1], capsule_dim, num_classes, capsule_dim,
-                                          routing=ROUTINGS[routing](**settings), init_std=0.1, **factory)
-        self.score = nn.Linear(capsule_dim, 1, **factory) if routing == "inverted_attention" else None
+                                          routing=routing, init_std=0.1, **factory)
+        self.score = nn.Linear(capsule_dim, 1, **factory) if kind == "inverted_attention" else None
 
     def forward(self, features: Tensor) -> ModelOutput:
         batch, _, height, width = features.shape
@@ -198,8 +196,8 @@ class RoutingZoo(nn.Module):
         width: the backbone's first width ``w`` (the code's ``planes``).
         capsule_types, capsule_dim: primary capsules per position and the dim of every capsule; the
             ``"fully_connected"`` head's convolution has ``capsule_types * capsule_dim`` channels.
-        routing_iterations: iterations of the ``"dynamic"``, ``"em"`` and ``"inverted_attention"`` heads (None:
-            the routing's default, 3, 3 and 2).
+        routing: the capsule head's routing: an object of the head's type, its spec, or its settings alone
+            (``{"iterations": 2}``); None: the routing of ``head`` with its defaults. The CNN heads take none.
 
     Shape:
         images ``(B, C, H, W)`` -> :class:`ModelOutput` with ``scores`` ``(B, K)``: capsule lengths, activations
@@ -217,18 +215,15 @@ class RoutingZoo(nn.Module):
 
     def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5, head: str = "dynamic",
                  width: int = 16, capsule_types: int = 32, capsule_dim: int = 16,
-                 routing_iterations: int | None = None, device=None, dtype=None) -> None:
+                 routing=None, device=None, dtype=None) -> None:
         super().__init__()
-        if len(tuple(input_size)) != 3:
-            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
-        if head not in HEADS:
-            raise ValueError(f"head must be one of {', '.join(map(repr, HEADS))}, got {head!r}")
-        if routing_iterations is not None and head not in _ITERATIVE:
-            raise ValueError(f"routing_iterations={routing_iterations!r} is for the heads that iterate "
-                             f"({', '.join(map(repr, _ITERATIVE))}); head {head!r} has no iterations: leave it out")
-        self.input_size = tuple(int(s) for s in input_size)
+        self.input_size = image_size("input_size", input_size)
+        choice("head", head, HEADS)
         self.num_classes = positive_int("num_classes", num_classes)
         self.head_name, self.default_loss = head, HEAD_LOSSES[head]
+        routing = _head_routing(head, routing)
+        self.routing_spec = None if routing is None else routing_config(routing, strict=False)
+        device, dtype = placement(device, dtype)
         factory = {"device": device, "dtype": dtype}
         self.backbone = _init_as_hahn(ConvBackbone(self.input_size[0], positive_int("width", width), **factory))
         grid = ConvBackbone.output_grid(*self.input_size[1:])
@@ -236,7 +231,7 @@ class RoutingZoo(nn.Module):
         capsule_dim = positive_int("capsule_dim", capsule_dim)
         if head in ROUTINGS:  # built after the backbone is initialised: one seed, one backbone for every head
             self.head = CapsuleHead(self.backbone.out_channels, grid, num_classes, head, capsule_types=capsule_types,
-                                    capsule_dim=capsule_dim, routing_iterations=routing_iterations, **factory)
+                                    capsule_dim=capsule_dim, routing=routing, **factory)
         else:
             self.head = CNNHead(self.backbone.out_channels, grid, num_classes, head,
                                 hidden_channels=capsule_types * capsule_dim, **factory)
@@ -253,6 +248,20 @@ class RoutingZoo(nn.Module):
         return f"head={self.head_name!r}, input_size={self.input_size}, num_classes={self.num_classes}"
 
 
+def _head_routing(head: str, routing):
+    """The routing object of a capsule ``head`` from ``routing`` (an object, its spec, its settings alone, or
+    None); None for a CNN head, which takes no routing."""
+    if head not in ROUTINGS:
+        if routing is not None:
+            raise ArgumentError(f"routing={routing!r} is for the capsule heads ({', '.join(map(repr, ROUTINGS))}); "
+                                f"head {head!r} has no routing: leave it out", "routing")
+        return None
+    if isinstance(routing, Mapping) and "type" not in routing:
+        routing = {"type": head, **routing}
+    routing = as_routing(routing, ROUTINGS[head], types=(head,))
+    return routing
+
+
 @torch.no_grad()
 def _init_as_hahn(module: nn.Module) -> nn.Module:
     """``module`` with the code's ``weights_init``: Kaiming uniform (gain sqrt(2)) for convolutions and linear
@@ -264,11 +273,14 @@ def _init_as_hahn(module: nn.Module) -> nn.Module:
 
 
 @register_model("routing_zoo")
-def routing_zoo(*, head: Literal[HEADS] = "dynamic", num_classes: PositiveInt = 5,
-                input_size: ImageSize = (1, 32, 32), width: PositiveInt = 16, capsule_types: PositiveInt = 32,
-                capsule_dim: PositiveInt = 16, routing_iterations: PositiveInt | None = None,
-                device: Device | None = None, dtype: DType | None = None) -> RoutingZoo:
-    """Hahn et al.'s smallNORB comparison: one backbone, the head by name (``head``: a routing or a CNN head)."""
+def routing_zoo(*, head: Literal["dynamic", "em", "self_attention", "inverted_attention", "self_routing", "uniform",
+                                 "avg_pool", "max_pool", "fully_connected"] = "dynamic",
+                num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
+                width: PositiveInt = 16, capsule_types: PositiveInt = 32, capsule_dim: PositiveInt = 16,
+                routing: Routing | None = None, device: Device | None = None,
+                dtype: DType | None = None) -> RoutingZoo:
+    """Hahn et al.'s smallNORB comparison: one backbone, the head by name (``head``: a routing or a CNN head);
+    ``routing``: the capsule head's routing settings (None: its defaults; see :class:`RoutingZoo`)."""
     return RoutingZoo(input_size=input_size, num_classes=num_classes, head=head, width=width,
-                      capsule_types=capsule_types, capsule_dim=capsule_dim, routing_iterations=routing_iterations,
-                      device=device, dtype=dtype)
+                      capsule_types=capsule_types, capsule_dim=capsule_dim, routing=routing, device=device,
+                      dtype=dtype)

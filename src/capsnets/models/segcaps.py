@@ -22,9 +22,8 @@ final capsules with the ground-truth mask (the predicted one at test time) and d
 Deviation: the convolution's bias is part of every prediction (see :mod:`capsnets.layers.conv`).
 Registered: ``segcaps`` (the paper's R3, 1 x 512 x 512 nominal input: LUNA16 slices) and
 ``segcaps_small`` (half the capsule dimensions; for CPUs). Both are fully convolutional: any ``H, W``
-divisible by 8 works. Their routing (every capsule layer but the first) is ``routing`` (a routing object or
-its spec) or :class:`~capsnets.functional.DynamicRouting` with ``routing_iterations`` and ``detach_routing``
-(None: the routing's defaults).
+divisible by 8 works. Their routing (every capsule layer but the first) is ``routing``: a routing object, its
+spec or a type name (default ``"dynamic"``: :class:`~capsnets.functional.DynamicRouting` with its defaults).
 
 Dimension legend: ``B`` batch, ``T`` capsule types, ``D`` capsule dim, ``H``/``W`` grid.
 """
@@ -36,10 +35,10 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import DynamicRouting, as_routing, capsule_length
+from capsnets.functional import VECTOR_ROUTING_TYPES, DynamicRouting, as_routing, capsule_length, routing_config
 from capsnets.layers import ConvCapsules2d, ConvTransposeCapsules2d
-from capsnets.validation import image_batch, positive_int
-from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt, VectorRouting
+from capsnets.validation import (ArgumentError, Device, DType, ImageSize, Routing, flag, image_batch, image_size,
+                                  placement, positive_int)
 from capsnets.models.registry import register_model
 
 
@@ -67,8 +66,8 @@ class SegCaps(nn.Module):
     Args:
         input_size: nominal ``(C, H, W)``; ``H`` and ``W`` must be divisible by 8 (three stride-2 stages).
         width: capsule dimension of the first capsule types (16 in the paper); deeper layers use 2x / 4x.
-        routing: the routing of every capsule layer but the first (which routes once), or its spec (a dict);
-            None: ``DynamicRouting()``.
+        routing: the routing of every capsule layer but the first (which routes once): an object, its spec (a
+            dict) or its type name (default ``"dynamic"``: :class:`~capsnets.functional.DynamicRouting`).
         decoder_hidden: channels of the reconstruction decoder's 1x1 convolutions; ``None``: no decoder.
 
     Shape:
@@ -85,18 +84,20 @@ class SegCaps(nn.Module):
     default_loss = "segcaps"
     task = "segmentation"
 
-    def __init__(self, *, input_size: Sequence[int] = (1, 512, 512), width: int = 16, routing=None,
+    def __init__(self, *, input_size: Sequence[int] = (1, 512, 512), width: int = 16, routing="dynamic",
                  decoder_hidden: Sequence[int] | None = (64, 128), device=None, dtype=None) -> None:
         super().__init__()
-        if len(tuple(input_size)) != 3:
-            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
-        self.input_size = tuple(int(s) for s in input_size)
+        self.input_size = image_size("input_size", input_size)
         if self.input_size[1] % 8 or self.input_size[2] % 8:
-            raise ValueError(f"SegCaps needs H and W divisible by 8 (three stride-2 stages), got {self.input_size}")
+            raise ArgumentError(f"SegCaps needs H and W divisible by 8 (three stride-2 stages), got input_size "
+                                f"{self.input_size}", "input_size")
         d = positive_int("width", width)
         channels = self.input_size[0]
+        routed = as_routing(routing, None, types=VECTOR_ROUTING_TYPES)
+        self.routing_spec = routing_config(routed, strict=False)
+        device, dtype = placement(device, dtype)
         factory = {"device": device, "dtype": dtype}
-        once, routed = DynamicRouting(1), as_routing(routing, DynamicRouting)  # the primary layer routes once
+        once = DynamicRouting(1)  # the primary layer routes once
 
         def caps(i, di, j, dj, stride=1, kernel=5, routing=routed):
             return ConvCapsules2d(i, di, j, dj, kernel_size=kernel, stride=stride, routing=routing, **factory)
@@ -150,27 +151,19 @@ class SegCaps(nn.Module):
         return SegmentationOutput(probabilities, capsules, reconstruction)
 
 
-def segcaps_routing(routing=None, routing_iterations: int | None = None, detach_routing: bool | None = None):
-    """The routing of a SegCaps builder: ``routing`` (an object or its spec) if given, else
-    :class:`~capsnets.functional.DynamicRouting` with the settings that are not None."""
-    return as_routing(routing, DynamicRouting, iterations=routing_iterations, detach_routing=detach_routing)
-
-
 @register_model("segcaps", task="segmentation")
-def segcaps(*, input_size: ImageSize = (1, 512, 512), routing: VectorRouting | None = None,
-            routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-            reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> SegCaps:
+def segcaps(*, input_size: ImageSize = (1, 512, 512), routing: Routing = "dynamic", reconstruction: bool = True,
+            device: Device | None = None, dtype: DType | None = None) -> SegCaps:
     """The paper's SegCaps R3 (16-D first capsules; 1.4M parameters)."""
-    return SegCaps(input_size=input_size, width=16,
-                   routing=segcaps_routing(routing, routing_iterations, detach_routing),
-                   decoder_hidden=(64, 128) if reconstruction else None, device=device, dtype=dtype)
+    return SegCaps(input_size=input_size, width=16, routing=routing,
+                   decoder_hidden=(64, 128) if flag("reconstruction", reconstruction) else None, device=device,
+                   dtype=dtype)
 
 
 @register_model("segcaps_small", task="segmentation")
-def segcaps_small(*, input_size: ImageSize = (1, 32, 32), routing: VectorRouting | None = None,
-                  routing_iterations: PositiveInt | None = None, detach_routing: bool | None = None,
-                  reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> SegCaps:
+def segcaps_small(*, input_size: ImageSize = (1, 32, 32), routing: Routing = "dynamic", reconstruction: bool = True,
+                  device: Device | None = None, dtype: DType | None = None) -> SegCaps:
     """SegCaps R3 with 8-D first capsules (about a quarter of the parameters), for CPUs and tests."""
-    return SegCaps(input_size=input_size, width=8,
-                   routing=segcaps_routing(routing, routing_iterations, detach_routing),
-                   decoder_hidden=(32, 64) if reconstruction else None, device=device, dtype=dtype)
+    return SegCaps(input_size=input_size, width=8, routing=routing,
+                   decoder_hidden=(32, 64) if flag("reconstruction", reconstruction) else None, device=device,
+                   dtype=dtype)

@@ -25,8 +25,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.validation import image_batch, positive_int
-from capsnets.models.arguments import Device, DType, ImageSize, PositiveInt
+from capsnets.validation import Device, DType, ImageSize, PositiveInt, image_batch, image_size, placement, positive_int
 from capsnets.models.registry import register_model
 
 
@@ -70,9 +69,8 @@ class TransformingAutoencoder(nn.Module):
     def __init__(self, *, input_size: Sequence[int] = (1, 28, 28), capsules: int = 30, recognition_units: int = 10,
                  generative_units: int = 20, device=None, dtype=None) -> None:
         super().__init__()
-        if len(tuple(input_size)) != 3:
-            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
-        self.input_size = tuple(int(s) for s in input_size)
+        self.input_size = image_size("input_size", input_size)
+        device, dtype = placement(device, dtype)
         n, r, g = (positive_int(k, v) for k, v in (("capsules", capsules), ("recognition_units", recognition_units),
                                                   ("generative_units", generative_units)))
         pixels = math.prod(self.input_size)

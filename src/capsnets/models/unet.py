@@ -15,8 +15,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.validation import image_batch, positive_int
-from capsnets.models.arguments import Device, DType, ImageSize
+from capsnets.validation import (ArgumentError, Device, DType, ImageSize, flag, image_batch, image_size, placement,
+                                  positive_int)
 from capsnets.models.registry import register_model
 from capsnets.models.segcaps import SegmentationOutput
 
@@ -56,11 +56,13 @@ class UNet(nn.Module):
     def __init__(self, *, input_size: Sequence[int] = (1, 512, 512), width: int = 64, out_channels: int = 1,
                  batch_norm: bool = False, device=None, dtype=None):
         super().__init__()
-        if len(tuple(input_size)) != 3:
-            raise ValueError(f"input_size must be (C, H, W), got {input_size!r}")
-        self.input_size = tuple(int(s) for s in input_size)
+        self.input_size = image_size("input_size", input_size)
         if self.input_size[1] % 16 or self.input_size[2] % 16:
-            raise ValueError(f"UNet needs H and W divisible by 16 (four poolings), got {self.input_size}")
+            raise ArgumentError(f"UNet needs H and W divisible by 16 (four poolings), got input_size "
+                                f"{self.input_size}", "input_size")
+        flag("batch_norm", batch_norm)
+        positive_int("out_channels", out_channels)
+        device, dtype = placement(device, dtype)
         factory = {"device": device, "dtype": dtype}
         sizes = [positive_int("width", width) * 2**k for k in range(self.depth + 1)]
         self.down = nn.ModuleList([_double_conv(a, b, factory, batch_norm)
