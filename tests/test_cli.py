@@ -150,7 +150,7 @@ def test_list_models_name_lists_its_model_args_with_defaults(capsys):
     assert parse_key_values(arguments, "--model-arg") == defaults and len(arguments) == len(defaults)
     routing = parse_key_values([line for line in lines if line.startswith("routing.")], "--model-arg")
     assert routing == {"routing.iterations": 3, "routing.detach_routing": True, "routing.none_of_the_above": False}
-    assert nest_dotted(routing) == {"routing": {"iterations": 3, "detach_routing": True}}
+    assert nest_dotted(routing) == {"routing": {"iterations": 3, "detach_routing": True, "none_of_the_above": False}}
     assert main(["list-models", "capsnet_dgits"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "unknown model 'capsnet_dgits'" in err and "capsnet_digits" in err
