@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.functional import capsule_length
+from capsnets.plots import perturbation_grid, plot_perturbation_grid
 from capsnets.validation import ArgumentError
 from capsnets.models.capsnet import CapsNet
 from capsnets.models.matrix_capsnet import MatrixCapsNet
@@ -177,16 +178,13 @@ class DemoModel:
 
     def perturbation_png(self, image: Tensor) -> tuple[bytes, int]:
         """The perturbation grid of the winning capsule (paper Fig. 4) as a PNG, and the winning class, drawn by
-        :func:`~capsnets.experiments.dimensions.perturbation_grid` and
-        :func:`~capsnets.experiments.dimensions.plot_grid`."""
-        from capsnets.experiments.dimensions import perturbation_grid, plot_grid
-
+        :func:`~capsnets.plots.perturbation_grid` and :func:`~capsnets.plots.plot_perturbation_grid`."""
         self._require_decoder()
         self._check_image(image)
         with self._lock:
             grid, winner = perturbation_grid(self.model, image)
         with tempfile.TemporaryDirectory() as folder:
-            return _trimmed(plot_grid(grid, winner, Path(folder) / "grid.png")), winner
+            return _trimmed(plot_perturbation_grid(grid, winner, Path(folder) / "grid.png")), winner
 
     def samples(self, per_class: int = 2) -> tuple[Tensor, Tensor]:
         """The first ``per_class`` test images of each class, ``(N, C, H, W)``, and their labels ``(N,)``; empty

@@ -33,9 +33,7 @@ from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, lo
                                            train_classifier)
 from capsnets.functional import capsule_length
 from capsnets.models import count_parameters, create_model
-
-PERTURBATIONS = torch.arange(-5, 6) * 0.05  # -0.25 ... +0.25 in steps of 0.05
-
+from capsnets.plots import perturbation_grid, plot_perturbation_grid
 
 @dataclass(frozen=True)
 class Settings(ExperimentSettings):
@@ -54,23 +52,6 @@ class Settings(ExperimentSettings):
 
 
 @torch.no_grad()
-def perturbation_grid(model: nn.Module, image: Tensor, steps: Tensor = PERTURBATIONS) -> tuple[Tensor, int]:
-    """Decode the active class capsule of ``image`` with each dimension moved by each step.
-
-    Shape:
-        image ``(C, H, W)`` -> grid ``(D, len(steps), C, H, W)`` and the winning class.
-    """
-    capsules = model.encode(image[None])[0]  # (K, D)
-    winner = int(capsule_length(capsules).argmax())
-    dims, count = capsules.shape[1], len(steps)
-    moved = capsules.expand(dims, count, *capsules.shape).clone()  # (D, S, K, D)
-    rows = torch.arange(dims, device=image.device)
-    moved[rows, :, winner, rows] += steps.to(capsules)[None, :]
-    decoded = model.decoder(moved.flatten(0, 1), torch.full((dims * count,), winner, device=image.device))
-    return decoded.view(dims, count, *decoded.shape[1:]), winner
-
-
-@torch.no_grad()
 def routing_map(model: nn.Module, image: Tensor, return_couplings: bool = False):
     """Couplings of the primary capsules to the winning class times their lengths, summed over types.
 
@@ -85,22 +66,6 @@ def routing_map(model: nn.Module, image: Tensor, return_couplings: bool = False)
     routed = couplings[0, :, winner] * capsule_length(primary[0])  # (T*H'*W',): c[i, j] |u_i|
     heat = routed.view(-1, *grid).sum(dim=0)
     return (heat, winner, couplings[0, :, winner]) if return_couplings else (heat, winner)
-
-
-def plot_grid(grid: Tensor, winner: int, out_png: str | Path) -> Path:
-    """Rows = capsule dimensions, columns = perturbations (paper Fig. 4), drawn as one tiled image."""
-    dims, count, _, height, width = grid.shape
-    pad = F.pad(grid[:, :, 0], (1, 1, 1, 1), value=0.5)  # (D, S, H+2, W+2), grey separators
-    mosaic = pad.permute(0, 2, 1, 3).reshape(dims * (height + 2), count * (width + 2))
-    fig = Figure(figsize=(0.55 * count + 1.2, 0.55 * dims + 0.9))
-    ax = fig.add_subplot(1, 1, 1)
-    ax.imshow(mosaic.cpu().numpy(), cmap="gray", vmin=0, vmax=1)
-    ax.set_xticks([(width + 2) * (s + 0.5) for s in range(count)], [f"{v:+.2f}" for v in PERTURBATIONS.tolist()],
-                  fontsize=6, rotation=90)
-    ax.set_yticks([(height + 2) * (d + 0.5) for d in range(dims)], [str(d) for d in range(dims)], fontsize=6)
-    ax.set_xlabel("perturbation", fontsize=8), ax.set_ylabel("dimension", fontsize=8)
-    ax.set_title(f"class {winner}: each of the {dims} dimensions perturbed", fontsize=9)
-    return save_figure(fig, out_png)
 
 
 def plot_routing(images: Tensor, maps: list[Tensor], winners: list[int], out_png: str | Path) -> Path:
@@ -153,7 +118,7 @@ def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_d
     figures, maps, winners, couplings = [], [], [], []
     for index in chosen:
         grid, winner = perturbation_grid(model, images[index])
-        figures.append(plot_grid(grid, winner, out / f"dimensions_digit{int(labels[index])}.png"))
+        figures.append(plot_perturbation_grid(grid, winner, out / f"dimensions_digit{int(labels[index])}.png"))
         heat, winner, coupled = routing_map(model, images[index], return_couplings=True)
         maps.append(heat), winners.append(winner), couplings.append(coupled)
     figures.append(plot_routing(images[chosen], maps, winners, out / "routing.png"))
