@@ -11,7 +11,6 @@ from capsnets.engine import reporting
 from capsnets.engine import NonFiniteLossError
 from capsnets.engine.trainer import Trainer
 from capsnets.models.output import ModelOutput
-from helpers import as_earlier_version
 
 
 class DropoutNet(nn.Module):
@@ -126,27 +125,6 @@ def test_a_run_prints_nothing_when_not_in_a_terminal(tiny_config, capsys):
 
     train(tiny_config(epochs=1, progress=True))
     assert capsys.readouterr() == ("", "")
-
-
-def test_resumes_a_run_directory_written_before_the_train_state(tiny_config, tmp_path, monkeypatch):
-    """A last checkpoint whose sidecar holds the earlier ``progress`` entry (epochs, time; records in
-    metrics.jsonl) is resumed as exactly as a current one."""
-    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
-    small = dict(batch_size=16, limit_train=32, limit_test=16)
-    full = Trainer(tiny_config(out=str(tmp_path / "a"), epochs=2, **small))
-    expected = full.fit()
-    Trainer(tiny_config(out=str(tmp_path / "b"), epochs=1, **small)).fit()
-    sidecar = tmp_path / "b" / "last.json"
-    meta = json.loads(sidecar.read_text())
-    training = meta.pop("training")
-    meta["progress"] = {"epoch": 1, "train_time_s": training["train_time_s"], "best_epoch": 1,
-                        "test_accuracy": training["history"][0]["test_accuracy"], "time_to_accuracy": {}}
-    as_earlier_version(sidecar.with_suffix(".safetensors"), meta)
-    resumed = Trainer(tiny_config(out=str(tmp_path / "b"), epochs=2, **small), resume=True)
-    summary = resumed.fit()
-    assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()))
-    assert (summary["best_epoch"], summary["best_test_accuracy"]) == (expected["best_epoch"],
-                                                                       expected["best_test_accuracy"])
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "5"])

@@ -4,6 +4,9 @@ Sabour et al. 2017 train CapsNet with Adam and an exponentially decaying learnin
 is applied once per epoch (``ExponentialLR``). The trainer only uses a model's ``ModelOutput.scores``,
 ``reconstruction`` and ``default_loss``: it knows nothing of capsules.
 
+The training is :func:`~capsnets.engine.fit` with callbacks (:mod:`capsnets.engine.callbacks`): a time limit,
+the test evaluation, the ``last`` and ``best`` checkpoints and the metrics log.
+
 Run directory (``config.out``): ``config.yaml``, ``metrics.jsonl`` (one line per epoch),
 ``last``/``best`` checkpoints (``.safetensors`` + ``.json``), ``summary.json`` and figures. A fresh run never
 replaces another run's directory unless asked to (``overwrite``), and a resumed run refuses changes that would
@@ -23,9 +26,10 @@ import torch
 import capsnets
 from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import distributed, reporting
+from capsnets.engine.callbacks import Hook, ModelCheckpoint, TimeLimit, checkpoint_path, resume_state
 from capsnets.engine.config import TrainConfig
 from capsnets.engine.evaluate import evaluate
-from capsnets.engine.fit import NonFiniteLossError, TrainState, fit, save_state, training_step
+from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, save_state, training_step
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, resume_changes
 from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything
 
@@ -88,7 +92,7 @@ class Trainer:
                 self._claim = claim if context.is_main else None
                 return self._fit(context, device)
         except NonFiniteLossError as err:
-            kept = self.run_dir / f"last{ckpt.SUFFIX}"
+            kept = checkpoint_path(self.run_dir, "last")
             where = (f"then --resume from the last checkpoint, {kept}, which is kept" if kept.is_file()
                      else "then train again (no checkpoint was saved before it)")
             raise NonFiniteLossError(f"{err}; {where}") from err
@@ -114,9 +118,7 @@ class Trainer:
 
         step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(cfg.amp, device), model=s.model)
         fit(step, s.loader, epochs=cfg.epochs, state=s.state, schedulers=[s.state.scheduler],
-            on_evaluation=lambda record, final: self._at_epoch_end(s, record, final),
-            time_limit_s=None if cfg.time_limit_minutes is None else 60.0 * cfg.time_limit_minutes,
-            desc=cfg.model, progress=cfg.progress, context=context)
+            callbacks=self._callbacks(s), desc=cfg.model, progress=cfg.progress, context=context)
         if not s.state.finished:
             logger.info("time limit of %g minutes reached after epoch %d of %d; continue with --resume",
                         cfg.time_limit_minutes, s.state.epoch, cfg.epochs)
@@ -135,8 +137,8 @@ class Trainer:
         self._classes = [str(name) for name in train_data.classes] or None  # recorded for `capsnets predict`
         model = self.model = self._build_model(train_data).to(device)
         criterion = self._build_loss(model)  # before anything is written: a bad --loss-arg leaves no trace
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_decay)
+        optimizer, scheduler = adam_with_decay(model.parameters(), lr=cfg.lr, lr_decay=cfg.lr_decay,
+                                               weight_decay=cfg.weight_decay)
         state = self._restore(model, checkpoint) if checkpoint is not None else TrainState()
         state.attach(optimizer, scheduler)
         if checkpoint is not None:
@@ -149,9 +151,25 @@ class Trainer:
                         fast_model=torch.compile(model) if cfg.compile else model, criterion=criterion,
                         loader=loader, test_data=test_data, state=state, examples=examples)
 
-    def _at_epoch_end(self, s: "_Session", record: dict[str, Any], final: bool) -> None:
-        """Evaluate if due, write the epoch's metrics and checkpoints. An epoch that ends the run (its last, or
-        the time limit) is evaluated and checkpointed whatever ``eval_every`` / ``checkpoint_every`` say."""
+    def _callbacks(self, s: "_Session") -> list:
+        """The time limit, the evaluation and, on rank 0, the ``last`` and ``best`` checkpoints and the metrics
+        log (checkpoints first: a crash between them leaves a record missing from metrics.jsonl, which a
+        resumed run rewrites from the checkpoint's history). An epoch that ends the run (its last, or the time
+        limit) is evaluated and checkpointed whatever ``eval_every`` / ``checkpoint_every`` say."""
+        cfg = self.config
+        limit = None if cfg.time_limit_minutes is None else 60.0 * cfg.time_limit_minutes
+        callbacks = [TimeLimit(limit, context=s.context, device=s.device),
+                     Hook(lambda record, final: self._evaluate(s, record, final))]
+        if s.context.is_main:
+            callbacks += [
+                ModelCheckpoint(checkpoint_path(self.run_dir, "last"), s.model, self._meta, every=cfg.checkpoint_every,
+                                on_save=lambda: self._claim is not None and self._claim.committed()),
+                ModelCheckpoint(checkpoint_path(self.run_dir, "best"), s.model, self._meta, best_only=True),
+                Hook(lambda record, final: reporting.append_metrics(self.run_dir, record))]
+        return callbacks
+
+    def _evaluate(self, s: "_Session", record: dict[str, Any], final: bool) -> None:
+        """Complete the epoch's record: its time, throughput and, if due, the test evaluation; choose the best."""
         cfg, state = self.config, s.state
         record.update(epoch_time_s=record.pop("time_s"), train_time_s=state.train_time_s)
         record["images_per_s"] = s.examples / max(record["epoch_time_s"], 1e-9)
@@ -160,8 +178,6 @@ class Trainer:
                                   context=s.context)
             record.update(test_loss=evaluation["loss"], test_accuracy=evaluation["accuracy"])
         state.best = _best(state.history)
-        if s.context.is_main:
-            self._save_epoch(record, state, s.model, state.best == len(state.history) - 1, final)
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load_data(self, device: torch.device):
@@ -181,10 +197,8 @@ class Trainer:
 
         task = model_task(self.config.model)
         if task != "classification":
-            where = {"segmentation": "`capsnets experiment segmentation` trains segmentation models",
-                     "synthesis": "`capsnets experiment synthesis` trains synthesis generators (train_pix2pix)",
-                     "autoencoder": "see the README for training the transforming auto-encoder"}[task]
-            raise ValueError(f"model {self.config.model!r} is a {task} model; the trainer trains classifiers; {where}")
+            raise ValueError(f"model {self.config.model!r} is a {task} model, and the trainer trains classifiers; "
+                             f"train it with capsnets.engine.fit, a step function for its loss and callbacks")
         accepted = model_arguments(self.config.model)
         for key, value in (("num_classes", data.num_classes), ("input_size", list(data.input_shape))):
             if key in accepted and key not in self.config.model_args:
@@ -238,7 +252,7 @@ class Trainer:
         config's model arguments become the run's."""
         from capsnets.models import model_arguments
 
-        path = self.run_dir / f"last{ckpt.SUFFIX}"
+        path = checkpoint_path(self.run_dir, "last")
         if not path.is_file():
             raise ckpt.CheckpointError(f"cannot resume: no checkpoint '{path}'; train without --resume first")
         checkpoint = ckpt.load_checkpoint(path)
@@ -253,15 +267,10 @@ class Trainer:
     def _restore(self, model, checkpoint: ckpt.Checkpoint) -> TrainState:
         """The state of the checkpoint, with the model's weights loaded and the checkpoint kept in it for
         :meth:`TrainState.attach` (optimizer, scheduler and RNG)."""
-        ckpt.restore_model(model, checkpoint)
-        state = TrainState.from_meta(checkpoint.meta)
-        if not state.history:  # a checkpoint written before TrainState: the records are in metrics.jsonl
-            state.history = reporting.read_metrics(self.run_dir, state.epoch)
-            state.best = _best(state.history)
+        state = resume_state(checkpoint, model)
         if self.config.epochs < state.epoch:
             raise RunDirectoryError(f"the run in '{self.run_dir}' has trained {state.epoch} epochs; --epochs "
                                     f"{self.config.epochs} is fewer: resume with --epochs {state.epoch} or more")
-        state.checkpoint = checkpoint
         self._check_best(state)
         logger.info("resuming from %s after epoch %d", checkpoint.path, state.epoch)
         return state
@@ -303,19 +312,6 @@ class Trainer:
             (self.run_dir / reporting.METRICS_FILE).unlink(missing_ok=True)
 
     # -- per epoch / end of run -----------------------------------------------------------------------------
-    def _save_epoch(self, record, state: TrainState, model, is_best: bool, final: bool) -> None:
-        """Checkpoints first, then the record: a crash between them leaves a record missing from metrics.jsonl,
-        which a resumed run rewrites from the checkpoint's history."""
-        cfg = self.config
-        meta = self._meta(state, record)
-        if state.epoch % cfg.checkpoint_every == 0 or final:
-            save_state(self.run_dir / f"last{ckpt.SUFFIX}", model, state, meta)
-            if self._claim is not None:  # the run it replaced (--overwrite) can go now
-                self._claim.committed()
-        if is_best:
-            save_state(self.run_dir / f"best{ckpt.SUFFIX}", model, state, meta, resumable=False)
-        reporting.append_metrics(self.run_dir, record)
-
     def _meta(self, state: TrainState, record: dict[str, Any]) -> dict[str, Any]:
         cfg = self.config
         return {"model": cfg.model, "model_args": cfg.to_dict()["model_args"], "dataset": cfg.dataset,
@@ -326,7 +322,7 @@ class Trainer:
         """Before anything is written: ``best`` must load, unless it holds the epoch ``last`` holds (then
         :meth:`_repair_best` saves it again). A damaged one whose epoch is gone is refused, so that it is not
         replaced unseen; a missing one is reported."""
-        path = self.run_dir / f"best{ckpt.SUFFIX}"
+        path = checkpoint_path(self.run_dir, "best")
         best = state.history[state.best] if state.best is not None else None
         if best is None or best.get("epoch") == state.epoch:
             return
@@ -346,7 +342,7 @@ class Trainer:
         then the epoch ``last`` holds: save it again from the resumed model (also when it is damaged or missing)."""
         if state.best is None or state.history[state.best].get("epoch") != state.epoch:
             return
-        path = self.run_dir / f"best{ckpt.SUFFIX}"
+        path = checkpoint_path(self.run_dir, "best")
         saved_epoch = ckpt.checkpoint_epoch(path) if path.is_file() else None
         if saved_epoch == state.epoch:
             try:
@@ -379,12 +375,13 @@ class Trainer:
         drawn = None if trained else reporting.drawn_figures(self.run_dir)
         summary.update(drawn or {})
         reporting.write_summary(self.run_dir, summary)
-        if drawn is not None or not (self.run_dir / f"best{ckpt.SUFFIX}").is_file():
+        best = checkpoint_path(self.run_dir, "best")
+        if drawn is not None or not best.is_file():
             return
         model = copy.deepcopy(s.model)
-        ckpt.restore_model(model, ckpt.load_checkpoint(self.run_dir / f"best{ckpt.SUFFIX}"))
+        ckpt.restore_model(model, ckpt.load_checkpoint(best))
         evaluation = evaluate(model, s.test_data, self.config.batch_size, s.device, self.config.amp)
-        shown = (f"best{ckpt.SUFFIX} (epoch {summary['best_epoch']}, test accuracy "
+        shown = (f"{best.name} (epoch {summary['best_epoch']}, test accuracy "
                  f"{100 * evaluation['accuracy']:.2f}%)")
         figures = reporting.save_figures(self.run_dir, confusion=evaluation["confusion_matrix"],
                                          class_names=list(s.test_data.classes), checkpoint=shown,
