@@ -12,7 +12,8 @@
 from .checkpoint import (Checkpoint, CheckpointError, build_model, load_checkpoint, load_model,
                          resolve_checkpoint_path, restore_model, restore_training, save_checkpoint)
 from .config import TrainConfig, build_config, read_config_file
-from .callbacks import Callback, Hook, ModelCheckpoint, Target, TimeLimit, checkpoint_path, resume_state
+from .callbacks import (Callback, Hook, ModelCheckpoint, Target, TimeLimit, checkpoint_name, checkpoint_path,
+                        resume_state)
 from .distributed import DistContext
 from .evaluate import accuracy, dice_score, evaluate
 from .fit import NonFiniteLossError, TrainState, adam_with_decay, fit, save_state, training_step
@@ -21,7 +22,7 @@ from .trainer import Trainer, train
 __all__ = [
     "Checkpoint", "CheckpointError", "build_model", "load_checkpoint", "load_model", "resolve_checkpoint_path",
     "restore_model", "restore_training", "save_checkpoint", "TrainConfig", "build_config", "read_config_file",
-    "Callback", "Hook", "ModelCheckpoint", "Target", "TimeLimit", "checkpoint_path", "resume_state",
+    "Callback", "Hook", "ModelCheckpoint", "Target", "TimeLimit", "checkpoint_name", "checkpoint_path", "resume_state",
     "DistContext", "accuracy", "dice_score", "evaluate", "NonFiniteLossError", "TrainState", "adam_with_decay", "fit",
     "save_state", "training_step", "Trainer", "train",
 ]

@@ -33,7 +33,8 @@ from capsnets.engine.distributed import DistContext
 from capsnets.engine.fit import TrainState, save_state
 from capsnets.validation import ArgumentError
 
-__all__ = ["Callback", "Hook", "ModelCheckpoint", "Target", "TimeLimit", "checkpoint_path", "resume_state"]
+__all__ = ["Callback", "Hook", "ModelCheckpoint", "Target", "TimeLimit", "checkpoint_name", "checkpoint_path",
+           "resume_state"]
 
 
 class Callback:
@@ -146,18 +147,28 @@ class ModelCheckpoint(Callback):
                 self.on_save()
 
 
+def checkpoint_name(name: str, args: dict[str, Any] | None = None) -> str:
+    """``name``, or ``name_<8 hex digits>`` (a hash of ``args``) for a model built with extra builder arguments,
+    so that runs with other arguments keep their own checkpoints in the same folder.
+
+    Examples:
+        >>> checkpoint_name("seg_unet")
+        'seg_unet'
+    """
+    if not args:
+        return name
+    return f"{name}_{hashlib.sha1(json.dumps(args, sort_keys=True).encode()).hexdigest()[:8]}"
+
+
 def checkpoint_path(directory: str | os.PathLike, name: str, args: dict[str, Any] | None = None) -> Path:
-    """``directory/<name>.safetensors``, or ``directory/<name>_<8 hex digits>.safetensors`` (a hash of ``args``)
-    for a model built with extra builder arguments, so that runs with other arguments keep their own
-    checkpoints in the same folder.
+    """``directory/<checkpoint_name(name, args)>.safetensors``: where the trainer (``last``, ``best``) and the
+    experiments keep a checkpoint.
 
     Examples:
         >>> checkpoint_path("runs/a", "last").name
         'last.safetensors'
     """
-    if args:
-        name = f"{name}_{hashlib.sha1(json.dumps(args, sort_keys=True).encode()).hexdigest()[:8]}"
-    return Path(directory) / f"{name}{SUFFIX}"
+    return Path(directory) / f"{checkpoint_name(name, args)}{SUFFIX}"
 
 
 def resume_state(checkpoint: Checkpoint | str | os.PathLike, model: nn.Module | None = None) -> TrainState:

@@ -38,7 +38,7 @@ from capsnets.models import count_parameters, create_model
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (markdown_table, matching_note, percent, save_figure, settings_table,
                                          training_metrics, write_report)
-from capsnets.experiments.training import evaluate_accuracy, fit_or_load, minutes_to_seconds
+from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
 
 __all__ = ["Settings", "attack_table", "run"]
 
@@ -212,7 +212,7 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
 
 @register_experiment("adversarial", Settings, "FGSM and BIM against capsules and a CNN at equal clean accuracy "
                      "(Hinton et al. 2018, Sec. 6)", contrasts=_contrasts)
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) the two models, attack them, write ``report.md`` and two PNGs into ``out``."""
     train = load_dataset("mnist", root=data_dir, train=True, device=device)
     test = load_dataset("mnist", root=data_dir, train=False, device=device).subset(s.test_size)
@@ -220,7 +220,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
     fit_x, fit_y = fit.images[:s.train_size], fit.labels[:s.train_size]
     val_x, val_y = fit.images[s.train_size:], fit.labels[s.train_size:]
     models = {"CNN": _build(s.cnn_model, device), "CapsNet": _build(s.capsule_model, device)}
-    training = {name: fit_or_load(model, f"adversarial_{model.model_name}", checkpoint_dir, fit_x, fit_y, val_x, val_y,
+    training = {name: checkpoints.fit_or_load(model, f"adversarial_{model.model_name}", fit_x, fit_y, val_x, val_y,
                                   target=s.target_accuracy, max_epochs=s.max_epochs, lr=s.lr,
                                   batch_size=s.batch_size, seed=seed + 100 * index, desc=name,
                                   time_limit_s=minutes_to_seconds(s.train_minutes))

@@ -24,12 +24,13 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from capsnets.data import load_dataset, random_shift
+from capsnets.engine.callbacks import checkpoint_path
 from capsnets.engine.checkpoint import CheckpointError, load_model
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (ExperimentResult, markdown_table, percent, save_figure, settings_table,
                                          training_cell, write_report)
 from capsnets.engine import TrainState
-from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, load_or_train, minutes_to_seconds,
+from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, minutes_to_seconds,
                                            train_classifier)
 from capsnets.functional import capsule_length
 from capsnets.models import count_parameters, create_model
@@ -81,10 +82,11 @@ def plot_routing(images: Tensor, maps: list[Tensor], winners: list[int], out_png
     return save_figure(fig, out_png)
 
 
-def _model(cfg: Settings, data, device: str, seed: int, checkpoint_dir) -> tuple[nn.Module, str]:
-    if checkpoint_dir is not None and not (Path(checkpoint_dir) / "dimensions_capsnet.safetensors").is_file():
+def _model(cfg: Settings, data, device: str, seed: int, checkpoints) -> tuple[nn.Module, str]:
+    folder = checkpoints.directory
+    if folder is not None and not checkpoint_path(folder, "dimensions_capsnet").is_file():
         try:  # a trainer run directory
-            return load_model(checkpoint_dir, device)[0], f"loaded from {checkpoint_dir}"
+            return load_model(folder, device)[0], f"loaded from {folder}"
         except CheckpointError:
             pass
     model = create_model(cfg.model, device=device)
@@ -99,7 +101,7 @@ def _model(cfg: Settings, data, device: str, seed: int, checkpoint_dir) -> tuple
                          state=state)
 
     recipe = {**cfg.subset("train_images", "epochs", "batch_size", "max_shift"), "seed": seed}
-    loaded = load_or_train(model, "dimensions_capsnet", fit, checkpoint_dir=checkpoint_dir, meta={"dataset": "mnist"},
+    loaded = checkpoints.load_or_train(model, "dimensions_capsnet", fit, meta={"dataset": "mnist"},
                            state=state, recipe=recipe)
     trained = f"{epochs_trained(state.history, cfg.epochs)} x {len(images):,} images"
     return model, training_cell(trained, state.history, loaded)
@@ -107,9 +109,9 @@ def _model(cfg: Settings, data, device: str, seed: int, checkpoint_dir) -> tuple
 
 @register_experiment("dimensions", Settings, "what each dimension of a class capsule encodes, and what routes "
                      "to it (Sabour et al. 2017, Fig. 4)")
-def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir) -> ExperimentResult:
+def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints) -> ExperimentResult:
     """Perturbation grids and routing pictures for ``digits`` MNIST test digits of different classes."""
-    model, how = _model(cfg, load_dataset("mnist", root=data_dir, train=True), device, seed, checkpoint_dir)
+    model, how = _model(cfg, load_dataset("mnist", root=data_dir, train=True), device, seed, checkpoints)
     model.eval()
     test = load_dataset("mnist", root=data_dir, train=False)
     images, labels = test.images[:cfg.test_images].to(device), test.labels[:cfg.test_images].to(device)

@@ -140,7 +140,7 @@ def annotate_report(report: Path, text: str) -> None:
 
 
 def training_metrics(training: dict[str, dict]) -> dict:
-    """``<name>_val_accuracy`` and ``<name>_epochs`` of each :func:`~capsnets.experiments.training.fit_or_load`
+    """``<name>_val_accuracy`` and ``<name>_epochs`` of each :meth:`~capsnets.experiments.training.Checkpoints.fit_or_load`
     record (for the metrics, so a multi-seed summary shows whether every seed compared the models at equal
     accuracy)."""
     metrics = {}

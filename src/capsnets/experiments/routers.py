@@ -10,7 +10,7 @@ order and backbone initialisation, so that the head is the only difference:
 - ``fashion_mnist``: ``epochs`` of Fashion-MNIST; test accuracy after every epoch (for the curves; never used to
   stop or choose).
 - ``affnist``: MNIST digits placed at random on a 40x40 canvas, each head trained until its accuracy on held-out
-  translated digits reaches ``affnist_target`` (:func:`~capsnets.experiments.training.fit_or_load`, as in the
+  translated digits reaches ``affnist_target`` (:meth:`~capsnets.experiments.training.Checkpoints.fit_or_load`, as in the
   ``affnist`` experiment), then tested on translated MNIST test digits and an affNIST-style set
   (:func:`~capsnets.data.affnist.make_affnist_style`).
 - ``azimuth``, ``elevation``: the two splits of smallNORB (when found) or of the rendered viewpoint set, matched
@@ -51,8 +51,9 @@ from capsnets.engine.runtime import resolve_amp, seed_everything
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.matching import error_rate, load_norb_like, train_matched, viewpoint_split
 from capsnets.experiments.report import markdown_table, percent, save_figure, settings_table, write_report
-from capsnets.experiments.training import (TensorBatches, checkpoint_name, default_loss_fn, evaluate_accuracy,
-                                           fit_or_load, load_or_train, minutes_to_seconds)
+from capsnets.engine.batches import TensorBatches
+from capsnets.engine.callbacks import checkpoint_name
+from capsnets.experiments.training import default_loss_fn, evaluate_accuracy, minutes_to_seconds
 from capsnets.files import atomic_write
 from capsnets.models import count_parameters, create_model
 from capsnets.models.routing_zoo import HEADS
@@ -172,16 +173,16 @@ def _build(head: str, task: dict, s: Settings, device: str, seed: int):
 # Training images/s, measured in one run
 
 
-def _throughput(task: dict, s: Settings, device: str, seed: int, checkpoint_dir) -> dict[str, dict]:
-    """``{head: {"images_per_s", "ratio"}}`` (see the module docstring); kept in ``checkpoint_dir`` for a rerun
+def _throughput(task: dict, s: Settings, device: str, seed: int, checkpoints) -> dict[str, dict]:
+    """``{head: {"images_per_s", "ratio"}}`` (see the module docstring); kept in the checkpoint folder for a rerun
     with the same settings, so that every head's number comes from one run."""
     recipe = {"heads": list(s.heads), "model_args": s.model_args, "batch_size": s.batch_size, "device": device,
               "steps": s.throughput_steps, "repeats": s.throughput_repeats, "input_size": list(task["input_size"]),
               "num_classes": task["num_classes"], "torch": torch.__version__}
     recipe, path = json.loads(json.dumps(recipe)), None  # as it reads back from the file
-    if checkpoint_dir is not None:
+    if checkpoints.directory is not None:
         shape = "x".join(map(str, task["input_size"]))
-        path = Path(checkpoint_dir) / f"routers_throughput_{shape}_{task['num_classes']}.json"
+        path = checkpoints.directory / f"routers_throughput_{shape}_{task['num_classes']}.json"
         if path.is_file() and json.loads(path.read_text()).get("recipe") == recipe:
             return json.loads(path.read_text())["heads"]
     bench, n = task["bench"], s.throughput_steps * s.batch_size
@@ -229,7 +230,7 @@ class _Budget:
         return min((t for t in (self.each, left) if t is not None), default=None)
 
 
-def _train_head(name: str, head: str, model, task: dict, s: Settings, seed: int, checkpoint_dir, limit,
+def _train_head(name: str, head: str, model, task: dict, s: Settings, seed: int, checkpoints, limit,
                 target: float | None) -> dict:
     """Train (or load, or continue) ``model`` on task ``name``: a record with ``history`` (per evaluation, with
     ``time_s`` and the curve's ``accuracy``), ``accuracy`` (the task's headline), ``epochs`` and the task's own
@@ -237,17 +238,17 @@ def _train_head(name: str, head: str, model, task: dict, s: Settings, seed: int,
     key = checkpoint_name(f"routers_{name}_{head}", s.model_args)
     common = dict(lr=s.lr, lr_decay=s.lr_decay, batch_size=s.batch_size, seed=seed, desc=head, time_limit_s=limit)
     if name == "fashion_mnist":  # the target 1.0 stops only a perfect head
-        rec = fit_or_load(model, key, checkpoint_dir, task["train"].images, task["train"].labels, task["test"].images,
+        rec = checkpoints.fit_or_load(model, key, task["train"].images, task["train"].labels, task["test"].images,
                           task["test"].labels, target=1.0, max_epochs=s.epochs, **common)
         rec["accuracy"] = rec["val_accuracy"]
     elif name == "affnist":
-        rec = fit_or_load(model, key, checkpoint_dir, task["train"].images, task["train"].labels, task["val"].images,
+        rec = checkpoints.fit_or_load(model, key, task["train"].images, task["train"].labels, task["val"].images,
                           task["val"].labels, target=s.affnist_target, max_epochs=s.epochs, augment=RandomPlacement(),
                           **common)
         rec["tests"] = {test: evaluate_accuracy(model, d.images, d.labels) for test, d in task["tests"].items()}
         rec["accuracy"], rec["reached"] = rec["tests"]["affNIST-style"], rec["val_accuracy"] >= s.affnist_target
     else:
-        rec = _fit_matched(model, key, task["views"], target, s, seed, checkpoint_dir, limit,
+        rec = _fit_matched(model, key, task["views"], target, s, seed, checkpoints, limit,
                            novel_every=1 if head in CNN_HEADS else 0)
         rec["accuracy"] = 1.0 - rec["novel_error"]
     for record in rec["history"]:
@@ -256,7 +257,7 @@ def _train_head(name: str, head: str, model, task: dict, s: Settings, seed: int,
     return rec
 
 
-def _fit_matched(model, key: str, views: dict, target: float | None, s: Settings, seed: int, checkpoint_dir,
+def _fit_matched(model, key: str, views: dict, target: float | None, s: Settings, seed: int, checkpoints,
                  limit, novel_every: int) -> dict:
     """:func:`train_matched` (or a checkpoint from an earlier run, its record read from the sidecar), as the
     ``viewpoints`` experiment trains its models."""
@@ -270,7 +271,7 @@ def _fit_matched(model, key: str, views: dict, target: float | None, s: Settings
 
     recipe = {**s.subset("epochs", "lr", "lr_decay", "batch_size", "evals_per_epoch", "viewpoints_train_size",
                          "render_instances", "render_lightings"), "seed": seed, "novel_every": novel_every}
-    loaded = load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record, state=state, recipe=recipe)
+    loaded = checkpoints.load_or_train(model, key, train, meta=record, state=state, recipe=recipe)
     if loaded:
         record = {k: record.get(k) for k in ("history", "epoch", "time_limit")}
         record.update({f"{view}_error": error_rate(model, views[view]) for view in ("familiar", "novel")})
@@ -295,7 +296,7 @@ def _matched_cnn(rec: dict, cnn: dict[str, dict], target: float) -> dict | None:
     return min(found, key=lambda p: p["novel_error"], default=None)
 
 
-def _run_task(name: str, task: dict, s: Settings, device: str, seed: int, checkpoint_dir, budget: _Budget) -> dict:
+def _run_task(name: str, task: dict, s: Settings, device: str, seed: int, checkpoints, budget: _Budget) -> dict:
     """Train every head on one task (the reference first); ``None`` for a head the time limit left untrained."""
     records: dict[str, dict | None] = {}
     target = None
@@ -305,7 +306,7 @@ def _run_task(name: str, task: dict, s: Settings, device: str, seed: int, checkp
             records[head] = None
             continue
         model = _build(head, task, s, device, seed)
-        records[head] = rec = _train_head(name, head, model, task, s, seed, checkpoint_dir, budget.limit(), target)
+        records[head] = rec = _train_head(name, head, model, task, s, seed, checkpoints, budget.limit(), target)
         rec["parameters"] = count_parameters(model)
         if head == REFERENCE and name in SPLITS and not rec.get("time_limit"):
             target = rec["familiar_error"]
@@ -500,7 +501,7 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
 
 @register_experiment("routers", Settings, "every routing and CNN head on one backbone: accuracy, images/s, affine "
                      "and novel-viewpoint generalisation (Hahn et al. 2019)", contrasts=_contrasts)
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) every head on every task; write ``report.md`` and three or four PNGs into ``out``."""
     budget = _Budget(s)
     tasks = _tasks(s, device, seed, data_dir)
@@ -508,9 +509,9 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
     for name, task in tasks.items():
         shape = (task["input_size"], task["num_classes"])
         if shape not in speed_by_shape:
-            speed_by_shape[shape] = _throughput(task, s, device, seed, checkpoint_dir)
+            speed_by_shape[shape] = _throughput(task, s, device, seed, checkpoints)
         speeds[name] = speed_by_shape[shape]
-        results[name] = _run_task(name, task, s, device, seed + 10 * TASKS.index(name), checkpoint_dir, budget)
+        results[name] = _run_task(name, task, s, device, seed + 10 * TASKS.index(name), checkpoints, budget)
     sections = [("Answer: does a routing beat the CNN heads?", _answer(results))]
     for name, task in tasks.items():
         target = results[name]["target"]

@@ -56,7 +56,8 @@ from capsnets.experiments.report import STOPPED, matched_role, save_figure, view
 from capsnets.experiments.matching import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, SPLITS, error_rate, familiar_mask,
                                            load_norb_like, train_matched, viewpoint_split)
 from capsnets.engine import TrainState
-from capsnets.experiments.training import checkpoint_name, load_or_train, minutes_to_seconds
+from capsnets.engine.callbacks import checkpoint_name
+from capsnets.experiments.training import minutes_to_seconds
 from capsnets.models import count_parameters, create_model
 
 __all__ = ["AZIMUTH_FAMILIAR", "ELEVATION_FAMILIAR", "familiar_mask", "viewpoint_split", "build_model", "run"]
@@ -125,7 +126,7 @@ def build_model(name: str, device: str, args: dict | None = None) -> nn.Module:
 # Training to a matched familiar-view error (the loop itself is in :mod:`.matching`)
 
 
-def _fit(model, key: str, views, target, s: Settings, seed: int, checkpoint_dir, batch_size: int, lr: float,
+def _fit(model, key: str, views, target, s: Settings, seed: int, checkpoints, batch_size: int, lr: float,
          evals_per_epoch: int = 1) -> dict:
     """:func:`train_matched` at learning rate ``lr``, or a checkpoint from an earlier run (its record is read
     from the sidecar)."""
@@ -140,7 +141,7 @@ def _fit(model, key: str, views, target, s: Settings, seed: int, checkpoint_dir,
 
     recipe = {**s.subset("epochs", "lr_decay", "train_size", "render_instances", "render_lightings"),
               "lr": lr, "batch_size": batch_size, "seed": seed, "evals_per_epoch": evals_per_epoch}
-    if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record, state=state, recipe=recipe):
+    if checkpoints.load_or_train(model, key, train, meta=record, state=state, recipe=recipe):
         record = {k: record.get(k) for k in ("history", "epoch", "reached", "time_limit")}  # from the sidecar
         record.update(familiar_error=error_rate(model, views["familiar"]),
                       novel_error=error_rate(model, views["novel"]))
@@ -223,7 +224,7 @@ def _capsule_lr(s: Settings) -> float:
 
 
 def _compare(split: str, train: TensorData, test: TensorData, s: Settings, *, tag: str, device: str, seed: int,
-             checkpoint_dir) -> dict:
+             checkpoints) -> dict:
     """Train (or load) the CNN, then the capsule model matched to its familiar-view error, on one split; if
     the capsule model never gets there, also the CNN stopped at the capsule model's error (role "CNN, stopped")."""
     views = viewpoint_split(train, test, split)
@@ -231,10 +232,10 @@ def _compare(split: str, train: TensorData, test: TensorData, s: Settings, *, ta
     cnn = build_model(s.cnn_model, device)
     caps = build_model(s.capsule_model, device, s.capsule_args)
     cnn_key = f"{tag}_{split}_{s.cnn_model}"
-    cnn_rec = _fit(cnn, cnn_key, views, s.target_error, s, seed, checkpoint_dir, s.cnn_batch_size, s.lr)
+    cnn_rec = _fit(cnn, cnn_key, views, s.target_error, s, seed, checkpoints, s.cnn_batch_size, s.lr)
     target = s.target_error if s.target_error is not None else cnn_rec["familiar_error"]
     caps_key = checkpoint_name(f"{tag}_{split}_{s.capsule_model}", s.capsule_args)
-    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoint_dir, s.capsule_batch_size,
+    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoints, s.capsule_batch_size,
                     _capsule_lr(s))
     records = {"CNN": cnn_rec, "capsules": caps_rec}
     if s.rematch_cnn and s.target_error is None and not caps_rec["reached"]:
@@ -244,7 +245,7 @@ def _compare(split: str, train: TensorData, test: TensorData, s: Settings, *, ta
         seed_everything(seed + 2)
         stopped = build_model(s.cnn_model, device)
         records[STOPPED] = _fit(stopped, f"{cnn_key}_stopped_at_{caps_rec['familiar_error']:.4f}", views,
-                                caps_rec["familiar_error"], s, seed, checkpoint_dir, s.cnn_batch_size, s.lr,
+                                caps_rec["familiar_error"], s, seed, checkpoints, s.cnn_batch_size, s.lr,
                                 evals_per_epoch=s.rematch_evals_per_epoch)
     return {"records": records, "target": target, "sizes": {k: len(v) for k, v in views.items()},
             "params": {"CNN": count_parameters(cnn), "capsules": count_parameters(caps)}}
@@ -259,7 +260,7 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
 
 @register_experiment("viewpoints", Settings, "novel viewpoints of toys: matrix capsules against a CNN at equal "
                      "familiar-view error (Hinton et al. 2018, Sec. 5.2)", contrasts=_contrasts)
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) a CNN and a matrix capsule network per split, write ``report.md`` and two PNGs."""
     train, test, source = load_norb_like(data_dir, device, render_instances=s.render_instances,
                                          render_lightings=s.render_lightings)
@@ -270,7 +271,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         # one-split run trains what a two-split run does.
         seed_everything(seed)
         results[split] = _compare(split, train, test, s, tag=tag, device=device, seed=seed + 10 * SPLITS.index(split),
-                                  checkpoint_dir=checkpoint_dir)
+                                  checkpoints=checkpoints)
     records = {split: r["records"] for split, r in results.items()}
     figures = [_plot_examples(test, out / "examples.png"),
                _plot_curves(records, {split: r["target"] for split, r in results.items()}, out / "error_curves.png")]
