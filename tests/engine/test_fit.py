@@ -1,4 +1,5 @@
-"""fit and its callbacks: evaluation points, stopping, the time limit, exact continuation mid-epoch, finite checks, logging."""
+"""fit and its callbacks: evaluation points, stopping, the time limit, exact continuation mid-epoch, finite checks,
+logging."""
 import logging
 
 import pytest

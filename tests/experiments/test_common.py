@@ -83,7 +83,7 @@ def test_load_or_train_fills_meta_from_the_checkpoint(tmp_path):
     import torch
     from torch import nn
 
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     history: list = []
     trained = nn.Linear(2, 1)
@@ -105,7 +105,7 @@ def test_load_or_train_fills_meta_from_the_checkpoint(tmp_path):
 def test_load_or_train_refuses_a_checkpoint_trained_with_another_recipe(tmp_path):
     from torch import nn
 
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     recipe = {"epochs": 2, "sizes": (3, 4)}
     assert not load_or_train(nn.Linear(2, 1), "m", lambda: None, checkpoint_dir=tmp_path, recipe=recipe)
@@ -130,7 +130,7 @@ class NoisyLinear(Linear):
 def _train_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0, epochs=4):
     """One process's share of a training: load_or_train + train_classifier with a TrainState."""
     from capsnets.engine import TrainState
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     torch.manual_seed(0)
     model, history, state = NoisyLinear(), [], TrainState()
@@ -153,7 +153,7 @@ def test_a_checkpoint_cut_short_by_an_earlier_version_is_refused_with_what_to_do
     import json
 
     from capsnets.engine import TrainState
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     _train_in_run(tmp_path, time_limit_s=1e-9)
     sidecar = tmp_path / "m.json"
@@ -190,7 +190,7 @@ def test_a_training_cut_short_is_continued_by_the_next_run_as_if_uninterrupted(t
 
 
 def test_an_unfinished_checkpoint_is_taken_as_it_is_without_a_training_state(tmp_path):
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     _train_in_run(tmp_path, time_limit_s=1e-9)
     history: list = []

@@ -117,7 +117,7 @@ def test_compile_trains_through_the_compiled_model_and_scores_the_eager_one(monk
 def _matched_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0):
     """One process's share of a matched training: load_or_train + train_matched with a TrainState."""
     from capsnets.engine import TrainState
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     torch.manual_seed(0)
     views, model = _toy_views(), build_model("cnn_smallnorb_narrow", "cpu")

@@ -32,7 +32,7 @@ def test_rejects_unknown_options(tmp_path):
 def _pix2pix_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0):
     """One process's share of a pix2pix training: load_or_train + train_pix2pix with a TrainState."""
     from capsnets.engine import TrainState
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
     from capsnets.models import PatchDiscriminator, create_model
 
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ from capsnets.data import TensorData
 from capsnets.experiments import Checkpoints, list_experiments, run_experiment, viewpoints
 from capsnets.experiments.matching import AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, load_norb_like, viewpoint_split
 from capsnets.experiments.viewpoints import build_model
-from capsnets.experiments.report import STOPPED, matched_summary, viewpoint_results_table
+from capsnets.experiments.report.viewpoints import STOPPED, matched_summary, viewpoint_results_table
 from capsnets.models import count_parameters
 from helpers import assert_contrasts_resolve
 

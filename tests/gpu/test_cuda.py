@@ -166,7 +166,8 @@ def test_trainer_on_cuda_with_bf16_resumes_and_loads_on_cpu(cuda, tmp_path):
 def _experiment_training_in_run(cuda, checkpoint_dir, time_limit_s, rng_seed):
     """One process's share of an experiment's training on the device (bf16, CNN with dropout)."""
     from capsnets.engine import TrainState
-    from capsnets.experiments.training import load_or_train, train_classifier
+    from capsnets.experiments.checkpoints import load_or_train
+    from capsnets.experiments.training import train_classifier
     from capsnets.models import create_model
 
     torch.manual_seed(0)

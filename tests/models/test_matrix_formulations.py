@@ -84,7 +84,7 @@ def test_a_routing_object_overrides_the_routing_but_not_the_rest():
 
 def test_models_record_their_formulation_and_old_records_rebuild_as_the_paper(tmp_path):
     from capsnets.engine.checkpoint import load_model
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     model = capsnets.create_model("matrix_capsnet_small")
     assert model.model_args["formulation"] == model.formulation

@@ -111,7 +111,7 @@ def test_models_record_the_arguments_that_rebuild_them():
 
 def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
     from capsnets.engine.checkpoint import load_model
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     model = capsnets.create_model("capsnet_small", input_size=(1, 36, 36))
     assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
@@ -122,7 +122,7 @@ def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
 
 
 def test_experiment_checkpoints_of_differently_built_models_are_refused(tmp_path):
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     model = capsnets.create_model("matrix_capsnet_small", detach_routing=True)
     assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
@@ -173,7 +173,7 @@ def test_training_steps_leave_no_tensors_behind(name):
 
 def test_matrix_models_give_the_class_layer_routing_settings_of_its_own(tmp_path):
     from capsnets.engine.checkpoint import load_model
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     torch.manual_seed(0)
     model = capsnets.create_model("matrix_capsnet_small", input_size=(1, 28, 28), num_classes=10, detach_routing=True,

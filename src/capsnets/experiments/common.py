@@ -17,7 +17,7 @@ run's and whose ``SMOKE`` entries give the tiny CPU-sized version (minutes)::
 ``--set KEY=VALUE`` (the ``options`` of :func:`run_experiment`) overrides single settings, checked against
 the field types. Reports are written with :mod:`capsnets.experiments.report`; the training helpers that
 experiments share are in :mod:`capsnets.experiments.training`, among them ``checkpoints``, the
-:class:`~capsnets.experiments.training.Checkpoints` folder (``--checkpoint-dir``) where a run keeps its models.
+:class:`~capsnets.experiments.checkpoints.Checkpoints` folder (``--checkpoint-dir``) where a run keeps its models.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from typing import Any, Callable, ClassVar
 
 from capsnets.engine.runtime import resolve_device, seed_everything
 from capsnets.experiments.report import ExperimentResult, annotate_report, run_description
-from capsnets.experiments.training import Checkpoints
+from capsnets.experiments.checkpoints import Checkpoints
 from capsnets.validation import ArgumentError
 
 #: ``metrics -> [(label, key_a, key_b), ...]``: the differences ``metrics[key_a] - metrics[key_b]`` that a

@@ -60,9 +60,10 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     ``time_limit_s``: training also stops at the first evaluation past that many seconds (``"time_limit"``
     in the result says whether it did). ``state``: a :class:`~capsnets.engine.TrainState`; training stopped by
     the time limit keeps in it the weights it stopped at (the model is left at the chosen ones), and a state
-    that :meth:`~capsnets.experiments.training.Checkpoints.load_or_train` filled from such a checkpoint is continued, the
-    history then including the earlier runs' evaluations. ``compile``: run the training steps' forward passes
-    through ``torch.compile(model)`` (same weights; scoring stays eager, so evaluation batches compile nothing).
+    that :meth:`~capsnets.experiments.checkpoints.Checkpoints.load_or_train` filled from such a checkpoint is
+    continued, the history then including the earlier runs' evaluations. ``compile``: run the training steps'
+    forward passes through ``torch.compile(model)`` (same weights; scoring stays eager, so evaluation batches
+    compile nothing).
 
     Returns:
         ``{"history": [{"epoch", "step", "loss", "familiar_error", "novel_error", ...}, ...], "epoch",
