@@ -57,7 +57,7 @@ def test_overwrite_puts_the_old_run_back_when_the_new_one_fails_first(tiny_confi
     def fail(self, *args, **kwargs):
         raise RuntimeError("simulated failure in the first epoch")
 
-    monkeypatch.setattr(Trainer, "_save_epoch", fail)
+    monkeypatch.setattr(Trainer, "_evaluate", fail)
     with pytest.raises(RuntimeError, match="simulated"):
         Trainer(tiny_config(epochs=1, **SMALL), overwrite=True).fit()
     assert _snapshot(run) == before

@@ -4,10 +4,10 @@
 Hinton 2017) or a matrix capsule network (:class:`~capsnets.models.matrix_capsnet.MatrixCapsNet`, Hinton, Sabour
 & Frosst 2018) and answers the page's questions about one input: the class capsules and their lengths (or
 activations), the reconstruction from one capsule, a capsule vector decoded as the user moves its dimensions,
-the paper's perturbation grid (Fig. 4, drawn by :mod:`capsnets.experiments.dimensions`), and what the routing
-sent to each class capsule.
+the paper's perturbation grid (Fig. 4, drawn by :func:`capsnets.plots.plot_perturbation_grid`), and what the
+routing sent to each class capsule.
 
-The routing picture is :func:`capsnets.experiments.dimensions.routing_map`'s, for every class: each child
+The routing picture is the ``dimensions`` experiment's routing map, for every class: each child
 capsule's final coupling to the class times the child's length (vector capsules) or activation (matrix
 capsules), summed over capsule types, on the child capsules' grid. Matrix capsule networks have no decoder: no
 reconstruction, sliders or perturbation grid for them. Their class layer's assignments are read by wrapping its

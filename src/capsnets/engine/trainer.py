@@ -29,8 +29,8 @@ from capsnets.engine import distributed, reporting
 from capsnets.engine.callbacks import Hook, ModelCheckpoint, TimeLimit, checkpoint_path, resume_state
 from capsnets.engine.config import TrainConfig
 from capsnets.engine.evaluate import evaluate
-from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, save_state, training_step
-from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, resume_changes
+from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
+from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, check_best, repair_best, resume_changes
 from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything
 
 logger = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ class Trainer:
         if self.config.epochs < state.epoch:
             raise RunDirectoryError(f"the run in '{self.run_dir}' has trained {state.epoch} epochs; --epochs "
                                     f"{self.config.epochs} is fewer: resume with --epochs {state.epoch} or more")
-        self._check_best(state)
+        check_best(self.run_dir, state)
         logger.info("resuming from %s after epoch %d", checkpoint.path, state.epoch)
         return state
 
@@ -307,7 +307,7 @@ class Trainer:
                 logger.warning("%s; rewriting it from the checkpoint", err)
                 on_disk = None
             reporting.write_metrics(self.run_dir, state.history or on_disk)
-            self._repair_best(state, self.model)
+            repair_best(self.run_dir, state, self.model, self._meta)
         else:
             (self.run_dir / reporting.METRICS_FILE).unlink(missing_ok=True)
 
@@ -317,42 +317,6 @@ class Trainer:
         return {"model": cfg.model, "model_args": cfg.to_dict()["model_args"], "dataset": cfg.dataset,
                 "classes": getattr(self, "_classes", None), "config": cfg.to_dict(), "epoch": state.epoch,
                 "metrics": record}
-
-    def _check_best(self, state: TrainState) -> None:
-        """Before anything is written: ``best`` must load, unless it holds the epoch ``last`` holds (then
-        :meth:`_repair_best` saves it again). A damaged one whose epoch is gone is refused, so that it is not
-        replaced unseen; a missing one is reported."""
-        path = checkpoint_path(self.run_dir, "best")
-        best = state.history[state.best] if state.best is not None else None
-        if best is None or best.get("epoch") == state.epoch:
-            return
-        if not path.is_file():
-            logger.warning("%s is missing: the weights of the best epoch so far (%s) are lost; it is saved again when "
-                           "an epoch beats that one", path, best.get("epoch"))
-            return
-        try:
-            ckpt.load_checkpoint(path)
-        except ckpt.CheckpointError as err:
-            raise ckpt.CheckpointError(f"cannot resume: {str(err).split('; ')[0]}; it holds the best epoch "
-                                       f"({best.get('epoch')}), which the run cannot save again: restore it from a "
-                                       "copy, or move it away to resume without it") from err
-
-    def _repair_best(self, state: TrainState, model) -> None:
-        """A crash between saving ``last`` and ``best`` leaves ``best`` an epoch behind the history's best, which is
-        then the epoch ``last`` holds: save it again from the resumed model (also when it is damaged or missing)."""
-        if state.best is None or state.history[state.best].get("epoch") != state.epoch:
-            return
-        path = checkpoint_path(self.run_dir, "best")
-        saved_epoch = ckpt.checkpoint_epoch(path) if path.is_file() else None
-        if saved_epoch == state.epoch:
-            try:
-                ckpt.load_checkpoint(path)
-            except ckpt.CheckpointError:
-                saved_epoch = None
-        if saved_epoch != state.epoch:
-            logger.warning("%s did not hold the best epoch (%d) (a crash interrupted its save, or it is damaged or "
-                           "missing): saved it again", path, state.epoch)
-            save_state(path, model, state, self._meta(state, state.history[state.best]), resumable=False)
 
     def _summary(self, state: TrainState, model, device, context) -> dict[str, Any]:
         cfg = self.config
