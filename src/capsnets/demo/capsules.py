@@ -28,10 +28,10 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.functional import capsule_length
-from capsnets.plots import perturbation_grid, plot_perturbation_grid
-from capsnets.validation import ArgumentError
 from capsnets.models.capsnet import CapsNet
 from capsnets.models.matrix_capsnet import MatrixCapsNet
+from capsnets.plots import perturbation_grid, plot_perturbation_grid
+from capsnets.validation import ArgumentError
 
 __all__ = ["Analysis", "DemoModel"]
 

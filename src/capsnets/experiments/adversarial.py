@@ -34,15 +34,14 @@ from torch import Tensor, nn
 from capsnets.attacks import (ATTACK_LOSSES, attack_loss, attack_success, bim, fgsm, random_wrong_targets,
                               zero_gradient_fraction)
 from capsnets.data import load_dataset
-from capsnets.models import count_parameters, create_model
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (markdown_table, matching_note, percent, save_figure, settings_table,
                                          training_metrics, write_report)
 from capsnets.experiments.report.adversarial import LOSS_TEXT, plot_success_rates, success_rate_table
 from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
+from capsnets.models import count_parameters, create_model
 
 __all__ = ["Settings", "attack_table", "run"]
-
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,11 @@ from torch import nn
 
 from capsnets.data import DatasetError, load_dataset
 from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
-from capsnets.models import count_parameters, create_model
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (markdown_table, matching_note, percent, save_figure, settings_table,
                                          training_metrics, write_report)
 from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
+from capsnets.models import count_parameters, create_model
 
 __all__ = ["run"]
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from capsnets.engine.runtime import resolve_device, seed_everything
-from capsnets.experiments.report import ExperimentResult, annotate_report, run_description
 from capsnets.experiments.checkpoints import Checkpoints
+from capsnets.experiments.report import ExperimentResult, annotate_report, run_description
 from capsnets.validation import ArgumentError
 
 #: ``metrics -> [(label, key_a, key_b), ...]``: the differences ``metrics[key_a] - metrics[key_b]`` that a

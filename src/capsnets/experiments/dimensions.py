@@ -24,17 +24,18 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from capsnets.data import load_dataset, random_shift
+from capsnets.engine import TrainState
 from capsnets.engine.callbacks import checkpoint_path
 from capsnets.engine.checkpoint import CheckpointError, load_model
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (ExperimentResult, markdown_table, percent, save_figure, settings_table,
                                          training_cell, write_report)
-from capsnets.engine import TrainState
 from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, minutes_to_seconds,
                                            train_classifier)
 from capsnets.functional import capsule_length
 from capsnets.models import count_parameters, create_model
 from capsnets.plots import perturbation_grid, plot_perturbation_grid
+
 
 @dataclass(frozen=True)
 class Settings(ExperimentSettings):

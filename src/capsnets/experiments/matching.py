@@ -18,8 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.data import DatasetError, DeviceLoader, TensorData, load_dataset, norb_protocol
-from capsnets.engine.evaluate import evaluate
 from capsnets.engine.callbacks import Hook, TimeLimit
+from capsnets.engine.evaluate import evaluate
 from capsnets.engine.fit import TrainState, adam_with_decay, fit, training_step
 from capsnets.engine.runtime import resolve_amp
 from capsnets.losses import create_loss
@@ -32,7 +32,6 @@ AZIMUTH_FAMILIAR = (30, 32, 34, 0, 2, 4)
 #: Elevation indices of the training views: the three lowest (30, 35, 40 degrees).
 ELEVATION_FAMILIAR = (0, 1, 2)
 SPLITS = ("azimuth", "elevation")
-
 
 
 def error_rate(model: nn.Module, data: TensorData) -> float:

@@ -26,10 +26,10 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.multimnist import MultiMNIST, average_overlap, make_multimnist, multimnist_test_set
+from capsnets.engine import TrainState
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (ExperimentResult, epoch_table, markdown_table, percent, save_figure,
                                          settings_table, training_cell, write_report)
-from capsnets.engine import TrainState
 from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, minutes_to_seconds,
                                            train_classifier)
 from capsnets.functional import capsule_length

@@ -37,21 +37,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-
 from capsnets.data.affnist import RandomPlacement
 from capsnets.engine import TrainState
+from capsnets.engine.callbacks import checkpoint_name
 from capsnets.experiments.common import ExperimentSettings, register_experiment
+from capsnets.experiments.matching import error_rate, train_matched
+from capsnets.experiments.report import write_report
 from capsnets.experiments.report.routers import routers_contrasts, routers_figures, routers_metrics, routers_sections
 from capsnets.experiments.router_tasks import (CNN_HEADS, REFERENCE, SPLITS, TASKS, build_head, load_tasks,
                                                measure_throughput)
-from capsnets.experiments.matching import error_rate, train_matched
-from capsnets.experiments.report import write_report
-from capsnets.engine.callbacks import checkpoint_name
 from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
 from capsnets.models import count_parameters
 from capsnets.models.routing_zoo import HEADS
 
 __all__ = ["CNN_HEADS", "REFERENCE", "TASKS", "Settings", "run"]
+
 
 @dataclass(frozen=True)
 class Settings(ExperimentSettings):

@@ -27,12 +27,12 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.segmentation import SegmentationData, make_digit_segmentation
+from capsnets.engine import TrainState
+from capsnets.engine.callbacks import checkpoint_name
 from capsnets.engine.evaluate import dice_score
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (epoch_table, markdown_table, percent, save_figure, settings_table,
                                          training_cell, write_report)
-from capsnets.engine import TrainState
-from capsnets.engine.callbacks import checkpoint_name
 from capsnets.experiments.training import (epochs_trained, minutes_to_seconds,
                                            train_classifier)
 from capsnets.losses import create_loss

@@ -27,19 +27,18 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.synthesis import silhouette_label_maps
+from capsnets.engine.batches import TensorBatches
+from capsnets.engine.callbacks import TimeLimit
 from capsnets.engine.checkpoint import join_optimizer_state, split_optimizer_state
 from capsnets.engine.fit import TrainState, fit
 from capsnets.engine.runtime import autocast, resolve_amp
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (markdown_table, percent, save_figure, settings_table, training_cell,
                                          write_report)
-from capsnets.engine.batches import TensorBatches
-from capsnets.engine.callbacks import TimeLimit
 from capsnets.experiments.training import epochs_trained, minutes_to_seconds
 from capsnets.models import PatchDiscriminator, count_parameters, create_model
 
 __all__ = ["run", "pix2pix_step", "train_pix2pix", "synthesis_errors"]
-
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,8 @@ class Settings(ExperimentSettings):
     train_minutes: float | None = None
     SMOKE: ClassVar[dict] = {"train_images": 256, "test_images": 64, "epochs": 1, "capsule_model": "capspix2pix_small",
                              "cnn_model": "pix2pix_small", "discriminator_width": 16}
+
+
 SIZE = 32
 
 

@@ -46,22 +46,21 @@ from typing import ClassVar
 from torch import nn
 
 from capsnets.data import TensorData
+from capsnets.engine import TrainState
+from capsnets.engine.callbacks import checkpoint_name
 from capsnets.engine.runtime import seed_everything
 from capsnets.experiments.common import ExperimentSettings, register_experiment
+from capsnets.experiments.matching import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, SPLITS, error_rate, familiar_mask,
+                                           load_norb_like, train_matched, viewpoint_split)
 from capsnets.experiments.report import write_report
 from capsnets.experiments.report.viewpoints import (STOPPED, matched_role, plot_error_curves, plot_examples,
                                                     viewpoint_sections)
-from capsnets.experiments.matching import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, SPLITS, error_rate, familiar_mask,
-                                           load_norb_like, train_matched, viewpoint_split)
-from capsnets.engine import TrainState
-from capsnets.engine.callbacks import checkpoint_name
 from capsnets.experiments.training import minutes_to_seconds
 from capsnets.models import count_parameters, create_model
 
 __all__ = ["AZIMUTH_FAMILIAR", "ELEVATION_FAMILIAR", "familiar_mask", "viewpoint_split", "build_model", "run"]
 
 NUM_CLASSES, INPUT_SIZE = 5, (1, 32, 32)
-
 
 
 @dataclass(frozen=True)

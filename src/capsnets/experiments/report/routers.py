@@ -16,6 +16,7 @@ from capsnets.models.routing_zoo import HEADS
 __all__ = ["answer", "plot_costs", "plot_curves", "plot_novel", "routers_contrasts", "routers_figures",
            "routers_metrics", "routers_sections", "task_table"]
 
+
 def _points(value: float | None) -> str:
     """A difference of two rates in percentage points, signed."""
     return "-" if value is None else f"{100 * value:+.2f}"
