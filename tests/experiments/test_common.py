@@ -60,16 +60,6 @@ def test_train_minutes_converts_to_seconds():
     assert minutes_to_seconds(None) is None and minutes_to_seconds(2.5) == 150.0
 
 
-def test_checkpoint_name_records_the_builder_arguments():
-    from capsnets.engine.callbacks import checkpoint_name
-
-    assert checkpoint_name("seg_unet", {}) == checkpoint_name("seg_unet", None) == "seg_unet"
-    a = checkpoint_name("seg_unet", {"batch_norm": True, "width": 8})
-    assert a == checkpoint_name("seg_unet", {"width": 8, "batch_norm": True})  # key order does not matter
-    assert a.startswith("seg_unet_") and len(a) == len("seg_unet_") + 8
-    assert a != checkpoint_name("seg_unet", {"batch_norm": False, "width": 8})
-
-
 def test_training_cell_says_how_a_loaded_model_was_trained():
     from capsnets.experiments.report import training_cell
 

@@ -31,7 +31,7 @@ from torch import nn
 from capsnets.engine.checkpoint import SUFFIX, Checkpoint, load_checkpoint, restore_model
 from capsnets.engine.distributed import DistContext
 from capsnets.engine.fit import TrainState, save_state
-from capsnets.validation import ArgumentError
+from capsnets.validation import ArgumentError, positive_int
 
 __all__ = ["Callback", "Hook", "ModelCheckpoint", "Target", "TimeLimit", "checkpoint_name", "checkpoint_path",
            "resume_state"]
@@ -133,7 +133,7 @@ class ModelCheckpoint(Callback):
 
     def __init__(self, path: str | os.PathLike, model: nn.Module, meta: Callable[[TrainState, dict], dict], *,
                  every: int = 1, best_only: bool = False, on_save: Callable[[], None] | None = None) -> None:
-        self.path, self.model, self.meta, self.every = Path(path), model, meta, every
+        self.path, self.model, self.meta, self.every = Path(path), model, meta, positive_int("every", every)
         self.best_only, self.on_save = best_only, on_save
 
     def on_evaluation(self, state: TrainState, record: dict[str, Any], final: bool) -> None:
