@@ -54,7 +54,8 @@ def test_checkpoint_names_record_the_builder_arguments(tmp_path):
     assert a == checkpoint_name("seg_unet", {"width": 8, "batch_norm": True})  # key order does not matter
     assert a.startswith("seg_unet_") and len(a) == len("seg_unet_") + 8
     assert a != checkpoint_name("seg_unet", {"batch_norm": False, "width": 8})
-    assert checkpoint_path(tmp_path, "seg_unet", {"width": 8}).name == f"{checkpoint_name('seg_unet', {'width': 8})}.safetensors"
+    path = checkpoint_path(tmp_path, "seg_unet", {"width": 8})
+    assert path == tmp_path / f"{checkpoint_name('seg_unet', {'width': 8})}.safetensors"
 
 
 def test_model_checkpoints_save_when_due_and_resume_exactly(tmp_path):
