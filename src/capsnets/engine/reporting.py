@@ -87,7 +87,7 @@ def save_figures(run_dir: Path, *, confusion: Tensor, class_names: list[str], sa
             or None when the model has no decoder.
         checkpoint: which checkpoint the confusion matrix and reconstructions show (in their titles).
     """
-    from capsnets import plots
+    from capsnets import plots  # matplotlib: slow to import, and only a run's figures need it
 
     paths = [plots.plot_training_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE),
              plots.plot_confusion_matrix(confusion, class_names, run_dir / CONFUSION_FILE,

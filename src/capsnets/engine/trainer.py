@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 import capsnets
+from capsnets.data import AUGMENTATIONS, DeviceLoader, load_dataset
 from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import distributed, reporting
 from capsnets.engine.callbacks import Hook, ModelCheckpoint, TimeLimit, checkpoint_path, resume_state
@@ -32,6 +33,8 @@ from capsnets.engine.evaluate import evaluate
 from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, check_best, repair_best, resume_changes
 from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything
+from capsnets.losses import LOSS_TASKS, create_loss, list_losses
+from capsnets.models import model_arguments, model_task
 
 logger = logging.getLogger(__name__)
 
@@ -181,8 +184,6 @@ class Trainer:
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load_data(self, device: torch.device):
-        from capsnets.data import load_dataset
-
         cfg = self.config
         splits = []
         for train, limit in ((True, cfg.limit_train), (False, cfg.limit_test)):
@@ -193,8 +194,6 @@ class Trainer:
 
     def _build_model(self, data) -> torch.nn.Module:
         """Build the model; ``num_classes`` and ``input_size`` default to the data set's (saved in the config)."""
-        from capsnets.models import model_arguments, model_task
-
         task = model_task(self.config.model)
         if task != "classification":
             raise ValueError(f"model {self.config.model!r} is a {task} model, and the trainer trains classifiers; "
@@ -215,8 +214,6 @@ class Trainer:
         return model
 
     def _build_loss(self, model: torch.nn.Module) -> torch.nn.Module:
-        from capsnets.losses import LOSS_TASKS, create_loss, list_losses
-
         name = self.config.loss or model.default_loss
         if LOSS_TASKS.get(name, "classification") != "classification":
             raise ValueError(f"loss {name!r} is for {LOSS_TASKS[name]} models, and the trainer trains classifiers; "
@@ -230,8 +227,6 @@ class Trainer:
         return criterion
 
     def _loader(self, data, context: distributed.DistContext):
-        from capsnets.data import AUGMENTATIONS, DeviceLoader
-
         cfg = self.config
         augment = None
         if cfg.augment is not None:
@@ -250,8 +245,6 @@ class Trainer:
     def _resume_checkpoint(self) -> ckpt.Checkpoint:
         """``<out>/last``, after checking that the config resumes the run it holds (:func:`resume_changes`); the
         config's model arguments become the run's."""
-        from capsnets.models import model_arguments
-
         path = checkpoint_path(self.run_dir, "last")
         if not path.is_file():
             raise ckpt.CheckpointError(f"cannot resume: no checkpoint '{path}'; train without --resume first")

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.data import DatasetError, DeviceLoader, TensorData, load_dataset, norb_protocol
+from capsnets.data.viewpoints import render_viewpoints, split_instances
 from capsnets.engine.callbacks import Hook, TimeLimit
 from capsnets.engine.evaluate import evaluate
 from capsnets.engine.fit import TrainState, adam_with_decay, fit, training_step
@@ -165,8 +166,6 @@ def load_norb_like(data_dir, device: str, *, render_instances: int | None = None
     if render_instances is None and render_lightings is None:
         splits = [load_dataset("viewpoints", root=data_dir, train=t, device=device) for t in (True, False)]
         return (*splits, f"the offline rendered viewpoint set (smallNORB not found: {reason})")
-    from capsnets.data.viewpoints import render_viewpoints, split_instances
-
     splits = []
     for train in (True, False):
         name = "train" if train else "test"
