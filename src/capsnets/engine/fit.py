@@ -71,7 +71,8 @@ class TrainState:
         extra: JSON-safe entries that a step or hook needs to continue (e.g. a second optimizer's settings).
         optimizer, scheduler: registered by :meth:`attach`; a resumable checkpoint stores them.
         tensors: further tensors a resumable checkpoint stores (as ``extra.<key>``).
-        checkpoint: the unfinished checkpoint this state was read from; :meth:`attach` restores from it.
+        checkpoint: the checkpoint this state was read from (:func:`~capsnets.engine.callbacks.resume_state`);
+            :meth:`attach` restores from it.
     """
 
     epoch: int = 0
