@@ -1,4 +1,5 @@
-"""Figures for training runs: learning curves, reconstructions and confusion matrices.
+"""Figures for training runs and trained capsule models: learning curves, reconstructions, confusion matrices,
+and the perturbation grid of a class capsule.
 
 Every function draws on a private :class:`matplotlib.figure.Figure` rendered by
 :class:`matplotlib.backends.backend_agg.FigureCanvasAgg`, so nothing here touches pyplot's global state or
@@ -7,7 +8,8 @@ atomically (a temporary file in the same directory, then :func:`os.replace`) and
 figures (the experiments') are written the same way by :func:`save_figure`.
 
 The figures follow the ones in Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules",
-arXiv 1710.09829: Figure 3 pairs inputs with their reconstructions and marks the label and prediction.
+arXiv 1710.09829: Figure 3 pairs inputs with their reconstructions and marks the label and prediction; Figure 4
+perturbs each dimension of the winning class capsule and decodes the result.
 """
 from __future__ import annotations
 
@@ -17,20 +19,29 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from torch import Tensor, nn
 
+from capsnets.functional import capsule_length
 from capsnets.io import atomic_write, read_json_lines
 
 
-__all__ = ["plot_training_curves", "plot_reconstructions", "plot_confusion_matrix", "save_figure"]
+__all__ = ["PERTURBATIONS", "perturbation_grid", "plot_confusion_matrix", "plot_perturbation_grid",
+           "plot_reconstructions", "plot_training_curves", "save_figure"]
+
+#: The steps by which :func:`perturbation_grid` moves each capsule dimension: -0.25 ... +0.25 by 0.05
+#: (Sabour et al. 2017, Sec. 5.1).
+PERTURBATIONS = torch.arange(-5, 6) * 0.05
 
 _PAIRS_PER_ROW = 8  # reconstruction pairs per block of two rows
 
 
 def _to_numpy(x) -> np.ndarray:
     """Return ``x`` (tensor, array or nested sequence) as a float64 NumPy array on the host."""
-    if hasattr(x, "detach"):  # torch.Tensor, without importing torch at module import time
+    if isinstance(x, torch.Tensor):
         x = x.detach().to("cpu").double().numpy()
     return np.asarray(x, dtype=np.float64)
 
@@ -297,4 +308,45 @@ def plot_confusion_matrix(matrix, class_names: Sequence[str] | None, out_png: st
     ax.set_yticks(range(k), names)
     ax.set(xlabel="predicted class", ylabel="true class",
            title=(title or "Confusion matrix") + (" (row-normalised)" if normalize else ""))
+    return save_figure(fig, out_png)
+
+
+@torch.no_grad()
+def perturbation_grid(model: nn.Module, image: Tensor, steps: Tensor = PERTURBATIONS) -> tuple[Tensor, int]:
+    """Decode the active class capsule of ``image`` with each dimension moved by each step (Sabour et al. 2017,
+    Sec. 5.1). ``model`` is a capsule classifier with ``encode`` (images to class capsules) and a ``decoder``
+    that takes capsules and the class to reconstruct, as :class:`~capsnets.models.capsnet.CapsNet`.
+
+    Shape:
+        image ``(C, H, W)`` -> grid ``(D, len(steps), C, H, W)`` and the winning class.
+    """
+    capsules = model.encode(image[None])[0]  # (K, D)
+    winner = int(capsule_length(capsules).argmax())
+    dims, count = capsules.shape[1], len(steps)
+    moved = capsules.expand(dims, count, *capsules.shape).clone()  # (D, S, K, D)
+    rows = torch.arange(dims, device=image.device)
+    moved[rows, :, winner, rows] += steps.to(capsules)[None, :]
+    decoded = model.decoder(moved.flatten(0, 1), torch.full((dims * count,), winner, device=image.device))
+    return decoded.view(dims, count, *decoded.shape[1:]), winner
+
+
+def plot_perturbation_grid(grid: Tensor, winner: int, out_png: str | os.PathLike,
+                           steps: Tensor = PERTURBATIONS) -> Path:
+    """Draw a :func:`perturbation_grid` as one tiled image: rows are capsule dimensions, columns the ``steps``
+    (Sabour et al. 2017, Fig. 4).
+
+    Shape:
+        grid ``(D, len(steps), C, H, W)``; the first channel is drawn.
+    """
+    dims, count, _, height, width = grid.shape
+    pad = F.pad(grid[:, :, 0], (1, 1, 1, 1), value=0.5)  # (D, S, H+2, W+2), grey separators
+    mosaic = pad.permute(0, 2, 1, 3).reshape(dims * (height + 2), count * (width + 2))
+    fig = Figure(figsize=(0.55 * count + 1.2, 0.55 * dims + 0.9))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.imshow(mosaic.cpu().numpy(), cmap="gray", vmin=0, vmax=1)
+    ax.set_xticks([(width + 2) * (s + 0.5) for s in range(count)], [f"{v:+.2f}" for v in steps.tolist()],
+                  fontsize=6, rotation=90)
+    ax.set_yticks([(height + 2) * (d + 0.5) for d in range(dims)], [str(d) for d in range(dims)], fontsize=6)
+    ax.set_xlabel("perturbation", fontsize=8), ax.set_ylabel("dimension", fontsize=8)
+    ax.set_title(f"class {winner}: each of the {dims} dimensions perturbed", fontsize=9)
     return save_figure(fig, out_png)

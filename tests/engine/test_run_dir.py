@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from capsnets import io as capsnets_io
-from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import reporting
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, resume_changes
 from capsnets.engine.trainer import Trainer
@@ -58,7 +57,7 @@ def test_overwrite_puts_the_old_run_back_when_the_new_one_fails_first(tiny_confi
     def fail(self, *args, **kwargs):
         raise RuntimeError("simulated failure in the first epoch")
 
-    monkeypatch.setattr(Trainer, "_save_epoch", fail)
+    monkeypatch.setattr(Trainer, "_evaluate", fail)
     with pytest.raises(RuntimeError, match="simulated"):
         Trainer(tiny_config(epochs=1, **SMALL), overwrite=True).fit()
     assert _snapshot(run) == before
@@ -106,7 +105,7 @@ def test_a_new_learning_rate_on_resume_is_applied_and_recorded(tiny_config, no_f
     # epoch e (from 1) trains at lr * lr_decay**(e - 1), with the values the run was resumed with from epoch 2 on
     assert [r["lr"] for r in records] == pytest.approx([1e-3, 8e-3 * 0.25, 8e-3 * 0.25 ** 2])
     assert "resuming with lr 0.008 (was 0.001)" in caplog.text and "epoch 2 trains at learning rate 0.002" in caplog.text
-    meta = ckpt.load_checkpoint(Path(config.out) / "last.safetensors").meta
+    meta = capsnets_io.load_checkpoint(Path(config.out) / "last.safetensors").meta
     assert meta["training"]["extra"]["resumed_with"] == [{"epoch": 1, "epochs": 3, "lr": 8e-3, "lr_decay": 0.25}]
     assert meta["config"]["lr"] == 8e-3
 
@@ -193,4 +192,4 @@ def test_a_best_checkpoint_lost_to_a_crash_is_saved_again_on_resume(tiny_config,
     with caplog.at_level("WARNING"):
         Trainer(config, resume=True).fit()
     assert "saved it again" in caplog.text
-    assert ckpt.load_checkpoint(run / "best.safetensors").meta["epoch"] == 1
+    assert capsnets_io.load_checkpoint(run / "best.safetensors").meta["epoch"] == 1

@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from capsnets.engine import checkpoint as ckpt
+from capsnets import io as capsnets_io
 from capsnets.engine import reporting
 from capsnets.engine import NonFiniteLossError
+from capsnets.engine import trainer as trainer_module
 from capsnets.engine.trainer import Trainer
 from capsnets.models.output import ModelOutput
-from helpers import rewrite_sidecar
 
 
 class DropoutNet(nn.Module):
@@ -29,7 +29,7 @@ class DropoutNet(nn.Module):
 
 @pytest.fixture
 def dropout_net(monkeypatch):
-    monkeypatch.setattr(ckpt, "build_model", lambda name, args=None: DropoutNet())
+    monkeypatch.setattr(trainer_module, "build_model", lambda name, args=None: DropoutNet())
 
 
 def test_run_directory(tiny_config):
@@ -83,7 +83,7 @@ def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path,
     summary = Trainer(cut).fit()
     assert summary["time_limited"] and summary["epochs"] == 1 and summary["planned_epochs"] == 3
     assert summary["test_accuracy"] is not None  # evaluated although eval_every is 5
-    last = ckpt.load_checkpoint(tmp_path / "b" / "last.safetensors")  # checkpointed although checkpoint_every is 5
+    last = capsnets_io.load_checkpoint(tmp_path / "b" / "last.safetensors")  # checkpointed although checkpoint_every is 5
     assert last.meta["training"]["epoch"] == 1
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["time_limited"] is True
     resumed = Trainer(cut.replace(time_limit_minutes=None), resume=True)
@@ -117,7 +117,7 @@ def test_figures_show_the_best_checkpoint_and_say_so(tiny_config, monkeypatch):
     assert (summary["best_epoch"], summary["test_accuracy"]) == (1, 0.5)
     assert shown["checkpoint"] == summary["figures_checkpoint"] and shown["checkpoint"].startswith(
         "best.safetensors (epoch 1, ")
-    best = ckpt.load_checkpoint(Path(config.out) / "best.safetensors").model_state()
+    best = capsnets_io.load_checkpoint(Path(config.out) / "best.safetensors").model_state()
     assert len(evaluated) == 3 and all(torch.equal(evaluated[-1][k], v) for k, v in best.items())
 
 
@@ -126,27 +126,6 @@ def test_a_run_prints_nothing_when_not_in_a_terminal(tiny_config, capsys):
 
     train(tiny_config(epochs=1, progress=True))
     assert capsys.readouterr() == ("", "")
-
-
-def test_resumes_a_run_directory_written_before_the_train_state(tiny_config, tmp_path, monkeypatch):
-    """A last checkpoint whose sidecar holds the earlier ``progress`` entry (epochs, time; records in
-    metrics.jsonl) is resumed as exactly as a current one."""
-    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
-    small = dict(batch_size=16, limit_train=32, limit_test=16)
-    full = Trainer(tiny_config(out=str(tmp_path / "a"), epochs=2, **small))
-    expected = full.fit()
-    Trainer(tiny_config(out=str(tmp_path / "b"), epochs=1, **small)).fit()
-    sidecar = tmp_path / "b" / "last.json"
-    meta = json.loads(sidecar.read_text())
-    training = meta.pop("training")
-    meta["progress"] = {"epoch": 1, "train_time_s": training["train_time_s"], "best_epoch": 1,
-                        "test_accuracy": training["history"][0]["test_accuracy"], "time_to_accuracy": {}}
-    rewrite_sidecar(sidecar.with_suffix(".safetensors"), meta)
-    resumed = Trainer(tiny_config(out=str(tmp_path / "b"), epochs=2, **small), resume=True)
-    summary = resumed.fit()
-    assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()))
-    assert (summary["best_epoch"], summary["best_test_accuracy"]) == (expected["best_epoch"],
-                                                                       expected["best_test_accuracy"])
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "5"])

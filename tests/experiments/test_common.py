@@ -60,16 +60,6 @@ def test_train_minutes_converts_to_seconds():
     assert minutes_to_seconds(None) is None and minutes_to_seconds(2.5) == 150.0
 
 
-def test_checkpoint_name_records_the_builder_arguments():
-    from capsnets.experiments.training import checkpoint_name
-
-    assert checkpoint_name("seg_unet", {}) == checkpoint_name("seg_unet", None) == "seg_unet"
-    a = checkpoint_name("seg_unet", {"batch_norm": True, "width": 8})
-    assert a == checkpoint_name("seg_unet", {"width": 8, "batch_norm": True})  # key order does not matter
-    assert a.startswith("seg_unet_") and len(a) == len("seg_unet_") + 8
-    assert a != checkpoint_name("seg_unet", {"batch_norm": False, "width": 8})
-
-
 def test_training_cell_says_how_a_loaded_model_was_trained():
     from capsnets.experiments.report import training_cell
 
@@ -83,7 +73,7 @@ def test_load_or_train_fills_meta_from_the_checkpoint(tmp_path):
     import torch
     from torch import nn
 
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     history: list = []
     trained = nn.Linear(2, 1)
@@ -105,7 +95,7 @@ def test_load_or_train_fills_meta_from_the_checkpoint(tmp_path):
 def test_load_or_train_refuses_a_checkpoint_trained_with_another_recipe(tmp_path):
     from torch import nn
 
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     recipe = {"epochs": 2, "sizes": (3, 4)}
     assert not load_or_train(nn.Linear(2, 1), "m", lambda: None, checkpoint_dir=tmp_path, recipe=recipe)
@@ -128,11 +118,12 @@ class NoisyLinear(Linear):
 
 
 def _train_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0, epochs=4):
-    """One process's share of a training: load_or_train + train_classifier with a TrainingState."""
-    from capsnets.experiments.training import TrainingState, load_or_train
+    """One process's share of a training: load_or_train + train_classifier with a TrainState."""
+    from capsnets.engine import TrainState
+    from capsnets.experiments.checkpoints import load_or_train
 
     torch.manual_seed(0)
-    model, history, state = NoisyLinear(), [], TrainingState()
+    model, history, state = NoisyLinear(), [], TrainState()
     torch.manual_seed(rng_seed)  # what a new process holds; a continued run must not depend on it
     images, labels = torch.linspace(-1, 1, 64).reshape(16, 1, 2, 2), torch.arange(16) % 3
 
@@ -151,7 +142,8 @@ def _without_timing(history):
 def test_a_checkpoint_cut_short_by_an_earlier_version_is_refused_with_what_to_do(tmp_path):
     import json
 
-    from capsnets.experiments.training import TrainingState, load_or_train
+    from capsnets.engine import TrainState
+    from capsnets.experiments.checkpoints import load_or_train
 
     _train_in_run(tmp_path, time_limit_s=1e-9)
     sidecar = tmp_path / "m.json"
@@ -159,7 +151,7 @@ def test_a_checkpoint_cut_short_by_an_earlier_version_is_refused_with_what_to_do
     meta["training"] = {"epoch": 1, "finished": False, "step": 3, "done": 8, "best": 0}  # train_matched's old record
     rewrite_sidecar(tmp_path / "m.safetensors", meta)
     with pytest.raises(ValueError, match=r"m.safetensors: .*does not read \(done\); delete the checkpoint"):
-        load_or_train(NoisyLinear(), "m", lambda: None, checkpoint_dir=tmp_path, state=TrainingState())
+        load_or_train(NoisyLinear(), "m", lambda: None, checkpoint_dir=tmp_path, state=TrainState())
 
 
 def test_a_training_cut_short_is_continued_by_the_next_run_as_if_uninterrupted(tmp_path):
@@ -188,7 +180,7 @@ def test_a_training_cut_short_is_continued_by_the_next_run_as_if_uninterrupted(t
 
 
 def test_an_unfinished_checkpoint_is_taken_as_it_is_without_a_training_state(tmp_path):
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     _train_in_run(tmp_path, time_limit_s=1e-9)
     history: list = []

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from capsnets.experiments import run_experiment
-from capsnets.experiments.dimensions import PERTURBATIONS, perturbation_grid, routing_map
+from capsnets.experiments.dimensions import routing_map
+from capsnets.plots import PERTURBATIONS, perturbation_grid
 from capsnets.models import create_model
 
 

@@ -115,13 +115,14 @@ def test_compile_trains_through_the_compiled_model_and_scores_the_eager_one(monk
 
 
 def _matched_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0):
-    """One process's share of a matched training: load_or_train + train_matched with a TrainingState."""
-    from capsnets.experiments.training import TrainingState, load_or_train
+    """One process's share of a matched training: load_or_train + train_matched with a TrainState."""
+    from capsnets.engine import TrainState
+    from capsnets.experiments.checkpoints import load_or_train
 
     torch.manual_seed(0)
     views, model = _toy_views(), build_model("cnn_smallnorb_narrow", "cpu")
     torch.manual_seed(rng_seed)  # what a new process holds; a continued run must not depend on it
-    record, state = {}, TrainingState()
+    record, state = {}, TrainState()
 
     def train():  # 5 steps per epoch at batch 8, scored after steps 2 and 5
         record.update(train_matched(model, views, epochs=2, target=-1.0, batch_size=8, lr=1e-2, lr_decay=0.5,

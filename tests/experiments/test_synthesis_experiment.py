@@ -30,8 +30,9 @@ def test_rejects_unknown_options(tmp_path):
 
 
 def _pix2pix_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0):
-    """One process's share of a pix2pix training: load_or_train + train_pix2pix with a TrainingState."""
-    from capsnets.experiments.training import TrainingState, load_or_train
+    """One process's share of a pix2pix training: load_or_train + train_pix2pix with a TrainState."""
+    from capsnets.engine import TrainState
+    from capsnets.experiments.checkpoints import load_or_train
     from capsnets.models import PatchDiscriminator, create_model
 
     torch.manual_seed(0)
@@ -39,7 +40,7 @@ def _pix2pix_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0):
     generator = create_model("pix2pix_small", input_size=(3, 32, 32))
     discriminator = PatchDiscriminator(4, width=8)
     torch.manual_seed(rng_seed)  # what a new process holds; a continued run must not depend on it
-    history, state = [], TrainingState()
+    history, state = [], TrainState()
 
     def fit():
         history.extend(train_pix2pix(generator, discriminator, maps, images, epochs=3, batch_size=8, progress=False,

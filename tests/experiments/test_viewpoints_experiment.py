@@ -5,10 +5,10 @@ import pytest
 
 from capsnets.cli import main
 from capsnets.data import TensorData
-from capsnets.experiments import list_experiments, run_experiment, viewpoints
+from capsnets.experiments import Checkpoints, list_experiments, run_experiment, viewpoints
 from capsnets.experiments.matching import AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, load_norb_like, viewpoint_split
 from capsnets.experiments.viewpoints import build_model
-from capsnets.experiments.report import STOPPED, matched_summary, viewpoint_results_table
+from capsnets.experiments.report.viewpoints import STOPPED, matched_summary, viewpoint_results_table
 from capsnets.models import count_parameters
 from helpers import assert_contrasts_resolve
 
@@ -70,7 +70,7 @@ def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(render
     train, test, _ = rendered
     settings = replace(viewpoints.Settings.smoke(), train_size=96, test_size=16, rematch_evals_per_epoch=3)
     result = viewpoints._compare("elevation", train, test, settings, tag="t", device="cpu", seed=0,
-                                 checkpoint_dir=tmp_path)
+                                 checkpoints=Checkpoints(tmp_path))
     stopped = result["records"][STOPPED]
     assert stopped["reached"] and stopped["familiar_error"] <= 1.0
     assert len(stopped["history"]) == 1 and stopped["epoch"] == pytest.approx(1 / 3, abs=1e-3)  # its first score
@@ -82,7 +82,7 @@ def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(render
     chosen = [row.split("|")[8].strip() for row in table.splitlines()[2:]]  # the "chosen epoch" column
     assert chosen[1:] == ["1", "0.33"]  # capsules at epoch 1, the stopped CNN a third into its first epoch
     without = viewpoints._compare("elevation", train, test, replace(settings, rematch_cnn=False), tag="t",
-                                  device="cpu", seed=0, checkpoint_dir=None)
+                                  device="cpu", seed=0, checkpoints=Checkpoints(None))
     assert viewpoints.STOPPED not in without["records"]
     assert "no matched pair" in matched_summary({"elevation": without["records"]}, fixed_target=False)
 
@@ -101,7 +101,7 @@ def test_capsule_lr_sets_the_capsule_models_learning_rate_only(rendered, monkeyp
     monkeypatch.setattr(viewpoints, "train_matched", fake)
     train, test, _ = rendered
     settings = replace(viewpoints.Settings.smoke(), train_size=16, test_size=8, capsule_lr=capsule_lr)
-    viewpoints._compare("azimuth", train, test, settings, tag="t", device="cpu", seed=0, checkpoint_dir=None)
+    viewpoints._compare("azimuth", train, test, settings, tag="t", device="cpu", seed=0, checkpoints=Checkpoints(None))
     lr = settings.lr
     assert rates == {"cnn_smallnorb_narrow": [lr, lr], "matrix_capsnet_small": [capsule_lr or lr]}
 

@@ -165,14 +165,16 @@ def test_trainer_on_cuda_with_bf16_resumes_and_loads_on_cpu(cuda, tmp_path):
 
 def _experiment_training_in_run(cuda, checkpoint_dir, time_limit_s, rng_seed):
     """One process's share of an experiment's training on the device (bf16, CNN with dropout)."""
-    from capsnets.experiments.training import TrainingState, load_or_train, train_classifier
+    from capsnets.engine import TrainState
+    from capsnets.experiments.checkpoints import load_or_train
+    from capsnets.experiments.training import train_classifier
     from capsnets.models import create_model
 
     torch.manual_seed(0)
     model = create_model("cnn_baseline_narrow", device=cuda)
     images, labels = torch.rand(64, 1, 28, 28, device=cuda), torch.arange(64, device=cuda) % 10
     torch.manual_seed(rng_seed)  # what a new process holds: the checkpoint's CPU and CUDA RNG states count
-    history, state = [], TrainingState()
+    history, state = [], TrainState()
 
     def fit():
         history.extend(train_classifier(model, images, labels, epochs=3, batch_size=32, amp="bf16", progress=False,

@@ -114,8 +114,8 @@ def test_models_record_the_arguments_that_rebuild_them():
 
 
 def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
+    from capsnets.experiments.checkpoints import load_or_train
     from capsnets.models import load_model
-    from capsnets.experiments.training import load_or_train
 
     model = capsnets.create_model("capsnet_small", input_size=(1, 36, 36))
     assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
@@ -126,7 +126,7 @@ def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
 
 
 def test_experiment_checkpoints_of_differently_built_models_are_refused(tmp_path):
-    from capsnets.experiments.training import load_or_train
+    from capsnets.experiments.checkpoints import load_or_train
 
     model = capsnets.create_model("matrix_capsnet_small", routing={"detach_routing": True})
     assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)

@@ -92,7 +92,7 @@ def test_bad_inputs_are_explained():
 def test_the_trainer_refuses_segmentation_models(tmp_path):
     from capsnets.engine import TrainConfig, train
 
-    with pytest.raises(ValueError, match="segmentation model.*capsnets experiment segmentation"):
+    with pytest.raises(ValueError, match="segmentation model.*trainer trains classifiers"):
         train(TrainConfig(model="segcaps_small", dataset="digits", epochs=1, device="cpu", progress=False,
                           out=str(tmp_path)))
 

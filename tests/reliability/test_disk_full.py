@@ -19,7 +19,6 @@ from safetensors import SafetensorError
 
 from capsnets.cli import main
 from capsnets import io as capsnets_io
-from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import reporting
 from reliability.crash_runner import FIGURES as FIGURE_FUNCTIONS, figure_stub
 from reliability.faults import (assert_same_run, copy_run, one_error_line, records, recovery, snapshot, target_name,
@@ -99,7 +98,7 @@ def _no_figures(patch: pytest.MonkeyPatch, figures: bool | str) -> None:
 def _fails_then_recovers(argv, run, name, nth, reference, capsys, caplog, *, figures=False) -> None:
     """``argv`` with the ``nth`` write of ``name`` failing: status 1, one line naming the file, the checkpoint
     from before intact, no temporary file; then the recovery command ends as ``reference``."""
-    earlier = ckpt.checkpoint_epoch(run / "last.safetensors")
+    earlier = capsnets_io.checkpoint_epoch(run / "last.safetensors")
     with pytest.MonkeyPatch.context() as patch:
         _no_figures(patch, figures)
         fault = DiskFull(name, nth).install(patch)
@@ -110,7 +109,7 @@ def _fails_then_recovers(argv, run, name, nth, reference, capsys, caplog, *, fig
     assert status == 1 and name in line and "No space left on device" in line, line
     assert "Traceback" not in caplog.text
     if earlier is not None:  # the checkpoint saved before: intact (it loads, checksums included), or the next
-        meta = ckpt.load_checkpoint(run / "last.safetensors").meta
+        meta = capsnets_io.load_checkpoint(run / "last.safetensors").meta
         assert meta["epoch"] >= earlier
         assert [{k: v for k, v in r.items() if k in records(reference)[0]} for r in meta["training"]["history"]] \
             == records(reference)[:meta["epoch"]]

@@ -4,10 +4,10 @@
 Hinton 2017) or a matrix capsule network (:class:`~capsnets.models.matrix_capsnet.MatrixCapsNet`, Hinton, Sabour
 & Frosst 2018) and answers the page's questions about one input: the class capsules and their lengths (or
 activations), the reconstruction from one capsule, a capsule vector decoded as the user moves its dimensions,
-the paper's perturbation grid (Fig. 4, drawn by :mod:`capsnets.experiments.dimensions`), and what the routing
-sent to each class capsule.
+the paper's perturbation grid (Fig. 4, drawn by :func:`capsnets.plots.plot_perturbation_grid`), and what the
+routing sent to each class capsule.
 
-The routing picture is :func:`capsnets.experiments.dimensions.routing_map`'s, for every class: each child
+The routing picture is the ``dimensions`` experiment's routing map, for every class: each child
 capsule's final coupling to the class times the child's length (vector capsules) or activation (matrix
 capsules), summed over capsule types, on the child capsules' grid. Matrix capsule networks have no decoder: no
 reconstruction, sliders or perturbation grid for them. Their class layer's assignments are read by wrapping its
@@ -30,9 +30,10 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.functional import capsule_length
-from capsnets.validation import ArgumentError
 from capsnets.models.capsnet import CapsNet
 from capsnets.models.matrix_capsnet import MatrixCapsNet
+from capsnets.plots import perturbation_grid, plot_perturbation_grid
+from capsnets.validation import ArgumentError
 
 __all__ = ["Analysis", "DemoModel"]
 
@@ -179,17 +180,13 @@ class DemoModel:
 
     def perturbation_png(self, image: Tensor) -> tuple[bytes, int]:
         """The perturbation grid of the winning capsule (paper Fig. 4) as a PNG, and the winning class, drawn by
-        :func:`~capsnets.experiments.dimensions.perturbation_grid` and
-        :func:`~capsnets.experiments.dimensions.plot_grid`."""
-        # slow (matplotlib and every experiment); only this figure needs it
-        from capsnets.experiments.dimensions import perturbation_grid, plot_grid
-
+        :func:`~capsnets.plots.perturbation_grid` and :func:`~capsnets.plots.plot_perturbation_grid`."""
         self._require_decoder()
         self._check_image(image)
         with self._lock:
             grid, winner = perturbation_grid(self.model, image)
         with tempfile.TemporaryDirectory() as folder:
-            return _trimmed(plot_grid(grid, winner, Path(folder) / "grid.png")), winner
+            return _trimmed(plot_perturbation_grid(grid, winner, Path(folder) / "grid.png")), winner
 
     def samples(self, per_class: int = 2) -> tuple[Tensor, Tensor]:
         """The first ``per_class`` test images of each class, ``(N, C, H, W)``, and their labels ``(N,)``; empty

@@ -3,7 +3,9 @@
 - :class:`TrainConfig`, :func:`build_config`: the run's configuration (file + overrides)
 - :func:`train` / :class:`Trainer`: train a registered model on a data set, writing a run directory
 - :func:`fit`, :class:`TrainState`, :func:`training_step`: the one training loop that the trainer and every
-  experiment use (a step function, evaluation points, time limit, exact continuation)
+  experiment use (a step function, evaluation points, exact continuation)
+- :mod:`~capsnets.engine.callbacks`: what a training does at its evaluation points (:class:`TimeLimit`,
+  :class:`Target`, :class:`ModelCheckpoint`, :class:`Hook`), checkpoint names and resuming
 - :func:`evaluate`: accuracy, per-class accuracy and confusion matrix of a model on a data set
 - :func:`save_checkpoint`, :func:`restore_training`: a model with its optimizer, scheduler and RNG state (the
   file format is :mod:`capsnets.io`'s; a model alone: :func:`capsnets.models.load_model`)
@@ -11,14 +13,17 @@
 """
 from .checkpoint import restore_training, save_checkpoint
 from .config import TrainConfig, build_config, read_config_file
+from .callbacks import (Callback, Hook, ModelCheckpoint, Target, TimeLimit, checkpoint_name, checkpoint_path,
+                        resume_state)
 from .distributed import DistContext
 from .evaluate import accuracy, dice_score, evaluate
-from .fit import NonFiniteLossError, TrainState, fit, save_state, training_step
+from .fit import NonFiniteLossError, TrainState, adam_with_decay, fit, save_state, training_step
 from .publish import publish_checkpoint
 from .trainer import Trainer, train
 
 __all__ = [
-    "restore_training", "save_checkpoint", "TrainConfig", "build_config", "read_config_file", "DistContext",
-    "accuracy", "dice_score", "evaluate", "NonFiniteLossError", "TrainState", "fit", "save_state", "training_step",
-    "publish_checkpoint", "Trainer", "train",
+    "restore_training", "save_checkpoint", "TrainConfig", "build_config", "read_config_file",
+    "Callback", "Hook", "ModelCheckpoint", "Target", "TimeLimit", "checkpoint_name", "checkpoint_path", "resume_state",
+    "DistContext", "accuracy", "dice_score", "evaluate", "NonFiniteLossError", "TrainState", "adam_with_decay", "fit",
+    "save_state", "training_step", "publish_checkpoint", "Trainer", "train",
 ]

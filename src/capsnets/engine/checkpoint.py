@@ -14,15 +14,11 @@ import torch
 from torch import nn
 
 from capsnets.engine.runtime import rng_state_tensors
-from capsnets.io import (SUFFIX, Checkpoint, CheckpointError, CheckpointWriteError, checkpoint_epoch, cpu_copy,
-                         load_checkpoint, recover_directory, write_checkpoint)
-from capsnets.models.hub import build_model, model_tensors, restore_model
+from capsnets.io import (Checkpoint, CheckpointError, cpu_copy,
+                         write_checkpoint)
+from capsnets.models.hub import model_tensors
 
-__all__ = [
-    "SUFFIX", "Checkpoint", "CheckpointError", "CheckpointWriteError", "build_model", "checkpoint_epoch",
-    "join_optimizer_state", "load_checkpoint", "recover_directory", "restore_model", "restore_training",
-    "save_checkpoint", "split_optimizer_state",
-]
+__all__ = ["join_optimizer_state", "restore_training", "save_checkpoint", "split_optimizer_state"]
 
 
 def save_checkpoint(path: str | Path, *, model: nn.Module, meta: dict[str, Any],

@@ -1,15 +1,15 @@
-"""The one training loop: :func:`fit` runs a step function over batches, with evaluation points, a time limit,
-stopping at a target, and a :class:`TrainState` from which a later process continues exactly.
+"""The one training loop: :func:`fit` runs a step function over batches, with evaluation points and
+callbacks (:mod:`capsnets.engine.callbacks`), and a :class:`TrainState` from which a later process continues
+exactly.
 
-A way of training is a *step function* plus an *evaluation hook* (as in Lightning's ``fit`` with callbacks):
+A way of training is a *step function* plus *callbacks* (as in Lightning's ``fit``):
 
 - ``step(batch) -> {name: 0-dim tensor}`` does the forward pass, backward pass and optimiser step(s) itself
   (:func:`training_step` builds one for a loss and an optimiser; a GAN's step holds two optimisers). Each value
   is a mean over the batch; the loop keeps their running means, weighted by the batch size (``len(batch[0])``).
-- ``on_evaluation(record, final) -> bool`` is called at each evaluation point (``evaluations_per_epoch`` per
-  epoch, the last at the epoch's end) with the record of that point, which it may extend (e.g. a test
-  accuracy); returning True stops the training there (a target reached). ``final`` says that the training ends
-  at this point anyway (the last epoch's end, or the time limit), so a hook can evaluate and checkpoint.
+- callbacks see each evaluation point (``evaluations_per_epoch`` per epoch, the last at the epoch's end) with
+  its record, which they may extend (e.g. a test accuracy) or end the training at (a target reached, a time
+  limit passed); see :class:`~capsnets.engine.callbacks.Callback`.
 
 Running sums stay on the device; the host reads them every ``check_every`` steps and at evaluation points (to
 check that the losses are finite and to update the progress bar), so a GPU is not synchronised every step.
@@ -30,15 +30,14 @@ from tqdm.auto import tqdm
 from capsnets.engine.checkpoint import restore_training, save_checkpoint
 from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, restore_rng_state
+from capsnets.validation import positive_int
 
-__all__ = ["Batches", "NonFiniteLossError", "TrainState", "check_time_limit", "evaluation_points", "fit",
+__all__ = ["Batches", "NonFiniteLossError", "TrainState", "adam_with_decay", "evaluation_points", "fit",
            "save_state", "training_step"]
 
 logger = logging.getLogger(__name__)
 
 Step = Callable[[Any], dict[str, Tensor]]
-#: ``on_evaluation(record, final) -> stop``; see the module docstring.
-Hook = Callable[[dict[str, Any], bool], "bool | None"]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -72,7 +71,8 @@ class TrainState:
         extra: JSON-safe entries that a step or hook needs to continue (e.g. a second optimizer's settings).
         optimizer, scheduler: registered by :meth:`attach`; a resumable checkpoint stores them.
         tensors: further tensors a resumable checkpoint stores (as ``extra.<key>``).
-        checkpoint: the unfinished checkpoint this state was read from; :meth:`attach` restores from it.
+        checkpoint: the checkpoint this state was read from (:func:`~capsnets.engine.callbacks.resume_state`);
+            :meth:`attach` restores from it.
     """
 
     epoch: int = 0
@@ -96,14 +96,10 @@ class TrainState:
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> "TrainState":
-        """The state recorded in a checkpoint sidecar. A sidecar without one holds a finished model; a trainer
-        sidecar written before this class (``"progress"``) gives its epochs and time (history: metrics.jsonl)."""
+        """The state recorded in a checkpoint sidecar; a sidecar without one holds a finished model."""
         saved = meta.get("training")
         if saved is None:
-            progress = meta.get("progress")
-            if progress is None:
-                return cls(finished=True, history=list(meta.get("history") or []))
-            return cls(epoch=progress["epoch"], train_time_s=progress["train_time_s"])
+            return cls(finished=True)
         unknown = sorted(set(saved) - set(cls._SAVED))
         if unknown:
             raise ValueError(f"the checkpoint records an unfinished training in a form this version of capsnets "
@@ -112,9 +108,7 @@ class TrainState:
             if not _SAVED_TYPES[name](value):
                 raise ValueError(f"the checkpoint's training.{name} is {value!r:.60}, which is not a valid value; the "
                                  "checkpoint is damaged: use another checkpoint (e.g. best) or train again")
-        state = cls(**saved)
-        state.history = state.history or list(meta.get("history") or [])  # checkpoints that kept it beside
-        return state
+        return cls(**saved)
 
     def load(self, other: "TrainState") -> None:
         """Take over the saved fields of ``other`` (the caller's object stays the one it holds)."""
@@ -138,10 +132,10 @@ class TrainState:
 
 
 def fit(step: Step, batches: Batches, *, epochs: int, state: TrainState | None = None,
-        schedulers: Sequence[Any] = (), evaluations_per_epoch: int = 1, on_evaluation: Hook | None = None,
-        time_limit_s: float | None = None, desc: str = "train", progress: bool = True,
-        context: DistContext | None = None, check_every: int = 20) -> TrainState:
-    """Train until ``state.epoch == epochs``, the hook stops it, or the time limit passes; see the module docstring.
+        schedulers: Sequence[Any] = (), evaluations_per_epoch: int = 1, callbacks: Sequence[Any] = (),
+        desc: str = "train", progress: bool = True, context: DistContext | None = None,
+        check_every: int = 20) -> TrainState:
+    """Train until ``state.epoch == epochs`` or a callback ends the training; see the module docstring.
 
     Args:
         step: ``step(batch) -> {name: 0-dim tensor}``; the values are means over the batch.
@@ -149,15 +143,15 @@ def fit(step: Step, batches: Batches, *, epochs: int, state: TrainState | None =
         epochs: epochs to train in all (over every run of a continued training).
         state: where to start (:class:`TrainState`; a continued one starts mid-epoch if it stopped there);
             updated in place and returned.
-        schedulers: stepped at the end of every epoch (before the hook sees that point); the first gives the
-            record's ``lr``.
+        schedulers: stepped at the end of every epoch (before the callbacks see that point); the first gives
+            the record's ``lr``.
         evaluations_per_epoch: evaluation points per epoch, evenly spaced, the last at the epoch's end.
-        on_evaluation: the hook, ``(record, final) -> stop``.
-        time_limit_s: stop at the first evaluation point at least this many seconds after the call began;
-            that point's record gets ``"time_limit": True`` and ``state.finished`` stays False.
+        callbacks: :class:`~capsnets.engine.callbacks.Callback` objects, called in this order. When one's
+            ``time_up`` ends the training, that point's record gets ``"time_limit": True`` and
+            ``state.finished`` stays False.
         desc: names the training in the progress bar, log lines and errors.
         progress: show a tqdm bar (only on a terminal, only on rank 0).
-        context: the data-parallel group; the running sums and the time-limit decision are shared.
+        context: the data-parallel group; the running sums are shared.
         check_every: steps between host-side checks of the losses.
 
     Each record holds ``epoch`` (epochs done: a whole number at an epoch's end, a fraction within one),
@@ -167,12 +161,12 @@ def fit(step: Step, batches: Batches, *, epochs: int, state: TrainState | None =
     Raises:
         NonFiniteLossError: a step value was NaN or infinite (naming the epoch and step).
     """
-    if evaluations_per_epoch < 1:
-        raise ValueError(f"evaluations_per_epoch must be >= 1, got {evaluations_per_epoch}")
-    check_time_limit(time_limit_s)
+    positive_int("evaluations_per_epoch", evaluations_per_epoch)
     state = state if state is not None else TrainState()
     context = context or DistContext()
-    began, stop, out_of_time = time.perf_counter(), False, False
+    stop, out_of_time = False, False
+    for callback in callbacks:
+        callback.on_fit_start(state)
     while state.epoch < epochs and not (stop or out_of_time):
         batches.set_epoch(state.epoch)
         total = len(batches)
@@ -203,11 +197,11 @@ def fit(step: Step, batches: Batches, *, epochs: int, state: TrainState | None =
                     scheduler.step()
                 state.epoch, state.step = state.epoch + 1, 0
             last = state.epoch == epochs and state.step == 0
-            out_of_time = not last and _out_of_time(began, time_limit_s, context, stacked.device)
+            out_of_time = not last and any([callback.time_up(state) for callback in callbacks])
             if out_of_time:
                 record["time_limit"] = True
             state.history.append(record)
-            stop = bool(on_evaluation(record, last or out_of_time)) if on_evaluation is not None else False
+            stop = any([bool(callback.on_evaluation(state, record, last or out_of_time)) for callback in callbacks])
             if stop:
                 record.pop("time_limit", None)
                 out_of_time = False
@@ -218,6 +212,8 @@ def fit(step: Step, batches: Batches, *, epochs: int, state: TrainState | None =
             sums, since = None, time.perf_counter()
         bar.close()
     state.finished = not out_of_time
+    for callback in callbacks:
+        callback.on_fit_end(state)
     return state
 
 
@@ -252,6 +248,13 @@ def training_step(compute: Callable[[Any], dict[str, Tensor]], optimizer: torch.
     return step
 
 
+def adam_with_decay(parameters, *, lr: float, lr_decay: float, weight_decay: float = 0.0):
+    """Adam and an exponential learning-rate decay stepped once per epoch (Sabour et al. 2017, Sec. 4):
+    epoch ``e`` (0-based) trains at ``lr * lr_decay ** e``. Returns ``(optimizer, scheduler)``."""
+    optimizer = torch.optim.Adam(parameters, lr=lr, weight_decay=weight_decay)
+    return optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
+
+
 def evaluation_points(steps: int, per_epoch: int) -> list[int]:
     """The 1-based steps of an epoch of ``steps`` batches after which :func:`fit` evaluates: ``per_epoch``
     evenly spaced, the last the epoch's end."""
@@ -271,14 +274,6 @@ _SAVED_TYPES: dict[str, Callable[[Any], bool]] = {
     "best": lambda v: v is None or _count(v), "extra": lambda v: isinstance(v, dict)}
 
 
-def check_time_limit(time_limit_s: float | None) -> None:
-    """Refuse a training time limit that is not a positive number of seconds (None means no limit)."""
-    ok = isinstance(time_limit_s, (int, float)) and not isinstance(time_limit_s, bool) and time_limit_s > 0
-    if time_limit_s is not None and not ok:  # NaN is not > 0
-        raise ValueError(f"the training time limit must be a positive number of seconds (or None), "
-                         f"got {time_limit_s!r}; the experiments take it as train_minutes")
-
-
 def _point_record(state: TrainState, total: int, values: dict, sums: Tensor, context: DistContext,
                   schedulers: Sequence[Any]) -> dict[str, Any]:
     """The record of an evaluation point: position, mean step values since the last point, learning rate."""
@@ -289,16 +284,6 @@ def _point_record(state: TrainState, total: int, values: dict, sums: Tensor, con
     if schedulers:
         record["lr"] = schedulers[0].get_last_lr()[0]
     return record
-
-
-def _out_of_time(began: float, limit: float | None, context: DistContext, device: torch.device) -> bool:
-    """Whether ``limit`` seconds have passed since ``began``; every process follows rank 0."""
-    if limit is None:
-        return False
-    flag = torch.tensor(float(time.perf_counter() - began >= limit), device=device)
-    if context.enabled:
-        torch.distributed.broadcast(flag, src=0)
-    return bool(flag.item())
 
 
 def _check_finite(pending: list[Tensor], names: list[str], desc: str, epoch: int, last_step: int) -> None:

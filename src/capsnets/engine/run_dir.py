@@ -1,10 +1,12 @@
 """A training's run directory is never replaced by accident, and a resumed run is the run it continues.
 
 - :class:`RunDirectory` claims the directory for one training: it holds a lock (a second training into the same
-  directory is refused), cleans up after saves a crash interrupted (:func:`~capsnets.engine.checkpoint.recover_directory`),
-  refuses a fresh run into a directory that holds files (naming ``--resume`` and ``--overwrite``), and with
-  ``overwrite`` moves the old run aside, deleting it only once the new run has saved its first checkpoint (a new
-  run that fails before that gets the old one back; after a crash, the next training into the directory does it).
+  directory is refused), cleans up after saves a crash interrupted
+  (:func:`~capsnets.engine.checkpoint.recover_directory`), refuses a fresh run into a directory that holds files
+  (naming ``--resume`` and ``--overwrite``), and with ``overwrite`` moves the old run aside, deleting it only once
+  the new run has saved its first checkpoint (a new run that fails before that gets the old one back; after a
+  crash, the next training into the directory does it).
+- :func:`check_best` and :func:`repair_best` keep a resumed run's ``best`` checkpoint the history's best.
 - :func:`resume_changes` compares the configuration a run is resumed with against the one it was trained with:
   changes that would alter the model or the data it sees are refused, changes it can apply (more epochs, a new
   learning rate, another device) are returned, to be applied and logged.
@@ -18,10 +20,11 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from capsnets.engine.checkpoint import recover_directory
-from capsnets.io import FileWriteError
+from capsnets.engine.callbacks import checkpoint_path
+from capsnets.engine.fit import TrainState, save_state
+from capsnets.io import CheckpointError, FileWriteError, checkpoint_epoch, load_checkpoint, recover_directory
 
 logger = logging.getLogger(__name__)
 
@@ -232,3 +235,41 @@ def _show(value: Any) -> str:
 def _plain(value: Any) -> Any:
     """``value`` as it reads back from JSON (tuples become lists)."""
     return json.loads(json.dumps(value, default=str))
+
+
+def check_best(run_dir: Path, state: TrainState) -> None:
+    """Before anything is written: ``best`` must load, unless it holds the epoch ``last`` holds (then
+    :func:`repair_best` saves it again). A damaged one whose epoch is gone is refused, so that it is not
+    replaced unseen; a missing one is reported."""
+    path = checkpoint_path(run_dir, "best")
+    best = state.history[state.best] if state.best is not None else None
+    if best is None or best.get("epoch") == state.epoch:
+        return
+    if not path.is_file():
+        logger.warning("%s is missing: the weights of the best epoch so far (%s) are lost; it is saved again when "
+                       "an epoch beats that one", path, best.get("epoch"))
+        return
+    try:
+        load_checkpoint(path)
+    except CheckpointError as err:
+        raise CheckpointError(f"cannot resume: {str(err).split('; ')[0]}; it holds the best epoch "
+                              f"({best.get('epoch')}), which the run cannot save again: restore it from a "
+                              "copy, or move it away to resume without it") from err
+
+
+def repair_best(run_dir: Path, state: TrainState, model, meta: Callable[[TrainState, dict], dict]) -> None:
+    """A crash between saving ``last`` and ``best`` leaves ``best`` an epoch behind the history's best, which is
+    then the epoch ``last`` holds: save it again from the resumed model (also when it is damaged or missing)."""
+    if state.best is None or state.history[state.best].get("epoch") != state.epoch:
+        return
+    path = checkpoint_path(run_dir, "best")
+    saved_epoch = checkpoint_epoch(path) if path.is_file() else None
+    if saved_epoch == state.epoch:
+        try:
+            load_checkpoint(path)
+        except CheckpointError:
+            saved_epoch = None
+    if saved_epoch != state.epoch:
+        logger.warning("%s did not hold the best epoch (%d) (a crash interrupted its save, or it is damaged or "
+                       "missing): saved it again", path, state.epoch)
+        save_state(path, model, state, meta(state, state.history[state.best]), resumable=False)

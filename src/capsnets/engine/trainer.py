@@ -4,6 +4,9 @@ Sabour et al. 2017 train CapsNet with Adam and an exponentially decaying learnin
 is applied once per epoch (``ExponentialLR``). The trainer only uses a model's ``ModelOutput.scores``,
 ``reconstruction`` and ``default_loss``: it knows nothing of capsules.
 
+The training is :func:`~capsnets.engine.fit` with callbacks (:mod:`capsnets.engine.callbacks`): a time limit,
+the test evaluation, the ``last`` and ``best`` checkpoints and the metrics log.
+
 Run directory (``config.out``): ``config.yaml``, ``metrics.jsonl`` (one line per epoch),
 ``last``/``best`` checkpoints (``.safetensors`` + ``.json``), ``summary.json`` and figures. A fresh run never
 replaces another run's directory unless asked to (``overwrite``), and a resumed run refuses changes that would
@@ -22,15 +25,17 @@ import torch
 
 import capsnets
 from capsnets.data import AUGMENTATIONS, DeviceLoader, load_dataset
-from capsnets.engine import checkpoint as ckpt
 from capsnets.engine import distributed, reporting
+from capsnets.engine.callbacks import Hook, ModelCheckpoint, TimeLimit, checkpoint_path, resume_state
 from capsnets.engine.config import TrainConfig
 from capsnets.engine.evaluate import evaluate
-from capsnets.engine.fit import NonFiniteLossError, TrainState, fit, save_state, training_step
-from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, resume_changes
+from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
+from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, check_best, repair_best, resume_changes
 from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything
+from capsnets.io import Checkpoint, CheckpointError, load_checkpoint
 from capsnets.losses import LOSS_TASKS, create_loss, list_losses
 from capsnets.models import model_arguments, model_task
+from capsnets.models.hub import build_model, restore_model
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +96,7 @@ class Trainer:
                 self._claim = claim if context.is_main else None
                 return self._fit(context, device)
         except NonFiniteLossError as err:
-            kept = self.run_dir / f"last{ckpt.SUFFIX}"
+            kept = checkpoint_path(self.run_dir, "last")
             where = (f"then --resume from the last checkpoint, {kept}, which is kept" if kept.is_file()
                      else "then train again (no checkpoint was saved before it)")
             raise NonFiniteLossError(f"{err}; {where}") from err
@@ -117,9 +122,7 @@ class Trainer:
 
         step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(cfg.amp, device), model=s.model)
         fit(step, s.loader, epochs=cfg.epochs, state=s.state, schedulers=[s.state.scheduler],
-            on_evaluation=lambda record, final: self._at_epoch_end(s, record, final),
-            time_limit_s=None if cfg.time_limit_minutes is None else 60.0 * cfg.time_limit_minutes,
-            desc=cfg.model, progress=cfg.progress, context=context)
+            callbacks=self._callbacks(s), desc=cfg.model, progress=cfg.progress, context=context)
         if not s.state.finished:
             logger.info("time limit of %g minutes reached after epoch %d of %d; continue with --resume",
                         cfg.time_limit_minutes, s.state.epoch, cfg.epochs)
@@ -138,8 +141,8 @@ class Trainer:
         self._classes = [str(name) for name in train_data.classes] or None  # recorded for `capsnets predict`
         model = self.model = self._build_model(train_data).to(device)
         criterion = self._build_loss(model)  # before anything is written: a bad --loss-arg leaves no trace
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_decay)
+        optimizer, scheduler = adam_with_decay(model.parameters(), lr=cfg.lr, lr_decay=cfg.lr_decay,
+                                               weight_decay=cfg.weight_decay)
         state = self._restore(model, checkpoint) if checkpoint is not None else TrainState()
         state.attach(optimizer, scheduler)
         if checkpoint is not None:
@@ -152,9 +155,25 @@ class Trainer:
                         fast_model=torch.compile(model) if cfg.compile else model, criterion=criterion,
                         loader=loader, test_data=test_data, state=state, examples=examples)
 
-    def _at_epoch_end(self, s: "_Session", record: dict[str, Any], final: bool) -> None:
-        """Evaluate if due, write the epoch's metrics and checkpoints. An epoch that ends the run (its last, or
-        the time limit) is evaluated and checkpointed whatever ``eval_every`` / ``checkpoint_every`` say."""
+    def _callbacks(self, s: "_Session") -> list:
+        """The time limit, the evaluation and, on rank 0, the ``last`` and ``best`` checkpoints and the metrics
+        log (checkpoints first: a crash between them leaves a record missing from metrics.jsonl, which a
+        resumed run rewrites from the checkpoint's history). An epoch that ends the run (its last, or the time
+        limit) is evaluated and checkpointed whatever ``eval_every`` / ``checkpoint_every`` say."""
+        cfg = self.config
+        limit = None if cfg.time_limit_minutes is None else 60.0 * cfg.time_limit_minutes
+        callbacks = [TimeLimit(limit, context=s.context, device=s.device),
+                     Hook(lambda record, final: self._evaluate(s, record, final))]
+        if s.context.is_main:
+            callbacks += [
+                ModelCheckpoint(checkpoint_path(self.run_dir, "last"), s.model, self._meta, every=cfg.checkpoint_every,
+                                on_save=lambda: self._claim is not None and self._claim.committed()),
+                ModelCheckpoint(checkpoint_path(self.run_dir, "best"), s.model, self._meta, best_only=True),
+                Hook(lambda record, final: reporting.append_metrics(self.run_dir, record))]
+        return callbacks
+
+    def _evaluate(self, s: "_Session", record: dict[str, Any], final: bool) -> None:
+        """Complete the epoch's record: its time, throughput and, if due, the test evaluation; choose the best."""
         cfg, state = self.config, s.state
         record.update(epoch_time_s=record.pop("time_s"), train_time_s=state.train_time_s)
         record["images_per_s"] = s.examples / max(record["epoch_time_s"], 1e-9)
@@ -163,8 +182,6 @@ class Trainer:
                                   context=s.context)
             record.update(test_loss=evaluation["loss"], test_accuracy=evaluation["accuracy"])
         state.best = _best(state.history)
-        if s.context.is_main:
-            self._save_epoch(record, state, s.model, state.best == len(state.history) - 1, final)
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load_data(self, device: torch.device):
@@ -180,15 +197,13 @@ class Trainer:
         """Build the model; ``num_classes`` and ``input_size`` default to the data set's (saved in the config)."""
         task = model_task(self.config.model)
         if task != "classification":
-            where = {"segmentation": "`capsnets experiment segmentation` trains segmentation models",
-                     "synthesis": "`capsnets experiment synthesis` trains synthesis generators (train_pix2pix)",
-                     "autoencoder": "see the README for training the transforming auto-encoder"}[task]
-            raise ValueError(f"model {self.config.model!r} is a {task} model; the trainer trains classifiers; {where}")
+            raise ValueError(f"model {self.config.model!r} is a {task} model, and the trainer trains classifiers; "
+                             f"train it with capsnets.engine.fit, a step function for its loss and callbacks")
         accepted = model_arguments(self.config.model)
         for key, value in (("num_classes", data.num_classes), ("input_size", list(data.input_shape))):
             if key in accepted and key not in self.config.model_args:
                 self.config.model_args[key] = value
-        model = ckpt.build_model(self.config.model, self.config.model_args)
+        model = build_model(self.config.model, self.config.model_args)
         recorded = getattr(model, "model_args", {})  # e.g. an argument whose default changed: named from now on
         self.config.model_args.update({k: v for k, v in recorded.items() if k not in self.config.model_args})
         expected_shape = tuple(data.input_shape)  # after the data set's own augmentation (e.g. crops)
@@ -228,13 +243,13 @@ class Trainer:
                              f"shared by {context.world_size} processes; lower --batch-size")
         return loader
 
-    def _resume_checkpoint(self) -> ckpt.Checkpoint:
+    def _resume_checkpoint(self) -> Checkpoint:
         """``<out>/last``, after checking that the config resumes the run it holds (:func:`resume_changes`); the
         config's model arguments become the run's."""
-        path = self.run_dir / f"last{ckpt.SUFFIX}"
+        path = checkpoint_path(self.run_dir, "last")
         if not path.is_file():
-            raise ckpt.CheckpointError(f"cannot resume: no checkpoint '{path}'; train without --resume first")
-        checkpoint = ckpt.load_checkpoint(path)
+            raise CheckpointError(f"cannot resume: no checkpoint '{path}'; train without --resume first")
+        checkpoint = load_checkpoint(path)
         saved = checkpoint.meta.get("config")
         if saved is not None:
             cfg = self.config
@@ -243,19 +258,14 @@ class Trainer:
             cfg.model_args = {**saved.get("model_args", {}), **cfg.model_args}
         return checkpoint
 
-    def _restore(self, model, checkpoint: ckpt.Checkpoint) -> TrainState:
+    def _restore(self, model, checkpoint: Checkpoint) -> TrainState:
         """The state of the checkpoint, with the model's weights loaded and the checkpoint kept in it for
         :meth:`TrainState.attach` (optimizer, scheduler and RNG)."""
-        ckpt.restore_model(model, checkpoint)
-        state = TrainState.from_meta(checkpoint.meta)
-        if not state.history:  # a checkpoint written before TrainState: the records are in metrics.jsonl
-            state.history = reporting.read_metrics(self.run_dir, state.epoch)
-            state.best = _best(state.history)
+        state = resume_state(checkpoint, model)
         if self.config.epochs < state.epoch:
             raise RunDirectoryError(f"the run in '{self.run_dir}' has trained {state.epoch} epochs; --epochs "
                                     f"{self.config.epochs} is fewer: resume with --epochs {state.epoch} or more")
-        state.checkpoint = checkpoint
-        self._check_best(state)
+        check_best(self.run_dir, state)
         logger.info("resuming from %s after epoch %d", checkpoint.path, state.epoch)
         return state
 
@@ -291,65 +301,16 @@ class Trainer:
                 logger.warning("%s; rewriting it from the checkpoint", err)
                 on_disk = None
             reporting.write_metrics(self.run_dir, state.history or on_disk)
-            self._repair_best(state, self.model)
+            repair_best(self.run_dir, state, self.model, self._meta)
         else:
             (self.run_dir / reporting.METRICS_FILE).unlink(missing_ok=True)
 
     # -- per epoch / end of run -----------------------------------------------------------------------------
-    def _save_epoch(self, record, state: TrainState, model, is_best: bool, final: bool) -> None:
-        """Checkpoints first, then the record: a crash between them leaves a record missing from metrics.jsonl,
-        which a resumed run rewrites from the checkpoint's history."""
-        cfg = self.config
-        meta = self._meta(state, record)
-        if state.epoch % cfg.checkpoint_every == 0 or final:
-            save_state(self.run_dir / f"last{ckpt.SUFFIX}", model, state, meta)
-            if self._claim is not None:  # the run it replaced (--overwrite) can go now
-                self._claim.committed()
-        if is_best:
-            save_state(self.run_dir / f"best{ckpt.SUFFIX}", model, state, meta, resumable=False)
-        reporting.append_metrics(self.run_dir, record)
-
     def _meta(self, state: TrainState, record: dict[str, Any]) -> dict[str, Any]:
         cfg = self.config
         return {"model": cfg.model, "model_args": cfg.to_dict()["model_args"], "dataset": cfg.dataset,
                 "classes": getattr(self, "_classes", None), "config": cfg.to_dict(), "epoch": state.epoch,
                 "metrics": record}
-
-    def _check_best(self, state: TrainState) -> None:
-        """Before anything is written: ``best`` must load, unless it holds the epoch ``last`` holds (then
-        :meth:`_repair_best` saves it again). A damaged one whose epoch is gone is refused, so that it is not
-        replaced unseen; a missing one is reported."""
-        path = self.run_dir / f"best{ckpt.SUFFIX}"
-        best = state.history[state.best] if state.best is not None else None
-        if best is None or best.get("epoch") == state.epoch:
-            return
-        if not path.is_file():
-            logger.warning("%s is missing: the weights of the best epoch so far (%s) are lost; it is saved again when "
-                           "an epoch beats that one", path, best.get("epoch"))
-            return
-        try:
-            ckpt.load_checkpoint(path)
-        except ckpt.CheckpointError as err:
-            raise ckpt.CheckpointError(f"cannot resume: {str(err).split('; ')[0]}; it holds the best epoch "
-                                       f"({best.get('epoch')}), which the run cannot save again: restore it from a "
-                                       "copy, or move it away to resume without it") from err
-
-    def _repair_best(self, state: TrainState, model) -> None:
-        """A crash between saving ``last`` and ``best`` leaves ``best`` an epoch behind the history's best, which is
-        then the epoch ``last`` holds: save it again from the resumed model (also when it is damaged or missing)."""
-        if state.best is None or state.history[state.best].get("epoch") != state.epoch:
-            return
-        path = self.run_dir / f"best{ckpt.SUFFIX}"
-        saved_epoch = ckpt.checkpoint_epoch(path) if path.is_file() else None
-        if saved_epoch == state.epoch:
-            try:
-                ckpt.load_checkpoint(path)
-            except ckpt.CheckpointError:
-                saved_epoch = None
-        if saved_epoch != state.epoch:
-            logger.warning("%s did not hold the best epoch (%d) (a crash interrupted its save, or it is damaged or "
-                           "missing): saved it again", path, state.epoch)
-            save_state(path, model, state, self._meta(state, state.history[state.best]), resumable=False)
 
     def _summary(self, state: TrainState, model, device, context) -> dict[str, Any]:
         cfg = self.config
@@ -372,12 +333,13 @@ class Trainer:
         drawn = None if trained else reporting.drawn_figures(self.run_dir)
         summary.update(drawn or {})
         reporting.write_summary(self.run_dir, summary)
-        if drawn is not None or not (self.run_dir / f"best{ckpt.SUFFIX}").is_file():
+        best = checkpoint_path(self.run_dir, "best")
+        if drawn is not None or not best.is_file():
             return
         model = copy.deepcopy(s.model)
-        ckpt.restore_model(model, ckpt.load_checkpoint(self.run_dir / f"best{ckpt.SUFFIX}"))
+        restore_model(model, load_checkpoint(best))
         evaluation = evaluate(model, s.test_data, self.config.batch_size, s.device, self.config.amp)
-        shown = (f"best{ckpt.SUFFIX} (epoch {summary['best_epoch']}, test accuracy "
+        shown = (f"{best.name} (epoch {summary['best_epoch']}, test accuracy "
                  f"{100 * evaluation['accuracy']:.2f}%)")
         figures = reporting.save_figures(self.run_dir, confusion=evaluation["confusion_matrix"],
                                          class_names=list(s.test_data.classes), checkpoint=shown,

@@ -7,7 +7,8 @@
 - :func:`list_experiments`, :func:`describe_experiments` (one line each, or one experiment's settings),
   :func:`experiment_settings`: the registry (:mod:`.common`); each experiment's settings are a dataclass.
 - :mod:`.report` writes every report; :mod:`.training` holds what the experiments share for training
-  (:func:`train_classifier`, :func:`load_or_train`...), all of it through the engine's one ``fit`` loop.
+  (:func:`train_classifier`...), all of it through the engine's one ``fit`` loop and its callbacks;
+  :mod:`.checkpoints` keeps the trained models between runs (:class:`Checkpoints`).
 
 Experiment modules register themselves on import; every module named in ``_MODULES`` is imported here, so
 adding an experiment means adding its file and its name below. No experiment imports another.
@@ -20,7 +21,8 @@ from .common import (ExperimentSettings, describe_experiments, experiment_settin
                      register_experiment, run_experiment)
 from .report import ExperimentResult, markdown_table, percent, save_figure, settings_table, write_report
 from .seeds import run_experiment_seeds, summarise_seeds
-from .training import TrainingState, evaluate_accuracy, load_or_train, train_classifier
+from .checkpoints import Checkpoints, load_or_train
+from .training import evaluate_accuracy, train_classifier
 
 _MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints", "segmentation", "synthesis",
             "routers")
@@ -29,7 +31,7 @@ for _name in _MODULES:
     importlib.import_module(f"{__name__}.{_name}")
 
 __all__ = [
-    "ExperimentResult", "ExperimentSettings", "TrainingState", "describe_experiments", "evaluate_accuracy",
+    "Checkpoints", "ExperimentResult", "ExperimentSettings", "describe_experiments", "evaluate_accuracy",
     "experiment_settings", "get_experiment", "list_experiments", "load_or_train", "markdown_table", "percent",
     "register_experiment", "run_experiment", "run_experiment_seeds", "save_figure", "settings_table",
     "summarise_seeds", "train_classifier", "write_report",

@@ -34,14 +34,14 @@ from torch import Tensor, nn
 from capsnets.attacks import (ATTACK_LOSSES, attack_loss, attack_success, bim, fgsm, random_wrong_targets,
                               zero_gradient_fraction)
 from capsnets.data import load_dataset
-from capsnets.models import count_parameters, create_model
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (markdown_table, matching_note, percent, save_figure, settings_table,
                                          training_metrics, write_report)
-from capsnets.experiments.training import evaluate_accuracy, fit_or_load, minutes_to_seconds
+from capsnets.experiments.report.adversarial import LOSS_TEXT, plot_success_rates, success_rate_table
+from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
+from capsnets.models import count_parameters, create_model
 
 __all__ = ["Settings", "attack_table", "run"]
-
 
 
 @dataclass(frozen=True)
@@ -111,58 +111,6 @@ def attack_table(models: dict[str, nn.Module], images: Tensor, labels: Tensor, w
              "successes": s, "attempts": n, "rate": s / n if n else float("nan")} for k, (s, n) in counts.items()]
 
 
-_LOSS_TEXT = {"cross_entropy": "the cross-entropy of the scores",
-              "own": "each model's training loss (margin / spread / cross-entropy)"}
-
-
-def _rate(records, **match) -> float:
-    for r in records:
-        if all(r[k] == v for k, v in match.items()):
-            return r["rate"]
-    return float("nan")
-
-
-def _results_markdown(records: list[dict], eps_values: Sequence[float], caps: str, cnn: str) -> str:
-    rows = []
-    for attack in ("fgsm", "bim"):
-        for targeted in (False, True):
-            for eps in eps_values:
-                pick = dict(attack=attack, targeted=targeted, eps=float(eps))
-                rows.append((attack.upper(), "targeted" if targeted else "untargeted", eps,
-                             percent(_rate(records, source=cnn, victim=cnn, **pick)),
-                             percent(_rate(records, source=caps, victim=caps, **pick)),
-                             percent(_rate(records, source=cnn, victim=caps, **pick)),
-                             percent(_rate(records, source=caps, victim=cnn, **pick))))
-    headers = ["attack", "kind", "eps", "CNN (white-box)", "capsules (white-box)", "CNN -> capsules (transfer)",
-               "capsules -> CNN (transfer)"]
-    return markdown_table(headers, rows)
-
-
-def _plot_rates(records, eps_values, caps: str, cnn: str, out_png: Path, title: str = "") -> Path:
-    fig = Figure(figsize=(11, 7), layout="constrained")
-    axes = fig.subplots(2, 2, sharex=True, sharey=True)
-    lines = [(cnn, cnn, "CNN", "tab:red", "-"), (caps, caps, "capsules", "tab:blue", "-"),
-             (cnn, caps, "CNN -> capsules", "tab:purple", "--")]
-    for row, attack in enumerate(("fgsm", "bim")):
-        for col, targeted in enumerate((False, True)):
-            ax = axes[row, col]
-            for source, victim, label, colour, style in lines:
-                rates = [100 * _rate(records, attack=attack, targeted=targeted, eps=float(e), source=source,
-                                     victim=victim) for e in eps_values]
-                ax.plot(eps_values, rates, style, marker="o", color=colour, label=label)
-            ax.set_title(f"{attack.upper()}, {'targeted' if targeted else 'untargeted'}")
-            ax.set_ylim(-2, 102)
-            ax.grid(alpha=0.3)
-            if row == 1:
-                ax.set_xlabel("eps (L-inf)")
-            if col == 0:
-                ax.set_ylabel("success rate (%)")
-    axes[0, 0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    return save_figure(fig, out_png)
-
-
 @torch.no_grad()
 def _predict(model, images):
     model.eval()
@@ -189,7 +137,7 @@ def _plot_examples(models: dict[str, nn.Module], images, labels, eps: float, ste
             wrong = any(int(p[c]) != int(y[c]) for p in predicted.values())
             ax.set_title(text, fontsize=7, color="red" if wrong else "black")
         axes[r, 0].set_ylabel(title, fontsize=8)
-    fig.suptitle(f"adversarial examples, eps = {eps}, crafted with {_LOSS_TEXT[loss]}")
+    fig.suptitle(f"adversarial examples, eps = {eps}, crafted with {LOSS_TEXT[loss]}")
     return save_figure(fig, out_png)
 
 
@@ -212,7 +160,7 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
 
 @register_experiment("adversarial", Settings, "FGSM and BIM against capsules and a CNN at equal clean accuracy "
                      "(Hinton et al. 2018, Sec. 6)", contrasts=_contrasts)
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) the two models, attack them, write ``report.md`` and two PNGs into ``out``."""
     train = load_dataset("mnist", root=data_dir, train=True, device=device)
     test = load_dataset("mnist", root=data_dir, train=False, device=device).subset(s.test_size)
@@ -220,7 +168,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
     fit_x, fit_y = fit.images[:s.train_size], fit.labels[:s.train_size]
     val_x, val_y = fit.images[s.train_size:], fit.labels[s.train_size:]
     models = {"CNN": _build(s.cnn_model, device), "CapsNet": _build(s.capsule_model, device)}
-    training = {name: fit_or_load(model, f"adversarial_{model.model_name}", checkpoint_dir, fit_x, fit_y, val_x, val_y,
+    training = {name: checkpoints.fit_or_load(model, f"adversarial_{model.model_name}", fit_x, fit_y, val_x, val_y,
                                   target=s.target_accuracy, max_epochs=s.max_epochs, lr=s.lr,
                                   batch_size=s.batch_size, seed=seed + 100 * index, desc=name,
                                   time_limit_s=minutes_to_seconds(s.train_minutes))
@@ -232,10 +180,10 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         found = attack_table(models, test.images, test.labels, wrong, s.eps, bim_steps=s.bim_steps,
                              batch_size=max(s.batch_size, 64), loss=kind)
         records += found
-        figures.append(_plot_rates(found, s.eps, "CapsNet", "CNN", out / f"success_rates_{kind}.png",
-                                   title=f"attack success, crafted with {_LOSS_TEXT[kind]}"))
-        rate_sections.append((f"Attack success rates, crafted with {_LOSS_TEXT[kind]}",
-                              _results_markdown(found, s.eps, "CapsNet", "CNN")))
+        figures.append(plot_success_rates(found, s.eps, "CapsNet", "CNN", out / f"success_rates_{kind}.png",
+                                   title=f"attack success, crafted with {LOSS_TEXT[kind]}"))
+        rate_sections.append((f"Attack success rates, crafted with {LOSS_TEXT[kind]}",
+                              success_rate_table(found, s.eps, "CapsNet", "CNN")))
     mid_eps = s.eps[len(s.eps) // 2]
     figures.append(_plot_examples(models, test.images, test.labels, mid_eps, s.bim_steps, out / "examples.png",
                                   loss=s.attack_losses[0]))
@@ -251,7 +199,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
          "prediction is the target. Counted over test examples the evaluated model classifies correctly when "
          "clean. BIM takes `bim_steps` steps of 2.5 eps / `bim_steps`."),
         ("Gradient masking", markdown_table(
-            ["model", *[f"zero input gradient, {_LOSS_TEXT[k]}" for k in s.attack_losses]],
+            ["model", *[f"zero input gradient, {LOSS_TEXT[k]}" for k in s.attack_losses]],
             [(name, *[percent(flat[name, k]) for k in s.attack_losses]) for name in models])
          + "\n\nFraction of clean test examples whose input gradient of the attack loss is exactly zero: a "
            "sign-gradient attack leaves them unchanged, so a loss with a large fraction understates what an "

@@ -26,11 +26,11 @@ from torch import nn
 
 from capsnets.data import DatasetError, load_dataset
 from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
-from capsnets.models import count_parameters, create_model
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (markdown_table, matching_note, percent, save_figure, settings_table,
                                          training_metrics, write_report)
-from capsnets.experiments.training import evaluate_accuracy, fit_or_load, minutes_to_seconds
+from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
+from capsnets.models import count_parameters, create_model
 
 __all__ = ["run"]
 
@@ -103,7 +103,7 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
 
 @register_experiment("affnist", Settings, "trained on translated MNIST, tested on unseen affine transforms "
                      "(Sabour et al. 2017, Sec. 5.2)", contrasts=_contrasts)
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train on translated MNIST, test on affNIST(-style) digits; write ``report.md`` and a PNG into ``out``."""
     digits = load_dataset("mnist", root=data_dir, train=True, device=device).subset(s.train_size + s.val_size)
     fit_x, fit_y = digits.images[:s.train_size], digits.labels[:s.train_size]
@@ -115,7 +115,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
     if real is not None:
         tests["affNIST (real)"] = real
     models = {"CapsNet": _build(s.capsule_model, device), "CNN": _build(s.cnn_model, device)}
-    training = {name: fit_or_load(model, f"affnist_{model.model_name}", checkpoint_dir, fit_x, fit_y, val.images,
+    training = {name: checkpoints.fit_or_load(model, f"affnist_{model.model_name}", fit_x, fit_y, val.images,
                                   val.labels, target=s.target_accuracy, max_epochs=s.max_epochs, lr=s.lr,
                                   batch_size=s.batch_size, seed=seed + 100 * index, augment=RandomPlacement(),
                                   desc=name, time_limit_s=minutes_to_seconds(s.train_minutes))

@@ -10,13 +10,14 @@ run's and whose ``SMOKE`` entries give the tiny CPU-sized version (minutes)::
         SMOKE: ClassVar[dict] = {"epochs": 1}
 
     @register_experiment("multimnist", Settings, "two overlapping digits: CapsNet against a CNN")
-    def run(out: Path, s: Settings, *, smoke, device, seed, data_dir, checkpoint_dir) -> ExperimentResult:
+    def run(out: Path, s: Settings, *, smoke, device, seed, data_dir, checkpoints) -> ExperimentResult:
         ...
         return write_report(out, "MultiMNIST", [("Results", markdown_table(headers, rows))], metrics={...})
 
 ``--set KEY=VALUE`` (the ``options`` of :func:`run_experiment`) overrides single settings, checked against
 the field types. Reports are written with :mod:`capsnets.experiments.report`; the training helpers that
-experiments share are in :mod:`capsnets.experiments.training`.
+experiments share are in :mod:`capsnets.experiments.training`, among them ``checkpoints``, the
+:class:`~capsnets.experiments.checkpoints.Checkpoints` folder (``--checkpoint-dir``) where a run keeps its models.
 """
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from capsnets.engine.runtime import resolve_device, seed_everything
+from capsnets.experiments.checkpoints import Checkpoints
 from capsnets.experiments.report import ExperimentResult, annotate_report, run_description
-from capsnets.experiments.training import recording_cut_short
+from capsnets.validation import ArgumentError
 
 #: ``metrics -> [(label, key_a, key_b), ...]``: the differences ``metrics[key_a] - metrics[key_b]`` that a
 #: multi-seed summary reports per seed (e.g. capsules minus CNN on the same test set).
@@ -51,11 +53,11 @@ class ExperimentSettings:
 
     def with_options(self, name: str, options: dict[str, Any]) -> "ExperimentSettings":
         """A copy with ``options`` applied, each checked against its field's type; an unknown key raises a
-        ``ValueError`` naming every unknown key and the ones the experiment takes."""
+        :class:`~capsnets.validation.ArgumentError` naming every unknown key and the ones the experiment takes."""
         names = [f.name for f in dataclasses.fields(self)]
         unknown = sorted(set(options) - set(names))
         if unknown:
-            raise ValueError(f"{name} does not take {', '.join(unknown)}; it takes: {', '.join(sorted(names))}")
+            raise ArgumentError(f"{name} does not take {', '.join(unknown)}; it takes: {', '.join(sorted(names))}")
         hints = typing.get_type_hints(type(self))
         return dataclasses.replace(self, **{key: _typed(name, key, hints[key], value)
                                             for key, value in options.items()})
@@ -94,7 +96,7 @@ _EXPERIMENTS: dict[str, Experiment] = {}
 
 def register_experiment(name: str, settings: type[ExperimentSettings], description: str, *,
                         contrasts: ContrastFn | None = None) -> Callable:
-    """Decorator registering ``run(out, settings, *, smoke, device, seed, data_dir, checkpoint_dir)`` under
+    """Decorator registering ``run(out, settings, *, smoke, device, seed, data_dir, checkpoints)`` under
     ``name`` (see the module docstring). ``contrasts`` names the comparisons a multi-seed run summarises
     (:mod:`capsnets.experiments.seeds`)."""
 
@@ -113,11 +115,11 @@ def list_experiments() -> list[str]:
 
 
 def get_experiment(name: str) -> Experiment:
-    """The experiment registered as ``name``; an unknown name raises ``ValueError`` listing the known ones."""
+    """The experiment registered as ``name``; an unknown name raises an ``ArgumentError`` listing the known ones."""
     if name not in _EXPERIMENTS:
         close = difflib.get_close_matches(name, _EXPERIMENTS, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown experiment {name!r}.{hint} Known experiments: {', '.join(list_experiments())}")
+        raise ArgumentError(f"unknown experiment {name!r}.{hint} Known experiments: {', '.join(list_experiments())}")
     return _EXPERIMENTS[name]
 
 
@@ -145,17 +147,19 @@ def run_experiment(name: str, out: str | os.PathLike, *, smoke: bool = False, de
                    data_dir: str | os.PathLike | None = None, checkpoint_dir: str | os.PathLike | None = None,
                    **options) -> ExperimentResult:
     """Seed everything, create ``out`` and run the experiment ``name`` (its report goes to ``out/report.md``);
-    ``options`` override single settings (see :func:`describe_experiments`)."""
+    ``options`` override single settings (see :func:`describe_experiments`). Models are kept in
+    ``checkpoint_dir`` between runs; the result's ``cut_short`` names the trainings a time limit left
+    unfinished there."""
     check_seed(seed)
     settings = experiment_settings(name, smoke=smoke, **options)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
     device = str(resolve_device(device))
-    with recording_cut_short() as cut_short:
-        result = get_experiment(name).run(out, settings, smoke=smoke, device=device, seed=seed, data_dir=data_dir,
-                                          checkpoint_dir=checkpoint_dir)
-    result.cut_short = cut_short
+    checkpoints = Checkpoints(checkpoint_dir)
+    result = get_experiment(name).run(out, settings, smoke=smoke, device=device, seed=seed, data_dir=data_dir,
+                                      checkpoints=checkpoints)
+    result.cut_short = checkpoints.cut_short
     annotate_report(result.report, run_description(name, out, smoke=smoke, device=device, seed=seed,
                                                    options=options))
     return result
@@ -166,15 +170,15 @@ SEED_LIMIT = 2**32
 
 
 def check_seed(seed: Any) -> int:
-    """``seed`` if it is an int in ``[0, 2**32)``, else a ``ValueError`` naming it."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+    """``seed`` if it is an int in ``[0, 2**32)``, else an :class:`~capsnets.validation.ArgumentError` naming it."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ArgumentError(f"seed must be an integer in [0, 2**32), got {seed!r}")
     return seed
 
 
 def _typed(name: str, key: str, hint: Any, value: Any) -> Any:
     """``value`` as a value of type ``hint`` (int, float, str, bool, dict, tuple/list of one type, optional),
-    or a ``ValueError`` naming the setting. A single value where a tuple or list is expected is taken as one
+    or an ``ArgumentError`` naming the setting. A single value where a tuple or list is expected is taken as one
     element; an int where a float is expected as that float."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -197,7 +201,7 @@ def _typed(name: str, key: str, hint: Any, value: Any) -> Any:
     elif hint is Any or (isinstance(value, hint) and not (hint is int and isinstance(value, bool))):
         return value
     example = f" (a mapping, e.g. --set '{key}={{\"batch_norm\": true}}')" if origin is dict or hint is dict else ""
-    raise ValueError(f"{name}: {key}={value!r} is not {_type_name(hint)}{example}")
+    raise ArgumentError(f"{name}: {key}={value!r} is not {_type_name(hint)}{example}")
 
 
 def _type_name(hint: Any) -> str:

@@ -24,18 +24,18 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from capsnets.data import load_dataset, random_shift
+from capsnets.engine import TrainState
+from capsnets.engine.callbacks import checkpoint_path
 from capsnets.io import CheckpointError
 from capsnets.models.hub import load_model
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (ExperimentResult, markdown_table, percent, save_figure, settings_table,
                                          training_cell, write_report)
-from capsnets.engine import TrainState
-from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, load_or_train, minutes_to_seconds,
+from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, minutes_to_seconds,
                                            train_classifier)
 from capsnets.functional import capsule_length
 from capsnets.models import count_parameters, create_model
-
-PERTURBATIONS = torch.arange(-5, 6) * 0.05  # -0.25 ... +0.25 in steps of 0.05
+from capsnets.plots import perturbation_grid, plot_perturbation_grid
 
 
 @dataclass(frozen=True)
@@ -55,23 +55,6 @@ class Settings(ExperimentSettings):
 
 
 @torch.no_grad()
-def perturbation_grid(model: nn.Module, image: Tensor, steps: Tensor = PERTURBATIONS) -> tuple[Tensor, int]:
-    """Decode the active class capsule of ``image`` with each dimension moved by each step.
-
-    Shape:
-        image ``(C, H, W)`` -> grid ``(D, len(steps), C, H, W)`` and the winning class.
-    """
-    capsules = model.encode(image[None])[0]  # (K, D)
-    winner = int(capsule_length(capsules).argmax())
-    dims, count = capsules.shape[1], len(steps)
-    moved = capsules.expand(dims, count, *capsules.shape).clone()  # (D, S, K, D)
-    rows = torch.arange(dims, device=image.device)
-    moved[rows, :, winner, rows] += steps.to(capsules)[None, :]
-    decoded = model.decoder(moved.flatten(0, 1), torch.full((dims * count,), winner, device=image.device))
-    return decoded.view(dims, count, *decoded.shape[1:]), winner
-
-
-@torch.no_grad()
 def routing_map(model: nn.Module, image: Tensor, return_couplings: bool = False):
     """Couplings of the primary capsules to the winning class times their lengths, summed over types.
 
@@ -88,22 +71,6 @@ def routing_map(model: nn.Module, image: Tensor, return_couplings: bool = False)
     return (heat, winner, couplings[0, :, winner]) if return_couplings else (heat, winner)
 
 
-def plot_grid(grid: Tensor, winner: int, out_png: str | Path) -> Path:
-    """Rows = capsule dimensions, columns = perturbations (paper Fig. 4), drawn as one tiled image."""
-    dims, count, _, height, width = grid.shape
-    pad = F.pad(grid[:, :, 0], (1, 1, 1, 1), value=0.5)  # (D, S, H+2, W+2), grey separators
-    mosaic = pad.permute(0, 2, 1, 3).reshape(dims * (height + 2), count * (width + 2))
-    fig = Figure(figsize=(0.55 * count + 1.2, 0.55 * dims + 0.9))
-    ax = fig.add_subplot(1, 1, 1)
-    ax.imshow(mosaic.cpu().numpy(), cmap="gray", vmin=0, vmax=1)
-    ax.set_xticks([(width + 2) * (s + 0.5) for s in range(count)], [f"{v:+.2f}" for v in PERTURBATIONS.tolist()],
-                  fontsize=6, rotation=90)
-    ax.set_yticks([(height + 2) * (d + 0.5) for d in range(dims)], [str(d) for d in range(dims)], fontsize=6)
-    ax.set_xlabel("perturbation", fontsize=8), ax.set_ylabel("dimension", fontsize=8)
-    ax.set_title(f"class {winner}: each of the {dims} dimensions perturbed", fontsize=9)
-    return save_figure(fig, out_png)
-
-
 def plot_routing(images: Tensor, maps: list[Tensor], winners: list[int], out_png: str | Path) -> Path:
     """Each input with the upsampled coupling map to its winning class drawn over it."""
     fig = Figure(figsize=(2.2 * len(images), 2.4))
@@ -117,10 +84,11 @@ def plot_routing(images: Tensor, maps: list[Tensor], winners: list[int], out_png
     return save_figure(fig, out_png)
 
 
-def _model(cfg: Settings, data, device: str, seed: int, checkpoint_dir) -> tuple[nn.Module, str]:
-    if checkpoint_dir is not None and not (Path(checkpoint_dir) / "dimensions_capsnet.safetensors").is_file():
+def _model(cfg: Settings, data, device: str, seed: int, checkpoints) -> tuple[nn.Module, str]:
+    folder = checkpoints.directory
+    if folder is not None and not checkpoint_path(folder, "dimensions_capsnet").is_file():
         try:  # a trainer run directory
-            return load_model(checkpoint_dir, device)[0], f"loaded from {checkpoint_dir}"
+            return load_model(folder, device)[0], f"loaded from {folder}"
         except CheckpointError:
             pass
     model = create_model(cfg.model, device=device)
@@ -135,7 +103,7 @@ def _model(cfg: Settings, data, device: str, seed: int, checkpoint_dir) -> tuple
                          state=state)
 
     recipe = {**cfg.subset("train_images", "epochs", "batch_size", "max_shift"), "seed": seed}
-    loaded = load_or_train(model, "dimensions_capsnet", fit, checkpoint_dir=checkpoint_dir, meta={"dataset": "mnist"},
+    loaded = checkpoints.load_or_train(model, "dimensions_capsnet", fit, meta={"dataset": "mnist"},
                            state=state, recipe=recipe)
     trained = f"{epochs_trained(state.history, cfg.epochs)} x {len(images):,} images"
     return model, training_cell(trained, state.history, loaded)
@@ -143,9 +111,9 @@ def _model(cfg: Settings, data, device: str, seed: int, checkpoint_dir) -> tuple
 
 @register_experiment("dimensions", Settings, "what each dimension of a class capsule encodes, and what routes "
                      "to it (Sabour et al. 2017, Fig. 4)")
-def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir) -> ExperimentResult:
+def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints) -> ExperimentResult:
     """Perturbation grids and routing pictures for ``digits`` MNIST test digits of different classes."""
-    model, how = _model(cfg, load_dataset("mnist", root=data_dir, train=True), device, seed, checkpoint_dir)
+    model, how = _model(cfg, load_dataset("mnist", root=data_dir, train=True), device, seed, checkpoints)
     model.eval()
     test = load_dataset("mnist", root=data_dir, train=False)
     images, labels = test.images[:cfg.test_images].to(device), test.labels[:cfg.test_images].to(device)
@@ -154,7 +122,7 @@ def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_d
     figures, maps, winners, couplings = [], [], [], []
     for index in chosen:
         grid, winner = perturbation_grid(model, images[index])
-        figures.append(plot_grid(grid, winner, out / f"dimensions_digit{int(labels[index])}.png"))
+        figures.append(plot_perturbation_grid(grid, winner, out / f"dimensions_digit{int(labels[index])}.png"))
         heat, winner, coupled = routing_map(model, images[index], return_couplings=True)
         maps.append(heat), winners.append(winner), couplings.append(coupled)
     figures.append(plot_routing(images[chosen], maps, winners, out / "routing.png"))

@@ -19,8 +19,9 @@ from torch import Tensor, nn
 
 from capsnets.data import DatasetError, DeviceLoader, TensorData, load_dataset, norb_protocol
 from capsnets.data.viewpoints import render_viewpoints, split_instances
+from capsnets.engine.callbacks import Hook, TimeLimit
 from capsnets.engine.evaluate import evaluate
-from capsnets.engine.fit import TrainState, fit, training_step
+from capsnets.engine.fit import TrainState, adam_with_decay, fit, training_step
 from capsnets.engine.runtime import resolve_amp
 from capsnets.losses import create_loss
 
@@ -32,7 +33,6 @@ AZIMUTH_FAMILIAR = (30, 32, 34, 0, 2, 4)
 #: Elevation indices of the training views: the three lowest (30, 35, 40 degrees).
 ELEVATION_FAMILIAR = (0, 1, 2)
 SPLITS = ("azimuth", "elevation")
-
 
 
 def error_rate(model: nn.Module, data: TensorData) -> float:
@@ -60,9 +60,10 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     ``time_limit_s``: training also stops at the first evaluation past that many seconds (``"time_limit"``
     in the result says whether it did). ``state``: a :class:`~capsnets.engine.TrainState`; training stopped by
     the time limit keeps in it the weights it stopped at (the model is left at the chosen ones), and a state
-    that :func:`~capsnets.experiments.training.load_or_train` filled from such a checkpoint is continued, the
-    history then including the earlier runs' evaluations. ``compile``: run the training steps' forward passes
-    through ``torch.compile(model)`` (same weights; scoring stays eager, so evaluation batches compile nothing).
+    that :meth:`~capsnets.experiments.checkpoints.Checkpoints.load_or_train` filled from such a checkpoint is
+    continued, the history then including the earlier runs' evaluations. ``compile``: run the training steps'
+    forward passes through ``torch.compile(model)`` (same weights; scoring stays eager, so evaluation batches
+    compile nothing).
 
     Returns:
         ``{"history": [{"epoch", "step", "loss", "familiar_error", "novel_error", ...}, ...], "epoch",
@@ -74,10 +75,10 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     if isinstance(novel_every, bool) or not isinstance(novel_every, int) or novel_every < 0:
         raise ValueError(f"novel_every must be an integer >= 0 (0: only at the chosen evaluation), got {novel_every!r}")
     criterion = create_loss(getattr(model, "default_loss", "cross_entropy"))
+    limit = TimeLimit(time_limit_s)
     forward = torch.compile(model) if compile else model  # shares the parameters: train, score, save ``model``
     loader = _OneBasedLoader(views["train"], batch_size, seed=seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
+    optimizer, scheduler = adam_with_decay(model.parameters(), lr=lr, lr_decay=lr_decay)
     state, best_state = state if state is not None else TrainState(), None
     checkpoint = state.attach(optimizer, scheduler)
     if checkpoint is not None:  # the model holds the chosen weights; the checkpoint those it stopped at
@@ -104,7 +105,7 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
 
     step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(amp, device), model=model)
     fit(step, loader, epochs=epochs, state=state, schedulers=[scheduler], evaluations_per_epoch=evals_per_epoch,
-        on_evaluation=score, time_limit_s=time_limit_s, desc=f"matched {getattr(model, 'model_name', 'model')}")
+        callbacks=[limit, Hook(score)], desc=f"matched {getattr(model, 'model_name', 'model')}")
     if not state.finished:  # what a later run needs to continue from this evaluation
         state.tensors = {f"last.{k}": v.detach().clone() for k, v in model.state_dict().items()}
     if best_state is not None:

@@ -26,11 +26,11 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.multimnist import MultiMNIST, average_overlap, make_multimnist, multimnist_test_set
+from capsnets.engine import TrainState
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (ExperimentResult, epoch_table, markdown_table, percent, save_figure,
                                          settings_table, training_cell, write_report)
-from capsnets.engine import TrainState
-from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, load_or_train, minutes_to_seconds,
+from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, minutes_to_seconds,
                                            train_classifier)
 from capsnets.functional import capsule_length
 from capsnets.losses import margin_loss, reconstruction_loss
@@ -136,7 +136,7 @@ def _load_digits(data_dir, train: bool, count: int, device: str) -> tuple[Tensor
 @register_experiment("multimnist", Settings, "recognising two overlapping digits: CapsNet against a CNN "
                      "(Sabour et al. 2017, Sec. 6)",
                      contrasts=lambda metrics: [("CapsNet - CNN, test error", "capsnet_error", "cnn_error")])
-def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir) -> ExperimentResult:
+def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints) -> ExperimentResult:
     """Train CapsNet and the CNN on generated MultiMNIST, report the paper's error and the segmentation
     figure."""
     train_images, train_labels = _load_digits(data_dir, True, cfg.train_digits, device)
@@ -169,7 +169,7 @@ def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_d
 
         recipe = {**cfg.subset("train_digits", "pairs_per_epoch", "epochs", "batch_size", "lr"),
                   "seed": seed}
-        loaded = load_or_train(model, f"multimnist_{key}", fit, checkpoint_dir=checkpoint_dir, state=state,
+        loaded = checkpoints.load_or_train(model, f"multimnist_{key}", fit, state=state,
                                recipe=recipe)
         history = histories[name] = state.history
         error = 1.0 - evaluate_accuracy(model, test.images, (test.labels,), correct=both_correct)

@@ -22,11 +22,11 @@ from typing import Any, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from capsnets.io import atomic_write
 from capsnets.engine.runtime import resolve_device
 from capsnets.experiments.common import check_seed, get_contrasts, run_experiment
 from capsnets.experiments.report import (ExperimentResult, annotate_report, markdown_table, percent, run_description,
                                          save_figure, write_report)
+from capsnets.io import atomic_write
 
 __all__ = ["run_experiment_seeds", "summarise_seeds"]
 

@@ -27,12 +27,13 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.segmentation import SegmentationData, make_digit_segmentation
+from capsnets.engine import TrainState
+from capsnets.engine.callbacks import checkpoint_name
 from capsnets.engine.evaluate import dice_score
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (epoch_table, markdown_table, percent, save_figure, settings_table,
                                          training_cell, write_report)
-from capsnets.engine import TrainState
-from capsnets.experiments.training import (checkpoint_name, epochs_trained, load_or_train, minutes_to_seconds,
+from capsnets.experiments.training import (epochs_trained, minutes_to_seconds,
                                            train_classifier)
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
@@ -119,7 +120,7 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
 
 @register_experiment("segmentation", Settings, "segmenting cluttered digits: SegCaps against U-Net "
                      "(LaLonde & Bagci 2018)", contrasts=_contrasts)
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) SegCaps and U-Net on cluttered digits; write ``report.md`` and a PNG into ``out``."""
     shape = {"size": s.size, "clutter": s.clutter, "patch": s.patch}
     train_digits = _digits(data_dir, True, s.train_digits, device)
@@ -154,7 +155,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         key = checkpoint_name(f"segmentation_{model.model_name}", builder_args[name])
         recipe = {**s.subset("train_digits", "images_per_epoch", "epochs", "size", "clutter", "patch",
                                         "batch_size", "lr"), "seed": seed}
-        loaded = load_or_train(model, key, fit, checkpoint_dir=checkpoint_dir, state=state, recipe=recipe)
+        loaded = checkpoints.load_or_train(model, key, fit, state=state, recipe=recipe)
         history = histories[name] = state.history
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})

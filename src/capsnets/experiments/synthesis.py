@@ -27,17 +27,18 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.synthesis import silhouette_label_maps
+from capsnets.engine.batches import TensorBatches
+from capsnets.engine.callbacks import TimeLimit
 from capsnets.engine.checkpoint import join_optimizer_state, split_optimizer_state
 from capsnets.engine.fit import TrainState, fit
 from capsnets.engine.runtime import autocast, resolve_amp
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import (markdown_table, percent, save_figure, settings_table, training_cell,
                                          write_report)
-from capsnets.experiments.training import TensorBatches, epochs_trained, load_or_train, minutes_to_seconds
+from capsnets.experiments.training import epochs_trained, minutes_to_seconds
 from capsnets.models import PatchDiscriminator, count_parameters, create_model
 
 __all__ = ["run", "pix2pix_step", "train_pix2pix", "synthesis_errors"]
-
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class Settings(ExperimentSettings):
     train_minutes: float | None = None
     SMOKE: ClassVar[dict] = {"train_images": 256, "test_images": 64, "epochs": 1, "capsule_model": "capspix2pix_small",
                              "cnn_model": "pix2pix_small", "discriminator_width": 16}
+
+
 SIZE = 32
 
 
@@ -89,7 +92,7 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Te
     step = pix2pix_step(generator, discriminator, opt_g, opt_d, l1_weight=l1_weight, device=images.device,
                         amp_dtype=resolve_amp(amp, images.device))
     fit(step, TensorBatches(label_maps, images, batch_size, seed=seed), epochs=epochs, state=state,
-        time_limit_s=time_limit_s, desc=desc, progress=progress)
+        callbacks=[TimeLimit(time_limit_s)], desc=desc, progress=progress)
     if not state.finished:  # the discriminator's side, which the generator's checkpoint does not hold
         optim_d, state.extra["optim_d"] = split_optimizer_state(opt_d.state_dict(), prefix="optim_d.")
         weights = {f"discriminator.{k}": v.detach().clone() for k, v in discriminator.state_dict().items()}
@@ -195,7 +198,7 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
 
 @register_experiment("synthesis", Settings, "label maps to images: CapsPix2pix against pix2pix (Bass et al. 2019)",
                      contrasts=_contrasts)
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) both generators; write ``report.md`` and two PNGs into ``out``."""
     train_maps, train_images = _data(data_dir, True, s.train_images, device)
     test_maps, test_images = _data(data_dir, False, s.test_images, device)
@@ -215,7 +218,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
 
         recipe = {**s.subset("train_images", "epochs", "batch_size", "lr", "l1_weight",
                                         "discriminator_width"), "seed": seed}
-        loaded = load_or_train(generator, f"synthesis_{generator.model_name}", train, checkpoint_dir=checkpoint_dir,
+        loaded = checkpoints.load_or_train(generator, f"synthesis_{generator.model_name}", train,
                                state=state, recipe=recipe)
         history = state.history
         errors, params = synthesis_errors(generator, test_maps, test_images), count_parameters(generator)

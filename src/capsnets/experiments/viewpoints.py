@@ -43,26 +43,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
-import torch
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 from torch import nn
 
 from capsnets.data import TensorData
+from capsnets.engine import TrainState
+from capsnets.engine.callbacks import checkpoint_name
 from capsnets.engine.runtime import seed_everything
 from capsnets.experiments.common import ExperimentSettings, register_experiment
-from capsnets.experiments.report import STOPPED, matched_role, save_figure, viewpoint_sections, write_report
 from capsnets.experiments.matching import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, SPLITS, error_rate, familiar_mask,
                                            load_norb_like, train_matched, viewpoint_split)
-from capsnets.engine import TrainState
-from capsnets.experiments.training import checkpoint_name, load_or_train, minutes_to_seconds
+from capsnets.experiments.report import write_report
+from capsnets.experiments.report.viewpoints import (STOPPED, matched_role, plot_error_curves, plot_examples,
+                                                    viewpoint_sections)
+from capsnets.experiments.training import minutes_to_seconds
 from capsnets.models import count_parameters, create_model
 
 __all__ = ["AZIMUTH_FAMILIAR", "ELEVATION_FAMILIAR", "familiar_mask", "viewpoint_split", "build_model", "run"]
 
 NUM_CLASSES, INPUT_SIZE = 5, (1, 32, 32)
-
 
 
 @dataclass(frozen=True)
@@ -126,7 +124,7 @@ def build_model(name: str, device: str, args: dict | None = None) -> nn.Module:
 # Training to a matched familiar-view error (the loop itself is in :mod:`.matching`)
 
 
-def _fit(model, key: str, views, target, s: Settings, seed: int, checkpoint_dir, batch_size: int, lr: float,
+def _fit(model, key: str, views, target, s: Settings, seed: int, checkpoints, batch_size: int, lr: float,
          evals_per_epoch: int = 1) -> dict:
     """:func:`train_matched` at learning rate ``lr``, or a checkpoint from an earlier run (its record is read
     from the sidecar)."""
@@ -141,78 +139,13 @@ def _fit(model, key: str, views, target, s: Settings, seed: int, checkpoint_dir,
 
     recipe = {**s.subset("epochs", "lr_decay", "train_size", "render_instances", "render_lightings"),
               "lr": lr, "batch_size": batch_size, "seed": seed, "evals_per_epoch": evals_per_epoch}
-    if load_or_train(model, key, train, checkpoint_dir=checkpoint_dir, meta=record, state=state, recipe=recipe):
+    if checkpoints.load_or_train(model, key, train, meta=record, state=state, recipe=recipe):
         record = {k: record.get(k) for k in ("history", "epoch", "reached", "time_limit")}  # from the sidecar
         record.update(familiar_error=error_rate(model, views["familiar"]),
                       novel_error=error_rate(model, views["novel"]))
         if target is not None:  # the target may have moved since (a CNN continued by this run): judge it anew
             record["reached"] = record["familiar_error"] <= target
     return record
-
-
-# --------------------------------------------------------------------------------------------------------
-# Figures
-
-
-def _plot_examples(test: TensorData, out_png: Path, classes: int = 2) -> Path:
-    """For ``classes`` test toys: one row across azimuths, one across elevations; novel views framed red."""
-    info = test.info
-    rows = []
-    for label in range(min(classes, test.num_classes)):
-        first = int(torch.nonzero(test.labels == label)[0])
-        same = (test.labels == label) & (info["instance"] == info["instance"][first]) & \
-               (info["lighting"] == info["lighting"][first])
-        for split, axis, other in (("azimuth", "azimuth", "elevation"), ("elevation", "elevation", "azimuth")):
-            pick = torch.nonzero(same & (info[other] == info[other][first])).flatten()
-            pick = pick[info[axis][pick].argsort()]
-            rows.append((f"{test.classes[label]}\n{split}", split, pick))
-    cols = max(len(p) for _, _, p in rows)
-    fig = Figure(figsize=(0.9 * cols + 1.2, 1.1 * len(rows) + 0.6), layout="constrained")
-    axes = np.asarray(fig.subplots(len(rows), cols, squeeze=False))
-    for r, (name, split, pick) in enumerate(rows):
-        familiar = familiar_mask({k: v[pick] for k, v in info.items()}, split).tolist()
-        for c, ax in enumerate(axes[r]):
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if c >= len(pick):
-                ax.axis("off")
-                continue
-            i = int(pick[c])
-            ax.imshow(test.images[i, 0].cpu().numpy(), cmap="gray", interpolation="nearest")
-            value = int(info[split][i]) * 10 if split == "azimuth" else 30 + 5 * int(info[split][i])
-            ax.set_title(f"{value}°", fontsize=7)
-            for spine in ax.spines.values():
-                spine.set_color("tab:green" if familiar[c] else "tab:red")
-                spine.set_linewidth(2.5)
-        axes[r, 0].set_ylabel(name, fontsize=8)
-    fig.suptitle("test toys: familiar views (green frame, trained on) vs novel views (red frame)")
-    return save_figure(fig, out_png)
-
-
-def _plot_curves(records: dict, targets: dict, out_png: Path) -> Path:
-    """Familiar / novel test error per evaluation for each split and model; the chosen evaluations are circled,
-    the familiar-view target is dotted."""
-    splits = list(records)
-    fig = Figure(figsize=(6 * len(splits), 4.2), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(splits), squeeze=False)[0])
-    colours = {"CNN": "tab:red", "capsules": "tab:blue", STOPPED: "tab:orange"}
-    for ax, split in zip(axes, splits):
-        for role, rec in records[split].items():
-            history = rec.get("history") or []
-            epochs = [h["epoch"] for h in history]
-            for key, style, marker in (("familiar_error", "-", "o"), ("novel_error", "--", "^")):
-                scored = [(e, h[key]) for e, h in zip(epochs, history) if h.get(key) is not None]
-                ax.plot([e for e, _ in scored], [100 * v for _, v in scored], style, marker=marker,
-                        ms=2.5 if role == STOPPED else 4, color=colours[role], label=f"{role}, {key.split('_')[0]}")
-                ax.plot([rec["epoch"]], [100 * rec[key]], "o", mfc="none", ms=12, color=colours[role])
-        ax.axhline(100 * targets[split], ls=":", color="grey", label="familiar-view target")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"{split} split")
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("test error (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return save_figure(fig, out_png)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -224,7 +157,7 @@ def _capsule_lr(s: Settings) -> float:
 
 
 def _compare(split: str, train: TensorData, test: TensorData, s: Settings, *, tag: str, device: str, seed: int,
-             checkpoint_dir) -> dict:
+             checkpoints) -> dict:
     """Train (or load) the CNN, then the capsule model matched to its familiar-view error, on one split; if
     the capsule model never gets there, also the CNN stopped at the capsule model's error (role "CNN, stopped")."""
     views = viewpoint_split(train, test, split)
@@ -232,10 +165,10 @@ def _compare(split: str, train: TensorData, test: TensorData, s: Settings, *, ta
     cnn = build_model(s.cnn_model, device)
     caps = build_model(s.capsule_model, device, s.capsule_args)
     cnn_key = f"{tag}_{split}_{s.cnn_model}"
-    cnn_rec = _fit(cnn, cnn_key, views, s.target_error, s, seed, checkpoint_dir, s.cnn_batch_size, s.lr)
+    cnn_rec = _fit(cnn, cnn_key, views, s.target_error, s, seed, checkpoints, s.cnn_batch_size, s.lr)
     target = s.target_error if s.target_error is not None else cnn_rec["familiar_error"]
     caps_key = checkpoint_name(f"{tag}_{split}_{s.capsule_model}", s.capsule_args)
-    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoint_dir, s.capsule_batch_size,
+    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoints, s.capsule_batch_size,
                     _capsule_lr(s))
     records = {"CNN": cnn_rec, "capsules": caps_rec}
     if s.rematch_cnn and s.target_error is None and not caps_rec["reached"]:
@@ -245,7 +178,7 @@ def _compare(split: str, train: TensorData, test: TensorData, s: Settings, *, ta
         seed_everything(seed + 2)
         stopped = build_model(s.cnn_model, device)
         records[STOPPED] = _fit(stopped, f"{cnn_key}_stopped_at_{caps_rec['familiar_error']:.4f}", views,
-                                caps_rec["familiar_error"], s, seed, checkpoint_dir, s.cnn_batch_size, s.lr,
+                                caps_rec["familiar_error"], s, seed, checkpoints, s.cnn_batch_size, s.lr,
                                 evals_per_epoch=s.rematch_evals_per_epoch)
     return {"records": records, "target": target, "sizes": {k: len(v) for k, v in views.items()},
             "params": {"CNN": count_parameters(cnn), "capsules": count_parameters(caps)}}
@@ -260,7 +193,7 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
 
 @register_experiment("viewpoints", Settings, "novel viewpoints of toys: matrix capsules against a CNN at equal "
                      "familiar-view error (Hinton et al. 2018, Sec. 5.2)", contrasts=_contrasts)
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoint_dir):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) a CNN and a matrix capsule network per split, write ``report.md`` and two PNGs."""
     train, test, source = load_norb_like(data_dir, device, render_instances=s.render_instances,
                                          render_lightings=s.render_lightings)
@@ -271,10 +204,11 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         # one-split run trains what a two-split run does.
         seed_everything(seed)
         results[split] = _compare(split, train, test, s, tag=tag, device=device, seed=seed + 10 * SPLITS.index(split),
-                                  checkpoint_dir=checkpoint_dir)
+                                  checkpoints=checkpoints)
     records = {split: r["records"] for split, r in results.items()}
-    figures = [_plot_examples(test, out / "examples.png"),
-               _plot_curves(records, {split: r["target"] for split, r in results.items()}, out / "error_curves.png")]
+    figures = [plot_examples(test, out / "examples.png"),
+               plot_error_curves(records, {split: r["target"] for split, r in results.items()},
+                                 out / "error_curves.png")]
     names = {"CNN": s.cnn_model, "capsules": s.capsule_model, STOPPED: s.cnn_model}
     sections = viewpoint_sections(source, results, s, names, {"seed": seed, "device": device, "smoke": smoke},
                                   familiar={"azimuth": AZIMUTH_FAMILIAR, "elevation": ELEVATION_FAMILIAR})
