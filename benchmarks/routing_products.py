@@ -31,7 +31,7 @@ from capsnets.engine.runtime import resolve_device, retain_freed_memory
 from throughput import environment, max_rss_bytes, synchronize
 
 # the modules whose ``matvec`` is swapped (importlib: the package re-exports functions of the same names)
-_MODULES = {"dynamic": "capsnets.functional.routing", "em": "capsnets.functional.em_routing"}
+_MODULES = {"dynamic": "capsnets.functional.routing", "em": "capsnets.functional.em.procedure"}
 
 
 def _plain(matrix, column):
