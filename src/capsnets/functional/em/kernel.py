@@ -87,7 +87,8 @@ def load(verbose: bool = False):
                 _state["module"] = load_extension(name="capsnets_em_votes", sources=[str(_SOURCE)],
                                                   extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=verbose)
             except Exception as exc:  # no compiler, no ninja, a failed build: the PyTorch path remains
-                _state["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                _state["error"] = f"{type(exc).__name__}: {last}"
             finally:
                 os.environ["PATH"] = path
     return _state["module"]

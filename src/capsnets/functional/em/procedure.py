@@ -14,6 +14,7 @@ temporary per iteration.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -165,7 +166,8 @@ def route(v: Tensor, a_in: Tensor, beta_v: Tensor, beta_a: Tensor, settings: EMS
     lambdas = settings.inverse_temperatures
     for t, lam in enumerate(lambdas):
         last = t == len(lambdas) - 1
-        with torch.set_grad_enabled(torch.is_grad_enabled() and (last or not settings.detach_routing)):
+        # detach_routing: the assignments of the non-final iterations become constants, with no graph
+        with torch.no_grad() if settings.detach_routing and not last else contextlib.nullcontext():
             d, var, log_var, pre = _m_step(r * a_in, c, xx, beta_v, beta_a, lam, settings, scale, d_prev)
             if settings.official:
                 d_prev = d

@@ -97,8 +97,8 @@ class EMRouting:
         check_votes(votes, activations)
         return route_votes(votes, activations, beta_v, beta_a, self.settings, child_groups, return_assignments)
 
-    def route_poses(self, poses, weight, activations, beta_v, beta_a, coordinates=None, return_assignments: bool = False,
-                    child_groups: ChildGroups | None = None):
+    def route_poses(self, poses, weight, activations, beta_v, beta_a, coordinates=None,
+                    return_assignments: bool = False, child_groups: ChildGroups | None = None):
         """This routing of the votes ``poses @ weight`` (:func:`em_routing_poses`: with the fused CPU kernel
         where it applies, so the votes are never stored)."""
         return _route_poses(poses, weight, activations, beta_v, beta_a, self.settings, coordinates, child_groups,
