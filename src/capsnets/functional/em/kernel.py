@@ -195,7 +195,7 @@ class _FusedEM(torch.autograd.Function):
     def forward(ctx, pose, weight, a_in, beta_v, beta_a, votes, kernel, settings, scale, groups, want_r):
         keep = 1 if settings.detach_routing else 2  # detached: the assignments before the last M-step are constants
         r, d, pre, *kept = _route(kernel, votes, a_in, beta_v, beta_a, settings, scale, groups, keep)
-        ctx.kernel, ctx.votes, ctx.settings, ctx.scale, ctx.groups = kernel, votes, settings, scale, groups
+        ctx.kernel, ctx.votes, ctx.settings, ctx.groups = kernel, votes, settings, groups
         ctx.iterations = [_Iteration(*(k[t] for k in kept)) for t in range(kept[0].shape[0])]
         ctx.want_r = want_r
         ctx.save_for_backward(a_in, beta_v, beta_a)

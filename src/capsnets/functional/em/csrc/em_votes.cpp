@@ -627,9 +627,9 @@ void normalise_groups(T* R, const int64_t* G, int64_t n0, int64_t n1, int64_t j0
 // One thread's scratch for route_impl's problems. xs: the problem's (4, 4J) blocks x of every child, made by
 // the M-step and read again by the E-step.
 template <typename T>
-struct HeadScratch {
+struct RouteScratch {
   std::vector<T> cb, xs, s1, s2, wm, sq, db, var, lv, mass, sj, pre, sumlog, logsig;
-  explicit HeadScratch(const Geometry& g)
+  explicit RouteScratch(const Geometry& g)
       : cb(4 * g.q()), xs(g.i * 4 * g.q()), s1(4 * g.q()), s2(4 * g.q()), wm(g.j * g.i), sq(g.q()), db(4 * g.q()),
         var(4 * g.q()), lv(4 * g.q()), mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j) {}
 };
@@ -660,7 +660,7 @@ void route_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
     const bool keeping = kept.r != nullptr && (hs.keep_all || last);
     const int64_t at_t = hs.keep_all ? static_cast<int64_t>(t) * g.n : 0;  // the (t, n = 0) row of the kept tensors
     // problem n's M-step and E-step logits (without child groups, its softmax too)
-    auto problem = [&](int64_t n, HeadScratch<T>& sc) {
+    auto problem = [&](int64_t n, RouteScratch<T>& sc) {
       auto &cb = sc.cb, &xs = sc.xs, &s1 = sc.s1, &s2 = sc.s2, &wm = sc.wm, &sq = sc.sq, &db = sc.db, &var = sc.var,
            &lv = sc.lv, &mass = sc.mass, &sj = sc.sj, &pre = sc.pre, &sumlog = sc.sumlog, &logsig = sc.logsig;
       T* rn = R + n * g.j * g.i;  // (J, I)
@@ -755,7 +755,7 @@ void route_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
       // groups confined to runs of problems (one example each): each run routed and normalised in cache
       const int64_t run = g.n / hs.blocks, run_groups = hs.groups / hs.blocks;
       at::parallel_for(0, hs.blocks, 1, [&](int64_t begin, int64_t end) {
-        HeadScratch<T> sc(g);
+        RouteScratch<T> sc(g);
         std::vector<T> top(run_groups), total(run_groups);
         for (int64_t b = begin; b < end; ++b) {
           for (int64_t n = b * run; n < (b + 1) * run; ++n) problem(n, sc);
@@ -767,7 +767,7 @@ void route_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
       continue;
     }
     at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-      HeadScratch<T> sc(g);
+      RouteScratch<T> sc(g);
       for (int64_t n = begin; n < end; ++n) problem(n, sc);
     });
     if (!grouped) continue;
