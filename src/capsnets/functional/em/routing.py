@@ -1,6 +1,6 @@
-"""EM routing as a value (:class:`EMRouting`), and the routing of matrix capsules' poses
-(:func:`em_routing_poses`), which picks the execution path: the fused CPU kernel where it applies, the PyTorch
-path elsewhere."""
+"""The public face of EM routing: the routing as a value (:class:`EMRouting`), the routing of votes
+(:func:`em_routing`, the PyTorch path) and of matrix capsules' poses (:func:`em_routing_poses`, which picks the
+execution path: the fused CPU kernel where it applies, the PyTorch path elsewhere)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -118,6 +118,76 @@ class EMRouting:
                  if self.formulation == "official" else f", cost_normalization={self.cost_normalization!r}")
         return (f"EMRouting(iterations={self.iterations}, inverse_temperature=[{lams}], eps={self.eps}"
                 f"{extra}, detach_routing={self.detach_routing})")
+
+
+def em_routing(
+    votes: Tensor,
+    activations: Tensor,
+    beta_v: Tensor | float,
+    beta_a: Tensor | float,
+    iterations: int = EMRouting.iterations,
+    *,
+    inverse_temperature: float | Sequence[float] | None = None,
+    return_assignments: bool = False,
+    eps: float | None = None,
+    cost_normalization: str | None = None,
+    detach_routing: bool = EMRouting.detach_routing,
+    child_groups: ChildGroups | None = None,
+    formulation: str = EMRouting.formulation,
+    variance_floor: float | None = None,
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+    """Route child votes to parent matrix capsules by EM (Procedure 1 of Hinton et al. 2018;
+    :mod:`capsnets.functional.em`).
+
+    Args:
+        votes: votes ``V[i, j] = M_i W_ij`` of every child for every parent, pose flattened to ``H``.
+        activations: child activations ``a_i`` in ``[0, 1]``.
+        beta_v: per-parent cost of describing a pose component by its variance (the paper's ``beta_u``),
+            shape ``(J,)`` or scalar.
+        beta_a: per-parent activation offset, shape ``(J,)`` or scalar.
+        iterations: EM iterations (>= 1). The last one is an M-step only.
+        inverse_temperature: ``lambda``: ``None`` for the default schedule
+            (:func:`~capsnets.functional.em_inverse_temperatures`), a number for every iteration, or a
+            sequence of ``iterations`` numbers.
+        return_assignments: also return the assignments ``R`` used by the final M-step.
+        eps: guard on ``sum_i R'``; with the paper's formulation also the variance floor. None: ``1e-6``
+            (paper), ``1e-5`` (official; its class layer's guard).
+        cost_normalization: ``None`` (the paper), ``"mean_std"`` (standardise the cost across parents) or
+            ``"mass"`` (divide it by ``I H / J``: a per-layer inverse temperature). Paper formulation only.
+        detach_routing: compute the assignments of the non-final iterations without gradient, so
+            gradients flow only through the final M-step (the assignments act as constants, as the
+            couplings do in dynamic routing's ``detach_routing`` mode). Same forward values; a cheaper backward
+            and no stored intermediates for those iterations. Off by default (exact gradients).
+        child_groups: for the routing problems of a convolutional capsule layer (batch and output
+            positions folded into ``B``), which child slots are copies of one child
+            (:func:`~capsnets.functional.child_groups.grid_child_groups`): each child's assignments are
+            then normalised over the parents of every problem that holds it (over all of them, or per
+            parent type: ``ChildGroups.normalize``). ``None``: each slot is its own child (the softmax
+            over ``J``).
+        formulation: ``"paper"`` (Procedure 1 as printed) or ``"official"`` (the equations of the
+            authors' released code).
+        variance_floor: official formulation only: the floor added to every variance (None: ``5e-4``).
+
+    Shape:
+        - votes: ``(B, I, J, H)``; activations: ``(B, I)``; beta_v, beta_a: ``(J,)`` or ``()``.
+        - output: poses ``(B, J, H)``, activations ``(B, J)`` in ``(0, 1)``; assignments ``(B, I, J)``,
+          summing to 1 over ``J`` (with ``child_groups``: over the parents of all the child's slots).
+          float32 for half-precision inputs, the input dtype otherwise.
+
+    Examples::
+
+        >>> votes, acts = torch.randn(8, 72, 10, 16), torch.rand(8, 72)
+        >>> poses, activations = em_routing(votes, acts, torch.zeros(10), torch.zeros(10))
+        >>> poses.shape, activations.shape
+        (torch.Size([8, 10, 16]), torch.Size([8, 10]))
+        >>> poses, activations = em_routing(votes, acts, 2.0, 1.0, formulation="official",
+        ...                                 inverse_temperature=em_inverse_temperatures(3, final=0.0025))
+    """
+    check_votes(votes, activations)
+    settings = EMSettings.resolve(iterations, inverse_temperature, eps=eps, cost_normalization=cost_normalization,
+                                  detach_routing=detach_routing, formulation=formulation,
+                                  variance_floor=variance_floor)
+    return route_votes(votes, activations, beta_v, beta_a, settings, child_groups, return_assignments)
 
 
 def em_routing_poses(
