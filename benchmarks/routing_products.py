@@ -26,12 +26,13 @@ from pathlib import Path
 
 import torch
 
+from capsnets.functional import em_routing
 from capsnets.io import atomic_write
 from capsnets.engine.runtime import resolve_device, retain_freed_memory
 from throughput import environment, max_rss_bytes, synchronize
 
 # the modules whose ``matvec`` is swapped (importlib: the package re-exports functions of the same names)
-_MODULES = {"dynamic": "capsnets.functional.routing", "em": "capsnets.functional.em_routing"}
+_MODULES = {"dynamic": "capsnets.functional.routing", "em": "capsnets.functional.em.procedure"}
 
 
 def _plain(matrix, column):
@@ -53,12 +54,12 @@ def _problem(routing: str, batch: int, device: torch.device):
     beta_v, beta_a = torch.zeros(16, device=device), torch.zeros(16, device=device)
 
     def forward_backward():
-        pose, act = module.em_routing(leaf, acts, beta_v, beta_a, 3)
+        pose, act = em_routing(leaf, acts, beta_v, beta_a, 3)
         (pose.square().sum() + act.sum()).backward()
 
     def forward():
         with torch.no_grad():
-            module.em_routing(votes, acts, beta_v, beta_a, 3)
+            em_routing(votes, acts, beta_v, beta_a, 3)
 
     return forward, forward_backward
 

@@ -12,7 +12,7 @@ import capsnets.layers
 import capsnets.models
 
 MODULES = [info.name for package in (capsnets.functional, capsnets.layers, capsnets.models)
-           for info in pkgutil.iter_modules(package.__path__, f"{package.__name__}.")]
+           for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")]
 
 
 @pytest.mark.parametrize("name", MODULES)

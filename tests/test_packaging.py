@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "capsnets"
 # the globs of [tool.setuptools.package-data] in pyproject.toml, as files of the source tree
-DATA = ["functional/csrc/*.cpp", "weights/*.safetensors", "weights/*.json", "demo/static/*.html",
+DATA = ["functional/em/csrc/*.cpp", "weights/*.safetensors", "weights/*.json", "demo/static/*.html",
         "demo/static/*.js", "demo/static/*.css"]
 IGNORED = shutil.ignore_patterns(".git", ".venv", "runs", "build", "dist", "__pycache__", "*.egg-info",
                                  ".pytest_cache", ".ruff_cache")
@@ -52,7 +52,7 @@ def test_installed_sdist_builds_and_runs_the_em_kernel(sdist, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     code = """
 import json, os, torch, capsnets
-from capsnets.functional import em_kernel
+from capsnets.functional.em import kernel as em_kernel
 from capsnets.models.hub import shipped_weights
 torch.manual_seed(0)
 model = capsnets.create_model("matrix_capsnet_small").eval()

@@ -1,4 +1,4 @@
-"""The fused CPU kernel of EM routing (capsnets.functional.em_kernel) against the float64 references and the
+"""The fused CPU kernel of EM routing (capsnets.functional.em.kernel) against the float64 references and the
 PyTorch path: forward, gradients, both layouts, both formulations, edge cases, training, and the switch."""
 import dataclasses
 import unittest.mock
@@ -10,8 +10,9 @@ from torch.autograd import gradcheck
 
 from capsnets import create_model
 from capsnets.capsules import MatrixCapsules
-from capsnets.functional import ChildGroups, EMRouting, em_kernel, em_routing, em_routing_poses, grid_child_groups
-from capsnets.functional.em_routing import OFFICIAL_VARIANCE_FLOOR
+from capsnets.functional import ChildGroups, EMRouting, em_routing, em_routing_poses, grid_child_groups
+from capsnets.functional.em import OFFICIAL_VARIANCE_FLOOR
+from capsnets.functional.em import kernel as em_kernel
 from capsnets.functional.patches import gather_patches, patch_index
 from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules
 from capsnets.testing import reference_conv_em_routing, reference_em_routing
@@ -325,7 +326,8 @@ def test_training_steps_give_the_same_losses(monkeypatch):
 
 @pytest.mark.parametrize("cost_normalization", ["mean_std", "mass"])
 @pytest.mark.parametrize("grad", [False, True])
-def test_cost_normalizations_match_the_pytorch_path(cpp, monkeypatch, cost_normalization, grad):
+@pytest.mark.parametrize("detach", [False, True])
+def test_cost_normalizations_match_the_pytorch_path(cpp, monkeypatch, cost_normalization, grad, detach):
     gen = torch.Generator().manual_seed(13)
     inputs = _poses(3, 10, 5, 4, gen=gen)
     results = {}
@@ -334,10 +336,24 @@ def test_cost_normalizations_match_the_pytorch_path(cpp, monkeypatch, cost_norma
         with torch.set_grad_enabled(grad):
             leaves = [t.clone().requires_grad_(grad) for t in inputs]
             mu, a, r = em_routing_poses(*leaves, 3, inverse_temperature=1.0, cost_normalization=cost_normalization,
-                                        detach_routing=True, return_assignments=True)
-        results[path] = (mu, a, r)
-    for got, want in zip(results["cpp"], results["torch"]):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+                                        detach_routing=detach, return_assignments=True)
+        results[path] = [mu, a, r]
+        if grad:
+            (mu.square().sum() + a.sum() + (r * r.detach()).sum()).backward()
+            results[path] += [t.grad for t in leaves]
+    for k, (got, want) in enumerate(zip(results["cpp"], results["torch"])):
+        torch.testing.assert_close(got, want, rtol=0 if k < 3 else 1e-9, atol=1e-10)  # gradients up to ~1e3
+
+
+@pytest.mark.parametrize("cost_normalization", ["mean_std", "mass"])
+def test_gradcheck_with_cost_normalization(cpp, cost_normalization):
+    inputs, coords = _fc_inputs(3)
+
+    def route(p, w, a, bv, ba):
+        return em_routing_poses(p, w, a, bv, ba, 3, coordinates=coords, inverse_temperature=[0.3, 0.6, 1.0],
+                                cost_normalization=cost_normalization)
+
+    assert gradcheck(route, tuple(t.clone().requires_grad_() for t in inputs), eps=1e-6, atol=1e-5, rtol=1e-4)
 
 
 def test_em_routing_poses_agrees_with_em_routing_on_the_pytorch_path(monkeypatch):
@@ -402,7 +418,7 @@ def test_a_training_step_leaves_no_reference_cycles(cpp, detach):
     import gc
 
     torch.manual_seed(0)
-    model = create_model("matrix_capsnet_small", detach_routing=detach)
+    model = create_model("matrix_capsnet_small", routing={"detach_routing": detach})
     images, labels = torch.rand(2, *model.input_size), torch.arange(2)
 
     def step():

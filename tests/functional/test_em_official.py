@@ -1,14 +1,13 @@
 """The official formulation of EM routing (the equations of the authors' released code) against a literal
 float64 reference, its gradients, and its settings."""
 import math
-import unittest.mock
 
 import pytest
 import torch
 from torch.autograd import gradcheck
 
 from capsnets.functional import EMRouting, em_inverse_temperatures, em_routing
-from capsnets.functional.em_routing import OFFICIAL_MASS_EPS, OFFICIAL_VARIANCE_FLOOR
+from capsnets.functional.em import OFFICIAL_MASS_EPS, OFFICIAL_VARIANCE_FLOOR
 from capsnets.testing import reference_em_routing
 
 
@@ -75,22 +74,31 @@ def test_official_gradcheck():
     assert gradcheck(fn, inputs)
 
 
-@pytest.mark.parametrize("detach", [False, True])
-def test_official_lean_backward_matches_autograd(detach):
-    # the lean backward (eager training) against plain autograd through the same procedure (as traced)
+def test_official_detached_gradient_is_the_final_m_step_with_constant_assignments():
+    # detach_routing: the gradient of the released code's final M-step written out, with the final assignments
+    # and the previous centre (the poses of the procedure one iteration shorter) as constants
     gen = torch.Generator().manual_seed(6)
-    inputs = _inputs(3, 20, 4, 16, gen=gen, scale=0.3)
-    grads = []
-    for plain in (False, True):
-        leaves = [t.clone().requires_grad_() for t in inputs]
-        with unittest.mock.patch("torch.compiler.is_compiling", return_value=plain):
-            mu, a = em_routing(*leaves, 3, inverse_temperature=[0.01, 0.02, 0.03], formulation="official",
-                               detach_routing=detach)
-        (mu.square().sum() + a.sum()).backward()
-        grads.append([t.grad for t in leaves])
-    for lean, ref in zip(*grads):
-        assert torch.isfinite(lean).all() and lean.abs().sum() > 0
-        torch.testing.assert_close(lean, ref, rtol=1e-9, atol=1e-11)
+    votes, acts, beta_u, beta_a = _inputs(3, 20, 4, 16, gen=gen, scale=0.3)
+    votes.requires_grad_()
+    lams, eps, floor = [0.01, 0.02, 0.03], 1e-5, OFFICIAL_VARIANCE_FLOOR
+    mu, a, r = em_routing(votes, acts, beta_u, beta_a, 3, inverse_temperature=lams, formulation="official",
+                          detach_routing=True, return_assignments=True)
+    mu_prev, _ = em_routing(votes.detach(), acts, beta_u, beta_a, 2, inverse_temperature=lams[:2],
+                            formulation="official")
+    g_detached, = torch.autograd.grad(mu.square().sum() + a.sum(), votes)
+    rp = r.detach() * acts.unsqueeze(-1)  # (B, I, J): R' = R a
+    mass = rp.sum(1).unsqueeze(-1) + eps  # (B, J, 1)
+    centre = 0.9 * torch.einsum("bij,bijh->bjh", rp, votes) / mass + 0.1 * mu_prev
+    var = torch.einsum("bij,bijh->bjh", rp, (votes - centre.unsqueeze(1)) ** 2) / mass + floor
+    win = mass.squeeze(-1) * (-var.log().sum(-1) - beta_u * 16 * (1 + math.log(2 * math.pi)))
+    act = torch.sigmoid(lams[-1] * (win - 5000 * beta_a))
+    torch.testing.assert_close(centre, mu, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(act, a, rtol=1e-12, atol=1e-12)
+    g_expected, = torch.autograd.grad(centre.square().sum() + act.sum(), votes)
+    torch.testing.assert_close(g_detached, g_expected, rtol=1e-9, atol=1e-11)
+    mu, a = em_routing(votes, acts, beta_u, beta_a, 3, inverse_temperature=lams, formulation="official")
+    g_exact, = torch.autograd.grad(mu.square().sum() + a.sum(), votes)
+    assert torch.isfinite(g_exact).all() and not torch.allclose(g_exact, g_detached)
 
 
 def test_official_routing_settings():

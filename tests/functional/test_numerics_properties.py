@@ -7,7 +7,6 @@ vectors, all-zero activations, one child, one parent, the largest finite inputs)
 Every property runs a fixed, derandomized set of examples, so the file is deterministic.
 """
 import math
-import sys
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 
 from capsnets.functional import (ChildGroups, EMRouting, capsule_length, dynamic_routing, em_routing, safe_norm,
                                   squash)
+from capsnets.functional.em.spec import GRADIENT_MASS_FLOOR as _GRADIENT_MASS_FLOOR
 from capsnets.testing import reference_dynamic_routing, reference_em_routing
 from helpers import assert_finite
 
@@ -28,8 +28,6 @@ EM_ROUTINGS = {
     "official-conv": EMRouting.official(3, layer="conv"),
     "official-class": EMRouting.official(2, layer="class", detach_routing=True),
 }
-# The module, not the function of the same name that capsnets.functional exports.
-_GRADIENT_MASS_FLOOR = sys.modules["capsnets.functional.em_routing"]._GRADIENT_MASS_FLOOR
 
 
 def _examples(count: int):

@@ -1,7 +1,7 @@
 """Stateless capsule math: squash, safe lengths, routing (and routing specs), masking."""
 from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups, group_softmax
-from capsnets.functional.em_routing import EMRouting, em_inverse_temperatures, em_routing, em_routing_poses
+from capsnets.functional.em import EMRouting, em_inverse_temperatures, em_routing, em_routing_poses
 from capsnets.functional.inverted_attention_routing import (InvertedAttentionRouting,
                                                             concurrent_inverted_attention_routing,
                                                             inverted_attention_routing)

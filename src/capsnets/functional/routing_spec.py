@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from capsnets.functional.em_routing import EMRouting
+from capsnets.functional.em import EMRouting
 from capsnets.functional.inverted_attention_routing import InvertedAttentionRouting
 from capsnets.functional.routing import DynamicRouting
 from capsnets.functional.self_attention_routing import SelfAttentionRouting

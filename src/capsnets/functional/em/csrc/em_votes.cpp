@@ -1,6 +1,6 @@
 // Fused vote products of EM routing between matrix capsules, for the CPU.
 //
-// EM routing (capsnets.functional.em_routing) sees the votes V[n, i, j] = M[n, i] @ W[i, j] (+ coordinates)
+// EM routing (capsnets.functional.em) sees the votes V[n, i, j] = M[n, i] @ W[i, j] (+ coordinates)
 // only through products with xx = [x, x^2], x = V * inv[n] - c[n, j]. These functions compute those
 // products from the child poses M and the transforms W directly, one (problem, parent) block at a time in
 // cache, so the vote tensor (N, J, I, 16) is never written to memory, forward or backward.
@@ -13,15 +13,13 @@
 //   c      (N, J, 16)   per-parent origin, in scaled units; inv (N,): 1 / the problem's power-of-two scale
 //
 //   votes_stats(pose, weight, coord, w0 (N, I)) -> (sum_i w0 V  (N, J, 16), max |V| (N,))
-//   m_product(pose, weight, coord, c, inv, w (N, J, I)) -> sum_i w [x, x^2]       (N, J, 32)
-//   e_product(pose, weight, coord, c, inv, coef (N, J, 32)) -> [x, x^2] . coef    (N, J, I)
 //   votes_backward(pose, weight, coord, c, inv, left (K, N, J, I), right (N, J, K, 32))
 //       with d loss / d xx = left @ right: -> d pose (N, I, 16), d weight (Iw, J, 16)
-//   route_head(...): whole iterations without gradients (M-step, E-step, child-group normalisation) ->
-//       the assignments (N, J, I) of the next M-step and the last centre (N, J, 16); with keep, the whole
-//       procedure (the last iteration an M-step only) and what each iteration's backward needs
+//   route(...): the whole procedure (M-step, E-step, child-group normalisation; the last iteration an M-step
+//       only) -> the assignments (N, J, I) of the last M-step, its centre (N, J, 16) and activation logit
+//       (N, J), and what the backward needs of every iteration (keep 2), of the last one (keep 1) or none
 //   mstep_back(...), estep_back(...): the hand-written backward's per-child work for one M-step and one
-//       E-step (em_routing._manual_backward), each with the product that needs the votes, per problem
+//       E-step (capsnets.functional.em.kernel), each with the product that needs the votes, per problem
 //   group_sum(x (N, J, I), index, groups, per_type, blocks): each slot's sum over its child group (that backward's
 //       normaliser of the child groups' softmax)
 //   mstep_parents(...), estep_parents(...): that backward's per-parent algebra before each M-step and after
@@ -382,40 +380,6 @@ inline void quad_chunk(const T* xs, int64_t children, int64_t q, int64_t c0, con
   }
 }
 
-template <typename T>
-void m_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
-            const at::Tensor& inv, const at::Tensor& w, at::Tensor& out, const Geometry& g) {
-  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
-  const T* R = w.data_ptr<T>();
-  T* O = out.data_ptr<T>();
-  const int64_t q = g.q();
-  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), s1(4 * q), s2(4 * q);
-    for (int64_t n = begin; n < end; ++n) {
-      votes.origin(n, cb.data());
-      m_problem(votes, n, cb.data(), R + n * g.j * g.i, s1.data(), s2.data(), O + n * g.j * 2 * kH);
-    }
-  });
-}
-
-template <typename T>
-void e_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
-            const at::Tensor& inv, const at::Tensor& coef, at::Tensor& out, const Geometry& g) {
-  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
-  const T* K = coef.data_ptr<T>();
-  T* O = out.data_ptr<T>();
-  const int64_t q = g.q();
-  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), k1(4 * q), k2(4 * q);
-    for (int64_t n = begin; n < end; ++n) {
-      votes.origin(n, cb.data());
-      spread(K + n * g.j * 2 * kH, 2 * kH, g.j, k1.data());
-      spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, k2.data());
-      e_problem(votes, n, cb.data(), k1.data(), k2.data(), O + n * g.j * g.i);
-    }
-  });
-}
-
 // d loss / d V of child i over lanes [c0, c0 + W), from d loss / d xx = left @ right through xx = [x, x^2]:
 // gv[r][e] = inv sum_k le_k[e] (r1[k][r][e] + 2 x[r][e] r2[k][r][e]), with le_k the child's left factors
 // left[k][n][j][i] expanded to the lanes of parent j.
@@ -507,17 +471,17 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
   });
 }
 
-// The non-final iterations of EM routing without gradients (module docstring of em_routing): from the
-// initial assignments r, `lambdas.size()` rounds of M-step and E-step; returns the assignments of the next
-// M-step and the last centre (d = mu - c, scaled units), which the released code's formulation carries over.
-struct HeadSettings {
+// EM routing without gradients (capsnets.functional.em.procedure): from the initial assignments r,
+// `lambdas.size()` iterations, the last one an M-step only; returns the assignments of the last M-step, its
+// centre (d = mu - c, scaled units) and activation logit, and keeps what the backward needs.
+struct RouteSettings {
   std::vector<double> lambdas;
   double eps;
   bool official;
   int cost_normalization;  // 0 none, 1 mean_std, 2 mass (paper formulation only)
   int normalize;           // groups: 0 all parents, 1 per type
   int64_t groups;          // 0: no child groups (softmax over the parents of each slot)
-  bool last_m_only;        // the last iteration is an M-step only (the whole procedure, for the backward)
+  bool keep_all;           // keep every iteration (else, where anything is kept, the last one only)
   int64_t blocks;          // > 1: the groups fall into this many runs of problems (check_groups)
 };
 
@@ -660,21 +624,22 @@ void normalise_groups(T* R, const int64_t* G, int64_t n0, int64_t n1, int64_t j0
   }
 }
 
-// One thread's scratch for head_impl's problems. xs: the problem's (4, 4J) blocks x of every child, made by
+// One thread's scratch for route_impl's problems. xs: the problem's (4, 4J) blocks x of every child, made by
 // the M-step and read again by the E-step.
 template <typename T>
-struct HeadScratch {
+struct RouteScratch {
   std::vector<T> cb, xs, s1, s2, wm, sq, db, var, lv, mass, sj, pre, sumlog, logsig;
-  explicit HeadScratch(const Geometry& g)
+  explicit RouteScratch(const Geometry& g)
       : cb(4 * g.q()), xs(g.i * 4 * g.q()), s1(4 * g.q()), s2(4 * g.q()), wm(g.j * g.i), sq(g.q()), db(4 * g.q()),
         var(4 * g.q()), lv(4 * g.q()), mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j) {}
 };
 
 template <typename T>
-void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
+void route_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
                const at::Tensor& inv, const at::Tensor& a_in, const at::Tensor& beta_v, const at::Tensor& beta_a,
                const at::Tensor& floor, const at::Tensor& log_var_offset, const at::Tensor& index,
-               const HeadSettings& hs, at::Tensor& r, at::Tensor& d_out, const Kept<T>& kept, const Geometry& g) {
+                const RouteSettings& hs, at::Tensor& r, at::Tensor& d_out, at::Tensor& pre_out, const Kept<T>& kept,
+                const Geometry& g) {
   const Votes<T> votes(pose, weight, coord, &c, &inv, g);
   const T* A = a_in.data_ptr<T>();
   const T* BV = beta_v.data_ptr<T>();
@@ -684,21 +649,23 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
   const int64_t* G = hs.groups ? index.data_ptr<int64_t>() : nullptr;
   T* R = r.data_ptr<T>();  // (N, J, I): the assignments, updated in place; logits between the two phases
   T* D = d_out.data_ptr<T>();  // (N, J, 16)
+  T* P = pre_out.data_ptr<T>();  // (N, J)
   const int64_t q = g.q();
   const T log2pi = static_cast<T>(std::log(2.0 * M_PI));
   const T blend = static_cast<T>(0.9);
   for (size_t t = 0; t < hs.lambdas.size(); ++t) {
     const T lam = static_cast<T>(hs.lambdas[t]);
     const T eps = static_cast<T>(hs.eps);
-    const bool last = hs.last_m_only && t + 1 == hs.lambdas.size();
-    const int64_t at_t = static_cast<int64_t>(t) * g.n;  // the (t, n = 0) row of the kept tensors
+    const bool last = t + 1 == hs.lambdas.size();
+    const bool keeping = kept.r != nullptr && (hs.keep_all || last);
+    const int64_t at_t = hs.keep_all ? static_cast<int64_t>(t) * g.n : 0;  // the (t, n = 0) row of the kept tensors
     // problem n's M-step and E-step logits (without child groups, its softmax too)
-    auto problem = [&](int64_t n, HeadScratch<T>& sc) {
+    auto problem = [&](int64_t n, RouteScratch<T>& sc) {
       auto &cb = sc.cb, &xs = sc.xs, &s1 = sc.s1, &s2 = sc.s2, &wm = sc.wm, &sq = sc.sq, &db = sc.db, &var = sc.var,
            &lv = sc.lv, &mass = sc.mass, &sj = sc.sj, &pre = sc.pre, &sumlog = sc.sumlog, &logsig = sc.logsig;
       T* rn = R + n * g.j * g.i;  // (J, I)
       votes.origin(n, cb.data());
-      if (kept.r) std::copy(rn, rn + g.j * g.i, kept.r + (at_t + n) * g.j * g.i);
+      if (keeping) std::copy(rn, rn + g.j * g.i, kept.r + (at_t + n) * g.j * g.i);
       // M-step: weights R a / (mass + eps)
       for (int64_t j = 0; j < g.j; ++j) {
         const T total = dot(rn + j * g.i, A + n * g.i, g.i);
@@ -728,7 +695,7 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
       }
       log_plus(var.data(), LV[n], 4 * q, lv.data());
       gather(db.data(), g.j, kH, D + n * g.j * kH);
-      if (kept.m) {
+      if (keeping) {
         gather(s1.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH);
         gather(s2.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH + kH);
         gather(db.data(), g.j, kH, kept.d + (at_t + n) * g.j * kH);
@@ -759,9 +726,14 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
         }
         for (int64_t j = 0; j < g.j; ++j) pre[j] = lam * (BA[j] - pre[j]);
       }
-      if (kept.pre) std::copy(pre.begin(), pre.end(), kept.pre + (at_t + n) * g.j);
-      if (kept.mass) std::copy(mass.begin(), mass.end(), kept.mass + (at_t + n) * g.j);
-      if (last) return;  // no E-step after the last M-step
+      if (keeping) {
+        std::copy(pre.begin(), pre.end(), kept.pre + (at_t + n) * g.j);
+        std::copy(mass.begin(), mass.end(), kept.mass + (at_t + n) * g.j);
+      }
+      if (last) {  // no E-step after the last M-step
+        std::copy(pre.begin(), pre.end(), P + n * g.j);
+        return;
+      }
       for (int64_t j = 0; j < g.j; ++j) logsig[j] = log_sigmoid(pre[j]) - T(0.5) * (sumlog[j] + kH * log2pi);
       for (int64_t k = 0; k < 4 * q; ++k) var[k] = T(1) / var[k];  // now the precisions
       // E-step logits log a_j + log p[i, j]; without child groups, the softmax over j of each slot
@@ -783,7 +755,7 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
       // groups confined to runs of problems (one example each): each run routed and normalised in cache
       const int64_t run = g.n / hs.blocks, run_groups = hs.groups / hs.blocks;
       at::parallel_for(0, hs.blocks, 1, [&](int64_t begin, int64_t end) {
-        HeadScratch<T> sc(g);
+        RouteScratch<T> sc(g);
         std::vector<T> top(run_groups), total(run_groups);
         for (int64_t b = begin; b < end; ++b) {
           for (int64_t n = b * run; n < (b + 1) * run; ++n) problem(n, sc);
@@ -795,7 +767,7 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
       continue;
     }
     at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-      HeadScratch<T> sc(g);
+      RouteScratch<T> sc(g);
       for (int64_t n = begin; n < end; ++n) problem(n, sc);
     });
     if (!grouped) continue;
@@ -808,7 +780,7 @@ void head_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tenso
   }
 }
 
-// The hand-written backward's per-child work for one M-step (em_routing._manual_backward), per problem n:
+// The hand-written backward's per-child work for one M-step (capsnets.functional.em.kernel), per problem n:
 // from coef (J, 32) = [d loss / d sum_i w x, d loss / d sum_i w x^2] and the per-parent factors,
 //   g_w[j, i] = [x, x^2] . coef[j]                              (the E-step product)
 //   g_mass[j] = base[j] - slope[j] * sum_i g_w r a / floored[j]^2
@@ -908,7 +880,7 @@ void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at:
   });
 }
 
-// The hand-written backward's per-parent algebra (em_routing._manual_backward), for every problem n and parent
+// The hand-written backward's per-parent algebra (capsnets.functional.em.kernel), for every problem n and parent
 // j, before the per-child work of one M-step (mstep_parents) and after that of the E-step before it
 // (estep_parents). The state carried between them, updated in place, per (n, j): g_d, g_var (16 each), g_pre,
 // g_sum_log, and the accumulated gradients of beta_v and beta_a.
@@ -923,13 +895,14 @@ struct ParentSettings {
 // base of mstep_back. g_d becomes what the previous centre receives (official: (1 - blend) g_d; else 0).
 template <typename T>
 void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tensor& var, const at::Tensor& lv,
-                        const at::Tensor& mass, const at::Tensor& c, const at::Tensor& beta_v, const ParentSettings& ps,
-                        at::Tensor& g_d, at::Tensor& g_var, at::Tensor& g_pre, at::Tensor& g_sum_log, at::Tensor& g_bv,
+                        const at::Tensor& mass, const at::Tensor& c, const at::Tensor& beta_v, const at::Tensor& g_cost,
+                        const ParentSettings& ps, at::Tensor& g_d, at::Tensor& g_var, at::Tensor& g_pre, at::Tensor& g_sum_log, at::Tensor& g_bv,
                         at::Tensor& g_ba, at::Tensor& coef, at::Tensor& right, int64_t col, at::Tensor& guard,
                         at::Tensor& floored, at::Tensor& slope, at::Tensor& base) {
   const int64_t n_ = d.size(0), parents = d.size(1), kk = right.size(2);
   const T *M = m.data_ptr<T>(), *D = d.data_ptr<T>(), *V = var.data_ptr<T>(), *LV = lv.data_ptr<T>();
   const T *MS = mass.data_ptr<T>(), *C = c.data_ptr<T>(), *BV = beta_v.data_ptr<T>();
+  const T* GC = g_cost.numel() > 0 ? g_cost.data_ptr<T>() : nullptr;
   T *GD = g_d.data_ptr<T>(), *GV = g_var.data_ptr<T>(), *GP = g_pre.data_ptr<T>(), *GS = g_sum_log.data_ptr<T>();
   T *GBV = g_bv.data_ptr<T>(), *GBA = g_ba.data_ptr<T>(), *K = coef.data_ptr<T>(), *RT = right.data_ptr<T>();
   T *GU = guard.data_ptr<T>(), *FL = floored.data_ptr<T>(), *SL = slope.data_ptr<T>(), *BS = base.data_ptr<T>();
@@ -952,7 +925,7 @@ void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tens
         GBV[p] -= gp * lam * gu * entropy;
         GBA[p] -= gp * lam * static_cast<T>(ps.beta_a_scale);
       } else {
-        const T g_cost = -lam * gp;
+        const T g_cost = GC != nullptr ? GC[p] : -lam * gp;  // given: through a cost normalisation
         GBA[p] += lam * gp;
         GBV[p] += g_cost * kH * ms;
         GS[p] += T(0.5) * g_cost * ms;
@@ -1095,30 +1068,6 @@ std::vector<at::Tensor> votes_stats(const at::Tensor& pose, const at::Tensor& we
   return {mean, top};
 }
 
-at::Tensor m_product(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
-                     const at::Tensor& inv, const at::Tensor& w) {
-  const Geometry g = check(pose, weight, coord);
-  check_like(c, pose, {g.n, g.j, kH}, "c");
-  check_like(inv, pose, {g.n}, "inv");
-  check_like(w, pose, {g.n, g.j, g.i}, "w");
-  auto out = at::empty({g.n, g.j, 2 * kH}, pose.options());
-  AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "m_product",
-                             [&] { m_impl<scalar_t>(pose, weight, coord, c, inv, w, out, g); });
-  return out;
-}
-
-at::Tensor e_product(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
-                     const at::Tensor& inv, const at::Tensor& coef) {
-  const Geometry g = check(pose, weight, coord);
-  check_like(c, pose, {g.n, g.j, kH}, "c");
-  check_like(inv, pose, {g.n}, "inv");
-  check_like(coef, pose, {g.n, g.j, 2 * kH}, "coef");
-  auto out = at::empty({g.n, g.j, g.i}, pose.options());
-  AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "e_product",
-                             [&] { e_impl<scalar_t>(pose, weight, coord, c, inv, coef, out, g); });
-  return out;
-}
-
 std::vector<at::Tensor> votes_backward(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
                                        const at::Tensor& c, const at::Tensor& inv, const at::Tensor& left,
                                        const at::Tensor& right) {
@@ -1188,12 +1137,14 @@ std::vector<at::Tensor> estep_back(const at::Tensor& pose, const at::Tensor& wei
   return {out, s0};
 }
 
-// mstep_parents(m (N, J, 32), d, var, log_var (N, J, 16), mass (N, J), c (N, J, 16), beta_v (J), the state g_d,
+// mstep_parents(m (N, J, 32), d, var, log_var (N, J, 16), mass (N, J), c (N, J, 16), beta_v (J), g_cost (N, J) or
+// empty (the paper's cost's gradient where a normalisation stands between it and the logit), the state g_d,
 // g_var (N, J, 16), g_pre, g_sum_log, g_bv, g_ba (N, J) (updated in place), right (N, J, K, 32), col, lam, eps,
 // official, mass_floor, blend, beta_a_scale) -> coef (N, J, 32), guard, floored, slope, base (N, J)
 std::vector<at::Tensor> mstep_parents(const at::Tensor& m, const at::Tensor& d, const at::Tensor& var,
                                       const at::Tensor& log_var, const at::Tensor& mass, const at::Tensor& c,
-                                      const at::Tensor& beta_v, at::Tensor g_d, at::Tensor g_var, at::Tensor g_pre,
+                                      const at::Tensor& beta_v, const at::Tensor& g_cost, at::Tensor g_d,
+                                      at::Tensor g_var, at::Tensor g_pre,
                                       at::Tensor g_sum_log, at::Tensor g_bv, at::Tensor g_ba, at::Tensor right,
                                       int64_t col, double lam, double eps, bool official, double mass_floor,
                                       double blend, double beta_a_scale) {
@@ -1207,6 +1158,7 @@ std::vector<at::Tensor> mstep_parents(const at::Tensor& m, const at::Tensor& d, 
                   &static_cast<const at::Tensor&>(g_bv), &static_cast<const at::Tensor&>(g_ba)})
     check_like(*t, d, {n, j}, "an (N, J) operand");
   check_like(beta_v, d, {j}, "beta_v");
+  if (g_cost.numel() > 0) check_like(g_cost, d, {n, j}, "g_cost");
   TORCH_CHECK(right.dim() == 4 && col >= 0 && col < right.size(2), "col out of right's range");
   check_like(right, d, {n, j, right.size(2), 2 * kH}, "right");
   auto coef = at::empty({n, j, 2 * kH}, d.options());
@@ -1214,7 +1166,7 @@ std::vector<at::Tensor> mstep_parents(const at::Tensor& m, const at::Tensor& d, 
   auto slope = at::empty({n, j}, d.options()), base = at::empty({n, j}, d.options());
   const ParentSettings ps{lam, eps, mass_floor, blend, beta_a_scale, official};
   AT_DISPATCH_FLOATING_TYPES(d.scalar_type(), "mstep_parents", [&] {
-    mstep_parents_impl<scalar_t>(m, d, var, log_var, mass, c, beta_v, ps, g_d, g_var, g_pre, g_sum_log, g_bv, g_ba,
+    mstep_parents_impl<scalar_t>(m, d, var, log_var, mass, c, beta_v, g_cost, ps, g_d, g_var, g_pre, g_sum_log, g_bv, g_ba,
                                  coef, right, col, guard, floored, slope, base);
   });
   return {coef, guard, floored, slope, base};
@@ -1250,12 +1202,16 @@ at::Tensor group_sum(const at::Tensor& x, const at::Tensor& index, int64_t group
   return out;
 }
 
-std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
-                                   const at::Tensor& c, const at::Tensor& inv, const at::Tensor& a_in,
-                                   const at::Tensor& beta_v, const at::Tensor& beta_a, const at::Tensor& floor,
-                                   const at::Tensor& log_var_offset, const at::Tensor& r0, const at::Tensor& index,
-                                   std::vector<double> lambdas, double eps, bool official, int64_t cost_normalization,
-                                   int64_t normalize, int64_t groups, int64_t blocks, bool keep) {
+// route(pose, weight, coord, c, inv, a_in (N, I), beta_v, beta_a (J), floor, log_var_offset (N), r0 (N, J, I),
+//       index (N, I) int64 or empty, lambdas, eps, official, cost_normalization (0 none, 1 mean_std, 2 mass),
+//       normalize (0 all parents, 1 per type), groups, blocks, keep (0 nothing, 1 the last iteration, 2 every one))
+//   -> [r (N, J, I), d (N, J, 16), pre (N, J), then per kept iteration r, m (32), d, var, log_var (16), pre, mass]
+std::vector<at::Tensor> route(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
+                              const at::Tensor& c, const at::Tensor& inv, const at::Tensor& a_in,
+                              const at::Tensor& beta_v, const at::Tensor& beta_a, const at::Tensor& floor,
+                              const at::Tensor& log_var_offset, const at::Tensor& r0, const at::Tensor& index,
+                              std::vector<double> lambdas, double eps, bool official, int64_t cost_normalization,
+                              int64_t normalize, int64_t groups, int64_t blocks, int64_t keep) {
   const Geometry g = check(pose, weight, coord);
   check_like(c, pose, {g.n, g.j, kH}, "c");
   check_like(inv, pose, {g.n}, "inv");
@@ -1266,14 +1222,16 @@ std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& wei
   check_like(log_var_offset, pose, {g.n}, "log_var_offset");
   check_like(r0, pose, {g.n, g.j, g.i}, "r0");
   if (groups > 0) check_groups(index, g.n, g.i, groups, blocks);
-  TORCH_CHECK(cost_normalization >= 0 && cost_normalization <= 2 && normalize >= 0 && normalize <= 1,
-              "bad cost_normalization or normalize");
+  TORCH_CHECK(cost_normalization >= 0 && cost_normalization <= 2 && normalize >= 0 && normalize <= 1 && keep >= 0 &&
+                  keep <= 2 && !lambdas.empty(),
+              "bad cost_normalization, normalize, keep or lambdas");
   const int64_t steps = static_cast<int64_t>(lambdas.size());
-  HeadSettings hs{std::move(lambdas), eps, official, static_cast<int>(cost_normalization), static_cast<int>(normalize),
-                  groups, keep, groups > 0 ? blocks : 1};
+  RouteSettings hs{std::move(lambdas), eps, official, static_cast<int>(cost_normalization), static_cast<int>(normalize),
+                   groups, keep == 2, groups > 0 ? blocks : 1};
   auto r = r0.clone();
   auto d = at::zeros({g.n, g.j, kH}, pose.options());
-  const int64_t t_kept = keep ? steps : 0;
+  auto pre = at::empty({g.n, g.j}, pose.options());
+  const int64_t t_kept = keep == 2 ? steps : keep;
   auto kr = at::empty({t_kept, g.n, g.j, g.i}, pose.options());
   auto km = at::empty({t_kept, g.n, g.j, 2 * kH}, pose.options());
   auto kd = at::empty({t_kept, g.n, g.j, kH}, pose.options());
@@ -1281,24 +1239,22 @@ std::vector<at::Tensor> route_head(const at::Tensor& pose, const at::Tensor& wei
   auto klv = at::empty({t_kept, g.n, g.j, kH}, pose.options());
   auto kpre = at::empty({t_kept, g.n, g.j}, pose.options());
   auto kmass = at::empty({t_kept, g.n, g.j}, pose.options());
-  AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "route_head", [&] {
+  AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "route", [&] {
     Kept<scalar_t> kept;
-    if (keep) {
+    if (keep > 0) {
       kept = {kr.data_ptr<scalar_t>(), km.data_ptr<scalar_t>(), kd.data_ptr<scalar_t>(), kvar.data_ptr<scalar_t>(),
               klv.data_ptr<scalar_t>(), kpre.data_ptr<scalar_t>(), kmass.data_ptr<scalar_t>()};
     }
-    head_impl<scalar_t>(pose, weight, coord, c, inv, a_in, beta_v, beta_a, floor, log_var_offset, index, hs, r, d, kept,
-                        g);
+    route_impl<scalar_t>(pose, weight, coord, c, inv, a_in, beta_v, beta_a, floor, log_var_offset, index, hs, r, d, pre,
+                         kept, g);
   });
-  return {r, d, kr, km, kd, kvar, klv, kpre, kmass};
+  return {r, d, pre, kr, km, kd, kvar, klv, kpre, kmass};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("votes_stats", &votes_stats, "activation-weighted mean vote and largest |vote| per problem");
-  m.def("m_product", &m_product, "M-step product sum_i w [x, x^2]");
-  m.def("e_product", &e_product, "E-step product [x, x^2] . coef");
   m.def("votes_backward", &votes_backward, "d pose, d weight from d xx = left @ right");
-  m.def("route_head", &route_head, "the non-final iterations of EM routing, without gradients");
+  m.def("route", &route, "EM routing without gradients, keeping what the backward needs");
   m.def("mstep_back", &mstep_back, "the hand-written backward's per-child work for one M-step");
   m.def("estep_back", &estep_back, "the hand-written backward's per-child work for one E-step");
   m.def("group_sum", &group_sum, "each slot's sum over its child group");

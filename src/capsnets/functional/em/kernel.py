@@ -1,0 +1,303 @@
+"""EM routing's fused CPU kernel: the procedure computed from poses and transforms, in cache, with one
+hand-written backward.
+
+Matrix capsule layers route the votes ``V = M W`` of their child poses ``M`` and transforms ``W``, and EM
+routing uses the votes only through products with ``[x, x^2]``, ``x = V / scale - c``
+(:mod:`capsnets.functional.em.procedure`). ``csrc/em_votes.cpp`` computes each product straight from ``M`` and
+``W``, one routing problem at a time in cache, so the ``(N, J, I, 16)`` vote tensor is never written to memory,
+forward or backward (the backward recomputes the votes it needs). Its ``route`` runs the whole procedure
+(M-steps, E-steps, the child groups' normalisation) and keeps what the backward needs: every iteration with
+exact gradients, the last one with ``detach_routing``, nothing without gradients. The backward
+(:class:`_FusedEM`) is the procedure's derivative written out by hand, in reverse order, every step of it
+in the kernel; it covers every setting of :class:`~capsnets.functional.em.spec.EMSettings` and agrees with
+autograd through the PyTorch path (the tests compare them, and gradcheck it in float64).
+
+Inside each routing problem the loops over children run on chunks of 16 vote components held in vector
+registers (GCC and Clang vector extensions: the kernel builds with those compilers only; elsewhere the PyTorch
+path runs). In float32, the child groups' exponentials and the log variances use the polynomials of Cephes'
+``expf`` and ``logf`` (within 2 ulp) instead of the C library's calls, which do not vectorise; float64 uses
+the library's.
+
+The kernel is C++ with OpenMP (``at::parallel_for``), compiled by PyTorch's extension tooling
+(:func:`torch.utils.cpp_extension.load`, with the compiler and ninja that are on the machine) the first time
+it is needed and cached (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``);
+``python -m capsnets.functional.em.kernel`` builds it ahead of time. It is compiled for the machine's own CPU
+(``-march=native``), so a home directory shared by machines of different CPUs needs one
+``TORCH_EXTENSIONS_DIR`` per machine. It is compiled on the machine rather than at ``pip install``: a
+build-time step would need torch inside pip's isolated build environment, which fetches a torch build of its
+own (possibly another version, breaking the extension's ABI).
+
+Which path runs is set by the environment variable ``CAPSNETS_EM_KERNEL``:
+
+- ``auto`` (default): the kernel for float32/float64 pose matrices (4x4) on the CPU, when it builds and
+  loads; otherwise the PyTorch path, with one warning that says why;
+- ``cpp``: the kernel wherever it applies, and an error if it cannot be built or loaded;
+- ``torch``: always the PyTorch path (the reference, and the path for CUDA, half precision,
+  ``torch.compile`` and export).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from capsnets.functional.child_groups import ChildGroups
+from capsnets.functional.em.procedure import Scale, initial_assignments
+from capsnets.functional.em.spec import (BETA_A_SCALE, BLEND, COST_NORMALIZATIONS, GRADIENT_MASS_FLOOR,
+                                         EMSettings)
+
+ENV_VAR = "CAPSNETS_EM_KERNEL"
+MODES = ("auto", "cpp", "torch")
+_SOURCE = Path(__file__).with_name("csrc") / "em_votes.cpp"
+_lock = threading.Lock()
+_state: dict = {"tried": False, "module": None, "error": None, "warned": False}
+
+
+def kernel_mode() -> str:
+    """The path chosen by ``CAPSNETS_EM_KERNEL``: ``"auto"``, ``"cpp"`` or ``"torch"``."""
+    mode = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"{ENV_VAR} must be one of {MODES}, got {os.environ.get(ENV_VAR)!r}")
+    return mode
+
+
+def load(verbose: bool = False):
+    """Build (the first time on this machine) and load the extension. Returns the module, or None if it
+    cannot be built or loaded (:func:`load_error` says why). Tried once per process."""
+    with _lock:
+        if not _state["tried"]:
+            _state["tried"] = True
+            path = os.environ.get("PATH", "")
+            try:
+                # the extension tooling: slow to import, needed once per process
+                from torch.utils.cpp_extension import load as load_extension
+
+                try:  # the ninja of the pip package (a dependency), also when the environment is not activated
+                    import ninja
+
+                    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
+                except ImportError:
+                    pass
+                flags = ["-O3", "-march=native", "-fopenmp"]
+                _state["module"] = load_extension(name="capsnets_em_votes", sources=[str(_SOURCE)],
+                                                  extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=verbose)
+            except Exception as exc:  # no compiler, no ninja, a failed build: the PyTorch path remains
+                last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                _state["error"] = f"{type(exc).__name__}: {last}"
+            finally:
+                os.environ["PATH"] = path
+    return _state["module"]
+
+
+def load_error() -> str | None:
+    """Why the extension could not be built or loaded (None if it loaded or was not tried)."""
+    return _state["error"]
+
+
+def fused_kernel(pose: Tensor):
+    """The extension module to use for poses like ``pose`` ``(..., 4, 4)``, or None for the PyTorch path.
+
+    None when ``CAPSNETS_EM_KERNEL=torch``, off the CPU, for dtypes other than float32/float64, for poses
+    other than 4x4, or while ``torch.compile``/export traces the model. With ``cpp``, raises if the kernel
+    cannot be loaded; with ``auto``, warns once and returns None.
+    """
+    mode = kernel_mode()
+    if (mode == "torch" or pose.device.type != "cpu" or pose.dtype not in (torch.float32, torch.float64)
+            or tuple(pose.shape[-2:]) != (4, 4) or torch.compiler.is_compiling()
+            or torch.jit.is_scripting() or torch.jit.is_tracing()):
+        return None
+    module = load()
+    if module is None:
+        if mode == "cpp":
+            raise RuntimeError(f"{ENV_VAR}=cpp, but the fused EM kernel could not be built or loaded "
+                               f"({load_error()}). Install a C++ compiler and ninja (pip install ninja), or "
+                               f"set {ENV_VAR}=torch for the PyTorch path.")
+        if not _state["warned"]:
+            _state["warned"] = True
+            warnings.warn(f"capsnets: the fused EM kernel could not be built or loaded ({load_error()}); EM "
+                          f"routing uses the PyTorch path (same results, slower). Set {ENV_VAR}=torch to "
+                          f"silence this.", RuntimeWarning, stacklevel=3)
+    return module
+
+
+class FusedVotes(NamedTuple):
+    """The votes ``V[n, i, j] = M[n, i] W[i % Iw, j]`` (+ coordinates) as the kernel sees them, never stored."""
+
+    pose: Tensor  # (N, I, 16) child poses
+    weight: Tensor  # (Iw, J, 16) transforms
+    coord: Tensor  # (I, 2) coordinates added to components 0 and 1, or empty
+    c: Tensor  # (N, J, 16) the per-parent origin, in the units of inv
+    inv: Tensor  # (N,) 1 / each problem's power-of-two scale
+
+
+class _Iteration(NamedTuple):
+    """What the backward needs of one iteration: its M-step's assignments ``r`` (N, J, I), the M-step product
+    ``m = [sum_i w x, sum_i w x^2]`` (N, J, 32), the centre ``d``, ``var``, ``log_var`` (N, J, 16), the
+    activation logit ``pre`` and the mass ``sum_i r a`` (N, J)."""
+
+    r: Tensor
+    m: Tensor
+    d: Tensor
+    var: Tensor
+    log_var: Tensor
+    pre: Tensor
+    mass: Tensor
+
+
+def route_fused(kernel, votes: FusedVotes, a_in: Tensor, beta_v: Tensor, beta_a: Tensor, settings: EMSettings,
+                scale: Scale, groups: ChildGroups | None, want_r: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """EM routing of ``votes`` by the kernel: poses (N, J, 16), activations (N, J) and, with ``want_r``, the
+    assignments (N, J, I) (else an empty tensor). ``a_in`` (N, 1, I), ``beta_v``, ``beta_a`` (J,) or (1,)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (votes.pose, votes.weight, a_in, beta_v, beta_a)):
+        return _FusedEM.apply(votes.pose, votes.weight, a_in, beta_v, beta_a, votes, kernel, settings, scale, groups,
+                              want_r)
+    r, d, pre = _route(kernel, votes, a_in, beta_v, beta_a, settings, scale, groups, keep=0)[:3]
+    return _poses(d, votes), torch.sigmoid(pre), r if want_r else r.new_empty(0)
+
+
+def _route(kernel, votes: FusedVotes, a_in, beta_v, beta_a, settings: EMSettings, scale: Scale,
+           groups: ChildGroups | None, keep: int) -> list[Tensor]:
+    """``kernel.route``: ``[r, d, pre]`` of the last M-step, then what is kept of the last (``keep`` 1) or of
+    every iteration (``keep`` 2), as the fields of :class:`_Iteration` with a leading iteration axis."""
+    with torch.no_grad():
+        parents = votes.weight.shape[1]
+        r0 = initial_assignments(votes.c, a_in, groups).contiguous()
+        index = groups.index.contiguous() if groups is not None else votes.pose.new_empty(0, dtype=torch.long)
+        return kernel.route(
+            *votes, a_in.squeeze(1).contiguous(), beta_v.expand(parents).contiguous(),
+            beta_a.expand(parents).contiguous(), scale.floor.reshape(-1).contiguous(),
+            scale.log_var.reshape(-1).contiguous(), r0, index, list(settings.inverse_temperatures), settings.eps,
+            settings.official, COST_NORMALIZATIONS.index(settings.cost_normalization),
+            1 if groups is not None and groups.normalize == "per_type" else 0,
+            groups.count if groups is not None else 0, groups.blocks if groups is not None else 1, keep)
+
+
+def _poses(d: Tensor, votes: FusedVotes) -> Tensor:
+    """The centres ``d`` (N, J, 16) about the origin, in scaled units, as poses in real units (clamped only
+    against rounding at the very top)."""
+    top = torch.finfo(d.dtype).max
+    return ((d + votes.c) / votes.inv.view(-1, 1, 1)).clamp(-top, top)
+
+
+class _FusedEM(torch.autograd.Function):
+    """EM routing by the kernel, differentiated by hand (the module docstring).
+
+    Every use of the votes is a product with ``xx = [x, x^2]``, so ``d loss / d xx`` is a sum of outer
+    products, one per product: ``left (K, N, J, I)`` by ``right (N, J, K, 32)``, from which the kernel forms
+    ``d pose`` and ``d weight`` (``votes_backward``), recomputing the votes."""
+
+    @staticmethod
+    def forward(ctx, pose, weight, a_in, beta_v, beta_a, votes, kernel, settings, scale, groups, want_r):
+        keep = 1 if settings.detach_routing else 2  # detached: the assignments before the last M-step are constants
+        r, d, pre, *kept = _route(kernel, votes, a_in, beta_v, beta_a, settings, scale, groups, keep)
+        ctx.kernel, ctx.votes, ctx.settings, ctx.groups = kernel, votes, settings, groups
+        ctx.iterations = [_Iteration(*(k[t] for k in kept)) for t in range(kept[0].shape[0])]
+        ctx.want_r = want_r
+        ctx.save_for_backward(a_in, beta_v, beta_a)
+        return _poses(d, votes), torch.sigmoid(pre), (r if want_r else r.new_empty(0))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_mu, g_a, g_r):
+        a_in, beta_v, beta_a = ctx.saved_tensors
+        grads, left, right = _backward(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r if ctx.want_r else None)
+        grad_pose = grad_weight = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            grad_pose, grad_weight = ctx.kernel.votes_backward(*ctx.votes, left, right)
+        return (grad_pose, grad_weight, *grads, None, None, None, None, None, None)
+
+
+def _backward(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r):
+    """The gradients of ``a_in``, ``beta_v``, ``beta_a`` and the votes' outer-product factors ``(left, right)``,
+    by the derivative of each equation of the M- and E-steps in reverse order, all in the kernel. For each
+    iteration: the per-parent algebra before its M-step (``mstep_parents``: the variance about the centre,
+    the centre and the activation logit), the M-step's per-child work (``mstep_back``, with the product that
+    needs the votes), the child groups' sums (``group_sum``), the E-step's per-child work (``estep_back``)
+    and the per-parent algebra after it (``estep_parents``: the log densities' parameters). With
+    ``detach_routing`` only the last M-step is differentiated. No autograd graph of the procedure is built."""
+    kernel, votes, settings, groups, saved = ctx.kernel, ctx.votes, ctx.settings, ctx.groups, ctx.iterations
+    lambdas = settings.inverse_temperatures[-len(saved):]
+    cc = votes.c
+    last_pre = saved[-1].pre
+    # the state carried from step to step, updated in place by the kernel
+    g_d = torch.zeros_like(cc) if g_mu is None else (g_mu / votes.inv.view(-1, 1, 1)).contiguous()
+    g_pre = (torch.zeros_like(last_pre) if g_a is None
+             else (g_a * torch.sigmoid(last_pre) * torch.sigmoid(-last_pre)).contiguous())
+    g_var = torch.zeros_like(cc)  # from the E-step that used this iteration's parameters
+    g_sum_log, g_bv, g_ba = (torch.zeros_like(last_pre) for _ in range(3))
+    n, _, children = a_in.shape
+    a_flat = a_in.reshape(n, children).contiguous()
+    g_a_in = a_in.new_zeros(n, children)  # accumulated in place by the kernel
+    empty = a_in.new_empty(0)
+    g_r_extra = empty if g_r is None else g_r.contiguous()
+    bv = beta_v.expand(cc.shape[1]).contiguous()
+    left = a_in.new_empty(2 * len(saved) - 1, *saved[0].r.shape)  # (K, N, J, I)
+    right = a_in.new_empty(*cc.shape[:2], len(left), 2 * cc.shape[-1])  # (N, J, K, 32)
+    constants = (settings.official, GRADIENT_MASS_FLOOR, BLEND, BETA_A_SCALE)
+    col = 0
+    for t in range(len(saved) - 1, -1, -1):
+        st = saved[t]
+        g_cost = _cost_gradient(settings, lambdas[t], g_pre, st, bv, children)
+        coef, guard, floored, slope, base = kernel.mstep_parents(
+            st.m, st.d, st.var, st.log_var, st.mass, cc, bv, g_cost, g_d, g_var, g_pre, g_sum_log, g_bv, g_ba,
+            right, col, float(lambdas[t]), settings.eps, *constants)
+        # per child: g_w = [x, x^2] . coef; g_R' = g_w / floored + g_mass; d a_in += sum_j g_R' r;
+        # left[col] = R' / guard (the M-step's weights); for the E-step before it g_r = g_R' a (+ the output
+        # assignments' gradient, last step) and y = r g_r
+        extra = g_r_extra if t == len(saved) - 1 else empty
+        g_r_t, y = kernel.mstep_back(*votes, coef, st.r, a_flat, guard, floored, slope, base, extra, left[col],
+                                     g_a_in, t > 0)
+        col += 1
+        if t == 0:
+            break
+        # E-step t-1: r = softmax over each child's normalisation group of z, with
+        # z = logsigmoid(pre) - 0.5 (sum_h (x - d)^2 / var + sum_h log_var + H log 2 pi);
+        # gz = r (g_r - group sum of r g_r) goes to left[col], with sum_i gz [x, x^2] and sum_i gz
+        if groups is None:
+            total = y.sum(dim=1, keepdim=True)
+        else:
+            total = kernel.group_sum(y, groups.index.contiguous(), groups.count, groups.normalize == "per_type",
+                                     groups.blocks)
+        s12, s0 = kernel.estep_back(*votes, st.r, g_r_t, total, left[col])
+        prev = saved[t - 1]
+        kernel.estep_parents(s12, s0, prev.d, prev.var, prev.pre, g_d, g_var, g_pre, g_sum_log, right, col)
+        col += 1
+    grads = (g_a_in.view_as(a_in), _reduce_like(g_bv, beta_v), _reduce_like(g_ba, beta_a))
+    return grads, left, right
+
+
+def _cost_gradient(settings: EMSettings, lam: float, g_pre: Tensor, st: _Iteration, beta_v: Tensor,
+                   children: int) -> Tensor:
+    """The gradient (N, J) of the paper's cost ``(H beta_v + 0.5 sum_h log_var) mass`` through its
+    normalisation, from that of the logit ``lam (beta_a - normalised cost)``; empty without a normalisation
+    (the kernel then takes ``-lam g_pre``)."""
+    if settings.cost_normalization is None:
+        return g_pre.new_empty(0)
+    g_z = -lam * g_pre  # the normalised cost's gradient
+    height = st.d.shape[-1]
+    if settings.cost_normalization == "mass":
+        return (g_z * (st.mass.shape[1] / (children * height))).contiguous()
+    # mean_std: z = (cost - mean) / sqrt(var + eps) across the parents, differentiated as a layer norm
+    cost = (height * beta_v + 0.5 * st.log_var.sum(dim=-1)) * st.mass
+    centred = cost - cost.mean(dim=1, keepdim=True)
+    rs = torch.rsqrt(centred.square().mean(dim=1, keepdim=True) + settings.eps)
+    z = centred * rs
+    return (rs * (g_z - g_z.mean(dim=1, keepdim=True) - z * (g_z * z).mean(dim=1, keepdim=True))).contiguous()
+
+
+def _reduce_like(grad: Tensor, like: Tensor) -> Tensor:
+    """``grad`` (N, J) summed to the shape of a ``beta`` (``(J,)`` or ``(1,)``)."""
+    grad = grad.sum(dim=0)
+    return grad.sum().reshape(1) if like.numel() == 1 else grad
+
+
+if __name__ == "__main__":  # python -m capsnets.functional.em.kernel: build ahead of time and report
+    module = load(verbose=True)
+    if module is None:
+        raise SystemExit(f"the fused EM kernel could not be built: {load_error()}")
+    print(f"fused EM kernel ready: {module.__file__}")

@@ -1,0 +1,147 @@
+"""The settings of EM routing: constants of both formulations, the inverse temperature schedule, and
+:class:`EMSettings`, the resolved and checked settings that both execution paths take."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from capsnets.functional.child_groups import ChildGroups
+
+LOG_2PI = math.log(2.0 * math.pi)
+COST_NORMALIZATIONS = (None, "mean_std", "mass")
+FORMULATIONS = ("paper", "official")
+BLEND = 0.9  # official: the weight of the new mean in the centre update
+BETA_A_SCALE = 5000.0  # official: beta_a's factor in the activation logit
+GRADIENT_MASS_FLOOR = 1e-3  # below this mass, mu and sigma^2 are differentiated as if at it (em.procedure)
+#: The released code's settings: variance floor, and mass guards of convolutional and class capsule layers.
+OFFICIAL_VARIANCE_FLOOR = 5e-4
+OFFICIAL_MASS_EPS = {"conv": 1e-7, "class": 1e-5}
+
+
+def em_inverse_temperatures(iterations: int, final: float = 0.01, decay: float = 0.95) -> list[float]:
+    """Default schedule ``lambda_t = final * (1 - decay ** (t + 1))``, ``t = 0 .. iterations - 1``
+    (:mod:`capsnets.functional.em`).
+
+    Examples::
+
+        >>> [round(x, 6) for x in em_inverse_temperatures(3)]
+        [0.0005, 0.000975, 0.001426]
+    """
+    return [final * (1.0 - decay ** (t + 1)) for t in range(iterations)]
+
+
+@dataclass(frozen=True)
+class EMSettings:
+    """The resolved settings of one EM routing call, as both execution paths take them.
+
+    Args:
+        inverse_temperatures: ``lambda_t``, one per iteration (their number is the number of iterations).
+        eps: the mass guard, and with the paper's formulation the variance floor.
+        cost_normalization: ``None``, ``"mean_std"`` or ``"mass"`` (paper formulation only).
+        detach_routing: the assignments of the non-final iterations act as constants.
+        variance_floor: None for the paper's formulation; the floor of the released code's formulation.
+
+    Examples::
+
+        >>> s = EMSettings.resolve(2, 0.5, formulation="official")
+        >>> s.inverse_temperatures, s.eps, s.variance_floor, s.official
+        ((0.5, 0.5), 1e-05, 0.0005, True)
+    """
+
+    inverse_temperatures: tuple[float, ...]
+    eps: float
+    cost_normalization: str | None = None
+    detach_routing: bool = False
+    variance_floor: float | None = None
+
+    @property
+    def iterations(self) -> int:
+        return len(self.inverse_temperatures)
+
+    @property
+    def official(self) -> bool:
+        """The released code's formulation (else the paper's)."""
+        return self.variance_floor is not None
+
+    @classmethod
+    def resolve(cls, iterations: int, inverse_temperature: float | Sequence[float] | None = None, *,
+                eps: float | None = None, cost_normalization: str | None = None, detach_routing: bool = False,
+                formulation: str = "paper", variance_floor: float | None = None) -> "EMSettings":
+        """The settings of :func:`~capsnets.functional.em_routing`'s arguments, checked, with the formulation's
+        defaults filled in; a ``ValueError`` names the argument that is wrong."""
+        eps, variance_floor = resolve_formulation(formulation, eps, variance_floor)
+        check_settings(iterations, eps, cost_normalization, formulation, variance_floor)
+        if not isinstance(detach_routing, bool):
+            raise ValueError(f"detach_routing must be True or False, got {detach_routing!r}")
+        lambdas = tuple(resolve_lambdas(inverse_temperature, int(iterations)))
+        return cls(lambdas, float(eps), cost_normalization, detach_routing, variance_floor)
+
+
+def resolve_lambdas(inverse_temperature, iterations: int) -> list[float]:
+    """One ``lambda`` per iteration from None (the default schedule), a number or a sequence."""
+    if inverse_temperature is None:
+        return em_inverse_temperatures(iterations)
+    if isinstance(inverse_temperature, Tensor) and inverse_temperature.dim() == 0:
+        inverse_temperature = float(inverse_temperature)
+    if isinstance(inverse_temperature, (int, float)):
+        return [float(inverse_temperature)] * iterations
+    lambdas = [float(x) for x in inverse_temperature]
+    if len(lambdas) != iterations:
+        raise ValueError(
+            f"inverse_temperature must be None, a number or a sequence of length iterations={iterations}; "
+            f"got a sequence of length {len(lambdas)}"
+        )
+    return lambdas
+
+
+def resolve_formulation(formulation, eps, variance_floor):
+    """``(eps, variance_floor)`` with the defaults of ``formulation`` filled in (floor None for the paper)."""
+    if formulation == "official":
+        return (OFFICIAL_MASS_EPS["class"] if eps is None else eps,
+                OFFICIAL_VARIANCE_FLOOR if variance_floor is None else variance_floor)
+    return (1e-6 if eps is None else eps), variance_floor
+
+
+def check_settings(iterations, eps, cost_normalization, formulation="paper", variance_floor=None) -> None:
+    if int(iterations) != iterations or iterations < 1:
+        raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
+    if not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"eps must be a number > 0, got {eps!r}")
+    if cost_normalization not in COST_NORMALIZATIONS:
+        raise ValueError(
+            f"cost_normalization must be one of {COST_NORMALIZATIONS}, got {cost_normalization!r}"
+        )
+    if formulation not in FORMULATIONS:
+        raise ValueError(f"formulation must be one of {FORMULATIONS}, got {formulation!r}")
+    if formulation == "official" and cost_normalization is not None:
+        raise ValueError(f"cost_normalization applies to the paper's cost; formulation='official' has its own "
+                         f"activation logit, so cost_normalization must be None (got {cost_normalization!r})")
+    if variance_floor is not None and (formulation != "official" or not isinstance(variance_floor, (int, float))
+                                       or not variance_floor > 0):
+        raise ValueError(f"variance_floor must be None (paper: eps is the floor) or, with formulation='official', "
+                         f"a number > 0; got {variance_floor!r} with formulation={formulation!r}")
+
+
+def check_beta(beta, name: str, parents: int, like: Tensor) -> Tensor:
+    """``beta`` as a ``(J,)`` or ``(1,)`` tensor of ``like``'s dtype and device."""
+    # Python numbers straight to the votes' dtype (via float32 they would lose digits that 5000 * beta_a shows)
+    beta = torch.as_tensor(beta, device=like.device, dtype=None if isinstance(beta, Tensor) else like.dtype)
+    if beta.numel() == 1:
+        return beta.reshape(1).to(like.dtype)
+    if beta.shape != (parents,):
+        raise ValueError(
+            f"{name} must have shape (J,) = ({parents},) (one per parent type) or be a scalar; "
+            f"got shape {tuple(beta.shape)}"
+        )
+    return beta.to(like.dtype)
+
+
+def check_child_groups(child_groups, shape: tuple, of: str) -> None:
+    if child_groups is not None and (not isinstance(child_groups, ChildGroups)
+                                     or tuple(child_groups.index.shape) != shape):
+        got = tuple(child_groups.index.shape) if isinstance(child_groups, ChildGroups) else type(child_groups).__name__
+        raise ValueError(f"child_groups must be a ChildGroups whose index has the {of}' (B, I) = {shape}; got {got}")
