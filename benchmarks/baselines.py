@@ -10,6 +10,7 @@ compute the same function as the production routing, so that the comparison is f
 - :class:`NaiveEMRouting`: EM routing (Hinton, Sabour & Frosst 2018, Procedure 1) with ``(B, I, J, H)``
   broadcasts of ``R``, ``V`` and ``mu`` every iteration and Gaussian densities computed with ``exp``.
 """
+
 from __future__ import annotations
 
 import math

@@ -13,6 +13,7 @@ resident size before it.
 Every model is trained with cross-entropy on its class scores (the same loss for every path and model) and
 Adam; inputs are random ``(B, 1, 32, 32)`` images with 5 classes, the models' smallNORB defaults.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -124,36 +125,50 @@ def main(argv=None) -> int:
         train(*models[name], images, labels, 1)
     runs = {entry: [] for entry in entries}
     for repeat in range(args.repeats):
-        for name, path in (entries if repeat % 2 == 0 else entries[::-1]):
+        for name, path in entries if repeat % 2 == 0 else entries[::-1]:
             if path:
                 os.environ[em_kernel.ENV_VAR] = path
-            runs[name, path].append(timed(lambda: train(*models[name], images, labels, args.steps),
-                                          args.batch * args.steps))
+            runs[name, path].append(
+                timed(lambda name=name: train(*models[name], images, labels, args.steps), args.batch * args.steps)
+            )
             print(f"repeat {repeat}: {name:<22} {path or 'cnn':<6} {runs[name, path][-1]:8.1f} images/s", flush=True)
     rows = []
     for caps, cnn in pairs:
-        row = {"model": caps, "cnn": cnn, "batch": args.batch,
-               "train_images_per_s": {p: statistics.median(runs[caps, p]) for p in PATHS},
-               "cnn_train_images_per_s": statistics.median(runs[cnn, None]),
-               "kernel_speedup": statistics.median(c / t for c, t in zip(runs[caps, "cpp"], runs[caps, "torch"])),
-               "capsule_tax": {p: statistics.median(n / c for n, c in zip(runs[cnn, None], runs[caps, p]))
-                               for p in PATHS},
-               "per_repeat": {p: runs[caps, p] for p in PATHS} | {"cnn": runs[cnn, None]}}
+        row = {
+            "model": caps,
+            "cnn": cnn,
+            "batch": args.batch,
+            "train_images_per_s": {p: statistics.median(runs[caps, p]) for p in PATHS},
+            "cnn_train_images_per_s": statistics.median(runs[cnn, None]),
+            "kernel_speedup": statistics.median(c / t for c, t in zip(runs[caps, "cpp"], runs[caps, "torch"])),
+            "capsule_tax": {p: statistics.median(n / c for n, c in zip(runs[cnn, None], runs[caps, p])) for p in PATHS},
+            "per_repeat": {p: runs[caps, p] for p in PATHS} | {"cnn": runs[cnn, None]},
+        }
         if not args.skip_memory:
             row["memory_batch"] = args.memory_batch
             row["memory"] = {p: measure_memory(caps, p, args.memory_batch, args.detach) for p in PATHS}
             row["memory"]["cnn"] = measure_memory(cnn, "torch", args.memory_batch, args.detach)
             if all("error" not in row["memory"][p] for p in PATHS):
-                row["memory_ratio_cpp_to_torch"] = (row["memory"]["cpp"]["peak_rss_increase_bytes"]
-                                                    / row["memory"]["torch"]["peak_rss_increase_bytes"])
+                row["memory_ratio_cpp_to_torch"] = (
+                    row["memory"]["cpp"]["peak_rss_increase_bytes"] / row["memory"]["torch"]["peak_rss_increase_bytes"]
+                )
         rows.append(row)
-        mem = (f", peak memory at batch {args.memory_batch}: cpp/torch {row['memory_ratio_cpp_to_torch']:.2f}"
-               if "memory_ratio_cpp_to_torch" in row else "")
-        print(f"{caps}: torch {row['train_images_per_s']['torch']:.1f}, cpp {row['train_images_per_s']['cpp']:.1f} "
-              f"images/s ({row['kernel_speedup']:.2f}x); {cnn} {row['cnn_train_images_per_s']:.1f} images/s "
-              f"(tax: torch {row['capsule_tax']['torch']:.1f}x, cpp {row['capsule_tax']['cpp']:.1f}x){mem}")
-    result = {"environment": environment(torch.device("cpu"), args), "loss": "cross_entropy on scores",
-              "gradients": "detached routing" if args.detach else "exact", "rows": rows}
+        mem = (
+            f", peak memory at batch {args.memory_batch}: cpp/torch {row['memory_ratio_cpp_to_torch']:.2f}"
+            if "memory_ratio_cpp_to_torch" in row
+            else ""
+        )
+        print(
+            f"{caps}: torch {row['train_images_per_s']['torch']:.1f}, cpp {row['train_images_per_s']['cpp']:.1f} "
+            f"images/s ({row['kernel_speedup']:.2f}x); {cnn} {row['cnn_train_images_per_s']:.1f} images/s "
+            f"(tax: torch {row['capsule_tax']['torch']:.1f}x, cpp {row['capsule_tax']['cpp']:.1f}x){mem}"
+        )
+    result = {
+        "environment": environment(torch.device("cpu"), args),
+        "loss": "cross_entropy on scores",
+        "gradients": "detached routing" if args.detach else "exact",
+        "rows": rows,
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -14,6 +14,7 @@ comparable; the JSON also records the environment and each variant's training im
 
 Run ``python benchmarks/em_learning.py --help``; ``benchmarks/README.md`` lists the recorded runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,21 +24,27 @@ import time
 from pathlib import Path
 
 import torch
+from throughput import environment
 
 import capsnets
-from capsnets.io import atomic_write
 from capsnets.data import DeviceLoader, load_dataset
 from capsnets.engine.runtime import resolve_device, retain_freed_memory
+from capsnets.io import atomic_write
 from capsnets.losses import create_loss
-from throughput import environment
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="matrix_capsnet_small")
-    parser.add_argument("--variant", nargs=2, action="append", metavar=("NAME", "JSON"), default=None,
-                        help="a named set of create_model arguments (repeatable); default: one variant "
-                             "'default' with no extra arguments")
+    parser.add_argument(
+        "--variant",
+        nargs=2,
+        action="append",
+        metavar=("NAME", "JSON"),
+        default=None,
+        help="a named set of create_model arguments (repeatable); default: one variant "
+        "'default' with no extra arguments",
+    )
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--data-dir", default=None, help="data root (default: $CAPSNETS_DATA)")
     parser.add_argument("--train-size", type=int, default=20000)
@@ -64,8 +71,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 500) -> float:
     model.eval()
     with torch.no_grad():
-        correct = sum(int((model(x).scores.argmax(1) == y).sum())
-                      for x, y in zip(images.split(batch_size), labels.split(batch_size)))
+        correct = sum(
+            int((model(x).scores.argmax(1) == y).sum())
+            for x, y in zip(images.split(batch_size), labels.split(batch_size))
+        )
     model.train()
     return correct / len(labels)
 
@@ -83,8 +92,12 @@ def activation_stats(model: torch.nn.Module, images: torch.Tensor) -> dict:
         def record(module, inputs, output):
             if isinstance(output, MatrixCapsules):
                 a = output.activation.detach().float().flatten(1)  # (B, T*H*W)
-                stats[name] = {"mean": a.mean().item(), "std": a.std().item(),
-                               "spread": (a.amax(1) - a.amin(1)).mean().item()}
+                stats[name] = {
+                    "mean": a.mean().item(),
+                    "std": a.std().item(),
+                    "spread": (a.amax(1) - a.amin(1)).mean().item(),
+                }
+
         return record
 
     for name, module in model.named_modules():
@@ -138,8 +151,9 @@ def learning_curve(args, extra: dict, train, test, device) -> dict:
     torch.manual_seed(args.seed)
     extra = dict(extra)
     init, layer_routing = extra.pop("init", {}), extra.pop("layer_routing", {})
-    model = capsnets.create_model(args.model, num_classes=train.num_classes, input_size=train.input_shape,
-                                  device=device, **extra)
+    model = capsnets.create_model(
+        args.model, num_classes=train.num_classes, input_size=train.input_shape, device=device, **extra
+    )
     initialise(model, init)
     set_layer_routing(model, layer_routing)
     criterion = create_loss(model.default_loss)
@@ -164,14 +178,27 @@ def learning_curve(args, extra: dict, train, test, device) -> dict:
             step += 1
             if step % args.eval_every == 0 or step == args.steps:
                 acc = accuracy(model, test.images, test.labels)
-                curve.append({"step": step, "images": step * args.batch_size, "test_accuracy": acc,
-                              "train_loss": loss.item(), "activations": activation_stats(model, test.images[:256])})
+                curve.append(
+                    {
+                        "step": step,
+                        "images": step * args.batch_size,
+                        "test_accuracy": acc,
+                        "train_loss": loss.item(),
+                        "activations": activation_stats(model, test.images[:256]),
+                    }
+                )
                 print(f"{step:6d} steps  test accuracy {acc:.4f}  loss {loss.item():.3f}", flush=True)
             if step >= args.steps:
                 break
-    return {"model_args": extra, "init": init, "layer_routing": layer_routing, "initial_activations": initial,
-            "curve": curve, "train_images_per_s": step * args.batch_size / train_seconds,
-            "final_test_accuracy": curve[-1]["test_accuracy"]}
+    return {
+        "model_args": extra,
+        "init": init,
+        "layer_routing": layer_routing,
+        "initial_activations": initial,
+        "curve": curve,
+        "train_images_per_s": step * args.batch_size / train_seconds,
+        "final_test_accuracy": curve[-1]["test_accuracy"],
+    }
 
 
 def main(argv=None) -> dict:
@@ -182,8 +209,13 @@ def main(argv=None) -> dict:
     device = resolve_device(args.device)
     train = load_dataset(args.dataset, root=args.data_dir, train=True, device=device).subset(args.train_size)
     test = load_dataset(args.dataset, root=args.data_dir, train=False, device=device).subset(args.test_size)
-    result = {"meta": environment(device, args), "model": args.model, "dataset": args.dataset,
-              "batch_size": args.batch_size, "variants": {}}
+    result = {
+        "meta": environment(device, args),
+        "model": args.model,
+        "dataset": args.dataset,
+        "batch_size": args.batch_size,
+        "variants": {},
+    }
     for name, extra in args.variant:
         print(f"== {name}: {args.model} {json.dumps(extra)}", flush=True)
         result["variants"][name] = learning_curve(args, extra, train, test, device)

@@ -10,6 +10,7 @@ machine. Peak memory is the process's resident set size after each model (both r
 
 Run ``python benchmarks/export_inference.py --help``; ``benchmarks/README.md`` lists the recorded runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,11 +21,11 @@ import time
 from pathlib import Path
 
 import torch
+from throughput import environment, max_rss_bytes  # benchmarks/throughput.py, beside this script
 
 import capsnets
 from capsnets.export import ExportableModel, export_model
 from capsnets.io import atomic_write
-from throughput import environment, max_rss_bytes  # benchmarks/throughput.py, beside this script
 
 #: One model of each family: vector capsules, matrix capsules with EM routing, SegCaps, and a CNN baseline.
 DEFAULT_MODELS = ["capsnet_small", "matrix_capsnet_small", "segcaps_small", "cnn_baseline_narrow"]
@@ -35,11 +36,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS, help="registered model names")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 64])
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of both runtimes")
-    parser.add_argument("--min-seconds", type=float, default=1.0,
-                        help="each timing runs whole batches until this much time has passed")
+    parser.add_argument(
+        "--min-seconds", type=float, default=1.0, help="each timing runs whole batches until this much time has passed"
+    )
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches of each runtime first")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default=None, help="JSON file (default benchmarks/results/export_inference_<time>.json)")
+    parser.add_argument(
+        "--out", default=None, help="JSON file (default benchmarks/results/export_inference_<time>.json)"
+    )
     return parser.parse_args(argv)
 
 
@@ -82,20 +86,30 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
         runs = {"pytorch": [], "onnxruntime": []}
         for repeat in range(args.repeats):
             order = [("pytorch", eager), ("onnxruntime", onnx)]
-            for path, run in (order if repeat % 2 == 0 else order[::-1]):
+            for path, run in order if repeat % 2 == 0 else order[::-1]:
                 runs[path].append(images_per_s(run, images, args.min_seconds))
         ratios = [o / p for o, p in zip(runs["onnxruntime"], runs["pytorch"])]
-        rows.append({"model": name, "batch": batch, "parameters": sum(p.numel() for p in model.parameters()),
-                     "outputs": report.output_names, "max_abs_difference": report.max_abs_difference,
-                     "onnx_bytes": report.bytes,
-                     "pytorch_images_per_s": statistics.median(runs["pytorch"]),
-                     "onnxruntime_images_per_s": statistics.median(runs["onnxruntime"]),
-                     "onnxruntime_over_pytorch": statistics.median(ratios),
-                     "pytorch_images_per_s_runs": runs["pytorch"], "onnxruntime_images_per_s_runs": runs["onnxruntime"],
-                     "peak_rss_bytes": max_rss_bytes()})
-        print(f"{name:24s} batch {batch:3d}: PyTorch {rows[-1]['pytorch_images_per_s']:9.1f}  onnxruntime "
-              f"{rows[-1]['onnxruntime_images_per_s']:9.1f} images/s  ratio {rows[-1]['onnxruntime_over_pytorch']:.2f}",
-              flush=True)
+        rows.append(
+            {
+                "model": name,
+                "batch": batch,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "outputs": report.output_names,
+                "max_abs_difference": report.max_abs_difference,
+                "onnx_bytes": report.bytes,
+                "pytorch_images_per_s": statistics.median(runs["pytorch"]),
+                "onnxruntime_images_per_s": statistics.median(runs["onnxruntime"]),
+                "onnxruntime_over_pytorch": statistics.median(ratios),
+                "pytorch_images_per_s_runs": runs["pytorch"],
+                "onnxruntime_images_per_s_runs": runs["onnxruntime"],
+                "peak_rss_bytes": max_rss_bytes(),
+            }
+        )
+        print(
+            f"{name:24s} batch {batch:3d}: PyTorch {rows[-1]['pytorch_images_per_s']:9.1f}  onnxruntime "
+            f"{rows[-1]['onnxruntime_images_per_s']:9.1f} images/s  ratio {rows[-1]['onnxruntime_over_pytorch']:.2f}",
+            flush=True,
+        )
     return rows
 
 

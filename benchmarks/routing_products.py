@@ -15,6 +15,7 @@ with gradients through every iteration (``detach_routing=False`` / exact EM grad
 
 Run ``python benchmarks/routing_products.py --help``; ``benchmarks/README.md`` has the recorded results.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,11 +26,11 @@ import time
 from pathlib import Path
 
 import torch
+from throughput import environment, max_rss_bytes, synchronize
 
+from capsnets.engine.runtime import resolve_device, retain_freed_memory
 from capsnets.functional import em_routing
 from capsnets.io import atomic_write
-from capsnets.engine.runtime import resolve_device, retain_freed_memory
-from throughput import environment, max_rss_bytes, synchronize
 
 # the modules whose ``matvec`` is swapped (importlib: the package re-exports functions of the same names)
 _MODULES = {"dynamic": "capsnets.functional.routing", "em": "capsnets.functional.em.procedure"}
@@ -46,8 +47,10 @@ def _problem(routing: str, batch: int, device: torch.device):
     if routing == "dynamic":
         u_hat = torch.randn(batch, 1152, 10, 16, generator=g).to(device)
         leaf = u_hat.clone().requires_grad_()
-        return (lambda: module.dynamic_routing(u_hat, 3),
-                lambda: module.dynamic_routing(leaf, 3, detach_routing=False).square().sum().backward())
+        return (
+            lambda: module.dynamic_routing(u_hat, 3),
+            lambda: module.dynamic_routing(leaf, 3, detach_routing=False).square().sum().backward(),
+        )
     votes = torch.randn(batch * 36, 72, 16, 16, generator=g).to(device)
     acts = torch.rand(batch * 36, 72, generator=g).to(device)
     leaf = votes.clone().requires_grad_()
@@ -80,11 +83,11 @@ def measure(routing: str, batch: int, args, device: torch.device) -> list[dict]:
     runs = {}
     try:
         for kind, fn in zip(("forward", "forward_backward"), _problem(routing, batch, device)):
-            for name, product in variants.items():  # warm-up
+            for product in variants.values():  # warm-up
                 module.matvec = product
                 fn()
             for repeat in range(args.repeats):
-                for name in (list(variants) if repeat % 2 == 0 else list(variants)[::-1]):
+                for name in list(variants) if repeat % 2 == 0 else list(variants)[::-1]:
                     module.matvec = variants[name]
                     runs.setdefault(kind, {}).setdefault(name, []).append(_time_ms(fn, args.steps, device))
     finally:
@@ -92,13 +95,21 @@ def measure(routing: str, batch: int, args, device: torch.device) -> list[dict]:
     rows = []
     for kind, by_name in runs.items():
         plain, row = by_name["matrix_at_column"], by_name["matvec"]
-        rows.append({"routing": routing, "batch_size": batch, "kind": kind,
-                     "matrix_at_column_ms": statistics.median(plain), "matvec_ms": statistics.median(row),
-                     "matrix_at_column_images_per_s": batch * 1e3 / statistics.median(plain),
-                     "matvec_images_per_s": batch * 1e3 / statistics.median(row),
-                     "speedup": statistics.median(p / r for p, r in zip(plain, row)),
-                     "matrix_at_column_ms_runs": plain, "matvec_ms_runs": row,
-                     "process_max_rss_bytes": max_rss_bytes()})
+        rows.append(
+            {
+                "routing": routing,
+                "batch_size": batch,
+                "kind": kind,
+                "matrix_at_column_ms": statistics.median(plain),
+                "matvec_ms": statistics.median(row),
+                "matrix_at_column_images_per_s": batch * 1e3 / statistics.median(plain),
+                "matvec_images_per_s": batch * 1e3 / statistics.median(row),
+                "speedup": statistics.median(p / r for p, r in zip(plain, row)),
+                "matrix_at_column_ms_runs": plain,
+                "matvec_ms_runs": row,
+                "process_max_rss_bytes": max_rss_bytes(),
+            }
+        )
     return rows
 
 
@@ -130,8 +141,11 @@ def main(argv=None) -> int:
         for batch in args.batch_sizes:
             for row in measure(routing, batch, args, device):
                 rows.append(row)
-                print(f"{routing:<8} {batch:>5} {row['kind']:<17} {row['matrix_at_column_ms']:>9.2f} "
-                      f"{row['matvec_ms']:>9.2f} {row['speedup']:>8.2f}", flush=True)
+                print(
+                    f"{routing:<8} {batch:>5} {row['kind']:<17} {row['matrix_at_column_ms']:>9.2f} "
+                    f"{row['matvec_ms']:>9.2f} {row['speedup']:>8.2f}",
+                    flush=True,
+                )
     if args.out is not None:
         text = json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n"
         atomic_write(args.out, lambda tmp: Path(tmp).write_text(text))

@@ -15,6 +15,7 @@ the same weights), is timed in the same rotation, and its rows give the median r
 
 Run ``python benchmarks/throughput.py --help``; ``benchmarks/README.md`` describes the JSON it writes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,14 +31,12 @@ import time
 from pathlib import Path
 
 import torch
+from baselines import NaiveDynamicRouting, NaiveEMRouting  # benchmarks/baselines.py, beside this script
 
 import capsnets
 from capsnets.engine.runtime import autocast, resolve_device, retain_freed_memory
 from capsnets.losses import create_loss
 from capsnets.models import CapsNet, MatrixCapsNet, model_arguments, routing_keys
-
-from baselines import NaiveDynamicRouting, NaiveEMRouting  # benchmarks/baselines.py, beside this script
-
 
 # ----------------------------------------------------------------------------------------- environment
 
@@ -69,8 +68,10 @@ def environment(device: torch.device, args: argparse.Namespace) -> dict:
         "platform": platform.platform(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "settings": {**{k: v for k, v in vars(args).items() if k not in ("out", "model_arg")},
-                     **({"model_arg": dict(args.model_arg)} if hasattr(args, "model_arg") else {})},
+        "settings": {
+            **{k: v for k, v in vars(args).items() if k not in ("out", "model_arg")},
+            **({"model_arg": dict(args.model_arg)} if hasattr(args, "model_arg") else {}),
+        },
     }
 
 
@@ -287,16 +288,20 @@ def add_speedups(rows: list[dict], runs: dict) -> None:
 # ---------------------------------------------------------------------------------------------- output
 
 
-_HEADER = (f"{'model':<20} {'batch':>5} {'path':<10} {'train img/s':>11} {'infer img/s':>11} "
-           f"{'peak MiB':>9} {'train x':>7} {'infer x':>7}")
+_HEADER = (
+    f"{'model':<20} {'batch':>5} {'path':<10} {'train img/s':>11} {'infer img/s':>11} "
+    f"{'peak MiB':>9} {'train x':>7} {'infer x':>7}"
+)
 
 
 def format_row(r: dict) -> str:
     """One table line; the last two columns are the speed-ups: production / naive, compiled / eager."""
     ratios = [r.get(f"{kind}_speedup_vs_naive", r.get(f"{kind}_speedup_vs_eager")) for kind in ("train", "infer")]
     speed = [" " * 7 if x is None else f"{x:7.2f}" for x in ratios]
-    return (f"{r['model']:<20} {r['batch_size']:>5} {r['path']:<10} {r['train_images_per_s']:>11.1f} "
-            f"{r['infer_images_per_s']:>11.1f} {r['train_peak_memory_bytes'] / 2**20:>9.0f} " + " ".join(speed))
+    return (
+        f"{r['model']:<20} {r['batch_size']:>5} {r['path']:<10} {r['train_images_per_s']:>11.1f} "
+        f"{r['infer_images_per_s']:>11.1f} {r['train_peak_memory_bytes'] / 2**20:>9.0f} " + " ".join(speed)
+    )
 
 
 def format_table(rows: list[dict]) -> str:
@@ -305,24 +310,38 @@ def format_table(rows: list[dict]) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["capsnet_small", "capsnet"],
-                        help="registered model names (see capsnets.list_models())")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["capsnet_small", "capsnet"],
+        help="registered model names (see capsnets.list_models())",
+    )
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[32])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     parser.add_argument("--amp", choices=["off", "bf16"], default="off", help="bf16 autocast (meant for CUDA)")
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (compile in warm-up)")
-    parser.add_argument("--compare-compile", action="store_true",
-                        help="also time the production model under torch.compile, in the same rotation")
+    parser.add_argument(
+        "--compare-compile",
+        action="store_true",
+        help="also time the production model under torch.compile, in the same rotation",
+    )
     parser.add_argument("--steps", type=int, default=3, help="timed batches per repeat and path")
     parser.add_argument("--warmup", type=int, default=1, help="untimed batches per path before timing")
     parser.add_argument("--repeats", type=int, default=5, help="alternating repeats; medians are reported")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--routing-iterations", type=int, default=3, help="routing iterations of both paths")
     parser.add_argument("--skip-naive", action="store_true", help="do not measure the naive routing path")
-    parser.add_argument("--model-arg", action="append", type=parse_model_arg, default=[], metavar="KEY=VALUE",
-                        help="keyword argument for create_model, e.g. routing.detach_routing=true (repeatable)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON file (default benchmarks/results/throughput_<device>_<time>.json)")
+    parser.add_argument(
+        "--model-arg",
+        action="append",
+        type=parse_model_arg,
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for create_model, e.g. routing.detach_routing=true (repeatable)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSON file (default benchmarks/results/throughput_<device>_<time>.json)"
+    )
     args = parser.parse_args(argv)
     for flag in ("steps", "repeats", "routing_iterations"):
         if getattr(args, flag) < 1:
@@ -346,8 +365,11 @@ def main(argv=None) -> int:
     if unknown:
         raise SystemExit(f"unknown models {unknown}; registered: {capsnets.list_models()}")
     meta = environment(device, args)
-    print(f"{meta['device_name']} | {meta['threads']} threads | torch {meta['torch']} | capsnets {meta['capsnets']} | "
-          f"amp={args.amp} compile={args.compile} compare_compile={args.compare_compile}", flush=True)
+    print(
+        f"{meta['device_name']} | {meta['threads']} threads | torch {meta['torch']} | capsnets {meta['capsnets']} | "
+        f"amp={args.amp} compile={args.compile} compare_compile={args.compare_compile}",
+        flush=True,
+    )
     print(_HEADER, flush=True)
     rows = []
     for name in args.models:

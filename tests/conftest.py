@@ -1,4 +1,5 @@
 """Fixtures shared by all test folders."""
+
 import importlib.util
 import os
 import sys

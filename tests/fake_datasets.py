@@ -9,6 +9,7 @@
 
 The real files' md5s do not match these: tests patch ``CIFAR10.md5`` / ``SVHN.md5s`` with :func:`md5_of`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,12 +32,19 @@ def cifar_records(images: np.ndarray, labels: np.ndarray) -> bytes:
     return b"".join(bytes([label]) + image.tobytes() for image, label in zip(images, labels))
 
 
-def write_cifar_tarball(path: Path, splits: dict[str, tuple[np.ndarray, np.ndarray]],
-                        meta: str = "\n".join(CIFAR_CLASSES) + "\n\n", extra: bytes = b"") -> Path:
+def write_cifar_tarball(
+    path: Path,
+    splits: dict[str, tuple[np.ndarray, np.ndarray]],
+    meta: str = "\n".join(CIFAR_CLASSES) + "\n\n",
+    extra: bytes = b"",
+) -> Path:
     """The tarball's layout: cifar-10-batches-bin/{batches.meta.txt, readme.html, *.bin}; ``extra`` is
     appended to test_batch.bin."""
-    members = {"batches.meta.txt": meta.encode(), "readme.html": b"<html></html>",
-               **{f"{name}.bin": cifar_records(*arrays) for name, arrays in splits.items()}}
+    members = {
+        "batches.meta.txt": meta.encode(),
+        "readme.html": b"<html></html>",
+        **{f"{name}.bin": cifar_records(*arrays) for name, arrays in splits.items()},
+    }
     if "test_batch.bin" in members:
         members["test_batch.bin"] += extra
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,8 +60,10 @@ def fake_cifar_splits(seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]
     """Random images of labels 0, 1, ... 9, 0, ...: 4+5+6+7+8 = 30 train (data_batch_1..5), 7 test."""
     rng = np.random.default_rng(seed)
     sizes = {**{f"data_batch_{i}": 3 + i for i in range(1, 6)}, "test_batch": 7}
-    return {name: (rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8), (np.arange(n) % 10).astype(np.uint8))
-            for name, n in sizes.items()}
+    return {
+        name: (rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8), (np.arange(n) % 10).astype(np.uint8))
+        for name, n in sizes.items()
+    }
 
 
 def write_svhn_mat(path: Path, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,5 @@
 """Assertions shared by test folders (importable as ``helpers``: pyproject.toml puts ``tests/`` on the path)."""
+
 from torch import Tensor
 
 
@@ -18,8 +19,9 @@ def assert_contrasts_resolve(experiment: str, metrics: dict, count: int) -> None
     assert len(contrasts) == count, f"{experiment}: {len(contrasts)} contrasts, expected {count}: {contrasts}"
     for label, a, b in contrasts:
         for key in (a, b):
-            assert isinstance(metrics.get(key), (int, float)), f"{experiment}: contrast {label!r} names {key!r}, " \
-                                                               f"which is not a numeric metric of the run"
+            assert isinstance(metrics.get(key), (int, float)), (
+                f"{experiment}: contrast {label!r} names {key!r}, which is not a numeric metric of the run"
+            )
 
 
 def rewrite_sidecar(checkpoint, meta: dict) -> None:

@@ -1,4 +1,5 @@
 """The ``capsnets`` command line: train, evaluate, reconstruct, list-models, their help, and error messages."""
+
 import json
 import re
 
@@ -7,9 +8,28 @@ import yaml
 
 from capsnets.cli import build_parser, config_from_args, main, nest_dotted, parse_key_values
 
-TRAIN = ["train", "--model", "capsnet_digits", "--dataset", "digits", "--epochs", "1", "--batch-size", "32",
-         "--limit-train", "64", "--limit-test", "32", "--device", "cpu", "--no-progress",
-         "--model-arg", "routing.iterations=2", "--loss-arg", "reconstruction_weight=0.001"]
+TRAIN = [
+    "train",
+    "--model",
+    "capsnet_digits",
+    "--dataset",
+    "digits",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "32",
+    "--limit-train",
+    "64",
+    "--limit-test",
+    "32",
+    "--device",
+    "cpu",
+    "--no-progress",
+    "--model-arg",
+    "routing.iterations=2",
+    "--loss-arg",
+    "reconstruction_weight=0.001",
+]
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +40,18 @@ def run_dir(tmp_path_factory):
 
 
 def test_train_writes_run_directory(run_dir, capsys):
-    for name in ("metrics.jsonl", "summary.json", "config.yaml", "last.safetensors", "last.json",
-                 "best.safetensors", "best.json", "training_curves.png", "confusion_matrix.png",
-                 "reconstructions.png"):
+    for name in (
+        "metrics.jsonl",
+        "summary.json",
+        "config.yaml",
+        "last.safetensors",
+        "last.json",
+        "best.safetensors",
+        "best.json",
+        "training_curves.png",
+        "confusion_matrix.png",
+        "reconstructions.png",
+    ):
         assert (run_dir / name).is_file(), name
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["model_args"] == {"routing": {"iterations": 2}, "num_classes": 10, "input_size": [1, 8, 8]}
@@ -35,9 +64,19 @@ def test_train_prints_summary(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({"epochs": 1, "batch_size": 32, "limit_train": 32, "limit_test": 16,
-                                      "device": "cpu", "progress": False,
-                                      "model_args": {"routing": {"iterations": 1}}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "epochs": 1,
+                "batch_size": 32,
+                "limit_train": 32,
+                "limit_test": 16,
+                "device": "cpu",
+                "progress": False,
+                "model_args": {"routing": {"iterations": 1}},
+            }
+        )
+    )
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert re.search(r"test accuracy \d+\.\d\d% \(best", out) and str(tmp_path / "run") in out
@@ -48,8 +87,10 @@ def test_train_prints_summary(tmp_path, capsys, monkeypatch):
     # --time-limit stops after the first epoch past it and says how to go on; --resume with a later limit goes on
     assert main(["train", "--resume", "--epochs", "4", "--time-limit", "1e-9", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
-    assert f"stopped by the time limit after epoch 3 of 4; continue with: capsnets train --out {tmp_path / 'run'} " \
-           "--resume" in out
+    assert (
+        f"stopped by the time limit after epoch 3 of 4; continue with: capsnets train --out {tmp_path / 'run'} "
+        "--resume" in out
+    )
     assert main(["train", "--resume", "--time-limit", "60", "--out", str(tmp_path / "run")]) == 0
     assert "stopped by the time limit" not in capsys.readouterr().out
     epochs = [json.loads(line)["epoch"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -89,8 +130,9 @@ def test_interrupted_training_says_how_to_resume(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("capsnets.engine.reporting.save_figures", lambda *args, **kwargs: [])
     assert main([*TRAIN, "--epochs", "3", "--out", str(tmp_path / "run")]) == 130
     err = capsys.readouterr().err
-    assert f"the last checkpoint (epoch 1) is kept; continue with: capsnets train --out {tmp_path / 'run'} --resume" \
-        in err
+    assert (
+        f"the last checkpoint (epoch 1) is kept; continue with: capsnets train --out {tmp_path / 'run'} --resume" in err
+    )
 
 
 def test_evaluate(run_dir, tmp_path, capsys):
@@ -113,8 +155,10 @@ def test_reconstruct(run_dir, tmp_path, capsys):
 
 
 def test_evaluate_and_reconstruct_never_replace_a_runs_files(run_dir):
-    trained = {name: (run_dir / name).read_bytes() for name in ("reconstructions.png", "confusion_matrix.png",
-                                                                "summary.json", "metrics.jsonl")}
+    trained = {
+        name: (run_dir / name).read_bytes()
+        for name in ("reconstructions.png", "confusion_matrix.png", "summary.json", "metrics.jsonl")
+    }
     for checkpoint in ("best", "last"):
         path = str(run_dir / f"{checkpoint}.safetensors")
         assert main(["evaluate", "--checkpoint", path, "--device", "cpu"]) == 0  # into the run directory
@@ -142,8 +186,11 @@ def test_list_models_name_lists_its_model_args_with_defaults(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "input_size=[1, 28, 28]  # (C, H, W): a list of 3 positive integers" in lines
     assert "reconstruction=true  # true or false" in lines
-    defaults = {key: list(value) if isinstance(value, tuple) else value
-                for key, value in model_arguments("capsnet").items() if key not in ("device", "dtype")}
+    defaults = {
+        key: list(value) if isinstance(value, tuple) else value
+        for key, value in model_arguments("capsnet").items()
+        if key not in ("device", "dtype")
+    }
     # one KEY=VALUE line per builder argument, each one --model-arg reads back as the default, then the settings of
     # the default routing (routing.KEY=VALUE)
     arguments = [line for line in lines if not line.startswith("routing.")]
@@ -221,8 +268,9 @@ def test_run_directory_follows_the_model(tmp_path, monkeypatch):
     assert config("--config", str(file)).out == "mine"
     # --resume without --out continues the model's default run directory, with its config.yaml
     (tmp_path / "runs" / "capsnet_small").mkdir(parents=True)
-    (tmp_path / "runs" / "capsnet_small" / "config.yaml").write_text(yaml.safe_dump({"model": "capsnet_small",
-                                                                                      "epochs": 7}))
+    (tmp_path / "runs" / "capsnet_small" / "config.yaml").write_text(
+        yaml.safe_dump({"model": "capsnet_small", "epochs": 7})
+    )
     assert config("--resume", "--model", "capsnet_small").epochs == 7
 
 
@@ -235,12 +283,15 @@ def test_corrupt_checkpoint_is_one_line_error(run_dir, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "broken.safetensors" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "--model", "no_such_model", "--epochs", "1"], "unknown model"),
-    (["train", "--epochs", "0"], "epochs=0"),
-    (["train", "--model-arg", "routing.iterations"], "KEY=VALUE"),
-    (["evaluate", "--checkpoint", "/nonexistent/run"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--model", "no_such_model", "--epochs", "1"], "unknown model"),
+        (["train", "--epochs", "0"], "epochs=0"),
+        (["train", "--model-arg", "routing.iterations"], "KEY=VALUE"),
+        (["evaluate", "--checkpoint", "/nonexistent/run"], "does not exist"),
+    ],
+)
 def test_errors_exit_non_zero_with_one_line(argv, message, capsys, tmp_path):
     assert main([*argv, *(["--out", str(tmp_path)] if argv[0] == "train" else [])]) == 1
     err = capsys.readouterr().err.strip()
@@ -255,7 +306,11 @@ def test_bad_flag_type_is_an_argparse_error(capsys):
 
 def test_parse_key_values():
     assert parse_key_values(["a=1", "b=[1, 8, 8]", "c=true", "d=x"], "--model-arg") == {
-        "a": 1, "b": [1, 8, 8], "c": True, "d": "x"}
+        "a": 1,
+        "b": [1, 8, 8],
+        "c": True,
+        "d": "x",
+    }
 
 
 def test_python_dash_m(tmp_path):

@@ -1,5 +1,6 @@
 """``capsnets evaluate --checkpoint RUN1 RUN2 ...``: an ensemble of runs scored by the mean of their class capsule
 lengths (Sabour, Frosst & Hinton 2017, Sec. 7), its report named after its runs, and runs of other data refused."""
+
 import json
 
 import pytest
@@ -7,8 +8,24 @@ import torch
 
 from capsnets.cli import ensemble_label, main
 
-TRAIN = ["train", "--model", "capsnet_digits", "--dataset", "digits", "--epochs", "1", "--batch-size", "32",
-         "--limit-train", "64", "--device", "cpu", "--no-progress", "--model-arg", "routing.iterations=2"]
+TRAIN = [
+    "train",
+    "--model",
+    "capsnet_digits",
+    "--dataset",
+    "digits",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "32",
+    "--limit-train",
+    "64",
+    "--device",
+    "cpu",
+    "--no-progress",
+    "--model-arg",
+    "routing.iterations=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +62,19 @@ def test_the_ensemble_scores_with_the_mean_of_the_runs_lengths(runs, capsys):
 
 
 def test_the_report_goes_to_out_and_replaces_no_other(runs, tmp_path):
-    for checkpoints in ([runs / "run0"], [runs / "run0", runs / "run1"], [runs / "run1" / "last.safetensors",
-                                                                          runs / "run0"]):
-        assert main(["evaluate", "--checkpoint", *map(str, checkpoints), "--out", str(tmp_path), "--device",
-                     "cpu"]) == 0
+    for checkpoints in (
+        [runs / "run0"],
+        [runs / "run0", runs / "run1"],
+        [runs / "run1" / "last.safetensors", runs / "run0"],
+    ):
+        assert (
+            main(["evaluate", "--checkpoint", *map(str, checkpoints), "--out", str(tmp_path), "--device", "cpu"]) == 0
+        )
     assert sorted(p.name for p in tmp_path.glob("*.json")) == [
-        "evaluation_ensemble_run0_best+run1_best_digits.json", "evaluation_ensemble_run1_last+run0_best_digits.json",
-        "evaluation_run0_best_digits.json"]
+        "evaluation_ensemble_run0_best+run1_best_digits.json",
+        "evaluation_ensemble_run1_last+run0_best_digits.json",
+        "evaluation_run0_best_digits.json",
+    ]
 
 
 def test_runs_of_other_data_are_refused_in_one_line(runs, tmp_path, capsys):
@@ -59,10 +82,15 @@ def test_runs_of_other_data_are_refused_in_one_line(runs, tmp_path, capsys):
     from capsnets.engine.checkpoint import save_checkpoint
 
     model = capsnets.create_model("capsnet_digits")
-    other = save_checkpoint(tmp_path / "other" / "best.safetensors", model=model,
-                            meta={"model": "capsnet_digits", "model_args": {}, "dataset": "mnist"})
-    for checkpoints, message in (([runs / "run0", other], "trained on the same data: "),
-                                 ([runs / "run0", runs / "run0" / "best.safetensors"], "is given twice")):
+    other = save_checkpoint(
+        tmp_path / "other" / "best.safetensors",
+        model=model,
+        meta={"model": "capsnet_digits", "model_args": {}, "dataset": "mnist"},
+    )
+    for checkpoints, message in (
+        ([runs / "run0", other], "trained on the same data: "),
+        ([runs / "run0", runs / "run0" / "best.safetensors"], "is given twice"),
+    ):
         assert main(["evaluate", "--checkpoint", *map(str, checkpoints), "--device", "cpu"]) == 1
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("capsnets evaluate: error:") and message in err

@@ -1,5 +1,6 @@
 """The Examples in the docstrings of capsnets.functional, capsnets.layers and capsnets.models run and print
 what they say (doctest)."""
+
 import doctest
 import importlib
 import pkgutil
@@ -11,8 +12,11 @@ import capsnets.functional
 import capsnets.layers
 import capsnets.models
 
-MODULES = [info.name for package in (capsnets.functional, capsnets.layers, capsnets.models)
-           for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")]
+MODULES = [
+    info.name
+    for package in (capsnets.functional, capsnets.layers, capsnets.models)
+    for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,5 +1,6 @@
 """Export (:mod:`capsnets.export`, ``capsnets export``): every model family to ONNX, run by onnxruntime and compared
 with eager PyTorch on random and real inputs at several batch sizes; torch.export programs; clear refusals."""
+
 from __future__ import annotations
 
 import pytest
@@ -85,16 +86,20 @@ def test_models_that_cannot_be_exported_say_why(tmp_path):
 def test_the_cli_exports_a_run(tmp_path, capsys):
     torch.manual_seed(0)
     model = capsnets.create_model("capsnet_digits")
-    save_checkpoint(tmp_path / "run" / "best.safetensors", model=model,
-                    meta={"model": "capsnet_digits", "model_args": model.model_args, "dataset": "digits"})
+    save_checkpoint(
+        tmp_path / "run" / "best.safetensors",
+        model=model,
+        meta={"model": "capsnet_digits", "model_args": model.model_args, "dataset": "digits"},
+    )
     assert main(["export", "--checkpoint", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert f"wrote {tmp_path / 'run' / 'best.onnx'}" in out and "largest difference" in out
     assert "unused nodes" not in out  # the exporters' chatter is kept out
     images = torch.rand(2, *model.input_size)
     with torch.no_grad():
-        torch.testing.assert_close(run_onnx(tmp_path / "run" / "best.onnx", images)[0], model.eval()(images).scores,
-                                   rtol=0, atol=1e-4)
+        torch.testing.assert_close(
+            run_onnx(tmp_path / "run" / "best.onnx", images)[0], model.eval()(images).scores, rtol=0, atol=1e-4
+        )
     assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "run" / "last.json")]) == 1
     assert "would replace a run file" in capsys.readouterr().err
     assert main(["export", "--checkpoint", str(tmp_path / "nowhere")]) == 1

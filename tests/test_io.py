@@ -1,4 +1,5 @@
 """Atomic writes: permissions of a plain open(), the old file kept when writing fails."""
+
 import os
 import stat
 

@@ -4,6 +4,7 @@ The floors were calibrated on a 2-core CPU with torch 2.13 (seeded, deterministi
 comments for the accuracies measured there. They take a few minutes together; deselect them with
 ``-m "not learning"`` for a quick run.
 """
+
 import pytest
 
 from capsnets.engine import TrainConfig, train
@@ -13,17 +14,32 @@ pytestmark = pytest.mark.learning
 
 def test_digits_quick_start_reaches_95_percent(tmp_path):
     # The README's main job (capsnet_digits, 15 epochs, batch 32). Measured: 97.5% test accuracy.
-    config = TrainConfig(model="capsnet_digits", dataset="digits", epochs=15, batch_size=32, device="cpu",
-                         progress=False, out=str(tmp_path / "digits"))
+    config = TrainConfig(
+        model="capsnet_digits",
+        dataset="digits",
+        epochs=15,
+        batch_size=32,
+        device="cpu",
+        progress=False,
+        out=str(tmp_path / "digits"),
+    )
     summary = train(config)
     assert summary["test_accuracy"] >= 0.95, summary
 
 
 def test_capsnet_small_on_mnist_reaches_97_5_percent(tmp_path, shared_data_root):
     # 20,000 real MNIST training images, 2 epochs, full 10,000-image test set. Measured: 98.01% (34 s of training).
-    config = TrainConfig(model="capsnet_small", dataset="mnist", data_dir=str(shared_data_root), epochs=2,
-                         batch_size=64, limit_train=20_000, device="cpu", progress=False,
-                         out=str(tmp_path / "mnist"))
+    config = TrainConfig(
+        model="capsnet_small",
+        dataset="mnist",
+        data_dir=str(shared_data_root),
+        epochs=2,
+        batch_size=64,
+        limit_train=20_000,
+        device="cpu",
+        progress=False,
+        out=str(tmp_path / "mnist"),
+    )
     summary = train(config)
     assert summary["test_accuracy"] >= 0.975, summary
 
@@ -35,9 +51,20 @@ def test_capsnet_small_on_mnist_reaches_97_5_percent(tmp_path, shared_data_root)
 # docs/results/learning-floors.md; at Adam 3e-3 the default reached only 47.8%, 46.8% and 29.0%
 # on MNIST, and the old paper-formulation tests sat within a few points of chance and failed on other machines).
 def _em_config(dataset: str, data_dir: str, out: str, lr: float = 1e-2, **model_args) -> TrainConfig:
-    return TrainConfig(model="matrix_capsnet_small", dataset=dataset, data_dir=data_dir, epochs=1, batch_size=32,
-                       lr=lr, limit_train=6400, limit_test=1000, device="cpu", progress=False,
-                       model_args={"routing": {"detach_routing": True}, **model_args}, out=out)
+    return TrainConfig(
+        model="matrix_capsnet_small",
+        dataset=dataset,
+        data_dir=data_dir,
+        epochs=1,
+        batch_size=32,
+        lr=lr,
+        limit_train=6400,
+        limit_test=1000,
+        device="cpu",
+        progress=False,
+        model_args={"routing": {"detach_routing": True}, **model_args},
+        out=out,
+    )
 
 
 def test_matrix_capsnet_small_on_mnist_learns(tmp_path, shared_data_root):
@@ -53,8 +80,9 @@ def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path, viewpoints_root):
     # PyTorch path; 43.7%, 56.8%, 53.0% on the fused CPU kernel's (the default now). The default formulation is
     # too slow to start on this set for a test of this length: 40.6%, 49.3% and 19.5% at Adam 1e-2, 19.7%
     # (seed 0) at 3e-3.
-    summary = train(_em_config("viewpoints", str(viewpoints_root), str(tmp_path / "em_viewpoints"), lr=3e-3,
-                               formulation="paper"))
+    summary = train(
+        _em_config("viewpoints", str(viewpoints_root), str(tmp_path / "em_viewpoints"), lr=3e-3, formulation="paper")
+    )
     assert summary["test_accuracy"] >= 0.30, summary
 
 
@@ -83,8 +111,16 @@ def test_segcaps_small_segments_cluttered_digits(shared_data_root):
             return dice_score(model.eval()(test_set.images).probabilities, test_set.masks).mean().item()
 
     before = dice()
-    train_classifier(model, train_set.images, train_set.masks, epochs=2, batch_size=32, lr=3e-3, progress=False,
-                     loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0])
+    train_classifier(
+        model,
+        train_set.images,
+        train_set.masks,
+        epochs=2,
+        batch_size=32,
+        lr=3e-3,
+        progress=False,
+        loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0],
+    )
     after = dice()
     assert before < 0.2 and after >= 0.55, (before, after)
 
@@ -152,7 +188,8 @@ def test_capspix2pix_small_paints_garments_inside_their_silhouettes(shared_data_
     test_maps, test_images = silhouette_label_maps(test_set.images, test_set.labels, 10, size=32)
     generator = capsnets.create_model("capspix2pix_small")
     before = synthesis_errors(generator, test_maps, test_images)["l1"]
-    train_pix2pix(generator, PatchDiscriminator(11, width=16), train_maps, train_images, epochs=3, lr=1e-3,
-                  progress=False)
+    train_pix2pix(
+        generator, PatchDiscriminator(11, width=16), train_maps, train_images, epochs=3, lr=1e-3, progress=False
+    )
     after = synthesis_errors(generator, test_maps, test_images)["l1"]
     assert after <= 0.12 and after <= 0.5 * before, (before, after)

@@ -43,7 +43,9 @@ def test_criterion_from_registry_combines_terms():
 def test_bad_loss_arguments():
     with pytest.raises(ValueError, match="unknown loss"):
         create_loss("nope")
-    with pytest.raises(ValueError, match=r"loss 'margin' does not take margin( \(did you mean .*\))?; it takes: down_weight, m_neg"):
+    with pytest.raises(
+        ValueError, match=r"loss 'margin' does not take margin( \(did you mean .*\))?; it takes: down_weight, m_neg"
+    ):
         create_loss("margin", margin=3)
     with pytest.raises(ValueError, match=r"m_pos must be a number in \[0, 1\], got '0.9'"):
         create_loss("margin", m_pos="0.9")

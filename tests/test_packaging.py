@@ -1,5 +1,6 @@
 """The source distribution: it carries the package data (the EM kernel's C++ source, the shipped weights and their
 cards, the demo's page), and an installation from it builds and runs the fused EM kernel on this machine."""
+
 import json
 import os
 import shutil
@@ -13,10 +14,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "capsnets"
 # the globs of [tool.setuptools.package-data] in pyproject.toml, as files of the source tree
-DATA = ["functional/em/csrc/*.cpp", "weights/*.safetensors", "weights/*.json", "demo/static/*.html",
-        "demo/static/*.js", "demo/static/*.css"]
-IGNORED = shutil.ignore_patterns(".git", ".venv", "runs", "build", "dist", "__pycache__", "*.egg-info",
-                                 ".pytest_cache", ".ruff_cache")
+DATA = [
+    "functional/em/csrc/*.cpp",
+    "weights/*.safetensors",
+    "weights/*.json",
+    "demo/static/*.html",
+    "demo/static/*.js",
+    "demo/static/*.css",
+]
+IGNORED = shutil.ignore_patterns(
+    ".git", ".venv", "runs", "build", "dist", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache"
+)
 
 pytestmark = pytest.mark.skipif(not (ROOT / "pyproject.toml").is_file(), reason="needs the source tree")
 
@@ -37,8 +45,9 @@ def test_sdist_carries_the_kernel_source_weights_and_demo(sdist):
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     expected = {f"src/capsnets/{path.relative_to(PACKAGE).as_posix()}" for glob in DATA for path in PACKAGE.glob(glob)}
-    assert any(name.endswith("em_votes.cpp") for name in expected) and any(name.endswith(".safetensors")
-                                                                          for name in expected)
+    assert any(name.endswith("em_votes.cpp") for name in expected) and any(
+        name.endswith(".safetensors") for name in expected
+    )
     assert expected <= names, sorted(expected - names)
 
 
@@ -47,8 +56,23 @@ def test_installed_sdist_builds_and_runs_the_em_kernel(sdist, tmp_path):
     installed copy, the kernel compiles from its installed source into an empty extensions directory, and a
     matrix-capsule model gives the PyTorch path's scores with it; the shipped weights load from it."""
     target = tmp_path / "site"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--target", str(target), str(sdist)], check=False, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(sdist),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     code = """
 import json, os, torch, capsnets
@@ -67,10 +91,15 @@ capsnets.create_model("efficient_capsnet", pretrained="mnist")  # its SHA-256 ch
 print(json.dumps({"package": capsnets.__file__, "kernel": module.__file__, "source": str(em_kernel._SOURCE),
                   "difference": (fused - reference).abs().max().item(), "weights": sorted(shipped_weights())}))
 """
-    env = {**os.environ, "PYTHONPATH": str(target), "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"),
-           "CAPSNETS_EM_KERNEL": "cpp"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=False, capture_output=True,
-                          text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(target),
+        "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"),
+        "CAPSNETS_EM_KERNEL": "cpp",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, check=False, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert Path(report["package"]).is_relative_to(target)

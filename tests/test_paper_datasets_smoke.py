@@ -2,14 +2,15 @@
 files fabricated in the data sets' real formats (nothing is downloaded): ``capsnets train`` of two
 ``capsnet_cifar10`` runs and one ``capsnet_svhn`` run, then ``capsnets evaluate`` of the CIFAR-10 runs' ensemble
 and of the SVHN run. About 20 s on one CPU thread (the CIFAR-10 model has 12M parameters), hence ``learning``."""
+
 import json
 
 import pytest
 import yaml
+from fake_datasets import fake_cifar_splits, md5_of, write_cifar_tarball, write_svhn_mat
 
 from capsnets.cli import main
 from capsnets.data import CIFAR10, SVHN
-from fake_datasets import fake_cifar_splits, md5_of, write_cifar_tarball, write_svhn_mat
 
 pytestmark = pytest.mark.learning
 
@@ -27,8 +28,23 @@ def data_root(tmp_path, monkeypatch):
 
 
 def _train(model: str, dataset: str, out, data_root, *extra: str) -> dict:
-    argv = ["train", "--model", model, "--dataset", dataset, "--data-dir", str(data_root), "--epochs", "1",
-            "--device", "cpu", "--no-progress", "--out", str(out), *extra]
+    argv = [
+        "train",
+        "--model",
+        model,
+        "--dataset",
+        dataset,
+        "--data-dir",
+        str(data_root),
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
     assert main(argv) == 0
     return json.loads((out / "summary.json").read_text())
 
@@ -36,8 +52,20 @@ def _train(model: str, dataset: str, out, data_root, *extra: str) -> dict:
 def test_cifar10_and_svhn_train_and_evaluate(data_root, tmp_path, capsys):
     runs = tmp_path / "runs"
     for seed in (0, 1):  # the paper's 24x24 patches are the model's own: no shifts (--max-shift 0)
-        _train("capsnet_cifar10", "cifar10", runs / f"cifar{seed}", data_root, "--batch-size", "8",
-               "--limit-train", "16", "--max-shift", "0", "--seed", str(seed))
+        _train(
+            "capsnet_cifar10",
+            "cifar10",
+            runs / f"cifar{seed}",
+            data_root,
+            "--batch-size",
+            "8",
+            "--limit-train",
+            "16",
+            "--max-shift",
+            "0",
+            "--seed",
+            str(seed),
+        )
     config = yaml.safe_load((runs / "cifar0" / "config.yaml").read_text())
     assert config["model_args"] == {"num_classes": 10, "input_size": [3, 32, 32]}
     _train("capsnet_svhn", "svhn", runs / "svhn", data_root, "--batch-size", "4")

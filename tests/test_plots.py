@@ -1,4 +1,5 @@
 """Tests for capsnets.plots: files are written atomically as real PNGs, bad inputs are rejected."""
+
 from __future__ import annotations
 
 import json
@@ -31,10 +32,20 @@ def write_metrics(path, records) -> None:
 
 def test_training_curves_full(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
-    write_metrics(metrics, [
-        {"epoch": e, "train_loss": 1.0 / e, "test_loss": 1.2 / e, "train_accuracy": 0.9 + e / 100,
-         "test_accuracy": 0.88 + e / 100, "lr": 1e-3 * 0.96 ** e} for e in range(1, 6)
-    ])
+    write_metrics(
+        metrics,
+        [
+            {
+                "epoch": e,
+                "train_loss": 1.0 / e,
+                "test_loss": 1.2 / e,
+                "train_accuracy": 0.9 + e / 100,
+                "test_accuracy": 0.88 + e / 100,
+                "lr": 1e-3 * 0.96**e,
+            }
+            for e in range(1, 6)
+        ],
+    )
     out = plots.plot_training_curves(metrics, tmp_path / "deep" / "dir" / "curves.png")
     assert out == tmp_path / "deep" / "dir" / "curves.png"
     assert_png(out)
@@ -42,8 +53,14 @@ def test_training_curves_full(tmp_path):
 
 def test_training_curves_tolerates_missing_keys(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
-    write_metrics(metrics, [{"train_loss": 0.5}, {"epoch": 2, "train_loss": 0.4, "test_accuracy": None},
-                            {"epoch": 3, "train_accuracy": 97.5}])
+    write_metrics(
+        metrics,
+        [
+            {"train_loss": 0.5},
+            {"epoch": 2, "train_loss": 0.4, "test_accuracy": None},
+            {"epoch": 3, "train_accuracy": 97.5},
+        ],
+    )
     metrics.write_text(metrics.read_text() + "\n\n")  # trailing blank lines are fine
     assert_png(plots.plot_training_curves(str(metrics), str(tmp_path / "curves.png")))
 
@@ -75,8 +92,9 @@ def test_reconstructions(tmp_path, channels):
     labels = torch.arange(20) % 10
     predictions = labels.clone()
     predictions[3] = 7
-    out = plots.plot_reconstructions(images, recon, tmp_path / "r" / "recon.png",
-                                     labels=labels, predictions=predictions, n=16)
+    out = plots.plot_reconstructions(
+        images, recon, tmp_path / "r" / "recon.png", labels=labels, predictions=predictions, n=16
+    )
     assert_png(out)
 
 
@@ -87,16 +105,21 @@ def test_reconstructions_numpy_no_labels_small_batch(tmp_path):
 
 def test_reconstructions_accept_grad_tensors(tmp_path):
     images = torch.rand(4, 1, 8, 8, requires_grad=True)
-    assert_png(plots.plot_reconstructions(images, images * 0.5, tmp_path / "recon.png",
-                                          predictions=[1, 2, 3, 4]), min_bytes=500)
+    assert_png(
+        plots.plot_reconstructions(images, images * 0.5, tmp_path / "recon.png", predictions=[1, 2, 3, 4]),
+        min_bytes=500,
+    )
 
 
-@pytest.mark.parametrize("images_shape, recon_shape", [
-    ((4, 28, 28), (4, 28, 28)),          # no channel dim
-    ((4, 2, 28, 28), (4, 2, 28, 28)),    # C not in {1, 3}
-    ((4, 1, 28, 28), (4, 784)),          # flattened reconstruction
-    ((4, 1, 28, 28), (3, 1, 28, 28)),    # batch mismatch
-])
+@pytest.mark.parametrize(
+    "images_shape, recon_shape",
+    [
+        ((4, 28, 28), (4, 28, 28)),  # no channel dim
+        ((4, 2, 28, 28), (4, 2, 28, 28)),  # C not in {1, 3}
+        ((4, 1, 28, 28), (4, 784)),  # flattened reconstruction
+        ((4, 1, 28, 28), (3, 1, 28, 28)),  # batch mismatch
+    ],
+)
 def test_reconstructions_bad_shapes(tmp_path, images_shape, recon_shape):
     with pytest.raises(ValueError):
         plots.plot_reconstructions(torch.rand(images_shape), torch.rand(recon_shape), tmp_path / "x.png")
@@ -121,24 +144,25 @@ def test_confusion_matrix(tmp_path, normalize):
     gen = torch.Generator().manual_seed(0)
     matrix = torch.randint(0, 50, (10, 10), generator=gen) + 400 * torch.eye(10, dtype=torch.long)
     matrix[4] = 0  # an empty row must not divide by zero
-    out = plots.plot_confusion_matrix(matrix, [str(i) for i in range(10)], tmp_path / "cm.png",
-                                      normalize=normalize)
+    out = plots.plot_confusion_matrix(matrix, [str(i) for i in range(10)], tmp_path / "cm.png", normalize=normalize)
     assert_png(out)
 
 
 def test_confusion_matrix_numpy_long_names(tmp_path):
     names = ["airplane", "automobile", "bird"]
-    assert_png(plots.plot_confusion_matrix(np.array([[5, 1, 0], [2, 7, 1], [0, 0, 9]]), names,
-                                           tmp_path / "cm.png"))
+    assert_png(plots.plot_confusion_matrix(np.array([[5, 1, 0], [2, 7, 1], [0, 0, 9]]), names, tmp_path / "cm.png"))
 
 
-@pytest.mark.parametrize("matrix, names", [
-    (np.zeros((3, 4)), ["a", "b", "c"]),   # not square
-    (np.zeros(3), ["a", "b", "c"]),        # not 2-D
-    (np.zeros((3, 3)), ["a", "b"]),        # wrong number of names
-    (-np.ones((2, 2)), ["a", "b"]),        # negative counts
-    (np.full((2, 2), np.nan), ["a", "b"]),  # non-finite
-])
+@pytest.mark.parametrize(
+    "matrix, names",
+    [
+        (np.zeros((3, 4)), ["a", "b", "c"]),  # not square
+        (np.zeros(3), ["a", "b", "c"]),  # not 2-D
+        (np.zeros((3, 3)), ["a", "b"]),  # wrong number of names
+        (-np.ones((2, 2)), ["a", "b"]),  # negative counts
+        (np.full((2, 2), np.nan), ["a", "b"]),  # non-finite
+    ],
+)
 def test_confusion_matrix_bad_input(tmp_path, matrix, names):
     with pytest.raises(ValueError):
         plots.plot_confusion_matrix(matrix, names, tmp_path / "cm.png")

@@ -1,5 +1,6 @@
 """``capsnets predict`` and :mod:`capsnets.predict`: image files read and adapted to the model, predictions as text
 and JSON, masks for segmentation models, clear errors for what cannot be read or adapted."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ import capsnets
 from capsnets.cli import main
 from capsnets.engine.checkpoint import save_checkpoint
 from capsnets.models import load_model
-from capsnets.validation import ArgumentError
 from capsnets.predict import collect_image_files, predict, prepare_image, read_images
+from capsnets.validation import ArgumentError
 
 
 def _png(path: Path, array, mode: str = "L") -> Path:
@@ -31,12 +32,34 @@ def digits_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("predict") / "run"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
-        assert main(["train", "--model", "capsnet_digits", "--dataset", "digits", "--epochs", "1", "--limit-train", "64",
-                     "--limit-test", "16", "--device", "cpu", "--no-progress", "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--model",
+                    "capsnet_digits",
+                    "--dataset",
+                    "digits",
+                    "--epochs",
+                    "1",
+                    "--limit-train",
+                    "64",
+                    "--limit-test",
+                    "16",
+                    "--device",
+                    "cpu",
+                    "--no-progress",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     return out
 
 
 # prepare_image ---------------------------------------------------------------------------------------------------
+
 
 def test_an_image_of_the_models_size_and_channels_is_taken_as_it_is():
     pixels = torch.randint(0, 256, (28, 28), dtype=torch.uint8)
@@ -50,8 +73,11 @@ def test_size_channels_and_background_are_adapted_and_said():
     white = Image.new("RGB", (200, 150), "white")
     tensor, notes = prepare_image(white, (1, 28, 28), "mnist")
     assert tensor.shape == (1, 28, 28) and tensor.max() == 0  # white paper becomes the black of MNIST
-    assert notes == ["converted colour (RGB) -> grayscale", "resized 200x150 -> 28x28 (aspect ratio changed)",
-                     "inverted (light background; the model was trained on light strokes on black)"]
+    assert notes == [
+        "converted colour (RGB) -> grayscale",
+        "resized 200x150 -> 28x28 (aspect ratio changed)",
+        "inverted (light background; the model was trained on light strokes on black)",
+    ]
     same, notes = prepare_image(white, (1, 28, 28), "mnist", invert="no")
     assert same.min() == 1 and not any("inverted" in note for note in notes)
     dark = Image.new("L", (28, 28), 0)
@@ -60,7 +86,9 @@ def test_size_channels_and_background_are_adapted_and_said():
     grey_to_rgb, notes = prepare_image(Image.new("L", (32, 32), 128), (3, 32, 32), None)
     assert grey_to_rgb.shape == (3, 32, 32) and notes == ["converted grayscale (L) -> RGB"]
     assert prepare_image(Image.new("RGB", (56, 56), "black"), (1, 28, 28), "mnist")[1] == [
-        "converted colour (RGB) -> grayscale", "resized 56x56 -> 28x28"]
+        "converted colour (RGB) -> grayscale",
+        "resized 56x56 -> 28x28",
+    ]
 
 
 def test_transparency_is_flattened_onto_white():
@@ -107,14 +135,16 @@ def test_files_and_folders_are_collected_and_bad_ones_named(tmp_path):
 
 # predict -----------------------------------------------------------------------------------------------------------
 
+
 def test_predictions_are_the_models_own_on_the_same_images(digits_run, tmp_path):
     from capsnets.data import load_dataset
 
     model, _ = load_model(digits_run)
     data = load_dataset("digits", train=False)
     images = data.images[:12]
-    files = [_png(tmp_path / f"{k}.png", images[k, 0].mul(255).round().to(torch.uint8).numpy())
-             for k in range(len(images))]
+    files = [
+        _png(tmp_path / f"{k}.png", images[k, 0].mul(255).round().to(torch.uint8).numpy()) for k in range(len(images))
+    ]
     read, notes = read_images(files, model.input_size, "digits", invert="no")
     assert notes == [[]] * len(files)
     torch.testing.assert_close(read, images, rtol=0, atol=0.5 / 255 + 1e-6)  # PNG keeps 8 bits
@@ -141,8 +171,21 @@ def test_the_cli_prints_and_writes_json(digits_run, tmp_path, capsys):
     folder.mkdir()
     _png(folder / "dark.png", torch.zeros(8, 8, dtype=torch.uint8).numpy())
     Image.new("RGB", (64, 48), "white").save(folder / "paper.jpg")
-    assert main(["predict", "--checkpoint", str(digits_run), str(folder), "--json", str(tmp_path / "p.json"),
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "--checkpoint",
+                str(digits_run),
+                str(folder),
+                "--json",
+                str(tmp_path / "p.json"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"{folder / 'dark.png'}: " in out and "(score " in out and "lengths: 0 " in out
     assert "[converted colour (RGB) -> grayscale; resized 64x48 -> 8x8 (aspect ratio changed); inverted" in out
@@ -159,19 +202,26 @@ def test_the_checkpoint_records_its_class_names(digits_run):
     assert checkpoint.meta["classes"] == [str(k) for k in range(10)]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--checkpoint", "RUN", "missing.png"], "'missing.png' is neither an image file nor a folder"),
-    (["--checkpoint", "RUN", "TEXT"], "is not an image that can be read"),
-    (["--checkpoint", "NOWHERE", "IMAGE"], "nowhere' does not exist"),
-    (["--checkpoint", "RUN", "IMAGE", "--batch-size", "0"], "--batch-size must be at least 1"),
-    (["--checkpoint", "RUN", "IMAGE", "--device", "meta"], "the meta device holds shapes but no data"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--checkpoint", "RUN", "missing.png"], "'missing.png' is neither an image file nor a folder"),
+        (["--checkpoint", "RUN", "TEXT"], "is not an image that can be read"),
+        (["--checkpoint", "NOWHERE", "IMAGE"], "nowhere' does not exist"),
+        (["--checkpoint", "RUN", "IMAGE", "--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--checkpoint", "RUN", "IMAGE", "--device", "meta"], "the meta device holds shapes but no data"),
+    ],
+)
 def test_the_cli_refuses_with_one_line(digits_run, tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
     image = _png(tmp_path / "image.png", torch.zeros(8, 8, dtype=torch.uint8).numpy())
     (tmp_path / "text.png").write_text("hello")
-    names = {"RUN": str(digits_run), "IMAGE": str(image), "TEXT": str(tmp_path / "text.png"),
-             "NOWHERE": str(tmp_path / "nowhere")}
+    names = {
+        "RUN": str(digits_run),
+        "IMAGE": str(image),
+        "TEXT": str(tmp_path / "text.png"),
+        "NOWHERE": str(tmp_path / "nowhere"),
+    }
     assert main(["predict", *(names.get(a, a) for a in argv)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("capsnets predict: error: ") and message in err and "\n" not in err
@@ -179,11 +229,27 @@ def test_the_cli_refuses_with_one_line(digits_run, tmp_path, capsys, monkeypatch
 
 def test_segmentation_models_write_masks(tmp_path, capsys):
     model = capsnets.create_model("segcaps_small")
-    save_checkpoint(tmp_path / "seg" / "best.safetensors", model=model,
-                    meta={"model": "segcaps_small", "model_args": model.model_args, "dataset": "segmentation"})
+    save_checkpoint(
+        tmp_path / "seg" / "best.safetensors",
+        model=model,
+        meta={"model": "segcaps_small", "model_args": model.model_args, "dataset": "segmentation"},
+    )
     _png(tmp_path / "scan.png", torch.randint(0, 256, (40, 40), dtype=torch.uint8).numpy())
-    assert main(["predict", "--checkpoint", str(tmp_path / "seg"), str(tmp_path / "scan.png"), "--out",
-                 str(tmp_path / "masks"), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "--checkpoint",
+                str(tmp_path / "seg"),
+                str(tmp_path / "scan.png"),
+                "--out",
+                str(tmp_path / "masks"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "scan.png: mask " in out and "foreground" in out and "[resized 40x40 -> 32x32]" in out
     mask = Image.open(tmp_path / "masks" / "scan_mask.png")
@@ -192,8 +258,14 @@ def test_segmentation_models_write_masks(tmp_path, capsys):
 
 def test_models_that_neither_classify_nor_segment_are_refused(tmp_path, capsys):
     model = capsnets.create_model("transforming_autoencoder")
-    save_checkpoint(tmp_path / "tae.safetensors", model=model,
-                    meta={"model": "transforming_autoencoder", "model_args": model.model_args, "dataset": "mnist"})
+    save_checkpoint(
+        tmp_path / "tae.safetensors",
+        model=model,
+        meta={"model": "transforming_autoencoder", "model_args": model.model_args, "dataset": "mnist"},
+    )
     _png(tmp_path / "x.png", torch.zeros(28, 28, dtype=torch.uint8).numpy())
     assert main(["predict", "--checkpoint", str(tmp_path / "tae.safetensors"), str(tmp_path / "x.png")]) == 1
-    assert "'transforming_autoencoder' is for autoencoder; predict classifies or segments images" in capsys.readouterr().err
+    assert (
+        "'transforming_autoencoder' is for autoencoder; predict classifies or segments images"
+        in capsys.readouterr().err
+    )

@@ -1,5 +1,6 @@
 """Pretrained weights (:mod:`capsnets.models.hub`): the shipped ones load offline and match their cards; local
 files and ``file://`` URLs load the same way; a file whose SHA-256 differs is refused; bad tags say what exists."""
+
 from __future__ import annotations
 
 import json
@@ -7,15 +8,15 @@ import shutil
 
 import pytest
 import torch
+from reliability.faults import one_error_line
 
 import capsnets
-from capsnets.engine import publish
-from capsnets.models import hub
 from capsnets.cli import main
-from capsnets.validation import ArgumentError
+from capsnets.engine import publish
 from capsnets.io import file_sha256
+from capsnets.models import hub
 from capsnets.models.hub import PretrainedError, save_pretrained, shipped_weights
-from reliability.faults import one_error_line
+from capsnets.validation import ArgumentError
 
 SHIPPED = shipped_weights()
 CARD_KEYS = ("data", "command", "seed", "test_accuracy", "date", "dtype", "torch")
@@ -26,8 +27,12 @@ def tiny_weight(tmp_path):
     """A capsnet_digits weight saved as a pretrained file in ``tmp_path`` (untrained: only the plumbing counts)."""
     torch.manual_seed(0)
     model = capsnets.create_model("capsnet_digits")
-    path = save_pretrained(model, tmp_path / "capsnet_digits-digits.safetensors", dataset="digits",
-                           card={"test_accuracy": 0.1, "data": "none", "command": "none", "seed": 0, "date": "-"})
+    path = save_pretrained(
+        model,
+        tmp_path / "capsnet_digits-digits.safetensors",
+        dataset="digits",
+        card={"test_accuracy": 0.1, "data": "none", "command": "none", "seed": 0, "date": "-"},
+    )
     return model, path
 
 
@@ -85,8 +90,7 @@ def test_local_path_and_file_url_load_the_same_weights(tiny_weight):
 
 def test_half_precision_weight_is_loaded_as_float32(tmp_path):
     model = capsnets.create_model("capsnet_digits")
-    path = save_pretrained(model, tmp_path / "w.safetensors", dataset="digits", card={"test_accuracy": 0.1},
-                           half=True)
+    path = save_pretrained(model, tmp_path / "w.safetensors", dataset="digits", card={"test_accuracy": 0.1}, half=True)
     loaded = capsnets.create_model("capsnet_digits", pretrained=str(path))
     assert all(p.dtype == torch.float32 for p in loaded.parameters())
     assert _same_weights(model.half().float(), loaded)
@@ -112,12 +116,15 @@ def test_https_url_without_a_valid_sha256_is_refused(sha256):
         capsnets.create_model("capsnet_small", pretrained="https://example.org/w.safetensors", sha256=sha256)
 
 
-@pytest.mark.parametrize("model, tag, message", [
-    ("capsnet_small", "cifar10", "no shipped pretrained weight 'capsnet_small-cifar10'; shipped: "),
-    ("capsnet", "mnist", "no shipped pretrained weight 'capsnet-mnist'"),
-    ("capsnet_small", "/no/such/file.safetensors", "does not exist"),
-    ("capsnet_small", "ftp://example.org/w.safetensors", "only https:// and file:// URLs"),
-])
+@pytest.mark.parametrize(
+    "model, tag, message",
+    [
+        ("capsnet_small", "cifar10", "no shipped pretrained weight 'capsnet_small-cifar10'; shipped: "),
+        ("capsnet", "mnist", "no shipped pretrained weight 'capsnet-mnist'"),
+        ("capsnet_small", "/no/such/file.safetensors", "does not exist"),
+        ("capsnet_small", "ftp://example.org/w.safetensors", "only https:// and file:// URLs"),
+    ],
+)
 def test_bad_tags_say_what_exists(model, tag, message):
     with pytest.raises(PretrainedError, match=message.replace("(", r"\(")):
         capsnets.create_model(model, pretrained=tag)
@@ -180,8 +187,9 @@ def test_every_shipped_weight_reaches_its_cards_accuracy(shared_data_root, tmp_p
 
 def test_publish_without_the_decoder_keeps_the_scores(tiny_weight, tmp_path):
     model, path = tiny_weight
-    out = publish.publish_checkpoint(path, command="none", data="digits", out_dir=tmp_path / "out",
-                                        reconstruction=False)
+    out = publish.publish_checkpoint(
+        path, command="none", data="digits", out_dir=tmp_path / "out", reconstruction=False
+    )
     card = json.loads(out.with_suffix(".json").read_text())
     assert card["model_args"]["reconstruction"] is False
     loaded = capsnets.create_model("capsnet_digits", pretrained=str(out))

@@ -1,4 +1,5 @@
 """scripts/full_runs.sh: every command it would run is one the CLI accepts, with settings the experiments take."""
+
 import os
 import re
 import shlex
@@ -12,8 +13,15 @@ from capsnets.cli import build_parser, main
 from capsnets.models import list_models, model_arguments
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "full_runs.sh"
-STEPS = ["checks", "viewpoints", "viewpoints-exact", "segmentation-multimnist", "segmentation-bn",
-         "affnist-synthesis", "matrix-mnist"]
+STEPS = [
+    "checks",
+    "viewpoints",
+    "viewpoints-exact",
+    "segmentation-multimnist",
+    "segmentation-bn",
+    "affnist-synthesis",
+    "matrix-mnist",
+]
 PROBE = "zz_not_a_setting"
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

@@ -3,25 +3,27 @@
 
 Models are built on the meta device wherever the check comes before any computation, so every registered model
 is covered in seconds."""
+
 import json
 
 import pytest
 import torch
 
 import capsnets
-from capsnets.functional import routing_from_config
 from capsnets.engine.runtime import resolve_device
-from capsnets.validation import ArgumentError, available_devices
+from capsnets.functional import routing_from_config
 from capsnets.losses import create_loss, list_losses, loss_schema
 from capsnets.models import model_schema, model_task
+from capsnets.validation import ArgumentError, available_devices
 
 MODELS = capsnets.list_models()
 
 
 def _arguments(expects: str) -> list[tuple[str, str]]:
     """``(model, argument)`` for every argument of every registered model whose description contains ``expects``."""
-    return [(name, key) for name in MODELS for key, argument in model_schema(name).items()
-            if expects in argument.expects]
+    return [
+        (name, key) for name in MODELS for key, argument in model_schema(name).items() if expects in argument.expects
+    ]
 
 
 def _refused(name: str, key: str, value, *also: str) -> str:
@@ -48,6 +50,7 @@ def _first_tensor(output):
 
 # model arguments ------------------------------------------------------------------------------------------------
 
+
 def test_every_model_argument_is_declared():
     for name in MODELS:
         for key, argument in model_schema(name).items():
@@ -65,8 +68,10 @@ def test_the_choices_builders_list_are_the_ones_their_models_take():
 
     assert model_schema("routing_zoo")["head"].expects == listed(HEADS)
     assert model_schema("matrix_capsnet")["formulation"].expects == listed(FORMULATIONS)
-    assert model_schema("matrix_capsnet")["assignment_scope"].expects == listed(ASSIGNMENT_SCOPES) + \
-        " or None (YAML: null)"
+    assert (
+        model_schema("matrix_capsnet")["assignment_scope"].expects
+        == listed(ASSIGNMENT_SCOPES) + " or None (YAML: null)"
+    )
 
 
 @pytest.mark.parametrize("name, key", _arguments("true"))
@@ -82,8 +87,9 @@ def test_sizes_and_counts_must_be_positive_integers(name, key):
         _refused(name, key, value, "positive integer")
 
 
-@pytest.mark.parametrize("name, key", [(name, key) for name, key in _arguments("") if "None" not in
-                                       model_schema(name)[key].expects])
+@pytest.mark.parametrize(
+    "name, key", [(name, key) for name, key in _arguments("") if "None" not in model_schema(name)[key].expects]
+)
 def test_null_is_refused_where_an_argument_has_no_none(name, key):
     _refused(name, key, None, "got None")
 
@@ -129,8 +135,12 @@ def test_unknown_arguments_are_named_with_the_ones_taken(name):
 
 
 def test_matrix_models_check_their_routing_settings():
-    _refused("matrix_capsnet_small", "routing", {"type": "em", "formulation": "paper", "inverse_temperature": "abc"},
-             "could not convert")
+    _refused(
+        "matrix_capsnet_small",
+        "routing",
+        {"type": "em", "formulation": "paper", "inverse_temperature": "abc"},
+        "could not convert",
+    )
     _refused("matrix_capsnet_small", "formulation", "offical", "one of 'paper', 'official'")
     _refused("matrix_capsnet_small", "assignment_scope", "global", "'per_type'")
     _refused("matrix_capsnet_small", "checkpoint_chunks", -1, "non-negative integer")
@@ -155,13 +165,15 @@ def test_values_from_yaml_and_json_are_taken(name):
 
 
 def test_ints_are_taken_for_floats_and_routings_rebuild_from_their_records():
-    model = capsnets.create_model("matrix_capsnet_small", formulation="paper", routing={"inverse_temperature": 1},
-                                  device="meta")
+    model = capsnets.create_model(
+        "matrix_capsnet_small", formulation="paper", routing={"inverse_temperature": 1}, device="meta"
+    )
     assert model.classes.routing.inverse_temperatures == [1.0] * 3
     assert model.model_args["routing"]["inverse_temperature"] == [1.0] * 3
     assert capsnets.create_model("cnn_baseline_narrow", dropout=0, device="meta").model_args["dropout"] == 0.0
-    official = capsnets.create_model("matrix_capsnet_small", routing=capsnets.functional.EMRouting.official(2),
-                                     device="meta")
+    official = capsnets.create_model(
+        "matrix_capsnet_small", routing=capsnets.functional.EMRouting.official(2), device="meta"
+    )
     record = json.loads(json.dumps(official.model_args))
     assert capsnets.create_model("matrix_capsnet_small", **record, device="meta").model_args == record
     assert capsnets.create_model("capsnet_small", dtype="float64", device="meta").conv.weight.dtype == torch.float64
@@ -170,8 +182,19 @@ def test_ints_are_taken_for_floats_and_routings_rebuild_from_their_records():
 def test_the_command_line_prints_the_error_in_one_line(tmp_path, capsys):
     from capsnets.cli import main
 
-    status = main(["train", "--model", "matrix_capsnet_small", "--dataset", "digits", "--out", str(tmp_path / "run"),
-                   "--model-arg", "routing.detach_routing=abc"])
+    status = main(
+        [
+            "train",
+            "--model",
+            "matrix_capsnet_small",
+            "--dataset",
+            "digits",
+            "--out",
+            str(tmp_path / "run"),
+            "--model-arg",
+            "routing.detach_routing=abc",
+        ]
+    )
     error = capsys.readouterr().err.strip().splitlines()
     assert status == 1 and len(error) == 1
     assert "detach_routing must be True or False" in error[0] and "'abc'" in error[0]
@@ -179,17 +202,20 @@ def test_the_command_line_prints_the_error_in_one_line(tmp_path, capsys):
 
 # the helpers ----------------------------------------------------------------------------------------------------
 
+
 def test_the_helpers_return_what_the_caller_keeps_and_name_the_argument():
     from capsnets.validation import choice, describe, flag, floating_dtype, image_size, number, reject_unknown
 
     assert image_size("input_size", [1, 28, 28]) == (1, 28, 28) and number("lr", 1) == 1.0
     assert floating_dtype("dtype", "torch.float64") is torch.float64 and flag("x", False) is False
     assert choice("norm", None, ("batch", None)) is None
-    for call, words in [(lambda: number("ramp", 0, 0, 1, low_open=True), "ramp must be a number in (0, 1]"),
-                        (lambda: number("w", float("nan")), "w must be a number, got nan"),
-                        (lambda: choice("norm", 1, (True, 1.0)), "norm must be one of True, 1.0, got 1"),
-                        (lambda: flag("bias", 1), "bias must be true or false, got 1"),
-                        (lambda: reject_unknown("loss 'x'", ["widht"], ["width"]), "(did you mean width?)")]:
+    for call, words in [
+        (lambda: number("ramp", 0, 0, 1, low_open=True), "ramp must be a number in (0, 1]"),
+        (lambda: number("w", float("nan")), "w must be a number, got nan"),
+        (lambda: choice("norm", 1, (True, 1.0)), "norm must be one of True, 1.0, got 1"),
+        (lambda: flag("bias", 1), "bias must be true or false, got 1"),
+        (lambda: reject_unknown("loss 'x'", ["widht"], ["width"]), "(did you mean width?)"),
+    ]:
         with pytest.raises(ArgumentError) as info:
             call()
         assert words in str(info.value) and info.value.argument is not None
@@ -198,6 +224,7 @@ def test_the_helpers_return_what_the_caller_keeps_and_name_the_argument():
 
 
 # loss arguments -------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", list_losses())
 def test_loss_arguments_are_checked(name):
@@ -219,6 +246,7 @@ def test_loss_arguments_take_ints_for_floats():
 
 
 # devices --------------------------------------------------------------------------------------------------------
+
 
 def _usable(device: str) -> bool:
     kind, _, index = device.partition(":")
@@ -247,22 +275,27 @@ def test_device_names_that_are_no_devices_are_refused(device):
 
 def test_the_meta_device_builds_models_but_does_not_run_them():
     assert capsnets.create_model("capsnet_digits", device="meta").primary.conv.weight.is_meta
-    with pytest.raises(ArgumentError, match=r"device='meta': the meta device holds shapes but no data.*use one of: cpu"):
+    with pytest.raises(
+        ArgumentError, match=r"device='meta': the meta device holds shapes but no data.*use one of: cpu"
+    ):
         resolve_device("meta")
 
 
 # images given to a model ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", MODELS)
 def test_bad_image_batches_are_refused(name):
     model = capsnets.create_model(name, device="meta")
     channels, height, width = model.input_size
     argument = "label_maps" if model_task(name) == "synthesis" else "images"
-    bad = {"an empty batch": torch.zeros(0, channels, height, width),
-           f"of shape (B, {channels}, ": torch.zeros(2, channels + 1, height, width),
-           f"{argument} of shape (B, {channels}, ": torch.zeros(2, channels, height + 4, width),
-           "dtype torch.int64": torch.zeros(2, channels, height, width, dtype=torch.int64),
-           f"{argument} as a torch.Tensor": [[0.0]]}
+    bad = {
+        "an empty batch": torch.zeros(0, channels, height, width),
+        f"of shape (B, {channels}, ": torch.zeros(2, channels + 1, height, width),
+        f"{argument} of shape (B, {channels}, ": torch.zeros(2, channels, height + 4, width),
+        "dtype torch.int64": torch.zeros(2, channels, height, width, dtype=torch.int64),
+        f"{argument} as a torch.Tensor": [[0.0]],
+    }
     for phrase, images in bad.items():
         images = images.to("meta") if isinstance(images, torch.Tensor) else images
         with pytest.raises(ArgumentError) as info:
@@ -272,11 +305,19 @@ def test_bad_image_batches_are_refused(name):
 
 #: One cheap registered model of every model class (the conversion is the same code in all of them), with the
 #: smallest input it takes.
-CHEAP = {"capsnet_digits": {}, "matrix_capsnet_small": {"input_size": (1, 28, 28)}, "cnn_baseline_narrow": {},
-         "cnn_smallnorb_narrow": {}, "segcaps_small": {"input_size": (1, 16, 16)},
-         "unet_small": {"input_size": (1, 16, 16)}, "capspix2pix_small": {"input_size": (10, 16, 16)},
-         "pix2pix_small": {"input_size": (10, 16, 16)}, "transforming_autoencoder": {}, "efficient_capsnet": {},
-         "routing_zoo": {}}
+CHEAP = {
+    "capsnet_digits": {},
+    "matrix_capsnet_small": {"input_size": (1, 28, 28)},
+    "cnn_baseline_narrow": {},
+    "cnn_smallnorb_narrow": {},
+    "segcaps_small": {"input_size": (1, 16, 16)},
+    "unet_small": {"input_size": (1, 16, 16)},
+    "capspix2pix_small": {"input_size": (10, 16, 16)},
+    "pix2pix_small": {"input_size": (10, 16, 16)},
+    "transforming_autoencoder": {},
+    "efficient_capsnet": {},
+    "routing_zoo": {},
+}
 
 
 def test_the_cheap_models_cover_every_model_class():

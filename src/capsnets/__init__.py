@@ -3,8 +3,8 @@
 Vector capsules with dynamic routing, matrix capsules with EM routing and convolutional capsules, with
 a registry of models, a trainer and a command-line tool (``capsnets --help``).
 """
+
 from capsnets._version import __version__
 from capsnets.models import ModelOutput, count_parameters, create_model, list_models, load_model, save_model
 
-__all__ = ["ModelOutput", "__version__", "count_parameters", "create_model", "list_models", "load_model",
-           "save_model"]
+__all__ = ["ModelOutput", "__version__", "count_parameters", "create_model", "list_models", "load_model", "save_model"]

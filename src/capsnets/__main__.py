@@ -1,4 +1,5 @@
 """``python -m capsnets``: the same as the ``capsnets`` command."""
+
 import sys
 
 from capsnets.cli import main

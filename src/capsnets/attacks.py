@@ -21,9 +21,10 @@
 All functions are pure: batched, on the images' device, the model put in ``eval`` mode for the
 attack and restored afterwards, no parameter gradients accumulated, inputs assumed in ``[0, 1]``.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +33,16 @@ from torch import Tensor, nn
 from capsnets.losses import margin_loss, spread_loss
 from capsnets.models.output import ModelOutput
 
-__all__ = ["AttackLoss", "ATTACK_LOSSES", "attack_loss", "fgsm", "bim", "random_wrong_targets", "attack_success",
-           "zero_gradient_fraction"]
+__all__ = [
+    "AttackLoss",
+    "ATTACK_LOSSES",
+    "attack_loss",
+    "fgsm",
+    "bim",
+    "random_wrong_targets",
+    "attack_success",
+    "zero_gradient_fraction",
+]
 
 #: ``loss_fn(output, labels) -> scalar``: what the attacks raise (untargeted) or lower (targeted).
 AttackLoss = Callable[[ModelOutput, Tensor], Tensor]
@@ -70,8 +79,10 @@ def attack_loss(model: nn.Module, kind: str = "own") -> AttackLoss:
         return _cross_entropy
     name = getattr(model, "default_loss", None)
     if name not in _BY_LOSS_NAME:
-        raise ValueError(f"no attack loss for a model whose default_loss is {name!r}; pass loss_fn "
-                         f"explicitly (known: {', '.join(sorted(_BY_LOSS_NAME))})")
+        raise ValueError(
+            f"no attack loss for a model whose default_loss is {name!r}; pass loss_fn "
+            f"explicitly (known: {', '.join(sorted(_BY_LOSS_NAME))})"
+        )
     return _BY_LOSS_NAME[name]
 
 
@@ -122,8 +133,16 @@ def _step(images: Tensor, grad: Tensor, size: float, targeted: bool) -> Tensor:
     return images + size * direction
 
 
-def fgsm(model: nn.Module, loss_fn: AttackLoss | None, images: Tensor, labels: Tensor, eps: float, *,
-         targeted: bool = False, target: Tensor | None = None) -> Tensor:
+def fgsm(
+    model: nn.Module,
+    loss_fn: AttackLoss | None,
+    images: Tensor,
+    labels: Tensor,
+    eps: float,
+    *,
+    targeted: bool = False,
+    target: Tensor | None = None,
+) -> Tensor:
     """Fast gradient sign method: one step of size ``eps`` along the sign of the input gradient.
 
     Args:
@@ -149,8 +168,18 @@ def fgsm(model: nn.Module, loss_fn: AttackLoss | None, images: Tensor, labels: T
     return _step(images, grad, eps, targeted).clamp(0.0, 1.0)
 
 
-def bim(model: nn.Module, loss_fn: AttackLoss | None, images: Tensor, labels: Tensor, eps: float, *,
-        step_size: float, steps: int, targeted: bool = False, target: Tensor | None = None) -> Tensor:
+def bim(
+    model: nn.Module,
+    loss_fn: AttackLoss | None,
+    images: Tensor,
+    labels: Tensor,
+    eps: float,
+    *,
+    step_size: float,
+    steps: int,
+    targeted: bool = False,
+    target: Tensor | None = None,
+) -> Tensor:
     """Basic iterative method: ``steps`` FGSM steps of ``step_size``, projected after each step.
 
     The projection clips to ``[images - eps, images + eps]`` and then to ``[0, 1]``. Kurakin et al.
@@ -199,8 +228,9 @@ def random_wrong_targets(labels: Tensor, num_classes: int, generator: torch.Gene
 
 
 @torch.no_grad()
-def attack_success(model: nn.Module, clean: Tensor, adversarial: Tensor, labels: Tensor,
-                   target: Tensor | None = None) -> tuple[int, int]:
+def attack_success(
+    model: nn.Module, clean: Tensor, adversarial: Tensor, labels: Tensor, target: Tensor | None = None
+) -> tuple[int, int]:
     """Count successful attacks among the examples ``model`` classifies correctly when clean.
 
     Untargeted (``target is None``): success = the adversarial prediction differs from the label.
@@ -216,8 +246,9 @@ def attack_success(model: nn.Module, clean: Tensor, adversarial: Tensor, labels:
     return int((hit & clean_ok).sum()), int(clean_ok.sum())
 
 
-def zero_gradient_fraction(model: nn.Module, loss_fn: AttackLoss | None, images: Tensor, labels: Tensor,
-                           batch_size: int = 256) -> float:
+def zero_gradient_fraction(
+    model: nn.Module, loss_fn: AttackLoss | None, images: Tensor, labels: Tensor, batch_size: int = 256
+) -> float:
     """Fraction of examples whose input gradient of ``loss_fn`` is exactly zero (the attack cannot move them).
 
     Examples are independent in eval mode, so the gradient of the batch loss with respect to one image
@@ -227,7 +258,7 @@ def zero_gradient_fraction(model: nn.Module, loss_fn: AttackLoss | None, images:
     flat = 0
     with _EvalMode(model):
         for first in range(0, len(images), batch_size):
-            x, y = images[first:first + batch_size].detach(), labels[first:first + batch_size]
+            x, y = images[first : first + batch_size].detach(), labels[first : first + batch_size]
             grad = _input_gradient(model, loss_fn, x, y)
             flat += int((grad.flatten(1) == 0).all(dim=1).sum())
     return flat / max(len(images), 1)

@@ -7,6 +7,7 @@ escnn's ``GeometricTensor``).
 
 Dimension legend: ``B`` batch, ``T`` capsule types, ``H``/``W`` grid rows/columns, ``P`` pose side (4).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,7 @@ class MatrixCapsules:
             raise ValueError(f"pose must be (B, T, H, W, P, P), got shape {tuple(pose.shape)}")
         if act.shape != pose.shape[:4]:
             raise ValueError(
-                f"activation must be (B, T, H, W) = {tuple(pose.shape[:4])} to match the pose, "
-                f"got {tuple(act.shape)}"
+                f"activation must be (B, T, H, W) = {tuple(pose.shape[:4])} to match the pose, got {tuple(act.shape)}"
             )
 
     @property
@@ -54,7 +54,7 @@ class MatrixCapsules:
     def pose_size(self) -> int:
         return self.pose.shape[-1]
 
-    def to(self, *args, **kwargs) -> "MatrixCapsules":
+    def to(self, *args, **kwargs) -> MatrixCapsules:
         return MatrixCapsules(self.pose.to(*args, **kwargs), self.activation.to(*args, **kwargs))
 
     def flat(self) -> tuple[Tensor, Tensor]:

@@ -24,6 +24,7 @@ traceback). The command changes no process-wide setting unless asked: ``--retain
 ``CAPSNETS_RETAIN_FREED_MEMORY=1``) keeps freed CPU memory in the process
 (:func:`~capsnets.engine.runtime.retain_freed_memory`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,9 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import yaml
@@ -56,9 +57,32 @@ from capsnets.predict import collect_image_files, predict, read_images, segment
 #: The environment variable that turns on ``--retain-freed-memory`` (``1``).
 RETAIN_FREED_MEMORY_ENV = "CAPSNETS_RETAIN_FREED_MEMORY"
 #: ``train`` flags that map one-to-one onto TrainConfig fields (argparse dest == field name).
-_CONFIG_FLAGS = ("model", "dataset", "epochs", "out", "batch_size", "lr", "lr_decay", "weight_decay", "seed",
-                 "device", "amp", "compile", "data_dir", "download", "limit_train", "limit_test", "max_shift",
-                 "augment", "loss", "eval_every", "checkpoint_every", "progress", "time_limit_minutes", "image_size")
+_CONFIG_FLAGS = (
+    "model",
+    "dataset",
+    "epochs",
+    "out",
+    "batch_size",
+    "lr",
+    "lr_decay",
+    "weight_decay",
+    "seed",
+    "device",
+    "amp",
+    "compile",
+    "data_dir",
+    "download",
+    "limit_train",
+    "limit_test",
+    "max_shift",
+    "augment",
+    "loss",
+    "eval_every",
+    "checkpoint_every",
+    "progress",
+    "time_limit_minutes",
+    "image_size",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -98,27 +122,41 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with its sub-commands."""
     parser = argparse.ArgumentParser(prog="capsnets", description="Capsule networks: train, evaluate, inspect.")
-    parser.add_argument("--retain-freed-memory", action="store_true",
-                        help="keep the memory of freed CPU tensors in the process for reuse (glibc's mallopt; "
-                             "faster CPU training of EM routing, at the price of a resident size near the peak; "
-                             f"also {RETAIN_FREED_MEMORY_ENV}=1) (default: off)")
+    parser.add_argument(
+        "--retain-freed-memory",
+        action="store_true",
+        help="keep the memory of freed CPU tensors in the process for reuse (glibc's mallopt; "
+        "faster CPU training of EM routing, at the price of a resident size near the peak; "
+        f"also {RETAIN_FREED_MEMORY_ENV}=1) (default: off)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, summary: str) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=summary, description=summary, formatter_class=_HelpFormatter)
 
     _add_train(command("train", "train a model and write a run directory"))
-    _add_evaluate(command("evaluate", "accuracy, per-class accuracy and confusion matrix of a checkpoint, or of "
-                                      "an ensemble of checkpoints"))
+    _add_evaluate(
+        command(
+            "evaluate",
+            "accuracy, per-class accuracy and confusion matrix of a checkpoint, or of an ensemble of checkpoints",
+        )
+    )
     _add_reconstruct(command("reconstruct", "inputs against their reconstructions by a checkpoint"))
-    _add_export(command("export", "write a checkpoint's model as ONNX (or a torch.export program), checked "
-                                  "against PyTorch"))
+    _add_export(
+        command("export", "write a checkpoint's model as ONNX (or a torch.export program), checked against PyTorch")
+    )
     _add_predict(command("predict", "classify image files (PNG, JPEG) with a checkpoint, or segment them"))
-    _add_list_models(command("list-models", "registered models and their parameter counts, or the "
-                                            "--model-arg keys of one model"))
+    _add_list_models(
+        command("list-models", "registered models and their parameter counts, or the --model-arg keys of one model")
+    )
     _add_experiment(command("experiment", "run a paper experiment, write DIR/report.md + PNGs"))
-    _add_demo(command("demo", "a local web page to see what capsules encode: draw a digit, see its class capsules, "
-                              "move their dimensions, see the routing (needs pip install -e '.[demo]')"))
+    _add_demo(
+        command(
+            "demo",
+            "a local web page to see what capsules encode: draw a digit, see its class capsules, "
+            "move their dimensions, see the routing (needs pip install -e '.[demo]')",
+        )
+    )
     return parser
 
 
@@ -130,26 +168,41 @@ def _datasets() -> str:
 def _add_experiment(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("name", nargs="?", help="experiment name (see --list)")
-    add("--list", action="store_true", help="list the experiments, one line each (with NAME: its settings, their "
-                                             "defaults and smoke values) and exit")
+    add(
+        "--list",
+        action="store_true",
+        help="list the experiments, one line each (with NAME: its settings, their defaults and smoke values) and exit",
+    )
     add("--smoke", action="store_true", help="tiny CPU-sized version (minutes)")
     add("--out", help="directory for report.md and the figures")
     add("--device", default="auto", help="auto (default), cpu, cuda, cuda:1 ...")
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, default=0)
-    seeds.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
-                       help="run once per seed into DIR/seed-N and summarise the spread in DIR/report.md")
+    seeds.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        metavar="SEED",
+        help="run once per seed into DIR/seed-N and summarise the spread in DIR/report.md",
+    )
     add("--data-dir", help="folder holding the data sets (default: $CAPSNETS_DATA or the library's default)")
-    add("--checkpoint-dir", help="load trained models from here if present, else save them here "
-                                 "(with --seeds: from its seed-N folders)")
-    add("--set", action="append", default=[], metavar="KEY=VALUE",
-        help="one of the experiment's settings (see NAME --list)")
+    add(
+        "--checkpoint-dir",
+        help="load trained models from here if present, else save them here (with --seeds: from its seed-N folders)",
+    )
+    add(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one of the experiment's settings (see NAME --list)",
+    )
     parser.set_defaults(handler=_experiment)
 
 
 def _experiment(args: argparse.Namespace) -> int:
     # slow (matplotlib and every experiment's module); only this command needs it
-    from capsnets.experiments import describe_experiments, list_experiments, run_experiment, run_experiment_seeds
+    from capsnets.experiments import describe_experiments, list_experiments, run_experiment, run_experiment_seeds  # noqa: PLC0415
 
     if args.list:
         print(describe_experiments(args.name))
@@ -158,8 +211,13 @@ def _experiment(args: argparse.Namespace) -> int:
         raise ValueError(f"name an experiment (one of: {', '.join(list_experiments())}) or pass --list")
     if not args.out:
         raise ValueError("--out DIR is required: the directory for report.md and the figures")
-    common = dict(smoke=args.smoke, device=args.device, data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
-                  **parse_key_values(args.set, "--set"))
+    common = dict(
+        smoke=args.smoke,
+        device=args.device,
+        data_dir=args.data_dir,
+        checkpoint_dir=args.checkpoint_dir,
+        **parse_key_values(args.set, "--set"),
+    )
     if args.seeds is not None:
         result = run_experiment_seeds(args.name, args.out, args.seeds, **common)
     else:
@@ -168,8 +226,11 @@ def _experiment(args: argparse.Namespace) -> int:
     for key, value in result.metrics.items():
         print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
     if result.cut_short:
-        how = ("run the same command again to continue them from --checkpoint-dir" if args.checkpoint_dir else
-               "with --checkpoint-dir DIR they are kept, and running the same command again continues them")
+        how = (
+            "run the same command again to continue them from --checkpoint-dir"
+            if args.checkpoint_dir
+            else "with --checkpoint-dir DIR they are kept, and running the same command again continues them"
+        )
         print(f"train_minutes cut {len(result.cut_short)} training(s) short ({', '.join(result.cut_short)}); {how}")
     return 0
 
@@ -181,64 +242,119 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     add("--model", help=f"registered model name, see `capsnets list-models` (default: {default.model})")
     add("--dataset", help=f"data set: {_datasets()} (default: {default.dataset})")
     add("--epochs", type=int, help=f"passes over the training split (default: {default.epochs})")
-    add("--out", metavar="DIR", help="run directory for config, metrics, checkpoints and figures "
-                                     f"(default: {default_run_dir('<model>')}, e.g. {default_run_dir(default.model)})")
+    add(
+        "--out",
+        metavar="DIR",
+        help="run directory for config, metrics, checkpoints and figures "
+        f"(default: {default_run_dir('<model>')}, e.g. {default_run_dir(default.model)})",
+    )
     add("--batch-size", type=int, help=f"global batch size, split across processes (default: {default.batch_size})")
     add("--lr", type=float, help=f"Adam learning rate (default: {default.lr:g})")
-    add("--lr-decay", type=float,
-        help=f"per-epoch exponential decay of the learning rate (default: {default.lr_decay})")
+    add(
+        "--lr-decay", type=float, help=f"per-epoch exponential decay of the learning rate (default: {default.lr_decay})"
+    )
     add("--weight-decay", type=float, help=f"Adam weight decay (default: {default.weight_decay:g})")
     add("--loss", help="loss name from capsnets.losses (default: the model's default loss)")
     add("--seed", type=int, help=f"seed of initialisation, shuffling and augmentation (default: {default.seed})")
     add("--device", help=f"auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ... (default: {default.device})")
-    add("--amp", choices=AMP_MODES,
-        help=f"mixed precision: auto is bf16 autocast on CUDA, off on CPU (default: {default.amp})")
+    add(
+        "--amp",
+        choices=AMP_MODES,
+        help=f"mixed precision: auto is bf16 autocast on CUDA, off on CPU (default: {default.amp})",
+    )
     add("--compile", action="store_true", default=None, help="wrap the model in torch.compile (default: off)")
-    add("--resume", action="store_true", default=False,
+    add(
+        "--resume",
+        action="store_true",
+        default=False,
         help="continue the run in --out from its last checkpoint, with its config.yaml; flags may change what can "
-             "change mid-run (--epochs, --lr, --lr-decay, --device, --time-limit...), not the model or data "
-             "(default: off)")
-    add("--overwrite", action="store_true", default=False,
+        "change mid-run (--epochs, --lr, --lr-decay, --device, --time-limit...), not the model or data "
+        "(default: off)",
+    )
+    add(
+        "--overwrite",
+        action="store_true",
+        default=False,
         help="replace the run already in --out: it is moved aside and deleted once the new run has saved its "
-             "first checkpoint (default: off; without it a fresh run into a run directory is refused)")
-    add("--data-dir", metavar="DIR", help="folder holding the data set files (default: $CAPSNETS_DATA, else "
-                                          "~/.cache/capsnets/data)")
+        "first checkpoint (default: off; without it a fresh run into a run directory is refused)",
+    )
+    add(
+        "--data-dir",
+        metavar="DIR",
+        help="folder holding the data set files (default: $CAPSNETS_DATA, else ~/.cache/capsnets/data)",
+    )
     add("--download", action="store_true", default=None, help="download missing data set files (default: off)")
     add("--limit-train", type=int, metavar="N", help="use only the first N training images (default: all)")
     add("--limit-test", type=int, metavar="N", help="use only the first N test images (default: all)")
-    add("--image-size", type=int, metavar="PIXELS",
-        help="folder:PATH data sets: resize every image to PIXELS x PIXELS (default: the first training image's "
-             "size)")
-    add("--max-shift", type=int, metavar="PIXELS",
+    add(
+        "--image-size",
+        type=int,
+        metavar="PIXELS",
+        help="folder:PATH data sets: resize every image to PIXELS x PIXELS (default: the first training image's size)",
+    )
+    add(
+        "--max-shift",
+        type=int,
+        metavar="PIXELS",
         help="random shift of training images (default: 2; 0 for images of 16 px or less and for data sets with "
-             "their own training augmentation)")
-    add("--augment", metavar="NAME",
+        "their own training augmentation)",
+    )
+    add(
+        "--augment",
+        metavar="NAME",
         help="training augmentation after the shifts: digits, the random rotation, squeeze and erased patch of "
-             "Efficient-CapsNet's code (default: shifts only)")
-    add("--eval-every", type=int, metavar="N",
-        help=f"evaluate on the test split every N epochs and after the last (default: {default.eval_every})")
-    add("--checkpoint-every", type=int, metavar="N",
-        help=f"save <out>/last.safetensors every N epochs and after the last (default: {default.checkpoint_every})")
-    add("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+        "Efficient-CapsNet's code (default: shifts only)",
+    )
+    add(
+        "--eval-every",
+        type=int,
+        metavar="N",
+        help=f"evaluate on the test split every N epochs and after the last (default: {default.eval_every})",
+    )
+    add(
+        "--checkpoint-every",
+        type=int,
+        metavar="N",
+        help=f"save <out>/last.safetensors every N epochs and after the last (default: {default.checkpoint_every})",
+    )
+    add(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="argument of the model's builder, repeatable; `capsnets list-models MODEL` lists the keys and their "
-             "defaults; routing.KEY=VALUE sets one setting of the model's routing (e.g. routing.iterations=2)")
-    add("--loss-arg", action="append", default=[], metavar="KEY=VALUE",
-        help="argument of the loss, repeatable")
-    add("--no-progress", dest="progress", action="store_false", default=None,
-        help="no progress bar (default: a bar on a terminal)")
-    add("--time-limit", dest="time_limit_minutes", type=float, metavar="MINUTES",
+        "defaults; routing.KEY=VALUE sets one setting of the model's routing (e.g. routing.iterations=2)",
+    )
+    add("--loss-arg", action="append", default=[], metavar="KEY=VALUE", help="argument of the loss, repeatable")
+    add(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=None,
+        help="no progress bar (default: a bar on a terminal)",
+    )
+    add(
+        "--time-limit",
+        dest="time_limit_minutes",
+        type=float,
+        metavar="MINUTES",
         help="stop after the first epoch that ends past MINUTES of wall-clock time (evaluated, checkpointed "
-             "and summarised as usual); --resume continues the run (default: no limit)")
+        "and summarised as usual); --resume continues the run (default: no limit)",
+    )
     parser.set_defaults(handler=_train)
 
 
 def _add_evaluate(parser: argparse.ArgumentParser) -> None:
     _add_checkpoint_args(parser, several=True, pretrained=True)
-    parser.add_argument("--out", metavar="DIR", help="directory for evaluation_<checkpoint>_<dataset>.json (several "
-                                                     "checkpoints: evaluation_ensemble_<checkpoints>_<dataset>.json) "
-                                                     "and its confusion-matrix PNG (default: the checkpoint's "
-                                                     "directory; several: the folder that holds them all; "
-                                                     "--pretrained: the current directory)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="directory for evaluation_<checkpoint>_<dataset>.json (several "
+        "checkpoints: evaluation_ensemble_<checkpoints>_<dataset>.json) "
+        "and its confusion-matrix PNG (default: the checkpoint's "
+        "directory; several: the folder that holds them all; "
+        "--pretrained: the current directory)",
+    )
     parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
     parser.set_defaults(handler=_evaluate)
 
@@ -246,96 +362,153 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
 def _add_reconstruct(parser: argparse.ArgumentParser) -> None:
     _add_checkpoint_args(parser)
     parser.add_argument("--n", type=int, default=16, help="number of test images")
-    parser.add_argument("--out", metavar="DIR", help="directory for reconstructions_<checkpoint>.png "
-                                                     "(default: the checkpoint's directory)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="directory for reconstructions_<checkpoint>.png (default: the checkpoint's directory)",
+    )
     parser.set_defaults(handler=_reconstruct)
 
 
 def _add_predict(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_FOLDER",
-                        help="image files (PNG, JPEG), or folders searched for them")
+    parser.add_argument(
+        "inputs", nargs="+", metavar="IMAGE_OR_FOLDER", help="image files (PNG, JPEG), or folders searched for them"
+    )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", metavar="PATH",
-                        help="run directory (its best, else last, checkpoint) or .safetensors file (this or "
-                             "--pretrained is required, no default)")
+    source.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="run directory (its best, else last, checkpoint) or .safetensors file (this or "
+        "--pretrained is required, no default)",
+    )
     _add_pretrained_arg(source)
-    parser.add_argument("--json", metavar="FILE", help="also write the predictions as JSON to FILE ('-': print "
-                                                       "JSON instead of the text)")
-    parser.add_argument("--invert", choices=["auto", "yes", "no"], default="auto",
-                        help="invert images (light background) for models trained on light strokes on black, "
-                             "such as MNIST; auto: when an image's border is lighter than mid-grey")
-    parser.add_argument("--out", metavar="DIR", help="segmentation models: directory for the <image>_mask.png files "
-                                                     "(default: ./masks)")
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write the predictions as JSON to FILE ('-': print JSON instead of the text)",
+    )
+    parser.add_argument(
+        "--invert",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="invert images (light background) for models trained on light strokes on black, "
+        "such as MNIST; auto: when an image's border is lighter than mid-grey",
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", help="segmentation models: directory for the <image>_mask.png files (default: ./masks)"
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
     parser.set_defaults(handler=_predict)
 
 
 def _add_export(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, metavar="PATH",
-                        help="run directory (its best, else last, checkpoint) or .safetensors file (required, "
-                             "no default)")
-    parser.add_argument("--format", choices=["onnx", "torch_export"], default="onnx",
-                        help="onnx (run by onnxruntime; needs pip install 'capsnets[export]') or torch_export "
-                             "(a .pt2 torch.export program)")
-    parser.add_argument("--out", metavar="FILE", help="the file to write (default: beside the checkpoint, "
-                                                      "<checkpoint>.onnx or .pt2)")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="run directory (its best, else last, checkpoint) or .safetensors file (required, no default)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=["onnx", "torch_export"],
+        default="onnx",
+        help="onnx (run by onnxruntime; needs pip install 'capsnets[export]') or torch_export "
+        "(a .pt2 torch.export program)",
+    )
+    parser.add_argument(
+        "--out", metavar="FILE", help="the file to write (default: beside the checkpoint, <checkpoint>.onnx or .pt2)"
+    )
     parser.set_defaults(handler=_export)
 
 
 def _add_list_models(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", nargs="?", metavar="MODEL",
-                        help="list this model's --model-arg keys with their defaults and what they take, one per line, instead "
-                             "(default: list every model)")
-    parser.add_argument("--pretrained", action="store_true",
-                        help="list the pretrained weights shipped with the package (the names --pretrained takes) "
-                             "with their test accuracy, instead")
+    parser.add_argument(
+        "name",
+        nargs="?",
+        metavar="MODEL",
+        help="list this model's --model-arg keys with their defaults and what they take, one per line, instead "
+        "(default: list every model)",
+    )
+    parser.add_argument(
+        "--pretrained",
+        action="store_true",
+        help="list the pretrained weights shipped with the package (the names --pretrained takes) "
+        "with their test accuracy, instead",
+    )
     parser.set_defaults(handler=_list_models)
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--pretrained", metavar="NAME",
-                        help=f"a shipped pretrained weight (capsnets list-models --pretrained) (default: "
-                             f"{DEMO_PRETRAINED}, unless --checkpoint or --out is given)")
-    source.add_argument("--checkpoint", metavar="PATH",
-                        help="run directory (its best, else last, checkpoint) or .safetensors file of the capsule "
-                             "model to show (default: none)")
-    source.add_argument("--out", metavar="DIR",
-                        help=f"run directory of a demo model trained on the first start ({DEMO_TRAINING['model']} "
-                             f"on {DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} epochs, about 20 s on a CPU) "
-                             f"and loaded on later starts, instead of the pretrained weight, e.g. {DEMO_RUN_DIR} "
-                             f"(default: none)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on; 0.0.0.0 opens the demo to every machine that can reach this one")
+    source.add_argument(
+        "--pretrained",
+        metavar="NAME",
+        help=f"a shipped pretrained weight (capsnets list-models --pretrained) (default: "
+        f"{DEMO_PRETRAINED}, unless --checkpoint or --out is given)",
+    )
+    source.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="run directory (its best, else last, checkpoint) or .safetensors file of the capsule "
+        "model to show (default: none)",
+    )
+    source.add_argument(
+        "--out",
+        metavar="DIR",
+        help=f"run directory of a demo model trained on the first start ({DEMO_TRAINING['model']} "
+        f"on {DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} epochs, about 20 s on a CPU) "
+        f"and loaded on later starts, instead of the pretrained weight, e.g. {DEMO_RUN_DIR} "
+        f"(default: none)",
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; 0.0.0.0 opens the demo to every machine that can reach this one",
+    )
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: a free port)")
     parser.set_defaults(handler=_demo)
 
 
 def _add_pretrained_arg(parser) -> None:
-    parser.add_argument("--pretrained", metavar="NAME",
-                        help="a pretrained weight shipped with the package, <model>-<dataset> (e.g. "
-                             "capsnet_small-mnist; `capsnets list-models --pretrained` lists them), instead of "
-                             "--checkpoint (default: none)")
+    parser.add_argument(
+        "--pretrained",
+        metavar="NAME",
+        help="a pretrained weight shipped with the package, <model>-<dataset> (e.g. "
+        "capsnet_small-mnist; `capsnets list-models --pretrained` lists them), instead of "
+        "--checkpoint (default: none)",
+    )
 
 
 def _add_checkpoint_args(parser: argparse.ArgumentParser, several: bool = False, pretrained: bool = False) -> None:
     if several:  # evaluate: one checkpoint, or an ensemble of them
         source = parser.add_mutually_exclusive_group(required=True) if pretrained else parser
-        source.add_argument("--checkpoint", required=not pretrained, nargs="+", metavar="PATH",
-                            help="run directory (its best, else last, checkpoint) or .safetensors file; several: "
-                                 "their ensemble, scored by the mean of their class capsule lengths (or other "
-                                 "scores), trained on the same data set (" +
-                                 ("this or --pretrained is " if pretrained else "") + "required, no default)")
+        source.add_argument(
+            "--checkpoint",
+            required=not pretrained,
+            nargs="+",
+            metavar="PATH",
+            help="run directory (its best, else last, checkpoint) or .safetensors file; several: "
+            "their ensemble, scored by the mean of their class capsule lengths (or other "
+            "scores), trained on the same data set ("
+            + ("this or --pretrained is " if pretrained else "")
+            + "required, no default)",
+        )
         if pretrained:
             _add_pretrained_arg(source)
     else:
-        parser.add_argument("--checkpoint", required=True, metavar="PATH",
-                            help="run directory (its best, else last, checkpoint) or .safetensors file (required, "
-                                 "no default)")
+        parser.add_argument(
+            "--checkpoint",
+            required=True,
+            metavar="PATH",
+            help="run directory (its best, else last, checkpoint) or .safetensors file (required, no default)",
+        )
     parser.add_argument("--dataset", help=f"test split of: {_datasets()} (default: the one the model was trained on)")
-    parser.add_argument("--data-dir", metavar="DIR", help="folder holding the data set files (default: the one "
-                                                          "recorded by the training run, else $CAPSNETS_DATA)")
+    parser.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="folder holding the data set files (default: the one recorded by the training run, else $CAPSNETS_DATA)",
+    )
     parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
 
 
@@ -377,8 +550,9 @@ def config_from_args(args: argparse.Namespace):
     """
     config_file = args.config
     from_file = read_config_file(config_file) if config_file is not None else {}
-    out = args.out or from_file.get("out") or default_run_dir(args.model or from_file.get("model")
-                                                              or TrainConfig().model)
+    out = (
+        args.out or from_file.get("out") or default_run_dir(args.model or from_file.get("model") or TrainConfig().model)
+    )
     if config_file is None and args.resume:
         config_file = _run_config(Path(out))
     overrides = {name: getattr(args, name) for name in _CONFIG_FLAGS}
@@ -406,8 +580,12 @@ def _run_config(run_dir: Path) -> Path | dict[str, Any] | None:
     recorded = (peek_sidecar(checkpoint) or {}).get("config")
     if not isinstance(recorded, dict):
         return path if path.is_file() else None
-    logging.getLogger(__name__).warning("'%s' %s; resuming with the configuration recorded in '%s' (config.yaml is "
-                                        "written again)", path, problem, checkpoint)
+    logging.getLogger(__name__).warning(
+        "'%s' %s; resuming with the configuration recorded in '%s' (config.yaml is written again)",
+        path,
+        problem,
+        checkpoint,
+    )
     return {key: value for key, value in recorded.items() if key != "out"}
 
 
@@ -425,15 +603,23 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
-    print(f"model {summary['model']} ({summary['parameters']:,} parameters) on {summary['dataset']}, "
-          f"{summary['epochs']} epoch{'' if summary['epochs'] == 1 else 's'}, {summary['train_time_s']:.1f} s of training on {summary['device']}")
-    print(f"test accuracy {_pct(summary['test_accuracy'])} (best {_pct(summary['best_test_accuracy'])} "
-          f"at epoch {summary['best_epoch']})")
+    print(
+        f"model {summary['model']} ({summary['parameters']:,} parameters) on {summary['dataset']}, "
+        f"{summary['epochs']} epoch{'' if summary['epochs'] == 1 else 's'}, {summary['train_time_s']:.1f} s of training on {summary['device']}"
+    )
+    print(
+        f"test accuracy {_pct(summary['test_accuracy'])} (best {_pct(summary['best_test_accuracy'])} "
+        f"at epoch {summary['best_epoch']})"
+    )
     if summary.get("time_limited"):
-        print(f"stopped by the time limit after epoch {summary['epochs']} of {summary['planned_epochs']}; "
-              f"continue with: capsnets train --out {summary['run_dir']} --resume")
-    print(f"run directory: {summary['run_dir']} (figures: "
-          f"{', '.join(Path(p).name for p in summary.get('figures', [])) or 'none'})")
+        print(
+            f"stopped by the time limit after epoch {summary['epochs']} of {summary['planned_epochs']}; "
+            f"continue with: capsnets train --out {summary['run_dir']} --resume"
+        )
+    print(
+        f"run directory: {summary['run_dir']} (figures: "
+        f"{', '.join(Path(p).name for p in summary.get('figures', [])) or 'none'})"
+    )
     return 0
 
 
@@ -462,8 +648,10 @@ def _test_data(args: argparse.Namespace, checkpoint, model, device):
     image_size = recorded.get("image_size") if str(dataset).startswith("folder:") else None
     data = load_dataset(dataset, root=data_dir, train=False, image_size=image_size).to(device)
     if tuple(data.images.shape[1:]) != tuple(model.input_size) or data.num_classes != model.num_classes:
-        raise ValueError(f"data set {dataset!r} ({data.num_classes} classes of {tuple(data.images.shape[1:])}) "
-                         f"does not fit the model ({model.num_classes} classes of {tuple(model.input_size)})")
+        raise ValueError(
+            f"data set {dataset!r} ({data.num_classes} classes of {tuple(data.images.shape[1:])}) "
+            f"does not fit the model ({model.num_classes} classes of {tuple(model.input_size)})"
+        )
     return data
 
 
@@ -508,9 +696,11 @@ def _evaluate_ensemble(args: argparse.Namespace) -> int:
     paths = [checkpoint.path for checkpoint in checkpoints]
     out = Path(args.out) if args.out else Path(os.path.commonpath([path.parent.resolve() for path in paths]))
     stem = f"evaluation_ensemble_{ensemble_label(paths, out)}_{_file_safe(data.name or 'test')}"
-    record = {"checkpoints": [str(path) for path in paths],
-              "epochs": [checkpoint.meta.get("epoch") for checkpoint in checkpoints],
-              "members": [{"checkpoint": str(path), "accuracy": accuracy} for path, accuracy in zip(paths, members)]}
+    record = {
+        "checkpoints": [str(path) for path in paths],
+        "epochs": [checkpoint.meta.get("epoch") for checkpoint in checkpoints],
+        "members": [{"checkpoint": str(path), "accuracy": accuracy} for path, accuracy in zip(paths, members)],
+    }
     for path, accuracy in zip(paths, members):
         print(f"{_pct(accuracy)}  {path} alone")
     _write_evaluation(results, data, out, stem, record, title=f"ensemble of {len(paths)} checkpoints")
@@ -529,17 +719,24 @@ def ensemble_label(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -
 
 def _write_evaluation(results: dict[str, Any], data, out: Path, stem: str, record: dict[str, Any], title: str) -> None:
     """``OUT/STEM.json`` (``record`` and the results) and ``OUT/STEM_confusion.png``; prints the report."""
-    from capsnets.plots import plot_confusion_matrix  # matplotlib is slow to import; only figures need it
+    # matplotlib is slow to import; only figures need it
+    from capsnets.plots import plot_confusion_matrix  # noqa: PLC0415
 
     out.mkdir(parents=True, exist_ok=True)
     classes = list(data.classes) or [str(k) for k in range(data.num_classes)]
-    report = {**record, "dataset": data.name, "count": results["count"], "accuracy": results["accuracy"],
-              "per_class_accuracy": dict(zip(classes, results["per_class_accuracy"].tolist())),
-              "confusion_matrix": results["confusion_matrix"].tolist()}
+    report = {
+        **record,
+        "dataset": data.name,
+        "count": results["count"],
+        "accuracy": results["accuracy"],
+        "per_class_accuracy": dict(zip(classes, results["per_class_accuracy"].tolist())),
+        "confusion_matrix": results["confusion_matrix"].tolist(),
+    }
     text = json.dumps(report, indent=2) + "\n"
     atomic_write(out / f"{stem}.json", lambda tmp: Path(tmp).write_text(text))
-    png = plot_confusion_matrix(results["confusion_matrix"], classes, out / f"{stem}_confusion.png",
-                                title=f"{title} on {data.name or 'test'}")
+    png = plot_confusion_matrix(
+        results["confusion_matrix"], classes, out / f"{stem}_confusion.png", title=f"{title} on {data.name or 'test'}"
+    )
     print(format_report(results, classes))
     print(f"wrote {out / f'{stem}.json'} and {png}")
 
@@ -547,34 +744,44 @@ def _write_evaluation(results: dict[str, Any], data, out: Path, stem: str, recor
 def format_report(results: dict[str, Any], classes: list[str]) -> str:
     """Accuracy, per-class accuracy and the confusion matrix as a plain-text table."""
     width = max(6, *(len(c) for c in classes))
-    lines = [f"accuracy {_pct(results['accuracy'])} on {results['count']} images", "",
-             f"{'class':>{width}}  accuracy"]
+    lines = [f"accuracy {_pct(results['accuracy'])} on {results['count']} images", "", f"{'class':>{width}}  accuracy"]
     lines += [f"{c:>{width}}  {_pct(a)}" for c, a in zip(classes, results["per_class_accuracy"].tolist())]
-    lines += ["", "confusion matrix (rows: true class, columns: predicted)",
-              " " * width + " ".join(f"{c:>{width}}" for c in classes)]
+    lines += [
+        "",
+        "confusion matrix (rows: true class, columns: predicted)",
+        " " * width + " ".join(f"{c:>{width}}" for c in classes),
+    ]
     for name, row in zip(classes, results["confusion_matrix"].tolist()):
         lines.append(f"{name:>{width}}" + " ".join(f"{v:>{width}}" for v in row))
     return "\n".join(lines)
 
 
 def _reconstruct(args: argparse.Namespace) -> int:
-    from capsnets.plots import plot_reconstructions  # matplotlib is slow to import; only figures need it
+    # matplotlib is slow to import; only figures need it
+    from capsnets.plots import plot_reconstructions  # noqa: PLC0415
 
     if args.n < 1:
         raise ValueError(f"--n must be at least 1, got {args.n}")
     model, checkpoint, data, _ = _load(args, args.checkpoint)
-    images, labels = data.images[:args.n], data.labels[:args.n]
+    images, labels = data.images[: args.n], data.labels[: args.n]
     with torch.no_grad():
         output = model(images)
     if output.reconstruction is None:
-        raise ValueError(f"model {checkpoint.meta['model']!r} has no decoder, so it cannot reconstruct; "
-                         "use a capsule model with a reconstruction decoder")
+        raise ValueError(
+            f"model {checkpoint.meta['model']!r} has no decoder, so it cannot reconstruct; "
+            "use a capsule model with a reconstruction decoder"
+        )
     out = Path(args.out) if args.out else checkpoint.path.parent
     out.mkdir(parents=True, exist_ok=True)
-    png = plot_reconstructions(images.cpu(), output.reconstruction.float().cpu(),
-                               out / f"reconstructions_{output_label(checkpoint.path, out)}.png",
-                               labels=labels.cpu(), predictions=output.scores.argmax(-1).cpu(), n=len(images),
-                               title=f"{_describe(checkpoint)}, {data.name or 'test'} test images")
+    png = plot_reconstructions(
+        images.cpu(),
+        output.reconstruction.float().cpu(),
+        out / f"reconstructions_{output_label(checkpoint.path, out)}.png",
+        labels=labels.cpu(),
+        predictions=output.scores.argmax(-1).cpu(),
+        n=len(images),
+        title=f"{_describe(checkpoint)}, {data.name or 'test'} test images",
+    )
     print(f"wrote {png}")
     return 0
 
@@ -585,10 +792,14 @@ def _export(args: argparse.Namespace) -> int:
     if out.suffix.lower() in (".safetensors", ".json", ".yaml", ".jsonl"):
         raise ValueError(f"--out '{out}' would replace a run file; name a {EXPORT_FORMATS[args.format]} file")
     report = export_model(model, out, args.format)
-    print(f"wrote {report.path} ({report.bytes / 1e6:.1f} MB, {report.format}, outputs: "
-          f"{', '.join(report.output_names)}; batch dimension dynamic) in {report.seconds:.0f} s")
-    print(f"checked against PyTorch on batches of {' and '.join(map(str, report.checked_batches))}: largest "
-          f"difference {report.max_abs_difference:.2g}")
+    print(
+        f"wrote {report.path} ({report.bytes / 1e6:.1f} MB, {report.format}, outputs: "
+        f"{', '.join(report.output_names)}; batch dimension dynamic) in {report.seconds:.0f} s"
+    )
+    print(
+        f"checked against PyTorch on batches of {' and '.join(map(str, report.checked_batches))}: largest "
+        f"difference {report.max_abs_difference:.2g}"
+    )
     return 0
 
 
@@ -606,13 +817,22 @@ def _predict(args: argparse.Namespace) -> int:
     if task == "segmentation":
         results = segment(model, images, [str(f) for f in files], Path(args.out or "masks"))
     else:
-        results = predict(model, images, classes=_class_names(checkpoint, model), paths=[str(f) for f in files],
-                          batch_size=args.batch_size)
+        results = predict(
+            model,
+            images,
+            classes=_class_names(checkpoint, model),
+            paths=[str(f) for f in files],
+            batch_size=args.batch_size,
+        )
     for result, adapted in zip(results, notes):
         result.adapted = adapted
     records = [result.to_dict() for result in results]
-    text = json.dumps({"checkpoint": str(checkpoint.path), "model": name, "dataset": dataset,
-                       "predictions": records}, indent=2) + "\n"
+    text = (
+        json.dumps(
+            {"checkpoint": str(checkpoint.path), "model": name, "dataset": dataset, "predictions": records}, indent=2
+        )
+        + "\n"
+    )
     if args.json == "-":
         print(text, end="")
         return 0
@@ -634,10 +854,12 @@ def _checkpoint_source(args: argparse.Namespace, checkpoints: list[str] | None) 
 
 def _demo(args: argparse.Namespace) -> int:
     try:
-        from capsnets.demo import app as server  # optional dependencies: FastAPI and uvicorn (the demo extra)
+        # optional dependencies: FastAPI and uvicorn (the demo extra)
+        from capsnets.demo import app as server  # noqa: PLC0415
     except ImportError as err:
-        raise ValueError(f"the demo needs FastAPI and uvicorn ({err.name or err} is missing): "
-                         "pip install -e '.[demo]'") from None
+        raise ValueError(
+            f"the demo needs FastAPI and uvicorn ({err.name or err} is missing): pip install -e '.[demo]'"
+        ) from None
 
     with server.listen(args.host, args.port) as sock:  # a busy port is refused before the model is trained
         pretrained = args.pretrained or (DEMO_PRETRAINED if args.checkpoint is None and args.out is None else None)
@@ -712,8 +934,9 @@ def format_pretrained() -> str:
     lines = [f"{'name':<{width}}  test acc.  dtype    size"]
     for name, weight in weights.items():
         size = weight.path.stat().st_size / 1e6 if weight.path.is_file() else float("nan")
-        lines.append(f"{name:<{width}}  {_pct(weight.accuracy):>9}  {weight.card['card'].get('dtype', '?'):<7}  "
-                     f"{size:.1f} MB")
+        lines.append(
+            f"{name:<{width}}  {_pct(weight.accuracy):>9}  {weight.card['card'].get('dtype', '?'):<7}  {size:.1f} MB"
+        )
     return "\n".join(lines)
 
 
@@ -726,10 +949,15 @@ def format_model_arguments(name: str) -> str:
     as ``--model-arg`` reads it (YAML, where ``#`` starts a comment); from the builder's signature
     (:func:`capsnets.models.model_schema`), then the settings of its default routing as ``routing.KEY=VALUE``
     (:func:`capsnets.models.routing_keys`)."""
-    lines = [f"{key}={_yaml_value(argument.default)}  # {argument.expects}"
-             for key, argument in model_schema(name).items() if key not in _PLACEMENT_ARGS]
-    lines += [f"routing.{key}={_yaml_value(value)}  # a setting of the default routing"
-              for key, value in routing_keys(name).items()]
+    lines = [
+        f"{key}={_yaml_value(argument.default)}  # {argument.expects}"
+        for key, argument in model_schema(name).items()
+        if key not in _PLACEMENT_ARGS
+    ]
+    lines += [
+        f"routing.{key}={_yaml_value(value)}  # a setting of the default routing"
+        for key, value in routing_keys(name).items()
+    ]
     return "\n".join(lines)
 
 

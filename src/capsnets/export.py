@@ -21,6 +21,7 @@ Examples::
 
 ONNX export needs the ``export`` extra: ``pip install -e '.[export]'`` (onnx, onnxscript, onnxruntime).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,8 +57,10 @@ class ExportableModel(nn.Module):
         self.model = model
         task = model_task(getattr(model, "model_name", "")) if getattr(model, "model_name", None) else None
         if task not in (None, "classification", "segmentation"):
-            raise ValueError(f"{model.model_name!r} is registered for {task}; only classification and segmentation models "
-                             "can be exported")
+            raise ValueError(
+                f"{model.model_name!r} is registered for {task}; only classification and segmentation models "
+                "can be exported"
+            )
         with torch.no_grad():
             probe = model(torch.zeros(1, *model.input_size, device=_device(model)))
         if hasattr(probe, "probabilities"):
@@ -65,8 +68,10 @@ class ExportableModel(nn.Module):
         elif hasattr(probe, "scores"):
             self.output_names = ["scores"] + (["capsules"] if probe.capsules is not None else [])
         else:
-            raise ValueError(f"{type(model).__name__} returns {type(probe).__name__}; only classification and "
-                             "segmentation models can be exported")
+            raise ValueError(
+                f"{type(model).__name__} returns {type(probe).__name__}; only classification and "
+                "segmentation models can be exported"
+            )
 
     def forward(self, images: Tensor) -> tuple[Tensor, ...]:
         output = self.model(images)
@@ -101,8 +106,15 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def export_model(model: nn.Module, path: str | os.PathLike, format: str = "onnx", *, check: bool = True,
-                 check_batches: tuple[int, ...] = (1, 5), seed: int = 0) -> ExportReport:
+def export_model(
+    model: nn.Module,
+    path: str | os.PathLike,
+    format: str = "onnx",
+    *,
+    check: bool = True,
+    check_batches: tuple[int, ...] = (1, 5),
+    seed: int = 0,
+) -> ExportReport:
     """Export ``model`` (on the CPU, float32) to ``path`` and check the file against eager PyTorch.
 
     Args:
@@ -130,28 +142,43 @@ def export_model(model: nn.Module, path: str | os.PathLike, format: str = "onnx"
         with _quiet():
             program = torch.export.export(wrapped, (example,), dynamic_shapes=({0: batch},), strict=False)
     except Exception as err:  # torch.export raises many kinds; the user gets the first line and the model
-        raise ValueError(f"{getattr(model, 'model_name', type(model).__name__)} cannot be traced by "
-                         f"torch.export: {type(err).__name__}: {_first_line(err)}") from err
+        raise ValueError(
+            f"{getattr(model, 'model_name', type(model).__name__)} cannot be traced by "
+            f"torch.export: {type(err).__name__}: {_first_line(err)}"
+        ) from err
     path = Path(path)
     if format == "onnx":
+
         def write(tmp):
             with _quiet():
-                onnx_program = torch.onnx.export(program, (example,), dynamo=True, optimize=False, verbose=False,
-                                                 input_names=["images"], output_names=wrapped.output_names)
+                onnx_program = torch.onnx.export(
+                    program,
+                    (example,),
+                    dynamo=True,
+                    optimize=False,
+                    verbose=False,
+                    input_names=["images"],
+                    output_names=wrapped.output_names,
+                )
                 onnx_program.save(tmp)
     else:
+
         def write(tmp):
             with open(tmp, "wb") as file:
                 torch.export.save(program, file)
+
     try:
         atomic_write(path, write)
     except (OSError, ValueError, ImportError):
         raise
     except Exception as err:
-        raise ValueError(f"{getattr(model, 'model_name', type(model).__name__)} cannot be converted to {format}: "
-                         f"{type(err).__name__}: {_first_line(err)}") from err
-    report = ExportReport(str(path), format, list(wrapped.output_names), 0.0, [],
-                          time.perf_counter() - start, path.stat().st_size)
+        raise ValueError(
+            f"{getattr(model, 'model_name', type(model).__name__)} cannot be converted to {format}: "
+            f"{type(err).__name__}: {_first_line(err)}"
+        ) from err
+    report = ExportReport(
+        str(path), format, list(wrapped.output_names), 0.0, [], time.perf_counter() - start, path.stat().st_size
+    )
     if check:
         generator = torch.Generator().manual_seed(seed + 1)
         run = _onnx_runner(path) if format == "onnx" else _program_runner(path)
@@ -164,9 +191,11 @@ def export_model(model: nn.Module, path: str | os.PathLike, format: str = "onnx"
             report.max_abs_difference = max(report.max_abs_difference, difference)
             report.checked_batches.append(size)
         if not report.max_abs_difference <= 1e-4:  # NaN too
-            raise ValueError(f"the exported {format} file '{path}' disagrees with PyTorch by "
-                             f"{report.max_abs_difference:.3g} (more than 1e-4); it was written but should not "
-                             "be used")
+            raise ValueError(
+                f"the exported {format} file '{path}' disagrees with PyTorch by "
+                f"{report.max_abs_difference:.3g} (more than 1e-4); it was written but should not "
+                "be used"
+            )
     return report
 
 
@@ -176,7 +205,8 @@ def run_onnx(path: str | os.PathLike, images: Tensor, *, threads: int | None = N
 
 
 def _onnx_runner(path, threads: int | None = None):
-    import onnxruntime  # optional dependency (the export extra)
+    # optional dependency (the export extra)
+    import onnxruntime  # noqa: PLC0415
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only
@@ -210,15 +240,20 @@ def _require_onnx() -> None:
         except ImportError:
             missing.append(name)
     if missing:
-        raise ImportError(f"ONNX export needs {', '.join(missing)}: pip install 'capsnets[export]' (or, in a "
-                          "clone, pip install -e '.[export]')")
+        raise ImportError(
+            f"ONNX export needs {', '.join(missing)}: pip install 'capsnets[export]' (or, in a "
+            "clone, pip install -e '.[export]')"
+        )
 
 
 @contextlib.contextmanager
 def _quiet():
     """The exporter's progress prints and warnings, silenced (errors still raise)."""
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-            contextlib.redirect_stderr(io.StringIO()):
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         warnings.simplefilter("ignore")
         previous = logging.root.manager.disable
         logging.disable(logging.WARNING)  # the exporters' INFO/WARNING logs (e.g. "Removed 28 unused nodes")

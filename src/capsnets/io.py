@@ -22,6 +22,7 @@ point is recognised by its ``checkpoint_id``, the copy inside the checkpoint is 
 :func:`recover_directory` rewrites it; a temporary file left by a crash before the commit point is removed by
 :func:`recover_directory`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,9 +33,10 @@ import platform
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -145,8 +147,9 @@ def read_json_lines(path: str | os.PathLike, *, recover: str = "delete the file"
         elif record is None and number == numbered[-1][0]:
             logger.warning("'%s': left out its last line, torn by an interrupted write (%r)", path, line[:60])
         else:
-            raise DamagedFileError(f"'{path}' line {number} is not a JSON object ({line[:60]!r}); delete that "
-                                   f"line, or {recover}")
+            raise DamagedFileError(
+                f"'{path}' line {number} is not a JSON object ({line[:60]!r}); delete that line, or {recover}"
+            )
     return records
 
 
@@ -168,7 +171,7 @@ class Checkpoint:
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The model's ``state_dict`` (keys without the ``model.`` prefix)."""
-        return {k[len("model."):]: v for k, v in self.tensors.items() if k.startswith("model.")}
+        return {k[len("model.") :]: v for k, v in self.tensors.items() if k.startswith("model.")}
 
 
 def sidecar_path(path: str | Path) -> Path:
@@ -183,8 +186,9 @@ def resolve_checkpoint_path(path: str | Path) -> Path:
         for name in ("best", "last"):
             if (path / f"{name}{SUFFIX}").is_file():
                 return path / f"{name}{SUFFIX}"
-        raise CheckpointError(f"no best{SUFFIX} or last{SUFFIX} in run directory '{path}'; train first or "
-                              "pass the checkpoint file itself")
+        raise CheckpointError(
+            f"no best{SUFFIX} or last{SUFFIX} in run directory '{path}'; train first or pass the checkpoint file itself"
+        )
     return path.with_suffix(SUFFIX) if path.suffix == ".json" else path
 
 
@@ -206,26 +210,40 @@ def write_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], meta: d
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {key: cpu_copy(value) for key, value in tensors.items()}
-    sidecar = {**meta, "format_version": FORMAT_VERSION, "checkpoint_id": uuid.uuid4().hex, "versions": _versions(),
-               "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    sidecar = {
+        **meta,
+        "format_version": FORMAT_VERSION,
+        "checkpoint_id": uuid.uuid4().hex,
+        "versions": _versions(),
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     payload = json.dumps(sidecar, indent=2, default=_json_default)
-    metadata = {"checkpoint_id": sidecar["checkpoint_id"], "format": "capsnets",
-                "format_version": str(FORMAT_VERSION), EMBEDDED_SIDECAR: payload,
-                TENSORS_DIGEST: tensors_digest(tensors), SIDECAR_DIGEST: _text_digest(payload)}
+    metadata = {
+        "checkpoint_id": sidecar["checkpoint_id"],
+        "format": "capsnets",
+        "format_version": str(FORMAT_VERSION),
+        EMBEDDED_SIDECAR: payload,
+        TENSORS_DIGEST: tensors_digest(tensors),
+        SIDECAR_DIGEST: _text_digest(payload),
+    }
     try:
         tmp_tensors = _write_temp(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
         os.replace(tmp_tensors, path)  # the commit point
         _fsync_dir(path.parent)
     except (OSError, SafetensorError) as err:
-        raise CheckpointWriteError(f"could not write checkpoint '{path}' ({_reason(err)}); the checkpoint saved "
-                                   "there before is intact. Free disk space or fix the folder's permissions, then "
-                                   "resume") from err
+        raise CheckpointWriteError(
+            f"could not write checkpoint '{path}' ({_reason(err)}); the checkpoint saved "
+            "there before is intact. Free disk space or fix the folder's permissions, then "
+            "resume"
+        ) from err
     try:
         atomic_write(sidecar_path(path), lambda tmp: Path(tmp).write_text(payload), fsync=True)
     except OSError as err:
-        raise CheckpointWriteError(f"checkpoint '{path}' is saved, but its readable copy '{sidecar_path(path)}' "
-                                   f"could not be written ({_reason(err)}); the checkpoint is complete without it. "
-                                   "Free disk space, then resume") from err
+        raise CheckpointWriteError(
+            f"checkpoint '{path}' is saved, but its readable copy '{sidecar_path(path)}' "
+            f"could not be written ({_reason(err)}); the checkpoint is complete without it. "
+            "Free disk space, then resume"
+        ) from err
     return path
 
 
@@ -248,17 +266,25 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         with safe_open(path, framework="pt") as handle:
             header = handle.metadata() or {}
     except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"checkpoint '{path}' is corrupt or truncated ({_reason(err)}); use another checkpoint, "
-                              "e.g. last/best of the same run, or retrain") from err
+        raise CheckpointError(
+            f"checkpoint '{path}' is corrupt or truncated ({_reason(err)}); use another checkpoint, "
+            "e.g. last/best of the same run, or retrain"
+        ) from err
     check_format_version(header, path)
     _check_digests(path, header, tensors)
     meta = _parse_sidecar(header[EMBEDDED_SIDECAR], f"the sidecar inside '{path}'")
     if not isinstance(meta, dict) or meta.get("checkpoint_id") != header.get("checkpoint_id"):
-        raise CheckpointError(f"the sidecar inside '{path}' does not match its header; the checkpoint is damaged: "
-                              "use another checkpoint, e.g. last/best of the same run, or retrain")
+        raise CheckpointError(
+            f"the sidecar inside '{path}' does not match its header; the checkpoint is damaged: "
+            "use another checkpoint, e.g. last/best of the same run, or retrain"
+        )
     if _sidecar_id(sidecar_path(path)) != meta["checkpoint_id"]:
-        logger.warning("'%s' is missing or belongs to an earlier save (a save interrupted after its commit "
-                       "point); using the copy of the sidecar inside '%s'", sidecar_path(path), path)
+        logger.warning(
+            "'%s' is missing or belongs to an earlier save (a save interrupted after its commit "
+            "point); using the copy of the sidecar inside '%s'",
+            sidecar_path(path),
+            path,
+        )
     validate_sidecar(meta, f"the sidecar of '{path}'")
     return Checkpoint(path=path, tensors=tensors, meta=meta)
 
@@ -271,14 +297,18 @@ def check_format_version(header: dict[str, str], path: str | Path) -> None:
         >>> check_format_version({"format": "capsnets", "format_version": "1", "sidecar": "{}"}, "m.safetensors")
     """
     if header.get("format") != "capsnets" or EMBEDDED_SIDECAR not in header:
-        raise CheckpointError(f"'{path}' is a safetensors file but not a capsnets checkpoint (its header has no "
-                              "capsnets sidecar); load its tensors with safetensors.torch.load_file")
+        raise CheckpointError(
+            f"'{path}' is a safetensors file but not a capsnets checkpoint (its header has no "
+            "capsnets sidecar); load its tensors with safetensors.torch.load_file"
+        )
     found = header.get("format_version")
     if found != str(FORMAT_VERSION):
         written = f"format version {found}" if found is not None else "no format version"
-        raise CheckpointError(f"checkpoint '{path}' has {written}; this capsnets {__version__} reads format "
-                              f"version {FORMAT_VERSION} only. Load it with the capsnets version that wrote it, or "
-                              "retrain")
+        raise CheckpointError(
+            f"checkpoint '{path}' has {written}; this capsnets {__version__} reads format "
+            f"version {FORMAT_VERSION} only. Load it with the capsnets version that wrote it, or "
+            "retrain"
+        )
 
 
 def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -313,9 +343,11 @@ def _check_digests(path: Path, header: dict[str, str], tensors: dict[str, torch.
     if not _embedded_sidecar_intact(header):
         damaged.append("its sidecar")
     if damaged:
-        raise CheckpointError(f"checkpoint '{path}' is damaged: the checksum of {' and '.join(damaged)} does not match "
-                              "the one recorded when it was saved; use another checkpoint, e.g. last/best of the same "
-                              "run, or retrain")
+        raise CheckpointError(
+            f"checkpoint '{path}' is damaged: the checksum of {' and '.join(damaged)} does not match "
+            "the one recorded when it was saved; use another checkpoint, e.g. last/best of the same "
+            "run, or retrain"
+        )
 
 
 def _embedded_sidecar_intact(header: dict[str, str]) -> bool:
@@ -325,16 +357,30 @@ def _embedded_sidecar_intact(header: dict[str, str]) -> bool:
 
 #: Sidecar entries this library reads, and the types they must have when present.
 _SIDECAR_TYPES: dict[str, tuple[type, ...]] = {
-    "format_version": (int,), "checkpoint_id": (str,), "model": (str,), "model_args": (dict,), "dataset": (str,),
-    "config": (dict,), "epoch": (int, float), "metrics": (dict,), "training": (dict,), "optimizer": (dict,),
-    "scheduler": (dict,), "history": (list,), "recipe": (dict,), "classes": (list,)}
+    "format_version": (int,),
+    "checkpoint_id": (str,),
+    "model": (str,),
+    "model_args": (dict,),
+    "dataset": (str,),
+    "config": (dict,),
+    "epoch": (int, float),
+    "metrics": (dict,),
+    "training": (dict,),
+    "optimizer": (dict,),
+    "scheduler": (dict,),
+    "history": (list,),
+    "recipe": (dict,),
+    "classes": (list,),
+}
 
 
 def validate_sidecar(meta: Any, where: str) -> None:
     """Raise :class:`CheckpointError` if ``meta`` is not a mapping whose known entries have the right types."""
+
     def damaged(what: str) -> CheckpointError:
-        return CheckpointError(f"{where} is damaged: {what}; use another checkpoint (e.g. last/best of the same "
-                               "run) or retrain")
+        return CheckpointError(
+            f"{where} is damaged: {what}; use another checkpoint (e.g. last/best of the same run) or retrain"
+        )
 
     if not isinstance(meta, dict):
         raise damaged(f"expected a JSON object, got {type(meta).__name__}")
@@ -359,8 +405,10 @@ def _parse_sidecar(text: str, where: str) -> Any:
     try:
         return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{where} is not valid JSON ({err}); the checkpoint is damaged: use another "
-                              "checkpoint, e.g. last/best of the same run, or retrain") from err
+        raise CheckpointError(
+            f"{where} is not valid JSON ({err}); the checkpoint is damaged: use another "
+            "checkpoint, e.g. last/best of the same run, or retrain"
+        ) from err
 
 
 def _text_or_none(path: Path) -> str | None:
@@ -392,8 +440,12 @@ def peek_sidecar(path: str | Path) -> dict[str, Any] | None:
     """The sidecar of a checkpoint, read from its header alone (no tensor is read, so it is not validated against
     them), or None if the file is missing, its header unreadable or damaged, or of another format version."""
     header = _read_header(Path(path))
-    if (header is None or header.get("format_version") != str(FORMAT_VERSION)
-            or EMBEDDED_SIDECAR not in header or not _embedded_sidecar_intact(header)):
+    if (
+        header is None
+        or header.get("format_version") != str(FORMAT_VERSION)
+        or EMBEDDED_SIDECAR not in header
+        or not _embedded_sidecar_intact(header)
+    ):
         return None
     try:
         meta = json.loads(header[EMBEDDED_SIDECAR])
@@ -423,8 +475,10 @@ def recover_directory(directory: str | Path) -> list[str]:
     for leftover in sorted(directory.glob(".*.tmp")):
         if leftover.is_file():
             leftover.unlink()
-            messages.append(f"removed '{leftover}', left by a write that a crash interrupted (the file it was "
-                            "to replace is the complete earlier version)")
+            messages.append(
+                f"removed '{leftover}', left by a write that a crash interrupted (the file it was "
+                "to replace is the complete earlier version)"
+            )
     for path in sorted(directory.glob(f"*{SUFFIX}")):
         header = _read_header(path)
         if header is None or EMBEDDED_SIDECAR not in header:
@@ -434,7 +488,7 @@ def recover_directory(directory: str | Path) -> list[str]:
             continue  # a damaged checkpoint is reported when something loads it
         damaged = sidecar_path(path).exists() and _sidecar_id(sidecar_path(path)) in (None, header.get("checkpoint_id"))
         why = "it was damaged" if damaged else "a save was interrupted after its commit point"
-        atomic_write(sidecar_path(path), lambda tmp: Path(tmp).write_text(embedded), fsync=True)
+        atomic_write(sidecar_path(path), lambda tmp, text=embedded: Path(tmp).write_text(text), fsync=True)
         messages.append(f"rewrote '{sidecar_path(path)}' from the copy inside '{path}' ({why})")
     for message in messages:
         logger.warning("%s", message)

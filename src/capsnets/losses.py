@@ -21,17 +21,18 @@ Every criterion built by :func:`create_loss` is called as ``criterion(output, im
 :class:`~capsnets.models.output.ModelOutput` and returns ``(loss, parts)``; ``parts`` holds the detached
 terms for logging.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from capsnets.validation import Argument, ArgumentError, keyword_arguments, number, reject_unknown, to_float_images
 from capsnets.models.output import ModelOutput
+from capsnets.validation import Argument, ArgumentError, keyword_arguments, number, reject_unknown, to_float_images
 
 
 def _as_multi_hot(targets: Tensor, num_classes: int, dtype: torch.dtype) -> Tensor:
@@ -88,8 +89,9 @@ class MarginLoss(nn.Module):
         reconstruction_weight: scale of the reconstruction term; 0 switches it off.
     """
 
-    def __init__(self, *, m_pos: float = 0.9, m_neg: float = 0.1, down_weight: float = 0.5,
-                 reconstruction_weight: float = 0.0005) -> None:
+    def __init__(
+        self, *, m_pos: float = 0.9, m_neg: float = 0.1, down_weight: float = 0.5, reconstruction_weight: float = 0.0005
+    ) -> None:
         super().__init__()
         m_pos, m_neg = number("m_pos", m_pos, 0.0, 1.0), number("m_neg", m_neg, 0.0, 1.0)
         if not m_neg < m_pos:
@@ -140,8 +142,9 @@ def spread_loss(activations: Tensor, targets: Tensor, margin: float) -> Tensor:
         activations ``(B, K)``, targets ``(B,)`` class indices -> scalar.
     """
     if activations.dim() != 2 or targets.shape != activations.shape[:1]:
-        raise ValueError(f"need activations (B, K) and targets (B,), got {tuple(activations.shape)} "
-                         f"and {tuple(targets.shape)}")
+        raise ValueError(
+            f"need activations (B, K) and targets (B,), got {tuple(activations.shape)} and {tuple(targets.shape)}"
+        )
     target = targets.long().unsqueeze(1)
     a_t = activations.gather(1, target)  # (B, 1)
     per_class = F.relu(margin - (a_t - activations)).pow(2)
@@ -161,8 +164,7 @@ class SpreadLoss(nn.Module):
         super().__init__()
         margin_start, margin_end = number("margin_start", margin_start, 0.0), number("margin_end", margin_end)
         if not margin_start <= margin_end:
-            raise ArgumentError(f"need 0 <= margin_start <= margin_end, got {margin_start}, {margin_end}",
-                                "margin_end")
+            raise ArgumentError(f"need 0 <= margin_start <= margin_end, got {margin_start}, {margin_end}", "margin_end")
         ramp = number("ramp", ramp, 0.0, 1.0, low_open=True)
         self.margin_start, self.margin_end, self.ramp = margin_start, margin_end, ramp
         self.margin = margin_start
@@ -177,8 +179,10 @@ class SpreadLoss(nn.Module):
         return loss, {"spread": loss.detach()}
 
     def extra_repr(self) -> str:
-        return (f"margin={self.margin:.3f}, margin_start={self.margin_start}, margin_end={self.margin_end}, "
-                f"ramp={self.ramp}")
+        return (
+            f"margin={self.margin:.3f}, margin_start={self.margin_start}, margin_end={self.margin_end}, "
+            f"ramp={self.ramp}"
+        )
 
 
 def binary_segmentation_loss(probabilities: Tensor, masks: Tensor, *, pos_weight: float = 1.0) -> Tensor:
@@ -247,8 +251,10 @@ class TransformingLoss(nn.Module):
 
     def forward(self, output, images: Tensor, targets: Tensor):
         if output.reconstruction.shape != targets.shape:
-            raise ValueError(f"reconstruction {tuple(output.reconstruction.shape)} and targets "
-                             f"{tuple(targets.shape)} differ in shape")
+            raise ValueError(
+                f"reconstruction {tuple(output.reconstruction.shape)} and targets "
+                f"{tuple(targets.shape)} differ in shape"
+            )
         error = output.reconstruction.float() - to_float_images(targets, name="targets")
         loss = error.pow(2).flatten(1).sum(dim=1).mean()
         return loss, {"squared_error": loss.detach()}

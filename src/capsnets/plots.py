@@ -11,6 +11,7 @@ The figures follow the ones in Sabour, Frosst & Hinton (2017), "Dynamic Routing 
 arXiv 1710.09829: Figure 3 pairs inputs with their reconstructions and marks the label and prediction; Figure 4
 perturbs each dimension of the winning class capsule and decodes the result.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,9 +29,15 @@ from torch import Tensor, nn
 from capsnets.functional import capsule_length
 from capsnets.io import atomic_write, read_json_lines
 
-
-__all__ = ["PERTURBATIONS", "perturbation_grid", "plot_confusion_matrix", "plot_perturbation_grid",
-           "plot_reconstructions", "plot_training_curves", "save_figure"]
+__all__ = [
+    "PERTURBATIONS",
+    "perturbation_grid",
+    "plot_confusion_matrix",
+    "plot_perturbation_grid",
+    "plot_reconstructions",
+    "plot_training_curves",
+    "save_figure",
+]
 
 #: The steps by which :func:`perturbation_grid` moves each capsule dimension: -0.25 ... +0.25 by 0.05
 #: (Sabour et al. 2017, Sec. 5.1).
@@ -119,9 +126,14 @@ def _draw_accuracy(ax, records: list[dict]) -> None:
         ys = _as_percent(ys)
         best = int(np.argmax(ys))
         ax.scatter([xs[best]], [ys[best]], color="red", zorder=3)
-        ax.annotate(f"best {ys[best]:.2f}% (epoch {xs[best]:g})", (xs[best], ys[best]),
-                    xytext=(0.35, 0.1), textcoords="axes fraction",
-                    arrowprops={"arrowstyle": "->", "color": "red"}, color="red")
+        ax.annotate(
+            f"best {ys[best]:.2f}% (epoch {xs[best]:g})",
+            (xs[best], ys[best]),
+            xytext=(0.35, 0.1),
+            textcoords="axes fraction",
+            arrowprops={"arrowstyle": "->", "color": "red"},
+            color="red",
+        )
     ax.set(title="Accuracy", xlabel="epoch", ylabel="accuracy (%)")
 
 
@@ -196,9 +208,16 @@ def _title(label: int | None, prediction: int | None) -> tuple[str, str]:
     return " ".join(parts), ("red" if wrong else "black")
 
 
-def plot_reconstructions(images, reconstructions, out_png: str | os.PathLike, *,
-                         labels: Sequence[int] | None = None, predictions: Sequence[int] | None = None,
-                         n: int = 16, title: str | None = None) -> Path:
+def plot_reconstructions(
+    images,
+    reconstructions,
+    out_png: str | os.PathLike,
+    *,
+    labels: Sequence[int] | None = None,
+    predictions: Sequence[int] | None = None,
+    n: int = 16,
+    title: str | None = None,
+) -> Path:
     """Draw inputs above their reconstructions, in blocks of up to 8 pairs per row.
 
     Args:
@@ -219,8 +238,9 @@ def plot_reconstructions(images, reconstructions, out_png: str | os.PathLike, *,
     images, reconstructions = _to_numpy(images), _to_numpy(reconstructions)
     _check_images("images", images)
     if reconstructions.shape != images.shape:
-        raise ValueError(f"reconstructions must have the shape of images {tuple(images.shape)}, "
-                         f"got {tuple(reconstructions.shape)}")
+        raise ValueError(
+            f"reconstructions must have the shape of images {tuple(images.shape)}, got {tuple(reconstructions.shape)}"
+        )
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     labels = _check_labels("labels", labels, images.shape[0])
@@ -237,8 +257,9 @@ def plot_reconstructions(images, reconstructions, out_png: str | os.PathLike, *,
         for ax, image in ((top, images[k]), (bottom, reconstructions[k])):
             ax.set_axis_on()
             _show(ax, image)
-        text, colour = _title(None if labels is None else int(labels[k]),
-                              None if predictions is None else int(predictions[k]))
+        text, colour = _title(
+            None if labels is None else int(labels[k]), None if predictions is None else int(predictions[k])
+        )
         if text:
             top.set_title(text, fontsize=9, color=colour)
     for block in range(blocks):
@@ -271,8 +292,14 @@ def _cell_text(value: float, normalize: bool) -> str:
     return f"{int(round(value))}" if float(value).is_integer() else f"{value:.1f}"
 
 
-def plot_confusion_matrix(matrix, class_names: Sequence[str] | None, out_png: str | os.PathLike, *,
-                          normalize: bool = False, title: str | None = None) -> Path:
+def plot_confusion_matrix(
+    matrix,
+    class_names: Sequence[str] | None,
+    out_png: str | os.PathLike,
+    *,
+    normalize: bool = False,
+    title: str | None = None,
+) -> Path:
     """Draw a confusion matrix with the value written in every cell.
 
     Args:
@@ -301,13 +328,23 @@ def plot_confusion_matrix(matrix, class_names: Sequence[str] | None, out_png: st
     threshold = values.max() / 2.0
     for i in range(k):
         for j in range(k):
-            ax.text(j, i, _cell_text(values[i, j], normalize), ha="center", va="center",
-                    fontsize=max(5, 10 - k // 8), color="white" if values[i, j] > threshold else "black")
+            ax.text(
+                j,
+                i,
+                _cell_text(values[i, j], normalize),
+                ha="center",
+                va="center",
+                fontsize=max(5, 10 - k // 8),
+                color="white" if values[i, j] > threshold else "black",
+            )
     rotate = max(len(name) for name in names) > 3
     ax.set_xticks(range(k), names, rotation=45 if rotate else 0, ha="right" if rotate else "center")
     ax.set_yticks(range(k), names)
-    ax.set(xlabel="predicted class", ylabel="true class",
-           title=(title or "Confusion matrix") + (" (row-normalised)" if normalize else ""))
+    ax.set(
+        xlabel="predicted class",
+        ylabel="true class",
+        title=(title or "Confusion matrix") + (" (row-normalised)" if normalize else ""),
+    )
     return save_figure(fig, out_png)
 
 
@@ -330,8 +367,9 @@ def perturbation_grid(model: nn.Module, image: Tensor, steps: Tensor = PERTURBAT
     return decoded.view(dims, count, *decoded.shape[1:]), winner
 
 
-def plot_perturbation_grid(grid: Tensor, winner: int, out_png: str | os.PathLike,
-                           steps: Tensor = PERTURBATIONS) -> Path:
+def plot_perturbation_grid(
+    grid: Tensor, winner: int, out_png: str | os.PathLike, steps: Tensor = PERTURBATIONS
+) -> Path:
     """Draw a :func:`perturbation_grid` as one tiled image: rows are capsule dimensions, columns the ``steps``
     (Sabour et al. 2017, Fig. 4).
 
@@ -344,8 +382,9 @@ def plot_perturbation_grid(grid: Tensor, winner: int, out_png: str | os.PathLike
     fig = Figure(figsize=(0.55 * count + 1.2, 0.55 * dims + 0.9))
     ax = fig.add_subplot(1, 1, 1)
     ax.imshow(mosaic.cpu().numpy(), cmap="gray", vmin=0, vmax=1)
-    ax.set_xticks([(width + 2) * (s + 0.5) for s in range(count)], [f"{v:+.2f}" for v in steps.tolist()],
-                  fontsize=6, rotation=90)
+    ax.set_xticks(
+        [(width + 2) * (s + 0.5) for s in range(count)], [f"{v:+.2f}" for v in steps.tolist()], fontsize=6, rotation=90
+    )
     ax.set_yticks([(height + 2) * (d + 0.5) for d in range(dims)], [str(d) for d in range(dims)], fontsize=6)
     ax.set_xlabel("perturbation", fontsize=8), ax.set_ylabel("dimension", fontsize=8)
     ax.set_title(f"class {winner}: each of the {dims} dimensions perturbed", fontsize=9)

@@ -13,12 +13,13 @@ Examples::
     >>> predict(model, images, classes=[str(k) for k in range(10)])[0].label   # doctest: +SKIP
     '7'
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -30,8 +31,7 @@ from capsnets.data.transforms import center_crop, standardize
 from capsnets.io import atomic_write
 from capsnets.validation import ArgumentError
 
-__all__ = ["IMAGE_SUFFIXES", "Prediction", "collect_image_files", "predict", "prepare_image", "read_images",
-           "segment"]
+__all__ = ["IMAGE_SUFFIXES", "Prediction", "collect_image_files", "predict", "prepare_image", "read_images", "segment"]
 
 #: Data sets of light strokes on a dark background: an image with a light background is inverted (``invert="auto"``).
 DARK_BACKGROUND = ("digits", "mnist", "fashion_mnist", "multimnist", "affnist")
@@ -99,8 +99,9 @@ def collect_image_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
     return files
 
 
-def prepare_image(image, input_size: Sequence[int], dataset: str | None = None, *,
-                  invert: str = "auto") -> tuple[Tensor, list[str]]:
+def prepare_image(
+    image, input_size: Sequence[int], dataset: str | None = None, *, invert: str = "auto"
+) -> tuple[Tensor, list[str]]:
     """One Pillow image as the ``(C, H, W)`` float32 tensor a model trained on ``dataset`` takes.
 
     The image is read as the ``folder:PATH`` data sets read their files
@@ -122,26 +123,37 @@ def prepare_image(image, input_size: Sequence[int], dataset: str | None = None, 
         raise ArgumentError(f"invert must be one of {', '.join(INVERT_MODES)}, got {invert!r}")
     channels, height, width = (int(v) for v in input_size)
     if channels not in (1, 3):
-        raise ArgumentError(f"the model takes {channels}-channel images; only 1 (grayscale) and 3 (RGB) can be "
-                            "made from image files")
+        raise ArgumentError(
+            f"the model takes {channels}-channel images; only 1 (grayscale) and 3 (RGB) can be made from image files"
+        )
     norb = dataset in NORB_LIKE
     if norb and (height, width) != (NORB_CROP, NORB_CROP):
-        raise ArgumentError(f"the model takes {height}x{width} images, not the {NORB_CROP}x{NORB_CROP} crops of "
-                            f"its data set {dataset!r}")
+        raise ArgumentError(
+            f"the model takes {height}x{width} images, not the {NORB_CROP}x{NORB_CROP} crops of "
+            f"its data set {dataset!r}"
+        )
     tensor, notes = image_to_tensor(image, channels, (NORB_SIZE, NORB_SIZE) if norb else (height, width))
     if dataset in DARK_BACKGROUND and invert != "no":
         border = torch.cat([tensor[:, 0], tensor[:, -1], tensor[:, :, 0], tensor[:, :, -1]], dim=1).mean()
         if invert == "yes" or border > 0.5:
             tensor = 1.0 - tensor
-            notes.append("inverted (" + ("--invert yes" if invert == "yes" else "light background; the model was "
-                                         "trained on light strokes on black") + ")")
+            notes.append(
+                "inverted ("
+                + (
+                    "--invert yes"
+                    if invert == "yes"
+                    else "light background; the model was trained on light strokes on black"
+                )
+                + ")"
+            )
     if norb:
         tensor = standardize(center_crop(tensor.unsqueeze(0), NORB_CROP))[0]
     return tensor.contiguous(), notes
 
 
-def read_images(paths: Sequence[str | os.PathLike], input_size: Sequence[int], dataset: str | None = None, *,
-                invert: str = "auto") -> tuple[Tensor, list[list[str]]]:
+def read_images(
+    paths: Sequence[str | os.PathLike], input_size: Sequence[int], dataset: str | None = None, *, invert: str = "auto"
+) -> tuple[Tensor, list[list[str]]]:
     """Read image files and prepare each as :func:`prepare_image` does.
 
     Returns:
@@ -159,16 +171,24 @@ def read_images(paths: Sequence[str | os.PathLike], input_size: Sequence[int], d
         except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as err:
             if isinstance(err, FileNotFoundError):
                 raise
-            raise ValueError(f"'{path}' is not an image that can be read ({str(err).splitlines()[0] or 'unknown'}); "
-                             f"give PNG or JPEG files") from None
+            raise ValueError(
+                f"'{path}' is not an image that can be read ({str(err).splitlines()[0] or 'unknown'}); "
+                f"give PNG or JPEG files"
+            ) from None
         tensors.append(tensor)
         notes.append(adapted)
     return torch.stack(tensors), notes
 
 
 @torch.no_grad()
-def predict(model: nn.Module, images: Tensor, *, classes: Sequence[str] | None = None,
-            paths: Sequence[str] | None = None, batch_size: int = 64) -> list[Prediction]:
+def predict(
+    model: nn.Module,
+    images: Tensor,
+    *,
+    classes: Sequence[str] | None = None,
+    paths: Sequence[str] | None = None,
+    batch_size: int = 64,
+) -> list[Prediction]:
     """Classify ``images`` with a classification model (in eval mode).
 
     Args:
@@ -188,25 +208,31 @@ def predict(model: nn.Module, images: Tensor, *, classes: Sequence[str] | None =
     results: list[Prediction] = []
     try:
         for start in range(0, len(images), batch_size):
-            output = model(images[start:start + batch_size].to(device))
+            output = model(images[start : start + batch_size].to(device))
             scores = output.scores.float()
             probs = scores.softmax(-1) if output.score_kind == "logits" else scores.clamp(0.0, 1.0)
             for row, (p, raw) in enumerate(zip(probs.cpu(), scores.cpu())):
                 index = int(p.argmax())
                 k = start + row
-                results.append(Prediction(
-                    path=str(paths[k]) if paths is not None else str(k), index=index, label=classes[index],
-                    score=float(p[index]),
-                    scores=dict(zip(classes, p.tolist())) if output.score_kind == "logits" else {},
-                    lengths=dict(zip(classes, raw.tolist())) if output.score_kind != "logits" else {}))
+                results.append(
+                    Prediction(
+                        path=str(paths[k]) if paths is not None else str(k),
+                        index=index,
+                        label=classes[index],
+                        score=float(p[index]),
+                        scores=dict(zip(classes, p.tolist())) if output.score_kind == "logits" else {},
+                        lengths=dict(zip(classes, raw.tolist())) if output.score_kind != "logits" else {},
+                    )
+                )
     finally:
         model.train(was_training)
     return results
 
 
 @torch.no_grad()
-def segment(model: nn.Module, images: Tensor, paths: Sequence[str], out: Path, *,
-            threshold: float = 0.5) -> list[Prediction]:
+def segment(
+    model: nn.Module, images: Tensor, paths: Sequence[str], out: Path, *, threshold: float = 0.5
+) -> list[Prediction]:
     """Segment ``images`` with a segmentation model and write each mask as ``out/<file stem>_mask.png``
     (white where the probability is above ``threshold``)."""
     device = next(model.parameters()).device
@@ -214,9 +240,9 @@ def segment(model: nn.Module, images: Tensor, paths: Sequence[str], out: Path, *
     results = []
     out.mkdir(parents=True, exist_ok=True)
     for k, path in enumerate(paths):
-        probabilities = model(images[k:k + 1].to(device)).probabilities[0, 0].float().cpu()
+        probabilities = model(images[k : k + 1].to(device)).probabilities[0, 0].float().cpu()
         mask = (probabilities > threshold).to(torch.uint8).mul_(255)
         target = out / f"{Path(path).stem}_mask.png"
-        atomic_write(target, lambda tmp: Image.fromarray(mask.numpy(), mode="L").save(tmp, format="PNG"))
+        atomic_write(target, lambda tmp, mask=mask: Image.fromarray(mask.numpy(), mode="L").save(tmp, format="PNG"))
         results.append(Prediction(path=str(path), mask=str(target), foreground=float((mask > 0).float().mean())))
     return results

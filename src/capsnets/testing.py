@@ -24,6 +24,7 @@ The EM references use the safety floors of :func:`capsnets.functional.em_routing
 procedure ``eps`` is added to every variance and to every ``sum_i R'`` denominator; ``log a_j`` is the
 log-sigmoid of the pre-activation.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,9 +32,16 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["reference_dynamic_routing", "reference_local_dynamic_routing", "reference_em_routing",
-           "reference_conv_em_routing", "reference_uniform_routing", "reference_self_attention_routing",
-           "reference_inverted_attention_routing", "reference_self_routing"]
+__all__ = [
+    "reference_dynamic_routing",
+    "reference_local_dynamic_routing",
+    "reference_em_routing",
+    "reference_conv_em_routing",
+    "reference_uniform_routing",
+    "reference_self_attention_routing",
+    "reference_inverted_attention_routing",
+    "reference_self_routing",
+]
 
 
 def _squash_vector(s: list[float]) -> list[float]:
@@ -44,8 +52,9 @@ def _squash_vector(s: list[float]) -> list[float]:
     return [scale * x for x in s]
 
 
-def reference_dynamic_routing(u_hat: Tensor, iterations: int, *,
-                              none_of_the_above: bool = False) -> tuple[Tensor, Tensor]:
+def reference_dynamic_routing(
+    u_hat: Tensor, iterations: int, *, none_of_the_above: bool = False
+) -> tuple[Tensor, Tensor]:
     """Dynamic routing (Sabour et al. 2017, Procedure 1), literally.
 
     With ``none_of_the_above`` (Sec. 7) every child's logits have one more entry, ``b[i][J]``, which starts at
@@ -115,10 +124,18 @@ def reference_local_dynamic_routing(u_hat: Tensor, iterations: int) -> tuple[Ten
                     for w in range(width):
                         for j in range(parents):
                             b[i][h][w][j] += sum(ub[i][j][d][h][w] * v[j][h][w][d] for d in range(dim))
-        out_v.append([[[[v[j][h][w][d] for w in range(width)] for h in range(height)] for d in range(dim)]
-                      for j in range(parents)])
-        out_c.append([[[[c[i][h][w][j] for w in range(width)] for h in range(height)] for j in range(parents)]
-                      for i in range(children)])
+        out_v.append(
+            [
+                [[[v[j][h][w][d] for w in range(width)] for h in range(height)] for d in range(dim)]
+                for j in range(parents)
+            ]
+        )
+        out_c.append(
+            [
+                [[[c[i][h][w][j] for w in range(width)] for h in range(height)] for j in range(parents)]
+                for i in range(children)
+            ]
+        )
     return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)
 
 
@@ -188,9 +205,19 @@ def reference_em_routing(
         mu = [[0.0] * dim for _ in range(parents)]  # the official formulation's centres start at 0
         for t in range(iterations):
             # M-step, for each parent j
-            stats = [_em_m_step({i: vb[i][j] for i in range(children)}, ab, {i: R[i][j] for i in range(children)},
-                                bv[j], ba[j], inverse_temperatures[t], eps,
-                                None if variance_floor is None else (mu[j], variance_floor)) for j in range(parents)]
+            stats = [
+                _em_m_step(
+                    {i: vb[i][j] for i in range(children)},
+                    ab,
+                    {i: R[i][j] for i in range(children)},
+                    bv[j],
+                    ba[j],
+                    inverse_temperatures[t],
+                    eps,
+                    None if variance_floor is None else (mu[j], variance_floor),
+                )
+                for j in range(parents)
+            ]
             mu, var = [m for m, _, _ in stats], [v for _, v, _ in stats]
             act = [_sigmoid(pre) for _, _, pre in stats]
             if t == iterations - 1:
@@ -208,9 +235,20 @@ def reference_em_routing(
     return as64(out_mu), as64(out_a), as64(out_r)
 
 
-def reference_conv_em_routing(pose: Tensor, activation: Tensor, weight: Tensor, beta_v: Tensor, beta_a: Tensor, *,
-                              stride: int, padding: int, inverse_temperatures: list[float], eps: float,
-                              scope: str, variance_floor: float | None = None) -> tuple[Tensor, Tensor]:
+def reference_conv_em_routing(
+    pose: Tensor,
+    activation: Tensor,
+    weight: Tensor,
+    beta_v: Tensor,
+    beta_a: Tensor,
+    *,
+    stride: int,
+    padding: int,
+    inverse_temperatures: list[float],
+    eps: float,
+    scope: str,
+    variance_floor: float | None = None,
+) -> tuple[Tensor, Tensor]:
     """A convolutional matrix capsule layer with EM routing, literally, one example and capsule at a time.
 
     Children are the capsules ``(t, y, x)`` of the input grid, parents the capsules ``(y', x', u)`` of the
@@ -249,14 +287,26 @@ def reference_conv_em_routing(pose: Tensor, activation: Tensor, weight: Tensor, 
                                 vote = (pose[b, t, y, x].double() @ weight[t, ky, kx, u].double()).flatten()
                                 votes.setdefault((oy, ox, u), {})[child] = vote.tolist()
                                 of_child.setdefault(child, []).append((oy, ox, u))
-        R = {child: {p: 1.0 / (len(ps) if scope == "all_parents" else parents_per_position) for p in ps}
-             for child, ps in of_child.items()}
+        R = {
+            child: {p: 1.0 / (len(ps) if scope == "all_parents" else parents_per_position) for p in ps}
+            for child, ps in of_child.items()
+        }
         dim = pose.shape[-1] * pose.shape[-2]
         stats = {p: ([0.0] * dim, None, None) for p in votes}  # the official centres start at 0
         for t, lam in enumerate(inverse_temperatures):
-            stats = {p: _em_m_step(vp, acts, {c: R[c][p] for c in vp}, bv[p[2]], ba[p[2]], lam, eps,
-                                   None if variance_floor is None else (stats[p][0], variance_floor))
-                     for p, vp in votes.items()}
+            stats = {
+                p: _em_m_step(
+                    vp,
+                    acts,
+                    {c: R[c][p] for c in vp},
+                    bv[p[2]],
+                    ba[p[2]],
+                    lam,
+                    eps,
+                    None if variance_floor is None else (stats[p][0], variance_floor),
+                )
+                for p, vp in votes.items()
+            }
             if t == len(inverse_temperatures) - 1:
                 break
             for child, ps in of_child.items():
@@ -272,10 +322,18 @@ def reference_conv_em_routing(pose: Tensor, activation: Tensor, weight: Tensor, 
                     total = sum(math.exp(logits[p] - top) for p in group)
                     for p in group:
                         R[child][p] = math.exp(logits[p] - top) / total
-        out_mu.append([[[stats[(oy, ox, u)][0] for ox in range(out_w)] for oy in range(out_h)]
-                       for u in range(parents_per_position)])
-        out_a.append([[[_sigmoid(stats[(oy, ox, u)][2]) for ox in range(out_w)] for oy in range(out_h)]
-                      for u in range(parents_per_position)])
+        out_mu.append(
+            [
+                [[stats[(oy, ox, u)][0] for ox in range(out_w)] for oy in range(out_h)]
+                for u in range(parents_per_position)
+            ]
+        )
+        out_a.append(
+            [
+                [[_sigmoid(stats[(oy, ox, u)][2]) for ox in range(out_w)] for oy in range(out_h)]
+                for u in range(parents_per_position)
+            ]
+        )
     return torch.tensor(out_mu, dtype=torch.float64), torch.tensor(out_a, dtype=torch.float64)
 
 
@@ -306,14 +364,19 @@ def reference_uniform_routing(u_hat: Tensor, *, mean: bool = False, squash: str 
     for ub in u_hat.detach().double().tolist():
         children, parents, dim = len(ub), len(ub[0]), len(ub[0][0])
         c = 1.0 / (children if mean else parents)
-        out_v.append([_squash_by_name(squash, [sum(c * ub[i][j][d] for i in range(children)) for d in range(dim)])
-                      for j in range(parents)])
+        out_v.append(
+            [
+                _squash_by_name(squash, [sum(c * ub[i][j][d] for i in range(children)) for d in range(dim)])
+                for j in range(parents)
+            ]
+        )
         out_c.append([[c] * parents for _ in range(children)])
     return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)
 
 
-def reference_self_attention_routing(u_hat: Tensor, bias: Tensor | None = None, *,
-                                     squash: str = "efficient") -> tuple[Tensor, Tensor]:
+def reference_self_attention_routing(
+    u_hat: Tensor, bias: Tensor | None = None, *, squash: str = "efficient"
+) -> tuple[Tensor, Tensor]:
     """Self-attention routing (Mazzia et al. 2021, Efficient-CapsNet), literally: per example and
     parent ``j``, ``A_ij = sum_k u_hat[j|i] . u_hat[j|k]``; ``c_ij = softmax_j(A_ij / sqrt(D))``;
     ``v_j = squash(sum_i (c_ij + b_ij) u_hat[j|i])``.
@@ -325,20 +388,35 @@ def reference_self_attention_routing(u_hat: Tensor, bias: Tensor | None = None, 
     out_v, out_c = [], []
     for ub in u_hat.detach().double().tolist():
         children, parents, dim = len(ub), len(ub[0]), len(ub[0][0])
-        logits = [[sum(sum(ub[i][j][d] * ub[k][j][d] for d in range(dim)) for k in range(children)) / math.sqrt(dim)
-                   for j in range(parents)] for i in range(children)]
+        logits = [
+            [
+                sum(sum(ub[i][j][d] * ub[k][j][d] for d in range(dim)) for k in range(children)) / math.sqrt(dim)
+                for j in range(parents)
+            ]
+            for i in range(children)
+        ]
         c = [_softmax(logits[i]) for i in range(children)]
         if b is not None:
             c = [[c[i][j] + b[i][j] for j in range(parents)] for i in range(children)]
-        out_v.append([_squash_by_name(squash, [sum(c[i][j] * ub[i][j][d] for i in range(children))
-                                               for d in range(dim)]) for j in range(parents)])
+        out_v.append(
+            [
+                _squash_by_name(squash, [sum(c[i][j] * ub[i][j][d] for i in range(children)) for d in range(dim)])
+                for j in range(parents)
+            ]
+        )
         out_c.append(c)
     return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)
 
 
-def reference_inverted_attention_routing(u_hat: Tensor, iterations: int, *, weight: Tensor | None = None,
-                                         bias: Tensor | None = None, eps: float = 1e-5,
-                                         parents: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def reference_inverted_attention_routing(
+    u_hat: Tensor,
+    iterations: int,
+    *,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+    parents: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """Inverted dot-product attention routing (Tsai et al. 2020, Procedure 1), literally: poses ``v`` start at
     ``parents`` or zero; each iteration ``c_ij = softmax_j(u_hat[j|i] . v_j / sqrt(D))``,
     ``v_j = LayerNorm(sum_i c_ij u_hat[j|i])`` (biased variance, ``eps``, then ``* weight + bias``); the
@@ -355,8 +433,10 @@ def reference_inverted_attention_routing(u_hat: Tensor, iterations: int, *, weig
         h = bias.detach().double().tolist() if bias is not None else [0.0] * dim
         v = parents[example].detach().double().tolist() if parents is not None else [[0.0] * dim] * num_parents
         for _ in range(iterations):
-            c = [_softmax([sum(ub[i][j][d] * v[j][d] for d in range(dim)) / math.sqrt(dim)
-                           for j in range(num_parents)]) for i in range(children)]
+            c = [
+                _softmax([sum(ub[i][j][d] * v[j][d] for d in range(dim)) / math.sqrt(dim) for j in range(num_parents)])
+                for i in range(children)
+            ]
             v = []
             for j in range(num_parents):
                 s = [sum(c[i][j] * ub[i][j][d] for i in range(children)) for d in range(dim)]
@@ -368,8 +448,9 @@ def reference_inverted_attention_routing(u_hat: Tensor, iterations: int, *, weig
     return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)
 
 
-def reference_self_routing(u_hat: Tensor, poses: Tensor, weight: Tensor, bias: Tensor,
-                           activations: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def reference_self_routing(
+    u_hat: Tensor, poses: Tensor, weight: Tensor, bias: Tensor, activations: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Self-routing (Hahn et al. 2019), literally, for vector capsules: ``c_ij = softmax_j(W_ij . u_i +
     beta_ij)``; ``a_i = |u_i|`` unless given; ``a_j = sum_i c_ij a_i / sum_i a_i``; ``p_j = sum_i c_ij a_i
     u_hat[j|i] / sum_i c_ij a_i``; ``v_j = a_j p_j / |p_j|`` (zero for a zero denominator or pose).
@@ -383,17 +464,24 @@ def reference_self_routing(u_hat: Tensor, poses: Tensor, weight: Tensor, bias: T
     for example, ub in enumerate(u_hat.detach().double().tolist()):
         children, parents, dim = len(ub), len(ub[0]), len(ub[0][0])
         u = poses[example].detach().double().tolist()
-        a = (activations[example].detach().double().tolist() if activations is not None
-             else [math.sqrt(sum(x * x for x in u[i])) for i in range(children)])
-        c = [_softmax([sum(w[i][j][k] * u[i][k] for k in range(len(u[i]))) + beta[i][j] for j in range(parents)])
-             for i in range(children)]
+        a = (
+            activations[example].detach().double().tolist()
+            if activations is not None
+            else [math.sqrt(sum(x * x for x in u[i])) for i in range(children)]
+        )
+        c = [
+            _softmax([sum(w[i][j][k] * u[i][k] for k in range(len(u[i]))) + beta[i][j] for j in range(parents)])
+            for i in range(children)
+        ]
         total = sum(a)
         v = []
         for j in range(parents):
             mass = sum(c[i][j] * a[i] for i in range(children))
             a_j = mass / total if total != 0 else 0.0
-            p = [sum(c[i][j] * a[i] * ub[i][j][d] for i in range(children)) / mass if mass != 0 else 0.0
-                 for d in range(dim)]
+            p = [
+                sum(c[i][j] * a[i] * ub[i][j][d] for i in range(children)) / mass if mass != 0 else 0.0
+                for d in range(dim)
+            ]
             length = math.sqrt(sum(x * x for x in p))
             v.append([a_j * x / length if length != 0 else 0.0 for x in p])
         out_v.append(v)

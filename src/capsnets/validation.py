@@ -21,23 +21,49 @@ Examples::
     >>> image_batch(torch.zeros(2, 1, 8, 8, dtype=torch.uint8) + 255, (1, 8, 8), dtype=torch.float32).max()
     tensor(1.)
 """
+
 from __future__ import annotations
 
 import difflib
 import functools
 import inspect
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["Argument", "ArgumentError", "DType", "Device", "ImageSize", "NonNegativeInt", "PositiveInt", "Probability",
-           "Routing", "available_devices", "check_device", "choice", "conv_output_size", "describe", "expect",
-           "flag", "floating_dtype", "image_batch", "image_size", "keyword_arguments", "non_negative_int", "number",
-           "placement", "positive_int", "positive_ints", "reject_unknown", "to_float_images"]
+__all__ = [
+    "Argument",
+    "ArgumentError",
+    "DType",
+    "Device",
+    "ImageSize",
+    "NonNegativeInt",
+    "PositiveInt",
+    "Probability",
+    "Routing",
+    "available_devices",
+    "check_device",
+    "choice",
+    "conv_output_size",
+    "describe",
+    "expect",
+    "flag",
+    "floating_dtype",
+    "image_batch",
+    "image_size",
+    "keyword_arguments",
+    "non_negative_int",
+    "number",
+    "placement",
+    "positive_int",
+    "positive_ints",
+    "reject_unknown",
+    "to_float_images",
+]
 
 #: Annotations for the keyword arguments of builders and losses. They are the plain types (no checking rides
 #: on them); their names say what the argument takes, in words, where ``capsnets list-models MODEL`` lists it
@@ -52,13 +78,18 @@ Routing = str | Mapping | object
 
 #: What an annotation takes, in words, by the text of the annotation.
 _WORDS = {
-    "bool": "true or false", "int": "an integer", "float": "a number", "str": "a string",
-    "PositiveInt": "a positive integer", "NonNegativeInt": "a non-negative integer",
-    "Probability": "a number in [0, 1)", "ImageSize": "(C, H, W): a list of 3 positive integers",
+    "bool": "true or false",
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "PositiveInt": "a positive integer",
+    "NonNegativeInt": "a non-negative integer",
+    "Probability": "a number in [0, 1)",
+    "ImageSize": "(C, H, W): a list of 3 positive integers",
     "Device": "a device this build of PyTorch has, by name ('cpu', 'cuda:0' ...) or as a torch.device",
     "DType": "a floating-point torch.dtype or its name (float32, float64, bfloat16, float16)",
     "Routing": "a routing object, its spec (a mapping with a 'type' and settings) or a routing type name; "
-               "settings alone (routing.KEY=VALUE) update the model's default routing",
+    "settings alone (routing.KEY=VALUE) update the model's default routing",
 }
 
 
@@ -75,8 +106,11 @@ def describe(annotation) -> str:
         return "any value"
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     parts = [part.strip() for part in text.split(" | ")]
-    words = [_WORDS.get(part, "one of " + part[8:-1].replace('"', "'") if part.startswith("Literal[") else part)
-             for part in parts if part != "None"]
+    words = [
+        _WORDS.get(part, "one of " + part[8:-1].replace('"', "'") if part.startswith("Literal[") else part)
+        for part in parts
+        if part != "None"
+    ]
     if "None" in parts:
         words.append("None (YAML: null)")
     return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
@@ -102,11 +136,15 @@ def keyword_arguments(function: Callable) -> dict[str, Argument]:
     target = function.func if isinstance(function, functools.partial) else function
     parameters = inspect.signature(function).parameters.values()
     hints = getattr(target.__init__ if isinstance(target, type) else target, "__annotations__", {})
+
     def text(annotation) -> str:
         return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
 
-    return {p.name: Argument(p.name, p.default, text(hints.get(p.name, "")))
-            for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return {
+        p.name: Argument(p.name, p.default, text(hints.get(p.name, "")))
+        for p in parameters
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
 
 
 class ArgumentError(ValueError, TypeError):
@@ -156,8 +194,11 @@ def positive_ints(name: str, value, length: int | None = None, what: str = "") -
     """``value`` (a list or tuple of positive ``int`` s, ``length`` of them where given) as a tuple; else an
     :class:`ArgumentError` naming ``name`` (``what``: the meaning of the items, e.g. ``"(C, H, W)"``)."""
     count = f"{length} " if length is not None else ""
-    if (not isinstance(value, (list, tuple)) or (length is not None and len(value) != length)
-            or not all(_is_int(item) and item >= 1 for item in value)):
+    if (
+        not isinstance(value, (list, tuple))
+        or (length is not None and len(value) != length)
+        or not all(_is_int(item) and item >= 1 for item in value)
+    ):
         meaning = f"{what}: " if what else ""
         raise ArgumentError(f"{name} must be {meaning}a list of {count}positive integers, got {_shown(value)}", name)
     return tuple(value)
@@ -175,14 +216,22 @@ def flag(name: str, value) -> bool:
     return value
 
 
-def number(name: str, value, low: float | None = None, high: float | None = None, *, low_open: bool = False,
-           high_open: bool = False) -> float:
+def number(
+    name: str,
+    value,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
     """``value`` (an int or float, not a bool) as a float within ``[low, high]`` (an end open where asked);
     else an :class:`ArgumentError` naming ``name``, the value and the range."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
     if ok:
         ok = (low is None or (value > low if low_open else value >= low)) and (
-            high is None or (value < high if high_open else value <= high))
+            high is None or (value < high if high_open else value <= high)
+        )
     if not ok:
         where = ""
         if low is not None or high is not None:
@@ -207,16 +256,18 @@ def floating_dtype(name: str, value) -> torch.dtype:
     ``torch.dtype``; else an :class:`ArgumentError` naming ``name``."""
     dtype = getattr(torch, value.removeprefix("torch."), None) if isinstance(value, str) else value
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ArgumentError(f"{name} must be a floating-point torch.dtype or its name (float32, float64, bfloat16, "
-                            f"float16), got {_shown(value)}", name)
+        raise ArgumentError(
+            f"{name} must be a floating-point torch.dtype or its name (float32, float64, bfloat16, "
+            f"float16), got {_shown(value)}",
+            name,
+        )
     return dtype
 
 
 def placement(device, dtype) -> tuple[torch.device | None, torch.dtype | None]:
     """A module's ``device`` and ``dtype`` arguments checked (:func:`check_device`, :func:`floating_dtype`);
     None stays None (torch's defaults)."""
-    return (None if device is None else check_device(device),
-            None if dtype is None else floating_dtype("dtype", dtype))
+    return (None if device is None else check_device(device), None if dtype is None else floating_dtype("dtype", dtype))
 
 
 def reject_unknown(owner: str, given: Iterable[str], taken: Iterable[str]) -> None:
@@ -264,21 +315,33 @@ def check_device(device, name: str = "device") -> torch.device:
     available devices."""
     available = ", ".join(available_devices())
     if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
-        raise ArgumentError(f"{name} must be a device name such as 'cpu' or 'cuda:0', or a torch.device; got "
-                            f"{device!r} ({type(device).__name__}); available here: {available}", name)
+        raise ArgumentError(
+            f"{name} must be a device name such as 'cpu' or 'cuda:0', or a torch.device; got "
+            f"{device!r} ({type(device).__name__}); available here: {available}",
+            name,
+        )
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as err:
-        raise ArgumentError(f"{name}={device!r} is not a device PyTorch can name ({str(err).splitlines()[0]}); "
-                            f"available here: {available}", name) from None
+        raise ArgumentError(
+            f"{name}={device!r} is not a device PyTorch can name ({str(err).splitlines()[0]}); "
+            f"available here: {available}",
+            name,
+        ) from None
     count = _device_count(resolved.type)
     if count == 0:
-        why = (f"this build of PyTorch ({torch.__version__}) has no CUDA support" if resolved.type == "cuda"
-               and torch.version.cuda is None else f"no {resolved.type} device is available to this process")
+        why = (
+            f"this build of PyTorch ({torch.__version__}) has no CUDA support"
+            if resolved.type == "cuda" and torch.version.cuda is None
+            else f"no {resolved.type} device is available to this process"
+        )
         raise ArgumentError(f"{name}={device!r}: {why}; available here: {available}", name)
     if resolved.type not in ("cpu", "meta") and resolved.index is not None and resolved.index >= count:
-        raise ArgumentError(f"{name}={device!r}: there {'is' if count == 1 else 'are'} only {count} "
-                            f"{resolved.type} device{'' if count == 1 else 's'}; available here: {available}", name)
+        raise ArgumentError(
+            f"{name}={device!r}: there {'is' if count == 1 else 'are'} only {count} "
+            f"{resolved.type} device{'' if count == 1 else 's'}; available here: {available}",
+            name,
+        )
     return resolved
 
 
@@ -288,13 +351,22 @@ def to_float_images(images: Tensor, dtype: torch.dtype = torch.float32, name: st
     if images.dtype == torch.uint8:
         return images.to(dtype) / 255.0
     if not images.is_floating_point():
-        raise ArgumentError(f"{name} must be floating point (values in [0, 1]) or uint8 (0..255, scaled to [0, 1]); "
-                            f"got dtype {images.dtype}; convert them with {name}.float()")
+        raise ArgumentError(
+            f"{name} must be floating point (values in [0, 1]) or uint8 (0..255, scaled to [0, 1]); "
+            f"got dtype {images.dtype}; convert them with {name}.float()"
+        )
     return images if images.dtype == dtype else images.to(dtype)
 
 
-def image_batch(images, size: Sequence[int | None], *, dtype: torch.dtype, owner: str = "the model",
-                name: str = "images", multiple: int = 1) -> Tensor:
+def image_batch(
+    images,
+    size: Sequence[int | None],
+    *,
+    dtype: torch.dtype,
+    owner: str = "the model",
+    name: str = "images",
+    multiple: int = 1,
+) -> Tensor:
     """A model's input batch, checked and converted: the one input check of every model's ``forward``.
 
     Args:
@@ -313,12 +385,14 @@ def image_batch(images, size: Sequence[int | None], *, dtype: torch.dtype, owner
     else:
         expected = f"(B, {channels}, {height}, {width})"
     if not isinstance(images, Tensor):
-        raise ArgumentError(f"{owner} expects {name} as a torch.Tensor of shape {expected}, got "
-                            f"{type(images).__name__}")
+        raise ArgumentError(
+            f"{owner} expects {name} as a torch.Tensor of shape {expected}, got {type(images).__name__}"
+        )
     shape = tuple(images.shape)
     wanted = [(channels, 1)] + [(s, multiple) if s is None else (s, 1) for s in (height, width)]
-    if len(shape) != 4 or any(got != want if want is not None else got % step
-                              for got, (want, step) in zip(shape[1:], wanted)):
+    if len(shape) != 4 or any(
+        got != want if want is not None else got % step for got, (want, step) in zip(shape[1:], wanted)
+    ):
         hint = "" if height is None else "; set input_size when creating the model"
         raise ArgumentError(f"{owner} expects {name} of shape {expected}, got {shape}{hint}")
     if shape[0] == 0:

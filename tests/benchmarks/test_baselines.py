@@ -1,5 +1,6 @@
 """The naive routings of benchmarks/baselines.py compute what the production routings compute (so that the
 throughput benchmark compares like with like)."""
+
 import pytest
 import torch
 

@@ -8,11 +8,34 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "em_learning.py"
 
 def test_em_learning_records_a_curve_per_variant(tmp_path):
     out = tmp_path / "curves.json"
-    command = [sys.executable, str(SCRIPT), "--model", "capsnet_digits", "--dataset", "digits", "--train-size", "48",
-               "--test-size", "20", "--steps", "3", "--eval-every", "2", "--batch-size", "16", "--device", "cpu",
-               "--variant", "three", '{"routing": {"iterations": 3}}', "--variant", "one",
-               '{"routing": {"iterations": 1}}',
-               "--out", str(out)]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--model",
+        "capsnet_digits",
+        "--dataset",
+        "digits",
+        "--train-size",
+        "48",
+        "--test-size",
+        "20",
+        "--steps",
+        "3",
+        "--eval-every",
+        "2",
+        "--batch-size",
+        "16",
+        "--device",
+        "cpu",
+        "--variant",
+        "three",
+        '{"routing": {"iterations": 3}}',
+        "--variant",
+        "one",
+        '{"routing": {"iterations": 1}}',
+        "--out",
+        str(out),
+    ]
     subprocess.run(command, check=True, capture_output=True, text=True)
     result = json.loads(out.read_text())
     assert result["meta"]["device"] == "cpu" and result["batch_size"] == 16
@@ -81,10 +104,12 @@ def test_set_layer_routing_replaces_one_layers_routing(load_benchmark):
     import capsnets
 
     em_learning = load_benchmark("em_learning")
-    model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28),
-                                  routing={"detach_routing": True})
-    em_learning.set_layer_routing(model, {"classes": {"cost_normalization": "mean_std", "inverse_temperature": 1.0,
-                                                      "iterations": 2}})
+    model = capsnets.create_model(
+        "matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28), routing={"detach_routing": True}
+    )
+    em_learning.set_layer_routing(
+        model, {"classes": {"cost_normalization": "mean_std", "inverse_temperature": 1.0, "iterations": 2}}
+    )
     assert model.classes.routing.cost_normalization == "mean_std" and model.classes.routing.iterations == 2
     assert model.classes.routing.inverse_temperatures == [1.0, 1.0]
     assert model.conv_caps1.routing.cost_normalization is None and model.conv_caps1.routing.detach_routing

@@ -7,8 +7,9 @@ from capsnets.functional.products import matvec
 def test_routing_products_times_both_products_of_both_routings_and_restores_matvec(tmp_path, load_benchmark):
     script = load_benchmark("routing_products")
     out = tmp_path / "products.json"
-    assert script.main(["--batch-sizes", "1", "--steps", "1", "--repeats", "2", "--device", "cpu",
-                        "--out", str(out)]) == 0
+    assert (
+        script.main(["--batch-sizes", "1", "--steps", "1", "--repeats", "2", "--device", "cpu", "--out", str(out)]) == 0
+    )
     result = json.loads(out.read_text())
     assert result["meta"]["device"] == "cpu" and "model_arg" not in result["meta"]["settings"]
     rows = {(row["routing"], row["kind"]): row for row in result["rows"]}

@@ -15,14 +15,35 @@ def test_compare_compile_times_a_compiled_copy_beside_the_eager_paths(tmp_path, 
     throughput = load_benchmark("throughput")
     monkeypatch.setattr(torch, "compile", fake_compile)
     out = tmp_path / "t.json"
-    throughput.main(["--models", "capsnet_digits", "--batch-sizes", "4", "--steps", "1", "--warmup", "0",
-                     "--repeats", "2", "--device", "cpu", "--compare-compile", "--out", str(out)])
+    throughput.main(
+        [
+            "--models",
+            "capsnet_digits",
+            "--batch-sizes",
+            "4",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--repeats",
+            "2",
+            "--device",
+            "cpu",
+            "--compare-compile",
+            "--out",
+            str(out),
+        ]
+    )
     rows = {row["path"]: row for row in json.loads(out.read_text())["rows"]}
     assert list(rows) == ["production", "naive", "compiled"]
     assert len(compiled) == 1  # the compiled path only
     for kind in ("train", "infer"):
-        ratios = [c / p for c, p in zip(rows["compiled"][f"{kind}_images_per_s_runs"],
-                                        rows["production"][f"{kind}_images_per_s_runs"])]
+        ratios = [
+            c / p
+            for c, p in zip(
+                rows["compiled"][f"{kind}_images_per_s_runs"], rows["production"][f"{kind}_images_per_s_runs"]
+            )
+        ]
         assert rows["compiled"][f"{kind}_speedup_vs_eager"] == pytest.approx(statistics.median(ratios))
         assert f"{kind}_speedup_vs_naive" in rows["production"] and f"{kind}_speedup_vs_naive" not in rows["compiled"]
     assert rows["compiled"]["routing"] == rows["production"]["routing"]
@@ -52,8 +73,25 @@ def test_a_model_without_routing_is_compared_with_its_default_path(tmp_path, mon
     throughput = load_benchmark("throughput")
     monkeypatch.setattr(torch, "compile", lambda model: model)
     out = tmp_path / "t.json"
-    throughput.main(["--models", "cnn_baseline_narrow", "--batch-sizes", "2", "--steps", "1", "--warmup", "0",
-                     "--repeats", "1", "--device", "cpu", "--compare-compile", "--out", str(out)])
+    throughput.main(
+        [
+            "--models",
+            "cnn_baseline_narrow",
+            "--batch-sizes",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--compare-compile",
+            "--out",
+            str(out),
+        ]
+    )
     rows = {row["path"]: row for row in json.loads(out.read_text())["rows"]}
     assert list(rows) == ["default", "compiled"]
     assert rows["compiled"]["train_speedup_vs_eager"] > 0 and "train_speedup_vs_naive" not in rows["default"]

@@ -1,4 +1,5 @@
 """Fixtures for the data tests: an idx writer independent of the library, and fake data roots."""
+
 from __future__ import annotations
 
 import gzip
@@ -51,8 +52,13 @@ def fake_mnist_root(tmp_path, monkeypatch):
 
 
 # --- NORB binary matrix format (smallNORB), written from the NYU page's description -------------------
-_NORB_MAGIC = {np.uint8: 0x1E3D4C55, np.int32: 0x1E3D4C54, np.float32: 0x1E3D4C51, np.float64: 0x1E3D4C53,
-               np.int16: 0x1E3D4C56}
+_NORB_MAGIC = {
+    np.uint8: 0x1E3D4C55,
+    np.int32: 0x1E3D4C54,
+    np.float32: 0x1E3D4C51,
+    np.float64: 0x1E3D4C53,
+    np.int16: 0x1E3D4C56,
+}
 
 
 def norb_bytes(array: np.ndarray, magic: int | None = None) -> bytes:
@@ -76,8 +82,9 @@ def fake_norb_split(folder: Path, prefix: str, n: int, seed: int, compress: bool
     arrays = {
         "dat": rng.integers(0, 256, (n, 2, 96, 96), dtype=np.uint8),
         "cat": (np.arange(n) % 5).astype(np.int32),
-        "info": np.stack([rng.integers(0, 10, n), rng.integers(0, 9, n), 2 * rng.integers(0, 18, n),
-                          rng.integers(0, 6, n)], axis=1).astype(np.int32),
+        "info": np.stack(
+            [rng.integers(0, 10, n), rng.integers(0, 9, n), 2 * rng.integers(0, 18, n), rng.integers(0, 6, n)], axis=1
+        ).astype(np.int32),
     }
     suffix = ".mat.gz" if compress else ".mat"
     for part, array in arrays.items():

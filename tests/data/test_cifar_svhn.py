@@ -1,14 +1,15 @@
 """CIFAR-10 and SVHN on small files written in the real formats: the binary-version tarball
 (1 label byte + 3072 RGB plane bytes per record) and format-2 MATLAB v5 .mat files (X: 32x32x3xN, y: Nx1)."""
+
 import hashlib
 
 import numpy as np
 import pytest
 import scipy.io
 import torch
+from fake_datasets import CIFAR_CLASSES, fake_cifar_splits, write_cifar_tarball, write_svhn_mat
 
 from capsnets.data import CIFAR10, SVHN, DatasetError, dataset_info, load_dataset
-from fake_datasets import CIFAR_CLASSES, fake_cifar_splits, write_cifar_tarball, write_svhn_mat
 
 
 @pytest.fixture
@@ -52,17 +53,26 @@ def test_cifar_md5_refuses_a_wrong_file(fake_cifar_root, monkeypatch):
 def test_cifar_missing_file(tmp_path):
     with pytest.raises(DatasetError) as info:
         CIFAR10(tmp_path, train=False)
-    for part in ["cifar-10-binary.tar.gz", str(tmp_path / "cifar-10"), "--data-dir", "--download",
-                 "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"]:
+    for part in [
+        "cifar-10-binary.tar.gz",
+        str(tmp_path / "cifar-10"),
+        "--data-dir",
+        "--download",
+        "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
+    ]:
         assert part in str(info.value)
 
 
-@pytest.mark.parametrize("case, pattern", [
-    ("partial_record", r"test_batch.bin: 3074 bytes is not a whole number of 3073-byte CIFAR records"),
-    ("bad_label", r"test_batch.bin: label 10 out of range for 10 classes"),
-    ("no_test_batch", r"the tarball lacks cifar-10-batches-bin/test_batch.bin; is it the binary version"),
-    ("wrong_meta", r"batches.meta.txt names the classes \['a', 'b'\]"),
-], ids=["partial_record", "bad_label", "no_test_batch", "wrong_meta"])
+@pytest.mark.parametrize(
+    "case, pattern",
+    [
+        ("partial_record", r"test_batch.bin: 3074 bytes is not a whole number of 3073-byte CIFAR records"),
+        ("bad_label", r"test_batch.bin: label 10 out of range for 10 classes"),
+        ("no_test_batch", r"the tarball lacks cifar-10-batches-bin/test_batch.bin; is it the binary version"),
+        ("wrong_meta", r"batches.meta.txt names the classes \['a', 'b'\]"),
+    ],
+    ids=["partial_record", "bad_label", "no_test_batch", "wrong_meta"],
+)
 def test_cifar_malformed_tarballs(tmp_path, monkeypatch, case, pattern):
     splits = fake_cifar_splits()
     meta, extra = "\n".join(CIFAR_CLASSES), b""
@@ -93,8 +103,10 @@ def test_cifar_download_from_a_mirror(fake_cifar_root, tmp_path, monkeypatch):
 def fake_svhn_root(tmp_path, monkeypatch):
     """A data root with fake train (12) and test (10) .mat files and SVHN's md5s patched to match."""
     folder = tmp_path / "root" / "svhn"
-    arrays = {"train": write_svhn_mat(folder / "train_32x32.mat", 12, 0),
-              "test": write_svhn_mat(folder / "test_32x32.mat", 10, 1)}
+    arrays = {
+        "train": write_svhn_mat(folder / "train_32x32.mat", 12, 0),
+        "test": write_svhn_mat(folder / "test_32x32.mat", 10, 1),
+    }
     monkeypatch.setattr(SVHN, "md5s", {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in folder.iterdir()})
     return folder.parent, arrays
 
@@ -133,13 +145,20 @@ def test_svhn_missing_file(tmp_path):
         SVHN(tmp_path)
 
 
-@pytest.mark.parametrize("content, pattern", [
-    ({"X": np.zeros((32, 32, 1, 2), np.uint8), "y": np.ones((2, 1), np.uint8)}, r"expected X to be uint8 \(32, 32, 3, N\)"),
-    ({"X": np.zeros((32, 32, 3, 2), np.uint8), "y": np.ones((3, 1), np.uint8)}, r"expected y to be \(2, 1\)"),
-    ({"X": np.zeros((32, 32, 3, 2), np.uint8), "y": np.zeros((2, 1), np.uint8)}, r"labels must be 1..10"),
-    ({"images": np.zeros(3)}, r"expected variables X and y"),
-    (b"not a mat file at all", r"not a readable MATLAB v5 .mat file"),
-], ids=["one_channel", "label_count", "label_zero", "no_X_y", "garbage"])
+@pytest.mark.parametrize(
+    "content, pattern",
+    [
+        (
+            {"X": np.zeros((32, 32, 1, 2), np.uint8), "y": np.ones((2, 1), np.uint8)},
+            r"expected X to be uint8 \(32, 32, 3, N\)",
+        ),
+        ({"X": np.zeros((32, 32, 3, 2), np.uint8), "y": np.ones((3, 1), np.uint8)}, r"expected y to be \(2, 1\)"),
+        ({"X": np.zeros((32, 32, 3, 2), np.uint8), "y": np.zeros((2, 1), np.uint8)}, r"labels must be 1..10"),
+        ({"images": np.zeros(3)}, r"expected variables X and y"),
+        (b"not a mat file at all", r"not a readable MATLAB v5 .mat file"),
+    ],
+    ids=["one_channel", "label_count", "label_zero", "no_X_y", "garbage"],
+)
 def test_svhn_malformed_files(tmp_path, monkeypatch, content, pattern):
     path = tmp_path / "svhn" / "test_32x32.mat"
     path.parent.mkdir()
@@ -157,4 +176,6 @@ def test_svhn_download_fetches_both_splits(fake_svhn_root, tmp_path, monkeypatch
     monkeypatch.setattr(SVHN, "mirrors", [(root / "svhn").as_uri() + "/"])
     data = SVHN(tmp_path / "fresh", train=False, download=True)
     assert len(data) == 10 and sorted(p.name for p in (tmp_path / "fresh" / "svhn").iterdir()) == [
-        "test_32x32.mat", "train_32x32.mat"]
+        "test_32x32.mat",
+        "train_32x32.mat",
+    ]

@@ -48,8 +48,10 @@ def test_same_seed_and_epoch_same_batches_different_epochs_differ():
 def test_rank_slices_concatenate_to_single_process_batches(drop_last):
     data = make_data()
     single = epoch(DeviceLoader(data, 8, max_shift=2, seed=5, drop_last=drop_last), 2)
-    ranks = [epoch(DeviceLoader(data, 8, max_shift=2, seed=5, drop_last=drop_last, rank=r, world_size=2), 2)
-             for r in range(2)]
+    ranks = [
+        epoch(DeviceLoader(data, 8, max_shift=2, seed=5, drop_last=drop_last, rank=r, world_size=2), 2)
+        for r in range(2)
+    ]
     assert len(ranks[0]) == len(ranks[1]) == len(single)
     for step, (images, labels) in enumerate(single):
         assert torch.equal(torch.cat([ranks[r][step][0] for r in range(2)]), images)

@@ -1,4 +1,5 @@
 """folder:PATH: PNG/JPEG folders written with Pillow in tmp_path, loaded, split, resized, and refused clearly."""
+
 from pathlib import Path
 
 import numpy as np
@@ -78,9 +79,11 @@ def test_channels_follow_the_images(tmp_path):
 
 
 def test_grey_palette_alpha_and_16_bit(tmp_path):
-    for name, image in {"p": Image.fromarray(np.arange(120, dtype=np.uint8).reshape(10, 12)).convert("P"),
-                        "la": Image.new("LA", (12, 10), (200, 255)),
-                        "i16": Image.fromarray(np.full((10, 12), 65535, dtype=np.uint16))}.items():
+    for name, image in {
+        "p": Image.fromarray(np.arange(120, dtype=np.uint8).reshape(10, 12)).convert("P"),
+        "la": Image.new("LA", (12, 10), (200, 255)),
+        "i16": Image.fromarray(np.full((10, 12), 65535, dtype=np.uint16)),
+    }.items():
         (tmp_path / name).mkdir()
         image.save(tmp_path / name / "x.png")
         image.save(tmp_path / name / "y.png")
@@ -110,7 +113,9 @@ def test_resizing(tmp_path):
     assert torch.allclose(read_image(flat / "a" / "x.png", 1, (5, 6)), torch.full((1, 5, 6), 77 / 255))
     with pytest.raises(ValueError, match=r"image_size=0 is invalid"):
         load_dataset(f"folder:{tmp_path}", image_size=0)
-    with pytest.raises(ValueError, match=r"image_size=16 applies to folder:PATH data sets only; mnist images are 28x28"):
+    with pytest.raises(
+        ValueError, match=r"image_size=16 applies to folder:PATH data sets only; mnist images are 28x28"
+    ):
         load_dataset("mnist", image_size=16)
 
 
@@ -184,19 +189,40 @@ def test_bad_arguments(tmp_path):
         load_dataset("folder:")
 
 
-@pytest.mark.parametrize("model, size, mode, args", [
-    ("capsnet_digits", (8, 8), "L", []),
-    ("capsnet_small", (28, 28), "RGB", []),
-    ("matrix_capsnet_small", (32, 32), "L", ["--model-arg", "routing.iterations=1"]),
-])
+@pytest.mark.parametrize(
+    "model, size, mode, args",
+    [
+        ("capsnet_digits", (8, 8), "L", []),
+        ("capsnet_small", (28, 28), "RGB", []),
+        ("matrix_capsnet_small", (32, 32), "L", ["--model-arg", "routing.iterations=1"]),
+    ],
+)
 def test_train_on_a_folder_end_to_end(tmp_path, model, size, mode, args):
     from capsnets.cli import main
 
     write_images(tmp_path / "images", {"circle": 5, "square": 5, "triangle": 5}, size=size, mode=mode)
     out = tmp_path / "run"
-    argv = ["train", "--model", model, "--dataset", f"folder:{tmp_path / 'images'}", "--limit-train", "8",
-            "--limit-test", "8", "--epochs", "1", "--batch-size", "4", "--no-progress", "--device", "cpu",
-            "--out", str(out), *args]
+    argv = [
+        "train",
+        "--model",
+        model,
+        "--dataset",
+        f"folder:{tmp_path / 'images'}",
+        "--limit-train",
+        "8",
+        "--limit-test",
+        "8",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *args,
+    ]
     assert main(argv) == 0
     import yaml
 
@@ -213,8 +239,25 @@ def test_train_with_image_size_from_a_config_file(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(f"dataset: folder:{tmp_path / 'images'}\nimage_size: 8\nmodel: capsnet_digits\n")
     out = tmp_path / "run"
-    assert main(["train", "--config", str(config), "--epochs", "1", "--batch-size", "4", "--no-progress",
-                 "--device", "cpu", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(config),
+                "--epochs",
+                "1",
+                "--batch-size",
+                "4",
+                "--no-progress",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     import yaml
 
     assert yaml.safe_load((out / "config.yaml").read_text())["model_args"]["input_size"] == [1, 8, 8]

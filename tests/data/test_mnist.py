@@ -25,8 +25,14 @@ def test_missing_files_error(tmp_path):
     with pytest.raises(DatasetError) as info:
         FashionMNIST(tmp_path, train=False)
     message = str(info.value)
-    for part in ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", str(tmp_path / "fashion-mnist"),
-                 "--data-dir", "CAPSNETS_DATA", "--download"]:
+    for part in [
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+        str(tmp_path / "fashion-mnist"),
+        "--data-dir",
+        "CAPSNETS_DATA",
+        "--download",
+    ]:
         assert part in message
 
 

@@ -1,17 +1,18 @@
 """TensorData.info / select, the smallNORB protocol, and load_dataset("smallnorb" | "viewpoints")."""
+
 import sys
 
 import pytest
 import torch
 
-from capsnets.data import (DatasetError, DeviceLoader, RawNorbLike, TensorData, dataset_info, load_dataset,
-                           norb_protocol)
+from capsnets.data import DatasetError, DeviceLoader, RawNorbLike, TensorData, dataset_info, load_dataset, norb_protocol
 
 
 def toy(n=10):
     info = {"azimuth": torch.arange(n) * 2, "elevation": torch.arange(n) % 3}
-    return TensorData(torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1), torch.arange(n) % 2, 2,
-                      ["a", "b"], "toy", info=info)
+    return TensorData(
+        torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1), torch.arange(n) % 2, 2, ["a", "b"], "toy", info=info
+    )
 
 
 def test_select_keeps_info_aligned():
@@ -100,8 +101,12 @@ def test_viewpoints_uses_the_protocol(monkeypatch, tmp_path):
         calls.append((root, train))
         n = 5
         info = {k: torch.arange(n) for k in ("instance", "elevation", "azimuth", "lighting")}
-        return RawNorbLike(torch.randint(0, 256, (n, 48, 48), dtype=torch.uint8), torch.arange(n),
-                           info, ["animal", "human", "airplane", "truck", "car"])
+        return RawNorbLike(
+            torch.randint(0, 256, (n, 48, 48), dtype=torch.uint8),
+            torch.arange(n),
+            info,
+            ["animal", "human", "airplane", "truck", "car"],
+        )
 
     module = types.ModuleType("capsnets.data.viewpoints")
     module.load_viewpoints = load_viewpoints

@@ -52,12 +52,15 @@ def test_gradient_flows():
     assert x.grad[0, 0, -1].sum() == 0 and x.grad[0, 0, :-1].sum() == 12
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(images=torch.rand(2, 4, 4), max_shift=1), "images"),
-    (dict(images=torch.rand(2, 1, 4, 4), max_shift=-1), "max_shift"),
-    (dict(images=torch.rand(2, 1, 4, 4), max_shift=0, shifts=torch.zeros(3, 2, dtype=torch.long)), "shifts"),
-    (dict(images=torch.rand(2, 1, 4, 4), max_shift=0, shifts=torch.zeros(2, 2)), "shifts"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(images=torch.rand(2, 4, 4), max_shift=1), "images"),
+        (dict(images=torch.rand(2, 1, 4, 4), max_shift=-1), "max_shift"),
+        (dict(images=torch.rand(2, 1, 4, 4), max_shift=0, shifts=torch.zeros(3, 2, dtype=torch.long)), "shifts"),
+        (dict(images=torch.rand(2, 1, 4, 4), max_shift=0, shifts=torch.zeros(2, 2)), "shifts"),
+    ],
+)
 def test_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         random_shift(**kwargs)

@@ -1,4 +1,5 @@
 """The NORB matrix reader and SmallNORB on small files fabricated in the exact on-disk format."""
+
 import gzip
 import hashlib
 import struct

@@ -1,4 +1,5 @@
 """Batched transforms: smallNORB's (shapes, exact windows, jitter ranges, determinism) and the digit augmentation."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ def test_random_crop_takes_the_right_window():
     out = random_crop(images, 32, offsets=offsets)
     assert out.shape == (6, 2, 32, 32) and out.is_contiguous()
     for b, (top, left) in enumerate(offsets.tolist()):
-        assert torch.equal(out[b], images[b, :, top:top + 32, left:left + 32])
+        assert torch.equal(out[b], images[b, :, top : top + 32, left : left + 32])
 
 
 def test_random_crop_draws_every_offset_and_is_seeded():
@@ -116,11 +117,14 @@ def test_digit_augment_erases_one_patch_and_rotates_some_images():
     assert 10 < int(tilted.sum()) < 54  # about half the images
 
 
-@pytest.mark.parametrize("kwargs, images, message", [
-    ({}, torch.rand(2, 1, 8, 8), "at least 10 pixels"),
-    ({}, torch.zeros(2, 1, 28, 28, dtype=torch.int64), "uint8 or floating-point"),
-    ({}, torch.rand(1, 28, 28), r"\(B, C, H, W\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, images, message",
+    [
+        ({}, torch.rand(2, 1, 8, 8), "at least 10 pixels"),
+        ({}, torch.zeros(2, 1, 28, 28, dtype=torch.int64), "uint8 or floating-point"),
+        ({}, torch.rand(1, 28, 28), r"\(B, C, H, W\)"),
+    ],
+)
 def test_digit_augment_bad_input_says_what_is_wrong(kwargs, images, message):
     with pytest.raises(ValueError, match=message):
         DigitAugment(**kwargs)(images, gen())

@@ -1,4 +1,5 @@
 """The offline viewpoint data set: index grid, determinism, image sanity, cache."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,13 @@ import torch
 
 from capsnets.data.norb_common import RawNorbLike
 from capsnets.data.viewpoints import (
-    AZIMUTHS, VIEWPOINT_CLASSES, build_instance, cache_path, load_viewpoints, render_viewpoints, viewpoint_grid,
+    AZIMUTHS,
+    VIEWPOINT_CLASSES,
+    build_instance,
+    cache_path,
+    load_viewpoints,
+    render_viewpoints,
+    viewpoint_grid,
 )
 from capsnets.data.viewpoints import cache as cache_module
 from capsnets.data.viewpoints.render import BACKGROUND
@@ -81,8 +88,10 @@ def test_render_info_matches_grid(train_small):
 
 def test_shuffle_is_a_seeded_permutation_of_the_same_images(train_small):
     mixed = small(shuffle=True)
-    key = lambda raw: raw.labels * 10**6 + raw.info["elevation"] * 10**4 + raw.info["azimuth"] * 10 \
-        + raw.info["lighting"]  # noqa: E731
+
+    def key(raw):
+        return raw.labels * 10**6 + raw.info["elevation"] * 10**4 + raw.info["azimuth"] * 10 + raw.info["lighting"]
+
     order = torch.argsort(key(mixed))
     assert not torch.equal(key(mixed), key(train_small))
     assert torch.equal(mixed.images[order], train_small.images)
@@ -123,8 +132,17 @@ def test_lightings_and_azimuths_change_the_image(train_small):
 
 
 def test_size_and_supersample_arguments():
-    raw = render_viewpoints("test", 3, size=32, supersample=1, classes=[2], instances=[9], elevations=[4],
-                            azimuths=[AZIMUTHS[5]], lightings=[1])
+    raw = render_viewpoints(
+        "test",
+        3,
+        size=32,
+        supersample=1,
+        classes=[2],
+        instances=[9],
+        elevations=[4],
+        azimuths=[AZIMUTHS[5]],
+        lightings=[1],
+    )
     assert raw.images.shape == (1, 32, 32) and raw.info["instance"].tolist() == [9]
     assert (raw.images != BG).float().mean() > 0.03
 
@@ -150,8 +168,16 @@ def tiny_render(monkeypatch):
 
     def render(split, seed, size):
         calls.append((split, seed, size))
-        return render_viewpoints(split, seed, size, classes=[0, 3], instances=[0] if split == "train" else [5],
-                                 elevations=[2], azimuths=[4, 20], lightings=[5])
+        return render_viewpoints(
+            split,
+            seed,
+            size,
+            classes=[0, 3],
+            instances=[0] if split == "train" else [5],
+            elevations=[2],
+            azimuths=[4, 20],
+            lightings=[5],
+        )
 
     monkeypatch.setattr(cache_module, "render_viewpoints", render)
     return calls
@@ -179,7 +205,7 @@ def test_corrupt_cache_is_re_rendered(tmp_path, tiny_render, damage):
         data = data[: len(data) // 2]
     elif damage == "flip_pixel":  # one byte in the middle of the images tensor; the header stays valid
         header_len = int.from_bytes(data[:8], "little")
-        start, end = json.loads(data[8:8 + header_len])["images"]["data_offsets"]
+        start, end = json.loads(data[8 : 8 + header_len])["images"]["data_offsets"]
         data[8 + header_len + (start + end) // 2] ^= 0xFF
     else:
         data = bytearray(b"not a safetensors file")
@@ -209,8 +235,11 @@ def test_full_split_renders_24300(tmp_path):
     raw = load_viewpoints(tmp_path, train=True)
     labels, info = viewpoint_grid("train")
     assert raw.images.shape == (24_300, 48, 48)
-    order = torch.argsort(((raw.labels * 10 + raw.info["instance"]) * 9 + raw.info["elevation"]) * 36 * 6
-                          + raw.info["azimuth"] * 6 + raw.info["lighting"])
+    order = torch.argsort(
+        ((raw.labels * 10 + raw.info["instance"]) * 9 + raw.info["elevation"]) * 36 * 6
+        + raw.info["azimuth"] * 6
+        + raw.info["lighting"]
+    )
     assert torch.equal(raw.labels[order], labels)
     assert all(torch.equal(raw.info[k][order], info[k]) for k in info)
     assert torch.equal(load_viewpoints(tmp_path, train=True).images, raw.images)

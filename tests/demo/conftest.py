@@ -1,4 +1,5 @@
 """Fixtures of the demo tests: what they need installed, untrained demo models, and one trained demo run."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,8 +14,10 @@ def require(*needs: tuple[str, bool]) -> None:
     where it fails: CI installs the ``test`` extra and Debian's chromium and chromium-driver (``.ci/run``)."""
     missing = [what for what, present in needs if not present]
     if missing:
-        message = (f"needs {', '.join(missing)}: pip install -e '.[test]' (Python packages), apt-get install chromium "
-                   "chromium-driver (the browser test)")
+        message = (
+            f"needs {', '.join(missing)}: pip install -e '.[test]' (Python packages), apt-get install chromium "
+            "chromium-driver (the browser test)"
+        )
         if os.environ.get("CI"):
             pytest.fail(f"{message}; CI must run it")
         pytest.skip(message)
@@ -33,8 +36,11 @@ def need():
 @pytest.fixture(scope="session")
 def web() -> None:
     """FastAPI, uvicorn and the client of FastAPI's TestClient."""
-    require(module("fastapi"), module("uvicorn"), ("httpx2 or httpx", any(
-        importlib.util.find_spec(name) is not None for name in ("httpx2", "httpx"))))
+    require(
+        module("fastapi"),
+        module("uvicorn"),
+        ("httpx2 or httpx", any(importlib.util.find_spec(name) is not None for name in ("httpx2", "httpx"))),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -68,8 +74,12 @@ def untrained_capsnet():
     from capsnets.models import create_model
 
     torch.manual_seed(0)
-    return DemoModel(create_model("capsnet_digits", routing={"iterations": 2}), dataset="digits", source="untrained",
-                     name="capsnet_digits")
+    return DemoModel(
+        create_model("capsnet_digits", routing={"iterations": 2}),
+        dataset="digits",
+        source="untrained",
+        name="capsnet_digits",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """The demo's JSON API through FastAPI's TestClient: what it answers, that it answers what the library computes,
 and that wrong input gets a 4xx with a message, never a crash or a traceback."""
+
 from __future__ import annotations
 
 import base64
@@ -70,8 +71,7 @@ def test_predict_answers_what_the_model_computes(web, untrained_capsnet, image):
     torch.testing.assert_close(torch.tensor(result["capsules"]), expected.capsules[0], atol=1e-5, rtol=1e-4)
     winner = int(expected.scores.argmax())
     assert result["prediction"] == result["shown"] == winner and result["label"] == str(winner)
-    torch.testing.assert_close(decoded(result["reconstruction"]), expected.reconstruction[0, 0], atol=1 / 255,
-                               rtol=0)
+    torch.testing.assert_close(decoded(result["reconstruction"]), expected.reconstruction[0, 0], atol=1 / 255, rtol=0)
     # the routing picture is the dimensions experiment's routing map, for every class
     couplings = result["couplings"]
     assert couplings["grid"] == [4, 4] and len(couplings["maps"]) == 10 and "c_ij |u_i|" in couplings["what"]
@@ -97,11 +97,12 @@ def test_predict_reconstructs_the_capsule_asked_for(web, trained):
 def test_an_image_file_as_the_body_as_base64_or_as_a_data_url_is_the_same_input(web, untrained_capsnet, image):
     api = client(untrained_capsnet)
     data = png(image)
-    answers = [api.post("/api/predict", content=data, headers={"Content-Type": "image/png"}).json(),
-               api.post("/api/predict", content=data).json(),  # recognised by its signature
-               api.post("/api/predict", json={"image": base64.b64encode(data).decode()}).json(),
-               api.post("/api/predict", json={"image": "data:image/png;base64," + base64.b64encode(data).decode()
-                                              }).json()]
+    answers = [
+        api.post("/api/predict", content=data, headers={"Content-Type": "image/png"}).json(),
+        api.post("/api/predict", content=data).json(),  # recognised by its signature
+        api.post("/api/predict", json={"image": base64.b64encode(data).decode()}).json(),
+        api.post("/api/predict", json={"image": "data:image/png;base64," + base64.b64encode(data).decode()}).json(),
+    ]
     for answer in answers[1:]:
         assert answer["scores"] == answers[0]["scores"] and answer["input"] == answers[0]["input"]
 
@@ -188,8 +189,11 @@ BAD_REQUESTS = [  # (endpoint, request arguments, status, words of the message)
 ]
 
 
-@pytest.mark.parametrize("endpoint, request_args, status, words", BAD_REQUESTS,
-                         ids=[f"{e.rsplit('/', 1)[1]}-{n}" for n, (e, *_) in enumerate(BAD_REQUESTS)])
+@pytest.mark.parametrize(
+    "endpoint, request_args, status, words",
+    BAD_REQUESTS,
+    ids=[f"{e.rsplit('/', 1)[1]}-{n}" for n, (e, *_) in enumerate(BAD_REQUESTS)],
+)
 def test_wrong_input_is_a_4xx_with_a_message(web, untrained_capsnet, endpoint, request_args, status, words):
     answer = client(untrained_capsnet).post(endpoint, **request_args)
     assert answer.status_code == status, answer.text
@@ -215,8 +219,10 @@ def test_matrix_capsules_show_poses_and_assignments_without_a_decoder(web, untra
     assert result["couplings"]["grid"] == [4, 4] and "assignment" in result["couplings"]["what"]
     values = torch.tensor(result["couplings"]["values"])  # assignments times activations, summed over types
     assert values.shape == (10, 4, 4) and bool((values >= 0).all()) and float(values.sum()) > 0
-    for endpoint, body in (("/api/reconstruct", {"capsule": [0.0] * 16, "class": 0}),
-                           ("/api/perturbations", {"pixels": pixels})):
+    for endpoint, body in (
+        ("/api/reconstruct", {"capsule": [0.0] * 16, "class": 0}),
+        ("/api/perturbations", {"pixels": pixels}),
+    ):
         answer = api.post(endpoint, json=body)
         assert answer.status_code == 422 and "no decoder" in answer.json()["detail"]
     assert api.get("/api/samples").json() == {"samples": [], "note": untrained_matrix.samples_note}
@@ -233,8 +239,9 @@ def test_samples_are_test_images_the_trained_model_classifies(web, trained):
     api = client(trained)
     samples = api.get("/api/samples").json()["samples"]
     assert [s["class"] for s in samples] == [k for k in range(10) for _ in range(2)]
-    right = sum(api.post("/api/predict", json={"pixels": s["pixels"]}).json()["prediction"] == s["class"]
-                for s in samples)
+    right = sum(
+        api.post("/api/predict", json={"pixels": s["pixels"]}).json()["prediction"] == s["class"] for s in samples
+    )
     assert right >= 17, f"{right} of 20 test images right"
 
 
@@ -268,8 +275,10 @@ def test_the_page_reads_only_what_the_api_sends(web, untrained_capsnet, image):
 
     script = (STATIC / "demo.js").read_text()
     api = client(untrained_capsnet)
-    answers = {"result": api.post("/api/predict", json={"pixels": image[0].tolist()}).json(),
-               "info": api.get("/api/info").json()}
+    answers = {
+        "result": api.post("/api/predict", json={"pixels": image[0].tolist()}).json(),
+        "info": api.get("/api/info").json(),
+    }
     for name, answer in answers.items():
         for field in set(re.findall(rf"\b{name}\.(\w+)", script)) - {"couplings"}:
             assert field in answer, f"demo.js reads {name}.{field}"

@@ -5,6 +5,7 @@ Skipped where Chromium, chromedriver or Selenium are missing, except in CI (``CI
 The screenshot goes to pytest's temporary folder, or, with ``CAPSNETS_DEMO_SCREENSHOTS=DIR`` (e.g.
 ``docs/images``), to ``DIR/demo.png`` for docs/demo.md.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -46,15 +47,25 @@ def browser(need):
     """A headless Chromium, 1280 CSS pixels wide, driven by Debian's chromedriver."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver_path = shutil.which("chromedriver")
-    need(("selenium", importlib.util.find_spec("selenium") is not None), ("chromium", chromium is not None),
-         ("chromedriver", driver_path is not None))
+    need(
+        ("selenium", importlib.util.find_spec("selenium") is not None),
+        ("chromium", chromium is not None),
+        ("chromedriver", driver_path is not None),
+    )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1280,1150", "--force-device-scale-factor=1", "--hide-scrollbars"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1150",
+        "--force-device-scale-factor=1",
+        "--hide-scrollbars",
+    ):
         options.add_argument(argument)
     driver = webdriver.Chrome(options=options, service=Service(driver_path))  # no Selenium Manager download
     driver.set_page_load_timeout(30)
@@ -78,8 +89,9 @@ def settled(driver, timeout: float = 15.0) -> None:
     """Wait until the page has no request in flight (``<body data-pending="0">``)."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    WebDriverWait(driver, timeout).until(lambda d: d.find_element("tag name", "body").get_attribute(
-        "data-pending") == "0")
+    WebDriverWait(driver, timeout).until(
+        lambda d: d.find_element("tag name", "body").get_attribute("data-pending") == "0"
+    )
 
 
 ONE = [(0, -95 + 19 * k) for k in range(11)]  # a vertical stroke
@@ -134,8 +146,10 @@ def _screenshot(driver, target: Path, height: int | None = None) -> Path:
     target = Path(folder) / target.name if folder else target
     target.parent.mkdir(parents=True, exist_ok=True)
     height = height or driver.execute_script("return document.documentElement.scrollHeight")
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": 1280, "height": int(height), "deviceScaleFactor": 1, "mobile": False})
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": 1280, "height": int(height), "deviceScaleFactor": 1, "mobile": False},
+    )
     driver.save_screenshot(str(target))
     if folder:
         with Image.open(target) as shot:

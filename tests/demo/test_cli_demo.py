@@ -1,5 +1,6 @@
 """``capsnets demo``: it says which model it shows and where, listens on localhost by default, and bad input is one
 error line (the server itself is replaced by a stub that returns at once)."""
+
 from __future__ import annotations
 
 import re
@@ -29,10 +30,13 @@ def one_error_line(err: str) -> str:
 def test_demo_serves_a_checkpoint_and_says_which(trained_run, served, capsys):
     assert main(["demo", "--checkpoint", trained_run, "--port", "0"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"model: capsnet_digits \(vector capsules\) on digits, loaded from .*best\.safetensors "
-                     r"\(epoch 5\)", out), out
+    assert re.search(
+        r"model: capsnet_digits \(vector capsules\) on digits, loaded from .*best\.safetensors "
+        r"\(epoch 5\)",
+        out,
+    ), out
     assert re.search(r"open http://127\.0\.0\.1:\d+/ in a browser", out) and "warning" not in out
-    (application, (host, port)), = served
+    ((application, (host, port)),) = served
     assert host == "127.0.0.1" and port > 0 and application.title == "capsnets demo"
 
 
@@ -63,16 +67,21 @@ def test_demo_help_gives_every_option_with_its_default(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for option in ("--pretrained", "--checkpoint", "--out", "--host", "--port"):
         assert re.search(re.escape(option) + r" \w+ .*?\(default: [^)]+\)", text), option
-    assert "(default: capsnet_small-mnist, unless" in text and "(default: 127.0.0.1)" in text and "(default: 8000)" in text
+    assert (
+        "(default: capsnet_small-mnist, unless" in text and "(default: 127.0.0.1)" in text and "(default: 8000)" in text
+    )
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--port", "70000"], "port must be an integer in [0, 65535]"),
-    (["--port", "-1"], "port must be"),
-    (["--host", "", "--port", "0"], "host must name an address"),
-    (["--host", "no.such.host.invalid", "--port", "0"], "cannot listen on no.such.host.invalid:0"),
-    (["--checkpoint", "missing/run", "--port", "0"], "missing/run"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--port", "70000"], "port must be an integer in [0, 65535]"),
+        (["--port", "-1"], "port must be"),
+        (["--host", "", "--port", "0"], "host must name an address"),
+        (["--host", "no.such.host.invalid", "--port", "0"], "cannot listen on no.such.host.invalid:0"),
+        (["--checkpoint", "missing/run", "--port", "0"], "missing/run"),
+    ],
+)
 def test_bad_input_is_one_error_line(argv, words, served, capsys, tmp_path):
     assert main(["demo", *argv]) == 1
     assert words in one_error_line(capsys.readouterr().err)
@@ -93,9 +102,29 @@ def test_a_model_that_is_no_capsule_classifier_is_one_error_line(served, capsys,
     run = tmp_path / "cnn"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
-        assert main(["train", "--model", "cnn_baseline_narrow", "--dataset", "digits", "--epochs", "1",
-                     "--limit-train", "8", "--limit-test", "8", "--device", "cpu", "--no-progress", "--out",
-                     str(run)]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--model",
+                    "cnn_baseline_narrow",
+                    "--dataset",
+                    "digits",
+                    "--epochs",
+                    "1",
+                    "--limit-train",
+                    "8",
+                    "--limit-test",
+                    "8",
+                    "--device",
+                    "cpu",
+                    "--no-progress",
+                    "--out",
+                    str(run),
+                ]
+            )
+            == 0
+        )
     capsys.readouterr()
     assert main(["demo", "--checkpoint", str(run), "--port", "0"]) == 1
     assert "capsule classifiers" in one_error_line(capsys.readouterr().err)

@@ -1,15 +1,23 @@
 """The callbacks of fit: a target stops the training, checkpoints are named and saved as the trainer and the
 experiments both expect, and a saved state is resumed exactly."""
+
 import pytest
 import torch
 from torch import nn
 
 from capsnets.data import DeviceLoader
 from capsnets.engine import TrainState, fit, training_step
-from capsnets.engine.callbacks import (Hook, ModelCheckpoint, Target, TimeLimit, checkpoint_name, checkpoint_path,
-                                       resume_state)
-from capsnets.io import load_checkpoint
+from capsnets.engine.callbacks import (
+    Hook,
+    ModelCheckpoint,
+    Target,
+    TimeLimit,
+    checkpoint_name,
+    checkpoint_path,
+    resume_state,
+)
 from capsnets.engine.fit import adam_with_decay
+from capsnets.io import load_checkpoint
 
 
 def _problem(seed=0):
@@ -66,12 +74,24 @@ def test_model_checkpoints_save_when_due_and_resume_exactly(tmp_path):
     model, step, loader, scheduler = _problem()
     state, saved = TrainState(), []
     state.attach(scheduler.optimizer, scheduler)
-    last = ModelCheckpoint(tmp_path / "last.safetensors", model, lambda s, r: {"epoch": s.epoch}, every=2,
-                           on_save=lambda: saved.append(state.epoch))
+    last = ModelCheckpoint(
+        tmp_path / "last.safetensors",
+        model,
+        lambda s, r: {"epoch": s.epoch},
+        every=2,
+        on_save=lambda: saved.append(state.epoch),
+    )
     best = ModelCheckpoint(tmp_path / "best.safetensors", model, lambda s, r: {}, best_only=True)
     choose = Hook(lambda record, final: setattr(state, "best", 0) if len(state.history) == 1 else None)
-    fit(step, loader, epochs=3, state=state, schedulers=[scheduler], progress=False,
-        callbacks=[TimeLimit(None), choose, last, best])
+    fit(
+        step,
+        loader,
+        epochs=3,
+        state=state,
+        schedulers=[scheduler],
+        progress=False,
+        callbacks=[TimeLimit(None), choose, last, best],
+    )
     assert saved == [2, 3]  # every second epoch, and the last
     assert load_checkpoint(tmp_path / "best.safetensors").meta["training"]["epoch"] == 1  # the chosen evaluation
 
@@ -79,8 +99,15 @@ def test_model_checkpoints_save_when_due_and_resume_exactly(tmp_path):
     model, step, loader, scheduler = _problem()
     cut = TrainState()
     cut.attach(scheduler.optimizer, scheduler)
-    fit(step, loader, epochs=3, state=cut, schedulers=[scheduler], progress=False,
-        callbacks=[TimeLimit(1e-9), ModelCheckpoint(tmp_path / "cut.safetensors", model, lambda s, r: {})])
+    fit(
+        step,
+        loader,
+        epochs=3,
+        state=cut,
+        schedulers=[scheduler],
+        progress=False,
+        callbacks=[TimeLimit(1e-9), ModelCheckpoint(tmp_path / "cut.safetensors", model, lambda s, r: {})],
+    )
     model, step, loader, scheduler = _problem(seed=5)
     torch.manual_seed(123)  # what a new process holds
     resumed = resume_state(tmp_path / "cut.safetensors", model)

@@ -1,4 +1,5 @@
 """Checkpoints: round trip, corruption detection, atomic replacement."""
+
 import json
 
 import pytest
@@ -26,8 +27,13 @@ def _trained(seed=0):
 
 def _save(path, seed=0, **meta):
     model, optimizer, scheduler = _trained(seed)
-    save_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler,
-                    meta={"model": "toy", "model_args": {}, "epoch": 3, **meta})
+    save_checkpoint(
+        path,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        meta={"model": "toy", "model_args": {}, "epoch": 3, **meta},
+    )
     return model, optimizer, scheduler
 
 
@@ -163,13 +169,16 @@ def test_leftover_of_a_save_cut_before_its_commit_point_is_removed(tmp_path):
     assert load_checkpoint(tmp_path / "last.safetensors").meta["metrics"] == {"run": "old"}
 
 
-@pytest.mark.parametrize("entry, value", [("epoch", "three"), ("epoch", -1), ("model_args", [1, 2]),
-                                          ("optimizer", {"param_groups": "x"}), ("training", 5)])
+@pytest.mark.parametrize(
+    "entry, value",
+    [("epoch", "three"), ("epoch", -1), ("model_args", [1, 2]), ("optimizer", {"param_groups": "x"}), ("training", 5)],
+)
 def test_sidecar_of_wrong_types_is_refused_with_the_entry_named(tmp_path, entry, value):
     model, optimizer, _ = _trained()
     meta = {"model": "toy", "epoch": 3, entry: value}
-    save_checkpoint(tmp_path / "m.safetensors", model=model, meta=meta,
-                    optimizer=None if entry == "optimizer" else optimizer)
+    save_checkpoint(
+        tmp_path / "m.safetensors", model=model, meta=meta, optimizer=None if entry == "optimizer" else optimizer
+    )
     with pytest.raises(CheckpointError, match=f"damaged: '{entry.split('.')[0]}"):
         load_checkpoint(tmp_path / "m.safetensors")
 
@@ -179,8 +188,11 @@ def test_absurd_model_sizes_in_a_sidecar_allocate_nothing(tmp_path):
     from capsnets.models import create_model, load_model
 
     model = create_model("capsnet_digits")
-    save_checkpoint(tmp_path / "m.safetensors", model=model,
-                    meta={"model": "capsnet_digits", "model_args": {"num_classes": 10, "decoder_hidden": [2**40, 8]}})
+    save_checkpoint(
+        tmp_path / "m.safetensors",
+        model=model,
+        meta={"model": "capsnet_digits", "model_args": {"num_classes": 10, "decoder_hidden": [2**40, 8]}},
+    )
     with pytest.raises(CheckpointError, match="does not fit the model|do not build it"):
         load_model(tmp_path / "m.safetensors")
 
@@ -202,8 +214,11 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch, error):
     def broken_save_file(tensors, filename, metadata=None):
         with open(filename, "wb") as handle:
             handle.write(b"partial")
-        raise SafetensorError("Error while serializing: IoError(No space left on device)") if error == "safetensors" \
+        raise (
+            SafetensorError("Error while serializing: IoError(No space left on device)")
+            if error == "safetensors"
             else error
+        )
 
     monkeypatch.setattr(capsnets_io, "save_file", broken_save_file)
     with pytest.raises(capsnets_io.CheckpointWriteError, match="could not write checkpoint .*space.*is intact"):

@@ -1,4 +1,5 @@
 """TrainConfig: defaults, file + override merging, validation, saving."""
+
 import json
 
 import pytest
@@ -9,13 +10,17 @@ from capsnets.engine.config import TrainConfig, build_config, read_config_file
 
 def test_file_then_overrides(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"epochs": 3, "lr": 0.01, "model_args": {"routing": {"type": "dynamic",
-                                                                                       "iterations": 1}}}))
-    config = build_config(path, epochs=5, model_args={"reconstruction": False, "routing": {"detach_routing": False}},
-                          seed=None)
+    path.write_text(
+        yaml.safe_dump({"epochs": 3, "lr": 0.01, "model_args": {"routing": {"type": "dynamic", "iterations": 1}}})
+    )
+    config = build_config(
+        path, epochs=5, model_args={"reconstruction": False, "routing": {"detach_routing": False}}, seed=None
+    )
     assert config.epochs == 5 and config.lr == 0.01 and config.seed == 0
-    assert config.model_args == {"routing": {"type": "dynamic", "iterations": 1, "detach_routing": False},
-                                 "reconstruction": False}
+    assert config.model_args == {
+        "routing": {"type": "dynamic", "iterations": 1, "detach_routing": False},
+        "reconstruction": False,
+    }
 
 
 def test_json_file(tmp_path):
@@ -32,9 +37,20 @@ def test_unknown_key_names_key_and_valid_keys(tmp_path):
         build_config(path)
 
 
-@pytest.mark.parametrize("key, value", [("epochs", 0), ("lr", -1.0), ("lr_decay", 1.5), ("amp", "fp8"),
-                                        ("limit_train", 0), ("batch_size", 2.5), ("image_size", 0),
-                                        ("image_size", [32]), ("image_size", True)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("epochs", 0),
+        ("lr", -1.0),
+        ("lr_decay", 1.5),
+        ("amp", "fp8"),
+        ("limit_train", 0),
+        ("batch_size", 2.5),
+        ("image_size", 0),
+        ("image_size", [32]),
+        ("image_size", True),
+    ],
+)
 def test_bad_values_name_the_field(key, value):
     with pytest.raises(ValueError, match=f"{key}="):
         TrainConfig(**{key: value})
@@ -75,5 +91,11 @@ def test_exponent_floats_without_a_dot_are_floats(tmp_path):
     path.write_text("lr: 1e-3\nweight_decay: 5E-4\nepochs: 2\nout: 1e3x\n")
     assert read_config_file(path) == {"lr": 0.001, "weight_decay": 0.0005, "epochs": 2, "out": "1e3x"}
     assert build_config(path).lr == 0.001
-    assert parse_key_values(["a=1e-9", "b=-2E+3", "c=1.5", "d=7", "e=[1e-2, 3]", "f=name"], "--set") == \
-        {"a": 1e-9, "b": -2000.0, "c": 1.5, "d": 7, "e": [0.01, 3], "f": "name"}
+    assert parse_key_values(["a=1e-9", "b=-2E+3", "c=1.5", "d=7", "e=[1e-2, 3]", "f=name"], "--set") == {
+        "a": 1e-9,
+        "b": -2000.0,
+        "c": 1.5,
+        "d": 7,
+        "e": [0.01, 3],
+        "f": "name",
+    }

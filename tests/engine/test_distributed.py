@@ -1,4 +1,5 @@
 """Data-parallel training: two gloo processes on the CPU (launched with torchrun) against one process."""
+
 import json
 import os
 import subprocess
@@ -28,13 +29,22 @@ def test_two_gloo_processes_match_one_process(tiny_config, tmp_path, monkeypatch
     # 64 examples, global batch 16: 4 steps of 8 examples per rank; every batch is full on both ranks.
     # Two epochs planned, but the time limit stops both ranks after the first (rank 0 decides for all: a
     # rank that went on alone would hang in its first collective).
-    config = tiny_config(epochs=2, batch_size=16, limit_train=64, limit_test=16, out=str(tmp_path / "ddp"),
-                         time_limit_minutes=1e-9)
+    config = tiny_config(
+        epochs=2, batch_size=16, limit_train=64, limit_test=16, out=str(tmp_path / "ddp"), time_limit_minutes=1e-9
+    )
     (tmp_path / "worker.py").write_text(WORKER)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(tmp_path / "worker.py"), json.dumps(config.to_dict()), str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(tmp_path / "worker.py"),
+        json.dumps(config.to_dict()),
+        str(tmp_path),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]

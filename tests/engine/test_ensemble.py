@@ -1,5 +1,6 @@
 """Ensembles of trained models (Sabour, Frosst & Hinton 2017, Sec. 7: CIFAR-10 with 7 models): the mean of the
 members' class capsule lengths, and checkpoints refused when they were not trained on the same data."""
+
 import json
 from types import SimpleNamespace
 
@@ -54,8 +55,13 @@ def test_members_must_agree():
 
 
 def _checkpoint(tmp_path, name: str, model, **meta) -> str:
-    record = {"model": "capsnet_digits", "model_args": json.loads(json.dumps(model.model_args)), "dataset": "digits",
-              "classes": DIGITS, **meta}
+    record = {
+        "model": "capsnet_digits",
+        "model_args": json.loads(json.dumps(model.model_args)),
+        "dataset": "digits",
+        "classes": DIGITS,
+        **meta,
+    }
     return str(save_checkpoint(tmp_path / name / "best.safetensors", model=model, meta=record))
 
 
@@ -69,13 +75,17 @@ def test_load_ensemble_rebuilds_the_members(tmp_path):
         torch.testing.assert_close(ensemble(images).scores, Ensemble(members)(images).scores)
 
 
-@pytest.mark.parametrize("meta, args, message", [
-    ({"dataset": "mnist"}, {}, r"has data set 'digits' and '.*run1.*' has 'mnist'"),
-    ({"classes": [*"abcdefghij"]}, {}, r"has classes \['0', .*\] and .* has \['a', "),
-    ({}, {"num_classes": 5}, r"has number of classes 10 and .* has 5"),
-    ({}, {"input_size": (1, 9, 9)}, r"has input size \(1, 8, 8\) and .* has \(1, 9, 9\)"),
-    ({"dataset": None}, {}, r"does not record the data set it was trained on"),
-], ids=["data set", "class names", "number of classes", "input size", "no data set"])
+@pytest.mark.parametrize(
+    "meta, args, message",
+    [
+        ({"dataset": "mnist"}, {}, r"has data set 'digits' and '.*run1.*' has 'mnist'"),
+        ({"classes": [*"abcdefghij"]}, {}, r"has classes \['0', .*\] and .* has \['a', "),
+        ({}, {"num_classes": 5}, r"has number of classes 10 and .* has 5"),
+        ({}, {"input_size": (1, 9, 9)}, r"has input size \(1, 8, 8\) and .* has \(1, 9, 9\)"),
+        ({"dataset": None}, {}, r"does not record the data set it was trained on"),
+    ],
+    ids=["data set", "class names", "number of classes", "input size", "no data set"],
+)
 def test_load_ensemble_refuses_models_of_other_data(tmp_path, meta, args, message):
     first = _checkpoint(tmp_path, "run0", *_models(1))
     other = _checkpoint(tmp_path, "run1", *_models(1, **args), **meta)

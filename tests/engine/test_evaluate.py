@@ -1,4 +1,5 @@
 """evaluate(): accuracy, per-class accuracy and confusion matrix from a model's scores."""
+
 import math
 from types import SimpleNamespace
 
@@ -33,8 +34,9 @@ def test_confusion_matrix_and_accuracies():
 def test_mean_loss_and_mode_restored():
     model = FixedScores().train()
     data = SimpleNamespace(images=torch.zeros(5, 1, 2, 2), labels=torch.zeros(5, dtype=torch.long), num_classes=3)
-    results = evaluate(model, data, batch_size=2, device="cpu",
-                       criterion=lambda out, x, y: (torch.tensor(float(len(y))), {}))
+    results = evaluate(
+        model, data, batch_size=2, device="cpu", criterion=lambda out, x, y: (torch.tensor(float(len(y))), {})
+    )
     assert math.isclose(results["loss"], (2 * 2 + 2 * 2 + 1 * 1) / 5)
     assert model.training
 
@@ -54,6 +56,8 @@ def test_data_parallel_shards_cover_every_example_once(monkeypatch):
     data = SimpleNamespace(images=images, labels=labels, num_classes=3)
     whole = evaluate(FixedScores(), data, batch_size=2, device="cpu")
     for world_size in (2, 3, 8):
-        shards = [evaluate(FixedScores(), data, batch_size=2, device="cpu", context=DistContext(rank, world_size))
-                  for rank in range(world_size)]
+        shards = [
+            evaluate(FixedScores(), data, batch_size=2, device="cpu", context=DistContext(rank, world_size))
+            for rank in range(world_size)
+        ]
         assert torch.equal(sum(shards), whole) and whole.sum() == len(labels)

@@ -1,5 +1,6 @@
 """fit and its callbacks: evaluation points, stopping, the time limit, exact continuation mid-epoch, finite checks,
 logging."""
+
 import logging
 
 import pytest
@@ -38,8 +39,15 @@ def test_evaluation_points_are_evenly_spaced_and_end_the_epoch():
 def test_records_positions_means_and_learning_rates():
     model, step, loader, _, scheduler = _problem()
     finals = []
-    state = fit(step, loader, epochs=2, schedulers=[scheduler], evaluations_per_epoch=2, progress=False,
-                callbacks=[Hook(lambda record, final: finals.append(final))])
+    state = fit(
+        step,
+        loader,
+        epochs=2,
+        schedulers=[scheduler],
+        evaluations_per_epoch=2,
+        progress=False,
+        callbacks=[Hook(lambda record, final: finals.append(final))],
+    )
     assert [r["epoch"] for r in state.history] == [0.4, 1, 1.4, 2]
     assert [r["step"] for r in state.history] == [2, 5, 7, 10]
     assert [r["lr"] for r in state.history] == [0.05, 0.05, 0.025, 0.025]
@@ -53,8 +61,13 @@ def test_the_hook_stops_training_and_the_time_limit_marks_the_point():
     assert len(stopped.history) == 2 and stopped.finished
     _, step, loader, _, _ = _problem()
     seen = []
-    cut = fit(step, loader, epochs=3, progress=False,
-              callbacks=[TimeLimit(1e-9), Hook(lambda record, final: seen.append((dict(record), final)))])
+    cut = fit(
+        step,
+        loader,
+        epochs=3,
+        progress=False,
+        callbacks=[TimeLimit(1e-9), Hook(lambda record, final: seen.append((dict(record), final)))],
+    )
     assert not cut.finished and len(cut.history) == 1 and seen[0][1] is True and seen[0][0]["time_limit"]
     with pytest.raises(ValueError, match="positive number of seconds"):
         TimeLimit(0)
@@ -67,8 +80,16 @@ def test_a_training_stopped_mid_epoch_continues_exactly():
 
     model, step, loader, optimizer, scheduler = _problem()
     state = TrainState()
-    fit(step, loader, epochs=2, state=state, schedulers=[scheduler], evaluations_per_epoch=2, progress=False,
-        callbacks=[TimeLimit(1e-9)])
+    fit(
+        step,
+        loader,
+        epochs=2,
+        state=state,
+        schedulers=[scheduler],
+        evaluations_per_epoch=2,
+        progress=False,
+        callbacks=[TimeLimit(1e-9)],
+    )
     assert (state.epoch, state.step, state.finished) == (0, 2, False)
     fit(step, loader, epochs=2, state=state, schedulers=[scheduler], evaluations_per_epoch=2, progress=False)
     keys = ("epoch", "step", "loss", "lr")
@@ -92,5 +113,6 @@ def test_each_evaluation_point_is_logged_and_nothing_is_printed(caplog, capsys):
     with caplog.at_level(logging.INFO, logger="capsnets.engine.fit"):
         fit(step, loader, epochs=2, desc="toy", callbacks=[Hook(lambda record, final: record.update(score=0.5))])
     assert [m for m in caplog.messages if m.startswith("toy epoch")] == [
-        m for m in caplog.messages if "score 0.5" in m] and len(caplog.messages) == 2
+        m for m in caplog.messages if "score 0.5" in m
+    ] and len(caplog.messages) == 2
     assert capsys.readouterr() == ("", "")  # the progress bar stays off when stderr is not a terminal

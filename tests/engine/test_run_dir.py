@@ -1,4 +1,5 @@
 """Run directories: never replaced by accident, resumed only as the run they hold, repaired after a crash."""
+
 import hashlib
 import json
 from pathlib import Path
@@ -70,14 +71,19 @@ def test_resume_and_overwrite_together_are_refused(tiny_config):
         Trainer(tiny_config(), resume=True, overwrite=True)
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(model_args={"routing": {"iterations": 3}}), "model_args.routing.iterations 2 -> 3"),
-    (dict(model_args={"routing": {"iterations": 2}, "reconstruction": False}),
-     "model_args.reconstruction true -> false"),
-    (dict(batch_size=8), "batch_size 16 -> 8"),
-    (dict(seed=4), "seed 0 -> 4"),
-    (dict(loss="margin", **{"loss_args": {"m_plus": 0.8}}), "loss null -> \"margin\""),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(model_args={"routing": {"iterations": 3}}), "model_args.routing.iterations 2 -> 3"),
+        (
+            dict(model_args={"routing": {"iterations": 2}, "reconstruction": False}),
+            "model_args.reconstruction true -> false",
+        ),
+        (dict(batch_size=8), "batch_size 16 -> 8"),
+        (dict(seed=4), "seed 0 -> 4"),
+        (dict(loss="margin", **{"loss_args": {"m_plus": 0.8}}), 'loss null -> "margin"'),
+    ],
+)
 def test_resume_refuses_changes_that_make_another_run(tiny_config, no_figures, change, message):
     config = tiny_config(epochs=1, **SMALL)
     Trainer(config).fit()
@@ -103,8 +109,10 @@ def test_a_new_learning_rate_on_resume_is_applied_and_recorded(tiny_config, no_f
         trainer.fit()
     records = reporting.read_metrics(Path(config.out))
     # epoch e (from 1) trains at lr * lr_decay**(e - 1), with the values the run was resumed with from epoch 2 on
-    assert [r["lr"] for r in records] == pytest.approx([1e-3, 8e-3 * 0.25, 8e-3 * 0.25 ** 2])
-    assert "resuming with lr 0.008 (was 0.001)" in caplog.text and "epoch 2 trains at learning rate 0.002" in caplog.text
+    assert [r["lr"] for r in records] == pytest.approx([1e-3, 8e-3 * 0.25, 8e-3 * 0.25**2])
+    assert (
+        "resuming with lr 0.008 (was 0.001)" in caplog.text and "epoch 2 trains at learning rate 0.002" in caplog.text
+    )
     meta = capsnets_io.load_checkpoint(Path(config.out) / "last.safetensors").meta
     assert meta["training"]["extra"]["resumed_with"] == [{"epoch": 1, "epochs": 3, "lr": 8e-3, "lr_decay": 0.25}]
     assert meta["config"]["lr"] == 8e-3
@@ -123,8 +131,10 @@ def test_resume_repairs_a_torn_metrics_line(tiny_config, no_figures, caplog, tmp
         Trainer(config.replace(epochs=2), resume=True).fit()
     assert "torn" in caplog.text
     drop = ("epoch_time_s", "images_per_s", "train_time_s", "time_s")
-    rows = [[{k: v for k, v in r.items() if k not in drop} for r in reporting.read_metrics(Path(c.out))]
-            for c in (full, config)]
+    rows = [
+        [{k: v for k, v in r.items() if k not in drop} for r in reporting.read_metrics(Path(c.out))]
+        for c in (full, config)
+    ]
     assert rows[0] == rows[1]
 
 
@@ -164,8 +174,8 @@ def test_figures_missing_after_a_kill_are_drawn_on_resume(tiny_config):
 
 def test_sidecar_entries_of_the_wrong_type_are_refused_on_resume(tiny_config, no_figures):
     """The training state inside a sidecar is checked before anything is trained."""
-    from safetensors.torch import load_file, save_file
     from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     config = tiny_config(epochs=1, **SMALL)
     Trainer(config).fit()
@@ -175,8 +185,15 @@ def test_sidecar_entries_of_the_wrong_type_are_refused_on_resume(tiny_config, no
     meta = json.loads(metadata[capsnets_io.EMBEDDED_SIDECAR])
     meta["training"]["epoch"] = "one"
     text = json.dumps(meta)  # with its checksum: written so, not damaged afterwards
-    save_file(load_file(path), path, metadata={**metadata, capsnets_io.EMBEDDED_SIDECAR: text,
-                                               capsnets_io.SIDECAR_DIGEST: hashlib.sha256(text.encode()).hexdigest()})
+    save_file(
+        load_file(path),
+        path,
+        metadata={
+            **metadata,
+            capsnets_io.EMBEDDED_SIDECAR: text,
+            capsnets_io.SIDECAR_DIGEST: hashlib.sha256(text.encode()).hexdigest(),
+        },
+    )
     with pytest.raises(ValueError, match="training.epoch.*'one'"):
         Trainer(config.replace(epochs=2), resume=True).fit()
     assert len(reporting.read_metrics(Path(config.out))) == 1

@@ -1,4 +1,5 @@
 """engine.runtime: the malloc setting that keeps freed CPU tensors in the process."""
+
 import json
 import os
 import platform
@@ -6,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 
 # Allocates a 64 MiB tensor in a fresh interpreter and reports how many bytes glibc has mmapped while it is alive
 # (mallinfo2's hblkhd): with the default settings the tensor is one mmapped block, once freed memory is
@@ -29,8 +29,9 @@ print(json.dumps({"applied": applied, "mmapped": mallinfo2().hblkhd - before}))
 
 
 def _probe(mode: str, **env) -> dict:
-    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True,
-                         env={**os.environ, **env})
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True, env={**os.environ, **env}
+    )
     return json.loads(out.stdout)
 
 

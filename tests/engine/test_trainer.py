@@ -1,4 +1,5 @@
 """Trainer: run directory contents, exact resume, non-finite loss handling."""
+
 import json
 from pathlib import Path
 
@@ -7,8 +8,7 @@ import torch
 from torch import nn
 
 from capsnets import io as capsnets_io
-from capsnets.engine import reporting
-from capsnets.engine import NonFiniteLossError
+from capsnets.engine import NonFiniteLossError, reporting
 from capsnets.engine import trainer as trainer_module
 from capsnets.engine.trainer import Trainer
 from capsnets.models.output import ModelOutput
@@ -38,12 +38,31 @@ def test_run_directory(tiny_config):
     run = Path(config.out)
     lines = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [line["epoch"] for line in lines] == [1, 2]
-    assert {"train_loss", "train_accuracy", "test_loss", "test_accuracy", "lr", "epoch_time_s",
-            "images_per_s", "train_time_s"} <= set(lines[0])
+    assert {
+        "train_loss",
+        "train_accuracy",
+        "test_loss",
+        "test_accuracy",
+        "lr",
+        "epoch_time_s",
+        "images_per_s",
+        "train_time_s",
+    } <= set(lines[0])
     assert lines[1]["lr"] == pytest.approx(config.lr * config.lr_decay)
     on_disk = json.loads((run / "summary.json").read_text())
-    for key in ("test_accuracy", "best_test_accuracy", "best_epoch", "epochs", "train_time_s",
-                "time_to_accuracy", "parameters", "model", "dataset", "device", "torch"):
+    for key in (
+        "test_accuracy",
+        "best_test_accuracy",
+        "best_epoch",
+        "epochs",
+        "train_time_s",
+        "time_to_accuracy",
+        "parameters",
+        "model",
+        "dataset",
+        "device",
+        "torch",
+    ):
         assert key in on_disk and key in summary, key
     assert summary["test_accuracy"] == lines[-1]["test_accuracy"]
     assert on_disk["figures_checkpoint"].startswith(f"best.safetensors (epoch {summary['best_epoch']}, ")
@@ -83,7 +102,9 @@ def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path,
     summary = Trainer(cut).fit()
     assert summary["time_limited"] and summary["epochs"] == 1 and summary["planned_epochs"] == 3
     assert summary["test_accuracy"] is not None  # evaluated although eval_every is 5
-    last = capsnets_io.load_checkpoint(tmp_path / "b" / "last.safetensors")  # checkpointed although checkpoint_every is 5
+    last = capsnets_io.load_checkpoint(
+        tmp_path / "b" / "last.safetensors"
+    )  # checkpointed although checkpoint_every is 5
     assert last.meta["training"]["epoch"] == 1
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["time_limited"] is True
     resumed = Trainer(cut.replace(time_limit_minutes=None), resume=True)
@@ -116,7 +137,8 @@ def test_figures_show_the_best_checkpoint_and_say_so(tiny_config, monkeypatch):
     summary = Trainer(config).fit()
     assert (summary["best_epoch"], summary["test_accuracy"]) == (1, 0.5)
     assert shown["checkpoint"] == summary["figures_checkpoint"] and shown["checkpoint"].startswith(
-        "best.safetensors (epoch 1, ")
+        "best.safetensors (epoch 1, "
+    )
     best = capsnets_io.load_checkpoint(Path(config.out) / "best.safetensors").model_state()
     assert len(evaluated) == 3 and all(torch.equal(evaluated[-1][k], v) for k, v in best.items())
 
@@ -191,8 +213,10 @@ def _larger_digits(monkeypatch, augment=None):
     load = Trainer._load_data
 
     def larger(self, device):
-        return [dataclasses.replace(d, images=resize(d.images, 16), augment=augment if i == 0 else None)
-                for i, d in enumerate(load(self, device))]
+        return [
+            dataclasses.replace(d, images=resize(d.images, 16), augment=augment if i == 0 else None)
+            for i, d in enumerate(load(self, device))
+        ]
 
     monkeypatch.setattr(Trainer, "_load_data", larger)
 
@@ -203,8 +227,11 @@ def test_augment_applies_the_digit_augmentation_to_every_training_batch(tiny_con
     _larger_digits(monkeypatch)
     calls = []
     original = DigitAugment.__call__
-    monkeypatch.setattr(DigitAugment, "__call__", lambda self, images, generator=None: calls.append(len(images))
-                        or original(self, images, generator))
+    monkeypatch.setattr(
+        DigitAugment,
+        "__call__",
+        lambda self, images, generator=None: calls.append(len(images)) or original(self, images, generator),
+    )
     config = tiny_config(model="cnn_baseline_narrow", model_args={}, epochs=1, augment="digits")
     Trainer(config).fit()
     assert calls == [32, 32]  # 64 training digits in batches of 32

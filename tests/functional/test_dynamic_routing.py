@@ -47,12 +47,12 @@ def test_gradcheck():
 
 def test_detach_option_changes_gradient_path():
     u_hat = torch.randn(2, 6, 3, 4, dtype=torch.float64, requires_grad=True)
-    g_detached, = torch.autograd.grad(dynamic_routing(u_hat, 3, detach_routing=True).sum(), u_hat)
-    g_full, = torch.autograd.grad(dynamic_routing(u_hat, 3, detach_routing=False).sum(), u_hat)
+    (g_detached,) = torch.autograd.grad(dynamic_routing(u_hat, 3, detach_routing=True).sum(), u_hat)
+    (g_full,) = torch.autograd.grad(dynamic_routing(u_hat, 3, detach_routing=False).sum(), u_hat)
     assert not torch.allclose(g_detached, g_full)
     # with one iteration there is nothing to detach
-    g1, = torch.autograd.grad(dynamic_routing(u_hat, 1, detach_routing=True).sum(), u_hat)
-    g2, = torch.autograd.grad(dynamic_routing(u_hat, 1, detach_routing=False).sum(), u_hat)
+    (g1,) = torch.autograd.grad(dynamic_routing(u_hat, 1, detach_routing=True).sum(), u_hat)
+    (g2,) = torch.autograd.grad(dynamic_routing(u_hat, 1, detach_routing=False).sum(), u_hat)
     torch.testing.assert_close(g1, g2)
 
 
@@ -61,9 +61,10 @@ def test_detached_gradient_equals_constant_couplings():
     u_hat = torch.randn(2, 6, 3, 4, dtype=torch.float64, requires_grad=True)
     _, c = dynamic_routing(u_hat.detach(), 3, return_couplings=True)
     from capsnets.functional import squash
+
     expected = squash(torch.einsum("bij,bijd->bjd", c, u_hat))
-    g_expected, = torch.autograd.grad(expected.pow(2).sum(), u_hat)
-    g, = torch.autograd.grad(dynamic_routing(u_hat, 3, detach_routing=True).pow(2).sum(), u_hat)
+    (g_expected,) = torch.autograd.grad(expected.pow(2).sum(), u_hat)
+    (g,) = torch.autograd.grad(dynamic_routing(u_hat, 3, detach_routing=True).pow(2).sum(), u_hat)
     torch.testing.assert_close(g, g_expected)
 
 

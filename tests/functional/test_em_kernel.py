@@ -1,5 +1,6 @@
 """The fused CPU kernel of EM routing (capsnets.functional.em.kernel) against the float64 references and the
 PyTorch path: forward, gradients, both layouts, both formulations, edge cases, training, and the switch."""
+
 import dataclasses
 import unittest.mock
 import warnings
@@ -63,8 +64,12 @@ def test_votes_stats_against_the_votes(cpp, dtype):
         coords = torch.rand(children, 2, generator=gen, dtype=dtype) if coordinates else None
         w0 = acts / (acts.sum(-1, keepdim=True) + 1e-6)
         votes = _votes(poses.double(), weight.double(), None if coords is None else coords.double())
-        mean, top = kernel.votes_stats(poses.flatten(-2).contiguous(), weight.flatten(-2).contiguous(),
-                                       torch.empty(0, dtype=dtype) if coords is None else coords, w0)
+        mean, top = kernel.votes_stats(
+            poses.flatten(-2).contiguous(),
+            weight.flatten(-2).contiguous(),
+            torch.empty(0, dtype=dtype) if coords is None else coords,
+            w0,
+        )
         tol = 1e-5 if dtype == torch.float32 else 1e-12
         torch.testing.assert_close(mean.double(), (w0.double()[..., None, None] * votes).sum(1), rtol=tol, atol=tol)
         torch.testing.assert_close(top.double(), votes.abs().flatten(1).amax(1), rtol=tol, atol=tol)
@@ -84,11 +89,23 @@ def test_fully_connected_layout_agrees_with_the_literal_reference(cpp, formulati
         lambdas = [0.01, 0.02, 0.03] if formulation == "official" else [0.5, 1.0, 2.0]
         floor = OFFICIAL_VARIANCE_FLOOR if formulation == "official" else None
         for eps in (1e-7, 1e-5):
-            mu, a, r = em_routing_poses(poses, weight, acts, beta_v, beta_a, 3, coordinates=coords,
-                                        inverse_temperature=lambdas, return_assignments=True, eps=eps,
-                                        detach_routing=detach, formulation=formulation)
-            ref = reference_em_routing(_votes(poses, weight, coords), acts, beta_v, beta_a, 3, lambdas, eps,
-                                       variance_floor=floor)
+            mu, a, r = em_routing_poses(
+                poses,
+                weight,
+                acts,
+                beta_v,
+                beta_a,
+                3,
+                coordinates=coords,
+                inverse_temperature=lambdas,
+                return_assignments=True,
+                eps=eps,
+                detach_routing=detach,
+                formulation=formulation,
+            )
+            ref = reference_em_routing(
+                _votes(poses, weight, coords), acts, beta_v, beta_a, 3, lambdas, eps, variance_floor=floor
+            )
             for got, want in zip((mu, a, r), ref):
                 torch.testing.assert_close(got, want, rtol=0, atol=1e-8)
 
@@ -97,12 +114,13 @@ def test_fully_connected_layout_agrees_with_the_literal_reference(cpp, formulati
 @pytest.mark.parametrize("scope", ["position", "all_parents", "per_type"])
 def test_convolutional_layout_agrees_with_the_literal_reference(cpp, formulation, scope):
     gen = torch.Generator().manual_seed(2)
-    caps = MatrixCapsules(torch.randn(2, 2, 5, 5, 4, 4, generator=gen, dtype=torch.float64),
-                          torch.rand(2, 2, 5, 5, generator=gen, dtype=torch.float64))
-    routing = (EMRouting.official(3) if formulation == "official" else EMRouting(3, [0.2, 0.5, 1.0]))
+    caps = MatrixCapsules(
+        torch.randn(2, 2, 5, 5, 4, 4, generator=gen, dtype=torch.float64),
+        torch.rand(2, 2, 5, 5, generator=gen, dtype=torch.float64),
+    )
+    routing = EMRouting.official(3) if formulation == "official" else EMRouting(3, [0.2, 0.5, 1.0])
     torch.manual_seed(0)
-    layer = ConvMatrixCapsules(2, 3, stride=1, padding=1, routing=routing, assignment_scope=scope,
-                               dtype=torch.float64)
+    layer = ConvMatrixCapsules(2, 3, stride=1, padding=1, routing=routing, assignment_scope=scope, dtype=torch.float64)
     with torch.no_grad():
         layer.beta_v.uniform_(0.0, 1.0)
         layer.beta_a.uniform_(-0.01, 0.01)
@@ -112,9 +130,18 @@ def test_convolutional_layout_agrees_with_the_literal_reference(cpp, formulation
     torch.testing.assert_close(head.pose, out.pose.detach(), rtol=0, atol=1e-10)
     torch.testing.assert_close(head.activation, out.activation.detach(), rtol=0, atol=1e-10)
     ref_pose, ref_act = reference_conv_em_routing(
-        caps.pose, caps.activation, layer.weight.detach(), layer.beta_v.detach(), layer.beta_a.detach(), stride=1,
-        padding=1, inverse_temperatures=list(routing.inverse_temperature), eps=routing.eps, scope=scope,
-        variance_floor=routing.variance_floor)
+        caps.pose,
+        caps.activation,
+        layer.weight.detach(),
+        layer.beta_v.detach(),
+        layer.beta_a.detach(),
+        stride=1,
+        padding=1,
+        inverse_temperatures=list(routing.inverse_temperature),
+        eps=routing.eps,
+        scope=scope,
+        variance_floor=routing.variance_floor,
+    )
     torch.testing.assert_close(out.pose.flatten(4), ref_pose, rtol=0, atol=1e-8)
     torch.testing.assert_close(out.activation, ref_act, rtol=0, atol=1e-8)
 
@@ -135,8 +162,9 @@ def test_gradcheck(cpp, formulation):
     inputs, coords = _fc_inputs(3)
 
     def route(p, w, a, bv, ba):
-        return em_routing_poses(p, w, a, bv, ba, 3, coordinates=coords, inverse_temperature=_lambdas(formulation),
-                                formulation=formulation)
+        return em_routing_poses(
+            p, w, a, bv, ba, 3, coordinates=coords, inverse_temperature=_lambdas(formulation), formulation=formulation
+        )
 
     assert gradcheck(route, tuple(t.clone().requires_grad_() for t in inputs), eps=1e-6, atol=1e-5, rtol=1e-4)
 
@@ -146,8 +174,14 @@ def test_gradcheck_of_a_convolutional_layer_with_child_groups(cpp, scope):
     # exact gradients through every iteration and the groups' normalisation (the hand-written backward)
     gen = torch.Generator().manual_seed(14)
     torch.manual_seed(0)
-    layer = ConvMatrixCapsules(2, 3, stride=1, routing=EMRouting.official(3, final_inverse_temperature=0.2),
-                               assignment_scope=scope, dtype=torch.float64)
+    layer = ConvMatrixCapsules(
+        2,
+        3,
+        stride=1,
+        routing=EMRouting.official(3, final_inverse_temperature=0.2),
+        assignment_scope=scope,
+        dtype=torch.float64,
+    )
     pose = torch.randn(1, 2, 4, 4, 4, 4, generator=gen, dtype=torch.float64, requires_grad=True)
     act = (0.1 + 0.8 * torch.rand(1, 2, 4, 4, generator=gen, dtype=torch.float64)).requires_grad_()
 
@@ -175,18 +209,26 @@ def test_child_groups_by_runs_of_problems_match_the_whole_batch_at_once(cpp, sco
     results = {}
     for name, groups in (("runs", runs), ("whole", whole)):
         leaves = [t.clone().requires_grad_() for t in (patch_poses, weight, patch_acts, beta_v, beta_a)]
-        mu, a, r = em_routing_poses(*leaves, 3, inverse_temperature=[0.01, 0.02, 0.2], formulation="official",
-                                    child_groups=groups, return_assignments=True)
+        mu, a, r = em_routing_poses(
+            *leaves,
+            3,
+            inverse_temperature=[0.01, 0.02, 0.2],
+            formulation="official",
+            child_groups=groups,
+            return_assignments=True,
+        )
         (mu.square().sum() + a.sum() + (r * r.detach()).sum()).backward()
         results[name] = [mu, a, r] + [t.grad for t in leaves]
     for got, want in zip(results["runs"], results["whole"]):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     # a run declaration the index does not keep is refused (the examples' problems swapped)
-    swapped = ChildGroups(runs.index.view(batch, -1, types * 9).flip(0).reshape(runs.index.shape), runs.count,
-                          scope, blocks=batch)
+    swapped = ChildGroups(
+        runs.index.view(batch, -1, types * 9).flip(0).reshape(runs.index.shape), runs.count, scope, blocks=batch
+    )
     with pytest.raises(RuntimeError, match="outside its run"):
-        em_routing_poses(patch_poses, weight, patch_acts, beta_v, beta_a, 3, formulation="official",
-                         child_groups=swapped)
+        em_routing_poses(
+            patch_poses, weight, patch_acts, beta_v, beta_a, 3, formulation="official", child_groups=swapped
+        )
 
 
 @pytest.mark.parametrize("formulation", ["paper", "official"])
@@ -198,8 +240,14 @@ def test_detached_gradients_match_the_pytorch_path(monkeypatch, formulation):
     for path in ("torch", "cpp"):
         monkeypatch.setenv(em_kernel.ENV_VAR, path)
         leaves = [t.clone().requires_grad_() for t in inputs]
-        mu, a = em_routing_poses(*leaves, 3, coordinates=coords, inverse_temperature=_lambdas(formulation),
-                                 formulation=formulation, detach_routing=True)
+        mu, a = em_routing_poses(
+            *leaves,
+            3,
+            coordinates=coords,
+            inverse_temperature=_lambdas(formulation),
+            formulation=formulation,
+            detach_routing=True,
+        )
         (mu.square().sum() + a.sum()).backward()
         grads[path] = [t.grad for t in leaves]
     for got, want in zip(grads["cpp"], grads["torch"]):
@@ -218,16 +266,24 @@ def test_float32_gradients_match_the_pytorch_path_in_float64(cpp, monkeypatch, s
     for path, dtype in (("torch", torch.float64), ("cpp", torch.float32)):
         monkeypatch.setenv(em_kernel.ENV_VAR, path)
         torch.manual_seed(0)
-        layer = ConvMatrixCapsules(4, 5, stride=1, routing=EMRouting.official(3, detach_routing=detach),
-                                   assignment_scope=scope, dtype=torch.float64).to(dtype)
+        layer = ConvMatrixCapsules(
+            4,
+            5,
+            stride=1,
+            routing=EMRouting.official(3, detach_routing=detach),
+            assignment_scope=scope,
+            dtype=torch.float64,
+        ).to(dtype)
         p = pose.to(dtype).detach().clone().requires_grad_()
         a = act.to(dtype).detach().clone().requires_grad_()
         out = layer(MatrixCapsules(p, a))
         probe = torch.randn(out.pose.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
         loss = (out.pose * probe.to(dtype)).sum() + out.activation.sum() * 3
         loss.backward()
-        grads[path] = [t.double() for t in (out.pose, out.activation, p.grad, a.grad, layer.weight.grad,
-                                            layer.beta_v.grad, layer.beta_a.grad)]
+        grads[path] = [
+            t.double()
+            for t in (out.pose, out.activation, p.grad, a.grad, layer.weight.grad, layer.beta_v.grad, layer.beta_a.grad)
+        ]
     for got, want in zip(grads["cpp"], grads["torch"]):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4 * want.abs().max().item())
 
@@ -335,8 +391,14 @@ def test_cost_normalizations_match_the_pytorch_path(cpp, monkeypatch, cost_norma
         monkeypatch.setenv(em_kernel.ENV_VAR, path)
         with torch.set_grad_enabled(grad):
             leaves = [t.clone().requires_grad_(grad) for t in inputs]
-            mu, a, r = em_routing_poses(*leaves, 3, inverse_temperature=1.0, cost_normalization=cost_normalization,
-                                        detach_routing=detach, return_assignments=True)
+            mu, a, r = em_routing_poses(
+                *leaves,
+                3,
+                inverse_temperature=1.0,
+                cost_normalization=cost_normalization,
+                detach_routing=detach,
+                return_assignments=True,
+            )
         results[path] = [mu, a, r]
         if grad:
             (mu.square().sum() + a.sum() + (r * r.detach()).sum()).backward()
@@ -350,8 +412,17 @@ def test_gradcheck_with_cost_normalization(cpp, cost_normalization):
     inputs, coords = _fc_inputs(3)
 
     def route(p, w, a, bv, ba):
-        return em_routing_poses(p, w, a, bv, ba, 3, coordinates=coords, inverse_temperature=[0.3, 0.6, 1.0],
-                                cost_normalization=cost_normalization)
+        return em_routing_poses(
+            p,
+            w,
+            a,
+            bv,
+            ba,
+            3,
+            coordinates=coords,
+            inverse_temperature=[0.3, 0.6, 1.0],
+            cost_normalization=cost_normalization,
+        )
 
     assert gradcheck(route, tuple(t.clone().requires_grad_() for t in inputs), eps=1e-6, atol=1e-5, rtol=1e-4)
 
@@ -395,8 +466,9 @@ def test_the_switch(monkeypatch):
 
 
 def test_a_kernel_that_cannot_load_falls_back_once_or_fails_when_forced(monkeypatch):
-    monkeypatch.setattr(em_kernel, "_state", {"tried": True, "module": None, "error": "OSError: no compiler",
-                                              "warned": False})
+    monkeypatch.setattr(
+        em_kernel, "_state", {"tried": True, "module": None, "error": "OSError: no compiler", "warned": False}
+    )
     gen = torch.Generator().manual_seed(11)
     inputs = _poses(2, 6, 3, 3, gen=gen)
     monkeypatch.setenv(em_kernel.ENV_VAR, "auto")

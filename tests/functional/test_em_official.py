@@ -1,5 +1,6 @@
 """The official formulation of EM routing (the equations of the authors' released code) against a literal
 float64 reference, its gradients, and its settings."""
+
 import math
 
 import pytest
@@ -31,10 +32,18 @@ def test_official_agrees_with_literal_equations(iterations, detach):
             inputs = _inputs(batch, children, parents, dim, gen=gen, scale=scale)
             lambdas = [0.01 * (t + 1) for t in range(iterations)]  # large enough that the E-step matters
             for eps in (1e-7, 1e-5):
-                mu, a, r = em_routing(*inputs, iterations, inverse_temperature=lambdas, return_assignments=True,
-                                      formulation="official", eps=eps, detach_routing=detach)
-                mu_ref, a_ref, r_ref = reference_em_routing(*inputs, iterations, lambdas, eps,
-                                                            variance_floor=OFFICIAL_VARIANCE_FLOOR)
+                mu, a, r = em_routing(
+                    *inputs,
+                    iterations,
+                    inverse_temperature=lambdas,
+                    return_assignments=True,
+                    formulation="official",
+                    eps=eps,
+                    detach_routing=detach,
+                )
+                mu_ref, a_ref, r_ref = reference_em_routing(
+                    *inputs, iterations, lambdas, eps, variance_floor=OFFICIAL_VARIANCE_FLOOR
+                )
                 for got, ref in ((mu, mu_ref), (a, a_ref), (r, r_ref)):
                     torch.testing.assert_close(got, ref, rtol=0, atol=1e-8)
 
@@ -68,8 +77,9 @@ def test_official_gradcheck():
         inputs[1].clamp_(min=0.1)  # keep away from exactly-zero activations (a valid but flat corner)
 
     def fn(votes, activations, beta_u, beta_a):
-        return em_routing(votes, activations, beta_u, beta_a, 3, inverse_temperature=[0.01, 0.02, 0.03],
-                          formulation="official")
+        return em_routing(
+            votes, activations, beta_u, beta_a, 3, inverse_temperature=[0.01, 0.02, 0.03], formulation="official"
+        )
 
     assert gradcheck(fn, inputs)
 
@@ -81,11 +91,21 @@ def test_official_detached_gradient_is_the_final_m_step_with_constant_assignment
     votes, acts, beta_u, beta_a = _inputs(3, 20, 4, 16, gen=gen, scale=0.3)
     votes.requires_grad_()
     lams, eps, floor = [0.01, 0.02, 0.03], 1e-5, OFFICIAL_VARIANCE_FLOOR
-    mu, a, r = em_routing(votes, acts, beta_u, beta_a, 3, inverse_temperature=lams, formulation="official",
-                          detach_routing=True, return_assignments=True)
-    mu_prev, _ = em_routing(votes.detach(), acts, beta_u, beta_a, 2, inverse_temperature=lams[:2],
-                            formulation="official")
-    g_detached, = torch.autograd.grad(mu.square().sum() + a.sum(), votes)
+    mu, a, r = em_routing(
+        votes,
+        acts,
+        beta_u,
+        beta_a,
+        3,
+        inverse_temperature=lams,
+        formulation="official",
+        detach_routing=True,
+        return_assignments=True,
+    )
+    mu_prev, _ = em_routing(
+        votes.detach(), acts, beta_u, beta_a, 2, inverse_temperature=lams[:2], formulation="official"
+    )
+    (g_detached,) = torch.autograd.grad(mu.square().sum() + a.sum(), votes)
     rp = r.detach() * acts.unsqueeze(-1)  # (B, I, J): R' = R a
     mass = rp.sum(1).unsqueeze(-1) + eps  # (B, J, 1)
     centre = 0.9 * torch.einsum("bij,bijh->bjh", rp, votes) / mass + 0.1 * mu_prev
@@ -94,10 +114,10 @@ def test_official_detached_gradient_is_the_final_m_step_with_constant_assignment
     act = torch.sigmoid(lams[-1] * (win - 5000 * beta_a))
     torch.testing.assert_close(centre, mu, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(act, a, rtol=1e-12, atol=1e-12)
-    g_expected, = torch.autograd.grad(centre.square().sum() + act.sum(), votes)
+    (g_expected,) = torch.autograd.grad(centre.square().sum() + act.sum(), votes)
     torch.testing.assert_close(g_detached, g_expected, rtol=1e-9, atol=1e-11)
     mu, a = em_routing(votes, acts, beta_u, beta_a, 3, inverse_temperature=lams, formulation="official")
-    g_exact, = torch.autograd.grad(mu.square().sum() + a.sum(), votes)
+    (g_exact,) = torch.autograd.grad(mu.square().sum() + a.sum(), votes)
     assert torch.isfinite(g_exact).all() and not torch.allclose(g_exact, g_detached)
 
 
@@ -112,13 +132,16 @@ def test_official_routing_settings():
         EMRouting.official(3, layer="primary")
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"formulation": "google"}, "formulation must be one of"),
-    ({"formulation": "official", "cost_normalization": "mean_std"}, "cost_normalization must be None"),
-    ({"variance_floor": 1e-3}, "variance_floor must be None"),
-    ({"formulation": "official", "variance_floor": 0.0}, "variance_floor must be None"),
-    ({"formulation": "official", "eps": -1.0}, "eps must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"formulation": "google"}, "formulation must be one of"),
+        ({"formulation": "official", "cost_normalization": "mean_std"}, "cost_normalization must be None"),
+        ({"variance_floor": 1e-3}, "variance_floor must be None"),
+        ({"formulation": "official", "variance_floor": 0.0}, "variance_floor must be None"),
+        ({"formulation": "official", "eps": -1.0}, "eps must be"),
+    ],
+)
 def test_bad_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EMRouting(3, **kwargs)

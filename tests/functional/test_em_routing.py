@@ -1,11 +1,17 @@
 import pytest
 import torch
+from helpers import assert_finite
 from torch.autograd import gradcheck
 
-from capsnets.functional import (ChildGroups, EMRouting, em_inverse_temperatures, em_routing, grid_child_groups,
-                                  group_softmax)
+from capsnets.functional import (
+    ChildGroups,
+    EMRouting,
+    em_inverse_temperatures,
+    em_routing,
+    grid_child_groups,
+    group_softmax,
+)
 from capsnets.testing import reference_em_routing
-from helpers import assert_finite
 
 
 def _inputs(batch, children, parents, dim, *, gen, dtype=torch.float64, requires_grad=False):
@@ -91,8 +97,15 @@ def test_cost_normalization_standardises_the_cost_across_parents():
     eps, lam = 1e-6, 0.7
     for norm in (None, "mean_std", "mass"):
         _, a, r = em_routing(
-            votes, activations, beta_v, beta_a, 2, inverse_temperature=lam, return_assignments=True,
-            eps=eps, cost_normalization=norm,
+            votes,
+            activations,
+            beta_v,
+            beta_a,
+            2,
+            inverse_temperature=lam,
+            return_assignments=True,
+            eps=eps,
+            cost_normalization=norm,
         )
         rp = r * activations.unsqueeze(-1)  # (B, I, J)
         mass = rp.sum(1)  # (B, J)
@@ -113,10 +126,19 @@ def test_mass_normalization_is_a_rescaled_inverse_temperature_and_beta_a():
     gen = torch.Generator().manual_seed(5)
     votes, activations, beta_v, beta_a = _inputs(3, 12, 5, 16, gen=gen)
     k, lambdas = 5 / (12 * 16), [0.5, 1.0, 1.5]
-    got = em_routing(votes, activations, beta_v, beta_a, 3, inverse_temperature=lambdas,
-                     cost_normalization="mass", return_assignments=True)
-    want = em_routing(votes, activations, beta_v, beta_a / k, 3, inverse_temperature=[x * k for x in lambdas],
-                      return_assignments=True)
+    got = em_routing(
+        votes,
+        activations,
+        beta_v,
+        beta_a,
+        3,
+        inverse_temperature=lambdas,
+        cost_normalization="mass",
+        return_assignments=True,
+    )
+    want = em_routing(
+        votes, activations, beta_v, beta_a / k, 3, inverse_temperature=[x * k for x in lambdas], return_assignments=True
+    )
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
 
@@ -140,8 +162,9 @@ def test_edge_cases_are_finite(lam):
     kw = {"inverse_temperature": lam}
     # all children inactive: no mass reaches any parent
     poses, a, _ = _forward_backward(votes, torch.zeros_like(activations), beta_v, beta_a, **kw)
-    assert (poses == 0).all() and torch.allclose(a, torch.sigmoid(em_inverse_temperatures(3)[-1] * beta_a)
-                                                 if lam is None else torch.sigmoid(beta_a))
+    assert (poses == 0).all() and torch.allclose(
+        a, torch.sigmoid(em_inverse_temperatures(3)[-1] * beta_a) if lam is None else torch.sigmoid(beta_a)
+    )
     # identical votes: zero variance everywhere
     same = votes[:, :1].expand_as(votes).contiguous()
     poses, _, _ = _forward_backward(same, activations.clamp(min=0.5), beta_v, beta_a, **kw)
@@ -162,8 +185,7 @@ def test_bf16_autocast_computes_in_float32():
     expected = em_routing(votes, activations, beta_v, beta_a, 3, inverse_temperature=0.5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         poses, a, r = _forward_backward(votes, activations, beta_v, beta_a, inverse_temperature=0.5)
-        low = _forward_backward(votes.bfloat16(), activations.bfloat16(), beta_v, beta_a,
-                                inverse_temperature=0.5)
+        low = _forward_backward(votes.bfloat16(), activations.bfloat16(), beta_v, beta_a, inverse_temperature=0.5)
     assert poses.dtype == a.dtype == r.dtype == torch.float32 and low[0].dtype == torch.float32
     torch.testing.assert_close(poses, expected[0])  # autocast did not lower the routing's precision
     torch.testing.assert_close(a, expected[1])
@@ -188,8 +210,14 @@ def test_scalar_betas_broadcast():
     gen = torch.Generator().manual_seed(8)
     votes, activations, _, _ = _inputs(2, 7, 3, 4, gen=gen)
     got = em_routing(votes, activations, torch.tensor(0.5), 1.5, 2, inverse_temperature=0.2)
-    want = em_routing(votes, activations, torch.full((3,), 0.5, dtype=torch.float64),
-                      torch.full((3,), 1.5, dtype=torch.float64), 2, inverse_temperature=0.2)
+    want = em_routing(
+        votes,
+        activations,
+        torch.full((3,), 0.5, dtype=torch.float64),
+        torch.full((3,), 1.5, dtype=torch.float64),
+        2,
+        inverse_temperature=0.2,
+    )
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
@@ -236,7 +264,7 @@ def test_detach_routing_same_forward_and_constant_assignment_gradient():
     torch.testing.assert_close(pose_d, pose)
     torch.testing.assert_close(act_d, act)
     # detached: the gradient of the final M-step written out with the final assignments as constants
-    g_detached, = torch.autograd.grad(pose_d.sum() + act_d.sum(), votes)
+    (g_detached,) = torch.autograd.grad(pose_d.sum() + act_d.sum(), votes)
     eps = 1e-6
     rp = r.detach() * acts.unsqueeze(-1)  # (B, I, J): R' = R * a
     mass = rp.sum(1).unsqueeze(-1)  # (B, J, 1)
@@ -244,9 +272,9 @@ def test_detach_routing_same_forward_and_constant_assignment_gradient():
     var = torch.einsum("bij,bijh->bjh", rp, (votes - mu.unsqueeze(1)) ** 2) / (mass + eps) + eps
     cost = ((beta_v.unsqueeze(-1) + 0.5 * var.log()) * mass).sum(-1)
     a = torch.sigmoid(lams[-1] * (beta_a - cost))
-    g_expected, = torch.autograd.grad(mu.sum() + a.sum(), votes)
+    (g_expected,) = torch.autograd.grad(mu.sum() + a.sum(), votes)
     torch.testing.assert_close(g_detached, g_expected)
-    g_full, = torch.autograd.grad(pose.sum() + act.sum(), votes)
+    (g_full,) = torch.autograd.grad(pose.sum() + act.sum(), votes)
     assert not torch.allclose(g_detached, g_full)
     assert "detach_routing=True" in repr(EMRouting(3, detach_routing=True))
 
@@ -316,8 +344,9 @@ def test_gradcheck_with_child_groups():
     groups = _random_groups(3, 4, 5, gen)
 
     def fn(votes, activations, beta_v, beta_a):
-        return em_routing(votes, activations, beta_v, beta_a, 3, inverse_temperature=[0.1, 0.2, 0.3],
-                          child_groups=groups)
+        return em_routing(
+            votes, activations, beta_v, beta_a, 3, inverse_temperature=[0.1, 0.2, 0.3], child_groups=groups
+        )
 
     assert gradcheck(fn, inputs)
 

@@ -2,8 +2,13 @@ import pytest
 import torch
 from torch.autograd import gradcheck
 
-from capsnets.functional import (InvertedAttentionRouting, concurrent_inverted_attention_routing,
-                                 inverted_attention_routing, routing_config, routing_from_config)
+from capsnets.functional import (
+    InvertedAttentionRouting,
+    concurrent_inverted_attention_routing,
+    inverted_attention_routing,
+    routing_config,
+    routing_from_config,
+)
 from capsnets.layers import LinearCapsules
 from capsnets.testing import reference_inverted_attention_routing
 
@@ -16,8 +21,14 @@ def test_agrees_with_literal_reference(iterations, affine):
         batch, children, parents, dim = (int(x) for x in torch.randint(1, 7, (4,), generator=gen))
         dim += 1  # a LayerNorm over one number is zero
         u_hat = torch.randn(batch, children, parents, dim, dtype=torch.float64, generator=gen)
-        affine_args = {"weight": 1 + 0.1 * torch.randn(dim, dtype=torch.float64, generator=gen),
-                       "bias": 0.1 * torch.randn(dim, dtype=torch.float64, generator=gen)} if affine else {}
+        affine_args = (
+            {
+                "weight": 1 + 0.1 * torch.randn(dim, dtype=torch.float64, generator=gen),
+                "bias": 0.1 * torch.randn(dim, dtype=torch.float64, generator=gen),
+            }
+            if affine
+            else {}
+        )
         v, c = inverted_attention_routing(u_hat, iterations, **affine_args, return_couplings=True)
         v_ref, c_ref = reference_inverted_attention_routing(u_hat, iterations, **affine_args)
         torch.testing.assert_close(v, v_ref, rtol=0, atol=1e-10)
@@ -83,8 +94,10 @@ def test_spec_round_trip_and_layer_owns_the_layer_norm():
 
 def test_concurrent_routing_follows_the_released_procedure():
     torch.manual_seed(0)
-    stack = [LinearCapsules(6, 4, 5, 3, routing=InvertedAttentionRouting(3)),
-             LinearCapsules(5, 3, 2, 4, routing=InvertedAttentionRouting(3, affine=False))]
+    stack = [
+        LinearCapsules(6, 4, 5, 3, routing=InvertedAttentionRouting(3)),
+        LinearCapsules(5, 3, 2, 4, routing=InvertedAttentionRouting(3, affine=False)),
+    ]
     u = torch.randn(2, 6, 4, dtype=torch.float32)
     values = concurrent_inverted_attention_routing(stack, u)
     assert [tuple(v.shape) for v in values] == [(2, 5, 3), (2, 2, 4)]
@@ -92,8 +105,10 @@ def test_concurrent_routing_follows_the_released_procedure():
     first = stack[0].routing(stack[0].predictions(u), iterations=1)
     second = stack[1].routing(stack[1].predictions(first), iterations=1)
     for _ in range(2):
-        first, second = (stack[0].routing(stack[0].predictions(u), parents=first, iterations=1),
-                         stack[1].routing(stack[1].predictions(first), parents=second, iterations=1))
+        first, second = (
+            stack[0].routing(stack[0].predictions(u), parents=first, iterations=1),
+            stack[1].routing(stack[1].predictions(first), parents=second, iterations=1),
+        )
     torch.testing.assert_close(values[0], first)
     torch.testing.assert_close(values[1], second)
     # with one layer it is the sequential routing of that layer

@@ -1,13 +1,13 @@
 """Dynamic routing with the "none-of-the-above" parent (Sabour, Frosst & Hinton 2017, Sec. 7; the authors' released
 code's ``leaky=True``): against the literal float64 reference, its couplings, gradients and spec."""
+
 import json
 
 import pytest
 import torch
 from torch.autograd import gradcheck
 
-from capsnets.functional import (DynamicRouting, dynamic_routing, local_routing, routing_config,
-                                 routing_from_config)
+from capsnets.functional import DynamicRouting, dynamic_routing, local_routing, routing_config, routing_from_config
 from capsnets.layers import LinearCapsules
 from capsnets.testing import reference_dynamic_routing
 
@@ -53,8 +53,10 @@ def test_off_by_default_and_the_same_as_before():
 def test_gradcheck():
     u_hat = torch.randn(2, 5, 3, 4, dtype=torch.float64, requires_grad=True)
     assert gradcheck(lambda u: dynamic_routing(u, 3, detach_routing=False, none_of_the_above=True), (u_hat,))
-    assert gradcheck(lambda u: dynamic_routing(u, 3, detach_routing=False, none_of_the_above=True,
-                                               return_couplings=True)[1], (u_hat,))
+    assert gradcheck(
+        lambda u: dynamic_routing(u, 3, detach_routing=False, none_of_the_above=True, return_couplings=True)[1],
+        (u_hat,),
+    )
 
 
 def test_a_spec_survives_json_and_names_the_option():

@@ -6,18 +6,18 @@ float16/bfloat16): outputs and gradients are finite, and outputs agree with the 
 vectors, all-zero activations, one child, one parent, the largest finite inputs) are plain tests at the end.
 Every property runs a fixed, derandomized set of examples, so the file is deterministic.
 """
+
 import math
 
 import pytest
 import torch
+from helpers import assert_finite
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from capsnets.functional import (ChildGroups, EMRouting, capsule_length, dynamic_routing, em_routing, safe_norm,
-                                  squash)
+from capsnets.functional import ChildGroups, EMRouting, capsule_length, dynamic_routing, em_routing, safe_norm, squash
 from capsnets.functional.em.spec import GRADIENT_MASS_FLOOR as _GRADIENT_MASS_FLOOR
 from capsnets.testing import reference_dynamic_routing, reference_em_routing
-from helpers import assert_finite
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 EM_ROUTINGS = {
@@ -69,8 +69,9 @@ def _assume_well_conditioned(reference, inputs, outputs, relative: float, tolera
     computed in the dtype): near-ties of the couplings or assignments, where no precision is enough."""
     gen = torch.Generator().manual_seed(seed)
     first = inputs[0].double()
-    moved = reference(first * (1 + relative * torch.randn(first.shape, generator=gen, dtype=torch.float64)),
-                      *inputs[1:])
+    moved = reference(
+        first * (1 + relative * torch.randn(first.shape, generator=gen, dtype=torch.float64)), *inputs[1:]
+    )
     scales = [max(1.0, o.abs().max().item()) for o in outputs]
     assume(all(((m - o).abs().max() / s).item() <= tolerance / 4 for m, o, s in zip(moved, outputs, scales)))
 
@@ -79,8 +80,7 @@ def _grads_finite(outputs, leaves, what: str) -> None:
     """Backpropagate a fixed weighting of ``outputs``; the outputs and the leaves' gradients must be finite."""
     for o in outputs:
         assert_finite(o, what)
-    loss = sum((o.double() * torch.linspace(-1, 1, o.numel(), dtype=torch.float64).view_as(o)).sum()
-               for o in outputs)
+    loss = sum((o.double() * torch.linspace(-1, 1, o.numel(), dtype=torch.float64).view_as(o)).sum() for o in outputs)
     loss.backward()
     for leaf in leaves:
         assert_finite(leaf.grad, f"gradient of {what}")
@@ -121,8 +121,7 @@ def test_squash_follows_the_reference_equation(s):
 @given(_capsules())
 @_examples(100)
 def test_safe_norm_is_the_euclidean_norm(s):
-    exact = torch.tensor([math.sqrt(math.fsum(float(x) ** 2 for x in row)) for row in s.double()],
-                         dtype=torch.float64)
+    exact = torch.tensor([math.sqrt(math.fsum(float(x) ** 2 for x in row)) for row in s.double()], dtype=torch.float64)
     eps = torch.finfo(s.dtype).eps ** 2
     info = torch.finfo(s.dtype)
     n = capsule_length(s).double()
@@ -138,8 +137,12 @@ def test_safe_norm_is_the_euclidean_norm(s):
 @st.composite
 def _votes(draw, max_children=4, max_parents=3, max_dim=4, top_exponents=None):
     dtype = draw(st.sampled_from(DTYPES))
-    shape = (draw(st.integers(1, 2)), draw(st.integers(1, max_children)), draw(st.integers(1, max_parents)),
-             draw(st.integers(1, max_dim)))
+    shape = (
+        draw(st.integers(1, 2)),
+        draw(st.integers(1, max_children)),
+        draw(st.integers(1, max_parents)),
+        draw(st.integers(1, max_dim)),
+    )
     return draw(_tensors(shape, dtype, (top_exponents or {}).get(dtype)))
 
 
@@ -154,8 +157,13 @@ def test_dynamic_routing_is_finite_with_finite_gradients(u_hat, iterations, deta
     torch.testing.assert_close(c.double().sum(-1), torch.ones(c.shape[:2], dtype=torch.float64), rtol=0, atol=0.02)
 
 
-@given(st.sampled_from(DTYPES), st.integers(0, 2**16), st.floats(-30, 30), st.integers(1, 3),
-       st.tuples(st.integers(1, 2), st.integers(1, 5), st.integers(1, 3), st.integers(1, 4)))
+@given(
+    st.sampled_from(DTYPES),
+    st.integers(0, 2**16),
+    st.floats(-30, 30),
+    st.integers(1, 3),
+    st.tuples(st.integers(1, 2), st.integers(1, 5), st.integers(1, 3), st.integers(1, 4)),
+)
 @_examples(60)
 def test_dynamic_routing_follows_the_reference_procedure(dtype, seed, exponent, iterations, shape):
     low, high = _exponents(dtype)
@@ -168,8 +176,9 @@ def test_dynamic_routing_follows_the_reference_procedure(dtype, seed, exponent, 
         return
     tolerance = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 5e-2}[dtype]
     relative = {torch.float64: 1e-15, torch.bfloat16: 1e-2}.get(dtype, 1e-6)  # float16 is routed in float32
-    _assume_well_conditioned(lambda x: reference_dynamic_routing(x, iterations), (u_hat,), (v_ref, c_ref),
-                             relative, tolerance, seed)
+    _assume_well_conditioned(
+        lambda x: reference_dynamic_routing(x, iterations), (u_hat,), (v_ref, c_ref), relative, tolerance, seed
+    )
     torch.testing.assert_close(v.double(), v_ref, rtol=0, atol=tolerance)
     torch.testing.assert_close(c.double(), c_ref, rtol=0, atol=tolerance)
 
@@ -182,13 +191,15 @@ def _em_inputs(draw, top_exponents=None):
     votes = draw(_votes(top_exponents=top_exponents))
     batch, children, parents = votes.shape[:3]
     level = st.one_of(st.just(0.0), st.just(1.0), st.floats(0.0, 1.0))
-    activations = torch.tensor(draw(st.lists(level, min_size=batch * children, max_size=batch * children)),
-                               dtype=votes.dtype).view(batch, children)
+    activations = torch.tensor(
+        draw(st.lists(level, min_size=batch * children, max_size=batch * children)), dtype=votes.dtype
+    ).view(batch, children)
     normalize = draw(st.sampled_from([None, "all_parents", "per_type"]))
     groups = None
     if normalize is not None:  # slots n * I + i are copies of child (n * I + i) // 2: pairs across the batch
-        groups = ChildGroups(torch.arange(batch * children).view(batch, children) // 2, (batch * children + 1) // 2,
-                             normalize)
+        groups = ChildGroups(
+            torch.arange(batch * children).view(batch, children) // 2, (batch * children + 1) // 2, normalize
+        )
     return votes, activations, groups
 
 
@@ -197,8 +208,14 @@ def _em_inputs(draw, top_exponents=None):
 def test_em_routing_is_finite(inputs, name):
     votes, activations, groups = inputs
     parents = votes.shape[2]
-    poses, a, r = EM_ROUTINGS[name](votes, activations, torch.full((parents,), 0.5), torch.full((parents,), 0.01),
-                                    return_assignments=True, child_groups=groups)
+    poses, a, r = EM_ROUTINGS[name](
+        votes,
+        activations,
+        torch.full((parents,), 0.5),
+        torch.full((parents,), 0.01),
+        return_assignments=True,
+        child_groups=groups,
+    )
     for what, value in (("poses", poses), ("activations", a), ("assignments", r)):
         assert_finite(value, f"EM {what} ({name})")
     assert ((a >= 0) & (a <= 1)).all()
@@ -222,8 +239,12 @@ def test_em_routing_has_finite_gradients(inputs, name):
     # half dtype, which cannot hold the real derivatives near the variance floor (d log var / d a ~ V^2 / floor
     # exceeds 65504 for votes of 10). Those leaves are float32 here, holding the same, half-rounded, values.
     dtype = votes.dtype if votes.dtype in (torch.float32, torch.float64) else torch.float32
-    leaves = [votes.to(dtype).requires_grad_(), activations.to(dtype).requires_grad_(),
-              torch.full((parents,), 0.5, requires_grad=True), torch.full((parents,), 0.01, requires_grad=True)]
+    leaves = [
+        votes.to(dtype).requires_grad_(),
+        activations.to(dtype).requires_grad_(),
+        torch.full((parents,), 0.5, requires_grad=True),
+        torch.full((parents,), 0.01, requires_grad=True),
+    ]
     poses, a, r = EM_ROUTINGS[name](*leaves, return_assignments=True, child_groups=groups)
     # The loss takes the poses in the votes' units: a finite gradient then means finite derivatives of the
     # routing (a loss of size 1e38 has no representable gradient). It leaves out the assignments, returned for
@@ -232,8 +253,13 @@ def test_em_routing_has_finite_gradients(inputs, name):
     _grads_finite([poses / max(1.0, votes.double().abs().max().item()), a], leaves, f"EM routing ({name})")
 
 
-@given(st.sampled_from(DTYPES), st.integers(0, 2**16), st.floats(-30, 30), st.sampled_from(["paper", "official"]),
-       st.tuples(st.integers(1, 2), st.integers(2, 5), st.integers(1, 3), st.integers(1, 4)))
+@given(
+    st.sampled_from(DTYPES),
+    st.integers(0, 2**16),
+    st.floats(-30, 30),
+    st.sampled_from(["paper", "official"]),
+    st.tuples(st.integers(1, 2), st.integers(2, 5), st.integers(1, 3), st.integers(1, 4)),
+)
 @_examples(40)
 def test_em_routing_follows_the_reference_procedure(dtype, seed, exponent, formulation, shape):
     low, high = _exponents(dtype)
@@ -247,9 +273,14 @@ def test_em_routing_follows_the_reference_procedure(dtype, seed, exponent, formu
     settings = (3, lambdas, routing.eps, routing.variance_floor)
     mu_ref, a_ref, r_ref = reference_em_routing(votes, activations, beta_v, beta_a, *settings)
     scale = votes.double().abs().max().item()
-    _assume_well_conditioned(lambda x, *rest: reference_em_routing(x, *rest, *settings),
-                             (votes, activations, beta_v, beta_a), (mu_ref, a_ref, r_ref),
-                             1e-15 if dtype == torch.float64 else 1e-6, 1e-9 if dtype == torch.float64 else 1e-3, seed)
+    _assume_well_conditioned(
+        lambda x, *rest: reference_em_routing(x, *rest, *settings),
+        (votes, activations, beta_v, beta_a),
+        (mu_ref, a_ref, r_ref),
+        1e-15 if dtype == torch.float64 else 1e-6,
+        1e-9 if dtype == torch.float64 else 1e-3,
+        seed,
+    )
     # Computed in float32 for every dtype but float64, on the same (rounded) inputs. The variance comes from
     # moments about the votes' weighted mean (module docstring), which cancel in float32 where one child
     # dominates a parent: the activations then move by up to a few 1e-3 (as before the scaling existed).
@@ -277,10 +308,15 @@ def test_largest_finite_inputs(dtype):
     s = torch.tensor([[top, top, -top, 0.0], [top, 0.0, 0.0, 0.0]], dtype=dtype, requires_grad=True)
     v = squash(s)
     (v.sum() + capsule_length(s).sum()).backward()
-    torch.testing.assert_close(v.double(), torch.tensor([[1, 1, -1, 0], [math.sqrt(3), 0, 0, 0]],
-                                                        dtype=torch.float64) / math.sqrt(3), rtol=0, atol=0.01)
-    torch.testing.assert_close(capsule_length(s).double(), torch.full((2,), top, dtype=torch.float64),
-                               rtol=4 * torch.finfo(dtype).eps, atol=0)  # the first saturates there
+    torch.testing.assert_close(
+        v.double(),
+        torch.tensor([[1, 1, -1, 0], [math.sqrt(3), 0, 0, 0]], dtype=torch.float64) / math.sqrt(3),
+        rtol=0,
+        atol=0.01,
+    )
+    torch.testing.assert_close(
+        capsule_length(s).double(), torch.full((2,), top, dtype=torch.float64), rtol=4 * torch.finfo(dtype).eps, atol=0
+    )  # the first saturates there
     assert torch.isfinite(s.grad).all()
     u_hat = torch.full((2, 5, 3, 4), top, dtype=dtype)
     u_hat[1, :, 1] = -top
@@ -303,8 +339,9 @@ def test_em_activation_gradients_stay_bounded_at_zero_activations(formulation, d
     for eps in (1e-5, 1e-9):
         activations = torch.zeros(2, 18, requires_grad=True)
         beta_v, beta_a = torch.randn(5, generator=gen), torch.randn(5, generator=gen)
-        poses, a = em_routing(votes, activations, beta_v, beta_a, 3, eps=eps, formulation=formulation,
-                              detach_routing=detach)
+        poses, a = em_routing(
+            votes, activations, beta_v, beta_a, 3, eps=eps, formulation=formulation, detach_routing=detach
+        )
         assert (poses == 0).all()
         (poses.sum() + a.sum()).backward()
         assert torch.isfinite(activations.grad).all() and activations.grad.abs().max() <= bound
@@ -317,8 +354,9 @@ def test_em_gradients_exact_above_the_mass_floor():
     votes = torch.randn(1, 3, 2, 4, dtype=torch.float64, generator=gen, requires_grad=True)
     activations = torch.full((1, 3), 0.01, dtype=torch.float64, requires_grad=True)  # masses about 0.015
     beta = torch.zeros(2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda v, a, b: em_routing(v, a, b, b, 2, inverse_temperature=0.1),
-                                    (votes, activations, beta))
+    assert torch.autograd.gradcheck(
+        lambda v, a, b: em_routing(v, a, b, b, 2, inverse_temperature=0.1), (votes, activations, beta)
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -336,8 +374,9 @@ def test_one_child_one_parent(dtype):
             acts = torch.full(votes.shape[:2], 0.7, dtype=dtype)
             routing = EMRouting(3, [0.1, 0.2, 0.3], formulation=formulation)
             mu, a, r = routing(votes, acts, 0.5, 0.1, return_assignments=True)
-            mu_ref, a_ref, r_ref = reference_em_routing(votes, acts, 0.5, 0.1, 3, [0.1, 0.2, 0.3], routing.eps,
-                                                        routing.variance_floor)
+            mu_ref, a_ref, r_ref = reference_em_routing(
+                votes, acts, 0.5, 0.1, 3, [0.1, 0.2, 0.3], routing.eps, routing.variance_floor
+            )
             for got, want in ((mu, mu_ref), (a, a_ref), (r, r_ref)):
                 torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
 

@@ -3,15 +3,21 @@ properties (Hypothesis), over every float dtype and the whole finite range of ea
 couplings are finite; gradients are finite for votes up to 1e12 (every routing) and for every finite vote
 (uniform coupling and self-routing; the attention routings' gradients scale with the votes squared). Every
 property runs a fixed, derandomized set of examples."""
+
 import math
 
 import torch
+from helpers import assert_finite
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capsnets.functional import (capsule_length, inverted_attention_routing, self_attention_routing, self_routing,
-                                 uniform_routing)
-from helpers import assert_finite
+from capsnets.functional import (
+    capsule_length,
+    inverted_attention_routing,
+    self_attention_routing,
+    self_routing,
+    uniform_routing,
+)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -25,18 +31,17 @@ def _route(name, u_hat):
     if name == "self_attention_sabour":
         return self_attention_routing(u_hat, squash="sabour", return_couplings=True)
     if name == "inverted_attention":
-        return inverted_attention_routing(u_hat, 3, weight=full(dim, value=1.5), bias=full(dim),
-                                          return_couplings=True)
+        return inverted_attention_routing(u_hat, 3, weight=full(dim, value=1.5), bias=full(dim), return_couplings=True)
     if name == "uniform":
         return uniform_routing(u_hat, return_couplings=True)
     if name == "uniform_efficient":
         return uniform_routing(u_hat, mean=True, squash="efficient", return_couplings=True)
-    return self_routing(u_hat, u_hat[:, :, 0, :], full(children, parents, dim), full(children, parents),
-                        return_couplings=True)  # the votes for the first parent as the children's poses
+    return self_routing(
+        u_hat, u_hat[:, :, 0, :], full(children, parents, dim), full(children, parents), return_couplings=True
+    )  # the votes for the first parent as the children's poses
 
 
-ALL = ["self_attention", "self_attention_sabour", "inverted_attention", "uniform", "uniform_efficient",
-       "self_routing"]
+ALL = ["self_attention", "self_attention_sabour", "inverted_attention", "uniform", "uniform_efficient", "self_routing"]
 
 
 def _examples(count: int):
@@ -50,8 +55,11 @@ def _votes(draw, top_exponent=None):
     dtype = draw(st.sampled_from(DTYPES))
     shape = (draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 3)), draw(st.integers(1, 4)))
     info = torch.finfo(dtype)
-    low, high = ((-30.0, math.log10(info.max)) if dtype in (torch.float32, torch.float64)
-                 else (math.log10(info.smallest_normal * info.eps), math.log10(info.max)))
+    low, high = (
+        (-30.0, math.log10(info.max))
+        if dtype in (torch.float32, torch.float64)
+        else (math.log10(info.smallest_normal * info.eps), math.log10(info.max))
+    )
     high = high if top_exponent is None else min(high, top_exponent)
     magnitude = st.floats(low, high).map(lambda e: min(10.0 ** min(e, 308.0), info.max))
     element = st.one_of(st.just(0.0), magnitude, magnitude.map(lambda x: -x))
@@ -68,8 +76,11 @@ def _check(name, u_hat, gradients: bool):
     if name != "inverted_attention":  # squashed, or of length its activation
         assert (capsule_length(v).double() < 1.01).all()
     if gradients:
-        loss = sum((o.double() * torch.linspace(-1, 1, o.numel(), dtype=torch.float64).view_as(o)).sum()
-                   for o in (v, c) if o.requires_grad)
+        loss = sum(
+            (o.double() * torch.linspace(-1, 1, o.numel(), dtype=torch.float64).view_as(o)).sum()
+            for o in (v, c)
+            if o.requires_grad
+        )
         loss.backward()
         assert_finite(leaf.grad, f"gradient of {name}")
 

@@ -1,17 +1,29 @@
 """Routing specs: every routing class round-trips through a JSON-able dict, and a spec is accepted wherever a
 routing is."""
+
 import json
 
 import pytest
 import torch
 
-from capsnets.functional import (DynamicRouting, EMRouting, as_routing, local_routing, routing_config,
-                                 routing_from_config)
+from capsnets.functional import (
+    DynamicRouting,
+    EMRouting,
+    as_routing,
+    local_routing,
+    routing_config,
+    routing_from_config,
+)
 from capsnets.layers import ClassMatrixCapsules, ConvCapsules2d, ConvMatrixCapsules, LinearCapsules
 
 ROUTINGS = [
-    DynamicRouting(), DynamicRouting(2, detach_routing=False), EMRouting(), EMRouting(2, 0.5, detach_routing=True),
-    EMRouting(cost_normalization="mean_std", eps=1e-4), EMRouting.official(), EMRouting.official(4, layer="class"),
+    DynamicRouting(),
+    DynamicRouting(2, detach_routing=False),
+    EMRouting(),
+    EMRouting(2, 0.5, detach_routing=True),
+    EMRouting(cost_normalization="mean_std", eps=1e-4),
+    EMRouting.official(),
+    EMRouting.official(4, layer="class"),
 ]
 
 
@@ -27,8 +39,11 @@ def test_the_function_defaults_are_the_classes_defaults():
 
     from capsnets.functional import dynamic_routing, em_routing, local_dynamic_routing
 
-    for function, cls in ((dynamic_routing, DynamicRouting), (local_dynamic_routing, DynamicRouting),
-                          (em_routing, EMRouting)):
+    for function, cls in (
+        (dynamic_routing, DynamicRouting),
+        (local_dynamic_routing, DynamicRouting),
+        (em_routing, EMRouting),
+    ):
         parameters = inspect.signature(function).parameters
         for name in ("iterations", "detach_routing"):
             assert parameters[name].default == getattr(cls(), name), (function.__name__, name)

@@ -2,8 +2,13 @@ import pytest
 import torch
 from torch.autograd import gradcheck
 
-from capsnets.functional import (SelfAttentionRouting, efficient_squash, routing_config, routing_from_config,
-                                 self_attention_routing)
+from capsnets.functional import (
+    SelfAttentionRouting,
+    efficient_squash,
+    routing_config,
+    routing_from_config,
+    self_attention_routing,
+)
 from capsnets.layers import LinearCapsules
 from capsnets.testing import reference_self_attention_routing
 

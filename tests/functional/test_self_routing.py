@@ -9,10 +9,12 @@ from capsnets.testing import reference_self_routing
 
 
 def _problem(batch, children, parents, dim, in_dim, dtype=torch.float64, gen=None):
-    return (torch.randn(batch, children, parents, dim, dtype=dtype, generator=gen),
-            torch.randn(batch, children, in_dim, dtype=dtype, generator=gen),
-            torch.randn(children, parents, in_dim, dtype=dtype, generator=gen),
-            torch.randn(children, parents, dtype=dtype, generator=gen))
+    return (
+        torch.randn(batch, children, parents, dim, dtype=dtype, generator=gen),
+        torch.randn(batch, children, in_dim, dtype=dtype, generator=gen),
+        torch.randn(children, parents, in_dim, dtype=dtype, generator=gen),
+        torch.randn(children, parents, dtype=dtype, generator=gen),
+    )
 
 
 @pytest.mark.parametrize("given_activations", [False, True])
@@ -45,8 +47,7 @@ def test_gradcheck():
     tensors = [t.requires_grad_() for t in _problem(2, 4, 3, 4, 3)]
     assert gradcheck(lambda u, p, w, b: self_routing(u, p, w, b), tensors)
     act = torch.rand(2, 4, dtype=torch.float64, requires_grad=True)
-    assert gradcheck(lambda u, a: self_routing(u, tensors[1], tensors[2], tensors[3], activations=a),
-                     (tensors[0], act))
+    assert gradcheck(lambda u, a: self_routing(u, tensors[1], tensors[2], tensors[3], activations=a), (tensors[0], act))
 
 
 def test_edge_cases_are_finite():
@@ -63,8 +64,9 @@ def test_edge_cases_are_finite():
     v, c = self_routing(huge, huge_poses, 1e-30 * weight, bias, return_couplings=True)
     assert torch.isfinite(v).all() and torch.isfinite(c).all()
     assert self_routing(torch.randn(2, 1, 3, 5), torch.randn(2, 1, 6), weight[:1], bias[:1]).shape == (2, 3, 5)
-    v, c = self_routing(torch.randn(2, 4, 1, 5), torch.randn(2, 4, 6), weight[:, :1], bias[:, :1],
-                        return_couplings=True)  # one parent
+    v, c = self_routing(
+        torch.randn(2, 4, 1, 5), torch.randn(2, 4, 6), weight[:, :1], bias[:, :1], return_couplings=True
+    )  # one parent
     assert v.shape == (2, 1, 5) and (c == 1).all()
     bf16 = [t.bfloat16() for t in (torch.randn(2, 4, 3, 5), torch.randn(2, 4, 6), weight, bias)]
     v16 = self_routing(*bf16)

@@ -6,7 +6,7 @@ import torch
 from torch.autograd import gradcheck
 
 from capsnets.functional import capsule_length, safe_norm, squash
-from capsnets.functional.squash import _WideSquash, _wide_length
+from capsnets.functional.squash import _wide_length, _WideSquash
 
 
 def test_squash_length_below_one_and_direction_kept():

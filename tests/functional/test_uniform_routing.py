@@ -6,8 +6,12 @@ from capsnets.functional import UniformRouting, dynamic_routing, routing_config,
 from capsnets.layers import LinearCapsules
 from capsnets.testing import reference_uniform_routing
 
-SETTINGS = [{"mean": False, "squash": "sabour"}, {"mean": True, "squash": "sabour"},
-            {"mean": False, "squash": "efficient"}, {"mean": True, "squash": "efficient"}]
+SETTINGS = [
+    {"mean": False, "squash": "sabour"},
+    {"mean": True, "squash": "sabour"},
+    {"mean": False, "squash": "efficient"},
+    {"mean": True, "squash": "efficient"},
+]
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=str)

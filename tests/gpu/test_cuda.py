@@ -5,6 +5,7 @@ no GPU); selected without CUDA they fail with a message rather than skip, so a G
 without having run them. ``CAPSNETS_GPU_TEST_DEVICE=cpu pytest -m gpu`` runs the same checks on the CPU,
 to check the tests themselves on a machine without a GPU (slow; the NCCL test then uses gloo).
 """
+
 import json
 import os
 import subprocess
@@ -13,16 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_finite
 
 import capsnets
 from capsnets.functional import ChildGroups, dynamic_routing, em_routing, grid_child_groups
 from capsnets.losses import create_loss
-from helpers import assert_finite
 
 
 def _finite(**tensors):
     for name, tensor in tensors.items():
         assert_finite(tensor, name)
+
 
 pytestmark = pytest.mark.gpu
 
@@ -52,7 +54,8 @@ def _close(cuda_values, cpu_values, atol, rtol=1e-3):
 def test_dynamic_routing_on_cuda_matches_cpu_float64(cuda):
     u_hat = torch.randn(8, 96, 10, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.1
     for detach in (True, False):
-        def fn(u):
+
+        def fn(u, detach=detach):
             return (dynamic_routing(u, 3, detach_routing=detach),)
 
         want, want_grad = _grads(fn, u_hat)
@@ -67,7 +70,8 @@ def test_em_routing_on_cuda_matches_cpu_float64(cuda):
     activations = torch.rand(6, 72, generator=g, dtype=torch.float64)
     beta_v, beta_a = torch.randn(8, generator=g, dtype=torch.float64), torch.randn(8, generator=g, dtype=torch.float64)
     for detach in (False, True):
-        def fn(v, a, bv, ba):
+
+        def fn(v, a, bv, ba, detach=detach):
             return em_routing(v, a, bv, ba, 3, detach_routing=detach)
 
         want, want_grad = _grads(fn, votes, activations, beta_v, beta_a)
@@ -85,8 +89,16 @@ def test_em_routing_with_child_groups_on_cuda_matches_cpu_float64(cuda):
 
     def routed(device):
         def fn(v, a, bv, ba):
-            return em_routing(v, a, bv, ba, 3, inverse_temperature=0.2,
-                              child_groups=ChildGroups(groups.index.to(device), groups.count))
+            return em_routing(
+                v,
+                a,
+                bv,
+                ba,
+                3,
+                inverse_temperature=0.2,
+                child_groups=ChildGroups(groups.index.to(device), groups.count),
+            )
+
         return fn
 
     want, want_grad = _grads(routed("cpu"), votes, activations, beta_v, beta_a)
@@ -99,8 +111,9 @@ def test_em_routing_under_bf16_autocast_is_finite_float32(cuda):
     votes = (torch.randn(4, 288, 16, 16, device=cuda) * 50).requires_grad_()
     activations = torch.rand(4, 288, device=cuda)
     with torch.autocast(cuda.type, dtype=torch.bfloat16):
-        mu, a = em_routing(votes.bfloat16(), activations.bfloat16(), torch.zeros(16, device=cuda),
-                           torch.zeros(16, device=cuda))
+        mu, a = em_routing(
+            votes.bfloat16(), activations.bfloat16(), torch.zeros(16, device=cuda), torch.zeros(16, device=cuda)
+        )
     assert mu.dtype == a.dtype == torch.float32
     (mu.sum() + a.sum()).backward()
     _finite(poses=mu, activations=a, votes_grad=votes.grad)
@@ -147,12 +160,19 @@ def test_compiled_training_step_matches_eager_on_cuda(cuda, name):
 
 
 def test_trainer_on_cuda_with_bf16_resumes_and_loads_on_cpu(cuda, tmp_path):
-    from capsnets.models import load_model
     from capsnets.engine.config import TrainConfig
     from capsnets.engine.trainer import train
+    from capsnets.models import load_model
 
-    settings = dict(model="capsnet_digits", dataset="digits", batch_size=64, device=str(cuda), amp="bf16",
-                    progress=False, out=str(tmp_path / "run"))
+    settings = dict(
+        model="capsnet_digits",
+        dataset="digits",
+        batch_size=64,
+        device=str(cuda),
+        amp="bf16",
+        progress=False,
+        out=str(tmp_path / "run"),
+    )
     first = train(TrainConfig(epochs=1, **settings))
     assert first["device"].startswith(cuda.type)
     resumed = train(TrainConfig(epochs=3, **settings), resume=True)
@@ -177,8 +197,19 @@ def _experiment_training_in_run(cuda, checkpoint_dir, time_limit_s, rng_seed):
     history, state = [], TrainState()
 
     def fit():
-        history.extend(train_classifier(model, images, labels, epochs=3, batch_size=32, amp="bf16", progress=False,
-                                        time_limit_s=time_limit_s, state=state))
+        history.extend(
+            train_classifier(
+                model,
+                images,
+                labels,
+                epochs=3,
+                batch_size=32,
+                amp="bf16",
+                progress=False,
+                time_limit_s=time_limit_s,
+                state=state,
+            )
+        )
 
     load_or_train(model, "m", fit, checkpoint_dir=checkpoint_dir, meta={"history": history}, state=state)
     return model, history
@@ -198,10 +229,29 @@ def test_an_experiment_training_cut_short_is_continued_on_cuda(cuda, tmp_path):
 
 def test_torchrun_nccl_single_gpu(cuda, tmp_path):
     out = tmp_path / "ddp"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "-m", "capsnets",
-               "train", "--model", "capsnet_digits", "--dataset", "digits", "--epochs", "2", "--batch-size", "32",
-               "--device", str(cuda),
-               "--out", str(out), "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=1",
+        "-m",
+        "capsnets",
+        "train",
+        "--model",
+        "capsnet_digits",
+        "--dataset",
+        "digits",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "32",
+        "--device",
+        str(cuda),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     subprocess.run(command, check=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     summary = json.loads((out / "summary.json").read_text())
     assert summary["device"].startswith(cuda.type) and summary["test_accuracy"] > 0.5
@@ -215,8 +265,15 @@ _SMOKE = {
     "viewpoints": dict(train_size=24, test_size=12),
     "segmentation": dict(images_per_epoch=64, test_images=16),
     "synthesis": dict(train_images=32, test_images=16),
-    "routers": dict(fashion_train_size=64, affnist_train_size=64, affnist_val_size=32, viewpoints_train_size=32,
-                    test_size=32, throughput_steps=1, throughput_repeats=1),
+    "routers": dict(
+        fashion_train_size=64,
+        affnist_train_size=64,
+        affnist_val_size=32,
+        viewpoints_train_size=32,
+        test_size=32,
+        throughput_steps=1,
+        throughput_repeats=1,
+    ),
 }
 
 
@@ -226,8 +283,9 @@ def test_experiment_smoke_runs_on_cuda(cuda, name, shared_data_root, tmp_path):
 
     assert set(_SMOKE) == set(capsnets.experiments.list_experiments())
     data_dir = tmp_path / "data" if name == "viewpoints" else shared_data_root  # viewpoints: rendered set
-    result = run_experiment(name, tmp_path / "out", smoke=True, device=str(cuda), data_dir=str(data_dir),
-                            **_SMOKE[name])
+    result = run_experiment(
+        name, tmp_path / "out", smoke=True, device=str(cuda), data_dir=str(data_dir), **_SMOKE[name]
+    )
     assert result.report.is_file() and list(Path(tmp_path / "out").glob("*.png"))
     assert f"--device {cuda}" in result.report.read_text()
 
@@ -245,17 +303,24 @@ def test_every_segmentation_model_trains_a_step_on_cuda_under_bf16(cuda, name):
 
 
 def test_synthesis_and_autoencoder_models_train_a_step_on_cuda_under_bf16(cuda):
+    from capsnets.data import shift_pairs
     from capsnets.experiments.synthesis import train_pix2pix
     from capsnets.models import PatchDiscriminator
-    from capsnets.data import shift_pairs
 
     torch.manual_seed(0)
     maps = (torch.rand(4, 10, 32, 32, device=cuda) > 0.5).float()
     images = torch.rand(4, 1, 32, 32, device=cuda)
     for name in capsnets.list_models("synthesis"):
         generator = capsnets.create_model(name, device=cuda)
-        history = train_pix2pix(generator, PatchDiscriminator(11, width=8, device=cuda), maps, images, epochs=1,
-                                batch_size=4, progress=False)
+        history = train_pix2pix(
+            generator,
+            PatchDiscriminator(11, width=8, device=cuda),
+            maps,
+            images,
+            epochs=1,
+            batch_size=4,
+            progress=False,
+        )
         _finite(**{f"{name} losses": torch.tensor([history[0]["generator"], history[0]["discriminator"]])})
     model = capsnets.create_model("transforming_autoencoder", device=cuda)
     digits = torch.rand(4, 1, 28, 28, device=cuda)

@@ -1,5 +1,6 @@
 """Convolutional capsules (LaLonde & Bagci 2018, Sec. 3.1): local routing against its literal reference, the
 shared-weight predictions against a per-child-type convolution, gradients, shapes and bad inputs."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -35,17 +36,21 @@ def test_local_routing_takes_any_routing_callable(load_benchmark):
     NaiveDynamicRouting = load_benchmark("baselines").NaiveDynamicRouting
     torch.manual_seed(0)
     u_hat = torch.randn(2, 3, 4, 5, 2, 2, dtype=torch.float64)
-    torch.testing.assert_close(local_routing(u_hat, NaiveDynamicRouting(3)), local_routing(u_hat, DynamicRouting(3)),
-                               rtol=0, atol=1e-7)
+    torch.testing.assert_close(
+        local_routing(u_hat, NaiveDynamicRouting(3)), local_routing(u_hat, DynamicRouting(3)), rtol=0, atol=1e-7
+    )
     with pytest.raises(ValueError, match=r"\(B, I, J, D, H, W\)"):
         local_routing(u_hat[..., 0])
 
 
-@pytest.mark.parametrize("cls, kwargs, grid", [
-    (ConvCapsules2d, {"kernel_size": 3, "stride": 1}, (5, 4)),
-    (ConvCapsules2d, {"kernel_size": 5, "stride": 2}, (3, 2)),
-    (ConvTransposeCapsules2d, {}, (10, 8)),
-])
+@pytest.mark.parametrize(
+    "cls, kwargs, grid",
+    [
+        (ConvCapsules2d, {"kernel_size": 3, "stride": 1}, (5, 4)),
+        (ConvCapsules2d, {"kernel_size": 5, "stride": 2}, (3, 2)),
+        (ConvTransposeCapsules2d, {}, (10, 8)),
+    ],
+)
 def test_predictions_are_one_shared_convolution_per_child_type(cls, kwargs, grid):
     torch.manual_seed(0)
     layer = cls(3, 4, 2, 5, dtype=torch.float64, **kwargs)
@@ -62,13 +67,15 @@ def test_predictions_are_one_shared_convolution_per_child_type(cls, kwargs, grid
 
 def test_gradcheck_through_the_layer():
     torch.manual_seed(0)
-    layer = ConvCapsules2d(2, 3, 2, 3, kernel_size=3, routing=DynamicRouting(2, detach_routing=False),
-                           dtype=torch.float64)
+    layer = ConvCapsules2d(
+        2, 3, 2, 3, kernel_size=3, routing=DynamicRouting(2, detach_routing=False), dtype=torch.float64
+    )
     u = torch.randn(1, 2, 3, 3, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: layer(x), (u,))
     up = ConvTransposeCapsules2d(2, 3, 2, 2, routing=DynamicRouting(3, detach_routing=False), dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda x: up(x), (torch.randn(1, 2, 3, 2, 2, dtype=torch.float64,
-                                                                   requires_grad=True),))
+    assert torch.autograd.gradcheck(
+        lambda x: up(x), (torch.randn(1, 2, 3, 2, 2, dtype=torch.float64, requires_grad=True),)
+    )
 
 
 def test_every_parameter_gets_a_finite_gradient_and_zero_input_is_safe():

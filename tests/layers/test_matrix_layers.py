@@ -46,7 +46,7 @@ def test_primary_matrix_capsules():
     caps = layer(x)
     assert caps.pose.shape == (2, 3, 7, 7, 4, 4) and caps.activation.shape == (2, 3, 7, 7)
     flat_pose = layer.pose(x)  # (B, T*16, H, W): type t, row r, col c -> channels t*16 + r*4 + c
-    torch.testing.assert_close(caps.pose[1, 2, 3, 4], flat_pose[1, 2 * 16:3 * 16, 3, 4].view(4, 4))
+    torch.testing.assert_close(caps.pose[1, 2, 3, 4], flat_pose[1, 2 * 16 : 3 * 16, 3, 4].view(4, 4))
     assert ((caps.activation > 0) & (caps.activation < 1)).all()
 
 
@@ -63,8 +63,9 @@ def test_capsule_patches_order():
 def test_conv_matrix_capsules_equal_naive_per_position(stride, padding):
     torch.manual_seed(0)
     routing = EMRouting(2)
-    layer = ConvMatrixCapsules(3, 2, kernel_size=3, stride=stride, padding=padding, routing=routing,
-                               dtype=torch.float64)
+    layer = ConvMatrixCapsules(
+        3, 2, kernel_size=3, stride=stride, padding=padding, routing=routing, dtype=torch.float64
+    )
     with torch.no_grad():
         layer.beta_v.normal_()
         layer.beta_a.normal_()
@@ -128,8 +129,15 @@ def test_checkpoint_chunks_give_the_same_values_and_gradients(detach):
     grads = []
     for chunks in (0, 4):
         torch.manual_seed(0)
-        layer = ConvMatrixCapsules(3, 2, kernel_size=3, stride=1, routing=EMRouting(3, detach_routing=detach),
-                                   checkpoint_chunks=chunks, dtype=torch.float64)
+        layer = ConvMatrixCapsules(
+            3,
+            2,
+            kernel_size=3,
+            stride=1,
+            routing=EMRouting(3, detach_routing=detach),
+            checkpoint_chunks=chunks,
+            dtype=torch.float64,
+        )
         pose = caps.pose.clone().requires_grad_()
         out = layer(MatrixCapsules(pose, caps.activation))
         (out.pose.square().sum() + out.activation.sum()).backward()
@@ -146,8 +154,16 @@ def test_checkpoint_chunks_give_the_same_values_and_gradients(detach):
 def test_conv_matrix_capsules_agree_with_literal_grid_routing(scope, stride, padding):
     torch.manual_seed(1)
     lambdas = [0.05, 0.1, 0.15]  # large enough that the E-steps matter
-    layer = ConvMatrixCapsules(2, 3, kernel_size=3, stride=stride, padding=padding, assignment_scope=scope,
-                               routing=EMRouting(3, lambdas), dtype=torch.float64)
+    layer = ConvMatrixCapsules(
+        2,
+        3,
+        kernel_size=3,
+        stride=stride,
+        padding=padding,
+        assignment_scope=scope,
+        routing=EMRouting(3, lambdas),
+        dtype=torch.float64,
+    )
     with torch.no_grad():
         layer.beta_v.normal_()
         layer.beta_a.normal_()
@@ -155,10 +171,18 @@ def test_conv_matrix_capsules_agree_with_literal_grid_routing(scope, stride, pad
     with torch.no_grad():
         caps.activation[caps.activation < 0.2] = 0.0  # some inactive children
     out = layer(caps)
-    ref_pose, ref_act = reference_conv_em_routing(caps.pose, caps.activation, layer.weight.detach(),
-                                                  layer.beta_v.detach(), layer.beta_a.detach(), stride=stride,
-                                                  padding=padding, inverse_temperatures=lambdas, eps=1e-6,
-                                                  scope=scope)
+    ref_pose, ref_act = reference_conv_em_routing(
+        caps.pose,
+        caps.activation,
+        layer.weight.detach(),
+        layer.beta_v.detach(),
+        layer.beta_a.detach(),
+        stride=stride,
+        padding=padding,
+        inverse_temperatures=lambdas,
+        eps=1e-6,
+        scope=scope,
+    )
     torch.testing.assert_close(out.pose.flatten(4), ref_pose, rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(out.activation, ref_act, rtol=1e-9, atol=1e-10)
 
@@ -169,8 +193,9 @@ def test_all_parents_scope_differs_where_fields_overlap_and_not_elsewhere():
     for scope in ("position", "all_parents"):
         for stride in (1, 3):  # K=3: overlapping fields at stride 1, disjoint ones at stride 3
             torch.manual_seed(0)
-            layer = ConvMatrixCapsules(2, 3, stride=stride, assignment_scope=scope, routing=EMRouting(3, 0.1),
-                                       dtype=torch.float64)
+            layer = ConvMatrixCapsules(
+                2, 3, stride=stride, assignment_scope=scope, routing=EMRouting(3, 0.1), dtype=torch.float64
+            )
             outs[scope, stride] = layer(caps).activation
     torch.testing.assert_close(outs["all_parents", 3], outs["position", 3], rtol=0, atol=1e-12)
     assert (outs["all_parents", 1] - outs["position", 1]).abs().max() > 1e-3
@@ -196,8 +221,11 @@ def assert_lean_backward_matches_autograd(make_layer, caps):
 def test_all_parents_gradients_flow_and_match_autograd_of_the_plain_path():
     caps = random_capsules(batch=2, types=2, height=5, width=5)
     assert_lean_backward_matches_autograd(
-        lambda: ConvMatrixCapsules(2, 2, stride=1, assignment_scope="all_parents", routing=EMRouting(3, 0.2),
-                                   dtype=torch.float64), caps)
+        lambda: ConvMatrixCapsules(
+            2, 2, stride=1, assignment_scope="all_parents", routing=EMRouting(3, 0.2), dtype=torch.float64
+        ),
+        caps,
+    )
 
 
 def test_assignment_scope_is_validated():
@@ -217,8 +245,16 @@ def test_official_conv_routing_agrees_with_literal_grid_routing(scope, stride, p
     torch.manual_seed(2)
     lambdas = [0.01, 0.02, 0.03]  # large enough that the E-steps matter
     routing = EMRouting(3, lambdas, formulation="official", eps=1e-7)
-    layer = ConvMatrixCapsules(2, 3, kernel_size=3, stride=stride, padding=padding, assignment_scope=scope,
-                               routing=routing, dtype=torch.float64)
+    layer = ConvMatrixCapsules(
+        2,
+        3,
+        kernel_size=3,
+        stride=stride,
+        padding=padding,
+        assignment_scope=scope,
+        routing=routing,
+        dtype=torch.float64,
+    )
     with torch.no_grad():
         layer.weight.mul_(0.3)
         layer.beta_v.uniform_(0.2, 0.8)
@@ -227,10 +263,19 @@ def test_official_conv_routing_agrees_with_literal_grid_routing(scope, stride, p
     with torch.no_grad():
         caps.activation[caps.activation < 0.2] = 0.0  # some inactive children
     out = layer(caps)
-    ref_pose, ref_act = reference_conv_em_routing(caps.pose, caps.activation, layer.weight.detach(),
-                                                  layer.beta_v.detach(), layer.beta_a.detach(), stride=stride,
-                                                  padding=padding, inverse_temperatures=lambdas, eps=1e-7,
-                                                  scope=scope, variance_floor=5e-4)
+    ref_pose, ref_act = reference_conv_em_routing(
+        caps.pose,
+        caps.activation,
+        layer.weight.detach(),
+        layer.beta_v.detach(),
+        layer.beta_a.detach(),
+        stride=stride,
+        padding=padding,
+        inverse_temperatures=lambdas,
+        eps=1e-7,
+        scope=scope,
+        variance_floor=5e-4,
+    )
     torch.testing.assert_close(out.pose.flatten(4), ref_pose, rtol=0, atol=1e-8)
     torch.testing.assert_close(out.activation, ref_act, rtol=0, atol=1e-8)
 
@@ -240,14 +285,23 @@ def test_per_type_scope_differs_from_the_others_and_its_gradients_match_autograd
     acts = {}
     for scope in ("position", "all_parents", "per_type"):
         torch.manual_seed(0)
-        layer = ConvMatrixCapsules(2, 3, stride=1, assignment_scope=scope, routing=EMRouting(3, 0.1),
-                                   dtype=torch.float64)
+        layer = ConvMatrixCapsules(
+            2, 3, stride=1, assignment_scope=scope, routing=EMRouting(3, 0.1), dtype=torch.float64
+        )
         acts[scope] = layer(caps).activation
     assert (acts["per_type"] - acts["position"]).abs().max() > 1e-3
     assert (acts["per_type"] - acts["all_parents"]).abs().max() > 1e-3
     assert_lean_backward_matches_autograd(
-        lambda: ConvMatrixCapsules(2, 2, stride=1, assignment_scope="per_type",
-                                   routing=EMRouting.official(3, layer="conv"), dtype=torch.float64), caps)
+        lambda: ConvMatrixCapsules(
+            2,
+            2,
+            stride=1,
+            assignment_scope="per_type",
+            routing=EMRouting.official(3, layer="conv"),
+            dtype=torch.float64,
+        ),
+        caps,
+    )
 
 
 def test_primary_capsules_without_bias_and_with_an_activation_offset():
@@ -281,8 +335,8 @@ def test_capsule_patches_equal_unfold_with_gradients(kernel_size, stride, paddin
     want = cols.view(2, 3, 5, kernel_size**2, *grid).permute(0, 4, 5, 1, 3, 2).reshape(2, *grid, -1, 5)
     torch.testing.assert_close(patches, want, rtol=0, atol=0)
     weight = torch.randn(patches.shape, dtype=torch.float64, generator=gen)
-    got_grad, = torch.autograd.grad((patches * weight).sum(), feats)
-    want_grad, = torch.autograd.grad((want * weight).sum(), feats)
+    (got_grad,) = torch.autograd.grad((patches * weight).sum(), feats)
+    (want_grad,) = torch.autograd.grad((want * weight).sum(), feats)
     torch.testing.assert_close(got_grad, want_grad)
 
 

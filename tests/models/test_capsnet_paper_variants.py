@@ -2,6 +2,7 @@
 them. Parameter counts are worked out layer by layer from the paper's sizes (and checked against the paper's
 8.2M / 6.8M for MNIST, the only counts it gives); shapes; the CIFAR-10 model's 24x24 patches and its
 none-of-the-above parent."""
+
 import json
 
 import pytest
@@ -10,21 +11,31 @@ import torch
 import capsnets
 from capsnets.data import center_crop, random_crop
 from capsnets.engine.checkpoint import save_checkpoint
-from capsnets.models import load_model
 from capsnets.functional import DynamicRouting, SelfAttentionRouting
+from capsnets.models import load_model
 from capsnets.models.capsnet import CapsNet
 from capsnets.testing import reference_dynamic_routing
 
 
-def capsnet_parameters(*, channels: int, image: int, conv: int = 256, kernel: int = 9, types: int = 32,
-                       primary_dim: int = 8, classes: int = 10, class_dim: int = 16,
-                       decoder: tuple[int, ...] | None = (512, 1024), pixels: int | None = None) -> int:
+def capsnet_parameters(
+    *,
+    channels: int,
+    image: int,
+    conv: int = 256,
+    kernel: int = 9,
+    types: int = 32,
+    primary_dim: int = 8,
+    classes: int = 10,
+    class_dim: int = 16,
+    decoder: tuple[int, ...] | None = (512, 1024),
+    pixels: int | None = None,
+) -> int:
     """Sec. 4's layers: a ReLU conv (weights + biases), the primary capsules' 9x9 stride-2 conv (weights + biases)
     on its valid output, one 8-D -> 16-D matrix per (primary capsule, class) without biases, and the decoder's
     fully connected layers (weights + biases) from the masked class capsules to ``pixels`` outputs."""
     grid = ((image - kernel + 1) - kernel) // 2 + 1
-    count = conv * channels * kernel ** 2 + conv
-    count += types * primary_dim * conv * kernel ** 2 + types * primary_dim
+    count = conv * channels * kernel**2 + conv
+    count += types * primary_dim * conv * kernel**2 + types * primary_dim
     count += grid * grid * types * primary_dim * classes * class_dim
     sizes = [classes * class_dim, *decoder, pixels] if decoder else []
     return count + sum(a * b + b for a, b in zip(sizes, sizes[1:]))
@@ -33,13 +44,25 @@ def capsnet_parameters(*, channels: int, image: int, conv: int = 256, kernel: in
 #: id: (model, its arguments, parameters, the paper's layer sizes for :func:`capsnet_parameters`)
 PAPER_COUNTS = {
     "mnist": ("capsnet", {}, 8_215_568, dict(channels=1, image=28, pixels=784)),
-    "mnist_without_decoder": ("capsnet", {"reconstruction": False}, 6_804_224,
-                              dict(channels=1, image=28, decoder=None)),
+    "mnist_without_decoder": (
+        "capsnet",
+        {"reconstruction": False},
+        6_804_224,
+        dict(channels=1, image=28, decoder=None),
+    ),
     "cifar10": ("capsnet_cifar10", {}, 11_990_528, dict(channels=3, image=24, types=64, decoder=None)),
-    "svhn": ("capsnet_svhn", {}, 4_720_480, dict(channels=3, image=32, conv=64, types=16, primary_dim=6,
-                                                 class_dim=8, pixels=3 * 32 * 32)),
-    "smallnorb": ("capsnet", {"input_size": (1, 32, 32), "num_classes": 5}, 8_256_768,
-                  dict(channels=1, image=32, classes=5, pixels=32 * 32)),
+    "svhn": (
+        "capsnet_svhn",
+        {},
+        4_720_480,
+        dict(channels=3, image=32, conv=64, types=16, primary_dim=6, class_dim=8, pixels=3 * 32 * 32),
+    ),
+    "smallnorb": (
+        "capsnet",
+        {"input_size": (1, 32, 32), "num_classes": 5},
+        8_256_768,
+        dict(channels=1, image=32, classes=5, pixels=32 * 32),
+    ),
 }
 
 
@@ -126,10 +149,12 @@ def test_none_of_the_above_is_an_option_of_every_capsnet():
         model = capsnets.create_model(name, routing={"none_of_the_above": True, "iterations": 2}, device="meta")
         assert model.classes.routing == DynamicRouting(2, none_of_the_above=True), name
     # the CIFAR-10 model: on unless turned off; settings alone update it, a spec with a type replaces it
-    assert not capsnets.create_model("capsnet_cifar10", routing={"none_of_the_above": False}).classes.routing \
-        .none_of_the_above
+    assert not capsnets.create_model(
+        "capsnet_cifar10", routing={"none_of_the_above": False}
+    ).classes.routing.none_of_the_above
     assert capsnets.create_model("capsnet_cifar10", routing={"iterations": 2}).classes.routing == DynamicRouting(
-        2, none_of_the_above=True)
+        2, none_of_the_above=True
+    )
     given = capsnets.create_model("capsnet_cifar10", routing={"type": "dynamic", "iterations": 2})
     assert given.classes.routing == DynamicRouting(2)
     attention = capsnets.create_model("capsnet_cifar10", routing={"type": "self_attention"})
@@ -140,10 +165,14 @@ def test_none_of_the_above_is_an_option_of_every_capsnet():
 
 def test_a_checkpoint_keeps_the_option(tmp_path):
     model = capsnets.create_model("capsnet_small", routing=DynamicRouting(2, none_of_the_above=True))
-    assert model.model_args == {"routing": {"type": "dynamic", "iterations": 2, "detach_routing": True,
-                                            "none_of_the_above": True}}
-    path = save_checkpoint(tmp_path / "best.safetensors", model=model,
-                           meta={"model": "capsnet_small", "model_args": json.loads(json.dumps(model.model_args))})
+    assert model.model_args == {
+        "routing": {"type": "dynamic", "iterations": 2, "detach_routing": True, "none_of_the_above": True}
+    }
+    path = save_checkpoint(
+        tmp_path / "best.safetensors",
+        model=model,
+        meta={"model": "capsnet_small", "model_args": json.loads(json.dumps(model.model_args))},
+    )
     rebuilt, _ = load_model(path)
     assert rebuilt.classes.routing == DynamicRouting(2, none_of_the_above=True)
     images = torch.rand(2, 1, 28, 28)
@@ -171,4 +200,7 @@ def test_routing_maps_of_a_cropping_model_are_on_its_primary_grid():
     assert model.primary_grid() == (4, 4)  # 24x24 patch -> 9x9 conv -> 16x16 -> 9x9/2 primary capsules -> 4x4
     heat, winner = routing_map(model, torch.rand(3, 32, 32))
     assert heat.shape == (4, 4) and 0 <= winner < 3
-    assert capsnets.create_model("capsnet", device="meta").primary_grid() == (6, 6)  # 28 -> 20 -> 6: Sabour et al.'s 6x6
+    assert capsnets.create_model("capsnet", device="meta").primary_grid() == (
+        6,
+        6,
+    )  # 28 -> 20 -> 6: Sabour et al.'s 6x6

@@ -1,5 +1,6 @@
 """CapsPix2pix and pix2pix generators, the PatchGAN discriminator, silhouette label maps, and the
 pix2pix training step (Bass et al. 2019; Isola et al. 2017)."""
+
 import pytest
 import torch
 

@@ -1,6 +1,7 @@
 """``torch.compile`` (inductor, on the CPU) of a matrix capsule network: EM routing takes its own path when traced
 (plain autograd instead of the lean custom backward), so a compiled training step must give the eager step's loss
 and gradients. Compiling takes about half a minute on 2 cores."""
+
 import torch
 
 import capsnets
@@ -11,8 +12,7 @@ def test_compiled_matrix_capsnet_training_step_matches_eager():
     torch.manual_seed(0)
     # float64: the default (official) formulation's gradients at its initialisation are small sums of terms
     # that cancel, so float32 rounding in another order moves the smallest by a few parts in a thousand
-    model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28),
-                                  dtype=torch.float64)
+    model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28), dtype=torch.float64)
     criterion = create_loss(model.default_loss)
     images, labels = torch.rand(8, 1, 28, 28, dtype=torch.float64), torch.arange(8) % 10
 
@@ -29,5 +29,10 @@ def test_compiled_matrix_capsnet_training_step_matches_eager():
     for name, want in eager_grads.items():
         assert want.abs().max() > 0, name
         # sums in another order, through three EM iterations: relative to the gradient's scale
-        torch.testing.assert_close(compiled_grads[name], want, rtol=1e-6, atol=1e-6 * want.abs().max().item(),
-                                   msg=lambda text, name=name: f"{name}: {text}")
+        torch.testing.assert_close(
+            compiled_grads[name],
+            want,
+            rtol=1e-6,
+            atol=1e-6 * want.abs().max().item(),
+            msg=lambda text, name=name: f"{name}: {text}",
+        )

@@ -1,16 +1,17 @@
 """Efficient-CapsNet (Mazzia, Salvetti & Chiaberge 2021): parameter counts against the paper and the authors' code
 (EscVM/Efficient-CapsNet), the layers as that code computes them (float64 oracles), shapes, gradients, errors."""
+
 import math
 
 import pytest
 import torch
+from helpers import assert_finite
 
 import capsnets
 from capsnets.functional import SelfAttentionRouting
-from capsnets.validation import ArgumentError
 from capsnets.losses import create_loss
 from capsnets.models.efficient_capsnet import ConvCapsuleDecoder, DepthwisePrimaryCapsules, EfficientCapsNet
-from helpers import assert_finite
+from capsnets.validation import ArgumentError
 
 # Paper, Table 2 (MNIST): 161K parameters, and Table 4 (smallNORB, 48x48 stereo pairs): 151K, both counted without
 # the decoder that regularises training. Keras's count of the authors' graphs (models/efficient_capsnet_graph_mnist.py
@@ -34,8 +35,12 @@ def test_parameter_counts_are_the_papers(name, overrides, count):
 
 def test_the_layers_are_the_authors():
     mnist = capsnets.create_model("efficient_capsnet", device="meta")
-    assert [conv.kernel_size + conv.stride for conv in mnist.stem if isinstance(conv, torch.nn.Conv2d)] == \
-        [(5, 5, 1, 1), (3, 3, 1, 1), (3, 3, 1, 1), (3, 3, 2, 2)]
+    assert [conv.kernel_size + conv.stride for conv in mnist.stem if isinstance(conv, torch.nn.Conv2d)] == [
+        (5, 5, 1, 1),
+        (3, 3, 1, 1),
+        (3, 3, 1, 1),
+        (3, 3, 2, 2),
+    ]
     assert mnist.primary.conv.kernel_size == (9, 9) and mnist.primary.conv.groups == 128
     assert (mnist.classes.in_capsules, mnist.classes.in_dim, mnist.classes.out_dim) == (16, 8, 16)
     assert mnist.classes.routing.spec == SelfAttentionRouting(bias=True, squash="efficient")
@@ -85,8 +90,9 @@ def test_primary_capsules_are_the_depthwise_channels_squashed():
     torch.testing.assert_close(layer(x), (1 - 1 / torch.exp(n)) * s / n, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("name, input_size", [("efficient_capsnet", (1, 28, 28)),
-                                              ("efficient_capsnet_smallnorb", (2, 48, 48))])
+@pytest.mark.parametrize(
+    "name, input_size", [("efficient_capsnet", (1, 28, 28)), ("efficient_capsnet_smallnorb", (2, 48, 48))]
+)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_shapes_and_every_parameter_gets_a_gradient(name, input_size, batch):
     torch.manual_seed(0)
@@ -128,8 +134,12 @@ def test_bad_arguments_are_refused_clearly():
         capsnets.create_model("efficient_capsnet_smallnorb", input_size=(1, 12, 12))
     with pytest.raises(ValueError, match="multiples of 8.*reconstruction=False"):
         capsnets.create_model("efficient_capsnet_smallnorb", input_size=(1, 36, 36))
-    assert capsnets.create_model("efficient_capsnet_smallnorb", input_size=(1, 36, 36), reconstruction=False,
-                                 device="meta").decoder is None
+    assert (
+        capsnets.create_model(
+            "efficient_capsnet_smallnorb", input_size=(1, 36, 36), reconstruction=False, device="meta"
+        ).decoder
+        is None
+    )
     with pytest.raises(ArgumentError, match="routing=.*its type is 'em', and these capsule layers route with"):
         capsnets.create_model("efficient_capsnet", routing={"type": "em"})
     with pytest.raises(ValueError, match="norm must be one of 'batch', 'instance', got 'layer'"):
@@ -143,9 +153,13 @@ def test_bad_arguments_are_refused_clearly():
 
 
 def test_another_routing_can_be_passed_in():
-    model = capsnets.create_model("efficient_capsnet", routing={"type": "dynamic", "iterations": 2},
-                                  reconstruction=False)
-    assert model.model_args["routing"] == {"type": "dynamic", "iterations": 2, "detach_routing": True,
-                                           "none_of_the_above": False}
+    model = capsnets.create_model(
+        "efficient_capsnet", routing={"type": "dynamic", "iterations": 2}, reconstruction=False
+    )
+    assert model.model_args["routing"] == {
+        "type": "dynamic",
+        "iterations": 2,
+        "detach_routing": True,
+        "none_of_the_above": False,
+    }
     assert model(torch.rand(2, 1, 28, 28)).scores.shape == (2, 10)
-

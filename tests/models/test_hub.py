@@ -1,4 +1,5 @@
 """Models from files (:mod:`capsnets.models.hub`): built, saved and loaded without the training engine."""
+
 import subprocess
 import sys
 import textwrap

@@ -1,4 +1,5 @@
 """matrix_capsnet's two formulations: the paper's text and the authors' released code."""
+
 import pytest
 import torch
 
@@ -31,14 +32,22 @@ def test_official_initialisation():
     assert model.primary.pose.bias is None and model.primary.activation.bias is None
     assert model.primary.activation_offset == -1.0
     assert torch.all(model.conv.bias == 0.1)
-    for param, std in ((model.conv.weight, 0.05), (model.primary.pose.weight, 0.5),
-                       (model.primary.activation.weight, 3.0), (model.conv_caps1.weight, 0.3),
-                       (model.conv_caps2.weight, 0.3), (model.classes.weight, 0.01)):
+    for param, std in (
+        (model.conv.weight, 0.05),
+        (model.primary.pose.weight, 0.5),
+        (model.primary.activation.weight, 3.0),
+        (model.conv_caps1.weight, 0.3),
+        (model.conv_caps2.weight, 0.3),
+        (model.classes.weight, 0.01),
+    ):
         assert param.abs().max() <= 2 * std + 1e-7  # truncated at two standard deviations
         # a normal truncated at +-2 std has a standard deviation of 0.880 std
         assert param.std().item() == pytest.approx(0.880 * std, rel=0.1), param.shape
-    for layer, beta_a, beta_v in ((model.conv_caps1, 0.5, 0.5), (model.conv_caps2, 0.5, 0.5),
-                                  (model.classes, 1.0, 2.0)):
+    for layer, beta_a, beta_v in (
+        (model.conv_caps1, 0.5, 0.5),
+        (model.conv_caps2, 0.5, 0.5),
+        (model.classes, 1.0, 2.0),
+    ):
         assert torch.all(layer.beta_a == beta_a) and torch.all(layer.beta_v == beta_v)
 
 
@@ -68,8 +77,9 @@ def test_paper_and_official_models_differ_only_in_the_primary_biases():
 
 def test_official_formulation_refuses_the_paper_cost_options():
     with pytest.raises(ValueError, match="cost_normalization must be None"):
-        capsnets.create_model("matrix_capsnet_small", formulation="official",
-                              routing={"cost_normalization": "mean_std"})
+        capsnets.create_model(
+            "matrix_capsnet_small", formulation="official", routing={"cost_normalization": "mean_std"}
+        )
     # other settings make a routing that is not the released code's: it is used in every layer
     model = capsnets.create_model("matrix_capsnet_small", formulation="official", routing={"inverse_temperature": 1.0})
     assert model.classes.routing is model.conv_caps1.routing
@@ -80,8 +90,9 @@ def test_official_formulation_refuses_the_paper_cost_options():
 
 def test_a_routing_object_overrides_the_routing_but_not_the_rest():
     routing = EMRouting(2)
-    model = capsnets.create_model("matrix_capsnet_small", formulation="official", routing=routing,
-                                  assignment_scope="position")
+    model = capsnets.create_model(
+        "matrix_capsnet_small", formulation="official", routing=routing, assignment_scope="position"
+    )
     assert model.conv_caps1.routing is routing and model.classes.routing is routing
     assert model.primary.activation_offset == -1.0
 

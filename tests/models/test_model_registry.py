@@ -1,12 +1,13 @@
 """Registry-driven model tests (timm style): every registered model, forward and backward on CPU."""
+
 import pytest
 import torch
+from helpers import assert_finite
 
 import capsnets
 from capsnets.functional import DynamicRouting, EMRouting
 from capsnets.losses import create_loss
 from capsnets.models import MatrixCapsNet
-from helpers import assert_finite
 
 EXPECTED_PARAMETERS = {
     "capsnet": 8_215_568,  # Sabour, Frosst & Hinton (2017), Sec. 5: 8.2M
@@ -94,8 +95,13 @@ def test_matrix_models_configure_their_em_routing():
 
 def test_matrix_models_take_the_assignment_scope_of_their_convolutional_capsule_layers():
     torch.manual_seed(0)
-    model = capsnets.create_model("matrix_capsnet_small", input_size=(1, 28, 28), num_classes=10,
-                                  assignment_scope="all_parents", routing={"detach_routing": True})
+    model = capsnets.create_model(
+        "matrix_capsnet_small",
+        input_size=(1, 28, 28),
+        num_classes=10,
+        assignment_scope="all_parents",
+        routing={"detach_routing": True},
+    )
     assert model.conv_caps1.assignment_scope == model.conv_caps2.assignment_scope == "all_parents"
     assert model.model_args["assignment_scope"] == "all_parents"
     images, labels = torch.rand(3, 1, 28, 28), torch.tensor([0, 4, 9])
@@ -130,16 +136,24 @@ def test_experiment_checkpoints_of_differently_built_models_are_refused(tmp_path
 
     model = capsnets.create_model("matrix_capsnet_small", routing={"detach_routing": True})
     assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
-    assert load_or_train(capsnets.create_model("matrix_capsnet_small", routing={"detach_routing": True}), "m",
-                         lambda: None, checkpoint_dir=tmp_path)
-    other = capsnets.create_model("matrix_capsnet_small", formulation="paper",
-                                  routing={"cost_normalization": "mean_std", "detach_routing": True})
+    assert load_or_train(
+        capsnets.create_model("matrix_capsnet_small", routing={"detach_routing": True}),
+        "m",
+        lambda: None,
+        checkpoint_dir=tmp_path,
+    )
+    other = capsnets.create_model(
+        "matrix_capsnet_small", formulation="paper", routing={"cost_normalization": "mean_std", "detach_routing": True}
+    )
     with pytest.raises(ValueError, match=r"cost_normalization.*another --checkpoint-dir"):
         load_or_train(other, "m", lambda: None, checkpoint_dir=tmp_path)
 
 
-SMALL = [name for name in capsnets.list_models("classification") + capsnets.list_models("segmentation")
-         if name.endswith(("_small", "_narrow", "_digits"))]
+SMALL = [
+    name
+    for name in capsnets.list_models("classification") + capsnets.list_models("segmentation")
+    if name.endswith(("_small", "_narrow", "_digits"))
+]
 
 
 @pytest.mark.parametrize("name", SMALL)
@@ -153,8 +167,11 @@ def test_training_steps_leave_no_tensors_behind(name):
     criterion = create_loss(model.default_loss)
     optimizer = torch.optim.Adam(model.parameters())
     images = torch.rand(2, *model.input_size)
-    targets = (images > 0.5).float() if capsnets.models.model_task(name) == "segmentation" else \
-        torch.arange(2) % model.num_classes
+    targets = (
+        (images > 0.5).float()
+        if capsnets.models.model_task(name) == "segmentation"
+        else torch.arange(2) % model.num_classes
+    )
 
     def live_tensors():
         gc.collect()
@@ -178,9 +195,17 @@ def test_training_steps_leave_no_tensors_behind(name):
 def test_matrix_models_give_the_class_layer_a_routing_of_its_own():
     conv = EMRouting(3, detach_routing=True)
     classes = EMRouting(3, 1.0, cost_normalization="mean_std", detach_routing=True)
-    model = MatrixCapsNet(input_size=(1, 28, 28), num_classes=10, conv_channels=64, primary_types=8,
-                          conv_caps1_types=16, conv_caps2_types=16, formulation="paper", routing=conv,
-                          class_routing=classes.to_config())
+    model = MatrixCapsNet(
+        input_size=(1, 28, 28),
+        num_classes=10,
+        conv_channels=64,
+        primary_types=8,
+        conv_caps1_types=16,
+        conv_caps2_types=16,
+        formulation="paper",
+        routing=conv,
+        class_routing=classes.to_config(),
+    )
     assert model.conv_caps1.routing is conv and model.conv_caps2.routing is conv
     assert model.classes.routing == classes
     images, labels = torch.rand(2, 1, 28, 28), torch.tensor([1, 7])

@@ -1,13 +1,14 @@
 """A routing passed to a model builder survives a checkpoint: it is recorded as its spec and rebuilt, and a
 routing the library cannot describe is recorded as such and refuses to be rebuilt (never the default)."""
+
 import pytest
 import torch
 
 import capsnets
 from capsnets.engine.checkpoint import save_checkpoint
+from capsnets.functional import DynamicRouting, EMRouting
 from capsnets.io import load_checkpoint
 from capsnets.models.hub import load_model, restore_model
-from capsnets.functional import DynamicRouting, EMRouting
 
 
 def _routings(model):
@@ -22,12 +23,21 @@ def _save(model, path):
 CASES = {
     "dynamic, 2 iterations": ("capsnet_digits", {"routing": DynamicRouting(2)}, (1, 8, 8)),
     "EM paper formulation": ("matrix_capsnet_small", {"routing": EMRouting(detach_routing=True)}, (1, 32, 32)),
-    "EM official, 2 iterations": ("matrix_capsnet_small", {"routing": EMRouting.official(2, layer="class")},
-                                  (1, 32, 32)),
-    "EM official spec": ("matrix_capsnet_small",
-                         {"routing": {"type": "em", "iterations": 1, "formulation": "official"}}, (1, 32, 32)),
-    "dynamic spec, SegCaps": ("segcaps_small", {"routing": {"type": "dynamic", "iterations": 2,
-                                                            "detach_routing": False}}, (1, 16, 16)),
+    "EM official, 2 iterations": (
+        "matrix_capsnet_small",
+        {"routing": EMRouting.official(2, layer="class")},
+        (1, 32, 32),
+    ),
+    "EM official spec": (
+        "matrix_capsnet_small",
+        {"routing": {"type": "em", "iterations": 1, "formulation": "official"}},
+        (1, 32, 32),
+    ),
+    "dynamic spec, SegCaps": (
+        "segcaps_small",
+        {"routing": {"type": "dynamic", "iterations": 2, "detach_routing": False}},
+        (1, 16, 16),
+    ),
 }
 
 
@@ -54,7 +64,8 @@ def test_the_recorded_spec_is_complete_and_json():
     spec = model.model_args["routing"]
     assert spec == routing.to_config() and spec["eps"] == 1e-5 and len(spec["inverse_temperature"]) == 2
     assert capsnets.create_model("capsnet_small", routing=DynamicRouting(2)).model_args == {
-        "routing": {"type": "dynamic", "iterations": 2, "detach_routing": True, "none_of_the_above": False}}
+        "routing": {"type": "dynamic", "iterations": 2, "detach_routing": True, "none_of_the_above": False}
+    }
     partial = capsnets.create_model("capsnet_small", routing={"type": "dynamic", "iterations": 2})
     assert partial.model_args["routing"] == DynamicRouting(2).to_config()  # the defaults filled in
 
@@ -84,10 +95,12 @@ def test_an_undescribed_routing_is_recorded_and_refuses_to_be_rebuilt(tmp_path):
 
 def test_routing_settings_alone_update_the_models_default_routing():
     assert capsnets.create_model("capsnet_digits", routing={"iterations": 2}).classes.routing == DynamicRouting(2)
-    assert capsnets.create_model("segcaps_small", routing={"detach_routing": False}).enc1.routing == \
-        DynamicRouting(detach_routing=False)
-    assert capsnets.create_model("matrix_capsnet_small", routing={"iterations": 2}).conv_caps1.routing == \
-        EMRouting.official(2)
+    assert capsnets.create_model("segcaps_small", routing={"detach_routing": False}).enc1.routing == DynamicRouting(
+        detach_routing=False
+    )
+    assert capsnets.create_model(
+        "matrix_capsnet_small", routing={"iterations": 2}
+    ).conv_caps1.routing == EMRouting.official(2)
 
 
 def test_builders_leave_the_routing_defaults_to_the_routing():

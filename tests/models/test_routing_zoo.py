@@ -1,15 +1,16 @@
 """The router zoo (Hahn, Pyeon & Kim 2019's comparison): one backbone, every head, parameter counts against the
 authors' code (coder3000/SR-CapsNet), shapes, gradients, losses and errors."""
+
 import pytest
 import torch
+from helpers import assert_finite
 
 import capsnets
-from capsnets.functional import DynamicRouting
 from capsnets.cli import main
-from capsnets.validation import ArgumentError, describe
+from capsnets.functional import DynamicRouting
 from capsnets.losses import create_loss
 from capsnets.models.routing_zoo import HEAD_LOSSES, HEADS, RoutingZoo
-from helpers import assert_finite
+from capsnets.validation import ArgumentError, describe
 
 # The paper gives parameter counts only for its ResNet-20 models. These are the counts of the code's smallNORB
 # network (models/convnet.py, ConvNet with planes=16, num_caps=32, caps_size=16, depth=1; 1 channel, 5 classes),
@@ -17,13 +18,22 @@ from helpers import assert_finite
 # DR adds conv_pose + bn_pose (lines 63-64) 590,848 and W (line 65) 512 * 80 * 16 = 655,360; EM conv_a + bn_a
 # 36,928, conv_pose + bn_pose 590,848, W 512 * 5 * 16 = 40,960 and beta_u, beta_a 10 (modules.py lines 92-96);
 # AVG/MAX a 128 -> 5 linear layer; FC conv_ + bn_ 590,848 and a 8192 -> 5 linear layer.
-CODE_COUNTS = {"dynamic": 1_389_872, "em": 812_410, "avg_pool": 144_309, "max_pool": 144_309,
-               "fully_connected": 775_477}
+CODE_COUNTS = {
+    "dynamic": 1_389_872,
+    "em": 812_410,
+    "avg_pool": 144_309,
+    "max_pool": 144_309,
+    "fully_connected": 775_477,
+}
 # The heads the code does not have, or has otherwise: self-attention adds its log priors (512 x 5), inverted
 # attention its LayerNorm's affine part (2 x 16) and the shared 16 -> 1 classifier, self-routing conv_a + bn_a
 # and the routing network (512 x 5 x 16 + 512 x 5), and poses for its class capsules (512 x 5 x 16 x 16).
-OTHER_COUNTS = {"uniform": 1_389_872, "self_attention": 1_389_872 + 2_560, "inverted_attention": 1_389_872 + 32 + 17,
-                "self_routing": 1_389_872 + 36_928 + 40_960 + 2_560}
+OTHER_COUNTS = {
+    "uniform": 1_389_872,
+    "self_attention": 1_389_872 + 2_560,
+    "inverted_attention": 1_389_872 + 32 + 17,
+    "self_routing": 1_389_872 + 36_928 + 40_960 + 2_560,
+}
 
 
 def test_every_head_is_counted():
@@ -36,9 +46,17 @@ def test_parameter_counts(head):
     assert capsnets.count_parameters(model) == {**CODE_COUNTS, **OTHER_COUNTS}[head]
 
 
-SCORES = {"dynamic": "length", "self_attention": "length", "uniform": "length", "em": "activation",
-          "inverted_attention": "logits", "self_routing": "logits", "avg_pool": "logits", "max_pool": "logits",
-          "fully_connected": "logits"}
+SCORES = {
+    "dynamic": "length",
+    "self_attention": "length",
+    "uniform": "length",
+    "em": "activation",
+    "inverted_attention": "logits",
+    "self_routing": "logits",
+    "avg_pool": "logits",
+    "max_pool": "logits",
+    "fully_connected": "logits",
+}
 
 
 @pytest.mark.parametrize("head", HEADS)
@@ -88,8 +106,7 @@ def test_every_head_has_the_same_backbone():
 def test_routing_settings_reach_the_heads():
     dynamic = capsnets.create_model("routing_zoo", head="dynamic", routing={"iterations": 2}, device="meta")
     em = capsnets.create_model("routing_zoo", head="em", routing={"iterations": 2}, device="meta")
-    inverted = capsnets.create_model("routing_zoo", head="inverted_attention", routing={"iterations": 4},
-                                     device="meta")
+    inverted = capsnets.create_model("routing_zoo", head="inverted_attention", routing={"iterations": 4}, device="meta")
     assert dynamic.head.classes.routing.iterations == em.head.classes.routing.iterations == 2
     assert inverted.head.classes.routing.spec.iterations == 4
     assert dynamic.model_args == {"head": "dynamic", "routing": DynamicRouting(2).to_config()}

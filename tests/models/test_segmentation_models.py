@@ -1,13 +1,14 @@
 """Segmentation models (SegCaps and its U-Net baseline), their loss, the Dice score and the data generator."""
+
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_finite
 
 import capsnets
 from capsnets.data.segmentation import make_digit_segmentation
 from capsnets.engine import dice_score
 from capsnets.losses import binary_segmentation_loss, create_loss
-from helpers import assert_finite
 
 SEGMENTATION = capsnets.list_models("segmentation")
 
@@ -93,8 +94,11 @@ def test_the_trainer_refuses_segmentation_models(tmp_path):
     from capsnets.engine import TrainConfig, train
 
     with pytest.raises(ValueError, match="segmentation model.*trainer trains classifiers"):
-        train(TrainConfig(model="segcaps_small", dataset="digits", epochs=1, device="cpu", progress=False,
-                          out=str(tmp_path)))
+        train(
+            TrainConfig(
+                model="segcaps_small", dataset="digits", epochs=1, device="cpu", progress=False, out=str(tmp_path)
+            )
+        )
 
 
 def test_binary_segmentation_loss_is_weighted_cross_entropy():
@@ -117,8 +121,10 @@ def test_the_unet_loss_is_the_same_cross_entropy_from_logits_and_keeps_its_gradi
     z = torch.randn(2, 1, 4, 4, dtype=torch.float64) * 3
     m = (torch.rand(2, 1, 4, 4) > 0.5).double()
     for weight in (1.0, 3.0):
-        torch.testing.assert_close(binary_segmentation_loss_from_logits(z, m, pos_weight=weight),
-                                   binary_segmentation_loss(torch.sigmoid(z), m, pos_weight=weight))
+        torch.testing.assert_close(
+            binary_segmentation_loss_from_logits(z, m, pos_weight=weight),
+            binary_segmentation_loss(torch.sigmoid(z), m, pos_weight=weight),
+        )
     # An object pixel scored far below the clamp (p < 1e-6): the probability form has no gradient there,
     # so a network that pushed it there could never recover; the logit form pulls it back.
     deep = torch.full((1, 1, 1, 1), -20.0, dtype=torch.float64, requires_grad=True)
@@ -144,8 +150,9 @@ def test_segcaps_loss_reconstructs_the_image_inside_the_mask():
     out = SegmentationOutput(masks * 0.5 + 0.25, None, images * masks)  # perfect reconstruction
     loss, parts = create_loss("segcaps", reconstruction_weight=10.0)(out, images, masks)
     assert parts["reconstruction"] == 0 and loss == parts["bce"]
-    _, parts = create_loss("segcaps", reconstruction_weight=10.0)(SegmentationOutput(out.probabilities, None, images),
-                                                                  images, masks)
+    _, parts = create_loss("segcaps", reconstruction_weight=10.0)(
+        SegmentationOutput(out.probabilities, None, images), images, masks
+    )
     torch.testing.assert_close(parts["reconstruction"], 10.0 * (images * (1 - masks)).pow(2).mean())
 
 

@@ -1,11 +1,12 @@
 """Transforming auto-encoder (Hinton, Krizhevsky & Wang 2011): the known shift is applied to every capsule's
 pose, shapes, gradients, training pairs and bad inputs."""
+
 import pytest
 import torch
 
 import capsnets
-from capsnets.losses import create_loss
 from capsnets.data import shift_pairs
+from capsnets.losses import create_loss
 
 
 def test_registered_with_the_paper_sizes():

@@ -1,10 +1,10 @@
 """Fixtures of the fault-injection tests: uninterrupted runs to compare against, made once per session."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
 from reliability.faults import train_args
 
 
@@ -23,4 +23,3 @@ def clean_runs(tmp_path_factory) -> dict[int, Path]:
             runs[epochs] = root / f"epochs{epochs}"
             assert main([*train_args(epochs), "--out", str(runs[epochs])]) == 0
     return runs
-

@@ -13,6 +13,7 @@ seconds after starting it. ``log`` receives the child's stdout and stderr; ``cou
 (written when the child ends by itself). ``figures: false`` replaces the run's figures by nothing (drawing them
 takes most of a short run's time), ``"stub"`` by tiny files written the same way (:func:`stub_figures`).
 """
+
 from __future__ import annotations
 
 import builtins
@@ -56,8 +57,12 @@ class _Plan:
 
     def fires(self, site: str, mode: str) -> bool:
         kill = self.kill
-        return (kill is not None and kill.get("site") == site and kill.get("mode", SITES[site][0]) == mode
-                and kill["call"] == self.counts[site])
+        return (
+            kill is not None
+            and kill.get("site") == site
+            and kill.get("mode", SITES[site][0]) == mode
+            and kill["call"] == self.counts[site]
+        )
 
 
 class _Writer:
@@ -70,7 +75,7 @@ class _Writer:
     def write(self, data):
         self._plan.counts["write"] += 1
         if self._plan.fires("write", "torn"):
-            self._handle.write(data[:len(data) // 2])
+            self._handle.write(data[: len(data) // 2])
             self._handle.flush()
             _die()
         return self._handle.write(data)
@@ -239,8 +244,10 @@ def serve() -> None:
         status = _wait(pid, (request.get("kill") or {}).get("after_s"))
         code = os.waitstatus_to_exitcode(status)
         counts = request.get("counts")
-        answer = {"status": code, "counts": json.loads(Path(counts).read_text())
-                  if counts and code >= 0 and Path(counts).is_file() else None}
+        answer = {
+            "status": code,
+            "counts": json.loads(Path(counts).read_text()) if counts and code >= 0 and Path(counts).is_file() else None,
+        }
         print(json.dumps(answer), flush=True)
 
 

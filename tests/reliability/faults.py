@@ -1,5 +1,6 @@
 """What the fault-injection tests share: the tiny training they break, and the checks that a run recovered
 from a fault is the run that was never broken (importable as ``reliability.faults``)."""
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,28 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 
-
 def train_args(epochs: int = 3) -> list[str]:
     """The tiny offline training every case breaks: ``epochs`` epochs of 2 steps on 32 digits, tested on 16."""
-    return ["train", "--model", "capsnet_digits", "--dataset", "digits", "--epochs", str(epochs), "--batch-size",
-            "16", "--limit-train", "32", "--limit-test", "16", "--device", "cpu", "--no-progress",
-            "--model-arg", "routing.iterations=2"]
+    return [
+        "train",
+        "--model",
+        "capsnet_digits",
+        "--dataset",
+        "digits",
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        "16",
+        "--limit-train",
+        "32",
+        "--limit-test",
+        "16",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--model-arg",
+        "routing.iterations=2",
+    ]
 
 
 TRAIN = train_args(3)
@@ -64,11 +81,14 @@ def assert_same_run(run: Path, reference: Path, *, figures: bool = False) -> Non
         assert sorted(k for k in ours if k.startswith(prefix)) == keys, f"{name}: other tensors"
         differ = [k for k in keys if not torch.equal(ours[k], theirs[k])]
         assert not differ, f"{run.name}/{name}.safetensors differs from the uninterrupted run in {differ[:5]}"
-        assert sidecar(run / f"{name}.safetensors") == json.loads((run / f"{name}.json").read_text()), \
+        assert sidecar(run / f"{name}.safetensors") == json.loads((run / f"{name}.json").read_text()), (
             f"{name}.json is not the copy of {name}.safetensors' sidecar"
+        )
     assert records(run) == records(reference), "metrics.jsonl differs from the uninterrupted run"
-    history = [{k: v for k, v in r.items() if k not in TIMINGS}
-               for r in sidecar(run / "last.safetensors")["training"]["history"]]
+    history = [
+        {k: v for k, v in r.items() if k not in TIMINGS}
+        for r in sidecar(run / "last.safetensors")["training"]["history"]
+    ]
     assert history == records(reference)
     leftovers = [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
     assert not leftovers, f"temporary files left in {run}: {leftovers}"
@@ -76,8 +96,9 @@ def assert_same_run(run: Path, reference: Path, *, figures: bool = False) -> Non
     for key in ("epochs", "test_accuracy", "best_epoch", "best_test_accuracy"):
         assert summary[key] == expected[key], key
     if figures:
-        missing = [n for n in ("training_curves.png", "confusion_matrix.png", "reconstructions.png")
-                   if not (run / n).is_file()]
+        missing = [
+            n for n in ("training_curves.png", "confusion_matrix.png", "reconstructions.png") if not (run / n).is_file()
+        ]
         assert not missing, f"figures missing after recovery: {missing}"
 
 
@@ -116,12 +137,17 @@ class CrashRunner:
 
     def __init__(self, logs: Path) -> None:
         self.logs, self.count = logs, 0
-        self.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("crash_runner.py"))],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("crash_runner.py"))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert json.loads(self.process.stdout.readline()) == {"ready": True}
 
-    def run(self, argv: list[str], *, kill: dict | None = None, figures: bool | str = False
-            ) -> tuple[int, str, dict | None]:
+    def run(
+        self, argv: list[str], *, kill: dict | None = None, figures: bool | str = False
+    ) -> tuple[int, str, dict | None]:
         """Run ``argv``; returns (exit status or -signal, the child's stderr and stdout, site call counts)."""
         self.count += 1
         log, counts = self.logs / f"{self.count}.log", self.logs / f"{self.count}.counts"

@@ -13,6 +13,7 @@ second (``cnn_baseline``, ``pix2pix``, ``unet``). Figures are replaced by nothin
 writes a report (their settings are still checked), and downloads fail as offline. The short version runs 50
 examples, derandomized; ``-m faults_long`` runs 600, random.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,46 +26,130 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings, strategies as st
-
-from capsnets.cli import build_parser, main
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from reliability.faults import copy_run, one_error_line
 
-MODELS = ["capsnet_digits", "capsnet", "capsnet_small", "matrix_capsnet_small", "cnn_smallnorb_narrow",
-          "cnn_baseline_narrow", "segcaps_small", "transforming_autoencoder", "capsnet_dgits"]
+from capsnets.cli import build_parser, main
+
+MODELS = [
+    "capsnet_digits",
+    "capsnet",
+    "capsnet_small",
+    "matrix_capsnet_small",
+    "cnn_smallnorb_narrow",
+    "cnn_baseline_narrow",
+    "segcaps_small",
+    "transforming_autoencoder",
+    "capsnet_dgits",
+]
 DATASETS = ["digits", "mnist", "fashion-mnist", "smallnorb", "DIGITS", "cifar"]
 DEVICES = ["cpu", "auto", "cuda", "cuda:0", "cuda:7", "mps", "cpu:1", "cuda:x", "CPU", "xpu", "meta"]
 LOSSES = ["margin", "spread", "cross_entropy", "transforming", "hinge", "segcaps", "binary_segmentation"]
 NOT_HUGE = ("iterations", "routing.iterations")  # (iteration counts: far too slow)
-LOSS_KEYS = ["reconstruction_weight", "m_pos", "m_neg", "down_weight", "margin_start", "margin_end", "ramp",
-             "label_smoothing", "m_plus", "bogus"]
+LOSS_KEYS = [
+    "reconstruction_weight",
+    "m_pos",
+    "m_neg",
+    "down_weight",
+    "margin_start",
+    "margin_end",
+    "ramp",
+    "label_smoothing",
+    "m_plus",
+    "bogus",
+]
 #: YAML values for --model-arg / --loss-arg / --set, valid and invalid.
-VALUES = ["1", "2", "0", "-1", "1.5", "1e-3", ".nan", ".inf", "-.inf", "nan", "null", "true", "false", "x", "'2'",
-          "[1, 8, 8]", "[1, 28, 28]", "[]", "[1, -8, 8]", "{}", "{type: dynamic, iterations: 2}",
-          "{type: bogus}", "{type: em}", "[[1]]", "1e400"]
+VALUES = [
+    "1",
+    "2",
+    "0",
+    "-1",
+    "1.5",
+    "1e-3",
+    ".nan",
+    ".inf",
+    "-.inf",
+    "nan",
+    "null",
+    "true",
+    "false",
+    "x",
+    "'2'",
+    "[1, 8, 8]",
+    "[1, 28, 28]",
+    "[]",
+    "[1, -8, 8]",
+    "{}",
+    "{type: dynamic, iterations: 2}",
+    "{type: bogus}",
+    "{type: em}",
+    "[[1]]",
+    "1e400",
+]
 HUGE = ["1000000000000000", "[1, 1000000000000000, 8]", "[1000000000000000, 8]"]  # sizes: refused or out of memory
 
 GARBAGE = st.one_of(
-    st.sampled_from(["", " ", "-", "x", "None", "null", "[1, 2]", "{a: 1}", "{", "é", "1e309", "0x10", "3.0", "=",
-                     "a=b=c", "~", "/", ".."]),
-    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8))
-BAD_INTEGERS = st.sampled_from([0, -1, -3, 2**31, 2**63, 2**64, 10**30, -10**30]).map(str)
-BAD_FLOATS = st.one_of(st.sampled_from([0.0, -0.0, -1.0, 1e300, -1e300, 1e39, float("nan"), float("inf"),
-                                        float("-inf")]), st.floats()).map(repr)
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "-",
+            "x",
+            "None",
+            "null",
+            "[1, 2]",
+            "{a: 1}",
+            "{",
+            "é",
+            "1e309",
+            "0x10",
+            "3.0",
+            "=",
+            "a=b=c",
+            "~",
+            "/",
+            "..",
+        ]
+    ),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8),
+)
+BAD_INTEGERS = st.sampled_from([0, -1, -3, 2**31, 2**63, 2**64, 10**30, -(10**30)]).map(str)
+BAD_FLOATS = st.one_of(
+    st.sampled_from([0.0, -0.0, -1.0, 1e300, -1e300, 1e39, float("nan"), float("inf"), float("-inf")]), st.floats()
+).map(repr)
 #: What each option takes (a value, a drawn value or a path), and what is wrong for it; ints and floats not named
 #: take VALID_INT / VALID_FLOAT.
-VALID = {"epochs": st.integers(1, 3), "limit_train": st.integers(1, 3), "limit_test": st.integers(1, 3),
-         "n": st.integers(1, 4), "batch_size": st.integers(1, 16), "lr": st.floats(1e-5, 0.1),
-         "lr_decay": st.floats(0.5, 1.0), "weight_decay": st.sampled_from([0.0, 1e-4]), "seed": st.integers(0, 2**32),
-         "max_shift": st.integers(0, 3), "time_limit_minutes": st.floats(1e-6, 10.0), "seeds": st.integers(0, 9),
-         "model": st.sampled_from(MODELS[:-1]), "dataset": st.sampled_from(DATASETS[:3]),
-         "device": st.sampled_from(["cpu", "auto"]), "loss": st.sampled_from(LOSSES[:3]),
-         "amp": st.sampled_from(["auto", "bf16", "off"])}
-INVALID = {"epochs": st.integers(-3, 0), "limit_train": st.integers(-3, 0), "limit_test": st.integers(-3, 0),
-           "n": st.integers(-3, 0),
-           "model": st.sampled_from([MODELS[-1], "unet", "capspix2pix_small", ""]),
-           "dataset": st.sampled_from(DATASETS[3:]), "device": st.sampled_from(DEVICES[2:]),
-           "loss": st.sampled_from(LOSSES[3:]), "amp": st.just("fp16")}
+VALID = {
+    "epochs": st.integers(1, 3),
+    "limit_train": st.integers(1, 3),
+    "limit_test": st.integers(1, 3),
+    "n": st.integers(1, 4),
+    "batch_size": st.integers(1, 16),
+    "lr": st.floats(1e-5, 0.1),
+    "lr_decay": st.floats(0.5, 1.0),
+    "weight_decay": st.sampled_from([0.0, 1e-4]),
+    "seed": st.integers(0, 2**32),
+    "max_shift": st.integers(0, 3),
+    "time_limit_minutes": st.floats(1e-6, 10.0),
+    "seeds": st.integers(0, 9),
+    "model": st.sampled_from(MODELS[:-1]),
+    "dataset": st.sampled_from(DATASETS[:3]),
+    "device": st.sampled_from(["cpu", "auto"]),
+    "loss": st.sampled_from(LOSSES[:3]),
+    "amp": st.sampled_from(["auto", "bf16", "off"]),
+}
+INVALID = {
+    "epochs": st.integers(-3, 0),
+    "limit_train": st.integers(-3, 0),
+    "limit_test": st.integers(-3, 0),
+    "n": st.integers(-3, 0),
+    "model": st.sampled_from([MODELS[-1], "unet", "capspix2pix_small", ""]),
+    "dataset": st.sampled_from(DATASETS[3:]),
+    "device": st.sampled_from(DEVICES[2:]),
+    "loss": st.sampled_from(LOSSES[3:]),
+    "amp": st.just("fp16"),
+}
 VALID_INT, VALID_FLOAT = st.integers(1, 3), st.floats(1e-3, 1.0)
 
 
@@ -81,14 +166,21 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 #: Items that are right (for the default model, the margin loss, every experiment).
-VALID_ITEMS = {"model_arg": ["routing.iterations=1", "routing.iterations=2", "reconstruction=false",
-                             "routing.detach_routing=false"],
-               "loss_arg": ["reconstruction_weight=0.001", "reconstruction_weight=0"],
-               "set": ["train_minutes=1", "batch_size=8"]}
+VALID_ITEMS = {
+    "model_arg": [
+        "routing.iterations=1",
+        "routing.iterations=2",
+        "reconstruction=false",
+        "routing.detach_routing=false",
+    ],
+    "loss_arg": ["reconstruction_weight=0.001", "reconstruction_weight=0"],
+    "set": ["train_minutes=1", "batch_size=8"],
+}
 
 
 def _key_value(keys: list[str], valid: list[str]):
     """``KEY=VALUE`` items: known and unknown keys, valid and invalid values, huge ones (not for :data:`NOT_HUGE`)."""
+
     def item(key, value):
         return f"{key}={value}"
 
@@ -135,13 +227,32 @@ class _Paths:
             Image.new("L", (8, 8), 0).save(folder / "dark.png")
             Image.new("RGB", (30, 20), "white").save(folder / "paper.jpg")
             Image.new("RGBA", (5, 90), (0, 0, 0, 0)).save(self.root / "clear.png")
-        return st.sampled_from([folder, folder / "dark.png", folder / "paper.jpg", self.root / "clear.png",
-                                self.file, self.empty, self.missing]).map(str)
+        return st.sampled_from(
+            [
+                folder,
+                folder / "dark.png",
+                folder / "paper.jpg",
+                self.root / "clear.png",
+                self.file,
+                self.empty,
+                self.missing,
+            ]
+        ).map(str)
 
     def checkpoints(self):
         run = self.run
-        return st.sampled_from([run, run / "best.safetensors", run / "last.json", run / "config.yaml", self.file,
-                                self.empty, self.missing, run / "nope.safetensors"]).map(str)
+        return st.sampled_from(
+            [
+                run,
+                run / "best.safetensors",
+                run / "last.json",
+                run / "config.yaml",
+                self.file,
+                self.empty,
+                self.missing,
+                run / "nope.safetensors",
+            ]
+        ).map(str)
 
     def data_dirs(self):
         shared = os.environ.get("CAPSNETS_DATA") or str(self.empty)
@@ -162,8 +273,11 @@ class _Paths:
             path.write_text(data.draw(st.sampled_from(["", "[1, 2]", "epochs: [", "\x7fELF", "7", "model:\n- a"])))
             return str(path)
         keys = [k for k in field_names() if k not in ("epochs", "limit_train", "limit_test", "compile")] + ["bogus"]
-        values = {"model": st.sampled_from(MODELS), "dataset": st.sampled_from(DATASETS[:3]),
-                  "data_dir": self.data_dirs()}
+        values = {
+            "model": st.sampled_from(MODELS),
+            "dataset": st.sampled_from(DATASETS[:3]),
+            "data_dir": self.data_dirs(),
+        }
         entries = data.draw(st.dictionaries(st.sampled_from(keys), st.sampled_from(VALUES), max_size=3))
         lines = [f"{k}: {data.draw(values[k]) if k in values else v}" for k, v in entries.items()]
         path.write_text("\n".join(lines) + "\n")
@@ -174,8 +288,12 @@ def _value(data, command: str, action: argparse.Action, paths: _Paths) -> str:
     dest = action.dest
     if dest == "config":
         return paths.configs(data)
-    paths_of = {"data_dir": paths.data_dirs, "out": paths.outs, "checkpoint": paths.checkpoints,
-                "checkpoint_dir": paths.outs}
+    paths_of = {
+        "data_dir": paths.data_dirs,
+        "out": paths.outs,
+        "checkpoint": paths.checkpoints,
+        "checkpoint_dir": paths.outs,
+    }
     if dest in paths_of:
         return data.draw(_one_in_five_wrong(paths_of[dest](), GARBAGE), label=dest)
     number = {int: (VALID_INT, BAD_INTEGERS), float: (VALID_FLOAT, BAD_FLOATS)}.get(action.type, (GARBAGE, GARBAGE))
@@ -186,13 +304,20 @@ def _value(data, command: str, action: argparse.Action, paths: _Paths) -> str:
 def _argv(data, paths: _Paths) -> list[str]:
     """One command line: a sub-command, some of its options in any order, each with a drawn value."""
     parsers = _subcommands()
-    weights = {"train": 5, "evaluate": 2, "reconstruct": 1, "predict": 2, "export": 1, "experiment": 1,
-               "list-models": 1, "demo": 1}
+    weights = {
+        "train": 5,
+        "evaluate": 2,
+        "reconstruct": 1,
+        "predict": 2,
+        "export": 1,
+        "experiment": 1,
+        "list-models": 1,
+        "demo": 1,
+    }
     assert set(weights) == set(parsers), "a new sub-command: give it a weight"
     command = data.draw(st.sampled_from([c for c, n in weights.items() for _ in range(n)]), label="command")
     argv = [command]
-    actions = [a for a in parsers[command]._actions if a.option_strings and a.dest != "help"
-               and a.dest != "compile"]
+    actions = [a for a in parsers[command]._actions if a.option_strings and a.dest != "help" and a.dest != "compile"]
     positional = [a for a in parsers[command]._actions if not a.option_strings]
     if command == "predict":
         argv += data.draw(st.lists(paths.images(), min_size=1, max_size=3), label="images")
@@ -200,9 +325,14 @@ def _argv(data, paths: _Paths) -> list[str]:
         names = _positional_names(command)
         if data.draw(st.booleans(), label="positional"):
             argv.append(data.draw(_one_in_five_wrong(st.sampled_from(names), st.just("bogus")), label="name"))
-    chosen = data.draw(st.lists(st.sampled_from(actions), max_size=6, unique_by=lambda a: a.dest), label="options") \
-        if actions else []
-    if command in ("evaluate", "reconstruct", "predict", "export") and data.draw(st.sampled_from([True] * 9 + [False]), label="ckpt"):
+    chosen = (
+        data.draw(st.lists(st.sampled_from(actions), max_size=6, unique_by=lambda a: a.dest), label="options")
+        if actions
+        else []
+    )
+    if command in ("evaluate", "reconstruct", "predict", "export") and data.draw(
+        st.sampled_from([True] * 9 + [False]), label="ckpt"
+    ):
         chosen = [a for a in actions if a.dest == "checkpoint"] + [a for a in chosen if a.dest != "checkpoint"]
     for action in chosen:
         option = action.option_strings[-1]
@@ -238,8 +368,13 @@ def _tiny(command: str, argv: list[str], paths: _Paths) -> list[str]:
     given = set(argv)
     extra = []
     if command == "train":
-        extra = [("--limit-train", "8"), ("--limit-test", "8"), ("--epochs", "1"), ("--device", "cpu"),
-                 ("--out", str(paths.root / "run"))]
+        extra = [
+            ("--limit-train", "8"),
+            ("--limit-test", "8"),
+            ("--epochs", "1"),
+            ("--device", "cpu"),
+            ("--out", str(paths.root / "run")),
+        ]
         if "--no-progress" not in given:
             argv.append("--no-progress")
     elif command in ("evaluate", "reconstruct"):
@@ -298,11 +433,15 @@ def offline_and_quick(monkeypatch, tmp_path, data_root):
 
     monkeypatch.setenv("CAPSNETS_DATA", str(data_root))
     try:  # demo: the server returns at once (the socket is still bound), and its model trains in a second
-        from capsnets.demo import app as demo_app, source as demo_source
+        from capsnets.demo import app as demo_app
+        from capsnets.demo import source as demo_source
 
         monkeypatch.setattr(demo_app, "run_server", lambda app, sock: None)
-        monkeypatch.setattr(demo_source, "DEMO_TRAINING", {**demo_source.DEMO_TRAINING, "epochs": 1,
-                                                           "limit_train": 8, "limit_test": 8, "progress": False})
+        monkeypatch.setattr(
+            demo_source,
+            "DEMO_TRAINING",
+            {**demo_source.DEMO_TRAINING, "epochs": 1, "limit_train": 8, "limit_test": 8, "progress": False},
+        )
     except ImportError:  # no demo extra: the command says so in one line
         pass
     monkeypatch.setattr(export, "export_model", stub_export)
@@ -368,14 +507,17 @@ def test_many_fuzzed_command_lines(trained, offline_and_quick, capsys, caplog, d
 TRAIN_TINY = ["train", "--limit-train", "8", "--limit-test", "8", "--epochs", "1", "--device", "cpu", "--no-progress"]
 
 
-@pytest.mark.parametrize("argv, named", [
-    ([*TRAIN_TINY, "--lr", "1e39"], "lr=1e+39"),  # was: RuntimeError from Adam's step (float32 overflow)
-    ([*TRAIN_TINY, "--weight-decay", "1e300"], "weight_decay=1e+300"),  # the same
-    ([*TRAIN_TINY, "--max-shift", str(10**21)], "max_shift="),  # was: "Overflow when unpacking long long"
-    ([*TRAIN_TINY, "--seed", str(2**64)], "seed=18446744073709551616"),  # the same
-    (["experiment", "multimnist", "--smoke", "--device", "cpu", "--seed", str(2**64)], "seed must be"),  # the same
-    (["experiment", "multimnist", "--smoke", "--device", "cpu", "--seeds", "1", str(2**32)], "seed must be"),
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        ([*TRAIN_TINY, "--lr", "1e39"], "lr=1e+39"),  # was: RuntimeError from Adam's step (float32 overflow)
+        ([*TRAIN_TINY, "--weight-decay", "1e300"], "weight_decay=1e+300"),  # the same
+        ([*TRAIN_TINY, "--max-shift", str(10**21)], "max_shift="),  # was: "Overflow when unpacking long long"
+        ([*TRAIN_TINY, "--seed", str(2**64)], "seed=18446744073709551616"),  # the same
+        (["experiment", "multimnist", "--smoke", "--device", "cpu", "--seed", str(2**64)], "seed must be"),  # the same
+        (["experiment", "multimnist", "--smoke", "--device", "cpu", "--seeds", "1", str(2**32)], "seed must be"),
+    ],
+)
 def test_values_of_the_fuzz_tried_one_by_one(argv, named, offline_and_quick, tmp_path, capsys):
     """Values of the fuzz's strategies that, tried one by one, ended in a traceback or in a message naming
     nothing (the fuzz meets them too rarely): now one line naming the value."""

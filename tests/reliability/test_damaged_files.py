@@ -8,6 +8,7 @@ The run damaged is ``clean_runs[2]`` (best checkpoint: epoch 1, last: epoch 2); 
 must end as the uninterrupted 3-epoch run. The short version damages each file once (10 cases, the checkpoint
 files also read by evaluate and reconstruct); ``-m faults_long`` every file in every way (53 cases x 3 commands).
 """
+
 from __future__ import annotations
 
 import json
@@ -15,14 +16,23 @@ import random
 from pathlib import Path
 
 import pytest
+from reliability.faults import assert_same_run, copy_run, one_error_line, snapshot
 
 from capsnets.cli import main
 from capsnets.engine import reporting
-from reliability.faults import assert_same_run, copy_run, one_error_line, snapshot
 
 LEFTOVER = ".last.safetensors.k3j4h5g6.tmp"  # what a save cut before its commit point leaves
-FILES = ("last.safetensors", "best.safetensors", "last.json", "best.json", "config.yaml", "metrics.jsonl",
-         "summary.json", LEFTOVER, ".lock")
+FILES = (
+    "last.safetensors",
+    "best.safetensors",
+    "last.json",
+    "best.json",
+    "config.yaml",
+    "metrics.jsonl",
+    "summary.json",
+    LEFTOVER,
+    ".lock",
+)
 CHECKPOINT_FILES = FILES[:4]  # what evaluate and reconstruct read
 DAMAGES = ("truncated", "empty", "zeroed", "garbled", "wrong type", "missing")
 WRONG_TYPE = {".json": b'["not", "an", "object"]', ".yaml": b"- 1\n- 2\n", ".jsonl": b'[]\n{"epoch": "one"}\n'}
@@ -42,8 +52,12 @@ def damage(run: Path, name: str, how: str) -> None:
             garbled[index] ^= 0xFF
         data = bytes(garbled)
     else:
-        data = {"truncated": data[:len(data) // 2], "empty": b"", "zeroed": bytes(len(data)),
-                "wrong type": WRONG_TYPE.get(Path(name).suffix, b"{}")}[how]
+        data = {
+            "truncated": data[: len(data) // 2],
+            "empty": b"",
+            "zeroed": bytes(len(data)),
+            "wrong type": WRONG_TYPE.get(Path(name).suffix, b"{}"),
+        }[how]
     path.write_bytes(data)
 
 
@@ -79,9 +93,11 @@ def _result(report: dict) -> dict:
 
 
 def _command(command: str, run: Path) -> list[str]:
-    return {"train": ["train", "--resume", "--epochs", "3", "--out", str(run)],
-            "evaluate": ["evaluate", "--checkpoint", str(run), "--device", "cpu"],
-            "reconstruct": ["reconstruct", "--checkpoint", str(run), "--device", "cpu", "--n", "4"]}[command]
+    return {
+        "train": ["train", "--resume", "--epochs", "3", "--out", str(run)],
+        "evaluate": ["evaluate", "--checkpoint", str(run), "--device", "cpu"],
+        "reconstruct": ["reconstruct", "--checkpoint", str(run), "--device", "cpu", "--n", "4"],
+    }[command]
 
 
 def _check(command, name, how, clean_runs, clean_evaluations, tmp_path, capsys, caplog):
@@ -116,9 +132,18 @@ def _check(command, name, how, clean_runs, clean_evaluations, tmp_path, capsys, 
 
 
 #: The short version: each file once, every kind of damage at least once.
-SHORT = [("last.safetensors", "garbled"), ("best.safetensors", "truncated"), ("last.json", "wrong type"),
-         ("best.json", "zeroed"), ("config.yaml", "empty"), ("metrics.jsonl", "garbled"),
-         ("summary.json", "wrong type"), (LEFTOVER, "truncated"), (".lock", "garbled"), ("config.yaml", "missing")]
+SHORT = [
+    ("last.safetensors", "garbled"),
+    ("best.safetensors", "truncated"),
+    ("last.json", "wrong type"),
+    ("best.json", "zeroed"),
+    ("config.yaml", "empty"),
+    ("metrics.jsonl", "garbled"),
+    ("summary.json", "wrong type"),
+    (LEFTOVER, "truncated"),
+    (".lock", "garbled"),
+    ("config.yaml", "missing"),
+]
 
 
 @pytest.mark.parametrize("name, how", SHORT)
@@ -131,11 +156,13 @@ def test_a_damaged_run_file(clean_runs, clean_evaluations, tmp_path, capsys, cap
 @pytest.mark.faults_long
 @pytest.mark.parametrize("command", ["train", "evaluate", "reconstruct"])
 @pytest.mark.parametrize("name", FILES)
-def test_every_damage_of_every_file(clean_runs, clean_evaluations, tmp_path, capsys, caplog, record_property, command,
-                                   name):
+def test_every_damage_of_every_file(
+    clean_runs, clean_evaluations, tmp_path, capsys, caplog, record_property, command, name
+):
     for how in DAMAGES:
         if name == LEFTOVER and how == "missing":
             continue
-        outcome = _check(command, name, how, clean_runs, clean_evaluations, tmp_path / how.replace(" ", "_"), capsys,
-                         caplog)
+        outcome = _check(
+            command, name, how, clean_runs, clean_evaluations, tmp_path / how.replace(" ", "_"), capsys, caplog
+        )
         record_property(f"{name} {how}: {command}", outcome)

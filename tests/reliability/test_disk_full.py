@@ -7,6 +7,7 @@ returns, for the file chosen (or its temporary file), a handle whose first ``wri
 raises ``OSError(ENOSPC)``, and ``safetensors.torch.save_file`` writes half a checkpoint and raises the
 ``SafetensorError`` that safetensors raises on a full disk.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -15,14 +16,23 @@ import io
 import os
 
 import pytest
+from reliability.crash_runner import FIGURES as FIGURE_FUNCTIONS
+from reliability.crash_runner import figure_stub
+from reliability.faults import (
+    assert_same_run,
+    copy_run,
+    one_error_line,
+    records,
+    recovery,
+    snapshot,
+    target_name,
+    train_args,
+)
 from safetensors import SafetensorError
 
-from capsnets.cli import main
 from capsnets import io as capsnets_io
+from capsnets.cli import main
 from capsnets.engine import reporting
-from reliability.crash_runner import FIGURES as FIGURE_FUNCTIONS, figure_stub
-from reliability.faults import (assert_same_run, copy_run, one_error_line, records, recovery, snapshot, target_name,
-                                train_args)
 
 FIGURES = ("training_curves.png", "confusion_matrix.png", "reconstructions.png")
 
@@ -34,7 +44,7 @@ class DiskFull:
     def __init__(self, name: str, nth: int = 1) -> None:
         self.name, self.nth, self.seen, self.fired = name, nth, 0, False
 
-    def install(self, patch: pytest.MonkeyPatch) -> "DiskFull":
+    def install(self, patch: pytest.MonkeyPatch) -> DiskFull:
         real_open, real_save = io.open, capsnets_io.save_file
 
         def open_(file, mode="r", *args, **kwargs):
@@ -48,8 +58,10 @@ class DiskFull:
             if self._due(filename):
                 with real_open(filename, "rb+") as handle:
                     handle.truncate(os.path.getsize(filename) // 2)
-                raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
-                                      '"No space left on device" })')
+                raise SafetensorError(
+                    "Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                    '"No space left on device" })'
+                )
 
         patch.setattr(builtins, "open", open_)
         patch.setattr(io, "open", open_)
@@ -71,7 +83,7 @@ class _FullFile:
         self._handle = handle
 
     def write(self, data):
-        self._handle.write(data[:len(data) // 2])
+        self._handle.write(data[: len(data) // 2])
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def __getattr__(self, name):
@@ -111,8 +123,9 @@ def _fails_then_recovers(argv, run, name, nth, reference, capsys, caplog, *, fig
     if earlier is not None:  # the checkpoint saved before: intact (it loads, checksums included), or the next
         meta = capsnets_io.load_checkpoint(run / "last.safetensors").meta
         assert meta["epoch"] >= earlier
-        assert [{k: v for k, v in r.items() if k in records(reference)[0]} for r in meta["training"]["history"]] \
-            == records(reference)[:meta["epoch"]]
+        assert [
+            {k: v for k, v in r.items() if k in records(reference)[0]} for r in meta["training"]["history"]
+        ] == records(reference)[: meta["epoch"]]
     assert not [p.name for p in run.glob(".*.tmp")], "temporary files left behind"
     again = recovery(argv, run)
     with pytest.MonkeyPatch.context() as patch:
@@ -125,18 +138,29 @@ def _fails_then_recovers(argv, run, name, nth, reference, capsys, caplog, *, fig
     assert_same_run(run, reference, figures=figures)
 
 
-
-
 def _long(*values):
     return pytest.param(*values, marks=pytest.mark.faults_long)
 
 
 #: Files of a fresh run (2 epochs) and of a run resumed from epoch 1 to 2, each failed at its nth write (those
 #: marked faults_long only in the long variant).
-FRESH = [("config.yaml", 1), _long(".lock", 1), ("last.safetensors", 1), _long("last.json", 1),
-         _long("best.safetensors", 1), ("best.json", 1), ("metrics.jsonl", 1)]
-RESUMED = [_long("config.yaml", 1), _long("metrics.jsonl", 1), ("last.safetensors", 1), ("last.json", 1),
-           _long("metrics.jsonl", 2), ("summary.json", 1)]
+FRESH = [
+    ("config.yaml", 1),
+    _long(".lock", 1),
+    ("last.safetensors", 1),
+    _long("last.json", 1),
+    _long("best.safetensors", 1),
+    ("best.json", 1),
+    ("metrics.jsonl", 1),
+]
+RESUMED = [
+    _long("config.yaml", 1),
+    _long("metrics.jsonl", 1),
+    ("last.safetensors", 1),
+    ("last.json", 1),
+    _long("metrics.jsonl", 2),
+    ("summary.json", 1),
+]
 
 
 @pytest.mark.parametrize("name, nth", FRESH)
@@ -148,21 +172,35 @@ def test_a_full_disk_in_a_fresh_run(clean_runs, tmp_path, capsys, caplog, name, 
 @pytest.mark.parametrize("name, nth", RESUMED)
 def test_a_full_disk_in_a_resumed_run(clean_runs, tmp_path, capsys, caplog, name, nth):
     run = copy_run(clean_runs[1], tmp_path / "run")
-    _fails_then_recovers(["train", "--resume", "--epochs", "2", "--out", str(run)], run, name, nth, clean_runs[2],
-                         capsys, caplog)
+    _fails_then_recovers(
+        ["train", "--resume", "--epochs", "2", "--out", str(run)], run, name, nth, clean_runs[2], capsys, caplog
+    )
 
 
 @pytest.mark.parametrize("name, drawn", [(FIGURES[0], "stub"), *(_long(n, True) for n in FIGURES)])
 def test_a_full_disk_while_drawing_the_figures(clean_runs, tmp_path, capsys, caplog, name, drawn):
     """The short version with stand-ins for the figures, written the same way (drawing them takes seconds)."""
     run = copy_run(clean_runs[1], tmp_path / "run")
-    _fails_then_recovers(["train", "--resume", "--epochs", "2", "--out", str(run)], run, name, 1, clean_runs[2],
-                         capsys, caplog, figures=drawn)
+    _fails_then_recovers(
+        ["train", "--resume", "--epochs", "2", "--out", str(run)],
+        run,
+        name,
+        1,
+        clean_runs[2],
+        capsys,
+        caplog,
+        figures=drawn,
+    )
 
 
-@pytest.mark.parametrize("command, name", [
-    ("evaluate", "evaluation_best_digits.json"), _long("evaluate", "evaluation_best_digits_confusion.png"),
-    _long("reconstruct", "reconstructions_best.png")])
+@pytest.mark.parametrize(
+    "command, name",
+    [
+        ("evaluate", "evaluation_best_digits.json"),
+        _long("evaluate", "evaluation_best_digits_confusion.png"),
+        _long("reconstruct", "reconstructions_best.png"),
+    ],
+)
 def test_a_full_disk_while_evaluating(clean_runs, tmp_path, capsys, caplog, command, name):
     """evaluate and reconstruct write beside the checkpoint: the run's own files stay as they were."""
     run = copy_run(clean_runs[2], tmp_path / "run")
@@ -193,9 +231,14 @@ def _write_counts(argv, run) -> dict[str, int]:
         patch.setattr(builtins, "open", open_)
         patch.setattr(io, "open", open_)
         real_save = capsnets_io.save_file
-        patch.setattr(capsnets_io, "save_file", lambda tensors, filename, metadata=None: (
-            counts.__setitem__(target_name(filename), counts.get(target_name(filename), 0) + 1),
-            real_save(tensors, filename, metadata=metadata))[1])
+        patch.setattr(
+            capsnets_io,
+            "save_file",
+            lambda tensors, filename, metadata=None: (
+                counts.__setitem__(target_name(filename), counts.get(target_name(filename), 0) + 1),
+                real_save(tensors, filename, metadata=metadata),
+            )[1],
+        )
         assert main(argv) == 0
     return counts
 

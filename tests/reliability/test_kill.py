@@ -10,13 +10,13 @@ version kills once at each of the 9 (site, mode) pairs, 3 scenarios of 3 kills i
 between two figures and in an ``--overwrite``; ``-m faults_long`` runs 40 scenarios of 1 to 4 kills, a quarter
 of the kills timed (SIGKILL 0-4 s after the start), and a kill before each figure, drawn for real.
 """
+
 from __future__ import annotations
 
 import random
 import shutil
 
 import pytest
-
 from reliability.crash_runner import SITES
 from reliability.faults import TRAIN, CrashRunner, assert_same_run, next_command, one_error_line, snapshot
 
@@ -69,7 +69,7 @@ def _short_scenarios() -> list[list[tuple[str, str]]]:
     """Every (site, mode) once, three kills per scenario."""
     pairs = list(PAIRS)
     random.Random(SEED).shuffle(pairs)
-    return [pairs[i:i + 3] for i in range(0, len(pairs), 3)]
+    return [pairs[i : i + 3] for i in range(0, len(pairs), 3)]
 
 
 @pytest.mark.parametrize("index", range(len(_short_scenarios())))
@@ -98,17 +98,22 @@ def test_an_overwrite_killed_before_its_first_checkpoint_gives_the_old_run_back(
     assert {k: after[k] for k in before if k not in moved} == {k: v for k, v in before.items() if k not in moved}
 
 
-@pytest.mark.parametrize("figure, drawn", [pytest.param(0, True, marks=pytest.mark.faults_long),
-                                           pytest.param(1, True, marks=pytest.mark.faults_long), (2, "stub"),
-                                           pytest.param(2, True, marks=pytest.mark.faults_long)])
+@pytest.mark.parametrize(
+    "figure, drawn",
+    [
+        pytest.param(0, True, marks=pytest.mark.faults_long),
+        pytest.param(1, True, marks=pytest.mark.faults_long),
+        (2, "stub"),
+        pytest.param(2, True, marks=pytest.mark.faults_long),
+    ],
+)
 def test_a_kill_while_the_figures_are_written_is_repaired(runner, reference, tmp_path, figure, drawn):
     """Killed before the commit of figure 1, 2 or 3 (each written atomically; the others already there), the
     run draws the missing ones on --resume (the short version with stand-ins for the figures, written the same way:
     drawing them takes seconds)."""
     ref, counts = reference
     call = counts["replace"] + figure  # without figures the last two replaces write the summary; they come between
-    attempts = _scenario(runner, tmp_path / "run", [{"site": "replace", "mode": "before", "call": call}],
-                         figures=drawn)
+    attempts = _scenario(runner, tmp_path / "run", [{"site": "replace", "mode": "before", "call": call}], figures=drawn)
     assert [status for *_, status in attempts] == [-9, 0]
     assert_same_run(tmp_path / "run", ref, figures=True)
 

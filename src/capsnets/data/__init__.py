@@ -13,6 +13,7 @@
   :mod:`capsnets.data.transforms`: batched resize / crops / brightness-contrast (:class:`NorbAugment`), the digit
   augmentation of Efficient-CapsNet's code (:class:`DigitAugment`)
 """
+
 from .base import DATA_ENV_VAR, TensorData, data_root
 from .cifar import CIFAR10
 from .device import DeviceLoader, random_shift, shift_pairs
@@ -26,16 +27,50 @@ from .norb_format import read_norb_matrix
 from .registry import DatasetInfo, dataset_info, list_datasets, load_dataset
 from .smallnorb import SmallNORB
 from .svhn import SVHN
-from .transforms import (AUGMENTATIONS, DigitAugment, NorbAugment, brightness_contrast, center_crop, random_crop,
-                         resize, standardize)
+from .transforms import (
+    AUGMENTATIONS,
+    DigitAugment,
+    NorbAugment,
+    brightness_contrast,
+    center_crop,
+    random_crop,
+    resize,
+    standardize,
+)
 
 __all__ = [
-    "DATA_ENV_VAR", "TensorData", "data_root", "DeviceLoader", "random_shift", "shift_pairs",
+    "DATA_ENV_VAR",
+    "TensorData",
+    "data_root",
+    "DeviceLoader",
+    "random_shift",
+    "shift_pairs",
     "load_digits_split",
-    "DatasetError", "check_md5", "md5sum", "read_idx", "MNIST", "FashionMNIST", "CIFAR10", "SVHN",
-    "load_image_folder", "scan_image_folder", "read_image",
-    "DatasetInfo", "dataset_info", "list_datasets", "load_dataset",
-    "SmallNORB", "read_norb_matrix", "RawNorbLike", "norb_protocol",
-    "AUGMENTATIONS", "DigitAugment", "NorbAugment", "resize", "standardize", "random_crop", "center_crop",
+    "DatasetError",
+    "check_md5",
+    "md5sum",
+    "read_idx",
+    "MNIST",
+    "FashionMNIST",
+    "CIFAR10",
+    "SVHN",
+    "load_image_folder",
+    "scan_image_folder",
+    "read_image",
+    "DatasetInfo",
+    "dataset_info",
+    "list_datasets",
+    "load_dataset",
+    "SmallNORB",
+    "read_norb_matrix",
+    "RawNorbLike",
+    "norb_protocol",
+    "AUGMENTATIONS",
+    "DigitAugment",
+    "NorbAugment",
+    "resize",
+    "standardize",
+    "random_crop",
+    "center_crop",
     "brightness_contrast",
 ]

@@ -22,6 +22,7 @@ drawn uniformly among the positions that keep the whole transformed digit inside
 too large to fit anywhere, rare at the range limits, is centred and may be clipped); sampling is
 bilinear with zero padding.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,9 +39,19 @@ from .device import random_shift
 from .errors import DatasetError
 
 __all__ = [
-    "AFFNIST_SIZE", "AffineRanges", "AFFNIST_RANGES", "AffineParams", "affine_matrices", "sample_affine_params",
-    "affnist_style", "make_affnist_style", "RandomPlacement", "place_randomly", "translated_test_set",
-    "read_affnist_mat", "load_affnist",
+    "AFFNIST_SIZE",
+    "AffineRanges",
+    "AFFNIST_RANGES",
+    "AffineParams",
+    "affine_matrices",
+    "sample_affine_params",
+    "affnist_style",
+    "make_affnist_style",
+    "RandomPlacement",
+    "place_randomly",
+    "translated_test_set",
+    "read_affnist_mat",
+    "load_affnist",
 ]
 
 AFFNIST_SIZE = 40
@@ -62,7 +73,8 @@ def read_affnist_mat(path: str | os.PathLike) -> tuple[Tensor, Tensor]:
         DatasetError: not a MATLAB file, no ``affNISTdata`` struct, or fields of the wrong shape.
     """
     try:
-        from scipy.io import loadmat  # slow to import, and only affNIST's .mat files need it
+        # slow to import, and only affNIST's .mat files need it
+        from scipy.io import loadmat  # noqa: PLC0415
     except ImportError as err:  # pragma: no cover - scipy comes with scikit-learn
         raise DatasetError("reading affNIST .mat files needs scipy (pip install scipy)") from err
     path = Path(path)
@@ -82,8 +94,9 @@ def read_affnist_mat(path: str | os.PathLike) -> tuple[Tensor, Tensor]:
     label = np.asarray(record["label_int"].reshape(-1)[0]).reshape(-1)
     side = AFFNIST_SIZE
     if image.ndim != 2 or image.shape[0] != side * side or image.shape[1] != label.shape[0]:
-        raise DatasetError(f"{path}: expected image ({side * side}, N) and label_int (1, N), got "
-                           f"{image.shape} and {label.shape}")
+        raise DatasetError(
+            f"{path}: expected image ({side * side}, N) and label_int (1, N), got {image.shape} and {label.shape}"
+        )
     if label.size and (label.min() < 0 or label.max() > 9):
         raise DatasetError(f"{path}: labels must be digits 0..9, got {label.min()}..{label.max()}")
     images = np.ascontiguousarray(image.T).reshape(-1, side, side)  # each column is row-major 40x40
@@ -176,16 +189,22 @@ def affine_matrices(rotation: Tensor, shear: Tensor, scale_x: Tensor, scale_y: T
     return rotate @ shear_m @ scale
 
 
-def sample_affine_params(batch: int, generator: torch.Generator, ranges: AffineRanges = AFFNIST_RANGES,
-                         dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def sample_affine_params(
+    batch: int, generator: torch.Generator, ranges: AffineRanges = AFFNIST_RANGES, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Draw ``(rotation, shear, scale_x, scale_y)`` uniformly over ``ranges`` on the generator's device."""
+
     def uniform(low: float, high: float) -> Tensor:
         u = torch.rand(batch, generator=generator, device=generator.device, dtype=dtype)
         return low + (high - low) * u
 
     low, high = ranges.scale
-    return (uniform(-ranges.rotation, ranges.rotation), uniform(-ranges.shear, ranges.shear),
-            uniform(low, high), uniform(low, high))
+    return (
+        uniform(-ranges.rotation, ranges.rotation),
+        uniform(-ranges.shear, ranges.shear),
+        uniform(low, high),
+        uniform(low, high),
+    )
 
 
 def _content_box(images: Tensor, threshold: float) -> Tensor:
@@ -221,9 +240,16 @@ def _transformed_extent(matrices: Tensor, box: Tensor) -> tuple[Tensor, Tensor, 
     return mapped[..., 0].amin(1), mapped[..., 0].amax(1), mapped[..., 1].amin(1), mapped[..., 1].amax(1)
 
 
-def affnist_style(images: Tensor, generator: torch.Generator, *, ranges: AffineRanges = AFFNIST_RANGES,
-                  size: int = AFFNIST_SIZE, margin: float = 0.0, threshold: float = 0.0,
-                  params: AffineParams | None = None) -> tuple[Tensor, AffineParams]:
+def affnist_style(
+    images: Tensor,
+    generator: torch.Generator,
+    *,
+    ranges: AffineRanges = AFFNIST_RANGES,
+    size: int = AFFNIST_SIZE,
+    margin: float = 0.0,
+    threshold: float = 0.0,
+    params: AffineParams | None = None,
+) -> tuple[Tensor, AffineParams]:
     """Transform digits as affNIST does: rotate, shear, scale about their centre, then translate.
 
     The translation is uniform among those keeping the whole transformed digit (its pixels above
@@ -258,8 +284,12 @@ def affnist_style(images: Tensor, generator: torch.Generator, *, ranges: AffineR
         shift_y = _uniform_or_centre(-half - ymin, half - ymax, u[:, 1])
         params = AffineParams(*drawn, shift_x, shift_y)
     else:
-        params = AffineParams(*(torch.as_tensor(p, dtype=dtype, device=device).expand(batch) for p in (
-            params.rotation, params.shear, params.scale_x, params.scale_y, params.shift_x, params.shift_y)))
+        params = AffineParams(
+            *(
+                torch.as_tensor(p, dtype=dtype, device=device).expand(batch)
+                for p in (params.rotation, params.shear, params.scale_x, params.scale_y, params.shift_x, params.shift_y)
+            )
+        )
         matrices = affine_matrices(params.rotation, params.shear, params.scale_x, params.scale_y)
     return _warp(images, matrices, params.shift_x, params.shift_y, size), params
 
@@ -287,8 +317,9 @@ def _warp(images: Tensor, matrices: Tensor, shift_x: Tensor, shift_y: Tensor, si
     return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False).clamp_(0, 1)
 
 
-def make_affnist_style(digits: TensorData, *, seed: int = 0, ranges: AffineRanges = AFFNIST_RANGES,
-                       batch_size: int = 4096) -> tuple[TensorData, AffineParams]:
+def make_affnist_style(
+    digits: TensorData, *, seed: int = 0, ranges: AffineRanges = AFFNIST_RANGES, batch_size: int = 4096
+) -> tuple[TensorData, AffineParams]:
     """An affNIST-style test set from 28x28 digits (MNIST test), on their device, the same for a seed.
 
     Returns:
@@ -297,12 +328,13 @@ def make_affnist_style(digits: TensorData, *, seed: int = 0, ranges: AffineRange
     generator = torch.Generator(device="cpu").manual_seed(seed)
     outs, params = [], []
     for first in range(0, len(digits), batch_size):
-        out, p = affnist_style(digits.images[first:first + batch_size], generator, ranges=ranges)
+        out, p = affnist_style(digits.images[first : first + batch_size], generator, ranges=ranges)
         outs.append(out)
         params.append(p)
     merged = AffineParams(*(torch.cat([getattr(p, f) for p in params]) for f in AffineParams.__dataclass_fields__))
-    data = TensorData(torch.cat(outs), digits.labels.clone(), digits.num_classes, list(digits.classes),
-                      name="affnist_style")
+    data = TensorData(
+        torch.cat(outs), digits.labels.clone(), digits.num_classes, list(digits.classes), name="affnist_style"
+    )
     return data, merged
 
 
@@ -310,8 +342,9 @@ def make_affnist_style(digits: TensorData, *, seed: int = 0, ranges: AffineRange
 # Expanded (translated) MNIST
 
 
-def place_randomly(images: Tensor, generator: torch.Generator | None = None, *, size: int = AFFNIST_SIZE,
-                   offsets: Tensor | None = None) -> Tensor:
+def place_randomly(
+    images: Tensor, generator: torch.Generator | None = None, *, size: int = AFFNIST_SIZE, offsets: Tensor | None = None
+) -> Tensor:
     """Put each image at a random integer position on a black ``size x size`` canvas (nothing clipped).
 
     Args:
@@ -333,8 +366,12 @@ def place_randomly(images: Tensor, generator: torch.Generator | None = None, *, 
         dx = torch.randint(0, size - width + 1, (batch,), generator=generator, device=device)
         offsets = torch.stack([dy, dx], dim=1)
     offsets = offsets.to(images.device, torch.long)
-    if offsets.shape != (batch, 2) or (offsets < 0).any() or (offsets[:, 0] > size - height).any() \
-            or (offsets[:, 1] > size - width).any():
+    if (
+        offsets.shape != (batch, 2)
+        or (offsets < 0).any()
+        or (offsets[:, 0] > size - height).any()
+        or (offsets[:, 1] > size - width).any()
+    ):
         raise ValueError(f"offsets must be ({batch}, 2) within [0, {size - height}] x [0, {size - width}]")
     canvas = F.pad(images, (0, size - width, 0, size - height))  # digit at the top-left corner
     return random_shift(canvas, 0, shifts=offsets)
@@ -358,5 +395,6 @@ def translated_test_set(digits: TensorData, *, seed: int = 0, size: int = AFFNIS
     """Digits placed at fixed random positions on a ``size x size`` canvas (the same for a seed)."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
     placed = place_randomly(digits.images, generator, size=size)
-    return TensorData(placed, digits.labels.clone(), digits.num_classes, list(digits.classes),
-                      name=f"{digits.name}_translated{size}")
+    return TensorData(
+        placed, digits.labels.clone(), digits.num_classes, list(digits.classes), name=f"{digits.name}_translated{size}"
+    )

@@ -4,13 +4,14 @@ A :class:`TensorData` is a whole data set as two tensors, small enough (MNIST: 1
 to live on the training device and be batched there by :class:`~capsnets.data.device.DeviceLoader`,
 optionally with per-example metadata (``info``) and a training-time transform (``augment``).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -72,15 +73,15 @@ class TensorData:
         if self.images.dim() != 4:
             raise ValueError(f"images must be (N, C, H, W), got shape {tuple(self.images.shape)}")
         if self.labels.dim() != 1 or len(self.labels) != len(self.images):
-            raise ValueError(
-                f"labels must be (N,) with N={len(self.images)}, got shape {tuple(self.labels.shape)}"
-            )
+            raise ValueError(f"labels must be (N,) with N={len(self.images)}, got shape {tuple(self.labels.shape)}")
         if self.classes and len(self.classes) != self.num_classes:
             raise ValueError(f"classes has {len(self.classes)} names but num_classes={self.num_classes}")
         for key, value in (self.info or {}).items():
             if not isinstance(value, Tensor) or value.shape != self.labels.shape:
-                raise ValueError(f"info[{key!r}] must be a ({len(self)},) tensor, got "
-                                 f"{getattr(value, 'shape', type(value).__name__)}")
+                raise ValueError(
+                    f"info[{key!r}] must be a ({len(self)},) tensor, got "
+                    f"{getattr(value, 'shape', type(value).__name__)}"
+                )
         if self.augment is not None and not callable(self.augment):
             raise ValueError(f"augment must be callable (images, generator) -> images, got {self.augment!r}")
 
@@ -103,8 +104,9 @@ class TensorData:
     def device(self) -> torch.device:
         return self.images.device
 
-    def _with(self, index, name: str, device=None) -> "TensorData":
+    def _with(self, index, name: str, device=None) -> TensorData:
         """A copy holding ``images[index]`` etc. (``index=None``: all), moved to ``device`` if given."""
+
         def take(t: Tensor) -> Tensor:
             t = t if index is None else t[index]
             return t if device is None else t.to(device)
@@ -112,11 +114,11 @@ class TensorData:
         info = None if self.info is None else {k: take(v) for k, v in self.info.items()}
         return dataclasses.replace(self, images=take(self.images), labels=take(self.labels), info=info, name=name)
 
-    def to(self, device: str | torch.device) -> "TensorData":
+    def to(self, device: str | torch.device) -> TensorData:
         """A copy with every tensor (``info`` too) on ``device`` (no copy if already there)."""
         return self._with(None, self.name, device)
 
-    def select(self, index: Tensor | slice | list[int]) -> "TensorData":
+    def select(self, index: Tensor | slice | list[int]) -> TensorData:
         """The examples picked by a boolean mask ``(N,)``, integer indices or a slice, ``info`` included.
 
         ``augment``, classes and ``num_classes`` are kept. Examples:
@@ -128,15 +130,16 @@ class TensorData:
             if index.dtype == torch.bool and index.shape != self.labels.shape:
                 raise ValueError(f"a boolean mask must have shape ({len(self)},), got {tuple(index.shape)}")
             if index.dtype != torch.bool and (index.dtype.is_floating_point or index.dim() != 1):
-                raise ValueError(f"index must be a 1-D integer or boolean tensor, got {index.dtype} "
-                                 f"{tuple(index.shape)}")
+                raise ValueError(
+                    f"index must be a 1-D integer or boolean tensor, got {index.dtype} {tuple(index.shape)}"
+                )
             index = index.to(self.device)
         elif not isinstance(index, slice):
             raise ValueError(f"index must be a tensor, list or slice, got {type(index).__name__}")
         selected = self._with(index, self.name)
         return dataclasses.replace(selected, name=f"{self.name}[{len(selected)} selected]")
 
-    def subset(self, n: int) -> "TensorData":
+    def subset(self, n: int) -> TensorData:
         """The first ``n`` examples, in stored order (deterministic; not re-balanced by class).
 
         Stored orders are already mixed: MNIST's files are, and the digits split keeps the

@@ -11,6 +11,7 @@ disk): ``cifar-10-batches-bin/data_batch_1.bin`` .. ``data_batch_5.bin`` (train)
 ``test_batch.bin`` (test), each a run of 3,073-byte records (1 label byte, then 1,024 red, 1,024 green
 and 1,024 blue bytes, each plane row-major), and ``batches.meta.txt`` (the class names, one a line).
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,10 @@ def read_cifar_records(data: bytes, source: str, num_classes: int = 10) -> tuple
         DatasetError: the length is not a whole number of records, or a label is out of range.
     """
     if len(data) == 0 or len(data) % RECORD_BYTES:
-        raise DatasetError(f"{source}: {len(data)} bytes is not a whole number of {RECORD_BYTES}-byte CIFAR records "
-                           "(1 label byte + 3072 pixel bytes); " + FIX_HINT)
+        raise DatasetError(
+            f"{source}: {len(data)} bytes is not a whole number of {RECORD_BYTES}-byte CIFAR records "
+            "(1 label byte + 3072 pixel bytes); " + FIX_HINT
+        )
     records = np.frombuffer(data, dtype=np.uint8).reshape(-1, RECORD_BYTES)
     labels = records[:, 0].copy()
     if labels.max() >= num_classes:
@@ -104,7 +107,8 @@ class CIFAR10:
                 f"{self.name}: missing {self.archive} in {self.directory} (data root {self.root}). Fix: pass "
                 f"--data-dir DIR (or set {DATA_ENV_VAR}=DIR) where DIR/{self.folder}/ holds the binary-version "
                 f"tarball, or rerun with --download (CIFAR10(..., download=True)) to fetch it from "
-                f"{self.mirrors[0]}{self.archive}.")
+                f"{self.mirrors[0]}{self.archive}."
+            )
         check_md5(self.path, self.md5)
         self.images, self.labels = self._load()
 
@@ -134,14 +138,20 @@ class CIFAR10:
             raise DatasetError(f"{self.path}: not a readable .tar.gz ({err}); " + FIX_HINT) from err
         missing = [name for name in wanted if name not in found]
         if missing:
-            raise DatasetError(f"{self.path}: the tarball lacks {', '.join(missing)}; is it the binary version "
-                               f"({self.archive})? " + FIX_HINT)
+            raise DatasetError(
+                f"{self.path}: the tarball lacks {', '.join(missing)}; is it the binary version "
+                f"({self.archive})? " + FIX_HINT
+            )
         meta = [line.strip() for line in found[self.meta_member].decode("ascii", "replace").splitlines()]
         if [name for name in meta if name] != self.classes:
-            raise DatasetError(f"{self.path}: {self.meta_member} names the classes {[n for n in meta if n]}, "
-                               f"expected {self.classes}; " + FIX_HINT)
-        parts = [read_cifar_records(found[name], f"{self.path}:{name}", len(self.classes))
-                 for name in self.members[self.train]]
+            raise DatasetError(
+                f"{self.path}: {self.meta_member} names the classes {[n for n in meta if n]}, "
+                f"expected {self.classes}; " + FIX_HINT
+            )
+        parts = [
+            read_cifar_records(found[name], f"{self.path}:{name}", len(self.classes))
+            for name in self.members[self.train]
+        ]
         images = np.concatenate([p[0] for p in parts])
         labels = np.concatenate([p[1] for p in parts])
         return torch.from_numpy(images), torch.from_numpy(labels).long()

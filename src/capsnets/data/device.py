@@ -8,9 +8,10 @@ contiguous slice of one shared global batch, so any world size sees the same glo
 Other augmentations (e.g. the smallNORB crop and jitter of :mod:`capsnets.data.transforms`) plug in
 as an ``augment(images, generator)`` callable applied to each global batch.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -77,8 +78,9 @@ def shift_pairs(images: Tensor, max_shift: int, generator: torch.Generator) -> t
     """Training pairs of a transforming auto-encoder: random integer shifts ``(B, 2)`` as ``(dx, dy)`` in
     ``[-max_shift, max_shift]`` (drawn on the generator's device), and the images shifted by them (zeros
     shifted in), ``(B, C, H, W)``."""
-    dxdy = torch.randint(-max_shift, max_shift + 1, (len(images), 2), generator=generator,
-                         device=generator.device).to(images.device)
+    dxdy = torch.randint(-max_shift, max_shift + 1, (len(images), 2), generator=generator, device=generator.device).to(
+        images.device
+    )
     shifted = random_shift(images, 0, shifts=dxdy.flip(1))  # random_shift takes (dy, dx)
     return dxdy, shifted
 
@@ -129,34 +131,49 @@ class DeviceLoader:
           and labels ``(batch_size // world_size,)``.
     """
 
-    def __init__(self, data, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
-                 max_shift: int = 0, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 augment: Callable[[Tensor, torch.Generator], Tensor] | bool | None = None):
+    def __init__(
+        self,
+        data,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        max_shift: int = 0,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        augment: Callable[[Tensor, torch.Generator], Tensor] | bool | None = None,
+    ):
         images, labels = (data.images, data.labels) if hasattr(data, "images") else data
         if images.dim() != 4 or labels.shape != images.shape[:1]:
-            raise ValueError(f"data must be images (N, C, H, W) and labels (N,), got "
-                             f"{tuple(images.shape)} and {tuple(labels.shape)}")
+            raise ValueError(
+                f"data must be images (N, C, H, W) and labels (N,), got {tuple(images.shape)} and {tuple(labels.shape)}"
+            )
         if labels.device != images.device:
             raise ValueError(f"images on {images.device} but labels on {labels.device}")
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         if not isinstance(batch_size, int) or batch_size < 1 or batch_size % world_size:
-            raise ValueError(f"batch_size (global) must be a positive multiple of world_size={world_size}, "
-                             f"got {batch_size!r}")
+            raise ValueError(
+                f"batch_size (global) must be a positive multiple of world_size={world_size}, got {batch_size!r}"
+            )
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
         if not isinstance(max_shift, int) or max_shift < 0:
             raise ValueError(f"max_shift must be a non-negative int, got {max_shift!r}")
         if max_shift >= min(images.shape[-2:]):
-            raise ValueError(f"max_shift={max_shift} is not smaller than the images ({images.shape[-2]}x"
-                             f"{images.shape[-1]}): shifts that large move whole images out of the frame")
+            raise ValueError(
+                f"max_shift={max_shift} is not smaller than the images ({images.shape[-2]}x"
+                f"{images.shape[-1]}): shifts that large move whole images out of the frame"
+            )
         if augment is None:
             augment = getattr(data, "augment", None)
         elif augment is False:
             augment = None
         if augment is not None and not callable(augment):
-            raise ValueError(f"augment must be None, False or a callable (images, generator) -> images, "
-                             f"got {augment!r}")
+            raise ValueError(
+                f"augment must be None, False or a callable (images, generator) -> images, got {augment!r}"
+            )
         self.images, self.labels, self.augment = images, labels, augment
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.max_shift, self.seed, self.rank, self.world_size = max_shift, seed, rank, world_size
@@ -221,11 +238,15 @@ class DeviceLoader:
             images, labels = self._batch(order, shifts, piece)  # the whole global batch
             generator = torch.Generator().manual_seed(_epoch_seed(self.seed, self.epoch, _AUGMENT_STREAM, step))
             images = self.augment(images, generator)
-            yield (torch.tensor_split(images, self.world_size)[self.rank],
-                   torch.tensor_split(labels, self.world_size)[self.rank])
+            yield (
+                torch.tensor_split(images, self.world_size)[self.rank],
+                torch.tensor_split(labels, self.world_size)[self.rank],
+            )
 
     def __repr__(self) -> str:
-        return (f"DeviceLoader(num_examples={self.num_examples}, batch_size={self.batch_size}, "
-                f"shuffle={self.shuffle}, drop_last={self.drop_last}, max_shift={self.max_shift}, "
-                f"seed={self.seed}, rank={self.rank}, world_size={self.world_size}, augment={self.augment!r}, "
-                f"device={self.device})")
+        return (
+            f"DeviceLoader(num_examples={self.num_examples}, batch_size={self.batch_size}, "
+            f"shuffle={self.shuffle}, drop_last={self.drop_last}, max_shift={self.max_shift}, "
+            f"seed={self.seed}, rank={self.rank}, world_size={self.world_size}, augment={self.augment!r}, "
+            f"device={self.device})"
+        )

@@ -5,6 +5,7 @@ inside the scikit-learn wheel (``sklearn.datasets.load_digits``): 1,797 images, 
 No download is ever needed. The train/test split is ours: stratified, 1,437 / 360 by default, a pure
 function of ``seed`` (numpy ``default_rng``), independent of torch's and numpy's global RNGs.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -58,7 +59,8 @@ def load_digits_split(train: bool = True, *, test_size: int = 360, seed: int = 0
         - images: ``(N, 1, 8, 8)``
         - labels: ``(N,)``
     """
-    from sklearn.datasets import load_digits  # scikit-learn is slow to import; only this data set needs it
+    # scikit-learn is slow to import; only this data set needs it
+    from sklearn.datasets import load_digits  # noqa: PLC0415
 
     bunch = load_digits()
     train_idx, test_idx = stratified_split(bunch.target, test_size, seed)

@@ -1,4 +1,5 @@
 """Atomic, checksummed download of one file from a list of mirrors (standard library only)."""
+
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,6 @@ from capsnets.io import temp_beside
 
 from .errors import DatasetError
 from .idx import check_md5, md5sum
-
 
 __all__ = ["download_file"]
 

@@ -1,4 +1,5 @@
 """The one exception type the data package raises for bad or missing files."""
+
 from __future__ import annotations
 
 
@@ -10,6 +11,4 @@ class DatasetError(ValueError):
     """
 
 
-FIX_HINT = (
-    "delete it and re-download with --download, or check --data-dir / the CAPSNETS_DATA variable"
-)
+FIX_HINT = "delete it and re-download with --download, or check --data-dir / the CAPSNETS_DATA variable"

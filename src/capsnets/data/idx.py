@@ -5,6 +5,7 @@ a 4-byte big-endian magic ``0x00 0x00 <dtype code> <rank>``, then ``rank`` big-e
 dimension sizes, then the values in C order, big-endian. Every way a file can disagree with this
 raises :class:`~capsnets.data.errors.DatasetError` naming the file.
 """
+
 from __future__ import annotations
 
 import gzip

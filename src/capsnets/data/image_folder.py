@@ -19,6 +19,7 @@ files in sorted order), so a folder of same-sized images keeps its size. The who
 split is held in memory as float32 (N x C x H x W x 4 bytes): pass a small ``image_size`` for photos.
 Pillow reads the files, in the style of torchvision's ``ImageFolder``.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,15 @@ from torch import Tensor
 from .base import TensorData
 from .errors import DatasetError
 
-__all__ = ["FOLDER_PREFIX", "IMAGE_SUFFIXES", "ImageFolderScan", "image_to_tensor", "scan_image_folder",
-           "load_image_folder", "read_image"]
+__all__ = [
+    "FOLDER_PREFIX",
+    "IMAGE_SUFFIXES",
+    "ImageFolderScan",
+    "image_to_tensor",
+    "scan_image_folder",
+    "load_image_folder",
+    "read_image",
+]
 
 #: ``load_dataset`` names of the form ``folder:PATH`` read an image folder.
 FOLDER_PREFIX = "folder:"
@@ -71,8 +79,13 @@ class ImageFolderScan:
         return (self.channels, *self.image_size)
 
 
-def scan_image_folder(path: str | os.PathLike, *, image_size: int | tuple[int, int] | None = None,
-                      test_fraction: float = 0.2, split_seed: int = 0) -> ImageFolderScan:
+def scan_image_folder(
+    path: str | os.PathLike,
+    *,
+    image_size: int | tuple[int, int] | None = None,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+) -> ImageFolderScan:
     """List an image folder's classes and files, split them, and decide the channels and size.
 
     Every image's header is read (not its pixels), so an unreadable file is reported here.
@@ -94,8 +107,10 @@ def scan_image_folder(path: str | os.PathLike, *, image_size: int | tuple[int, i
         raise ValueError(f"test_fraction={test_fraction!r} is invalid: expected a number in (0, 1)")
     root = Path(path).expanduser()
     if not root.is_dir():
-        raise DatasetError(f"folder:{path}: {root} is not a folder{' (it is a file)' if root.exists() else ''}; "
-                           "Fix: give the folder that holds one subfolder per class of PNG/JPEG images")
+        raise DatasetError(
+            f"folder:{path}: {root} is not a folder{' (it is a file)' if root.exists() else ''}; "
+            "Fix: give the folder that holds one subfolder per class of PNG/JPEG images"
+        )
     presplit = (root / "train").is_dir() or (root / "test").is_dir()
     if presplit:
         classes, train, test = _presplit(root)
@@ -107,8 +122,14 @@ def scan_image_folder(path: str | os.PathLike, *, image_size: int | tuple[int, i
     return ImageFolderScan(root, tuple(classes), tuple(train), tuple(test), presplit, channels, size or first_size)
 
 
-def load_image_folder(path: str | os.PathLike, *, train: bool = True, image_size: int | tuple[int, int] | None = None,
-                      test_fraction: float = 0.2, split_seed: int = 0) -> TensorData:
+def load_image_folder(
+    path: str | os.PathLike,
+    *,
+    train: bool = True,
+    image_size: int | tuple[int, int] | None = None,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+) -> TensorData:
     """One split of an image folder as float32 images in ``[0, 1]`` (see the module docstring).
 
     The examples come in an order shuffled by ``split_seed``, so a prefix (``--limit-train``) has
@@ -197,8 +218,9 @@ def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -
         before = image.size
         image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
         changed = abs(before[0] / before[1] - size[1] / size[0]) > 0.02 * size[1] / size[0]
-        notes.append(f"resized {before[0]}x{before[1]} -> {size[1]}x{size[0]}"
-                     + (" (aspect ratio changed)" if changed else ""))
+        notes.append(
+            f"resized {before[0]}x{before[1]} -> {size[1]}x{size[0]}" + (" (aspect ratio changed)" if changed else "")
+        )
     pixels = np.asarray(image, dtype=np.float32) / scale
     tensor = torch.from_numpy(np.ascontiguousarray(pixels))
     tensor = tensor.unsqueeze(0) if tensor.dim() == 2 else tensor.permute(2, 0, 1)
@@ -222,36 +244,53 @@ def _class_folders(folder: Path) -> list[str]:
     if not classes:
         loose = [p.name for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES]
         found = f" (it holds {len(loose)} images directly, e.g. {loose[0]})" if loose else ""
-        raise DatasetError(f"{folder} has no class subfolders{found}; Fix: put each class's PNG/JPEG images in a "
-                           f"subfolder named after the class, e.g. {folder / 'cat' / '001.png'}")
+        raise DatasetError(
+            f"{folder} has no class subfolders{found}; Fix: put each class's PNG/JPEG images in a "
+            f"subfolder named after the class, e.g. {folder / 'cat' / '001.png'}"
+        )
     if len(classes) < 2:
-        raise DatasetError(f"{folder} has only one class subfolder ({classes[0]}); a classifier needs at least 2 "
-                           "classes; Fix: add a subfolder of images for each other class")
+        raise DatasetError(
+            f"{folder} has only one class subfolder ({classes[0]}); a classifier needs at least 2 "
+            "classes; Fix: add a subfolder of images for each other class"
+        )
     return classes
 
 
 def _class_files(folder: Path) -> list[Path]:
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
-                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    files = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and p.suffix.lower() in IMAGE_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
     if not files:
-        raise DatasetError(f"class folder {folder} has no PNG or JPEG images ({', '.join(IMAGE_SUFFIXES)}); "
-                           "Fix: add images to it, or remove the folder")
+        raise DatasetError(
+            f"class folder {folder} has no PNG or JPEG images ({', '.join(IMAGE_SUFFIXES)}); "
+            "Fix: add images to it, or remove the folder"
+        )
     return files
 
 
 def _presplit(root: Path) -> tuple[list[str], list, list]:
     for name, other in (("train", "test"), ("test", "train")):
         if not (root / name).is_dir():
-            raise DatasetError(f"{root} has {other}/ but no {name}/; Fix: add {root / name} with the same class "
-                               f"subfolders, or move the class subfolders of {other}/ up into {root} for a seeded split")
+            raise DatasetError(
+                f"{root} has {other}/ but no {name}/; Fix: add {root / name} with the same class "
+                f"subfolders, or move the class subfolders of {other}/ up into {root} for a seeded split"
+            )
     train_classes, test_classes = _class_folders(root / "train"), _class_folders(root / "test")
     if train_classes != test_classes:
         only_train = sorted(set(train_classes) - set(test_classes))
         only_test = sorted(set(test_classes) - set(train_classes))
-        raise DatasetError(f"{root}: train/ and test/ have different classes (only in train/: {only_train or 'none'}; "
-                           f"only in test/: {only_test or 'none'}); Fix: give both the same class subfolders")
-    splits = [[(file, label) for label, name in enumerate(train_classes) for file in _class_files(root / split / name)]
-              for split in ("train", "test")]
+        raise DatasetError(
+            f"{root}: train/ and test/ have different classes (only in train/: {only_train or 'none'}; "
+            f"only in test/: {only_test or 'none'}); Fix: give both the same class subfolders"
+        )
+    splits = [
+        [(file, label) for label, name in enumerate(train_classes) for file in _class_files(root / split / name)]
+        for split in ("train", "test")
+    ]
     return train_classes, splits[0], splits[1]
 
 
@@ -264,8 +303,10 @@ def _seeded_split(root: Path, per_class: list[list[Path]], test_fraction: float,
         test += [(files[i], label) for i in sorted(order[:n_test])]
         train += [(files[i], label) for i in sorted(order[n_test:])]
     if not test:
-        raise DatasetError(f"{root}: every class has a single image, so no test split can be drawn; Fix: add images, "
-                           "or give train/ and test/ subfolders")
+        raise DatasetError(
+            f"{root}: every class has a single image, so no test split can be drawn; Fix: add images, "
+            "or give train/ and test/ subfolders"
+        )
     return train, test
 
 
@@ -292,5 +333,7 @@ def _is_grey(image) -> bool:
 
 
 def _unreadable(file: Path, err: Exception) -> DatasetError:
-    return DatasetError(f"{file}: cannot be read as an image ({type(err).__name__}: {err}); Fix: replace or delete "
-                        "the file (only PNG and JPEG images are read)")
+    return DatasetError(
+        f"{file}: cannot be read as an image ({type(err).__name__}: {err}); Fix: replace or delete "
+        "the file (only PNG and JPEG images are read)"
+    )

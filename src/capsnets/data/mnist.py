@@ -5,6 +5,7 @@ Fashion-MNIST, Xiao, Rasul & Vollgraf 2017, arXiv:1708.07747, https://github.com
 Files live in ``<root>/mnist/`` and ``<root>/fashion-mnist/`` under their official names and are
 checked against the official md5s every time they are loaded.
 """
+
 from __future__ import annotations
 
 import os
@@ -93,8 +94,9 @@ class IdxImageDataset:
                 f"found {images.dtype} {images.shape}; " + FIX_HINT
             )
         if labels.ndim != 1 or labels.dtype.name != "uint8":
-            raise DatasetError(f"{labels_file}: expected uint8 labels (N,), found {labels.dtype} {labels.shape}; "
-                               + FIX_HINT)
+            raise DatasetError(
+                f"{labels_file}: expected uint8 labels (N,), found {labels.dtype} {labels.shape}; " + FIX_HINT
+            )
         if len(images) != len(labels):
             raise DatasetError(
                 f"{images_file} has {len(images)} images but {labels_file} has {len(labels)} labels; " + FIX_HINT
@@ -131,8 +133,16 @@ class FashionMNIST(IdxImageDataset):
     folder = "fashion-mnist"
     mirrors = ["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"]
     classes = [
-        "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-        "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
     ]
     md5s = {
         "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",

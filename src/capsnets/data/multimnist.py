@@ -23,6 +23,7 @@ bounded in a 20x20 box, two digits bounding boxes on average have 80% overlap."
   area of the smaller box (:func:`box_overlap`); about 73% on MNIST test digits.
 - ``mode="union"``: the same boxes' intersection over union; about 45%.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -73,8 +74,16 @@ def _pick_partners(labels: Tensor, first: Tensor, num_classes: int, generator: t
     return order[starts[other] + pick.clamp(max=counts[other] - 1)]
 
 
-def make_multimnist(images: Tensor, labels: Tensor, count: int, *, seed: int, max_shift: int = 4,
-                    combine: str = "max", num_classes: int = 10) -> MultiMNIST:
+def make_multimnist(
+    images: Tensor,
+    labels: Tensor,
+    count: int,
+    *,
+    seed: int,
+    max_shift: int = 4,
+    combine: str = "max",
+    num_classes: int = 10,
+) -> MultiMNIST:
     """Generate ``count`` MultiMNIST examples from single digits.
 
     The first digit of example ``n`` is source ``n mod M`` (each source digit is used about equally
@@ -113,8 +122,9 @@ def make_multimnist(images: Tensor, labels: Tensor, count: int, *, seed: int, ma
     return MultiMNIST(combined, labels[sources_d].long(), digits, shifts_d, sources_d)
 
 
-def multimnist_test_set(images: Tensor, labels: Tensor, *, pairs_per_digit: int = 1, seed: int = TEST_SEED,
-                        **kwargs) -> MultiMNIST:
+def multimnist_test_set(
+    images: Tensor, labels: Tensor, *, pairs_per_digit: int = 1, seed: int = TEST_SEED, **kwargs
+) -> MultiMNIST:
     """The fixed-seed test set: ``pairs_per_digit`` examples for each source (test) digit (paper: 1K)."""
     return make_multimnist(images, labels, pairs_per_digit * len(labels), seed=seed, **kwargs)
 
@@ -154,8 +164,9 @@ def box_overlap(boxes_a: Tensor, boxes_b: Tensor, mode: str = "smaller") -> Tens
     def area(box: Tensor) -> Tensor:
         return ((box[..., 2] - box[..., 0] + 1).clamp(min=0) * (box[..., 3] - box[..., 1] + 1).clamp(min=0)).float()
 
-    inner = torch.cat([torch.maximum(boxes_a[..., :2], boxes_b[..., :2]),
-                       torch.minimum(boxes_a[..., 2:], boxes_b[..., 2:])], dim=-1)
+    inner = torch.cat(
+        [torch.maximum(boxes_a[..., :2], boxes_b[..., :2]), torch.minimum(boxes_a[..., 2:], boxes_b[..., 2:])], dim=-1
+    )
     intersection, a, b = area(inner), area(boxes_a), area(boxes_b)
     denominator = torch.minimum(a, b) if mode == "smaller" else a + b - intersection
     return torch.where(denominator > 0, intersection / denominator.clamp(min=1), torch.zeros_like(intersection))
@@ -168,7 +179,7 @@ def frame_overlap(shifts: Tensor, frame: int = 28) -> Tensor:
         shifts ``(N, 2, 2)`` (``MultiMNIST.shifts``: ``(dy, dx)`` of each component) -> ``(N,)`` float.
     """
     apart = (shifts[:, 0] - shifts[:, 1]).abs()  # (N, 2)
-    return ((frame - apart).clamp(min=0).prod(dim=-1) / frame ** 2).float()
+    return ((frame - apart).clamp(min=0).prod(dim=-1) / frame**2).float()
 
 
 def average_overlap(data: MultiMNIST, *, mode: str = "smaller", threshold: float = 0.0, frame: int = 28) -> float:

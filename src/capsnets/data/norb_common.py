@@ -5,6 +5,7 @@ Both :class:`~capsnets.data.smallnorb.SmallNORB` (the real files) and
 :class:`RawNorbLike`; :func:`capsnets.data.transforms.norb_protocol` turns one into a
 :class:`~capsnets.data.base.TensorData` (resize to 48, normalise, crop 32).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -53,9 +54,7 @@ class RawNorbLike:
 
     def __post_init__(self) -> None:
         if self.images.dim() != 3 or self.images.dtype != torch.uint8:
-            raise ValueError(
-                f"images must be uint8 (N, H, W), got {self.images.dtype} {tuple(self.images.shape)}"
-            )
+            raise ValueError(f"images must be uint8 (N, H, W), got {self.images.dtype} {tuple(self.images.shape)}")
         n = len(self.images)
         if self.labels.shape != (n,):
             raise ValueError(f"labels must have shape ({n},), got {tuple(self.labels.shape)}")
@@ -72,8 +71,16 @@ class RawNorbLike:
         return len(self.labels)
 
 
-def norb_protocol(raw: RawNorbLike, train: bool, *, name: str = "", size: int = NORB_SIZE, crop: int = NORB_CROP,
-                  brightness: float = 0.25, contrast: float = 0.5):
+def norb_protocol(
+    raw: RawNorbLike,
+    train: bool,
+    *,
+    name: str = "",
+    size: int = NORB_SIZE,
+    crop: int = NORB_CROP,
+    brightness: float = 0.25,
+    contrast: float = 0.5,
+):
     """Apply the smallNORB protocol of Hinton et al. 2018 to one raw split.
 
     Both splits: uint8 -> ``[0, 1]`` float32, area-downscale to ``size x size`` (no-op if already that
@@ -94,11 +101,14 @@ def norb_protocol(raw: RawNorbLike, train: bool, *, name: str = "", size: int = 
         A :class:`~capsnets.data.base.TensorData`; images ``(N, 1, size, size)`` (train) or
         ``(N, 1, crop, crop)`` (test), float32, zero mean and unit variance per (uncropped) image.
     """
-    chunks = [standardize(resize(part.unsqueeze(1).float().div_(255.0), size))  # (n, 1, size, size)
-              for part in raw.images.split(_CHUNK)]  # chunks bound the float copy of 96x96 images
+    chunks = [
+        standardize(resize(part.unsqueeze(1).float().div_(255.0), size))  # (n, 1, size, size)
+        for part in raw.images.split(_CHUNK)
+    ]  # chunks bound the float copy of 96x96 images
     images = torch.cat(chunks) if chunks else torch.zeros(0, 1, size, size)
     augment = NorbAugment(crop, brightness, contrast) if train else None
     if not train:
         images = center_crop(images, crop).contiguous()
-    return TensorData(images, raw.labels, len(raw.classes), list(raw.classes), name,
-                      info=dict(raw.info), augment=augment)
+    return TensorData(
+        images, raw.labels, len(raw.classes), list(raw.classes), name, info=dict(raw.info), augment=augment
+    )

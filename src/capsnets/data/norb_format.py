@@ -7,6 +7,7 @@ fields; the unused ones are ignored), then the values in C order. These are not 
 the ``.mat`` suffix. Every way a file can disagree with this raises
 :class:`~capsnets.data.errors.DatasetError` naming the file.
 """
+
 from __future__ import annotations
 
 import struct

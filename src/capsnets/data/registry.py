@@ -7,6 +7,7 @@ image and prepared by :func:`~capsnets.data.norb_common.norb_protocol`: the trai
 an ``augment`` (random 32x32 crop + brightness/contrast) applied per batch by the
 :class:`~capsnets.data.device.DeviceLoader`, the test split is centre-cropped to 32x32.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -60,12 +61,12 @@ _INFO = {
     "digits": DatasetInfo("digits", 10, (1, 8, 8), tuple(DIGITS_CLASSES), 1_437, 360, False),
     "mnist": _idx_info("mnist", MNIST),
     "fashion_mnist": _idx_info("fashion_mnist", FashionMNIST),
-    "smallnorb": DatasetInfo("smallnorb", 5, (1, NORB_CROP, NORB_CROP), tuple(SMALLNORB_CLASSES),
-                             24_300, 24_300, True),
+    "smallnorb": DatasetInfo("smallnorb", 5, (1, NORB_CROP, NORB_CROP), tuple(SMALLNORB_CLASSES), 24_300, 24_300, True),
     # The offline rendered stand-in; sizes are those of the full smallNORB grid it follows
     # (5 classes x 5 instances x 18 azimuths x 9 elevations x 6 lightings per split).
-    "viewpoints": DatasetInfo("viewpoints", 5, (1, NORB_CROP, NORB_CROP), tuple(SMALLNORB_CLASSES),
-                              24_300, 24_300, True),
+    "viewpoints": DatasetInfo(
+        "viewpoints", 5, (1, NORB_CROP, NORB_CROP), tuple(SMALLNORB_CLASSES), 24_300, 24_300, True
+    ),
     "cifar10": DatasetInfo("cifar10", 10, (3, 32, 32), tuple(CIFAR10.classes), 50_000, 10_000, True),
     "svhn": DatasetInfo("svhn", 10, (3, 32, 32), tuple(SVHN.classes), 73_257, 26_032, True),
 }
@@ -81,8 +82,10 @@ def _canonical(name: str) -> str:
     key = name.lower().replace("-", "_")
     key = _ALIASES.get(key, key)
     if key not in _INFO:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(list_datasets())}, or {FOLDER_PREFIX}PATH "
-                         "for a folder of your own images")
+        raise ValueError(
+            f"unknown dataset {name!r}; known: {', '.join(list_datasets())}, or {FOLDER_PREFIX}PATH "
+            "for a folder of your own images"
+        )
     return key
 
 
@@ -91,7 +94,7 @@ def _is_folder(name: str) -> bool:
 
 
 def _folder_path(name: str) -> str:
-    path = name[len(FOLDER_PREFIX):]
+    path = name[len(FOLDER_PREFIX) :]
     if not path:
         raise ValueError(f"dataset {name!r} names no folder: expected {FOLDER_PREFIX}PATH, e.g. {FOLDER_PREFIX}photos")
     return path
@@ -103,8 +106,10 @@ def _check_fixed_size(info: DatasetInfo, image_size) -> None:
         return
     pair = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     if pair != info.image_shape[1:]:
-        raise ValueError(f"image_size={image_size!r} applies to {FOLDER_PREFIX}PATH data sets only; {info.name} "
-                         f"images are {info.image_shape[1]}x{info.image_shape[2]}: leave image_size out")
+        raise ValueError(
+            f"image_size={image_size!r} applies to {FOLDER_PREFIX}PATH data sets only; {info.name} "
+            f"images are {info.image_shape[1]}x{info.image_shape[2]}: leave image_size out"
+        )
 
 
 def list_datasets() -> list[str]:
@@ -121,16 +126,23 @@ def dataset_info(name: str, *, image_size: int | tuple[int, int] | None = None) 
     """
     if _is_folder(name):
         scan = scan_image_folder(_folder_path(name), image_size=image_size)
-        return DatasetInfo(name, len(scan.classes), scan.image_shape, scan.classes, len(scan.train),
-                           len(scan.test), True)
+        return DatasetInfo(
+            name, len(scan.classes), scan.image_shape, scan.classes, len(scan.train), len(scan.test), True
+        )
     info = _INFO[_canonical(name)]
     _check_fixed_size(info, image_size)
     return info
 
 
-def load_dataset(name: str, *, root: str | os.PathLike | None = None, train: bool = True,
-                 download: bool = False, device: str | torch.device = "cpu",
-                 image_size: int | tuple[int, int] | None = None) -> TensorData:
+def load_dataset(
+    name: str,
+    *,
+    root: str | os.PathLike | None = None,
+    train: bool = True,
+    download: bool = False,
+    device: str | torch.device = "cpu",
+    image_size: int | tuple[int, int] | None = None,
+) -> TensorData:
     """Load one split of a data set by name as float32 images in ``[0, 1]``.
 
     Args:

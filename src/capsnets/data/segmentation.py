@@ -10,6 +10,7 @@ digit).
 
 Everything is drawn on the device of ``images`` from one seeded generator (deterministic for a seed).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,9 @@ class SegmentationData:
         return len(self.images)
 
 
-def make_digit_segmentation(digits: Tensor, count: int, *, seed: int, size: int = 32, clutter: int = 4,
-                            patch: int = 8, threshold: float = 0.5) -> SegmentationData:
+def make_digit_segmentation(
+    digits: Tensor, count: int, *, seed: int, size: int = 32, clutter: int = 4, patch: int = 8, threshold: float = 0.5
+) -> SegmentationData:
     """``count`` cluttered-digit images with the masks of their object digits (see the module docstring).
 
     Args:
@@ -52,8 +54,10 @@ def make_digit_segmentation(digits: Tensor, count: int, *, seed: int, size: int 
     if digits.dim() != 4 or digits.shape[1] != 1:
         raise ValueError(f"digits must be (N, 1, H, W), got {tuple(digits.shape)}")
     if count < 1 or clutter < 0 or not 0 < patch <= digits.shape[-1]:
-        raise ValueError(f"need count >= 1, clutter >= 0 and 0 < patch <= {digits.shape[-1]}; got count={count}, "
-                         f"clutter={clutter}, patch={patch}")
+        raise ValueError(
+            f"need count >= 1, clutter >= 0 and 0 < patch <= {digits.shape[-1]}; got count={count}, "
+            f"clutter={clutter}, patch={patch}"
+        )
     generator = torch.Generator(device=digits.device).manual_seed(seed)
     pick = torch.randint(0, len(digits), (count,), generator=generator, device=digits.device)
     objects = place_randomly(digits[pick], generator, size=size)  # (count, 1, S, S)

@@ -12,6 +12,7 @@ Checksums: the md5s below are those published in several independent public smal
 (e.g. the ``disent`` library's ``SmallNorbData`` and torchvision-style ``SmallNORB`` datasets), which
 agree with each other; NYU publishes none itself. A file that fails its md5 is rejected.
 """
+
 from __future__ import annotations
 
 import os
@@ -84,8 +85,9 @@ class SmallNORB:
         "smallnorb-5x01235x9x18x6x2x96x96-testing-info.mat": "7c5b871cc69dcadec1bf6a18141f5edc",
     }
 
-    def __init__(self, root: str | os.PathLike | None = None, train: bool = True, download: bool = False,
-                 stereo: bool = False):
+    def __init__(
+        self, root: str | os.PathLike | None = None, train: bool = True, download: bool = False, stereo: bool = False
+    ):
         self.root = data_root(root)
         self.train, self.stereo = train, stereo
         self.directory = self.root / self.folder
@@ -155,8 +157,10 @@ class SmallNORB:
 
 def _expect(path: Path, array: np.ndarray, dtype: str, shape: tuple) -> None:
     """Raise a :class:`DatasetError` unless ``array`` has ``dtype`` and ``shape`` (``None``: any size)."""
-    ok = array.dtype.name == dtype and array.ndim == len(shape) and all(
-        want is None or want == got for want, got in zip(shape, array.shape)
+    ok = (
+        array.dtype.name == dtype
+        and array.ndim == len(shape)
+        and all(want is None or want == got for want, got in zip(shape, array.shape))
     )
     if not ok:
         wanted = "(" + ", ".join("N" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"

@@ -11,6 +11,7 @@ Each file is a MATLAB v5 file read with ``scipy.io.loadmat`` (which parses the f
 unpickled): ``X`` is uint8 ``(32, 32, 3, N)`` (row, column, RGB, image) and ``y`` is ``(N, 1)`` with
 labels 1..10, where 10 is the digit 0. Labels here are the digits themselves, 0..9.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,7 +38,8 @@ def read_svhn_mat(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     Raises:
         DatasetError: the file is not a MATLAB v5 file, or ``X`` / ``y`` are missing or malformed.
     """
-    import scipy.io  # slow to import, and only SVHN's .mat files need it
+    # slow to import, and only SVHN's .mat files need it
+    import scipy.io  # noqa: PLC0415
 
     try:
         mat = scipy.io.loadmat(path, variable_names=["X", "y"])
@@ -45,19 +47,24 @@ def read_svhn_mat(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
         # what scipy raises for files it cannot parse (its MatReadError is a ValueError)
         raise DatasetError(f"{path}: not a readable MATLAB v5 .mat file ({err}); " + FIX_HINT) from err
     if "X" not in mat or "y" not in mat:
-        raise DatasetError(f"{path}: expected variables X and y, found {sorted(k for k in mat if not k.startswith('__'))}"
-                           "; " + FIX_HINT)
+        raise DatasetError(
+            f"{path}: expected variables X and y, found {sorted(k for k in mat if not k.startswith('__'))}; " + FIX_HINT
+        )
     images, labels = mat["X"], mat["y"]
     if images.ndim != 4 or images.shape[:3] != (32, 32, 3) or images.dtype != np.uint8:
-        raise DatasetError(f"{path}: expected X to be uint8 (32, 32, 3, N), found {images.dtype} {images.shape}; "
-                           + FIX_HINT)
+        raise DatasetError(
+            f"{path}: expected X to be uint8 (32, 32, 3, N), found {images.dtype} {images.shape}; " + FIX_HINT
+        )
     if labels.ndim != 2 or labels.shape != (images.shape[3], 1):
-        raise DatasetError(f"{path}: expected y to be ({images.shape[3]}, 1) for {images.shape[3]} images, "
-                           f"found {labels.shape}; " + FIX_HINT)
+        raise DatasetError(
+            f"{path}: expected y to be ({images.shape[3]}, 1) for {images.shape[3]} images, "
+            f"found {labels.shape}; " + FIX_HINT
+        )
     labels = labels[:, 0].astype(np.int64)
     if len(labels) and (labels.min() < 1 or labels.max() > 10):
-        raise DatasetError(f"{path}: labels must be 1..10 (10 is the digit 0), found {labels.min()}..{labels.max()}; "
-                           + FIX_HINT)
+        raise DatasetError(
+            f"{path}: labels must be 1..10 (10 is the digit 0), found {labels.min()}..{labels.max()}; " + FIX_HINT
+        )
     return np.ascontiguousarray(images.transpose(3, 2, 0, 1)), labels % 10
 
 
@@ -102,7 +109,8 @@ class SVHN:
             raise DatasetError(
                 f"{self.name}: missing {self.path.name} in {self.directory} (data root {self.root}). Fix: pass "
                 f"--data-dir DIR (or set {DATA_ENV_VAR}=DIR) where DIR/{self.folder}/ holds the format-2 .mat "
-                f"files, or rerun with --download (SVHN(..., download=True)) to fetch them from {self.mirrors[0]}.")
+                f"files, or rerun with --download (SVHN(..., download=True)) to fetch them from {self.mirrors[0]}."
+            )
         check_md5(self.path, self.md5s[self.path.name])
         images, labels = read_svhn_mat(self.path)
         self.images, self.labels = torch.from_numpy(images), torch.from_numpy(labels)

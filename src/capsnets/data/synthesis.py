@@ -7,14 +7,16 @@ available here. :func:`silhouette_label_maps` makes the same kind of task from a
 Fashion-MNIST: each image's silhouette (pixels above ``threshold``) is drawn into the channel of its
 class, and the generator must paint the garment (shading, texture, seams) inside it.
 """
+
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor
 
 
-def silhouette_label_maps(images: Tensor, labels: Tensor, num_classes: int, *, size: int | None = None,
-                          threshold: float = 0.05) -> tuple[Tensor, Tensor]:
+def silhouette_label_maps(
+    images: Tensor, labels: Tensor, num_classes: int, *, size: int | None = None, threshold: float = 0.05
+) -> tuple[Tensor, Tensor]:
     """Label maps ``(N, K, S, S)`` and target images ``(N, C, S, S)``, both zero-padded (centred) to ``size``.
 
     Args:
@@ -24,8 +26,9 @@ def silhouette_label_maps(images: Tensor, labels: Tensor, num_classes: int, *, s
         threshold: pixels whose mean over channels exceeds it form the silhouette.
     """
     if images.dim() != 4 or labels.shape != (len(images),):
-        raise ValueError(f"need images (N, C, H, W) and labels (N,), got {tuple(images.shape)} and "
-                         f"{tuple(labels.shape)}")
+        raise ValueError(
+            f"need images (N, C, H, W) and labels (N,), got {tuple(images.shape)} and {tuple(labels.shape)}"
+        )
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"labels must lie in [0, {num_classes}), got {labels.min().item()}..{labels.max().item()}")
     height, width = images.shape[-2:]

@@ -19,6 +19,7 @@ Choices made here (the paper gives no numbers):
 Random parameters are drawn from the given ``torch.Generator`` on ITS device (a CPU generator is
 fine for CUDA images), then moved to the images' device, so results depend only on the generator.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,16 @@ from torch import Tensor
 
 from capsnets.functional.crop import center_crop, random_crop
 
-__all__ = ["AUGMENTATIONS", "DigitAugment", "NorbAugment", "brightness_contrast", "center_crop", "random_crop",
-           "resize", "standardize"]
+__all__ = [
+    "AUGMENTATIONS",
+    "DigitAugment",
+    "NorbAugment",
+    "brightness_contrast",
+    "center_crop",
+    "random_crop",
+    "resize",
+    "standardize",
+]
 
 
 def _check_batch(images: Tensor) -> None:
@@ -68,8 +77,9 @@ def standardize(images: Tensor) -> Tensor:
     return (images - mean) / std.clamp_min(images[0].numel() ** -0.5)
 
 
-def brightness_contrast(images: Tensor, generator: torch.Generator | None = None, *,
-                        brightness: float = 0.25, contrast: float = 0.5) -> Tensor:
+def brightness_contrast(
+    images: Tensor, generator: torch.Generator | None = None, *, brightness: float = 0.25, contrast: float = 0.5
+) -> Tensor:
     """Random per-image contrast, then brightness: ``(x - m_b) * c_b + m_b + d_b``.
 
     ``m_b`` is image ``b``'s mean, ``c_b ~ U(1 - contrast, 1 + contrast)``, ``d_b ~ U(-brightness,
@@ -176,8 +186,10 @@ class DigitAugment:
         _check_batch(images)
         batch, _, height, width = images.shape
         if min(height, width) < self.erase + 6:
-            raise ValueError(f"DigitAugment(erase={self.erase}) needs images of at least {self.erase + 6} "
-                             f"pixels a side, got {height}x{width}")
+            raise ValueError(
+                f"DigitAugment(erase={self.erase}) needs images of at least {self.erase + 6} "
+                f"pixels a side, got {height}x{width}"
+            )
         if images.dtype == torch.uint8:
             images = images.float() / 255
         elif not images.is_floating_point():
@@ -186,8 +198,11 @@ class DigitAugment:
         draw = dict(generator=generator, device=device, dtype=torch.float64)
         normal = torch.randn(batch, 3, **draw) * 0.33
         uniform = torch.rand(batch, 4, **draw)
-        radians = torch.where(uniform[:, 0] < 0.5, normal[:, 0].clamp(-0.9999, 0.9999) * math.radians(self.angle),
-                              torch.zeros_like(normal[:, 0]))
+        radians = torch.where(
+            uniform[:, 0] < 0.5,
+            normal[:, 0].clamp(-0.9999, 0.9999) * math.radians(self.angle),
+            torch.zeros_like(normal[:, 0]),
+        )
         squeeze = torch.floor(normal[:, 1].abs().clamp(max=0.9999) * (width / 4)) + 1  # pixels taken off the width
         left = torch.floor(squeeze / 2) + torch.floor(uniform[:, 1] * 2)  # where the squeezed image starts
         # Output pixel x (normalised, align_corners=False) reads the squeezed image's source at

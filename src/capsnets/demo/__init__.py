@@ -16,6 +16,7 @@ Example::
     >>> from capsnets.demo.app import serve                          # doctest: +SKIP
     >>> serve(load_demo_model(), "127.0.0.1", 8000)                  # doctest: +SKIP
 """
+
 from capsnets.demo.capsules import Analysis, DemoModel
 from capsnets.demo.source import DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
 

@@ -14,13 +14,15 @@ Endpoints (every error is a 4xx with ``{"detail": message}``; bodies over :data:
 :func:`serve` binds the socket (:func:`listen`, localhost by default) and runs uvicorn on it
 (:func:`run_server`). Needs the ``demo`` extra: ``pip install -e '.[demo]'``.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 import torch
 import uvicorn
@@ -32,8 +34,8 @@ from starlette.concurrency import run_in_threadpool
 
 from capsnets.demo.capsules import Analysis, DemoModel
 from capsnets.demo.images import data_url, decode_base64, display, heat_png, map_png, read_image, tensor_png
-from capsnets.validation import ArgumentError
 from capsnets.predict import NORB_LIKE
+from capsnets.validation import ArgumentError
 
 __all__ = ["MAX_BODY_BYTES", "create_app", "listen", "run_server", "serve"]
 
@@ -92,8 +94,13 @@ def create_app(demo: DemoModel) -> FastAPI:
     @app.get("/api/samples")
     async def samples() -> dict:
         images, labels = await run_in_threadpool(demo.samples)
-        return {"samples": [{"class": int(k), "label": demo.classes[int(k)], "image": _png(demo, x),
-                             "pixels": _pixels(x)} for x, k in zip(images, labels)], "note": demo.samples_note}
+        return {
+            "samples": [
+                {"class": int(k), "label": demo.classes[int(k)], "image": _png(demo, x), "pixels": _pixels(x)}
+                for x, k in zip(images, labels)
+            ],
+            "note": demo.samples_note,
+        }
 
     @app.post("/api/predict", openapi_extra=_body_schema(ImageInput, image=True))
     async def predict(request: Request) -> dict:
@@ -155,8 +162,9 @@ async def _image(request: Request, demo: DemoModel) -> tuple[torch.Tensor, list[
     if (request_input.image is None) == (request_input.pixels is None):
         raise HTTPException(422, "send one of image (a PNG or JPEG file as base64) and pixels")
     if request_input.image is not None:
-        tensor, notes = await run_in_threadpool(read_image, decode_base64(request_input.image), demo.input_size,
-                                                demo.dataset, frame=request_input.frame)
+        tensor, notes = await run_in_threadpool(
+            read_image, decode_base64(request_input.image), demo.input_size, demo.dataset, frame=request_input.frame
+        )
         return tensor, notes, request_input
     return _from_pixels(request_input.pixels, demo), [], request_input
 
@@ -181,29 +189,44 @@ def _from_pixels(pixels: list, demo: DemoModel) -> torch.Tensor:
 
 def _analysis(demo: DemoModel, image: torch.Tensor, analysis: Analysis, notes: list[str]) -> dict:
     """An :class:`Analysis` as the JSON the page reads."""
-    result = {"input": _png(demo, image), "notes": notes, "classes": demo.classes,
-              "scores": analysis.scores.tolist(), "prediction": analysis.prediction,
-              "label": demo.classes[analysis.prediction], "shown": analysis.shown,
-              "capsules": analysis.capsules.tolist(), "reconstruction": None, "couplings": None}
+    result = {
+        "input": _png(demo, image),
+        "notes": notes,
+        "classes": demo.classes,
+        "scores": analysis.scores.tolist(),
+        "prediction": analysis.prediction,
+        "label": demo.classes[analysis.prediction],
+        "shown": analysis.shown,
+        "capsules": analysis.capsules.tolist(),
+        "reconstruction": None,
+        "couplings": None,
+    }
     if analysis.reconstruction is not None:
         result["reconstruction"] = data_url(tensor_png(analysis.reconstruction))
     if analysis.couplings is not None:
         maps = analysis.couplings.float()
         top = float(maps.max())
         result["couplings"] = {
-            "grid": list(maps.shape[1:]), "values": maps.tolist(), "what": _couplings_text(demo, maps),
+            "grid": list(maps.shape[1:]),
+            "values": maps.tolist(),
+            "what": _couplings_text(demo, maps),
             "overlay": data_url(heat_png(display(image, demo.dataset), maps[analysis.shown], top=top)),
-            "maps": [data_url(map_png(m, top)) for m in maps]}
+            "maps": [data_url(map_png(m, top)) for m in maps],
+        }
     return result
 
 
 def _couplings_text(demo: DemoModel, maps: torch.Tensor) -> str:
     height, width = maps.shape[1:]
     if demo.kind == "vector":
-        return (f"c_ij |u_i|: each primary capsule's final routing coupling to class j times its length, summed "
-                f"over the capsule types at each position of the {height}x{width} primary capsule grid")
-    return (f"R_ij a_i: each ConvCaps2 capsule's final EM assignment to class j times its activation, summed over "
-            f"the capsule types at each position of the {height}x{width} grid")
+        return (
+            f"c_ij |u_i|: each primary capsule's final routing coupling to class j times its length, summed "
+            f"over the capsule types at each position of the {height}x{width} primary capsule grid"
+        )
+    return (
+        f"R_ij a_i: each ConvCaps2 capsule's final EM assignment to class j times its activation, summed over "
+        f"the capsule types at each position of the {height}x{width} grid"
+    )
 
 
 def _png(demo: DemoModel, image: torch.Tensor) -> str:
@@ -221,8 +244,9 @@ def _body_schema(schema: type[BaseModel], image: bool = False) -> dict:
     """The OpenAPI request body of an endpoint that reads its body itself."""
     content: dict[str, Any] = {"application/json": {"schema": schema.model_json_schema()}}
     if image:
-        content.update({kind: {"schema": {"type": "string", "format": "binary"}} for kind in ("image/png",
-                                                                                                "image/jpeg")})
+        content.update(
+            {kind: {"schema": {"type": "string", "format": "binary"}} for kind in ("image/png", "image/jpeg")}
+        )
     return {"requestBody": {"required": True, "content": content}}
 
 
@@ -251,8 +275,7 @@ def run_server(app: FastAPI, sock: socket.socket) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
-def serve(demo: DemoModel, host: str = "127.0.0.1", port: int = 8000,
-          announce: Callable[[str], None] = print) -> None:
+def serve(demo: DemoModel, host: str = "127.0.0.1", port: int = 8000, announce: Callable[[str], None] = print) -> None:
     """Serve ``demo`` on ``host``:``port`` until interrupted, announcing its address."""
     with listen(host, port) as sock:
         announce(f"capsnets demo: {url(sock)}")

@@ -13,6 +13,7 @@ capsules), summed over capsule types, on the child capsules' grid. Matrix capsul
 reconstruction, sliders or perturbation grid for them. Their class layer's assignments are read by wrapping its
 routing for one call (:func:`_recording_assignments`), as the layer does not return them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,9 +21,9 @@ import inspect
 import io
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from PIL import Image, ImageChops
@@ -75,20 +76,29 @@ class DemoModel:
         ArgumentError: another kind of model.
     """
 
-    def __init__(self, model: nn.Module, *, classes: Sequence[str] | None = None, dataset: str | None = None,
-                 source: str = "", name: str | None = None, data_dir: str | None = None,
-                 image_size=None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        classes: Sequence[str] | None = None,
+        dataset: str | None = None,
+        source: str = "",
+        name: str | None = None,
+        data_dir: str | None = None,
+        image_size=None,
+    ) -> None:
         if isinstance(model, CapsNet):
             self.kind = "vector"
         elif isinstance(model, MatrixCapsNet):
             self.kind = "matrix"
         else:
-            raise ArgumentError(f"the demo shows capsule classifiers (CapsNet and matrix capsule models), not "
-                                f"{name or type(model).__name__} ({type(model).__name__})")
+            raise ArgumentError(
+                f"the demo shows capsule classifiers (CapsNet and matrix capsule models), not "
+                f"{name or type(model).__name__} ({type(model).__name__})"
+            )
         self.model = model.eval()
         self.num_classes = int(model.num_classes)
-        self.classes = [str(c) for c in classes] if classes is not None else [str(k) for k in
-                                                                               range(self.num_classes)]
+        self.classes = [str(c) for c in classes] if classes is not None else [str(k) for k in range(self.num_classes)]
         if len(self.classes) != self.num_classes:
             raise ArgumentError(f"classes must name the model's {self.num_classes} classes, got {len(self.classes)}")
         self.input_size = tuple(int(s) for s in model.input_size)
@@ -103,18 +113,27 @@ class DemoModel:
     def info(self) -> dict:
         """What the page needs to lay itself out (JSON-able)."""
         matrix = self.kind == "matrix"
-        return {"model": self.name, "kind": self.kind, "source": self.source, "dataset": self.dataset,
-                "classes": self.classes, "input_size": list(self.input_size),
-                "score": "activation" if matrix else "length", "decoder": self.decoder is not None,
-                "capsule_dim": self.capsule_dim,
-                "pose_size": int(self.model.classes.pose_size) if matrix else None,
-                "note": self._note()}
+        return {
+            "model": self.name,
+            "kind": self.kind,
+            "source": self.source,
+            "dataset": self.dataset,
+            "classes": self.classes,
+            "input_size": list(self.input_size),
+            "score": "activation" if matrix else "length",
+            "decoder": self.decoder is not None,
+            "capsule_dim": self.capsule_dim,
+            "pose_size": int(self.model.classes.pose_size) if matrix else None,
+            "note": self._note(),
+        }
 
     def _note(self) -> str:
         if self.kind == "matrix":
-            return ("Matrix capsules: each class capsule is a 4x4 pose matrix and an activation. This model has "
-                    "no decoder, so there is no reconstruction, no slider and no perturbation grid; the poses are "
-                    "shown instead.")
+            return (
+                "Matrix capsules: each class capsule is a 4x4 pose matrix and an activation. This model has "
+                "no decoder, so there is no reconstruction, no slider and no perturbation grid; the poses are "
+                "shown instead."
+            )
         if self.decoder is None:
             return "This model was built without a decoder: no reconstruction, slider or perturbation grid."
         return ""
@@ -203,8 +222,10 @@ class DemoModel:
         try:
             data = load_dataset(self.dataset, root=self.data_dir, train=False, image_size=self.image_size)
         except (OSError, ValueError, KeyError) as err:  # DatasetError, missing files...
-            self.samples_note = (f"the test images of {self.dataset} cannot be read here "
-                                 f"({str(err).splitlines()[0] if str(err) else type(err).__name__})")
+            self.samples_note = (
+                f"the test images of {self.dataset} cannot be read here "
+                f"({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+            )
             return empty
         if tuple(data.images.shape[1:]) != self.input_size:
             self.samples_note = f"the test images of {self.dataset} do not fit the model's input {self.input_size}"
@@ -233,8 +254,14 @@ def _trimmed(png: Path, margin: int = 6) -> bytes:
     box = ImageChops.difference(figure, Image.new("RGB", figure.size, "white")).getbbox()
     if box is not None:
         left, top, right, bottom = box
-        figure = figure.crop((max(0, left - margin), max(0, top - margin), min(figure.width, right + margin),
-                              min(figure.height, bottom + margin)))
+        figure = figure.crop(
+            (
+                max(0, left - margin),
+                max(0, top - margin),
+                min(figure.width, right + margin),
+                min(figure.height, bottom + margin),
+            )
+        )
     buffer = io.BytesIO()
     figure.save(buffer, format="PNG")
     return buffer.getvalue()

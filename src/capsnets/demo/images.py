@@ -7,24 +7,35 @@ prepared: scikit-learn's 8x8 digits fill the frame's height (UCI "Optical Recogn
 32x32 bitmaps of size-normalised digits, counted in 4x4 blocks, so area averaging here), MNIST's fit a 20x20 box
 centred in 28x28 (LeCun et al. 1998; centred here by the box, not by the centre of mass).
 """
+
 from __future__ import annotations
 
 import base64
 import binascii
 import io
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
-from capsnets.validation import ArgumentError
 from capsnets.predict import DARK_BACKGROUND, NORB_LIKE, prepare_image
+from capsnets.validation import ArgumentError
 
-__all__ = ["MAX_IMAGE_PIXELS", "data_url", "decode_base64", "display", "frame_drawing", "heat_png", "map_png",
-           "open_image", "read_image", "tensor_png"]
+__all__ = [
+    "MAX_IMAGE_PIXELS",
+    "data_url",
+    "decode_base64",
+    "display",
+    "frame_drawing",
+    "heat_png",
+    "map_png",
+    "open_image",
+    "read_image",
+    "tensor_png",
+]
 
 #: Images with more pixels than this are refused before they are decoded (a canvas drawing has ~10^5).
 MAX_IMAGE_PIXELS = 4096 * 4096
@@ -65,13 +76,15 @@ def open_image(data: bytes):
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:  # a damaged file
         if isinstance(err, ArgumentError):
             raise
-        raise ArgumentError(f"a damaged image ({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
-                            "send a PNG or JPEG file") from None
+        raise ArgumentError(
+            f"a damaged image ({str(err).splitlines()[0] if str(err) else type(err).__name__}); send a PNG or JPEG file"
+        ) from None
     return image
 
 
-def read_image(data: bytes, input_size: Sequence[int], dataset: str | None, *,
-               frame: bool = False) -> tuple[Tensor, list[str]]:
+def read_image(
+    data: bytes, input_size: Sequence[int], dataset: str | None, *, frame: bool = False
+) -> tuple[Tensor, list[str]]:
     """Image file bytes as the ``(C, H, W)`` input of a model trained on ``dataset``, and what was adapted.
 
     Prepared as ``capsnets predict`` prepares files (:func:`capsnets.predict.prepare_image`); with ``frame``, a
@@ -121,13 +134,13 @@ def frame_drawing(image: Tensor, size: tuple[int, int], fill: float = DEFAULT_FI
     if not bool(ink.any()):
         return image.new_zeros(channels, height, width), "empty drawing"
     rows, cols = ink.any(dim=1).nonzero()[:, 0], ink.any(dim=0).nonzero()[:, 0]
-    crop = image[:, int(rows[0]):int(rows[-1]) + 1, int(cols[0]):int(cols[-1]) + 1]
+    crop = image[:, int(rows[0]) : int(rows[-1]) + 1, int(cols[0]) : int(cols[-1]) + 1]
     scale = min(fill * height / crop.shape[1], fill * width / crop.shape[2])
     inner = (max(1, min(height, round(crop.shape[1] * scale))), max(1, min(width, round(crop.shape[2] * scale))))
     scaled = F.interpolate(crop[None], size=inner, mode="area")[0]
     framed = image.new_zeros(channels, height, width)
     top, left = (height - inner[0]) // 2, (width - inner[1]) // 2
-    framed[:, top:top + inner[0], left:left + inner[1]] = scaled
+    framed[:, top : top + inner[0], left : left + inner[1]] = scaled
     framed = framed / framed.max().clamp_min(1e-6)
     note = f"framed: strokes of {crop.shape[2]}x{crop.shape[1]} px scaled to {inner[1]}x{inner[0]} in {width}x{height}"
     return framed.clamp(0, 1), note
@@ -151,8 +164,9 @@ def tensor_png(image: Tensor, scale: int = 1) -> bytes:
     if scale > 1:
         image = image.repeat_interleave(scale, dim=1).repeat_interleave(scale, dim=2)
     pixels = (image * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
-    picture = Image.fromarray(pixels[..., 0] if image.shape[0] == 1 else pixels, mode="L" if image.shape[0] == 1
-                              else "RGB")
+    picture = Image.fromarray(
+        pixels[..., 0] if image.shape[0] == 1 else pixels, mode="L" if image.shape[0] == 1 else "RGB"
+    )
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")
     return buffer.getvalue()
@@ -186,7 +200,8 @@ def map_png(heat: Tensor, top: float | None = None) -> bytes:
 
 def _inferno(values: Tensor) -> Tensor:
     """``(h, w)`` values in ``[0, 1]`` as ``(3, h, w)`` colours of matplotlib's ``inferno``."""
-    from matplotlib import colormaps  # slow to import; only the heat maps need it
+    # slow to import; only the heat maps need it
+    from matplotlib import colormaps  # noqa: PLC0415
 
     return torch.from_numpy(colormaps["inferno"](values.detach().cpu().numpy())[..., :3]).float().permute(2, 0, 1)
 

@@ -6,6 +6,7 @@ offline: :mod:`capsnets.models.hub`). Given a run directory ``out`` instead, it 
 (``capsnet_digits`` on scikit-learn's 8x8 digits, offline, about 20 s on 2 CPU cores, about 97% test accuracy) there
 on the first start and loads it on later starts; a training interrupted there is continued.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,9 @@ DEMO_RUN_DIR = "runs/demo"
 DEMO_TRAINING = {"model": "capsnet_digits", "dataset": "digits", "epochs": 10, "batch_size": 32, "device": "cpu"}
 
 
-def load_demo_model(checkpoint: str | os.PathLike | None = None, *, out: str | os.PathLike = DEMO_RUN_DIR,
-                    pretrained: str | None = None) -> DemoModel:
+def load_demo_model(
+    checkpoint: str | os.PathLike | None = None, *, out: str | os.PathLike = DEMO_RUN_DIR, pretrained: str | None = None
+) -> DemoModel:
     """The model the demo shows, on the CPU, with a sentence saying where it comes from (``DemoModel.source``).
 
     Args:
@@ -53,13 +55,20 @@ def load_demo_model(checkpoint: str | os.PathLike | None = None, *, out: str | o
     run = Path(out)
     if (run / "summary.json").is_file():
         model, loaded = load_model(run, "cpu")
-        return _demo_model(model, loaded, f"loaded from {loaded.path}{_epoch(loaded)}, trained by an earlier start "
-                                          "of the demo or by capsnets train")
+        return _demo_model(
+            model,
+            loaded,
+            f"loaded from {loaded.path}{_epoch(loaded)}, trained by an earlier start of the demo or by capsnets train",
+        )
     seconds = _train(run)
     model, loaded = load_model(run, "cpu")
-    return _demo_model(model, loaded, f"trained now in {seconds:.0f} s ({DEMO_TRAINING['model']} on "
-                                      f"{DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} epochs), saved in "
-                                      f"{run}: the next start loads it")
+    return _demo_model(
+        model,
+        loaded,
+        f"trained now in {seconds:.0f} s ({DEMO_TRAINING['model']} on "
+        f"{DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} epochs), saved in "
+        f"{run}: the next start loads it",
+    )
 
 
 def _train(run: Path) -> float:
@@ -69,8 +78,14 @@ def _train(run: Path) -> float:
     resume = (run / "last.safetensors").is_file()
     if not resume and run.is_dir() and any(run.iterdir()):
         raise ArgumentError(f"'{run}' holds files but no demo model; name another --out, or empty it")
-    logger.info("%s the demo model (%s on %s, %d epochs, about 20 s) in %s", "continuing" if resume else "training",
-                DEMO_TRAINING["model"], DEMO_TRAINING["dataset"], DEMO_TRAINING["epochs"], run)
+    logger.info(
+        "%s the demo model (%s on %s, %d epochs, about 20 s) in %s",
+        "continuing" if resume else "training",
+        DEMO_TRAINING["model"],
+        DEMO_TRAINING["dataset"],
+        DEMO_TRAINING["epochs"],
+        run,
+    )
     start = time.perf_counter()
     train(TrainConfig(**DEMO_TRAINING, out=str(run)), resume=resume)
     return time.perf_counter() - start
@@ -88,8 +103,15 @@ def _demo_model(model, checkpoint, source: str) -> DemoModel:
     if isinstance(accuracy, float):
         source += f"; test accuracy {100 * accuracy:.1f}%"
     image_size = config.get("image_size") if str(dataset).startswith("folder:") else None
-    return DemoModel(model, classes=_class_names(meta, int(model.num_classes)), dataset=dataset, source=source,
-                     name=meta.get("model"), data_dir=config.get("data_dir"), image_size=image_size)
+    return DemoModel(
+        model,
+        classes=_class_names(meta, int(model.num_classes)),
+        dataset=dataset,
+        source=source,
+        name=meta.get("model"),
+        data_dir=config.get("data_dir"),
+        image_size=image_size,
+    )
 
 
 def _epoch(checkpoint) -> str:

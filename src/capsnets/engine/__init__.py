@@ -11,10 +11,19 @@
   file format is :mod:`capsnets.io`'s; a model alone: :func:`capsnets.models.load_model`)
 - :func:`publish_checkpoint`: a trained checkpoint as a pretrained weight with its model card
 """
+
+from .callbacks import (
+    Callback,
+    Hook,
+    ModelCheckpoint,
+    Target,
+    TimeLimit,
+    checkpoint_name,
+    checkpoint_path,
+    resume_state,
+)
 from .checkpoint import restore_training, save_checkpoint
 from .config import TrainConfig, build_config, read_config_file
-from .callbacks import (Callback, Hook, ModelCheckpoint, Target, TimeLimit, checkpoint_name, checkpoint_path,
-                        resume_state)
 from .distributed import DistContext
 from .evaluate import accuracy, dice_score, evaluate
 from .fit import NonFiniteLossError, TrainState, adam_with_decay, fit, save_state, training_step
@@ -22,8 +31,30 @@ from .publish import publish_checkpoint
 from .trainer import Trainer, train
 
 __all__ = [
-    "restore_training", "save_checkpoint", "TrainConfig", "build_config", "read_config_file",
-    "Callback", "Hook", "ModelCheckpoint", "Target", "TimeLimit", "checkpoint_name", "checkpoint_path", "resume_state",
-    "DistContext", "accuracy", "dice_score", "evaluate", "NonFiniteLossError", "TrainState", "adam_with_decay", "fit",
-    "save_state", "training_step", "publish_checkpoint", "Trainer", "train",
+    "restore_training",
+    "save_checkpoint",
+    "TrainConfig",
+    "build_config",
+    "read_config_file",
+    "Callback",
+    "Hook",
+    "ModelCheckpoint",
+    "Target",
+    "TimeLimit",
+    "checkpoint_name",
+    "checkpoint_path",
+    "resume_state",
+    "DistContext",
+    "accuracy",
+    "dice_score",
+    "evaluate",
+    "NonFiniteLossError",
+    "TrainState",
+    "adam_with_decay",
+    "fit",
+    "save_state",
+    "training_step",
+    "publish_checkpoint",
+    "Trainer",
+    "train",
 ]

@@ -1,9 +1,10 @@
 """Batches of tensors that already live on one device, for :func:`~capsnets.engine.fit`: generated or
 preprocessed data sets (the experiments') that no :class:`~capsnets.data.DeviceLoader` data set describes.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -30,9 +31,16 @@ class TensorBatches:
         augment: optional ``(images, generator) -> images`` applied to each batch.
     """
 
-    def __init__(self, images: Tensor | None, targets: Targets | None, batch_size: int, *, seed: int = 0,
-                 augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
-                 epoch_data: Callable[[int], tuple[Tensor, Targets]] | None = None) -> None:
+    def __init__(
+        self,
+        images: Tensor | None,
+        targets: Targets | None,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+        epoch_data: Callable[[int], tuple[Tensor, Targets]] | None = None,
+    ) -> None:
         if (epoch_data is None) == (images is None):
             raise ArgumentError("pass either images and targets or epoch_data")
         positive_int("batch_size", batch_size)
@@ -50,7 +58,7 @@ class TensorBatches:
 
     def iter_from(self, first: int) -> Iterator[tuple[Tensor, Targets]]:
         for k, start in enumerate(range(0, len(self.images), self.batch_size)):
-            index = self.order[start:start + self.batch_size]
+            index = self.order[start : start + self.batch_size]
             images = self.images[index]
             if self.augment is not None:  # also for skipped batches: the generator then stands where it stood
                 images = self.augment(images, self.generator)

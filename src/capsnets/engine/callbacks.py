@@ -16,14 +16,16 @@ Checkpoints are named ``<directory>/<name>.safetensors`` (:func:`checkpoint_path
 (``last``, ``best``) and the experiments; :class:`ModelCheckpoint` saves them and :func:`resume_state` reads
 the :class:`~capsnets.engine.TrainState` a later process continues from.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,8 +36,16 @@ from capsnets.io import SUFFIX, Checkpoint, load_checkpoint
 from capsnets.models.hub import restore_model
 from capsnets.validation import ArgumentError, positive_int
 
-__all__ = ["Callback", "Hook", "ModelCheckpoint", "Target", "TimeLimit", "checkpoint_name", "checkpoint_path",
-           "resume_state"]
+__all__ = [
+    "Callback",
+    "Hook",
+    "ModelCheckpoint",
+    "Target",
+    "TimeLimit",
+    "checkpoint_name",
+    "checkpoint_path",
+    "resume_state",
+]
 
 
 class Callback:
@@ -81,12 +91,15 @@ class TimeLimit(Callback):
         device: where the flag that rank 0 broadcasts lives (the group's device; default CPU).
     """
 
-    def __init__(self, seconds: float | None, *, context: DistContext | None = None,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, seconds: float | None, *, context: DistContext | None = None, device: torch.device | str = "cpu"
+    ) -> None:
         ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0
         if seconds is not None and not ok:  # NaN is not > 0
-            raise ArgumentError(f"the training time limit must be a positive number of seconds (or None), got "
-                                f"{seconds!r}; the experiments take it as train_minutes")
+            raise ArgumentError(
+                f"the training time limit must be a positive number of seconds (or None), got "
+                f"{seconds!r}; the experiments take it as train_minutes"
+            )
         self.seconds, self.context, self.device = seconds, context or DistContext(), torch.device(device)
         self.began = time.perf_counter()
 
@@ -132,8 +145,16 @@ class ModelCheckpoint(Callback):
         on_save: called after each save (e.g. to commit a run directory).
     """
 
-    def __init__(self, path: str | os.PathLike, model: nn.Module, meta: Callable[[TrainState, dict], dict], *,
-                 every: int = 1, best_only: bool = False, on_save: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        model: nn.Module,
+        meta: Callable[[TrainState, dict], dict],
+        *,
+        every: int = 1,
+        best_only: bool = False,
+        on_save: Callable[[], None] | None = None,
+    ) -> None:
         self.path, self.model, self.meta, self.every = Path(path), model, meta, positive_int("every", every)
         self.best_only, self.on_save = best_only, on_save
 

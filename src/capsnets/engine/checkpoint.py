@@ -5,6 +5,7 @@ The file format (safetensors + JSON sidecar, atomic, with digests and a format v
 what training needs: optimizer state tensors (``optim.state.<index>.<name>``, the rest in the sidecar's
 ``"optimizer"``), the scheduler's ``state_dict``, RNG states (``rng.*``) and any extra tensors (``extra.*``).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,16 +15,21 @@ import torch
 from torch import nn
 
 from capsnets.engine.runtime import rng_state_tensors
-from capsnets.io import (Checkpoint, CheckpointError, cpu_copy,
-                         write_checkpoint)
+from capsnets.io import Checkpoint, CheckpointError, cpu_copy, write_checkpoint
 from capsnets.models.hub import model_tensors
 
 __all__ = ["join_optimizer_state", "restore_training", "save_checkpoint", "split_optimizer_state"]
 
 
-def save_checkpoint(path: str | Path, *, model: nn.Module, meta: dict[str, Any],
-                    optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
-                    extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+def save_checkpoint(
+    path: str | Path,
+    *,
+    model: nn.Module,
+    meta: dict[str, Any],
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    extra_tensors: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Atomically write ``model`` (+ optimizer, scheduler, RNG state) to ``path`` and its JSON sidecar.
 
     Args:
@@ -61,8 +67,9 @@ def restore_training(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer, s
         scheduler.load_state_dict(checkpoint.meta["scheduler"])
 
 
-def split_optimizer_state(state: dict[str, Any], prefix: str = "optim.") -> tuple[dict[str, torch.Tensor],
-                                                                                dict[str, Any]]:
+def split_optimizer_state(
+    state: dict[str, Any], prefix: str = "optim."
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Optimizer ``state_dict`` -> (flat tensors ``<prefix>state.<i>.<name>``, JSON-safe rest): how a
     checkpoint stores an optimizer without pickle (a second optimizer takes another ``prefix``)."""
     tensors, plain = {}, {}
@@ -75,14 +82,15 @@ def split_optimizer_state(state: dict[str, Any], prefix: str = "optim.") -> tupl
     return tensors, {"param_groups": state["param_groups"], "plain_state": plain}
 
 
-def join_optimizer_state(tensors: dict[str, torch.Tensor], saved: dict[str, Any], optimizer: torch.optim.Optimizer,
-                         prefix: str = "optim.") -> dict[str, Any]:
+def join_optimizer_state(
+    tensors: dict[str, torch.Tensor], saved: dict[str, Any], optimizer: torch.optim.Optimizer, prefix: str = "optim."
+) -> dict[str, Any]:
     """Inverse of :func:`split_optimizer_state`: the ``state_dict`` to load into ``optimizer`` (whose
     list-valued hyper-parameters, e.g. Adam's betas, become tuples again)."""
     state: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():
         if key.startswith(f"{prefix}state."):
-            index, name = key[len(f"{prefix}state."):].split(".", 1)
+            index, name = key[len(f"{prefix}state.") :].split(".", 1)
             state.setdefault(int(index), {})[name] = value
     for index, values in saved.get("plain_state", {}).items():
         state.setdefault(int(index), {}).update(values)

@@ -8,6 +8,7 @@ Defaults follow Sabour et al. 2017, §4 (Adam, exponentially decaying learning r
 up to 2 px): ``lr=1e-3`` and a per-epoch decay ``lr_decay=0.96`` (the paper gives no number; 0.96 per
 epoch is the value used by the authors' public code, ``decay_rate=0.96``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,13 +27,15 @@ from capsnets.engine.runtime import AMP_MODES
 from capsnets.io import atomic_write
 from capsnets.validation import ArgumentError, expect, reject_unknown
 
+
 class _YamlLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that ``1e-3`` (an exponent without a dot) is a float, as in JSON and
     YAML 1.2, rather than the string YAML 1.1 makes of it."""
 
 
-_YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
-                                  list("-+0123456789"))
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 def load_yaml(text: str) -> Any:
@@ -136,32 +139,67 @@ class TrainConfig:
             expect(value is None or (_integer(value) and value >= low), name, value, f"None or an integer >= {low}")
         for name in ("download", "compile", "progress"):
             expect(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
-        expect(_integer(self.seed) and 0 <= self.seed < 2**64, "seed", self.seed,
-                 "a non-negative integer below 2**64 (torch's generators take 64-bit seeds)")
-        expect(self.data_dir is None or (isinstance(self.data_dir, str) and self.data_dir), "data_dir",
-                 self.data_dir, "None or a folder")
+        expect(
+            _integer(self.seed) and 0 <= self.seed < 2**64,
+            "seed",
+            self.seed,
+            "a non-negative integer below 2**64 (torch's generators take 64-bit seeds)",
+        )
+        expect(
+            self.data_dir is None or (isinstance(self.data_dir, str) and self.data_dir),
+            "data_dir",
+            self.data_dir,
+            "None or a folder",
+        )
         size = self.image_size
-        expect(size is None or (_integer(size) and size >= 1) or (
-            isinstance(size, (list, tuple)) and len(size) == 2 and all(_integer(s) and s >= 1 for s in size)),
-            "image_size", size, "None, a positive integer or [height, width]")
-        expect(self.augment is None or self.augment in AUGMENTATIONS, "augment", self.augment,
-                 f"None or one of {sorted(AUGMENTATIONS)}")
-        expect(self.loss is None or (isinstance(self.loss, str) and self.loss), "loss", self.loss,
-                 "None or a loss name")
-        expect(_number(self.lr) and 0 < self.lr <= FLOAT32_MAX, "lr", self.lr,
-                 f"a positive number up to {FLOAT32_MAX:.4g} (the optimiser steps in float32)")
+        expect(
+            size is None
+            or (_integer(size) and size >= 1)
+            or (isinstance(size, (list, tuple)) and len(size) == 2 and all(_integer(s) and s >= 1 for s in size)),
+            "image_size",
+            size,
+            "None, a positive integer or [height, width]",
+        )
+        expect(
+            self.augment is None or self.augment in AUGMENTATIONS,
+            "augment",
+            self.augment,
+            f"None or one of {sorted(AUGMENTATIONS)}",
+        )
+        expect(
+            self.loss is None or (isinstance(self.loss, str) and self.loss), "loss", self.loss, "None or a loss name"
+        )
+        expect(
+            _number(self.lr) and 0 < self.lr <= FLOAT32_MAX,
+            "lr",
+            self.lr,
+            f"a positive number up to {FLOAT32_MAX:.4g} (the optimiser steps in float32)",
+        )
         expect(_number(self.lr_decay) and 0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "in (0, 1]")
-        expect(_number(self.weight_decay) and 0 <= self.weight_decay <= FLOAT32_MAX, "weight_decay",
-                 self.weight_decay, f"a non-negative number up to {FLOAT32_MAX:.4g} (the optimiser steps in float32)")
+        expect(
+            _number(self.weight_decay) and 0 <= self.weight_decay <= FLOAT32_MAX,
+            "weight_decay",
+            self.weight_decay,
+            f"a non-negative number up to {FLOAT32_MAX:.4g} (the optimiser steps in float32)",
+        )
         limit = self.time_limit_minutes
-        expect(limit is None or (isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0
-                                   and math.isfinite(limit)), "time_limit_minutes", limit, "None or a positive number")
+        expect(
+            limit is None
+            or (isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0 and math.isfinite(limit)),
+            "time_limit_minutes",
+            limit,
+            "None or a positive number",
+        )
         expect(self.amp in AMP_MODES, "amp", self.amp, f"one of {AMP_MODES}")
         for name in ("model_args", "loss_args"):
             expect(isinstance(getattr(self, name), dict), name, getattr(self, name), "a mapping")
         for name in ("model", "dataset", "out", "device"):
-            expect(isinstance(getattr(self, name), str) and getattr(self, name), name, getattr(self, name),
-                     "a non-empty string")
+            expect(
+                isinstance(getattr(self, name), str) and getattr(self, name),
+                name,
+                getattr(self, name),
+                "a non-empty string",
+            )
 
     def resolved_max_shift(self, image_height: int, dataset_augment=None) -> int:
         """``max_shift``, or the default when it is None: 0 for small images and for data sets with their
@@ -175,13 +213,13 @@ class TrainConfig:
         return _plain(dataclasses.asdict(self))
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         """Build a config from a mapping; unknown keys raise an
         :class:`~capsnets.validation.ArgumentError` (a ``ValueError``) naming the keys it takes."""
         reject_unknown("the training config", values, field_names())
         return cls(**values)
 
-    def replace(self, **overrides: Any) -> "TrainConfig":
+    def replace(self, **overrides: Any) -> TrainConfig:
         """A copy with ``overrides`` applied (validated like :meth:`from_dict`)."""
         return TrainConfig.from_dict({**self.to_dict(), **overrides})
 
@@ -216,8 +254,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if values is None:
         return {}
     if not isinstance(values, dict):
-        raise ValueError(f"config file {str(path)!r} must hold a mapping of keys to values, "
-                         f"got {type(values).__name__}")
+        raise ValueError(
+            f"config file {str(path)!r} must hold a mapping of keys to values, got {type(values).__name__}"
+        )
     return values
 
 

@@ -5,6 +5,7 @@ gloo on CPU), uses ``cuda:LOCAL_RANK``, and wraps its model in ``DistributedData
 averages gradients, so the per-process loss must be a mean over the local batch. The data loader gives
 each rank a slice of every global batch. Only rank 0 writes files and shows a progress bar.
 """
+
 from __future__ import annotations
 
 import os

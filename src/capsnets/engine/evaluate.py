@@ -12,10 +12,12 @@ authors' released code evaluates by summing their lengths (Sarasra/models, ``res
 ``evaluate_ensemble``: the same predictions as the mean). :func:`load_ensemble` builds one from checkpoints,
 after checking that they were trained on the same data set and classes.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -29,9 +31,17 @@ from capsnets.models.output import ModelOutput
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Any, batch_size: int = 256, device: str | torch.device | None = None,
-             amp: str = "off", criterion: nn.Module | None = None, context: DistContext | None = None, *,
-             correct: Callable[[Any, Any], Tensor] | None = None) -> dict[str, Any]:
+def evaluate(
+    model: nn.Module,
+    data: Any,
+    batch_size: int = 256,
+    device: str | torch.device | None = None,
+    amp: str = "off",
+    criterion: nn.Module | None = None,
+    context: DistContext | None = None,
+    *,
+    correct: Callable[[Any, Any], Tensor] | None = None,
+) -> dict[str, Any]:
     """Evaluate ``model`` on every example of ``data`` in eval mode (the model's mode is restored).
 
     Args:
@@ -67,7 +77,7 @@ def evaluate(model: nn.Module, data: Any, batch_size: int = 256, device: str | t
     first, last = min(context.rank * shard, len(images)), min((context.rank + 1) * shard, len(images))
     try:
         for start in range(first, last, batch_size):
-            x = images[start:min(start + batch_size, last)].to(device, non_blocking=True)
+            x = images[start : min(start + batch_size, last)].to(device, non_blocking=True)
             y = _take(targets, slice(start, min(start + batch_size, last)), device)
             with autocast(device, dtype):
                 output = model(x)
@@ -87,12 +97,21 @@ def evaluate(model: nn.Module, data: Any, batch_size: int = 256, device: str | t
     if correct is None:
         return _summarise(confusion.view(num_classes, num_classes).cpu(), sums[0].item(), criterion is not None)
     count = len(images)
-    return {"accuracy": sums[1].item() / max(count, 1), "count": count,
-            **({"loss": sums[0].item() / max(count, 1)} if criterion is not None else {})}
+    return {
+        "accuracy": sums[1].item() / max(count, 1),
+        "count": count,
+        **({"loss": sums[0].item() / max(count, 1)} if criterion is not None else {}),
+    }
 
 
-def accuracy(model: nn.Module, images: Tensor, targets: Any, *, batch_size: int = 256,
-             correct: Callable[[Any, Any], Tensor] | None = None) -> float:
+def accuracy(
+    model: nn.Module,
+    images: Tensor,
+    targets: Any,
+    *,
+    batch_size: int = 256,
+    correct: Callable[[Any, Any], Tensor] | None = None,
+) -> float:
     """The fraction of ``(images, targets)`` that ``model`` gets right (:func:`evaluate`'s ``accuracy``)."""
     return evaluate(model, (images, targets), batch_size, correct=correct)["accuracy"]
 
@@ -162,7 +181,9 @@ class Ensemble(nn.Module):
         if not members:
             raise ValueError("an ensemble needs at least one model")
         for name in ("num_classes", "input_size"):
-            values = [tuple(v) if isinstance(v, (list, tuple)) else v for v in (getattr(m, name, None) for m in members)]
+            values = [
+                tuple(v) if isinstance(v, (list, tuple)) else v for v in (getattr(m, name, None) for m in members)
+            ]
             if any(value != values[0] for value in values):
                 raise ValueError(f"the models of an ensemble must agree on {name}; got {values}")
         self.members = nn.ModuleList(members)
@@ -172,8 +193,10 @@ class Ensemble(nn.Module):
         outputs = [member(images) for member in self.members]
         kinds = sorted({output.score_kind for output in outputs})
         if len(kinds) > 1:
-            raise ValueError(f"the models of an ensemble score in different units ({', '.join(kinds)}); their mean "
-                             f"would mean nothing: ensemble models of one kind")
+            raise ValueError(
+                f"the models of an ensemble score in different units ({', '.join(kinds)}); their mean "
+                f"would mean nothing: ensemble models of one kind"
+            )
         scores = torch.stack([output.scores.float() for output in outputs]).mean(dim=0)  # (M, B, K) -> (B, K)
         return ModelOutput(scores, kinds[0])
 
@@ -193,27 +216,35 @@ def load_ensemble(paths: Sequence[str | Path], device: str | torch.device = "cpu
     if not loaded:
         raise ValueError("an ensemble needs at least one checkpoint")
     seen: dict[Path, str] = {}
-    for (model, checkpoint), given in zip(loaded, paths):
+    for (_, checkpoint), given in zip(loaded, paths):
         where = checkpoint.path.resolve()
         if where in seen:
-            raise ValueError(f"checkpoint '{checkpoint.path}' is given twice ({seen[where]!r} and {str(given)!r}); "
-                             f"an ensemble counts each model once")
+            raise ValueError(
+                f"checkpoint '{checkpoint.path}' is given twice ({seen[where]!r} and {str(given)!r}); "
+                f"an ensemble counts each model once"
+            )
         seen[where] = str(given)
     first_model, first = loaded[0]
     for model, checkpoint in loaded:
         if checkpoint.meta.get("dataset") is None:
-            raise ValueError(f"checkpoint '{checkpoint.path}' does not record the data set it was trained on, so it "
-                             f"cannot be checked against the other models of the ensemble")
-        checks = [("data set", _dataset_name(first.meta["dataset"]), _dataset_name(checkpoint.meta["dataset"])),
-                  ("number of classes", int(first_model.num_classes), int(model.num_classes)),
-                  ("input size", tuple(first_model.input_size), tuple(model.input_size))]
+            raise ValueError(
+                f"checkpoint '{checkpoint.path}' does not record the data set it was trained on, so it "
+                f"cannot be checked against the other models of the ensemble"
+            )
+        checks = [
+            ("data set", _dataset_name(first.meta["dataset"]), _dataset_name(checkpoint.meta["dataset"])),
+            ("number of classes", int(first_model.num_classes), int(model.num_classes)),
+            ("input size", tuple(first_model.input_size), tuple(model.input_size)),
+        ]
         names = first.meta.get("classes"), checkpoint.meta.get("classes")
         if all(isinstance(recorded, list) for recorded in names):  # where both runs recorded their class names
             checks.append(("classes", *names))
         for what, theirs, mine in checks:
             if mine != theirs:
-                raise ValueError(f"the models of an ensemble must be trained on the same data: '{first.path}' has "
-                                 f"{what} {theirs!r} and '{checkpoint.path}' has {mine!r}")
+                raise ValueError(
+                    f"the models of an ensemble must be trained on the same data: '{first.path}' has "
+                    f"{what} {theirs!r} and '{checkpoint.path}' has {mine!r}"
+                )
     return Ensemble(model for model, _ in loaded).eval(), [checkpoint for _, checkpoint in loaded]
 
 

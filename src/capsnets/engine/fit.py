@@ -16,12 +16,14 @@ check that the losses are finite and to update the progress bar), so a GPU is no
 Each evaluation point is logged through :mod:`logging` (logger ``capsnets.engine.fit``); the bar is tqdm's,
 which stays silent when stderr is not a terminal.
 """
+
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -32,8 +34,16 @@ from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, restore_rng_state
 from capsnets.validation import positive_int
 
-__all__ = ["Batches", "NonFiniteLossError", "TrainState", "adam_with_decay", "evaluation_points", "fit",
-           "save_state", "training_step"]
+__all__ = [
+    "Batches",
+    "NonFiniteLossError",
+    "TrainState",
+    "adam_with_decay",
+    "evaluation_points",
+    "fit",
+    "save_state",
+    "training_step",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -95,22 +105,26 @@ class TrainState:
         return {name: getattr(self, name) for name in self._SAVED}
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> "TrainState":
+    def from_meta(cls, meta: dict[str, Any]) -> TrainState:
         """The state recorded in a checkpoint sidecar; a sidecar without one holds a finished model."""
         saved = meta.get("training")
         if saved is None:
             return cls(finished=True)
         unknown = sorted(set(saved) - set(cls._SAVED))
         if unknown:
-            raise ValueError(f"the checkpoint records an unfinished training in a form this version of capsnets "
-                             f"does not read ({', '.join(unknown)}); delete the checkpoint to train the model again")
+            raise ValueError(
+                f"the checkpoint records an unfinished training in a form this version of capsnets "
+                f"does not read ({', '.join(unknown)}); delete the checkpoint to train the model again"
+            )
         for name, value in saved.items():
             if not _SAVED_TYPES[name](value):
-                raise ValueError(f"the checkpoint's training.{name} is {value!r:.60}, which is not a valid value; the "
-                                 "checkpoint is damaged: use another checkpoint (e.g. best) or train again")
+                raise ValueError(
+                    f"the checkpoint's training.{name} is {value!r:.60}, which is not a valid value; the "
+                    "checkpoint is damaged: use another checkpoint (e.g. best) or train again"
+                )
         return cls(**saved)
 
-    def load(self, other: "TrainState") -> None:
+    def load(self, other: TrainState) -> None:
         """Take over the saved fields of ``other`` (the caller's object stays the one it holds)."""
         for name in self._SAVED:
             setattr(self, name, getattr(other, name))
@@ -131,10 +145,20 @@ class TrainState:
         return (self.epoch + self.step / steps_per_epoch) / epochs
 
 
-def fit(step: Step, batches: Batches, *, epochs: int, state: TrainState | None = None,
-        schedulers: Sequence[Any] = (), evaluations_per_epoch: int = 1, callbacks: Sequence[Any] = (),
-        desc: str = "train", progress: bool = True, context: DistContext | None = None,
-        check_every: int = 20) -> TrainState:
+def fit(
+    step: Step,
+    batches: Batches,
+    *,
+    epochs: int,
+    state: TrainState | None = None,
+    schedulers: Sequence[Any] = (),
+    evaluations_per_epoch: int = 1,
+    callbacks: Sequence[Any] = (),
+    desc: str = "train",
+    progress: bool = True,
+    context: DistContext | None = None,
+    check_every: int = 20,
+) -> TrainState:
     """Train until ``state.epoch == epochs`` or a callback ends the training; see the module docstring.
 
     Args:
@@ -171,8 +195,14 @@ def fit(step: Step, batches: Batches, *, epochs: int, state: TrainState | None =
         batches.set_epoch(state.epoch)
         total = len(batches)
         points = evaluation_points(total, evaluations_per_epoch)
-        bar = tqdm(total=total, initial=state.step, desc=f"{desc} epoch {state.epoch + 1}", leave=False,
-                   dynamic_ncols=True, disable=None if (progress and context.is_main) else True)
+        bar = tqdm(
+            total=total,
+            initial=state.step,
+            desc=f"{desc} epoch {state.epoch + 1}",
+            leave=False,
+            dynamic_ncols=True,
+            disable=None if (progress and context.is_main) else True,
+        )
         sums, pending, since = None, [], time.perf_counter()
         for batch in batches.iter_from(state.step):
             values = step(batch)
@@ -221,12 +251,19 @@ def save_state(path, model: nn.Module, state: TrainState, meta: dict[str, Any], 
     """Checkpoint ``model`` with ``state`` in its sidecar (``"training"``). A ``resumable`` checkpoint also keeps
     what a later process needs to continue: the attached optimizer and scheduler and ``state.tensors``."""
     parts = {"optimizer": state.optimizer, "scheduler": state.scheduler, "extra_tensors": state.tensors}
-    return save_checkpoint(path, model=model, meta={**meta, "training": state.to_dict()},
-                           **(parts if resumable else {}))
+    return save_checkpoint(
+        path, model=model, meta={**meta, "training": state.to_dict()}, **(parts if resumable else {})
+    )
 
 
-def training_step(compute: Callable[[Any], dict[str, Tensor]], optimizer: torch.optim.Optimizer, *,
-                  device: torch.device, amp_dtype: torch.dtype | None = None, model: nn.Module | None = None) -> Step:
+def training_step(
+    compute: Callable[[Any], dict[str, Tensor]],
+    optimizer: torch.optim.Optimizer,
+    *,
+    device: torch.device,
+    amp_dtype: torch.dtype | None = None,
+    model: nn.Module | None = None,
+) -> Step:
     """A :func:`fit` step for one loss and one optimizer: ``compute(batch)`` under autocast (``amp_dtype`` on
     ``device``; None: full precision), then the backward pass of its first value and an optimizer step.
 
@@ -267,15 +304,20 @@ def _count(value: Any) -> bool:
 
 #: What each saved field of a TrainState may hold.
 _SAVED_TYPES: dict[str, Callable[[Any], bool]] = {
-    "epoch": _count, "step": _count, "steps": _count,
+    "epoch": _count,
+    "step": _count,
+    "steps": _count,
     "train_time_s": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
     "finished": lambda v: isinstance(v, bool),
     "history": lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v),
-    "best": lambda v: v is None or _count(v), "extra": lambda v: isinstance(v, dict)}
+    "best": lambda v: v is None or _count(v),
+    "extra": lambda v: isinstance(v, dict),
+}
 
 
-def _point_record(state: TrainState, total: int, values: dict, sums: Tensor, context: DistContext,
-                  schedulers: Sequence[Any]) -> dict[str, Any]:
+def _point_record(
+    state: TrainState, total: int, values: dict, sums: Tensor, context: DistContext, schedulers: Sequence[Any]
+) -> dict[str, Any]:
     """The record of an evaluation point: position, mean step values since the last point, learning rate."""
     *value_sums, count = all_reduce_sum(sums, context).tolist()
     done = state.epoch + state.step / total
@@ -293,9 +335,11 @@ def _check_finite(pending: list[Tensor], names: list[str], desc: str, epoch: int
         return
     row, column = (~finite).nonzero()[0].tolist()
     value = float(pending[row][column])
-    raise NonFiniteLossError(f"{desc}: training {names[column]} is {value} at epoch {epoch}, step "
-                             f"{last_step - len(pending) + 1 + row}: lower the "
-                             "learning rate (--lr) or turn mixed precision off (--amp off)")
+    raise NonFiniteLossError(
+        f"{desc}: training {names[column]} is {value} at epoch {epoch}, step "
+        f"{last_step - len(pending) + 1 + row}: lower the "
+        "learning rate (--lr) or turn mixed precision off (--amp off)"
+    )
 
 
 def _update_bar(bar, step: int, values: dict, sums: Tensor) -> None:
@@ -307,5 +351,4 @@ def _update_bar(bar, step: int, values: dict, sums: Tensor) -> None:
 
 
 def _format(record: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
-                     if k != "epoch")
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items() if k != "epoch")

@@ -1,5 +1,6 @@
 """Publishing a trained checkpoint as a pretrained weight: evaluated, rounded to float16 where that costs no
 accuracy, and saved with its model card (:func:`capsnets.models.hub.save_pretrained`)."""
+
 from __future__ import annotations
 
 import copy
@@ -12,8 +13,15 @@ from capsnets.engine.evaluate import evaluate
 from capsnets.models.hub import WEIGHTS_DIR, load_model, save_pretrained, without_decoder
 
 
-def publish_checkpoint(checkpoint: str | os.PathLike, *, command: str, data: str, data_dir: str | None = None,
-                       out_dir: str | os.PathLike = WEIGHTS_DIR, reconstruction: bool = True) -> Path:
+def publish_checkpoint(
+    checkpoint: str | os.PathLike,
+    *,
+    command: str,
+    data: str,
+    data_dir: str | None = None,
+    out_dir: str | os.PathLike = WEIGHTS_DIR,
+    reconstruction: bool = True,
+) -> Path:
     """Evaluate a trained checkpoint on its data set's test split with its weights in float32 and rounded to
     float16, and save it to ``out_dir/<model>-<dataset>.safetensors`` (float16 when that loses no accuracy)
     with its model card: ``data`` (what it was trained and tested on), ``command`` (how it was trained), the
@@ -29,9 +37,16 @@ def publish_checkpoint(checkpoint: str | os.PathLike, *, command: str, data: str
     accuracy16 = evaluate(copy.deepcopy(model).half().float(), test)["accuracy"]
     half = accuracy16 >= accuracy32
     config = trained.meta.get("config") or {}
-    card = {"data": data, "command": command, "seed": config.get("seed"), "epochs": trained.meta.get("epoch"),
-            "test_accuracy": accuracy16 if half else accuracy32, "test_images": len(test.labels),
-            "accuracy_float32": accuracy32, "accuracy_float16": accuracy16,
-            "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    card = {
+        "data": data,
+        "command": command,
+        "seed": config.get("seed"),
+        "epochs": trained.meta.get("epoch"),
+        "test_accuracy": accuracy16 if half else accuracy32,
+        "test_images": len(test.labels),
+        "accuracy_float32": accuracy32,
+        "accuracy_float16": accuracy16,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
     path = Path(out_dir) / f"{model.model_name}-{dataset}.safetensors"
     return save_pretrained(model, path, dataset=dataset, card=card, half=half, classes=trained.meta.get("classes"))

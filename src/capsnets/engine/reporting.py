@@ -2,6 +2,7 @@
 
 Only rank 0 calls these. Figures come from :mod:`capsnets.plots`; the trainer passes plain tensors.
 """
+
 from __future__ import annotations
 
 import json
@@ -70,14 +71,16 @@ def drawn_figures(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     figures = summary.get("figures") if isinstance(summary, dict) else None
-    if not isinstance(figures, list) or not all(isinstance(p, str) and (run_dir / Path(p).name).is_file()
-                                                for p in figures):
+    if not isinstance(figures, list) or not all(
+        isinstance(p, str) and (run_dir / Path(p).name).is_file() for p in figures
+    ):
         return None
     return {"figures": figures, "figures_checkpoint": summary.get("figures_checkpoint")}
 
 
-def save_figures(run_dir: Path, *, confusion: Tensor, class_names: list[str], samples: dict[str, Tensor] | None,
-                 checkpoint: str) -> list[Path]:
+def save_figures(
+    run_dir: Path, *, confusion: Tensor, class_names: list[str], samples: dict[str, Tensor] | None, checkpoint: str
+) -> list[Path]:
     """Training curves, confusion matrix and (if ``samples`` is given) inputs vs reconstructions.
 
     Args:
@@ -87,16 +90,26 @@ def save_figures(run_dir: Path, *, confusion: Tensor, class_names: list[str], sa
             or None when the model has no decoder.
         checkpoint: which checkpoint the confusion matrix and reconstructions show (in their titles).
     """
-    from capsnets import plots  # matplotlib is slow to import; only the end of a run draws figures
+    # matplotlib is slow to import; only the end of a run draws figures
+    from capsnets import plots  # noqa: PLC0415
 
-    paths = [plots.plot_training_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE),
-             plots.plot_confusion_matrix(confusion, class_names, run_dir / CONFUSION_FILE,
-                                         title=f"Confusion matrix of {checkpoint}")]
+    paths = [
+        plots.plot_training_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE),
+        plots.plot_confusion_matrix(
+            confusion, class_names, run_dir / CONFUSION_FILE, title=f"Confusion matrix of {checkpoint}"
+        ),
+    ]
     if samples is not None:
-        paths.append(plots.plot_reconstructions(samples["images"], samples["reconstructions"],
-                                                run_dir / RECONSTRUCTIONS_FILE, labels=samples["labels"],
-                                                predictions=samples["predictions"],
-                                                title=f"Inputs and reconstructions of {checkpoint}"))
+        paths.append(
+            plots.plot_reconstructions(
+                samples["images"],
+                samples["reconstructions"],
+                run_dir / RECONSTRUCTIONS_FILE,
+                labels=samples["labels"],
+                predictions=samples["predictions"],
+                title=f"Inputs and reconstructions of {checkpoint}",
+            )
+        )
     return [Path(p) for p in paths]
 
 

@@ -11,6 +11,7 @@
   changes that would alter the model or the data it sees are refused, changes it can apply (more epochs, a new
   learning rate, another device) are returned, to be applied and logged.
 """
+
 from __future__ import annotations
 
 import glob
@@ -19,8 +20,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from capsnets.engine.callbacks import checkpoint_path
 from capsnets.engine.fit import TrainState, save_state
@@ -31,11 +33,37 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 
 #: TrainConfig fields a resumed run may change: applied from the resumed epoch on, and recorded.
-CHANGEABLE = ("epochs", "lr", "lr_decay", "weight_decay", "device", "amp", "compile", "data_dir", "download",
-              "limit_test", "eval_every", "checkpoint_every", "progress", "time_limit_minutes", "out")
+CHANGEABLE = (
+    "epochs",
+    "lr",
+    "lr_decay",
+    "weight_decay",
+    "device",
+    "amp",
+    "compile",
+    "data_dir",
+    "download",
+    "limit_test",
+    "eval_every",
+    "checkpoint_every",
+    "progress",
+    "time_limit_minutes",
+    "out",
+)
 #: Fields whose change would make the resumed run another run (the model, its data or its loss).
-FIXED = ("model", "model_args", "dataset", "image_size", "batch_size", "seed", "max_shift", "augment", "limit_train",
-         "loss", "loss_args")
+FIXED = (
+    "model",
+    "model_args",
+    "dataset",
+    "image_size",
+    "batch_size",
+    "seed",
+    "max_shift",
+    "augment",
+    "limit_train",
+    "loss",
+    "loss_args",
+)
 
 
 class RunDirectoryError(ValueError):
@@ -58,7 +86,7 @@ class RunDirectory:
         self.aside: Path | None = None  # the replaced run, until the new one has its first checkpoint
         self._lock = None
 
-    def __enter__(self) -> "RunDirectory":
+    def __enter__(self) -> RunDirectory:
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"run directory '{self.path}' is a file; pass another --out")
         self._recover_interrupted_overwrite()
@@ -72,13 +100,17 @@ class RunDirectory:
                 raise RunDirectoryError(
                     f"run directory '{self.path}' already holds a run ({_describe(self.path, held)}); continue it with "
                     f"--resume, replace it with --overwrite (the old run is kept aside until the new one has saved "
-                    f"its first checkpoint), or pass another --out")
+                    f"its first checkpoint), or pass another --out"
+                )
             self._take_lock()  # nobody else may be training there while it moves
             self._release_lock()
             self.aside = self._beside("replaced")
             os.replace(self.path, self.aside)
-            logger.warning("moved the run in '%s' aside to '%s'; it is deleted once the new run has saved its first "
-                           "checkpoint", self.path, self.aside)
+            logger.warning(
+                "moved the run in '%s' aside to '%s'; it is deleted once the new run has saved its first checkpoint",
+                self.path,
+                self.aside,
+            )
         self.path.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         recover_directory(self.path)
@@ -101,8 +133,12 @@ class RunDirectory:
         failed = self._beside("failed")
         os.replace(self.path, failed)
         os.replace(self.aside, self.path)
-        logger.warning("the new run failed before its first checkpoint: put the replaced run back in '%s' (the "
-                       "failed run's files are in '%s')", self.path, failed)
+        logger.warning(
+            "the new run failed before its first checkpoint: put the replaced run back in '%s' (the "
+            "failed run's files are in '%s')",
+            self.path,
+            failed,
+        )
         self.aside = None
 
     def _recover_interrupted_overwrite(self) -> None:
@@ -119,21 +155,31 @@ class RunDirectory:
         if (self.path / "last.safetensors").is_file():
             for aside in leftovers:
                 shutil.rmtree(aside, ignore_errors=True)
-                logger.warning("deleted '%s', the run replaced by an --overwrite whose new run saved its first "
-                               "checkpoint before a crash", aside)
+                logger.warning(
+                    "deleted '%s', the run replaced by an --overwrite whose new run saved its first "
+                    "checkpoint before a crash",
+                    aside,
+                )
             return
         aside = leftovers[-1]
         if self.path.is_dir():
-            if {p.name for p in self.path.iterdir()} - {"config.yaml", LOCK_FILE} - {
-                    p.name for p in self.path.glob(".*.tmp")}:
+            if (
+                {p.name for p in self.path.iterdir()}
+                - {"config.yaml", LOCK_FILE}
+                - {p.name for p in self.path.glob(".*.tmp")}
+            ):
                 failed = self._beside("failed")
                 os.replace(self.path, failed)
                 logger.warning("kept the files of the interrupted --overwrite run in '%s'", failed)
             else:
                 shutil.rmtree(self.path)
         os.replace(aside, self.path)
-        logger.warning("an --overwrite of '%s' was interrupted before its new run saved a checkpoint: put back the "
-                       "run it replaced (from '%s')", self.path, aside)
+        logger.warning(
+            "an --overwrite of '%s' was interrupted before its new run saved a checkpoint: put back the "
+            "run it replaced (from '%s')",
+            self.path,
+            aside,
+        )
 
     def _beside(self, kind: str) -> Path:
         """A new name beside the run directory: ``<name>.<kind>-<time>`` (``-2``, ``-3``... if taken)."""
@@ -149,7 +195,8 @@ class RunDirectory:
 
     def _take_lock(self) -> None:
         try:
-            import fcntl  # POSIX only
+            # POSIX only
+            import fcntl  # noqa: PLC0415
         except ImportError:  # Windows: no advisory locks; one training per directory is then up to the user
             return
         handle = open(self.path / LOCK_FILE, "a+")
@@ -159,8 +206,10 @@ class RunDirectory:
             handle.seek(0)
             owner = handle.read().strip() or "another process"
             handle.close()
-            raise RunDirectoryError(f"run directory '{self.path}' is in use by another training ({owner}); wait for "
-                                    "it to end, or pass another --out") from None
+            raise RunDirectoryError(
+                f"run directory '{self.path}' is in use by another training ({owner}); wait for "
+                "it to end, or pass another --out"
+            ) from None
         try:
             handle.seek(0)
             handle.truncate()
@@ -188,8 +237,9 @@ def _describe(path: Path, names: list[str]) -> str:
         return f"files {shown}"
 
 
-def resume_changes(saved: dict[str, Any], wanted: dict[str, Any], model_defaults: dict[str, Any],
-                   where: str) -> dict[str, tuple[Any, Any]]:
+def resume_changes(
+    saved: dict[str, Any], wanted: dict[str, Any], model_defaults: dict[str, Any], where: str
+) -> dict[str, tuple[Any, Any]]:
     """The changes a resumed run makes to the configuration it was trained with: ``{field: (old, new)}``.
 
     Args:
@@ -211,8 +261,11 @@ def resume_changes(saved: dict[str, Any], wanted: dict[str, Any], model_defaults
             for key, value in sorted((wanted.get(name) or {}).items()):
                 old = recorded.get(key, _MISSING)
                 if isinstance(value, dict) and isinstance(old, dict):  # e.g. routing settings: key by key
-                    refused += [f"model_args.{key}.{sub} {_show(old.get(sub, _MISSING))} -> {_show(new)}"
-                                for sub, new in sorted(value.items()) if old.get(sub, _MISSING) != new]
+                    refused += [
+                        f"model_args.{key}.{sub} {_show(old.get(sub, _MISSING))} -> {_show(new)}"
+                        for sub, new in sorted(value.items())
+                        if old.get(sub, _MISSING) != new
+                    ]
                 elif old != value:
                     refused.append(f"model_args.{key} {_show(old)} -> {_show(value)}")
         elif name in saved and saved.get(name) != wanted.get(name):
@@ -220,9 +273,13 @@ def resume_changes(saved: dict[str, Any], wanted: dict[str, Any], model_defaults
     if refused:
         raise RunDirectoryError(
             f"cannot resume the run in '{where}' with {', '.join(refused)}: that would make it another run; "
-            "resume without these changes, or start a new run (another --out, or --overwrite)")
-    return {name: (saved[name], wanted.get(name)) for name in CHANGEABLE
-            if name in saved and saved[name] != wanted.get(name)}
+            "resume without these changes, or start a new run (another --out, or --overwrite)"
+        )
+    return {
+        name: (saved[name], wanted.get(name))
+        for name in CHANGEABLE
+        if name in saved and saved[name] != wanted.get(name)
+    }
 
 
 _MISSING = object()
@@ -246,15 +303,21 @@ def check_best(run_dir: Path, state: TrainState) -> None:
     if best is None or best.get("epoch") == state.epoch:
         return
     if not path.is_file():
-        logger.warning("%s is missing: the weights of the best epoch so far (%s) are lost; it is saved again when "
-                       "an epoch beats that one", path, best.get("epoch"))
+        logger.warning(
+            "%s is missing: the weights of the best epoch so far (%s) are lost; it is saved again when "
+            "an epoch beats that one",
+            path,
+            best.get("epoch"),
+        )
         return
     try:
         load_checkpoint(path)
     except CheckpointError as err:
-        raise CheckpointError(f"cannot resume: {str(err).split('; ')[0]}; it holds the best epoch "
-                              f"({best.get('epoch')}), which the run cannot save again: restore it from a "
-                              "copy, or move it away to resume without it") from err
+        raise CheckpointError(
+            f"cannot resume: {str(err).split('; ')[0]}; it holds the best epoch "
+            f"({best.get('epoch')}), which the run cannot save again: restore it from a "
+            "copy, or move it away to resume without it"
+        ) from err
 
 
 def repair_best(run_dir: Path, state: TrainState, model, meta: Callable[[TrainState, dict], dict]) -> None:
@@ -270,6 +333,10 @@ def repair_best(run_dir: Path, state: TrainState, model, meta: Callable[[TrainSt
         except CheckpointError:
             saved_epoch = None
     if saved_epoch != state.epoch:
-        logger.warning("%s did not hold the best epoch (%d) (a crash interrupted its save, or it is damaged or "
-                       "missing): saved it again", path, state.epoch)
+        logger.warning(
+            "%s did not hold the best epoch (%d) (a crash interrupted its save, or it is damaged or "
+            "missing): saved it again",
+            path,
+            state.epoch,
+        )
         save_state(path, model, state, meta(state, state.history[state.best]), resumable=False)

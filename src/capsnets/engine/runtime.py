@@ -3,6 +3,7 @@
 Nothing here knows about models or data: these functions turn the strings of a
 :class:`~capsnets.engine.config.TrainConfig` (``device="auto"``, ``amp="auto"``) into torch objects.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,10 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     except ArgumentError as err:
         raise ArgumentError(f"{err}, or 'auto'") from None
     if resolved.type == "meta":
-        raise ArgumentError(f"device={device!r}: the meta device holds shapes but no data, so nothing can be trained "
-                            f"or evaluated on it; use one of: {', '.join(available_devices())}, or 'auto'")
+        raise ArgumentError(
+            f"device={device!r}: the meta device holds shapes but no data, so nothing can be trained "
+            f"or evaluated on it; use one of: {', '.join(available_devices())}, or 'auto'"
+        )
     return resolved
 
 
@@ -95,8 +98,10 @@ def deterministic_on_cpu(device: torch.device):
     On CUDA, deterministic kernels are slower (and some ops have none), so the setting is left alone.
     The previous setting is restored on exit.
     """
-    previous, previous_warn = (torch.are_deterministic_algorithms_enabled(),
-                               torch.is_deterministic_algorithms_warn_only_enabled())
+    previous, previous_warn = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     if device.type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:

@@ -12,6 +12,7 @@ Run directory (``config.out``): ``config.yaml``, ``metrics.jsonl`` (one line per
 replaces another run's directory unless asked to (``overwrite``), and a resumed run refuses changes that would
 make it another run (:mod:`capsnets.engine.run_dir`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -90,15 +91,21 @@ class Trainer:
         """Run the training; returns the summary (also written to ``summary.json`` by rank 0)."""
         context, device = distributed.setup(self.config.device)
         try:
-            claim = (RunDirectory(self.run_dir, resume=self.resume, overwrite=self.overwrite) if context.is_main
-                     else contextlib.nullcontext())
+            claim = (
+                RunDirectory(self.run_dir, resume=self.resume, overwrite=self.overwrite)
+                if context.is_main
+                else contextlib.nullcontext()
+            )
             with claim, deterministic_on_cpu(device):
                 self._claim = claim if context.is_main else None
                 return self._fit(context, device)
         except NonFiniteLossError as err:
             kept = checkpoint_path(self.run_dir, "last")
-            where = (f"then --resume from the last checkpoint, {kept}, which is kept" if kept.is_file()
-                     else "then train again (no checkpoint was saved before it)")
+            where = (
+                f"then --resume from the last checkpoint, {kept}, which is kept"
+                if kept.is_file()
+                else "then train again (no checkpoint was saved before it)"
+            )
             raise NonFiniteLossError(f"{err}; {where}") from err
         finally:
             self._claim = None
@@ -117,22 +124,37 @@ class Trainer:
                 s.criterion.set_progress(s.state.fraction(len(s.loader), cfg.epochs))
             output = train_model(images, labels)
             correct = (output.scores.detach().argmax(dim=-1) == labels).sum()
-            return {"train_loss": s.criterion(output, images, labels)[0],
-                    "train_accuracy": correct.double() / len(labels)}
+            return {
+                "train_loss": s.criterion(output, images, labels)[0],
+                "train_accuracy": correct.double() / len(labels),
+            }
 
         step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(cfg.amp, device), model=s.model)
-        fit(step, s.loader, epochs=cfg.epochs, state=s.state, schedulers=[s.state.scheduler],
-            callbacks=self._callbacks(s), desc=cfg.model, progress=cfg.progress, context=context)
+        fit(
+            step,
+            s.loader,
+            epochs=cfg.epochs,
+            state=s.state,
+            schedulers=[s.state.scheduler],
+            callbacks=self._callbacks(s),
+            desc=cfg.model,
+            progress=cfg.progress,
+            context=context,
+        )
         if not s.state.finished:
-            logger.info("time limit of %g minutes reached after epoch %d of %d; continue with --resume",
-                        cfg.time_limit_minutes, s.state.epoch, cfg.epochs)
+            logger.info(
+                "time limit of %g minutes reached after epoch %d of %d; continue with --resume",
+                cfg.time_limit_minutes,
+                s.state.epoch,
+                cfg.epochs,
+            )
         summary = self._summary(s.state, s.model, device, context)
         summary.update(planned_epochs=cfg.epochs, time_limited=not s.state.finished)
         if context.is_main:
             self._finish(summary, s, trained=s.state.epoch > trained_before)
         return summary
 
-    def _set_up(self, context: distributed.DistContext, device: torch.device) -> "_Session":
+    def _set_up(self, context: distributed.DistContext, device: torch.device) -> _Session:
         """Seed, load data, build model, loss, optimizer and schedule; restore them when resuming."""
         cfg = self.config
         checkpoint = self._resume_checkpoint() if self.resume else None
@@ -141,8 +163,9 @@ class Trainer:
         self._classes = [str(name) for name in train_data.classes] or None  # recorded for `capsnets predict`
         model = self.model = self._build_model(train_data).to(device)
         criterion = self._build_loss(model)  # before anything is written: a bad --loss-arg leaves no trace
-        optimizer, scheduler = adam_with_decay(model.parameters(), lr=cfg.lr, lr_decay=cfg.lr_decay,
-                                               weight_decay=cfg.weight_decay)
+        optimizer, scheduler = adam_with_decay(
+            model.parameters(), lr=cfg.lr, lr_decay=cfg.lr_decay, weight_decay=cfg.weight_decay
+        )
         state = self._restore(model, checkpoint) if checkpoint is not None else TrainState()
         state.attach(optimizer, scheduler)
         if checkpoint is not None:
@@ -151,35 +174,52 @@ class Trainer:
             self._prepare_run_dir(state)
         loader = self._loader(train_data, context)
         examples = len(loader) * cfg.batch_size if loader.drop_last else loader.num_examples
-        return _Session(context=context, device=device, model=model,
-                        fast_model=torch.compile(model) if cfg.compile else model, criterion=criterion,
-                        loader=loader, test_data=test_data, state=state, examples=examples)
+        return _Session(
+            context=context,
+            device=device,
+            model=model,
+            fast_model=torch.compile(model) if cfg.compile else model,
+            criterion=criterion,
+            loader=loader,
+            test_data=test_data,
+            state=state,
+            examples=examples,
+        )
 
-    def _callbacks(self, s: "_Session") -> list:
+    def _callbacks(self, s: _Session) -> list:
         """The time limit, the evaluation and, on rank 0, the ``last`` and ``best`` checkpoints and the metrics
         log (checkpoints first: a crash between them leaves a record missing from metrics.jsonl, which a
         resumed run rewrites from the checkpoint's history). An epoch that ends the run (its last, or the time
         limit) is evaluated and checkpointed whatever ``eval_every`` / ``checkpoint_every`` say."""
         cfg = self.config
         limit = None if cfg.time_limit_minutes is None else 60.0 * cfg.time_limit_minutes
-        callbacks = [TimeLimit(limit, context=s.context, device=s.device),
-                     Hook(lambda record, final: self._evaluate(s, record, final))]
+        callbacks = [
+            TimeLimit(limit, context=s.context, device=s.device),
+            Hook(lambda record, final: self._evaluate(s, record, final)),
+        ]
         if s.context.is_main:
             callbacks += [
-                ModelCheckpoint(checkpoint_path(self.run_dir, "last"), s.model, self._meta, every=cfg.checkpoint_every,
-                                on_save=lambda: self._claim is not None and self._claim.committed()),
+                ModelCheckpoint(
+                    checkpoint_path(self.run_dir, "last"),
+                    s.model,
+                    self._meta,
+                    every=cfg.checkpoint_every,
+                    on_save=lambda: self._claim is not None and self._claim.committed(),
+                ),
                 ModelCheckpoint(checkpoint_path(self.run_dir, "best"), s.model, self._meta, best_only=True),
-                Hook(lambda record, final: reporting.append_metrics(self.run_dir, record))]
+                Hook(lambda record, final: reporting.append_metrics(self.run_dir, record)),
+            ]
         return callbacks
 
-    def _evaluate(self, s: "_Session", record: dict[str, Any], final: bool) -> None:
+    def _evaluate(self, s: _Session, record: dict[str, Any], final: bool) -> None:
         """Complete the epoch's record: its time, throughput and, if due, the test evaluation; choose the best."""
         cfg, state = self.config, s.state
         record.update(epoch_time_s=record.pop("time_s"), train_time_s=state.train_time_s)
         record["images_per_s"] = s.examples / max(record["epoch_time_s"], 1e-9)
         if state.epoch % cfg.eval_every == 0 or final:
-            evaluation = evaluate(s.fast_model, s.test_data, cfg.batch_size, s.device, cfg.amp, s.criterion,
-                                  context=s.context)
+            evaluation = evaluate(
+                s.fast_model, s.test_data, cfg.batch_size, s.device, cfg.amp, s.criterion, context=s.context
+            )
             record.update(test_loss=evaluation["loss"], test_accuracy=evaluation["accuracy"])
         state.best = _best(state.history)
 
@@ -188,8 +228,9 @@ class Trainer:
         cfg = self.config
         splits = []
         for train, limit in ((True, cfg.limit_train), (False, cfg.limit_test)):
-            data = load_dataset(cfg.dataset, root=cfg.data_dir, train=train, download=cfg.download,
-                                image_size=cfg.image_size)
+            data = load_dataset(
+                cfg.dataset, root=cfg.data_dir, train=train, download=cfg.download, image_size=cfg.image_size
+            )
             splits.append((data.subset(min(limit, len(data))) if limit is not None else data).to(device))
         return splits
 
@@ -197,8 +238,10 @@ class Trainer:
         """Build the model; ``num_classes`` and ``input_size`` default to the data set's (saved in the config)."""
         task = model_task(self.config.model)
         if task != "classification":
-            raise ValueError(f"model {self.config.model!r} is a {task} model, and the trainer trains classifiers; "
-                             f"train it with capsnets.engine.fit, a step function for its loss and callbacks")
+            raise ValueError(
+                f"model {self.config.model!r} is a {task} model, and the trainer trains classifiers; "
+                f"train it with capsnets.engine.fit, a step function for its loss and callbacks"
+            )
         accepted = model_arguments(self.config.model)
         for key, value in (("num_classes", data.num_classes), ("input_size", list(data.input_shape))):
             if key in accepted and key not in self.config.model_args:
@@ -211,20 +254,25 @@ class Trainer:
             raise ValueError(
                 f"model {self.config.model!r} expects {model.num_classes} classes of {tuple(model.input_size)} "
                 f"images but dataset {self.config.dataset!r} has {data.num_classes} classes of {expected_shape}; "
-                f"pick another model or pass --model-arg num_classes=... --model-arg input_size=...")
+                f"pick another model or pass --model-arg num_classes=... --model-arg input_size=..."
+            )
         return model
 
     def _build_loss(self, model: torch.nn.Module) -> torch.nn.Module:
         name = self.config.loss or model.default_loss
         if LOSS_TASKS.get(name, "classification") != "classification":
-            raise ValueError(f"loss {name!r} is for {LOSS_TASKS[name]} models, and the trainer trains classifiers; "
-                             f"use one of {', '.join(list_losses('classification'))} (or leave --loss out for the "
-                             f"model's own, {model.default_loss!r})")
+            raise ValueError(
+                f"loss {name!r} is for {LOSS_TASKS[name]} models, and the trainer trains classifiers; "
+                f"use one of {', '.join(list_losses('classification'))} (or leave --loss out for the "
+                f"model's own, {model.default_loss!r})"
+            )
         criterion = create_loss(name, **self.config.loss_args)
         weight = getattr(criterion, "reconstruction_weight", 0)
         if "reconstruction_weight" in self.config.loss_args and weight > 0 and getattr(model, "decoder", 0) is None:
-            raise ValueError(f"reconstruction_weight={weight} would have no effect: model {self.config.model!r} "
-                             f"was built without a decoder (reconstruction=false); drop one of the two")
+            raise ValueError(
+                f"reconstruction_weight={weight} would have no effect: model {self.config.model!r} "
+                f"was built without a decoder (reconstruction=false); drop one of the two"
+            )
         return criterion
 
     def _loader(self, data, context: distributed.DistContext):
@@ -232,15 +280,27 @@ class Trainer:
         augment = None
         if cfg.augment is not None:
             if data.augment is not None:
-                raise ValueError(f"--augment {cfg.augment}: the {cfg.dataset} data set has its own training "
-                                 "augmentation; drop --augment")
+                raise ValueError(
+                    f"--augment {cfg.augment}: the {cfg.dataset} data set has its own training "
+                    "augmentation; drop --augment"
+                )
             augment = AUGMENTATIONS[cfg.augment]()
-        loader = DeviceLoader(data, cfg.batch_size, shuffle=True, drop_last=context.enabled,
-                              max_shift=cfg.resolved_max_shift(data.images.shape[-2], data.augment), seed=cfg.seed,
-                              rank=context.rank, world_size=context.world_size, augment=augment)
+        loader = DeviceLoader(
+            data,
+            cfg.batch_size,
+            shuffle=True,
+            drop_last=context.enabled,
+            max_shift=cfg.resolved_max_shift(data.images.shape[-2], data.augment),
+            seed=cfg.seed,
+            rank=context.rank,
+            world_size=context.world_size,
+            augment=augment,
+        )
         if len(loader) == 0:
-            raise ValueError(f"batch_size={cfg.batch_size} is larger than the {len(data)} training examples "
-                             f"shared by {context.world_size} processes; lower --batch-size")
+            raise ValueError(
+                f"batch_size={cfg.batch_size} is larger than the {len(data)} training examples "
+                f"shared by {context.world_size} processes; lower --batch-size"
+            )
         return loader
 
     def _resume_checkpoint(self) -> Checkpoint:
@@ -253,8 +313,9 @@ class Trainer:
         saved = checkpoint.meta.get("config")
         if saved is not None:
             cfg = self.config
-            self._changes = resume_changes(saved, cfg.to_dict(), model_arguments(saved.get("model", cfg.model)),
-                                           str(self.run_dir))
+            self._changes = resume_changes(
+                saved, cfg.to_dict(), model_arguments(saved.get("model", cfg.model)), str(self.run_dir)
+            )
             cfg.model_args = {**saved.get("model_args", {}), **cfg.model_args}
         return checkpoint
 
@@ -263,8 +324,10 @@ class Trainer:
         :meth:`TrainState.attach` (optimizer, scheduler and RNG)."""
         state = resume_state(checkpoint, model)
         if self.config.epochs < state.epoch:
-            raise RunDirectoryError(f"the run in '{self.run_dir}' has trained {state.epoch} epochs; --epochs "
-                                    f"{self.config.epochs} is fewer: resume with --epochs {state.epoch} or more")
+            raise RunDirectoryError(
+                f"the run in '{self.run_dir}' has trained {state.epoch} epochs; --epochs "
+                f"{self.config.epochs} is fewer: resume with --epochs {state.epoch} or more"
+            )
         check_best(self.run_dir, state)
         logger.info("resuming from %s after epoch %d", checkpoint.path, state.epoch)
         return state
@@ -282,12 +345,14 @@ class Trainer:
             scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
             scheduler.gamma = cfg.lr_decay
             for group in optimizer.param_groups:
-                group.update(initial_lr=cfg.lr, lr=cfg.lr * cfg.lr_decay ** scheduler.last_epoch,
-                             weight_decay=cfg.weight_decay)
+                group.update(
+                    initial_lr=cfg.lr, lr=cfg.lr * cfg.lr_decay**scheduler.last_epoch, weight_decay=cfg.weight_decay
+                )
             scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
             logger.warning("epoch %d trains at learning rate %.4g", state.epoch + 1, optimizer.param_groups[0]["lr"])
         state.extra.setdefault("resumed_with", []).append(
-            {"epoch": state.epoch, **{name: new for name, (_, new) in self._changes.items()}})
+            {"epoch": state.epoch, **{name: new for name, (_, new) in self._changes.items()}}
+        )
 
     def _prepare_run_dir(self, state: TrainState) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -308,26 +373,45 @@ class Trainer:
     # -- per epoch / end of run -----------------------------------------------------------------------------
     def _meta(self, state: TrainState, record: dict[str, Any]) -> dict[str, Any]:
         cfg = self.config
-        return {"model": cfg.model, "model_args": cfg.to_dict()["model_args"], "dataset": cfg.dataset,
-                "classes": getattr(self, "_classes", None), "config": cfg.to_dict(), "epoch": state.epoch,
-                "metrics": record}
+        return {
+            "model": cfg.model,
+            "model_args": cfg.to_dict()["model_args"],
+            "dataset": cfg.dataset,
+            "classes": getattr(self, "_classes", None),
+            "config": cfg.to_dict(),
+            "epoch": state.epoch,
+            "metrics": record,
+        }
 
     def _summary(self, state: TrainState, model, device, context) -> dict[str, Any]:
         cfg = self.config
         tested = [r for r in state.history if r.get("test_accuracy") is not None]
         best = state.history[state.best] if state.best is not None else {}
-        reached = {str(t): next((r["train_time_s"] for r in tested if r["test_accuracy"] >= t), None)
-                   for t in ACCURACY_TARGETS}
-        return {"model": cfg.model, "dataset": cfg.dataset, "epochs": state.epoch,
-                "test_accuracy": tested[-1]["test_accuracy"] if tested else None,
-                "best_test_accuracy": best.get("test_accuracy"), "best_epoch": best.get("epoch"),
-                "train_time_s": state.train_time_s, "time_to_accuracy": reached,
-                "parameters": sum(p.numel() for p in model.parameters()),
-                "device": str(device), "device_name": _device_name(device), "world_size": context.world_size,
-                "batch_size": cfg.batch_size, "amp": cfg.amp, "compile": cfg.compile,
-                "torch": torch.__version__, "capsnets": capsnets.__version__, "run_dir": str(self.run_dir)}
+        reached = {
+            str(t): next((r["train_time_s"] for r in tested if r["test_accuracy"] >= t), None) for t in ACCURACY_TARGETS
+        }
+        return {
+            "model": cfg.model,
+            "dataset": cfg.dataset,
+            "epochs": state.epoch,
+            "test_accuracy": tested[-1]["test_accuracy"] if tested else None,
+            "best_test_accuracy": best.get("test_accuracy"),
+            "best_epoch": best.get("epoch"),
+            "train_time_s": state.train_time_s,
+            "time_to_accuracy": reached,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "device": str(device),
+            "device_name": _device_name(device),
+            "world_size": context.world_size,
+            "batch_size": cfg.batch_size,
+            "amp": cfg.amp,
+            "compile": cfg.compile,
+            "torch": torch.__version__,
+            "capsnets": capsnets.__version__,
+            "run_dir": str(self.run_dir),
+        }
 
-    def _finish(self, summary: dict[str, Any], s: "_Session", trained: bool) -> None:
+    def _finish(self, summary: dict[str, Any], s: _Session, trained: bool) -> None:
         """Write the summary and, if this call trained or a figure the summary lists is missing (a run killed while
         drawing them), the figures of the best checkpoint."""
         drawn = None if trained else reporting.drawn_figures(self.run_dir)
@@ -339,11 +423,14 @@ class Trainer:
         model = copy.deepcopy(s.model)
         restore_model(model, load_checkpoint(best))
         evaluation = evaluate(model, s.test_data, self.config.batch_size, s.device, self.config.amp)
-        shown = (f"{best.name} (epoch {summary['best_epoch']}, test accuracy "
-                 f"{100 * evaluation['accuracy']:.2f}%)")
-        figures = reporting.save_figures(self.run_dir, confusion=evaluation["confusion_matrix"],
-                                         class_names=list(s.test_data.classes), checkpoint=shown,
-                                         samples=_reconstruction_samples(model, s.test_data, s.device))
+        shown = f"{best.name} (epoch {summary['best_epoch']}, test accuracy {100 * evaluation['accuracy']:.2f}%)"
+        figures = reporting.save_figures(
+            self.run_dir,
+            confusion=evaluation["confusion_matrix"],
+            class_names=list(s.test_data.classes),
+            checkpoint=shown,
+            samples=_reconstruction_samples(model, s.test_data, s.device),
+        )
         summary.update(figures=[str(p) for p in figures], figures_checkpoint=shown)
         reporting.write_summary(self.run_dir, summary)
         logger.info("figures of %s in %s", shown, self.run_dir)
@@ -364,8 +451,12 @@ def _reconstruction_samples(model, data, device, count: int = 16) -> dict[str, t
     model.train(was_training)
     if output.reconstruction is None:
         return None
-    return {"images": images.cpu(), "reconstructions": output.reconstruction.float().cpu(),
-            "labels": data.labels[:count].cpu(), "predictions": output.scores.argmax(-1).cpu()}
+    return {
+        "images": images.cpu(),
+        "reconstructions": output.reconstruction.float().cpu(),
+        "labels": data.labels[:count].cpu(),
+        "predictions": output.scores.argmax(-1).cpu(),
+    }
 
 
 def _best(history: list[dict[str, Any]]) -> int | None:

@@ -8,6 +8,7 @@ out_capsules, out_dim)``, which returns a :class:`BoundRouting`: an ``nn.Module`
 the layer (optimisers, ``state_dict``, ``.to()``), that calls the spec with them. It holds parameters but no
 math, and lives beside the specs that build it, so that ``functional`` imports nothing from ``layers``.
 """
+
 from __future__ import annotations
 
 from torch import Tensor, nn

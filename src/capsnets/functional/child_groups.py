@@ -17,6 +17,7 @@ are normalised; :func:`group_softmax` is that normalisation.
 Dimension legend: ``N`` routing problems (batch * output positions, folded), ``J`` parent types,
 ``I`` children of one problem, ``G`` distinct children (groups).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,16 +50,23 @@ class ChildGroups:
 
     def __post_init__(self) -> None:
         if self.index.dim() != 2 or self.index.dtype != torch.long:
-            raise ValueError(f"ChildGroups.index must be an (N, I) int64 tensor, got {self.index.dtype} "
-                             f"of shape {tuple(self.index.shape)}")
+            raise ValueError(
+                f"ChildGroups.index must be an (N, I) int64 tensor, got {self.index.dtype} "
+                f"of shape {tuple(self.index.shape)}"
+            )
         if self.normalize not in ("all_parents", "per_type"):
             raise ValueError(f"ChildGroups.normalize must be 'all_parents' or 'per_type', got {self.normalize!r}")
         problems, blocks = self.index.shape[0], self.blocks
         concrete = all(isinstance(v, int) for v in (problems, blocks, self.count))  # not while export traces
-        if (isinstance(blocks, bool) or not isinstance(blocks, (int, torch.SymInt))
-                or (concrete and (blocks < 1 or problems % blocks or self.count % blocks))):
-            raise ValueError(f"ChildGroups.blocks must be a positive int dividing both the problems N = {problems} "
-                             f"and count = {self.count}, got {blocks!r}")
+        if (
+            isinstance(blocks, bool)
+            or not isinstance(blocks, (int, torch.SymInt))
+            or (concrete and (blocks < 1 or problems % blocks or self.count % blocks))
+        ):
+            raise ValueError(
+                f"ChildGroups.blocks must be a positive int dividing both the problems N = {problems} "
+                f"and count = {self.count}, got {blocks!r}"
+            )
 
     def copies(self) -> Tensor:
         """``(N, I)`` int64: how many slots (copies) the child of each slot has."""
@@ -80,8 +88,10 @@ def group_softmax(logits: Tensor, groups: ChildGroups) -> Tensor:
     """
     n, parents, i = logits.shape
     if groups.index.shape != (n, i):
-        raise ValueError(f"child groups of shape {tuple(groups.index.shape)} do not match the ({n}, {i}) "
-                         f"routing problems of the votes")
+        raise ValueError(
+            f"child groups of shape {tuple(groups.index.shape)} do not match the ({n}, {i}) "
+            f"routing problems of the votes"
+        )
     if groups.normalize == "per_type":  # one group per (child, parent type): index * J + j, over (N, J, I)
         types = torch.arange(parents, device=logits.device).view(1, parents, 1)
         flat_index = (groups.index.unsqueeze(1) * parents + types).reshape(-1)  # (N*J*I,)
@@ -103,8 +113,17 @@ def group_softmax(logits: Tensor, groups: ChildGroups) -> Tensor:
     return torch.exp(logits - log_total.view(shape))
 
 
-def grid_child_groups(batch: int, types: int, height: int, width: int, kernel_size: int, stride: int = 1,
-                      padding: int = 0, device=None, normalize: str = "all_parents") -> ChildGroups:
+def grid_child_groups(
+    batch: int,
+    types: int,
+    height: int,
+    width: int,
+    kernel_size: int,
+    stride: int = 1,
+    padding: int = 0,
+    device=None,
+    normalize: str = "all_parents",
+) -> ChildGroups:
     """The child groups of a convolutional capsule layer, in :func:`capsule_patches`' slot order.
 
     Each capsule ``(b, t, y, x)`` of the ``(B, T, H, W)`` input grid is one group; the zero-padding slots
@@ -119,4 +138,6 @@ def grid_child_groups(batch: int, types: int, height: int, width: int, kernel_si
     slots = patch_index(types, height, width, kernel_size, stride, padding, device)  # (H'*W', I); padding: T*H*W
     offsets = torch.arange(batch, device=slots.device).view(batch, 1, 1) * per_example
     index = slots + offsets  # (B, H'*W', I)
-    return ChildGroups(index.reshape(-1, slots.shape[1]), batch * per_example, normalize, blocks=torch.sym_max(batch, 1))
+    return ChildGroups(
+        index.reshape(-1, slots.shape[1]), batch * per_example, normalize, blocks=torch.sym_max(batch, 1)
+    )

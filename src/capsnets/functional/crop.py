@@ -3,6 +3,7 @@
 Stateless tensor functions used by the data pipeline (:mod:`capsnets.data.transforms`) and by models that crop
 their own input (Sabour et al. 2017, Sec. 7: 24x24 patches of CIFAR-10's 32x32 images).
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,9 @@ def _check_crop(images: Tensor, size: int) -> None:
         raise ValueError(f"size must be an int in [1, {min(height, width)}] for {height}x{width} images, got {size!r}")
 
 
-def random_crop(images: Tensor, size: int, generator: torch.Generator | None = None,
-                offsets: Tensor | None = None) -> Tensor:
+def random_crop(
+    images: Tensor, size: int, generator: torch.Generator | None = None, offsets: Tensor | None = None
+) -> Tensor:
     """A ``size x size`` window of each image at its own uniformly drawn position (one batched gather).
 
     ``out[b, :, i, j] = images[b, :, top_b + i, left_b + j]`` with ``top_b`` in ``[0, H - size]`` and
@@ -63,4 +65,4 @@ def center_crop(images: Tensor, size: int) -> Tensor:
     """
     _check_crop(images, size)
     top, left = (images.shape[-2] - size) // 2, (images.shape[-1] - size) // 2
-    return images[:, :, top:top + size, left:left + size]
+    return images[:, :, top : top + size, left : left + size]

@@ -23,6 +23,7 @@ the votes (it is finite for votes up to about 1e12).
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,7 @@ from torch import Tensor
 
 from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.products import matvec
-from capsnets.functional.routing_common import check_votes, power_of_two_above, \
-    sum_unit, working
+from capsnets.functional.routing_common import check_votes, power_of_two_above, sum_unit, working
 from capsnets.validation import flag, positive_int
 
 #: LayerNorm's epsilon (``nn.LayerNorm``'s default, used by the authors' code).
@@ -83,35 +83,62 @@ class InvertedAttentionRouting:
             raise ValueError(f"eps must be a number > 0, got {self.eps!r}")
         object.__setattr__(self, "eps", float(self.eps))
 
-    def __call__(self, u_hat: Tensor, *, weight: Tensor | None = None, bias: Tensor | None = None,
-                 parents: Tensor | None = None, iterations: int | None = None, return_couplings: bool = False):
+    def __call__(
+        self,
+        u_hat: Tensor,
+        *,
+        weight: Tensor | None = None,
+        bias: Tensor | None = None,
+        parents: Tensor | None = None,
+        iterations: int | None = None,
+        return_couplings: bool = False,
+    ):
         if self.affine and (weight is None or bias is None):
-            raise ValueError("InvertedAttentionRouting(affine=True) learns its LayerNorm's weight and bias: give "
-                             "it to a capsule layer (which builds them), call .build(in_capsules, in_dim, "
-                             "out_capsules, out_dim), or pass weight= and bias=")
+            raise ValueError(
+                "InvertedAttentionRouting(affine=True) learns its LayerNorm's weight and bias: give "
+                "it to a capsule layer (which builds them), call .build(in_capsules, in_dim, "
+                "out_capsules, out_dim), or pass weight= and bias="
+            )
         if not self.affine and (weight is not None or bias is not None):
             raise ValueError("InvertedAttentionRouting(affine=False) takes no weight or bias")
         return inverted_attention_routing(
-            u_hat, self.iterations if iterations is None else iterations, weight=weight, bias=bias, eps=self.eps,
-            parents=parents, return_couplings=return_couplings)
+            u_hat,
+            self.iterations if iterations is None else iterations,
+            weight=weight,
+            bias=bias,
+            eps=self.eps,
+            parents=parents,
+            return_couplings=return_couplings,
+        )
 
     def build(self, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None, dtype=None):
         """The routing with its LayerNorm's ``weight`` (ones) and ``bias`` (zeros) ``(out_dim,)`` (an
         ``nn.Module``); the routing itself when ``affine=False``."""
         if not self.affine:
             return self
-        return BoundRouting(self, {"weight": torch.ones(out_dim, device=device, dtype=dtype),
-                                   "bias": torch.zeros(out_dim, device=device, dtype=dtype)})
+        return BoundRouting(
+            self,
+            {
+                "weight": torch.ones(out_dim, device=device, dtype=dtype),
+                "bias": torch.zeros(out_dim, device=device, dtype=dtype),
+            },
+        )
 
     def to_config(self) -> dict:
         """The JSON-able spec of this routing (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
         return {"type": "inverted_attention", "iterations": self.iterations, "affine": self.affine, "eps": self.eps}
 
 
-def inverted_attention_routing(u_hat: Tensor, iterations: int = InvertedAttentionRouting.iterations, *,
-                               weight: Tensor | None = None, bias: Tensor | None = None,
-                               eps: float = LAYER_NORM_EPS, parents: Tensor | None = None,
-                               return_couplings: bool = False):
+def inverted_attention_routing(
+    u_hat: Tensor,
+    iterations: int = InvertedAttentionRouting.iterations,
+    *,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = LAYER_NORM_EPS,
+    parents: Tensor | None = None,
+    return_couplings: bool = False,
+):
     """Route votes to parents by inverted dot-product attention (Tsai et al. 2020, Procedure 1).
 
     Args:
@@ -135,8 +162,11 @@ def inverted_attention_routing(u_hat: Tensor, iterations: int = InvertedAttentio
     check_votes(u_hat, "inverted_attention_routing")
     iterations = positive_int("iterations", iterations)
     batch, children, num_parents, dim = u_hat.shape
-    for name, value, shape in (("weight", weight, (dim,)), ("bias", bias, (dim,)),
-                               ("parents", parents, (batch, num_parents, dim))):
+    for name, value, shape in (
+        ("weight", weight, (dim,)),
+        ("bias", bias, (dim,)),
+        ("parents", parents, (batch, num_parents, dim)),
+    ):
         if value is not None and tuple(value.shape) != shape:
             raise ValueError(f"inverted_attention_routing expects {name} of shape {shape}, got {tuple(value.shape)}")
     u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
@@ -211,6 +241,8 @@ def concurrent_inverted_attention_routing(layers: Sequence, u: Tensor, iteration
     for layer in layers:  # the first iteration: uniform couplings, bottom-up
         values.append(layer.routing(layer.predictions(values[-1]), iterations=1))
     for _ in range(iterations - 1):  # every layer from the previous iteration's capsules below and above it
-        values = [u] + [layer.routing(layer.predictions(values[index]), parents=values[index + 1], iterations=1)
-                        for index, layer in enumerate(layers)]
+        values = [u] + [
+            layer.routing(layer.predictions(values[index]), parents=values[index + 1], iterations=1)
+            for index, layer in enumerate(layers)
+        ]
     return values[1:]

@@ -7,6 +7,7 @@ parent capsule types there.
 Dimension legend: ``B`` batch, ``I`` child capsule types, ``J`` parent capsule types, ``D`` parent capsule dim,
 ``H``/``W`` rows/columns of the capsule grid.
 """
+
 from __future__ import annotations
 
 from torch import Tensor
@@ -39,8 +40,10 @@ def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False
         torch.Size([2, 8, 16, 6, 6])
     """
     if u_hat.dim() != 6:
-        raise ValueError(f"local_routing expects u_hat of shape (B, I, J, D, H, W) (batch, child types, parent "
-                         f"types, parent dim, rows, columns); got shape {tuple(u_hat.shape)}")
+        raise ValueError(
+            f"local_routing expects u_hat of shape (B, I, J, D, H, W) (batch, child types, parent "
+            f"types, parent dim, rows, columns); got shape {tuple(u_hat.shape)}"
+        )
     if not callable(routing):  # None or a spec (the layers pass routing objects)
         routing = as_routing(routing, DynamicRouting)
     batch, children, parents, dim, height, width = u_hat.shape
@@ -53,9 +56,15 @@ def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False
     return v, couplings.view(batch, height, width, children, parents).permute(0, 3, 4, 1, 2)
 
 
-def local_dynamic_routing(u_hat: Tensor, iterations: int = DynamicRouting.iterations, *,
-                          detach_routing: bool = DynamicRouting.detach_routing,
-                          none_of_the_above: bool = DynamicRouting.none_of_the_above, return_couplings: bool = False):
+def local_dynamic_routing(
+    u_hat: Tensor,
+    iterations: int = DynamicRouting.iterations,
+    *,
+    detach_routing: bool = DynamicRouting.detach_routing,
+    none_of_the_above: bool = DynamicRouting.none_of_the_above,
+    return_couplings: bool = False,
+):
     """:func:`dynamic_routing` at every position of a capsule grid; see :func:`local_routing` for shapes."""
-    return local_routing(u_hat, DynamicRouting(iterations, detach_routing, none_of_the_above),
-                         return_couplings=return_couplings)
+    return local_routing(
+        u_hat, DynamicRouting(iterations, detach_routing, none_of_the_above), return_couplings=return_couplings
+    )

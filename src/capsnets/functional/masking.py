@@ -1,4 +1,5 @@
 """Masking of class capsules for the reconstruction decoder (Sabour et al. 2017, Sec. 4.1)."""
+
 from __future__ import annotations
 
 import torch

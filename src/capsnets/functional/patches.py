@@ -9,6 +9,7 @@ of the grid (:func:`patch_index`), which reads each capsule's values where they 
 Dimension legend: ``B`` batch, ``T`` child types, ``K`` kernel size, ``L = H' * W'`` output positions,
 ``F`` features per capsule (``P * P`` pose components).
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -29,8 +30,9 @@ def patch_grid(height: int, width: int, kernel_size: int, stride: int = 1, paddi
     return out_h, out_w
 
 
-def patch_index(types: int, height: int, width: int, kernel_size: int, stride: int = 1, padding: int = 0,
-                device=None) -> Tensor:
+def patch_index(
+    types: int, height: int, width: int, kernel_size: int, stride: int = 1, padding: int = 0, device=None
+) -> Tensor:
     """For every output position and child slot, the capsule of the ``(T, H, W)`` grid it reads.
 
     Slots are ordered as in :func:`capsule_patches`: output positions row-major, then children by (type,
@@ -55,8 +57,8 @@ def patch_index(types: int, height: int, width: int, kernel_size: int, stride: i
 @lru_cache(maxsize=64)
 def _patch_index(types, height, width, kernel_size, stride, padding, device) -> Tensor:
     out_h, out_w = patch_grid(height, width, kernel_size, stride, padding)
-    rows = (torch.arange(out_h).view(-1, 1) * stride + torch.arange(kernel_size).view(1, -1) - padding)  # (H', K)
-    cols = (torch.arange(out_w).view(-1, 1) * stride + torch.arange(kernel_size).view(1, -1) - padding)  # (W', K)
+    rows = torch.arange(out_h).view(-1, 1) * stride + torch.arange(kernel_size).view(1, -1) - padding  # (H', K)
+    cols = torch.arange(out_w).view(-1, 1) * stride + torch.arange(kernel_size).view(1, -1) - padding  # (W', K)
     r = rows.view(out_h, 1, 1, kernel_size, 1)
     c = cols.view(1, out_w, 1, 1, kernel_size)
     t = torch.arange(types).view(1, 1, types, 1, 1)

@@ -5,6 +5,7 @@ The routing procedures' agreements and E-step products are a batched matrix time
 PyTorch's CPU kernels read at the speed of memory (``benchmarks/README.md`` has the measurements).
 :func:`matrix_votes` forms matrix capsules' votes with one batched product over the children.
 """
+
 from __future__ import annotations
 
 import torch

@@ -29,6 +29,7 @@ detached in every iteration but the last, so gradients reach ``u_hat`` only thro
 and the couplings act as constants. With ``detach_routing=False`` gradients flow through every iteration,
 as the procedure reads when differentiated literally.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,13 +79,22 @@ class DynamicRouting:
         object.__setattr__(self, "iterations", int(self.iterations))
 
     def __call__(self, u_hat: Tensor, *, return_couplings: bool = False):
-        return dynamic_routing(u_hat, self.iterations, detach_routing=self.detach_routing,
-                               none_of_the_above=self.none_of_the_above, return_couplings=return_couplings)
+        return dynamic_routing(
+            u_hat,
+            self.iterations,
+            detach_routing=self.detach_routing,
+            none_of_the_above=self.none_of_the_above,
+            return_couplings=return_couplings,
+        )
 
     def to_config(self) -> dict:
         """The JSON-able spec of this routing (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
-        return {"type": "dynamic", "iterations": self.iterations, "detach_routing": self.detach_routing,
-                "none_of_the_above": self.none_of_the_above}
+        return {
+            "type": "dynamic",
+            "iterations": self.iterations,
+            "detach_routing": self.detach_routing,
+            "none_of_the_above": self.none_of_the_above,
+        }
 
 
 def _check_u_hat(u_hat: Tensor, iterations: int) -> None:

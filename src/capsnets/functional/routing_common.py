@@ -9,6 +9,7 @@ Self-Attention Routing", Scientific Reports; EscVM/Efficient-CapsNet, ``utils/la
 is ``(1 - 1/exp(|s|)) s / |s|``: :func:`efficient_squash`. Where that code adds ``1e-20`` to ``|s|`` and to
 ``exp(|s|)``, here the length has an epsilon under its square root (as :func:`~capsnets.functional.squash`).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,9 @@ def check_votes(u_hat: Tensor, owner: str) -> None:
     """Raise a ``ValueError`` unless ``u_hat`` is a floating-point ``(B, I, J, D)`` tensor."""
     if not isinstance(u_hat, Tensor) or u_hat.dim() != 4:
         shape = tuple(u_hat.shape) if isinstance(u_hat, Tensor) else type(u_hat).__name__
-        raise ValueError(f"{owner} expects u_hat of shape (B, I, J, D) (batch, children, parents, parent dim); "
-                         f"got {shape}")
+        raise ValueError(
+            f"{owner} expects u_hat of shape (B, I, J, D) (batch, children, parents, parent dim); got {shape}"
+        )
     if not u_hat.is_floating_point():
         raise ValueError(f"{owner} expects floating-point votes, got {u_hat.dtype}")
 
@@ -98,8 +100,7 @@ def squash_scaled(kind: str, t: Tensor, scale: Tensor) -> Tensor:
     return t / length * factor
 
 
-def bind_routing(routing, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None,
-                 dtype=None):
+def bind_routing(routing, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None, dtype=None):
     """The routing a layer calls: ``routing.build(...)`` for a routing that has parameters of its own (they become
     the layer's), the routing itself otherwise."""
     build = getattr(routing, "build", None)

@@ -9,6 +9,7 @@ A routing the library cannot describe (any other callable, e.g. a naive baseline
 ``{"type": "opaque", "repr": ...}``: the record says which routing the model had, and rebuilding a model
 from it raises instead of silently falling back to the default routing.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,9 +24,14 @@ from capsnets.functional.uniform_routing import UniformRouting
 from capsnets.validation import ArgumentError
 
 #: The routing classes by the ``type`` of their spec.
-ROUTING_TYPES: dict[str, type] = {"dynamic": DynamicRouting, "em": EMRouting, "self_attention": SelfAttentionRouting,
-                                  "inverted_attention": InvertedAttentionRouting, "self_routing": SelfRouting,
-                                  "uniform": UniformRouting}
+ROUTING_TYPES: dict[str, type] = {
+    "dynamic": DynamicRouting,
+    "em": EMRouting,
+    "self_attention": SelfAttentionRouting,
+    "inverted_attention": InvertedAttentionRouting,
+    "self_routing": SelfRouting,
+    "uniform": UniformRouting,
+}
 #: The spec types of the routings of vector capsules (``(B, I, J, D)`` votes), as :class:`LinearCapsules` calls them.
 VECTOR_ROUTING_TYPES = ("dynamic", "self_attention", "inverted_attention", "self_routing", "uniform")
 #: The ``type`` recorded for a routing the library cannot describe.
@@ -54,8 +60,10 @@ def routing_config(routing, *, strict: bool = True) -> dict:
     if type(getattr(routing, "spec", None)) in ROUTING_TYPES.values():  # a routing bound to its layer's sizes
         return routing.spec.to_config()
     if strict:
-        raise TypeError(f"{routing!r} is not a routing capsnets can describe (one of "
-                        f"{', '.join(cls.__name__ for cls in ROUTING_TYPES.values())}), so it has no spec")
+        raise TypeError(
+            f"{routing!r} is not a routing capsnets can describe (one of "
+            f"{', '.join(cls.__name__ for cls in ROUTING_TYPES.values())}), so it has no spec"
+        )
     return {"type": OPAQUE, "repr": repr(routing)}
 
 
@@ -79,9 +87,11 @@ def routing_from_config(config: Mapping) -> Callable:
         raise ValueError(f"a routing spec is a mapping with a 'type' ({', '.join(ROUTING_TYPES)}); got {config!r}")
     kind, settings = config["type"], {k: v for k, v in config.items() if k != "type"}
     if kind == OPAQUE:
-        raise ValueError(f"the model was recorded with the routing {config.get('repr', '?')}, which capsnets cannot "
-                         f"describe, so it cannot be rebuilt from its record; build it with that routing passed in "
-                         f"(routing=...) and load the weights into it (capsnets.models.hub.restore_model)")
+        raise ValueError(
+            f"the model was recorded with the routing {config.get('repr', '?')}, which capsnets cannot "
+            f"describe, so it cannot be rebuilt from its record; build it with that routing passed in "
+            f"(routing=...) and load the weights into it (capsnets.models.hub.restore_model)"
+        )
     if kind not in ROUTING_TYPES:
         raise ValueError(f"unknown routing type {kind!r}; known types: {', '.join(ROUTING_TYPES)}")
     cls = ROUTING_TYPES[kind]
@@ -92,8 +102,14 @@ def routing_from_config(config: Mapping) -> Callable:
     return cls(**settings)
 
 
-def as_routing(routing, default: Callable | None, *, types: Sequence[str] | None = None, name: str = "routing",
-               defaults: Mapping | None = None) -> Callable:
+def as_routing(
+    routing,
+    default: Callable | None,
+    *,
+    types: Sequence[str] | None = None,
+    name: str = "routing",
+    defaults: Mapping | None = None,
+) -> Callable:
     """The routing object for an argument that takes a routing object, its spec, a spec type name or None.
 
     Args:
@@ -134,8 +150,11 @@ def as_routing(routing, default: Callable | None, *, types: Sequence[str] | None
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise ArgumentError(f"{name}={given!r}: {reason}", name) from None
     if not callable(routing):
-        raise ArgumentError(f"{name} must be a routing object, its spec (a mapping with a 'type': "
-                            f"{', '.join(types or ROUTING_TYPES)}) or a routing type name; got {given!r}", name)
+        raise ArgumentError(
+            f"{name} must be a routing object, its spec (a mapping with a 'type': "
+            f"{', '.join(types or ROUTING_TYPES)}) or a routing type name; got {given!r}",
+            name,
+        )
     kind = next((key for key, cls in ROUTING_TYPES.items() if type(routing) is cls), None)
     if types is not None and kind is not None and kind not in types:
         raise _wrong_type(name, given, kind, types)
@@ -145,5 +164,7 @@ def as_routing(routing, default: Callable | None, *, types: Sequence[str] | None
 def _wrong_type(name: str, given, kind: str, types: Sequence[str]) -> ArgumentError:
     shown = repr(given)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return ArgumentError(f"{name}={shown}: its type is {kind!r}, and these capsule layers route with "
-                         f"{' or '.join(map(repr, types))}", name)
+    return ArgumentError(
+        f"{name}={shown}: its type is {kind!r}, and these capsule layers route with {' or '.join(map(repr, types))}",
+        name,
+    )

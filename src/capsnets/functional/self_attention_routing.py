@@ -18,6 +18,7 @@ the votes squared (it is finite for votes up to about 1e12).
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,15 @@ from torch import Tensor
 
 from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.products import matvec
-from capsnets.functional.routing_common import SQUASHES, apply_squash, check_votes, \
-    power_of_two_above, squash_scaled, sum_unit, working
+from capsnets.functional.routing_common import (
+    SQUASHES,
+    apply_squash,
+    check_votes,
+    power_of_two_above,
+    squash_scaled,
+    sum_unit,
+    working,
+)
 from capsnets.validation import choice, flag
 
 
@@ -63,9 +71,11 @@ class SelfAttentionRouting:
 
     def __call__(self, u_hat: Tensor, *, bias: Tensor | None = None, return_couplings: bool = False):
         if self.bias and bias is None:
-            raise ValueError("SelfAttentionRouting(bias=True) learns its log priors: give it to a capsule layer "
-                             "(which builds them), call .build(in_capsules, in_dim, out_capsules, out_dim), or "
-                             "pass bias=; SelfAttentionRouting(bias=False) has none")
+            raise ValueError(
+                "SelfAttentionRouting(bias=True) learns its log priors: give it to a capsule layer "
+                "(which builds them), call .build(in_capsules, in_dim, out_capsules, out_dim), or "
+                "pass bias=; SelfAttentionRouting(bias=False) has none"
+            )
         if not self.bias and bias is not None:
             raise ValueError("SelfAttentionRouting(bias=False) takes no bias")
         return self_attention_routing(u_hat, bias, squash=self.squash, return_couplings=return_couplings)
@@ -82,8 +92,9 @@ class SelfAttentionRouting:
         return {"type": "self_attention", "bias": self.bias, "squash": self.squash}
 
 
-def self_attention_routing(u_hat: Tensor, bias: Tensor | None = None, *, squash: str = "efficient",
-                           return_couplings: bool = False):
+def self_attention_routing(
+    u_hat: Tensor, bias: Tensor | None = None, *, squash: str = "efficient", return_couplings: bool = False
+):
     """Route votes to parents by their agreement with all the votes for that parent (one pass).
 
     Args:
@@ -106,8 +117,9 @@ def self_attention_routing(u_hat: Tensor, bias: Tensor | None = None, *, squash:
     choice("squash", squash, SQUASHES)
     batch, children, parents, dim = u_hat.shape
     if bias is not None and tuple(bias.shape) != (children, parents):
-        raise ValueError(f"self_attention_routing expects a bias of shape (I, J) = {(children, parents)}, "
-                         f"got {tuple(bias.shape)}")
+        raise ValueError(
+            f"self_attention_routing expects a bias of shape (I, J) = {(children, parents)}, got {tuple(bias.shape)}"
+        )
     u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
     unit = sum_unit(children)
     # k: a power of two >= max |u_hat| per example (at most the dtype's largest), 1 for votes within [-1, 1]

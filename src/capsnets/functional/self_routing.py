@@ -17,6 +17,7 @@ float16/bfloat16 votes are routed in float32.
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim,
 ``D_in`` child capsule dim.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,11 +51,21 @@ class SelfRouting:
 
     needs_poses = True  # a class attribute, not a setting
 
-    def __call__(self, u_hat: Tensor, *, poses: Tensor | None = None, weight: Tensor | None = None,
-                 bias: Tensor | None = None, activations: Tensor | None = None, return_couplings: bool = False):
+    def __call__(
+        self,
+        u_hat: Tensor,
+        *,
+        poses: Tensor | None = None,
+        weight: Tensor | None = None,
+        bias: Tensor | None = None,
+        activations: Tensor | None = None,
+        return_couplings: bool = False,
+    ):
         if weight is None or bias is None:
-            raise ValueError("SelfRouting learns a routing network per child: give it to a capsule layer "
-                             "(which builds it), or call .build(in_capsules, in_dim, out_capsules, out_dim)")
+            raise ValueError(
+                "SelfRouting learns a routing network per child: give it to a capsule layer "
+                "(which builds it), or call .build(in_capsules, in_dim, out_capsules, out_dim)"
+            )
         if poses is None:
             raise ValueError("SelfRouting needs the children's poses (poses=, shape (B, I, D_in))")
         return self_routing(u_hat, poses, weight, bias, activations=activations, return_couplings=return_couplings)
@@ -62,17 +73,28 @@ class SelfRouting:
     def build(self, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None, dtype=None):
         """The routing with its weights ``(in_capsules, out_capsules, in_dim)`` and biases ``(in_capsules,
         out_capsules)``, zeros (an ``nn.Module``)."""
-        return BoundRouting(self, {
-            "weight": torch.zeros(in_capsules, out_capsules, in_dim, device=device, dtype=dtype),
-            "bias": torch.zeros(in_capsules, out_capsules, device=device, dtype=dtype)})
+        return BoundRouting(
+            self,
+            {
+                "weight": torch.zeros(in_capsules, out_capsules, in_dim, device=device, dtype=dtype),
+                "bias": torch.zeros(in_capsules, out_capsules, device=device, dtype=dtype),
+            },
+        )
 
     def to_config(self) -> dict:
         """The JSON-able spec of this routing (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
         return {"type": "self_routing"}
 
 
-def self_routing(u_hat: Tensor, poses: Tensor, weight: Tensor, bias: Tensor, *, activations: Tensor | None = None,
-                 return_couplings: bool = False):
+def self_routing(
+    u_hat: Tensor,
+    poses: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    *,
+    activations: Tensor | None = None,
+    return_couplings: bool = False,
+):
     """Route votes to parents by each child's own routing network (Hahn et al. 2019).
 
     Args:
@@ -96,13 +118,19 @@ def self_routing(u_hat: Tensor, poses: Tensor, weight: Tensor, bias: Tensor, *, 
     check_votes(u_hat, "self_routing")
     batch, children, parents, dim = u_hat.shape
     in_dim = poses.shape[-1] if isinstance(poses, Tensor) and poses.dim() == 3 else None
-    expected = {"poses": (batch, children, in_dim), "weight": (children, parents, in_dim),
-                "bias": (children, parents), "activations": (batch, children)}
+    expected = {
+        "poses": (batch, children, in_dim),
+        "weight": (children, parents, in_dim),
+        "bias": (children, parents),
+        "activations": (batch, children),
+    }
     for name, value in (("poses", poses), ("weight", weight), ("bias", bias), ("activations", activations)):
         if value is not None and (not isinstance(value, Tensor) or tuple(value.shape) != expected[name]):
             shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-            raise ValueError(f"self_routing expects {name} of shape {expected[name]} (B, I, J, D_in from u_hat "
-                             f"{tuple(u_hat.shape)} and poses), got {shape}")
+            raise ValueError(
+                f"self_routing expects {name} of shape {expected[name]} (B, I, J, D_in from u_hat "
+                f"{tuple(u_hat.shape)} and poses), got {shape}"
+            )
     u, pose = working(u_hat), working(poses).to(working(u_hat).dtype)
     logits = torch.einsum("bic,ijc->bij", pose, working(weight).to(u.dtype)) + working(bias).to(u.dtype)
     couplings = torch.softmax(logits, dim=2)  # (B, I, J)

@@ -11,6 +11,7 @@ that cannot overflow), or (float64 inputs, devices without float64, code traced 
 from each capsule divided by its largest component, the scale put back analytically. Every finite ``s`` then has
 a finite squash and a finite gradient.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,8 +48,9 @@ def _wide_length(s: Tensor, dim: int, eps: float, unit: float = 1.0) -> tuple[Te
     (``dim`` kept), with the squares summed wide enough not to overflow: in float32 for float16 capsules and,
     where no sum reaches 2^126 there, for float32/bfloat16 ones on the CPU (whose host check costs nothing);
     in float64 otherwise."""
-    if s.dtype == torch.float16 or (s.device.type == "cpu" and s.dtype != torch.float64
-                                    and not torch.compiler.is_compiling()):
+    if s.dtype == torch.float16 or (
+        s.device.type == "cpu" and s.dtype != torch.float64 and not torch.compiler.is_compiling()
+    ):
         norm = torch.linalg.vector_norm(s, 2, dim, keepdim=True, dtype=torch.float32)
         if s.dtype == torch.float16 or norm.numel() == 0 or float(norm.detach().amax()) < 2.0**63:  # (NaN fails)
             q = norm.square() + eps * unit**2

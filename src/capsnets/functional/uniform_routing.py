@@ -7,14 +7,14 @@ Routing Algorithm", report routing algorithms that do no better than couplings a
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from torch import Tensor
 
-from capsnets.functional.routing_common import SQUASHES, apply_squash, check_votes, \
-    sum_unit, working
+from capsnets.functional.routing_common import SQUASHES, apply_squash, check_votes, sum_unit, working
 from capsnets.validation import choice, flag
 
 

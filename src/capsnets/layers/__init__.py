@@ -1,4 +1,5 @@
 """Capsule layers: modules that own parameters and call :mod:`capsnets.functional`."""
+
 from capsnets.layers.conv import ConvCapsules2d, ConvTransposeCapsules2d
 from capsnets.layers.decoder import CapsuleDecoder
 from capsnets.layers.linear import LinearCapsules
@@ -6,6 +7,12 @@ from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, Prim
 from capsnets.layers.primary import PrimaryCapsules
 
 __all__ = [
-    "CapsuleDecoder", "ClassMatrixCapsules", "ConvCapsules2d", "ConvTransposeCapsules2d", "ConvMatrixCapsules",
-    "LinearCapsules", "PrimaryCapsules", "PrimaryMatrixCapsules",
+    "CapsuleDecoder",
+    "ClassMatrixCapsules",
+    "ConvCapsules2d",
+    "ConvTransposeCapsules2d",
+    "ConvMatrixCapsules",
+    "LinearCapsules",
+    "PrimaryCapsules",
+    "PrimaryMatrixCapsules",
 ]

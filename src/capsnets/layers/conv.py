@@ -14,9 +14,10 @@ the logits across the batch and normalises them over child types).
 Dimension legend: ``B`` batch, ``I``/``J`` child/parent capsule types, ``D_in``/``D_out`` capsule
 dimensions, ``H``/``W`` grid rows/columns (primed: the output grid).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import Tensor, nn
 
@@ -29,8 +30,20 @@ class _GridCapsules(nn.Module):
 
     conv: nn.Module
 
-    def __init__(self, in_types: int, in_dim: int, out_types: int, out_dim: int, kernel_size: int, stride: int,
-                 padding: int, routing: Callable[..., Tensor] | None, *, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        in_types: int,
+        in_dim: int,
+        out_types: int,
+        out_dim: int,
+        kernel_size: int,
+        stride: int,
+        padding: int,
+        routing: Callable[..., Tensor] | None,
+        *,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.in_types = positive_int("in_types", in_types)
         self.in_dim = positive_int("in_dim", in_dim)
@@ -41,17 +54,21 @@ class _GridCapsules(nn.Module):
         self.padding = non_negative_int("padding", padding)
         routing = as_routing(routing, DynamicRouting)
         if getattr(routing, "needs_poses", False):
-            raise ValueError(f"routing={routing!r} routes by the children's own poses, which a convolutional capsule "
-                             f"layer does not give it; use it in LinearCapsules")
+            raise ValueError(
+                f"routing={routing!r} routes by the children's own poses, which a convolutional capsule "
+                f"layer does not give it; use it in LinearCapsules"
+            )
         # a routing with parameters (e.g. self-attention's log priors) gets one set per (child type, parent type)
         self.routing = bind_routing(routing, in_types, in_dim, out_types, out_dim, device=device, dtype=dtype)
 
     def predictions(self, u: Tensor) -> Tensor:
         """Every child type's prediction for every parent type: ``(B, I, D_in, H, W) -> (B, I, J, D_out, H', W')``."""
         if u.dim() != 5 or u.shape[1:3] != (self.in_types, self.in_dim):
-            raise ValueError(f"{type(self).__name__} expects capsules of shape "
-                             f"(B, {self.in_types}, {self.in_dim}, H, W) (batch, types, dim, rows, columns); "
-                             f"got {tuple(u.shape)}")
+            raise ValueError(
+                f"{type(self).__name__} expects capsules of shape "
+                f"(B, {self.in_types}, {self.in_dim}, H, W) (batch, types, dim, rows, columns); "
+                f"got {tuple(u.shape)}"
+            )
         batch, _, _, height, width = u.shape
         maps = self.conv(u.reshape(batch * self.in_types, self.in_dim, height, width))  # (B*I, J*D_out, H', W')
         return maps.view(batch, self.in_types, self.out_types, self.out_dim, *maps.shape[-2:])
@@ -61,9 +78,11 @@ class _GridCapsules(nn.Module):
         return local_routing(self.predictions(u), self.routing, return_couplings=return_couplings)
 
     def extra_repr(self) -> str:
-        return (f"in_types={self.in_types}, in_dim={self.in_dim}, out_types={self.out_types}, out_dim={self.out_dim}, "
-                f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-                f"routing={self.routing!r}")
+        return (
+            f"in_types={self.in_types}, in_dim={self.in_dim}, out_types={self.out_types}, out_dim={self.out_dim}, "
+            f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+            f"routing={self.routing!r}"
+        )
 
 
 class ConvCapsules2d(_GridCapsules):
@@ -87,12 +106,24 @@ class ConvCapsules2d(_GridCapsules):
         torch.Size([1, 4, 16, 16, 16])
     """
 
-    def __init__(self, in_types: int, in_dim: int, out_types: int, out_dim: int, *, kernel_size: int = 5,
-                 stride: int = 1, padding: int | None = None, routing: Callable[..., Tensor] | None = None,
-                 device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        in_types: int,
+        in_dim: int,
+        out_types: int,
+        out_dim: int,
+        *,
+        kernel_size: int = 5,
+        stride: int = 1,
+        padding: int | None = None,
+        routing: Callable[..., Tensor] | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
         padding = kernel_size // 2 if padding is None else padding
-        super().__init__(in_types, in_dim, out_types, out_dim, kernel_size, stride, padding, routing,
-                         device=device, dtype=dtype)
+        super().__init__(
+            in_types, in_dim, out_types, out_dim, kernel_size, stride, padding, routing, device=device, dtype=dtype
+        )
         self.conv = nn.Conv2d(in_dim, out_types * out_dim, kernel_size, stride, padding, device=device, dtype=dtype)
 
 
@@ -113,10 +144,23 @@ class ConvTransposeCapsules2d(_GridCapsules):
         torch.Size([1, 2, 16, 16, 16])
     """
 
-    def __init__(self, in_types: int, in_dim: int, out_types: int, out_dim: int, *, kernel_size: int = 4,
-                 stride: int = 2, padding: int = 1, routing: Callable[..., Tensor] | None = None,
-                 device=None, dtype=None) -> None:
-        super().__init__(in_types, in_dim, out_types, out_dim, kernel_size, stride, padding, routing,
-                         device=device, dtype=dtype)
-        self.conv = nn.ConvTranspose2d(in_dim, out_types * out_dim, kernel_size, stride, padding, device=device,
-                                       dtype=dtype)
+    def __init__(
+        self,
+        in_types: int,
+        in_dim: int,
+        out_types: int,
+        out_dim: int,
+        *,
+        kernel_size: int = 4,
+        stride: int = 2,
+        padding: int = 1,
+        routing: Callable[..., Tensor] | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(
+            in_types, in_dim, out_types, out_dim, kernel_size, stride, padding, routing, device=device, dtype=dtype
+        )
+        self.conv = nn.ConvTranspose2d(
+            in_dim, out_types * out_dim, kernel_size, stride, padding, device=device, dtype=dtype
+        )

@@ -3,10 +3,11 @@
 All class capsules but one are masked to zero; a small MLP reconstructs the input image from what is
 left. During training the true class is kept; at test time the longest capsule.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn

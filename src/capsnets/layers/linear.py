@@ -4,9 +4,10 @@ Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules", Sec. 2, Eq. 
 ``u_hat[j|i] = W[i, j] u[i]``; the routing that turns the predictions into parent capsules is passed in
 (e.g. :class:`capsnets.functional.DynamicRouting`).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -59,8 +60,9 @@ class LinearCapsules(nn.Module):
         self.out_capsules = positive_int("out_capsules", out_capsules)
         self.out_dim = positive_int("out_dim", out_dim)
         number("init_std", init_std, 0.0, low_open=True)
-        self.routing = bind_routing(as_routing(routing, DynamicRouting), in_capsules, in_dim, out_capsules, out_dim,
-                                    device=device, dtype=dtype)
+        self.routing = bind_routing(
+            as_routing(routing, DynamicRouting), in_capsules, in_dim, out_capsules, out_dim, device=device, dtype=dtype
+        )
         self.weight = nn.Parameter(
             torch.randn(in_capsules, out_capsules, out_dim, in_dim, device=device, dtype=dtype) * init_std
         )
@@ -68,9 +70,7 @@ class LinearCapsules(nn.Module):
     def predictions(self, u: Tensor) -> Tensor:
         """Every child's prediction for every parent, ``(B, I, D_in) -> (B, I, J, D_out)``."""
         if u.dim() != 3 or u.shape[1:] != (self.in_capsules, self.in_dim):
-            raise ValueError(
-                f"LinearCapsules expects (B, {self.in_capsules}, {self.in_dim}), got {tuple(u.shape)}"
-            )
+            raise ValueError(f"LinearCapsules expects (B, {self.in_capsules}, {self.in_dim}), got {tuple(u.shape)}")
         batch = u.shape[0]
         # One batched matmul over children: (I, B, D_in) @ (I, D_in, J*D_out) -> (I, B, J*D_out)
         w = self.weight.permute(0, 3, 1, 2).reshape(self.in_capsules, self.in_dim, -1)

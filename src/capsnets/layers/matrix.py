@@ -14,6 +14,7 @@
 Dimension legend: ``B`` batch, ``T``/``U`` child/parent types, ``K`` kernel, ``P`` pose side (4),
 ``I``/``J`` children/parents of one routing problem.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,7 +27,6 @@ from capsnets.functional.child_groups import ChildGroups, grid_child_groups
 from capsnets.functional.patches import gather_patches, patch_grid, patch_index
 from capsnets.functional.products import matrix_votes
 from capsnets.validation import ArgumentError, choice, flag, non_negative_int, positive_int
-
 
 #: How a convolutional capsule layer normalises the assignments of a child seen by several positions.
 ASSIGNMENT_SCOPES = ("position", "all_parents", "per_type")
@@ -60,8 +60,18 @@ class PrimaryMatrixCapsules(nn.Module):
         (torch.Size([2, 8, 14, 14, 4, 4]), torch.Size([2, 8, 14, 14]))
     """
 
-    def __init__(self, in_channels: int, num_types: int, *, pose_size: int = 4, kernel_size: int = 1,
-                 bias: bool = True, activation_offset: float = 0.0, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        num_types: int,
+        *,
+        pose_size: int = 4,
+        kernel_size: int = 1,
+        bias: bool = True,
+        activation_offset: float = 0.0,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.in_channels = positive_int("in_channels", in_channels)
         self.num_types = positive_int("num_types", num_types)
@@ -124,9 +134,21 @@ class ConvMatrixCapsules(nn.Module):
         torch.Size([2, 16, 6, 6, 4, 4])
     """
 
-    def __init__(self, in_types: int, out_types: int, *, kernel_size: int = 3, stride: int = 1, padding: int = 0,
-                 routing=None, pose_size: int = 4, checkpoint_chunks: int = 0, assignment_scope: str = "position",
-                 device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        in_types: int,
+        out_types: int,
+        *,
+        kernel_size: int = 3,
+        stride: int = 1,
+        padding: int = 0,
+        routing=None,
+        pose_size: int = 4,
+        checkpoint_chunks: int = 0,
+        assignment_scope: str = "position",
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.in_types = positive_int("in_types", in_types)
         self.out_types = positive_int("out_types", out_types)
@@ -144,8 +166,10 @@ class ConvMatrixCapsules(nn.Module):
 
     def forward(self, caps: MatrixCapsules) -> MatrixCapsules:
         if caps.types != self.in_types or caps.pose_size != self.pose_size:
-            raise ValueError(f"ConvMatrixCapsules expects {self.in_types} types of {self.pose_size}x{self.pose_size} "
-                             f"poses, got {caps!r}")
+            raise ValueError(
+                f"ConvMatrixCapsules expects {self.in_types} types of {self.pose_size}x{self.pose_size} "
+                f"poses, got {caps!r}"
+            )
         batch, side = caps.batch, self.pose_size
         height, width = caps.grid
         out_h, out_w = patch_grid(height, width, self.kernel_size, self.stride, self.padding)
@@ -156,13 +180,24 @@ class ConvMatrixCapsules(nn.Module):
         patches = gather_patches(feats, index, self.padding)
         poses, acts = patches[..., :-1], patches[..., -1]
         if self.assignment_scope != "position":  # one routing problem over the whole grid
-            groups = grid_child_groups(batch, caps.types, height, width, self.kernel_size, self.stride, self.padding,
-                                       device=poses.device, normalize=self.assignment_scope)
+            groups = grid_child_groups(
+                batch,
+                caps.types,
+                height,
+                width,
+                self.kernel_size,
+                self.stride,
+                self.padding,
+                device=poses.device,
+                normalize=self.assignment_scope,
+            )
             out_pose, out_act = self._route(poses, acts, groups)
         elif self.checkpoint_chunks and torch.is_grad_enabled():
             # Keep only the patches for backward; votes and routing are recomputed chunk by chunk.
-            outs = [checkpoint(self._route, p, a, use_reentrant=False)
-                    for p, a in zip(poses.chunk(self.checkpoint_chunks), acts.chunk(self.checkpoint_chunks))]
+            outs = [
+                checkpoint(self._route, p, a, use_reentrant=False)
+                for p, a in zip(poses.chunk(self.checkpoint_chunks), acts.chunk(self.checkpoint_chunks))
+            ]
             out_pose, out_act = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
         else:
             out_pose, out_act = self._route(poses, acts)
@@ -185,18 +220,23 @@ class ConvMatrixCapsules(nn.Module):
     def extra_repr(self) -> str:
         chunks = f", checkpoint_chunks={self.checkpoint_chunks}" if self.checkpoint_chunks else ""
         scope = f", assignment_scope={self.assignment_scope!r}" if self.assignment_scope != "position" else ""
-        return (f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}, routing={self.routing!r}{chunks}{scope}")
+        return (
+            f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding}, routing={self.routing!r}{chunks}{scope}"
+        )
 
 
 def _check_scope(scope: str, routing, checkpoint_chunks: int) -> str:
     choice("assignment_scope", scope, ASSIGNMENT_SCOPES)
     if scope != "position" and not getattr(routing, "supports_child_groups", False):
-        raise ValueError(f"assignment_scope={scope!r} needs a routing that takes child_groups (EMRouting "
-                         f"does); got {routing!r}")
+        raise ValueError(
+            f"assignment_scope={scope!r} needs a routing that takes child_groups (EMRouting does); got {routing!r}"
+        )
     if scope != "position" and checkpoint_chunks:
-        raise ValueError(f"assignment_scope={scope!r} routes all output positions together, so "
-                         f"checkpoint_chunks must be 0; got {checkpoint_chunks}")
+        raise ValueError(
+            f"assignment_scope={scope!r} routes all output positions together, so "
+            f"checkpoint_chunks must be 0; got {checkpoint_chunks}"
+        )
     return scope
 
 
@@ -226,8 +266,18 @@ class ClassMatrixCapsules(nn.Module):
         torch.Size([2, 5, 1, 1])
     """
 
-    def __init__(self, in_types: int, num_classes: int, *, routing=None, coordinate_addition: bool = True,
-                 pose_size: int = 4, coordinates: Tensor | None = None, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        in_types: int,
+        num_classes: int,
+        *,
+        routing=None,
+        coordinate_addition: bool = True,
+        pose_size: int = 4,
+        coordinates: Tensor | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.in_types = positive_int("in_types", in_types)
         self.num_classes = positive_int("num_classes", num_classes)
@@ -251,8 +301,10 @@ class ClassMatrixCapsules(nn.Module):
         else the scaled ``(row, column)`` in ``(0, 1)``."""
         if self.fixed_coordinates is not None:
             if tuple(self.fixed_coordinates.shape[:2]) != (height, width):
-                raise ValueError(f"ClassMatrixCapsules has coordinates for a {tuple(self.fixed_coordinates.shape[:2])} "
-                                 f"grid, got a ({height}, {width}) grid")
+                raise ValueError(
+                    f"ClassMatrixCapsules has coordinates for a {tuple(self.fixed_coordinates.shape[:2])} "
+                    f"grid, got a ({height}, {width}) grid"
+                )
             return self.fixed_coordinates.to(device=device, dtype=dtype)
         rows = (torch.arange(height, device=device, dtype=dtype) + 0.5) / height
         cols = (torch.arange(width, device=device, dtype=dtype) + 0.5) / width
@@ -260,8 +312,10 @@ class ClassMatrixCapsules(nn.Module):
 
     def forward(self, caps: MatrixCapsules) -> MatrixCapsules:
         if caps.types != self.in_types or caps.pose_size != self.pose_size:
-            raise ValueError(f"ClassMatrixCapsules expects {self.in_types} types of {self.pose_size}x{self.pose_size} "
-                             f"poses, got {caps!r}")
+            raise ValueError(
+                f"ClassMatrixCapsules expects {self.in_types} types of {self.pose_size}x{self.pose_size} "
+                f"poses, got {caps!r}"
+            )
         batch, side = caps.batch, self.pose_size
         height, width = caps.grid
         pose = caps.pose.permute(0, 2, 3, 1, 4, 5)  # (B, H, W, T, P, P)
@@ -271,19 +325,29 @@ class ClassMatrixCapsules(nn.Module):
             coords = self.coordinates(height, width, pose.device, pose.dtype)  # (H, W, 2)
             coords = coords.unsqueeze(2).expand(-1, -1, self.in_types, -1).reshape(-1, 2)  # (H*W*T, 2)
         if isinstance(self.routing, EMRouting):  # the fused CPU kernel where it applies: no stored votes
-            out_pose, out_act = self.routing.route_poses(pose.reshape(batch, -1, side, side), self.weight, activation,
-                                                         self.beta_v, self.beta_a, coordinates=coords)
-            return MatrixCapsules(out_pose.view(batch, self.num_classes, 1, 1, side, side),
-                                  out_act.view(batch, self.num_classes, 1, 1))
+            out_pose, out_act = self.routing.route_poses(
+                pose.reshape(batch, -1, side, side),
+                self.weight,
+                activation,
+                self.beta_v,
+                self.beta_a,
+                coordinates=coords,
+            )
+            return MatrixCapsules(
+                out_pose.view(batch, self.num_classes, 1, 1, side, side), out_act.view(batch, self.num_classes, 1, 1)
+            )
         weight = self.weight.unsqueeze(0).expand(height * width, -1, -1, -1, -1)
         weight = weight.reshape(-1, self.num_classes, side, side)  # (H*W*T, J, P, P)
         votes = matrix_votes(pose.reshape(batch, -1, side, side), weight)  # (B, H*W*T, J, P*P)
         if coords is not None:
             votes = torch.cat([votes[..., :2] + coords.view(1, -1, 1, 2), votes[..., 2:]], dim=-1)
         out_pose, out_act = self.routing(votes, activation, self.beta_v, self.beta_a)
-        return MatrixCapsules(out_pose.view(batch, self.num_classes, 1, 1, side, side),
-                              out_act.view(batch, self.num_classes, 1, 1))
+        return MatrixCapsules(
+            out_pose.view(batch, self.num_classes, 1, 1, side, side), out_act.view(batch, self.num_classes, 1, 1)
+        )
 
     def extra_repr(self) -> str:
-        return (f"in_types={self.in_types}, num_classes={self.num_classes}, "
-                f"coordinate_addition={self.coordinate_addition}, routing={self.routing!r}")
+        return (
+            f"in_types={self.in_types}, num_classes={self.num_classes}, "
+            f"coordinate_addition={self.coordinate_addition}, routing={self.routing!r}"
+        )

@@ -2,6 +2,7 @@
 
 Sabour, Frosst & Hinton (2017), Sec. 4 (PrimaryCapsules: 32 channels of 8-D capsules, 9x9, stride 2).
 """
+
 from __future__ import annotations
 
 from torch import Tensor, nn
@@ -71,9 +72,7 @@ class PrimaryCapsules(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"PrimaryCapsules expects (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
-            )
+            raise ValueError(f"PrimaryCapsules expects (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
         maps = self.conv(x)  # (B, T*D, H', W')
         batch, _, height, width = maps.shape
         caps = maps.view(batch, self.num_types, self.capsule_dim, height, width)

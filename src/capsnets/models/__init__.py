@@ -1,23 +1,62 @@
 """Model families, their registry, the output contract, and models from files (:mod:`capsnets.models.hub`)."""
-from capsnets.models import (baselines, capsnet, capspix2pix, efficient_capsnet, matrix_capsnet,  # noqa: F401
-                             routing_zoo, segcaps, transforming, unet)
+
+from capsnets.models import (  # noqa: F401
+    baselines,
+    capsnet,
+    capspix2pix,
+    efficient_capsnet,
+    matrix_capsnet,
+    routing_zoo,
+    segcaps,
+    transforming,
+    unet,
+)
 from capsnets.models.baselines import BaselineCNN, SmallNorbCNN
 from capsnets.models.capsnet import CapsNet
-from capsnets.models.capspix2pix import (CapsPix2pixGenerator, PatchDiscriminator, Pix2pixGenerator,
-                                         SynthesisOutput)
+from capsnets.models.capspix2pix import CapsPix2pixGenerator, PatchDiscriminator, Pix2pixGenerator, SynthesisOutput
 from capsnets.models.hub import create_model, load_model, load_pretrained, save_model, shipped_weights
 from capsnets.models.matrix_capsnet import MatrixCapsNet
 from capsnets.models.output import ModelOutput
-from capsnets.models.registry import (count_parameters, default_routing, list_models, model_arguments,
-                                     model_schema, model_task, register_model, routing_keys)
+from capsnets.models.registry import (
+    count_parameters,
+    default_routing,
+    list_models,
+    model_arguments,
+    model_schema,
+    model_task,
+    register_model,
+    routing_keys,
+)
 from capsnets.models.segcaps import SegCaps, SegmentationOutput
 from capsnets.models.transforming import AutoencoderOutput, TransformingAutoencoder
 from capsnets.models.unet import UNet
 
 __all__ = [
-    "AutoencoderOutput", "BaselineCNN", "CapsNet", "CapsPix2pixGenerator", "MatrixCapsNet", "ModelOutput",
-    "PatchDiscriminator", "Pix2pixGenerator", "SegCaps", "SegmentationOutput", "SmallNorbCNN", "SynthesisOutput",
-    "TransformingAutoencoder", "UNet", "count_parameters", "create_model", "default_routing", "list_models",
-    "load_model", "load_pretrained", "model_arguments", "model_schema", "model_task", "register_model",
-    "routing_keys", "save_model", "shipped_weights",
+    "AutoencoderOutput",
+    "BaselineCNN",
+    "CapsNet",
+    "CapsPix2pixGenerator",
+    "MatrixCapsNet",
+    "ModelOutput",
+    "PatchDiscriminator",
+    "Pix2pixGenerator",
+    "SegCaps",
+    "SegmentationOutput",
+    "SmallNorbCNN",
+    "SynthesisOutput",
+    "TransformingAutoencoder",
+    "UNet",
+    "count_parameters",
+    "create_model",
+    "default_routing",
+    "list_models",
+    "load_model",
+    "load_pretrained",
+    "model_arguments",
+    "model_schema",
+    "model_task",
+    "register_model",
+    "routing_keys",
+    "save_model",
+    "shipped_weights",
 ]

@@ -8,16 +8,28 @@
   dropout: 4,252,549 parameters for 32x32 inputs and 5 classes, the paper's 4.2M.
 - ``cnn_baseline_narrow`` / ``cnn_smallnorb_narrow``: the same designs narrowed for CPU smoke runs.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from capsnets.validation import (ArgumentError, Device, DType, ImageSize, PositiveInt, Probability, image_batch,
-                                  image_size, number, placement, positive_int)
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
+from capsnets.validation import (
+    ArgumentError,
+    Device,
+    DType,
+    ImageSize,
+    PositiveInt,
+    Probability,
+    image_batch,
+    image_size,
+    number,
+    placement,
+    positive_int,
+)
 
 
 class BaselineCNN(nn.Module):
@@ -42,9 +54,18 @@ class BaselineCNN(nn.Module):
 
     default_loss = "cross_entropy"
 
-    def __init__(self, *, input_size: Sequence[int] = (1, 28, 28), num_classes: int = 10,
-                 channels: Sequence[int] = (256, 256, 128), kernel_size: int = 5,
-                 hidden: Sequence[int] = (328, 192), dropout: float = 0.5, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        *,
+        input_size: Sequence[int] = (1, 28, 28),
+        num_classes: int = 10,
+        channels: Sequence[int] = (256, 256, 128),
+        kernel_size: int = 5,
+        hidden: Sequence[int] = (328, 192),
+        dropout: float = 0.5,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.input_size = image_size("input_size", input_size)
         if positive_int("kernel_size", kernel_size) % 2 != 1:
@@ -94,25 +115,42 @@ class SmallNorbCNN(nn.Module):
 
     default_loss = "cross_entropy"
 
-    def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5,
-                 channels: Sequence[int] = (32, 64), hidden: int = 1024, dropout: float = 0.5,
-                 device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        *,
+        input_size: Sequence[int] = (1, 32, 32),
+        num_classes: int = 5,
+        channels: Sequence[int] = (32, 64),
+        hidden: int = 1024,
+        dropout: float = 0.5,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.input_size = image_size("input_size", input_size)
         if self.input_size[1] % 4 or self.input_size[2] % 4:
-            raise ArgumentError(f"input_size must be (C, H, W) with H and W divisible by 4, got {input_size!r}",
-                                "input_size")
+            raise ArgumentError(
+                f"input_size must be (C, H, W) with H and W divisible by 4, got {input_size!r}", "input_size"
+            )
         dropout = number("dropout", dropout, 0.0, 1.0, high_open=True)
         self.num_classes = positive_int("num_classes", num_classes)
         device, dtype = placement(device, dtype)
         factory = {"device": device, "dtype": dtype}
         c, h, w = self.input_size
         self.features = nn.Sequential(
-            nn.Conv2d(c, channels[0], 5, padding=2, **factory), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(channels[0], channels[1], 5, padding=2, **factory), nn.ReLU(), nn.MaxPool2d(2))
+            nn.Conv2d(c, channels[0], 5, padding=2, **factory),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(channels[0], channels[1], 5, padding=2, **factory),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
         self.classifier = nn.Sequential(
-            nn.Linear(channels[1] * (h // 4) * (w // 4), hidden, **factory), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(hidden, num_classes, **factory))
+            nn.Linear(channels[1] * (h // 4) * (w // 4), hidden, **factory),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, num_classes, **factory),
+        )
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Logits of ``images`` (as :meth:`BaselineCNN.forward` takes them)."""
@@ -121,33 +159,69 @@ class SmallNorbCNN(nn.Module):
 
 
 @register_model("cnn_baseline")
-def cnn_baseline(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
-                 dropout: Probability = 0.5, device: Device | None = None, dtype: DType | None = None) -> BaselineCNN:
+def cnn_baseline(
+    *,
+    num_classes: PositiveInt = 10,
+    input_size: ImageSize = (1, 28, 28),
+    dropout: Probability = 0.5,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> BaselineCNN:
     """The paper's baseline CNN (35.4M parameters on 28x28)."""
     return BaselineCNN(input_size=input_size, num_classes=num_classes, dropout=dropout, device=device, dtype=dtype)
 
 
 @register_model("cnn_baseline_narrow")
-def cnn_baseline_narrow(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
-                        dropout: Probability = 0.5, device: Device | None = None,
-                        dtype: DType | None = None) -> BaselineCNN:
+def cnn_baseline_narrow(
+    *,
+    num_classes: PositiveInt = 10,
+    input_size: ImageSize = (1, 28, 28),
+    dropout: Probability = 0.5,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> BaselineCNN:
     """``cnn_baseline`` narrowed for CPU smoke runs: 16/16/8 channels, 64/32 hidden units."""
-    return BaselineCNN(input_size=input_size, num_classes=num_classes, channels=(16, 16, 8), hidden=(64, 32),
-                       dropout=dropout, device=device, dtype=dtype)
+    return BaselineCNN(
+        input_size=input_size,
+        num_classes=num_classes,
+        channels=(16, 16, 8),
+        hidden=(64, 32),
+        dropout=dropout,
+        device=device,
+        dtype=dtype,
+    )
 
 
 @register_model("cnn_smallnorb")
-def cnn_smallnorb(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
-                  dropout: Probability = 0.5, device: Device | None = None, dtype: DType | None = None) -> SmallNorbCNN:
+def cnn_smallnorb(
+    *,
+    num_classes: PositiveInt = 5,
+    input_size: ImageSize = (1, 32, 32),
+    dropout: Probability = 0.5,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> SmallNorbCNN:
     """The EM paper's smallNORB baseline CNN (4.2M parameters)."""
     return SmallNorbCNN(input_size=input_size, num_classes=num_classes, dropout=dropout, device=device, dtype=dtype)
 
 
 @register_model("cnn_smallnorb_narrow")
-def cnn_smallnorb_narrow(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
-                         dropout: Probability = 0.5, device: Device | None = None,
-                         dtype: DType | None = None) -> SmallNorbCNN:
+def cnn_smallnorb_narrow(
+    *,
+    num_classes: PositiveInt = 5,
+    input_size: ImageSize = (1, 32, 32),
+    dropout: Probability = 0.5,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> SmallNorbCNN:
     """``cnn_smallnorb`` narrowed to 8/16 channels and 64 hidden units (69K parameters, about
     ``matrix_capsnet_small``'s 67K)."""
-    return SmallNorbCNN(input_size=input_size, num_classes=num_classes, channels=(8, 16), hidden=64,
-                        dropout=dropout, device=device, dtype=dtype)
+    return SmallNorbCNN(
+        input_size=input_size,
+        num_classes=num_classes,
+        channels=(8, 16),
+        hidden=64,
+        dropout=dropout,
+        device=device,
+        dtype=dtype,
+    )

@@ -28,10 +28,11 @@ patch (``input_data/cifar10/cifar10_input.py``); the paper names none of the pad
 are not done here. smallNORB's images are stereo pairs (two channels in the released code); the library reads
 the left camera.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -39,10 +40,22 @@ from torch import Tensor, nn
 from capsnets.functional import VECTOR_ROUTING_TYPES, as_routing, routing_config
 from capsnets.functional.crop import center_crop, random_crop
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
-from capsnets.validation import (ArgumentError, Device, DType, ImageSize, PositiveInt, Routing, conv_output_size, flag,
-                                  image_batch, image_size, placement, positive_int)
 from capsnets.models.output import ModelOutput, vector_capsule_output
 from capsnets.models.registry import register_model
+from capsnets.validation import (
+    ArgumentError,
+    Device,
+    DType,
+    ImageSize,
+    PositiveInt,
+    Routing,
+    conv_output_size,
+    flag,
+    image_batch,
+    image_size,
+    placement,
+    positive_int,
+)
 
 
 class CapsNet(nn.Module):
@@ -119,8 +132,12 @@ class CapsNet(nn.Module):
             conv_channels, primary_types, primary_dim, kernel_size=primary_kernel, stride=primary_stride, **factory
         )
         self.classes = LinearCapsules(
-            self.primary.num_capsules(conv_h, conv_w), primary_dim, num_classes, class_dim,
-            routing=routing, **factory,
+            self.primary.num_capsules(conv_h, conv_w),
+            primary_dim,
+            num_classes,
+            class_dim,
+            routing=routing,
+            **factory,
         )
         self.decoder = None
         if decoder_hidden is not None:
@@ -161,13 +178,17 @@ def _check_crop(crop: int | None, input_size: tuple[int, int, int], decoder: boo
         return None
     crop = positive_int("crop", crop)
     if crop > min(input_size[1:]):
-        raise ArgumentError(f"crop={crop} is larger than the {input_size[1]}x{input_size[2]} images of "
-                            f"input_size {input_size}", "crop")
+        raise ArgumentError(
+            f"crop={crop} is larger than the {input_size[1]}x{input_size[2]} images of input_size {input_size}", "crop"
+        )
     if decoder:
-        raise ArgumentError(f"crop={crop} with a decoder: it would draw the {crop}x{crop} window, and the "
-                            f"reconstruction loss compares it with the whole {input_size[1]}x{input_size[2]} image; "
-                            f"leave the decoder out (reconstruction=false, as the authors' released code trains its "
-                            f"CIFAR-10 model) or the crop (crop=null)", "crop")
+        raise ArgumentError(
+            f"crop={crop} with a decoder: it would draw the {crop}x{crop} window, and the "
+            f"reconstruction loss compares it with the whole {input_size[1]}x{input_size[2]} image; "
+            f"leave the decoder out (reconstruction=false, as the authors' released code trains its "
+            f"CIFAR-10 model) or the crop (crop=null)",
+            "crop",
+        )
     return crop
 
 
@@ -180,49 +201,125 @@ def _decoder(reconstruction, hidden: tuple[int, int]) -> tuple[int, int] | None:
 
 
 @register_model("capsnet")
-def capsnet(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28), routing: Routing = "dynamic",
-            reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> CapsNet:
+def capsnet(
+    *,
+    num_classes: PositiveInt = 10,
+    input_size: ImageSize = (1, 28, 28),
+    routing: Routing = "dynamic",
+    reconstruction: bool = True,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> CapsNet:
     """The paper's MNIST CapsNet (Sec. 4): 256 9x9 conv, 32x8-D primary capsules, 16-D class capsules."""
-    return CapsNet(input_size=input_size, num_classes=num_classes, routing=routing,
-                   decoder_hidden=_decoder(reconstruction, (512, 1024)), device=device, dtype=dtype)
+    return CapsNet(
+        input_size=input_size,
+        num_classes=num_classes,
+        routing=routing,
+        decoder_hidden=_decoder(reconstruction, (512, 1024)),
+        device=device,
+        dtype=dtype,
+    )
 
 
 @register_model("capsnet_cifar10")
-def capsnet_cifar10(*, num_classes: PositiveInt = 10, input_size: ImageSize = (3, 32, 32),
-                    crop: PositiveInt | None = 24, routing: Routing = CIFAR10_ROUTING, reconstruction: bool = False,
-                    device: Device | None = None, dtype: DType | None = None) -> CapsNet:
+def capsnet_cifar10(
+    *,
+    num_classes: PositiveInt = 10,
+    input_size: ImageSize = (3, 32, 32),
+    crop: PositiveInt | None = 24,
+    routing: Routing = CIFAR10_ROUTING,
+    reconstruction: bool = False,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> CapsNet:
     """Sec. 7's CIFAR-10 CapsNet: the MNIST model with 64 primary capsule types, on ``crop`` x ``crop`` patches
     (random in training, central at test), routing with a none-of-the-above parent.
 
     ``reconstruction=true`` takes ``crop=null`` (a decoder of the whole image; see :class:`CapsNet`). The patches
     are the paper's only augmentation here: train with ``--max-shift 0``.
     """
-    return CapsNet(input_size=input_size, crop=crop, num_classes=num_classes, primary_types=64, routing=routing,
-                   decoder_hidden=_decoder(reconstruction, (512, 1024)), device=device, dtype=dtype)
+    return CapsNet(
+        input_size=input_size,
+        crop=crop,
+        num_classes=num_classes,
+        primary_types=64,
+        routing=routing,
+        decoder_hidden=_decoder(reconstruction, (512, 1024)),
+        device=device,
+        dtype=dtype,
+    )
 
 
 @register_model("capsnet_svhn")
-def capsnet_svhn(*, num_classes: PositiveInt = 10, input_size: ImageSize = (3, 32, 32), routing: Routing = "dynamic",
-                 reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> CapsNet:
+def capsnet_svhn(
+    *,
+    num_classes: PositiveInt = 10,
+    input_size: ImageSize = (3, 32, 32),
+    routing: Routing = "dynamic",
+    reconstruction: bool = True,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> CapsNet:
     """Sec. 7's smaller SVHN CapsNet: 64-channel 9x9 conv, 16 types of 6-D primary capsules, 8-D class capsules;
     the decoder's hidden layers are the MNIST model's (512, 1024; the paper gives none)."""
-    return CapsNet(input_size=input_size, num_classes=num_classes, conv_channels=64, primary_types=16, primary_dim=6,
-                   class_dim=8, routing=routing, decoder_hidden=_decoder(reconstruction, (512, 1024)), device=device,
-                   dtype=dtype)
+    return CapsNet(
+        input_size=input_size,
+        num_classes=num_classes,
+        conv_channels=64,
+        primary_types=16,
+        primary_dim=6,
+        class_dim=8,
+        routing=routing,
+        decoder_hidden=_decoder(reconstruction, (512, 1024)),
+        device=device,
+        dtype=dtype,
+    )
 
 
 @register_model("capsnet_small")
-def capsnet_small(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28), routing: Routing = "dynamic",
-                  reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> CapsNet:
+def capsnet_small(
+    *,
+    num_classes: PositiveInt = 10,
+    input_size: ImageSize = (1, 28, 28),
+    routing: Routing = "dynamic",
+    reconstruction: bool = True,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> CapsNet:
     """CapsNet narrowed for CPUs: 32-channel conv, 8 types of 8-D primary capsules (288 capsules)."""
-    return CapsNet(input_size=input_size, num_classes=num_classes, conv_channels=32, primary_types=8, routing=routing,
-                   decoder_hidden=_decoder(reconstruction, (256, 512)), device=device, dtype=dtype)
+    return CapsNet(
+        input_size=input_size,
+        num_classes=num_classes,
+        conv_channels=32,
+        primary_types=8,
+        routing=routing,
+        decoder_hidden=_decoder(reconstruction, (256, 512)),
+        device=device,
+        dtype=dtype,
+    )
 
 
 @register_model("capsnet_digits")
-def capsnet_digits(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 8, 8), routing: Routing = "dynamic",
-                   reconstruction: bool = True, device: Device | None = None, dtype: DType | None = None) -> CapsNet:
+def capsnet_digits(
+    *,
+    num_classes: PositiveInt = 10,
+    input_size: ImageSize = (1, 8, 8),
+    routing: Routing = "dynamic",
+    reconstruction: bool = True,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> CapsNet:
     """CapsNet for 8x8 digits: 3x3 kernels, primary stride 1 (4x4 grid of 16 types of 8-D capsules)."""
-    return CapsNet(input_size=input_size, num_classes=num_classes, conv_channels=64, conv_kernel=3, primary_types=16,
-                   primary_kernel=3, primary_stride=1, routing=routing,
-                   decoder_hidden=_decoder(reconstruction, (128, 256)), device=device, dtype=dtype)
+    return CapsNet(
+        input_size=input_size,
+        num_classes=num_classes,
+        conv_channels=64,
+        conv_kernel=3,
+        primary_types=16,
+        primary_kernel=3,
+        primary_stride=1,
+        routing=routing,
+        decoder_hidden=_decoder(reconstruction, (128, 256)),
+        device=device,
+        dtype=dtype,
+    )

@@ -20,18 +20,19 @@ Registered (task ``"synthesis"``): ``capspix2pix`` / ``capspix2pix_small`` (16-D
 (U-Net width 64 / 8). Inputs: ``(B, K, H, W)`` label maps (one
 channel per class), ``H`` and ``W`` divisible by 8 (16 for the U-Net).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from capsnets.validation import Device, DType, ImageSize, PositiveInt, Routing, placement, positive_int
 from capsnets.models.registry import register_model
 from capsnets.models.segcaps import SegCaps
 from capsnets.models.unet import UNet
+from capsnets.validation import Device, DType, ImageSize, PositiveInt, Routing, placement, positive_int
 
 
 @dataclass
@@ -69,19 +70,30 @@ class CapsPix2pixGenerator(nn.Module):
 
     task = "synthesis"
 
-    def __init__(self, *, input_size: Sequence[int] = (10, 32, 32), out_channels: int = 1, width: int = 16,
-                 routing="dynamic", head_hidden: Sequence[int] = (64, 128), device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        *,
+        input_size: Sequence[int] = (10, 32, 32),
+        out_channels: int = 1,
+        width: int = 16,
+        routing="dynamic",
+        head_hidden: Sequence[int] = (64, 128),
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         device, dtype = placement(device, dtype)
-        self.trunk = SegCaps(input_size=input_size, width=width, routing=routing, decoder_hidden=None, device=device,
-                             dtype=dtype)
+        self.trunk = SegCaps(
+            input_size=input_size, width=width, routing=routing, decoder_hidden=None, device=device, dtype=dtype
+        )
         self.input_size, self.out_channels = self.trunk.input_size, positive_int("out_channels", out_channels)
         self.routing_spec = self.trunk.routing_spec
         sizes, layers = [width, *head_hidden], []
         for a, b in zip(sizes, sizes[1:]):
             layers += [nn.Conv2d(a, b, 1, device=device, dtype=dtype), nn.ReLU()]
-        self.head = nn.Sequential(*layers, nn.Conv2d(sizes[-1], out_channels, 1, device=device, dtype=dtype),
-                                  nn.Sigmoid())
+        self.head = nn.Sequential(
+            *layers, nn.Conv2d(sizes[-1], out_channels, 1, device=device, dtype=dtype), nn.Sigmoid()
+        )
 
     def decode(self, capsules: Tensor) -> Tensor:
         """Images ``(B, C, H, W)`` from final capsules ``(B, D, H, W)`` (e.g. perturbed ones)."""
@@ -113,11 +125,19 @@ class Pix2pixGenerator(nn.Module):
 
     task = "synthesis"
 
-    def __init__(self, *, input_size: Sequence[int] = (10, 32, 32), out_channels: int = 1, width: int = 64,
-                 device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        *,
+        input_size: Sequence[int] = (10, 32, 32),
+        out_channels: int = 1,
+        width: int = 64,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
-        self.unet = UNet(input_size=input_size, width=width, out_channels=out_channels, batch_norm=True, device=device,
-                         dtype=dtype)
+        self.unet = UNet(
+            input_size=input_size, width=width, out_channels=out_channels, batch_norm=True, device=device, dtype=dtype
+        )
         self.input_size, self.out_channels = self.unet.input_size, out_channels
 
     def forward(self, label_maps: Tensor) -> SynthesisOutput:
@@ -159,31 +179,60 @@ class PatchDiscriminator(nn.Module):
 
 
 @register_model("capspix2pix", task="synthesis")
-def capspix2pix(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1, routing: Routing = "dynamic",
-                device: Device | None = None, dtype: DType | None = None) -> CapsPix2pixGenerator:
+def capspix2pix(
+    *,
+    input_size: ImageSize = (10, 32, 32),
+    out_channels: PositiveInt = 1,
+    routing: Routing = "dynamic",
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> CapsPix2pixGenerator:
     """CapsPix2pix generator on the SegCaps R3 trunk (16-D first capsules)."""
-    return CapsPix2pixGenerator(input_size=input_size, out_channels=out_channels, width=16, routing=routing,
-                                device=device, dtype=dtype)
+    return CapsPix2pixGenerator(
+        input_size=input_size, out_channels=out_channels, width=16, routing=routing, device=device, dtype=dtype
+    )
 
 
 @register_model("capspix2pix_small", task="synthesis")
-def capspix2pix_small(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1,
-                      routing: Routing = "dynamic", device: Device | None = None,
-                      dtype: DType | None = None) -> CapsPix2pixGenerator:
+def capspix2pix_small(
+    *,
+    input_size: ImageSize = (10, 32, 32),
+    out_channels: PositiveInt = 1,
+    routing: Routing = "dynamic",
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> CapsPix2pixGenerator:
     """CapsPix2pix generator with 8-D first capsules and a (32, 64) head, for CPUs."""
-    return CapsPix2pixGenerator(input_size=input_size, out_channels=out_channels, width=8, head_hidden=(32, 64),
-                                routing=routing, device=device, dtype=dtype)
+    return CapsPix2pixGenerator(
+        input_size=input_size,
+        out_channels=out_channels,
+        width=8,
+        head_hidden=(32, 64),
+        routing=routing,
+        device=device,
+        dtype=dtype,
+    )
 
 
 @register_model("pix2pix", task="synthesis")
-def pix2pix(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1,
-            device: Device | None = None, dtype: DType | None = None) -> Pix2pixGenerator:
+def pix2pix(
+    *,
+    input_size: ImageSize = (10, 32, 32),
+    out_channels: PositiveInt = 1,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> Pix2pixGenerator:
     """pix2pix's U-Net generator (width 64)."""
     return Pix2pixGenerator(input_size=input_size, out_channels=out_channels, width=64, device=device, dtype=dtype)
 
 
 @register_model("pix2pix_small", task="synthesis")
-def pix2pix_small(*, input_size: ImageSize = (10, 32, 32), out_channels: PositiveInt = 1,
-                  device: Device | None = None, dtype: DType | None = None) -> Pix2pixGenerator:
+def pix2pix_small(
+    *,
+    input_size: ImageSize = (10, 32, 32),
+    out_channels: PositiveInt = 1,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> Pix2pixGenerator:
     """pix2pix's U-Net generator with width 8, for CPUs."""
     return Pix2pixGenerator(input_size=input_size, out_channels=out_channels, width=8, device=device, dtype=dtype)

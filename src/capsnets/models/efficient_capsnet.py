@@ -32,20 +32,33 @@ offsets uniform in [-0.05, 0.05]. Deviation: batch norm keeps running statistics
 Dimension legend: ``B`` batch, ``C`` image channels, ``F`` channels of the last convolution, ``N`` primary
 capsules, ``D_p`` their dim, ``K`` classes, ``D`` class capsule dim.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from capsnets.functional import VECTOR_ROUTING_TYPES, as_routing, efficient_squash, mask_capsules, routing_config
 from capsnets.layers import CapsuleDecoder, LinearCapsules
-from capsnets.validation import (Device, DType, ImageSize, PositiveInt, Routing, choice, conv_output_size, flag,
-                                  image_batch, image_size, placement, positive_int)
 from capsnets.models.output import ModelOutput, vector_capsule_output
 from capsnets.models.registry import register_model
+from capsnets.validation import (
+    Device,
+    DType,
+    ImageSize,
+    PositiveInt,
+    Routing,
+    choice,
+    conv_output_size,
+    flag,
+    image_batch,
+    image_size,
+    placement,
+    positive_int,
+)
 
 #: ``(channels, kernel, stride)`` of the four convolutions of the authors' MNIST and smallNORB models.
 MNIST_CONVS = ((32, 5, 1), (64, 3, 1), (64, 3, 1), (128, 3, 2))
@@ -74,8 +87,9 @@ class DepthwisePrimaryCapsules(nn.Module):
         torch.Size([2, 16, 8])
     """
 
-    def __init__(self, channels: int, capsule_dim: int, kernel_size: tuple[int, int], *, device=None,
-                 dtype=None) -> None:
+    def __init__(
+        self, channels: int, capsule_dim: int, kernel_size: tuple[int, int], *, device=None, dtype=None
+    ) -> None:
         super().__init__()
         self.channels = positive_int("channels", channels)
         self.capsule_dim = positive_int("capsule_dim", capsule_dim)
@@ -112,21 +126,27 @@ class ConvCapsuleDecoder(nn.Module):
         torch.Size([2, 1, 32, 32])
     """
 
-    def __init__(self, num_capsules: int, capsule_dim: int, output_shape: Sequence[int], *, device=None,
-                 dtype=None) -> None:
+    def __init__(
+        self, num_capsules: int, capsule_dim: int, output_shape: Sequence[int], *, device=None, dtype=None
+    ) -> None:
         super().__init__()
         channels, height, width = output_shape
         if height % 8 or width % 8:
-            raise ValueError(f"the convolutional decoder draws images whose sides are multiples of 8, got "
-                             f"input_size {tuple(output_shape)}; build the model without it (reconstruction=False)")
+            raise ValueError(
+                f"the convolutional decoder draws images whose sides are multiples of 8, got "
+                f"input_size {tuple(output_shape)}; build the model without it (reconstruction=False)"
+            )
         self.output_shape = tuple(output_shape)
         self.seed = ((height + 16) // 8, (width + 16) // 8)
         factory = {"device": device, "dtype": dtype}
         self.linear = nn.Linear(num_capsules * capsule_dim, math.prod(self.seed), **factory)
         layers: list[nn.Module] = []
         for fan_in, fan_out in ((1, 64), (64, 128), (128, 128)):
-            layers += [nn.Upsample(scale_factor=2, mode="bilinear"), nn.Conv2d(fan_in, fan_out, 3, **factory),
-                       nn.LeakyReLU(0.2)]
+            layers += [
+                nn.Upsample(scale_factor=2, mode="bilinear"),
+                nn.Conv2d(fan_in, fan_out, 3, **factory),
+                nn.LeakyReLU(0.2),
+            ]
         self.convs = nn.Sequential(*layers, nn.Conv2d(128, channels, 3, **factory), nn.Sigmoid())
 
     def forward(self, capsules: Tensor, select: Tensor) -> Tensor:
@@ -168,10 +188,20 @@ class EfficientCapsNet(nn.Module):
 
     default_loss = "margin"
 
-    def __init__(self, *, input_size: Sequence[int] = (1, 28, 28), num_classes: int = 10,
-                 convs: Sequence[tuple[int, int, int]] = MNIST_CONVS, norm: str = "batch", primary_dim: int = 8,
-                 class_dim: int = 16, routing: Callable[..., Tensor] | Mapping | str = "self_attention",
-                 decoder: str | None = "fully_connected", device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        *,
+        input_size: Sequence[int] = (1, 28, 28),
+        num_classes: int = 10,
+        convs: Sequence[tuple[int, int, int]] = MNIST_CONVS,
+        norm: str = "batch",
+        primary_dim: int = 8,
+        class_dim: int = 16,
+        routing: Callable[..., Tensor] | Mapping | str = "self_attention",
+        decoder: str | None = "fully_connected",
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.input_size = image_size("input_size", input_size)
         choice("norm", norm, ("batch", "instance"))
@@ -183,8 +213,9 @@ class EfficientCapsNet(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.stem, grid = _stem(self.input_size, convs, norm, factory)
         self.primary = DepthwisePrimaryCapsules(convs[-1][0], primary_dim, grid, **factory)
-        self.classes = LinearCapsules(convs[-1][0] // primary_dim, primary_dim, num_classes, class_dim,
-                                      routing=routing, **factory)
+        self.classes = LinearCapsules(
+            convs[-1][0] // primary_dim, primary_dim, num_classes, class_dim, routing=routing, **factory
+        )
         self.decoder = None
         if decoder == "fully_connected":
             self.decoder = CapsuleDecoder(num_classes, class_dim, self.input_size, hidden=(512, 1024), **factory)
@@ -232,8 +263,10 @@ def _stem(input_size: tuple[int, int, int], convs, norm: str, factory: dict) -> 
     for out_channels, kernel, stride in convs:
         height, width = (conv_output_size(s, kernel, stride, 0) for s in (height, width))
         if min(height, width) < 1:
-            raise ValueError(f"input_size {input_size} is too small for the convolutions {tuple(convs)} "
-                             f"((channels, kernel, stride), no padding)")
+            raise ValueError(
+                f"input_size {input_size} is too small for the convolutions {tuple(convs)} "
+                f"((channels, kernel, stride), no padding)"
+            )
         layers.append(nn.Conv2d(channels, out_channels, kernel, stride, **factory))
         if norm == "batch":
             layers += [nn.ReLU(), nn.BatchNorm2d(out_channels, eps=_KERAS_EPS, **factory)]
@@ -251,22 +284,45 @@ def _keras_normal_(weight: Tensor, fan: float) -> None:
 
 
 @register_model("efficient_capsnet")
-def efficient_capsnet(*, num_classes: PositiveInt = 10, input_size: ImageSize = (1, 28, 28),
-                      routing: Routing = "self_attention", reconstruction: bool = True,
-                      device: Device | None = None, dtype: DType | None = None) -> EfficientCapsNet:
+def efficient_capsnet(
+    *,
+    num_classes: PositiveInt = 10,
+    input_size: ImageSize = (1, 28, 28),
+    routing: Routing = "self_attention",
+    reconstruction: bool = True,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> EfficientCapsNet:
     """The paper's MNIST model (161,824 parameters without the decoder, 1,573,168 with it)."""
-    return EfficientCapsNet(input_size=input_size, num_classes=num_classes, routing=routing,
-                            decoder="fully_connected" if flag("reconstruction", reconstruction) else None,
-                            device=device, dtype=dtype)
+    return EfficientCapsNet(
+        input_size=input_size,
+        num_classes=num_classes,
+        routing=routing,
+        decoder="fully_connected" if flag("reconstruction", reconstruction) else None,
+        device=device,
+        dtype=dtype,
+    )
 
 
 @register_model("efficient_capsnet_smallnorb")
-def efficient_capsnet_smallnorb(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
-                                routing: Routing = "self_attention", reconstruction: bool = True,
-                                device: Device | None = None, dtype: DType | None = None) -> EfficientCapsNet:
+def efficient_capsnet_smallnorb(
+    *,
+    num_classes: PositiveInt = 5,
+    input_size: ImageSize = (1, 32, 32),
+    routing: Routing = "self_attention",
+    reconstruction: bool = True,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> EfficientCapsNet:
     """The paper's smallNORB model: 7x7 stride-2 stem, instance norm, convolutional decoder (143,952 parameters
     without the decoder on 32x32 grey images, 151,664 on the authors' 48x48 stereo pairs)."""
-    return EfficientCapsNet(input_size=input_size, num_classes=num_classes, convs=SMALLNORB_CONVS, norm="instance",
-                            routing=routing,
-                            decoder="convolutional" if flag("reconstruction", reconstruction) else None, device=device,
-                            dtype=dtype)
+    return EfficientCapsNet(
+        input_size=input_size,
+        num_classes=num_classes,
+        convs=SMALLNORB_CONVS,
+        norm="instance",
+        routing=routing,
+        decoder="convolutional" if flag("reconstruction", reconstruction) else None,
+        device=device,
+        dtype=dtype,
+    )

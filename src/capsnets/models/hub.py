@@ -19,6 +19,7 @@ Examples::
     >>> model = create_model("capsnet_small", pretrained="https://example.org/w.safetensors",
     ...                      sha256="9f86d0...")                                    # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,8 +34,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from capsnets.io import (Checkpoint, CheckpointError, atomic_write, file_sha256, load_checkpoint, sidecar_path,
-                         write_checkpoint)
+from capsnets.io import (
+    Checkpoint,
+    CheckpointError,
+    atomic_write,
+    file_sha256,
+    load_checkpoint,
+    sidecar_path,
+    write_checkpoint,
+)
 from capsnets.models import registry
 from capsnets.models.registry import model_arguments
 from capsnets.validation import ArgumentError
@@ -73,8 +81,9 @@ class PretrainedWeight:
         return str(self.card["sha256"])
 
 
-def create_model(name: str, *, pretrained: str | os.PathLike | None = None, sha256: str | None = None,
-                 **overrides) -> nn.Module:
+def create_model(
+    name: str, *, pretrained: str | os.PathLike | None = None, sha256: str | None = None, **overrides
+) -> nn.Module:
     """Build a registered model, with trained weights when ``pretrained`` is given.
 
     Args:
@@ -100,9 +109,11 @@ def create_model(name: str, *, pretrained: str | os.PathLike | None = None, sha2
     model_arguments(name)  # an unknown name is reported as such
     extra = sorted(set(overrides) - {"device"})
     if extra:
-        raise ArgumentError(f"model {name!r} with pretrained={pretrained!r} is built with the arguments its weight "
-                            f"records; {', '.join(extra)} cannot be changed (build it without pretrained=... "
-                            "and load the weights yourself)")
+        raise ArgumentError(
+            f"model {name!r} with pretrained={pretrained!r} is built with the arguments its weight "
+            f"records; {', '.join(extra)} cannot be changed (build it without pretrained=... "
+            "and load the weights yourself)"
+        )
     model, _ = load_pretrained(pretrained, name, sha256=sha256, device=overrides.get("device") or "cpu")
     return model
 
@@ -147,8 +158,9 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> t
     """
     checkpoint = load_checkpoint(path)
     if "model" not in checkpoint.meta:
-        raise CheckpointError(f"sidecar of '{checkpoint.path}' does not name the model; it was not written "
-                              "by capsnets' trainer")
+        raise CheckpointError(
+            f"sidecar of '{checkpoint.path}' does not name the model; it was not written by capsnets' trainer"
+        )
     name, args = checkpoint.meta["model"], checkpoint.meta.get("model_args")
     try:  # first without memory: a damaged sidecar's sizes must not allocate anything
         with torch.device("meta"):
@@ -156,9 +168,11 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> t
     except (RuntimeError, NotImplementedError):  # a builder that needs real tensors
         probe = None
     except (ValueError, TypeError) as err:
-        raise CheckpointError(f"the sidecar of '{checkpoint.path}' records model {name!r} with arguments that do not "
-                              f"build it ({str(err).splitlines()[0] if str(err) else type(err).__name__}); use "
-                              "another checkpoint or retrain") from err
+        raise CheckpointError(
+            f"the sidecar of '{checkpoint.path}' records model {name!r} with arguments that do not "
+            f"build it ({str(err).splitlines()[0] if str(err) else type(err).__name__}); use "
+            "another checkpoint or retrain"
+        ) from err
     if probe is not None:
         check_fits(probe, checkpoint)
     model = build_model(name, args)
@@ -183,7 +197,8 @@ def check_fits(model: nn.Module, checkpoint: Checkpoint) -> None:
         raise CheckpointError(
             f"checkpoint '{checkpoint.path}' does not fit the model (missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}, wrong shape {wrong[:5]}); build the model with the checkpoint's model name "
-            f"and model_args ({checkpoint.meta.get('model')!r}, {checkpoint.meta.get('model_args')})")
+            f"and model_args ({checkpoint.meta.get('model')!r}, {checkpoint.meta.get('model_args')})"
+        )
 
 
 def shipped_weights() -> dict[str, PretrainedWeight]:
@@ -191,8 +206,9 @@ def shipped_weights() -> dict[str, PretrainedWeight]:
     weights = {}
     for card_path in sorted(WEIGHTS_DIR.glob("*.json")):
         card = json.loads(card_path.read_text())
-        weight = PretrainedWeight(model=card["model"], dataset=card["dataset"],
-                                  path=card_path.with_suffix(".safetensors"), card=card)
+        weight = PretrainedWeight(
+            model=card["model"], dataset=card["dataset"], path=card_path.with_suffix(".safetensors"), card=card
+        )
         weights[weight.name] = weight
     return weights
 
@@ -201,13 +217,14 @@ def shipped_weight(name: str) -> PretrainedWeight:
     """The shipped weight ``<model>-<dataset>``; an unknown name raises :class:`PretrainedError` listing them."""
     weights = shipped_weights()
     if name not in weights:
-        raise PretrainedError(f"no shipped pretrained weight {name!r}; shipped: {', '.join(weights) or 'none'} "
-                              "(`capsnets list-models --pretrained`)")
+        raise PretrainedError(
+            f"no shipped pretrained weight {name!r}; shipped: {', '.join(weights) or 'none'} "
+            "(`capsnets list-models --pretrained`)"
+        )
     return weights[name]
 
 
-def resolve_pretrained(pretrained: str | os.PathLike, model: str | None = None, *,
-                       sha256: str | None = None) -> Path:
+def resolve_pretrained(pretrained: str | os.PathLike, model: str | None = None, *, sha256: str | None = None) -> Path:
     """The local checkpoint file that ``pretrained`` names, checked against its SHA-256 where one is known.
 
     Args:
@@ -241,16 +258,19 @@ def resolve_pretrained(pretrained: str | os.PathLike, model: str | None = None, 
     return path
 
 
-def download_weights(url: str, sha256: str | None, cache_dir: str | os.PathLike | None = None,
-                     timeout: float = 60.0) -> Path:
+def download_weights(
+    url: str, sha256: str | None, cache_dir: str | os.PathLike | None = None, timeout: float = 60.0
+) -> Path:
     """Download ``url`` into ``cache_dir`` (default :data:`CACHE_DIR`) atomically, verified against ``sha256``.
 
     A file already cached under its SHA-256 is used without a download. A download whose SHA-256 differs is
     deleted and refused; nothing is left in the cache.
     """
     if not sha256 or len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256.lower()):
-        raise PretrainedError(f"a pretrained weight from a URL needs its expected SHA-256 (64 hex digits), got "
-                              f"{sha256!r}; pass sha256=... (the model card or the publisher gives it)")
+        raise PretrainedError(
+            f"a pretrained weight from a URL needs its expected SHA-256 (64 hex digits), got "
+            f"{sha256!r}; pass sha256=... (the model card or the publisher gives it)"
+        )
     sha256 = sha256.lower()
     folder = Path(cache_dir) if cache_dir is not None else CACHE_DIR
     target = folder / f"{sha256[:16]}-{Path(urllib.parse.urlparse(url).path).name or 'weights.safetensors'}"
@@ -267,15 +287,22 @@ def download_weights(url: str, sha256: str | None, cache_dir: str | os.PathLike 
             raise PretrainedError(f"could not download pretrained weight {url} ({err})") from err
         found = file_sha256(tmp)
         if found != sha256:
-            raise PretrainedError(f"pretrained weight {url} has SHA-256 {found}, expected {sha256}; refused "
-                                  "(a damaged download or a different file)")
+            raise PretrainedError(
+                f"pretrained weight {url} has SHA-256 {found}, expected {sha256}; refused "
+                "(a damaged download or a different file)"
+            )
 
     atomic_write(target, fetch, fsync=True)
     return target
 
 
-def load_pretrained(pretrained: str | os.PathLike, model: str | None = None, *, sha256: str | None = None,
-                    device: str | torch.device = "cpu") -> tuple[nn.Module, Checkpoint]:
+def load_pretrained(
+    pretrained: str | os.PathLike,
+    model: str | None = None,
+    *,
+    sha256: str | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[nn.Module, Checkpoint]:
     """Rebuild and load the model a pretrained weight records (see :func:`resolve_pretrained`), in eval mode.
 
     Raises:
@@ -283,22 +310,34 @@ def load_pretrained(pretrained: str | os.PathLike, model: str | None = None, *, 
     """
     module, checkpoint = load_model(resolve_pretrained(pretrained, model, sha256=sha256), device)
     if model is not None and checkpoint.meta.get("model") != model:
-        raise PretrainedError(f"pretrained weight '{checkpoint.path}' is for model {checkpoint.meta.get('model')!r}, "
-                              f"not {model!r}")
+        raise PretrainedError(
+            f"pretrained weight '{checkpoint.path}' is for model {checkpoint.meta.get('model')!r}, not {model!r}"
+        )
     return module, checkpoint
 
 
-def save_pretrained(model: nn.Module, path: str | os.PathLike, *, dataset: str, card: dict[str, Any],
-                    half: bool = False, classes: list[str] | None = None) -> Path:
+def save_pretrained(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    dataset: str,
+    card: dict[str, Any],
+    half: bool = False,
+    classes: list[str] | None = None,
+) -> Path:
     """Write ``model`` as a pretrained weight: a checkpoint without optimizer state, its sidecar carrying the
     model ``card`` (data, command, seed, test_accuracy, date...), float16 tensors when ``half``; then add the
     file's SHA-256 to the readable ``.json`` copy (the model card)."""
     saved = copy.deepcopy(model).cpu()
     if half:
         saved = saved.half()
-    meta = {"model": model.model_name, "model_args": model.model_args, "dataset": dataset,
-            "metrics": {"test_accuracy": card["test_accuracy"]},
-            "card": {**card, "dtype": "float16" if half else "float32", "torch": torch.__version__}}
+    meta = {
+        "model": model.model_name,
+        "model_args": model.model_args,
+        "dataset": dataset,
+        "metrics": {"test_accuracy": card["test_accuracy"]},
+        "card": {**card, "dtype": "float16" if half else "float32", "torch": torch.__version__},
+    }
     if classes is not None:
         meta["classes"] = list(classes)
     path = save_model(path, saved, meta=meta)
@@ -312,14 +351,16 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, *, dataset: str, 
 def without_decoder(model: nn.Module) -> nn.Module:
     """``model`` rebuilt with ``reconstruction=False`` and loaded with its weights but the decoder's."""
     if "reconstruction" not in model_arguments(model.model_name):
-        raise PretrainedError(f"model '{model.model_name}' has no 'reconstruction' argument; it cannot be "
-                              "published without a decoder")
+        raise PretrainedError(
+            f"model '{model.model_name}' has no 'reconstruction' argument; it cannot be published without a decoder"
+        )
     bare = registry.create_model(model.model_name, **{**model.model_args, "reconstruction": False})
     state = model.state_dict()
     missing = [key for key in bare.state_dict() if key not in state]
     if missing:
-        raise PretrainedError(f"model '{model.model_name}' without its decoder has weights the trained model "
-                              f"lacks: {missing[:3]}")
+        raise PretrainedError(
+            f"model '{model.model_name}' without its decoder has weights the trained model lacks: {missing[:3]}"
+        )
     bare.load_state_dict({key: state[key] for key in bare.state_dict()})
     return bare.eval()
 
@@ -327,8 +368,10 @@ def without_decoder(model: nn.Module) -> nn.Module:
 def _check_sha256(path: Path, expected: str) -> None:
     found = file_sha256(path)
     if found != expected.lower():
-        raise PretrainedError(f"pretrained weight '{path}' has SHA-256 {found}, expected {expected}; refused (the "
-                              "file is damaged or was replaced)")
+        raise PretrainedError(
+            f"pretrained weight '{path}' has SHA-256 {found}, expected {expected}; refused (the "
+            "file is damaged or was replaced)"
+        )
 
 
 def _canonical(dataset: str) -> str:

@@ -30,22 +30,34 @@ released code's, per layer (see :class:`MatrixCapsNet`). Deviation in both formu
 convolutional routing groups a child's copies as if every layer had stride 1, which in ConvCaps1 (stride 2)
 mixes different children; here the copies are grouped by the layer's real stride.
 """
+
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from capsnets.functional import EMRouting, as_routing, routing_config
-from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
-from capsnets.layers.matrix import ASSIGNMENT_SCOPES
-from capsnets.validation import (Device, DType, ImageSize, NonNegativeInt, PositiveInt, Routing, choice, flag,
-                                  image_batch, image_size, non_negative_int, placement, positive_int)
+from capsnets.layers.matrix import ASSIGNMENT_SCOPES, ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
-
+from capsnets.validation import (
+    Device,
+    DType,
+    ImageSize,
+    NonNegativeInt,
+    PositiveInt,
+    Routing,
+    choice,
+    flag,
+    image_batch,
+    image_size,
+    non_negative_int,
+    placement,
+    positive_int,
+)
 
 #: The formulations of matrix capsules: Procedure 1 as printed, or the authors' released code.
 FORMULATIONS = ("paper", "official")
@@ -56,12 +68,15 @@ def _routings(routing, formulation: str) -> tuple[EMRouting, EMRouting]:
     """The EM routing of the convolutional capsule layers and of the class capsule layer, from ``routing``
     (an object, its spec, ``"em"`` or None) and the formulation (see :class:`MatrixCapsNet`)."""
     defaults = {}
-    if formulation == "official" and (isinstance(routing, str) or (
-            isinstance(routing, Mapping) and routing.get("formulation", "official") == "official")):
+    if formulation == "official" and (
+        isinstance(routing, str)
+        or (isinstance(routing, Mapping) and routing.get("formulation", "official") == "official")
+    ):
         defaults = {"formulation": "official", "eps": EMRouting.official(layer="conv").eps}  # the released code's
     conv = as_routing(routing, None, types=("em",), defaults=defaults)
     released = formulation == "official" and conv == EMRouting.official(
-        conv.iterations, layer="conv", detach_routing=conv.detach_routing)
+        conv.iterations, layer="conv", detach_routing=conv.detach_routing
+    )
     if released:  # the released code's class layer: its final inverse temperature / 4, its own mass guard
         return conv, EMRouting.official(conv.iterations, layer="class", detach_routing=conv.detach_routing)
     return conv, conv
@@ -135,11 +150,26 @@ class MatrixCapsNet(nn.Module):
 
     default_loss = "spread"
 
-    def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5, conv_channels: int = 32,
-                 primary_types: int = 32, conv_caps1_types: int = 32, conv_caps2_types: int = 32,
-                 conv_padding: int | None = None, routing="em", class_routing=None, coordinate_addition: bool = True,
-                 pose_size: int = 4, checkpoint_chunks: int = 0, assignment_scope: str | None = None,
-                 formulation: str = DEFAULT_FORMULATION, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        *,
+        input_size: Sequence[int] = (1, 32, 32),
+        num_classes: int = 5,
+        conv_channels: int = 32,
+        primary_types: int = 32,
+        conv_caps1_types: int = 32,
+        conv_caps2_types: int = 32,
+        conv_padding: int | None = None,
+        routing="em",
+        class_routing=None,
+        coordinate_addition: bool = True,
+        pose_size: int = 4,
+        checkpoint_chunks: int = 0,
+        assignment_scope: str | None = None,
+        formulation: str = DEFAULT_FORMULATION,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.input_size = image_size("input_size", input_size)
         self.num_classes = positive_int("num_classes", num_classes)
@@ -160,27 +190,38 @@ class MatrixCapsNet(nn.Module):
         else:
             class_routing = as_routing(class_routing, EMRouting, types=("em",), name="class_routing")
         factory = {"device": device, "dtype": dtype, "pose_size": pose_size}
-        self.conv = nn.Conv2d(self.input_size[0], conv_channels, 5, stride=2, padding=conv_padding,
-                              device=device, dtype=dtype)
-        self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, bias=not official,
-                                             activation_offset=-1.0 if official else 0.0, **factory)
-        conv_caps = {"routing": routing, "checkpoint_chunks": checkpoint_chunks, "assignment_scope": assignment_scope,
-                     **factory}
+        self.conv = nn.Conv2d(
+            self.input_size[0], conv_channels, 5, stride=2, padding=conv_padding, device=device, dtype=dtype
+        )
+        self.primary = PrimaryMatrixCapsules(
+            conv_channels, primary_types, bias=not official, activation_offset=-1.0 if official else 0.0, **factory
+        )
+        conv_caps = {
+            "routing": routing,
+            "checkpoint_chunks": checkpoint_chunks,
+            "assignment_scope": assignment_scope,
+            **factory,
+        }
         self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, kernel_size=3, stride=2, **conv_caps)
         self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size=3, stride=1, **conv_caps)
         self._check_grid()
         coordinates = self._official_coordinates() if official else None
-        self.classes = ClassMatrixCapsules(conv_caps2_types, num_classes,
-                                           routing=routing if class_routing is None else class_routing,
-                                           coordinate_addition=coordinate_addition, coordinates=coordinates,
-                                           **factory)
+        self.classes = ClassMatrixCapsules(
+            conv_caps2_types,
+            num_classes,
+            routing=routing if class_routing is None else class_routing,
+            coordinate_addition=coordinate_addition,
+            coordinates=coordinates,
+            **factory,
+        )
         if official:
             self._official_init()
 
     def _layer_geometry(self) -> list[tuple[int, int, int]]:
         """``(kernel, stride, padding)`` of Conv1, ConvCaps1 and ConvCaps2 (PrimaryCaps is 1x1)."""
-        return [(5, 2, self.conv.padding[0])] + [(layer.kernel_size, layer.stride, layer.padding)
-                                                 for layer in (self.conv_caps1, self.conv_caps2)]
+        return [(5, 2, self.conv.padding[0])] + [
+            (layer.kernel_size, layer.stride, layer.padding) for layer in (self.conv_caps1, self.conv_caps2)
+        ]
 
     def _official_coordinates(self) -> Tensor:
         """The released code's coordinate addition (``simple_model.conv_pos``, ``connector_capsule_mat``):
@@ -214,8 +255,10 @@ class MatrixCapsNet(nn.Module):
         size = [(s - 3) // 2 + 1 for s in size]
         size = [s - 2 for s in size]
         if min(size) < 1:
-            raise ValueError(f"input_size {self.input_size} is too small for Conv1 (5x5/2), ConvCaps1 (3x3/2) and "
-                             f"ConvCaps2 (3x3/1); use at least 28x28")
+            raise ValueError(
+                f"input_size {self.input_size} is too small for Conv1 (5x5/2), ConvCaps1 (3x3/2) and "
+                f"ConvCaps2 (3x3/1); use at least 28x28"
+            )
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class activations and poses of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``,
@@ -229,30 +272,63 @@ class MatrixCapsNet(nn.Module):
         return ModelOutput(activation, "activation", poses)
 
 
-_WIDTHS = {"matrix_capsnet": {"conv_channels": 32, "primary_types": 32, "conv_caps1_types": 32, "conv_caps2_types": 32},
-           "matrix_capsnet_small": {"conv_channels": 64, "primary_types": 8, "conv_caps1_types": 16,
-                                    "conv_caps2_types": 16}}
+_WIDTHS = {
+    "matrix_capsnet": {"conv_channels": 32, "primary_types": 32, "conv_caps1_types": 32, "conv_caps2_types": 32},
+    "matrix_capsnet_small": {"conv_channels": 64, "primary_types": 8, "conv_caps1_types": 16, "conv_caps2_types": 16},
+}
 
 
 @register_model("matrix_capsnet")
-def matrix_capsnet(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32), routing: Routing = "em",
-                   coordinate_addition: bool = True, checkpoint_chunks: NonNegativeInt = 0,
-                   assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,
-                   formulation: Literal["paper", "official"] = DEFAULT_FORMULATION,
-                   device: Device | None = None, dtype: DType | None = None) -> MatrixCapsNet:
+def matrix_capsnet(
+    *,
+    num_classes: PositiveInt = 5,
+    input_size: ImageSize = (1, 32, 32),
+    routing: Routing = "em",
+    coordinate_addition: bool = True,
+    checkpoint_chunks: NonNegativeInt = 0,
+    assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,
+    formulation: Literal["paper", "official"] = DEFAULT_FORMULATION,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> MatrixCapsNet:
     """The paper's smallNORB model: A=B=C=D=32 (about 310K parameters)."""
-    return MatrixCapsNet(**_WIDTHS["matrix_capsnet"], num_classes=num_classes, input_size=input_size, routing=routing,
-                         coordinate_addition=coordinate_addition, checkpoint_chunks=checkpoint_chunks,
-                         assignment_scope=assignment_scope, formulation=formulation, device=device, dtype=dtype)
+    return MatrixCapsNet(
+        **_WIDTHS["matrix_capsnet"],
+        num_classes=num_classes,
+        input_size=input_size,
+        routing=routing,
+        coordinate_addition=coordinate_addition,
+        checkpoint_chunks=checkpoint_chunks,
+        assignment_scope=assignment_scope,
+        formulation=formulation,
+        device=device,
+        dtype=dtype,
+    )
 
 
 @register_model("matrix_capsnet_small")
-def matrix_capsnet_small(*, num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32), routing: Routing = "em",
-                         coordinate_addition: bool = True, checkpoint_chunks: NonNegativeInt = 0,
-                         assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,
-                         formulation: Literal["paper", "official"] = DEFAULT_FORMULATION,
-                         device: Device | None = None, dtype: DType | None = None) -> MatrixCapsNet:
+def matrix_capsnet_small(
+    *,
+    num_classes: PositiveInt = 5,
+    input_size: ImageSize = (1, 32, 32),
+    routing: Routing = "em",
+    coordinate_addition: bool = True,
+    checkpoint_chunks: NonNegativeInt = 0,
+    assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,
+    formulation: Literal["paper", "official"] = DEFAULT_FORMULATION,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> MatrixCapsNet:
     """The paper's small model: A=64, B=8, C=D=16 (about 68K parameters)."""
-    return MatrixCapsNet(**_WIDTHS["matrix_capsnet_small"], num_classes=num_classes, input_size=input_size,
-                         routing=routing, coordinate_addition=coordinate_addition, checkpoint_chunks=checkpoint_chunks,
-                         assignment_scope=assignment_scope, formulation=formulation, device=device, dtype=dtype)
+    return MatrixCapsNet(
+        **_WIDTHS["matrix_capsnet_small"],
+        num_classes=num_classes,
+        input_size=input_size,
+        routing=routing,
+        coordinate_addition=coordinate_addition,
+        checkpoint_chunks=checkpoint_chunks,
+        assignment_scope=assignment_scope,
+        formulation=formulation,
+        device=device,
+        dtype=dtype,
+    )

@@ -3,10 +3,11 @@
 Models return a :class:`ModelOutput` so that the trainer, the evaluator and the plots can work with any
 model family without knowing about capsules: ``scores`` is the only field every model fills.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torch import Tensor
 
@@ -32,8 +33,9 @@ class ModelOutput:
     reconstruction: Tensor | None = None
 
 
-def vector_capsule_output(capsules: Tensor, decoder: Callable[[Tensor, Tensor], Tensor] | None = None,
-                          labels: Tensor | None = None) -> ModelOutput:
+def vector_capsule_output(
+    capsules: Tensor, decoder: Callable[[Tensor, Tensor], Tensor] | None = None, labels: Tensor | None = None
+) -> ModelOutput:
     """The output of a vector capsule classifier: the class capsules' lengths as scores and, with a ``decoder``,
     the reconstruction from the capsule of each image's label (in training) or of its longest capsule.
 

@@ -8,11 +8,11 @@ as its settings alone (``{"iterations": 2}``, ``--model-arg routing.iterations=2
 default routing spec. :func:`create_model` records the overrides in ``model.model_args`` (JSON values only, a
 ``routing`` as its complete spec) so that a checkpoint can rebuild the model by name.
 """
+
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 from torch import nn
 
@@ -29,8 +29,9 @@ _TASKS: dict[str, str] = {}
 TASKS = ("classification", "segmentation", "autoencoder", "synthesis")
 
 
-def register_model(name: str, *, task: str = "classification"
-                   ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+def register_model(
+    name: str, *, task: str = "classification"
+) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
     """Decorator registering a model builder under ``name`` for ``task`` (one of :data:`TASKS`)."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
@@ -114,8 +115,11 @@ def _reject_routing_settings(name: str, overrides: dict, schema: dict) -> None:
         setting = key.removeprefix("routing_") if key.removeprefix("routing_") in keys else key
         if setting in keys:
             value = overrides[key]
-            raise ArgumentError(f"model {name!r} does not take {key}: its routing does; pass "
-                                f"routing={{{setting!r}: {value!r}}} (--model-arg routing.{setting}={value!r})", key)
+            raise ArgumentError(
+                f"model {name!r} does not take {key}: its routing does; pass "
+                f"routing={{{setting!r}: {value!r}}} (--model-arg routing.{setting}={value!r})",
+                key,
+            )
 
 
 def _with_default_routing(name: str, routing):
@@ -164,17 +168,22 @@ def create_model(name: str, **overrides) -> nn.Module:
         model = builder(**overrides)
     except ArgumentError as err:
         argument = schema.get(err.argument)
-        default = (f"; leave it out to use its default, {argument.default!r}"
-                   if argument is not None and err.argument in overrides else "")
-        raise ArgumentError(f"model {name!r}: {err}{default}; `capsnets list-models {name}` lists its arguments",
-                            err.argument) from None
+        default = (
+            f"; leave it out to use its default, {argument.default!r}"
+            if argument is not None and err.argument in overrides
+            else ""
+        )
+        raise ArgumentError(
+            f"model {name!r}: {err}{default}; `capsnets list-models {name}` lists its arguments", err.argument
+        ) from None
     except (RuntimeError, MemoryError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         if not isinstance(err, MemoryError) and not any(word in reason.lower() for word in _SIZE_ERRORS):
             raise
         given = ", ".join(f"{key}={_shown_arg(value)}" for key, value in overrides.items()) or "its defaults"
-        raise ArgumentError(f"model {name!r} cannot be built with {given}: its tensors are too large "
-                            f"({reason}); use smaller sizes") from None
+        raise ArgumentError(
+            f"model {name!r} cannot be built with {given}: its tensors are too large ({reason}); use smaller sizes"
+        ) from None
     model.model_name = name
     model.model_args = _json_safe_args(overrides, getattr(model, "routing_spec", None))
     return model
@@ -194,6 +203,7 @@ def _json_safe_args(overrides: dict, routing_spec: dict | None = None) -> dict:
     its complete spec: ``routing_spec``, the model's own record of it, where the model has one; one the library
     cannot describe as ``{"type": "opaque", "repr": ...}``, which refuses to be rebuilt
     (:func:`~capsnets.functional.routing_config`)."""
+
     def plain(value) -> bool:
         if isinstance(value, (tuple, list)):
             return all(plain(v) for v in value)

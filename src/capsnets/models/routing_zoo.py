@@ -31,38 +31,77 @@ only; here its class capsules also have poses of ``capsule_dim`` (655,360 more p
 Dimension legend: ``B`` batch, ``F`` backbone channels (``8w``), ``h``/``w`` its map, ``T`` capsule types,
 ``D`` capsule dim, ``K`` classes.
 """
+
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Literal, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from capsnets.capsules import MatrixCapsules
-from capsnets.functional import (DynamicRouting, EMRouting, InvertedAttentionRouting, SelfAttentionRouting,
-                                 SelfRouting, UniformRouting, as_routing, capsule_length, routing_config, squash)
+from capsnets.functional import (
+    DynamicRouting,
+    EMRouting,
+    InvertedAttentionRouting,
+    SelfAttentionRouting,
+    SelfRouting,
+    UniformRouting,
+    as_routing,
+    capsule_length,
+    routing_config,
+    squash,
+)
 from capsnets.layers import ConvMatrixCapsules, LinearCapsules
-from capsnets.validation import (ArgumentError, Device, DType, ImageSize, PositiveInt, Routing, choice,
-                                  conv_output_size, image_batch, image_size, placement, positive_int)
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
+from capsnets.validation import (
+    ArgumentError,
+    Device,
+    DType,
+    ImageSize,
+    PositiveInt,
+    Routing,
+    choice,
+    conv_output_size,
+    image_batch,
+    image_size,
+    placement,
+    positive_int,
+)
 
 #: The routings of the capsule heads, by head name.
-ROUTINGS = {"dynamic": DynamicRouting, "em": EMRouting, "self_attention": SelfAttentionRouting,
-            "inverted_attention": InvertedAttentionRouting, "self_routing": SelfRouting, "uniform": UniformRouting}
+ROUTINGS = {
+    "dynamic": DynamicRouting,
+    "em": EMRouting,
+    "self_attention": SelfAttentionRouting,
+    "inverted_attention": InvertedAttentionRouting,
+    "self_routing": SelfRouting,
+    "uniform": UniformRouting,
+}
 #: Every head: the capsule heads, then the CNN heads.
 HEADS = (*ROUTINGS, "avg_pool", "max_pool", "fully_connected")
 #: The loss each head is trained with (``model.default_loss``).
-HEAD_LOSSES = {"dynamic": "margin", "self_attention": "margin", "uniform": "margin", "em": "spread",
-               "inverted_attention": "cross_entropy", "self_routing": "cross_entropy", "avg_pool": "cross_entropy",
-               "max_pool": "cross_entropy", "fully_connected": "cross_entropy"}
+HEAD_LOSSES = {
+    "dynamic": "margin",
+    "self_attention": "margin",
+    "uniform": "margin",
+    "em": "spread",
+    "inverted_attention": "cross_entropy",
+    "self_routing": "cross_entropy",
+    "avg_pool": "cross_entropy",
+    "max_pool": "cross_entropy",
+    "fully_connected": "cross_entropy",
+}
 
 
 def _conv_bn(in_channels: int, out_channels: int, factory: dict, stride: int = 1) -> list[nn.Module]:
-    return [nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False, **factory),
-            nn.BatchNorm2d(out_channels, **factory)]
+    return [
+        nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False, **factory),
+        nn.BatchNorm2d(out_channels, **factory),
+    ]
 
 
 class ConvBackbone(nn.Module):
@@ -115,8 +154,19 @@ class CapsuleHead(nn.Module):
         ``(B, F, h, w)`` -> :class:`ModelOutput` with ``scores`` ``(B, K)`` and ``capsules`` ``(B, K, D)``.
     """
 
-    def __init__(self, in_channels: int, grid: tuple[int, int], num_classes: int, kind: str, *,
-                 capsule_types: int = 32, capsule_dim: int = 16, routing=None, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        grid: tuple[int, int],
+        num_classes: int,
+        kind: str,
+        *,
+        capsule_types: int = 32,
+        capsule_dim: int = 16,
+        routing=None,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.kind, self.types, self.dim = kind, capsule_types, capsule_dim
         factory = {"device": device, "dtype": dtype}
@@ -128,13 +178,23 @@ class CapsuleHead(nn.Module):
         if kind == "em":
             side = math.isqrt(capsule_dim)
             if side * side != capsule_dim or grid[0] != grid[1]:
-                raise ValueError(f"head 'em' needs a square capsule_dim (4x4 poses: 16) and a square map; got "
-                                 f"capsule_dim={capsule_dim} and a {grid[0]}x{grid[1]} map")
-            self.classes = ConvMatrixCapsules(capsule_types, num_classes, kernel_size=grid[0], pose_size=side,
-                                              routing=routing, **factory)
+                raise ValueError(
+                    f"head 'em' needs a square capsule_dim (4x4 poses: 16) and a square map; got "
+                    f"capsule_dim={capsule_dim} and a {grid[0]}x{grid[1]} map"
+                )
+            self.classes = ConvMatrixCapsules(
+                capsule_types, num_classes, kernel_size=grid[0], pose_size=side, routing=routing, **factory
+            )
         else:
-            self.classes = LinearCapsules(capsule_types * grid[0] * grid[1], capsule_dim, num_classes, capsule_dim,
-                                          routing=routing, init_std=0.1, **factory)
+            self.classes = LinearCapsules(
+                capsule_types * grid[0] * grid[1],
+                capsule_dim,
+                num_classes,
+                capsule_dim,
+                routing=routing,
+                init_std=0.1,
+                **factory,
+            )
         self.score = nn.Linear(capsule_dim, 1, **factory) if kind == "inverted_attention" else None
 
     def forward(self, features: Tensor) -> ModelOutput:
@@ -170,8 +230,17 @@ class CNNHead(nn.Module):
         ``(B, F, h, w)`` -> :class:`ModelOutput` with ``scores`` ``(B, K)`` (logits).
     """
 
-    def __init__(self, in_channels: int, grid: tuple[int, int], num_classes: int, kind: str, *,
-                 hidden_channels: int = 512, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        grid: tuple[int, int],
+        num_classes: int,
+        kind: str,
+        *,
+        hidden_channels: int = 512,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         if kind == "fully_connected":
@@ -213,9 +282,19 @@ class RoutingZoo(nn.Module):
         torch.Size([2, 10])
     """
 
-    def __init__(self, *, input_size: Sequence[int] = (1, 32, 32), num_classes: int = 5, head: str = "dynamic",
-                 width: int = 16, capsule_types: int = 32, capsule_dim: int = 16,
-                 routing=None, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        *,
+        input_size: Sequence[int] = (1, 32, 32),
+        num_classes: int = 5,
+        head: str = "dynamic",
+        width: int = 16,
+        capsule_types: int = 32,
+        capsule_dim: int = 16,
+        routing=None,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.input_size = image_size("input_size", input_size)
         choice("head", head, HEADS)
@@ -230,11 +309,25 @@ class RoutingZoo(nn.Module):
         capsule_types = positive_int("capsule_types", capsule_types)
         capsule_dim = positive_int("capsule_dim", capsule_dim)
         if head in ROUTINGS:  # built after the backbone is initialised: one seed, one backbone for every head
-            self.head = CapsuleHead(self.backbone.out_channels, grid, num_classes, head, capsule_types=capsule_types,
-                                    capsule_dim=capsule_dim, routing=routing, **factory)
+            self.head = CapsuleHead(
+                self.backbone.out_channels,
+                grid,
+                num_classes,
+                head,
+                capsule_types=capsule_types,
+                capsule_dim=capsule_dim,
+                routing=routing,
+                **factory,
+            )
         else:
-            self.head = CNNHead(self.backbone.out_channels, grid, num_classes, head,
-                                hidden_channels=capsule_types * capsule_dim, **factory)
+            self.head = CNNHead(
+                self.backbone.out_channels,
+                grid,
+                num_classes,
+                head,
+                hidden_channels=capsule_types * capsule_dim,
+                **factory,
+            )
         _init_as_hahn(self.head)
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
@@ -253,8 +346,11 @@ def _head_routing(head: str, routing):
     None); None for a CNN head, which takes no routing."""
     if head not in ROUTINGS:
         if routing is not None:
-            raise ArgumentError(f"routing={routing!r} is for the capsule heads ({', '.join(map(repr, ROUTINGS))}); "
-                                f"head {head!r} has no routing: leave it out", "routing")
+            raise ArgumentError(
+                f"routing={routing!r} is for the capsule heads ({', '.join(map(repr, ROUTINGS))}); "
+                f"head {head!r} has no routing: leave it out",
+                "routing",
+            )
         return None
     if isinstance(routing, Mapping) and "type" not in routing:
         routing = {"type": head, **routing}
@@ -273,14 +369,38 @@ def _init_as_hahn(module: nn.Module) -> nn.Module:
 
 
 @register_model("routing_zoo")
-def routing_zoo(*, head: Literal["dynamic", "em", "self_attention", "inverted_attention", "self_routing", "uniform",
-                                 "avg_pool", "max_pool", "fully_connected"] = "dynamic",
-                num_classes: PositiveInt = 5, input_size: ImageSize = (1, 32, 32),
-                width: PositiveInt = 16, capsule_types: PositiveInt = 32, capsule_dim: PositiveInt = 16,
-                routing: Routing | None = None, device: Device | None = None,
-                dtype: DType | None = None) -> RoutingZoo:
+def routing_zoo(
+    *,
+    head: Literal[
+        "dynamic",
+        "em",
+        "self_attention",
+        "inverted_attention",
+        "self_routing",
+        "uniform",
+        "avg_pool",
+        "max_pool",
+        "fully_connected",
+    ] = "dynamic",
+    num_classes: PositiveInt = 5,
+    input_size: ImageSize = (1, 32, 32),
+    width: PositiveInt = 16,
+    capsule_types: PositiveInt = 32,
+    capsule_dim: PositiveInt = 16,
+    routing: Routing | None = None,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> RoutingZoo:
     """Hahn et al.'s smallNORB comparison: one backbone, the head by name (``head``: a routing or a CNN head);
     ``routing``: the capsule head's routing settings (None: its defaults; see :class:`RoutingZoo`)."""
-    return RoutingZoo(input_size=input_size, num_classes=num_classes, head=head, width=width,
-                      capsule_types=capsule_types, capsule_dim=capsule_dim, routing=routing, device=device,
-                      dtype=dtype)
+    return RoutingZoo(
+        input_size=input_size,
+        num_classes=num_classes,
+        head=head,
+        width=width,
+        capsule_types=capsule_types,
+        capsule_dim=capsule_dim,
+        routing=routing,
+        device=device,
+        dtype=dtype,
+    )

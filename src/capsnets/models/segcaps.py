@@ -27,19 +27,30 @@ spec or a type name (default ``"dynamic"``: :class:`~capsnets.functional.Dynamic
 
 Dimension legend: ``B`` batch, ``T`` capsule types, ``D`` capsule dim, ``H``/``W`` grid.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from capsnets.functional import VECTOR_ROUTING_TYPES, DynamicRouting, as_routing, capsule_length, routing_config
 from capsnets.layers import ConvCapsules2d, ConvTransposeCapsules2d
-from capsnets.validation import (ArgumentError, Device, DType, ImageSize, Routing, flag, image_batch, image_size,
-                                  placement, positive_int)
 from capsnets.models.registry import register_model
+from capsnets.validation import (
+    ArgumentError,
+    Device,
+    DType,
+    ImageSize,
+    Routing,
+    flag,
+    image_batch,
+    image_size,
+    placement,
+    positive_int,
+)
 
 
 @dataclass
@@ -84,13 +95,23 @@ class SegCaps(nn.Module):
     default_loss = "segcaps"
     task = "segmentation"
 
-    def __init__(self, *, input_size: Sequence[int] = (1, 512, 512), width: int = 16, routing="dynamic",
-                 decoder_hidden: Sequence[int] | None = (64, 128), device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        *,
+        input_size: Sequence[int] = (1, 512, 512),
+        width: int = 16,
+        routing="dynamic",
+        decoder_hidden: Sequence[int] | None = (64, 128),
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.input_size = image_size("input_size", input_size)
         if self.input_size[1] % 8 or self.input_size[2] % 8:
-            raise ArgumentError(f"SegCaps needs H and W divisible by 8 (three stride-2 stages), got input_size "
-                                f"{self.input_size}", "input_size")
+            raise ArgumentError(
+                f"SegCaps needs H and W divisible by 8 (three stride-2 stages), got input_size {self.input_size}",
+                "input_size",
+            )
         d = positive_int("width", width)
         channels = self.input_size[0]
         routed = as_routing(routing, None, types=VECTOR_ROUTING_TYPES)
@@ -107,12 +128,12 @@ class SegCaps(nn.Module):
 
         self.conv1 = nn.Conv2d(channels, d, 5, padding=2, **factory)
         self.primary = caps(1, d, 2, d, stride=2, routing=once)
-        self.enc1 = caps(2, d, 4, d)                                         # skip 1, H/2
+        self.enc1 = caps(2, d, 4, d)  # skip 1, H/2
         self.enc2 = nn.ModuleList([caps(4, d, 4, 2 * d, stride=2), caps(4, 2 * d, 8, 2 * d)])  # skip 2, H/4
         self.enc3 = nn.ModuleList([caps(8, 2 * d, 8, 4 * d, stride=2), caps(8, 4 * d, 8, 2 * d)])  # H/8
         self.up1, self.dec1 = up(8, 2 * d, 8, 2 * d), caps(16, 2 * d, 4, 2 * d)  # H/4
-        self.up2, self.dec2 = up(4, 2 * d, 4, d), caps(8, d, 4, d)            # H/2
-        self.up3 = up(4, d, 2, d)                                             # H
+        self.up2, self.dec2 = up(4, 2 * d, 4, d), caps(8, d, 4, d)  # H/2
+        self.up3 = up(4, d, 2, d)  # H
         self.segment = caps(3, d, 1, d, kernel=1)
         self.decoder = None
         if decoder_hidden is not None:
@@ -124,16 +145,17 @@ class SegCaps(nn.Module):
 
     def encode(self, images: Tensor, *, owner: str = "SegCaps", name: str = "images") -> Tensor:
         """The segmentation capsules ``(B, D, H, W)`` (``owner`` and ``name``: for the messages of the input check)."""
-        images = image_batch(images, (self.input_size[0], None, None), dtype=self.conv1.weight.dtype, owner=owner,
-                             name=name, multiple=8)
+        images = image_batch(
+            images, (self.input_size[0], None, None), dtype=self.conv1.weight.dtype, owner=owner, name=name, multiple=8
+        )
         conv1 = torch.relu(self.conv1(images)).unsqueeze(1)  # (B, 1, D, H, W): one capsule type
-        skip1 = self.enc1(self.primary(conv1))                # (B, 4, D, H/2, W/2)
-        skip2 = self.enc2[1](self.enc2[0](skip1))             # (B, 8, 2D, H/4, W/4)
-        x = self.enc3[1](self.enc3[0](skip2))                 # (B, 8, 2D, H/8, W/8)
+        skip1 = self.enc1(self.primary(conv1))  # (B, 4, D, H/2, W/2)
+        skip2 = self.enc2[1](self.enc2[0](skip1))  # (B, 8, 2D, H/4, W/4)
+        x = self.enc3[1](self.enc3[0](skip2))  # (B, 8, 2D, H/8, W/8)
         x = self.dec1(torch.cat([self.up1(x), skip2], dim=1))  # (B, 4, 2D, H/4, W/4)
         x = self.dec2(torch.cat([self.up2(x), skip1], dim=1))  # (B, 4, D, H/2, W/2)
-        x = torch.cat([self.up3(x), conv1], dim=1)            # (B, 3, D, H, W)
-        return self.segment(x)[:, 0]                          # (B, D, H, W)
+        x = torch.cat([self.up3(x), conv1], dim=1)  # (B, 3, D, H, W)
+        return self.segment(x)[:, 0]  # (B, D, H, W)
 
     def forward(self, images: Tensor, masks: Tensor | None = None) -> SegmentationOutput:
         """Per-pixel probabilities, capsules and reconstruction of ``images`` (a non-empty batch; uint8 images are
@@ -144,26 +166,49 @@ class SegCaps(nn.Module):
         reconstruction = None
         if self.decoder is not None:
             if masks is not None and masks.shape != probabilities.shape:
-                raise ValueError(f"masks must have shape {tuple(probabilities.shape)} (B, 1, H, W), "
-                                 f"got {tuple(masks.shape)}")
+                raise ValueError(
+                    f"masks must have shape {tuple(probabilities.shape)} (B, 1, H, W), got {tuple(masks.shape)}"
+                )
             keep = masks if masks is not None else (probabilities > 0.5)
             reconstruction = self.decoder(capsules * keep.to(capsules.dtype))
         return SegmentationOutput(probabilities, capsules, reconstruction)
 
 
 @register_model("segcaps", task="segmentation")
-def segcaps(*, input_size: ImageSize = (1, 512, 512), routing: Routing = "dynamic", reconstruction: bool = True,
-            device: Device | None = None, dtype: DType | None = None) -> SegCaps:
+def segcaps(
+    *,
+    input_size: ImageSize = (1, 512, 512),
+    routing: Routing = "dynamic",
+    reconstruction: bool = True,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> SegCaps:
     """The paper's SegCaps R3 (16-D first capsules; 1.4M parameters)."""
-    return SegCaps(input_size=input_size, width=16, routing=routing,
-                   decoder_hidden=(64, 128) if flag("reconstruction", reconstruction) else None, device=device,
-                   dtype=dtype)
+    return SegCaps(
+        input_size=input_size,
+        width=16,
+        routing=routing,
+        decoder_hidden=(64, 128) if flag("reconstruction", reconstruction) else None,
+        device=device,
+        dtype=dtype,
+    )
 
 
 @register_model("segcaps_small", task="segmentation")
-def segcaps_small(*, input_size: ImageSize = (1, 32, 32), routing: Routing = "dynamic", reconstruction: bool = True,
-                  device: Device | None = None, dtype: DType | None = None) -> SegCaps:
+def segcaps_small(
+    *,
+    input_size: ImageSize = (1, 32, 32),
+    routing: Routing = "dynamic",
+    reconstruction: bool = True,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> SegCaps:
     """SegCaps R3 with 8-D first capsules (about a quarter of the parameters), for CPUs and tests."""
-    return SegCaps(input_size=input_size, width=8, routing=routing,
-                   decoder_hidden=(32, 64) if flag("reconstruction", reconstruction) else None, device=device,
-                   dtype=dtype)
+    return SegCaps(
+        input_size=input_size,
+        width=8,
+        routing=routing,
+        decoder_hidden=(32, 64) if flag("reconstruction", reconstruction) else None,
+        device=device,
+        dtype=dtype,
+    )

@@ -16,17 +16,18 @@ Registered: ``transforming_autoencoder`` (the paper's sizes, 28x28), task ``"aut
 
 Dimension legend: ``B`` batch, ``N`` capsules, ``R``/``G`` recognition/generative units per capsule.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from capsnets.validation import Device, DType, ImageSize, PositiveInt, image_batch, image_size, placement, positive_int
 from capsnets.models.registry import register_model
+from capsnets.validation import Device, DType, ImageSize, PositiveInt, image_batch, image_size, placement, positive_int
 
 
 @dataclass
@@ -66,21 +67,35 @@ class TransformingAutoencoder(nn.Module):
     default_loss = "transforming"
     task = "autoencoder"
 
-    def __init__(self, *, input_size: Sequence[int] = (1, 28, 28), capsules: int = 30, recognition_units: int = 10,
-                 generative_units: int = 20, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        *,
+        input_size: Sequence[int] = (1, 28, 28),
+        capsules: int = 30,
+        recognition_units: int = 10,
+        generative_units: int = 20,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.input_size = image_size("input_size", input_size)
         device, dtype = placement(device, dtype)
-        n, r, g = (positive_int(k, v) for k, v in (("capsules", capsules), ("recognition_units", recognition_units),
-                                                  ("generative_units", generative_units)))
+        n, r, g = (
+            positive_int(k, v)
+            for k, v in (
+                ("capsules", capsules),
+                ("recognition_units", recognition_units),
+                ("generative_units", generative_units),
+            )
+        )
         pixels = math.prod(self.input_size)
         factory = {"device": device, "dtype": dtype}
         self.num_capsules = n
         # every capsule's layers stacked: one matmul for all capsules
-        self.recognition = nn.Linear(pixels, n * r, **factory)              # image -> (N*R)
+        self.recognition = nn.Linear(pixels, n * r, **factory)  # image -> (N*R)
         self.recognition_out = nn.Parameter(torch.randn(n, r, 3, **factory) / math.sqrt(r))  # (N, R, p|x|y)
         self.recognition_bias = nn.Parameter(torch.zeros(n, 3, **factory))
-        self.generation_in = nn.Parameter(torch.randn(n, 2, g, **factory) / math.sqrt(2))    # (N, 2, G)
+        self.generation_in = nn.Parameter(torch.randn(n, 2, g, **factory) / math.sqrt(2))  # (N, 2, G)
         self.generation_bias = nn.Parameter(torch.zeros(n, g, **factory))
         self.generation_out = nn.Parameter(torch.randn(n, g, pixels, **factory) / math.sqrt(g * n))  # (N, G, pixels)
         self.output_bias = nn.Parameter(torch.zeros(pixels, **factory))
@@ -88,8 +103,8 @@ class TransformingAutoencoder(nn.Module):
     def encode(self, images: Tensor) -> tuple[Tensor, Tensor]:
         """Presence probabilities ``(B, N)`` and poses ``(B, N, 2)``."""
         images = image_batch(images, self.input_size, dtype=self.output_bias.dtype, owner="TransformingAutoencoder")
-        hidden = torch.sigmoid(self.recognition(images.flatten(1)))         # (B, N*R)
-        hidden = hidden.view(len(images), self.num_capsules, -1)           # (B, N, R)
+        hidden = torch.sigmoid(self.recognition(images.flatten(1)))  # (B, N*R)
+        hidden = hidden.view(len(images), self.num_capsules, -1)  # (B, N, R)
         out = torch.einsum("bnr,nrk->bnk", hidden, self.recognition_out) + self.recognition_bias  # (B, N, 3)
         return torch.sigmoid(out[..., 0]), out[..., 1:]
 
@@ -105,17 +120,30 @@ class TransformingAutoencoder(nn.Module):
         images are scaled to ``[0, 1]``, floating-point ones cast to the parameters' dtype:
         :func:`~capsnets.validation.image_batch`)."""
         if shifts.shape != (len(images), 2):
-            raise ValueError(f"shifts must be (B, 2) = ({len(images)}, 2) pixel offsets (dx, dy), got "
-                             f"{tuple(shifts.shape)}")
+            raise ValueError(
+                f"shifts must be (B, 2) = ({len(images)}, 2) pixel offsets (dx, dy), got {tuple(shifts.shape)}"
+            )
         probabilities, poses = self.encode(images)
         moved = poses + shifts.to(poses.dtype).unsqueeze(1)  # the known transformation, applied to every pose
         return AutoencoderOutput(self.decode(probabilities, moved), probabilities, poses)
 
 
 @register_model("transforming_autoencoder", task="autoencoder")
-def transforming_autoencoder(*, input_size: ImageSize = (1, 28, 28), capsules: PositiveInt = 30,
-                             recognition_units: PositiveInt = 10, generative_units: PositiveInt = 20,
-                             device: Device | None = None, dtype: DType | None = None) -> TransformingAutoencoder:
+def transforming_autoencoder(
+    *,
+    input_size: ImageSize = (1, 28, 28),
+    capsules: PositiveInt = 30,
+    recognition_units: PositiveInt = 10,
+    generative_units: PositiveInt = 20,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> TransformingAutoencoder:
     """The paper's MNIST transforming auto-encoder: 30 capsules, 10 recognition and 20 generative units each."""
-    return TransformingAutoencoder(input_size=input_size, capsules=capsules, recognition_units=recognition_units,
-                                   generative_units=generative_units, device=device, dtype=dtype)
+    return TransformingAutoencoder(
+        input_size=input_size,
+        capsules=capsules,
+        recognition_units=recognition_units,
+        generative_units=generative_units,
+        device=device,
+        dtype=dtype,
+    )

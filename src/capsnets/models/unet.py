@@ -8,23 +8,36 @@ Deviation: "same" padding (the original crops valid convolutions), so the output
 ``H`` and ``W`` must be divisible by 16.
 Registered: ``unet`` (base width 64) and ``unet_small`` (base width 8, for CPUs), task "segmentation".
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from capsnets.validation import (ArgumentError, Device, DType, ImageSize, flag, image_batch, image_size, placement,
-                                  positive_int)
 from capsnets.models.registry import register_model
 from capsnets.models.segcaps import SegmentationOutput
+from capsnets.validation import (
+    ArgumentError,
+    Device,
+    DType,
+    ImageSize,
+    flag,
+    image_batch,
+    image_size,
+    placement,
+    positive_int,
+)
 
 
 def _double_conv(a: int, b: int, factory: dict, norm: bool) -> nn.Sequential:
     def block(i: int, o: int) -> list[nn.Module]:
-        return [nn.Conv2d(i, o, 3, padding=1, bias=not norm, **factory),
-                *([nn.BatchNorm2d(o, **factory)] if norm else []), nn.ReLU()]
+        return [
+            nn.Conv2d(i, o, 3, padding=1, bias=not norm, **factory),
+            *([nn.BatchNorm2d(o, **factory)] if norm else []),
+            nn.ReLU(),
+        ]
 
     return nn.Sequential(*block(a, b), *block(b, b))
 
@@ -53,20 +66,30 @@ class UNet(nn.Module):
     task = "segmentation"
     depth = 4
 
-    def __init__(self, *, input_size: Sequence[int] = (1, 512, 512), width: int = 64, out_channels: int = 1,
-                 batch_norm: bool = False, device=None, dtype=None):
+    def __init__(
+        self,
+        *,
+        input_size: Sequence[int] = (1, 512, 512),
+        width: int = 64,
+        out_channels: int = 1,
+        batch_norm: bool = False,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         self.input_size = image_size("input_size", input_size)
         if self.input_size[1] % 16 or self.input_size[2] % 16:
-            raise ArgumentError(f"UNet needs H and W divisible by 16 (four poolings), got input_size "
-                                f"{self.input_size}", "input_size")
+            raise ArgumentError(
+                f"UNet needs H and W divisible by 16 (four poolings), got input_size {self.input_size}", "input_size"
+            )
         flag("batch_norm", batch_norm)
         positive_int("out_channels", out_channels)
         device, dtype = placement(device, dtype)
         factory = {"device": device, "dtype": dtype}
         sizes = [positive_int("width", width) * 2**k for k in range(self.depth + 1)]
-        self.down = nn.ModuleList([_double_conv(a, b, factory, batch_norm)
-                                   for a, b in zip([self.input_size[0], *sizes], sizes)])
+        self.down = nn.ModuleList(
+            [_double_conv(a, b, factory, batch_norm) for a, b in zip([self.input_size[0], *sizes], sizes)]
+        )
         self.up = nn.ModuleList([nn.ConvTranspose2d(b, a, 2, stride=2, **factory) for a, b in zip(sizes, sizes[1:])])
         self.merge = nn.ModuleList([_double_conv(2 * a, a, factory, batch_norm) for a in sizes[:-1]])
         self.head = nn.Conv2d(sizes[0], positive_int("out_channels", out_channels), 1, **factory)
@@ -80,8 +103,9 @@ class UNet(nn.Module):
     def logits(self, images: Tensor, *, owner: str = "UNet", name: str = "images") -> Tensor:
         """``(B, C, H, W) -> (B, out_channels, H, W)`` pre-sigmoid outputs (``owner`` and ``name``: for the
         messages of the input check)."""
-        images = image_batch(images, (self.input_size[0], None, None), dtype=self.head.weight.dtype, owner=owner,
-                             name=name, multiple=16)
+        images = image_batch(
+            images, (self.input_size[0], None, None), dtype=self.head.weight.dtype, owner=owner, name=name, multiple=16
+        )
         skips, x = [], images
         for k, block in enumerate(self.down):
             x = block(x if k == 0 else nn.functional.max_pool2d(x, 2))
@@ -92,14 +116,24 @@ class UNet(nn.Module):
 
 
 @register_model("unet", task="segmentation")
-def unet(*, input_size: ImageSize = (1, 512, 512), batch_norm: bool = False, device: Device | None = None,
-         dtype: DType | None = None) -> UNet:
+def unet(
+    *,
+    input_size: ImageSize = (1, 512, 512),
+    batch_norm: bool = False,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> UNet:
     """The U-Net of Ronneberger et al. with "same" padding (31.0M parameters; ``batch_norm``: see UNet)."""
     return UNet(input_size=input_size, width=64, batch_norm=batch_norm, device=device, dtype=dtype)
 
 
 @register_model("unet_small", task="segmentation")
-def unet_small(*, input_size: ImageSize = (1, 32, 32), batch_norm: bool = False, device: Device | None = None,
-               dtype: DType | None = None) -> UNet:
+def unet_small(
+    *,
+    input_size: ImageSize = (1, 32, 32),
+    batch_norm: bool = False,
+    device: Device | None = None,
+    dtype: DType | None = None,
+) -> UNet:
     """U-Net with 8 channels in the first stage (about 1/64 of the parameters), for CPUs and tests."""
     return UNet(input_size=input_size, width=8, batch_norm=batch_norm, device=device, dtype=dtype)

@@ -30,11 +30,21 @@ turntable) and room elevation, but their placement is our own; the stored order 
 permutation. Accuracies on it are not comparable to the published smallNORB numbers: they only show
 whether a model generalises to novel viewpoints in the same protocol.
 """
+
 from .cache import GENERATOR_VERSION, cache_path, load_viewpoints
 from .objects import VIEWPOINT_CLASSES, build_instance
 from .render import AZIMUTHS, ELEVATIONS, LIGHTINGS, render_viewpoints, split_instances, viewpoint_grid
 
 __all__ = [
-    "load_viewpoints", "render_viewpoints", "viewpoint_grid", "split_instances", "build_instance",
-    "cache_path", "VIEWPOINT_CLASSES", "AZIMUTHS", "ELEVATIONS", "LIGHTINGS", "GENERATOR_VERSION",
+    "load_viewpoints",
+    "render_viewpoints",
+    "viewpoint_grid",
+    "split_instances",
+    "build_instance",
+    "cache_path",
+    "VIEWPOINT_CLASSES",
+    "AZIMUTHS",
+    "ELEVATIONS",
+    "LIGHTINGS",
+    "GENERATOR_VERSION",
 ]

@@ -6,6 +6,7 @@ sha256 of the tensors. A file that cannot be read, or whose metadata, shapes or 
 the request, is re-rendered and replaced (with a warning), never used. Files are written to a temporary
 file in the same folder and moved into place with :func:`os.replace`, so readers never see half a file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,8 +14,8 @@ import warnings
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from capsnets.io import atomic_write
 
@@ -22,7 +23,6 @@ from ..base import data_root
 from ..norb_common import NORB_INFO_KEYS, RawNorbLike
 from .objects import VIEWPOINT_CLASSES
 from .render import render_viewpoints
-
 
 __all__ = ["load_viewpoints", "cache_path", "GENERATOR_VERSION"]
 
@@ -47,8 +47,13 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def _metadata(train: bool, seed: int, size: int) -> dict[str, str]:
-    return {"format": _FORMAT, "version": GENERATOR_VERSION, "seed": str(seed), "size": str(size),
-            "split": "train" if train else "test"}
+    return {
+        "format": _FORMAT,
+        "version": GENERATOR_VERSION,
+        "seed": str(seed),
+        "size": str(size),
+        "split": "train" if train else "test",
+    }
 
 
 def _read(path: Path, expected: dict[str, str]) -> RawNorbLike:
@@ -71,13 +76,15 @@ def _read(path: Path, expected: dict[str, str]) -> RawNorbLike:
 
 
 def _write(path: Path, raw: RawNorbLike, metadata: dict[str, str]) -> None:
-    tensors = {"images": raw.images.contiguous(), "labels": raw.labels.contiguous(),
-               **{k: raw.info[k].contiguous() for k in NORB_INFO_KEYS}}
+    tensors = {
+        "images": raw.images.contiguous(),
+        "labels": raw.labels.contiguous(),
+        **{k: raw.info[k].contiguous() for k in NORB_INFO_KEYS},
+    }
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={**metadata, "sha256": _digest(tensors)}))
 
 
-def load_viewpoints(root=None, train: bool = True, seed: int = 0, *, size: int = 48,
-                    cache: bool = True) -> RawNorbLike:
+def load_viewpoints(root=None, train: bool = True, seed: int = 0, *, size: int = 48, cache: bool = True) -> RawNorbLike:
     """One split of the offline viewpoint data set, rendered on first use and cached.
 
     Args:

@@ -10,6 +10,7 @@ bitwise reproducible whatever the thread count.
 
 Dimension legend: ``V`` views in a chunk, ``P`` pixels per view, ``3`` xyz.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,10 +73,11 @@ class Part:
         points = self.surface_points()
         return np.asarray(self.center), 1.01 * float(np.linalg.norm(points - self.center, axis=1).max())
 
-    def transformed(self, shift: np.ndarray, factor: float) -> "Part":
+    def transformed(self, shift: np.ndarray, factor: float) -> Part:
         """The part after ``world -> factor * (world + shift)``."""
-        return Part(self.kind, (np.asarray(self.center) + shift) * factor, np.asarray(self.scale) * factor,
-                    self.rot, self.taper)
+        return Part(
+            self.kind, (np.asarray(self.center) + shift) * factor, np.asarray(self.scale) * factor, self.rot, self.taper
+        )
 
 
 def rotation(*turns: tuple[str, float]) -> np.ndarray:
@@ -156,7 +158,7 @@ def intersect(part: Part, origin: Tensor, direction: Tensor) -> Tensor:
 
 
 def _to_local(part: Part, dtype: torch.dtype) -> Tensor:
-    m = (np.asarray(part.rot).T / np.asarray(part.scale)[:, None])  # diag(1/scale) @ R.T
+    m = np.asarray(part.rot).T / np.asarray(part.scale)[:, None]  # diag(1/scale) @ R.T
     return torch.as_tensor(m, dtype=dtype)
 
 

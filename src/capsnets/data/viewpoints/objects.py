@@ -12,6 +12,7 @@ then centred on their bounding box and scaled to touch the unit sphere by :func:
 - truck: box cab, longer taller box cargo, chassis, two or three axles of cylinder wheels
 - car: low box body, box (or, in one toy per split, ellipsoid) cabin, four cylinder wheels
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,16 +54,18 @@ def _animal(rng: np.random.Generator, variant: int) -> list[Part]:
     parts.append(_part("frustum", (neck_start + neck_end) / 2, (0.13, 0.13, neck_len / 2), neck_rot, 0.75))
     head = u(0.85, 1.2)
     head_rot = rotation(("y", u(-10, 25)))
-    parts.append(_part("ellipsoid", neck_end + np.array([0.1, 0, 0]), (0.26 * head, 0.15 * head, 0.15 * head),
-                       head_rot))
+    parts.append(
+        _part("ellipsoid", neck_end + np.array([0.1, 0, 0]), (0.26 * head, 0.15 * head, 0.15 * head), head_rot)
+    )
     for sy in (1, -1):  # ears
         ear = neck_end + np.array([-0.02, sy * 0.08 * head, 0.15 * head])
         parts.append(_part("frustum", ear, (0.05, 0.05, 0.08), rotation(("x", -sy * 20.0)), 0.0))
     tail_rot = rotation(("y", -u(100, 140)))  # local +z points backwards and down
     tail_len = u(0.3, 0.6)
     tail_start = np.array([-0.95 * length, 0, body_z + 0.2 * height])
-    parts.append(_part("frustum", tail_start + tail_rot[:, 2] * tail_len / 2, (0.07, 0.07, tail_len / 2),
-                       tail_rot, 0.0))
+    parts.append(
+        _part("frustum", tail_start + tail_rot[:, 2] * tail_len / 2, (0.07, 0.07, tail_len / 2), tail_rot, 0.0)
+    )
     return parts
 
 
@@ -96,8 +99,9 @@ def _airplane(rng: np.random.Generator, variant: int) -> list[Part]:
     nose = u(0.2, 0.4)
     parts.append(_part("frustum", (half_len + nose, 0, z), (radius, radius, nose), along_x, 0.0))
     tail = u(0.3, 0.5)
-    parts.append(_part("frustum", (-half_len - tail, 0, z + 0.3 * radius), (radius, radius, tail),
-                       rotation(("y", -90.0)), 0.35))
+    parts.append(
+        _part("frustum", (-half_len - tail, 0, z + 0.3 * radius), (radius, radius, tail), rotation(("y", -90.0)), 0.35)
+    )
     span, chord, sweep, wing_x = u(0.9, 1.4), u(0.18, 0.32), u(0, 35), u(-0.2, 0.25)
     engines = variant in (1, 3)
     for sy in (1, -1):
@@ -121,8 +125,11 @@ def _airplane(rng: np.random.Generator, variant: int) -> list[Part]:
 def _wheels(rng, xs, half_width: float, radius: float) -> list[Part]:
     across = rotation(("x", 90.0))  # local +z -> world -y: wheel axles
     thick = rng.uniform(0.07, 0.1)
-    return [_part("frustum", (x, sy * (half_width - 0.5 * thick), radius), (radius, radius, thick), across)
-            for x in xs for sy in (1, -1)]
+    return [
+        _part("frustum", (x, sy * (half_width - 0.5 * thick), radius), (radius, radius, thick), across)
+        for x in xs
+        for sy in (1, -1)
+    ]
 
 
 def _truck(rng: np.random.Generator, variant: int) -> list[Part]:

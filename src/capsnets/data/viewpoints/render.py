@@ -8,6 +8,7 @@ to ``size x size`` and quantised to uint8.
 Dimension legend: ``V`` views in a chunk, ``P`` rays per view (``(size * supersample) ** 2``),
 ``L`` lightings, ``S`` side of a supersampled image.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,8 +64,9 @@ def _pick(name: str, chosen: Sequence[int] | None, allowed: Sequence[int]) -> li
     return list(chosen)
 
 
-def viewpoint_grid(split: str, *, classes=None, instances=None, elevations=None, azimuths=None,
-                   lightings=None) -> tuple[Tensor, dict[str, Tensor]]:
+def viewpoint_grid(
+    split: str, *, classes=None, instances=None, elevations=None, azimuths=None, lightings=None
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Labels and info of every image of a split (or the chosen subset), without rendering.
 
     Order: class, instance, elevation, azimuth, lighting (the last varies fastest). Every argument left
@@ -75,10 +77,13 @@ def viewpoint_grid(split: str, *, classes=None, instances=None, elevations=None,
         ``(labels, info)``: int64 ``(N,)`` and a dict of int64 ``(N,)`` with keys ``instance``,
         ``elevation``, ``azimuth``, ``lighting``. The full grid has N = 5 x 5 x 9 x 18 x 6 = 24,300.
     """
-    axes = [_pick("classes", classes, range(len(VIEWPOINT_CLASSES))),
-            _pick("instances", instances, split_instances(split)),
-            _pick("elevations", elevations, ELEVATIONS), _pick("azimuths", azimuths, AZIMUTHS),
-            _pick("lightings", lightings, range(len(LIGHTINGS)))]
+    axes = [
+        _pick("classes", classes, range(len(VIEWPOINT_CLASSES))),
+        _pick("instances", instances, split_instances(split)),
+        _pick("elevations", elevations, ELEVATIONS),
+        _pick("azimuths", azimuths, AZIMUTHS),
+        _pick("lightings", lightings, range(len(LIGHTINGS))),
+    ]
     grids = torch.meshgrid(*[torch.tensor(a, dtype=torch.int64) for a in axes], indexing="ij")
     label, instance, elevation, azimuth, lighting = (g.reshape(-1) for g in grids)
     return label, {"instance": instance, "elevation": elevation, "azimuth": azimuth, "lighting": lighting}
@@ -107,7 +112,7 @@ class _Camera:
         self.origin = torch.from_numpy((_CAMERA_DISTANCE * self.back[:, None]).astype(np.float32))
 
     @classmethod
-    def looking_from(cls, azimuth_deg: np.ndarray, elevation_deg: np.ndarray, side: int) -> "_Camera":
+    def looking_from(cls, azimuth_deg: np.ndarray, elevation_deg: np.ndarray, side: int) -> _Camera:
         az, el = np.radians(azimuth_deg)[:, None], np.radians(elevation_deg)[:, None]
         back = np.concatenate([np.cos(el) * np.cos(az), np.cos(el) * np.sin(az), np.sin(el)], 1)
         right = np.concatenate([-np.sin(az), np.cos(az), np.zeros_like(az)], 1)
@@ -169,8 +174,16 @@ def _light_directions(azimuth_deg: np.ndarray, lighting: tuple) -> list[tuple[Te
     return out
 
 
-def _shade(views: Tensor, rays: Tensor, normals: Tensor, albedo: float, azimuth_deg: np.ndarray,
-           lightings: Sequence[int], side: int, supersample: int) -> Tensor:
+def _shade(
+    views: Tensor,
+    rays: Tensor,
+    normals: Tensor,
+    albedo: float,
+    azimuth_deg: np.ndarray,
+    lightings: Sequence[int],
+    side: int,
+    supersample: int,
+) -> Tensor:
     """uint8 images ``(V, L, side, side)`` of one chunk under each chosen lighting."""
     big = torch.full((len(azimuth_deg), len(lightings), (side * supersample) ** 2), BACKGROUND)
     for slot, index in enumerate(lightings):
@@ -186,7 +199,7 @@ def _shade(views: Tensor, rays: Tensor, normals: Tensor, albedo: float, azimuth_
 def _render_instance(parts, albedo, views: list[tuple[int, int]], lightings, size, supersample, chunk):
     out = []
     for start in range(0, len(views), chunk):
-        el_idx, az_units = np.array(views[start:start + chunk]).T
+        el_idx, az_units = np.array(views[start : start + chunk]).T
         azimuth_deg, elevation_deg = az_units * 10.0, 30.0 + 5.0 * el_idx
         camera = _Camera.looking_from(azimuth_deg, elevation_deg, size * supersample)
         views_hit, rays, normals = _hits(parts, camera)
@@ -194,10 +207,21 @@ def _render_instance(parts, albedo, views: list[tuple[int, int]], lightings, siz
     return torch.cat(out).reshape(-1, size, size)  # (views x lightings, size, size)
 
 
-def render_viewpoints(split: str, seed: int = 0, size: int = 48, *, classes=None, instances=None,
-                      elevations=None, azimuths=None, lightings=None, supersample: int = 2,
-                      shuffle: bool = True, views_per_chunk: int = 54,
-                      num_threads: int | None = 1) -> RawNorbLike:
+def render_viewpoints(
+    split: str,
+    seed: int = 0,
+    size: int = 48,
+    *,
+    classes=None,
+    instances=None,
+    elevations=None,
+    azimuths=None,
+    lightings=None,
+    supersample: int = 2,
+    shuffle: bool = True,
+    views_per_chunk: int = 54,
+    num_threads: int | None = 1,
+) -> RawNorbLike:
     """Render one split of the viewpoint data set (no caching; see ``load_viewpoints`` for that).
 
     Args:
@@ -220,13 +244,25 @@ def render_viewpoints(split: str, seed: int = 0, size: int = 48, *, classes=None
         A :class:`~capsnets.data.norb_common.RawNorbLike` with ``images`` uint8 ``(N, size, size)``.
     """
     if size < 1 or supersample < 1 or views_per_chunk < 1:
-        raise ValueError(f"size, supersample, views_per_chunk must be >= 1, got {size}, {supersample}, "
-                         f"{views_per_chunk}")
+        raise ValueError(
+            f"size, supersample, views_per_chunk must be >= 1, got {size}, {supersample}, {views_per_chunk}"
+        )
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     with _torch_threads(num_threads):
-        return _render(split, seed, size, classes, instances, elevations, azimuths, lightings, supersample,
-                       shuffle, views_per_chunk)
+        return _render(
+            split,
+            seed,
+            size,
+            classes,
+            instances,
+            elevations,
+            azimuths,
+            lightings,
+            supersample,
+            shuffle,
+            views_per_chunk,
+        )
 
 
 @contextmanager
@@ -240,19 +276,19 @@ def _torch_threads(num_threads: int | None):
         torch.set_num_threads(before)
 
 
-def _render(split, seed, size, classes, instances, elevations, azimuths, lightings, supersample, shuffle,
-            views_per_chunk) -> RawNorbLike:
-    labels, info = viewpoint_grid(split, classes=classes, instances=instances, elevations=elevations,
-                                  azimuths=azimuths, lightings=lightings)
+def _render(
+    split, seed, size, classes, instances, elevations, azimuths, lightings, supersample, shuffle, views_per_chunk
+) -> RawNorbLike:
+    labels, info = viewpoint_grid(
+        split, classes=classes, instances=instances, elevations=elevations, azimuths=azimuths, lightings=lightings
+    )
     chosen_lightings = _pick("lightings", lightings, range(len(LIGHTINGS)))
-    views = [(e, a) for e in _pick("elevations", elevations, ELEVATIONS)
-             for a in _pick("azimuths", azimuths, AZIMUTHS)]
+    views = [(e, a) for e in _pick("elevations", elevations, ELEVATIONS) for a in _pick("azimuths", azimuths, AZIMUTHS)]
     images = []
     for label in _pick("classes", classes, range(len(VIEWPOINT_CLASSES))):
         for instance in _pick("instances", instances, split_instances(split)):
             parts, albedo = build_instance(label, instance, seed)
-            images.append(_render_instance(parts, albedo, views, chosen_lightings, size, supersample,
-                                           views_per_chunk))
+            images.append(_render_instance(parts, albedo, views, chosen_lightings, size, supersample, views_per_chunk))
     images = torch.cat(images)
     if shuffle:
         rng = np.random.default_rng(np.random.SeedSequence([seed, _SHUFFLE_SALT, split == "train"]))

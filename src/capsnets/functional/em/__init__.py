@@ -83,9 +83,16 @@ Two execution paths compute it:
 Both take the same :class:`~capsnets.functional.em.spec.EMSettings`, the resolved settings of a call; the tests
 hold both to the float64 references of :mod:`capsnets.testing` and to each other.
 """
-from capsnets.functional.em.routing import EMRouting, em_routing, em_routing_poses
-from capsnets.functional.em.spec import (OFFICIAL_MASS_EPS, OFFICIAL_VARIANCE_FLOOR, EMSettings,
-                                         em_inverse_temperatures)
 
-__all__ = ["EMRouting", "EMSettings", "OFFICIAL_MASS_EPS", "OFFICIAL_VARIANCE_FLOOR", "em_inverse_temperatures",
-           "em_routing", "em_routing_poses"]
+from capsnets.functional.em.routing import EMRouting, em_routing, em_routing_poses
+from capsnets.functional.em.spec import OFFICIAL_MASS_EPS, OFFICIAL_VARIANCE_FLOOR, EMSettings, em_inverse_temperatures
+
+__all__ = [
+    "EMRouting",
+    "EMSettings",
+    "OFFICIAL_MASS_EPS",
+    "OFFICIAL_VARIANCE_FLOOR",
+    "em_inverse_temperatures",
+    "em_routing",
+    "em_routing_poses",
+]

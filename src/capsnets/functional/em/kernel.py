@@ -35,6 +35,7 @@ Which path runs is set by the environment variable ``CAPSNETS_EM_KERNEL``:
 - ``torch``: always the PyTorch path (the reference, and the path for CUDA, half precision,
   ``torch.compile`` and export).
 """
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,7 @@ from torch import Tensor
 
 from capsnets.functional.child_groups import ChildGroups
 from capsnets.functional.em.procedure import Scale, initial_assignments
-from capsnets.functional.em.spec import (BETA_A_SCALE, BLEND, COST_NORMALIZATIONS, GRADIENT_MASS_FLOOR,
-                                         EMSettings)
+from capsnets.functional.em.spec import BETA_A_SCALE, BLEND, COST_NORMALIZATIONS, GRADIENT_MASS_FLOOR, EMSettings
 
 ENV_VAR = "CAPSNETS_EM_KERNEL"
 MODES = ("auto", "cpp", "torch")
@@ -75,17 +75,22 @@ def load(verbose: bool = False):
             path = os.environ.get("PATH", "")
             try:
                 # the extension tooling: slow to import, needed once per process
-                from torch.utils.cpp_extension import load as load_extension
+                from torch.utils.cpp_extension import load as load_extension  # noqa: PLC0415
 
                 try:  # the ninja of the pip package (a dependency), also when the environment is not activated
-                    import ninja
+                    import ninja  # noqa: PLC0415
 
                     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
                 except ImportError:
                     pass
                 flags = ["-O3", "-march=native", "-fopenmp"]
-                _state["module"] = load_extension(name="capsnets_em_votes", sources=[str(_SOURCE)],
-                                                  extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=verbose)
+                _state["module"] = load_extension(
+                    name="capsnets_em_votes",
+                    sources=[str(_SOURCE)],
+                    extra_cflags=flags,
+                    extra_ldflags=["-fopenmp"],
+                    verbose=verbose,
+                )
             except Exception as exc:  # no compiler, no ninja, a failed build: the PyTorch path remains
                 last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
                 _state["error"] = f"{type(exc).__name__}: {last}"
@@ -107,21 +112,33 @@ def fused_kernel(pose: Tensor):
     cannot be loaded; with ``auto``, warns once and returns None.
     """
     mode = kernel_mode()
-    if (mode == "torch" or pose.device.type != "cpu" or pose.dtype not in (torch.float32, torch.float64)
-            or tuple(pose.shape[-2:]) != (4, 4) or torch.compiler.is_compiling()
-            or torch.jit.is_scripting() or torch.jit.is_tracing()):
+    if (
+        mode == "torch"
+        or pose.device.type != "cpu"
+        or pose.dtype not in (torch.float32, torch.float64)
+        or tuple(pose.shape[-2:]) != (4, 4)
+        or torch.compiler.is_compiling()
+        or torch.jit.is_scripting()
+        or torch.jit.is_tracing()
+    ):
         return None
     module = load()
     if module is None:
         if mode == "cpp":
-            raise RuntimeError(f"{ENV_VAR}=cpp, but the fused EM kernel could not be built or loaded "
-                               f"({load_error()}). Install a C++ compiler and ninja (pip install ninja), or "
-                               f"set {ENV_VAR}=torch for the PyTorch path.")
+            raise RuntimeError(
+                f"{ENV_VAR}=cpp, but the fused EM kernel could not be built or loaded "
+                f"({load_error()}). Install a C++ compiler and ninja (pip install ninja), or "
+                f"set {ENV_VAR}=torch for the PyTorch path."
+            )
         if not _state["warned"]:
             _state["warned"] = True
-            warnings.warn(f"capsnets: the fused EM kernel could not be built or loaded ({load_error()}); EM "
-                          f"routing uses the PyTorch path (same results, slower). Set {ENV_VAR}=torch to "
-                          f"silence this.", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"capsnets: the fused EM kernel could not be built or loaded ({load_error()}); EM "
+                f"routing uses the PyTorch path (same results, slower). Set {ENV_VAR}=torch to "
+                f"silence this.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     return module
 
 
@@ -149,19 +166,38 @@ class _Iteration(NamedTuple):
     mass: Tensor
 
 
-def route_fused(kernel, votes: FusedVotes, a_in: Tensor, beta_v: Tensor, beta_a: Tensor, settings: EMSettings,
-                scale: Scale, groups: ChildGroups | None, want_r: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+def route_fused(
+    kernel,
+    votes: FusedVotes,
+    a_in: Tensor,
+    beta_v: Tensor,
+    beta_a: Tensor,
+    settings: EMSettings,
+    scale: Scale,
+    groups: ChildGroups | None,
+    want_r: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
     """EM routing of ``votes`` by the kernel: poses (N, J, 16), activations (N, J) and, with ``want_r``, the
     assignments (N, J, I) (else an empty tensor). ``a_in`` (N, 1, I), ``beta_v``, ``beta_a`` (J,) or (1,)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (votes.pose, votes.weight, a_in, beta_v, beta_a)):
-        return _FusedEM.apply(votes.pose, votes.weight, a_in, beta_v, beta_a, votes, kernel, settings, scale, groups,
-                              want_r)
+        return _FusedEM.apply(
+            votes.pose, votes.weight, a_in, beta_v, beta_a, votes, kernel, settings, scale, groups, want_r
+        )
     r, d, pre = _route(kernel, votes, a_in, beta_v, beta_a, settings, scale, groups, keep=0)[:3]
     return _poses(d, votes), torch.sigmoid(pre), r if want_r else r.new_empty(0)
 
 
-def _route(kernel, votes: FusedVotes, a_in, beta_v, beta_a, settings: EMSettings, scale: Scale,
-           groups: ChildGroups | None, keep: int) -> list[Tensor]:
+def _route(
+    kernel,
+    votes: FusedVotes,
+    a_in,
+    beta_v,
+    beta_a,
+    settings: EMSettings,
+    scale: Scale,
+    groups: ChildGroups | None,
+    keep: int,
+) -> list[Tensor]:
     """``kernel.route``: ``[r, d, pre]`` of the last M-step, then what is kept of the last (``keep`` 1) or of
     every iteration (``keep`` 2), as the fields of :class:`_Iteration` with a leading iteration axis."""
     with torch.no_grad():
@@ -169,12 +205,23 @@ def _route(kernel, votes: FusedVotes, a_in, beta_v, beta_a, settings: EMSettings
         r0 = initial_assignments(votes.c, a_in, groups).contiguous()
         index = groups.index.contiguous() if groups is not None else votes.pose.new_empty(0, dtype=torch.long)
         return kernel.route(
-            *votes, a_in.squeeze(1).contiguous(), beta_v.expand(parents).contiguous(),
-            beta_a.expand(parents).contiguous(), scale.floor.reshape(-1).contiguous(),
-            scale.log_var.reshape(-1).contiguous(), r0, index, list(settings.inverse_temperatures), settings.eps,
-            settings.official, COST_NORMALIZATIONS.index(settings.cost_normalization),
+            *votes,
+            a_in.squeeze(1).contiguous(),
+            beta_v.expand(parents).contiguous(),
+            beta_a.expand(parents).contiguous(),
+            scale.floor.reshape(-1).contiguous(),
+            scale.log_var.reshape(-1).contiguous(),
+            r0,
+            index,
+            list(settings.inverse_temperatures),
+            settings.eps,
+            settings.official,
+            COST_NORMALIZATIONS.index(settings.cost_normalization),
             1 if groups is not None and groups.normalize == "per_type" else 0,
-            groups.count if groups is not None else 0, groups.blocks if groups is not None else 1, keep)
+            groups.count if groups is not None else 0,
+            groups.blocks if groups is not None else 1,
+            keep,
+        )
 
 
 def _poses(d: Tensor, votes: FusedVotes) -> Tensor:
@@ -221,13 +268,16 @@ def _backward(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r):
     and the per-parent algebra after it (``estep_parents``: the log densities' parameters). With
     ``detach_routing`` only the last M-step is differentiated. No autograd graph of the procedure is built."""
     kernel, votes, settings, groups, saved = ctx.kernel, ctx.votes, ctx.settings, ctx.groups, ctx.iterations
-    lambdas = settings.inverse_temperatures[-len(saved):]
+    lambdas = settings.inverse_temperatures[-len(saved) :]
     cc = votes.c
     last_pre = saved[-1].pre
     # the state carried from step to step, updated in place by the kernel
     g_d = torch.zeros_like(cc) if g_mu is None else (g_mu / votes.inv.view(-1, 1, 1)).contiguous()
-    g_pre = (torch.zeros_like(last_pre) if g_a is None
-             else (g_a * torch.sigmoid(last_pre) * torch.sigmoid(-last_pre)).contiguous())
+    g_pre = (
+        torch.zeros_like(last_pre)
+        if g_a is None
+        else (g_a * torch.sigmoid(last_pre) * torch.sigmoid(-last_pre)).contiguous()
+    )
     g_var = torch.zeros_like(cc)  # from the E-step that used this iteration's parameters
     g_sum_log, g_bv, g_ba = (torch.zeros_like(last_pre) for _ in range(3))
     n, _, children = a_in.shape
@@ -244,14 +294,33 @@ def _backward(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r):
         st = saved[t]
         g_cost = _cost_gradient(settings, lambdas[t], g_pre, st, bv, children)
         coef, guard, floored, slope, base = kernel.mstep_parents(
-            st.m, st.d, st.var, st.log_var, st.mass, cc, bv, g_cost, g_d, g_var, g_pre, g_sum_log, g_bv, g_ba,
-            right, col, float(lambdas[t]), settings.eps, *constants)
+            st.m,
+            st.d,
+            st.var,
+            st.log_var,
+            st.mass,
+            cc,
+            bv,
+            g_cost,
+            g_d,
+            g_var,
+            g_pre,
+            g_sum_log,
+            g_bv,
+            g_ba,
+            right,
+            col,
+            float(lambdas[t]),
+            settings.eps,
+            *constants,
+        )
         # per child: g_w = [x, x^2] . coef; g_R' = g_w / floored + g_mass; d a_in += sum_j g_R' r;
         # left[col] = R' / guard (the M-step's weights); for the E-step before it g_r = g_R' a (+ the output
         # assignments' gradient, last step) and y = r g_r
         extra = g_r_extra if t == len(saved) - 1 else empty
-        g_r_t, y = kernel.mstep_back(*votes, coef, st.r, a_flat, guard, floored, slope, base, extra, left[col],
-                                     g_a_in, t > 0)
+        g_r_t, y = kernel.mstep_back(
+            *votes, coef, st.r, a_flat, guard, floored, slope, base, extra, left[col], g_a_in, t > 0
+        )
         col += 1
         if t == 0:
             break
@@ -261,8 +330,9 @@ def _backward(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r):
         if groups is None:
             total = y.sum(dim=1, keepdim=True)
         else:
-            total = kernel.group_sum(y, groups.index.contiguous(), groups.count, groups.normalize == "per_type",
-                                     groups.blocks)
+            total = kernel.group_sum(
+                y, groups.index.contiguous(), groups.count, groups.normalize == "per_type", groups.blocks
+            )
         s12, s0 = kernel.estep_back(*votes, st.r, g_r_t, total, left[col])
         prev = saved[t - 1]
         kernel.estep_parents(s12, s0, prev.d, prev.var, prev.pre, g_d, g_var, g_pre, g_sum_log, right, col)
@@ -271,8 +341,9 @@ def _backward(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r):
     return grads, left, right
 
 
-def _cost_gradient(settings: EMSettings, lam: float, g_pre: Tensor, st: _Iteration, beta_v: Tensor,
-                   children: int) -> Tensor:
+def _cost_gradient(
+    settings: EMSettings, lam: float, g_pre: Tensor, st: _Iteration, beta_v: Tensor, children: int
+) -> Tensor:
     """The gradient (N, J) of the paper's cost ``(H beta_v + 0.5 sum_h log_var) mass`` through its
     normalisation, from that of the logit ``lam (beta_a - normalised cost)``; empty without a normalisation
     (the kernel then takes ``-lam g_pre``)."""

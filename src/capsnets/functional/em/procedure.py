@@ -12,6 +12,7 @@ variance about any centre follows by exact algebra, clamped at 0 against roundin
 ``xx @ [-2 d / sigma^2, 1 / sigma^2]`` (:func:`~capsnets.functional.products.matvec`): no ``(B, J, I, H)``
 temporary per iteration.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from capsnets.functional.child_groups import ChildGroups, group_softmax
-from capsnets.functional.em.spec import (BETA_A_SCALE, BLEND, GRADIENT_MASS_FLOOR, LOG_2PI, EMSettings, check_beta,
-                                         check_child_groups)
+from capsnets.functional.em.spec import (
+    BETA_A_SCALE,
+    BLEND,
+    GRADIENT_MASS_FLOOR,
+    LOG_2PI,
+    EMSettings,
+    check_beta,
+    check_child_groups,
+)
 from capsnets.functional.products import matvec
 
 
@@ -40,8 +48,11 @@ class Scale(NamedTuple):
 def vote_scale(v: Tensor, floor: float) -> Scale:
     """The :class:`Scale` of votes ``v`` (B, J, I, H) with variance floor ``floor``."""
     with torch.no_grad():
-        top = (torch.maximum(v.amax(dim=(1, 2, 3)), -v.amin(dim=(1, 2, 3))) if v.numel()  # (B,): the largest |V|
-               else v.new_zeros(v.shape[0]))
+        top = (
+            torch.maximum(v.amax(dim=(1, 2, 3)), -v.amin(dim=(1, 2, 3)))
+            if v.numel()  # (B,): the largest |V|
+            else v.new_zeros(v.shape[0])
+        )
     return scale_from_top(top, v.shape[-1], floor)
 
 
@@ -106,8 +117,17 @@ def _mass_weights(r_prime: Tensor, mass: Tensor, eps: float) -> tuple[Tensor, Te
     return w_floored + (w - w_floored).detach(), s_floored + (s - s_floored).detach()
 
 
-def _m_step(r_prime: Tensor, c: Tensor, xx: Tensor, beta_v: Tensor, beta_a: Tensor, lam: float,
-            settings: EMSettings, scale: Scale, d_prev: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _m_step(
+    r_prime: Tensor,
+    c: Tensor,
+    xx: Tensor,
+    beta_v: Tensor,
+    beta_a: Tensor,
+    lam: float,
+    settings: EMSettings,
+    scale: Scale,
+    d_prev: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One M-step. r_prime (B, J, I), c (B, J, 1, H) -> mu - c, var (B, J, H) in the units of ``scale``,
     the real log_var (B, J, H), pre (B, J).
 
@@ -154,8 +174,9 @@ def _e_step(xx: Tensor, d: Tensor, var: Tensor, log_var: Tensor, pre: Tensor, gr
     return torch.softmax(logits, dim=1) if groups is None else group_softmax(logits, groups)
 
 
-def route(v: Tensor, a_in: Tensor, beta_v: Tensor, beta_a: Tensor, settings: EMSettings,
-          groups: ChildGroups | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def route(
+    v: Tensor, a_in: Tensor, beta_v: Tensor, beta_a: Tensor, settings: EMSettings, groups: ChildGroups | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """The procedure on votes ``v`` (B, J, I, H), activations ``a_in`` (B, 1, I) and ``beta_v``, ``beta_a``
     ``(J,)`` or ``(1,)``, all of one float dtype: poses (B, J, H), activations (B, J), assignments (B, J, I)."""
     scale = vote_scale(v, settings.variance_floor if settings.official else settings.eps)
@@ -180,18 +201,21 @@ def route(v: Tensor, a_in: Tensor, beta_v: Tensor, beta_a: Tensor, settings: EMS
 def check_votes(votes, activations) -> None:
     if not isinstance(votes, Tensor) or votes.dim() != 4:
         shape = tuple(votes.shape) if isinstance(votes, Tensor) else type(votes).__name__
-        raise ValueError(
-            f"votes must be a 4-D tensor (B, I, J, H) (batch, children, parents, pose); got {shape}"
-        )
+        raise ValueError(f"votes must be a 4-D tensor (B, I, J, H) (batch, children, parents, pose); got {shape}")
     if not isinstance(activations, Tensor) or activations.shape != votes.shape[:2]:
         shape = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
-        raise ValueError(
-            f"activations must have shape (B, I) = {tuple(votes.shape[:2])} to match votes; got {shape}"
-        )
+        raise ValueError(f"activations must have shape (B, I) = {tuple(votes.shape[:2])} to match votes; got {shape}")
 
 
-def route_votes(votes: Tensor, activations: Tensor, beta_v, beta_a, settings: EMSettings,
-                child_groups: ChildGroups | None = None, return_assignments: bool = False):
+def route_votes(
+    votes: Tensor,
+    activations: Tensor,
+    beta_v,
+    beta_a,
+    settings: EMSettings,
+    child_groups: ChildGroups | None = None,
+    return_assignments: bool = False,
+):
     """:func:`~capsnets.functional.em_routing` with its settings resolved (the votes' shapes checked by
     :func:`check_votes`)."""
     check_child_groups(child_groups, tuple(votes.shape[:2]), "votes")

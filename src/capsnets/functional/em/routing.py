@@ -1,6 +1,7 @@
 """The public face of EM routing: the routing as a value (:class:`EMRouting`), the routing of votes
 (:func:`em_routing`, the PyTorch path) and of matrix capsules' poses (:func:`em_routing_poses`, which picks the
 execution path: the fused CPU kernel where it applies, the PyTorch path elsewhere)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -12,8 +13,13 @@ from torch import Tensor
 from capsnets.functional.child_groups import ChildGroups
 from capsnets.functional.em.kernel import FusedVotes, fused_kernel, route_fused
 from capsnets.functional.em.procedure import check_votes, route_votes, scale_from_top
-from capsnets.functional.em.spec import (OFFICIAL_MASS_EPS, EMSettings, check_beta, check_child_groups,
-                                         em_inverse_temperatures)
+from capsnets.functional.em.spec import (
+    OFFICIAL_MASS_EPS,
+    EMSettings,
+    check_beta,
+    check_child_groups,
+    em_inverse_temperatures,
+)
 from capsnets.functional.products import matrix_votes
 
 
@@ -61,19 +67,30 @@ class EMRouting:
     supports_child_groups = True
 
     def __post_init__(self) -> None:
-        settings = EMSettings.resolve(self.iterations, self.inverse_temperature, eps=self.eps,
-                                      cost_normalization=self.cost_normalization, detach_routing=self.detach_routing,
-                                      formulation=self.formulation, variance_floor=self.variance_floor)
-        resolved = {"iterations": settings.iterations, "eps": settings.eps, "variance_floor": settings.variance_floor,
-                    "inverse_temperature": settings.inverse_temperatures}
+        settings = EMSettings.resolve(
+            self.iterations,
+            self.inverse_temperature,
+            eps=self.eps,
+            cost_normalization=self.cost_normalization,
+            detach_routing=self.detach_routing,
+            formulation=self.formulation,
+            variance_floor=self.variance_floor,
+        )
+        resolved = {
+            "iterations": settings.iterations,
+            "eps": settings.eps,
+            "variance_floor": settings.variance_floor,
+            "inverse_temperature": settings.inverse_temperatures,
+        }
         for name, value in resolved.items():  # frozen: the resolved settings, set once
             object.__setattr__(self, name, value)
 
     @property
     def settings(self) -> EMSettings:
         """The settings both execution paths take."""
-        return EMSettings(self.inverse_temperature, self.eps, self.cost_normalization, self.detach_routing,
-                          self.variance_floor)
+        return EMSettings(
+            self.inverse_temperature, self.eps, self.cost_normalization, self.detach_routing, self.variance_floor
+        )
 
     @property
     def inverse_temperatures(self) -> list[float]:
@@ -81,43 +98,82 @@ class EMRouting:
         return list(self.inverse_temperature)
 
     @classmethod
-    def official(cls, iterations: int = iterations, *, layer: str = "conv", final_inverse_temperature: float = 0.01,
-                 detach_routing: bool = detach_routing) -> "EMRouting":
+    def official(
+        cls,
+        iterations: int = iterations,
+        *,
+        layer: str = "conv",
+        final_inverse_temperature: float = 0.01,
+        detach_routing: bool = detach_routing,
+    ) -> EMRouting:
         """The released code's routing for a ``"conv"`` or ``"class"`` capsule layer: the official
         formulation, ``lambda_t = final (1 - 0.95^(t+1))`` with ``final`` divided by 4 in the class layer,
         variance floor 5e-4, mass guard 1e-7 (conv) or 1e-5 (class)."""
         if layer not in OFFICIAL_MASS_EPS:
             raise ValueError(f"layer must be 'conv' or 'class', got {layer!r}")
         final = final_inverse_temperature / 4.0 if layer == "class" else final_inverse_temperature
-        return cls(iterations, em_inverse_temperatures(int(iterations), final=final), eps=OFFICIAL_MASS_EPS[layer],
-                   detach_routing=detach_routing, formulation="official")
+        return cls(
+            iterations,
+            em_inverse_temperatures(int(iterations), final=final),
+            eps=OFFICIAL_MASS_EPS[layer],
+            detach_routing=detach_routing,
+            formulation="official",
+        )
 
-    def __call__(self, votes, activations, beta_v, beta_a, return_assignments: bool = False,
-                 child_groups: ChildGroups | None = None):
+    def __call__(
+        self,
+        votes,
+        activations,
+        beta_v,
+        beta_a,
+        return_assignments: bool = False,
+        child_groups: ChildGroups | None = None,
+    ):
         check_votes(votes, activations)
         return route_votes(votes, activations, beta_v, beta_a, self.settings, child_groups, return_assignments)
 
-    def route_poses(self, poses, weight, activations, beta_v, beta_a, coordinates=None,
-                    return_assignments: bool = False, child_groups: ChildGroups | None = None):
+    def route_poses(
+        self,
+        poses,
+        weight,
+        activations,
+        beta_v,
+        beta_a,
+        coordinates=None,
+        return_assignments: bool = False,
+        child_groups: ChildGroups | None = None,
+    ):
         """This routing of the votes ``poses @ weight`` (:func:`em_routing_poses`: with the fused CPU kernel
         where it applies, so the votes are never stored)."""
-        return _route_poses(poses, weight, activations, beta_v, beta_a, self.settings, coordinates, child_groups,
-                            return_assignments)
+        return _route_poses(
+            poses, weight, activations, beta_v, beta_a, self.settings, coordinates, child_groups, return_assignments
+        )
 
     def to_config(self) -> dict:
         """The JSON-able spec of this routing, every setting resolved
         (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
-        return {"type": "em", "iterations": self.iterations, "inverse_temperature": list(self.inverse_temperature),
-                "eps": self.eps, "cost_normalization": self.cost_normalization,
-                "detach_routing": self.detach_routing, "formulation": self.formulation,
-                "variance_floor": self.variance_floor}
+        return {
+            "type": "em",
+            "iterations": self.iterations,
+            "inverse_temperature": list(self.inverse_temperature),
+            "eps": self.eps,
+            "cost_normalization": self.cost_normalization,
+            "detach_routing": self.detach_routing,
+            "formulation": self.formulation,
+            "variance_floor": self.variance_floor,
+        }
 
     def __repr__(self) -> str:
         lams = ", ".join(f"{x:.3g}" for x in self.inverse_temperature)
-        extra = (f", formulation='official', variance_floor={self.variance_floor}"
-                 if self.formulation == "official" else f", cost_normalization={self.cost_normalization!r}")
-        return (f"EMRouting(iterations={self.iterations}, inverse_temperature=[{lams}], eps={self.eps}"
-                f"{extra}, detach_routing={self.detach_routing})")
+        extra = (
+            f", formulation='official', variance_floor={self.variance_floor}"
+            if self.formulation == "official"
+            else f", cost_normalization={self.cost_normalization!r}"
+        )
+        return (
+            f"EMRouting(iterations={self.iterations}, inverse_temperature=[{lams}], eps={self.eps}"
+            f"{extra}, detach_routing={self.detach_routing})"
+        )
 
 
 def em_routing(
@@ -184,9 +240,15 @@ def em_routing(
         ...                                 inverse_temperature=em_inverse_temperatures(3, final=0.0025))
     """
     check_votes(votes, activations)
-    settings = EMSettings.resolve(iterations, inverse_temperature, eps=eps, cost_normalization=cost_normalization,
-                                  detach_routing=detach_routing, formulation=formulation,
-                                  variance_floor=variance_floor)
+    settings = EMSettings.resolve(
+        iterations,
+        inverse_temperature,
+        eps=eps,
+        cost_normalization=cost_normalization,
+        detach_routing=detach_routing,
+        formulation=formulation,
+        variance_floor=variance_floor,
+    )
     return route_votes(votes, activations, beta_v, beta_a, settings, child_groups, return_assignments)
 
 
@@ -237,11 +299,27 @@ def em_routing_poses(
         (torch.Size([8, 10, 16]), torch.Size([8, 10]))
     """
     _check_poses(poses, weight, coordinates)
-    settings = EMSettings.resolve(iterations, inverse_temperature, eps=eps, cost_normalization=cost_normalization,
-                                  detach_routing=detach_routing, formulation=formulation,
-                                  variance_floor=variance_floor)
-    return _route_poses(poses, weight, activations, beta_v, beta_a, settings, coordinates, child_groups,
-                        return_assignments, checked=True)
+    settings = EMSettings.resolve(
+        iterations,
+        inverse_temperature,
+        eps=eps,
+        cost_normalization=cost_normalization,
+        detach_routing=detach_routing,
+        formulation=formulation,
+        variance_floor=variance_floor,
+    )
+    return _route_poses(
+        poses,
+        weight,
+        activations,
+        beta_v,
+        beta_a,
+        settings,
+        coordinates,
+        child_groups,
+        return_assignments,
+        checked=True,
+    )
 
 
 def _check_poses(poses, weight, coordinates) -> None:
@@ -249,19 +327,36 @@ def _check_poses(poses, weight, coordinates) -> None:
         got = tuple(poses.shape) if isinstance(poses, Tensor) else type(poses).__name__
         raise ValueError(f"poses must be a (B, I, P, P) tensor of square pose matrices; got {got}")
     children, side = poses.shape[1], poses.shape[-1]
-    if (not isinstance(weight, Tensor) or weight.dim() != 4 or tuple(weight.shape[-2:]) != (side, side)
-            or weight.shape[0] < 1 or children % weight.shape[0]):
+    if (
+        not isinstance(weight, Tensor)
+        or weight.dim() != 4
+        or tuple(weight.shape[-2:]) != (side, side)
+        or weight.shape[0] < 1
+        or children % weight.shape[0]
+    ):
         got = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
-        raise ValueError(f"weight must be an (Iw, J, {side}, {side}) tensor with I = {children} a multiple of Iw; "
-                         f"got {got}")
-    if coordinates is not None and (not isinstance(coordinates, Tensor) or tuple(coordinates.shape) != (children, 2)
-                                    or side * side < 2):
+        raise ValueError(
+            f"weight must be an (Iw, J, {side}, {side}) tensor with I = {children} a multiple of Iw; got {got}"
+        )
+    if coordinates is not None and (
+        not isinstance(coordinates, Tensor) or tuple(coordinates.shape) != (children, 2) or side * side < 2
+    ):
         got = tuple(coordinates.shape) if isinstance(coordinates, Tensor) else type(coordinates).__name__
         raise ValueError(f"coordinates must be None or an (I, 2) = ({children}, 2) tensor; got {got}")
 
 
-def _route_poses(poses, weight, activations, beta_v, beta_a, settings: EMSettings, coordinates=None,
-                 child_groups: ChildGroups | None = None, return_assignments: bool = False, checked: bool = False):
+def _route_poses(
+    poses,
+    weight,
+    activations,
+    beta_v,
+    beta_a,
+    settings: EMSettings,
+    coordinates=None,
+    child_groups: ChildGroups | None = None,
+    return_assignments: bool = False,
+    checked: bool = False,
+):
     """:func:`em_routing_poses` with its settings resolved: the kernel where :func:`fused_kernel` gives one
     (and the coordinates need no gradient), else the votes routed by the PyTorch path."""
     if not checked:
@@ -294,8 +389,9 @@ def _route_poses(poses, weight, activations, beta_v, beta_a, settings: EMSetting
             scale = scale_from_top(top, height, settings.variance_floor if settings.official else settings.eps)
             inv = scale.inv.reshape(-1).contiguous()
             votes = FusedVotes(pose, w, coord, (mean * inv.view(-1, 1, 1)).contiguous(), inv)
-        mu, a_out, r = route_fused(kernel, votes, a_in, beta_v, beta_a, settings, scale, child_groups,
-                                   want_r=return_assignments)
+        mu, a_out, r = route_fused(
+            kernel, votes, a_in, beta_v, beta_a, settings, scale, child_groups, want_r=return_assignments
+        )
     if return_assignments:
         return mu, a_out, r.transpose(1, 2)
     return mu, a_out

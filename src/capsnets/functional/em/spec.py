@@ -1,5 +1,6 @@
 """The settings of EM routing: constants of both formulations, the inverse temperature schedule, and
 :class:`EMSettings`, the resolved and checked settings that both execution paths take."""
+
 from __future__ import annotations
 
 import math
@@ -68,9 +69,17 @@ class EMSettings:
         return self.variance_floor is not None
 
     @classmethod
-    def resolve(cls, iterations: int, inverse_temperature: float | Sequence[float] | None = None, *,
-                eps: float | None = None, cost_normalization: str | None = None, detach_routing: bool = False,
-                formulation: str = "paper", variance_floor: float | None = None) -> "EMSettings":
+    def resolve(
+        cls,
+        iterations: int,
+        inverse_temperature: float | Sequence[float] | None = None,
+        *,
+        eps: float | None = None,
+        cost_normalization: str | None = None,
+        detach_routing: bool = False,
+        formulation: str = "paper",
+        variance_floor: float | None = None,
+    ) -> EMSettings:
         """The settings of :func:`~capsnets.functional.em_routing`'s arguments, checked, with the formulation's
         defaults filled in; a ``ValueError`` names the argument that is wrong."""
         eps, variance_floor = resolve_formulation(formulation, eps, variance_floor)
@@ -101,8 +110,10 @@ def resolve_lambdas(inverse_temperature, iterations: int) -> list[float]:
 def resolve_formulation(formulation, eps, variance_floor):
     """``(eps, variance_floor)`` with the defaults of ``formulation`` filled in (floor None for the paper)."""
     if formulation == "official":
-        return (OFFICIAL_MASS_EPS["class"] if eps is None else eps,
-                OFFICIAL_VARIANCE_FLOOR if variance_floor is None else variance_floor)
+        return (
+            OFFICIAL_MASS_EPS["class"] if eps is None else eps,
+            OFFICIAL_VARIANCE_FLOOR if variance_floor is None else variance_floor,
+        )
     return (1e-6 if eps is None else eps), variance_floor
 
 
@@ -112,18 +123,21 @@ def check_settings(iterations, eps, cost_normalization, formulation="paper", var
     if not isinstance(eps, (int, float)) or not eps > 0:
         raise ValueError(f"eps must be a number > 0, got {eps!r}")
     if cost_normalization not in COST_NORMALIZATIONS:
-        raise ValueError(
-            f"cost_normalization must be one of {COST_NORMALIZATIONS}, got {cost_normalization!r}"
-        )
+        raise ValueError(f"cost_normalization must be one of {COST_NORMALIZATIONS}, got {cost_normalization!r}")
     if formulation not in FORMULATIONS:
         raise ValueError(f"formulation must be one of {FORMULATIONS}, got {formulation!r}")
     if formulation == "official" and cost_normalization is not None:
-        raise ValueError(f"cost_normalization applies to the paper's cost; formulation='official' has its own "
-                         f"activation logit, so cost_normalization must be None (got {cost_normalization!r})")
-    if variance_floor is not None and (formulation != "official" or not isinstance(variance_floor, (int, float))
-                                       or not variance_floor > 0):
-        raise ValueError(f"variance_floor must be None (paper: eps is the floor) or, with formulation='official', "
-                         f"a number > 0; got {variance_floor!r} with formulation={formulation!r}")
+        raise ValueError(
+            f"cost_normalization applies to the paper's cost; formulation='official' has its own "
+            f"activation logit, so cost_normalization must be None (got {cost_normalization!r})"
+        )
+    if variance_floor is not None and (
+        formulation != "official" or not isinstance(variance_floor, (int, float)) or not variance_floor > 0
+    ):
+        raise ValueError(
+            f"variance_floor must be None (paper: eps is the floor) or, with formulation='official', "
+            f"a number > 0; got {variance_floor!r} with formulation={formulation!r}"
+        )
 
 
 def check_beta(beta, name: str, parents: int, like: Tensor) -> Tensor:
@@ -141,7 +155,8 @@ def check_beta(beta, name: str, parents: int, like: Tensor) -> Tensor:
 
 
 def check_child_groups(child_groups, shape: tuple, of: str) -> None:
-    if child_groups is not None and (not isinstance(child_groups, ChildGroups)
-                                     or tuple(child_groups.index.shape) != shape):
+    if child_groups is not None and (
+        not isinstance(child_groups, ChildGroups) or tuple(child_groups.index.shape) != shape
+    ):
         got = tuple(child_groups.index.shape) if isinstance(child_groups, ChildGroups) else type(child_groups).__name__
         raise ValueError(f"child_groups must be a ChildGroups whose index has the {of}' (B, I) = {shape}; got {got}")
