@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import environment  # noqa: E402
-
 import capsnets  # noqa: E402
 from capsnets.engine.runtime import retain_freed_memory  # noqa: E402
 from capsnets.functional.em import kernel as em_kernel  # noqa: E402
+
+from throughput import environment  # noqa: E402
 
 PAIRS = (("matrix_capsnet_small", "cnn_smallnorb_narrow"), ("matrix_capsnet", "cnn_smallnorb"))
 PATHS = ("torch", "cpp")

@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 
 import torch
-from throughput import environment
 
 import capsnets
 from capsnets.data import DeviceLoader, load_dataset
 from capsnets.engine.runtime import resolve_device, retain_freed_memory
 from capsnets.io import atomic_write
 from capsnets.losses import create_loss
+
+from throughput import environment
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -21,11 +21,12 @@ import time
 from pathlib import Path
 
 import torch
-from throughput import environment, max_rss_bytes  # benchmarks/throughput.py, beside this script
 
 import capsnets
 from capsnets.export import ExportableModel, export_model
 from capsnets.io import atomic_write
+
+from throughput import environment, max_rss_bytes  # benchmarks/throughput.py, beside this script
 
 #: One model of each family: vector capsules, matrix capsules with EM routing, SegCaps, and a CNN baseline.
 DEFAULT_MODELS = ["capsnet_small", "matrix_capsnet_small", "segcaps_small", "cnn_baseline_narrow"]

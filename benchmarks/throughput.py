@@ -31,12 +31,13 @@ import time
 from pathlib import Path
 
 import torch
-from baselines import NaiveDynamicRouting, NaiveEMRouting  # benchmarks/baselines.py, beside this script
 
 import capsnets
 from capsnets.engine.runtime import autocast, resolve_device, retain_freed_memory
 from capsnets.losses import create_loss
 from capsnets.models import CapsNet, MatrixCapsNet, model_arguments, routing_keys
+
+from baselines import NaiveDynamicRouting, NaiveEMRouting  # benchmarks/baselines.py, beside this script
 
 # ----------------------------------------------------------------------------------------- environment
 

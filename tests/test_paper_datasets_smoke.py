@@ -7,10 +7,11 @@ import json
 
 import pytest
 import yaml
-from fake_datasets import fake_cifar_splits, md5_of, write_cifar_tarball, write_svhn_mat
 
 from capsnets.cli import main
 from capsnets.data import CIFAR10, SVHN
+
+from fake_datasets import fake_cifar_splits, md5_of, write_cifar_tarball, write_svhn_mat
 
 pytestmark = pytest.mark.learning
 

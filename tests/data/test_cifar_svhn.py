@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import scipy.io
 import torch
-from fake_datasets import CIFAR_CLASSES, fake_cifar_splits, write_cifar_tarball, write_svhn_mat
 
 from capsnets.data import CIFAR10, SVHN, DatasetError, dataset_info, load_dataset
+
+from fake_datasets import CIFAR_CLASSES, fake_cifar_splits, write_cifar_tarball, write_svhn_mat
 
 
 @pytest.fixture

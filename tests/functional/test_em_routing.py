@@ -1,6 +1,5 @@
 import pytest
 import torch
-from helpers import assert_finite
 from torch.autograd import gradcheck
 
 from capsnets.functional import (
@@ -12,6 +11,8 @@ from capsnets.functional import (
     group_softmax,
 )
 from capsnets.testing import reference_em_routing
+
+from helpers import assert_finite
 
 
 def _inputs(batch, children, parents, dim, *, gen, dtype=torch.float64, requires_grad=False):

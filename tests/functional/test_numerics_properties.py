@@ -11,13 +11,14 @@ import math
 
 import pytest
 import torch
-from helpers import assert_finite
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from capsnets.functional import ChildGroups, EMRouting, capsule_length, dynamic_routing, em_routing, safe_norm, squash
 from capsnets.functional.em.spec import GRADIENT_MASS_FLOOR as _GRADIENT_MASS_FLOOR
 from capsnets.testing import reference_dynamic_routing, reference_em_routing
+
+from helpers import assert_finite
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 EM_ROUTINGS = {

@@ -7,7 +7,6 @@ property runs a fixed, derandomized set of examples."""
 import math
 
 import torch
-from helpers import assert_finite
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +17,8 @@ from capsnets.functional import (
     self_routing,
     uniform_routing,
 )
+
+from helpers import assert_finite
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_finite
 
 import capsnets
 from capsnets.functional import ChildGroups, dynamic_routing, em_routing, grid_child_groups
 from capsnets.losses import create_loss
+
+from helpers import assert_finite
 
 
 def _finite(**tensors):

@@ -5,13 +5,14 @@ import math
 
 import pytest
 import torch
-from helpers import assert_finite
 
 import capsnets
 from capsnets.functional import SelfAttentionRouting
 from capsnets.losses import create_loss
 from capsnets.models.efficient_capsnet import ConvCapsuleDecoder, DepthwisePrimaryCapsules, EfficientCapsNet
 from capsnets.validation import ArgumentError
+
+from helpers import assert_finite
 
 # Paper, Table 2 (MNIST): 161K parameters, and Table 4 (smallNORB, 48x48 stereo pairs): 151K, both counted without
 # the decoder that regularises training. Keras's count of the authors' graphs (models/efficient_capsnet_graph_mnist.py

@@ -2,12 +2,13 @@
 
 import pytest
 import torch
-from helpers import assert_finite
 
 import capsnets
 from capsnets.functional import DynamicRouting, EMRouting
 from capsnets.losses import create_loss
 from capsnets.models import MatrixCapsNet
+
+from helpers import assert_finite
 
 EXPECTED_PARAMETERS = {
     "capsnet": 8_215_568,  # Sabour, Frosst & Hinton (2017), Sec. 5: 8.2M

@@ -3,7 +3,6 @@ authors' code (coder3000/SR-CapsNet), shapes, gradients, losses and errors."""
 
 import pytest
 import torch
-from helpers import assert_finite
 
 import capsnets
 from capsnets.cli import main
@@ -11,6 +10,8 @@ from capsnets.functional import DynamicRouting
 from capsnets.losses import create_loss
 from capsnets.models.routing_zoo import HEAD_LOSSES, HEADS, RoutingZoo
 from capsnets.validation import ArgumentError, describe
+
+from helpers import assert_finite
 
 # The paper gives parameter counts only for its ResNet-20 models. These are the counts of the code's smallNORB
 # network (models/convnet.py, ConvNet with planes=16, num_caps=32, caps_size=16, depth=1; 1 channel, 5 classes),

@@ -3,12 +3,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_finite
 
 import capsnets
 from capsnets.data.segmentation import make_digit_segmentation
 from capsnets.engine import dice_score
 from capsnets.losses import binary_segmentation_loss, create_loss
+
+from helpers import assert_finite
 
 SEGMENTATION = capsnets.list_models("segmentation")
 
