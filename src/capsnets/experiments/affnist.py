@@ -27,15 +27,12 @@ from torch import nn
 from capsnets.data import DatasetError, load_dataset
 from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
 from capsnets.experiments.common import ExperimentSettings, register_experiment
-from capsnets.experiments.report import (markdown_table, matching_note, percent, save_figure, settings_table,
-                                         training_metrics, write_report)
+from capsnets.experiments.report import save_figure, training_metrics, write_report
+from capsnets.experiments.report.affnist import affnist_sections
 from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
 from capsnets.models import count_parameters, create_model
 
 __all__ = ["run"]
-
-_PAPER = {"CapsNet": (0.9923, 0.79), "CNN": (0.9922, 0.66)}
-
 
 @dataclass(frozen=True)
 class Settings(ExperimentSettings):
@@ -122,21 +119,11 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
                 for index, (name, model) in enumerate(models.items())}
     accuracy = {(name, test): evaluate_accuracy(m, data.images, data.labels)
                 for name, m in models.items() for test, data in tests.items()}
-    headers = ["model", "parameters", "epochs", *[f"{t} accuracy" for t in tests], "paper: expanded MNIST",
-               "paper: affNIST"]
-    rows = [(f"{name} ({m.model_name})", f"{count_parameters(m):,}", training[name]["epochs"],
-             *[percent(accuracy[name, t]) for t in tests], percent(_PAPER[name][0]), percent(_PAPER[name][1]))
-            for name, m in models.items()]
     samples_png = _plot_samples(models, tests["affNIST-style"].images, tests["affNIST-style"].labels,
                                 out / "affnist_style_samples.png")
-    notes = ("Training: MNIST digits at random positions on a 40x40 canvas, no other augmentation. "
-             "affNIST-style: MNIST test digits, rotation +-20 deg, shear +-0.2, scales 0.8-1.2 (uniform), "
-             "translated uniformly within the 40x40 frame. ")
-    notes += ("The real affNIST test set was evaluated." if real is not None
-              else f"Real affNIST not evaluated: {missing}")
-    notes += "\n\n" + matching_note(training, s.target_accuracy)
-    sections = [("Results", markdown_table(headers, rows) + "\n\n" + notes),
-                ("Settings", settings_table({**s.to_dict(), "seed": seed, "device": device, "smoke": smoke}))]
+    sections = affnist_sections({name: (m.model_name, count_parameters(m)) for name, m in models.items()},
+                                list(tests), accuracy, training, s, missing=missing, seed=seed, device=device,
+                                smoke=smoke)
     metrics = {f"{name}_{test}".replace(" ", "_"): value for (name, test), value in accuracy.items()}
     metrics.update(training_metrics(training))
     return write_report(out, "affNIST: generalisation to unseen affine transforms", sections, figures=[samples_png],

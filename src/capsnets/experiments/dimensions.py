@@ -29,10 +29,9 @@ from capsnets.engine.callbacks import checkpoint_path
 from capsnets.io import CheckpointError
 from capsnets.models.hub import load_model
 from capsnets.experiments.common import ExperimentSettings, register_experiment
-from capsnets.experiments.report import (ExperimentResult, markdown_table, percent, save_figure, settings_table,
-                                         training_cell, write_report)
-from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, minutes_to_seconds,
-                                           train_classifier)
+from capsnets.experiments.report import ExperimentResult, save_figure, write_report
+from capsnets.experiments.report.dimensions import dimensions_sections
+from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds, train_classifier
 from capsnets.functional import capsule_length
 from capsnets.models import count_parameters, create_model
 from capsnets.plots import perturbation_grid, plot_perturbation_grid
@@ -84,11 +83,13 @@ def plot_routing(images: Tensor, maps: list[Tensor], winners: list[int], out_png
     return save_figure(fig, out_png)
 
 
-def _model(cfg: Settings, data, device: str, seed: int, checkpoints) -> tuple[nn.Module, str]:
+def _model(cfg: Settings, data, device: str, seed: int, checkpoints) -> tuple[nn.Module, dict]:
+    """The model, and how it was made: ``{"folder"}`` (loaded from a trainer run directory) or
+    ``{"history", "loaded", "images"}``."""
     folder = checkpoints.directory
     if folder is not None and not checkpoint_path(folder, "dimensions_capsnet").is_file():
         try:  # a trainer run directory
-            return load_model(folder, device)[0], f"loaded from {folder}"
+            return load_model(folder, device)[0], {"folder": folder}
         except CheckpointError:
             pass
     model = create_model(cfg.model, device=device)
@@ -103,10 +104,9 @@ def _model(cfg: Settings, data, device: str, seed: int, checkpoints) -> tuple[nn
                          state=state)
 
     recipe = {**cfg.subset("train_images", "epochs", "batch_size", "max_shift"), "seed": seed}
-    loaded = checkpoints.load_or_train(model, "dimensions_capsnet", fit, meta={"dataset": "mnist"},
-                           state=state, recipe=recipe)
-    trained = f"{epochs_trained(state.history, cfg.epochs)} x {len(images):,} images"
-    return model, training_cell(trained, state.history, loaded)
+    loaded = checkpoints.load_or_train(model, "dimensions_capsnet", fit, meta={"dataset": "mnist"}, state=state,
+                                       recipe=recipe)
+    return model, {"history": state.history, "loaded": loaded, "images": len(images)}
 
 
 @register_experiment("dimensions", Settings, "what each dimension of a class capsule encodes, and what routes "
@@ -126,19 +126,9 @@ def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_d
         heat, winner, coupled = routing_map(model, images[index], return_couplings=True)
         maps.append(heat), winners.append(winner), couplings.append(coupled)
     figures.append(plot_routing(images[chosen], maps, winners, out / "routing.png"))
-    rows = [(int(labels[i]), w, i, f"{c.min():.3f} / {c.mean():.3f} / {c.max():.3f}")
-            for i, w, c in zip(chosen, winners, couplings)]
-    sections = [
-        ("Model", markdown_table(["model", "parameters", "test accuracy", "training"],
-                                 [(cfg.model, f"{count_parameters(model):,}",
-                                   percent(accuracy) + f" on {len(images):,}", how)])),
-        ("Digits", markdown_table(["label", "predicted", "test index", "couplings to it: min / mean / max"], rows)
-         + "\n\nEach grid: rows = the 16 dimensions of the winning class capsule, columns = perturbations "
-           "-0.25 ... +0.25 in steps of 0.05 (paper Fig. 4: scale, thickness, stroke, skew, width, parts). "
-           "`routing.png`: what the primary capsules route to the winning class, final coupling times capsule "
-           f"length, summed over types. Uniform couplings would be 1/{model.num_classes}: the table shows how far "
-           "routing moves them, which bounds what the picture can show."),
-        ("Settings", settings_table({**cfg.to_dict(), "seed": seed, "device": device})),
-    ]
+    digits = [(int(labels[i]), w, i, c) for i, w, c in zip(chosen, winners, couplings)]
+    sections = dimensions_sections(cfg, parameters=count_parameters(model), accuracy=accuracy,
+                                   test_images=len(images), training=how, digits=digits,
+                                   num_classes=model.num_classes, seed=seed, device=device)
     return write_report(out, "What capsule dimensions represent (Sabour et al. 2017, Sec. 5.1)", sections,
                         figures=figures, metrics={"test_accuracy": accuracy}, name="dimensions")

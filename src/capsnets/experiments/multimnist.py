@@ -28,15 +28,13 @@ from capsnets.data import load_dataset
 from capsnets.data.multimnist import MultiMNIST, average_overlap, make_multimnist, multimnist_test_set
 from capsnets.engine import TrainState
 from capsnets.experiments.common import ExperimentSettings, register_experiment
-from capsnets.experiments.report import (ExperimentResult, epoch_table, markdown_table, percent, save_figure,
-                                         settings_table, training_cell, write_report)
-from capsnets.experiments.training import (epochs_trained, evaluate_accuracy, minutes_to_seconds,
-                                           train_classifier)
+from capsnets.experiments.report import ExperimentResult, save_figure, write_report
+from capsnets.experiments.report.multimnist import multimnist_sections
+from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds, train_classifier
 from capsnets.functional import capsule_length
 from capsnets.losses import margin_loss, reconstruction_loss
 from capsnets.models import count_parameters, create_model
 
-PAPER_ERROR = {"CapsNet": 0.052, "CNN baseline": 0.081}
 SIZE = 36  # 28 + 2 * 4
 
 
@@ -118,16 +116,6 @@ def plot_segmentation(model: nn.Module, data: MultiMNIST, out_png: str | Path, n
     return save_figure(fig, out_png)
 
 
-def _history_table(histories: dict[str, list], val_pairs: int) -> str:
-    """Per epoch and model: mean training loss and error on the validation pairs."""
-    if not any(histories.values()):
-        return "No training history (the models were loaded from checkpoints written without one)."
-    return (f"After every epoch: the mean training loss and the error (paper's metric) on {val_pairs:,} "
-            "validation pairs of training digits (fixed seed; only recorded, nothing is chosen on it).\n\n"
-            + epoch_table(histories, [("loss", "loss", lambda v: f"{v:.4g}"), ("val_error", "validation error",
-                                                                             percent)]))
-
-
 def _load_digits(data_dir, train: bool, count: int, device: str) -> tuple[Tensor, Tensor]:
     data = load_dataset("mnist", root=data_dir, train=train)
     return data.images[:count].to(device), data.labels[:count].to(device)
@@ -150,8 +138,8 @@ def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_d
     # monitoring only (nothing is chosen on it): pairs of training digits, a seed no training epoch uses
     val = make_multimnist(train_images, train_labels, min(2000, cfg.pairs_per_epoch),
                           seed=seed * 100003 + 100_000)
-    rows, metrics, histories = [], {f"test_overlap_{mode}": average_overlap(test, mode=mode)
-                                    for mode in ("frame", "smaller", "union")}, {}
+    metrics = {f"test_overlap_{mode}": average_overlap(test, mode=mode) for mode in ("frame", "smaller", "union")}
+    records = {}
     models = _models(cfg, device)
     for (name, model), loss_fn in zip(models.items(), (capsule_loss, cnn_loss)):
         key = "capsnet" if name == "CapsNet" else "cnn"
@@ -169,29 +157,13 @@ def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_d
 
         recipe = {**cfg.subset("train_digits", "pairs_per_epoch", "epochs", "batch_size", "lr"),
                   "seed": seed}
-        loaded = checkpoints.load_or_train(model, f"multimnist_{key}", fit, state=state,
-                               recipe=recipe)
-        history = histories[name] = state.history
+        loaded = checkpoints.load_or_train(model, f"multimnist_{key}", fit, state=state, recipe=recipe)
         error = 1.0 - evaluate_accuracy(model, test.images, (test.labels,), correct=both_correct)
         params = count_parameters(model)
         metrics.update({f"{key}_error": error, f"{key}_parameters": params})
-        training = f"{epochs_trained(history, cfg.epochs)} x {cfg.pairs_per_epoch:,} pairs"
-        rows.append((name, f"{params:,}", percent(error), percent(PAPER_ERROR[name]),
-                     training_cell(training, history, loaded)))
+        records[name] = {"parameters": params, "error": error, "history": state.history, "loaded": loaded}
     png = plot_segmentation(models["CapsNet"], test, out / "segmentation.png")
-    sections = [
-        ("Results", markdown_table(["model", "parameters", "test error (ours)", "test error (paper)", "training"],
-                                   rows)
-         + "\n\nCorrect = the two highest scores are exactly the two labels (paper's metric)."),
-        ("Training", _history_table(histories, len(val))),
-        ("Data", f"{len(test):,} fixed-seed test pairs from {cfg.test_digits:,} MNIST test digits. Average "
-                 f"overlap of the two digits' 28x28 frames {percent(metrics['test_overlap_frame'])} (paper: 80%, "
-                 f"most likely this statistic: its expectation under independent shifts of up to 4 px is 79.96%, "
-                 f"where the 20x20 boxes the paper names would overlap by 72.6%); "
-                 f"of their tight bounding boxes {percent(metrics['test_overlap_smaller'])} (intersection / "
-                 f"smaller box; intersection / union {percent(metrics['test_overlap_union'])})."),
-        ("Settings", settings_table({**cfg.to_dict(), "seed": seed, "device": device, "combine": "max",
-                                     "max_shift": 4})),
-    ]
+    sections = multimnist_sections(records, metrics, cfg, test_pairs=len(test), val_pairs=len(val), seed=seed,
+                                   device=device)
     return write_report(out, "MultiMNIST (Sabour et al. 2017, Sec. 6)", sections, figures=[png],
                         metrics=metrics, name="multimnist")

@@ -31,17 +31,13 @@ from capsnets.engine import TrainState
 from capsnets.engine.callbacks import checkpoint_name
 from capsnets.engine.evaluate import dice_score
 from capsnets.experiments.common import ExperimentSettings, register_experiment
-from capsnets.experiments.report import (epoch_table, markdown_table, percent, save_figure, settings_table,
-                                         training_cell, write_report)
-from capsnets.experiments.training import (epochs_trained, minutes_to_seconds,
-                                           train_classifier)
+from capsnets.experiments.report import save_figure, write_report
+from capsnets.experiments.report.segmentation import segmentation_sections
+from capsnets.experiments.training import minutes_to_seconds, train_classifier
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
 
 __all__ = ["run", "evaluate_dice"]
-
-PAPER = {"SegCaps": (0.9848, "1.4M"), "U-Net": (0.9845, "31M")}
-
 
 @dataclass(frozen=True)
 class Settings(ExperimentSettings):
@@ -104,16 +100,6 @@ def _digits(data_dir, train: bool, count: int, device: str) -> Tensor:
     return load_dataset("mnist", root=data_dir, train=train).images[:count].to(device)
 
 
-def _history_table(histories: dict[str, list], val_images: int) -> str:
-    """Per epoch and model: mean training loss and Dice on the validation images (a collapse shows here)."""
-    if not any(histories.values()):
-        return "No training history (the models were loaded from checkpoints written without one)."
-    return (f"After every epoch: the mean training loss and the Dice on {val_images:,} validation images built "
-            "from training digits (fixed seed; only recorded, nothing is chosen on it).\n\n"
-            + epoch_table(histories, [("loss", "loss", lambda v: f"{v:.4g}"),
-                                      ("val_dice", "validation Dice", percent)]))
-
-
 def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     return [("SegCaps - U-Net, test Dice", "SegCaps_dice", "U-Net_dice")]
 
@@ -137,7 +123,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
     models = {"SegCaps": create_model(s.segcaps, input_size=size, device=device, **s.segcaps_args),
               "U-Net": create_model(s.unet, input_size=size, device=device, **s.unet_args)}
     builder_args = {"SegCaps": s.segcaps_args, "U-Net": s.unet_args}
-    rows, metrics, histories = [], {}, {}
+    metrics, records = {}, {}
     for name, model in models.items():
         criterion = create_loss(model.default_loss)
 
@@ -153,30 +139,18 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
                              after_epoch=score, time_limit_s=minutes_to_seconds(s.train_minutes), state=state)
 
         key = checkpoint_name(f"segmentation_{model.model_name}", builder_args[name])
-        recipe = {**s.subset("train_digits", "images_per_epoch", "epochs", "size", "clutter", "patch",
-                                        "batch_size", "lr"), "seed": seed}
+        recipe = {**s.subset("train_digits", "images_per_epoch", "epochs", "size", "clutter", "patch", "batch_size",
+                             "lr"), "seed": seed}
         loaded = checkpoints.load_or_train(model, key, fit, state=state, recipe=recipe)
-        history = histories[name] = state.history
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
-        training = f"{epochs_trained(history, s.epochs)} x {s.images_per_epoch:,} images"
-        rows.append((f"{name} ({model.model_name})", f"{params:,}", percent(dice), percent(PAPER[name][0]),
-                     PAPER[name][1], training_cell(training, history, loaded)))
+        records[name] = {"model_name": model.model_name, "parameters": params, "dice": dice,
+                         "history": state.history, "loaded": loaded}
     threshold = dice_score(test.images, test.masks).mean().item()
     metrics["threshold_dice"] = threshold
-    rows.append(("image > 0.5 (no model)", "0", percent(threshold), "-", "-", "-"))
     png = _plot_examples(models, test, out / "examples.png")
-    headers = ["model", "parameters", "test Dice (ours)", "paper Dice (LUNA16)", "paper parameters", "training"]
-    sections = [
-        ("Results", markdown_table(headers, rows) + "\n\nDice: mean over test images of 2|P & M| / (|P| + |M|), "
-         "P the pixels with probability > 0.5, M the mask. The paper's numbers are for LUNA16 lung CT, not this "
-         "data: compare the models with each other and with the threshold row, not with the paper's Dice."),
-        ("Training", _history_table(histories, len(val))),
-        ("Data", f"{len(test):,} fixed-seed {s.size}x{s.size} test images from {s.test_digits:,} MNIST test "
-                 f"digits, each one digit plus {s.clutter} {s.patch}x{s.patch} pieces of other digits; "
-                 f"{percent(test.masks.mean().item())} of the test pixels are object. Training: a fresh set of "
-                 f"{s.images_per_epoch:,} images from {s.train_digits:,} MNIST training digits every epoch."),
-        ("Settings", settings_table({**s.to_dict(), "seed": seed, "device": device, "smoke": smoke})),
-    ]
+    sections = segmentation_sections(records, s, threshold=threshold, test_images=len(test),
+                                     object_fraction=test.masks.mean().item(), val_images=len(val), seed=seed,
+                                     device=device, smoke=smoke)
     return write_report(out, "Segmentation: SegCaps vs U-Net (LaLonde & Bagci 2018)", sections, figures=[png],
                         metrics=metrics, name="segmentation")

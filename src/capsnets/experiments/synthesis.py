@@ -33,9 +33,9 @@ from capsnets.engine.checkpoint import join_optimizer_state, split_optimizer_sta
 from capsnets.engine.fit import TrainState, fit
 from capsnets.engine.runtime import autocast, resolve_amp
 from capsnets.experiments.common import ExperimentSettings, register_experiment
-from capsnets.experiments.report import (markdown_table, percent, save_figure, settings_table, training_cell,
-                                         write_report)
-from capsnets.experiments.training import epochs_trained, minutes_to_seconds
+from capsnets.experiments.report import save_figure, write_report
+from capsnets.experiments.report.synthesis import synthesis_sections
+from capsnets.experiments.training import minutes_to_seconds
 from capsnets.models import PatchDiscriminator, count_parameters, create_model
 
 __all__ = ["run", "pix2pix_step", "train_pix2pix", "synthesis_errors"]
@@ -205,7 +205,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
     size = (train_maps.shape[1], SIZE, SIZE)
     models = {"CapsPix2pix": create_model(s.capsule_model, input_size=size, device=device),
               "pix2pix": create_model(s.cnn_model, input_size=size, device=device)}
-    rows, metrics = [], {}
+    metrics, records = {}, {}
     for name, generator in models.items():
         discriminator = PatchDiscriminator(size[0] + 1, width=s.discriminator_width, device=device)
 
@@ -216,31 +216,19 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
                           batch_size=s.batch_size, lr=s.lr, l1_weight=s.l1_weight, seed=seed, desc=name,
                           time_limit_s=minutes_to_seconds(s.train_minutes), state=state)
 
-        recipe = {**s.subset("train_images", "epochs", "batch_size", "lr", "l1_weight",
-                                        "discriminator_width"), "seed": seed}
-        loaded = checkpoints.load_or_train(generator, f"synthesis_{generator.model_name}", train,
-                               state=state, recipe=recipe)
-        history = state.history
+        recipe = {**s.subset("train_images", "epochs", "batch_size", "lr", "l1_weight", "discriminator_width"),
+                  "seed": seed}
+        loaded = checkpoints.load_or_train(generator, f"synthesis_{generator.model_name}", train, state=state,
+                                           recipe=recipe)
         errors, params = synthesis_errors(generator, test_maps, test_images), count_parameters(generator)
         metrics.update({f"{name}_l1": errors["l1"], f"{name}_psnr": errors["psnr"],
                         f"{name}_parameters": params})
-        rows.append((f"{name} ({generator.model_name})", f"{params:,}", f"{count_parameters(discriminator):,}",
-                     f"{errors['l1']:.4f}", f"{errors['psnr']:.2f} dB",
-                     training_cell(f"{epochs_trained(history, s.epochs)} x {s.train_images:,} images", history,
-                                   loaded)))
+        records[name] = {"model_name": generator.model_name, "parameters": params, **errors,
+                         "discriminator_parameters": count_parameters(discriminator), "history": state.history,
+                         "loaded": loaded}
     figures = [_plot_examples(models, test_maps, test_images, out / "examples.png"),
                _plot_dimensions(models["CapsPix2pix"], test_maps[0], out / "capsule_dimensions.png")]
-    headers = ["generator", "parameters", "discriminator parameters", "test L1 error", "test PSNR", "training"]
-    sections = [
-        ("Results", markdown_table(headers, rows) + "\n\nL1: mean absolute pixel error of the generated test images "
-         "(pixels in [0, 1]); PSNR: mean per image of -10 log10(MSE). Both reward the average garment inside the "
-         "silhouette; the examples show what the numbers do not (texture, seams, sharpness). The paper compares "
-         "the generators qualitatively and gives no number to put beside these."),
-        ("Data", f"Fashion-MNIST, 28x28 padded to {SIZE}x{SIZE}: {s.train_images:,} training and "
-                 f"{s.test_images:,} test images; the label map has one channel per class ({size[0]}), the "
-                 f"garment's silhouette (pixels above 0.05) in the channel of its class. "
-                 f"{percent(test_maps.sum(1).mean().item())} of the test pixels are inside a silhouette."),
-        ("Settings", settings_table({**s.to_dict(), "seed": seed, "device": device, "smoke": smoke})),
-    ]
+    sections = synthesis_sections(records, s, size=SIZE, classes=size[0], inside=test_maps.sum(1).mean().item(),
+                                  seed=seed, device=device, smoke=smoke)
     return write_report(out, "Image synthesis: CapsPix2pix vs pix2pix (Bass et al. 2019)", sections, figures=figures,
                         metrics=metrics, name="synthesis")

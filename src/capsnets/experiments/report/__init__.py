@@ -1,7 +1,9 @@
 """Everything the experiments write into their reports: markdown tables, the settings table, ``report.md``
 itself, the note saying how a report was made, and the prose that several experiments (or one long one) share.
 Experiments compute; the words, tables and figures are put together in this package: the shared parts here,
-those of one experiment in a module of its name (:mod:`.viewpoints`, :mod:`.routers`, :mod:`.adversarial`).
+those of one experiment in a module of its name (:mod:`.multimnist`, :mod:`.dimensions`, :mod:`.affnist`,
+:mod:`.adversarial`, :mod:`.viewpoints`, :mod:`.segmentation`, :mod:`.synthesis`, :mod:`.routers`), and the
+summary of a multi-seed run in :mod:`.seeds`.
 """
 from __future__ import annotations
 
