@@ -1,14 +1,25 @@
 """affNIST: the .mat reader on fabricated files, the affNIST-style generator, translated MNIST, the smoke run."""
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from capsnets.data import DatasetError
-from capsnets.data.affnist import (AffineParams, affnist_style, affine_matrices, load_affnist, make_affnist_style,
-                                   place_randomly, read_affnist_mat, sample_affine_params, translated_test_set,
-                                   RandomPlacement)
+from capsnets.data.affnist import (
+    AffineParams,
+    RandomPlacement,
+    affine_matrices,
+    affnist_style,
+    load_affnist,
+    make_affnist_style,
+    place_randomly,
+    read_affnist_mat,
+    sample_affine_params,
+    translated_test_set,
+)
 from capsnets.data.base import TensorData
+
 from helpers import assert_contrasts_resolve
 
 scipy_io = pytest.importorskip("scipy.io")
@@ -19,9 +30,11 @@ def _write_affnist(path, images, labels):
     column (field 3 of 6, as in the public files), label_int uint8 (1, N)."""
     n = len(labels)
     record = {
-        "affine_transform": np.zeros((6, n)), "transform": np.zeros((6, n)),
+        "affine_transform": np.zeros((6, n)),
+        "transform": np.zeros((6, n)),
         "image": np.ascontiguousarray(images.reshape(n, 1600).T).astype(np.uint8),
-        "human_readable_transform": np.zeros((7, n)), "label_one_of_n": np.eye(10)[labels].T,
+        "human_readable_transform": np.zeros((7, n)),
+        "label_one_of_n": np.eye(10)[labels].T,
         "label_int": labels.reshape(1, n).astype(np.uint8),
     }
     scipy_io.savemat(path, {"affNISTdata": record}, format="5")
@@ -153,9 +166,18 @@ def test_place_randomly_covers_positions_and_clips_nothing():
 def test_affnist_smoke_run(tmp_path, shared_data_root):
     from capsnets.experiments import run_experiment
 
-    options = dict(smoke=True, device="cpu", data_dir=str(shared_data_root), checkpoint_dir=str(tmp_path / "ckpt"),
-                   train_size=128, val_size=32, test_size=64, max_epochs=2, target_accuracy=1.0,
-                   train_minutes=1e-9)  # the time limit cuts each model to one epoch
+    options = dict(
+        smoke=True,
+        device="cpu",
+        data_dir=str(shared_data_root),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        train_size=128,
+        val_size=32,
+        test_size=64,
+        max_epochs=2,
+        target_accuracy=1.0,
+        train_minutes=1e-9,
+    )  # the time limit cuts each model to one epoch
     result = run_experiment("affnist", tmp_path, **options)
     text = (tmp_path / "report.md").read_text()
     assert text.count("| 1 of 2 (time limit) |") == 2 and "within `max_epochs` or `train_minutes`" in text
@@ -174,8 +196,17 @@ def test_affnist_smoke_reads_real_files_when_given(tmp_path, shared_data_root):
 
     images, labels = _fake(16)
     _write_affnist(tmp_path / "test.mat", images, labels)
-    result = run_experiment("affnist", tmp_path / "out", smoke=True, device="cpu", data_dir=str(shared_data_root),
-                            train_size=64, val_size=32, test_size=32, max_epochs=1,
-                            affnist_path=str(tmp_path / "test.mat"))
+    result = run_experiment(
+        "affnist",
+        tmp_path / "out",
+        smoke=True,
+        device="cpu",
+        data_dir=str(shared_data_root),
+        train_size=64,
+        val_size=32,
+        test_size=32,
+        max_epochs=1,
+        affnist_path=str(tmp_path / "test.mat"),
+    )
     assert "affNIST (real) accuracy" in result.report.read_text()
     assert_contrasts_resolve("affnist", result.metrics, 3)

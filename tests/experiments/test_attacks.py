@@ -1,4 +1,5 @@
 """FGSM / BIM properties on a small fixed model (no training needed, deterministic)."""
+
 import pytest
 import torch
 from torch import nn
@@ -76,8 +77,10 @@ def test_targeted_attacks_raise_the_target_score(model, batch):
     model.eval()
     with torch.no_grad():
         before = model(images).scores.gather(1, target[:, None])
-    for adv in (fgsm(model, None, images, labels, 0.1, targeted=True, target=target),
-                bim(model, None, images, labels, 0.1, step_size=0.03, steps=5, targeted=True, target=target)):
+    for adv in (
+        fgsm(model, None, images, labels, 0.1, targeted=True, target=target),
+        bim(model, None, images, labels, 0.1, step_size=0.03, steps=5, targeted=True, target=target),
+    ):
         with torch.no_grad():
             after = model(adv).scores.gather(1, target[:, None])
         assert after.mean() > before.mean()

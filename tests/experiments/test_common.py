@@ -1,10 +1,12 @@
 """train_classifier: mixed precision follows the trainer's rule (bf16 autocast on CUDA, or when asked)."""
+
 import pytest
 import torch
 from torch import nn
 
 from capsnets.experiments.training import epochs_trained, minutes_to_seconds, train_classifier
 from capsnets.models.output import ModelOutput
+
 from helpers import rewrite_sidecar
 
 
@@ -27,8 +29,9 @@ def test_forward_and_loss_run_under_the_requested_autocast(amp, dtype):
         return nn.functional.cross_entropy(scores.float(), labels)
 
     images, labels = torch.rand(8, 1, 2, 2), torch.arange(8) % 3
-    history = train_classifier(Linear(), images, labels, loss_fn=loss_fn, epochs=1, batch_size=4, amp=amp,
-                               progress=False)
+    history = train_classifier(
+        Linear(), images, labels, loss_fn=loss_fn, epochs=1, batch_size=4, amp=amp, progress=False
+    )
     assert seen == [dtype, dtype] and len(history) == 1  # "auto" is full precision on the CPU
 
 
@@ -77,16 +80,27 @@ def test_load_or_train_fills_meta_from_the_checkpoint(tmp_path):
 
     history: list = []
     trained = nn.Linear(2, 1)
-    assert not load_or_train(trained, "m", lambda: history.extend([{"epoch": 1, "loss": 0.5}]),
-                             checkpoint_dir=tmp_path, meta={"history": history, "note": "x"})
+    assert not load_or_train(
+        trained,
+        "m",
+        lambda: history.extend([{"epoch": 1, "loss": 0.5}]),
+        checkpoint_dir=tmp_path,
+        meta={"history": history, "note": "x"},
+    )
     again: list = ["stale"]
     loaded = nn.Linear(2, 1)
-    assert load_or_train(loaded, "m", lambda: pytest.fail("must not train"), checkpoint_dir=tmp_path,
-                         meta=(meta := {"history": again, "note": "y"}))
+    assert load_or_train(
+        loaded,
+        "m",
+        lambda: pytest.fail("must not train"),
+        checkpoint_dir=tmp_path,
+        meta=(meta := {"history": again, "note": "y"}),
+    )
     assert again == [{"epoch": 1, "loss": 0.5}]  # the same list object, filled from the sidecar
     # the caller's own entries stay; what the caller does not have comes from the sidecar
-    assert load_or_train(loaded, "m", lambda: pytest.fail("must not train"), checkpoint_dir=tmp_path,
-                         meta=(fresh := {"history": []}))
+    assert load_or_train(
+        loaded, "m", lambda: pytest.fail("must not train"), checkpoint_dir=tmp_path, meta=(fresh := {"history": []})
+    )
     assert meta["note"] == "y" and fresh["note"] == "x" and fresh["history"] == [{"epoch": 1, "loss": 0.5}]
     assert "model_args" not in fresh and "training" not in fresh
     assert torch.equal(loaded.weight, trained.weight)
@@ -102,8 +116,11 @@ def test_load_or_train_refuses_a_checkpoint_trained_with_another_recipe(tmp_path
     never = lambda: pytest.fail("must not train")  # noqa: E731
     assert load_or_train(nn.Linear(2, 1), "m", never, checkpoint_dir=tmp_path, recipe=dict(recipe))  # tuple as list
     assert load_or_train(nn.Linear(2, 1), "m", never, checkpoint_dir=tmp_path)  # no recipe asked for: not checked
-    with pytest.raises(ValueError, match=r"m.safetensors holds a model trained with epochs=2, lr=\(unset\), but "
-                                         r"this run trains it with epochs=3, lr=0.1; pass another --checkpoint-dir"):
+    with pytest.raises(
+        ValueError,
+        match=r"m.safetensors holds a model trained with epochs=2, lr=\(unset\), but "
+        r"this run trains it with epochs=3, lr=0.1; pass another --checkpoint-dir",
+    ):
         load_or_train(nn.Linear(2, 1), "m", never, checkpoint_dir=tmp_path, recipe={**recipe, "epochs": 3, "lr": 0.1})
     # checkpoints written without a recipe (before recipes were recorded) are loaded as they are
     assert not load_or_train(nn.Linear(2, 1), "old", lambda: None, checkpoint_dir=tmp_path)
@@ -128,8 +145,20 @@ def _train_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0, epochs=4):
     images, labels = torch.linspace(-1, 1, 64).reshape(16, 1, 2, 2), torch.arange(16) % 3
 
     def fit():
-        history.extend(train_classifier(model, images, labels, epochs=epochs, batch_size=4, lr=0.05, lr_decay=0.5,
-                                        progress=False, time_limit_s=time_limit_s, state=state))
+        history.extend(
+            train_classifier(
+                model,
+                images,
+                labels,
+                epochs=epochs,
+                batch_size=4,
+                lr=0.05,
+                lr_decay=0.5,
+                progress=False,
+                time_limit_s=time_limit_s,
+                state=state,
+            )
+        )
 
     loaded = load_or_train(model, "m", fit, checkpoint_dir=checkpoint_dir, meta={"history": history}, state=state)
     return model, history, loaded
@@ -184,6 +213,7 @@ def test_an_unfinished_checkpoint_is_taken_as_it_is_without_a_training_state(tmp
 
     _train_in_run(tmp_path, time_limit_s=1e-9)
     history: list = []
-    assert load_or_train(NoisyLinear(), "m", lambda: pytest.fail("must not train"), checkpoint_dir=tmp_path,
-                         meta={"history": history})
+    assert load_or_train(
+        NoisyLinear(), "m", lambda: pytest.fail("must not train"), checkpoint_dir=tmp_path, meta={"history": history}
+    )
     assert len(history) == 1 and history[-1]["time_limit"]

@@ -1,11 +1,12 @@
 """The ``dimensions`` experiment: perturbation grids and the routing picture."""
+
 import pytest
 import torch
 
 from capsnets.experiments import run_experiment
 from capsnets.experiments.dimensions import routing_map
-from capsnets.plots import PERTURBATIONS, perturbation_grid
 from capsnets.models import create_model
+from capsnets.plots import PERTURBATIONS, perturbation_grid
 
 
 def test_perturbation_grid_moves_one_dimension_of_the_winner():
@@ -33,31 +34,77 @@ def test_routing_map_is_on_the_primary_grid():
 def test_dimensions_smoke_end_to_end_and_reload(shared_data_root, tmp_path):
     options = {"train_images": 200, "test_images": 100, "digits": 1, "epochs": 2, "train_minutes": 1e-9}
     ckpt = tmp_path / "ckpt"
-    result = run_experiment("dimensions", tmp_path / "a", smoke=True, device="cpu", data_dir=shared_data_root,
-                            checkpoint_dir=ckpt, **options)
+    result = run_experiment(
+        "dimensions",
+        tmp_path / "a",
+        smoke=True,
+        device="cpu",
+        data_dir=shared_data_root,
+        checkpoint_dir=ckpt,
+        **options,
+    )
     assert result.report.is_file() and "dimensions_digit0.png" in result.report.read_text()
     assert "| 1 of 2 (time limit) x 200 images |" in result.report.read_text()
     assert result.cut_short == ["dimensions_capsnet"]
     assert (tmp_path / "a" / "routing.png").is_file() and (ckpt / "dimensions_capsnet.safetensors").is_file()
     # the next run with the same checkpoint folder continues the training the time limit cut short ...
-    again = run_experiment("dimensions", tmp_path / "b", smoke=True, device="cpu", data_dir=shared_data_root,
-                           checkpoint_dir=ckpt, **options)
+    again = run_experiment(
+        "dimensions",
+        tmp_path / "b",
+        smoke=True,
+        device="cpu",
+        data_dir=shared_data_root,
+        checkpoint_dir=ckpt,
+        **options,
+    )
     assert "| 2 (2 runs) x 200 images |" in again.report.read_text() and again.cut_short == []
     # ... and the one after that loads the finished model
-    third = run_experiment("dimensions", tmp_path / "c", smoke=True, device="cpu", data_dir=shared_data_root,
-                           checkpoint_dir=ckpt, **options)
+    third = run_experiment(
+        "dimensions",
+        tmp_path / "c",
+        smoke=True,
+        device="cpu",
+        data_dir=shared_data_root,
+        checkpoint_dir=ckpt,
+        **options,
+    )
     assert "| loaded (2 (2 runs) x 200 images) |" in third.report.read_text()
     assert third.metrics["test_accuracy"] == again.metrics["test_accuracy"]
     # a time limit is not part of what was trained; more epochs or another seed is, and is refused
     untimed = {k: v for k, v in options.items() if k != "train_minutes"}
-    assert run_experiment("dimensions", tmp_path / "d", smoke=True, device="cpu", data_dir=shared_data_root,
-                          checkpoint_dir=ckpt, **untimed).metrics["test_accuracy"] == again.metrics["test_accuracy"]
+    assert (
+        run_experiment(
+            "dimensions",
+            tmp_path / "d",
+            smoke=True,
+            device="cpu",
+            data_dir=shared_data_root,
+            checkpoint_dir=ckpt,
+            **untimed,
+        ).metrics["test_accuracy"]
+        == again.metrics["test_accuracy"]
+    )
     with pytest.raises(ValueError, match=r"trained with epochs=2, but this run trains it with epochs=3; pass another"):
-        run_experiment("dimensions", tmp_path / "e", smoke=True, device="cpu", data_dir=shared_data_root,
-                       checkpoint_dir=ckpt, **{**options, "epochs": 3})
+        run_experiment(
+            "dimensions",
+            tmp_path / "e",
+            smoke=True,
+            device="cpu",
+            data_dir=shared_data_root,
+            checkpoint_dir=ckpt,
+            **{**options, "epochs": 3},
+        )
     with pytest.raises(ValueError, match=r"with seed=0, but this run trains it with seed=1"):
-        run_experiment("dimensions", tmp_path / "f", smoke=True, device="cpu", seed=1, data_dir=shared_data_root,
-                       checkpoint_dir=ckpt, **options)
+        run_experiment(
+            "dimensions",
+            tmp_path / "f",
+            smoke=True,
+            device="cpu",
+            seed=1,
+            data_dir=shared_data_root,
+            checkpoint_dir=ckpt,
+            **options,
+        )
 
 
 def test_routing_map_is_couplings_times_lengths():
@@ -76,9 +123,25 @@ def test_routing_map_is_couplings_times_lengths():
 def test_the_cli_says_which_trainings_were_cut_short_and_how_to_continue(shared_data_root, tmp_path, capsys):
     from capsnets.cli import main
 
-    args = ["experiment", "dimensions", "--smoke", "--device", "cpu", "--data-dir", str(shared_data_root),
-            "--set", "train_images=64", "--set", "test_images=32", "--set", "digits=1", "--set", "epochs=2",
-            "--set", "train_minutes=1e-9"]
+    args = [
+        "experiment",
+        "dimensions",
+        "--smoke",
+        "--device",
+        "cpu",
+        "--data-dir",
+        str(shared_data_root),
+        "--set",
+        "train_images=64",
+        "--set",
+        "test_images=32",
+        "--set",
+        "digits=1",
+        "--set",
+        "epochs=2",
+        "--set",
+        "train_minutes=1e-9",
+    ]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     assert "cut 1 training(s) short (dimensions_capsnet); with --checkpoint-dir DIR" in capsys.readouterr().out
     assert main([*args, "--out", str(tmp_path / "b"), "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0

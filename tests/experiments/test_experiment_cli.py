@@ -1,4 +1,5 @@
 """``capsnets experiment``: listing, errors, and smoke runs through the command line."""
+
 import pytest
 
 from capsnets.cli import main
@@ -45,20 +46,37 @@ def test_settings_are_typed_and_checked():
 
 def test_write_report_and_table(tmp_path):
     (tmp_path / "f.png").write_bytes(b"png")
-    result = write_report(tmp_path, "T", [("S", markdown_table(["a", "b"], [(1, 0.123456), ("x|y", None)]))],
-                          figures=[tmp_path / "f.png"], metrics={"m": 1.0})
+    result = write_report(
+        tmp_path,
+        "T",
+        [("S", markdown_table(["a", "b"], [(1, 0.123456), ("x|y", None)]))],
+        figures=[tmp_path / "f.png"],
+        metrics={"m": 1.0},
+    )
     text = result.report.read_text()
     assert isinstance(result, ExperimentResult) and text.startswith("# T\n")
     assert "| 1 | 0.1235 |" in text and "x\\|y" in text and "| - |" in text and "![f](f.png)" in text
 
 
-@pytest.mark.parametrize("name, settings", [
-    ("multimnist", ["train_digits=300", "pairs_per_epoch=64", "test_digits=100"]),
-    ("dimensions", ["train_images=200", "test_images=100", "digits=1"]),
-])
+@pytest.mark.parametrize(
+    "name, settings",
+    [
+        ("multimnist", ["train_digits=300", "pairs_per_epoch=64", "test_digits=100"]),
+        ("dimensions", ["train_images=200", "test_images=100", "digits=1"]),
+    ],
+)
 def test_smoke_through_the_cli(name, settings, shared_data_root, tmp_path, capsys):
-    argv = ["experiment", name, "--smoke", "--out", str(tmp_path), "--device", "cpu",
-            "--data-dir", str(shared_data_root)]
+    argv = [
+        "experiment",
+        name,
+        "--smoke",
+        "--out",
+        str(tmp_path),
+        "--device",
+        "cpu",
+        "--data-dir",
+        str(shared_data_root),
+    ]
     for item in settings:
         argv += ["--set", item]
     assert main(argv) == 0
@@ -72,13 +90,14 @@ def test_reports_say_how_they_were_made(tmp_path):
     full = run_description("multimnist", "out", smoke=False, device="cuda", seed=0, options={})
     assert full.startswith("Full version")
     assert "`capsnets experiment multimnist --out out --device cuda --seed 0`" in full
-    reduced = run_description("affnist", "o", smoke=False, device="cpu", seed=1,
-                              options={"capsule_model": "capsnet_small", "eps": (0.1, 0.2)})
-    assert reduced.startswith("**Reduced run**") and "`capsule_model=\"capsnet_small\"`" in reduced
+    reduced = run_description(
+        "affnist", "o", smoke=False, device="cpu", seed=1, options={"capsule_model": "capsnet_small", "eps": (0.1, 0.2)}
+    )
+    assert reduced.startswith("**Reduced run**") and '`capsule_model="capsnet_small"`' in reduced
     assert "--set 'eps=[0.1,0.2]'" in reduced and "--seed 1" in reduced
     assert run_description("x", "o", smoke=True, device="cpu", seed=0, options={"a": 1}).startswith("**Smoke")
     located = run_description("routers", "o", smoke=False, device="cpu", seed=0, options={"viewpoints_dir": "v"})
-    assert located.startswith("Full version") and "Data read from `viewpoints_dir=\"v\"`." in located
+    assert located.startswith("Full version") and 'Data read from `viewpoints_dir="v"`.' in located
     assert "--set 'viewpoints_dir=\"v\"'" in located
     report = tmp_path / "report.md"
     report.write_text("# Title\n\n## Results\n")
@@ -87,8 +106,22 @@ def test_reports_say_how_they_were_made(tmp_path):
 
 
 def test_smoke_over_two_seeds_through_the_cli(shared_data_root, tmp_path, capsys):
-    argv = ["experiment", "multimnist", "--smoke", "--out", str(tmp_path / "out"), "--device", "cpu", "--seeds", "0",
-            "1", "--data-dir", str(shared_data_root), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    argv = [
+        "experiment",
+        "multimnist",
+        "--smoke",
+        "--out",
+        str(tmp_path / "out"),
+        "--device",
+        "cpu",
+        "--seeds",
+        "0",
+        "1",
+        "--data-dir",
+        str(shared_data_root),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    ]
     for item in ["train_digits=300", "pairs_per_epoch=64", "test_digits=100"]:
         argv += ["--set", item]
     assert main(argv) == 0

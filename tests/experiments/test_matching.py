@@ -1,4 +1,5 @@
 """train_matched: the matching rule, scoring within epochs, novel views, the time limit, continuing."""
+
 import pytest
 import torch
 
@@ -32,16 +33,37 @@ def test_matching_stops_at_the_target_or_keeps_the_nearest():
 def test_scores_within_epochs_and_stops_mid_epoch():
     torch.manual_seed(0)
     views = _toy_views()  # 40 images, batch 8: 5 steps per epoch
-    every = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=2, target=-1.0, batch_size=8,
-                          lr=1e-3, evals_per_epoch=5)
+    every = train_matched(
+        build_model("cnn_smallnorb_narrow", "cpu"),
+        views,
+        epochs=2,
+        target=-1.0,
+        batch_size=8,
+        lr=1e-3,
+        evals_per_epoch=5,
+    )
     assert [h["epoch"] for h in every["history"]] == [0.2, 0.4, 0.6, 0.8, 1, 1.2, 1.4, 1.6, 1.8, 2]
     assert [h["step"] for h in every["history"]] == list(range(1, 11))
-    first = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=2, target=1.0, batch_size=8,
-                          lr=1e-3, evals_per_epoch=5)
+    first = train_matched(
+        build_model("cnn_smallnorb_narrow", "cpu"),
+        views,
+        epochs=2,
+        target=1.0,
+        batch_size=8,
+        lr=1e-3,
+        evals_per_epoch=5,
+    )
     assert first["reached"] and first["epoch"] == 0.2 and len(first["history"]) == 1
     with pytest.raises(ValueError, match="evals_per_epoch"):
-        train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=1, target=None, batch_size=8,
-                      lr=1e-3, evals_per_epoch=0)
+        train_matched(
+            build_model("cnn_smallnorb_narrow", "cpu"),
+            views,
+            epochs=1,
+            target=None,
+            batch_size=8,
+            lr=1e-3,
+            evals_per_epoch=0,
+        )
 
 
 def test_novel_views_are_scored_every_nth_evaluation_and_at_the_chosen_one(monkeypatch):
@@ -57,8 +79,16 @@ def test_novel_views_are_scored_every_nth_evaluation_and_at_the_chosen_one(monke
         return real_error(model, data)
 
     monkeypatch.setattr(matching, "error_rate", counting)
-    rec = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=2, target=-1.0, batch_size=8,
-                        lr=1e-3, evals_per_epoch=5, novel_every=4)
+    rec = train_matched(
+        build_model("cnn_smallnorb_narrow", "cpu"),
+        views,
+        epochs=2,
+        target=-1.0,
+        batch_size=8,
+        lr=1e-3,
+        evals_per_epoch=5,
+        novel_every=4,
+    )
     scored = [h["novel_error"] is not None for h in rec["history"]]
     chosen = next(i for i, h in enumerate(rec["history"]) if h["epoch"] == rec["epoch"])
     expected = [(i + 1) % 4 == 0 or i == chosen for i in range(10)]
@@ -66,27 +96,57 @@ def test_novel_views_are_scored_every_nth_evaluation_and_at_the_chosen_one(monke
     # the chosen evaluation's novel error is that of the restored state (toy views: novel == familiar)
     assert rec["novel_error"] == rec["familiar_error"] == rec["history"][chosen]["novel_error"]
     novel_calls.clear()
-    none = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=1, target=None, batch_size=8,
-                         lr=1e-3, novel_every=0)
+    none = train_matched(
+        build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=1, target=None, batch_size=8, lr=1e-3, novel_every=0
+    )
     assert len(novel_calls) == 1 and none["novel_error"] is not None
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="novel_every"):
-            train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=1, target=None, batch_size=8,
-                          lr=1e-3, novel_every=bad)
+            train_matched(
+                build_model("cnn_smallnorb_narrow", "cpu"),
+                views,
+                epochs=1,
+                target=None,
+                batch_size=8,
+                lr=1e-3,
+                novel_every=bad,
+            )
 
 
 def test_time_limit_stops_at_the_first_evaluation_past_it():
     torch.manual_seed(0)
     views = _toy_views()  # 5 steps per epoch at batch 8
-    cut = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=3, target=-1.0, batch_size=8,
-                        lr=1e-3, evals_per_epoch=5, time_limit_s=1e-9)
+    cut = train_matched(
+        build_model("cnn_smallnorb_narrow", "cpu"),
+        views,
+        epochs=3,
+        target=-1.0,
+        batch_size=8,
+        lr=1e-3,
+        evals_per_epoch=5,
+        time_limit_s=1e-9,
+    )
     assert cut["time_limit"] and not cut["reached"] and [h["epoch"] for h in cut["history"]] == [0.2]
-    free = train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=2, target=-1.0, batch_size=8,
-                         lr=1e-3, time_limit_s=3600)
+    free = train_matched(
+        build_model("cnn_smallnorb_narrow", "cpu"),
+        views,
+        epochs=2,
+        target=-1.0,
+        batch_size=8,
+        lr=1e-3,
+        time_limit_s=3600,
+    )
     assert not free["time_limit"] and len(free["history"]) == 2
     with pytest.raises(ValueError, match="positive number"):
-        train_matched(build_model("cnn_smallnorb_narrow", "cpu"), views, epochs=1, target=None, batch_size=8,
-                      lr=1e-3, time_limit_s=-5)
+        train_matched(
+            build_model("cnn_smallnorb_narrow", "cpu"),
+            views,
+            epochs=1,
+            target=None,
+            batch_size=8,
+            lr=1e-3,
+            time_limit_s=-5,
+        )
 
 
 def test_compile_trains_through_the_compiled_model_and_scores_the_eager_one(monkeypatch):
@@ -109,8 +169,9 @@ def test_compile_trains_through_the_compiled_model_and_scores_the_eager_one(monk
         runs[flag] = train_matched(model, views, epochs=2, target=-1.0, batch_size=8, lr=1e-3, compile=flag)
         assert compiled == ([model] if flag else [])
     assert calls == [8] * 10  # every training step (2 epochs x 5), and no evaluation, went through it
-    untimed = {flag: [{k: v for k, v in h.items() if k != "time_s"} for h in run["history"]]
-               for flag, run in runs.items()}
+    untimed = {
+        flag: [{k: v for k, v in h.items() if k != "time_s"} for h in run["history"]] for flag, run in runs.items()
+    }
     assert untimed[True] == untimed[False]
 
 
@@ -125,8 +186,20 @@ def _matched_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0):
     record, state = {}, TrainState()
 
     def train():  # 5 steps per epoch at batch 8, scored after steps 2 and 5
-        record.update(train_matched(model, views, epochs=2, target=-1.0, batch_size=8, lr=1e-2, lr_decay=0.5,
-                                    evals_per_epoch=2, time_limit_s=time_limit_s, state=state))
+        record.update(
+            train_matched(
+                model,
+                views,
+                epochs=2,
+                target=-1.0,
+                batch_size=8,
+                lr=1e-2,
+                lr_decay=0.5,
+                evals_per_epoch=2,
+                time_limit_s=time_limit_s,
+                state=state,
+            )
+        )
 
     loaded = load_or_train(model, "m", train, checkpoint_dir=checkpoint_dir, meta=record, state=state)
     return model, record, loaded

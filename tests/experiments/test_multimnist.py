@@ -1,12 +1,21 @@
 """MultiMNIST generator (capsnets.data.multimnist) and the ``multimnist`` experiment."""
+
 import pytest
 import torch
 
-from capsnets.data.multimnist import (MultiMNIST, average_overlap, bounding_boxes, box_overlap, frame_overlap,
-                                      make_multimnist, multimnist_test_set)
+from capsnets.data.multimnist import (
+    MultiMNIST,
+    average_overlap,
+    bounding_boxes,
+    box_overlap,
+    frame_overlap,
+    make_multimnist,
+    multimnist_test_set,
+)
 from capsnets.experiments import run_experiment
 from capsnets.experiments.multimnist import both_correct, two_hot
 from capsnets.models import ModelOutput
+
 from helpers import assert_contrasts_resolve
 
 
@@ -16,7 +25,7 @@ def fake_digits(per_class: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
     images = torch.zeros(len(labels), 1, 28, 28)
     for n in range(len(labels)):
         top, left = 4 + n % 5, 6 + n % 3
-        images[n, 0, top:top + 10 + n % 7, left:left + 6 + n % 9] = 0.3 + 0.07 * (n % 10)
+        images[n, 0, top : top + 10 + n % 7, left : left + 6 + n % 9] = 0.3 + 0.07 * (n % 10)
     return images, labels
 
 
@@ -107,9 +116,19 @@ def test_paper_metric_and_targets():
 
 
 def test_multimnist_smoke_end_to_end(shared_data_root, tmp_path):
-    result = run_experiment("multimnist", tmp_path, smoke=True, device="cpu", data_dir=shared_data_root,
-                            train_digits=300, pairs_per_epoch=64, test_digits=100, batch_size=32,
-                            epochs=2, train_minutes=1e-9)  # the time limit cuts each model to one epoch
+    result = run_experiment(
+        "multimnist",
+        tmp_path,
+        smoke=True,
+        device="cpu",
+        data_dir=shared_data_root,
+        train_digits=300,
+        pairs_per_epoch=64,
+        test_digits=100,
+        batch_size=32,
+        epochs=2,
+        train_minutes=1e-9,
+    )  # the time limit cuts each model to one epoch
     assert result.report == tmp_path / "report.md" and result.report.is_file()
     text = result.report.read_text()
     assert "5.20%" in text and "8.10%" in text and "segmentation.png" in text
@@ -126,9 +145,18 @@ def test_multimnist_smoke_end_to_end(shared_data_root, tmp_path):
 
 
 def test_multimnist_training_history_is_kept_with_the_checkpoint(shared_data_root, tmp_path):
-    options = dict(smoke=True, device="cpu", data_dir=shared_data_root, train_digits=300, pairs_per_epoch=32,
-                   test_digits=100, batch_size=32, checkpoint_dir=str(tmp_path / "ckpt"), epochs=2,
-                   train_minutes=1e-9)  # each run trains one epoch
+    options = dict(
+        smoke=True,
+        device="cpu",
+        data_dir=shared_data_root,
+        train_digits=300,
+        pairs_per_epoch=32,
+        test_digits=100,
+        batch_size=32,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        epochs=2,
+        train_minutes=1e-9,
+    )  # each run trains one epoch
     first = run_experiment("multimnist", tmp_path / "a", **options).report.read_text()
     second = run_experiment("multimnist", tmp_path / "b", **options).report.read_text()  # continues: epoch 2
     third = run_experiment("multimnist", tmp_path / "c", **options).report.read_text()  # finished: loaded

@@ -1,22 +1,30 @@
 """Multi-seed runs: one run per seed in its own folder, and a summary whose statistics are right."""
+
 import json
 import math
+from dataclasses import dataclass
 
 import pytest
 
 from capsnets.cli import main
-from dataclasses import dataclass
-
-from capsnets.experiments import (ExperimentSettings, register_experiment, run_experiment_seeds, summarise_seeds,
-                                  write_report)
+from capsnets.experiments import (
+    ExperimentSettings,
+    register_experiment,
+    run_experiment_seeds,
+    summarise_seeds,
+    write_report,
+)
 from capsnets.experiments.common import _EXPERIMENTS
 
 CALLS = []
 
 
 def _fake_contrasts(metrics):
-    return [("A - B, accuracy", "A_acc", "B_acc"), ("not there", "A_acc", "missing"),
-            ("A - B, decibels", "A_db", "B_db")]
+    return [
+        ("A - B, accuracy", "A_acc", "B_acc"),
+        ("not there", "A_acc", "missing"),
+        ("A - B, decibels", "A_db", "B_db"),
+    ]
 
 
 @pytest.fixture
@@ -30,10 +38,14 @@ def fake_experiment():
 
     @register_experiment("fake_seeded", Settings, "a fake", contrasts=_fake_contrasts)
     def run(out, settings, *, smoke, device, seed, data_dir, checkpoints):
-        CALLS.append({"out": out, "seed": seed, "checkpoint_dir": checkpoints.directory,
-                      "options": settings.to_dict()})
-        metrics = {"A_acc": 0.9 + 0.01 * seed, "B_acc": 0.92 - 0.01 * seed, "params": 1000, "source": "rendered",
-                   "label": f"s{seed}"}
+        CALLS.append({"out": out, "seed": seed, "checkpoint_dir": checkpoints.directory, "options": settings.to_dict()})
+        metrics = {
+            "A_acc": 0.9 + 0.01 * seed,
+            "B_acc": 0.92 - 0.01 * seed,
+            "params": 1000,
+            "source": "rendered",
+            "label": f"s{seed}",
+        }
         return write_report(out, "Fake", [("Results", "text")], metrics=metrics, name="fake_seeded")
 
     yield "fake_seeded"
@@ -41,8 +53,9 @@ def fake_experiment():
 
 
 def test_each_seed_runs_into_its_own_folder_with_its_own_checkpoints(fake_experiment, tmp_path):
-    result = run_experiment_seeds(fake_experiment, tmp_path / "out", [3, 5], device="cpu",
-                                  checkpoint_dir=tmp_path / "ckpt", size=7)
+    result = run_experiment_seeds(
+        fake_experiment, tmp_path / "out", [3, 5], device="cpu", checkpoint_dir=tmp_path / "ckpt", size=7
+    )
     assert [c["seed"] for c in CALLS] == [3, 5]
     assert [c["out"] for c in CALLS] == [tmp_path / "out" / "seed-3", tmp_path / "out" / "seed-5"]
     assert [c["checkpoint_dir"] for c in CALLS] == [tmp_path / "ckpt" / "seed-3", tmp_path / "ckpt" / "seed-5"]
@@ -54,9 +67,11 @@ def test_each_seed_runs_into_its_own_folder_with_its_own_checkpoints(fake_experi
 
 
 def test_summary_statistics_match_a_direct_computation(fake_experiment, tmp_path):
-    metrics = {0: {"A_acc": 0.90, "B_acc": 0.80, "params": 10, "source": "x", "label": "a", "A_db": 20.0, "B_db": 18.5},
-               1: {"A_acc": 0.70, "B_acc": 0.75, "params": 10, "source": "x", "label": "b", "A_db": 20.0, "B_db": 21.0},
-               2: {"A_acc": 0.95, "B_acc": 0.85, "params": 10, "source": "x", "A_db": 19.0, "B_db": 19.0}}
+    metrics = {
+        0: {"A_acc": 0.90, "B_acc": 0.80, "params": 10, "source": "x", "label": "a", "A_db": 20.0, "B_db": 18.5},
+        1: {"A_acc": 0.70, "B_acc": 0.75, "params": 10, "source": "x", "label": "b", "A_db": 20.0, "B_db": 21.0},
+        2: {"A_acc": 0.95, "B_acc": 0.85, "params": 10, "source": "x", "A_db": 19.0, "B_db": 19.0},
+    }
     result = summarise_seeds(fake_experiment, tmp_path, metrics)
     a = [0.90, 0.70, 0.95]
     mean = sum(a) / 3
@@ -75,7 +90,8 @@ def test_summary_statistics_match_a_direct_computation(fake_experiment, tmp_path
     assert "| source | x |" in text and "| label | a | b | - |" in text
     saved = json.loads((tmp_path / "seeds.json").read_text())
     assert saved["seeds"] == [0, 1, 2] and saved["contrasts"]["A - B, accuracy"]["differences"] == pytest.approx(
-        [0.10, -0.05, 0.10])
+        [0.10, -0.05, 0.10]
+    )
     assert (tmp_path / "contrasts.png").stat().st_size > 0 and result.figures == [tmp_path / "contrasts.png"]
 
 

@@ -1,15 +1,28 @@
 """``capsnets experiment segmentation``: the smoke run end to end, and its settings checks."""
+
 import pytest
 
 from capsnets.experiments import list_experiments, run_experiment
+
 from helpers import assert_contrasts_resolve
 
 
 def test_smoke_run_writes_the_report(shared_data_root, tmp_path):
     assert "segmentation" in list_experiments()
-    result = run_experiment("segmentation", tmp_path, smoke=True, device="cpu", data_dir=str(shared_data_root),
-                            images_per_epoch=64, test_images=16, clutter=2, patch=6, epochs=2, train_minutes=1e-9,
-                            unet_args={"batch_norm": True})
+    result = run_experiment(
+        "segmentation",
+        tmp_path,
+        smoke=True,
+        device="cpu",
+        data_dir=str(shared_data_root),
+        images_per_epoch=64,
+        test_images=16,
+        clutter=2,
+        patch=6,
+        epochs=2,
+        train_minutes=1e-9,
+        unet_args={"batch_norm": True},
+    )
     text = result.report.read_text()
     assert text.count("1 of 2 (time limit) x 64 images") == 2 and "batch_norm" in text
     assert "| SegCaps (segcaps_small) |" in text and "| U-Net (unet_small) |" in text and "98.48%" in text
@@ -26,8 +39,18 @@ def test_smoke_run_writes_the_report(shared_data_root, tmp_path):
 
 
 def test_training_history_is_kept_with_the_checkpoint(shared_data_root, tmp_path):
-    options = dict(smoke=True, device="cpu", data_dir=str(shared_data_root), checkpoint_dir=str(tmp_path / "ckpt"),
-                   images_per_epoch=32, test_images=8, clutter=1, patch=4, epochs=2, train_minutes=1e-9)
+    options = dict(
+        smoke=True,
+        device="cpu",
+        data_dir=str(shared_data_root),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        images_per_epoch=32,
+        test_images=8,
+        clutter=1,
+        patch=4,
+        epochs=2,
+        train_minutes=1e-9,
+    )
     first = run_experiment("segmentation", tmp_path / "a", **options).report.read_text()  # epoch 1 of 2
     second = run_experiment("segmentation", tmp_path / "b", **options).report.read_text()  # continues: epoch 2
     table = [line for line in first.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
@@ -37,8 +60,16 @@ def test_training_history_is_kept_with_the_checkpoint(shared_data_root, tmp_path
 
 
 def test_checkpoints_are_reused(shared_data_root, tmp_path):
-    options = dict(smoke=True, device="cpu", data_dir=str(shared_data_root), checkpoint_dir=str(tmp_path / "ckpt"),
-                   images_per_epoch=32, test_images=8, clutter=1, patch=4)
+    options = dict(
+        smoke=True,
+        device="cpu",
+        data_dir=str(shared_data_root),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        images_per_epoch=32,
+        test_images=8,
+        clutter=1,
+        patch=4,
+    )
     first = run_experiment("segmentation", tmp_path / "a", **options)
     second = run_experiment("segmentation", tmp_path / "b", **options)
     assert second.report.read_text().count("| loaded (1 x 32 images) |") == 2 and first.metrics == second.metrics

@@ -1,15 +1,25 @@
 """``capsnets experiment synthesis``: the smoke run end to end, and its settings check."""
+
 import pytest
 import torch
 
 from capsnets.experiments import run_experiment
 from capsnets.experiments.synthesis import train_pix2pix
+
 from helpers import assert_contrasts_resolve
 
 
 def test_smoke_run_writes_the_report(shared_data_root, tmp_path):
-    options = dict(smoke=True, device="cpu", data_dir=str(shared_data_root), checkpoint_dir=str(tmp_path / "ckpt"),
-                   train_images=32, test_images=16, epochs=2, train_minutes=1e-9)
+    options = dict(
+        smoke=True,
+        device="cpu",
+        data_dir=str(shared_data_root),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        train_images=32,
+        test_images=16,
+        epochs=2,
+        train_minutes=1e-9,
+    )
     result = run_experiment("synthesis", tmp_path, **options)
     text = result.report.read_text()
     assert text.count("1 of 2 (time limit) x 32 images") == 2
@@ -43,8 +53,19 @@ def _pix2pix_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0):
     history, state = [], TrainState()
 
     def fit():
-        history.extend(train_pix2pix(generator, discriminator, maps, images, epochs=3, batch_size=8, progress=False,
-                                     time_limit_s=time_limit_s, state=state))
+        history.extend(
+            train_pix2pix(
+                generator,
+                discriminator,
+                maps,
+                images,
+                epochs=3,
+                batch_size=8,
+                progress=False,
+                time_limit_s=time_limit_s,
+                state=state,
+            )
+        )
 
     loaded = load_or_train(generator, "g", fit, checkpoint_dir=checkpoint_dir, meta={"history": history}, state=state)
     return generator, discriminator, history, loaded

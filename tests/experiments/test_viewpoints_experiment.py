@@ -1,4 +1,5 @@
 """The ``viewpoints`` experiment: split selection on the info fields, the rematch of the CNN, smoke runs."""
+
 from dataclasses import replace
 
 import pytest
@@ -7,9 +8,10 @@ from capsnets.cli import main
 from capsnets.data import TensorData
 from capsnets.experiments import Checkpoints, list_experiments, run_experiment, viewpoints
 from capsnets.experiments.matching import AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, load_norb_like, viewpoint_split
-from capsnets.experiments.viewpoints import build_model
 from capsnets.experiments.report.viewpoints import STOPPED, matched_summary, viewpoint_results_table
+from capsnets.experiments.viewpoints import build_model
 from capsnets.models import count_parameters
+
 from helpers import assert_contrasts_resolve
 
 NOVEL_AZIMUTHS = set(range(6, 29, 2))  # 60 .. 280 degrees
@@ -69,20 +71,33 @@ def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(render
     monkeypatch.setattr(viewpoints, "train_matched", fake_for_capsules)
     train, test, _ = rendered
     settings = replace(viewpoints.Settings.smoke(), train_size=96, test_size=16, rematch_evals_per_epoch=3)
-    result = viewpoints._compare("elevation", train, test, settings, tag="t", device="cpu", seed=0,
-                                 checkpoints=Checkpoints(tmp_path))
+    result = viewpoints._compare(
+        "elevation", train, test, settings, tag="t", device="cpu", seed=0, checkpoints=Checkpoints(tmp_path)
+    )
     stopped = result["records"][STOPPED]
     assert stopped["reached"] and stopped["familiar_error"] <= 1.0
     assert len(stopped["history"]) == 1 and stopped["epoch"] == pytest.approx(1 / 3, abs=1e-3)  # its first score
     assert (tmp_path / "t_elevation_cnn_smallnorb_narrow_stopped_at_1.0000.safetensors").is_file()
     summary = matched_summary({"elevation": result["records"]}, fixed_target=False)
     assert "novel-view error **90.00% (capsules) vs" in summary and "(CNN, stopped)" in summary
-    table = viewpoint_results_table({"elevation": result["records"]}, {"elevation": 0.5},
-                                    {"CNN": "c", "capsules": "m", STOPPED: "c"}, fixed_target=False)
+    table = viewpoint_results_table(
+        {"elevation": result["records"]},
+        {"elevation": 0.5},
+        {"CNN": "c", "capsules": "m", STOPPED: "c"},
+        fixed_target=False,
+    )
     chosen = [row.split("|")[8].strip() for row in table.splitlines()[2:]]  # the "chosen epoch" column
     assert chosen[1:] == ["1", "0.33"]  # capsules at epoch 1, the stopped CNN a third into its first epoch
-    without = viewpoints._compare("elevation", train, test, replace(settings, rematch_cnn=False), tag="t",
-                                  device="cpu", seed=0, checkpoints=Checkpoints(None))
+    without = viewpoints._compare(
+        "elevation",
+        train,
+        test,
+        replace(settings, rematch_cnn=False),
+        tag="t",
+        device="cpu",
+        seed=0,
+        checkpoints=Checkpoints(None),
+    )
     assert viewpoints.STOPPED not in without["records"]
     assert "no matched pair" in matched_summary({"elevation": without["records"]}, fixed_target=False)
 
@@ -113,8 +128,9 @@ def test_full_cnn_is_the_papers_size():
 
 def test_smoke_run_writes_the_report(data_root, tmp_path):
     assert "viewpoints" in list_experiments()
-    result = run_experiment("viewpoints", tmp_path, smoke=True, device="cpu", data_dir=str(data_root),
-                            train_size=24, test_size=12)
+    result = run_experiment(
+        "viewpoints", tmp_path, smoke=True, device="cpu", data_dir=str(data_root), train_size=24, test_size=12
+    )
     text = result.report.read_text()
     assert "offline rendered viewpoint set" in text and "13.50%" in text and "17.80%" in text
     assert "Matched comparison" in text
@@ -132,8 +148,23 @@ def test_smoke_run_writes_the_report(data_root, tmp_path):
 
 
 def test_smoke_through_the_cli(data_root, tmp_path, capsys):
-    argv = ["experiment", "viewpoints", "--smoke", "--out", str(tmp_path), "--device", "cpu", "--data-dir",
-            str(data_root), "--set", "train_size=16", "--set", "test_size=8", "--set", "splits=[elevation]"]
+    argv = [
+        "experiment",
+        "viewpoints",
+        "--smoke",
+        "--out",
+        str(tmp_path),
+        "--device",
+        "cpu",
+        "--data-dir",
+        str(data_root),
+        "--set",
+        "train_size=16",
+        "--set",
+        "test_size=8",
+        "--set",
+        "splits=[elevation]",
+    ]
     assert main(argv) == 0
     assert "wrote" in capsys.readouterr().out
     assert (tmp_path / "report.md").is_file() and len(list(tmp_path.glob("*.png"))) == 2
@@ -142,8 +173,15 @@ def test_smoke_through_the_cli(data_root, tmp_path, capsys):
 def test_a_one_split_run_trains_what_a_two_split_run_does(data_root, tmp_path):
     sizes = {"train_size": 16, "test_size": 8}
     both = run_experiment("viewpoints", tmp_path / "both", smoke=True, device="cpu", data_dir=str(data_root), **sizes)
-    alone = run_experiment("viewpoints", tmp_path / "alone", smoke=True, device="cpu", data_dir=str(data_root),
-                           splits=["elevation"], **sizes)
+    alone = run_experiment(
+        "viewpoints",
+        tmp_path / "alone",
+        smoke=True,
+        device="cpu",
+        data_dir=str(data_root),
+        splits=["elevation"],
+        **sizes,
+    )
     elevation = {k: v for k, v in both.metrics.items() if k.startswith("elevation_")}
     assert elevation and elevation == {k: v for k, v in alone.metrics.items() if k.startswith("elevation_")}
 

@@ -13,26 +13,48 @@
 Experiment modules register themselves on import; every module named in ``_MODULES`` is imported here, so
 adding an experiment means adding its file and its name below. No experiment imports another.
 """
+
 from __future__ import annotations
 
 import importlib
 
-from .common import (ExperimentSettings, describe_experiments, experiment_settings, get_experiment, list_experiments,
-                     register_experiment, run_experiment)
+from .checkpoints import Checkpoints, load_or_train
+from .common import (
+    ExperimentSettings,
+    describe_experiments,
+    experiment_settings,
+    get_experiment,
+    list_experiments,
+    register_experiment,
+    run_experiment,
+)
 from .report import ExperimentResult, markdown_table, percent, save_figure, settings_table, write_report
 from .seeds import run_experiment_seeds, summarise_seeds
-from .checkpoints import Checkpoints, load_or_train
 from .training import evaluate_accuracy, train_classifier
 
-_MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints", "segmentation", "synthesis",
-            "routers")
+_MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints", "segmentation", "synthesis", "routers")
 
 for _name in _MODULES:
     importlib.import_module(f"{__name__}.{_name}")
 
 __all__ = [
-    "Checkpoints", "ExperimentResult", "ExperimentSettings", "describe_experiments", "evaluate_accuracy",
-    "experiment_settings", "get_experiment", "list_experiments", "load_or_train", "markdown_table", "percent",
-    "register_experiment", "run_experiment", "run_experiment_seeds", "save_figure", "settings_table",
-    "summarise_seeds", "train_classifier", "write_report",
+    "Checkpoints",
+    "ExperimentResult",
+    "ExperimentSettings",
+    "describe_experiments",
+    "evaluate_accuracy",
+    "experiment_settings",
+    "get_experiment",
+    "list_experiments",
+    "load_or_train",
+    "markdown_table",
+    "percent",
+    "register_experiment",
+    "run_experiment",
+    "run_experiment_seeds",
+    "save_figure",
+    "settings_table",
+    "summarise_seeds",
+    "train_classifier",
+    "write_report",
 ]

@@ -20,23 +20,39 @@ only test examples the attacked (or, for transfer, the evaluated) model classifi
 clean; targeted attacks use one random wrong class per example, the same for every attack and eps.
 BIM takes ``bim_steps`` steps of ``2.5 * eps / bim_steps``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from capsnets.attacks import (ATTACK_LOSSES, attack_loss, attack_success, bim, fgsm, random_wrong_targets,
-                              zero_gradient_fraction)
+from capsnets.attacks import (
+    ATTACK_LOSSES,
+    attack_loss,
+    attack_success,
+    bim,
+    fgsm,
+    random_wrong_targets,
+    zero_gradient_fraction,
+)
 from capsnets.data import load_dataset
 from capsnets.experiments.common import ExperimentSettings, register_experiment
-from capsnets.experiments.report import (markdown_table, matching_note, percent, save_figure, settings_table,
-                                         training_metrics, write_report)
+from capsnets.experiments.report import (
+    markdown_table,
+    matching_note,
+    percent,
+    save_figure,
+    settings_table,
+    training_metrics,
+    write_report,
+)
 from capsnets.experiments.report.adversarial import LOSS_TEXT, plot_success_rates, success_rate_table
 from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
 from capsnets.models import count_parameters, create_model
@@ -62,27 +78,47 @@ class Settings(ExperimentSettings):
     cnn_model: str = "cnn_baseline"
     attack_losses: tuple[str, ...] = ("cross_entropy", "own")
     train_minutes: float | None = None
-    SMOKE: ClassVar[dict] = {"train_size": 768, "val_size": 128, "test_size": 64, "max_epochs": 2,
-                             "target_accuracy": 0.9, "eps": (0.1, 0.2, 0.3), "bim_steps": 3, "batch_size": 32,
-                             "lr": 2e-3, "capsule_model": "capsnet_small", "cnn_model": "cnn_baseline_narrow"}
+    SMOKE: ClassVar[dict] = {
+        "train_size": 768,
+        "val_size": 128,
+        "test_size": 64,
+        "max_epochs": 2,
+        "target_accuracy": 0.9,
+        "eps": (0.1, 0.2, 0.3),
+        "bim_steps": 3,
+        "batch_size": 32,
+        "lr": 2e-3,
+        "capsule_model": "capsnet_small",
+        "cnn_model": "cnn_baseline_narrow",
+    }
 
     def __post_init__(self) -> None:
         if not self.attack_losses or any(kind not in ATTACK_LOSSES for kind in self.attack_losses):
-            raise ValueError(f"adversarial: attack_losses must name some of {ATTACK_LOSSES}, "
-                             f"got {self.attack_losses!r}")
+            raise ValueError(
+                f"adversarial: attack_losses must name some of {ATTACK_LOSSES}, got {self.attack_losses!r}"
+            )
 
 
 def _craft(attack: str, model, images, labels, eps, targets, steps, loss: str = "own"):
     targeted, loss_fn = targets is not None, attack_loss(model, loss)
     if attack == "fgsm":
         return fgsm(model, loss_fn, images, labels, eps, targeted=targeted, target=targets)
-    return bim(model, loss_fn, images, labels, eps, step_size=2.5 * eps / steps, steps=steps,
-               targeted=targeted, target=targets)
+    return bim(
+        model, loss_fn, images, labels, eps, step_size=2.5 * eps / steps, steps=steps, targeted=targeted, target=targets
+    )
 
 
-def attack_table(models: dict[str, nn.Module], images: Tensor, labels: Tensor, wrong: Tensor,
-                 eps_values: Sequence[float], *, bim_steps: int, batch_size: int = 256,
-                 loss: str = "own") -> list[dict]:
+def attack_table(
+    models: dict[str, nn.Module],
+    images: Tensor,
+    labels: Tensor,
+    wrong: Tensor,
+    eps_values: Sequence[float],
+    *,
+    bim_steps: int,
+    batch_size: int = 256,
+    loss: str = "own",
+) -> list[dict]:
     """Success rates of every (attack, targeted, eps, crafted-on, evaluated-on) combination.
 
     ``models`` maps names to models; examples crafted on each model are scored on every model
@@ -95,7 +131,7 @@ def attack_table(models: dict[str, nn.Module], images: Tensor, labels: Tensor, w
     """
     counts: dict[tuple, list[int]] = {}
     for first in range(0, len(images), batch_size):
-        x, y, t = (v[first:first + batch_size] for v in (images, labels, wrong))
+        x, y, t = (v[first : first + batch_size] for v in (images, labels, wrong))
         for attack in ("fgsm", "bim"):
             for targeted in (False, True):
                 for eps in eps_values:
@@ -107,8 +143,20 @@ def attack_table(models: dict[str, nn.Module], images: Tensor, labels: Tensor, w
                             total = counts.setdefault(key, [0, 0])
                             total[0] += hits
                             total[1] += tries
-    return [{"loss": loss, "attack": k[0], "targeted": k[1], "eps": k[2], "source": k[3], "victim": k[4],
-             "successes": s, "attempts": n, "rate": s / n if n else float("nan")} for k, (s, n) in counts.items()]
+    return [
+        {
+            "loss": loss,
+            "attack": k[0],
+            "targeted": k[1],
+            "eps": k[2],
+            "source": k[3],
+            "victim": k[4],
+            "successes": s,
+            "attempts": n,
+            "rate": s / n if n else float("nan"),
+        }
+        for k, (s, n) in counts.items()
+    ]
 
 
 @torch.no_grad()
@@ -117,8 +165,16 @@ def _predict(model, images):
     return model(images).scores.argmax(dim=1)
 
 
-def _plot_examples(models: dict[str, nn.Module], images, labels, eps: float, steps: int, out_png: Path,
-                   count: int = 6, loss: str = "own") -> Path:
+def _plot_examples(
+    models: dict[str, nn.Module],
+    images,
+    labels,
+    eps: float,
+    steps: int,
+    out_png: Path,
+    count: int = 6,
+    loss: str = "own",
+) -> Path:
     x, y = images[:count], labels[:count]
     rows = [("clean", x, None)]
     for name, model in models.items():
@@ -126,7 +182,7 @@ def _plot_examples(models: dict[str, nn.Module], images, labels, eps: float, ste
         rows.append((f"BIM on {name}", _craft("bim", model, x, y, eps, None, steps, loss), model))
     fig = Figure(figsize=(1.5 * count + 1.5, 1.7 * len(rows)), layout="constrained")
     axes = np.asarray(fig.subplots(len(rows), count, squeeze=False))
-    for r, (title, batch, model) in enumerate(rows):
+    for r, (title, batch, _) in enumerate(rows):
         predicted = {n: _predict(m, batch).cpu() for n, m in models.items()}
         for c in range(len(batch)):
             ax = axes[r, c]
@@ -151,68 +207,145 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     suffix = "_CapsNet_on_CapsNet"
     for key in metrics:
         if key.endswith(suffix):
-            attack = key[:-len(suffix)]
+            attack = key[: -len(suffix)]
             loss, name, kind, eps = attack.rsplit("_", 3)
-            pairs.append((f"CapsNet - CNN, {name.upper()} {kind} eps {eps} success ({loss.replace('_', '-')} loss)",
-                          key, f"{attack}_CNN_on_CNN"))
+            pairs.append(
+                (
+                    f"CapsNet - CNN, {name.upper()} {kind} eps {eps} success ({loss.replace('_', '-')} loss)",
+                    key,
+                    f"{attack}_CNN_on_CNN",
+                )
+            )
     return pairs
 
 
-@register_experiment("adversarial", Settings, "FGSM and BIM against capsules and a CNN at equal clean accuracy "
-                     "(Hinton et al. 2018, Sec. 6)", contrasts=_contrasts)
+@register_experiment(
+    "adversarial",
+    Settings,
+    "FGSM and BIM against capsules and a CNN at equal clean accuracy (Hinton et al. 2018, Sec. 6)",
+    contrasts=_contrasts,
+)
 def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) the two models, attack them, write ``report.md`` and two PNGs into ``out``."""
     train = load_dataset("mnist", root=data_dir, train=True, device=device)
     test = load_dataset("mnist", root=data_dir, train=False, device=device).subset(s.test_size)
     fit = train.subset(s.train_size + s.val_size)
-    fit_x, fit_y = fit.images[:s.train_size], fit.labels[:s.train_size]
-    val_x, val_y = fit.images[s.train_size:], fit.labels[s.train_size:]
+    fit_x, fit_y = fit.images[: s.train_size], fit.labels[: s.train_size]
+    val_x, val_y = fit.images[s.train_size :], fit.labels[s.train_size :]
     models = {"CNN": _build(s.cnn_model, device), "CapsNet": _build(s.capsule_model, device)}
-    training = {name: checkpoints.fit_or_load(model, f"adversarial_{model.model_name}", fit_x, fit_y, val_x, val_y,
-                                  target=s.target_accuracy, max_epochs=s.max_epochs, lr=s.lr,
-                                  batch_size=s.batch_size, seed=seed + 100 * index, desc=name,
-                                  time_limit_s=minutes_to_seconds(s.train_minutes))
-                for index, (name, model) in enumerate(models.items())}
+    training = {
+        name: checkpoints.fit_or_load(
+            model,
+            f"adversarial_{model.model_name}",
+            fit_x,
+            fit_y,
+            val_x,
+            val_y,
+            target=s.target_accuracy,
+            max_epochs=s.max_epochs,
+            lr=s.lr,
+            batch_size=s.batch_size,
+            seed=seed + 100 * index,
+            desc=name,
+            time_limit_s=minutes_to_seconds(s.train_minutes),
+        )
+        for index, (name, model) in enumerate(models.items())
+    }
     clean = {name: evaluate_accuracy(m, test.images, test.labels) for name, m in models.items()}
     wrong = random_wrong_targets(test.labels, test.num_classes, torch.Generator().manual_seed(seed))
     records, figures, rate_sections = [], [], []
     for kind in s.attack_losses:
-        found = attack_table(models, test.images, test.labels, wrong, s.eps, bim_steps=s.bim_steps,
-                             batch_size=max(s.batch_size, 64), loss=kind)
+        found = attack_table(
+            models,
+            test.images,
+            test.labels,
+            wrong,
+            s.eps,
+            bim_steps=s.bim_steps,
+            batch_size=max(s.batch_size, 64),
+            loss=kind,
+        )
         records += found
-        figures.append(plot_success_rates(found, s.eps, "CapsNet", "CNN", out / f"success_rates_{kind}.png",
-                                   title=f"attack success, crafted with {LOSS_TEXT[kind]}"))
-        rate_sections.append((f"Attack success rates, crafted with {LOSS_TEXT[kind]}",
-                              success_rate_table(found, s.eps, "CapsNet", "CNN")))
+        figures.append(
+            plot_success_rates(
+                found,
+                s.eps,
+                "CapsNet",
+                "CNN",
+                out / f"success_rates_{kind}.png",
+                title=f"attack success, crafted with {LOSS_TEXT[kind]}",
+            )
+        )
+        rate_sections.append(
+            (
+                f"Attack success rates, crafted with {LOSS_TEXT[kind]}",
+                success_rate_table(found, s.eps, "CapsNet", "CNN"),
+            )
+        )
     mid_eps = s.eps[len(s.eps) // 2]
-    figures.append(_plot_examples(models, test.images, test.labels, mid_eps, s.bim_steps, out / "examples.png",
-                                  loss=s.attack_losses[0]))
-    flat = {(name, kind): zero_gradient_fraction(m, attack_loss(m, kind), test.images, test.labels)
-            for name, m in models.items() for kind in s.attack_losses}
-    model_rows = [(name, m.model_name, f"{count_parameters(m):,}", training[name]["epochs"],
-                   percent(training[name]["val_accuracy"]), percent(clean[name])) for name, m in models.items()]
+    figures.append(
+        _plot_examples(
+            models, test.images, test.labels, mid_eps, s.bim_steps, out / "examples.png", loss=s.attack_losses[0]
+        )
+    )
+    flat = {
+        (name, kind): zero_gradient_fraction(m, attack_loss(m, kind), test.images, test.labels)
+        for name, m in models.items()
+        for kind in s.attack_losses
+    }
+    model_rows = [
+        (
+            name,
+            m.model_name,
+            f"{count_parameters(m):,}",
+            training[name]["epochs"],
+            percent(training[name]["val_accuracy"]),
+            percent(clean[name]),
+        )
+        for name, m in models.items()
+    ]
     sections = [
-        ("Models", markdown_table(["role", "model", "parameters", "epochs", "val. accuracy", "clean test accuracy"],
-                                  model_rows) + "\n\n" + matching_note(training, s.target_accuracy)),
+        (
+            "Models",
+            markdown_table(
+                ["role", "model", "parameters", "epochs", "val. accuracy", "clean test accuracy"], model_rows
+            )
+            + "\n\n"
+            + matching_note(training, s.target_accuracy),
+        ),
         *rate_sections,
-        ("How to read the tables", "Success: untargeted = prediction changed from the true class; targeted = "
-         "prediction is the target. Counted over test examples the evaluated model classifies correctly when "
-         "clean. BIM takes `bim_steps` steps of 2.5 eps / `bim_steps`."),
-        ("Gradient masking", markdown_table(
-            ["model", *[f"zero input gradient, {LOSS_TEXT[k]}" for k in s.attack_losses]],
-            [(name, *[percent(flat[name, k]) for k in s.attack_losses]) for name in models])
-         + "\n\nFraction of clean test examples whose input gradient of the attack loss is exactly zero: a "
-           "sign-gradient attack leaves them unchanged, so a loss with a large fraction understates what an "
-           "attacker can do (the margin and spread losses are flat once every hinge is inactive)."),
-        ("Paper", "Hinton, Sabour & Frosst (2018), Sec. 6 (matrix capsules, smallNORB): at equal clean accuracy the "
-         "capsule model is significantly less vulnerable than the CNN to FGSM and BIM, untargeted and targeted; "
-         "examples crafted on the CNN transfer to it like to another CNN. The paper shows figures, no table."),
+        (
+            "How to read the tables",
+            "Success: untargeted = prediction changed from the true class; targeted = "
+            "prediction is the target. Counted over test examples the evaluated model classifies correctly when "
+            "clean. BIM takes `bim_steps` steps of 2.5 eps / `bim_steps`.",
+        ),
+        (
+            "Gradient masking",
+            markdown_table(
+                ["model", *[f"zero input gradient, {LOSS_TEXT[k]}" for k in s.attack_losses]],
+                [(name, *[percent(flat[name, k]) for k in s.attack_losses]) for name in models],
+            )
+            + "\n\nFraction of clean test examples whose input gradient of the attack loss is exactly zero: a "
+            "sign-gradient attack leaves them unchanged, so a loss with a large fraction understates what an "
+            "attacker can do (the margin and spread losses are flat once every hinge is inactive).",
+        ),
+        (
+            "Paper",
+            "Hinton, Sabour & Frosst (2018), Sec. 6 (matrix capsules, smallNORB): at equal clean accuracy the "
+            "capsule model is significantly less vulnerable than the CNN to FGSM and BIM, untargeted and targeted; "
+            "examples crafted on the CNN transfer to it like to another CNN. The paper shows figures, no table.",
+        ),
         ("Settings", settings_table({**s.to_dict(), "seed": seed, "device": device, "smoke": smoke})),
     ]
-    metrics = {f"{r['loss']}_{r['attack']}_{'targeted' if r['targeted'] else 'untargeted'}_{r['eps']}_"
-               f"{r['source']}_on_{r['victim']}": r["rate"] for r in records}
+    metrics = {
+        f"{r['loss']}_{r['attack']}_{'targeted' if r['targeted'] else 'untargeted'}_{r['eps']}_"
+        f"{r['source']}_on_{r['victim']}": r["rate"]
+        for r in records
+    }
     metrics.update({f"clean_accuracy_{k}": v for k, v in clean.items()})
     metrics.update(training_metrics(training))
     metrics.update({f"zero_gradient_{kind}_{name}": v for (name, kind), v in flat.items()})
-    return write_report(out, "Adversarial robustness: capsules vs CNN", sections, figures=figures,
-                        metrics=metrics, name="adversarial")
+    return write_report(
+        out, "Adversarial robustness: capsules vs CNN", sections, figures=figures, metrics=metrics, name="adversarial"
+    )

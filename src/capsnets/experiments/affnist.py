@@ -13,6 +13,7 @@ uniformly), and (c) the real affNIST test set when its files are found (``affnis
 (the paper only says "a similar number of parameters"); ``smoke`` uses ``capsnet_small`` and a narrow
 CNN, a few hundred images and one or two epochs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from capsnets.models import count_parameters, create_model
 
 __all__ = ["run"]
 
+
 @dataclass(frozen=True)
 class Settings(ExperimentSettings):
     """Data sizes, training to ``target_accuracy`` on held-out translated digits, the two models, and where the
@@ -50,9 +52,17 @@ class Settings(ExperimentSettings):
     cnn_model: str = "cnn_baseline"
     affnist_path: str | None = None
     train_minutes: float | None = None
-    SMOKE: ClassVar[dict] = {"train_size": 1024, "val_size": 128, "test_size": 256, "max_epochs": 2,
-                             "target_accuracy": 0.9, "batch_size": 32, "lr": 2e-3, "capsule_model": "capsnet_small",
-                             "cnn_model": "cnn_baseline_narrow"}
+    SMOKE: ClassVar[dict] = {
+        "train_size": 1024,
+        "val_size": 128,
+        "test_size": 256,
+        "max_epochs": 2,
+        "target_accuracy": 0.9,
+        "batch_size": 32,
+        "lr": 2e-3,
+        "capsule_model": "capsnet_small",
+        "cnn_model": "cnn_baseline_narrow",
+    }
 
 
 def _build(name: str, device: str) -> nn.Module:
@@ -93,38 +103,79 @@ def _plot_samples(models: dict[str, nn.Module], images, labels, out_png: Path, c
 
 def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     """CapsNet minus CNN accuracy on each test set (for multi-seed summaries)."""
-    tests = [key[len("CapsNet_"):] for key in metrics if key.startswith("CapsNet_")
-             and key not in ("CapsNet_val_accuracy", "CapsNet_epochs")]
+    tests = [
+        key[len("CapsNet_") :]
+        for key in metrics
+        if key.startswith("CapsNet_") and key not in ("CapsNet_val_accuracy", "CapsNet_epochs")
+    ]
     return [(f"CapsNet - CNN, {test.replace('_', ' ')} accuracy", f"CapsNet_{test}", f"CNN_{test}") for test in tests]
 
 
-@register_experiment("affnist", Settings, "trained on translated MNIST, tested on unseen affine transforms "
-                     "(Sabour et al. 2017, Sec. 5.2)", contrasts=_contrasts)
+@register_experiment(
+    "affnist",
+    Settings,
+    "trained on translated MNIST, tested on unseen affine transforms (Sabour et al. 2017, Sec. 5.2)",
+    contrasts=_contrasts,
+)
 def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train on translated MNIST, test on affNIST(-style) digits; write ``report.md`` and a PNG into ``out``."""
     digits = load_dataset("mnist", root=data_dir, train=True, device=device).subset(s.train_size + s.val_size)
-    fit_x, fit_y = digits.images[:s.train_size], digits.labels[:s.train_size]
+    fit_x, fit_y = digits.images[: s.train_size], digits.labels[: s.train_size]
     val = translated_test_set(digits.select(slice(s.train_size, None)), seed=seed + 1)
     mnist_test = load_dataset("mnist", root=data_dir, train=False, device=device).subset(s.test_size)
-    tests = {"translated MNIST": translated_test_set(mnist_test, seed=seed + 2),
-             "affNIST-style": make_affnist_style(mnist_test, seed=seed + 3)[0]}
+    tests = {
+        "translated MNIST": translated_test_set(mnist_test, seed=seed + 2),
+        "affNIST-style": make_affnist_style(mnist_test, seed=seed + 3)[0],
+    }
     real, missing = _real_affnist(s.affnist_path, data_dir, device)
     if real is not None:
         tests["affNIST (real)"] = real
     models = {"CapsNet": _build(s.capsule_model, device), "CNN": _build(s.cnn_model, device)}
-    training = {name: checkpoints.fit_or_load(model, f"affnist_{model.model_name}", fit_x, fit_y, val.images,
-                                  val.labels, target=s.target_accuracy, max_epochs=s.max_epochs, lr=s.lr,
-                                  batch_size=s.batch_size, seed=seed + 100 * index, augment=RandomPlacement(),
-                                  desc=name, time_limit_s=minutes_to_seconds(s.train_minutes))
-                for index, (name, model) in enumerate(models.items())}
-    accuracy = {(name, test): evaluate_accuracy(m, data.images, data.labels)
-                for name, m in models.items() for test, data in tests.items()}
-    samples_png = _plot_samples(models, tests["affNIST-style"].images, tests["affNIST-style"].labels,
-                                out / "affnist_style_samples.png")
-    sections = affnist_sections({name: (m.model_name, count_parameters(m)) for name, m in models.items()},
-                                list(tests), accuracy, training, s, missing=missing, seed=seed, device=device,
-                                smoke=smoke)
+    training = {
+        name: checkpoints.fit_or_load(
+            model,
+            f"affnist_{model.model_name}",
+            fit_x,
+            fit_y,
+            val.images,
+            val.labels,
+            target=s.target_accuracy,
+            max_epochs=s.max_epochs,
+            lr=s.lr,
+            batch_size=s.batch_size,
+            seed=seed + 100 * index,
+            augment=RandomPlacement(),
+            desc=name,
+            time_limit_s=minutes_to_seconds(s.train_minutes),
+        )
+        for index, (name, model) in enumerate(models.items())
+    }
+    accuracy = {
+        (name, test): evaluate_accuracy(m, data.images, data.labels)
+        for name, m in models.items()
+        for test, data in tests.items()
+    }
+    samples_png = _plot_samples(
+        models, tests["affNIST-style"].images, tests["affNIST-style"].labels, out / "affnist_style_samples.png"
+    )
+    sections = affnist_sections(
+        {name: (m.model_name, count_parameters(m)) for name, m in models.items()},
+        list(tests),
+        accuracy,
+        training,
+        s,
+        missing=missing,
+        seed=seed,
+        device=device,
+        smoke=smoke,
+    )
     metrics = {f"{name}_{test}".replace(" ", "_"): value for (name, test), value in accuracy.items()}
     metrics.update(training_metrics(training))
-    return write_report(out, "affNIST: generalisation to unseen affine transforms", sections, figures=[samples_png],
-                        metrics=metrics, name="affnist")
+    return write_report(
+        out,
+        "affNIST: generalisation to unseen affine transforms",
+        sections,
+        figures=[samples_png],
+        metrics=metrics,
+        name="affnist",
+    )

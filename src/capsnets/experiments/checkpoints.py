@@ -9,20 +9,22 @@
 
 Checkpoints are named as the trainer names its own (:func:`~capsnets.engine.callbacks.checkpoint_path`).
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from torch import Tensor, nn
 
 from capsnets.engine.callbacks import checkpoint_path, resume_state
-from capsnets.io import load_checkpoint, recover_directory
 from capsnets.engine.fit import TrainState, save_state
 from capsnets.experiments.training import epochs_trained, evaluate_accuracy, train_to_accuracy
+from capsnets.io import load_checkpoint, recover_directory
 
 __all__ = ["Checkpoints", "load_or_train"]
 
@@ -55,8 +57,16 @@ class Checkpoints:
             self.cut_short.append(name)
         return loaded
 
-    def fit_or_load(self, model: nn.Module, key: str, images: Tensor, labels: Tensor, val_images: Tensor,
-                    val_labels: Tensor, **train_args) -> dict:
+    def fit_or_load(
+        self,
+        model: nn.Module,
+        key: str,
+        images: Tensor,
+        labels: Tensor,
+        val_images: Tensor,
+        val_labels: Tensor,
+        **train_args,
+    ) -> dict:
         """:func:`train_to_accuracy`, or ``<directory>/<key>.safetensors`` from an earlier run (its training
         record is kept in the checkpoint's sidecar and read back). A training cut short by ``time_limit_s`` is
         continued by the next run with the same folder.
@@ -67,24 +77,43 @@ class Checkpoints:
         """
         state = TrainState()
         augment = train_args.get("augment")
-        recipe = {"train_images": len(images), "val_images": len(val_images),
-                  "augment": None if augment is None else type(augment).__name__,
-                  **{k: v for k, v in train_args.items() if k not in ("augment", "desc", "time_limit_s")}}
-        train = lambda: train_to_accuracy(model, images, labels, val_images, val_labels, state=state,  # noqa: E731
-                                          **train_args)
+        recipe = {
+            "train_images": len(images),
+            "val_images": len(val_images),
+            "augment": None if augment is None else type(augment).__name__,
+            **{k: v for k, v in train_args.items() if k not in ("augment", "desc", "time_limit_s")},
+        }
+
+        def train():
+            return train_to_accuracy(model, images, labels, val_images, val_labels, state=state, **train_args)
+
         loaded = self.load_or_train(model, key, train, state=state, recipe=recipe)
         history = state.history
         if loaded:
-            return {"epochs": f"{len(history)} (loaded)" if history else "loaded",
-                    "trained_epochs": len(history) or None, "history": history,
-                    "val_accuracy": evaluate_accuracy(model, val_images, val_labels)}
-        return {"epochs": epochs_trained(history, train_args["max_epochs"]), "trained_epochs": len(history),
-                "history": history, "val_accuracy": history[-1]["val_accuracy"] if history else 0.0}
+            return {
+                "epochs": f"{len(history)} (loaded)" if history else "loaded",
+                "trained_epochs": len(history) or None,
+                "history": history,
+                "val_accuracy": evaluate_accuracy(model, val_images, val_labels),
+            }
+        return {
+            "epochs": epochs_trained(history, train_args["max_epochs"]),
+            "trained_epochs": len(history),
+            "history": history,
+            "val_accuracy": history[-1]["val_accuracy"] if history else 0.0,
+        }
 
 
-def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
-                  checkpoint_dir: str | os.PathLike | None, meta: dict[str, Any] | None = None,
-                  state: TrainState | None = None, recipe: dict[str, Any] | None = None) -> bool:
+def load_or_train(
+    model: nn.Module,
+    name: str,
+    train: Callable[[], Any],
+    *,
+    checkpoint_dir: str | os.PathLike | None,
+    meta: dict[str, Any] | None = None,
+    state: TrainState | None = None,
+    recipe: dict[str, Any] | None = None,
+) -> bool:
     """Load ``checkpoint_dir/<name>.safetensors`` into ``model`` if it exists, else call ``train()``
     and save the model there (when ``checkpoint_dir`` is given). Returns True when it was loaded (and not
     trained further).
@@ -111,9 +140,11 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
         saved = checkpoint.meta.get("model_args")
         wanted = _jsonable(getattr(model, "model_args", {}))
         if saved is not None and saved != wanted:
-            raise ValueError(f"{path} holds a model built with {json.dumps(saved, sort_keys=True)}, but this run "
-                             f"builds it with {json.dumps(wanted, sort_keys=True)}; pass another --checkpoint-dir "
-                             f"(or delete that file) to train this one")
+            raise ValueError(
+                f"{path} holds a model built with {json.dumps(saved, sort_keys=True)}, but this run "
+                f"builds it with {json.dumps(wanted, sort_keys=True)}; pass another --checkpoint-dir "
+                f"(or delete that file) to train this one"
+            )
         _check_recipe(path, checkpoint.meta.get("recipe"), recipe)
         try:
             found = resume_state(checkpoint, model)
@@ -127,20 +158,27 @@ def load_or_train(model: nn.Module, name: str, train: Callable[[], Any], *,
             if state is not None:
                 state.load(found)
             if meta is not None:
-                meta.update({k: v for k, v in checkpoint.meta.items()
-                             if k not in meta and k not in ("model", "model_args", "training", "recipe")})
+                meta.update(
+                    {
+                        k: v
+                        for k, v in checkpoint.meta.items()
+                        if k not in meta and k not in ("model", "model_args", "training", "recipe")
+                    }
+                )
             return True
         state.load(found)
         state.checkpoint = checkpoint
-        _log.info("%s: continuing the training its time limit cut short after %d epochs (%s)", name, state.epoch,
-                  path)
+        _log.info("%s: continuing the training its time limit cut short after %d epochs (%s)", name, state.epoch, path)
     train()
     unfinished = state is not None and not state.finished
     if path is not None:
-        meta = {"model": getattr(model, "model_name", name), "model_args": getattr(model, "model_args", {}),
-                **(meta or {}), **({"recipe": _jsonable(recipe)} if recipe is not None else {})}
-        save_state(path, model, state if state is not None else TrainState(finished=True), meta,
-                   resumable=unfinished)
+        meta = {
+            "model": getattr(model, "model_name", name),
+            "model_args": getattr(model, "model_args", {}),
+            **(meta or {}),
+            **({"recipe": _jsonable(recipe)} if recipe is not None else {}),
+        }
+        save_state(path, model, state if state is not None else TrainState(finished=True), meta, resumable=unfinished)
     return False
 
 
@@ -164,5 +202,7 @@ def _check_recipe(path: Path, saved: dict[str, Any] | None, wanted: dict[str, An
     def show(recipe: dict[str, Any]) -> str:
         return ", ".join(f"{k}={json.dumps(recipe[k]) if k in recipe else '(unset)'}" for k in differ)
 
-    raise ValueError(f"{path} holds a model trained with {show(saved)}, but this run trains it with {show(wanted)}; "
-                     f"pass another --checkpoint-dir (or delete that file) to train this one")
+    raise ValueError(
+        f"{path} holds a model trained with {show(saved)}, but this run trains it with {show(wanted)}; "
+        f"pass another --checkpoint-dir (or delete that file) to train this one"
+    )

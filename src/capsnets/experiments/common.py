@@ -19,6 +19,7 @@ the field types. Reports are written with :mod:`capsnets.experiments.report`; th
 experiments share are in :mod:`capsnets.experiments.training`, among them ``checkpoints``, the
 :class:`~capsnets.experiments.checkpoints.Checkpoints` folder (``--checkpoint-dir``) where a run keeps its models.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,9 +27,10 @@ import difflib
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from capsnets.engine.runtime import resolve_device, seed_everything
 from capsnets.experiments.checkpoints import Checkpoints
@@ -48,10 +50,10 @@ class ExperimentSettings:
     SMOKE: ClassVar[dict[str, Any]] = {}
 
     @classmethod
-    def smoke(cls) -> "ExperimentSettings":
+    def smoke(cls) -> ExperimentSettings:
         return cls(**cls.SMOKE)
 
-    def with_options(self, name: str, options: dict[str, Any]) -> "ExperimentSettings":
+    def with_options(self, name: str, options: dict[str, Any]) -> ExperimentSettings:
         """A copy with ``options`` applied, each checked against its field's type; an unknown key raises a
         :class:`~capsnets.validation.ArgumentError` naming every unknown key and the ones the experiment takes."""
         names = [f.name for f in dataclasses.fields(self)]
@@ -59,8 +61,9 @@ class ExperimentSettings:
         if unknown:
             raise ArgumentError(f"{name} does not take {', '.join(unknown)}; it takes: {', '.join(sorted(names))}")
         hints = typing.get_type_hints(type(self))
-        return dataclasses.replace(self, **{key: _typed(name, key, hints[key], value)
-                                            for key, value in options.items()})
+        return dataclasses.replace(
+            self, **{key: _typed(name, key, hints[key], value) for key, value in options.items()}
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -94,8 +97,9 @@ class Experiment:
 _EXPERIMENTS: dict[str, Experiment] = {}
 
 
-def register_experiment(name: str, settings: type[ExperimentSettings], description: str, *,
-                        contrasts: ContrastFn | None = None) -> Callable:
+def register_experiment(
+    name: str, settings: type[ExperimentSettings], description: str, *, contrasts: ContrastFn | None = None
+) -> Callable:
     """Decorator registering ``run(out, settings, *, smoke, device, seed, data_dir, checkpoints)`` under
     ``name`` (see the module docstring). ``contrasts`` names the comparisons a multi-seed run summarises
     (:mod:`capsnets.experiments.seeds`)."""
@@ -143,9 +147,17 @@ def experiment_settings(name: str, *, smoke: bool = False, **options) -> Experim
     return (settings.smoke() if smoke else settings()).with_options(name, options)
 
 
-def run_experiment(name: str, out: str | os.PathLike, *, smoke: bool = False, device: str = "auto", seed: int = 0,
-                   data_dir: str | os.PathLike | None = None, checkpoint_dir: str | os.PathLike | None = None,
-                   **options) -> ExperimentResult:
+def run_experiment(
+    name: str,
+    out: str | os.PathLike,
+    *,
+    smoke: bool = False,
+    device: str = "auto",
+    seed: int = 0,
+    data_dir: str | os.PathLike | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    **options,
+) -> ExperimentResult:
     """Seed everything, create ``out`` and run the experiment ``name`` (its report goes to ``out/report.md``);
     ``options`` override single settings (see :func:`describe_experiments`). Models are kept in
     ``checkpoint_dir`` between runs; the result's ``cut_short`` names the trainings a time limit left
@@ -157,11 +169,11 @@ def run_experiment(name: str, out: str | os.PathLike, *, smoke: bool = False, de
     seed_everything(seed)
     device = str(resolve_device(device))
     checkpoints = Checkpoints(checkpoint_dir)
-    result = get_experiment(name).run(out, settings, smoke=smoke, device=device, seed=seed, data_dir=data_dir,
-                                      checkpoints=checkpoints)
+    result = get_experiment(name).run(
+        out, settings, smoke=smoke, device=device, seed=seed, data_dir=data_dir, checkpoints=checkpoints
+    )
     result.cut_short = checkpoints.cut_short
-    annotate_report(result.report, run_description(name, out, smoke=smoke, device=device, seed=seed,
-                                                   options=options))
+    annotate_report(result.report, run_description(name, out, smoke=smoke, device=device, seed=seed, options=options))
     return result
 
 

@@ -12,6 +12,7 @@ The model is loaded from ``--checkpoint-dir`` when it holds ``dimensions_capsnet
 an earlier run) or a trainer run directory (``best``/``last``); else it is trained on MNIST (full: the
 paper's ``capsnet``, 10 epochs, shifts of 2 px; smoke: ``capsnet_small`` on 2,000 images, 1 epoch).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,14 +27,14 @@ from torch import Tensor, nn
 from capsnets.data import load_dataset, random_shift
 from capsnets.engine import TrainState
 from capsnets.engine.callbacks import checkpoint_path
-from capsnets.io import CheckpointError
-from capsnets.models.hub import load_model
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import ExperimentResult, save_figure, write_report
 from capsnets.experiments.report.dimensions import dimensions_sections
 from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds, train_classifier
 from capsnets.functional import capsule_length
+from capsnets.io import CheckpointError
 from capsnets.models import count_parameters, create_model
+from capsnets.models.hub import load_model
 from capsnets.plots import perturbation_grid, plot_perturbation_grid
 
 
@@ -49,8 +50,15 @@ class Settings(ExperimentSettings):
     batch_size: int = 128
     digits: int = 3
     train_minutes: float | None = None
-    SMOKE: ClassVar[dict] = {"model": "capsnet_small", "train_images": 2000, "epochs": 1, "test_images": 500,
-                             "max_shift": 0, "batch_size": 32, "digits": 2}
+    SMOKE: ClassVar[dict] = {
+        "model": "capsnet_small",
+        "train_images": 2000,
+        "epochs": 1,
+        "test_images": 500,
+        "max_shift": 0,
+        "batch_size": 32,
+        "digits": 2,
+    }
 
 
 @torch.no_grad()
@@ -93,30 +101,43 @@ def _model(cfg: Settings, data, device: str, seed: int, checkpoints) -> tuple[nn
         except CheckpointError:
             pass
     model = create_model(cfg.model, device=device)
-    images, labels = data.images[:cfg.train_images].to(device), data.labels[:cfg.train_images].to(device)
+    images, labels = data.images[: cfg.train_images].to(device), data.labels[: cfg.train_images].to(device)
     shift = (lambda x, g: random_shift(x, cfg.max_shift, g)) if cfg.max_shift else None
 
     state = TrainState()  # lets a later run continue a training its time limit cut short
 
     def fit():
-        train_classifier(model, images, labels, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed,
-                         augment=shift, desc="dimensions capsnet", time_limit_s=minutes_to_seconds(cfg.train_minutes),
-                         state=state)
+        train_classifier(
+            model,
+            images,
+            labels,
+            epochs=cfg.epochs,
+            batch_size=cfg.batch_size,
+            seed=seed,
+            augment=shift,
+            desc="dimensions capsnet",
+            time_limit_s=minutes_to_seconds(cfg.train_minutes),
+            state=state,
+        )
 
     recipe = {**cfg.subset("train_images", "epochs", "batch_size", "max_shift"), "seed": seed}
-    loaded = checkpoints.load_or_train(model, "dimensions_capsnet", fit, meta={"dataset": "mnist"}, state=state,
-                                       recipe=recipe)
+    loaded = checkpoints.load_or_train(
+        model, "dimensions_capsnet", fit, meta={"dataset": "mnist"}, state=state, recipe=recipe
+    )
     return model, {"history": state.history, "loaded": loaded, "images": len(images)}
 
 
-@register_experiment("dimensions", Settings, "what each dimension of a class capsule encodes, and what routes "
-                     "to it (Sabour et al. 2017, Fig. 4)")
+@register_experiment(
+    "dimensions",
+    Settings,
+    "what each dimension of a class capsule encodes, and what routes to it (Sabour et al. 2017, Fig. 4)",
+)
 def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints) -> ExperimentResult:
     """Perturbation grids and routing pictures for ``digits`` MNIST test digits of different classes."""
     model, how = _model(cfg, load_dataset("mnist", root=data_dir, train=True), device, seed, checkpoints)
     model.eval()
     test = load_dataset("mnist", root=data_dir, train=False)
-    images, labels = test.images[:cfg.test_images].to(device), test.labels[:cfg.test_images].to(device)
+    images, labels = test.images[: cfg.test_images].to(device), test.labels[: cfg.test_images].to(device)
     accuracy = evaluate_accuracy(model, images, labels)
     chosen = [int((labels == k).nonzero()[0]) for k in range(cfg.digits)]  # the first test digit of 0, 1, ...
     figures, maps, winners, couplings = [], [], [], []
@@ -127,8 +148,22 @@ def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_d
         maps.append(heat), winners.append(winner), couplings.append(coupled)
     figures.append(plot_routing(images[chosen], maps, winners, out / "routing.png"))
     digits = [(int(labels[i]), w, i, c) for i, w, c in zip(chosen, winners, couplings)]
-    sections = dimensions_sections(cfg, parameters=count_parameters(model), accuracy=accuracy,
-                                   test_images=len(images), training=how, digits=digits,
-                                   num_classes=model.num_classes, seed=seed, device=device)
-    return write_report(out, "What capsule dimensions represent (Sabour et al. 2017, Sec. 5.1)", sections,
-                        figures=figures, metrics={"test_accuracy": accuracy}, name="dimensions")
+    sections = dimensions_sections(
+        cfg,
+        parameters=count_parameters(model),
+        accuracy=accuracy,
+        test_images=len(images),
+        training=how,
+        digits=digits,
+        num_classes=model.num_classes,
+        seed=seed,
+        device=device,
+    )
+    return write_report(
+        out,
+        "What capsule dimensions represent (Sabour et al. 2017, Sec. 5.1)",
+        sections,
+        figures=figures,
+        metrics={"test_accuracy": accuracy},
+        name="dimensions",
+    )

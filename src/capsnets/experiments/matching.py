@@ -10,6 +10,7 @@ CNN").
   of the azimuth and elevation splits) and :func:`load_norb_like` (smallNORB, else the offline viewpoint set),
   shared by the experiments that compare models on novel viewpoints.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,8 +26,16 @@ from capsnets.engine.fit import TrainState, adam_with_decay, fit, training_step
 from capsnets.engine.runtime import resolve_amp
 from capsnets.losses import create_loss
 
-__all__ = ["train_matched", "error_rate", "AZIMUTH_FAMILIAR", "ELEVATION_FAMILIAR", "SPLITS", "familiar_mask",
-           "viewpoint_split", "load_norb_like"]
+__all__ = [
+    "train_matched",
+    "error_rate",
+    "AZIMUTH_FAMILIAR",
+    "ELEVATION_FAMILIAR",
+    "SPLITS",
+    "familiar_mask",
+    "viewpoint_split",
+    "load_norb_like",
+]
 
 #: smallNORB azimuth field values (x10 degrees) of the paper's training views: 300 .. 40 degrees.
 AZIMUTH_FAMILIAR = (30, 32, 34, 0, 2, 4)
@@ -40,10 +49,23 @@ def error_rate(model: nn.Module, data: TensorData) -> float:
     return 1.0 - evaluate(model, data)["accuracy"]
 
 
-def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int, target: float | None,
-                  batch_size: int, lr: float, lr_decay: float = 0.96, seed: int = 0, amp: str = "auto",
-                  evals_per_epoch: int = 1, time_limit_s: float | None = None, novel_every: int = 1,
-                  state: TrainState | None = None, compile: bool = False) -> dict:
+def train_matched(
+    model: nn.Module,
+    views: dict[str, TensorData],
+    *,
+    epochs: int,
+    target: float | None,
+    batch_size: int,
+    lr: float,
+    lr_decay: float = 0.96,
+    seed: int = 0,
+    amp: str = "auto",
+    evals_per_epoch: int = 1,
+    time_limit_s: float | None = None,
+    novel_every: int = 1,
+    state: TrainState | None = None,
+    compile: bool = False,
+) -> dict:
     """Train ``model`` on ``views["train"]`` (with its ``augment``), scoring it on ``views["familiar"]``
     ``evals_per_epoch`` times per epoch (evenly spaced, the last at the end of the epoch), and leave it at the
     chosen evaluation.
@@ -83,8 +105,9 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
     checkpoint = state.attach(optimizer, scheduler)
     if checkpoint is not None:  # the model holds the chosen weights; the checkpoint those it stopped at
         best_state = copy.deepcopy(model.state_dict())
-        model.load_state_dict({k[len("extra.last."):]: v for k, v in checkpoint.tensors.items()
-                               if k.startswith("extra.last.")})
+        model.load_state_dict(
+            {k[len("extra.last.") :]: v for k, v in checkpoint.tensors.items() if k.startswith("extra.last.")}
+        )
     schedule, device = hasattr(criterion, "set_progress"), views["train"].device
 
     def compute(batch):
@@ -104,20 +127,36 @@ def train_matched(model: nn.Module, views: dict[str, TensorData], *, epochs: int
         return reached
 
     step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(amp, device), model=model)
-    fit(step, loader, epochs=epochs, state=state, schedulers=[scheduler], evaluations_per_epoch=evals_per_epoch,
-        callbacks=[limit, Hook(score)], desc=f"matched {getattr(model, 'model_name', 'model')}")
+    fit(
+        step,
+        loader,
+        epochs=epochs,
+        state=state,
+        schedulers=[scheduler],
+        evaluations_per_epoch=evals_per_epoch,
+        callbacks=[limit, Hook(score)],
+        desc=f"matched {getattr(model, 'model_name', 'model')}",
+    )
     if not state.finished:  # what a later run needs to continue from this evaluation
         state.tensors = {f"last.{k}": v.detach().clone() for k, v in model.state_dict().items()}
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
-    chosen = state.history[state.best] if state.best is not None else {
-        "epoch": 0, "familiar_error": error_rate(model, views["familiar"]), "novel_error": None}
+    chosen = (
+        state.history[state.best]
+        if state.best is not None
+        else {"epoch": 0, "familiar_error": error_rate(model, views["familiar"]), "novel_error": None}
+    )
     if chosen["novel_error"] is None:  # the chosen state was restored above; the record is in the history
         chosen["novel_error"] = error_rate(model, views["novel"])
-    return {"history": state.history, "epoch": chosen["epoch"], "familiar_error": chosen["familiar_error"],
-            "novel_error": chosen["novel_error"], "reached": target is not None and chosen["familiar_error"] <= target,
-            "time_limit": not state.finished}
+    return {
+        "history": state.history,
+        "epoch": chosen["epoch"],
+        "familiar_error": chosen["familiar_error"],
+        "novel_error": chosen["novel_error"],
+        "reached": target is not None and chosen["familiar_error"] <= target,
+        "time_limit": not state.finished,
+    }
 
 
 def _distance(record: dict, target: float | None) -> float:
@@ -150,17 +189,24 @@ def viewpoint_split(train: TensorData, test: TensorData, split: str) -> dict[str
     """``{"train": train split at familiar views, "familiar": test split at familiar views, "novel": the rest
     of the test split}``, selected on the ``info`` fields."""
     familiar = familiar_mask(test.info, split)
-    return {"train": train.select(familiar_mask(train.info, split)), "familiar": test.select(familiar),
-            "novel": test.select(~familiar)}
+    return {
+        "train": train.select(familiar_mask(train.info, split)),
+        "familiar": test.select(familiar),
+        "novel": test.select(~familiar),
+    }
 
 
-def load_norb_like(data_dir, device: str, *, render_instances: int | None = None,
-                   render_lightings=None) -> tuple[TensorData, TensorData, str]:
+def load_norb_like(
+    data_dir, device: str, *, render_instances: int | None = None, render_lightings=None
+) -> tuple[TensorData, TensorData, str]:
     """``(train, test, source)``: smallNORB if its files are under ``data_dir``, else the viewpoint set
     (the whole cached grid, or, with ``render_instances`` / ``render_lightings``, a smaller one rendered now)."""
     try:
-        return (load_dataset("smallnorb", root=data_dir, train=True, device=device),
-                load_dataset("smallnorb", root=data_dir, train=False, device=device), "smallNORB")
+        return (
+            load_dataset("smallnorb", root=data_dir, train=True, device=device),
+            load_dataset("smallnorb", root=data_dir, train=False, device=device),
+            "smallNORB",
+        )
     except DatasetError as err:
         reason = str(err).splitlines()[0].split(". Fix:")[0]
     if render_instances is None and render_lightings is None:
@@ -172,5 +218,8 @@ def load_norb_like(data_dir, device: str, *, render_instances: int | None = None
         instances = None if render_instances is None else list(split_instances(name)[:render_instances])
         raw = render_viewpoints(name, instances=instances, lightings=render_lightings)
         splits.append(norb_protocol(raw, train, name="viewpoints").to(device))
-    return (*splits, f"the offline rendered viewpoint set, a reduced grid ({render_instances or 5} toy(s) per class "
-                     f"and split, lightings {render_lightings or 'all'}; smallNORB not found: {reason})")
+    return (
+        *splits,
+        f"the offline rendered viewpoint set, a reduced grid ({render_instances or 5} toy(s) per class "
+        f"and split, lightings {render_lightings or 'all'}; smallNORB not found: {reason})",
+    )

@@ -13,6 +13,7 @@ hundred pairs, one epoch, ``capsnet_small`` and a narrow CNN. After every epoch 
 up to 2,000 fixed-seed validation pairs of training digits is recorded (never used to choose): the report's
 training table shows whether the models were still improving when training ended.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,9 +53,16 @@ class Settings(ExperimentSettings):
     capsnet: str = "capsnet"
     cnn: str = "cnn_baseline"
     train_minutes: float | None = None
-    SMOKE: ClassVar[dict] = {"train_digits": 2000, "pairs_per_epoch": 400, "epochs": 1, "test_digits": 200,
-                             "test_pairs_per_digit": 1, "batch_size": 32, "capsnet": "capsnet_small",
-                             "cnn": "cnn_baseline_narrow"}
+    SMOKE: ClassVar[dict] = {
+        "train_digits": 2000,
+        "pairs_per_epoch": 400,
+        "epochs": 1,
+        "test_digits": 200,
+        "test_pairs_per_digit": 1,
+        "batch_size": 32,
+        "capsnet": "capsnet_small",
+        "cnn": "cnn_baseline_narrow",
+    }
 
 
 def two_hot(labels: Tensor, num_classes: int = 10) -> Tensor:
@@ -121,9 +129,12 @@ def _load_digits(data_dir, train: bool, count: int, device: str) -> tuple[Tensor
     return data.images[:count].to(device), data.labels[:count].to(device)
 
 
-@register_experiment("multimnist", Settings, "recognising two overlapping digits: CapsNet against a CNN "
-                     "(Sabour et al. 2017, Sec. 6)",
-                     contrasts=lambda metrics: [("CapsNet - CNN, test error", "capsnet_error", "cnn_error")])
+@register_experiment(
+    "multimnist",
+    Settings,
+    "recognising two overlapping digits: CapsNet against a CNN (Sabour et al. 2017, Sec. 6)",
+    contrasts=lambda metrics: [("CapsNet - CNN, test error", "capsnet_error", "cnn_error")],
+)
 def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints) -> ExperimentResult:
     """Train CapsNet and the CNN on generated MultiMNIST, report the paper's error and the segmentation
     figure."""
@@ -136,8 +147,7 @@ def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_d
         return data.images, (data.labels, data.digits)
 
     # monitoring only (nothing is chosen on it): pairs of training digits, a seed no training epoch uses
-    val = make_multimnist(train_images, train_labels, min(2000, cfg.pairs_per_epoch),
-                          seed=seed * 100003 + 100_000)
+    val = make_multimnist(train_images, train_labels, min(2000, cfg.pairs_per_epoch), seed=seed * 100003 + 100_000)
     metrics = {f"test_overlap_{mode}": average_overlap(test, mode=mode) for mode in ("frame", "smaller", "union")}
     records = {}
     models = _models(cfg, device)
@@ -151,19 +161,32 @@ def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_d
                 record["val_error"] = 1.0 - evaluate_accuracy(model, val.images, (val.labels,), correct=both_correct)
                 return False
 
-            train_classifier(model, None, None, epoch_data=epoch_data, loss_fn=loss_fn, epochs=cfg.epochs,
-                             batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, desc=f"multimnist {key}",
-                             after_epoch=score, time_limit_s=minutes_to_seconds(cfg.train_minutes), state=state)
+            train_classifier(
+                model,
+                None,
+                None,
+                epoch_data=epoch_data,
+                loss_fn=loss_fn,
+                epochs=cfg.epochs,
+                batch_size=cfg.batch_size,
+                lr=cfg.lr,
+                seed=seed,
+                desc=f"multimnist {key}",
+                after_epoch=score,
+                time_limit_s=minutes_to_seconds(cfg.train_minutes),
+                state=state,
+            )
 
-        recipe = {**cfg.subset("train_digits", "pairs_per_epoch", "epochs", "batch_size", "lr"),
-                  "seed": seed}
+        recipe = {**cfg.subset("train_digits", "pairs_per_epoch", "epochs", "batch_size", "lr"), "seed": seed}
         loaded = checkpoints.load_or_train(model, f"multimnist_{key}", fit, state=state, recipe=recipe)
         error = 1.0 - evaluate_accuracy(model, test.images, (test.labels,), correct=both_correct)
         params = count_parameters(model)
         metrics.update({f"{key}_error": error, f"{key}_parameters": params})
         records[name] = {"parameters": params, "error": error, "history": state.history, "loaded": loaded}
     png = plot_segmentation(models["CapsNet"], test, out / "segmentation.png")
-    sections = multimnist_sections(records, metrics, cfg, test_pairs=len(test), val_pairs=len(val), seed=seed,
-                                   device=device)
-    return write_report(out, "MultiMNIST (Sabour et al. 2017, Sec. 6)", sections, figures=[png],
-                        metrics=metrics, name="multimnist")
+    sections = multimnist_sections(
+        records, metrics, cfg, test_pairs=len(test), val_pairs=len(val), seed=seed, device=device
+    )
+    return write_report(
+        out, "MultiMNIST (Sabour et al. 2017, Sec. 6)", sections, figures=[png], metrics=metrics, name="multimnist"
+    )

@@ -30,6 +30,7 @@ affNIST-style test set drawn from MNIST (the real affNIST is not read), and Fash
 ``time_limit_minutes`` bounds a run's wall-clock time: trainings start only while it lasts, each gets what is
 left, and the run then writes its report; with ``--checkpoint-dir`` the same command continues where it stopped.
 """
+
 from __future__ import annotations
 
 import time
@@ -44,8 +45,15 @@ from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.matching import error_rate, train_matched
 from capsnets.experiments.report import write_report
 from capsnets.experiments.report.routers import routers_contrasts, routers_figures, routers_metrics, routers_sections
-from capsnets.experiments.router_tasks import (CNN_HEADS, REFERENCE, SPLITS, TASKS, build_head, load_tasks,
-                                               measure_throughput)
+from capsnets.experiments.router_tasks import (
+    CNN_HEADS,
+    REFERENCE,
+    SPLITS,
+    TASKS,
+    build_head,
+    load_tasks,
+    measure_throughput,
+)
 from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
 from capsnets.models import count_parameters
 from capsnets.models.routing_zoo import HEADS
@@ -82,11 +90,22 @@ class Settings(ExperimentSettings):
     throughput_repeats: int = 3
     train_minutes: float | None = None
     time_limit_minutes: float | None = None
-    SMOKE: ClassVar[dict] = {"model_args": {"width": 4, "capsule_types": 4}, "epochs": 1, "batch_size": 32,
-                             "lr": 3e-3, "fashion_train_size": 256, "affnist_train_size": 256, "affnist_val_size": 64,
-                             "affnist_target": 0.5, "viewpoints_train_size": 128, "test_size": 64,
-                             "render_instances": 1, "render_lightings": [0], "throughput_steps": 2,
-                             "throughput_repeats": 2}
+    SMOKE: ClassVar[dict] = {
+        "model_args": {"width": 4, "capsule_types": 4},
+        "epochs": 1,
+        "batch_size": 32,
+        "lr": 3e-3,
+        "fashion_train_size": 256,
+        "affnist_train_size": 256,
+        "affnist_val_size": 64,
+        "affnist_target": 0.5,
+        "viewpoints_train_size": 128,
+        "test_size": 64,
+        "render_instances": 1,
+        "render_lightings": [0],
+        "throughput_steps": 2,
+        "throughput_repeats": 2,
+    }
 
     def __post_init__(self) -> None:
         for name, allowed in (("heads", HEADS), ("tasks", TASKS)):
@@ -94,8 +113,9 @@ class Settings(ExperimentSettings):
             if not chosen or len(set(chosen)) != len(chosen) or not set(chosen) <= set(allowed):
                 raise ValueError(f"{name} must be distinct names from {list(allowed)}, got {chosen!r}")
         if REFERENCE not in self.heads:
-            raise ValueError(f"heads must include {REFERENCE!r}, the reference for speed and viewpoints; got "
-                             f"{list(self.heads)!r}")
+            raise ValueError(
+                f"heads must include {REFERENCE!r}, the reference for speed and viewpoints; got {list(self.heads)!r}"
+            )
         for name in ("train_minutes", "time_limit_minutes"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -119,26 +139,46 @@ class _Budget:
         return min((t for t in (self.each, left) if t is not None), default=None)
 
 
-def _train_head(name: str, head: str, model, task: dict, s: Settings, seed: int, checkpoints, limit,
-                target: float | None) -> dict:
+def _train_head(
+    name: str, head: str, model, task: dict, s: Settings, seed: int, checkpoints, limit, target: float | None
+) -> dict:
     """Train (or load, or continue) ``model`` on task ``name``: a record with ``history`` (per evaluation, with
     ``time_s`` and the curve's ``accuracy``), ``accuracy`` (the task's headline), ``epochs`` and the task's own
     numbers."""
     key = checkpoint_name(f"routers_{name}_{head}", s.model_args)
     common = dict(lr=s.lr, lr_decay=s.lr_decay, batch_size=s.batch_size, seed=seed, desc=head, time_limit_s=limit)
     if name == "fashion_mnist":  # the target 1.0 stops only a perfect head
-        rec = checkpoints.fit_or_load(model, key, task["train"].images, task["train"].labels, task["test"].images,
-                          task["test"].labels, target=1.0, max_epochs=s.epochs, **common)
+        rec = checkpoints.fit_or_load(
+            model,
+            key,
+            task["train"].images,
+            task["train"].labels,
+            task["test"].images,
+            task["test"].labels,
+            target=1.0,
+            max_epochs=s.epochs,
+            **common,
+        )
         rec["accuracy"] = rec["val_accuracy"]
     elif name == "affnist":
-        rec = checkpoints.fit_or_load(model, key, task["train"].images, task["train"].labels, task["val"].images,
-                          task["val"].labels, target=s.affnist_target, max_epochs=s.epochs, augment=RandomPlacement(),
-                          **common)
+        rec = checkpoints.fit_or_load(
+            model,
+            key,
+            task["train"].images,
+            task["train"].labels,
+            task["val"].images,
+            task["val"].labels,
+            target=s.affnist_target,
+            max_epochs=s.epochs,
+            augment=RandomPlacement(),
+            **common,
+        )
         rec["tests"] = {test: evaluate_accuracy(model, d.images, d.labels) for test, d in task["tests"].items()}
         rec["accuracy"], rec["reached"] = rec["tests"]["affNIST-style"], rec["val_accuracy"] >= s.affnist_target
     else:
-        rec = _fit_matched(model, key, task["views"], target, s, seed, checkpoints, limit,
-                           novel_every=1 if head in CNN_HEADS else 0)
+        rec = _fit_matched(
+            model, key, task["views"], target, s, seed, checkpoints, limit, novel_every=1 if head in CNN_HEADS else 0
+        )
         rec["accuracy"] = 1.0 - rec["novel_error"]
     for record in rec["history"]:
         record.setdefault("accuracy", record.get("val_accuracy", 1.0 - record.get("familiar_error", 1.0)))
@@ -146,20 +186,46 @@ def _train_head(name: str, head: str, model, task: dict, s: Settings, seed: int,
     return rec
 
 
-def _fit_matched(model, key: str, views: dict, target: float | None, s: Settings, seed: int, checkpoints,
-                 limit, novel_every: int) -> dict:
+def _fit_matched(
+    model, key: str, views: dict, target: float | None, s: Settings, seed: int, checkpoints, limit, novel_every: int
+) -> dict:
     """:func:`train_matched` (or a checkpoint from an earlier run, its record read from the sidecar), as the
     ``viewpoints`` experiment trains its models."""
     record: dict = {}
     state = TrainState()
 
     def train():
-        record.update(train_matched(model, views, epochs=s.epochs, target=target, batch_size=s.batch_size, lr=s.lr,
-                                    lr_decay=s.lr_decay, seed=seed, evals_per_epoch=s.evals_per_epoch,
-                                    time_limit_s=limit, novel_every=novel_every, state=state))
+        record.update(
+            train_matched(
+                model,
+                views,
+                epochs=s.epochs,
+                target=target,
+                batch_size=s.batch_size,
+                lr=s.lr,
+                lr_decay=s.lr_decay,
+                seed=seed,
+                evals_per_epoch=s.evals_per_epoch,
+                time_limit_s=limit,
+                novel_every=novel_every,
+                state=state,
+            )
+        )
 
-    recipe = {**s.subset("epochs", "lr", "lr_decay", "batch_size", "evals_per_epoch", "viewpoints_train_size",
-                         "render_instances", "render_lightings"), "seed": seed, "novel_every": novel_every}
+    recipe = {
+        **s.subset(
+            "epochs",
+            "lr",
+            "lr_decay",
+            "batch_size",
+            "evals_per_epoch",
+            "viewpoints_train_size",
+            "render_instances",
+            "render_lightings",
+        ),
+        "seed": seed,
+        "novel_every": novel_every,
+    }
     loaded = checkpoints.load_or_train(model, key, train, meta=record, state=state, recipe=recipe)
     if loaded:
         record = {k: record.get(k) for k in ("history", "epoch", "time_limit")}
@@ -167,8 +233,11 @@ def _fit_matched(model, key: str, views: dict, target: float | None, s: Settings
     history = record["history"] or []
     last = history[-1]["epoch"] if history else 0
     record["reached"] = target is None or record["familiar_error"] <= target
-    record["epochs"] = f"{last:g} of {s.epochs}, chosen {record['epoch']:g}" + (
-        " (time limit)" if record.get("time_limit") else "") + (" (loaded)" if loaded else "")
+    record["epochs"] = (
+        f"{last:g} of {s.epochs}, chosen {record['epoch']:g}"
+        + (" (time limit)" if record.get("time_limit") else "")
+        + (" (loaded)" if loaded else "")
+    )
     record["history"] = history
     return record
 
@@ -178,8 +247,9 @@ def _matched_cnn(rec: dict, cnn: dict[str, dict], target: float) -> dict | None:
     evaluation at or below ``max(rec's error, target)``; the lowest novel-view error of those."""
     level, found = max(rec["familiar_error"], target), []
     for head, other in cnn.items():
-        point = next((h for h in other["history"] if h["familiar_error"] <= level and h.get("novel_error") is not None),
-                     None)
+        point = next(
+            (h for h in other["history"] if h["familiar_error"] <= level and h.get("novel_error") is not None), None
+        )
         if point is not None:
             found.append({"head": head, **{k: point[k] for k in ("epoch", "familiar_error", "novel_error")}})
     return min(found, key=lambda p: p["novel_error"], default=None)
@@ -207,8 +277,13 @@ def _run_task(name: str, task: dict, s: Settings, device: str, seed: int, checkp
     return {"records": {h: records[h] for h in s.heads}, "target": target}
 
 
-@register_experiment("routers", Settings, "every routing and CNN head on one backbone: accuracy, images/s, affine "
-                     "and novel-viewpoint generalisation (Hahn et al. 2019)", contrasts=routers_contrasts)
+@register_experiment(
+    "routers",
+    Settings,
+    "every routing and CNN head on one backbone: accuracy, images/s, affine "
+    "and novel-viewpoint generalisation (Hahn et al. 2019)",
+    contrasts=routers_contrasts,
+)
 def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) every head on every task; write ``report.md`` and three or four PNGs into ``out``."""
     budget = _Budget(s)
@@ -221,6 +296,11 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         speeds[name] = speed_by_shape[shape]
         results[name] = _run_task(name, task, s, device, seed + 10 * TASKS.index(name), checkpoints, budget)
     sections = routers_sections(results, tasks, speeds, s, device=device, seed=seed, smoke=smoke)
-    return write_report(out, "Routers: every head on one backbone", sections,
-                        figures=routers_figures(results, speeds, out), metrics=routers_metrics(results, speeds),
-                        name="routers")
+    return write_report(
+        out,
+        "Routers: every head on one backbone",
+        sections,
+        figures=routers_figures(results, speeds, out),
+        metrics=routers_metrics(results, speeds),
+        name="routers",
+    )

@@ -11,12 +11,14 @@ number of seeds on which the sign held; a figure of the per-seed contrasts; and 
 A seed changes everything the experiment draws at random: initialisation, data order, and the generated
 validation and test sets where the experiment draws them from its seed.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from capsnets.engine.runtime import resolve_device
 from capsnets.experiments.common import check_seed, get_contrasts, run_experiment
@@ -27,9 +29,17 @@ from capsnets.io import atomic_write
 __all__ = ["run_experiment_seeds", "summarise_seeds"]
 
 
-def run_experiment_seeds(name: str, out: str | os.PathLike, seeds: Sequence[int], *, smoke: bool = False,
-                         device: str = "auto", data_dir: str | os.PathLike | None = None,
-                         checkpoint_dir: str | os.PathLike | None = None, **options) -> ExperimentResult:
+def run_experiment_seeds(
+    name: str,
+    out: str | os.PathLike,
+    seeds: Sequence[int],
+    *,
+    smoke: bool = False,
+    device: str = "auto",
+    data_dir: str | os.PathLike | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    **options,
+) -> ExperimentResult:
     """Run experiment ``name`` for each seed in ``seeds`` (into ``out/seed-N``) and write the summary report
     ``out/report.md``; returns its :class:`ExperimentResult` (metrics: ``"<metric>_mean"`` and ``"_std"``)."""
     seeds = _check_seeds(seeds)
@@ -37,8 +47,16 @@ def run_experiment_seeds(name: str, out: str | os.PathLike, seeds: Sequence[int]
     runs = {}
     for seed in seeds:
         ckpt = None if checkpoint_dir is None else Path(checkpoint_dir) / f"seed-{seed}"
-        runs[seed] = run_experiment(name, out / f"seed-{seed}", smoke=smoke, device=device, seed=seed,
-                                    data_dir=data_dir, checkpoint_dir=ckpt, **options)
+        runs[seed] = run_experiment(
+            name,
+            out / f"seed-{seed}",
+            smoke=smoke,
+            device=device,
+            seed=seed,
+            data_dir=data_dir,
+            checkpoint_dir=ckpt,
+            **options,
+        )
     description = run_description(name, out, smoke=smoke, device=device, seed=seeds, options=options)
     summary = summarise_seeds(name, out, {seed: r.metrics for seed, r in runs.items()}, description=description)
     summary.cut_short = [f"seed-{seed}/{key}" for seed, r in runs.items() for key in r.cut_short]
@@ -56,8 +74,9 @@ def _check_seeds(seeds: Sequence[int]) -> list[int]:
     return seeds
 
 
-def summarise_seeds(name: str, out: str | os.PathLike, metrics: dict[int, dict[str, Any]], *,
-                    description: str = "") -> ExperimentResult:
+def summarise_seeds(
+    name: str, out: str | os.PathLike, metrics: dict[int, dict[str, Any]], *, description: str = ""
+) -> ExperimentResult:
     """Write ``out/report.md``, ``out/seeds.json`` and ``out/contrasts.png`` from each seed's metrics."""
     out = Path(out)
     seeds = list(metrics)
@@ -67,11 +86,17 @@ def summarise_seeds(name: str, out: str | os.PathLike, metrics: dict[int, dict[s
     differences = {label: [metrics[s][a] - metrics[s][b] for s in seeds] for label, a, b in contrasts}
     sections = seeds_sections(seeds, numeric, same_text, other, contrasts, differences)
     figures = seeds_figures(seeds, numeric, contrasts, differences, out)
-    summary = {f"{key}_{stat}": value for key, values in numeric.items()
-               for stat, value in zip(("mean", "std"), mean_std(values))}
-    payload = {"experiment": name, "seeds": seeds, "metrics": {str(s): m for s, m in metrics.items()},
-               "contrasts": {label: {"a": a, "b": b, "differences": differences[label]}
-                             for label, a, b in contrasts}}
+    summary = {
+        f"{key}_{stat}": value
+        for key, values in numeric.items()
+        for stat, value in zip(("mean", "std"), mean_std(values))
+    }
+    payload = {
+        "experiment": name,
+        "seeds": seeds,
+        "metrics": {str(s): m for s, m in metrics.items()},
+        "contrasts": {label: {"a": a, "b": b, "differences": differences[label]} for label, a, b in contrasts},
+    }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "seeds.json", lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=1, default=str)))
     result = write_report(out, seeds_title(name, seeds), sections, figures=figures, metrics=summary, name=name)
@@ -80,8 +105,9 @@ def summarise_seeds(name: str, out: str | os.PathLike, metrics: dict[int, dict[s
     return result
 
 
-def _split_metrics(metrics: dict[int, dict[str, Any]]
-                   ) -> tuple[dict[str, list[Any]], dict[str, Any], dict[str, list[Any]]]:
+def _split_metrics(
+    metrics: dict[int, dict[str, Any]],
+) -> tuple[dict[str, list[Any]], dict[str, Any], dict[str, list[Any]]]:
     """Split the metrics into: numeric on every seed (values in seed order); not numeric but the same on
     every seed (the value); the rest (values in seed order, None where a seed lacks the metric)."""
     seeds = list(metrics)

@@ -14,6 +14,7 @@ digits) after every epoch, which shows when a model stops learning or collapses 
 Deviations: the data (above); no class weighting (``pos_weight`` 1); ``--smoke`` uses ``segcaps_small``
 and ``unet_small`` on a few hundred 32x32 images.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from capsnets.models import count_parameters, create_model
 
 __all__ = ["run", "evaluate_dice"]
 
+
 @dataclass(frozen=True)
 class Settings(ExperimentSettings):
     """Data (``size``: canvas side, divisible by 16; ``clutter`` pieces of ``patch`` pixels), training, and the
@@ -59,22 +61,35 @@ class Settings(ExperimentSettings):
     segcaps_args: dict = field(default_factory=dict)
     unet_args: dict = field(default_factory=dict)
     train_minutes: float | None = None
-    SMOKE: ClassVar[dict] = {"train_digits": 2000, "images_per_epoch": 256, "epochs": 1, "test_digits": 200,
-                             "test_images": 64, "size": 32, "clutter": 4, "batch_size": 32, "lr": 3e-3,
-                             "segcaps": "segcaps_small", "unet": "unet_small"}
+    SMOKE: ClassVar[dict] = {
+        "train_digits": 2000,
+        "images_per_epoch": 256,
+        "epochs": 1,
+        "test_digits": 200,
+        "test_images": 64,
+        "size": 32,
+        "clutter": 4,
+        "batch_size": 32,
+        "lr": 3e-3,
+        "segcaps": "segcaps_small",
+        "unet": "unet_small",
+    }
 
     def __post_init__(self) -> None:
         if self.size % 16 or self.size < 28:
-            raise ValueError(f"size must be divisible by 16 (U-Net pools four times) and hold a 28x28 digit, got "
-                             f"{self.size}")
+            raise ValueError(
+                f"size must be divisible by 16 (U-Net pools four times) and hold a 28x28 digit, got {self.size}"
+            )
 
 
 @torch.no_grad()
 def evaluate_dice(model: nn.Module, data: SegmentationData, batch_size: int = 64) -> float:
     """Mean per-image Dice of the model's thresholded probabilities (eval mode, batch by batch)."""
     model.eval()
-    scores = [dice_score(model(data.images[i:i + batch_size]).probabilities, data.masks[i:i + batch_size])
-              for i in range(0, len(data), batch_size)]
+    scores = [
+        dice_score(model(data.images[i : i + batch_size]).probabilities, data.masks[i : i + batch_size])
+        for i in range(0, len(data), batch_size)
+    ]
     return torch.cat(scores).mean().item()
 
 
@@ -104,14 +119,19 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     return [("SegCaps - U-Net, test Dice", "SegCaps_dice", "U-Net_dice")]
 
 
-@register_experiment("segmentation", Settings, "segmenting cluttered digits: SegCaps against U-Net "
-                     "(LaLonde & Bagci 2018)", contrasts=_contrasts)
+@register_experiment(
+    "segmentation",
+    Settings,
+    "segmenting cluttered digits: SegCaps against U-Net (LaLonde & Bagci 2018)",
+    contrasts=_contrasts,
+)
 def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) SegCaps and U-Net on cluttered digits; write ``report.md`` and a PNG into ``out``."""
     shape = {"size": s.size, "clutter": s.clutter, "patch": s.patch}
     train_digits = _digits(data_dir, True, s.train_digits, device)
-    test = make_digit_segmentation(_digits(data_dir, False, s.test_digits, device), s.test_images,
-                                   seed=10_000 + seed, **shape)
+    test = make_digit_segmentation(
+        _digits(data_dir, False, s.test_digits, device), s.test_images, seed=10_000 + seed, **shape
+    )
 
     def epoch_data(epoch: int):
         data = make_digit_segmentation(train_digits, s.images_per_epoch, seed=seed * 1000 + epoch, **shape)
@@ -120,8 +140,10 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
     # monitoring only (nothing is chosen on it): images from training digits, fixed by their seed
     val = make_digit_segmentation(train_digits, min(1000, s.test_images), seed=20_000 + seed, **shape)
     size = (1, s.size, s.size)
-    models = {"SegCaps": create_model(s.segcaps, input_size=size, device=device, **s.segcaps_args),
-              "U-Net": create_model(s.unet, input_size=size, device=device, **s.unet_args)}
+    models = {
+        "SegCaps": create_model(s.segcaps, input_size=size, device=device, **s.segcaps_args),
+        "U-Net": create_model(s.unet, input_size=size, device=device, **s.unet_args),
+    }
     builder_args = {"SegCaps": s.segcaps_args, "U-Net": s.unet_args}
     metrics, records = {}, {}
     for name, model in models.items():
@@ -134,23 +156,56 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
                 record["val_dice"] = evaluate_dice(model, val)
                 return False
 
-            train_classifier(model, None, None, epoch_data=epoch_data, epochs=s.epochs, batch_size=s.batch_size,
-                             lr=s.lr, seed=seed, desc=name, loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0],
-                             after_epoch=score, time_limit_s=minutes_to_seconds(s.train_minutes), state=state)
+            train_classifier(
+                model,
+                None,
+                None,
+                epoch_data=epoch_data,
+                epochs=s.epochs,
+                batch_size=s.batch_size,
+                lr=s.lr,
+                seed=seed,
+                desc=name,
+                loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0],
+                after_epoch=score,
+                time_limit_s=minutes_to_seconds(s.train_minutes),
+                state=state,
+            )
 
         key = checkpoint_name(f"segmentation_{model.model_name}", builder_args[name])
-        recipe = {**s.subset("train_digits", "images_per_epoch", "epochs", "size", "clutter", "patch", "batch_size",
-                             "lr"), "seed": seed}
+        recipe = {
+            **s.subset("train_digits", "images_per_epoch", "epochs", "size", "clutter", "patch", "batch_size", "lr"),
+            "seed": seed,
+        }
         loaded = checkpoints.load_or_train(model, key, fit, state=state, recipe=recipe)
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
-        records[name] = {"model_name": model.model_name, "parameters": params, "dice": dice,
-                         "history": state.history, "loaded": loaded}
+        records[name] = {
+            "model_name": model.model_name,
+            "parameters": params,
+            "dice": dice,
+            "history": state.history,
+            "loaded": loaded,
+        }
     threshold = dice_score(test.images, test.masks).mean().item()
     metrics["threshold_dice"] = threshold
     png = _plot_examples(models, test, out / "examples.png")
-    sections = segmentation_sections(records, s, threshold=threshold, test_images=len(test),
-                                     object_fraction=test.masks.mean().item(), val_images=len(val), seed=seed,
-                                     device=device, smoke=smoke)
-    return write_report(out, "Segmentation: SegCaps vs U-Net (LaLonde & Bagci 2018)", sections, figures=[png],
-                        metrics=metrics, name="segmentation")
+    sections = segmentation_sections(
+        records,
+        s,
+        threshold=threshold,
+        test_images=len(test),
+        object_fraction=test.masks.mean().item(),
+        val_images=len(val),
+        seed=seed,
+        device=device,
+        smoke=smoke,
+    )
+    return write_report(
+        out,
+        "Segmentation: SegCaps vs U-Net (LaLonde & Bagci 2018)",
+        sections,
+        figures=[png],
+        metrics=metrics,
+        name="segmentation",
+    )

@@ -13,6 +13,7 @@ the generated test images, examples side by side, and what each final capsule di
 does to its output when shifted by -0.25 ... +0.25 at every pixel (the analogue of Sabour et al.'s
 dimension perturbations). Deviations: the data (above); see the model module for the architectures.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,17 +57,36 @@ class Settings(ExperimentSettings):
     cnn_model: str = "pix2pix"
     discriminator_width: int = 64
     train_minutes: float | None = None
-    SMOKE: ClassVar[dict] = {"train_images": 256, "test_images": 64, "epochs": 1, "capsule_model": "capspix2pix_small",
-                             "cnn_model": "pix2pix_small", "discriminator_width": 16}
+    SMOKE: ClassVar[dict] = {
+        "train_images": 256,
+        "test_images": 64,
+        "epochs": 1,
+        "capsule_model": "capspix2pix_small",
+        "cnn_model": "pix2pix_small",
+        "discriminator_width": 16,
+    }
 
 
 SIZE = 32
 
 
-def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Tensor, images: Tensor, *,
-                  epochs: int, batch_size: int = 32, lr: float = 2e-4, l1_weight: float = 100.0, seed: int = 0,
-                  desc: str = "pix2pix", progress: bool = True, amp: str = "auto",
-                  time_limit_s: float | None = None, state: TrainState | None = None) -> list[dict[str, Any]]:
+def train_pix2pix(
+    generator: nn.Module,
+    discriminator: nn.Module,
+    label_maps: Tensor,
+    images: Tensor,
+    *,
+    epochs: int,
+    batch_size: int = 32,
+    lr: float = 2e-4,
+    l1_weight: float = 100.0,
+    seed: int = 0,
+    desc: str = "pix2pix",
+    progress: bool = True,
+    amp: str = "auto",
+    time_limit_s: float | None = None,
+    state: TrainState | None = None,
+) -> list[dict[str, Any]]:
     """Train a generator and its discriminator with pix2pix's losses (Isola et al. 2017, Sec. 3), through
     :func:`~capsnets.engine.fit` with a step that holds both optimisers (:func:`pix2pix_step`).
 
@@ -77,22 +97,39 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Te
     continues both.
     """
     options = {"lr": lr, "betas": (0.5, 0.999)}
-    opt_g, opt_d = torch.optim.Adam(generator.parameters(), **options), torch.optim.Adam(discriminator.parameters(),
-                                                                                         **options)
+    opt_g, opt_d = (
+        torch.optim.Adam(generator.parameters(), **options),
+        torch.optim.Adam(discriminator.parameters(), **options),
+    )
     state = state if state is not None else TrainState()
     checkpoint = state.attach(opt_g)
     if checkpoint is not None:  # the generator's weights came from load_or_train; the discriminator's side:
-        extra = {k[len("extra."):]: v for k, v in checkpoint.tensors.items() if k.startswith("extra.")}
-        discriminator.load_state_dict({k[len("discriminator."):]: v for k, v in extra.items()
-                                       if k.startswith("discriminator.")})
+        extra = {k[len("extra.") :]: v for k, v in checkpoint.tensors.items() if k.startswith("extra.")}
+        discriminator.load_state_dict(
+            {k[len("discriminator.") :]: v for k, v in extra.items() if k.startswith("discriminator.")}
+        )
         opt_d.load_state_dict(join_optimizer_state(extra, state.extra["optim_d"], opt_d, prefix="optim_d."))
     generator.train()
     discriminator.train()
     first = len(state.history)
-    step = pix2pix_step(generator, discriminator, opt_g, opt_d, l1_weight=l1_weight, device=images.device,
-                        amp_dtype=resolve_amp(amp, images.device))
-    fit(step, TensorBatches(label_maps, images, batch_size, seed=seed), epochs=epochs, state=state,
-        callbacks=[TimeLimit(time_limit_s)], desc=desc, progress=progress)
+    step = pix2pix_step(
+        generator,
+        discriminator,
+        opt_g,
+        opt_d,
+        l1_weight=l1_weight,
+        device=images.device,
+        amp_dtype=resolve_amp(amp, images.device),
+    )
+    fit(
+        step,
+        TensorBatches(label_maps, images, batch_size, seed=seed),
+        epochs=epochs,
+        state=state,
+        callbacks=[TimeLimit(time_limit_s)],
+        desc=desc,
+        progress=progress,
+    )
     if not state.finished:  # the discriminator's side, which the generator's checkpoint does not hold
         optim_d, state.extra["optim_d"] = split_optimizer_state(opt_d.state_dict(), prefix="optim_d.")
         weights = {f"discriminator.{k}": v.detach().clone() for k, v in discriminator.state_dict().items()}
@@ -102,9 +139,16 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, label_maps: Te
     return state.history[first:]
 
 
-def pix2pix_step(generator: nn.Module, discriminator: nn.Module, opt_g: torch.optim.Optimizer,
-                 opt_d: torch.optim.Optimizer, *, l1_weight: float, device: torch.device,
-                 amp_dtype: torch.dtype | None):
+def pix2pix_step(
+    generator: nn.Module,
+    discriminator: nn.Module,
+    opt_g: torch.optim.Optimizer,
+    opt_d: torch.optim.Optimizer,
+    *,
+    l1_weight: float,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+):
     """One pix2pix step on a ``(label maps, images)`` batch: the discriminator's loss is the mean of the binary
     cross-entropies of real pairs (target 1) and generated pairs (target 0); then the generator's, the
     cross-entropy of its pairs against target 1 plus ``l1_weight`` times the mean absolute error to the real
@@ -140,8 +184,8 @@ def synthesis_errors(generator: nn.Module, label_maps: Tensor, images: Tensor, b
     generator.eval()
     l1, psnr = [], []
     for first in range(0, len(images), batch_size):
-        fake = generator(label_maps[first:first + batch_size]).images.float()
-        real = images[first:first + batch_size].float()
+        fake = generator(label_maps[first : first + batch_size]).images.float()
+        real = images[first : first + batch_size].float()
         l1.append((fake - real).abs().flatten(1).mean(1))
         mse = (fake - real).pow(2).flatten(1).mean(1).clamp(min=1e-10)
         psnr.append(-10.0 * torch.log10(mse))
@@ -192,19 +236,24 @@ def _data(data_dir, train: bool, count: int, device: str) -> tuple[Tensor, Tenso
 
 
 def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
-    return [("CapsPix2pix - pix2pix, test L1 error", "CapsPix2pix_l1", "pix2pix_l1"),
-            ("CapsPix2pix - pix2pix, test PSNR (dB)", "CapsPix2pix_psnr", "pix2pix_psnr")]
+    return [
+        ("CapsPix2pix - pix2pix, test L1 error", "CapsPix2pix_l1", "pix2pix_l1"),
+        ("CapsPix2pix - pix2pix, test PSNR (dB)", "CapsPix2pix_psnr", "pix2pix_psnr"),
+    ]
 
 
-@register_experiment("synthesis", Settings, "label maps to images: CapsPix2pix against pix2pix (Bass et al. 2019)",
-                     contrasts=_contrasts)
+@register_experiment(
+    "synthesis", Settings, "label maps to images: CapsPix2pix against pix2pix (Bass et al. 2019)", contrasts=_contrasts
+)
 def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) both generators; write ``report.md`` and two PNGs into ``out``."""
     train_maps, train_images = _data(data_dir, True, s.train_images, device)
     test_maps, test_images = _data(data_dir, False, s.test_images, device)
     size = (train_maps.shape[1], SIZE, SIZE)
-    models = {"CapsPix2pix": create_model(s.capsule_model, input_size=size, device=device),
-              "pix2pix": create_model(s.cnn_model, input_size=size, device=device)}
+    models = {
+        "CapsPix2pix": create_model(s.capsule_model, input_size=size, device=device),
+        "pix2pix": create_model(s.cnn_model, input_size=size, device=device),
+    }
     metrics, records = {}, {}
     for name, generator in models.items():
         discriminator = PatchDiscriminator(size[0] + 1, width=s.discriminator_width, device=device)
@@ -212,23 +261,57 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         state = TrainState()  # lets a later run continue a training its time limit cut short
 
         def train(generator=generator, discriminator=discriminator, name=name, state=state):
-            train_pix2pix(generator, discriminator, train_maps, train_images, epochs=s.epochs,
-                          batch_size=s.batch_size, lr=s.lr, l1_weight=s.l1_weight, seed=seed, desc=name,
-                          time_limit_s=minutes_to_seconds(s.train_minutes), state=state)
+            train_pix2pix(
+                generator,
+                discriminator,
+                train_maps,
+                train_images,
+                epochs=s.epochs,
+                batch_size=s.batch_size,
+                lr=s.lr,
+                l1_weight=s.l1_weight,
+                seed=seed,
+                desc=name,
+                time_limit_s=minutes_to_seconds(s.train_minutes),
+                state=state,
+            )
 
-        recipe = {**s.subset("train_images", "epochs", "batch_size", "lr", "l1_weight", "discriminator_width"),
-                  "seed": seed}
-        loaded = checkpoints.load_or_train(generator, f"synthesis_{generator.model_name}", train, state=state,
-                                           recipe=recipe)
+        recipe = {
+            **s.subset("train_images", "epochs", "batch_size", "lr", "l1_weight", "discriminator_width"),
+            "seed": seed,
+        }
+        loaded = checkpoints.load_or_train(
+            generator, f"synthesis_{generator.model_name}", train, state=state, recipe=recipe
+        )
         errors, params = synthesis_errors(generator, test_maps, test_images), count_parameters(generator)
-        metrics.update({f"{name}_l1": errors["l1"], f"{name}_psnr": errors["psnr"],
-                        f"{name}_parameters": params})
-        records[name] = {"model_name": generator.model_name, "parameters": params, **errors,
-                         "discriminator_parameters": count_parameters(discriminator), "history": state.history,
-                         "loaded": loaded}
-    figures = [_plot_examples(models, test_maps, test_images, out / "examples.png"),
-               _plot_dimensions(models["CapsPix2pix"], test_maps[0], out / "capsule_dimensions.png")]
-    sections = synthesis_sections(records, s, size=SIZE, classes=size[0], inside=test_maps.sum(1).mean().item(),
-                                  seed=seed, device=device, smoke=smoke)
-    return write_report(out, "Image synthesis: CapsPix2pix vs pix2pix (Bass et al. 2019)", sections, figures=figures,
-                        metrics=metrics, name="synthesis")
+        metrics.update({f"{name}_l1": errors["l1"], f"{name}_psnr": errors["psnr"], f"{name}_parameters": params})
+        records[name] = {
+            "model_name": generator.model_name,
+            "parameters": params,
+            **errors,
+            "discriminator_parameters": count_parameters(discriminator),
+            "history": state.history,
+            "loaded": loaded,
+        }
+    figures = [
+        _plot_examples(models, test_maps, test_images, out / "examples.png"),
+        _plot_dimensions(models["CapsPix2pix"], test_maps[0], out / "capsule_dimensions.png"),
+    ]
+    sections = synthesis_sections(
+        records,
+        s,
+        size=SIZE,
+        classes=size[0],
+        inside=test_maps.sum(1).mean().item(),
+        seed=seed,
+        device=device,
+        smoke=smoke,
+    )
+    return write_report(
+        out,
+        "Image synthesis: CapsPix2pix vs pix2pix (Bass et al. 2019)",
+        sections,
+        figures=figures,
+        metrics=metrics,
+        name="synthesis",
+    )

@@ -10,10 +10,12 @@
 - :func:`epochs_trained`, :func:`minutes_to_seconds`: a training's length as a report states it, and the
   experiments' ``train_minutes`` setting as a time limit.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -26,8 +28,14 @@ from capsnets.engine.runtime import resolve_amp
 from capsnets.losses import create_loss
 from capsnets.validation import non_negative_int
 
-__all__ = ["default_loss_fn", "epochs_trained", "evaluate_accuracy", "minutes_to_seconds", "train_classifier",
-           "train_to_accuracy"]
+__all__ = [
+    "default_loss_fn",
+    "epochs_trained",
+    "evaluate_accuracy",
+    "minutes_to_seconds",
+    "train_classifier",
+    "train_to_accuracy",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -44,14 +52,27 @@ def default_loss_fn(model: nn.Module) -> LossFn:
     return loss
 
 
-def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets | None, *,
-                     epoch_data: Callable[[int], tuple[Tensor, Targets]] | None = None, loss_fn: LossFn | None = None,
-                     epochs: int = 1, batch_size: int = 128, lr: float = 1e-3, lr_decay: float = 0.96,
-                     seed: int = 0, augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
-                     desc: str = "train", progress: bool = True, amp: str = "auto",
-                     after_epoch: Callable[[dict[str, Any]], bool] | None = None,
-                     time_limit_s: float | None = None, state: TrainState | None = None,
-                     callbacks: Sequence[Any] = ()) -> list[dict[str, Any]]:
+def train_classifier(
+    model: nn.Module,
+    images: Tensor | None,
+    targets: Targets | None,
+    *,
+    epoch_data: Callable[[int], tuple[Tensor, Targets]] | None = None,
+    loss_fn: LossFn | None = None,
+    epochs: int = 1,
+    batch_size: int = 128,
+    lr: float = 1e-3,
+    lr_decay: float = 0.96,
+    seed: int = 0,
+    augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+    desc: str = "train",
+    progress: bool = True,
+    amp: str = "auto",
+    after_epoch: Callable[[dict[str, Any]], bool] | None = None,
+    time_limit_s: float | None = None,
+    state: TrainState | None = None,
+    callbacks: Sequence[Any] = (),
+) -> list[dict[str, Any]]:
     """Train ``model`` in place with Adam and a per-epoch exponential learning-rate decay.
 
     Batches are cut on the device holding the data (:class:`~capsnets.engine.batches.TensorBatches`); the model
@@ -83,20 +104,43 @@ def train_classifier(model: nn.Module, images: Tensor | None, targets: Targets |
     state = state if state is not None else TrainState()
     state.attach(optimizer, scheduler)
     device, first = next(model.parameters()).device, len(state.history)
-    step = training_step(lambda batch: {"loss": loss_fn(model, *batch)}, optimizer, device=device,
-                         amp_dtype=resolve_amp(amp, device), model=model)
-    hooks = [TimeLimit(time_limit_s), *([Hook(lambda record, final: after_epoch(record))] if after_epoch else []),
-             *callbacks]
-    fit(step, batches, epochs=epochs, state=state, schedulers=[scheduler], callbacks=hooks, desc=desc,
-        progress=progress)
+    step = training_step(
+        lambda batch: {"loss": loss_fn(model, *batch)},
+        optimizer,
+        device=device,
+        amp_dtype=resolve_amp(amp, device),
+        model=model,
+    )
+    hooks = [
+        TimeLimit(time_limit_s),
+        *([Hook(lambda record, final: after_epoch(record))] if after_epoch else []),
+        *callbacks,
+    ]
+    fit(
+        step, batches, epochs=epochs, state=state, schedulers=[scheduler], callbacks=hooks, desc=desc, progress=progress
+    )
     model.eval()
     return state.history[first:]
 
 
-def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_images: Tensor, val_labels: Tensor, *,
-                      target: float, max_epochs: int, lr: float = 1e-3, lr_decay: float = 0.96, batch_size: int = 128,
-                      seed: int = 0, augment: Callable | None = None, desc: str = "train",
-                      time_limit_s: float | None = None, state: TrainState | None = None) -> dict:
+def train_to_accuracy(
+    model: nn.Module,
+    images: Tensor,
+    labels: Tensor,
+    val_images: Tensor,
+    val_labels: Tensor,
+    *,
+    target: float,
+    max_epochs: int,
+    lr: float = 1e-3,
+    lr_decay: float = 0.96,
+    batch_size: int = 128,
+    seed: int = 0,
+    augment: Callable | None = None,
+    desc: str = "train",
+    time_limit_s: float | None = None,
+    state: TrainState | None = None,
+) -> dict:
     """Train (one run of :func:`train_classifier`: Adam, learning rate ``lr * lr_decay ** (epoch - 1)``) until
     the validation accuracy, scored after every epoch, reaches ``target`` or ``max_epochs`` pass (or, with
     ``time_limit_s``, the first epoch that ends past that many seconds of training).
@@ -106,11 +150,28 @@ def train_to_accuracy(model: nn.Module, images: Tensor, labels: Tensor, val_imag
         this call, with its ``val_accuracy``).
     """
     score = Target(lambda: evaluate_accuracy(model, val_images, val_labels), target, key="val_accuracy")
-    history = train_classifier(model, images, labels, epochs=max_epochs, batch_size=batch_size, lr=lr,
-                               lr_decay=lr_decay, seed=seed, augment=augment, desc=desc, progress=False,
-                               callbacks=[score], time_limit_s=time_limit_s, state=state)
-    return {"epochs": len(history), "val_accuracy": history[-1]["val_accuracy"] if history else 0.0,
-            "history": history, "time_limit": bool(history and history[-1].get("time_limit"))}
+    history = train_classifier(
+        model,
+        images,
+        labels,
+        epochs=max_epochs,
+        batch_size=batch_size,
+        lr=lr,
+        lr_decay=lr_decay,
+        seed=seed,
+        augment=augment,
+        desc=desc,
+        progress=False,
+        callbacks=[score],
+        time_limit_s=time_limit_s,
+        state=state,
+    )
+    return {
+        "epochs": len(history),
+        "val_accuracy": history[-1]["val_accuracy"] if history else 0.0,
+        "history": history,
+        "time_limit": bool(history and history[-1].get("time_limit")),
+    }
 
 
 def minutes_to_seconds(minutes: float | None) -> float | None:

@@ -37,6 +37,7 @@ Here:
   paper gives no schedule), cross-entropy for the CNN; the smallNORB protocol's random 32x32 crop and
   brightness/contrast jitter.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,11 +51,24 @@ from capsnets.engine import TrainState
 from capsnets.engine.callbacks import checkpoint_name
 from capsnets.engine.runtime import seed_everything
 from capsnets.experiments.common import ExperimentSettings, register_experiment
-from capsnets.experiments.matching import (AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, SPLITS, error_rate, familiar_mask,
-                                           load_norb_like, train_matched, viewpoint_split)
+from capsnets.experiments.matching import (
+    AZIMUTH_FAMILIAR,
+    ELEVATION_FAMILIAR,
+    SPLITS,
+    error_rate,
+    familiar_mask,
+    load_norb_like,
+    train_matched,
+    viewpoint_split,
+)
 from capsnets.experiments.report import write_report
-from capsnets.experiments.report.viewpoints import (STOPPED, matched_role, plot_error_curves, plot_examples,
-                                                    viewpoint_sections)
+from capsnets.experiments.report.viewpoints import (
+    STOPPED,
+    matched_role,
+    plot_error_curves,
+    plot_examples,
+    viewpoint_sections,
+)
 from capsnets.experiments.training import minutes_to_seconds
 from capsnets.models import count_parameters, create_model
 
@@ -91,11 +105,20 @@ class Settings(ExperimentSettings):
     train_minutes: float | None = None
     novel_every: int = 5
     compile: bool = False
-    SMOKE: ClassVar[dict] = {"capsule_model": "matrix_capsnet_small",
-                             "capsule_args": {"routing": {"detach_routing": True}}, "cnn_model": "cnn_smallnorb_narrow",
-                             "epochs": 1, "capsule_batch_size": 32, "cnn_batch_size": 32, "lr": 2e-3,
-                             "train_size": 192, "test_size": 64,
-                             "render_instances": 1, "render_lightings": [0], "novel_every": 1}
+    SMOKE: ClassVar[dict] = {
+        "capsule_model": "matrix_capsnet_small",
+        "capsule_args": {"routing": {"detach_routing": True}},
+        "cnn_model": "cnn_smallnorb_narrow",
+        "epochs": 1,
+        "capsule_batch_size": 32,
+        "cnn_batch_size": 32,
+        "lr": 2e-3,
+        "train_size": 192,
+        "test_size": 64,
+        "render_instances": 1,
+        "render_lightings": [0],
+        "novel_every": 1,
+    }
 
     def __post_init__(self) -> None:
         if not self.splits or any(split not in SPLITS for split in self.splits):
@@ -124,25 +147,54 @@ def build_model(name: str, device: str, args: dict | None = None) -> nn.Module:
 # Training to a matched familiar-view error (the loop itself is in :mod:`.matching`)
 
 
-def _fit(model, key: str, views, target, s: Settings, seed: int, checkpoints, batch_size: int, lr: float,
-         evals_per_epoch: int = 1) -> dict:
+def _fit(
+    model,
+    key: str,
+    views,
+    target,
+    s: Settings,
+    seed: int,
+    checkpoints,
+    batch_size: int,
+    lr: float,
+    evals_per_epoch: int = 1,
+) -> dict:
     """:func:`train_matched` at learning rate ``lr``, or a checkpoint from an earlier run (its record is read
     from the sidecar)."""
     record: dict = {}
     state = TrainState()  # lets a later run continue a training its time limit cut short
 
     def train():
-        record.update(train_matched(model, views, epochs=s.epochs, target=target, batch_size=batch_size,
-                                    lr=lr, lr_decay=s.lr_decay, seed=seed, evals_per_epoch=evals_per_epoch,
-                                    time_limit_s=minutes_to_seconds(s.train_minutes), novel_every=s.novel_every,
-                                    state=state, compile=s.compile))
+        record.update(
+            train_matched(
+                model,
+                views,
+                epochs=s.epochs,
+                target=target,
+                batch_size=batch_size,
+                lr=lr,
+                lr_decay=s.lr_decay,
+                seed=seed,
+                evals_per_epoch=evals_per_epoch,
+                time_limit_s=minutes_to_seconds(s.train_minutes),
+                novel_every=s.novel_every,
+                state=state,
+                compile=s.compile,
+            )
+        )
 
-    recipe = {**s.subset("epochs", "lr_decay", "train_size", "render_instances", "render_lightings"),
-              "lr": lr, "batch_size": batch_size, "seed": seed, "evals_per_epoch": evals_per_epoch}
+    recipe = {
+        **s.subset("epochs", "lr_decay", "train_size", "render_instances", "render_lightings"),
+        "lr": lr,
+        "batch_size": batch_size,
+        "seed": seed,
+        "evals_per_epoch": evals_per_epoch,
+    }
     if checkpoints.load_or_train(model, key, train, meta=record, state=state, recipe=recipe):
         record = {k: record.get(k) for k in ("history", "epoch", "reached", "time_limit")}  # from the sidecar
-        record.update(familiar_error=error_rate(model, views["familiar"]),
-                      novel_error=error_rate(model, views["novel"]))
+        record.update(
+            familiar_error=error_rate(model, views["familiar"]), novel_error=error_rate(model, views["novel"])
+        )
         if target is not None:  # the target may have moved since (a CNN continued by this run): judge it anew
             record["reached"] = record["familiar_error"] <= target
     return record
@@ -156,8 +208,9 @@ def _capsule_lr(s: Settings) -> float:
     return s.lr if s.capsule_lr is None else s.capsule_lr
 
 
-def _compare(split: str, train: TensorData, test: TensorData, s: Settings, *, tag: str, device: str, seed: int,
-             checkpoints) -> dict:
+def _compare(
+    split: str, train: TensorData, test: TensorData, s: Settings, *, tag: str, device: str, seed: int, checkpoints
+) -> dict:
     """Train (or load) the CNN, then the capsule model matched to its familiar-view error, on one split; if
     the capsule model never gets there, also the CNN stopped at the capsule model's error (role "CNN, stopped")."""
     views = viewpoint_split(train, test, split)
@@ -168,8 +221,7 @@ def _compare(split: str, train: TensorData, test: TensorData, s: Settings, *, ta
     cnn_rec = _fit(cnn, cnn_key, views, s.target_error, s, seed, checkpoints, s.cnn_batch_size, s.lr)
     target = s.target_error if s.target_error is not None else cnn_rec["familiar_error"]
     caps_key = checkpoint_name(f"{tag}_{split}_{s.capsule_model}", s.capsule_args)
-    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoints, s.capsule_batch_size,
-                    _capsule_lr(s))
+    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoints, s.capsule_batch_size, _capsule_lr(s))
     records = {"CNN": cnn_rec, "capsules": caps_rec}
     if s.rematch_cnn and s.target_error is None and not caps_rec["reached"]:
         # The CNN learned faster than the capsule model could follow: train it again (same recipe and data
@@ -177,47 +229,92 @@ def _compare(split: str, train: TensorData, test: TensorData, s: Settings, *, ta
         # model's, scoring it several times per epoch. The models are then matched the other way round.
         seed_everything(seed + 2)
         stopped = build_model(s.cnn_model, device)
-        records[STOPPED] = _fit(stopped, f"{cnn_key}_stopped_at_{caps_rec['familiar_error']:.4f}", views,
-                                caps_rec["familiar_error"], s, seed, checkpoints, s.cnn_batch_size, s.lr,
-                                evals_per_epoch=s.rematch_evals_per_epoch)
-    return {"records": records, "target": target, "sizes": {k: len(v) for k, v in views.items()},
-            "params": {"CNN": count_parameters(cnn), "capsules": count_parameters(caps)}}
+        records[STOPPED] = _fit(
+            stopped,
+            f"{cnn_key}_stopped_at_{caps_rec['familiar_error']:.4f}",
+            views,
+            caps_rec["familiar_error"],
+            s,
+            seed,
+            checkpoints,
+            s.cnn_batch_size,
+            s.lr,
+            evals_per_epoch=s.rematch_evals_per_epoch,
+        )
+    return {
+        "records": records,
+        "target": target,
+        "sizes": {k: len(v) for k, v in views.items()},
+        "params": {"CNN": count_parameters(cnn), "capsules": count_parameters(caps)},
+    }
 
 
 def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     """Capsules minus the matched CNN, novel- and familiar-view error per split (multi-seed summaries)."""
-    splits = [key[:-len("_matched_CNN_novel_error")] for key in metrics if key.endswith("_matched_CNN_novel_error")]
-    return [(f"capsules - matched CNN, {split} {view}-view error", f"{split}_capsules_{view}_error",
-             f"{split}_matched_CNN_{view}_error") for split in splits for view in ("novel", "familiar")]
+    splits = [key[: -len("_matched_CNN_novel_error")] for key in metrics if key.endswith("_matched_CNN_novel_error")]
+    return [
+        (
+            f"capsules - matched CNN, {split} {view}-view error",
+            f"{split}_capsules_{view}_error",
+            f"{split}_matched_CNN_{view}_error",
+        )
+        for split in splits
+        for view in ("novel", "familiar")
+    ]
 
 
-@register_experiment("viewpoints", Settings, "novel viewpoints of toys: matrix capsules against a CNN at equal "
-                     "familiar-view error (Hinton et al. 2018, Sec. 5.2)", contrasts=_contrasts)
+@register_experiment(
+    "viewpoints",
+    Settings,
+    "novel viewpoints of toys: matrix capsules against a CNN at equal "
+    "familiar-view error (Hinton et al. 2018, Sec. 5.2)",
+    contrasts=_contrasts,
+)
 def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
     """Train (or load) a CNN and a matrix capsule network per split, write ``report.md`` and two PNGs."""
-    train, test, source = load_norb_like(data_dir, device, render_instances=s.render_instances,
-                                         render_lightings=s.render_lightings)
+    train, test, source = load_norb_like(
+        data_dir, device, render_instances=s.render_instances, render_lightings=s.render_lightings
+    )
     tag = f"viewpoints_{'smallnorb' if source == 'smallNORB' else 'rendered'}"
     results = {}
     for split in s.splits:
         # Each split starts from the same random state and its own data seed, whatever ran before it: a
         # one-split run trains what a two-split run does.
         seed_everything(seed)
-        results[split] = _compare(split, train, test, s, tag=tag, device=device, seed=seed + 10 * SPLITS.index(split),
-                                  checkpoints=checkpoints)
+        results[split] = _compare(
+            split, train, test, s, tag=tag, device=device, seed=seed + 10 * SPLITS.index(split), checkpoints=checkpoints
+        )
     records = {split: r["records"] for split, r in results.items()}
-    figures = [plot_examples(test, out / "examples.png"),
-               plot_error_curves(records, {split: r["target"] for split, r in results.items()},
-                                 out / "error_curves.png")]
+    figures = [
+        plot_examples(test, out / "examples.png"),
+        plot_error_curves(records, {split: r["target"] for split, r in results.items()}, out / "error_curves.png"),
+    ]
     names = {"CNN": s.cnn_model, "capsules": s.capsule_model, STOPPED: s.cnn_model}
-    sections = viewpoint_sections(source, results, s, names, {"seed": seed, "device": device, "smoke": smoke},
-                                  familiar={"azimuth": AZIMUTH_FAMILIAR, "elevation": ELEVATION_FAMILIAR})
-    metrics = {f"{split}_{role.replace(', ', '_')}_{k}": rec[k] for split, recs in records.items()
-               for role, rec in recs.items() for k in ("novel_error", "familiar_error")}
+    sections = viewpoint_sections(
+        source,
+        results,
+        s,
+        names,
+        {"seed": seed, "device": device, "smoke": smoke},
+        familiar={"azimuth": AZIMUTH_FAMILIAR, "elevation": ELEVATION_FAMILIAR},
+    )
+    metrics = {
+        f"{split}_{role.replace(', ', '_')}_{k}": rec[k]
+        for split, recs in records.items()
+        for role, rec in recs.items()
+        for k in ("novel_error", "familiar_error")
+    }
     for split, recs in records.items():  # the CNN matched with the capsules, whichever way they were matched
         role = matched_role(recs, s.target_error is not None)
-        metrics.update({f"{split}_matched_CNN_{k}": recs[role][k] for k in ("novel_error", "familiar_error")
-                        if role is not None})
+        metrics.update(
+            {f"{split}_matched_CNN_{k}": recs[role][k] for k in ("novel_error", "familiar_error") if role is not None}
+        )
     metrics["data_source"] = "smallnorb" if source == "smallNORB" else "viewpoints"
-    return write_report(out, "Generalisation to novel viewpoints: matrix capsules vs CNN", sections, figures=figures,
-                        metrics=metrics, name="viewpoints")
+    return write_report(
+        out,
+        "Generalisation to novel viewpoints: matrix capsules vs CNN",
+        sections,
+        figures=figures,
+        metrics=metrics,
+        name="viewpoints",
+    )

@@ -5,19 +5,33 @@ those of one experiment in a module of its name (:mod:`.multimnist`, :mod:`.dime
 :mod:`.adversarial`, :mod:`.viewpoints`, :mod:`.segmentation`, :mod:`.synthesis`, :mod:`.routers`), and the
 summary of a multi-seed run in :mod:`.seeds`.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from capsnets.io import atomic_write
 from capsnets.plots import save_figure
 
-__all__ = ["ExperimentResult", "annotate_report", "epoch_table", "markdown_table", "matching_note", "percent",
-           "run_description", "save_figure", "settings_table", "training_cell", "training_metrics", "write_report"]
+__all__ = [
+    "ExperimentResult",
+    "annotate_report",
+    "epoch_table",
+    "markdown_table",
+    "matching_note",
+    "percent",
+    "run_description",
+    "save_figure",
+    "settings_table",
+    "training_cell",
+    "training_metrics",
+    "write_report",
+]
 
 
 @dataclass
@@ -53,9 +67,15 @@ def percent(value: float | None) -> str:
     return "n/a" if value is None or value != value else f"{100 * value:.2f}%"
 
 
-def write_report(out: str | os.PathLike, title: str, sections: Sequence[tuple[str, str]], *,
-                 figures: Sequence[str | os.PathLike] = (), metrics: dict[str, Any] | None = None,
-                 name: str | None = None) -> ExperimentResult:
+def write_report(
+    out: str | os.PathLike,
+    title: str,
+    sections: Sequence[tuple[str, str]],
+    *,
+    figures: Sequence[str | os.PathLike] = (),
+    metrics: dict[str, Any] | None = None,
+    name: str | None = None,
+) -> ExperimentResult:
     """Write ``out/report.md`` atomically: ``# title``, then each ``(heading, markdown)`` section, then
     the figures (embedded by paths relative to ``out``). Returns the :class:`ExperimentResult`."""
     out = Path(out)
@@ -102,8 +122,9 @@ def epoch_table(histories: dict[str, Sequence[dict]], columns: Sequence[tuple[st
     return markdown_table(headers, rows)
 
 
-def run_description(name: str, out: str | os.PathLike, *, smoke: bool, device: str, seed: int | Sequence[int],
-                    options: dict[str, Any]) -> str:
+def run_description(
+    name: str, out: str | os.PathLike, *, smoke: bool, device: str, seed: int | Sequence[int], options: dict[str, Any]
+) -> str:
     """Markdown saying how a report was made: the equivalent command line, and whether this is the full
     version, the smoke version, or a run with settings overridden (whose numbers are not the full run's).
     Settings named ``*_dir`` say where data is read from and do not make a run reduced. A list of seeds
@@ -114,16 +135,29 @@ def run_description(name: str, out: str | os.PathLike, *, smoke: bool, device: s
 
     sets = [f"{k}={value(v)}" for k, v in options.items()]
     seed_flags = ["--seed", str(seed)] if isinstance(seed, int) else ["--seeds", *map(str, seed)]
-    command = " ".join(["capsnets experiment", name, *(["--smoke"] if smoke else []), "--out", str(out),
-                        "--device", device, *seed_flags, *(f"--set '{item}'" for item in sets)])
+    command = " ".join(
+        [
+            "capsnets experiment",
+            name,
+            *(["--smoke"] if smoke else []),
+            "--out",
+            str(out),
+            "--device",
+            device,
+            *seed_flags,
+            *(f"--set '{item}'" for item in sets),
+        ]
+    )
     changed = [f"{k}={value(v)}" for k, v in options.items() if not k.endswith("_dir")]
     places = [f"{k}={value(v)}" for k, v in options.items() if k.endswith("_dir")]
     if smoke:
         scale = "**Smoke version**: tiny data and models; the numbers test the pipeline, not the paper."
     elif changed:
-        scale = ("**Reduced run**: the full version with these settings overridden: "
-                 + ", ".join(f"`{item}`" for item in changed)
-                 + ". Its numbers are not the full experiment's; the Settings table lists every value.")
+        scale = (
+            "**Reduced run**: the full version with these settings overridden: "
+            + ", ".join(f"`{item}`" for item in changed)
+            + ". Its numbers are not the full experiment's; the Settings table lists every value."
+        )
     else:
         scale = "Full version (the experiment's default settings)."
     if places and not smoke:
@@ -161,9 +195,14 @@ def matching_note(training: dict[str, dict], target: float) -> str:
     if not missed:
         note = f"Every model reached the {percent(target)} validation target ({reached}): compared at equal accuracy."
     else:
-        note = (f"**Not at equal accuracy**: {' and '.join(missed)} did not reach the {percent(target)} validation "
-                f"target within `max_epochs` or `train_minutes` ({reached}), so the comparison also reflects that "
-                f"difference in accuracy.")
-    curves = [f"{name} {', '.join(percent(h['val_accuracy']) for h in record['history'])}"
-              for name, record in training.items() if record.get("history")]
+        note = (
+            f"**Not at equal accuracy**: {' and '.join(missed)} did not reach the {percent(target)} validation "
+            f"target within `max_epochs` or `train_minutes` ({reached}), so the comparison also reflects that "
+            f"difference in accuracy."
+        )
+    curves = [
+        f"{name} {', '.join(percent(h['val_accuracy']) for h in record['history'])}"
+        for name, record in training.items()
+        if record.get("history")
+    ]
     return note + ("\n\nValidation accuracy after each epoch: " + "; ".join(curves) + "." if curves else "")

@@ -1,6 +1,7 @@
 """The report of the ``multimnist`` experiment (Sabour, Frosst & Hinton 2017, Sec. 6): the error table, the
 per-epoch training table and the data section.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,8 +15,9 @@ __all__ = ["PAPER_ERROR", "multimnist_sections"]
 PAPER_ERROR = {"CapsNet": 0.052, "CNN baseline": 0.081}
 
 
-def multimnist_sections(models: dict[str, dict], metrics: dict, cfg: Any, *, test_pairs: int, val_pairs: int,
-                        seed: int, device: str) -> list[tuple[str, str]]:
+def multimnist_sections(
+    models: dict[str, dict], metrics: dict, cfg: Any, *, test_pairs: int, val_pairs: int, seed: int, device: str
+) -> list[tuple[str, str]]:
     """The report's sections: results, training, data and settings.
 
     Args:
@@ -26,21 +28,35 @@ def multimnist_sections(models: dict[str, dict], metrics: dict, cfg: Any, *, tes
     rows = []
     for name, m in models.items():
         training = f"{epochs_trained(m['history'], cfg.epochs)} x {cfg.pairs_per_epoch:,} pairs"
-        rows.append((name, f"{m['parameters']:,}", percent(m["error"]), percent(PAPER_ERROR[name]),
-                     training_cell(training, m["history"], m["loaded"])))
+        rows.append(
+            (
+                name,
+                f"{m['parameters']:,}",
+                percent(m["error"]),
+                percent(PAPER_ERROR[name]),
+                training_cell(training, m["history"], m["loaded"]),
+            )
+        )
     return [
-        ("Results", markdown_table(["model", "parameters", "test error (ours)", "test error (paper)", "training"],
-                                   rows)
-         + "\n\nCorrect = the two highest scores are exactly the two labels (paper's metric)."),
+        (
+            "Results",
+            markdown_table(["model", "parameters", "test error (ours)", "test error (paper)", "training"], rows)
+            + "\n\nCorrect = the two highest scores are exactly the two labels (paper's metric).",
+        ),
         ("Training", _history_table({name: m["history"] for name, m in models.items()}, val_pairs)),
-        ("Data", f"{test_pairs:,} fixed-seed test pairs from {cfg.test_digits:,} MNIST test digits. Average "
-                 f"overlap of the two digits' 28x28 frames {percent(metrics['test_overlap_frame'])} (paper: 80%, "
-                 f"most likely this statistic: its expectation under independent shifts of up to 4 px is 79.96%, "
-                 f"where the 20x20 boxes the paper names would overlap by 72.6%); "
-                 f"of their tight bounding boxes {percent(metrics['test_overlap_smaller'])} (intersection / "
-                 f"smaller box; intersection / union {percent(metrics['test_overlap_union'])})."),
-        ("Settings", settings_table({**cfg.to_dict(), "seed": seed, "device": device, "combine": "max",
-                                     "max_shift": 4})),
+        (
+            "Data",
+            f"{test_pairs:,} fixed-seed test pairs from {cfg.test_digits:,} MNIST test digits. Average "
+            f"overlap of the two digits' 28x28 frames {percent(metrics['test_overlap_frame'])} (paper: 80%, "
+            f"most likely this statistic: its expectation under independent shifts of up to 4 px is 79.96%, "
+            f"where the 20x20 boxes the paper names would overlap by 72.6%); "
+            f"of their tight bounding boxes {percent(metrics['test_overlap_smaller'])} (intersection / "
+            f"smaller box; intersection / union {percent(metrics['test_overlap_union'])}).",
+        ),
+        (
+            "Settings",
+            settings_table({**cfg.to_dict(), "seed": seed, "device": device, "combine": "max", "max_shift": 4}),
+        ),
     ]
 
 
@@ -48,7 +64,8 @@ def _history_table(histories: dict[str, list], val_pairs: int) -> str:
     """Per epoch and model: mean training loss and error on the validation pairs."""
     if not any(histories.values()):
         return "No training history (the models were loaded from checkpoints written without one)."
-    return (f"After every epoch: the mean training loss and the error (paper's metric) on {val_pairs:,} "
-            "validation pairs of training digits (fixed seed; only recorded, nothing is chosen on it).\n\n"
-            + epoch_table(histories, [("loss", "loss", lambda v: f"{v:.4g}"), ("val_error", "validation error",
-                                                                             percent)]))
+    return (
+        f"After every epoch: the mean training loss and the error (paper's metric) on {val_pairs:,} "
+        "validation pairs of training digits (fixed seed; only recorded, nothing is chosen on it).\n\n"
+        + epoch_table(histories, [("loss", "loss", lambda v: f"{v:.4g}"), ("val_error", "validation error", percent)])
+    )

@@ -1,6 +1,7 @@
 """The report of the ``routers`` experiment (Hahn, Pyeon & Kim 2019): the answer, one table per task, the
 figures of accuracy against training time and cost, the metrics and the multi-seed contrasts.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,17 @@ from capsnets.experiments.report import markdown_table, percent, save_figure, se
 from capsnets.experiments.router_tasks import CNN_HEADS, REFERENCE, SPLITS
 from capsnets.models.routing_zoo import HEADS
 
-__all__ = ["answer", "plot_costs", "plot_curves", "plot_novel", "routers_contrasts", "routers_figures",
-           "routers_metrics", "routers_sections", "task_table"]
+__all__ = [
+    "answer",
+    "plot_costs",
+    "plot_curves",
+    "plot_novel",
+    "routers_contrasts",
+    "routers_figures",
+    "routers_metrics",
+    "routers_sections",
+    "task_table",
+]
 
 
 def _points(value: float | None) -> str:
@@ -36,8 +46,11 @@ def task_table(name: str, result: dict, speed: dict) -> str:
     rows = []
     for head, rec in records.items():
         row = [head, "CNN" if head in CNN_HEADS else "routing"]
-        row += [None if rec is None else f"{rec['parameters']:,}", f"{speed[head]['images_per_s']:.1f}",
-                f"{speed[head]['ratio']:.2f}"]
+        row += [
+            None if rec is None else f"{rec['parameters']:,}",
+            f"{speed[head]['images_per_s']:.1f}",
+            f"{speed[head]['ratio']:.2f}",
+        ]
         if rec is None:
             rows.append(row + ["not trained yet (time limit)"] + ["-"] * (len(headers) - len(row) - 1))
             continue
@@ -49,9 +62,15 @@ def task_table(name: str, result: dict, speed: dict) -> str:
         else:
             matched = rec.get("matched")
             row += [percent(rec["familiar_error"]), percent(rec["novel_error"])]
-            row += ["-", "-"] if matched is None else [
-                f"{matched['head']} at epoch {matched['epoch']:g}: {percent(matched['novel_error'])} novel, "
-                f"{percent(matched['familiar_error'])} familiar", _points(rec["novel_error"] - matched["novel_error"])]
+            row += (
+                ["-", "-"]
+                if matched is None
+                else [
+                    f"{matched['head']} at epoch {matched['epoch']:g}: {percent(matched['novel_error'])} novel, "
+                    f"{percent(matched['familiar_error'])} familiar",
+                    _points(rec["novel_error"] - matched["novel_error"]),
+                ]
+            )
         rows.append(row + [f"{rec['train_time_s']:.1f}", rec["epochs"]])
     return markdown_table(headers, rows)
 
@@ -71,24 +90,39 @@ def answer(results: dict) -> str:
             best = max(cnn, key=cnn.get)
             wins = [f"{h} {percent(r['accuracy'])}" for h, r in routing.items() if r["accuracy"] > cnn[best]]
             missed = [h for h, r in records.items() if not r["reached"]]
-            lines.append(f"- affNIST-style accuracy: best CNN head {best} {percent(cnn[best])}; routing heads above "
-                         f"it: {', '.join(wins) or 'none'}."
-                         + (f" Not at matched accuracy: {', '.join(missed)} missed the target." if missed else ""))
+            lines.append(
+                f"- affNIST-style accuracy: best CNN head {best} {percent(cnn[best])}; routing heads above "
+                f"it: {', '.join(wins) or 'none'}."
+                + (f" Not at matched accuracy: {', '.join(missed)} missed the target." if missed else "")
+            )
         else:
             pairs = {h: r for h, r in routing.items() if r.get("matched")}
-            wins = [f"{h} {percent(r['novel_error'])} vs {percent(r['matched']['novel_error'])}"
-                    for h, r in pairs.items() if r["novel_error"] < r["matched"]["novel_error"]]
+            wins = [
+                f"{h} {percent(r['novel_error'])} vs {percent(r['matched']['novel_error'])}"
+                for h, r in pairs.items()
+                if r["novel_error"] < r["matched"]["novel_error"]
+            ]
             if pairs:
-                lines.append(f"- {name} novel-view error, against the best CNN head at matched familiar-view error: "
-                             f"routing heads below it: {', '.join(wins) or 'none'} (of {len(pairs)} compared).")
+                lines.append(
+                    f"- {name} novel-view error, against the best CNN head at matched familiar-view error: "
+                    f"routing heads below it: {', '.join(wins) or 'none'} (of {len(pairs)} compared)."
+                )
     left = sum(rec is None for r in results.values() for rec in r["records"].values())
-    unfinished = (f"**Unfinished**: {left} training(s) not started yet (`time_limit_minutes`; the viewpoint heads wait "
-                  f"for a finished {REFERENCE} head). With `--checkpoint-dir`, run the same command again to continue."
-                  "\n\n") if left else ""
+    unfinished = (
+        (
+            f"**Unfinished**: {left} training(s) not started yet (`time_limit_minutes`; the viewpoint heads wait "
+            f"for a finished {REFERENCE} head). With `--checkpoint-dir`, run the same command again to continue."
+            "\n\n"
+        )
+        if left
+        else ""
+    )
     if not lines:
         return unfinished + "No routing head was compared with the CNN heads in this run."
-    return (unfinished + "\n".join(lines) + "\n\nOne seed cannot separate these differences from run-to-run noise: "
-            "`--seeds 0 1 2` gives each difference per seed, with its spread and sign count, in the summary report.")
+    return (
+        unfinished + "\n".join(lines) + "\n\nOne seed cannot separate these differences from run-to-run noise: "
+        "`--seeds 0 1 2` gives each difference per seed, with its spread and sign count, in the summary report."
+    )
 
 
 def plot_curves(results: dict, out_png: Path) -> Path:
@@ -101,8 +135,15 @@ def plot_curves(results: dict, out_png: Path) -> Path:
             if rec is None or not rec["history"]:
                 continue
             time_s = np.cumsum([h.get("time_s", 0.0) for h in rec["history"]])
-            ax.plot(time_s, [100 * h["accuracy"] for h in rec["history"]], "--" if head in CNN_HEADS else "-",
-                    marker="o", ms=3, color=f"C{k}", label=head)
+            ax.plot(
+                time_s,
+                [100 * h["accuracy"] for h in rec["history"]],
+                "--" if head in CNN_HEADS else "-",
+                marker="o",
+                ms=3,
+                color=f"C{k}",
+                label=head,
+            )
         ax.set_title(name)
         ax.set_xlabel("training time (s)")
         ax.set_ylabel(f"{labels.get(name, 'familiar-view accuracy')} (%)")
@@ -129,8 +170,12 @@ def plot_costs(results: dict, speeds: dict, out_png: Path) -> Path:
                 if rec is None:
                     continue
                 x = rec["parameters"] if key == "parameters" else speeds[name][head]["images_per_s"]
-                ax.plot([x], [100 * rec["accuracy"]], "s" if head in CNN_HEADS else "o", color="tab:grey"
-                        if head in CNN_HEADS else "tab:blue")
+                ax.plot(
+                    [x],
+                    [100 * rec["accuracy"]],
+                    "s" if head in CNN_HEADS else "o",
+                    color="tab:grey" if head in CNN_HEADS else "tab:blue",
+                )
                 ax.annotate(head, (x, 100 * rec["accuracy"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
             ax.set_xscale("log")
             ax.set_xlabel(xlabel)
@@ -188,42 +233,64 @@ def routers_contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     found = []
     for head in (h for h in HEADS if h not in CNN_HEADS):
         if f"affnist_{head}_accuracy" in metrics and "affnist_best_cnn_accuracy" in metrics:
-            found.append((f"{head} - best CNN head, affNIST-style accuracy", f"affnist_{head}_accuracy",
-                          "affnist_best_cnn_accuracy"))
+            found.append(
+                (
+                    f"{head} - best CNN head, affNIST-style accuracy",
+                    f"affnist_{head}_accuracy",
+                    "affnist_best_cnn_accuracy",
+                )
+            )
         for split in SPLITS:
             if f"{split}_{head}_matched_cnn_novel_error" in metrics:
-                found.append((f"{head} - best CNN head, {split} novel-view error at matched familiar-view error",
-                              f"{split}_{head}_novel_error", f"{split}_{head}_matched_cnn_novel_error"))
+                found.append(
+                    (
+                        f"{head} - best CNN head, {split} novel-view error at matched familiar-view error",
+                        f"{split}_{head}_novel_error",
+                        f"{split}_{head}_matched_cnn_novel_error",
+                    )
+                )
     return found
 
 
-def routers_sections(results: dict, tasks: dict, speeds: dict, s: Any, *, device: str, seed: int,
-                     smoke: bool) -> list[tuple[str, str]]:
+def routers_sections(
+    results: dict, tasks: dict, speeds: dict, s: Any, *, device: str, seed: int, smoke: bool
+) -> list[tuple[str, str]]:
     """The report's sections: the answer, one table per task, how images/s were measured, the settings."""
     sections = [("Answer: does a routing beat the CNN heads?", answer(results))]
     for name, task in tasks.items():
         target = results[name]["target"]
-        note = {"fashion_mnist": "Test accuracy after the last epoch.",
-                "affnist": f"Each head trained until its held-out translated accuracy reached "
-                           f"{percent(s.affnist_target)} (or {s.epochs} epochs); \"missed\": it did not, so it is not "
-                           "at matched accuracy."}.get(
-            name, f"Familiar-view target (the {REFERENCE} head's lowest error): {percent(target)}. Each routing head's "
-                  "novel-view error beside the best CNN head's at its familiar-view error; difference in points "
-                  "(negative: the routing head generalises better).")
+        note = {
+            "fashion_mnist": "Test accuracy after the last epoch.",
+            "affnist": f"Each head trained until its held-out translated accuracy reached "
+            f'{percent(s.affnist_target)} (or {s.epochs} epochs); "missed": it did not, so it is not '
+            "at matched accuracy.",
+        }.get(
+            name,
+            f"Familiar-view target (the {REFERENCE} head's lowest error): {percent(target)}. Each routing head's "
+            "novel-view error beside the best CNN head's at its familiar-view error; difference in points "
+            "(negative: the routing head generalises better).",
+        )
         sections.append((name, f"{task['about']}\n\n{task_table(name, results[name], speeds[name])}\n\n{note}"))
-    sections.append(("Training images/s", f"Measured in one run ({device}; with `--checkpoint-dir`, kept there and "
-                     f"reused by later runs with the same settings), batch {s.batch_size}: "
-                     f"{s.throughput_steps} training steps per head (forward, loss, backward, Adam; no augmentation), "
-                     f"heads alternated, median of {s.throughput_repeats} repeats after a warm-up; the ratio to "
-                     f"{REFERENCE} is the median of the per-repeat ratios. Training time excludes evaluation."))
+    sections.append(
+        (
+            "Training images/s",
+            f"Measured in one run ({device}; with `--checkpoint-dir`, kept there and "
+            f"reused by later runs with the same settings), batch {s.batch_size}: "
+            f"{s.throughput_steps} training steps per head (forward, loss, backward, Adam; no augmentation), "
+            f"heads alternated, median of {s.throughput_repeats} repeats after a warm-up; the ratio to "
+            f"{REFERENCE} is the median of the per-repeat ratios. Training time excludes evaluation.",
+        )
+    )
     sections.append(("Settings", settings_table({**s.to_dict(), "seed": seed, "device": device, "smoke": smoke})))
     return sections
 
 
 def routers_figures(results: dict, speeds: dict, out: Path) -> list[Path]:
     """``accuracy_vs_time.png``, ``accuracy_vs_cost.png`` and, with a viewpoint split, ``novel_view_error.png``."""
-    figures = [plot_curves(results, out / "accuracy_vs_time.png"),
-               plot_costs(results, speeds, out / "accuracy_vs_cost.png")]
+    figures = [
+        plot_curves(results, out / "accuracy_vs_time.png"),
+        plot_costs(results, speeds, out / "accuracy_vs_cost.png"),
+    ]
     splits = {name: r for name, r in results.items() if name in SPLITS and r["target"] is not None}
     if splits:
         figures.append(plot_novel(splits, out / "novel_view_error.png"))

@@ -1,11 +1,13 @@
 """The report of a multi-seed run (``capsnets experiment NAME --seeds ...``): the contrasts between models per
 seed, the metrics that vary and those that do not, links to each seed's report, and the contrasts figure.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -20,9 +22,14 @@ def seeds_title(name: str, seeds: Sequence[int]) -> str:
     return f"{name} over {len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
 
 
-def seeds_sections(seeds: list[int], numeric: dict[str, list[float]], same_text: dict[str, Any],
-                   other: dict[str, list[Any]], contrasts: Sequence[tuple[str, str, str]],
-                   differences: dict[str, list[float]]) -> list[tuple[str, str]]:
+def seeds_sections(
+    seeds: list[int],
+    numeric: dict[str, list[float]],
+    same_text: dict[str, Any],
+    other: dict[str, list[Any]],
+    contrasts: Sequence[tuple[str, str, str]],
+    differences: dict[str, list[float]],
+) -> list[tuple[str, str]]:
     """The summary's sections: contrasts, metrics that vary between seeds, those that do not, the rest, the runs.
 
     Args:
@@ -38,17 +45,29 @@ def seeds_sections(seeds: list[int], numeric: dict[str, list[float]], same_text:
     if varying:
         sections.append(("Metrics that vary between seeds", _metric_table(varying, seeds)))
     if same or same_text:
-        sections.append(("The same on every seed", markdown_table(["metric", "value"],
-                                                                  [*same.items(), *same_text.items()])))
+        sections.append(
+            ("The same on every seed", markdown_table(["metric", "value"], [*same.items(), *same_text.items()]))
+        )
     if other:
-        sections.append(("Other metrics", markdown_table(["metric", *(f"seed {s}" for s in seeds)],
-                                                         [(key, *values) for key, values in other.items()])))
+        sections.append(
+            (
+                "Other metrics",
+                markdown_table(
+                    ["metric", *(f"seed {s}" for s in seeds)], [(key, *values) for key, values in other.items()]
+                ),
+            )
+        )
     sections.append(("Runs", "\n".join(f"- seed {s}: [seed-{s}/report.md](seed-{s}/report.md)" for s in seeds)))
     return sections
 
 
-def seeds_figures(seeds: list[int], numeric: dict[str, list[float]], contrasts: Sequence[tuple[str, str, str]],
-                  differences: dict[str, list[float]], out: Path) -> list[Path]:
+def seeds_figures(
+    seeds: list[int],
+    numeric: dict[str, list[float]],
+    contrasts: Sequence[tuple[str, str, str]],
+    differences: dict[str, list[float]],
+    out: Path,
+) -> list[Path]:
     """``contrasts.png`` (the per-seed contrasts) when there are contrasts."""
     if not contrasts:
         return []
@@ -84,17 +103,15 @@ def _metric_table(numeric: dict[str, list[float]], seeds: list[int]) -> str:
 
 def _scales(contrasts, numeric: dict[str, list[float]]) -> dict[str, float]:
     """100 for a contrast of two fractions (shown in percentage points), else 1 (the metric's unit)."""
-    return {label: 100.0 if all(0.0 <= v <= 1.0 for v in numeric[a] + numeric[b]) else 1.0
-            for label, a, b in contrasts}
+    return {label: 100.0 if all(0.0 <= v <= 1.0 for v in numeric[a] + numeric[b]) else 1.0 for label, a, b in contrasts}
 
 
-def _contrast_table(contrasts, differences: dict[str, list[float]], seeds: list[int],
-                    scales: dict[str, float]) -> str:
+def _contrast_table(contrasts, differences: dict[str, list[float]], seeds: list[int], scales: dict[str, float]) -> str:
     rows = []
-    for label, a, b in contrasts:
+    for label, _, _ in contrasts:
         scale = scales[label]
 
-        def show(value: float, sign: str = "+") -> str:
+        def show(value: float, sign: str = "+", scale: float = scale) -> str:
             return "n/a" if value != value else f"{scale * value:{sign}.2f}" if scale == 100.0 else f"{value:{sign}.4g}"
 
         diffs = differences[label]
@@ -103,15 +120,18 @@ def _contrast_table(contrasts, differences: dict[str, list[float]], seeds: list[
         below = sum(d < 0 for d in diffs)
         rows.append((label, *map(show, diffs), show(mean), show(std, ""), f"{above} above, {below} below zero"))
     table = markdown_table(["contrast", *(f"seed {s}" for s in seeds), "mean", "std", "sign"], rows)
-    return (table + "\n\nEach contrast is `A - B` on the same seed (the metric keys are in `seeds.json`); "
-            "differences of fractions (accuracies, errors, rates) are in percentage points, others in the "
-            "metric's own unit. "
-            f"With {len(seeds)} seed{'s' if len(seeds) != 1 else ''} the standard deviation is a rough guide, "
-            "not a test: a difference whose sign changes between seeds is not established.")
+    return (
+        table + "\n\nEach contrast is `A - B` on the same seed (the metric keys are in `seeds.json`); "
+        "differences of fractions (accuracies, errors, rates) are in percentage points, others in the "
+        "metric's own unit. "
+        f"With {len(seeds)} seed{'s' if len(seeds) != 1 else ''} the standard deviation is a rough guide, "
+        "not a test: a difference whose sign changes between seeds is not established."
+    )
 
 
-def _plot_contrasts(differences: dict[str, list[float]], scales: dict[str, float], seeds: list[int],
-                    out_png: Path) -> Path:
+def _plot_contrasts(
+    differences: dict[str, list[float]], scales: dict[str, float], seeds: list[int], out_png: Path
+) -> Path:
     labels = [f"{label}{' (points)' if scales[label] == 100.0 else ''}" for label in differences]
     fig = Figure(figsize=(8, 1.2 + 0.35 * len(labels)), layout="constrained")
     ax = fig.subplots()

@@ -1,6 +1,7 @@
 """The report of the ``segmentation`` experiment (LaLonde & Bagci 2018, Sec. 4): Dice of SegCaps, U-Net and the
 threshold floor beside the paper's LUNA16 numbers, the per-epoch training table and the data section.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,9 +15,18 @@ __all__ = ["PAPER", "segmentation_sections"]
 PAPER = {"SegCaps": (0.9848, "1.4M"), "U-Net": (0.9845, "31M")}
 
 
-def segmentation_sections(models: dict[str, dict], s: Any, *, threshold: float, test_images: int,
-                          object_fraction: float, val_images: int, seed: int, device: str,
-                          smoke: bool) -> list[tuple[str, str]]:
+def segmentation_sections(
+    models: dict[str, dict],
+    s: Any,
+    *,
+    threshold: float,
+    test_images: int,
+    object_fraction: float,
+    val_images: int,
+    seed: int,
+    device: str,
+    smoke: bool,
+) -> list[tuple[str, str]]:
     """The report's sections: results, training, data and settings.
 
     Args:
@@ -28,19 +38,33 @@ def segmentation_sections(models: dict[str, dict], s: Any, *, threshold: float, 
     rows = []
     for name, m in models.items():
         training = f"{epochs_trained(m['history'], s.epochs)} x {s.images_per_epoch:,} images"
-        rows.append((f"{name} ({m['model_name']})", f"{m['parameters']:,}", percent(m["dice"]),
-                     percent(PAPER[name][0]), PAPER[name][1], training_cell(training, m["history"], m["loaded"])))
+        rows.append(
+            (
+                f"{name} ({m['model_name']})",
+                f"{m['parameters']:,}",
+                percent(m["dice"]),
+                percent(PAPER[name][0]),
+                PAPER[name][1],
+                training_cell(training, m["history"], m["loaded"]),
+            )
+        )
     rows.append(("image > 0.5 (no model)", "0", percent(threshold), "-", "-", "-"))
     headers = ["model", "parameters", "test Dice (ours)", "paper Dice (LUNA16)", "paper parameters", "training"]
     return [
-        ("Results", markdown_table(headers, rows) + "\n\nDice: mean over test images of 2|P & M| / (|P| + |M|), "
-         "P the pixels with probability > 0.5, M the mask. The paper's numbers are for LUNA16 lung CT, not this "
-         "data: compare the models with each other and with the threshold row, not with the paper's Dice."),
+        (
+            "Results",
+            markdown_table(headers, rows) + "\n\nDice: mean over test images of 2|P & M| / (|P| + |M|), "
+            "P the pixels with probability > 0.5, M the mask. The paper's numbers are for LUNA16 lung CT, not this "
+            "data: compare the models with each other and with the threshold row, not with the paper's Dice.",
+        ),
         ("Training", _history_table({name: m["history"] for name, m in models.items()}, val_images)),
-        ("Data", f"{test_images:,} fixed-seed {s.size}x{s.size} test images from {s.test_digits:,} MNIST test "
-                 f"digits, each one digit plus {s.clutter} {s.patch}x{s.patch} pieces of other digits; "
-                 f"{percent(object_fraction)} of the test pixels are object. Training: a fresh set of "
-                 f"{s.images_per_epoch:,} images from {s.train_digits:,} MNIST training digits every epoch."),
+        (
+            "Data",
+            f"{test_images:,} fixed-seed {s.size}x{s.size} test images from {s.test_digits:,} MNIST test "
+            f"digits, each one digit plus {s.clutter} {s.patch}x{s.patch} pieces of other digits; "
+            f"{percent(object_fraction)} of the test pixels are object. Training: a fresh set of "
+            f"{s.images_per_epoch:,} images from {s.train_digits:,} MNIST training digits every epoch.",
+        ),
         ("Settings", settings_table({**s.to_dict(), "seed": seed, "device": device, "smoke": smoke})),
     ]
 
@@ -49,7 +73,8 @@ def _history_table(histories: dict[str, list], val_images: int) -> str:
     """Per epoch and model: mean training loss and Dice on the validation images (a collapse shows here)."""
     if not any(histories.values()):
         return "No training history (the models were loaded from checkpoints written without one)."
-    return (f"After every epoch: the mean training loss and the Dice on {val_images:,} validation images built "
-            "from training digits (fixed seed; only recorded, nothing is chosen on it).\n\n"
-            + epoch_table(histories, [("loss", "loss", lambda v: f"{v:.4g}"),
-                                      ("val_dice", "validation Dice", percent)]))
+    return (
+        f"After every epoch: the mean training loss and the Dice on {val_images:,} validation images built "
+        "from training digits (fixed seed; only recorded, nothing is chosen on it).\n\n"
+        + epoch_table(histories, [("loss", "loss", lambda v: f"{v:.4g}"), ("val_dice", "validation Dice", percent)])
+    )

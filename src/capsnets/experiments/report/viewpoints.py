@@ -1,10 +1,12 @@
 """The report of the ``viewpoints`` experiment (models matched on familiar-view error; Hinton, Sabour & Frosst
 2018, Sec. 5.2): its sections, tables and figures.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,18 +17,31 @@ from capsnets.data import TensorData
 from capsnets.experiments.matching import familiar_mask
 from capsnets.experiments.report import markdown_table, percent, save_figure, settings_table
 
-__all__ = ["PAPER_VIEWPOINTS", "STOPPED", "matched_role", "matched_summary", "plot_error_curves", "plot_examples",
-           "viewpoint_results_table", "viewpoint_sections"]
+__all__ = [
+    "PAPER_VIEWPOINTS",
+    "STOPPED",
+    "matched_role",
+    "matched_summary",
+    "plot_error_curves",
+    "plot_examples",
+    "viewpoint_results_table",
+    "viewpoint_sections",
+]
 
 #: The role of the CNN trained again and stopped at the capsule model's familiar-view error.
 STOPPED = "CNN, stopped"
 #: Hinton, Sabour & Frosst (2018), Table 2: (novel, familiar) test error on smallNORB.
-PAPER_VIEWPOINTS = {("azimuth", "CNN"): (0.20, 0.037), ("azimuth", "capsules"): (0.135, 0.037),
-                    ("elevation", "CNN"): (0.178, 0.043), ("elevation", "capsules"): (0.123, 0.043)}
+PAPER_VIEWPOINTS = {
+    ("azimuth", "CNN"): (0.20, 0.037),
+    ("azimuth", "capsules"): (0.135, 0.037),
+    ("elevation", "CNN"): (0.178, 0.043),
+    ("elevation", "capsules"): (0.123, 0.043),
+}
 
 
-def viewpoint_sections(source: str, results: dict, s: Any, names: dict, extra: dict,
-                       familiar: dict[str, Sequence[int]]) -> list[tuple[str, str]]:
+def viewpoint_sections(
+    source: str, results: dict, s: Any, names: dict, extra: dict, familiar: dict[str, Sequence[int]]
+) -> list[tuple[str, str]]:
     """The viewpoints report: data, results (with the matched comparison), parameters, paper, settings.
 
     Args:
@@ -37,31 +52,51 @@ def viewpoint_sections(source: str, results: dict, s: Any, names: dict, extra: d
     records = {split: r["records"] for split, r in results.items()}
     targets = {split: r["target"] for split, r in results.items()}
     params = next(iter(results.values()))["params"]
-    size_rows = [(split, r["sizes"]["train"], r["sizes"]["familiar"], r["sizes"]["novel"])
-                 for split, r in results.items()]
+    size_rows = [
+        (split, r["sizes"]["train"], r["sizes"]["familiar"], r["sizes"]["novel"]) for split, r in results.items()
+    ]
     azimuths = ", ".join(f"{10 * a}°" for a in familiar["azimuth"])
     fixed = s.target_error is not None
     if fixed:
         rematch = f" Here both models match target_error = {s.target_error}."
     else:
-        rematch = (f" When the capsule model does not reach the target, the CNN is trained again (role \"{STOPPED}\"; "
-                   f"same recipe and data order, its own initialisation), scored {s.rematch_evals_per_epoch} times per "
-                   "epoch, and stopped at the first score at or below the capsule model's familiar-view error: the "
-                   "models are then matched the other way round.")
+        rematch = (
+            f' When the capsule model does not reach the target, the CNN is trained again (role "{STOPPED}"; '
+            f"same recipe and data order, its own initialisation), scored {s.rematch_evals_per_epoch} times per "
+            "epoch, and stopped at the first score at or below the capsule model's familiar-view error: the "
+            "models are then matched the other way round."
+        )
     return [
-        ("Data", f"Data: {source}. Azimuth split: familiar azimuths {azimuths} (field {list(familiar['azimuth'])}); "
-                 f"elevation split: familiar elevation indices {list(familiar['elevation'])} (30-40°). Training "
-                 "images: train split (its own toys) at familiar views; familiar / novel: test split (other toys).\n\n"
-         + markdown_table(["split", "train images", "familiar test images", "novel test images"], size_rows)),
-        ("Results", viewpoint_results_table(records, targets, names, fixed) + "\n\nMatching: the CNN is kept at its "
-         "lowest familiar-view test error, the target; the capsule model stops at the first epoch at or below it "
-         "(\"target reached\"), else it is kept at the epoch nearest to it. Novel-view error is never used to "
-         "choose; " + _novel_note(s.novel_every) + rematch + "\n\n" + matched_summary(records, fixed)
-         + _time_limit_note(records, s)),
-        ("Parameters", markdown_table(["role", "model", "parameters"],
-                                      [(r, names[r], f"{params[r]:,}") for r in ("CNN", "capsules")])),
-        ("Paper", "Hinton, Sabour & Frosst (2018), Sec. 5.2, Table 2 (smallNORB, models matched on familiar-view "
-         "error): novel-viewpoint error reduced by about 30% (azimuth 20% -> 13.5%, elevation 17.8% -> 12.3%)."),
+        (
+            "Data",
+            f"Data: {source}. Azimuth split: familiar azimuths {azimuths} (field {list(familiar['azimuth'])}); "
+            f"elevation split: familiar elevation indices {list(familiar['elevation'])} (30-40°). Training "
+            "images: train split (its own toys) at familiar views; familiar / novel: test split (other toys).\n\n"
+            + markdown_table(["split", "train images", "familiar test images", "novel test images"], size_rows),
+        ),
+        (
+            "Results",
+            viewpoint_results_table(records, targets, names, fixed) + "\n\nMatching: the CNN is kept at its "
+            "lowest familiar-view test error, the target; the capsule model stops at the first epoch at or below it "
+            '("target reached"), else it is kept at the epoch nearest to it. Novel-view error is never used to '
+            "choose; "
+            + _novel_note(s.novel_every)
+            + rematch
+            + "\n\n"
+            + matched_summary(records, fixed)
+            + _time_limit_note(records, s),
+        ),
+        (
+            "Parameters",
+            markdown_table(
+                ["role", "model", "parameters"], [(r, names[r], f"{params[r]:,}") for r in ("CNN", "capsules")]
+            ),
+        ),
+        (
+            "Paper",
+            "Hinton, Sabour & Frosst (2018), Sec. 5.2, Table 2 (smallNORB, models matched on familiar-view "
+            "error): novel-viewpoint error reduced by about 30% (azimuth 20% -> 13.5%, elevation 17.8% -> 12.3%).",
+        ),
         ("Settings", settings_table({**s.to_dict(), **extra})),
     ]
 
@@ -74,10 +109,32 @@ def viewpoint_results_table(records: dict, targets: dict, models: dict, fixed_ta
             novel, familiar = PAPER_VIEWPOINTS[(split, "CNN" if role == STOPPED else role)]
             target = recs["capsules"]["familiar_error"] if role == STOPPED else targets[split]
             reached = "sets it" if role == "CNN" and not fixed_target else "yes" if rec.get("reached") else "no"
-            rows.append((split, role, models[role], percent(rec["novel_error"]), percent(rec["familiar_error"]),
-                         percent(novel), percent(familiar), _epoch(rec["epoch"]), percent(target), reached))
-    headers = ["split", "role", "model", "novel error", "familiar error", "paper novel", "paper familiar",
-               "chosen epoch", "familiar target", "target reached"]
+            rows.append(
+                (
+                    split,
+                    role,
+                    models[role],
+                    percent(rec["novel_error"]),
+                    percent(rec["familiar_error"]),
+                    percent(novel),
+                    percent(familiar),
+                    _epoch(rec["epoch"]),
+                    percent(target),
+                    reached,
+                )
+            )
+    headers = [
+        "split",
+        "role",
+        "model",
+        "novel error",
+        "familiar error",
+        "paper novel",
+        "paper familiar",
+        "chosen epoch",
+        "familiar target",
+        "target reached",
+    ]
     return markdown_table(headers, rows)
 
 
@@ -97,13 +154,17 @@ def matched_summary(records: dict, fixed_target: bool) -> str:
         caps = recs["capsules"]
         cnn_role = matched_role(recs, fixed_target)
         if cnn_role is None:
-            lines.append(f"- {split}: no matched pair (neither model reached the other's familiar-view error), so "
-                         "there is no novel-view comparison.")
+            lines.append(
+                f"- {split}: no matched pair (neither model reached the other's familiar-view error), so "
+                "there is no novel-view comparison."
+            )
             continue
         cnn = recs[cnn_role]
-        lines.append(f"- {split}: matched at familiar-view error {percent(caps['familiar_error'])} (capsules) / "
-                     f"{percent(cnn['familiar_error'])} ({cnn_role}), novel-view error "
-                     f"**{percent(caps['novel_error'])} (capsules) vs {percent(cnn['novel_error'])} (CNN)**.")
+        lines.append(
+            f"- {split}: matched at familiar-view error {percent(caps['familiar_error'])} (capsules) / "
+            f"{percent(cnn['familiar_error'])} ({cnn_role}), novel-view error "
+            f"**{percent(caps['novel_error'])} (capsules) vs {percent(cnn['novel_error'])} (CNN)**."
+        )
     return "Matched comparison:\n\n" + "\n".join(lines)
 
 
@@ -122,12 +183,18 @@ def _novel_note(novel_every: int) -> str:
 
 def _time_limit_note(records: dict, s: Any) -> str:
     """A paragraph naming the trainings that the ``train_minutes`` limit stopped (empty if none)."""
-    stopped = [f"{split} {role} after {rec['history'][-1]['epoch'] if rec.get('history') else 0} epochs"
-               for split, recs in records.items() for role, rec in recs.items() if rec.get("time_limit")]
+    stopped = [
+        f"{split} {role} after {rec['history'][-1]['epoch'] if rec.get('history') else 0} epochs"
+        for split, recs in records.items()
+        for role, rec in recs.items()
+        if rec.get("time_limit")
+    ]
     if not stopped:
         return ""
-    return (f"\n\n**Stopped by the time limit** (`train_minutes` = {s.train_minutes} per model, of "
-            f"{s.epochs} epochs): {'; '.join(stopped)}.")
+    return (
+        f"\n\n**Stopped by the time limit** (`train_minutes` = {s.train_minutes} per model, of "
+        f"{s.epochs} epochs): {'; '.join(stopped)}."
+    )
 
 
 def plot_examples(test: TensorData, out_png: Path, classes: int = 2) -> Path:
@@ -136,8 +203,11 @@ def plot_examples(test: TensorData, out_png: Path, classes: int = 2) -> Path:
     rows = []
     for label in range(min(classes, test.num_classes)):
         first = int(torch.nonzero(test.labels == label)[0])
-        same = (test.labels == label) & (info["instance"] == info["instance"][first]) & \
-               (info["lighting"] == info["lighting"][first])
+        same = (
+            (test.labels == label)
+            & (info["instance"] == info["instance"][first])
+            & (info["lighting"] == info["lighting"][first])
+        )
         for split, axis, other in (("azimuth", "azimuth", "elevation"), ("elevation", "elevation", "azimuth")):
             pick = torch.nonzero(same & (info[other] == info[other][first])).flatten()
             pick = pick[info[axis][pick].argsort()]
@@ -178,8 +248,15 @@ def plot_error_curves(records: dict, targets: dict, out_png: Path) -> Path:
             epochs = [h["epoch"] for h in history]
             for key, style, marker in (("familiar_error", "-", "o"), ("novel_error", "--", "^")):
                 scored = [(e, h[key]) for e, h in zip(epochs, history) if h.get(key) is not None]
-                ax.plot([e for e, _ in scored], [100 * v for _, v in scored], style, marker=marker,
-                        ms=2.5 if role == STOPPED else 4, color=colours[role], label=f"{role}, {key.split('_')[0]}")
+                ax.plot(
+                    [e for e, _ in scored],
+                    [100 * v for _, v in scored],
+                    style,
+                    marker=marker,
+                    ms=2.5 if role == STOPPED else 4,
+                    color=colours[role],
+                    label=f"{role}, {key.split('_')[0]}",
+                )
                 ax.plot([rec["epoch"]], [100 * rec[key]], "o", mfc="none", ms=12, color=colours[role])
         ax.axhline(100 * targets[split], ls=":", color="grey", label="familiar-view target")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
