@@ -53,6 +53,7 @@ from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, peek_sid
 from capsnets.models import count_parameters, create_model, list_models, model_schema, model_task, routing_keys
 from capsnets.models.hub import load_model, resolve_pretrained, shipped_weights
 from capsnets.predict import collect_image_files, predict, read_images, segment
+from capsnets.validation import ArgumentError
 
 #: The environment variable that turns on ``--retain-freed-memory`` (``1``).
 RETAIN_FREED_MEMORY_ENV = "CAPSNETS_RETAIN_FREED_MEMORY"
@@ -208,9 +209,9 @@ def _experiment(args: argparse.Namespace) -> int:
         print(describe_experiments(args.name))
         return 0
     if not args.name:
-        raise ValueError(f"name an experiment (one of: {', '.join(list_experiments())}) or pass --list")
+        raise ArgumentError(f"name an experiment (one of: {', '.join(list_experiments())}) or pass --list")
     if not args.out:
-        raise ValueError("--out DIR is required: the directory for report.md and the figures")
+        raise ArgumentError("--out DIR is required: the directory for report.md and the figures")
     common = dict(
         smoke=args.smoke,
         device=args.device,
@@ -519,11 +520,11 @@ def parse_key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"{flag} {item!r} must look like KEY=VALUE")
+            raise ArgumentError(f"{flag} {item!r} must look like KEY=VALUE")
         try:
             values[key.strip()] = load_yaml(text)
         except yaml.YAMLError as err:
-            raise ValueError(f"{flag} {item!r}: cannot parse the value ({err})") from err
+            raise ArgumentError(f"{flag} {item!r}: cannot parse the value ({err})") from err
     return values
 
 
@@ -537,7 +538,7 @@ def nest_dotted(values: dict[str, Any]) -> dict[str, Any]:
             nested[key] = value
             continue
         if head in nested and not isinstance(nested[head], dict):
-            raise ValueError(f"{key}={value!r} sets an entry of {head}, which is also given as {nested[head]!r}")
+            raise ArgumentError(f"{key}={value!r} sets an entry of {head}, which is also given as {nested[head]!r}")
         nested.setdefault(head, {})[rest] = value
     return nested
 
@@ -642,13 +643,13 @@ def _test_data(args: argparse.Namespace, checkpoint, model, device):
     """The test split ``model`` is evaluated on: ``--dataset``, else the one ``checkpoint`` was trained on."""
     dataset = args.dataset or checkpoint.meta.get("dataset")
     if dataset is None:
-        raise ValueError(f"checkpoint '{checkpoint.path}' does not record its data set; pass --dataset")
+        raise ArgumentError(f"checkpoint '{checkpoint.path}' does not record its data set; pass --dataset")
     recorded = checkpoint.meta.get("config") or {}
     data_dir = args.data_dir or recorded.get("data_dir")
     image_size = recorded.get("image_size") if str(dataset).startswith("folder:") else None
     data = load_dataset(dataset, root=data_dir, train=False, image_size=image_size).to(device)
     if tuple(data.images.shape[1:]) != tuple(model.input_size) or data.num_classes != model.num_classes:
-        raise ValueError(
+        raise ArgumentError(
             f"data set {dataset!r} ({data.num_classes} classes of {tuple(data.images.shape[1:])}) "
             f"does not fit the model ({model.num_classes} classes of {tuple(model.input_size)})"
         )
@@ -761,13 +762,13 @@ def _reconstruct(args: argparse.Namespace) -> int:
     from capsnets.plots import plot_reconstructions  # noqa: PLC0415
 
     if args.n < 1:
-        raise ValueError(f"--n must be at least 1, got {args.n}")
+        raise ArgumentError(f"--n must be at least 1, got {args.n}")
     model, checkpoint, data, _ = _load(args, args.checkpoint)
     images, labels = data.images[: args.n], data.labels[: args.n]
     with torch.no_grad():
         output = model(images)
     if output.reconstruction is None:
-        raise ValueError(
+        raise ArgumentError(
             f"model {checkpoint.meta['model']!r} has no decoder, so it cannot reconstruct; "
             "use a capsule model with a reconstruction decoder"
         )
@@ -790,7 +791,7 @@ def _export(args: argparse.Namespace) -> int:
     model, checkpoint = load_model(args.checkpoint, "cpu")
     out = Path(args.out) if args.out else checkpoint.path.with_suffix(EXPORT_FORMATS[args.format])
     if out.suffix.lower() in (".safetensors", ".json", ".yaml", ".jsonl"):
-        raise ValueError(f"--out '{out}' would replace a run file; name a {EXPORT_FORMATS[args.format]} file")
+        raise ArgumentError(f"--out '{out}' would replace a run file; name a {EXPORT_FORMATS[args.format]} file")
     report = export_model(model, out, args.format)
     print(
         f"wrote {report.path} ({report.bytes / 1e6:.1f} MB, {report.format}, outputs: "
@@ -805,14 +806,14 @@ def _export(args: argparse.Namespace) -> int:
 
 def _predict(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+        raise ArgumentError(f"--batch-size must be at least 1, got {args.batch_size}")
     files = collect_image_files(args.inputs)
     device = resolve_device(args.device)
     model, checkpoint = load_model(_checkpoint_source(args, [args.checkpoint]), device)
     name, dataset = checkpoint.meta["model"], checkpoint.meta.get("dataset")
     task = model_task(name)
     if task not in ("classification", "segmentation"):
-        raise ValueError(f"model {name!r} is for {task}; predict classifies or segments images")
+        raise ArgumentError(f"model {name!r} is for {task}; predict classifies or segments images")
     images, notes = read_images(files, model.input_size, _canonical_dataset(dataset), invert=args.invert)
     if task == "segmentation":
         results = segment(model, images, [str(f) for f in files], Path(args.out or "masks"))
@@ -857,7 +858,7 @@ def _demo(args: argparse.Namespace) -> int:
         # optional dependencies: FastAPI and uvicorn (the demo extra)
         from capsnets.demo import app as server  # noqa: PLC0415
     except ImportError as err:
-        raise ValueError(
+        raise ArgumentError(
             f"the demo needs FastAPI and uvicorn ({err.name or err} is missing): pip install -e '.[demo]'"
         ) from None
 
@@ -907,7 +908,7 @@ def format_prediction(result) -> str:
 def _list_models(args: argparse.Namespace) -> int:
     if args.pretrained:
         if args.name is not None:
-            raise ValueError("list-models --pretrained lists every shipped weight; give no MODEL with it")
+            raise ArgumentError("list-models --pretrained lists every shipped weight; give no MODEL with it")
         print(format_pretrained())
         return 0
     if args.name is not None:

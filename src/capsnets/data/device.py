@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 __all__ = ["random_shift", "shift_pairs", "DeviceLoader"]
 
 
@@ -54,17 +56,17 @@ def random_shift(
         torch.Size([4, 1, 28, 28])
     """
     if images.dim() != 4:
-        raise ValueError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
+        raise ArgumentError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
     batch, channels, height, width = images.shape
     if shifts is None:
         if not isinstance(max_shift, int) or max_shift < 0:
-            raise ValueError(f"max_shift must be a non-negative int, got {max_shift!r}")
+            raise ArgumentError(f"max_shift must be a non-negative int, got {max_shift!r}")
         if max_shift == 0:
             return images
         device = generator.device if generator is not None else images.device
         shifts = torch.randint(-max_shift, max_shift + 1, (batch, 2), generator=generator, device=device)
     if shifts.shape != (batch, 2) or shifts.dtype.is_floating_point or shifts.dtype == torch.bool:
-        raise ValueError(f"shifts must be an integer ({batch}, 2) tensor, got {shifts.dtype} {tuple(shifts.shape)}")
+        raise ArgumentError(f"shifts must be an integer ({batch}, 2) tensor, got {shifts.dtype} {tuple(shifts.shape)}")
     shifts = shifts.to(images.device, torch.long)
     rows, row_ok = _shift_indices(height, shifts[:, 0])  # (B, H)
     cols, col_ok = _shift_indices(width, shifts[:, 1])  # (B, W)
@@ -146,23 +148,23 @@ class DeviceLoader:
     ):
         images, labels = (data.images, data.labels) if hasattr(data, "images") else data
         if images.dim() != 4 or labels.shape != images.shape[:1]:
-            raise ValueError(
+            raise ArgumentError(
                 f"data must be images (N, C, H, W) and labels (N,), got {tuple(images.shape)} and {tuple(labels.shape)}"
             )
         if labels.device != images.device:
-            raise ValueError(f"images on {images.device} but labels on {labels.device}")
+            raise ArgumentError(f"images on {images.device} but labels on {labels.device}")
         if not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+            raise ArgumentError(f"world_size must be a positive int, got {world_size!r}")
         if not isinstance(batch_size, int) or batch_size < 1 or batch_size % world_size:
-            raise ValueError(
+            raise ArgumentError(
                 f"batch_size (global) must be a positive multiple of world_size={world_size}, got {batch_size!r}"
             )
         if not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
+            raise ArgumentError(f"rank must be in [0, {world_size}), got {rank!r}")
         if not isinstance(max_shift, int) or max_shift < 0:
-            raise ValueError(f"max_shift must be a non-negative int, got {max_shift!r}")
+            raise ArgumentError(f"max_shift must be a non-negative int, got {max_shift!r}")
         if max_shift >= min(images.shape[-2:]):
-            raise ValueError(
+            raise ArgumentError(
                 f"max_shift={max_shift} is not smaller than the images ({images.shape[-2]}x"
                 f"{images.shape[-1]}): shifts that large move whole images out of the frame"
             )
@@ -171,7 +173,7 @@ class DeviceLoader:
         elif augment is False:
             augment = None
         if augment is not None and not callable(augment):
-            raise ValueError(
+            raise ArgumentError(
                 f"augment must be None, False or a callable (images, generator) -> images, got {augment!r}"
             )
         self.images, self.labels, self.augment = images, labels, augment
@@ -222,7 +224,7 @@ class DeviceLoader:
         """This epoch's batches from batch ``first`` (0-based) on: what an iteration continues with after
         yielding ``first`` batches, for a training continued within an epoch. ``iter(loader)`` starts at 0."""
         if not isinstance(first, int) or not 0 <= first <= len(self):
-            raise ValueError(f"first must be a batch index in [0, {len(self)}], got {first!r}")
+            raise ArgumentError(f"first must be a batch index in [0, {len(self)}], got {first!r}")
         return self._batches(first)
 
     def _batches(self, first: int):
