@@ -68,8 +68,26 @@ def test_accepts_tensor_pair_and_validates():
         DeviceLoader((images, labels), 4, rank=2, world_size=2)
     with pytest.raises(ValueError, match="max_shift"):
         DeviceLoader((images, labels), 4, max_shift=-1)
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(ValueError, match="targets of N rows"):
         DeviceLoader((images, labels[:9]), 4)
+    with pytest.raises(ValueError, match="targets of N rows"):
+        DeviceLoader((images, (labels, labels[:9])), 4)
+    with pytest.raises(ValueError, match="either data or epoch_data"):
+        DeviceLoader(None, 4)
+
+
+def test_tuples_of_targets_and_data_drawn_each_epoch():
+    images, labels = torch.rand(10, 1, 4, 4), torch.arange(10)
+    loader = DeviceLoader((images, (labels, labels * 2)), 4, seed=3)
+    loader.set_epoch(0)
+    batches = list(loader)
+    assert [len(b[1][0]) for b in batches] == [4, 4, 2]
+    assert all(torch.equal(b[1][1], b[1][0] * 2) for b in batches)  # rows stay together
+    drawn = []
+    epochs = DeviceLoader(None, 4, epoch_data=lambda epoch: drawn.append(epoch) or (images + epoch, labels))
+    epochs.set_epoch(1)
+    first = torch.cat([b[0] for b in epochs])
+    assert drawn == [2] and torch.allclose(first.sort(0).values, (images + 2).sort(0).values)
 
 
 def crop_augment(images, generator):

@@ -94,9 +94,22 @@ def _epoch_seed(seed: int, epoch: int, *more: int) -> int:
 
 _AUGMENT_STREAM = 1  # tags the per-batch augment seeds apart from the per-epoch shuffle seed
 
+Targets = Tensor | tuple[Tensor, ...]
+
+
+def _take(targets: Targets, index: Tensor) -> Targets:
+    return tuple(t[index] for t in targets) if isinstance(targets, tuple) else targets[index]
+
+
+def _split(targets: Targets, parts: int, rank: int) -> Targets:
+    if isinstance(targets, tuple):
+        return tuple(torch.tensor_split(t, parts)[rank] for t in targets)
+    return torch.tensor_split(targets, parts)[rank]
+
 
 class DeviceLoader:
-    """Iterate over ``(images, labels)`` batches of a data set that lives on one device.
+    """Iterate over ``(images, targets)`` batches of a data set that lives on one device: the batches of the
+    trainer and of every experiment.
 
     Shuffle order and shifts are drawn once per epoch from a CPU ``torch.Generator`` seeded from
     ``(seed, epoch)`` (never torch's global RNG), for all ``N`` examples, then moved to the data's
@@ -116,7 +129,8 @@ class DeviceLoader:
     (cheap next to a forward pass). It may change the image size (a random crop).
 
     Args:
-        data: a :class:`~capsnets.data.TensorData`, or an ``(images, labels)`` pair of tensors.
+        data: a :class:`~capsnets.data.TensorData`, or an ``(images, targets)`` pair: targets a tensor of
+            ``N`` rows (labels, masks, images) or a tuple of such tensors; None with ``epoch_data``.
         batch_size: the GLOBAL batch size, divisible by ``world_size``.
         shuffle: permute the examples each epoch; else keep stored order.
         drop_last: drop the last global batch if it is short.
@@ -127,10 +141,19 @@ class DeviceLoader:
         augment: the per-batch transform. ``None`` (default): ``data.augment`` if ``data`` has one
             (a :class:`~capsnets.data.TensorData` from ``load_dataset("smallnorb", train=True)``
             does), else none; ``False``: none, even if ``data`` has one; a callable: that one.
+        epoch_data: instead of ``data``, ``epoch -> (images, targets)``, called by :meth:`set_epoch` with the
+            1-based epoch: a generated data set drawn afresh every epoch.
 
     Shape:
         - yields images ``(batch_size // world_size, C, H, W)`` (``H, W`` as ``augment`` makes them)
-          and labels ``(batch_size // world_size,)``.
+          and targets of as many rows.
+
+    Examples::
+
+        >>> loader = DeviceLoader((torch.rand(10, 1, 8, 8), torch.arange(10)), 4, seed=0)
+        >>> loader.set_epoch(0)
+        >>> [tuple(labels.shape) for _, labels in loader]
+        [(4,), (4,), (2,)]
     """
 
     def __init__(
@@ -145,14 +168,10 @@ class DeviceLoader:
         rank: int = 0,
         world_size: int = 1,
         augment: Callable[[Tensor, torch.Generator], Tensor] | bool | None = None,
+        epoch_data: Callable[[int], tuple[Tensor, Targets]] | None = None,
     ):
-        images, labels = (data.images, data.labels) if hasattr(data, "images") else data
-        if images.dim() != 4 or labels.shape != images.shape[:1]:
-            raise ArgumentError(
-                f"data must be images (N, C, H, W) and labels (N,), got {tuple(images.shape)} and {tuple(labels.shape)}"
-            )
-        if labels.device != images.device:
-            raise ArgumentError(f"images on {images.device} but labels on {labels.device}")
+        if (data is None) == (epoch_data is None):
+            raise ArgumentError("pass either data or epoch_data")
         if not isinstance(world_size, int) or world_size < 1:
             raise ArgumentError(f"world_size must be a positive int, got {world_size!r}")
         if not isinstance(batch_size, int) or batch_size < 1 or batch_size % world_size:
@@ -163,11 +182,6 @@ class DeviceLoader:
             raise ArgumentError(f"rank must be in [0, {world_size}), got {rank!r}")
         if not isinstance(max_shift, int) or max_shift < 0:
             raise ArgumentError(f"max_shift must be a non-negative int, got {max_shift!r}")
-        if max_shift >= min(images.shape[-2:]):
-            raise ArgumentError(
-                f"max_shift={max_shift} is not smaller than the images ({images.shape[-2]}x"
-                f"{images.shape[-1]}): shifts that large move whole images out of the frame"
-            )
         if augment is None:
             augment = getattr(data, "augment", None)
         elif augment is False:
@@ -176,15 +190,33 @@ class DeviceLoader:
             raise ArgumentError(
                 f"augment must be None, False or a callable (images, generator) -> images, got {augment!r}"
             )
-        self.images, self.labels, self.augment = images, labels, augment
+        self.augment, self.epoch_data = augment, epoch_data
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.max_shift, self.seed, self.rank, self.world_size = max_shift, seed, rank, world_size
         self.epoch = 0
+        if data is not None:
+            self._set_data(*((data.images, data.labels) if hasattr(data, "images") else data))
+
+    def _set_data(self, images: Tensor, targets: Targets) -> None:
+        parts = targets if isinstance(targets, tuple) else (targets,)
+        if images.dim() != 4 or not parts or any(t.dim() < 1 or len(t) != len(images) for t in parts):
+            shapes = [tuple(t.shape) for t in parts]
+            raise ArgumentError(
+                f"data must be images (N, C, H, W) and targets of N rows, got {tuple(images.shape)} and {shapes}"
+            )
+        if any(t.device != images.device for t in parts):
+            raise ArgumentError(f"images on {images.device} but targets on {[str(t.device) for t in parts]}")
+        if self.max_shift >= min(images.shape[-2:]):
+            raise ArgumentError(
+                f"max_shift={self.max_shift} is not smaller than the images ({images.shape[-2]}x"
+                f"{images.shape[-1]}): shifts that large move whole images out of the frame"
+            )
+        self.images, self.targets = images, targets
 
     @property
     def num_examples(self) -> int:
         """Examples in the whole data set (all ranks together)."""
-        return len(self.labels)
+        return len(self.images)
 
     @property
     def device(self) -> torch.device:
@@ -196,8 +228,11 @@ class DeviceLoader:
         return full + (1 if rest and not self.drop_last else 0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose shuffle and shifts the next iteration uses."""
+        """Select the epoch whose shuffle and shifts the next iteration uses (and draw its data, with
+        ``epoch_data``)."""
         self.epoch = int(epoch)
+        if self.epoch_data is not None:
+            self._set_data(*self.epoch_data(self.epoch + 1))
 
     def _draw(self) -> tuple[Tensor, Tensor | None]:
         generator = torch.Generator().manual_seed(_epoch_seed(self.seed, self.epoch))
@@ -209,13 +244,13 @@ class DeviceLoader:
             shifts = shifts.to(self.device)
         return order.to(self.device), shifts
 
-    def _batch(self, order: Tensor, shifts: Tensor | None, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def _batch(self, order: Tensor, shifts: Tensor | None, positions: Tensor) -> tuple[Tensor, Targets]:
         """Examples at ``positions`` of this epoch's order, shifted (not augmented)."""
         index = order[positions]
-        images, labels = self.images[index], self.labels[index]
+        images, targets = self.images[index], _take(self.targets, index)
         if shifts is not None:
             images = random_shift(images, self.max_shift, shifts=shifts[positions])
-        return images, labels
+        return images, targets
 
     def __iter__(self):
         return self.iter_from(0)
@@ -237,13 +272,10 @@ class DeviceLoader:
                 piece = torch.tensor_split(piece, self.world_size)[self.rank]  # positions in this epoch
                 yield self._batch(order, shifts, piece)
                 continue
-            images, labels = self._batch(order, shifts, piece)  # the whole global batch
+            images, targets = self._batch(order, shifts, piece)  # the whole global batch
             generator = torch.Generator().manual_seed(_epoch_seed(self.seed, self.epoch, _AUGMENT_STREAM, step))
             images = self.augment(images, generator)
-            yield (
-                torch.tensor_split(images, self.world_size)[self.rank],
-                torch.tensor_split(labels, self.world_size)[self.rank],
-            )
+            yield torch.tensor_split(images, self.world_size)[self.rank], _split(targets, self.world_size, self.rank)
 
     def __repr__(self) -> str:
         return (

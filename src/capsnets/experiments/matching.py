@@ -99,7 +99,7 @@ def train_matched(
     criterion = create_loss(getattr(model, "default_loss", "cross_entropy"))
     limit = TimeLimit(time_limit_s)
     forward = torch.compile(model) if compile else model  # shares the parameters: train, score, save ``model``
-    loader = _OneBasedLoader(views["train"], batch_size, seed=seed)
+    loader = DeviceLoader(views["train"], batch_size, seed=seed)
     optimizer, scheduler = adam_with_decay(model.parameters(), lr=lr, lr_decay=lr_decay)
     state, best_state = state if state is not None else TrainState(), None
     checkpoint = state.attach(optimizer, scheduler)
@@ -162,14 +162,6 @@ def train_matched(
 def _distance(record: dict, target: float | None) -> float:
     """How far an evaluation is from the goal: its familiar-view error, or its distance to ``target``."""
     return record["familiar_error"] if target is None else abs(record["familiar_error"] - target)
-
-
-class _OneBasedLoader(DeviceLoader):
-    """A :class:`~capsnets.data.DeviceLoader` whose epochs were numbered from 1 when this experiment was
-    written; kept so that its seeded runs still draw the same batches."""
-
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch + 1)
 
 
 # --------------------------------------------------------------------------------------------------------

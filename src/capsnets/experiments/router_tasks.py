@@ -11,9 +11,8 @@ from typing import Any
 
 import torch
 
-from capsnets.data import TensorData, load_dataset
+from capsnets.data import DeviceLoader, TensorData, load_dataset
 from capsnets.data.affnist import make_affnist_style, translated_test_set
-from capsnets.engine.batches import TensorBatches
 from capsnets.engine.fit import fit, training_step
 from capsnets.engine.runtime import resolve_amp, seed_everything
 from capsnets.experiments.matching import load_norb_like, viewpoint_split
@@ -130,7 +129,7 @@ def measure_throughput(task: dict, s: Any, device: str, seed: int, checkpoints) 
             return json.loads(path.read_text())["heads"]
     bench, n = task["bench"], s.throughput_steps * s.batch_size
     index = torch.arange(n, device=bench.device) % len(bench)
-    batches = TensorBatches(bench.images[index], bench.labels[index], s.batch_size, seed=seed)
+    batches = DeviceLoader((bench.images[index], bench.labels[index]), s.batch_size, seed=seed, augment=False)
     steps = {}
     for head in s.heads:
         model = build_head(head, task, s, device, seed)

@@ -26,9 +26,8 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from capsnets.data import load_dataset
+from capsnets.data import DeviceLoader, load_dataset
 from capsnets.data.synthesis import silhouette_label_maps
-from capsnets.engine.batches import TensorBatches
 from capsnets.engine.callbacks import TimeLimit
 from capsnets.engine.checkpoint import join_optimizer_state, split_optimizer_state
 from capsnets.engine.fit import TrainState, fit
@@ -123,7 +122,7 @@ def train_pix2pix(
     )
     fit(
         step,
-        TensorBatches(label_maps, images, batch_size, seed=seed),
+        DeviceLoader((label_maps, images), batch_size, seed=seed),
         epochs=epochs,
         state=state,
         callbacks=[TimeLimit(time_limit_s)],

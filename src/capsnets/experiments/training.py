@@ -1,6 +1,6 @@
 """How the experiments train: through the engine's one loop, :func:`~capsnets.engine.fit`, with its callbacks
 (:mod:`capsnets.engine.callbacks`), on tensors that already live on the device
-(:class:`~capsnets.engine.batches.TensorBatches`). Where the trained models are kept between runs is
+(:class:`~capsnets.data.DeviceLoader`, as the trainer's). Where the trained models are kept between runs is
 :mod:`capsnets.experiments.checkpoints`.
 
 - :func:`train_classifier`: Adam with a per-epoch exponential learning-rate decay
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from capsnets.engine.batches import Targets, TensorBatches
+from capsnets.data.device import DeviceLoader, Targets
 from capsnets.engine.callbacks import Hook, Target, TimeLimit
 from capsnets.engine.evaluate import accuracy as evaluate_accuracy
 from capsnets.engine.fit import TrainState, adam_with_decay, fit, training_step
@@ -75,12 +75,12 @@ def train_classifier(
 ) -> list[dict[str, Any]]:
     """Train ``model`` in place with Adam and a per-epoch exponential learning-rate decay.
 
-    Batches are cut on the device holding the data (:class:`~capsnets.engine.batches.TensorBatches`); the model
+    Batches are cut on the device holding the data (:class:`~capsnets.data.DeviceLoader`); the model
     must already be there.
 
     Args:
         images, targets, epoch_data, augment: the training data (see
-            :class:`~capsnets.engine.batches.TensorBatches`).
+            :class:`~capsnets.data.DeviceLoader`).
         loss_fn: ``loss_fn(model, images, targets) -> scalar``; default :func:`default_loss_fn`.
         amp: ``"auto"`` (bf16 autocast for the forward pass and loss on CUDA, full precision elsewhere),
             ``"bf16"`` or ``"off"``, as in the trainer.
@@ -98,7 +98,8 @@ def train_classifier(
         the records (:func:`~capsnets.engine.fit`) of the epochs trained in this call, one per epoch.
     """
     non_negative_int("epochs", epochs)
-    batches = TensorBatches(images, targets, batch_size, seed=seed, augment=augment, epoch_data=epoch_data)
+    data = None if epoch_data is not None else (images, targets)
+    batches = DeviceLoader(data, batch_size, seed=seed, augment=augment or False, epoch_data=epoch_data)
     loss_fn = loss_fn or default_loss_fn(model)
     optimizer, scheduler = adam_with_decay(model.parameters(), lr=lr, lr_decay=lr_decay)
     state = state if state is not None else TrainState()
