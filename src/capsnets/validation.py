@@ -62,6 +62,7 @@ __all__ = [
     "positive_int",
     "positive_ints",
     "reject_unknown",
+    "shown",
     "to_float_images",
 ]
 
@@ -161,15 +162,16 @@ class ArgumentError(ValueError, TypeError):
         self.argument = argument
 
 
-def _shown(value) -> str:
+def shown(value, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (ending in ``...``) for an error message."""
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def expect(ok: bool, name: str, value, expected: str) -> None:
     """Raise an :class:`ArgumentError` ``"{name}={value!r} is invalid: expected {expected}"`` unless ``ok``."""
     if not ok:
-        raise ArgumentError(f"{name}={_shown(value)} is invalid: expected {expected}", name)
+        raise ArgumentError(f"{name}={shown(value)} is invalid: expected {expected}", name)
 
 
 def _is_int(value) -> bool:
@@ -179,14 +181,14 @@ def _is_int(value) -> bool:
 def positive_int(name: str, value) -> int:
     """``value`` if it is an ``int`` >= 1 (not a bool); else an :class:`ArgumentError` naming ``name``."""
     if not _is_int(value) or value < 1:
-        raise ArgumentError(f"{name} must be a positive integer, got {_shown(value)}", name)
+        raise ArgumentError(f"{name} must be a positive integer, got {shown(value)}", name)
     return value
 
 
 def non_negative_int(name: str, value) -> int:
     """``value`` if it is an ``int`` >= 0 (not a bool); else an :class:`ArgumentError` naming ``name``."""
     if not _is_int(value) or value < 0:
-        raise ArgumentError(f"{name} must be a non-negative integer, got {_shown(value)}", name)
+        raise ArgumentError(f"{name} must be a non-negative integer, got {shown(value)}", name)
     return value
 
 
@@ -200,7 +202,7 @@ def positive_ints(name: str, value, length: int | None = None, what: str = "") -
         or not all(_is_int(item) and item >= 1 for item in value)
     ):
         meaning = f"{what}: " if what else ""
-        raise ArgumentError(f"{name} must be {meaning}a list of {count}positive integers, got {_shown(value)}", name)
+        raise ArgumentError(f"{name} must be {meaning}a list of {count}positive integers, got {shown(value)}", name)
     return tuple(value)
 
 
@@ -212,7 +214,7 @@ def image_size(name: str, value) -> tuple[int, int, int]:
 def flag(name: str, value) -> bool:
     """``value`` if it is a bool; else an :class:`ArgumentError` naming ``name``."""
     if not isinstance(value, bool):
-        raise ArgumentError(f"{name} must be true or false, got {_shown(value)}", name)
+        raise ArgumentError(f"{name} must be true or false, got {shown(value)}", name)
     return value
 
 
@@ -239,7 +241,7 @@ def number(
             right = ")" if high_open or high is None else "]"
             lo, hi = ("-inf" if low is None else f"{low:g}"), ("inf" if high is None else f"{high:g}")
             where = f" in {left}{lo}, {hi}{right}"
-        raise ArgumentError(f"{name} must be a number{where}, got {_shown(value)}", name)
+        raise ArgumentError(f"{name} must be a number{where}, got {shown(value)}", name)
     return float(value)
 
 
@@ -247,7 +249,7 @@ def choice(name: str, value, choices: Iterable):
     """``value`` if it is one of ``choices``; else an :class:`ArgumentError` naming ``name`` and the choices."""
     choices = tuple(choices)
     if not any(value == option and type(value) is type(option) for option in choices):
-        raise ArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, got {_shown(value)}", name)
+        raise ArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, got {shown(value)}", name)
     return value
 
 
@@ -258,7 +260,7 @@ def floating_dtype(name: str, value) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ArgumentError(
             f"{name} must be a floating-point torch.dtype or its name (float32, float64, bfloat16, "
-            f"float16), got {_shown(value)}",
+            f"float16), got {shown(value)}",
             name,
         )
     return dtype

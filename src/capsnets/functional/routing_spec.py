@@ -21,7 +21,7 @@ from capsnets.functional.routing import DynamicRouting
 from capsnets.functional.self_attention_routing import SelfAttentionRouting
 from capsnets.functional.self_routing import SelfRouting
 from capsnets.functional.uniform_routing import UniformRouting
-from capsnets.validation import ArgumentError
+from capsnets.validation import ArgumentError, shown
 
 #: The routing classes by the ``type`` of their spec.
 ROUTING_TYPES: dict[str, type] = {
@@ -162,9 +162,7 @@ def as_routing(
 
 
 def _wrong_type(name: str, given, kind: str, types: Sequence[str]) -> ArgumentError:
-    shown = repr(given)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
     return ArgumentError(
-        f"{name}={shown}: its type is {kind!r}, and these capsule layers route with {' or '.join(map(repr, types))}",
+        f"{name}={shown(given)}: its type is {kind!r}, and these capsule layers route with {' or '.join(map(repr, types))}",
         name,
     )

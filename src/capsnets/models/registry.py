@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from torch import nn
 
 from capsnets.functional import routing_config, routing_from_config
-from capsnets.validation import Argument, ArgumentError, keyword_arguments, reject_unknown
+from capsnets.validation import Argument, ArgumentError, keyword_arguments, reject_unknown, shown
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _TASKS: dict[str, str] = {}
@@ -180,7 +180,7 @@ def create_model(name: str, **overrides) -> nn.Module:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         if not isinstance(err, MemoryError) and not any(word in reason.lower() for word in _SIZE_ERRORS):
             raise
-        given = ", ".join(f"{key}={_shown_arg(value)}" for key, value in overrides.items()) or "its defaults"
+        given = ", ".join(f"{key}={shown(value, 60)}" for key, value in overrides.items()) or "its defaults"
         raise ArgumentError(
             f"model {name!r} cannot be built with {given}: its tensors are too large ({reason}); use smaller sizes"
         ) from None
@@ -190,11 +190,6 @@ def create_model(name: str, **overrides) -> nn.Module:
 
 
 _SIZE_ERRORS = ("overflow", "allocate", "out of memory", "invalid argument 2: size")
-
-
-def _shown_arg(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _json_safe_args(overrides: dict, routing_spec: dict | None = None) -> dict:
