@@ -15,7 +15,7 @@ import capsnets
 from capsnets.cli import main
 from capsnets.engine.checkpoint import save_checkpoint
 from capsnets.models import load_model
-from capsnets.predict import collect_image_files, predict, prepare_image, read_images
+from capsnets.predict import collect_image_files, predict, read_images
 from capsnets.validation import ArgumentError
 
 
@@ -56,62 +56,6 @@ def digits_run(tmp_path_factory) -> Path:
             == 0
         )
     return out
-
-
-# prepare_image ---------------------------------------------------------------------------------------------------
-
-
-def test_an_image_of_the_models_size_and_channels_is_taken_as_it_is():
-    pixels = torch.randint(0, 256, (28, 28), dtype=torch.uint8)
-    pixels[0, :] = pixels[-1, :] = pixels[:, 0] = pixels[:, -1] = 0  # a dark border: not inverted
-    tensor, notes = prepare_image(Image.fromarray(pixels.numpy(), mode="L"), (1, 28, 28), "mnist")
-    assert notes == [] and tensor.dtype == torch.float32 and tensor.shape == (1, 28, 28)
-    torch.testing.assert_close(tensor[0], pixels.float() / 255.0, rtol=0, atol=0)
-
-
-def test_size_channels_and_background_are_adapted_and_said():
-    white = Image.new("RGB", (200, 150), "white")
-    tensor, notes = prepare_image(white, (1, 28, 28), "mnist")
-    assert tensor.shape == (1, 28, 28) and tensor.max() == 0  # white paper becomes the black of MNIST
-    assert notes == [
-        "converted colour (RGB) -> grayscale",
-        "resized 200x150 -> 28x28 (aspect ratio changed)",
-        "inverted (light background; the model was trained on light strokes on black)",
-    ]
-    same, notes = prepare_image(white, (1, 28, 28), "mnist", invert="no")
-    assert same.min() == 1 and not any("inverted" in note for note in notes)
-    dark = Image.new("L", (28, 28), 0)
-    assert prepare_image(dark, (1, 28, 28), "mnist", invert="yes")[0].min() == 1
-    assert prepare_image(white, (1, 28, 28), "smallnorb_like_unknown")[0].min() == 1  # only dark-background sets
-    grey_to_rgb, notes = prepare_image(Image.new("L", (32, 32), 128), (3, 32, 32), None)
-    assert grey_to_rgb.shape == (3, 32, 32) and notes == ["converted grayscale (L) -> RGB"]
-    assert prepare_image(Image.new("RGB", (56, 56), "black"), (1, 28, 28), "mnist")[1] == [
-        "converted colour (RGB) -> grayscale",
-        "resized 56x56 -> 28x28",
-    ]
-
-
-def test_transparency_is_flattened_onto_white():
-    clear = Image.new("RGBA", (28, 28), (0, 0, 0, 0))
-    tensor, notes = prepare_image(clear, (1, 28, 28), None)
-    assert tensor.min() == 1 and notes[0] == "transparency flattened onto white"
-
-
-def test_smallnorb_like_images_are_cropped_and_standardised_like_the_test_split():
-    gen = torch.Generator().manual_seed(0)
-    pixels = torch.randint(0, 256, (96, 96), generator=gen, dtype=torch.uint8)
-    tensor, notes = prepare_image(Image.fromarray(pixels.numpy(), mode="L"), (1, 32, 32), "smallnorb")
-    assert tensor.shape == (1, 32, 32) and notes == ["resized 96x96 -> 48x48"]
-    assert abs(float(tensor.mean())) < 1e-5 and abs(float(tensor.std(unbiased=False)) - 1) < 1e-4
-    with pytest.raises(ArgumentError, match="takes 48x48 images, not the 32x32 crops"):
-        prepare_image(Image.fromarray(pixels.numpy(), mode="L"), (1, 48, 48), "viewpoints")
-
-
-def test_what_cannot_be_adapted_is_refused():
-    with pytest.raises(ArgumentError, match="only 1 .grayscale. and 3 .RGB."):
-        prepare_image(Image.new("L", (8, 8)), (2, 8, 8), None)
-    with pytest.raises(ArgumentError, match="invert must be one of auto, yes, no"):
-        prepare_image(Image.new("L", (8, 8)), (1, 8, 8), None, invert="maybe")
 
 
 def test_files_and_folders_are_collected_and_bad_ones_named(tmp_path):

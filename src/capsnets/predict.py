@@ -22,22 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from torch import Tensor, nn
 
-from capsnets.data.image_folder import IMAGE_SUFFIXES, image_to_tensor
-from capsnets.data.norb_common import NORB_CROP, NORB_SIZE
-from capsnets.data.transforms import center_crop, standardize
+from capsnets.images import IMAGE_SUFFIXES, open_image, prepare_image
 from capsnets.io import atomic_write
 from capsnets.validation import ArgumentError
 
-__all__ = ["IMAGE_SUFFIXES", "Prediction", "collect_image_files", "predict", "prepare_image", "read_images", "segment"]
-
-#: Data sets of light strokes on a dark background: an image with a light background is inverted (``invert="auto"``).
-DARK_BACKGROUND = ("digits", "mnist", "fashion_mnist", "multimnist", "affnist")
-#: Data sets prepared by the smallNORB protocol (resized to 48x48, centre 32x32, standardised per image).
-NORB_LIKE = ("smallnorb", "viewpoints")
-INVERT_MODES = ("auto", "yes", "no")
+__all__ = ["Prediction", "collect_image_files", "predict", "read_images", "segment"]
 
 
 @dataclass
@@ -99,58 +91,6 @@ def collect_image_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
     return files
 
 
-def prepare_image(
-    image, input_size: Sequence[int], dataset: str | None = None, *, invert: str = "auto"
-) -> tuple[Tensor, list[str]]:
-    """One Pillow image as the ``(C, H, W)`` float32 tensor a model trained on ``dataset`` takes.
-
-    The image is read as the ``folder:PATH`` data sets read their files
-    (:func:`~capsnets.data.image_folder.image_to_tensor`: EXIF orientation, transparency on white, the model's
-    channels), resized to its ``H x W`` (smallNORB-like data sets: to 48x48, then the centre 32x32, as their
-    test split), scaled to ``[0, 1]`` (smallNORB-like: standardised per image), and, for a data set of light strokes on a dark background
-    (:data:`DARK_BACKGROUND`), inverted when its border is lighter than its middle (``invert="auto"``).
-
-    Args:
-        image: a ``PIL.Image.Image``.
-        input_size: the model's ``(C, H, W)``; ``C`` is 1 or 3.
-        dataset: the name of the data set the model was trained on (None: scale to ``[0, 1]`` only).
-        invert: ``"auto"``, ``"yes"`` (always) or ``"no"`` (never).
-
-    Returns:
-        The tensor and the list of what was adapted, in words (empty when the image fitted as it was).
-    """
-    if invert not in INVERT_MODES:
-        raise ArgumentError(f"invert must be one of {', '.join(INVERT_MODES)}, got {invert!r}")
-    channels, height, width = (int(v) for v in input_size)
-    if channels not in (1, 3):
-        raise ArgumentError(
-            f"the model takes {channels}-channel images; only 1 (grayscale) and 3 (RGB) can be made from image files"
-        )
-    norb = dataset in NORB_LIKE
-    if norb and (height, width) != (NORB_CROP, NORB_CROP):
-        raise ArgumentError(
-            f"the model takes {height}x{width} images, not the {NORB_CROP}x{NORB_CROP} crops of "
-            f"its data set {dataset!r}"
-        )
-    tensor, notes = image_to_tensor(image, channels, (NORB_SIZE, NORB_SIZE) if norb else (height, width))
-    if dataset in DARK_BACKGROUND and invert != "no":
-        border = torch.cat([tensor[:, 0], tensor[:, -1], tensor[:, :, 0], tensor[:, :, -1]], dim=1).mean()
-        if invert == "yes" or border > 0.5:
-            tensor = 1.0 - tensor
-            notes.append(
-                "inverted ("
-                + (
-                    "--invert yes"
-                    if invert == "yes"
-                    else "light background; the model was trained on light strokes on black"
-                )
-                + ")"
-            )
-    if norb:
-        tensor = standardize(center_crop(tensor.unsqueeze(0), NORB_CROP))[0]
-    return tensor.contiguous(), notes
-
-
 def read_images(
     paths: Sequence[str | os.PathLike], input_size: Sequence[int], dataset: str | None = None, *, invert: str = "auto"
 ) -> tuple[Tensor, list[list[str]]]:
@@ -164,17 +104,7 @@ def read_images(
     """
     tensors, notes = [], []
     for path in paths:
-        try:
-            with Image.open(path) as image:
-                image.load()
-                tensor, adapted = prepare_image(image, input_size, dataset, invert=invert)
-        except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as err:
-            if isinstance(err, FileNotFoundError):
-                raise
-            raise ValueError(
-                f"'{path}' is not an image that can be read ({str(err).splitlines()[0] or 'unknown'}); "
-                f"give PNG or JPEG files"
-            ) from None
+        tensor, adapted = prepare_image(open_image(path), input_size, dataset, invert=invert)
         tensors.append(tensor)
         notes.append(adapted)
     return torch.stack(tensors), notes

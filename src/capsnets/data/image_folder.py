@@ -26,19 +26,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 from torch import Tensor
+
+from capsnets.images import IMAGE_SUFFIXES, image_to_tensor, is_grey
 
 from .base import TensorData
 from .errors import DatasetError
 
 __all__ = [
     "FOLDER_PREFIX",
-    "IMAGE_SUFFIXES",
     "ImageFolderScan",
-    "image_to_tensor",
     "scan_image_folder",
     "load_image_folder",
     "read_image",
@@ -46,9 +45,6 @@ __all__ = [
 
 #: ``load_dataset`` names of the form ``folder:PATH`` read an image folder.
 FOLDER_PREFIX = "folder:"
-#: File name endings read as images (case-insensitive); other files are ignored.
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-_GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N"}
 
 
 @dataclass(frozen=True)
@@ -182,53 +178,6 @@ def read_image(path: str | os.PathLike, channels: int, size: tuple[int, int] | N
         raise _unreadable(Path(path), err) from err
 
 
-def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -> tuple[Tensor, list[str]]:
-    """A Pillow image as a float32 ``(channels, H, W)`` tensor in ``[0, 1]``, and what was changed, in words.
-
-    JPEG EXIF orientation is applied; transparent parts are laid on white (as on paper); colour is converted to
-    luminance (ITU-R 601-2, Pillow's ``L``) for ``channels=1`` and grey repeated for ``channels=3``; 16-bit and
-    float images keep their precision; the image is resized to ``size`` (bilinear, antialiased). The notes name
-    the changes a user would not expect: transparency, a change between colour and grey, the resizing. This is
-    how ``folder:PATH`` data sets read their files and how ``capsnets predict`` reads a user's image.
-
-    Args:
-        image: a ``PIL.Image.Image``.
-        channels: 1 or 3.
-        size: ``(H, W)``, or None to keep the image's size.
-    """
-    if channels not in (1, 3):
-        raise ValueError(f"channels={channels!r} is invalid: expected 1 or 3")
-    notes: list[str] = []
-    image = ImageOps.exif_transpose(image)
-    grey = _is_grey(image)
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        paper = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(paper, image.convert("RGBA"))
-        notes.append("transparency flattened onto white")
-    if channels == 1 and not grey:
-        notes.append(f"converted colour ({image.mode}) -> grayscale")
-    elif channels == 3 and grey:
-        notes.append(f"converted grayscale ({image.mode}) -> RGB")
-    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
-        pixels = np.asarray(image, dtype=np.float32) / (1.0 if image.mode == "F" else 65535.0)
-        image, scale = Image.fromarray(np.clip(pixels, 0, 1)), 1.0  # float32: mode "F"
-    else:
-        image, scale = image.convert("L" if channels == 1 else "RGB"), 255.0
-    if size is not None and image.size != (size[1], size[0]):
-        before = image.size
-        image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-        changed = abs(before[0] / before[1] - size[1] / size[0]) > 0.02 * size[1] / size[0]
-        notes.append(
-            f"resized {before[0]}x{before[1]} -> {size[1]}x{size[0]}" + (" (aspect ratio changed)" if changed else "")
-        )
-    pixels = np.asarray(image, dtype=np.float32) / scale
-    tensor = torch.from_numpy(np.ascontiguousarray(pixels))
-    tensor = tensor.unsqueeze(0) if tensor.dim() == 2 else tensor.permute(2, 0, 1)
-    if tensor.shape[0] != channels:
-        tensor = tensor.expand(channels, -1, -1)
-    return tensor.clamp(0, 1).contiguous(), notes
-
-
 # -- scanning ---------------------------------------------------------------------------------------------
 def _check_size(image_size) -> tuple[int, int] | None:
     if image_size is None:
@@ -316,20 +265,11 @@ def _inspect(items: list[tuple[Path, int]]) -> tuple[int, tuple[int, int]]:
     for file, _ in items:
         try:
             with Image.open(file) as image:
-                colour = colour or not _is_grey(image)
+                colour = colour or not is_grey(image)
                 first = first or (image.height, image.width)
         except (OSError, ValueError, SyntaxError) as err:
             raise _unreadable(file, err) from err
     return (3 if colour else 1), first
-
-
-def _is_grey(image) -> bool:
-    if image.mode in _GREY_MODES:
-        return True
-    if image.mode in ("P", "PA"):
-        palette = np.asarray(image.getpalette() or [0, 0, 1], dtype=np.int64).reshape(-1, 3)
-        return bool((palette == palette[:, :1]).all())
-    return False
 
 
 def _unreadable(file: Path, err: Exception) -> DatasetError:

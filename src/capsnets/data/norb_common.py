@@ -13,15 +13,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from capsnets.images import NORB_CROP, NORB_SIZE
+
 from .base import TensorData
 from .transforms import NorbAugment, center_crop, resize, standardize
 
 __all__ = ["RawNorbLike", "NORB_INFO_KEYS", "norb_protocol", "NORB_SIZE", "NORB_CROP"]
 
-#: Side of the downscaled images that are stored (and randomly cropped in training).
-NORB_SIZE = 48
-#: Side of the crops the models see (random in training, central at test).
-NORB_CROP = 32
 _CHUNK = 2048
 
 #: Per-example metadata every smallNORB-like data set carries (int64, one value per image).

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from capsnets.functional.crop import center_crop, random_crop
+from capsnets.images import standardize
 
 __all__ = [
     "AUGMENTATIONS",
@@ -60,21 +61,6 @@ def resize(images: Tensor, size: int | tuple[int, int]) -> Tensor:
     if tuple(images.shape[-2:]) == size:
         return images
     return F.interpolate(images, size=size, mode="area")
-
-
-def standardize(images: Tensor) -> Tensor:
-    """Per-image zero mean and unit variance: ``(x - mean) / max(std, 1 / sqrt(C*H*W))``.
-
-    The floor on the standard deviation (as TensorFlow's ``per_image_standardization``) keeps a
-    constant image finite (it becomes all zeros).
-
-    Shape:
-        - images, output: ``(B, C, H, W)``
-    """
-    _check_batch(images)
-    mean = images.mean(dim=(1, 2, 3), keepdim=True)
-    std = images.std(dim=(1, 2, 3), keepdim=True, unbiased=False)
-    return (images - mean) / std.clamp_min(images[0].numel() ** -0.5)
 
 
 def brightness_contrast(

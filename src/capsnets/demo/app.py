@@ -34,7 +34,7 @@ from starlette.concurrency import run_in_threadpool
 
 from capsnets.demo.capsules import Analysis, DemoModel
 from capsnets.demo.images import data_url, decode_base64, display, heat_png, map_png, read_image, tensor_png
-from capsnets.predict import NORB_LIKE
+from capsnets.images import NORB_LIKE
 from capsnets.validation import ArgumentError
 
 __all__ = ["MAX_BODY_BYTES", "create_app", "listen", "run_server", "serve"]

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
-from capsnets.predict import DARK_BACKGROUND, NORB_LIKE, prepare_image
+from capsnets.images import DARK_BACKGROUND, NORB_LIKE, prepare_image
 from capsnets.validation import ArgumentError
 
 __all__ = [
@@ -87,7 +87,7 @@ def read_image(
 ) -> tuple[Tensor, list[str]]:
     """Image file bytes as the ``(C, H, W)`` input of a model trained on ``dataset``, and what was adapted.
 
-    Prepared as ``capsnets predict`` prepares files (:func:`capsnets.predict.prepare_image`); with ``frame``, a
+    Prepared as ``capsnets predict`` prepares files (:func:`capsnets.images.prepare_image`); with ``frame``, a
     drawing's strokes are first framed as the data set's digits are (:func:`frame_drawing`; data sets of light
     strokes on black only, else ignored with a note).
     """

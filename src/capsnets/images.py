@@ -1,0 +1,281 @@
+"""Images as a model's input: files, Pillow images, arrays and tensors prepared as its training data was.
+
+:func:`image_to_tensor` reads a Pillow image as ``folder:PATH`` data sets read their files; :func:`prepare_image`
+adapts it to a model trained on a given data set (size, channels, background, the smallNORB protocol);
+:class:`ImageTransform` does both for any input (a path, a Pillow image, an array or a tensor), as the
+``transforms()`` of a pretrained weight (torchvision's ``weights.transforms()``) and as ``capsnets.predict`` does.
+
+Examples::
+
+    >>> transform = ImageTransform((1, 28, 28), "mnist")
+    >>> transform(torch.rand(28, 28)).shape
+    torch.Size([1, 28, 28])
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+from torch import Tensor
+
+from capsnets.functional.crop import center_crop
+from capsnets.validation import ArgumentError, choice
+
+__all__ = [
+    "DARK_BACKGROUND",
+    "IMAGE_SUFFIXES",
+    "NORB_CROP",
+    "NORB_LIKE",
+    "NORB_SIZE",
+    "ImageTransform",
+    "image_to_tensor",
+    "open_image",
+    "prepare_image",
+    "standardize",
+]
+
+#: File name endings read as images (case-insensitive); other files are ignored.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+#: Data sets of light strokes on a dark background: an image with a light background is inverted (``invert="auto"``).
+DARK_BACKGROUND = ("digits", "mnist", "fashion_mnist", "multimnist", "affnist")
+#: Data sets prepared by the smallNORB protocol (resized to 48x48, centre 32x32, standardised per image).
+NORB_LIKE = ("smallnorb", "viewpoints")
+#: The smallNORB protocol's resized side (Hinton et al. 2018, Sec. 5: images downsampled to 48x48).
+NORB_SIZE = 48
+#: The side of its crops (random 32x32 patches for training, the centre 32x32 for testing).
+NORB_CROP = 32
+INVERT_MODES = ("auto", "yes", "no")
+_GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N"}
+
+
+def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -> tuple[Tensor, list[str]]:
+    """A Pillow image as a float32 ``(channels, H, W)`` tensor in ``[0, 1]``, and what was changed, in words.
+
+    JPEG EXIF orientation is applied; transparent parts are laid on white (as on paper); colour is converted to
+    luminance (ITU-R 601-2, Pillow's ``L``) for ``channels=1`` and grey repeated for ``channels=3``; 16-bit and
+    float images keep their precision; the image is resized to ``size`` (bilinear, antialiased). The notes name
+    the changes a user would not expect: transparency, a change between colour and grey, the resizing. This is
+    how ``folder:PATH`` data sets read their files and how ``capsnets predict`` reads a user's image.
+
+    Args:
+        image: a ``PIL.Image.Image``.
+        channels: 1 or 3.
+        size: ``(H, W)``, or None to keep the image's size.
+    """
+    if channels not in (1, 3):
+        raise ValueError(f"channels={channels!r} is invalid: expected 1 or 3")
+    notes: list[str] = []
+    image = ImageOps.exif_transpose(image)
+    grey = is_grey(image)
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        paper = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(paper, image.convert("RGBA"))
+        notes.append("transparency flattened onto white")
+    if channels == 1 and not grey:
+        notes.append(f"converted colour ({image.mode}) -> grayscale")
+    elif channels == 3 and grey:
+        notes.append(f"converted grayscale ({image.mode}) -> RGB")
+    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+        pixels = np.asarray(image, dtype=np.float32) / (1.0 if image.mode == "F" else 65535.0)
+        image, scale = Image.fromarray(np.clip(pixels, 0, 1)), 1.0  # float32: mode "F"
+    else:
+        image, scale = image.convert("L" if channels == 1 else "RGB"), 255.0
+    if size is not None and image.size != (size[1], size[0]):
+        before = image.size
+        image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        changed = abs(before[0] / before[1] - size[1] / size[0]) > 0.02 * size[1] / size[0]
+        notes.append(
+            f"resized {before[0]}x{before[1]} -> {size[1]}x{size[0]}" + (" (aspect ratio changed)" if changed else "")
+        )
+    pixels = np.asarray(image, dtype=np.float32) / scale
+    tensor = torch.from_numpy(np.ascontiguousarray(pixels))
+    tensor = tensor.unsqueeze(0) if tensor.dim() == 2 else tensor.permute(2, 0, 1)
+    if tensor.shape[0] != channels:
+        tensor = tensor.expand(channels, -1, -1)
+    return tensor.clamp(0, 1).contiguous(), notes
+
+
+def prepare_image(
+    image, input_size: Sequence[int], dataset: str | None = None, *, invert: str = "auto"
+) -> tuple[Tensor, list[str]]:
+    """One Pillow image as the ``(C, H, W)`` float32 tensor a model trained on ``dataset`` takes.
+
+    The image is read as the ``folder:PATH`` data sets read their files
+    (:func:`image_to_tensor`: EXIF orientation, transparency on white, the model's
+    channels), resized to its ``H x W`` (smallNORB-like data sets: to 48x48, then the centre 32x32, as their
+    test split), scaled to ``[0, 1]`` (smallNORB-like: standardised per image), and, for a data set of light strokes on a dark background
+    (:data:`DARK_BACKGROUND`), inverted when its border is lighter than its middle (``invert="auto"``).
+
+    Args:
+        image: a ``PIL.Image.Image``.
+        input_size: the model's ``(C, H, W)``; ``C`` is 1 or 3.
+        dataset: the name of the data set the model was trained on (None: scale to ``[0, 1]`` only).
+        invert: ``"auto"``, ``"yes"`` (always) or ``"no"`` (never).
+
+    Returns:
+        The tensor and the list of what was adapted, in words (empty when the image fitted as it was).
+    """
+    if invert not in INVERT_MODES:
+        raise ArgumentError(f"invert must be one of {', '.join(INVERT_MODES)}, got {invert!r}")
+    channels, height, width = (int(v) for v in input_size)
+    if channels not in (1, 3):
+        raise ArgumentError(
+            f"the model takes {channels}-channel images; only 1 (grayscale) and 3 (RGB) can be made from image files"
+        )
+    norb = dataset in NORB_LIKE
+    if norb and (height, width) != (NORB_CROP, NORB_CROP):
+        raise ArgumentError(
+            f"the model takes {height}x{width} images, not the {NORB_CROP}x{NORB_CROP} crops of "
+            f"its data set {dataset!r}"
+        )
+    tensor, notes = image_to_tensor(image, channels, (NORB_SIZE, NORB_SIZE) if norb else (height, width))
+    if dataset in DARK_BACKGROUND and invert != "no":
+        border = torch.cat([tensor[:, 0], tensor[:, -1], tensor[:, :, 0], tensor[:, :, -1]], dim=1).mean()
+        if invert == "yes" or border > 0.5:
+            tensor = 1.0 - tensor
+            notes.append(
+                "inverted ("
+                + (
+                    "--invert yes"
+                    if invert == "yes"
+                    else "light background; the model was trained on light strokes on black"
+                )
+                + ")"
+            )
+    if norb:
+        tensor = standardize(center_crop(tensor.unsqueeze(0), NORB_CROP))[0]
+    return tensor.contiguous(), notes
+
+
+def standardize(images: Tensor) -> Tensor:
+    """Per-image zero mean and unit variance: ``(x - mean) / max(std, 1 / sqrt(C*H*W))``.
+
+    The floor on the standard deviation (as TensorFlow's ``per_image_standardization``) keeps a
+    constant image finite (it becomes all zeros).
+
+    Shape:
+        - images, output: ``(B, C, H, W)``
+    """
+    if images.dim() != 4:
+        raise ValueError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
+    mean = images.mean(dim=(1, 2, 3), keepdim=True)
+    std = images.std(dim=(1, 2, 3), keepdim=True, unbiased=False)
+    return (images - mean) / std.clamp_min(images[0].numel() ** -0.5)
+
+
+def is_grey(image) -> bool:
+    """Whether a Pillow image is grayscale by its mode (a palette of greys counts; RGB pixels that are grey do not)."""
+    if image.mode in _GREY_MODES:
+        return True
+    if image.mode in ("P", "PA"):
+        palette = np.asarray(image.getpalette() or [0, 0, 1], dtype=np.int64).reshape(-1, 3)
+        return bool((palette == palette[:, :1]).all())
+    return False
+
+
+def open_image(path: str | os.PathLike) -> Image.Image:
+    """The image file ``path``, decoded (Pillow), with a clear error for a file that is not a readable image.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the file is not an image Pillow can read, or is larger than Pillow's decompression-bomb
+            limit (``Image.MAX_IMAGE_PIXELS``); the message names the file.
+    """
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image
+    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise ValueError(
+            f"'{path}' is not an image that can be read ({str(err).splitlines()[0] or 'unknown'}); give PNG or JPEG files"
+        ) from None
+
+
+class ImageTransform:
+    """Any image as the ``(C, H, W)`` float32 input of a model trained on ``dataset`` (a weight's ``transforms()``).
+
+    Accepts a file path, a ``PIL.Image.Image``, a NumPy array or a tensor, and prepares it as
+    :func:`prepare_image` does. Arrays and tensors are ``(H, W)``, ``(H, W, C)`` (arrays) or ``(C, H, W)``
+    (tensors) with ``C`` in 1, 3, 4, either ``uint8`` in ``[0, 255]`` or floating point in ``[0, 1]``; they
+    are converted to a Pillow image first (floating point values at full precision for one channel).
+
+    Args:
+        input_size: the model's ``(C, H, W)``; ``C`` is 1 or 3.
+        dataset: the data set the model was trained on (see :func:`prepare_image`); None: resize and scale only.
+        invert: ``"auto"``, ``"yes"`` or ``"no"``, as :func:`prepare_image`.
+
+    Shape:
+        - output: ``(C, H, W)`` of ``input_size``.
+
+    Examples::
+
+        >>> transform = ImageTransform((1, 28, 28), "mnist")
+        >>> transform(np.zeros((64, 64), dtype=np.uint8)).shape
+        torch.Size([1, 28, 28])
+    """
+
+    def __init__(self, input_size: Sequence[int], dataset: str | None = None, *, invert: str = "auto") -> None:
+        size = tuple(int(v) for v in input_size)
+        if len(size) != 3 or size[0] not in (1, 3) or min(size) < 1:
+            raise ArgumentError(f"input_size must be (C, H, W) with C 1 or 3, got {tuple(input_size)!r}", "input_size")
+        self.input_size = size
+        self.dataset = dataset
+        self.invert = choice("invert", invert, INVERT_MODES)
+
+    def __call__(self, image) -> Tensor:
+        return self.prepare(image)[0]
+
+    def prepare(self, image) -> tuple[Tensor, list[str]]:
+        """The prepared tensor and what was adapted, in words (:func:`prepare_image`)."""
+        if isinstance(image, (str, os.PathLike)):
+            image = open_image(image)
+        elif isinstance(image, (np.ndarray, Tensor)):
+            image = _array_to_pil(image)
+        elif not isinstance(image, Image.Image):
+            raise ArgumentError(
+                f"cannot read an image from {type(image).__name__}: give a file path, a PIL image, "
+                "a NumPy array or a tensor",
+                "image",
+            )
+        return prepare_image(image, self.input_size, self.dataset, invert=self.invert)
+
+    def __repr__(self) -> str:
+        return f"ImageTransform(input_size={self.input_size}, dataset={self.dataset!r}, invert={self.invert!r})"
+
+
+def _array_to_pil(array) -> Image.Image:
+    """An ``(H, W)``, ``(H, W, C)`` array or ``(H, W)``, ``(C, H, W)`` tensor as a Pillow image."""
+    if isinstance(array, Tensor):
+        tensor = array.detach().cpu()
+        if tensor.dim() == 3:
+            tensor = tensor.permute(1, 2, 0)
+        array = tensor.numpy()
+    array = np.asarray(array)
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)) or 0 in array.shape:
+        raise ArgumentError(
+            f"an image array must be (H, W) or (H, W, C) (a tensor (H, W) or (C, H, W)) with C in 1, 3, 4; "
+            f"got shape {tuple(array.shape)}",
+            "image",
+        )
+    if array.dtype == np.uint8:
+        return Image.fromarray(array)
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.number):
+        raise ArgumentError(f"an image array must be uint8 or floating point, got {array.dtype}", "image")
+    pixels = array.astype(np.float32)
+    if not np.isfinite(pixels).all() or pixels.min() < 0 or pixels.max() > 1:
+        raise ArgumentError(
+            "a floating-point image must hold values in [0, 1] (uint8 images: 0-255); "
+            f"found {np.nanmin(pixels):.3g}..{np.nanmax(pixels):.3g}",
+            "image",
+        )
+    if pixels.ndim == 2:
+        return Image.fromarray(pixels)  # mode "F"
+    return Image.fromarray(np.round(pixels * 255).astype(np.uint8))
