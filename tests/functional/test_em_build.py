@@ -49,13 +49,16 @@ def test_the_build_root_follows_torch_extensions_dir_then_xdg_cache_home(tmp_pat
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """A process that has not loaded the kernel, its builds under tmp_path; building and importing recorded."""
-    monkeypatch.setattr(em_kernel, "_state", {"tried": False, "module": None, "error": None, "warned": False})
+    monkeypatch.setattr(
+        em_kernel, "_state", {"tried": False, "module": None, "error": None, "warned": False, "building": False}
+    )
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setenv(em_kernel.ENV_VAR, "auto")
     calls = []
 
     def fake_build(directory: Path, verbose: bool):
         calls.append(("build", directory))
+        assert em_kernel.build_needed()  # while it compiles, a use waits for it
         directory.mkdir(parents=True, exist_ok=True)
         build.library_path(directory).write_bytes(b"built")
         return "module"
@@ -74,7 +77,9 @@ def test_the_first_build_says_so_in_one_line_and_a_cached_one_is_loaded_silently
     assert fresh == [("build", directory)]
     assert not em_kernel.build_needed()  # loaded in this process
 
-    monkeypatch.setattr(em_kernel, "_state", {"tried": False, "module": None, "error": None, "warned": False})
+    monkeypatch.setattr(
+        em_kernel, "_state", {"tried": False, "module": None, "error": None, "warned": False, "building": False}
+    )
     assert not em_kernel.build_needed()  # a new process: the library is there
     assert em_kernel.load() == "module"
     assert capfd.readouterr().err == ""

@@ -59,7 +59,7 @@ ENV_VAR = "CAPSNETS_EM_KERNEL"
 MODES = ("auto", "cpp", "torch")
 _SOURCE = build.SOURCE
 _lock = threading.Lock()
-_state: dict = {"tried": False, "module": None, "error": None, "warned": False}
+_state: dict = {"tried": False, "module": None, "error": None, "warned": False, "building": False}
 
 
 def kernel_mode() -> str:
@@ -84,20 +84,25 @@ def load(verbose: bool = False):
                     _state["module"] = _import(library)
                 else:
                     print(build.compile_notice(directory), file=sys.stderr, flush=True)
+                    _state["building"] = True
                     _state["module"] = _build(directory, verbose)
             except Exception as exc:  # no compiler, no ninja, a failed build: the PyTorch path remains
                 last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
                 _state["error"] = f"{type(exc).__name__}: {last}"
+            finally:
+                _state["building"] = False
     return _state["module"]
 
 
 def build_needed() -> bool:
-    """Whether the next use of the kernel in this process compiles it: it is not loaded yet, and its build
-    directory (:func:`~capsnets.functional.em.build.build_directory`) holds no library. False with
-    ``CAPSNETS_EM_KERNEL=torch``. Compiles nothing."""
-    if _state["tried"] or kernel_mode() == "torch":
+    """Whether the next use of the kernel in this process waits for it to compile: it is being compiled now,
+    or it is not loaded yet and its build directory (:func:`~capsnets.functional.em.build.build_directory`)
+    holds no library. False with ``CAPSNETS_EM_KERNEL=torch``. Compiles nothing."""
+    if kernel_mode() == "torch":
         return False
-    return not build.library_path(build.build_directory()).is_file()
+    if _state.get("building"):
+        return True
+    return not _state["tried"] and not build.library_path(build.build_directory()).is_file()
 
 
 def _build(directory: Path, verbose: bool):
