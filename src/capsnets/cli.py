@@ -874,8 +874,9 @@ def _demo(args: argparse.Namespace) -> int:
             args.checkpoint, out=args.out or DEMO_RUN_DIR, pretrained=pretrained, data_dir=args.data_dir
         )
         print(f"model: {demo.name} ({demo.kind} capsules) on {demo.dataset or 'an unknown data set'}, {demo.source}")
-        if demo.kernel_note() is not None:
-            print(f"capsnets demo: {demo.kernel_note()}")
+        kernel_note = demo.kernel_note()  # the first prediction compiles the EM kernel: say so now
+        if kernel_note is not None:
+            print(f"capsnets demo: {kernel_note}")
         try:
             local = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
         except ValueError:  # a host name
