@@ -1,5 +1,6 @@
 """The source distribution: it carries the package data (the EM kernel's C++ source, the shipped weights and their
-cards, the demo's page), and an installation from it builds and runs the fused EM kernel on this machine."""
+cards, the demo's page), and an installation from it builds and runs the fused EM kernel on this machine, saying so
+once, and a later process loads that build."""
 
 import json
 import os
@@ -106,3 +107,12 @@ print(json.dumps({"package": capsnets.__file__, "kernel": module.__file__, "sour
     assert Path(report["source"]).is_relative_to(target) and Path(report["kernel"]).is_relative_to(tmp_path)
     assert report["difference"] < 1e-4
     assert report["weights"] == sorted(p.stem for p in (PACKAGE / "weights").glob("*.safetensors"))
+    # the first build said so in one line; a second process loads that build, silently and without compiling
+    notices = [line for line in done.stderr.splitlines() if "compiling the fused EM routing kernel once" in line]
+    assert len(notices) == 1 and str(Path(report["kernel"]).parent) in notices[0], done.stderr[-2000:]
+    again = "from capsnets.functional.em import kernel as k; print(k.build_needed(), k.load().__file__)"
+    done = subprocess.run(
+        [sys.executable, "-c", again], cwd=tmp_path, env=env, check=False, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "compiling" not in done.stderr, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", report["kernel"]]

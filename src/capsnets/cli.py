@@ -458,9 +458,15 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
         "--out",
         metavar="DIR",
         help=f"run directory of a demo model trained on the first start ({DEMO_TRAINING['model']} "
-        f"on {DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} epochs, about 20 s on a CPU) "
+        f"on {DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} epochs on one CPU thread, under a minute) "
         f"and loaded on later starts, instead of the pretrained weight, e.g. {DEMO_RUN_DIR} "
         f"(default: none)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="folder holding the data set of the test images offered on the page (default: the folder the "
+        "training recorded, else $CAPSNETS_DATA or the library's default)",
     )
     parser.add_argument(
         "--host",
@@ -864,8 +870,13 @@ def _demo(args: argparse.Namespace) -> int:
 
     with server.listen(args.host, args.port) as sock:  # a busy port is refused before the model is trained
         pretrained = args.pretrained or (DEMO_PRETRAINED if args.checkpoint is None and args.out is None else None)
-        demo = load_demo_model(args.checkpoint, out=args.out or DEMO_RUN_DIR, pretrained=pretrained)
+        demo = load_demo_model(
+            args.checkpoint, out=args.out or DEMO_RUN_DIR, pretrained=pretrained, data_dir=args.data_dir
+        )
         print(f"model: {demo.name} ({demo.kind} capsules) on {demo.dataset or 'an unknown data set'}, {demo.source}")
+        kernel_note = demo.kernel_note()  # the first prediction compiles the EM kernel: say so now
+        if kernel_note is not None:
+            print(f"capsnets demo: {kernel_note}")
         try:
             local = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
         except ValueError:  # a host name

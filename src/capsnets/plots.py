@@ -349,16 +349,19 @@ def plot_confusion_matrix(
 
 
 @torch.no_grad()
-def perturbation_grid(model: nn.Module, image: Tensor, steps: Tensor = PERTURBATIONS) -> tuple[Tensor, int]:
-    """Decode the active class capsule of ``image`` with each dimension moved by each step (Sabour et al. 2017,
-    Sec. 5.1). ``model`` is a capsule classifier with ``encode`` (images to class capsules) and a ``decoder``
-    that takes capsules and the class to reconstruct, as :class:`~capsnets.models.capsnet.CapsNet`.
+def perturbation_grid(
+    model: nn.Module, image: Tensor, steps: Tensor = PERTURBATIONS, *, capsule: int | None = None
+) -> tuple[Tensor, int]:
+    """Decode the active class capsule of ``image`` (or class capsule ``capsule``) with each dimension moved by
+    each step (Sabour et al. 2017, Sec. 5.1). ``model`` is a capsule classifier with ``encode`` (images to class
+    capsules) and a ``decoder`` that takes capsules and the class to reconstruct, as
+    :class:`~capsnets.models.capsnet.CapsNet`.
 
     Shape:
-        image ``(C, H, W)`` -> grid ``(D, len(steps), C, H, W)`` and the winning class.
+        image ``(C, H, W)`` -> grid ``(D, len(steps), C, H, W)`` and the class decoded (the winner by default).
     """
     capsules = model.encode(image[None])[0]  # (K, D)
-    winner = int(capsule_length(capsules).argmax())
+    winner = int(capsule_length(capsules).argmax()) if capsule is None else int(capsule)
     dims, count = capsules.shape[1], len(steps)
     moved = capsules.expand(dims, count, *capsules.shape).clone()  # (D, S, K, D)
     rows = torch.arange(dims, device=image.device)

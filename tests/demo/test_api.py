@@ -56,6 +56,7 @@ def test_page_and_info(web, untrained_capsnet):
     assert info["kind"] == "vector" and info["decoder"] and info["capsule_dim"] == 16
     assert info["classes"] == [str(k) for k in range(10)] and info["input_size"] == [1, 8, 8]
     assert info["source"] == "untrained" and info["max_body_bytes"] > 0
+    assert info["kernel_note"] is None  # vector capsules: no EM kernel to compile
 
 
 def test_predict_answers_what_the_model_computes(web, untrained_capsnet, image):
@@ -140,11 +141,43 @@ def test_reconstruct_decodes_a_capsule_vector(web, untrained_capsnet, image):
 
 
 def test_perturbations_draw_the_winning_capsules_grid(web, untrained_capsnet, image):
+    from capsnets.plots import PERTURBATIONS, perturbation_grid
+
     api = client(untrained_capsnet)
     winner = api.post("/api/predict", json={"pixels": image[0].tolist()}).json()["prediction"]
     answer = api.post("/api/perturbations", json={"pixels": image[0].tolist()}).json()
-    assert answer["class"] == winner and answer["grid"].startswith("data:image/png;base64,")
-    assert len(answer["grid"]) > 5000  # a figure, not an empty image
+    assert answer["class"] == winner and answer["label"] == str(winner)
+    assert answer["steps"] == pytest.approx(PERTURBATIONS.tolist()) and answer["dimensions"] == 16
+    mosaic = decoded(answer["grid"])  # rows: the 16 dimensions, columns: the 11 steps, 8x8 images in a 1 px border
+    assert mosaic.shape == (16 * 10, 11 * 10)
+    grid, _ = perturbation_grid(untrained_capsnet.model, image)
+    cells = mosaic.view(16, 10, 11, 10)[:, 1:-1, :, 1:-1].permute(0, 2, 1, 3)  # (D, S, 8, 8)
+    torch.testing.assert_close(cells, grid[:, :, 0], atol=1 / 255, rtol=0)
+
+
+def test_perturbations_follow_the_capsule_asked_for(web, untrained_capsnet, image):
+    api = client(untrained_capsnet)
+    winner = api.post("/api/perturbations", json={"pixels": image[0].tolist()}).json()
+    other = (winner["class"] + 3) % 10
+    answer = api.post("/api/perturbations", json={"pixels": image[0].tolist(), "capsule": other}).json()
+    assert answer["class"] == other and answer["label"] == str(other) and answer["grid"] != winner["grid"]
+    wrong = api.post("/api/perturbations", json={"pixels": image[0].tolist(), "capsule": 10})
+    assert wrong.status_code == 422 and "class must be an integer in [0, 9]" in wrong.json()["detail"]
+
+
+def test_info_says_when_the_first_prediction_compiles_the_em_kernel(web, untrained_matrix, monkeypatch, tmp_path):
+    from capsnets.functional.em import kernel as em_kernel
+
+    monkeypatch.setattr(em_kernel, "_state", {"tried": False, "module": None, "error": None, "warned": False})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # no build there
+    monkeypatch.setenv(em_kernel.ENV_VAR, "auto")
+    note = client(untrained_matrix).get("/api/info").json()["kernel_note"]
+    assert "compiling the fused EM routing kernel once" in note and "1-5 min" in note
+    monkeypatch.setenv(em_kernel.ENV_VAR, "torch")  # the PyTorch path compiles nothing
+    assert client(untrained_matrix).get("/api/info").json()["kernel_note"] is None
+    monkeypatch.setenv(em_kernel.ENV_VAR, "auto")
+    monkeypatch.setitem(em_kernel._state, "tried", True)  # loaded (or tried) in this process
+    assert client(untrained_matrix).get("/api/info").json()["kernel_note"] is None
 
 
 def _large_png() -> bytes:
@@ -300,3 +333,21 @@ def test_an_interrupted_demo_training_is_continued(tmp_path, monkeypatch):
     assert demo.source.startswith("trained now")
     assert json.loads((run / "summary.json").read_text())["epochs"] == 2
     assert "earlier start" in source.load_demo_model(out=run).source
+
+
+def test_the_demo_model_trains_on_one_thread_unless_omp_num_threads_says_otherwise(tmp_path, monkeypatch):
+    from capsnets.demo import source
+
+    seen = []
+    monkeypatch.setattr(source, "train", lambda config, resume: seen.append(torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        source._train(tmp_path / "run")
+        assert seen == [1] and torch.get_num_threads() == 2  # restored afterwards
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        source._train(tmp_path / "run")
+        assert seen == [1, 2]
+    finally:
+        torch.set_num_threads(threads)

@@ -1,5 +1,7 @@
-"""The demo page in a real headless Chromium (Debian's chromium + chromium-driver, driven by Selenium): digits drawn
-as mouse strokes are classified right, a slider redraws the reconstruction, the perturbation grid is drawn.
+"""The demo page in a real headless Chromium (Debian's chromium + chromium-driver, driven by Selenium): no empty
+panels before the first input, digits drawn as mouse strokes are classified right, a slider redraws the
+reconstruction, the perturbation grid is drawn with legible labels and follows the capsule shown; a matrix capsule
+model's page titles its pose as a pose and says when the first prediction compiles the EM kernel.
 
 Skipped where Chromium, chromedriver or Selenium are missing, except in CI (``CI`` set), where that fails the test.
 The screenshot goes to pytest's temporary folder, or, with ``CAPSNETS_DEMO_SCREENSHOTS=DIR`` (e.g.
@@ -21,15 +23,14 @@ import pytest
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
-def server(trained):
-    """The demo of the trained model served by uvicorn in a thread, on a free port of localhost; its address."""
+def _serve(demo):
+    """Serve ``demo`` with uvicorn in a thread, on a free port of localhost; yields its address."""
     import uvicorn
 
     from capsnets.demo.app import create_app, listen, url
 
     sock = listen("127.0.0.1", 0)
-    uvicorn_server = uvicorn.Server(uvicorn.Config(create_app(trained), log_level="warning"))
+    uvicorn_server = uvicorn.Server(uvicorn.Config(create_app(demo), log_level="warning"))
     thread = threading.Thread(target=uvicorn_server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -40,6 +41,32 @@ def server(trained):
     uvicorn_server.should_exit = True
     thread.join(10)
     sock.close()
+
+
+@pytest.fixture(scope="module")
+def server(trained):
+    """The demo of the trained model, served on a free port of localhost; its address."""
+    yield from _serve(trained)
+
+
+@pytest.fixture
+def matrix_server(monkeypatch):
+    """An untrained matrix capsule model served as if its first prediction compiled the EM kernel: the kernel
+    reports a build as needed, and each prediction takes a second (the PyTorch path runs; nothing is compiled)."""
+    import torch
+
+    from capsnets.demo import DemoModel
+    from capsnets.functional.em import kernel as em_kernel
+    from capsnets.models import create_model
+
+    monkeypatch.setenv(em_kernel.ENV_VAR, "torch")
+    monkeypatch.setattr(em_kernel, "build_needed", lambda: True)
+    torch.manual_seed(0)
+    model = create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28), routing={"iterations": 1})
+    demo = DemoModel(model, source="untrained", name="matrix_capsnet_small")
+    analyse = demo.analyse
+    monkeypatch.setattr(demo, "analyse", lambda *args: time.sleep(1.0) or analyse(*args))
+    yield from _serve(demo)
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +133,7 @@ def test_drawn_digits_are_classified_and_the_sliders_redraw_the_reconstruction(b
     by_id = lambda name: browser.find_element("id", name)  # noqa: E731
     WebDriverWait(browser, 15).until(lambda d: len(d.find_elements("css selector", "#samples img")) == 20)
     assert "trained" in by_id("model").text or "loaded" in by_id("model").text
+    _nothing_empty_before_the_first_input(browser)
     canvas = by_id("canvas")
     for digit, points in (("1", ONE), ("0", ZERO)):
         by_id("clear").click()
@@ -128,13 +156,73 @@ def test_drawn_digits_are_classified_and_the_sliders_redraw_the_reconstruction(b
     settled(browser)
     assert by_id("status").text == "", by_id("status").text
     assert len(browser.find_elements("css selector", "#maps img")) == 10
+    assert by_id("grid-class").text == "0"
+    _grid_labels_are_legible_and_aligned(browser)
     _screenshot(browser, tmp_path / "demo.png")
 
-    seen = by_id("input").get_attribute("src")
+    seen, grid = by_id("input").get_attribute("src"), by_id("grid").get_attribute("src")
     browser.find_elements("css selector", "#samples img")[6].click()  # a test image of a 3
     settled(browser)
-    assert by_id("input").get_attribute("src") != seen and by_id("prediction").text in "0123456789"
+    assert by_id("input").get_attribute("src") != seen and by_id("prediction").text == "3"
+    assert by_id("grid-class").text == "3", "the perturbation grid follows the capsule shown"
+    assert by_id("grid").get_attribute("src") != grid
     _screenshot(browser, tmp_path / "demo_test_image.png", height=520)
+    browser.find_elements("css selector", "#bars .bar-row")[5].click()  # the capsule of class 5
+    settled(browser)
+    assert by_id("shown").text == "5" and by_id("grid-class").text == "5"
+
+
+def _nothing_empty_before_the_first_input(driver) -> None:
+    """No image without a picture (a broken-image placeholder) and no caption with a blank in it is visible; the
+    page says what to do instead."""
+    broken = driver.execute_script(
+        "return [...document.images].filter((i) => i.getClientRects().length > 0 && !(i.complete && i.naturalWidth > 0))"
+        ".map((i) => i.id || i.alt)"
+    )
+    assert broken == [], f"images shown without a picture: {broken}"
+    text = driver.find_element("tag name", "body").text
+    assert "to class , over" not in text and "Reconstruction from capsule" not in text
+    assert "Draw a digit, or pick one of the test images" in text
+
+
+def _grid_labels_are_legible_and_aligned(driver) -> None:
+    """11 column labels (the steps) and 16 row labels (the dimensions) of at least 10 CSS pixels, spanning the
+    grid's picture exactly, so that each labels its own column or row."""
+    sizes = driver.execute_script(
+        "const box = (e) => e.getBoundingClientRect();"
+        "const px = (e) => parseFloat(getComputedStyle(e).fontSize);"
+        "const grid = box(document.getElementById('grid'));"
+        "const steps = [...document.querySelectorAll('#grid-steps span')];"
+        "const dims = [...document.querySelectorAll('#grid-dims span')];"
+        "return {steps: steps.map((e) => e.textContent), dims: dims.length, fonts: [...steps, ...dims].map(px),"
+        " width: [grid.width, box(document.getElementById('grid-steps')).width],"
+        " height: [grid.height, box(document.getElementById('grid-dims')).height],"
+        " label: Math.min(...dims.map((e) => box(e).height))};"
+    )
+    assert sizes["steps"][0] == "\u22120.25" and sizes["steps"][-1] == "+0.25" and len(sizes["steps"]) == 11
+    assert sizes["dims"] == 16 and min(sizes["fonts"]) >= 10, sizes
+    assert abs(sizes["width"][0] - sizes["width"][1]) < 1.5 and abs(sizes["height"][0] - sizes["height"][1]) < 1.5
+    assert sizes["label"] >= 10, sizes  # each row label has the height of a line of text
+
+
+def test_a_matrix_capsule_model_titles_its_pose_and_says_when_the_kernel_compiles(browser, matrix_server):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(matrix_server)
+    by_id = lambda name: browser.find_element("id", name)  # noqa: E731
+    WebDriverWait(browser, 15).until(lambda d: "matrix capsules" in by_id("model").text)
+    _nothing_empty_before_the_first_input(browser)
+    assert not by_id("compiling").is_displayed()  # said while the first prediction waits
+    strokes(browser, by_id("canvas"), ONE)
+    WebDriverWait(browser, 5).until(lambda d: by_id("compiling").is_displayed())
+    assert "compiling the fused EM routing kernel once for this environment (1-5 min)" in by_id("compiling").text
+    settled(browser, timeout=60)
+    WebDriverWait(browser, 30).until(lambda d: by_id("prediction").text != "")
+    settled(browser, timeout=60)
+    assert not by_id("compiling").is_displayed()
+    title = browser.find_element("css selector", "#capsule-panel h2").text
+    assert title == f"Pose of class capsule {by_id('prediction').text}", title
+    assert len(browser.find_elements("css selector", "#pose td")) == 16
 
 
 def _screenshot(driver, target: Path, height: int | None = None) -> Path:

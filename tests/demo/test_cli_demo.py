@@ -65,7 +65,7 @@ def test_demo_help_gives_every_option_with_its_default(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for option in ("--pretrained", "--checkpoint", "--out", "--host", "--port"):
+    for option in ("--pretrained", "--checkpoint", "--out", "--data-dir", "--host", "--port"):
         assert re.search(re.escape(option) + r" \w+ .*?\(default: [^)]+\)", text), option
     assert (
         "(default: capsnet_small-mnist, unless" in text and "(default: 127.0.0.1)" in text and "(default: 8000)" in text
@@ -128,3 +128,28 @@ def test_a_model_that_is_no_capsule_classifier_is_one_error_line(served, capsys,
     capsys.readouterr()
     assert main(["demo", "--checkpoint", str(run), "--port", "0"]) == 1
     assert "capsule classifiers" in one_error_line(capsys.readouterr().err)
+
+
+def test_demo_offers_the_test_images_of_data_dir(served, capsys, shared_data_root, tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setenv("CAPSNETS_DATA", str(tmp_path))  # no MNIST there
+    assert main(["demo", "--port", "0"]) == 0
+    empty = TestClient(served[-1][0]).get("/api/samples").json()
+    assert empty["samples"] == [] and "start the demo with --data-dir DIR" in empty["note"]
+    assert main(["demo", "--data-dir", str(shared_data_root), "--port", "0"]) == 0
+    samples = TestClient(served[-1][0]).get("/api/samples").json()["samples"]
+    assert [s["class"] for s in samples] == [k for k in range(10) for _ in range(2)]
+
+
+def test_demo_says_when_the_first_prediction_compiles_the_em_kernel(served, capsys, tmp_path, monkeypatch):
+    from capsnets.functional.em import kernel as em_kernel
+
+    monkeypatch.setattr(em_kernel, "_state", {"tried": False, "module": None, "error": None, "warned": False})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # no build there
+    monkeypatch.setenv(em_kernel.ENV_VAR, "auto")
+    assert main(["demo", "--pretrained", "matrix_capsnet_small-mnist", "--port", "0"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "EM routing kernel" in line]
+    assert len(notes) == 1 and "compiling the fused EM routing kernel once for this environment (1-5 min)" in notes[0]
+    assert main(["demo", "--port", "0"]) == 0  # vector capsules: nothing to compile
+    assert "EM routing kernel" not in capsys.readouterr().out

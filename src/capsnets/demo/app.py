@@ -8,8 +8,9 @@ Endpoints (every error is a 4xx with ``{"detail": message}``; bodies over :data:
   ``{"pixels": [[...]]}``, with ``"frame": true`` for a drawing and ``"capsule": k`` to reconstruct class ``k``)
   -> scores, class capsules, the reconstruction and the routing pictures.
 - ``POST /api/reconstruct``: JSON ``{"capsule": [D numbers], "class": k}`` -> the decoded image.
-- ``POST /api/perturbations``: an image as for predict -> the winning capsule's perturbation grid (Sabour et al.
-  2017, Fig. 4).
+- ``POST /api/perturbations``: an image as for predict (``"capsule": k`` for class ``k``'s capsule) -> the
+  winning (or asked for) capsule's perturbation grid (Sabour et al. 2017, Fig. 4): one PNG mosaic, rows are
+  capsule dimensions, columns the perturbations listed in ``steps``.
 
 :func:`serve` binds the socket (:func:`listen`, localhost by default) and runs uvicorn on it
 (:func:`run_server`). Needs the ``demo`` extra: ``pip install -e '.[demo]'``.
@@ -33,7 +34,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from capsnets.demo.capsules import Analysis, DemoModel
-from capsnets.demo.images import data_url, decode_base64, display, heat_png, map_png, read_image, tensor_png
+from capsnets.demo.images import (
+    data_url,
+    decode_base64,
+    display,
+    grid_png,
+    heat_png,
+    map_png,
+    read_image,
+    tensor_png,
+)
 from capsnets.images import NORB_LIKE
 from capsnets.validation import ArgumentError
 
@@ -116,9 +126,15 @@ def create_app(demo: DemoModel) -> FastAPI:
 
     @app.post("/api/perturbations", openapi_extra=_body_schema(ImageInput, image=True))
     async def perturbations(request: Request) -> dict:
-        image, _, _ = await _image(request, demo)
-        png, winner = await run_in_threadpool(demo.perturbation_png, image)
-        return {"class": winner, "label": demo.classes[winner], "grid": data_url(png)}
+        image, _, request_input = await _image(request, demo)
+        grid, shown, steps = await run_in_threadpool(demo.perturbations, image, request_input.capsule)
+        return {
+            "class": shown,
+            "label": demo.classes[shown],
+            "grid": data_url(grid_png(display(grid, demo.dataset))),
+            "steps": steps,
+            "dimensions": int(grid.shape[0]),
+        }
 
     return app
 

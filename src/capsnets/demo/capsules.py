@@ -4,7 +4,7 @@
 Hinton 2017) or a matrix capsule network (:class:`~capsnets.models.matrix_capsnet.MatrixCapsNet`, Hinton, Sabour
 & Frosst 2018) and answers the page's questions about one input: the class capsules and their lengths (or
 activations), the reconstruction from one capsule, a capsule vector decoded as the user moves its dimensions,
-the paper's perturbation grid (Fig. 4, drawn by :func:`capsnets.plots.plot_perturbation_grid`), and what the
+the paper's perturbation grid (Fig. 4, computed by :func:`capsnets.plots.perturbation_grid`), and what the
 routing sent to each class capsule.
 
 The routing picture is the ``dimensions`` experiment's routing map, for every class: each child
@@ -18,22 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from PIL import Image, ImageChops
 from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.functional import capsule_length
+from capsnets.functional.em import kernel as em_kernel
 from capsnets.models.capsnet import CapsNet
 from capsnets.models.matrix_capsnet import MatrixCapsNet
-from capsnets.plots import perturbation_grid, plot_perturbation_grid
+from capsnets.plots import PERTURBATIONS, perturbation_grid
 from capsnets.validation import ArgumentError
 
 __all__ = ["Analysis", "DemoModel"]
@@ -125,7 +122,22 @@ class DemoModel:
             "capsule_dim": self.capsule_dim,
             "pose_size": int(self.model.classes.pose_size) if matrix else None,
             "note": self._note(),
+            "kernel_note": self.kernel_note(),
         }
+
+    def kernel_note(self) -> str | None:
+        """What the first prediction of a matrix capsule model does first when the fused EM routing kernel is not
+        built for this environment yet (:func:`capsnets.functional.em.kernel.build_needed`); else None."""
+        try:
+            needed = self.kind == "matrix" and em_kernel.build_needed()
+        except ValueError:  # a wrong CAPSNETS_EM_KERNEL: the routing itself says so
+            needed = False
+        if not needed:
+            return None
+        return (
+            "compiling the fused EM routing kernel once for this environment (1-5 min); the first prediction "
+            "waits for it, later ones and later starts do not"
+        )
 
     def _note(self) -> str:
         if self.kind == "matrix":
@@ -197,15 +209,17 @@ class DemoModel:
         with self._lock:
             return self.decoder(capsules, torch.tensor([index]))[0]
 
-    def perturbation_png(self, image: Tensor) -> tuple[bytes, int]:
-        """The perturbation grid of the winning capsule (paper Fig. 4) as a PNG, and the winning class, drawn by
-        :func:`~capsnets.plots.perturbation_grid` and :func:`~capsnets.plots.plot_perturbation_grid`."""
+    @torch.no_grad()
+    def perturbations(self, image: Tensor, capsule: int | None = None) -> tuple[Tensor, int, list[float]]:
+        """The perturbation grid (paper Fig. 4, :func:`~capsnets.plots.perturbation_grid`) of class capsule
+        ``capsule`` (default: the winner): ``(D, S, C, H, W)`` decodings, the class, and the ``S`` steps."""
         self._require_decoder()
         self._check_image(image)
+        if capsule is not None:
+            self._check_class(capsule)
         with self._lock:
-            grid, winner = perturbation_grid(self.model, image)
-        with tempfile.TemporaryDirectory() as folder:
-            return _trimmed(plot_perturbation_grid(grid, winner, Path(folder) / "grid.png")), winner
+            grid, shown = perturbation_grid(self.model, image, PERTURBATIONS, capsule=capsule)
+        return grid, shown, [round(step, 4) for step in PERTURBATIONS.tolist()]
 
     def samples(self, per_class: int = 2) -> tuple[Tensor, Tensor]:
         """The first ``per_class`` test images of each class, ``(N, C, H, W)``, and their labels ``(N,)``; empty
@@ -224,7 +238,8 @@ class DemoModel:
         except (OSError, ValueError, KeyError) as err:  # DatasetError, missing files...
             self.samples_note = (
                 f"the test images of {self.dataset} cannot be read here "
-                f"({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+                f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); start the demo with "
+                f"--data-dir DIR, where DIR holds the {self.dataset} folder"
             )
             return empty
         if tuple(data.images.shape[1:]) != self.input_size:
@@ -245,26 +260,6 @@ class DemoModel:
     def _require_decoder(self) -> None:
         if self.decoder is None:
             raise ArgumentError(f"model {self.name} has no decoder, so it cannot reconstruct: {self._note()}")
-
-
-def _trimmed(png: Path, margin: int = 6) -> bytes:
-    """A figure's PNG without its white border (but ``margin`` pixels of it)."""
-    with Image.open(png) as figure:
-        figure = figure.convert("RGB")
-    box = ImageChops.difference(figure, Image.new("RGB", figure.size, "white")).getbbox()
-    if box is not None:
-        left, top, right, bottom = box
-        figure = figure.crop(
-            (
-                max(0, left - margin),
-                max(0, top - margin),
-                min(figure.width, right + margin),
-                min(figure.height, bottom + margin),
-            )
-        )
-    buffer = io.BytesIO()
-    figure.save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 @contextlib.contextmanager

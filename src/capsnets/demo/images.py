@@ -30,6 +30,7 @@ __all__ = [
     "decode_base64",
     "display",
     "frame_drawing",
+    "grid_png",
     "heat_png",
     "map_png",
     "open_image",
@@ -170,6 +171,16 @@ def tensor_png(image: Tensor, scale: int = 1) -> bytes:
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def grid_png(grid: Tensor, gap: int = 1) -> bytes:
+    """A perturbation grid ``(D, S, C, H, W)`` of ``[0, 1]`` images as one PNG mosaic: row ``d``, column ``s`` is
+    image ``grid[d, s]``, each in a grey border ``gap`` pixels wide, so that all cells are the same size (the page
+    labels rows and columns in HTML, beside the picture)."""
+    dims, steps, channels, height, width = grid.shape
+    tiles = F.pad(grid.detach().float().cpu().clamp(0, 1), (gap, gap, gap, gap), value=0.5)  # (D, S, C, H', W')
+    mosaic = tiles.permute(2, 0, 3, 1, 4).reshape(channels, dims * (height + 2 * gap), steps * (width + 2 * gap))
+    return tensor_png(mosaic)
 
 
 def heat_png(image: Tensor, heat: Tensor, *, top: float | None = None, side: int = 160, alpha: float = 0.55) -> bytes:

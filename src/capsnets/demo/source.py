@@ -3,8 +3,9 @@ one the demo trains.
 
 By default :func:`load_demo_model` loads the shipped weight :data:`DEMO_PRETRAINED` (``capsnet_small`` on MNIST,
 offline: :mod:`capsnets.models.hub`). Given a run directory ``out`` instead, it trains :data:`DEMO_TRAINING`
-(``capsnet_digits`` on scikit-learn's 8x8 digits, offline, about 20 s on 2 CPU cores, about 97% test accuracy) there
-on the first start and loads it on later starts; a training interrupted there is continued.
+(``capsnet_digits`` on scikit-learn's 8x8 digits, offline, on one CPU thread unless ``OMP_NUM_THREADS`` says
+otherwise, about 97% test accuracy) there on the first start and loads it on later starts; a training interrupted
+there is continued.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import logging
 import os
 import time
 from pathlib import Path
+
+import torch
 
 from capsnets.data import dataset_info
 from capsnets.demo.capsules import DemoModel
@@ -33,7 +36,11 @@ DEMO_TRAINING = {"model": "capsnet_digits", "dataset": "digits", "epochs": 10, "
 
 
 def load_demo_model(
-    checkpoint: str | os.PathLike | None = None, *, out: str | os.PathLike = DEMO_RUN_DIR, pretrained: str | None = None
+    checkpoint: str | os.PathLike | None = None,
+    *,
+    out: str | os.PathLike = DEMO_RUN_DIR,
+    pretrained: str | None = None,
+    data_dir: str | os.PathLike | None = None,
 ) -> DemoModel:
     """The model the demo shows, on the CPU, with a sentence saying where it comes from (``DemoModel.source``).
 
@@ -42,16 +49,19 @@ def load_demo_model(
             else the demo model in ``out``.
         out: the demo model's run directory: loaded when it holds a finished training, continued when it holds an
             interrupted one, trained (:data:`DEMO_TRAINING`) when it is missing or empty.
+        pretrained: a shipped pretrained weight's name, shown when ``checkpoint`` is None.
+        data_dir: the folder of the data set whose test images the page offers (default: the one the training
+            recorded, else ``$CAPSNETS_DATA`` or the library's default).
 
     Raises:
         ValueError: the checkpoint cannot be loaded, or ``out`` holds other files (naming it).
     """
     if checkpoint is not None:
         model, loaded = load_model(checkpoint, "cpu")
-        return _demo_model(model, loaded, f"loaded from {loaded.path}{_epoch(loaded)}")
+        return _demo_model(model, loaded, f"loaded from {loaded.path}{_epoch(loaded)}", data_dir)
     if pretrained is not None:
         model, loaded = load_pretrained(pretrained, device="cpu")
-        return _demo_model(model, loaded, f"the shipped pretrained weight {pretrained}")
+        return _demo_model(model, loaded, f"the shipped pretrained weight {pretrained}", data_dir)
     run = Path(out)
     if (run / "summary.json").is_file():
         model, loaded = load_model(run, "cpu")
@@ -59,6 +69,7 @@ def load_demo_model(
             model,
             loaded,
             f"loaded from {loaded.path}{_epoch(loaded)}, trained by an earlier start of the demo or by capsnets train",
+            data_dir,
         )
     seconds = _train(run)
     model, loaded = load_model(run, "cpu")
@@ -68,6 +79,7 @@ def load_demo_model(
         f"trained now in {seconds:.0f} s ({DEMO_TRAINING['model']} on "
         f"{DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} epochs), saved in "
         f"{run}: the next start loads it",
+        data_dir,
     )
 
 
@@ -79,7 +91,7 @@ def _train(run: Path) -> float:
     if not resume and run.is_dir() and any(run.iterdir()):
         raise ArgumentError(f"'{run}' holds files but no demo model; name another --out, or empty it")
     logger.info(
-        "%s the demo model (%s on %s, %d epochs, about 20 s) in %s",
+        "%s the demo model (%s on %s, %d epochs, well under a minute on one CPU thread) in %s",
         "continuing" if resume else "training",
         DEMO_TRAINING["model"],
         DEMO_TRAINING["dataset"],
@@ -87,11 +99,18 @@ def _train(run: Path) -> float:
         run,
     )
     start = time.perf_counter()
-    train(TrainConfig(**DEMO_TRAINING, out=str(run)), resume=resume)
+    threads = torch.get_num_threads()
+    if "OMP_NUM_THREADS" not in os.environ:  # else the user's choice stands
+        # one thread: the model is small, and more threads on busy cores wait on each other (docs/demo.md)
+        torch.set_num_threads(1)
+    try:
+        train(TrainConfig(**DEMO_TRAINING, out=str(run)), resume=resume)
+    finally:
+        torch.set_num_threads(threads)
     return time.perf_counter() - start
 
 
-def _demo_model(model, checkpoint, source: str) -> DemoModel:
+def _demo_model(model, checkpoint, source: str, data_dir: str | os.PathLike | None = None) -> DemoModel:
     meta = checkpoint.meta
     dataset = meta.get("dataset")
     if not isinstance(dataset, str):
@@ -109,7 +128,7 @@ def _demo_model(model, checkpoint, source: str) -> DemoModel:
         dataset=dataset,
         source=source,
         name=meta.get("model"),
-        data_dir=config.get("data_dir"),
+        data_dir=str(data_dir) if data_dir is not None else config.get("data_dir"),
         image_size=image_size,
     )
 

@@ -12,6 +12,9 @@ const state = {
   result: null,     // the last /api/predict answer
   base: null,       // the shown capsule's vector before the sliders moved it
   sequence: 0,      // answers to older requests are dropped
+  grid: null,       // what the perturbation grid shows: {input, capsule}; null: not drawn
+  gridSequence: 0,  // grid answers to older requests are dropped
+  compiled: false,  // a prediction came back (the EM kernel, if it needed compiling, is built)
 };
 
 let pending = 0;  // requests in flight, shown as <body data-pending> (tests wait for 0)
@@ -47,15 +50,22 @@ async function start() {
   if (info.note) { $("note").textContent = info.note; $("note").hidden = false; }
   $("scores-what").textContent = info.kind === "matrix"
     ? "the activation of each class capsule; click a class to see its pose"
-    : "the length of each class capsule; click a class to reconstruct from its capsule";
+    : info.decoder
+      ? "the length of each class capsule; click a class to reconstruct from its capsule"
+      : "the length of each class capsule";
+  // the capsule panel is titled for what it shows: a reconstruction, a pose matrix, or neither
+  $("capsule-title").textContent = info.decoder
+    ? "Reconstruction from capsule"
+    : info.kind === "matrix" ? "Pose of class capsule" : "Class capsule";
   buildBars(info.classes);
   if (info.decoder) {
     buildSliders(info.capsule_dim);
   } else {
     $("decoder-part").hidden = true;
     $("pose-part").hidden = info.kind !== "matrix";
+    $("no-decoder").hidden = info.kind === "matrix";
     $("grid-button").disabled = true;
-    $("grid-panel").querySelector(".small").textContent = "this model has no decoder: there is no grid to draw";
+    $("grid-what").textContent = "this model has no decoder: there is no grid to draw";
   }
   loadSamples();
 }
@@ -158,20 +168,33 @@ $("clear").addEventListener("click", () => {
 async function predict() {
   if (!state.input) return;
   const sequence = ++state.sequence;
+  compiling(!state.compiled && Boolean(state.info && state.info.kernel_note));
   try {
     const body = {...state.input};
     if (state.picked !== null) body.capsule = state.picked;
     const result = await api("/api/predict", body);
+    state.compiled = true;
+    compiling(false);
     if (sequence !== state.sequence) return;  // an answer to an older input
     report(null);
     show(result);
   } catch (error) {
+    state.compiled = true;
+    compiling(false);
     if (sequence === state.sequence) report(error);
   }
 }
 
+// the first prediction of a matrix capsule model may compile the EM routing kernel: say so while it waits
+function compiling(waiting) {
+  $("compiling").textContent = waiting ? `${state.info.kernel_note}\u2026` : "";
+  $("compiling").hidden = !waiting;
+}
+
 function show(result) {
   state.result = result;
+  $("empty").hidden = true;
+  for (const id of ["seen", "prediction-part", "scores-what", "bars", "capsule-panel", "grid-panel"]) $(id).hidden = false;
   $("input").src = result.input;
   $("notes").innerHTML = "";
   for (const note of result.notes) {
@@ -197,6 +220,7 @@ function show(result) {
   if (result.reconstruction) $("reconstruction").src = result.reconstruction;
   if (state.info.kind === "matrix") showPose(state.base);
   showCouplings(result);
+  if (state.grid && (state.grid.input !== state.input || state.grid.capsule !== result.shown)) drawGrid();
 }
 
 function showPose(pose) {
@@ -261,21 +285,45 @@ $("reset").addEventListener("click", () => {
   if (state.result) show(state.result);
 });
 
-// ---- the perturbation grid ------------------------------------------------------------------------------------
-$("grid-button").addEventListener("click", async () => {
-  if (!state.input) { report("draw a digit or pick a test image first"); return; }
+// ---- the perturbation grid: of the capsule shown, redrawn when the input or the capsule shown changes --------
+async function drawGrid() {
+  if (!state.input || !state.result) { report("draw a digit or pick a test image first"); return; }
+  const wanted = {input: state.input, capsule: state.result.shown};
+  const sequence = ++state.gridSequence;
+  state.grid = wanted;
   $("grid-button").disabled = true;
   try {
-    const answer = await api("/api/perturbations", state.input);
+    const answer = await api("/api/perturbations", {...wanted.input, capsule: wanted.capsule});
+    if (sequence !== state.gridSequence) return;  // an answer for an older input or capsule
     report(null);
     $("grid").src = answer.grid;
-    $("grid").hidden = false;
+    $("grid-class").textContent = answer.label;
+    $("grid-title").hidden = false;
+    gridLabels(answer.steps, answer.dimensions);
+    $("grid-figure").hidden = false;
   } catch (error) {
-    report(error);
+    if (sequence === state.gridSequence) report(error);
   } finally {
-    $("grid-button").disabled = false;
+    if (sequence === state.gridSequence) $("grid-button").disabled = false;
   }
-});
+}
+
+function gridLabels(steps, dimensions) {
+  $("grid-steps").innerHTML = "";
+  for (const step of steps) {
+    const label = document.createElement("span");
+    label.textContent = signed(step);
+    $("grid-steps").appendChild(label);
+  }
+  $("grid-dims").innerHTML = "";
+  for (let d = 0; d < dimensions; d++) {
+    const label = document.createElement("span");
+    label.textContent = String(d);
+    $("grid-dims").appendChild(label);
+  }
+}
+
+$("grid-button").addEventListener("click", drawGrid);
 
 // ---- test images ------------------------------------------------------------------------------------------------
 async function loadSamples() {

@@ -78,7 +78,9 @@ Two execution paths compute it:
   :func:`em_routing_poses` where the kernel does not apply);
 - :mod:`capsnets.functional.em.kernel`, the fused CPU kernel with one hand-written backward
   (:func:`em_routing_poses`, for matrix capsule layers on the CPU): the votes are computed from the poses and
-  never stored. ``CAPSNETS_EM_KERNEL`` chooses between them (``auto``, ``cpp``, ``torch``).
+  never stored. ``CAPSNETS_EM_KERNEL`` chooses between them (``auto``, ``cpp``, ``torch``); the kernel is
+  compiled on first use into a build directory of its own per source, torch and Python
+  (:mod:`capsnets.functional.em.build`).
 
 Both take the same :class:`~capsnets.functional.em.spec.EMSettings`, the resolved settings of a call; the tests
 hold both to the float64 references of :mod:`capsnets.testing` and to each other.

@@ -20,12 +20,12 @@ the library's.
 
 The kernel is C++ with OpenMP (``at::parallel_for``), compiled by PyTorch's extension tooling
 (:func:`torch.utils.cpp_extension.load`, with the compiler and ninja that are on the machine) the first time
-it is needed and cached (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``);
-``python -m capsnets.functional.em.kernel`` builds it ahead of time. It is compiled for the machine's own CPU
-(``-march=native``), so a home directory shared by machines of different CPUs needs one
-``TORCH_EXTENSIONS_DIR`` per machine. It is compiled on the machine rather than at ``pip install``: a
-build-time step would need torch inside pip's isolated build environment, which fetches a torch build of its
-own (possibly another version, breaking the extension's ABI).
+it is needed, with a one-line notice on stderr, and kept in a build directory of its own per source, flags,
+CPU, torch and Python (:mod:`capsnets.functional.em.build`: under ``TORCH_EXTENSIONS_DIR`` when set, else
+``~/.cache/capsnets/em_kernel``); later processes load it from there. :func:`build_needed` says whether
+the next use compiles; ``python -m capsnets.functional.em.kernel`` builds it ahead of time. It is compiled on
+the machine rather than at ``pip install``: a build-time step would need torch inside pip's isolated build
+environment, which fetches a torch build of its own (possibly another version, breaking the extension's ABI).
 
 Which path runs is set by the environment variable ``CAPSNETS_EM_KERNEL``:
 
@@ -38,7 +38,10 @@ Which path runs is set by the environment variable ``CAPSNETS_EM_KERNEL``:
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -48,14 +51,15 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.child_groups import ChildGroups
+from capsnets.functional.em import build
 from capsnets.functional.em.procedure import Scale, initial_assignments
 from capsnets.functional.em.spec import BETA_A_SCALE, BLEND, COST_NORMALIZATIONS, GRADIENT_MASS_FLOOR, EMSettings
 
 ENV_VAR = "CAPSNETS_EM_KERNEL"
 MODES = ("auto", "cpp", "torch")
-_SOURCE = Path(__file__).with_name("csrc") / "em_votes.cpp"
+_SOURCE = build.SOURCE
 _lock = threading.Lock()
-_state: dict = {"tried": False, "module": None, "error": None, "warned": False}
+_state: dict = {"tried": False, "module": None, "error": None, "warned": False, "building": False}
 
 
 def kernel_mode() -> str:
@@ -67,36 +71,78 @@ def kernel_mode() -> str:
 
 
 def load(verbose: bool = False):
-    """Build (the first time on this machine) and load the extension. Returns the module, or None if it
-    cannot be built or loaded (:func:`load_error` says why). Tried once per process."""
+    """Build (the first time for this source, torch and Python: :func:`build_needed`) and load the extension.
+    Returns the module, or None if it cannot be built or loaded (:func:`load_error` says why). Tried once per
+    process. A build says so in one line on stderr first (:func:`~capsnets.functional.em.build.compile_notice`)."""
     with _lock:
         if not _state["tried"]:
             _state["tried"] = True
-            path = os.environ.get("PATH", "")
             try:
-                # the extension tooling: slow to import, needed once per process
-                from torch.utils.cpp_extension import load as load_extension  # noqa: PLC0415
-
-                try:  # the ninja of the pip package (a dependency), also when the environment is not activated
-                    import ninja  # noqa: PLC0415
-
-                    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
-                except ImportError:
-                    pass
-                flags = ["-O3", "-march=native", "-fopenmp"]
-                _state["module"] = load_extension(
-                    name="capsnets_em_votes",
-                    sources=[str(_SOURCE)],
-                    extra_cflags=flags,
-                    extra_ldflags=["-fopenmp"],
-                    verbose=verbose,
-                )
+                directory = build.build_directory()
+                library = build.library_path(directory)
+                if library.is_file() and not (directory / "lock").exists():  # built, and no build under way
+                    _state["module"] = _import(library)
+                else:
+                    print(build.compile_notice(directory), file=sys.stderr, flush=True)
+                    _state["building"] = True
+                    _state["module"] = _build(directory, verbose)
             except Exception as exc:  # no compiler, no ninja, a failed build: the PyTorch path remains
                 last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
                 _state["error"] = f"{type(exc).__name__}: {last}"
             finally:
-                os.environ["PATH"] = path
+                _state["building"] = False
     return _state["module"]
+
+
+def build_needed() -> bool:
+    """Whether the next use of the kernel in this process waits for it to compile: it is being compiled now,
+    or it is not loaded yet and its build directory (:func:`~capsnets.functional.em.build.build_directory`)
+    holds no library. False with ``CAPSNETS_EM_KERNEL=torch``. Compiles nothing."""
+    if kernel_mode() == "torch":
+        return False
+    if _state.get("building"):
+        return True
+    return not _state["tried"] and not build.library_path(build.build_directory()).is_file()
+
+
+def _build(directory: Path, verbose: bool):
+    """Compile the extension in ``directory`` (PyTorch's extension tooling, with ninja) and load it. The source
+    is copied there first, so that every build of it runs the same commands, whatever the checkout."""
+    # the extension tooling: slow to import, needed once per process
+    from torch.utils.cpp_extension import load as load_extension  # noqa: PLC0415
+
+    path = os.environ.get("PATH", "")
+    try:
+        try:  # the ninja of the pip package (a dependency), also when the environment is not activated
+            import ninja  # noqa: PLC0415
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
+        except ImportError:
+            pass
+        directory.mkdir(parents=True, exist_ok=True)
+        source = directory / build.SOURCE.name
+        if not source.is_file() or source.read_bytes() != build.SOURCE.read_bytes():
+            shutil.copyfile(build.SOURCE, source)
+        return load_extension(
+            name=build.NAME,
+            sources=[str(source)],
+            extra_cflags=list(build.CFLAGS),
+            extra_ldflags=list(build.LDFLAGS),
+            build_directory=str(directory),
+            verbose=verbose,
+        )
+    finally:
+        os.environ["PATH"] = path
+
+
+def _import(library: Path):
+    """Load a built extension from its library file, without running the build tool."""
+    spec = importlib.util.spec_from_file_location(build.NAME, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the fused EM kernel from {library}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def load_error() -> str | None:
