@@ -12,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+from sphinx import addnodes
 from sphinx.util.nodes import make_refnode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +56,8 @@ napoleon_use_rtype = False
 autodoc_default_options = {"members": True, "show-inheritance": True, "member-order": "bysource"}
 autodoc_typehints = "description"
 autodoc_typehints_description_target = "documented"
-autoclass_content = "both"
+autoclass_content = "class"  # the class docstring holds the arguments (torch.nn style)
+autodoc_inherit_docstrings = False  # no torch.nn.Module text under forward() and extra_repr()
 
 # -n: every cross-reference must resolve. External names cannot be looked up offline (no intersphinx); these
 # patterns cover them, and only them: a capsnets name that does not resolve stays an error.
@@ -140,6 +142,20 @@ def _ancestors(node):
         node = node.parent
 
 
+def _owners(node):
+    """The dotted names of the objects whose documentation holds ``node``: the docstring it came from, and the
+    object described around it (type hints in a field list come from no docstring)."""
+    source = next((n.source for n in _ancestors(node) if n.source), "")
+    match = _DOCSTRING_OF.search(source or "")
+    if match:
+        yield match.group(1)
+    for ancestor in _ancestors(node):
+        if isinstance(ancestor, addnodes.desc):
+            signature = next(iter(ancestor.findall(addnodes.desc_signature)), None)
+            if signature is not None and signature.get("module") and signature.get("fullname"):
+                yield f"{signature['module']}.{signature['fullname']}"
+
+
 def _candidates(node, target: str):
     """The objects ``target`` can denote from where it is written, most specific first."""
     if target.startswith("capsnets."):
@@ -151,10 +167,8 @@ def _candidates(node, target: str):
         if cls:
             yield _lookup(f"{module}.{cls}.{target}")
         yield _lookup(f"{module}.{target}")
-    source = next((n.source for n in _ancestors(node) if n.source), "")
-    owner = _DOCSTRING_OF.search(source)
-    if owner:
-        obj = _lookup(owner.group(1))
+    for owner in _owners(node):
+        obj = _lookup(owner)
         if obj is not _MISSING:
             if inspect.isclass(obj):
                 yield _lookup(target, obj)
@@ -219,8 +233,26 @@ def _results_are_orphans(app, docname, source):
         source[0] = "---\norphan: true\n---\n" + source[0]
 
 
+_SENTENCES: dict[str, list[str]] = {}
+
+
+def _keep_sentence(app, what, name, obj, options, lines):
+    """A data or attribute docstring is a sentence; napoleon would read the text before its first colon as a type
+    (Google style's ``int: the count``), which these docstrings do not use. Keeps the lines before napoleon runs,
+    and puts them back after (:func:`_restore_sentence`)."""
+    if what in ("data", "attribute"):
+        _SENTENCES[name] = list(lines)
+
+
+def _restore_sentence(app, what, name, obj, options, lines):
+    if name in _SENTENCES:
+        lines[:] = _SENTENCES.pop(name)
+
+
 def setup(app):
     app.connect("missing-reference", _resolve_capsnets_reference)
     app.connect("autodoc-skip-member", _skip_member)
     app.connect("autodoc-process-bases", _public_bases)
+    app.connect("autodoc-process-docstring", _keep_sentence, priority=400)  # napoleon's runs at 500
+    app.connect("autodoc-process-docstring", _restore_sentence, priority=600)
     app.connect("source-read", _results_are_orphans)
