@@ -122,6 +122,12 @@ def _submodule_attribute(parent: str, part: str):
         return _MISSING
 
 
+def _identity(obj) -> int:
+    """The same for every access to an object: a bound or class method is a new object each time, its function
+    is not."""
+    return id(getattr(obj, "__func__", obj))
+
+
 def _documented(env) -> dict[int, list[str]]:
     """The names under which each capsnets object is documented, by the object's id."""
     domain = env.get_domain("py")
@@ -131,7 +137,7 @@ def _documented(env) -> dict[int, list[str]]:
         for name in domain.objects:
             obj = _lookup(name)
             if obj is not _MISSING:
-                names.setdefault(id(obj), []).append(name)
+                names.setdefault(_identity(obj), []).append(name)
         cache = env._capsnets_documented = (len(domain.objects), names)
     return cache[1]
 
@@ -186,7 +192,7 @@ def _resolve_capsnets_reference(app, env, node, contnode):
     for obj in _candidates(node, target):
         if obj is _MISSING:
             continue
-        names = documented.get(id(obj), [])
+        names = documented.get(_identity(obj), [])
         if not names and inspect.ismodule(obj):  # a module without its own section: its package's page
             parent = obj.__name__
             while parent and parent not in domain.modules:
