@@ -33,7 +33,6 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-# docs/results holds measurement reports, kept as they were written; the guides link to them in the repository
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 # docs/results holds the measurement reports, rendered as they are: pages that results/README.md links to, outside
 # the navigation (see _results_are_orphans)
@@ -128,18 +127,23 @@ def _identity(obj) -> int:
     return id(getattr(obj, "__func__", obj))
 
 
+_DOCUMENTED: dict[tuple[int, int], dict[int, list[str]]] = {}  # by (the domain's id, its object count)
+
+
 def _documented(env) -> dict[int, list[str]]:
-    """The names under which each capsnets object is documented, by the object's id."""
+    """The names under which each capsnets object is documented, by :func:`_identity` (kept for this process only:
+    ids do not outlive it)."""
     domain = env.get_domain("py")
-    cache = getattr(env, "_capsnets_documented", None)
-    if cache is None or cache[0] != len(domain.objects):
+    key = (id(domain), len(domain.objects))
+    if key not in _DOCUMENTED:
         names: dict[int, list[str]] = {}
         for name in domain.objects:
             obj = _lookup(name)
             if obj is not _MISSING:
                 names.setdefault(_identity(obj), []).append(name)
-        cache = env._capsnets_documented = (len(domain.objects), names)
-    return cache[1]
+        _DOCUMENTED.clear()
+        _DOCUMENTED[key] = names
+    return _DOCUMENTED[key]
 
 
 def _ancestors(node):
@@ -213,16 +217,12 @@ def _package_reexports(module_name: str) -> set[int]:
 
 
 def _skip_member(app, what, name, obj, skip, options):
-    """A submodule's section leaves out what its package's page documents; public data without a docstring
-    (a module's ``__all__`` constants) is listed with its value."""
+    """A submodule's section (``capsnets.models.hub``) leaves out what its package's page documents."""
     if what != "module":
         return None
     module_name = app.env.temp_data.get("autodoc:module") or ""
     if module_name.count(".") > 1 and id(obj) in _package_reexports(module_name):
         return True
-    module = sys.modules.get(module_name)
-    if skip and name in getattr(module, "__all__", ()) and not (inspect.isclass(obj) or callable(obj)):
-        return False
     return None
 
 
