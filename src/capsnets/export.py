@@ -50,6 +50,9 @@ class ExportableModel(nn.Module):
 
     Args:
         model: a registered classification or segmentation model (in eval mode).
+
+    Attributes:
+        output_names: the names of the outputs, in order.
     """
 
     def __init__(self, model: nn.Module) -> None:

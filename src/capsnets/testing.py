@@ -190,7 +190,7 @@ def reference_em_routing(
     ``votes`` ``(B, I, J, H)``, ``activations`` ``(B, I)``, ``beta_v``/``beta_a`` ``(J,)`` or scalars,
     ``inverse_temperatures`` one lambda per iteration; ``R`` is the assignment used by the final M-step.
     ``variance_floor`` None: the paper's procedure (``eps`` is floor and guard); a number: the released
-    code's equations with that floor and mass guard ``eps`` (see :func:`_em_m_step`).
+    code's equations with that floor and mass guard ``eps`` (see ``_em_m_step``).
     """
     V = votes.detach().double().tolist()
     A = activations.detach().double().tolist()

@@ -39,6 +39,9 @@ class Checkpoints:
     Args:
         directory: the folder, or None to train every model and keep nothing.
 
+    Attributes:
+        cut_short: the names of the trainings that a time limit left unfinished.
+
     Examples:
         >>> Checkpoints(None).cut_short
         []

@@ -51,6 +51,7 @@ class ExperimentSettings:
 
     @classmethod
     def smoke(cls) -> ExperimentSettings:
+        """The settings of the tiny version: the defaults with ``SMOKE`` applied."""
         return cls(**cls.SMOKE)
 
     def with_options(self, name: str, options: dict[str, Any]) -> ExperimentSettings:

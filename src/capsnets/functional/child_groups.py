@@ -124,7 +124,8 @@ def grid_child_groups(
     device=None,
     normalize: str = "all_parents",
 ) -> ChildGroups:
-    """The child groups of a convolutional capsule layer, in :func:`capsule_patches`' slot order.
+    """The child groups of a convolutional capsule layer, in the slot order of
+    :func:`~capsnets.functional.patches.capsule_patches`.
 
     Each capsule ``(b, t, y, x)`` of the ``(B, T, H, W)`` input grid is one group; the zero-padding slots
     (activation 0, no part in routing) of each example share one further group. The groups of example ``b``

@@ -32,7 +32,8 @@ ROUTING_TYPES: dict[str, type] = {
     "self_routing": SelfRouting,
     "uniform": UniformRouting,
 }
-#: The spec types of the routings of vector capsules (``(B, I, J, D)`` votes), as :class:`LinearCapsules` calls them.
+#: The spec types of the routings of vector capsules (``(B, I, J, D)`` votes), as
+#: :class:`~capsnets.layers.LinearCapsules` calls them.
 VECTOR_ROUTING_TYPES = ("dynamic", "self_attention", "inverted_attention", "self_routing", "uniform")
 #: The ``type`` recorded for a routing the library cannot describe.
 OPAQUE = "opaque"

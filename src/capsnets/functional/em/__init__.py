@@ -39,6 +39,7 @@ iterations-1`` in every layer, the schedule the authors gave on OpenReview
 reproduction also scales the cost by ``100 J / I``). Pass ``inverse_temperature`` for any other.
 
 Numerical safety (everything that can be in log space is):
+
 - a variance floor (``eps`` with the paper's formulation, 1e-6 by default; ``variance_floor`` with the
   official one) is added to every ``sigma^2``, so zero-variance clusters give a finite ``log sigma``;
 - ``sum_i R'`` is guarded by ``eps`` in the denominators of ``mu`` and ``sigma^2``, so a parent that

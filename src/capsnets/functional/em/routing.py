@@ -285,7 +285,8 @@ def em_routing_poses(
             (position, type) with the type last).
         activations, beta_v, beta_a, iterations: as in :func:`em_routing`.
         coordinates: values added to each child's votes' components 0 and 1 (coordinate addition), or None.
-        The other keyword arguments: as in :func:`em_routing`.
+
+    The other keyword arguments are as in :func:`em_routing`.
 
     Shape:
         - poses: ``(B, I, P, P)``; weight: ``(Iw, J, P, P)``; activations: ``(B, I)``; coordinates: ``(I, 2)``.
