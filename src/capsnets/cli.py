@@ -49,9 +49,10 @@ from capsnets.engine.evaluate import evaluate, load_ensemble
 from capsnets.engine.runtime import AMP_MODES, resolve_device, retain_freed_memory
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
-from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, peek_sidecar
+from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, load_checkpoint, peek_sidecar
 from capsnets.models import count_parameters, create_model, list_models, model_schema, model_task, routing_keys
-from capsnets.models.hub import load_model, resolve_pretrained, shipped_weights
+from capsnets.models.hub import model_from_checkpoint
+from capsnets.models.pretrained import get_model_weights, resolve_pretrained
 from capsnets.predict import collect_image_files, predict, read_images, segment
 from capsnets.validation import ArgumentError
 
@@ -635,7 +636,8 @@ def _resume_hint(out: str) -> str:
 def _load(args: argparse.Namespace, path: str):
     """Model, checkpoint, test data and device for ``evaluate`` / ``reconstruct`` of the checkpoint ``path``."""
     device = resolve_device(args.device)
-    model, checkpoint = load_model(path, device)
+    checkpoint = load_checkpoint(path)
+    model = model_from_checkpoint(checkpoint, device)
     return model, checkpoint, _test_data(args, checkpoint, model, device), device
 
 
@@ -788,7 +790,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    model, checkpoint = load_model(args.checkpoint, "cpu")
+    checkpoint = load_checkpoint(args.checkpoint)
+    model = model_from_checkpoint(checkpoint, "cpu")
     out = Path(args.out) if args.out else checkpoint.path.with_suffix(EXPORT_FORMATS[args.format])
     if out.suffix.lower() in (".safetensors", ".json", ".yaml", ".jsonl"):
         raise ArgumentError(f"--out '{out}' would replace a run file; name a {EXPORT_FORMATS[args.format]} file")
@@ -809,7 +812,8 @@ def _predict(args: argparse.Namespace) -> int:
         raise ArgumentError(f"--batch-size must be at least 1, got {args.batch_size}")
     files = collect_image_files(args.inputs)
     device = resolve_device(args.device)
-    model, checkpoint = load_model(_checkpoint_source(args, [args.checkpoint]), device)
+    checkpoint = load_checkpoint(_checkpoint_source(args, [args.checkpoint]))
+    model = model_from_checkpoint(checkpoint, device)
     name, dataset = checkpoint.meta["model"], checkpoint.meta.get("dataset")
     task = model_task(name)
     if task not in ("classification", "segmentation"):
@@ -928,16 +932,17 @@ def _list_models(args: argparse.Namespace) -> int:
 
 def format_pretrained() -> str:
     """The shipped pretrained weights, one ``NAME  ACCURACY  DTYPE  SIZE`` line each (from their model cards)."""
-    weights = shipped_weights()
+    weights = {name: w for model in list_models(pretrained=True) for name, w in get_model_weights(model).items()}
     if not weights:
         return "no pretrained weights are shipped"
     width = max(len(name) for name in weights)
-    lines = [f"{'name':<{width}}  test acc.  dtype    size"]
+    lines = [f"{'name':<{width}}  test acc.  dtype    size  default"]
     for name, weight in weights.items():
         size = weight.path.stat().st_size / 1e6 if weight.path.is_file() else float("nan")
-        lines.append(
-            f"{name:<{width}}  {_pct(weight.accuracy):>9}  {weight.card['card'].get('dtype', '?'):<7}  {size:.1f} MB"
-        )
+        accuracy = weight.meta["metrics"][weight.dataset]["accuracy"]
+        dtype = weight.meta["card"].get("dtype", "?")
+        default = "yes" if weight.default else ""
+        lines.append(f"{name:<{width}}  {_pct(accuracy):>9}  {dtype:<7}  {size:.1f} MB  {default}")
     return "\n".join(lines)
 
 

@@ -17,7 +17,9 @@ from pathlib import Path
 from capsnets.data import dataset_info
 from capsnets.demo.capsules import DemoModel
 from capsnets.engine import TrainConfig, train
-from capsnets.models.hub import load_model, load_pretrained
+from capsnets.io import load_checkpoint
+from capsnets.models.hub import model_from_checkpoint
+from capsnets.models.pretrained import resolve_pretrained
 from capsnets.validation import ArgumentError
 
 __all__ = ["DEMO_PRETRAINED", "DEMO_RUN_DIR", "DEMO_TRAINING", "load_demo_model"]
@@ -47,21 +49,21 @@ def load_demo_model(
         ValueError: the checkpoint cannot be loaded, or ``out`` holds other files (naming it).
     """
     if checkpoint is not None:
-        model, loaded = load_model(checkpoint, "cpu")
+        model, loaded = _load(checkpoint)
         return _demo_model(model, loaded, f"loaded from {loaded.path}{_epoch(loaded)}")
     if pretrained is not None:
-        model, loaded = load_pretrained(pretrained, device="cpu")
+        model, loaded = _load(resolve_pretrained(pretrained))
         return _demo_model(model, loaded, f"the shipped pretrained weight {pretrained}")
     run = Path(out)
     if (run / "summary.json").is_file():
-        model, loaded = load_model(run, "cpu")
+        model, loaded = _load(run)
         return _demo_model(
             model,
             loaded,
             f"loaded from {loaded.path}{_epoch(loaded)}, trained by an earlier start of the demo or by capsnets train",
         )
     seconds = _train(run)
-    model, loaded = load_model(run, "cpu")
+    model, loaded = _load(run)
     return _demo_model(
         model,
         loaded,
@@ -69,6 +71,12 @@ def load_demo_model(
         f"{DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} epochs), saved in "
         f"{run}: the next start loads it",
     )
+
+
+def _load(source: str | os.PathLike):
+    """The model of a checkpoint or run directory on the CPU, and the checkpoint."""
+    checkpoint = load_checkpoint(source)
+    return model_from_checkpoint(checkpoint, "cpu"), checkpoint
 
 
 def _train(run: Path) -> float:

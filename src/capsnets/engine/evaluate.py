@@ -26,7 +26,8 @@ from capsnets.data import dataset_info
 from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, resolve_amp, resolve_device
-from capsnets.models.hub import load_model
+from capsnets.io import load_checkpoint
+from capsnets.models.hub import model_from_checkpoint
 from capsnets.models.output import ModelOutput
 
 
@@ -212,7 +213,8 @@ def load_ensemble(paths: Sequence[str | Path], device: str | torch.device = "cpu
         ValueError: a checkpoint given twice, one that does not record its data set, or checkpoints trained on
             different data sets, classes or image sizes (the message names the two that differ).
     """
-    loaded = [load_model(path, device) for path in paths]
+    checkpoints = [load_checkpoint(path) for path in paths]
+    loaded = [(model_from_checkpoint(checkpoint, device), checkpoint) for checkpoint in checkpoints]
     if not loaded:
         raise ValueError("an ensemble needs at least one checkpoint")
     seen: dict[Path, str] = {}
