@@ -154,7 +154,24 @@ def test_cli_lists_shipped_weights_with_their_accuracy(capsys):
     for name, weight in SHIPPED.items():
         assert name in out and f"{100 * weight.meta['metrics'][weight.dataset]['accuracy']:.2f}%" in out
     assert main(["list-models", "capsnet", "--pretrained"]) == 1
-    one_error_line(capsys.readouterr().err, "list-models")
+    assert "models with weights: capsnet_small, " in one_error_line(capsys.readouterr().err, "list-models")
+
+
+@pytest.mark.parametrize(
+    "argv, listed",
+    [
+        (["capsnet_small", "--pretrained"], ["capsnet_small-mnist", "capsnet_small-fashion_mnist"]),
+        (["*capsnet*", "--pretrained"], list(SHIPPED)),
+        (["efficient*", "--pretrained"], ["efficient_capsnet-mnist"]),
+        (["efficient*"], ["efficient_capsnet", "efficient_capsnet_smallnorb"]),
+    ],
+)
+def test_cli_list_models_takes_a_pattern(argv, listed, capsys):
+    assert main(["list-models", *argv]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[0] for row in rows if row.split()[0] != "name"] == listed
+    if "--pretrained" in argv:
+        assert rows[1].endswith("yes")  # the default weight comes first and is marked
 
 
 def test_cli_predict_with_a_shipped_weight(tmp_path, capsys):

@@ -52,7 +52,7 @@ from capsnets.export import EXPORT_FORMATS, export_model
 from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, load_checkpoint, peek_sidecar
 from capsnets.models import count_parameters, create_model, list_models, model_schema, model_task, routing_keys
 from capsnets.models.hub import model_from_checkpoint
-from capsnets.models.pretrained import get_model_weights, resolve_pretrained
+from capsnets.models.pretrained import default_weights, get_model_weights, resolve_pretrained
 from capsnets.predict import collect_image_files, predict, read_images, segment
 from capsnets.validation import ArgumentError
 
@@ -429,14 +429,14 @@ def _add_list_models(parser: argparse.ArgumentParser) -> None:
         "name",
         nargs="?",
         metavar="MODEL",
-        help="list this model's --model-arg keys with their defaults and what they take, one per line, instead "
-        "(default: list every model)",
+        help="list this model's --model-arg keys with their defaults and what they take, one per line, instead; "
+        "a pattern such as 'capsnet*' lists the models it matches (default: list every model)",
     )
     parser.add_argument(
         "--pretrained",
         action="store_true",
         help="list the pretrained weights shipped with the package (the names --pretrained takes) "
-        "with their test accuracy, instead",
+        "with their test accuracy, instead (those of MODEL, or of the models a pattern matches, when given)",
     )
     parser.set_defaults(handler=_list_models)
 
@@ -910,15 +910,16 @@ def format_prediction(result) -> str:
 
 
 def _list_models(args: argparse.Namespace) -> int:
+    pattern = args.name is not None and any(c in args.name for c in "*?[")
     if args.pretrained:
-        if args.name is not None:
-            raise ArgumentError("list-models --pretrained lists every shipped weight; give no MODEL with it")
-        print(format_pretrained())
+        print(format_pretrained(args.name))
         return 0
-    if args.name is not None:
+    if args.name is not None and not pattern:
         print(format_model_arguments(args.name))
         return 0
-    names = list_models()
+    names = list_models(args.name)
+    if not names:
+        raise ArgumentError(f"no model matches {args.name!r}; `capsnets list-models` lists them all")
     width = max(len(n) for n in names)
     for name in names:
         try:
@@ -930,11 +931,15 @@ def _list_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_pretrained() -> str:
-    """The shipped pretrained weights, one ``NAME  ACCURACY  DTYPE  SIZE`` line each (from their model cards)."""
-    weights = {name: w for model in list_models(pretrained=True) for name, w in get_model_weights(model).items()}
+def format_pretrained(pattern: str | None = None) -> str:
+    """The shipped pretrained weights (of the models ``pattern`` names or matches), one
+    ``NAME  ACCURACY  DTYPE  SIZE  DEFAULT`` line each (from their model cards)."""
+    if pattern is not None and not any(c in pattern for c in "*?[") and not get_model_weights(pattern):
+        default_weights(pattern)  # an error naming the models with weights
+    models = list_models(pattern, pretrained=True)
+    weights = {name: w for model in models for name, w in get_model_weights(model).items()}
     if not weights:
-        return "no pretrained weights are shipped"
+        return "no pretrained weights are shipped" + (f" for {pattern!r}" if pattern else "")
     width = max(len(name) for name in weights)
     lines = [f"{'name':<{width}}  test acc.  dtype    size  default"]
     for name, weight in weights.items():
@@ -942,7 +947,7 @@ def format_pretrained() -> str:
         accuracy = weight.meta["metrics"][weight.dataset]["accuracy"]
         dtype = weight.meta["card"].get("dtype", "?")
         default = "yes" if weight.default else ""
-        lines.append(f"{name:<{width}}  {_pct(accuracy):>9}  {dtype:<7}  {size:.1f} MB  {default}")
+        lines.append(f"{name:<{width}}  {_pct(accuracy):>9}  {dtype:<7}  {size:.1f} MB  {default}".rstrip())
     return "\n".join(lines)
 
 

@@ -161,7 +161,8 @@ class Ensemble(nn.Module):
 
     Args:
         members: models with the same ``num_classes`` and ``input_size``, returning :class:`ModelOutput` of one
-            ``score_kind`` (lengths are averaged with lengths, never with logits).
+            ``score_kind`` (lengths are averaged with lengths, never with logits). The ensemble's ``class_names``
+            are the first member's.
 
     Shape:
         - images: ``(B, C, H, W)``
@@ -189,6 +190,7 @@ class Ensemble(nn.Module):
                 raise ValueError(f"the models of an ensemble must agree on {name}; got {values}")
         self.members = nn.ModuleList(members)
         self.num_classes, self.input_size = members[0].num_classes, tuple(members[0].input_size)
+        self.class_names = getattr(members[0], "class_names", None)  # load_ensemble checks that they agree
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         outputs = [member(images) for member in self.members]

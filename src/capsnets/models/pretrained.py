@@ -150,8 +150,7 @@ def default_weights(model: str) -> Weights:
     if not found:
         raise PretrainedError(
             f"model {model!r} has no shipped pretrained weight; models with weights: "
-            f"{', '.join(pretrained_models()) or 'none'} (`capsnets list-models --pretrained`). Build it with "
-            "pretrained=False, or give a checkpoint file or URL"
+            f"{', '.join(pretrained_models()) or 'none'} (`capsnets list-models --pretrained`)"
         )
     return next(iter(found.values()))
 
