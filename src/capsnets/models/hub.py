@@ -30,17 +30,9 @@ from torch import nn
 
 from capsnets.io import Checkpoint, CheckpointError, load_checkpoint, write_checkpoint
 from capsnets.models import registry
-from capsnets.models.pretrained import (
-    PretrainedError,
-    Weights,
-    pretrained_models,
-    resolve_pretrained,
-    stamp_sha256,
-)
+from capsnets.models.pretrained import PretrainedError, Weights, resolve_pretrained, stamp_sha256
 from capsnets.models.registry import model_arguments
 from capsnets.validation import ArgumentError
-
-registry.set_pretrained_source(pretrained_models)
 
 #: The name the classifier layer of capsnets 0.2.0 and earlier had in checkpoints (now ``class_capsules``).
 _OLD_CLASSIFIER, _CLASSIFIER = "classes.", "class_capsules."

@@ -160,6 +160,9 @@ def pretrained_models() -> list[str]:
     return sorted({card["model"] for card in _cards().values()})
 
 
+registry.set_pretrained_source(pretrained_models)  # list_models(pretrained=True)
+
+
 def resolve_pretrained(
     pretrained: str | os.PathLike | Weights | bool, model: str | None = None, *, sha256: str | None = None
 ) -> Path:
