@@ -209,7 +209,7 @@ def _renamed_classifier_message(checkpoint: Checkpoint) -> str:
     renamed = path.removesuffix(".safetensors") + "-renamed.safetensors"
     return (
         f"checkpoint '{path}' was saved by capsnets {version}, whose classifier layer was named 'classes'; it is "
-        f"now 'class_capsules' ('model.classes' is a layer no more). Rename its tensors once and load the new file: "
+        f"now 'class_capsules' (the tensors are the same). Rename its tensors once and load the new file: "
         f'python -c "from capsnets.io import load_checkpoint as l, write_checkpoint as w; c = l({path!r}); '
         f"w({renamed!r}, {{k.replace('model.classes.', 'model.class_capsules.', 1): v for k, v in "
         f'c.tensors.items()}}, c.meta)" (or retrain)'
