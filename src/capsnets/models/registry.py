@@ -87,7 +87,8 @@ def list_models(
     if patterns:
         names = [name for name in names if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
     if pretrained:
-        names = [name for name in names if name in _PRETRAINED_SOURCE()]
+        with_weights = set(_PRETRAINED_SOURCE())
+        names = [name for name in names if name in with_weights]
     return names
 
 
