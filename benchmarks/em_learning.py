@@ -117,7 +117,7 @@ def activation_stats(model: torch.nn.Module, images: torch.Tensor) -> dict:
 
 def initialise(model: torch.nn.Module, init: dict) -> None:
     """Refill parameters after the model is built: ``{"beta_a": [mean, std]}`` draws every parameter whose
-    name is ``beta_a`` or ends with ``.beta_a`` (``"classes.beta_a"``: that layer's only) from a normal
+    name is ``beta_a`` or ends with ``.beta_a`` (``"class_capsules.beta_a"``: that layer's only) from a normal
     distribution truncated at two standard deviations (a number instead of ``[mean, std]`` sets them to
     it). Raises if a name matches no parameter."""
     for suffix, value in init.items():
@@ -134,8 +134,8 @@ def initialise(model: torch.nn.Module, init: dict) -> None:
 
 
 def set_layer_routing(model: torch.nn.Module, layer_routing: dict) -> None:
-    """Give single layers routings of their own: ``{"classes": {"cost_normalization": "mean_std",
-    "inverse_temperature": 1.0}}`` replaces ``model.classes.routing`` by ``EMRouting(**that)`` (EMRouting's
+    """Give single layers routings of their own: ``{"class_capsules": {"cost_normalization": "mean_std",
+    "inverse_temperature": 1.0}}`` replaces ``model.class_capsules.routing`` by ``EMRouting(**that)`` (EMRouting's
     defaults for what is not given), so that a setting can be tried in one layer while the others keep the
     variant's. Raises if a name is not a submodule with a ``routing``."""
     from capsnets.functional import EMRouting

@@ -51,7 +51,7 @@ def test_the_ensemble_scores_with_the_mean_of_the_runs_lengths(runs, capsys):
     assert (runs / "evaluation_ensemble_run0_best+run1_best_digits_confusion.png").is_file()
     data = load_dataset("digits", train=False)
     with torch.no_grad():
-        lengths = [load_model(runs / f"run{k}")[0](data.images).scores for k in (0, 1)]
+        lengths = [load_model(runs / f"run{k}")(data.images).scores for k in (0, 1)]
     mean = (lengths[0] + lengths[1]) / 2
     assert report["accuracy"] == (mean.argmax(dim=1) == data.labels).sum().item() / 360
     assert report["count"] == sum(map(sum, report["confusion_matrix"])) == 360

@@ -83,7 +83,7 @@ def test_files_and_folders_are_collected_and_bad_ones_named(tmp_path):
 def test_predictions_are_the_models_own_on_the_same_images(digits_run, tmp_path):
     from capsnets.data import load_dataset
 
-    model, _ = load_model(digits_run)
+    model = load_model(digits_run)
     data = load_dataset("digits", train=False)
     images = data.images[:12]
     files = [
@@ -142,8 +142,8 @@ def test_the_cli_prints_and_writes_json(digits_run, tmp_path, capsys):
 
 
 def test_the_checkpoint_records_its_class_names(digits_run):
-    _, checkpoint = load_model(digits_run)
-    assert checkpoint.meta["classes"] == [str(k) for k in range(10)]
+    model = load_model(digits_run)
+    assert model.checkpoint_meta["classes"] == model.class_names == [str(k) for k in range(10)]
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,13 @@
-"""Pretrained weights (:mod:`capsnets.models.hub`): the shipped ones load offline and match their cards; local
-files and ``file://`` URLs load the same way; a file whose SHA-256 differs is refused; bad tags say what exists."""
+"""Pretrained weights (:mod:`capsnets.models.pretrained`, :mod:`capsnets.models.hub`): the shipped ones load offline
+and match their cards, as ``pretrained=True``, by tag, by name or as a :class:`~capsnets.models.Weights`; local files
+and ``file://`` URLs load the same way; a file whose SHA-256 differs is refused; bad tags say what exists."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from reliability.faults import one_error_line
@@ -13,12 +15,16 @@ from reliability.faults import one_error_line
 import capsnets
 from capsnets.cli import main
 from capsnets.engine import publish
+from capsnets.images import ImageTransform
 from capsnets.io import file_sha256
-from capsnets.models import hub
-from capsnets.models.hub import PretrainedError, save_pretrained, shipped_weights
+from capsnets.models import hub, pretrained
+from capsnets.models.hub import save_pretrained
+from capsnets.models.pretrained import PretrainedError, Weights
 from capsnets.validation import ArgumentError
 
-SHIPPED = shipped_weights()
+SHIPPED = {
+    name: w for model in capsnets.list_models(pretrained=True) for name, w in capsnets.get_model_weights(model).items()
+}
 CARD_KEYS = ("data", "command", "seed", "test_accuracy", "date", "dtype", "torch")
 
 
@@ -41,11 +47,11 @@ def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 
 def test_at_least_one_weight_ships_with_a_complete_card():
-    assert "capsnet_small-mnist" in SHIPPED
+    assert "capsnet_small-mnist" in SHIPPED and len(SHIPPED) == len(list(pretrained.WEIGHTS_DIR.glob("*.json")))
     for name, weight in SHIPPED.items():
-        assert set(CARD_KEYS) <= set(weight.card["card"]), name
+        assert set(CARD_KEYS) <= set(weight.meta["card"]), name
         assert weight.path.is_file() and file_sha256(weight.path) == weight.sha256, name
-        assert weight.card["model"] in capsnets.list_models()
+        assert weight.model in capsnets.list_models() and name == f"{weight.model}-{weight.dataset}"
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -72,7 +78,7 @@ def test_tampered_shipped_weight_is_refused(tmp_path, monkeypatch):
     data = bytearray((tmp_path / weight.path.name).read_bytes())
     data[-3] ^= 0x01  # one bit of one weight
     (tmp_path / weight.path.name).write_bytes(bytes(data))
-    monkeypatch.setattr(hub, "WEIGHTS_DIR", tmp_path)
+    monkeypatch.setattr(pretrained, "WEIGHTS_DIR", tmp_path)
     with pytest.raises(PretrainedError, match="SHA-256"):
         capsnets.create_model(weight.model, pretrained=weight.dataset)
 
@@ -102,12 +108,12 @@ def test_url_download_is_verified_cached_and_atomic(tiny_weight, tmp_path):
     cache = tmp_path / "cache"
     digest = file_sha256(path)
     with pytest.raises(PretrainedError, match="SHA-256"):  # a wrong digest: refused, nothing cached
-        hub.download_weights(path.as_uri(), "f" * 64, cache_dir=cache)
+        pretrained.download_weights(path.as_uri(), "f" * 64, cache_dir=cache)
     assert not cache.exists() or not any(cache.iterdir())
-    cached = hub.download_weights(path.as_uri(), digest, cache_dir=cache)
+    cached = pretrained.download_weights(path.as_uri(), digest, cache_dir=cache)
     assert file_sha256(cached) == digest and [p.name for p in cache.iterdir()] == [cached.name]
     path.unlink()  # a second call uses the cached file
-    assert hub.download_weights(path.as_uri(), digest, cache_dir=cache) == cached
+    assert pretrained.download_weights(path.as_uri(), digest, cache_dir=cache) == cached
 
 
 @pytest.mark.parametrize("sha256", [None, "", "abc", "g" * 64])
@@ -146,9 +152,26 @@ def test_cli_lists_shipped_weights_with_their_accuracy(capsys):
     assert main(["list-models", "--pretrained"]) == 0
     out = capsys.readouterr().out
     for name, weight in SHIPPED.items():
-        assert name in out and f"{100 * weight.accuracy:.2f}%" in out
+        assert name in out and f"{100 * weight.meta['metrics'][weight.dataset]['accuracy']:.2f}%" in out
     assert main(["list-models", "capsnet", "--pretrained"]) == 1
-    one_error_line(capsys.readouterr().err, "list-models")
+    assert "models with weights: capsnet_small, " in one_error_line(capsys.readouterr().err, "list-models")
+
+
+@pytest.mark.parametrize(
+    "argv, listed",
+    [
+        (["capsnet_small", "--pretrained"], ["capsnet_small-mnist", "capsnet_small-fashion_mnist"]),
+        (["*capsnet*", "--pretrained"], list(SHIPPED)),
+        (["efficient*", "--pretrained"], ["efficient_capsnet-mnist"]),
+        (["efficient*"], ["efficient_capsnet", "efficient_capsnet_smallnorb"]),
+    ],
+)
+def test_cli_list_models_takes_a_pattern(argv, listed, capsys):
+    assert main(["list-models", *argv]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[0] for row in rows if row.split()[0] != "name"] == listed
+    if "--pretrained" in argv:
+        assert rows[1].endswith("yes")  # the default weight comes first and is marked
 
 
 def test_cli_predict_with_a_shipped_weight(tmp_path, capsys):
@@ -177,12 +200,14 @@ def test_every_shipped_weight_reaches_its_cards_accuracy(shared_data_root, tmp_p
     for name, weight in SHIPPED.items():
         model = capsnets.create_model(weight.model, pretrained=weight.dataset)
         test = load_dataset(weight.dataset, root=shared_data_root, train=False)
-        assert len(test.labels) == weight.card["card"]["test_images"]
+        recorded = weight.meta["metrics"][weight.dataset]
+        assert len(test.labels) == recorded["test_images"]
         accuracy = evaluate(model, test)["accuracy"]
-        assert abs(accuracy - weight.accuracy) <= 0.0005, (name, accuracy, weight.accuracy)
+        assert abs(accuracy - recorded["accuracy"]) <= 0.0005, (name, accuracy, recorded)
     monkeypatch.setenv("CAPSNETS_DATA", str(shared_data_root))
     assert main(["evaluate", "--pretrained", "capsnet_small-mnist", "--out", str(tmp_path)]) == 0
-    assert f"accuracy {100 * SHIPPED['capsnet_small-mnist'].accuracy:.2f}%" in capsys.readouterr().out
+    accuracy = SHIPPED["capsnet_small-mnist"].meta["metrics"]["mnist"]["accuracy"]
+    assert f"accuracy {100 * accuracy:.2f}%" in capsys.readouterr().out
 
 
 def test_publish_without_the_decoder_keeps_the_scores(tiny_weight, tmp_path):
@@ -205,3 +230,106 @@ def test_publish_without_the_decoder_keeps_the_scores(tiny_weight, tmp_path):
 def test_publish_without_the_decoder_refuses_a_model_without_one():
     with pytest.raises(PretrainedError, match="no 'reconstruction' argument"):
         hub.without_decoder(capsnets.create_model("cnn_baseline_narrow"))
+
+
+# timm and torchvision conventions --------------------------------------------------------------------------------
+
+
+def test_pretrained_true_loads_the_default_weight_and_false_none():
+    default = capsnets.create_model("capsnet_small", pretrained=True)
+    assert _same_weights(default, capsnets.create_model("capsnet_small", pretrained="mnist"))
+    assert not default.training and default.checkpoint_meta["dataset"] == "mnist"
+    only = capsnets.create_model("efficient_capsnet", pretrained=True)  # its one weight
+    assert only.checkpoint_meta["model"] == "efficient_capsnet"
+    torch.manual_seed(0)
+    fresh = capsnets.create_model("capsnet_small", pretrained=False)
+    assert fresh.training and not hasattr(fresh, "checkpoint_meta") and not _same_weights(fresh, default)
+
+
+def test_pretrained_true_for_a_model_without_weights_lists_those_with():
+    with pytest.raises(PretrainedError, match="model 'capsnet' has no shipped pretrained weight") as error:
+        capsnets.create_model("capsnet", pretrained=True)
+    assert "models with weights: capsnet_small, efficient_capsnet, matrix_capsnet_small" in str(error.value)
+
+
+def test_weights_object_describes_the_weight():
+    weights = capsnets.get_weights("capsnet_small-fashion_mnist")
+    assert isinstance(weights, Weights) and capsnets.models.get_weights is capsnets.get_weights
+    assert (weights.name, weights.model, weights.dataset, weights.default) == (
+        "capsnet_small-fashion_mnist",
+        "capsnet_small",
+        "fashion_mnist",
+        False,
+    )
+    meta = weights.meta
+    assert meta["categories"][0] == "T-shirt/top" and len(meta["categories"]) == 10
+    assert meta["input_size"] == (1, 28, 28)
+    assert meta["normalization"] == {
+        "scale": (0.0, 1.0),
+        "mean": (0.0,),
+        "std": (1.0,),
+        "per_image_standardization": False,
+    }
+    model = capsnets.create_model("capsnet_small", pretrained=weights)
+    assert meta["num_params"] == capsnets.count_parameters(model) > 0
+    assert meta["metrics"] == {"fashion_mnist": {"accuracy": 0.8874, "test_images": 10000}}
+    assert meta["recipe"].startswith("OMP_NUM_THREADS=1 capsnets train --model capsnet_small --dataset fashion_mnist")
+    assert model.class_names == meta["categories"]
+    assert _same_weights(model, capsnets.create_model("capsnet_small", pretrained="fashion_mnist"))
+
+
+def test_weights_transforms_prepare_any_image(tmp_path):
+    from PIL import Image
+
+    transform = capsnets.get_weights("capsnet_small-mnist").transforms()
+    assert isinstance(transform, ImageTransform) and transform.input_size == (1, 28, 28)
+    Image.new("L", (56, 56), 255).save(tmp_path / "white.png")  # light background: inverted for MNIST
+    inputs = [
+        str(tmp_path / "white.png"),
+        Image.new("L", (56, 56), 0),
+        np.zeros((40, 40), np.uint8),
+        torch.zeros(28, 28),
+    ]
+    for image in inputs:
+        tensor = transform(image)
+        assert tensor.shape == (1, 28, 28) and tensor.dtype == torch.float32 and tensor.max() == 0
+
+
+def test_get_model_weights_marks_the_default_first():
+    found = capsnets.get_model_weights("capsnet_small")
+    assert list(found) == ["capsnet_small-mnist", "capsnet_small-fashion_mnist"]
+    assert [w.default for w in found.values()] == [True, False]
+    assert capsnets.get_model_weights("capsnet") == {}
+    with pytest.raises(ArgumentError, match="Did you mean 'capsnet_small'"):
+        capsnets.get_model_weights("capsnet_smal")
+    with pytest.raises(PretrainedError, match="shipped: capsnet_small-fashion_mnist, capsnet_small-mnist"):
+        capsnets.get_weights("capsnet_small-cifar10")
+
+
+def test_a_weight_object_of_another_model_is_refused():
+    with pytest.raises(PretrainedError, match="'capsnet_small-mnist' is for model 'capsnet_small', not 'efficient"):
+        capsnets.create_model("efficient_capsnet", pretrained=capsnets.get_weights("capsnet_small-mnist"))
+
+
+def test_a_lone_weight_is_the_default_and_norb_data_is_standardised(tmp_path, monkeypatch):
+    model = capsnets.create_model("capsnet_digits", input_size=(1, 32, 32), num_classes=5)
+    save_pretrained(
+        model,
+        tmp_path / "capsnet_digits-smallnorb.safetensors",
+        dataset="smallnorb",
+        card={"test_accuracy": 0.5, "command": "none"},
+        classes=["animal", "human", "airplane", "truck", "car"],
+    )
+    monkeypatch.setattr(pretrained, "WEIGHTS_DIR", tmp_path)
+    assert capsnets.list_models(pretrained=True) == ["capsnet_digits"]
+    weights = capsnets.get_weights("capsnet_digits-smallnorb")
+    assert weights.default and weights.meta["input_size"] == (1, 32, 32)
+    assert weights.meta["normalization"]["per_image_standardization"] and weights.meta["normalization"]["mean"] is None
+    prepared = weights.transforms()(np.random.default_rng(0).random((96, 96)).astype(np.float32))
+    assert (
+        prepared.shape == (1, 32, 32)
+        and abs(prepared.mean().item()) < 1e-5
+        and abs(prepared.std(unbiased=False) - 1) < 1e-4
+    )
+    loaded = capsnets.create_model("capsnet_digits", pretrained=True)
+    assert loaded.class_names == ["animal", "human", "airplane", "truck", "car"] and _same_weights(loaded, model)

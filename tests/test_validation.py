@@ -168,7 +168,7 @@ def test_ints_are_taken_for_floats_and_routings_rebuild_from_their_records():
     model = capsnets.create_model(
         "matrix_capsnet_small", formulation="paper", routing={"inverse_temperature": 1}, device="meta"
     )
-    assert model.classes.routing.inverse_temperatures == [1.0] * 3
+    assert model.class_capsules.routing.inverse_temperatures == [1.0] * 3
     assert model.model_args["routing"]["inverse_temperature"] == [1.0] * 3
     assert capsnets.create_model("cnn_baseline_narrow", dropout=0, device="meta").model_args["dropout"] == 0.0
     official = capsnets.create_model(

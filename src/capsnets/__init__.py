@@ -5,6 +5,27 @@ a registry of models, a trainer and a command-line tool (``capsnets --help``).
 """
 
 from capsnets._version import __version__
-from capsnets.models import ModelOutput, count_parameters, create_model, list_models, load_model, save_model
+from capsnets.models import (
+    ModelOutput,
+    Weights,
+    count_parameters,
+    create_model,
+    get_model_weights,
+    get_weights,
+    list_models,
+    load_model,
+    save_model,
+)
 
-__all__ = ["ModelOutput", "__version__", "count_parameters", "create_model", "list_models", "load_model", "save_model"]
+__all__ = [
+    "ModelOutput",
+    "Weights",
+    "__version__",
+    "count_parameters",
+    "create_model",
+    "get_model_weights",
+    "get_weights",
+    "list_models",
+    "load_model",
+    "save_model",
+]

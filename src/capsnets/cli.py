@@ -49,9 +49,10 @@ from capsnets.engine.evaluate import evaluate, load_ensemble
 from capsnets.engine.runtime import AMP_MODES, resolve_device, retain_freed_memory
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
-from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, peek_sidecar
+from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, load_checkpoint, peek_sidecar
 from capsnets.models import count_parameters, create_model, list_models, model_schema, model_task, routing_keys
-from capsnets.models.hub import load_model, resolve_pretrained, shipped_weights
+from capsnets.models.hub import model_from_checkpoint
+from capsnets.models.pretrained import default_weights, get_model_weights, resolve_pretrained
 from capsnets.predict import collect_image_files, predict, read_images, segment
 from capsnets.validation import ArgumentError
 
@@ -428,14 +429,14 @@ def _add_list_models(parser: argparse.ArgumentParser) -> None:
         "name",
         nargs="?",
         metavar="MODEL",
-        help="list this model's --model-arg keys with their defaults and what they take, one per line, instead "
-        "(default: list every model)",
+        help="list this model's --model-arg keys with their defaults and what they take, one per line, instead; "
+        "a pattern such as 'capsnet*' lists the models it matches (default: list every model)",
     )
     parser.add_argument(
         "--pretrained",
         action="store_true",
         help="list the pretrained weights shipped with the package (the names --pretrained takes) "
-        "with their test accuracy, instead",
+        "with their test accuracy, instead (those of MODEL, or of the models a pattern matches, when given)",
     )
     parser.set_defaults(handler=_list_models)
 
@@ -641,7 +642,8 @@ def _resume_hint(out: str) -> str:
 def _load(args: argparse.Namespace, path: str):
     """Model, checkpoint, test data and device for ``evaluate`` / ``reconstruct`` of the checkpoint ``path``."""
     device = resolve_device(args.device)
-    model, checkpoint = load_model(path, device)
+    checkpoint = load_checkpoint(path)
+    model = model_from_checkpoint(checkpoint, device)
     return model, checkpoint, _test_data(args, checkpoint, model, device), device
 
 
@@ -794,7 +796,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    model, checkpoint = load_model(args.checkpoint, "cpu")
+    checkpoint = load_checkpoint(args.checkpoint)
+    model = model_from_checkpoint(checkpoint, "cpu")
     out = Path(args.out) if args.out else checkpoint.path.with_suffix(EXPORT_FORMATS[args.format])
     if out.suffix.lower() in (".safetensors", ".json", ".yaml", ".jsonl"):
         raise ArgumentError(f"--out '{out}' would replace a run file; name a {EXPORT_FORMATS[args.format]} file")
@@ -815,7 +818,8 @@ def _predict(args: argparse.Namespace) -> int:
         raise ArgumentError(f"--batch-size must be at least 1, got {args.batch_size}")
     files = collect_image_files(args.inputs)
     device = resolve_device(args.device)
-    model, checkpoint = load_model(_checkpoint_source(args, [args.checkpoint]), device)
+    checkpoint = load_checkpoint(_checkpoint_source(args, [args.checkpoint]))
+    model = model_from_checkpoint(checkpoint, device)
     name, dataset = checkpoint.meta["model"], checkpoint.meta.get("dataset")
     task = model_task(name)
     if task not in ("classification", "segmentation"):
@@ -917,15 +921,16 @@ def format_prediction(result) -> str:
 
 
 def _list_models(args: argparse.Namespace) -> int:
+    pattern = args.name is not None and any(c in args.name for c in "*?[")
     if args.pretrained:
-        if args.name is not None:
-            raise ArgumentError("list-models --pretrained lists every shipped weight; give no MODEL with it")
-        print(format_pretrained())
+        print(format_pretrained(args.name))
         return 0
-    if args.name is not None:
+    if args.name is not None and not pattern:
         print(format_model_arguments(args.name))
         return 0
-    names = list_models()
+    names = list_models(args.name)
+    if not names:
+        raise ArgumentError(f"no model matches {args.name!r}; `capsnets list-models` lists them all")
     width = max(len(n) for n in names)
     for name in names:
         try:
@@ -937,18 +942,23 @@ def _list_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_pretrained() -> str:
-    """The shipped pretrained weights, one ``NAME  ACCURACY  DTYPE  SIZE`` line each (from their model cards)."""
-    weights = shipped_weights()
+def format_pretrained(pattern: str | None = None) -> str:
+    """The shipped pretrained weights (of the models ``pattern`` names or matches), one
+    ``NAME  ACCURACY  DTYPE  SIZE  DEFAULT`` line each (from their model cards)."""
+    if pattern is not None and not any(c in pattern for c in "*?[") and not get_model_weights(pattern):
+        default_weights(pattern)  # an error naming the models with weights
+    models = list_models(pattern, pretrained=True)
+    weights = {name: w for model in models for name, w in get_model_weights(model).items()}
     if not weights:
-        return "no pretrained weights are shipped"
+        return "no pretrained weights are shipped" + (f" for {pattern!r}" if pattern else "")
     width = max(len(name) for name in weights)
-    lines = [f"{'name':<{width}}  test acc.  dtype    size"]
+    lines = [f"{'name':<{width}}  test acc.  dtype    size  default"]
     for name, weight in weights.items():
         size = weight.path.stat().st_size / 1e6 if weight.path.is_file() else float("nan")
-        lines.append(
-            f"{name:<{width}}  {_pct(weight.accuracy):>9}  {weight.card['card'].get('dtype', '?'):<7}  {size:.1f} MB"
-        )
+        accuracy = weight.meta["metrics"][weight.dataset]["accuracy"]
+        dtype = weight.meta["card"].get("dtype", "?")
+        default = "yes" if weight.default else ""
+        lines.append(f"{name:<{width}}  {_pct(accuracy):>9}  {dtype:<7}  {size:.1f} MB  {default}".rstrip())
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ Outputs, by the model's task:
 
 Examples::
 
-    >>> model, _ = load_model("runs/quickstart")                         # doctest: +SKIP
+    >>> model = load_model("runs/quickstart")                            # doctest: +SKIP
     >>> report = export_model(model, "capsnet.onnx")                      # doctest: +SKIP
     >>> report.max_abs_difference < 1e-4                                  # doctest: +SKIP
     True

@@ -8,7 +8,7 @@ command line of both.
 
 Examples::
 
-    >>> model, checkpoint = load_model("runs/capsnet_small_mnist")              # doctest: +SKIP
+    >>> model = load_model("runs/capsnet_small_mnist")                          # doctest: +SKIP
     >>> images, notes = read_images(["seven.png"], model.input_size, "mnist")  # doctest: +SKIP
     >>> predict(model, images, classes=[str(k) for k in range(10)])[0].label   # doctest: +SKIP
     '7'

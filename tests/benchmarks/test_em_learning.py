@@ -64,14 +64,14 @@ def test_activation_stats_describe_each_matrix_capsule_layer(load_benchmark):
     model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28))
     images = torch.rand(6, 1, 28, 28)
     stats = em_learning.activation_stats(model, images)
-    assert list(stats) == ["primary", "conv_caps1", "conv_caps2", "classes"]
+    assert list(stats) == ["primary", "conv_caps1", "conv_caps2", "class_capsules"]
     for layer in stats.values():
         assert 0 <= layer["mean"] <= 1 and layer["std"] >= 0 and 0 <= layer["spread"] <= 1
     # checked against the layer's own output
-    activation = model.classes(model.conv_caps2(model.conv_caps1(model.primary(torch.relu(model.conv(images))))))
+    activation = model.class_capsules(model.conv_caps2(model.conv_caps1(model.primary(torch.relu(model.conv(images))))))
     a = activation.activation.flatten(1)
-    assert abs(stats["classes"]["mean"] - a.mean().item()) < 1e-5
-    assert abs(stats["classes"]["spread"] - (a.amax(1) - a.amin(1)).mean().item()) < 1e-5
+    assert abs(stats["class_capsules"]["mean"] - a.mean().item()) < 1e-5
+    assert abs(stats["class_capsules"]["spread"] - (a.amax(1) - a.amin(1)).mean().item()) < 1e-5
     assert model.training  # left in training mode, as it was
     assert em_learning.activation_stats(capsnets.create_model("capsnet_digits"), torch.rand(2, 1, 8, 8)) == {}
 
@@ -108,10 +108,12 @@ def test_set_layer_routing_replaces_one_layers_routing(load_benchmark):
         "matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28), routing={"detach_routing": True}
     )
     em_learning.set_layer_routing(
-        model, {"classes": {"cost_normalization": "mean_std", "inverse_temperature": 1.0, "iterations": 2}}
+        model, {"class_capsules": {"cost_normalization": "mean_std", "inverse_temperature": 1.0, "iterations": 2}}
     )
-    assert model.classes.routing.cost_normalization == "mean_std" and model.classes.routing.iterations == 2
-    assert model.classes.routing.inverse_temperatures == [1.0, 1.0]
+    assert (
+        model.class_capsules.routing.cost_normalization == "mean_std" and model.class_capsules.routing.iterations == 2
+    )
+    assert model.class_capsules.routing.inverse_temperatures == [1.0, 1.0]
     assert model.conv_caps1.routing.cost_normalization is None and model.conv_caps1.routing.detach_routing
     with pytest.raises(ValueError, match="no routed layer named 'primary'"):
         em_learning.set_layer_routing(model, {"primary": {}})
@@ -124,6 +126,6 @@ def test_initialise_takes_one_layers_parameter_by_its_full_name(load_benchmark):
 
     em_learning = load_benchmark("em_learning")
     model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28), formulation="paper")
-    em_learning.initialise(model, {"classes.beta_a": -1.5})
-    assert (model.classes.beta_a == -1.5).all() and (model.conv_caps1.beta_a == 0).all()
+    em_learning.initialise(model, {"class_capsules.beta_a": -1.5})
+    assert (model.class_capsules.beta_a == -1.5).all() and (model.conv_caps1.beta_a == 0).all()
     assert torch.equal(model.conv_caps2.beta_a, torch.zeros_like(model.conv_caps2.beta_a))

@@ -263,9 +263,9 @@ def test_matrix_capsules_show_poses_and_assignments_without_a_decoder(web, untra
 
 
 def test_the_matrix_routing_is_restored_after_recording_it(untrained_matrix):
-    routing = untrained_matrix.model.classes.routing
+    routing = untrained_matrix.model.class_capsules.routing
     untrained_matrix.analyse(torch.rand(1, 28, 28))
-    assert untrained_matrix.model.classes.routing is routing
+    assert untrained_matrix.model.class_capsules.routing is routing
 
 
 def test_samples_are_test_images_the_trained_model_classifies(web, trained):

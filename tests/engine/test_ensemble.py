@@ -67,9 +67,11 @@ def _checkpoint(tmp_path, name: str, model, **meta) -> str:
 
 def test_load_ensemble_rebuilds_the_members(tmp_path):
     members = _models(2)
-    paths = [_checkpoint(tmp_path, f"run{k}", model) for k, model in enumerate(members)]
+    letters = [*"abcdefghij"]
+    paths = [_checkpoint(tmp_path, f"run{k}", model, classes=letters) for k, model in enumerate(members)]
     ensemble, checkpoints = load_ensemble([str(tmp_path / "run0"), paths[1]])
     assert [str(c.path) for c in checkpoints] == paths and not ensemble.training
+    assert ensemble.class_names == letters  # the names the runs recorded
     images = torch.rand(3, 1, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(ensemble(images).scores, Ensemble(members)(images).scores)

@@ -81,8 +81,8 @@ def test_the_mnist_counts_are_the_papers():
 def test_cifar10_model_shapes_and_routing():
     model = capsnets.create_model("capsnet_cifar10")
     assert model.input_size == (3, 32, 32) and model.crop == 24 and model.decoder is None
-    assert model.primary.num_capsules(16, 16) == 4 * 4 * 64 == model.classes.in_capsules
-    assert model.classes.routing == DynamicRouting(3, none_of_the_above=True)
+    assert model.primary.num_capsules(16, 16) == 4 * 4 * 64 == model.class_capsules.in_capsules
+    assert model.class_capsules.routing == DynamicRouting(3, none_of_the_above=True)
     out = model(torch.rand(2, 3, 32, 32))
     assert out.scores.shape == (2, 10) and out.capsules.shape == (2, 10, 16) and out.reconstruction is None
 
@@ -90,8 +90,8 @@ def test_cifar10_model_shapes_and_routing():
 def test_svhn_model_shapes():
     model = capsnets.create_model("capsnet_svhn")
     assert model.conv.out_channels == 64 and model.primary.num_types == 16 and model.primary.capsule_dim == 6
-    assert model.classes.in_capsules == 8 * 8 * 16 and model.classes.out_dim == 8
-    assert model.classes.routing == DynamicRouting()
+    assert model.class_capsules.in_capsules == 8 * 8 * 16 and model.class_capsules.out_dim == 8
+    assert model.class_capsules.routing == DynamicRouting()
     images = torch.rand(3, 3, 32, 32)
     out = model(images, torch.tensor([0, 4, 9]))
     assert out.capsules.shape == (3, 10, 8) and out.reconstruction.shape == images.shape
@@ -99,14 +99,14 @@ def test_svhn_model_shapes():
 
 def test_smallnorb_model_is_the_mnist_model_on_32x32_crops():
     model = capsnets.create_model("capsnet", input_size=(1, 32, 32), num_classes=5)
-    assert model.classes.in_capsules == 8 * 8 * 32 and model.conv.out_channels == 256
+    assert model.class_capsules.in_capsules == 8 * 8 * 32 and model.conv.out_channels == 256
     out = model(torch.randn(2, 1, 32, 32), torch.tensor([1, 3]))
     assert out.scores.shape == (2, 5) and out.reconstruction.shape == (2, 1, 32, 32)
 
 
 def _uncropped_twin(model: CapsNet) -> CapsNet:
     """The same weights, taking the 24x24 patches themselves as its images."""
-    twin = CapsNet(input_size=(3, 24, 24), primary_types=64, routing=model.classes.routing, decoder_hidden=None)
+    twin = CapsNet(input_size=(3, 24, 24), primary_types=64, routing=model.class_capsules.routing, decoder_hidden=None)
     twin.load_state_dict(model.state_dict())
     return twin
 
@@ -133,8 +133,8 @@ def test_the_none_of_the_above_parent_takes_coupling_but_gives_no_score():
     with torch.no_grad():
         primary = model.primary_capsules(images)  # (1, 1024, 8), of the central window
         torch.testing.assert_close(primary, model.primary(torch.relu(model.conv(center_crop(images, 24)))))
-        capsules, couplings = model.classes(primary, return_couplings=True)
-        _, reference = reference_dynamic_routing(model.classes.predictions(primary), 3, none_of_the_above=True)
+        capsules, couplings = model.class_capsules(primary, return_couplings=True)
+        _, reference = reference_dynamic_routing(model.class_capsules.predictions(primary), 3, none_of_the_above=True)
         out = model(images)
     assert couplings.shape == (1, 1024, 10) and reference.shape == (1, 1024, 11)
     torch.testing.assert_close(couplings, reference[..., :10], rtol=0, atol=1e-10)
@@ -147,18 +147,18 @@ def test_the_none_of_the_above_parent_takes_coupling_but_gives_no_score():
 def test_none_of_the_above_is_an_option_of_every_capsnet():
     for name in ("capsnet", "capsnet_small", "capsnet_digits", "capsnet_svhn"):
         model = capsnets.create_model(name, routing={"none_of_the_above": True, "iterations": 2}, device="meta")
-        assert model.classes.routing == DynamicRouting(2, none_of_the_above=True), name
+        assert model.class_capsules.routing == DynamicRouting(2, none_of_the_above=True), name
     # the CIFAR-10 model: on unless turned off; settings alone update it, a spec with a type replaces it
     assert not capsnets.create_model(
         "capsnet_cifar10", routing={"none_of_the_above": False}
-    ).classes.routing.none_of_the_above
-    assert capsnets.create_model("capsnet_cifar10", routing={"iterations": 2}).classes.routing == DynamicRouting(
+    ).class_capsules.routing.none_of_the_above
+    assert capsnets.create_model("capsnet_cifar10", routing={"iterations": 2}).class_capsules.routing == DynamicRouting(
         2, none_of_the_above=True
     )
     given = capsnets.create_model("capsnet_cifar10", routing={"type": "dynamic", "iterations": 2})
-    assert given.classes.routing == DynamicRouting(2)
+    assert given.class_capsules.routing == DynamicRouting(2)
     attention = capsnets.create_model("capsnet_cifar10", routing={"type": "self_attention"})
-    assert isinstance(attention.classes.routing.spec, SelfAttentionRouting)
+    assert isinstance(attention.class_capsules.routing.spec, SelfAttentionRouting)
     with pytest.raises(ValueError, match="takes bias, squash; got none_of_the_above"):
         capsnets.create_model("capsnet_cifar10", routing={"type": "self_attention", "none_of_the_above": True})
 
@@ -173,8 +173,8 @@ def test_a_checkpoint_keeps_the_option(tmp_path):
         model=model,
         meta={"model": "capsnet_small", "model_args": json.loads(json.dumps(model.model_args))},
     )
-    rebuilt, _ = load_model(path)
-    assert rebuilt.classes.routing == DynamicRouting(2, none_of_the_above=True)
+    rebuilt = load_model(path)
+    assert rebuilt.class_capsules.routing == DynamicRouting(2, none_of_the_above=True)
     images = torch.rand(2, 1, 28, 28)
     torch.testing.assert_close(rebuilt(images).scores, model.eval()(images).scores)
 

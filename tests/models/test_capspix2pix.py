@@ -11,7 +11,7 @@ from capsnets.models import PatchDiscriminator
 
 
 def test_registered_generators():
-    assert capsnets.list_models("synthesis") == ["capspix2pix", "capspix2pix_small", "pix2pix", "pix2pix_small"]
+    assert capsnets.list_models(task="synthesis") == ["capspix2pix", "capspix2pix_small", "pix2pix", "pix2pix_small"]
     caps = capsnets.create_model("capspix2pix")
     # the SegCaps R3 trunk (1,416,112 parameters with one input channel; 10 label channels add 9 x 5 x 5 x 16)
     assert capsnets.count_parameters(caps.trunk) == 1_416_112 + 9 * 25 * 16

@@ -43,8 +43,8 @@ def test_the_layers_are_the_authors():
         (3, 3, 2, 2),
     ]
     assert mnist.primary.conv.kernel_size == (9, 9) and mnist.primary.conv.groups == 128
-    assert (mnist.classes.in_capsules, mnist.classes.in_dim, mnist.classes.out_dim) == (16, 8, 16)
-    assert mnist.classes.routing.spec == SelfAttentionRouting(bias=True, squash="efficient")
+    assert (mnist.class_capsules.in_capsules, mnist.class_capsules.in_dim, mnist.class_capsules.out_dim) == (16, 8, 16)
+    assert mnist.class_capsules.routing.spec == SelfAttentionRouting(bias=True, squash="efficient")
     assert mnist.stem[2].eps == 1e-3  # Keras's batch norm
     norb = capsnets.create_model("efficient_capsnet_smallnorb", input_size=(2, 48, 48), device="meta")
     assert norb.primary.conv.kernel_size == (8, 8) and norb.decoder.seed == (8, 8)
@@ -55,7 +55,7 @@ def test_initialisation_is_keras():
     torch.manual_seed(0)
     model = capsnets.create_model("efficient_capsnet_smallnorb", input_size=(2, 48, 48))
     # he_normal of FCCaps's (K, N, D_p, D) weight: Keras's fan-in is N * K * D_p = 16 * 5 * 8
-    assert model.classes.weight.std().item() == pytest.approx(math.sqrt(2 / 640), rel=0.05)
+    assert model.class_capsules.weight.std().item() == pytest.approx(math.sqrt(2 / 640), rel=0.05)
     first = model.stem[0].weight
     assert first.std().item() == pytest.approx(math.sqrt(2 / first[0].numel()), rel=0.1)
     norms = [m for m in model.stem if isinstance(m, torch.nn.InstanceNorm2d)]
@@ -72,13 +72,16 @@ def test_class_capsules_route_as_the_authors_fccaps():
     torch.manual_seed(0)
     model = EfficientCapsNet(dtype=torch.float64, decoder=None)
     with torch.no_grad():
-        model.classes.routing.bias.normal_(0, 0.1)
+        model.class_capsules.routing.bias.normal_(0, 0.1)
     u_in = torch.randn(2, 16, 8, dtype=torch.float64)
-    u = torch.einsum("bid,ijed->bjie", u_in, model.classes.weight)  # (B, K, N, D)
-    c = torch.softmax(torch.einsum("bjie,bjke->bji", u, u) / math.sqrt(16), dim=1) + model.classes.routing.bias.t()
+    u = torch.einsum("bid,ijed->bjie", u_in, model.class_capsules.weight)  # (B, K, N, D)
+    c = (
+        torch.softmax(torch.einsum("bjie,bjke->bji", u, u) / math.sqrt(16), dim=1)
+        + model.class_capsules.routing.bias.t()
+    )
     s = (u * c.unsqueeze(-1)).sum(dim=2)
     n = s.norm(dim=-1, keepdim=True)
-    torch.testing.assert_close(model.classes(u_in), (1 - 1 / torch.exp(n)) * s / n, rtol=0, atol=1e-12)
+    torch.testing.assert_close(model.class_capsules(u_in), (1 - 1 / torch.exp(n)) * s / n, rtol=0, atol=1e-12)
 
 
 def test_primary_capsules_are_the_depthwise_channels_squashed():

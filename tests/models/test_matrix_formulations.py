@@ -15,15 +15,15 @@ def test_official_model_uses_the_released_routing_in_each_layer():
         assert (r.formulation, r.eps, r.variance_floor, r.detach_routing) == ("official", 1e-7, 5e-4, True)
         assert r.inverse_temperatures == pytest.approx(em_inverse_temperatures(3, final=0.01))
         assert layer.assignment_scope == "per_type"
-    r = model.classes.routing
+    r = model.class_capsules.routing
     assert (r.formulation, r.eps, r.variance_floor) == ("official", 1e-5, 5e-4)
     assert r.inverse_temperatures == pytest.approx(em_inverse_temperatures(3, final=0.0025))
     two = capsnets.create_model("matrix_capsnet_small", formulation="official", routing={"iterations": 2})
-    assert two.conv_caps1.routing.iterations == two.classes.routing.iterations == 2
-    assert two.classes.routing == EMRouting.official(2, layer="class")
+    assert two.conv_caps1.routing.iterations == two.class_capsules.routing.iterations == 2
+    assert two.class_capsules.routing == EMRouting.official(2, layer="class")
     # a routing object equal to the released code's gives the class layer the released class routing too
     given = capsnets.create_model("matrix_capsnet_small", routing=EMRouting.official(2), device="meta")
-    assert given.classes.routing == two.classes.routing
+    assert given.class_capsules.routing == two.class_capsules.routing
 
 
 def test_official_initialisation():
@@ -38,7 +38,7 @@ def test_official_initialisation():
         (model.primary.activation.weight, 3.0),
         (model.conv_caps1.weight, 0.3),
         (model.conv_caps2.weight, 0.3),
-        (model.classes.weight, 0.01),
+        (model.class_capsules.weight, 0.01),
     ):
         assert param.abs().max() <= 2 * std + 1e-7  # truncated at two standard deviations
         # a normal truncated at +-2 std has a standard deviation of 0.880 std
@@ -46,7 +46,7 @@ def test_official_initialisation():
     for layer, beta_a, beta_v in (
         (model.conv_caps1, 0.5, 0.5),
         (model.conv_caps2, 0.5, 0.5),
-        (model.classes, 1.0, 2.0),
+        (model.class_capsules, 1.0, 2.0),
     ):
         assert torch.all(layer.beta_a == beta_a) and torch.all(layer.beta_v == beta_v)
 
@@ -59,12 +59,12 @@ def test_official_coordinate_addition_is_the_receptive_field_centre_in_pixels_ov
     assert receptive_field_centres(6, [(3, 1, 0)]).tolist() == [-2.0, -1.0, 0.0, 1.0]
     assert receptive_field_centres(6, [(3, 1, 1)]).tolist() == [-3.0, -2.0, -1.0, 0.0, 1.0, 2.0]
     model = capsnets.create_model("matrix_capsnet_small", formulation="official")
-    coords = model.classes.coordinates(4, 4)
+    coords = model.class_capsules.coordinates(4, 4)
     expected = torch.tensor([-0.08, -0.04, 0.0, 0.04])
     torch.testing.assert_close(coords[..., 0], expected.expand(4, 4))  # the column, in every row
     torch.testing.assert_close(coords[..., 1], expected.unsqueeze(1).expand(4, 4))  # the row
     mnist = capsnets.create_model("matrix_capsnet_small", formulation="official", input_size=(1, 28, 28))
-    assert mnist.classes.coordinates(4, 4)[0, :, 0].tolist() == pytest.approx([-0.08, -0.04, 0.0, 0.04])
+    assert mnist.class_capsules.coordinates(4, 4)[0, :, 0].tolist() == pytest.approx([-0.08, -0.04, 0.0, 0.04])
 
 
 def test_paper_and_official_models_differ_only_in_the_primary_biases():
@@ -82,8 +82,8 @@ def test_official_formulation_refuses_the_paper_cost_options():
         )
     # other settings make a routing that is not the released code's: it is used in every layer
     model = capsnets.create_model("matrix_capsnet_small", formulation="official", routing={"inverse_temperature": 1.0})
-    assert model.classes.routing is model.conv_caps1.routing
-    assert model.classes.routing.inverse_temperatures == [1.0] * 3
+    assert model.class_capsules.routing is model.conv_caps1.routing
+    assert model.class_capsules.routing.inverse_temperatures == [1.0] * 3
     with pytest.raises(ValueError, match="formulation must be one of"):
         capsnets.create_model("matrix_capsnet_small", formulation="google")
 
@@ -93,13 +93,13 @@ def test_a_routing_object_overrides_the_routing_but_not_the_rest():
     model = capsnets.create_model(
         "matrix_capsnet_small", formulation="official", routing=routing, assignment_scope="position"
     )
-    assert model.conv_caps1.routing is routing and model.classes.routing is routing
+    assert model.conv_caps1.routing is routing and model.class_capsules.routing is routing
     assert model.primary.activation_offset == -1.0
 
 
 def test_a_model_records_its_formulation_and_rebuilds_from_the_record(tmp_path):
     paper = capsnets.create_model("matrix_capsnet_small", formulation="paper")
     capsnets.save_model(tmp_path / "m.safetensors", paper)
-    rebuilt, checkpoint = capsnets.load_model(tmp_path / "m.safetensors")
-    assert checkpoint.meta["model_args"]["formulation"] == "paper"
+    rebuilt = capsnets.load_model(tmp_path / "m.safetensors")
+    assert rebuilt.checkpoint_meta["model_args"]["formulation"] == "paper"
     assert rebuilt.formulation == "paper" and rebuilt.primary.pose.bias is not None

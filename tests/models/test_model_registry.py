@@ -7,6 +7,7 @@ import capsnets
 from capsnets.functional import DynamicRouting, EMRouting
 from capsnets.losses import create_loss
 from capsnets.models import MatrixCapsNet
+from capsnets.validation import ArgumentError
 
 from helpers import assert_finite
 
@@ -19,7 +20,7 @@ EXPECTED_PARAMETERS = {
 }
 
 
-@pytest.mark.parametrize("name", capsnets.list_models("classification"))
+@pytest.mark.parametrize("name", capsnets.list_models(task="classification"))
 @pytest.mark.parametrize("batch", [1, 3])
 def test_forward_backward_every_parameter_gets_gradient(name, batch):
     torch.manual_seed(0)
@@ -77,14 +78,14 @@ def test_routing_is_passed_in(load_benchmark):
     naive.load_state_dict(fast.state_dict())
     x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
     torch.testing.assert_close(fast(x).scores, naive(x).scores, rtol=0, atol=1e-6)
-    assert capsnets.create_model("capsnet_digits", routing={"iterations": 1}).classes.routing.iterations == 1
-    assert capsnets.create_model("capsnet_digits", routing="dynamic").classes.routing == DynamicRouting()
+    assert capsnets.create_model("capsnet_digits", routing={"iterations": 1}).class_capsules.routing.iterations == 1
+    assert capsnets.create_model("capsnet_digits", routing="dynamic").class_capsules.routing == DynamicRouting()
 
 
 def test_matrix_models_configure_their_em_routing():
     settings = {"iterations": 2, "cost_normalization": "mass", "inverse_temperature": 1.5, "detach_routing": True}
     model = capsnets.create_model("matrix_capsnet_small", routing=settings, formulation="paper")
-    for layer in (model.conv_caps1, model.conv_caps2, model.classes):
+    for layer in (model.conv_caps1, model.conv_caps2, model.class_capsules):
         routing = layer.routing
         assert (routing.iterations, routing.cost_normalization, routing.detach_routing) == (2, "mass", True)
         assert routing.inverse_temperatures == [1.5, 1.5]
@@ -126,8 +127,8 @@ def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
 
     model = capsnets.create_model("capsnet_small", input_size=(1, 36, 36))
     assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
-    rebuilt, checkpoint = load_model(tmp_path / "m.safetensors")
-    assert rebuilt.input_size == (1, 36, 36) and checkpoint.meta["model"] == "capsnet_small"
+    rebuilt = load_model(tmp_path / "m.safetensors")
+    assert rebuilt.input_size == (1, 36, 36) and rebuilt.checkpoint_meta["model"] == "capsnet_small"
     for (name, a), (_, b) in zip(model.state_dict().items(), rebuilt.state_dict().items()):
         assert torch.equal(a, b), name
 
@@ -152,7 +153,7 @@ def test_experiment_checkpoints_of_differently_built_models_are_refused(tmp_path
 
 SMALL = [
     name
-    for name in capsnets.list_models("classification") + capsnets.list_models("segmentation")
+    for name in capsnets.list_models(task="classification") + capsnets.list_models(task="segmentation")
     if name.endswith(("_small", "_narrow", "_digits"))
 ]
 
@@ -208,8 +209,38 @@ def test_matrix_models_give_the_class_layer_a_routing_of_its_own():
         class_routing=classes.to_config(),
     )
     assert model.conv_caps1.routing is conv and model.conv_caps2.routing is conv
-    assert model.classes.routing == classes
+    assert model.class_capsules.routing == classes
     images, labels = torch.rand(2, 1, 28, 28), torch.tensor([1, 7])
     assert model(images, labels).scores.shape == (2, 10)
     with pytest.raises(ValueError, match="class_routing=.*its type is 'dynamic'"):
         MatrixCapsNet(class_routing="dynamic", device="meta")
+
+
+def test_list_models_takes_fnmatch_patterns_a_task_and_pretrained():
+    every = capsnets.list_models()
+    assert capsnets.list_models("capsnet_s*") == [name for name in every if name.startswith("capsnet_s")] != []
+    assert capsnets.list_models(["unet*", "segcaps"]) == ["segcaps", "unet", "unet_small"]
+    assert capsnets.list_models("*_small", task="segmentation") == ["segcaps_small", "unet_small"]
+    assert capsnets.list_models("nothing*") == []
+    assert capsnets.list_models(pretrained=True) == ["capsnet_small", "efficient_capsnet", "matrix_capsnet_small"]
+    assert capsnets.list_models("efficient*", pretrained=True) == ["efficient_capsnet"]
+    with pytest.raises(ArgumentError, match="'segmentation' is a task: pass task='segmentation'"):
+        capsnets.list_models("segmentation")
+    with pytest.raises(ArgumentError, match="pattern must be a string or a list of strings"):
+        capsnets.list_models(3)
+
+
+@pytest.mark.parametrize(
+    "name, layer",
+    [
+        ("capsnet_digits", "LinearCapsules"),
+        ("efficient_capsnet", "LinearCapsules"),
+        ("matrix_capsnet_small", "ClassMatrixCapsules"),
+    ],
+)
+def test_the_class_capsule_layer_and_the_class_names_are_apart(name, layer):
+    model = capsnets.create_model(name)
+    assert type(model.class_capsules).__name__ == layer and not hasattr(model, "classes")
+    assert model.class_names == [str(k) for k in range(model.num_classes)]
+    assert capsnets.create_model("capsnet_digits", num_classes=3).class_names == ["0", "1", "2"]
+    assert any(key.startswith("class_capsules.") for key in model.state_dict())

@@ -47,8 +47,8 @@ def test_a_checkpoint_rebuilds_the_routing_it_was_saved_with(case, tmp_path):
     torch.manual_seed(0)
     model = capsnets.create_model(name, **kwargs).eval()
     assert _routings(model) != _routings(capsnets.create_model(name))  # not the default: the test can fail
-    rebuilt, checkpoint = load_model(_save(model, tmp_path / "m.safetensors"))
-    assert checkpoint.meta["model_args"]["routing"]["type"] in ("dynamic", "em")
+    rebuilt = load_model(_save(model, tmp_path / "m.safetensors"))
+    assert rebuilt.checkpoint_meta["model_args"]["routing"]["type"] in ("dynamic", "em")
     assert _routings(rebuilt) == _routings(model)
     images = torch.rand(2, *shape)
     with torch.no_grad():
@@ -94,7 +94,9 @@ def test_an_undescribed_routing_is_recorded_and_refuses_to_be_rebuilt(tmp_path):
 
 
 def test_routing_settings_alone_update_the_models_default_routing():
-    assert capsnets.create_model("capsnet_digits", routing={"iterations": 2}).classes.routing == DynamicRouting(2)
+    assert capsnets.create_model("capsnet_digits", routing={"iterations": 2}).class_capsules.routing == DynamicRouting(
+        2
+    )
     assert capsnets.create_model("segcaps_small", routing={"detach_routing": False}).enc1.routing == DynamicRouting(
         detach_routing=False
     )
@@ -108,8 +110,8 @@ def test_builders_leave_the_routing_defaults_to_the_routing():
     for name in ("capsnet", "capsnet_small", "segcaps_small", "capspix2pix_small", "matrix_capsnet_small"):
         args = capsnets.models.model_arguments(name)
         assert args["routing"] in ("dynamic", "em") and not any(key.startswith("routing_") for key in args)
-    assert capsnets.create_model("capsnet_digits").classes.routing == DynamicRouting()
-    assert capsnets.create_model("matrix_capsnet_small", formulation="paper").classes.routing == EMRouting()
+    assert capsnets.create_model("capsnet_digits").class_capsules.routing == DynamicRouting()
+    assert capsnets.create_model("matrix_capsnet_small", formulation="paper").class_capsules.routing == EMRouting()
     official = capsnets.create_model("matrix_capsnet_small")
     assert official.conv_caps1.routing == EMRouting.official(layer="conv")
-    assert official.classes.routing == EMRouting.official(layer="class")
+    assert official.class_capsules.routing == EMRouting.official(layer="class")

@@ -108,8 +108,8 @@ def test_routing_settings_reach_the_heads():
     dynamic = capsnets.create_model("routing_zoo", head="dynamic", routing={"iterations": 2}, device="meta")
     em = capsnets.create_model("routing_zoo", head="em", routing={"iterations": 2}, device="meta")
     inverted = capsnets.create_model("routing_zoo", head="inverted_attention", routing={"iterations": 4}, device="meta")
-    assert dynamic.head.classes.routing.iterations == em.head.classes.routing.iterations == 2
-    assert inverted.head.classes.routing.spec.iterations == 4
+    assert dynamic.head.class_capsules.routing.iterations == em.head.class_capsules.routing.iterations == 2
+    assert inverted.head.class_capsules.routing.spec.iterations == 4
     assert dynamic.model_args == {"head": "dynamic", "routing": DynamicRouting(2).to_config()}
     with pytest.raises(ValueError, match="routing type 'uniform' takes .*; got iterations"):
         capsnets.create_model("routing_zoo", head="uniform", routing={"iterations": 2})

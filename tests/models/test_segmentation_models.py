@@ -11,17 +11,17 @@ from capsnets.losses import binary_segmentation_loss, create_loss
 
 from helpers import assert_finite
 
-SEGMENTATION = capsnets.list_models("segmentation")
+SEGMENTATION = capsnets.list_models(task="segmentation")
 
 
 def test_the_registry_keeps_tasks_apart():
     assert SEGMENTATION == ["segcaps", "segcaps_small", "unet", "unet_small"]
-    assert not set(SEGMENTATION) & set(capsnets.list_models("classification"))
-    by_task = [capsnets.list_models(task) for task in capsnets.models.registry.TASKS]
+    assert not set(SEGMENTATION) & set(capsnets.list_models(task="classification"))
+    by_task = [capsnets.list_models(task=task) for task in capsnets.models.registry.TASKS]
     assert sorted(capsnets.list_models()) == sorted(name for names in by_task for name in names)
     assert capsnets.models.model_task("segcaps") == "segmentation"
     with pytest.raises(ValueError, match="task must be one of"):
-        capsnets.list_models("detection")
+        capsnets.list_models(task="detection")
 
 
 @pytest.mark.parametrize("name, count", [("segcaps", 1_425_649), ("unet", 31_030_593)])

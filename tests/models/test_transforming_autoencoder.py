@@ -10,7 +10,7 @@ from capsnets.losses import create_loss
 
 
 def test_registered_with_the_paper_sizes():
-    assert capsnets.list_models("autoencoder") == ["transforming_autoencoder"]
+    assert capsnets.list_models(task="autoencoder") == ["transforming_autoencoder"]
     model = capsnets.create_model("transforming_autoencoder")
     assert model.num_capsules == 30 and model.recognition.out_features == 300
     assert model.generation_out.shape == (30, 20, 784)

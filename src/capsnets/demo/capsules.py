@@ -120,7 +120,7 @@ class DemoModel:
             "score": "activation" if matrix else "length",
             "decoder": self.decoder is not None,
             "capsule_dim": self.capsule_dim,
-            "pose_size": int(self.model.classes.pose_size) if matrix else None,
+            "pose_size": int(self.model.class_capsules.pose_size) if matrix else None,
             "note": self._note(),
             "kernel_note": self.kernel_note(),
         }
@@ -174,7 +174,7 @@ class DemoModel:
         """Class capsules ``(K, D)`` and coupling maps ``(K, H', W')`` (routing_map's, for every class)."""
         model = self.model
         primary = model.primary_capsules(image[None])  # (1, T*H'*W', D_p), ordered (type, row, col)
-        capsules, couplings = model.classes(primary, return_couplings=True)  # (1, K, D), (1, I, K)
+        capsules, couplings = model.class_capsules(primary, return_couplings=True)  # (1, K, D), (1, I, K)
         grid = model.primary_grid()  # (H', W')
         routed = couplings[0] * capsule_length(primary[0])[:, None]  # (I, K): c[i, j] |u_i|
         return capsules[0], routed.T.reshape(self.num_classes, -1, *grid).sum(dim=1)
@@ -182,9 +182,11 @@ class DemoModel:
     def _matrix(self, image: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Activations ``(K,)``, flattened poses ``(K, P*P)`` and assignment maps ``(K, h, w)`` (or None)."""
         children = {}
-        hook = self.model.classes.register_forward_hook(lambda layer, inputs, output: children.update(caps=inputs[0]))
+        hook = self.model.class_capsules.register_forward_hook(
+            lambda layer, inputs, output: children.update(caps=inputs[0])
+        )
         try:
-            with _recording_assignments(self.model.classes) as record:
+            with _recording_assignments(self.model.class_capsules) as record:
                 output = self.model(image[None])
         finally:
             hook.remove()

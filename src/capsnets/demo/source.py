@@ -20,7 +20,9 @@ import torch
 from capsnets.data import dataset_info
 from capsnets.demo.capsules import DemoModel
 from capsnets.engine import TrainConfig, train
-from capsnets.models.hub import load_model, load_pretrained
+from capsnets.io import load_checkpoint
+from capsnets.models.hub import model_from_checkpoint
+from capsnets.models.pretrained import resolve_pretrained
 from capsnets.validation import ArgumentError
 
 __all__ = ["DEMO_PRETRAINED", "DEMO_RUN_DIR", "DEMO_TRAINING", "load_demo_model"]
@@ -57,14 +59,14 @@ def load_demo_model(
         ValueError: the checkpoint cannot be loaded, or ``out`` holds other files (naming it).
     """
     if checkpoint is not None:
-        model, loaded = load_model(checkpoint, "cpu")
+        model, loaded = _load(checkpoint)
         return _demo_model(model, loaded, f"loaded from {loaded.path}{_epoch(loaded)}", data_dir)
     if pretrained is not None:
-        model, loaded = load_pretrained(pretrained, device="cpu")
+        model, loaded = _load(resolve_pretrained(pretrained))
         return _demo_model(model, loaded, f"the shipped pretrained weight {pretrained}", data_dir)
     run = Path(out)
     if (run / "summary.json").is_file():
-        model, loaded = load_model(run, "cpu")
+        model, loaded = _load(run)
         return _demo_model(
             model,
             loaded,
@@ -72,7 +74,7 @@ def load_demo_model(
             data_dir,
         )
     seconds = _train(run)
-    model, loaded = load_model(run, "cpu")
+    model, loaded = _load(run)
     return _demo_model(
         model,
         loaded,
@@ -81,6 +83,12 @@ def load_demo_model(
         f"{run}: the next start loads it",
         data_dir,
     )
+
+
+def _load(source: str | os.PathLike):
+    """The model of a checkpoint or run directory on the CPU, and the checkpoint."""
+    checkpoint = load_checkpoint(source)
+    return model_from_checkpoint(checkpoint, "cpu"), checkpoint
 
 
 def _train(run: Path) -> float:

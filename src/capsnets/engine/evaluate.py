@@ -26,7 +26,8 @@ from capsnets.data import dataset_info
 from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, resolve_amp, resolve_device
-from capsnets.models.hub import load_model
+from capsnets.io import load_checkpoint
+from capsnets.models.hub import model_from_checkpoint
 from capsnets.models.output import ModelOutput
 
 
@@ -160,7 +161,8 @@ class Ensemble(nn.Module):
 
     Args:
         members: models with the same ``num_classes`` and ``input_size``, returning :class:`ModelOutput` of one
-            ``score_kind`` (lengths are averaged with lengths, never with logits).
+            ``score_kind`` (lengths are averaged with lengths, never with logits). The ensemble's ``class_names``
+            are the first member's.
 
     Shape:
         - images: ``(B, C, H, W)``
@@ -188,6 +190,7 @@ class Ensemble(nn.Module):
                 raise ValueError(f"the models of an ensemble must agree on {name}; got {values}")
         self.members = nn.ModuleList(members)
         self.num_classes, self.input_size = members[0].num_classes, tuple(members[0].input_size)
+        self.class_names = getattr(members[0], "class_names", None)  # load_ensemble checks that they agree
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         outputs = [member(images) for member in self.members]
@@ -212,7 +215,8 @@ def load_ensemble(paths: Sequence[str | Path], device: str | torch.device = "cpu
         ValueError: a checkpoint given twice, one that does not record its data set, or checkpoints trained on
             different data sets, classes or image sizes (the message names the two that differ).
     """
-    loaded = [load_model(path, device) for path in paths]
+    checkpoints = [load_checkpoint(path) for path in paths]
+    loaded = [(model_from_checkpoint(checkpoint, device), checkpoint) for checkpoint in checkpoints]
     if not loaded:
         raise ValueError("an ensemble needs at least one checkpoint")
     seen: dict[Path, str] = {}

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from capsnets.data import load_dataset
 from capsnets.engine.evaluate import evaluate
-from capsnets.models.hub import WEIGHTS_DIR, load_model, save_pretrained, without_decoder
+from capsnets.io import load_checkpoint
+from capsnets.models.hub import model_from_checkpoint, save_pretrained, without_decoder
+from capsnets.models.pretrained import WEIGHTS_DIR
 
 
 def publish_checkpoint(
@@ -28,7 +30,8 @@ def publish_checkpoint(
     seed and epochs, both accuracies and the date. ``reconstruction=False`` ships the model without its
     reconstruction decoder (rebuilt with ``reconstruction=False``; the scores do not depend on the decoder),
     for models whose builder takes that argument."""
-    model, trained = load_model(checkpoint, "cpu")
+    trained = load_checkpoint(checkpoint)
+    model = model_from_checkpoint(trained, "cpu")
     if not reconstruction:
         model = without_decoder(model)
     dataset = trained.meta["dataset"].lower().replace("-", "_")

@@ -70,7 +70,7 @@ def routing_map(model: nn.Module, image: Tensor, return_couplings: bool = False)
         ``return_couplings`` also the couplings ``(I,)`` of every primary capsule to the winning class.
     """
     primary = model.primary_capsules(image[None])  # (1, T*H'*W', D_p), ordered (type, row, col)
-    capsules, couplings = model.classes(primary, return_couplings=True)  # (1, K, D), (1, I, K)
+    capsules, couplings = model.class_capsules(primary, return_couplings=True)  # (1, K, D), (1, I, K)
     winner = int(capsule_length(capsules)[0].argmax())
     grid = model.primary_grid()  # (H', W')
     routed = couplings[0, :, winner] * capsule_length(primary[0])  # (T*H'*W',): c[i, j] |u_i|
@@ -97,7 +97,7 @@ def _model(cfg: Settings, data, device: str, seed: int, checkpoints) -> tuple[nn
     folder = checkpoints.directory
     if folder is not None and not checkpoint_path(folder, "dimensions_capsnet").is_file():
         try:  # a trainer run directory
-            return load_model(folder, device)[0], {"folder": folder}
+            return load_model(folder, device), {"folder": folder}
         except CheckpointError:
             pass
     model = create_model(cfg.model, device=device)

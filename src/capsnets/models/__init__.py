@@ -1,4 +1,5 @@
-"""Model families, their registry, the output contract, and models from files (:mod:`capsnets.models.hub`)."""
+"""Model families, their registry, the output contract, models from files (:mod:`capsnets.models.hub`) and
+pretrained weights (:mod:`capsnets.models.pretrained`)."""
 
 from capsnets.models import (  # noqa: F401
     baselines,
@@ -14,9 +15,10 @@ from capsnets.models import (  # noqa: F401
 from capsnets.models.baselines import BaselineCNN, SmallNorbCNN
 from capsnets.models.capsnet import CapsNet
 from capsnets.models.capspix2pix import CapsPix2pixGenerator, PatchDiscriminator, Pix2pixGenerator, SynthesisOutput
-from capsnets.models.hub import create_model, load_model, load_pretrained, save_model, shipped_weights
+from capsnets.models.hub import create_model, load_model, load_pretrained, model_from_checkpoint, save_model
 from capsnets.models.matrix_capsnet import MatrixCapsNet
 from capsnets.models.output import ModelOutput
+from capsnets.models.pretrained import PretrainedError, Weights, get_model_weights, get_weights
 from capsnets.models.registry import (
     count_parameters,
     default_routing,
@@ -39,6 +41,7 @@ __all__ = [
     "MatrixCapsNet",
     "ModelOutput",
     "PatchDiscriminator",
+    "PretrainedError",
     "Pix2pixGenerator",
     "SegCaps",
     "SegmentationOutput",
@@ -46,17 +49,20 @@ __all__ = [
     "SynthesisOutput",
     "TransformingAutoencoder",
     "UNet",
+    "Weights",
     "count_parameters",
     "create_model",
     "default_routing",
+    "get_model_weights",
+    "get_weights",
     "list_models",
     "load_model",
     "load_pretrained",
     "model_arguments",
+    "model_from_checkpoint",
     "model_schema",
     "model_task",
     "register_model",
     "routing_keys",
     "save_model",
-    "shipped_weights",
 ]

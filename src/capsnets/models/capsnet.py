@@ -131,7 +131,7 @@ class CapsNet(nn.Module):
         self.primary = PrimaryCapsules(
             conv_channels, primary_types, primary_dim, kernel_size=primary_kernel, stride=primary_stride, **factory
         )
-        self.classes = LinearCapsules(
+        self.class_capsules = LinearCapsules(
             self.primary.num_capsules(conv_h, conv_w),
             primary_dim,
             num_classes,
@@ -160,7 +160,7 @@ class CapsNet(nn.Module):
 
     def encode(self, images: Tensor) -> Tensor:
         """Class capsules ``(B, num_classes, class_dim)``."""
-        return self.classes(self.primary_capsules(images))  # (B, N, D_p) -> (B, K, D_c)
+        return self.class_capsules(self.primary_capsules(images))  # (B, N, D_p) -> (B, K, D_c)
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class capsules, scores and reconstruction of ``images`` (a non-empty batch; uint8 images are scaled to

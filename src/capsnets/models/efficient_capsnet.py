@@ -213,7 +213,7 @@ class EfficientCapsNet(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.stem, grid = _stem(self.input_size, convs, norm, factory)
         self.primary = DepthwisePrimaryCapsules(convs[-1][0], primary_dim, grid, **factory)
-        self.classes = LinearCapsules(
+        self.class_capsules = LinearCapsules(
             convs[-1][0] // primary_dim, primary_dim, num_classes, class_dim, routing=routing, **factory
         )
         self.decoder = None
@@ -237,7 +237,7 @@ class EfficientCapsNet(nn.Module):
             if isinstance(conv, nn.Conv2d):
                 _keras_normal_(conv.weight, fan=conv.weight[0].numel())
         # Keras reads the fan-in of FCCaps's (K, N, D_p, D) weight as N * K * D_p (here it is (N, K, D, D_p))
-        _keras_normal_(self.classes.weight, fan=self.classes.weight[:, :, 0].numel())
+        _keras_normal_(self.class_capsules.weight, fan=self.class_capsules.weight[:, :, 0].numel())
         if isinstance(self.decoder, CapsuleDecoder):
             linears = [m for m in self.decoder.mlp if isinstance(m, nn.Linear)]
             for linear in linears[:-1]:
@@ -247,7 +247,7 @@ class EfficientCapsNet(nn.Module):
     def encode(self, images: Tensor) -> Tensor:
         """Class capsules ``(B, K, D)``."""
         images = image_batch(images, self.input_size, dtype=self.primary.conv.weight.dtype, owner=type(self).__name__)
-        return self.classes(self.primary(self.stem(images)))  # (B, F, h, w) -> (B, N, D_p) -> (B, K, D)
+        return self.class_capsules(self.primary(self.stem(images)))  # (B, F, h, w) -> (B, N, D_p) -> (B, K, D)
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class capsules, scores and reconstruction of ``images`` (a non-empty batch; uint8 images are scaled to

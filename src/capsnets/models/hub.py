@@ -1,21 +1,19 @@
 """Models from files: building a model from a checkpoint, saving one, and pretrained weights.
 
 :func:`create_model` is the registry's :func:`~capsnets.models.registry.create_model` plus ``pretrained=``
-(timm's ``create_model(..., pretrained=True)``). :func:`load_model` rebuilds the model a checkpoint records and
-loads its weights; :func:`save_model` writes one. Files are read and written by :mod:`capsnets.io`.
+(timm's ``create_model(..., pretrained=True)``). :func:`load_model` rebuilds the model a checkpoint or a run
+directory records and loads its weights; :func:`save_model` writes one. Files are read and written by
+:mod:`capsnets.io`; the shipped weights are described in :mod:`capsnets.models.pretrained`.
 
-A pretrained weight is a checkpoint in the library's one format (:mod:`capsnets.io`): a ``.safetensors`` file
-whose embedded sidecar records the model name and ``model_args`` (so the model is rebuilt exactly), without
-optimizer state. Shipped weights live in ``capsnets/weights/`` as
-``<model>-<dataset>.safetensors`` beside ``<model>-<dataset>.json``, the readable copy of the sidecar, which is
-also the weight's model card: its ``card`` entry gives the data, the training command, the seed, the test
-accuracy, the date and the torch version, and its ``sha256`` entry the SHA-256 of the ``.safetensors`` file,
-checked before the file is loaded.
+A model loaded from a file carries ``class_names`` (the class names its checkpoint records) and
+``checkpoint_meta`` (the checkpoint's sidecar: model, data set, metrics, configuration...).
 
 Examples::
 
-    >>> model = create_model("capsnet_small", pretrained="mnist")                  # shipped, offline
-    >>> model = create_model("capsnet_small", pretrained="runs/a/best.safetensors")  # doctest: +SKIP
+    >>> model = create_model("capsnet_small", pretrained=True)                     # shipped, offline
+    >>> model.class_names[:3]
+    ['0', '1', '2']
+    >>> model = load_model("runs/quickstart")                                       # doctest: +SKIP
     >>> model = create_model("capsnet_small", pretrained="https://example.org/w.safetensors",
     ...                      sha256="9f86d0...")                                    # doctest: +SKIP
 """
@@ -23,86 +21,59 @@ Examples::
 from __future__ import annotations
 
 import copy
-import json
 import os
-import urllib.parse
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from capsnets.io import (
-    Checkpoint,
-    CheckpointError,
-    atomic_write,
-    file_sha256,
-    load_checkpoint,
-    sidecar_path,
-    write_checkpoint,
-)
+from capsnets.io import Checkpoint, CheckpointError, load_checkpoint, write_checkpoint
 from capsnets.models import registry
+from capsnets.models.pretrained import PretrainedError, Weights, resolve_pretrained, stamp_sha256
 from capsnets.models.registry import model_arguments
 from capsnets.validation import ArgumentError
 
-#: The folder of the weights shipped inside the package.
-WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
-#: Where weights downloaded from a URL are kept, named by their SHA-256.
-CACHE_DIR = Path.home() / ".cache" / "capsnets" / "weights"
-
-
-class PretrainedError(CheckpointError):
-    """A pretrained weight is unknown, missing, fails its SHA-256, or does not fit the model asked for."""
-
-
-@dataclass(frozen=True)
-class PretrainedWeight:
-    """A weight shipped in :data:`WEIGHTS_DIR`, described by its model card."""
-
-    model: str
-    dataset: str
-    path: Path
-    card: dict[str, Any]
-
-    @property
-    def name(self) -> str:
-        """``<model>-<dataset>``: the name ``--pretrained`` takes."""
-        return f"{self.model}-{self.dataset}"
-
-    @property
-    def accuracy(self) -> float:
-        """Test accuracy recorded on the card (a fraction)."""
-        return float(self.card["card"]["test_accuracy"])
-
-    @property
-    def sha256(self) -> str:
-        return str(self.card["sha256"])
+#: The name the classifier layer of capsnets 0.2.0 and earlier had in checkpoints (now ``class_capsules``).
+_OLD_CLASSIFIER, _CLASSIFIER = "classes.", "class_capsules."
 
 
 def create_model(
-    name: str, *, pretrained: str | os.PathLike | None = None, sha256: str | None = None, **overrides
+    name: str,
+    *,
+    pretrained: bool | str | os.PathLike | Weights | None = None,
+    sha256: str | None = None,
+    **overrides,
 ) -> nn.Module:
     """Build a registered model, with trained weights when ``pretrained`` is given.
 
     Args:
         name: a name from :func:`~capsnets.models.list_models`.
-        pretrained: load trained weights: a shipped tag (the data set, e.g. ``"mnist"``;
-            ``capsnets list-models --pretrained`` lists them), a local ``.safetensors`` checkpoint or ``file://``
-            URL, or an ``https://`` URL (then ``sha256`` is required). The model is rebuilt with the arguments the
-            weight records, so ``overrides`` may only add ``device``. Returned in eval mode.
+        pretrained: ``True`` loads the model's default shipped weight (:func:`~capsnets.models.get_model_weights`;
+            ``list_models(pretrained=True)`` lists the models that have one); ``False`` or None builds it without
+            weights. Otherwise the weight to load: a :class:`~capsnets.models.Weights`, a shipped tag (the data
+            set, e.g. ``"mnist"``) or name (``"capsnet_small-mnist"``), a local ``.safetensors`` checkpoint or
+            ``file://`` URL, or an ``https://`` URL (then ``sha256`` is required). The model is rebuilt with the
+            arguments the weight records, so ``overrides`` may only add ``device``. Returned in eval mode, with
+            ``class_names`` and ``checkpoint_meta`` (:func:`model_from_checkpoint`).
         sha256: the expected SHA-256 of the ``pretrained`` file (hex).
         **overrides: keyword arguments of the model's builder (e.g. ``num_classes``, ``input_size``,
             ``routing`` (a routing object or its spec), ``device``); see
             :func:`~capsnets.models.model_schema` and :func:`capsnets.models.registry.create_model`.
 
+    Raises:
+        PretrainedError: ``pretrained=True`` for a model without a shipped weight (the message lists the models
+            with one), an unknown tag, a missing file, a SHA-256 mismatch, or a weight of another model.
+
     Examples:
         >>> model = create_model("capsnet_small", num_classes=10)
         >>> model = create_model("capsnet_digits", routing=DynamicRouting(2))
-        >>> model = create_model("capsnet_small", pretrained="mnist")
+        >>> model = create_model("capsnet_small", pretrained=True)   # the MNIST weight
+        >>> model = create_model("capsnet_small", pretrained="fashion_mnist")
+        >>> model.class_names[:2]
+        ['T-shirt/top', 'Trouser']
     """
-    if pretrained is None:
+    if pretrained is None or pretrained is False:
         if sha256 is not None:
             raise ArgumentError("sha256 is the expected digest of a pretrained weight; pass it with pretrained=...")
         return registry.create_model(name, **overrides)
@@ -110,12 +81,11 @@ def create_model(
     extra = sorted(set(overrides) - {"device"})
     if extra:
         raise ArgumentError(
-            f"model {name!r} with pretrained={pretrained!r} is built with the arguments its weight "
+            f"model {name!r} with pretrained={_shown(pretrained)} is built with the arguments its weight "
             f"records; {', '.join(extra)} cannot be changed (build it without pretrained=... "
             "and load the weights yourself)"
         )
-    model, _ = load_pretrained(pretrained, name, sha256=sha256, device=overrides.get("device") or "cpu")
-    return model
+    return load_pretrained(pretrained, name, sha256=sha256, device=overrides.get("device") or "cpu")
 
 
 def build_model(name: str, model_args: dict[str, Any] | None = None) -> nn.Module:
@@ -140,23 +110,48 @@ def save_model(path: str | os.PathLike, model: nn.Module, *, meta: dict[str, Any
     Examples::
 
         >>> save_model("runs/m.safetensors", create_model("capsnet_small"))   # doctest: +SKIP
-        >>> model, checkpoint = load_model("runs/m.safetensors")              # doctest: +SKIP
+        >>> model = load_model("runs/m.safetensors")                          # doctest: +SKIP
     """
     meta = {"model": model.model_name, "model_args": model.model_args, **(meta or {})}
     return write_checkpoint(path, model_tensors(model), meta)
 
 
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, Checkpoint]:
-    """Rebuild the model recorded in a checkpoint's sidecar, load its weights, move it to ``device`` (eval mode).
+def load_model(path_or_run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> nn.Module:
+    """The trained model of a run directory or checkpoint file, on ``device``, in eval mode.
+
+    The model is rebuilt from the name and arguments its checkpoint records and its weights are loaded
+    (:func:`model_from_checkpoint`). It carries ``class_names`` (the class names the run recorded) and
+    ``checkpoint_meta`` (the checkpoint's sidecar, a dict: model, data set, epoch, metrics, configuration).
 
     Args:
-        path: a run directory (its best checkpoint), or a ``.safetensors`` / ``.json`` checkpoint file.
+        path_or_run_dir: a run directory (its best checkpoint, else its last), or a ``.safetensors`` / ``.json``
+            checkpoint file.
+        device: where the model goes.
 
     Raises:
-        CheckpointError: the file cannot be read (:func:`capsnets.io.load_checkpoint`), names no model, records
-            arguments that do not build it, or its weights do not fit the model.
+        CheckpointError: no checkpoint in the directory, a file that cannot be read
+            (:func:`capsnets.io.load_checkpoint`), that names no model, records arguments that do not build it,
+            or whose weights do not fit the model.
+
+    Examples::
+
+        >>> model = load_model("runs/quickstart")                    # doctest: +SKIP
+        >>> model.class_names, model.checkpoint_meta["dataset"]      # doctest: +SKIP
+        (['0', '1', '2', '3', '4', '5', '6', '7', '8', '9'], 'mnist')
     """
-    checkpoint = load_checkpoint(path)
+    return model_from_checkpoint(load_checkpoint(path_or_run_dir), device)
+
+
+def model_from_checkpoint(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> nn.Module:
+    """Rebuild the model a loaded checkpoint's sidecar records, load its weights, move it to ``device`` (eval mode).
+
+    For code that needs the :class:`~capsnets.io.Checkpoint` itself (its path, its tensors): read it with
+    :func:`capsnets.io.load_checkpoint`, then build the model here. The model gets ``class_names`` (the sidecar's
+    ``classes``, else ``"0"``, ``"1"``...) and ``checkpoint_meta`` (a copy of the sidecar).
+
+    Raises:
+        CheckpointError: as :func:`load_model`.
+    """
     if "model" not in checkpoint.meta:
         raise CheckpointError(
             f"sidecar of '{checkpoint.path}' does not name the model; it was not written by capsnets' trainer"
@@ -177,7 +172,11 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> t
         check_fits(probe, checkpoint)
     model = build_model(name, args)
     restore_model(model, checkpoint)
-    return model.to(device).eval(), checkpoint
+    recorded = checkpoint.meta.get("classes")
+    if isinstance(recorded, list) and len(recorded) == getattr(model, "num_classes", None):
+        model.class_names = [str(c) for c in recorded]
+    model.checkpoint_meta = copy.deepcopy(checkpoint.meta)
+    return model.to(device).eval()
 
 
 def restore_model(model: nn.Module, checkpoint: Checkpoint) -> None:
@@ -188,11 +187,14 @@ def restore_model(model: nn.Module, checkpoint: Checkpoint) -> None:
 
 def check_fits(model: nn.Module, checkpoint: Checkpoint) -> None:
     """Raise ``CheckpointError`` unless ``model``'s parameters and buffers have the checkpoint's names and shapes
-    (``model`` may live on the meta device)."""
+    (``model`` may live on the meta device). A checkpoint whose classifier layer has the name it had in capsnets
+    0.2.0 (``classes``, now ``class_capsules``) gets an error saying how to rename its tensors."""
     state = checkpoint.model_state()
     expected = model.state_dict()
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    if any(k.startswith(_OLD_CLASSIFIER) for k in unexpected) and any(k.startswith(_CLASSIFIER) for k in missing):
+        raise CheckpointError(_renamed_classifier_message(checkpoint))
     if missing or unexpected or wrong:
         raise CheckpointError(
             f"checkpoint '{checkpoint.path}' does not fit the model (missing {missing[:5]}, unexpected "
@@ -201,119 +203,53 @@ def check_fits(model: nn.Module, checkpoint: Checkpoint) -> None:
         )
 
 
-def shipped_weights() -> dict[str, PretrainedWeight]:
-    """The weights shipped with the package, by ``<model>-<dataset>`` name, read from their cards."""
-    weights = {}
-    for card_path in sorted(WEIGHTS_DIR.glob("*.json")):
-        card = json.loads(card_path.read_text())
-        weight = PretrainedWeight(
-            model=card["model"], dataset=card["dataset"], path=card_path.with_suffix(".safetensors"), card=card
-        )
-        weights[weight.name] = weight
-    return weights
-
-
-def shipped_weight(name: str) -> PretrainedWeight:
-    """The shipped weight ``<model>-<dataset>``; an unknown name raises :class:`PretrainedError` listing them."""
-    weights = shipped_weights()
-    if name not in weights:
-        raise PretrainedError(
-            f"no shipped pretrained weight {name!r}; shipped: {', '.join(weights) or 'none'} "
-            "(`capsnets list-models --pretrained`)"
-        )
-    return weights[name]
-
-
-def resolve_pretrained(pretrained: str | os.PathLike, model: str | None = None, *, sha256: str | None = None) -> Path:
-    """The local checkpoint file that ``pretrained`` names, checked against its SHA-256 where one is known.
-
-    Args:
-        pretrained: a shipped tag for ``model`` (a data set: ``"mnist"``, ``"fashion_mnist"``), a shipped name
-            ``"<model>-<dataset>"``, a local ``.safetensors`` path or ``file://`` URL, or an ``https://`` URL.
-        model: the model the weight is for (needed for a bare tag).
-        sha256: the file's expected SHA-256 (hex); required for an ``https://`` URL, checked for local files
-            when given.
-
-    Raises:
-        PretrainedError: an unknown tag, a missing file, a URL without ``sha256``, a SHA-256 mismatch.
-    """
-    text = os.fspath(pretrained)
-    scheme = urllib.parse.urlparse(text).scheme.lower()
-    if scheme in ("http", "https"):
-        return download_weights(text, sha256)
-    if scheme == "file":
-        text = urllib.request.url2pathname(urllib.parse.urlparse(text).path)
-    elif scheme and len(scheme) > 1:  # not a Windows drive letter
-        raise PretrainedError(f"pretrained URL {text!r}: only https:// and file:// URLs are read")
-    if not text.endswith(".safetensors"):
-        name = text if model is None or text.startswith(f"{model}-") else f"{model}-{_canonical(text)}"
-        weight = shipped_weight(name)
-        _check_sha256(weight.path, sha256 or weight.sha256)
-        return weight.path
-    path = Path(text).expanduser()
-    if not path.is_file():
-        raise PretrainedError(f"pretrained weight file '{path}' does not exist")
-    if sha256 is not None:
-        _check_sha256(path, sha256)
-    return path
-
-
-def download_weights(
-    url: str, sha256: str | None, cache_dir: str | os.PathLike | None = None, timeout: float = 60.0
-) -> Path:
-    """Download ``url`` into ``cache_dir`` (default :data:`CACHE_DIR`) atomically, verified against ``sha256``.
-
-    A file already cached under its SHA-256 is used without a download. A download whose SHA-256 differs is
-    deleted and refused; nothing is left in the cache.
-    """
-    if not sha256 or len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256.lower()):
-        raise PretrainedError(
-            f"a pretrained weight from a URL needs its expected SHA-256 (64 hex digits), got "
-            f"{sha256!r}; pass sha256=... (the model card or the publisher gives it)"
-        )
-    sha256 = sha256.lower()
-    folder = Path(cache_dir) if cache_dir is not None else CACHE_DIR
-    target = folder / f"{sha256[:16]}-{Path(urllib.parse.urlparse(url).path).name or 'weights.safetensors'}"
-    if target.is_file() and file_sha256(target) == sha256:
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def fetch(tmp: str) -> None:
-        try:
-            with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-        except OSError as err:  # URLError, timeouts
-            raise PretrainedError(f"could not download pretrained weight {url} ({err})") from err
-        found = file_sha256(tmp)
-        if found != sha256:
-            raise PretrainedError(
-                f"pretrained weight {url} has SHA-256 {found}, expected {sha256}; refused "
-                "(a damaged download or a different file)"
-            )
-
-    atomic_write(target, fetch, fsync=True)
-    return target
+def _renamed_classifier_message(checkpoint: Checkpoint) -> str:
+    version = (checkpoint.meta.get("versions") or {}).get("capsnets", "0.2.0 or earlier")
+    path = str(checkpoint.path)
+    renamed = path.removesuffix(".safetensors") + "-renamed.safetensors"
+    return (
+        f"checkpoint '{path}' was saved by capsnets {version}, whose classifier layer was named 'classes'; it is "
+        f"now 'class_capsules' (the tensors are the same). Rename its tensors once and load the new file: "
+        f'python -c "from capsnets.io import load_checkpoint as l, write_checkpoint as w; c = l({path!r}); '
+        f"w({renamed!r}, {{k.replace('model.classes.', 'model.class_capsules.', 1): v for k, v in "
+        f'c.tensors.items()}}, c.meta)" (or retrain)'
+    )
 
 
 def load_pretrained(
-    pretrained: str | os.PathLike,
+    pretrained: bool | str | os.PathLike | Weights,
     model: str | None = None,
     *,
     sha256: str | None = None,
     device: str | torch.device = "cpu",
-) -> tuple[nn.Module, Checkpoint]:
-    """Rebuild and load the model a pretrained weight records (see :func:`resolve_pretrained`), in eval mode.
+) -> nn.Module:
+    """The model a pretrained weight records (see :func:`~capsnets.models.pretrained.resolve_pretrained`), rebuilt
+    and loaded in eval mode, with ``class_names`` and ``checkpoint_meta``.
+
+    Args:
+        pretrained: a :class:`~capsnets.models.Weights`, a shipped name (``"capsnet_small-mnist"``), a path or
+            URL; with ``model``, also ``True`` or a bare tag (``"mnist"``).
+        model: the model the weight must be for.
+        sha256: the file's expected SHA-256 (required for an ``https://`` URL).
+        device: where the model goes.
 
     Raises:
-        PretrainedError: as :func:`resolve_pretrained`, or the weight is for another model than ``model``.
+        PretrainedError: as :func:`~capsnets.models.pretrained.resolve_pretrained`, or the weight is for another
+            model than ``model``.
+
+    Examples::
+
+        >>> load_pretrained("capsnet_small-mnist").model_name
+        'capsnet_small'
     """
-    module, checkpoint = load_model(resolve_pretrained(pretrained, model, sha256=sha256), device)
+    if isinstance(pretrained, Weights) and model is not None and pretrained.model != model:
+        raise PretrainedError(f"pretrained weight {pretrained.name!r} is for model {pretrained.model!r}, not {model!r}")
+    checkpoint = load_checkpoint(resolve_pretrained(pretrained, model, sha256=sha256))
     if model is not None and checkpoint.meta.get("model") != model:
         raise PretrainedError(
             f"pretrained weight '{checkpoint.path}' is for model {checkpoint.meta.get('model')!r}, not {model!r}"
         )
-    return module, checkpoint
+    return model_from_checkpoint(checkpoint, device)
 
 
 def save_pretrained(
@@ -341,10 +277,7 @@ def save_pretrained(
     if classes is not None:
         meta["classes"] = list(classes)
     path = save_model(path, saved, meta=meta)
-    sidecar = json.loads(sidecar_path(path).read_text())
-    sidecar["sha256"] = file_sha256(path)
-    text = json.dumps(sidecar, indent=2) + "\n"
-    atomic_write(sidecar_path(path), lambda tmp: Path(tmp).write_text(text))
+    stamp_sha256(path)
     return path
 
 
@@ -365,14 +298,5 @@ def without_decoder(model: nn.Module) -> nn.Module:
     return bare.eval()
 
 
-def _check_sha256(path: Path, expected: str) -> None:
-    found = file_sha256(path)
-    if found != expected.lower():
-        raise PretrainedError(
-            f"pretrained weight '{path}' has SHA-256 {found}, expected {expected}; refused (the "
-            "file is damaged or was replaced)"
-        )
-
-
-def _canonical(dataset: str) -> str:
-    return dataset.lower().replace("-", "_")
+def _shown(pretrained) -> str:
+    return repr(pretrained.name) if isinstance(pretrained, Weights) else repr(pretrained)

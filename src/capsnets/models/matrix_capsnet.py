@@ -144,7 +144,7 @@ class MatrixCapsNet(nn.Module):
         torch.Size([2, 5])
         >>> paper = MatrixCapsNet(formulation="paper", routing=EMRouting(2, detach_routing=True))
         >>> official = MatrixCapsNet(routing={"type": "em", "iterations": 2})
-        >>> official.classes.routing == EMRouting.official(2, layer="class")
+        >>> official.class_capsules.routing == EMRouting.official(2, layer="class")
         True
     """
 
@@ -206,7 +206,7 @@ class MatrixCapsNet(nn.Module):
         self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size=3, stride=1, **conv_caps)
         self._check_grid()
         coordinates = self._official_coordinates() if official else None
-        self.classes = ClassMatrixCapsules(
+        self.class_capsules = ClassMatrixCapsules(
             conv_caps2_types,
             num_classes,
             routing=routing if class_routing is None else class_routing,
@@ -246,9 +246,9 @@ class MatrixCapsNet(nn.Module):
             _trunc_normal_(layer.weight, 0.3)
             layer.beta_a.fill_(0.5)
             layer.beta_v.fill_(0.5)
-        _trunc_normal_(self.classes.weight, 0.01)
-        self.classes.beta_a.fill_(1.0)
-        self.classes.beta_v.fill_(2.0)
+        _trunc_normal_(self.class_capsules.weight, 0.01)
+        self.class_capsules.beta_a.fill_(1.0)
+        self.class_capsules.beta_v.fill_(2.0)
 
     def _check_grid(self) -> None:
         size = [(s + 2 * self.conv.padding[0] - 5) // 2 + 1 for s in self.input_size[1:]]
@@ -266,7 +266,7 @@ class MatrixCapsNet(nn.Module):
         images = image_batch(images, self.input_size, dtype=self.conv.weight.dtype, owner="MatrixCapsNet")
         caps = self.primary(torch.relu(self.conv(images)))  # (B, A, 14, 14) -> B types on 14x14
         caps = self.conv_caps2(self.conv_caps1(caps))  # C types on 6x6 -> D types on 4x4
-        classes = self.classes(caps)  # (B, E, 1, 1, 4, 4)
+        classes = self.class_capsules(caps)  # (B, E, 1, 1, 4, 4)
         activation = classes.activation.flatten(1)  # (B, E)
         poses = classes.pose.reshape(images.shape[0], self.num_classes, -1)  # (B, E, 16)
         return ModelOutput(activation, "activation", poses)

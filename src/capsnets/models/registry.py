@@ -6,13 +6,16 @@ keyword-only arguments, with their defaults, are the overrides :func:`create_mod
 :mod:`capsnets.validation`); :func:`create_model` refuses names a builder does not take. A ``routing`` given
 as its settings alone (``{"iterations": 2}``, ``--model-arg routing.iterations=2``) updates the builder's
 default routing spec. :func:`create_model` records the overrides in ``model.model_args`` (JSON values only, a
-``routing`` as its complete spec) so that a checkpoint can rebuild the model by name.
+``routing`` as its complete spec) so that a checkpoint can rebuild the model by name, and gives a model with
+``num_classes`` the ``class_names`` ``["0", "1", ...]`` (a model loaded from a file gets the names its checkpoint
+records: :mod:`capsnets.models.hub`).
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+import fnmatch
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from torch import nn
 
@@ -46,11 +49,61 @@ def register_model(
     return decorate
 
 
-def list_models(task: str | None = None) -> list[str]:
-    """Names of the registered models (those for ``task`` when given), sorted."""
+def list_models(
+    pattern: str | Sequence[str] | None = None, *, pretrained: bool = False, task: str | None = None
+) -> list[str]:
+    """Names of the registered models, sorted (timm's ``list_models``).
+
+    Args:
+        pattern: an fnmatch pattern (``"capsnet*"``, ``"*matrix*"``), or a list of them (a name matching any is
+            listed); None lists every model.
+        pretrained: list only the models with a shipped weight (:func:`capsnets.models.get_model_weights`).
+        task: list only the models for this task (one of :data:`TASKS`).
+
+    Examples::
+
+        >>> list_models("efficient*")
+        ['efficient_capsnet', 'efficient_capsnet_smallnorb']
+        >>> list_models(pretrained=True)
+        ['capsnet_small', 'efficient_capsnet', 'matrix_capsnet_small']
+        >>> list_models(task="autoencoder")
+        ['transforming_autoencoder']
+    """
     if task is not None and task not in TASKS:
-        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    return sorted(name for name in _REGISTRY if task is None or _TASKS[name] == task)
+        raise ArgumentError(f"task must be one of {', '.join(TASKS)}, got {task!r}", "task")
+    if pattern is None or isinstance(pattern, str):
+        patterns = [] if pattern is None else [pattern]
+    elif isinstance(pattern, (list, tuple)) and all(isinstance(p, str) for p in pattern):
+        patterns = list(pattern)
+    else:
+        raise ArgumentError(f"pattern must be a string or a list of strings, got {shown(pattern, 60)}", "pattern")
+    names = sorted(name for name in _REGISTRY if task is None or _TASKS[name] == task)
+    tasks_given = [p for p in patterns if p in TASKS and p not in _REGISTRY]
+    if tasks_given:
+        raise ArgumentError(
+            f"list_models takes a name pattern first; {tasks_given[0]!r} is a task: pass task={tasks_given[0]!r}",
+            "pattern",
+        )
+    if patterns:
+        names = [name for name in names if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+    if pretrained:
+        with_weights = set(_PRETRAINED_SOURCE())
+        names = [name for name in names if name in with_weights]
+    return names
+
+
+def set_pretrained_source(source: Callable[[], Collection[str]]) -> None:
+    """Set where :func:`list_models` learns which models have a shipped weight: a function returning their names
+    (:mod:`capsnets.models.hub` sets it; the registry itself knows nothing of weight files)."""
+    global _PRETRAINED_SOURCE  # noqa: PLW0603
+    _PRETRAINED_SOURCE = source
+
+
+def _no_weights() -> Collection[str]:
+    return ()
+
+
+_PRETRAINED_SOURCE: Callable[[], Collection[str]] = _no_weights
 
 
 def model_task(name: str) -> str:
@@ -156,8 +209,10 @@ def create_model(name: str, **overrides) -> nn.Module:
         >>> model = create_model("capsnet_digits", routing=DynamicRouting(2))
         >>> model.model_args
         {'routing': {'type': 'dynamic', 'iterations': 2, 'detach_routing': True, 'none_of_the_above': False}}
-        >>> create_model("capsnet_digits", routing={"iterations": 1}).classes.routing
+        >>> create_model("capsnet_digits", routing={"iterations": 1}).class_capsules.routing
         DynamicRouting(iterations=1, detach_routing=True, none_of_the_above=False)
+        >>> create_model("capsnet_digits").class_names
+        ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9']
     """
     builder, schema = _builder(name), model_schema(name)
     _reject_routing_settings(name, overrides, schema)
@@ -186,6 +241,8 @@ def create_model(name: str, **overrides) -> nn.Module:
         ) from None
     model.model_name = name
     model.model_args = _json_safe_args(overrides, getattr(model, "routing_spec", None))
+    num_classes = getattr(model, "num_classes", None)
+    model.class_names = [str(k) for k in range(num_classes)] if isinstance(num_classes, int) else None
     return model
 
 

@@ -182,11 +182,11 @@ class CapsuleHead(nn.Module):
                     f"head 'em' needs a square capsule_dim (4x4 poses: 16) and a square map; got "
                     f"capsule_dim={capsule_dim} and a {grid[0]}x{grid[1]} map"
                 )
-            self.classes = ConvMatrixCapsules(
+            self.class_capsules = ConvMatrixCapsules(
                 capsule_types, num_classes, kernel_size=grid[0], pose_size=side, routing=routing, **factory
             )
         else:
-            self.classes = LinearCapsules(
+            self.class_capsules = LinearCapsules(
                 capsule_types * grid[0] * grid[1],
                 capsule_dim,
                 num_classes,
@@ -205,10 +205,12 @@ class CapsuleHead(nn.Module):
         pose = pose.permute(0, 1, 3, 4, 2).reshape(batch, -1, self.dim)  # (B, T*h*w, D)
         if self.kind == "self_routing":  # the children's activations are their own, not their lengths
             active = self.activation(features).flatten(1)  # (B, T*h*w), ordered as the poses
-            capsules = self.classes.routing(self.classes.predictions(pose), poses=pose, activations=active)
+            capsules = self.class_capsules.routing(
+                self.class_capsules.predictions(pose), poses=pose, activations=active
+            )
             logits = torch.log(capsule_length(capsules).clamp_min(torch.finfo(capsules.dtype).tiny))
             return ModelOutput(logits, "logits", capsules)  # (B, K): the log class activations
-        capsules = self.classes(squash(pose))  # (B, K, D)
+        capsules = self.class_capsules(squash(pose))  # (B, K, D)
         if self.score is not None:
             return ModelOutput(self.score(capsules).squeeze(-1), "logits", capsules)
         return ModelOutput(capsule_length(capsules), "length", capsules)
@@ -218,7 +220,7 @@ class CapsuleHead(nn.Module):
         batch, types, _, height, width = pose.shape
         side = math.isqrt(self.dim)
         pose = pose.view(batch, types, side, side, height, width).permute(0, 1, 4, 5, 2, 3)  # (B, T, h, w, P, P)
-        classes = self.classes(MatrixCapsules(pose, activation))  # (B, K, 1, 1, P, P)
+        classes = self.class_capsules(MatrixCapsules(pose, activation))  # (B, K, 1, 1, P, P)
         return ModelOutput(classes.activation.flatten(1), "activation", classes.pose.flatten(2))
 
 

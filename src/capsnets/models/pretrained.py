@@ -1,0 +1,311 @@
+"""Pretrained weights: the ones shipped with the package, described as torchvision describes its weights.
+
+Each shipped weight is a :class:`Weights`: its name (``"<model>-<dataset>"``), the file, its SHA-256, and a
+``meta`` dictionary with what a user needs to feed the model and to judge it (the class names, the input size,
+the normalisation, the parameter count, the test accuracy with its data set, and the command that trained it).
+``weights.transforms()`` turns a file path, a Pillow image, an array or a tensor into the model's input, as
+torchvision's ``weights.transforms()`` does. :func:`get_weights` finds one weight by name; :func:`get_model_weights`
+lists a model's weights (torchvision's functions of the same names). The files are checkpoints in the library's one
+format (:mod:`capsnets.io`), ``capsnets/weights/<model>-<dataset>.safetensors`` beside
+``<model>-<dataset>.json``, the readable copy of the sidecar, which is also the weight's model card.
+
+Examples::
+
+    >>> weights = get_weights("capsnet_small-mnist")
+    >>> weights.meta["categories"][:3], weights.meta["input_size"]
+    (['0', '1', '2'], (1, 28, 28))
+    >>> model = capsnets.create_model("capsnet_small", pretrained=weights)      # doctest: +SKIP
+    >>> batch = torch.stack([weights.transforms()("digit.png")])              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from capsnets.images import NORB_LIKE, ImageTransform
+from capsnets.io import CheckpointError, atomic_write, file_sha256
+from capsnets.models import registry
+
+__all__ = [
+    "CACHE_DIR",
+    "WEIGHTS_DIR",
+    "PretrainedError",
+    "Weights",
+    "download_weights",
+    "get_model_weights",
+    "get_weights",
+    "resolve_pretrained",
+]
+
+#: The folder of the weights shipped inside the package.
+WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
+#: Where weights downloaded from a URL are kept, named by their SHA-256.
+CACHE_DIR = Path.home() / ".cache" / "capsnets" / "weights"
+#: The data set whose weight a model loads for ``pretrained=True`` when it has several.
+DEFAULT_DATASET = "mnist"
+
+
+class PretrainedError(CheckpointError):
+    """A pretrained weight is unknown, missing, fails its SHA-256, or does not fit the model asked for."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A weight shipped with the package (torchvision's ``Weights``), read from its model card.
+
+    Attributes:
+        name: ``"<model>-<dataset>"``, what :func:`get_weights` and ``--pretrained`` take.
+        model: the registered model it is for.
+        dataset: the data set it was trained and tested on (``"mnist"``, ``"fashion_mnist"``).
+        path: the ``.safetensors`` file.
+        sha256: the file's SHA-256 (hex), checked before the file is loaded.
+        default: whether ``create_model(model, pretrained=True)`` loads this weight.
+        meta: ``categories`` (the class names, in the order of the model's scores), ``input_size``
+            (``(C, H, W)``), ``normalization`` (see below), ``num_params`` (trainable parameters),
+            ``metrics`` (``{dataset: {"accuracy": fraction, "test_images": count}}``, on the data set's test split),
+            ``recipe`` (the command that trained it) and ``card`` (the whole model card: data, seed, epochs, date,
+            dtype, torch version).
+
+    ``meta["normalization"]`` says what the model's input holds: pixels scaled to ``[0, 1]`` (``uint8 / 255``,
+    ``mean`` 0 and ``std`` 1 per channel: nothing subtracted) for most data sets; for smallNORB-like data
+    (``per_image_standardization``) each image standardised to zero mean and unit variance
+    (:func:`capsnets.images.standardize`), with no fixed ``mean`` and ``std``. :meth:`transforms` does either.
+
+    Examples::
+
+        >>> weights = get_weights("capsnet_small-fashion_mnist")
+        >>> weights.meta["categories"][0], weights.meta["metrics"]["fashion_mnist"]["test_images"]
+        ('T-shirt/top', 10000)
+        >>> weights.meta["normalization"]["mean"], weights.meta["normalization"]["std"]
+        ((0.0,), (1.0,))
+    """
+
+    name: str
+    model: str
+    dataset: str
+    path: Path
+    sha256: str
+    default: bool = False
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def transforms(self, *, invert: str = "auto") -> ImageTransform:
+        """The preprocessing the model expects: a callable from a path, Pillow image, array or tensor to its
+        ``(C, H, W)`` input (:class:`capsnets.images.ImageTransform`; ``invert`` as there).
+
+        Examples::
+
+            >>> get_weights("capsnet_small-mnist").transforms()(torch.zeros(56, 56)).shape
+            torch.Size([1, 28, 28])
+        """
+        return ImageTransform(self.meta["input_size"], self.dataset, invert=invert)
+
+
+def get_weights(name: str) -> Weights:
+    """The shipped weight ``name`` (``"<model>-<dataset>"``), as torchvision's ``get_weights``.
+
+    Raises:
+        PretrainedError: no shipped weight has that name; the message lists those that exist.
+
+    Examples::
+
+        >>> get_weights("capsnet_small-mnist").meta["metrics"]
+        {'mnist': {'accuracy': 0.9938, 'test_images': 10000}}
+    """
+    cards = _cards()
+    if name not in cards:
+        raise PretrainedError(
+            f"no shipped pretrained weight {name!r}; shipped: {', '.join(cards) or 'none'} "
+            "(`capsnets list-models --pretrained`)"
+        )
+    return _shipped(cards, cards[name]["model"])[name]
+
+
+def get_model_weights(model: str) -> dict[str, Weights]:
+    """The shipped weights of ``model``, by name, the default (``pretrained=True``) first and marked ``default``.
+
+    The default is the ``mnist`` weight where one is shipped, else the first by name. An unknown model raises an
+    :class:`~capsnets.validation.ArgumentError` (with a "did you mean"); a model without weights gives ``{}``.
+
+    Examples::
+
+        >>> list(get_model_weights("capsnet_small"))
+        ['capsnet_small-mnist', 'capsnet_small-fashion_mnist']
+        >>> get_model_weights("capsnet_small")["capsnet_small-mnist"].default
+        True
+    """
+    registry.model_arguments(model)  # an unknown name is reported as such
+    return _shipped(_cards(), model)
+
+
+def default_weights(model: str) -> Weights:
+    """The weight ``create_model(model, pretrained=True)`` loads; :class:`PretrainedError` for a model without one,
+    listing the models that have weights."""
+    found = get_model_weights(model)
+    if not found:
+        raise PretrainedError(
+            f"model {model!r} has no shipped pretrained weight; models with weights: "
+            f"{', '.join(pretrained_models()) or 'none'} (`capsnets list-models --pretrained`)"
+        )
+    return next(iter(found.values()))
+
+
+def pretrained_models() -> list[str]:
+    """The models with a shipped weight, sorted (read from the cards' ``model`` entries only)."""
+    return sorted({card["model"] for card in _cards().values()})
+
+
+registry.set_pretrained_source(pretrained_models)  # list_models(pretrained=True)
+
+
+def resolve_pretrained(
+    pretrained: str | os.PathLike | Weights | bool, model: str | None = None, *, sha256: str | None = None
+) -> Path:
+    """The local checkpoint file that ``pretrained`` names, checked against its SHA-256 where one is known.
+
+    Args:
+        pretrained: ``True`` (the default weight of ``model``), a :class:`Weights`, a shipped tag for ``model``
+            (a data set: ``"mnist"``, ``"fashion_mnist"``), a shipped name ``"<model>-<dataset>"``, a local
+            ``.safetensors`` path or ``file://`` URL, or an ``https://`` URL.
+        model: the model the weight is for (needed for ``True`` and a bare tag).
+        sha256: the file's expected SHA-256 (hex); required for an ``https://`` URL, checked for local files
+            when given.
+
+    Raises:
+        PretrainedError: an unknown tag, a model without weights, a missing file, a URL without ``sha256``, a
+            SHA-256 mismatch.
+    """
+    if pretrained is True:
+        if model is None:
+            raise PretrainedError("pretrained=True needs the model's name; give a weight's name instead")
+        pretrained = default_weights(model)
+    if isinstance(pretrained, Weights):
+        _check_sha256(pretrained.path, sha256 or pretrained.sha256)
+        return pretrained.path
+    text = os.fspath(pretrained)
+    scheme = urllib.parse.urlparse(text).scheme.lower()
+    if scheme in ("http", "https"):
+        return download_weights(text, sha256)
+    if scheme == "file":
+        text = urllib.request.url2pathname(urllib.parse.urlparse(text).path)
+    elif scheme and len(scheme) > 1:  # not a Windows drive letter
+        raise PretrainedError(f"pretrained URL {text!r}: only https:// and file:// URLs are read")
+    if not text.endswith(".safetensors"):
+        name = text if model is None or text.startswith(f"{model}-") else f"{model}-{_canonical(text)}"
+        weights = get_weights(name)
+        _check_sha256(weights.path, sha256 or weights.sha256)
+        return weights.path
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise PretrainedError(f"pretrained weight file '{path}' does not exist")
+    if sha256 is not None:
+        _check_sha256(path, sha256)
+    return path
+
+
+def download_weights(
+    url: str, sha256: str | None, cache_dir: str | os.PathLike | None = None, timeout: float = 60.0
+) -> Path:
+    """Download ``url`` into ``cache_dir`` (default :data:`CACHE_DIR`) atomically, verified against ``sha256``.
+
+    A file already cached under its SHA-256 is used without a download. A download whose SHA-256 differs is
+    deleted and refused; nothing is left in the cache.
+    """
+    if not sha256 or len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256.lower()):
+        raise PretrainedError(
+            f"a pretrained weight from a URL needs its expected SHA-256 (64 hex digits), got "
+            f"{sha256!r}; pass sha256=... (the model card or the publisher gives it)"
+        )
+    sha256 = sha256.lower()
+    folder = Path(cache_dir) if cache_dir is not None else CACHE_DIR
+    target = folder / f"{sha256[:16]}-{Path(urllib.parse.urlparse(url).path).name or 'weights.safetensors'}"
+    if target.is_file() and file_sha256(target) == sha256:
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def fetch(tmp: str) -> None:
+        try:
+            with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+        except OSError as err:  # URLError, timeouts
+            raise PretrainedError(f"could not download pretrained weight {url} ({err})") from err
+        found = file_sha256(tmp)
+        if found != sha256:
+            raise PretrainedError(
+                f"pretrained weight {url} has SHA-256 {found}, expected {sha256}; refused "
+                "(a damaged download or a different file)"
+            )
+
+    atomic_write(target, fetch, fsync=True)
+    return target
+
+
+def stamp_sha256(path: str | os.PathLike) -> None:
+    """Add the SHA-256 of the ``.safetensors`` file ``path`` to its readable ``.json`` copy (the model card)."""
+    card_path = Path(path).with_suffix(".json")
+    card = json.loads(card_path.read_text())
+    card["sha256"] = file_sha256(path)
+    text = json.dumps(card, indent=2) + "\n"
+    atomic_write(card_path, lambda tmp: Path(tmp).write_text(text))
+
+
+def _cards() -> dict[str, dict[str, Any]]:
+    """The model cards in :data:`WEIGHTS_DIR` by weight name, sorted, each with its ``path``."""
+    cards = {}
+    for path in sorted(WEIGHTS_DIR.glob("*.json")):
+        card = json.loads(path.read_text())
+        cards[f"{card['model']}-{card['dataset']}"] = {**card, "path": path.with_suffix(".safetensors")}
+    return cards
+
+
+def _shipped(cards: dict[str, dict[str, Any]], model: str) -> dict[str, Weights]:
+    """The weights of ``model`` among ``cards``, by name, the default first."""
+    mine = [card for card in cards.values() if card["model"] == model]
+    mine.sort(key=lambda card: (card["dataset"] != DEFAULT_DATASET, card["path"].name))
+    return {f"{model}-{card['dataset']}": _weights(card, default=k == 0) for k, card in enumerate(mine)}
+
+
+def _weights(card: dict[str, Any], default: bool) -> Weights:
+    model, dataset = card["model"], card["dataset"]
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in (card.get("model_args") or {}).items()}
+    built = registry.create_model(model, **args)  # for its sizes (the meta device takes seconds to start)
+    channels = int(built.input_size[0])
+    if dataset in NORB_LIKE:
+        normalization = {"scale": (0.0, 1.0), "mean": None, "std": None, "per_image_standardization": True}
+    else:
+        normalization = {
+            "scale": (0.0, 1.0),
+            "mean": (0.0,) * channels,
+            "std": (1.0,) * channels,
+            "per_image_standardization": False,
+        }
+    details = card["card"]
+    meta = {
+        "categories": [str(c) for c in card.get("classes") or range(int(built.num_classes))],
+        "input_size": tuple(int(v) for v in built.input_size),
+        "normalization": normalization,
+        "num_params": registry.count_parameters(built),
+        "metrics": {dataset: {"accuracy": float(details["test_accuracy"]), "test_images": details.get("test_images")}},
+        "recipe": details.get("command"),
+        "card": details,
+    }
+    return Weights(f"{model}-{dataset}", model, dataset, card["path"], str(card["sha256"]), default, meta)
+
+
+def _check_sha256(path: Path, expected: str) -> None:
+    found = file_sha256(path)
+    if found != expected.lower():
+        raise PretrainedError(
+            f"pretrained weight '{path}' has SHA-256 {found}, expected {expected}; refused (the "
+            "file is damaged or was replaced)"
+        )
+
+
+def _canonical(dataset: str) -> str:
+    return dataset.lower().replace("-", "_")
