@@ -104,7 +104,10 @@ def test_a_non_finite_loss_names_the_epoch_and_step():
         return {"loss": torch.tensor(float("nan") if next(calls) == 6 else 1.0)}
 
     _, _, loader, _, _ = _problem()
-    with pytest.raises(NonFiniteLossError, match=r"toy: training loss is nan at epoch 2, step 2.*--lr"):
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"toy: training loss is nan at epoch 2, step 2: lower the learning rate or turn mixed precision off$",
+    ):
         fit(step, loader, epochs=3, desc="toy", progress=False)
 
 

@@ -337,8 +337,7 @@ def _check_finite(pending: list[Tensor], names: list[str], desc: str, epoch: int
     value = float(pending[row][column])
     raise NonFiniteLossError(
         f"{desc}: training {names[column]} is {value} at epoch {epoch}, step "
-        f"{last_step - len(pending) + 1 + row}: lower the "
-        "learning rate (--lr) or turn mixed precision off (--amp off)"
+        f"{last_step - len(pending) + 1 + row}: lower the learning rate or turn mixed precision off"
     )
 
 

@@ -106,7 +106,7 @@ class Trainer:
                 if kept.is_file()
                 else "then train again (no checkpoint was saved before it)"
             )
-            raise NonFiniteLossError(f"{err}; {where}") from err
+            raise NonFiniteLossError(f"{err} (--lr, --amp off); {where}") from err
         finally:
             self._claim = None
             distributed.teardown(context)
