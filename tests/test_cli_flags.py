@@ -115,3 +115,82 @@ def test_sha256_is_checked_for_a_file(tmp_path, capsys):
     weight = shipped_weights()[SHIPPED].path
     assert main(["export", "--pretrained", str(weight), "--sha256", "0" * 64, "--out", str(tmp_path / "m.pt2")]) == 1
     assert "expected " + "0" * 64 in capsys.readouterr().err
+
+
+TINY = [
+    "train",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "32",
+    "--limit-train",
+    "64",
+    "--limit-test",
+    "32",
+    "--device",
+    "cpu",
+    "--no-progress",
+    "--model-arg",
+    "routing.iterations=1",
+]
+
+
+@pytest.fixture
+def restore_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_threads_on_a_busy_machine_are_noted_recorded_and_kept_by_resume(
+    tmp_path, capsys, caplog, monkeypatch, restore_threads
+):
+    import torch
+    import yaml
+
+    import capsnets.cli
+    import capsnets.engine.trainer as trainer
+
+    seen = []
+    evaluate = trainer.evaluate
+    monkeypatch.setattr(trainer, "evaluate", lambda *a, **k: seen.append(torch.get_num_threads()) or evaluate(*a, **k))
+    monkeypatch.setattr("capsnets.engine.reporting.save_figures", lambda *args, **kwargs: [])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    monkeypatch.setattr(capsnets.cli, "machine_load", lambda: (2, 1.7))  # busy: one core free
+    run = tmp_path / "run"
+    assert main([*TINY, "--out", str(run)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "load average" in line]
+    assert len(notes) == 1 and "1 core free" in notes[0] and "instead of 2" in notes[0]
+    assert yaml.safe_load((run / "config.yaml").read_text())["threads"] == 1 and set(seen) == {1}
+    # resumed on a quiet machine: the recorded count, no note
+    torch.set_num_threads(2)
+    monkeypatch.setattr(capsnets.cli, "machine_load", lambda: (2, 0.0))
+    assert main(["train", "--resume", "--epochs", "2", "--out", str(run)]) == 0
+    assert "load average" not in capsys.readouterr().err and set(seen) == {1}
+    # --threads is obeyed, and recorded as a change of the run
+    assert main(["train", "--resume", "--epochs", "3", "--threads", "2", "--out", str(run)]) == 0
+    assert "resuming with threads 2 (was 1)" in caplog.text and seen[-1] == 2
+    assert yaml.safe_load((run / "config.yaml").read_text())["threads"] == 2
+
+
+def test_omp_num_threads_is_obeyed_and_recorded(tmp_path, capsys, monkeypatch, restore_threads):
+    import torch
+    import yaml
+
+    import capsnets.cli
+
+    monkeypatch.setattr("capsnets.engine.reporting.save_figures", lambda *args, **kwargs: [])
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    torch.set_num_threads(2)
+    monkeypatch.setattr(capsnets.cli, "machine_load", lambda: (2, 1.9))
+    assert main([*TINY, "--out", str(tmp_path / "run")]) == 0
+    assert "load average" not in capsys.readouterr().err
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["threads"] == 2
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "reconstruct", "predict", "experiment"])
+def test_commands_that_run_models_take_threads(command):
+    assert "--threads" in _options(command)

@@ -22,7 +22,10 @@ the defaults. ``evaluate`` and ``reconstruct`` name their files after the checkp
 Errors are reported as one line on stderr with a non-zero exit status (set ``CAPSNETS_DEBUG=1`` for the
 traceback). The command changes no process-wide setting unless asked: ``--retain-freed-memory`` (or
 ``CAPSNETS_RETAIN_FREED_MEMORY=1``) keeps freed CPU memory in the process
-(:func:`~capsnets.engine.runtime.retain_freed_memory`).
+(:func:`~capsnets.engine.runtime.retain_freed_memory`). The commands that run models compute with ``--threads N``
+threads, else ``OMP_NUM_THREADS``, else torch's count, lowered with a one-line note to the cores that the load
+average leaves free (:func:`~capsnets.engine.runtime.choose_threads`); ``train`` records the count in its
+``config.yaml``, and ``--resume`` uses it.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from capsnets.data.errors import DOWNLOAD_HINT
 from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
 from capsnets.engine.config import TrainConfig, build_config, default_run_dir, load_yaml, read_config_file
 from capsnets.engine.evaluate import evaluate, load_ensemble
-from capsnets.engine.runtime import AMP_MODES, resolve_device, retain_freed_memory
+from capsnets.engine.runtime import AMP_MODES, choose_threads, machine_load, resolve_device, retain_freed_memory
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
 from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, peek_sidecar
@@ -75,6 +78,7 @@ _CONFIG_FLAGS = (
     "weight_decay",
     "seed",
     "device",
+    "threads",
     "amp",
     "compile",
     "data_dir",
@@ -98,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.retain_freed_memory or os.environ.get(RETAIN_FREED_MEMORY_ENV) == "1":
         retain_freed_memory()  # asked for: freed CPU tensors stay in the process (engine.runtime)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if args.command in _THREADED:
+        _set_threads(args.threads)
     try:
         return args.handler(args) or 0
     except KeyboardInterrupt:
@@ -208,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
         command("list-models", "registered models and their parameter counts, or the --model-arg keys of one model")
     )
     _add_experiment(command("experiment", "run a paper experiment, write DIR/report.md + PNGs"))
+    for name in _THREADED:
+        _add_threads_arg(commands.choices[name])
     _add_demo(
         command(
             "demo",
@@ -216,6 +224,46 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
     return parser
+
+
+#: The commands besides ``train`` that compute with torch's threads and take ``--threads``.
+_THREADED = ("evaluate", "reconstruct", "predict", "experiment")
+
+
+def _add_threads_arg(parser: argparse.ArgumentParser, recorded: bool = False) -> None:
+    parser.add_argument(
+        "--threads",
+        type=_positive_int,
+        metavar="N",
+        help="threads torch computes with (default: OMP_NUM_THREADS if set, else torch's count, lowered to the "
+        "cores the load average leaves free, with a note"
+        + ("; the count used is recorded in config.yaml and --resume uses it" if recorded else "")
+        + ")",
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
+def _set_threads(requested: int | None) -> int | None:
+    """Set the threads torch computes with (:func:`~capsnets.engine.runtime.choose_threads`), printing the one line
+    that says why when it lowers them; returns the count set, or None where torch's count stays."""
+    cores, load = machine_load()
+    threads, note = choose_threads(
+        requested, torch_threads=torch.get_num_threads(), cpu_count=cores, load=load, env=os.environ
+    )
+    if note:
+        print(note, file=sys.stderr)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return threads
 
 
 def _datasets() -> str:
@@ -318,6 +366,7 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     add("--loss", help="loss name from capsnets.losses (default: the model's default loss)")
     add("--seed", type=int, help=f"seed of initialisation, shuffling and augmentation (default: {default.seed})")
     add("--device", help=f"auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ... (default: {default.device})")
+    _add_threads_arg(parser, recorded=True)
     add(
         "--amp",
         choices=AMP_MODES,
@@ -629,6 +678,8 @@ def config_from_args(args: argparse.Namespace):
         config_file = _run_config(Path(out))
     overrides = {name: getattr(args, name) for name in _CONFIG_FLAGS}
     overrides["out"] = out
+    if args.threads is None and os.environ.get("OMP_NUM_THREADS"):  # obeyed, as torch read it at start
+        overrides["threads"] = torch.get_num_threads()
     overrides["model_args"] = nest_dotted(parse_key_values(args.model_arg, "--model-arg")) or None
     overrides["loss_args"] = parse_key_values(args.loss_arg, "--loss-arg") or None
     return build_config(config_file, **overrides)
@@ -663,6 +714,8 @@ def _run_config(run_dir: Path) -> Path | dict[str, Any] | None:
 
 def _train(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if config.threads is None:  # neither asked for nor recorded by the run it resumes: chosen now, and recorded
+        config.threads = _set_threads(None) or torch.get_num_threads()
     try:
         summary = train(config, resume=args.resume, overwrite=args.overwrite)
     except KeyboardInterrupt:

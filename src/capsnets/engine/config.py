@@ -82,6 +82,8 @@ class TrainConfig:
             (:class:`~capsnets.data.DigitAugment`). None: shifts only. Not for data sets with their own.
         seed: seed for initialisation, shuffling and augmentation.
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        threads: the threads torch computes with during the training (None: as torch does). The ``capsnets``
+            command records the count it used, so that a resumed run computes as the run it continues.
         amp: ``"auto"`` (bf16 autocast on CUDA, off on CPU), ``"bf16"`` or ``"off"``.
         compile: wrap the model in ``torch.compile``.
         out: run directory (config, metrics, checkpoints, figures); None: ``runs/<model>``.
@@ -113,6 +115,7 @@ class TrainConfig:
     augment: str | None = None
     seed: int = 0
     device: str = "auto"
+    threads: int | None = None
     amp: str = "auto"
     compile: bool = False
     out: str | None = None
@@ -134,7 +137,7 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "eval_every", "checkpoint_every"):
             value = getattr(self, name)
             expect(_integer(value) and value >= 1, name, value, "a positive integer")
-        for name, low in (("limit_train", 1), ("limit_test", 1), ("max_shift", 0)):
+        for name, low in (("limit_train", 1), ("limit_test", 1), ("max_shift", 0), ("threads", 1)):
             value = getattr(self, name)
             expect(value is None or (_integer(value) and value >= low), name, value, f"None or an integer >= {low}")
         for name in ("download", "compile", "progress"):

@@ -32,7 +32,7 @@ from capsnets.engine.config import TrainConfig
 from capsnets.engine.evaluate import evaluate
 from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, check_best, repair_best, resume_changes
-from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything
+from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything, torch_threads
 from capsnets.io import Checkpoint, CheckpointError, load_checkpoint
 from capsnets.losses import LOSS_TASKS, create_loss, list_losses
 from capsnets.models import model_arguments, model_task
@@ -66,7 +66,7 @@ class Trainer:
         config: the run's configuration.
         resume: continue from ``<out>/last.safetensors`` (weights, optimizer, scheduler, RNG, epoch). The config
             may change what can be applied from the resumed epoch on (more epochs, learning rate and its decay,
-            weight decay, device, evaluation and checkpoint intervals, time limit; logged and recorded);
+            weight decay, device, threads, evaluation and checkpoint intervals, time limit; logged and recorded);
             a change of the model, its arguments, the data, batch size, seed or loss is refused.
         overwrite: a fresh run may replace the run in ``config.out``: the old run is moved aside and deleted once
             the new run has saved its first checkpoint (put back if the new run fails before). Without it, a
@@ -96,7 +96,7 @@ class Trainer:
                 if context.is_main
                 else contextlib.nullcontext()
             )
-            with claim, deterministic_on_cpu(device):
+            with claim, deterministic_on_cpu(device), torch_threads(self.config.threads):
                 self._claim = claim if context.is_main else None
                 return self._fit(context, device)
         except NonFiniteLossError as err:
