@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -53,6 +54,7 @@ from capsnets.data.errors import DOWNLOAD_HINT
 from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
 from capsnets.engine.config import TrainConfig, build_config, default_run_dir, load_yaml, read_config_file
 from capsnets.engine.evaluate import evaluate, load_ensemble
+from capsnets.engine.fit import TrainingInterrupted
 from capsnets.engine.runtime import AMP_MODES, choose_threads, machine_load, resolve_device, retain_freed_memory
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
@@ -718,6 +720,12 @@ def _train(args: argparse.Namespace) -> int:
         config.threads = _set_threads(None) or torch.get_num_threads()
     try:
         summary = train(config, resume=args.resume, overwrite=args.overwrite)
+    except TrainingInterrupted as stop:  # Ctrl-C or SIGTERM: a checkpoint of the step it stopped at is saved
+        print(
+            f"capsnets train: stopped by {signal.Signals(stop.signum).name}; {_resume_hint(config.out, stop)}",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum  # the shell's status for a process ended by that signal: 130, 143
     except KeyboardInterrupt:
         print(f"capsnets train: interrupted; {_resume_hint(config.out)}", file=sys.stderr)
         return 130
@@ -748,9 +756,12 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_hint(out: str) -> str:
+def _resume_hint(out: str, stop: TrainingInterrupted | None = None) -> str:
     """What an interrupted training left, and the command that continues it."""
     epoch = checkpoint_epoch(Path(out) / "last.safetensors")
+    if stop is not None and epoch == stop.epoch:
+        where = f"epoch {stop.epoch + 1}, step {stop.step}" if stop.step else f"epoch {stop.epoch}"
+        return f"a checkpoint ({where}) is saved; continue with: capsnets train --out {out} --resume"
     if epoch is None:
         return f"no checkpoint was saved in {out}; start the run again (add --overwrite if {out} holds files)"
     return f"the last checkpoint (epoch {epoch}) is kept; continue with: capsnets train --out {out} --resume"

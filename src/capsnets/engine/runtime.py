@@ -11,6 +11,8 @@ import ctypes
 import os
 import platform
 import random
+import signal
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -183,6 +185,44 @@ def torch_threads(count: int | None):
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+class StopRequest:
+    """What :func:`stop_on_signals` received: calling it returns the signal's number, or None before one came."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self) -> int | None:
+        return self.signum
+
+
+@contextlib.contextmanager
+def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)):
+    """Within the block, the first of ``signals`` (Ctrl-C, or SIGTERM, which a cluster's scheduler sends
+    before it stops a job) does not stop the process: it is recorded in the :class:`StopRequest` the block
+    gets, for the training loop to stop at its next step (``fit(..., interrupt=request)``). A second one
+    raises ``KeyboardInterrupt`` at once. The previous handlers are restored after the block. Outside the
+    main thread, where Python takes no signal handler, nothing is installed.
+    """
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def handle(signum, frame):
+        if request.signum is not None:
+            raise KeyboardInterrupt
+        request.signum = signum
+        name = signal.Signals(signum).name
+        os.write(2, f"capsnets: {name}: stopping after this step with a checkpoint ({name} again: at once)\n".encode())
+
+    previous = {signum: signal.signal(signum, handle) for signum in signals}
+    try:
+        yield request
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def retain_freed_memory() -> bool:

@@ -32,7 +32,7 @@ from capsnets.engine.config import TrainConfig
 from capsnets.engine.evaluate import evaluate
 from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, check_best, repair_best, resume_changes
-from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything, torch_threads
+from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything, stop_on_signals, torch_threads
 from capsnets.io import Checkpoint, CheckpointError, load_checkpoint
 from capsnets.losses import LOSS_TASKS, create_loss, list_losses
 from capsnets.models import model_arguments, model_task
@@ -71,6 +71,11 @@ class Trainer:
         overwrite: a fresh run may replace the run in ``config.out``: the old run is moved aside and deleted once
             the new run has saved its first checkpoint (put back if the new run fails before). Without it, a
             fresh run into a directory holding another run is refused.
+
+    In a single process in the main thread, the first Ctrl-C or SIGTERM during the training stops it at the next
+    step with a resumable ``last`` checkpoint of that step, and raises
+    :class:`~capsnets.engine.fit.TrainingInterrupted`; ``resume`` continues it bit for bit. A second signal stops
+    it at once, keeping the checkpoints saved before.
 
     Examples:
         >>> summary = Trainer(TrainConfig(epochs=1, out="runs/quick")).fit()  # doctest: +SKIP
@@ -130,17 +135,20 @@ class Trainer:
             }
 
         step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(cfg.amp, device), model=s.model)
-        fit(
-            step,
-            s.loader,
-            epochs=cfg.epochs,
-            state=s.state,
-            schedulers=[s.state.scheduler],
-            callbacks=self._callbacks(s),
-            desc=cfg.model,
-            progress=cfg.progress,
-            context=context,
-        )
+        signals = contextlib.nullcontext() if context.enabled else stop_on_signals()
+        with signals as request:
+            fit(
+                step,
+                s.loader,
+                epochs=cfg.epochs,
+                state=s.state,
+                schedulers=[s.state.scheduler],
+                callbacks=self._callbacks(s),
+                desc=cfg.model,
+                progress=cfg.progress,
+                context=context,
+                interrupt=request,
+            )
         if not s.state.finished:
             logger.info(
                 "time limit of %g minutes reached after epoch %d of %d; continue with --resume",
