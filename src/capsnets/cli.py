@@ -51,6 +51,7 @@ import yaml
 from capsnets._version import __version__
 from capsnets.data import DatasetError, dataset_info, list_datasets, load_dataset
 from capsnets.data.errors import DOWNLOAD_HINT
+from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
 from capsnets.engine.config import TrainConfig, build_config, default_run_dir, load_yaml, read_config_file
 from capsnets.engine.evaluate import evaluate, load_ensemble
@@ -800,6 +801,13 @@ def output_label(checkpoint_path: str | os.PathLike, out: str | os.PathLike) -> 
     return _file_safe(label)
 
 
+def _data_label(name: str | None) -> str:
+    """A data set in a file name: its name; a ``folder:PATH`` data set by the folder's own name."""
+    if name and name.startswith(FOLDER_PREFIX):
+        return _file_safe(f"folder_{Path(name[len(FOLDER_PREFIX) :]).name}")
+    return _file_safe(name or "test")
+
+
 def _file_safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "checkpoint"
 
@@ -816,7 +824,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     model, checkpoint, data, device = _load(args, _checkpoint_source(args, args.checkpoint))
     results = evaluate(model, data, args.batch_size, device)
     out = Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent
-    stem = f"evaluation_{output_label(checkpoint.path, out)}_{_file_safe(data.name or 'test')}"
+    stem = f"evaluation_{output_label(checkpoint.path, out)}_{_data_label(data.name)}"
     record = {"checkpoint": str(checkpoint.path), "epoch": checkpoint.meta.get("epoch")}
     _write_evaluation(results, data, out, stem, record, title=_describe(checkpoint))
     return 0
@@ -831,7 +839,7 @@ def _evaluate_ensemble(args: argparse.Namespace) -> int:
     results = evaluate(ensemble, data, args.batch_size, device)
     paths = [checkpoint.path for checkpoint in checkpoints]
     out = Path(args.out) if args.out else Path(os.path.commonpath([path.parent.resolve() for path in paths]))
-    stem = f"evaluation_ensemble_{ensemble_label(paths, out)}_{_file_safe(data.name or 'test')}"
+    stem = f"evaluation_ensemble_{ensemble_label(paths, out)}_{_data_label(data.name)}"
     record = {
         "checkpoints": [str(path) for path in paths],
         "epochs": [checkpoint.meta.get("epoch") for checkpoint in checkpoints],
@@ -915,6 +923,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
         out / f"reconstructions_{output_label(checkpoint.path, out)}.png",
         labels=labels.cpu(),
         predictions=output.scores.argmax(-1).cpu(),
+        class_names=[str(name) for name in data.classes] or None,
         n=len(images),
         title=f"{_describe(checkpoint)}, {data.name or 'test'} test images",
     )

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.data.transforms import AUGMENTATIONS
 from capsnets.engine.runtime import AMP_MODES
 from capsnets.io import atomic_write
@@ -62,8 +63,10 @@ class TrainConfig:
         model_args: keyword overrides for the model builder, e.g. ``{"routing": {"iterations": 1}}`` (routing
             settings alone update the model's default routing).
         dataset: data set name (see ``capsnets.data.list_datasets()``), or ``"folder:PATH"`` for a folder of
-            your own images with one subfolder per class.
-        data_dir: where the data set files live (None: the data package's default).
+            your own images with one subfolder per class (a relative PATH is made absolute, so that the run's
+            checkpoints find the folder from any directory).
+        data_dir: where the data set files live (None: the data package's default; a relative folder is made
+            absolute).
         image_size: ``folder:PATH`` data sets only: the side ``H`` (or ``[H, W]``) every image is resized to;
             None: the first training image's size. The model's ``input_size`` follows the data.
         download: fetch missing data set files.
@@ -130,6 +133,7 @@ class TrainConfig:
         if self.out is None:
             self.out = default_run_dir(self.model)
         self.validate()
+        self.dataset, self.data_dir = absolute_folder(self.dataset), _absolute(self.data_dir)
 
     def validate(self) -> None:
         """Raise an :class:`~capsnets.validation.ArgumentError` (a ``ValueError``) naming the first field whose value
@@ -234,6 +238,23 @@ class TrainConfig:
 
 #: The largest float32: a learning rate or weight decay above it overflows in the optimiser's step.
 FLOAT32_MAX = 3.4028234663852886e38
+
+
+def absolute_folder(dataset: str) -> str:
+    """``"folder:PATH"`` with PATH absolute (``~`` expanded, resolved against the current directory); any other
+    data set name unchanged.
+
+    Examples:
+        >>> absolute_folder("mnist")
+        'mnist'
+    """
+    if not dataset.startswith(FOLDER_PREFIX):
+        return dataset
+    return FOLDER_PREFIX + str(Path(dataset[len(FOLDER_PREFIX) :]).expanduser().resolve())
+
+
+def _absolute(folder: str | None) -> str | None:
+    return None if folder is None else str(Path(folder).expanduser().resolve())
 
 
 def field_names() -> list[str]:

@@ -40,6 +40,8 @@ from capsnets.models.hub import build_model, restore_model
 
 logger = logging.getLogger(__name__)
 
+#: Fewer optimiser steps per epoch than this get a warning (a small data set at a large batch).
+FEW_STEPS = 10
 #: Test accuracies whose first crossing time is reported in ``summary.json["time_to_accuracy"]``.
 ACCURACY_TARGETS = (0.99, 0.995, 0.996)
 
@@ -308,6 +310,16 @@ class Trainer:
             raise ValueError(
                 f"batch_size={cfg.batch_size} is larger than the {len(data)} training examples "
                 f"shared by {context.world_size} processes; lower --batch-size"
+            )
+        if len(loader) < FEW_STEPS and context.is_main:
+            logger.warning(
+                "%d step%s per epoch at batch %d (%d training images): few optimiser steps per epoch learn "
+                "little; use a smaller --batch-size (e.g. %d) or more --epochs",
+                len(loader),
+                "" if len(loader) == 1 else "s",
+                cfg.batch_size,
+                len(data),
+                max(1, len(data) // FEW_STEPS),
             )
         return loader
 
