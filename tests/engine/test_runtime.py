@@ -73,3 +73,18 @@ def test_torch_threads_sets_the_count_for_the_block_only():
     assert torch.get_num_threads() == before
     with torch_threads(None):
         assert torch.get_num_threads() == before
+
+
+def test_stop_on_signals_records_the_first_signal_raises_at_the_second_and_restores_the_handlers():
+    import signal
+
+    from capsnets.engine.runtime import stop_on_signals
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with stop_on_signals() as request:
+        assert request() is None
+        signal.raise_signal(signal.SIGTERM)
+        assert request() == signal.SIGTERM  # recorded; the process goes on
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
