@@ -14,6 +14,12 @@ def pytest_sessionstart(session):
     from capsnets.engine.runtime import retain_freed_memory
 
     retain_freed_memory()
+    # Runs the tests compare bit for bit compute with one thread count: without OMP_NUM_THREADS (or --threads) the
+    # command lowers torch's count to the cores the load leaves free, and the load varies while the suite runs.
+    # Child processes inherit the variable.
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -197,4 +197,41 @@ def test_titles_name_what_a_figure_shows(tmp_path, monkeypatch):
     plots.plot_confusion_matrix(np.eye(2), ["a", "b"], tmp_path / "cm.png", title="run/last.safetensors")
     plots.plot_confusion_matrix(np.eye(2), ["a", "b"], tmp_path / "cm.png")
     assert drawn[0].get_suptitle() == "run/best.safetensors (epoch 3)"
-    assert [fig.axes[0].get_title() for fig in drawn[1:]] == ["run/last.safetensors", "Confusion matrix"]
+    assert [fig.get_suptitle() for fig in drawn[1:]] == ["run/last.safetensors", "Confusion matrix"]
+
+
+@pytest.mark.parametrize("classes", [2, 10, 40])
+def test_a_long_confusion_matrix_title_stays_within_the_figure(tmp_path, monkeypatch, classes):
+    """The title (e.g. a checkpoint's path and the data set) is wrapped to the figure's width, not clipped."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    seen = []
+
+    def drawn(fig, out_png):
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()  # laid out as saved (constrained layout, 100 dpi)
+        (title,) = fig.texts  # the suptitle
+        seen.append((title.get_text(), title.get_window_extent(canvas.get_renderer()), fig.bbox))
+        return out_png
+
+    monkeypatch.setattr(plots, "save_figure", drawn)
+    title = "/home/someone/projects/capsule-experiments/runs/capsnet_small_folder_photos/best.safetensors (epoch 12)"
+    names = [f"class_{k}" for k in range(classes)]
+    plots.plot_confusion_matrix(np.eye(classes), names, tmp_path / "cm.png", title=f"{title} on folder:/data/photos")
+    text, box, frame = seen[0]
+    assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, (box, frame)
+    assert "".join(text.split()) == "".join(f"{title} on folder:/data/photos".split())
+    assert ("\n" in text) == (classes < 40)  # wrapped where the figure is narrower than the title
+
+
+def test_galleries_name_the_classes(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out_png: drawn.append(fig) or out_png)
+    images = torch.rand(2, 1, 8, 8)
+    names = ["circle", "square"]
+    plots.plot_reconstructions(images, images, tmp_path / "r.png", labels=[0, 1], predictions=[0, 0], class_names=names)
+    titles = [ax.get_title() for ax in drawn[0].axes if ax.get_title()]
+    assert titles == ["y=circle p=circle", "y=square p=circle"]
+    grid = torch.rand(3, 4, 1, 8, 8)
+    plots.plot_perturbation_grid(grid, 1, tmp_path / "g.png", steps=torch.linspace(-0.2, 0.2, 4), class_names=names)
+    assert drawn[1].axes[0].get_title().startswith("class square:")

@@ -22,19 +22,25 @@ the defaults. ``evaluate`` and ``reconstruct`` name their files after the checkp
 Errors are reported as one line on stderr with a non-zero exit status (set ``CAPSNETS_DEBUG=1`` for the
 traceback). The command changes no process-wide setting unless asked: ``--retain-freed-memory`` (or
 ``CAPSNETS_RETAIN_FREED_MEMORY=1``) keeps freed CPU memory in the process
-(:func:`~capsnets.engine.runtime.retain_freed_memory`).
+(:func:`~capsnets.engine.runtime.retain_freed_memory`). The commands that run models compute with ``--threads N``
+threads, else ``OMP_NUM_THREADS``, else torch's count, lowered with a one-line note to the cores that the load
+average leaves free (:func:`~capsnets.engine.runtime.choose_threads`); ``train`` records the count in its
+``config.yaml``, and ``--resume`` uses it.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
 import ipaddress
 import json
 import logging
 import os
 import re
+import signal
 import sys
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,22 +48,34 @@ from typing import Any
 import torch
 import yaml
 
-from capsnets.data import dataset_info, list_datasets, load_dataset
+from capsnets._version import __version__
+from capsnets.data import DatasetError, dataset_info, list_datasets, load_dataset
+from capsnets.data.errors import DOWNLOAD_HINT
+from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
 from capsnets.engine.config import TrainConfig, build_config, default_run_dir, load_yaml, read_config_file
 from capsnets.engine.evaluate import evaluate, load_ensemble
-from capsnets.engine.runtime import AMP_MODES, resolve_device, retain_freed_memory
+from capsnets.engine.fit import TrainingInterrupted
+from capsnets.engine.runtime import AMP_MODES, choose_threads, machine_load, resolve_device, retain_freed_memory
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
 from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, load_checkpoint, peek_sidecar
 from capsnets.models import count_parameters, create_model, list_models, model_schema, model_task, routing_keys
 from capsnets.models.hub import model_from_checkpoint
-from capsnets.models.pretrained import default_weights, get_model_weights, resolve_pretrained
+from capsnets.models.pretrained import (
+    PretrainedError,
+    default_weights,
+    get_model_weights,
+    get_weights,
+    resolve_pretrained,
+)
 from capsnets.predict import collect_image_files, predict, read_images, segment
 from capsnets.validation import ArgumentError
 
 #: The environment variable that turns on ``--retain-freed-memory`` (``1``).
 RETAIN_FREED_MEMORY_ENV = "CAPSNETS_RETAIN_FREED_MEMORY"
+#: What ``experiment``, which downloads nothing, says instead of "rerun with --download".
+_EXPERIMENT_DOWNLOAD = "call the data set with download=True in Python once"
 #: ``train`` flags that map one-to-one onto TrainConfig fields (argparse dest == field name).
 _CONFIG_FLAGS = (
     "model",
@@ -70,6 +88,7 @@ _CONFIG_FLAGS = (
     "weight_decay",
     "seed",
     "device",
+    "threads",
     "amp",
     "compile",
     "data_dir",
@@ -89,10 +108,12 @@ _CONFIG_FLAGS = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if args.retain_freed_memory or os.environ.get(RETAIN_FREED_MEMORY_ENV) == "1":
         retain_freed_memory()  # asked for: freed CPU tensors stay in the process (engine.runtime)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if args.command in _THREADED:
+        _set_threads(args.threads)
     try:
         return args.handler(args) or 0
     except KeyboardInterrupt:
@@ -121,9 +142,60 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line ``argv`` (default: ``sys.argv[1:]``) with :func:`build_parser`.
+
+    An unknown command or option is an error (exit status 2, as argparse's) that suggests the closest known one
+    (``capsnets trian``: did you mean ``train``?), printed with the usage of the command it was given to.
+    """
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = command_parsers(parser)
+    position = next((i for i, token in enumerate(argv) if not token.startswith("-")), None)
+    if position is not None:
+        name = argv[position]
+        if name not in commands:
+            parser.error(
+                f"unknown command {name!r}{_did_you_mean(name, commands)}; the commands are: {', '.join(commands)}"
+            )
+        _reject_unknown_options(commands[name], argv[position + 1 :])
+    return parser.parse_args(argv)
+
+
+def command_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The sub-command parsers of the ``capsnets`` parser, by command name."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _reject_unknown_options(parser: argparse.ArgumentParser, tokens: Sequence[str]) -> None:
+    """Exit through ``parser.error`` (its usage, status 2) at the first ``--option`` among ``tokens`` that
+    ``parser`` lacks (a unique prefix of one is argparse's abbreviation, and is left to argparse)."""
+    known = [option for option in parser._option_string_actions if option.startswith("--")]
+    for token in tokens:
+        if token == "--":
+            return
+        if not token.startswith("--"):
+            continue
+        option = token.split("=", 1)[0]
+        if any(name.startswith(option) for name in known):
+            continue
+        close = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f"; `{parser.prog} --help` lists the options"
+        parser.error(f"unrecognized argument: {option}{hint}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with its sub-commands."""
     parser = argparse.ArgumentParser(prog="capsnets", description="Capsule networks: train, evaluate, inspect.")
+    parser.add_argument("--version", action="version", version=f"capsnets {__version__} (torch {torch.__version__})")
     parser.add_argument(
         "--retain-freed-memory",
         action="store_true",
@@ -152,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
         command("list-models", "registered models and their parameter counts, or the --model-arg keys of one model")
     )
     _add_experiment(command("experiment", "run a paper experiment, write DIR/report.md + PNGs"))
+    for name in _THREADED:
+        _add_threads_arg(commands.choices[name])
     _add_demo(
         command(
             "demo",
@@ -160,6 +234,46 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
     return parser
+
+
+#: The commands besides ``train`` that compute with torch's threads and take ``--threads``.
+_THREADED = ("evaluate", "reconstruct", "predict", "experiment")
+
+
+def _add_threads_arg(parser: argparse.ArgumentParser, recorded: bool = False) -> None:
+    parser.add_argument(
+        "--threads",
+        type=_positive_int,
+        metavar="N",
+        help="threads torch computes with (default: OMP_NUM_THREADS if set, else torch's count, lowered to the "
+        "cores the load average leaves free, with a note"
+        + ("; the count used is recorded in config.yaml and --resume uses it" if recorded else "")
+        + ")",
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
+def _set_threads(requested: int | None) -> int | None:
+    """Set the threads torch computes with (:func:`~capsnets.engine.runtime.choose_threads`), printing the one line
+    that says why when it lowers them; returns the count set, or None where torch's count stays."""
+    cores, load = machine_load()
+    threads, note = choose_threads(
+        requested, torch_threads=torch.get_num_threads(), cpu_count=cores, load=load, env=os.environ
+    )
+    if note:
+        print(note, file=sys.stderr)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return threads
 
 
 def _datasets() -> str:
@@ -220,10 +334,13 @@ def _experiment(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir,
         **parse_key_values(args.set, "--set"),
     )
-    if args.seeds is not None:
-        result = run_experiment_seeds(args.name, args.out, args.seeds, **common)
-    else:
-        result = run_experiment(args.name, args.out, seed=args.seed, **common)
+    try:
+        if args.seeds is not None:
+            result = run_experiment_seeds(args.name, args.out, args.seeds, **common)
+        else:
+            result = run_experiment(args.name, args.out, seed=args.seed, **common)
+    except DatasetError as err:  # the experiments read data sets but do not download them
+        raise DatasetError(str(err).replace(DOWNLOAD_HINT, _EXPERIMENT_DOWNLOAD)) from err
     print(f"wrote {result.report} and {len(result.figures)} figure(s)")
     for key, value in result.metrics.items():
         print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
@@ -259,6 +376,7 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     add("--loss", help="loss name from capsnets.losses (default: the model's default loss)")
     add("--seed", type=int, help=f"seed of initialisation, shuffling and augmentation (default: {default.seed})")
     add("--device", help=f"auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ... (default: {default.device})")
+    _add_threads_arg(parser, recorded=True)
     add(
         "--amp",
         choices=AMP_MODES,
@@ -347,7 +465,8 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_evaluate(parser: argparse.ArgumentParser) -> None:
-    _add_checkpoint_args(parser, several=True, pretrained=True)
+    _add_checkpoint_args(parser, several=True)
+    _add_data_args(parser)
     parser.add_argument(
         "--out",
         metavar="DIR",
@@ -363,11 +482,13 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
 
 def _add_reconstruct(parser: argparse.ArgumentParser) -> None:
     _add_checkpoint_args(parser)
+    _add_data_args(parser)
     parser.add_argument("--n", type=int, default=16, help="number of test images")
     parser.add_argument(
         "--out",
         metavar="DIR",
-        help="directory for reconstructions_<checkpoint>.png (default: the checkpoint's directory)",
+        help="directory for reconstructions_<checkpoint>.png (default: the checkpoint's directory; --pretrained: "
+        "the current directory)",
     )
     parser.set_defaults(handler=_reconstruct)
 
@@ -383,7 +504,7 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
         help="run directory (its best, else last, checkpoint) or .safetensors file (this or "
         "--pretrained is required, no default)",
     )
-    _add_pretrained_arg(source)
+    _add_pretrained_arg(source, parser)
     parser.add_argument(
         "--json",
         metavar="FILE",
@@ -405,12 +526,7 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_export(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="PATH",
-        help="run directory (its best, else last, checkpoint) or .safetensors file (required, no default)",
-    )
+    _add_checkpoint_args(parser)
     parser.add_argument(
         "--format",
         choices=["onnx", "torch_export"],
@@ -419,7 +535,10 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
         "(a .pt2 torch.export program)",
     )
     parser.add_argument(
-        "--out", metavar="FILE", help="the file to write (default: beside the checkpoint, <checkpoint>.onnx or .pt2)"
+        "--out",
+        metavar="FILE",
+        help="the file to write (default: beside the checkpoint, <checkpoint>.onnx or .pt2; --pretrained: "
+        "<name>.onnx or .pt2 in the current directory)",
     )
     parser.set_defaults(handler=_export)
 
@@ -478,46 +597,56 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_demo)
 
 
-def _add_pretrained_arg(parser) -> None:
-    parser.add_argument(
+def _add_pretrained_arg(source, parser: argparse.ArgumentParser) -> None:
+    """``--pretrained`` (into ``source``, the group that makes it exclusive of ``--checkpoint``) and ``--sha256``."""
+    source.add_argument(
         "--pretrained",
         metavar="NAME",
         help="a pretrained weight shipped with the package, <model>-<dataset> (e.g. "
-        "capsnet_small-mnist; `capsnets list-models --pretrained` lists them), instead of "
-        "--checkpoint (default: none)",
+        "capsnet_small-mnist; `capsnets list-models --pretrained` lists them), a .safetensors file or an "
+        "https:// URL (with --sha256), instead of --checkpoint (default: none)",
+    )
+    parser.add_argument(
+        "--sha256",
+        metavar="HEX",
+        help="the expected SHA-256 of the --pretrained file: required for an https:// URL, checked for a file "
+        "(default: none; a shipped weight is checked against its model card)",
     )
 
 
-def _add_checkpoint_args(parser: argparse.ArgumentParser, several: bool = False, pretrained: bool = False) -> None:
+def _add_checkpoint_args(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    """``--checkpoint`` (``several``: one or more, an ensemble) or ``--pretrained`` (with ``--sha256``), one of
+    them required, and ``--device``."""
+    source = parser.add_mutually_exclusive_group(required=True)
     if several:  # evaluate: one checkpoint, or an ensemble of them
-        source = parser.add_mutually_exclusive_group(required=True) if pretrained else parser
         source.add_argument(
             "--checkpoint",
-            required=not pretrained,
             nargs="+",
             metavar="PATH",
             help="run directory (its best, else last, checkpoint) or .safetensors file; several: "
             "their ensemble, scored by the mean of their class capsule lengths (or other "
-            "scores), trained on the same data set ("
-            + ("this or --pretrained is " if pretrained else "")
-            + "required, no default)",
+            "scores), trained on the same data set (this or --pretrained is required, no default)",
         )
-        if pretrained:
-            _add_pretrained_arg(source)
     else:
-        parser.add_argument(
+        source.add_argument(
             "--checkpoint",
-            required=True,
             metavar="PATH",
-            help="run directory (its best, else last, checkpoint) or .safetensors file (required, no default)",
+            help="run directory (its best, else last, checkpoint) or .safetensors file (this or --pretrained is "
+            "required, no default)",
         )
+    _add_pretrained_arg(source, parser)
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
+
+
+def _add_data_args(parser: argparse.ArgumentParser) -> None:
+    """The test data of ``evaluate`` and ``reconstruct``: ``--dataset``, ``--data-dir``, ``--download``."""
     parser.add_argument("--dataset", help=f"test split of: {_datasets()} (default: the one the model was trained on)")
     parser.add_argument(
         "--data-dir",
         metavar="DIR",
         help="folder holding the data set files (default: the one recorded by the training run, else $CAPSNETS_DATA)",
     )
-    parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
+    parser.add_argument("--download", action="store_true", help="download missing data set files")
 
 
 def parse_key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
@@ -565,6 +694,8 @@ def config_from_args(args: argparse.Namespace):
         config_file = _run_config(Path(out))
     overrides = {name: getattr(args, name) for name in _CONFIG_FLAGS}
     overrides["out"] = out
+    if args.threads is None and os.environ.get("OMP_NUM_THREADS"):  # obeyed, as torch read it at start
+        overrides["threads"] = torch.get_num_threads()
     overrides["model_args"] = nest_dotted(parse_key_values(args.model_arg, "--model-arg")) or None
     overrides["loss_args"] = parse_key_values(args.loss_arg, "--loss-arg") or None
     return build_config(config_file, **overrides)
@@ -599,8 +730,16 @@ def _run_config(run_dir: Path) -> Path | dict[str, Any] | None:
 
 def _train(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if config.threads is None:  # neither asked for nor recorded by the run it resumes: chosen now, and recorded
+        config.threads = _set_threads(None) or torch.get_num_threads()
     try:
         summary = train(config, resume=args.resume, overwrite=args.overwrite)
+    except TrainingInterrupted as stop:  # Ctrl-C or SIGTERM: a checkpoint of the step it stopped at is saved
+        print(
+            f"capsnets train: stopped by {signal.Signals(stop.signum).name}; {_resume_hint(config.out, stop)}",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum  # the shell's status for a process ended by that signal: 130, 143
     except KeyboardInterrupt:
         print(f"capsnets train: interrupted; {_resume_hint(config.out)}", file=sys.stderr)
         return 130
@@ -631,9 +770,12 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_hint(out: str) -> str:
+def _resume_hint(out: str, stop: TrainingInterrupted | None = None) -> str:
     """What an interrupted training left, and the command that continues it."""
     epoch = checkpoint_epoch(Path(out) / "last.safetensors")
+    if stop is not None and epoch == stop.epoch:
+        where = f"epoch {stop.epoch + 1}, step {stop.step}" if stop.step else f"epoch {stop.epoch}"
+        return f"a checkpoint ({where}) is saved; continue with: capsnets train --out {out} --resume"
     if epoch is None:
         return f"no checkpoint was saved in {out}; start the run again (add --overwrite if {out} holds files)"
     return f"the last checkpoint (epoch {epoch}) is kept; continue with: capsnets train --out {out} --resume"
@@ -655,7 +797,7 @@ def _test_data(args: argparse.Namespace, checkpoint, model, device):
     recorded = checkpoint.meta.get("config") or {}
     data_dir = args.data_dir or recorded.get("data_dir")
     image_size = recorded.get("image_size") if str(dataset).startswith("folder:") else None
-    data = load_dataset(dataset, root=data_dir, train=False, image_size=image_size).to(device)
+    data = load_dataset(dataset, root=data_dir, train=False, download=args.download, image_size=image_size).to(device)
     if tuple(data.images.shape[1:]) != tuple(model.input_size) or data.num_classes != model.num_classes:
         raise ArgumentError(
             f"data set {dataset!r} ({data.num_classes} classes of {tuple(data.images.shape[1:])}) "
@@ -671,6 +813,13 @@ def output_label(checkpoint_path: str | os.PathLike, out: str | os.PathLike) -> 
     path = Path(checkpoint_path)
     label = path.stem if Path(out).resolve() == path.parent.resolve() else f"{path.parent.name}_{path.stem}"
     return _file_safe(label)
+
+
+def _data_label(name: str | None) -> str:
+    """A data set in a file name: its name; a ``folder:PATH`` data set by the folder's own name."""
+    if name and name.startswith(FOLDER_PREFIX):
+        return _file_safe(f"folder_{Path(name[len(FOLDER_PREFIX) :]).name}")
+    return _file_safe(name or "test")
 
 
 def _file_safe(text: str) -> str:
@@ -689,7 +838,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     model, checkpoint, data, device = _load(args, _checkpoint_source(args, args.checkpoint))
     results = evaluate(model, data, args.batch_size, device)
     out = Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent
-    stem = f"evaluation_{output_label(checkpoint.path, out)}_{_file_safe(data.name or 'test')}"
+    stem = f"evaluation_{output_label(checkpoint.path, out)}_{_data_label(data.name)}"
     record = {"checkpoint": str(checkpoint.path), "epoch": checkpoint.meta.get("epoch")}
     _write_evaluation(results, data, out, stem, record, title=_describe(checkpoint))
     return 0
@@ -698,13 +847,13 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _evaluate_ensemble(args: argparse.Namespace) -> int:
     """``evaluate`` of several checkpoints: each alone, then their ensemble (the mean of their scores)."""
     device = resolve_device(args.device)
-    ensemble, checkpoints = load_ensemble(args.checkpoint, device)
+    ensemble, checkpoints = load_ensemble([_checkpoint_path(path) for path in args.checkpoint], device)
     data = _test_data(args, checkpoints[0], ensemble, device)
     members = [evaluate(model, data, args.batch_size, device)["accuracy"] for model in ensemble.members]
     results = evaluate(ensemble, data, args.batch_size, device)
     paths = [checkpoint.path for checkpoint in checkpoints]
     out = Path(args.out) if args.out else Path(os.path.commonpath([path.parent.resolve() for path in paths]))
-    stem = f"evaluation_ensemble_{ensemble_label(paths, out)}_{_file_safe(data.name or 'test')}"
+    stem = f"evaluation_ensemble_{ensemble_label(paths, out)}_{_data_label(data.name)}"
     record = {
         "checkpoints": [str(path) for path in paths],
         "epochs": [checkpoint.meta.get("epoch") for checkpoint in checkpoints],
@@ -771,7 +920,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
 
     if args.n < 1:
         raise ArgumentError(f"--n must be at least 1, got {args.n}")
-    model, checkpoint, data, _ = _load(args, args.checkpoint)
+    model, checkpoint, data, _ = _load(args, _checkpoint_source(args, [args.checkpoint]))
     images, labels = data.images[: args.n], data.labels[: args.n]
     with torch.no_grad():
         output = model(images)
@@ -780,7 +929,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
             f"model {checkpoint.meta['model']!r} has no decoder, so it cannot reconstruct; "
             "use a capsule model with a reconstruction decoder"
         )
-    out = Path(args.out) if args.out else checkpoint.path.parent
+    out = Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent
     out.mkdir(parents=True, exist_ok=True)
     png = plot_reconstructions(
         images.cpu(),
@@ -788,6 +937,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
         out / f"reconstructions_{output_label(checkpoint.path, out)}.png",
         labels=labels.cpu(),
         predictions=output.scores.argmax(-1).cpu(),
+        class_names=[str(name) for name in data.classes] or None,
         n=len(images),
         title=f"{_describe(checkpoint)}, {data.name or 'test'} test images",
     )
@@ -796,9 +946,11 @@ def _reconstruct(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    checkpoint = load_checkpoint(args.checkpoint)
+    checkpoint = load_checkpoint(_checkpoint_source(args, [args.checkpoint]))
     model = model_from_checkpoint(checkpoint, "cpu")
-    out = Path(args.out) if args.out else checkpoint.path.with_suffix(EXPORT_FORMATS[args.format])
+    suffix = EXPORT_FORMATS[args.format]
+    out = Path(args.out) if args.out else Path(checkpoint.path.stem + suffix) if args.pretrained else None
+    out = out or checkpoint.path.with_suffix(suffix)
     if out.suffix.lower() in (".safetensors", ".json", ".yaml", ".jsonl"):
         raise ArgumentError(f"--out '{out}' would replace a run file; name a {EXPORT_FORMATS[args.format]} file")
     report = export_model(model, out, args.format)
@@ -856,11 +1008,34 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_source(args: argparse.Namespace, checkpoints: list[str] | None) -> str | Path:
-    """The checkpoint ``evaluate`` / ``predict`` read: the shipped weight ``--pretrained`` names (its SHA-256
-    checked), else the one ``--checkpoint``."""
-    if args.pretrained is not None:
-        return resolve_pretrained(args.pretrained)
-    return checkpoints[0]
+    """The checkpoint a command reads: the weight ``--pretrained`` names (a shipped one, a file or a URL, checked
+    against ``--sha256`` or its model card), else the one ``--checkpoint``."""
+    if args.pretrained is None:
+        return _checkpoint_path(checkpoints[0])
+    digest = args.sha256
+    if digest is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", digest):
+        raise ArgumentError(f"--sha256 {digest!r} is not a SHA-256: give its 64 hex digits")
+    if urllib.parse.urlparse(str(args.pretrained)).scheme.lower() in ("http", "https") and digest is None:
+        raise ArgumentError(
+            f"--pretrained {args.pretrained}: a weight from a URL needs its expected digest; add --sha256 HEX "
+            "(the model card or the publisher gives it)"
+        )
+    return resolve_pretrained(args.pretrained, sha256=digest)
+
+
+def _checkpoint_path(path: str) -> str:
+    """``--checkpoint PATH``; the name of a shipped weight given there instead of a file is refused, naming
+    ``--pretrained``."""
+    if Path(path).exists():
+        return path
+    try:
+        get_weights(path)
+    except PretrainedError:
+        return path
+    raise ArgumentError(
+        f"--checkpoint {path}: no such file; {path} is a pretrained weight shipped with the package, "
+        f"so use --pretrained {path}"
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:

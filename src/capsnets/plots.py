@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -199,11 +200,16 @@ def _show(ax, image: np.ndarray) -> None:
     ax.set_yticks([])
 
 
-def _title(label: int | None, prediction: int | None) -> tuple[str, str]:
-    """Text and colour for an input's title: red when the prediction disagrees with the label."""
-    parts = [f"y={label}"] if label is not None else []
+def _title(label: int | None, prediction: int | None, names: Sequence[str] | None = None) -> tuple[str, str]:
+    """Text and colour for an input's title, classes by name where ``names`` are given: red when the prediction
+    disagrees with the label."""
+
+    def name(k: int) -> str:
+        return str(names[k]) if names is not None and 0 <= k < len(names) else str(k)
+
+    parts = [f"y={name(label)}"] if label is not None else []
     if prediction is not None:
-        parts.append(f"p={prediction}")
+        parts.append(f"p={name(prediction)}")
     wrong = label is not None and prediction is not None and label != prediction
     return " ".join(parts), ("red" if wrong else "black")
 
@@ -217,6 +223,7 @@ def plot_reconstructions(
     predictions: Sequence[int] | None = None,
     n: int = 16,
     title: str | None = None,
+    class_names: Sequence[str] | None = None,
 ) -> Path:
     """Draw inputs above their reconstructions, in blocks of up to 8 pairs per row.
 
@@ -228,6 +235,7 @@ def plot_reconstructions(
         predictions: optional ``(B,)`` predicted classes, shown as ``p=`` (red when wrong).
         n: how many of the first examples to draw (at most ``B``).
         title: optional line above the grid (e.g. which checkpoint made the reconstructions).
+        class_names: the names that ``labels`` and ``predictions`` are shown by (None: their numbers).
 
     Shape:
         Odd rows of the grid are inputs, even rows their reconstructions, ``min(n, B)`` pairs in all.
@@ -258,16 +266,24 @@ def plot_reconstructions(
             ax.set_axis_on()
             _show(ax, image)
         text, colour = _title(
-            None if labels is None else int(labels[k]), None if predictions is None else int(predictions[k])
+            None if labels is None else int(labels[k]),
+            None if predictions is None else int(predictions[k]),
+            class_names,
         )
         if text:
-            top.set_title(text, fontsize=9, color=colour)
+            top.set_title(text, fontsize=9 if len(text) <= 12 else 7, color=colour)
     for block in range(blocks):
         axes[2 * block, 0].set_ylabel("input", fontsize=9)
         axes[2 * block + 1, 0].set_ylabel("recon.", fontsize=9)
     if title:
-        fig.suptitle(title, fontsize=9)
+        fig.suptitle(_wrapped(title, fig, 9), fontsize=9)
     return save_figure(fig, out_png)
+
+
+def _wrapped(text: str, fig: Figure, fontsize: float) -> str:
+    """``text`` broken into lines that fit the width of ``fig`` at ``fontsize`` points (a long path too)."""
+    per_line = max(20, int(0.9 * fig.get_figwidth() * 72 / (0.62 * fontsize)))
+    return textwrap.fill(text, per_line, break_long_words=True, break_on_hyphens=False)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -308,7 +324,8 @@ def plot_confusion_matrix(
         class_names: ``K`` names for the axes (``None``: ``0 .. K-1``).
         out_png: where to write the PNG.
         normalize: divide each row by its sum (rows that sum to zero stay zero), so cells are recalls.
-        title: the axes' title (default ``"Confusion matrix"``), e.g. naming the checkpoint evaluated.
+        title: the figure's title (default ``"Confusion matrix"``), e.g. naming the checkpoint evaluated; wrapped
+            to the figure's width.
 
     Returns:
         ``Path(out_png)``. Raises ``ValueError`` for a non-square matrix, negative or non-finite
@@ -340,11 +357,9 @@ def plot_confusion_matrix(
     rotate = max(len(name) for name in names) > 3
     ax.set_xticks(range(k), names, rotation=45 if rotate else 0, ha="right" if rotate else "center")
     ax.set_yticks(range(k), names)
-    ax.set(
-        xlabel="predicted class",
-        ylabel="true class",
-        title=(title or "Confusion matrix") + (" (row-normalised)" if normalize else ""),
-    )
+    ax.set(xlabel="predicted class", ylabel="true class")
+    text = (title or "Confusion matrix") + (" (row-normalised)" if normalize else "")
+    fig.suptitle(_wrapped(text, fig, 11), fontsize=11)  # centred on the figure, whose width it is wrapped to
     return save_figure(fig, out_png)
 
 
@@ -371,10 +386,14 @@ def perturbation_grid(
 
 
 def plot_perturbation_grid(
-    grid: Tensor, winner: int, out_png: str | os.PathLike, steps: Tensor = PERTURBATIONS
+    grid: Tensor,
+    winner: int,
+    out_png: str | os.PathLike,
+    steps: Tensor = PERTURBATIONS,
+    class_names: Sequence[str] | None = None,
 ) -> Path:
     """Draw a :func:`perturbation_grid` as one tiled image: rows are capsule dimensions, columns the ``steps``
-    (Sabour et al. 2017, Fig. 4).
+    (Sabour et al. 2017, Fig. 4); the title names the class by ``class_names[winner]`` where given.
 
     Shape:
         grid ``(D, len(steps), C, H, W)``; the first channel is drawn.
@@ -390,5 +409,6 @@ def plot_perturbation_grid(
     )
     ax.set_yticks([(height + 2) * (d + 0.5) for d in range(dims)], [str(d) for d in range(dims)], fontsize=6)
     ax.set_xlabel("perturbation", fontsize=8), ax.set_ylabel("dimension", fontsize=8)
-    ax.set_title(f"class {winner}: each of the {dims} dimensions perturbed", fontsize=9)
+    shown = class_names[winner] if class_names is not None and 0 <= winner < len(class_names) else winner
+    ax.set_title(f"class {shown}: each of the {dims} dimensions perturbed", fontsize=9)
     return save_figure(fig, out_png)

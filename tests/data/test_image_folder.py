@@ -261,3 +261,48 @@ def test_train_with_image_size_from_a_config_file(tmp_path):
     import yaml
 
     assert yaml.safe_load((out / "config.yaml").read_text())["model_args"]["input_size"] == [1, 8, 8]
+
+
+def test_a_relative_folder_is_recorded_absolute_and_evaluated_by_name_from_elsewhere(tmp_path, monkeypatch, capsys):
+    """A run trained on ``folder:images`` (relative) records the absolute folder, so ``evaluate`` works from another
+    directory; its report and figures name the classes."""
+    import json
+
+    import yaml
+
+    from capsnets.cli import main
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    second.mkdir()
+    write_images(first / "images", {"circle": 6, "square": 6, "triangle": 6}, size=(8, 8))
+    monkeypatch.chdir(first)
+    monkeypatch.setattr("capsnets.engine.reporting.save_figures", lambda *args, **kwargs: [])
+    train = ["train", "--dataset", "folder:images", "--epochs", "1", "--batch-size", "4", "--no-progress"]
+    assert main([*train, "--device", "cpu", "--out", "run"]) == 0
+    config = yaml.safe_load((first / "run" / "config.yaml").read_text())
+    assert config["dataset"] == f"folder:{first.resolve() / 'images'}"
+    monkeypatch.chdir(second)
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(first / "run"), "--out", ".", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("circle", "square", "triangle")), out
+    report = json.loads((second / "evaluation_run_best_folder_images.json").read_text())
+    assert list(report["per_class_accuracy"]) == ["circle", "square", "triangle"]
+
+
+def test_few_steps_per_epoch_are_warned_about(tmp_path, caplog):
+    from capsnets.cli import main
+
+    write_images(tmp_path / "images", {"a": 10, "b": 10}, size=(8, 8))
+    argv = ["train", "--dataset", f"folder:{tmp_path / 'images'}", "--epochs", "1", "--no-progress", "--device", "cpu"]
+    with caplog.at_level("WARNING"):
+        assert main([*argv, "--batch-size", "4", "--out", str(tmp_path / "run")]) == 0
+    warnings = [r.getMessage() for r in caplog.records if "steps per epoch" in r.getMessage()]
+    assert warnings == [
+        "4 steps per epoch at batch 4 (16 training images): few optimiser steps per epoch learn little; "
+        "use a smaller --batch-size (e.g. 1) or more --epochs"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert main([*argv, "--batch-size", "1", "--out", str(tmp_path / "run1")]) == 0
+    assert not [r for r in caplog.records if "steps per epoch" in r.getMessage()]

@@ -97,6 +97,44 @@ def test_a_training_stopped_mid_epoch_continues_exactly():
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference))
 
 
+def test_an_interrupted_training_checkpoints_its_step_and_continues_with_the_same_records():
+    """``interrupt`` stops fit before a step mid-epoch, after ``on_interrupt`` (the checkpoint) saw the epoch's
+    running sums in the state; continued from that state, the records and weights are the uninterrupted ones."""
+    from capsnets.engine import TrainingInterrupted
+    from capsnets.engine.callbacks import Callback
+
+    model, step, loader, _, scheduler = _problem()
+    whole = fit(step, loader, epochs=2, schedulers=[scheduler], progress=False)
+    reference = [p.detach().clone() for p in model.parameters()]
+
+    class Saved(Callback):
+        def on_interrupt(self, state):
+            self.extra = dict(state.extra)
+
+    model, step, loader, _, scheduler = _problem()
+    state, saved, calls = TrainState(), Saved(), []
+    with pytest.raises(TrainingInterrupted) as stop:
+        fit(
+            step,
+            loader,
+            epochs=2,
+            state=state,
+            schedulers=[scheduler],
+            progress=False,
+            callbacks=[saved],
+            interrupt=lambda: calls.append(1) or (15 if len(calls) == 8 else None),  # before step 3 of epoch 2
+        )
+    assert (stop.value.signum, stop.value.epoch, stop.value.step) == (15, 1, 2) and isinstance(
+        stop.value, KeyboardInterrupt
+    )
+    assert len(saved.extra["interrupted_epoch"]["sums"]) == 2 and "interrupted_epoch" not in state.extra
+    state.extra = saved.extra  # what the checkpoint holds
+    fit(step, loader, epochs=2, state=state, schedulers=[scheduler], progress=False)
+    keys = ("epoch", "step", "loss", "lr")
+    assert [[r[k] for k in keys] for r in state.history] == [[r[k] for k in keys] for r in whole.history]
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference)) and state.extra == {}
+
+
 def test_a_non_finite_loss_names_the_epoch_and_step():
     calls = iter(range(100))
 
@@ -104,7 +142,10 @@ def test_a_non_finite_loss_names_the_epoch_and_step():
         return {"loss": torch.tensor(float("nan") if next(calls) == 6 else 1.0)}
 
     _, _, loader, _, _ = _problem()
-    with pytest.raises(NonFiniteLossError, match=r"toy: training loss is nan at epoch 2, step 2.*--lr"):
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"toy: training loss is nan at epoch 2, step 2: lower the learning rate or turn mixed precision off$",
+    ):
         fit(step, loader, epochs=3, desc="toy", progress=False)
 
 

@@ -47,3 +47,44 @@ def test_large_tensors_come_from_the_heap_once_freed_memory_is_retained():
     assert retained == {"applied": True, "mmapped": 0}
     opted_out = _probe("call", CAPSNETS_RETAIN_FREED_MEMORY="0")
     assert not opted_out["applied"] and opted_out["mmapped"] >= 64 * 2**20
+
+
+def test_threads_are_lowered_to_the_free_cores_only_when_nobody_chose():
+    from capsnets.engine.runtime import choose_threads, free_cores
+
+    assert [free_cores(2, load) for load in (0.0, 0.4, 0.6, 1.6, 5.0)] == [2, 2, 1, 1, 1]
+    busy = dict(torch_threads=2, cpu_count=2, load=1.6)
+    threads, note = choose_threads(None, **busy, env={})
+    assert threads == 1 and note.count("\n") == 0 and "--threads" in note and "instead of 2" in note
+    assert choose_threads(None, torch_threads=2, cpu_count=2, load=0.3, env={}) == (None, None)  # quiet
+    assert choose_threads(None, torch_threads=1, cpu_count=2, load=1.9, env={}) == (None, None)  # fits already
+    assert choose_threads(2, **busy, env={}) == (2, None)  # --threads is obeyed
+    assert choose_threads(None, **busy, env={"OMP_NUM_THREADS": "2"}) == (None, None)  # so is OMP_NUM_THREADS
+
+
+def test_torch_threads_sets_the_count_for_the_block_only():
+    import torch
+
+    from capsnets.engine.runtime import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(before + 1):
+        assert torch.get_num_threads() == before + 1
+    assert torch.get_num_threads() == before
+    with torch_threads(None):
+        assert torch.get_num_threads() == before
+
+
+def test_stop_on_signals_records_the_first_signal_raises_at_the_second_and_restores_the_handlers():
+    import signal
+
+    from capsnets.engine.runtime import stop_on_signals
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with stop_on_signals() as request:
+        assert request() is None
+        signal.raise_signal(signal.SIGTERM)
+        assert request() == signal.SIGTERM  # recorded; the process goes on
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

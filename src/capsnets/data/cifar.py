@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .base import DATA_ENV_VAR, data_root
 from .download import ensure_file
-from .errors import FIX_HINT, DatasetError
+from .errors import DOWNLOAD_HINT, FIX_HINT, DatasetError
 from .idx import check_md5
 
 __all__ = ["CIFAR10", "read_cifar_records"]
@@ -106,7 +106,7 @@ class CIFAR10:
             raise DatasetError(
                 f"{self.name}: missing {self.archive} in {self.directory} (data root {self.root}). Fix: pass "
                 f"--data-dir DIR (or set {DATA_ENV_VAR}=DIR) where DIR/{self.folder}/ holds the binary-version "
-                f"tarball, or rerun with --download (CIFAR10(..., download=True)) to fetch it from "
+                f"tarball, or {DOWNLOAD_HINT} (CIFAR10(..., download=True)) to fetch it from "
                 f"{self.mirrors[0]}{self.archive}."
             )
         check_md5(self.path, self.md5)

@@ -11,4 +11,7 @@ class DatasetError(ValueError):
     """
 
 
-FIX_HINT = "delete it and re-download with --download, or check --data-dir / the CAPSNETS_DATA variable"
+#: The words of every data set message that tell the user to download: a command without ``--download`` (the
+#: experiments) replaces them with what it offers instead.
+DOWNLOAD_HINT = "rerun with --download"
+FIX_HINT = f"delete it and {DOWNLOAD_HINT}, or check --data-dir / the CAPSNETS_DATA variable"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import FIX_HINT, DatasetError
+from .errors import DOWNLOAD_HINT, FIX_HINT, DatasetError
 
 __all__ = ["read_idx", "md5sum", "check_md5", "IDX_DTYPES"]
 
@@ -37,7 +37,7 @@ def _read_bytes(path: Path) -> bytes:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise DatasetError(f"{path}: file not found; check --data-dir or re-download with --download") from None
+        raise DatasetError(f"{path}: file not found; check --data-dir or " + DOWNLOAD_HINT) from None
     if raw[:2] != _GZIP_MAGIC:
         if path.suffix == ".gz":
             raise DatasetError(

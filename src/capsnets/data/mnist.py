@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .base import DATA_ENV_VAR, data_root
 from .download import ensure_file
-from .errors import FIX_HINT, DatasetError
+from .errors import DOWNLOAD_HINT, FIX_HINT, DatasetError
 from .idx import check_md5, read_idx
 
 __all__ = ["MNIST", "FashionMNIST"]
@@ -77,7 +77,7 @@ class IdxImageDataset:
             raise DatasetError(
                 f"{self.name}: missing {', '.join(missing)} in {self.directory} (data root {self.root}). "
                 f"Fix: pass --data-dir DIR (or set {DATA_ENV_VAR}=DIR) where DIR/{self.folder}/ holds the "
-                f"idx.gz files, or rerun with --download (MNIST(..., download=True)) to fetch them."
+                f"idx.gz files, or {DOWNLOAD_HINT} (MNIST(..., download=True)) to fetch them."
             )
 
     def download(self) -> None:

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .base import DATA_ENV_VAR, data_root
 from .download import ensure_file
-from .errors import FIX_HINT, DatasetError
+from .errors import DOWNLOAD_HINT, FIX_HINT, DatasetError
 from .idx import check_md5
 from .norb_common import NORB_INFO_KEYS, RawNorbLike
 from .norb_format import read_norb_matrix
@@ -124,7 +124,7 @@ class SmallNORB:
         raise DatasetError(
             f"smallNORB: missing {name} (or {name[:-3]}) in {self.directory} (data root {self.root}). "
             f"Fix: pass --data-dir DIR (or set {DATA_ENV_VAR}=DIR) where DIR/{self.folder}/ holds the six "
-            f"smallnorb-*.mat.gz files, or rerun with --download (SmallNORB(..., download=True)) to fetch them."
+            f"smallnorb-*.mat.gz files, or {DOWNLOAD_HINT} (SmallNORB(..., download=True)) to fetch them."
         )
 
     def download(self) -> None:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .base import DATA_ENV_VAR, data_root
 from .download import ensure_file
-from .errors import FIX_HINT, DatasetError
+from .errors import DOWNLOAD_HINT, FIX_HINT, DatasetError
 from .idx import check_md5
 
 __all__ = ["SVHN", "read_svhn_mat"]
@@ -109,7 +109,7 @@ class SVHN:
             raise DatasetError(
                 f"{self.name}: missing {self.path.name} in {self.directory} (data root {self.root}). Fix: pass "
                 f"--data-dir DIR (or set {DATA_ENV_VAR}=DIR) where DIR/{self.folder}/ holds the format-2 .mat "
-                f"files, or rerun with --download (SVHN(..., download=True)) to fetch them from {self.mirrors[0]}."
+                f"files, or {DOWNLOAD_HINT} (SVHN(..., download=True)) to fetch them from {self.mirrors[0]}."
             )
         check_md5(self.path, self.md5s[self.path.name])
         images, labels = read_svhn_mat(self.path)

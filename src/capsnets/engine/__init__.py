@@ -26,7 +26,7 @@ from .checkpoint import restore_training, save_checkpoint
 from .config import TrainConfig, build_config, read_config_file
 from .distributed import DistContext
 from .evaluate import accuracy, dice_score, evaluate
-from .fit import NonFiniteLossError, TrainState, adam_with_decay, fit, save_state, training_step
+from .fit import NonFiniteLossError, TrainingInterrupted, TrainState, adam_with_decay, fit, save_state, training_step
 from .publish import publish_checkpoint
 from .trainer import Trainer, train
 
@@ -49,6 +49,7 @@ __all__ = [
     "dice_score",
     "evaluate",
     "NonFiniteLossError",
+    "TrainingInterrupted",
     "TrainState",
     "adam_with_decay",
     "fit",

@@ -10,7 +10,9 @@ plus callbacks, not a new loop.
 - ``on_evaluation(state, record, final)`` at each evaluation point; it may extend ``record`` (e.g. a validation
   score) and returns True to stop the training there (:class:`Target`). ``final`` says that the training ends at
   this point anyway (its last epoch, or the time limit), so that a callback can evaluate and checkpoint;
-- ``on_fit_end(state)`` once, after the last batch.
+- ``on_fit_end(state)`` once, after the last batch;
+- ``on_interrupt(state)`` when ``fit``'s ``interrupt`` stops the training between two steps (a signal), before
+  it raises :class:`~capsnets.engine.fit.TrainingInterrupted` (:class:`ModelCheckpoint` saves the state there).
 
 Checkpoints are named ``<directory>/<name>.safetensors`` (:func:`checkpoint_path`) by both the trainer
 (``last``, ``best``) and the experiments; :class:`ModelCheckpoint` saves them and :func:`resume_state` reads
@@ -62,6 +64,9 @@ class Callback:
         return None
 
     def on_fit_end(self, state: TrainState) -> None:
+        pass
+
+    def on_interrupt(self, state: TrainState) -> None:
         pass
 
 
@@ -141,7 +146,8 @@ class ModelCheckpoint(Callback):
         meta: ``(state, record) -> dict``, the sidecar's further entries.
         every: save at every ``every``-th epoch's end, and always at a point that ends the training.
         best_only: save only when the state's :attr:`~capsnets.engine.TrainState.best` is the newest record (a
-            weights-only checkpoint of the best evaluation so far); ``every`` is then not used.
+            weights-only checkpoint of the best evaluation so far); ``every`` is then not used. Otherwise the
+            state is also saved where the training is interrupted (``on_interrupt``).
         on_save: called after each save (e.g. to commit a run directory).
     """
 
@@ -164,9 +170,17 @@ class ModelCheckpoint(Callback):
                 save_state(self.path, self.model, state, self.meta(state, record), resumable=False)
             return
         if final or (state.step == 0 and state.epoch % self.every == 0):
-            save_state(self.path, self.model, state, self.meta(state, record))
-            if self.on_save is not None:
-                self.on_save()
+            self._save(state, record)
+
+    def on_interrupt(self, state: TrainState) -> None:
+        """A resumable checkpoint of the state where the training stopped (not for ``best_only``)."""
+        if not self.best_only:
+            self._save(state, state.history[-1] if state.history else {})
+
+    def _save(self, state: TrainState, record: dict[str, Any]) -> None:
+        save_state(self.path, self.model, state, self.meta(state, record))
+        if self.on_save is not None:
+            self.on_save()
 
 
 def checkpoint_name(name: str, args: dict[str, Any] | None = None) -> str:

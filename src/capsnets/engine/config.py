@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.data.transforms import AUGMENTATIONS
 from capsnets.engine.runtime import AMP_MODES
 from capsnets.io import atomic_write
@@ -62,8 +63,10 @@ class TrainConfig:
         model_args: keyword overrides for the model builder, e.g. ``{"routing": {"iterations": 1}}`` (routing
             settings alone update the model's default routing).
         dataset: data set name (see ``capsnets.data.list_datasets()``), or ``"folder:PATH"`` for a folder of
-            your own images with one subfolder per class.
-        data_dir: where the data set files live (None: the data package's default).
+            your own images with one subfolder per class (a relative PATH is made absolute, so that the run's
+            checkpoints find the folder from any directory).
+        data_dir: where the data set files live (None: the data package's default; a relative folder is made
+            absolute).
         image_size: ``folder:PATH`` data sets only: the side ``H`` (or ``[H, W]``) every image is resized to;
             None: the first training image's size. The model's ``input_size`` follows the data.
         download: fetch missing data set files.
@@ -82,6 +85,8 @@ class TrainConfig:
             (:class:`~capsnets.data.DigitAugment`). None: shifts only. Not for data sets with their own.
         seed: seed for initialisation, shuffling and augmentation.
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        threads: the threads torch computes with during the training (None: as torch does). The ``capsnets``
+            command records the count it used, so that a resumed run computes as the run it continues.
         amp: ``"auto"`` (bf16 autocast on CUDA, off on CPU), ``"bf16"`` or ``"off"``.
         compile: wrap the model in ``torch.compile``.
         out: run directory (config, metrics, checkpoints, figures); None: ``runs/<model>``.
@@ -113,6 +118,7 @@ class TrainConfig:
     augment: str | None = None
     seed: int = 0
     device: str = "auto"
+    threads: int | None = None
     amp: str = "auto"
     compile: bool = False
     out: str | None = None
@@ -127,6 +133,7 @@ class TrainConfig:
         if self.out is None:
             self.out = default_run_dir(self.model)
         self.validate()
+        self.dataset, self.data_dir = absolute_folder(self.dataset), _absolute(self.data_dir)
 
     def validate(self) -> None:
         """Raise an :class:`~capsnets.validation.ArgumentError` (a ``ValueError``) naming the first field whose value
@@ -134,7 +141,7 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "eval_every", "checkpoint_every"):
             value = getattr(self, name)
             expect(_integer(value) and value >= 1, name, value, "a positive integer")
-        for name, low in (("limit_train", 1), ("limit_test", 1), ("max_shift", 0)):
+        for name, low in (("limit_train", 1), ("limit_test", 1), ("max_shift", 0), ("threads", 1)):
             value = getattr(self, name)
             expect(value is None or (_integer(value) and value >= low), name, value, f"None or an integer >= {low}")
         for name in ("download", "compile", "progress"):
@@ -231,6 +238,23 @@ class TrainConfig:
 
 #: The largest float32: a learning rate or weight decay above it overflows in the optimiser's step.
 FLOAT32_MAX = 3.4028234663852886e38
+
+
+def absolute_folder(dataset: str) -> str:
+    """``"folder:PATH"`` with PATH absolute (``~`` expanded, resolved against the current directory); any other
+    data set name unchanged.
+
+    Examples:
+        >>> absolute_folder("mnist")
+        'mnist'
+    """
+    if not dataset.startswith(FOLDER_PREFIX):
+        return dataset
+    return FOLDER_PREFIX + str(Path(dataset[len(FOLDER_PREFIX) :]).expanduser().resolve())
+
+
+def _absolute(folder: str | None) -> str | None:
+    return None if folder is None else str(Path(folder).expanduser().resolve())
 
 
 def field_names() -> list[str]:

@@ -38,6 +38,7 @@ __all__ = [
     "Batches",
     "NonFiniteLossError",
     "TrainState",
+    "TrainingInterrupted",
     "adam_with_decay",
     "evaluation_points",
     "fit",
@@ -52,6 +53,21 @@ Step = Callable[[Any], dict[str, Tensor]]
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """:func:`fit` stopped between two steps because ``interrupt`` asked it to (a signal), after its callbacks'
+    ``on_interrupt`` (a resumable checkpoint). A ``KeyboardInterrupt``, so that code that handles Ctrl-C handles
+    it too.
+
+    Attributes:
+        signum: what ``interrupt`` returned (the signal's number).
+        epoch, step: where the training stopped (:class:`TrainState`'s fields).
+    """
+
+    def __init__(self, signum: int, epoch: int, step: int) -> None:
+        super().__init__(f"training interrupted by signal {signum} at epoch {epoch}, step {step}")
+        self.signum, self.epoch, self.step = signum, epoch, step
 
 
 class Batches(Protocol):
@@ -158,6 +174,7 @@ def fit(
     progress: bool = True,
     context: DistContext | None = None,
     check_every: int = 20,
+    interrupt: Callable[[], int | None] | None = None,
 ) -> TrainState:
     """Train until ``state.epoch == epochs`` or a callback ends the training; see the module docstring.
 
@@ -177,6 +194,10 @@ def fit(
         progress: show a tqdm bar (only on a terminal, only on rank 0).
         context: the data-parallel group; the running sums are shared.
         check_every: steps between host-side checks of the losses.
+        interrupt: ``() -> signal number or None``, asked before each step: a number stops the training there.
+            The running means of the epoch so far go into ``state.extra`` (a training continued from the state
+            finishes the epoch's record as if never stopped), every callback's ``on_interrupt`` is called (a
+            checkpoint), and :class:`TrainingInterrupted` is raised.
 
     Each record holds ``epoch`` (epochs done: a whole number at an epoch's end, a fraction within one),
     ``step`` (optimiser steps done), the mean of each step value since the previous point, ``lr`` (with a
@@ -184,6 +205,7 @@ def fit(
 
     Raises:
         NonFiniteLossError: a step value was NaN or infinite (naming the epoch and step).
+        TrainingInterrupted: ``interrupt`` asked to stop.
     """
     positive_int("evaluations_per_epoch", evaluations_per_epoch)
     state = state if state is not None else TrainState()
@@ -203,12 +225,20 @@ def fit(
             dynamic_ncols=True,
             disable=None if (progress and context.is_main) else True,
         )
-        sums, pending, since = None, [], time.perf_counter()
+        sums, pending, since, names = None, [], time.perf_counter(), []
+        partial = state.extra.pop(_PARTIAL, None) if state.step else None
+        if partial is not None:  # an interrupted epoch: its running sums and time so far
+            sums, since = torch.tensor(partial["sums"], dtype=torch.float64), since - partial["time_s"]
         for batch in batches.iter_from(state.step):
+            signum = interrupt() if interrupt is not None else None
+            if signum is not None:
+                _interrupted(state, sums, since, pending, names, desc, callbacks, signum)
             values = step(batch)
+            names = list(values)
             stacked = torch.stack([v.detach().double() for v in values.values()])
             n = stacked.new_tensor([len(batch[0])])
-            sums = torch.cat([stacked * n, n]) if sums is None else sums + torch.cat([stacked * n, n])
+            addend = torch.cat([stacked * n, n])
+            sums = addend if sums is None else sums.to(addend.device) + addend
             pending.append(stacked)
             state.step += 1
             state.steps += 1
@@ -245,6 +275,22 @@ def fit(
     for callback in callbacks:
         callback.on_fit_end(state)
     return state
+
+
+#: The ``state.extra`` entry of an epoch interrupted between two steps: its running sums and training seconds.
+_PARTIAL = "interrupted_epoch"
+
+
+def _interrupted(state, sums, since, pending, names, desc, callbacks, signum: int):
+    """Keep the epoch's running sums in ``state``, let the callbacks checkpoint it, raise TrainingInterrupted."""
+    if pending:
+        _check_finite(pending, names, desc, state.epoch + 1, state.step)
+    if state.step:
+        state.extra[_PARTIAL] = {"sums": sums.tolist(), "time_s": time.perf_counter() - since}
+    for callback in callbacks:
+        callback.on_interrupt(state)
+    state.extra.pop(_PARTIAL, None)
+    raise TrainingInterrupted(signum, state.epoch, state.step)
 
 
 def save_state(path, model: nn.Module, state: TrainState, meta: dict[str, Any], *, resumable: bool = True):
@@ -337,8 +383,7 @@ def _check_finite(pending: list[Tensor], names: list[str], desc: str, epoch: int
     value = float(pending[row][column])
     raise NonFiniteLossError(
         f"{desc}: training {names[column]} is {value} at epoch {epoch}, step "
-        f"{last_step - len(pending) + 1 + row}: lower the "
-        "learning rate (--lr) or turn mixed precision off (--amp off)"
+        f"{last_step - len(pending) + 1 + row}: lower the learning rate or turn mixed precision off"
     )
 
 

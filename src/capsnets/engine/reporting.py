@@ -108,6 +108,7 @@ def save_figures(
                 labels=samples["labels"],
                 predictions=samples["predictions"],
                 title=f"Inputs and reconstructions of {checkpoint}",
+                class_names=class_names or None,
             )
         )
     return [Path(p) for p in paths]

@@ -39,6 +39,7 @@ CHANGEABLE = (
     "lr_decay",
     "weight_decay",
     "device",
+    "threads",
     "amp",
     "compile",
     "data_dir",

@@ -11,6 +11,9 @@ import ctypes
 import os
 import platform
 import random
+import signal
+import threading
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -108,6 +111,118 @@ def deterministic_on_cpu(device: torch.device):
         yield
     finally:
         torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
+
+
+def free_cores(cpu_count: int, load: float) -> int:
+    """The cores that a busy machine leaves free: ``cpu_count`` less the load average, rounded, at least 1.
+
+    Examples:
+        >>> free_cores(2, 1.3), free_cores(2, 0.2), free_cores(8, 12.0)
+        (1, 2, 1)
+    """
+    return max(1, round(cpu_count - load))
+
+
+def machine_load() -> tuple[int, float]:
+    """``(cores this process may run on, the 1-minute load average)``; the load is 0 where the system gives none."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows
+        load = 0.0
+    return cores, load
+
+
+def choose_threads(
+    requested: int | None, *, torch_threads: int, cpu_count: int, load: float, env: Mapping[str, str]
+) -> tuple[int | None, str | None]:
+    """The number of threads torch should compute with, and the one line that says why it was lowered.
+
+    An explicit count (``requested``, the ``--threads`` flag) or ``OMP_NUM_THREADS`` in ``env`` (which torch
+    reads at start) is obeyed. Otherwise torch's count stays unless it exceeds :func:`free_cores`: threads
+    beyond the free cores wait on each other (each parallel operation ends at its slowest thread), which
+    makes a CPU training many times slower on a busy machine than with one thread per free core.
+
+    Args:
+        requested: the count asked for, or None.
+        torch_threads: torch's count (``torch.get_num_threads()``).
+        cpu_count, load: the cores and the 1-minute load average (:func:`machine_load`).
+        env: the environment (``os.environ``).
+
+    Returns:
+        ``(threads, message)``: the count to set, or None to keep torch's; the message, or None.
+
+    Examples:
+        >>> choose_threads(None, torch_threads=2, cpu_count=2, load=1.6, env={})[0]
+        1
+        >>> choose_threads(None, torch_threads=2, cpu_count=2, load=0.1, env={})
+        (None, None)
+    """
+    if requested is not None:
+        return requested, None
+    if env.get("OMP_NUM_THREADS"):
+        return None, None
+    free = free_cores(cpu_count, load)
+    if torch_threads <= free:
+        return None, None
+    return free, (
+        f"capsnets: the load average ({load:.1f} on {cpu_count} cores) leaves {free} core{'s' if free > 1 else ''} "
+        f"free, so torch computes with {free} thread{'s' if free > 1 else ''} instead of {torch_threads} "
+        "(--threads N or OMP_NUM_THREADS=N to choose)"
+    )
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None):
+    """Within the block, torch computes with ``count`` threads (None: as it does); the count is restored after."""
+    previous = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+class StopRequest:
+    """What :func:`stop_on_signals` received: calling it returns the signal's number, or None before one came."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self) -> int | None:
+        return self.signum
+
+
+@contextlib.contextmanager
+def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)):
+    """Within the block, the first of ``signals`` (Ctrl-C, or SIGTERM, which a cluster's scheduler sends
+    before it stops a job) does not stop the process: it is recorded in the :class:`StopRequest` the block
+    gets, for the training loop to stop at its next step (``fit(..., interrupt=request)``). A second one
+    raises ``KeyboardInterrupt`` at once. The previous handlers are restored after the block. Outside the
+    main thread, where Python takes no signal handler, nothing is installed.
+    """
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def handle(signum, frame):
+        if request.signum is not None:
+            raise KeyboardInterrupt
+        request.signum = signum
+        name = signal.Signals(signum).name
+        os.write(2, f"capsnets: {name}: stopping after this step with a checkpoint ({name} again: at once)\n".encode())
+
+    previous = {signum: signal.signal(signum, handle) for signum in signals}
+    try:
+        yield request
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def retain_freed_memory() -> bool:

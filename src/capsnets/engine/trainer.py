@@ -32,7 +32,7 @@ from capsnets.engine.config import TrainConfig
 from capsnets.engine.evaluate import evaluate
 from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, check_best, repair_best, resume_changes
-from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything
+from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything, stop_on_signals, torch_threads
 from capsnets.io import Checkpoint, CheckpointError, load_checkpoint
 from capsnets.losses import LOSS_TASKS, create_loss, list_losses
 from capsnets.models import model_arguments, model_task
@@ -40,6 +40,8 @@ from capsnets.models.hub import build_model, restore_model
 
 logger = logging.getLogger(__name__)
 
+#: Fewer optimiser steps per epoch than this get a warning (a small data set at a large batch).
+FEW_STEPS = 10
 #: Test accuracies whose first crossing time is reported in ``summary.json["time_to_accuracy"]``.
 ACCURACY_TARGETS = (0.99, 0.995, 0.996)
 
@@ -66,11 +68,16 @@ class Trainer:
         config: the run's configuration.
         resume: continue from ``<out>/last.safetensors`` (weights, optimizer, scheduler, RNG, epoch). The config
             may change what can be applied from the resumed epoch on (more epochs, learning rate and its decay,
-            weight decay, device, evaluation and checkpoint intervals, time limit; logged and recorded);
+            weight decay, device, threads, evaluation and checkpoint intervals, time limit; logged and recorded);
             a change of the model, its arguments, the data, batch size, seed or loss is refused.
         overwrite: a fresh run may replace the run in ``config.out``: the old run is moved aside and deleted once
             the new run has saved its first checkpoint (put back if the new run fails before). Without it, a
             fresh run into a directory holding another run is refused.
+
+    In a single process in the main thread, the first Ctrl-C or SIGTERM during the training stops it at the next
+    step with a resumable ``last`` checkpoint of that step, and raises
+    :class:`~capsnets.engine.fit.TrainingInterrupted`; ``resume`` continues it bit for bit. A second signal stops
+    it at once, keeping the checkpoints saved before.
 
     Examples:
         >>> summary = Trainer(TrainConfig(epochs=1, out="runs/quick")).fit()  # doctest: +SKIP
@@ -96,7 +103,7 @@ class Trainer:
                 if context.is_main
                 else contextlib.nullcontext()
             )
-            with claim, deterministic_on_cpu(device):
+            with claim, deterministic_on_cpu(device), torch_threads(self.config.threads):
                 self._claim = claim if context.is_main else None
                 return self._fit(context, device)
         except NonFiniteLossError as err:
@@ -106,7 +113,7 @@ class Trainer:
                 if kept.is_file()
                 else "then train again (no checkpoint was saved before it)"
             )
-            raise NonFiniteLossError(f"{err}; {where}") from err
+            raise NonFiniteLossError(f"{err} (--lr, --amp off); {where}") from err
         finally:
             self._claim = None
             distributed.teardown(context)
@@ -130,17 +137,20 @@ class Trainer:
             }
 
         step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(cfg.amp, device), model=s.model)
-        fit(
-            step,
-            s.loader,
-            epochs=cfg.epochs,
-            state=s.state,
-            schedulers=[s.state.scheduler],
-            callbacks=self._callbacks(s),
-            desc=cfg.model,
-            progress=cfg.progress,
-            context=context,
-        )
+        signals = contextlib.nullcontext() if context.enabled else stop_on_signals()
+        with signals as request:
+            fit(
+                step,
+                s.loader,
+                epochs=cfg.epochs,
+                state=s.state,
+                schedulers=[s.state.scheduler],
+                callbacks=self._callbacks(s),
+                desc=cfg.model,
+                progress=cfg.progress,
+                context=context,
+                interrupt=request,
+            )
         if not s.state.finished:
             logger.info(
                 "time limit of %g minutes reached after epoch %d of %d; continue with --resume",
@@ -300,6 +310,16 @@ class Trainer:
             raise ValueError(
                 f"batch_size={cfg.batch_size} is larger than the {len(data)} training examples "
                 f"shared by {context.world_size} processes; lower --batch-size"
+            )
+        if len(loader) < FEW_STEPS and context.is_main:
+            logger.warning(
+                "%d step%s per epoch at batch %d (%d training images): few optimiser steps per epoch learn "
+                "little; use a smaller --batch-size (e.g. %d) or more --epochs",
+                len(loader),
+                "" if len(loader) == 1 else "s",
+                cfg.batch_size,
+                len(data),
+                max(1, len(data) // FEW_STEPS),
             )
         return loader
 
