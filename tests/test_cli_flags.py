@@ -8,7 +8,7 @@ import pytest
 
 from capsnets import __version__
 from capsnets.cli import build_parser, command_parsers, main
-from capsnets.models.hub import shipped_weights
+from capsnets.models.pretrained import get_weights
 
 SHIPPED = "capsnet_small-mnist"
 
@@ -95,7 +95,7 @@ def test_reconstruct_and_export_from_a_shipped_weight(tmp_path, capsys):
 
 @pytest.mark.parametrize("command", ["export", "reconstruct", "evaluate"])
 def test_a_shipped_weight_given_to_checkpoint_points_to_pretrained(command, tmp_path, capsys, monkeypatch):
-    assert SHIPPED in shipped_weights()
+    assert get_weights(SHIPPED).name == SHIPPED
     monkeypatch.chdir(tmp_path)
     assert main([command, "--checkpoint", SHIPPED]) == 1
     err = capsys.readouterr().err
@@ -112,7 +112,7 @@ def test_a_url_needs_sha256_named_as_the_flag(capsys):
 
 
 def test_sha256_is_checked_for_a_file(tmp_path, capsys):
-    weight = shipped_weights()[SHIPPED].path
+    weight = get_weights(SHIPPED).path
     assert main(["export", "--pretrained", str(weight), "--sha256", "0" * 64, "--out", str(tmp_path / "m.pt2")]) == 1
     assert "expected " + "0" * 64 in capsys.readouterr().err
 
