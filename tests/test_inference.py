@@ -358,6 +358,9 @@ def test_predict_points_segmentation_models_to_segment(tmp_path):
         ArgumentError, match=r"is for segmentation; .*capsnets\.inference\.segment\(model, inputs, out\)"
     ):
         capsnets.predict(model, image)
+    del model.model_name  # an unregistered model is judged by its output
+    with pytest.raises(ArgumentError, match=r"returns SegmentationOutput, not ModelOutput; .*inference\.segment"):
+        capsnets.predict(model, image)
     results = segment(model, [image, image.numpy()], tmp_path / "masks")
     assert [Path(r.mask).name for r in results] == ["image0_mask.png", "image1_mask.png"]
     assert all(r.path is None and 0 <= r.foreground <= 1 and r.uncertain is None for r in results)

@@ -205,7 +205,8 @@ def predict(
         for batch in _batches(_prepared(inputs, transform), batch_size):
             output = model(torch.stack([image for image, _, _ in batch]).to(device))
             if not isinstance(output, ModelOutput):
-                raise ArgumentError(_not_a_classifier(model, f"returns {type(output).__name__}"))
+                what = f"returns {type(output).__name__}, not ModelOutput"
+                raise ArgumentError(_not_a_classifier(model, what, hasattr(output, "probabilities")))
             names = _class_names(names, output.scores.shape[-1])
             results += _predictions(output, names, batch, min_score, min_margin)
     finally:
@@ -363,14 +364,10 @@ def _require_task(model: nn.Module, task: str) -> None:
     except (ValueError, KeyError):  # not a registered name: judged by its output
         registered = None
     if registered is not None and registered != task:
-        raise ArgumentError(_not_a_classifier(model, f"is for {registered}"))
+        raise ArgumentError(_not_a_classifier(model, f"is for {registered}", registered == "segmentation"))
 
 
-def _not_a_classifier(model: nn.Module, what: str) -> str:
+def _not_a_classifier(model: nn.Module, what: str, segmentation: bool) -> str:
     name = getattr(model, "model_name", type(model).__name__)
-    hint = (
-        "; capsnets.inference.segment(model, inputs, out) writes its masks"
-        if "segment" in what or "Segmentation" in what
-        else ""
-    )
+    hint = "; capsnets.inference.segment(model, inputs, out) writes its masks" if segmentation else ""
     return f"model {name!r} {what}; capsnets.predict classifies images{hint}"
