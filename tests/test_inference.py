@@ -278,7 +278,7 @@ def test_the_models_class_names_and_data_set_are_used_when_not_given():
         ([], {}, "no image given"),
         (torch.rand(2, 1, 9, 9), {}, "taken as a prepared batch (N, 1, 8, 8)"),
         (torch.rand(2, 8, 8, 8, 8), {}, "an image array must be"),
-        (torch.rand(8, 8), {"classes": ["a", "b"]}, "classes names 2 classes, but the model has 10"),
+        (torch.rand(8, 8), {"classes": ["a", "b"]}, "classes has 2 names, but the model has 10 classes"),
         (torch.rand(8, 8), {"min_score": 1.5}, "min_score must be a number in [0, 1]"),
         (torch.rand(8, 8), {"batch_size": 0}, "batch_size"),
     ],

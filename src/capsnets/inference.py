@@ -182,6 +182,8 @@ def predict(
     Raises:
         ArgumentError: a segmentation or other non-classification model (use :func:`segment` for masks), an
             input that is not an image, a prepared batch of another size, ``classes`` of another length.
+        FileNotFoundError: a path that is neither a file nor a folder.
+        ValueError: a file that is not an image Pillow can read (naming it).
 
     Shape:
         - a prepared batch: ``(N, C, H, W)`` of the model's ``input_size``; the result has ``N`` predictions.
@@ -346,7 +348,7 @@ def _class_names(names: Sequence[str] | None, count: int) -> list[str]:
         return [str(k) for k in range(count)]
     names = [str(name) for name in names]
     if len(names) != count:
-        raise ArgumentError(f"classes names {len(names)} classes, but the model has {count}", "classes")
+        raise ArgumentError(f"classes has {len(names)} names, but the model has {count} classes", "classes")
     return names
 
 
