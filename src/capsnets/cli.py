@@ -59,6 +59,7 @@ from capsnets.engine.fit import TrainingInterrupted
 from capsnets.engine.runtime import AMP_MODES, choose_threads, machine_load, resolve_device, retain_freed_memory
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
+from capsnets.inference import collect_image_files, predict, segment
 from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, load_checkpoint, peek_sidecar
 from capsnets.models import count_parameters, create_model, list_models, model_schema, model_task, routing_keys
 from capsnets.models.hub import model_from_checkpoint
@@ -69,7 +70,6 @@ from capsnets.models.pretrained import (
     get_weights,
     resolve_pretrained,
 )
-from capsnets.predict import collect_image_files, predict, read_images, segment
 from capsnets.validation import ArgumentError
 
 #: The environment variable that turns on ``--retain-freed-memory`` (``1``).
@@ -976,19 +976,18 @@ def _predict(args: argparse.Namespace) -> int:
     task = model_task(name)
     if task not in ("classification", "segmentation"):
         raise ArgumentError(f"model {name!r} is for {task}; predict classifies or segments images")
-    images, notes = read_images(files, model.input_size, _canonical_dataset(dataset), invert=args.invert)
+    dataset_name = _canonical_dataset(dataset)
     if task == "segmentation":
-        results = segment(model, images, [str(f) for f in files], Path(args.out or "masks"))
+        results = segment(model, files, args.out or "masks", dataset=dataset_name, invert=args.invert)
     else:
         results = predict(
             model,
-            images,
+            files,
             classes=_class_names(checkpoint, model),
-            paths=[str(f) for f in files],
+            dataset=dataset_name,
             batch_size=args.batch_size,
+            invert=args.invert,
         )
-    for result, adapted in zip(results, notes):
-        result.adapted = adapted
     records = [result.to_dict() for result in results]
     text = (
         json.dumps(
@@ -1085,11 +1084,13 @@ def _class_names(checkpoint, model) -> list[str]:
 
 
 def format_prediction(result) -> str:
-    """One image's prediction as text: the class and its score, every class capsule's length, what was adapted."""
+    """One image's prediction as text: the class, its score and whether it is uncertain, every class capsule's
+    length, what was adapted."""
     adapted = f"  [{'; '.join(result.adapted)}]" if result.adapted else ""
     if result.mask is not None:
         return f"{result.path}: mask {result.mask} ({_pct(result.foreground)} foreground){adapted}"
-    line = f"{result.path}: {result.label} (score {result.score:.3f}){adapted}"
+    unsure = f", unsure: {result.doubt}" if result.uncertain else ""
+    line = f"{result.path}: {result.label} (score {result.score:.3f}{unsure}){adapted}"
     if result.lengths:
         line += "\n    lengths: " + "  ".join(f"{name} {value:.3f}" for name, value in result.lengths.items())
     return line

@@ -49,7 +49,7 @@ NORB_SIZE = 48
 #: The side of its crops (random 32x32 patches for training, the centre 32x32 for testing).
 NORB_CROP = 32
 INVERT_MODES = ("auto", "yes", "no")
-_GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N"}
+_GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
 
 
 def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -> tuple[Tensor, list[str]]:

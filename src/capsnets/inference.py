@@ -1,0 +1,375 @@
+"""Predictions for images: prepare them as the model's training data was, classify (or segment), report.
+
+:func:`predict` takes file paths, folders, Pillow images, NumPy arrays or tensors, prepares each with
+:class:`~capsnets.images.ImageTransform` (size, channels, background, the smallNORB protocol), runs the model and
+returns one :class:`Prediction` per image: the class, its name, its score, every class's score, what was adapted
+to fit the image to the model, and whether the answer is uncertain (:func:`uncertainty`). :func:`segment` writes
+the masks of a segmentation model. ``capsnets predict`` is the command line of both.
+
+Examples::
+
+    >>> model = capsnets.create_model("capsnet_small", pretrained="mnist")   # doctest: +SKIP
+    >>> result = capsnets.predict(model, "seven.png")[0]                     # doctest: +SKIP
+    >>> result.label, result.uncertain                                       # doctest: +SKIP
+    ('7', False)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor, nn
+
+from capsnets.images import IMAGE_SUFFIXES, ImageTransform
+from capsnets.io import atomic_write
+from capsnets.models.output import ModelOutput
+from capsnets.models.registry import model_task
+from capsnets.validation import ArgumentError, number, positive_int
+
+__all__ = ["Prediction", "collect_image_files", "predict", "read_images", "segment", "uncertainty"]
+
+
+@dataclass
+class Prediction:
+    """One image's prediction.
+
+    Attributes:
+        path: the image file (None for an image given in memory).
+        index: the predicted class index (None for segmentation).
+        label: its name.
+        score: a probability-like score of the prediction in ``[0, 1]``: the class capsule's length (vector
+            capsules), its activation (matrix capsules), the softmax of the logits (CNNs).
+        scores: every class's softmax probability, by class name (models whose scores are logits; capsule
+            models give ``lengths`` instead).
+        lengths: every class capsule's length (vector capsules) or activation (matrix capsules), by class name;
+            empty for models without class capsules.
+        adapted: what was changed to fit the image to the model (``"resized 640x480 -> 28x28"`` ...).
+        uncertain: whether the answer is uncertain (:func:`uncertainty`); None for segmentation.
+        doubt: why it is, in words (``"below 0.5"``, ``"3 close behind at 0.81"``); None when it is not.
+        mask: the written mask file (segmentation models).
+        foreground: the fraction of pixels in the mask (segmentation models).
+    """
+
+    path: str | None = None
+    index: int | None = None
+    label: str | None = None
+    score: float | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    lengths: dict[str, float] = field(default_factory=dict)
+    adapted: list[str] = field(default_factory=list)
+    uncertain: bool | None = None
+    doubt: str | None = None
+    mask: str | None = None
+    foreground: float | None = None
+
+    def to_dict(self) -> dict:
+        """A JSON-able record (the fields that apply)."""
+        return {key: value for key, value in self.__dict__.items() if value is not None and value != {} and value != []}
+
+
+def uncertainty(scores: Tensor, *, min_score: float, min_margin: float) -> Tensor:
+    """Which answers are uncertain: the top score is below ``min_score``, or the second is within ``min_margin``
+    of it.
+
+    Works alike for capsule lengths or activations (one independent score per class: a low top score means no
+    class capsule is present, two high ones mean two classes are) and for softmax probabilities (a distribution:
+    a low top score or a close second means the mass is spread).
+
+    Args:
+        scores: class scores in ``[0, 1]`` (capsule lengths, activations or softmax probabilities).
+        min_score: the least top score of a certain answer.
+        min_margin: the least gap between the top score and the second of a certain answer.
+
+    Shape:
+        - scores: ``(N, K)``; output: ``(N,)`` bool.
+
+    Examples::
+
+        >>> uncertainty(torch.tensor([[0.9, 0.1], [0.3, 0.1], [0.9, 0.8]]), min_score=0.5, min_margin=0.2)
+        tensor([False,  True,  True])
+    """
+    top = scores.topk(min(2, scores.shape[-1]), dim=-1).values
+    second = top[:, 1] if top.shape[-1] > 1 else torch.zeros_like(top[:, 0])
+    return (top[:, 0] < min_score) | (top[:, 0] - second < min_margin)
+
+
+def collect_image_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
+    """The image files named by ``inputs``: files as given, folders searched (recursively, sorted) for files
+    with an :data:`~capsnets.images.IMAGE_SUFFIXES` suffix.
+
+    Raises:
+        FileNotFoundError: an input does not exist.
+        ArgumentError: a folder holds no image, or nothing was named.
+    """
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise ArgumentError(f"folder '{path}' holds no image file ({', '.join(IMAGE_SUFFIXES)})")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"'{path}' is neither an image file nor a folder")
+    if not files:
+        raise ArgumentError("no image given: name image files or folders of them")
+    return files
+
+
+def read_images(
+    inputs, input_size: Sequence[int], dataset: str | None = None, *, invert: str = "auto"
+) -> tuple[Tensor, list[list[str]]]:
+    """Prepare images as :func:`predict` does, all at once.
+
+    Args:
+        inputs: what :func:`predict` takes: paths, folders, Pillow images, arrays, tensors, or a list of them.
+        input_size, dataset, invert: as :class:`~capsnets.images.ImageTransform`.
+
+    Returns:
+        ``(images, notes)``: ``(N, C, H, W)`` float32 and, per image, what was adapted.
+
+    Raises:
+        ValueError: a file is not an image Pillow can read (naming it).
+    """
+    prepared = list(_prepared(inputs, ImageTransform(input_size, dataset, invert=invert)))
+    return torch.stack([image for image, _, _ in prepared]), [notes for _, _, notes in prepared]
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    inputs,
+    *,
+    classes: Sequence[str] | None = None,
+    dataset: str | None = None,
+    batch_size: int = 64,
+    min_score: float = 0.7,
+    min_margin: float = 0.3,
+    invert: str = "auto",
+) -> list[Prediction]:
+    """Classify images with a classification model (in eval mode), flagging the uncertain answers.
+
+    Each input is prepared as the model's training data was (:class:`~capsnets.images.ImageTransform` of the
+    model's ``input_size`` and data set). An answer is uncertain when its top score is below ``min_score`` or
+    the second score is within ``min_margin`` of it (:func:`uncertainty`); docs/training.md gives the fractions
+    of right, wrong and out-of-distribution answers the defaults flag.
+
+    Args:
+        model: a classification model (its ``forward`` returns :class:`~capsnets.models.output.ModelOutput`).
+        inputs: one input or a list of them: image file paths, folders (searched as
+            :func:`collect_image_files`), ``PIL.Image.Image``, NumPy arrays ``(H, W)`` or ``(H, W, C)``, tensors
+            ``(H, W)`` or ``(C, H, W)``, and tensors ``(N, C, H, W)``: batches already prepared, taken as they are.
+        classes: the class names (default: the model's ``class_names``, else ``"0"``, ``"1"``...).
+        dataset: the data set the model was trained on, which decides how images are prepared (default: the one
+            its checkpoint records, else none: resize and scale only).
+        batch_size: images per forward pass.
+        min_score: the least top score of a certain answer, in ``[0, 1]``.
+        min_margin: the least gap to the second score of a certain answer, in ``[0, 1]``.
+        invert: ``"auto"``, ``"yes"`` or ``"no"``: invert light-background images for a data set of light
+            strokes on black (:func:`~capsnets.images.prepare_image`).
+
+    Returns:
+        One :class:`Prediction` per image, in the order given (a folder's files sorted).
+
+    Raises:
+        ArgumentError: a segmentation or other non-classification model (use :func:`segment` for masks), an
+            input that is not an image, a prepared batch of another size, ``classes`` of another length.
+        FileNotFoundError: a path that is neither a file nor a folder.
+        ValueError: a file that is not an image Pillow can read (naming it).
+
+    Shape:
+        - a prepared batch: ``(N, C, H, W)`` of the model's ``input_size``; the result has ``N`` predictions.
+
+    Examples::
+
+        >>> model = capsnets.create_model("capsnet_small", pretrained="mnist")   # doctest: +SKIP
+        >>> [(p.label, p.uncertain) for p in capsnets.predict(model, ["seven.png", "noise.png"])]  # doctest: +SKIP
+        [('7', False), ('2', True)]
+    """
+    batch_size = positive_int("batch_size", batch_size)
+    min_score, min_margin = number("min_score", min_score, 0, 1), number("min_margin", min_margin, 0, 1)
+    _require_task(model, "classification")
+    transform = ImageTransform(model.input_size, _dataset_of(model, dataset), invert=invert)
+    names = list(classes) if classes is not None else getattr(model, "class_names", None)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    results: list[Prediction] = []
+    try:
+        for batch in _batches(_prepared(inputs, transform), batch_size):
+            output = model(torch.stack([image for image, _, _ in batch]).to(device))
+            if not isinstance(output, ModelOutput):
+                what = f"returns {type(output).__name__}, not ModelOutput"
+                raise ArgumentError(_not_a_classifier(model, what, hasattr(output, "probabilities")))
+            names = _class_names(names, output.scores.shape[-1])
+            results += _predictions(output, names, batch, min_score, min_margin)
+    finally:
+        model.train(was_training)
+    return results
+
+
+@torch.no_grad()
+def segment(
+    model: nn.Module,
+    inputs,
+    out: str | os.PathLike,
+    *,
+    dataset: str | None = None,
+    threshold: float = 0.5,
+    invert: str = "auto",
+) -> list[Prediction]:
+    """Segment images with a segmentation model and write each mask as ``out/<file stem>_mask.png`` (white
+    where the probability is above ``threshold``; an image given in memory is named ``image<k>``).
+
+    Args:
+        model: a segmentation model (its output has ``probabilities`` ``(B, 1, H, W)``).
+        inputs, dataset, invert: as :func:`predict`.
+        out: the folder for the masks (created).
+        threshold: the probability above which a pixel is foreground.
+
+    Returns:
+        One :class:`Prediction` per image with its ``mask`` file and ``foreground`` fraction.
+    """
+    transform = ImageTransform(model.input_size, _dataset_of(model, dataset), invert=invert)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    results = []
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        for k, (image, path, notes) in enumerate(_prepared(inputs, transform)):
+            probabilities = model(image.unsqueeze(0).to(device)).probabilities[0, 0].float().cpu()
+            mask = (probabilities > threshold).to(torch.uint8).mul_(255)
+            target = out / f"{Path(path).stem if path is not None else f'image{k}'}_mask.png"
+            atomic_write(target, lambda tmp, m=mask: Image.fromarray(m.numpy(), mode="L").save(tmp, format="PNG"))
+            foreground = float((mask > 0).float().mean())
+            results.append(Prediction(path=path, adapted=notes, mask=str(target), foreground=foreground))
+    finally:
+        model.train(was_training)
+    return results
+
+
+def _prepared(inputs, transform: ImageTransform) -> Iterator[tuple[Tensor, str | None, list[str]]]:
+    """Each image of ``inputs`` as ``(tensor (C, H, W), its file or None, what was adapted)``, in order."""
+    items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    if not items:
+        raise ArgumentError("no image given: pass image files, folders, PIL images, arrays or tensors", "inputs")
+    for item in items:
+        if isinstance(item, (str, os.PathLike)):
+            for path in collect_image_files([item]):
+                image, notes = transform.prepare(path)
+                yield image, str(path), notes
+        elif isinstance(item, Tensor) and item.dim() == 4:
+            yield from ((image, None, []) for image in _prepared_batch(item, transform.input_size))
+        elif isinstance(item, (Tensor, np.ndarray, Image.Image)):
+            image, notes = transform.prepare(item)
+            yield image, None, notes
+        else:
+            raise ArgumentError(
+                f"cannot read an image from {type(item).__name__}: give file paths, folders, PIL images, "
+                "NumPy arrays or tensors (or a list of them)",
+                "inputs",
+            )
+
+
+def _prepared_batch(images: Tensor, input_size: tuple[int, int, int]) -> Tensor:
+    """A batch ``(N, C, H, W)`` given as prepared: checked against the model's size, as float32 on the CPU."""
+    if tuple(images.shape[1:]) != input_size or not (images.is_floating_point() or images.dtype == torch.uint8):
+        raise ArgumentError(
+            f"a 4-dimensional tensor is taken as a prepared batch (N, {', '.join(map(str, input_size))}) of "
+            f"float or uint8 images; got shape {tuple(images.shape)} of {images.dtype}. Give images of another "
+            "size one by one, (C, H, W), to have them prepared",
+            "inputs",
+        )
+    return images.detach().cpu().float().div(255.0) if images.dtype == torch.uint8 else images.detach().cpu().float()
+
+
+def _batches(items: Iterable, size: int) -> Iterator[list]:
+    batch: list = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _predictions(
+    output: ModelOutput, names: list[str], batch: list, min_score: float, min_margin: float
+) -> list[Prediction]:
+    """The predictions of one batch: scores as probabilities (softmax of logits, capsule scores clamped)."""
+    raw = output.scores.float().cpu()
+    logits = output.score_kind == "logits"
+    probs = raw.softmax(-1) if logits else raw.clamp(0.0, 1.0)
+    flags = uncertainty(probs, min_score=min_score, min_margin=min_margin)
+    results = []
+    for p, row, flag, (_, path, notes) in zip(probs, raw, flags.tolist(), batch):
+        index = int(p.argmax())
+        score = float(p[index])
+        results.append(
+            Prediction(
+                path=path,
+                index=index,
+                label=names[index],
+                score=score,
+                scores=dict(zip(names, p.tolist())) if logits else {},
+                lengths=dict(zip(names, row.tolist())) if not logits else {},
+                adapted=notes,
+                uncertain=flag,
+                doubt=_doubt(p, index, min_score, min_margin, names) if flag else None,
+            )
+        )
+    return results
+
+
+def _doubt(probs: Tensor, index: int, min_score: float, min_margin: float, names: list[str]) -> str:
+    """Why an answer is uncertain, in words."""
+    score = float(probs[index])
+    if score < min_score:
+        return f"below {min_score:g}"
+    others = probs.clone()
+    others[index] = -1.0
+    second = int(others.argmax())
+    return f"{names[second]} close behind at {float(probs[second]):.3f}"
+
+
+def _class_names(names: Sequence[str] | None, count: int) -> list[str]:
+    if names is None:
+        return [str(k) for k in range(count)]
+    names = [str(name) for name in names]
+    if len(names) != count:
+        raise ArgumentError(f"classes has {len(names)} names, but the model has {count} classes", "classes")
+    return names
+
+
+def _dataset_of(model: nn.Module, dataset: str | None) -> str | None:
+    """``dataset``, else the data set the model's checkpoint records, in canonical form (``fashion_mnist``)."""
+    if dataset is None:
+        dataset = (getattr(model, "checkpoint_meta", None) or {}).get("dataset")
+    return dataset.lower().replace("-", "_") if isinstance(dataset, str) else None
+
+
+def _require_task(model: nn.Module, task: str) -> None:
+    name = getattr(model, "model_name", None)
+    try:
+        registered = model_task(name) if isinstance(name, str) else None
+    except (ValueError, KeyError):  # not a registered name: judged by its output
+        registered = None
+    if registered is not None and registered != task:
+        raise ArgumentError(_not_a_classifier(model, f"is for {registered}", registered == "segmentation"))
+
+
+def _not_a_classifier(model: nn.Module, what: str, segmentation: bool) -> str:
+    name = getattr(model, "model_name", type(model).__name__)
+    hint = "; capsnets.inference.segment(model, inputs, out) writes its masks" if segmentation else ""
+    return f"model {name!r} {what}; capsnets.predict classifies images{hint}"

@@ -1,0 +1,366 @@
+"""``capsnets predict``, :func:`capsnets.predict` and :mod:`capsnets.inference`: images (files, folders, PIL
+images, arrays, tensors) prepared for the model, predictions with their uncertainty as text and JSON, masks for
+segmentation models, clear errors for what cannot be read or adapted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+import capsnets
+from capsnets.cli import format_prediction, main
+from capsnets.engine.checkpoint import save_checkpoint
+from capsnets.inference import Prediction, collect_image_files, predict, read_images, segment, uncertainty
+from capsnets.models import ModelOutput, load_model
+from capsnets.validation import ArgumentError
+
+
+def _png(path: Path, array, mode: str = "L") -> Path:
+    Image.fromarray(array, mode=mode).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory) -> Path:
+    """A small capsnet_digits run (figures stubbed)."""
+    from capsnets.engine import reporting
+
+    out = tmp_path_factory.mktemp("predict") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
+        assert (
+            main(
+                [
+                    "train",
+                    "--model",
+                    "capsnet_digits",
+                    "--dataset",
+                    "digits",
+                    "--epochs",
+                    "1",
+                    "--limit-train",
+                    "64",
+                    "--limit-test",
+                    "16",
+                    "--device",
+                    "cpu",
+                    "--no-progress",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
+    return out
+
+
+def test_files_and_folders_are_collected_and_bad_ones_named(tmp_path):
+    (tmp_path / "a").mkdir()
+    one = _png(tmp_path / "a" / "one.png", torch.zeros(8, 8, dtype=torch.uint8).numpy())
+    two = _png(tmp_path / "a" / "two.PNG", torch.zeros(8, 8, dtype=torch.uint8).numpy())
+    (tmp_path / "a" / "notes.txt").write_text("not an image")
+    assert collect_image_files([tmp_path / "a"]) == [one, two]
+    assert collect_image_files([two, one]) == [two, one]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ArgumentError, match="holds no image file"):
+        collect_image_files([tmp_path / "empty"])
+    with pytest.raises(FileNotFoundError, match="neither an image file nor a folder"):
+        collect_image_files([tmp_path / "missing.png"])
+    with pytest.raises(ValueError, match="notes.txt' is not an image that can be read"):
+        read_images([tmp_path / "a" / "notes.txt"], (1, 8, 8))
+    (tmp_path / "cut.png").write_bytes(one.read_bytes()[:30])
+    with pytest.raises(ValueError, match="cut.png' is not an image that can be read"):
+        read_images([tmp_path / "cut.png"], (1, 8, 8))
+
+
+# predict -----------------------------------------------------------------------------------------------------------
+
+
+def test_predictions_are_the_models_own_on_the_same_images(digits_run, tmp_path):
+    from capsnets.data import load_dataset
+
+    model = load_model(digits_run)
+    data = load_dataset("digits", train=False)
+    images = data.images[:12]
+    files = [
+        _png(tmp_path / f"{k}.png", images[k, 0].mul(255).round().to(torch.uint8).numpy()) for k in range(len(images))
+    ]
+    read, notes = read_images(files, model.input_size, "digits", invert="no")
+    assert notes == [[]] * len(files)
+    torch.testing.assert_close(read, images, rtol=0, atol=0.5 / 255 + 1e-6)  # PNG keeps 8 bits
+    results = predict(model, files, dataset="digits", invert="no", batch_size=5)
+    with torch.no_grad():
+        lengths = model(read).scores
+    assert [r.index for r in results] == lengths.argmax(-1).tolist()
+    assert [r.path for r in results] == [str(f) for f in files]
+    for result, row in zip(results, lengths):
+        assert result.label == str(result.index) and result.score == pytest.approx(float(row.max()))
+        assert list(result.lengths) == [str(k) for k in range(10)] and result.scores == {}
+        assert result.lengths[result.label] == pytest.approx(result.score)
+    batch = predict(model, read)  # a prepared batch is taken as it is
+    assert [r.index for r in batch] == [r.index for r in results] and all(r.path is None for r in batch)
+
+
+def test_cnn_scores_are_softmax_probabilities():
+    model = capsnets.create_model("cnn_baseline_narrow").eval()
+    results = predict(model, torch.rand(3, *model.input_size))
+    for result in results:
+        assert sum(result.scores.values()) == pytest.approx(1.0, abs=1e-5) and result.lengths == {}
+        assert result.score == max(result.scores.values())
+
+
+def test_the_cli_prints_and_writes_json(digits_run, tmp_path, capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    _png(folder / "dark.png", torch.zeros(8, 8, dtype=torch.uint8).numpy())
+    Image.new("RGB", (64, 48), "white").save(folder / "paper.jpg")
+    assert (
+        main(
+            [
+                "predict",
+                "--checkpoint",
+                str(digits_run),
+                str(folder),
+                "--json",
+                str(tmp_path / "p.json"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert f"{folder / 'dark.png'}: " in out and "(score " in out and "lengths: 0 " in out
+    assert "[converted colour (RGB) -> grayscale; resized 64x48 -> 8x8 (aspect ratio changed); inverted" in out
+    record = json.loads((tmp_path / "p.json").read_text())
+    assert record["model"] == "capsnet_digits" and record["dataset"] == "digits"
+    assert [Path(p["path"]).name for p in record["predictions"]] == ["dark.png", "paper.jpg"]
+    assert all(set(p) >= {"index", "label", "score", "lengths", "uncertain"} for p in record["predictions"])
+    for p in record["predictions"]:  # the text says why an answer is uncertain, the JSON too
+        line = next(line for line in out.splitlines() if line.startswith(p["path"] + ": "))
+        assert ("unsure: " in line) == p["uncertain"] == ("doubt" in p)
+        assert not p["uncertain"] or f"unsure: {p['doubt']})" in line
+    assert main(["predict", "--checkpoint", str(digits_run), str(folder / "dark.png"), "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["predictions"][0]["label"] in [str(k) for k in range(10)]
+
+
+def test_the_checkpoint_records_its_class_names(digits_run):
+    model = load_model(digits_run)
+    assert model.checkpoint_meta["classes"] == model.class_names == [str(k) for k in range(10)]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--checkpoint", "RUN", "missing.png"], "'missing.png' is neither an image file nor a folder"),
+        (["--checkpoint", "RUN", "TEXT"], "is not an image that can be read"),
+        (["--checkpoint", "NOWHERE", "IMAGE"], "nowhere' does not exist"),
+        (["--checkpoint", "RUN", "IMAGE", "--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--checkpoint", "RUN", "IMAGE", "--device", "meta"], "the meta device holds shapes but no data"),
+    ],
+)
+def test_the_cli_refuses_with_one_line(digits_run, tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    image = _png(tmp_path / "image.png", torch.zeros(8, 8, dtype=torch.uint8).numpy())
+    (tmp_path / "text.png").write_text("hello")
+    names = {
+        "RUN": str(digits_run),
+        "IMAGE": str(image),
+        "TEXT": str(tmp_path / "text.png"),
+        "NOWHERE": str(tmp_path / "nowhere"),
+    }
+    assert main(["predict", *(names.get(a, a) for a in argv)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("capsnets predict: error: ") and message in err and "\n" not in err
+
+
+def test_segmentation_models_write_masks(tmp_path, capsys):
+    model = capsnets.create_model("segcaps_small")
+    save_checkpoint(
+        tmp_path / "seg" / "best.safetensors",
+        model=model,
+        meta={"model": "segcaps_small", "model_args": model.model_args, "dataset": "segmentation"},
+    )
+    _png(tmp_path / "scan.png", torch.randint(0, 256, (40, 40), dtype=torch.uint8).numpy())
+    assert (
+        main(
+            [
+                "predict",
+                "--checkpoint",
+                str(tmp_path / "seg"),
+                str(tmp_path / "scan.png"),
+                "--out",
+                str(tmp_path / "masks"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "scan.png: mask " in out and "foreground" in out and "[resized 40x40 -> 32x32]" in out
+    mask = Image.open(tmp_path / "masks" / "scan_mask.png")
+    assert mask.size == (32, 32) and set(np.unique(np.asarray(mask)).tolist()) <= {0, 255}
+
+
+def test_models_that_neither_classify_nor_segment_are_refused(tmp_path, capsys):
+    model = capsnets.create_model("transforming_autoencoder")
+    save_checkpoint(
+        tmp_path / "tae.safetensors",
+        model=model,
+        meta={"model": "transforming_autoencoder", "model_args": model.model_args, "dataset": "mnist"},
+    )
+    _png(tmp_path / "x.png", torch.zeros(28, 28, dtype=torch.uint8).numpy())
+    assert main(["predict", "--checkpoint", str(tmp_path / "tae.safetensors"), str(tmp_path / "x.png")]) == 1
+    assert (
+        "'transforming_autoencoder' is for autoencoder; predict classifies or segments images"
+        in capsys.readouterr().err
+    )
+
+
+# capsnets.predict: any input, the model's own names and data set --------------------------------------------------
+
+
+def test_predict_is_a_top_level_function_and_its_module_is_inference():
+    assert capsnets.predict is capsnets.inference.predict and callable(capsnets.predict)
+    assert importlib.util.find_spec("capsnets.predict") is None  # a module of that name would shadow the function
+    assert capsnets.Prediction is Prediction
+
+
+def test_every_kind_of_input_gives_the_same_answer(tmp_path):
+    model = capsnets.create_model("capsnet_digits").eval()
+    pixels = torch.randint(0, 256, (8, 8), dtype=torch.uint8)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    file = _png(folder / "a.png", pixels.numpy())
+    inputs = [
+        str(file),
+        file,
+        folder,
+        Image.fromarray(pixels.numpy()),
+        pixels.numpy(),
+        pixels.float() / 255,
+        pixels.float().div(255).unsqueeze(0),
+        pixels.float().div(255).view(1, 1, 8, 8),
+    ]
+    results = capsnets.predict(model, inputs, batch_size=3)
+    assert [r.path for r in results] == [str(file)] * 3 + [None] * 5
+    assert len({r.index for r in results}) == 1
+    assert max(r.score for r in results) - min(r.score for r in results) < 1e-5
+    single = capsnets.predict(model, str(file))  # one input, not in a list
+    assert len(single) == 1 and single[0].index == results[0].index
+
+
+def test_the_models_class_names_and_data_set_are_used_when_not_given():
+    model = capsnets.create_model("capsnet_small").eval()
+    paper = Image.new("L", (28, 28), 255)  # a light background: inverted for a model of light strokes on black
+    plain = capsnets.predict(model, paper)[0]
+    assert plain.label == str(plain.index) and not any("inverted" in note for note in plain.adapted)
+    model.class_names = [f"class {k}" for k in range(10)]
+    model.checkpoint_meta = {"dataset": "MNIST"}
+    named = capsnets.predict(model, paper)[0]
+    assert named.label == f"class {named.index}" and any("inverted" in note for note in named.adapted)
+    given = capsnets.predict(model, paper, classes="abcdefghij", dataset="cifar10")[0]
+    assert given.label == "abcdefghij"[given.index] and not any("inverted" in note for note in given.adapted)
+
+
+@pytest.mark.parametrize(
+    "inputs, kwargs, message",
+    [
+        ([42], {}, "cannot read an image from int"),
+        ([], {}, "no image given"),
+        (torch.rand(2, 1, 9, 9), {}, "taken as a prepared batch (N, 1, 8, 8)"),
+        (torch.rand(2, 8, 8, 8, 8), {}, "an image array must be"),
+        (torch.rand(8, 8), {"classes": ["a", "b"]}, "classes has 2 names, but the model has 10 classes"),
+        (torch.rand(8, 8), {"min_score": 1.5}, "min_score must be a number in [0, 1]"),
+        (torch.rand(8, 8), {"batch_size": 0}, "batch_size"),
+    ],
+)
+def test_bad_inputs_are_refused_with_what_to_give(inputs, kwargs, message):
+    model = capsnets.create_model("capsnet_digits")
+    with pytest.raises(ArgumentError) as err:
+        capsnets.predict(model, inputs, **kwargs)
+    assert message in str(err.value)
+
+
+# uncertainty --------------------------------------------------------------------------------------------------------
+
+
+class _ScoresAsGiven(nn.Module):
+    """A classifier whose scores are its input's pixels: ``(N, 1, 1, K)`` -> ``(N, K)``."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.input_size = (1, 1, 3)
+        self.offset = nn.Parameter(torch.zeros(()))
+
+    def forward(self, images):
+        return ModelOutput(images.flatten(1) + self.offset, self.kind)
+
+
+def test_the_uncertainty_rule_is_a_low_top_score_or_a_close_second():
+    scores = torch.tensor([[0.9, 0.1, 0.0], [0.4, 0.1, 0.0], [0.9, 0.8, 0.0], [0.5, 0.25, 0.0]])
+    assert uncertainty(scores, min_score=0.5, min_margin=0.2).tolist() == [False, True, True, False]
+    assert uncertainty(scores[:, :1], min_score=0.5, min_margin=0.2).tolist() == [False, True, False, False]
+
+
+def test_predictions_say_whether_and_why_they_are_uncertain():
+    lengths = torch.tensor([[0.95, 0.1, 0.05], [0.4, 0.1, 0.0], [0.9, 0.85, 0.1]]).view(3, 1, 1, 3)
+    results = capsnets.predict(_ScoresAsGiven("length"), lengths, classes=["a", "b", "c"])
+    assert [r.uncertain for r in results] == [False, True, True]
+    assert [r.doubt for r in results] == [None, "below 0.7", "b close behind at 0.850"]
+    relaxed = capsnets.predict(_ScoresAsGiven("length"), lengths, min_score=0.3, min_margin=0.0)
+    assert [r.uncertain for r in relaxed] == [False, False, False]
+    logits = torch.tensor([[6.0, 0.0, 0.0], [1.0, 0.9, 0.0]]).view(2, 1, 1, 3)
+    softmax = capsnets.predict(_ScoresAsGiven("logits"), logits)
+    assert [r.uncertain for r in softmax] == [False, True] and softmax[1].doubt == "below 0.7"
+    assert results[1].to_dict()["uncertain"] is True and results[0].to_dict()["uncertain"] is False
+
+
+def test_the_default_flags_wrong_and_foreign_answers_of_the_shipped_weight(shared_data_root):
+    from capsnets.data import load_dataset
+
+    model = capsnets.create_model("capsnet_small", pretrained="mnist")
+    mnist = load_dataset("mnist", root=shared_data_root, train=False)
+    fashion = load_dataset("fashion_mnist", root=shared_data_root, train=False)
+    digits = capsnets.predict(model, mnist.images[:2000], batch_size=500)
+    right = torch.tensor([r.index for r in digits]) == mnist.labels[:2000]
+    flagged = torch.tensor([r.uncertain for r in digits])
+    assert flagged[right].float().mean() < 0.03 and flagged[~right].float().mean() > 0.6
+    clothes = capsnets.predict(model, fashion.images[:2000], batch_size=500)
+    assert sum(r.uncertain for r in clothes) > 0.8 * len(clothes)
+    noise = capsnets.predict(model, torch.rand(500, 1, 28, 28, generator=torch.Generator().manual_seed(0)))
+    assert sum(r.uncertain for r in noise) > 0.95 * len(noise)
+
+
+def test_the_cli_line_says_why_an_answer_is_uncertain():
+    sure = Prediction(path="a.png", index=7, label="7", score=0.94, uncertain=False)
+    unsure = Prediction(path="b.png", index=2, label="2", score=0.197, uncertain=True, doubt="below 0.7")
+    assert format_prediction(sure) == "a.png: 7 (score 0.940)"
+    assert format_prediction(unsure) == "b.png: 2 (score 0.197, unsure: below 0.7)"
+
+
+# segmentation -------------------------------------------------------------------------------------------------------
+
+
+def test_predict_points_segmentation_models_to_segment(tmp_path):
+    model = capsnets.create_model("segcaps_small")
+    image = torch.rand(32, 32)
+    with pytest.raises(
+        ArgumentError, match=r"is for segmentation; .*capsnets\.inference\.segment\(model, inputs, out\)"
+    ):
+        capsnets.predict(model, image)
+    del model.model_name  # an unregistered model is judged by its output
+    with pytest.raises(ArgumentError, match=r"returns SegmentationOutput, not ModelOutput; .*inference\.segment"):
+        capsnets.predict(model, image)
+    results = segment(model, [image, image.numpy()], tmp_path / "masks")
+    assert [Path(r.mask).name for r in results] == ["image0_mask.png", "image1_mask.png"]
+    assert all(r.path is None and 0 <= r.foreground <= 1 and r.uncertain is None for r in results)
