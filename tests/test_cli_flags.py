@@ -78,7 +78,7 @@ def test_the_missing_data_hint_names_only_the_commands_flags(command, tmp_path, 
     assert named <= _options(command), f"{command} has no {sorted(named - _options(command))}"
 
 
-@pytest.mark.parametrize("command", ["evaluate", "reconstruct", "export", "predict"])
+@pytest.mark.parametrize("command", ["evaluate", "reconstruct", "export", "predict", "demo"])
 def test_every_command_that_reads_a_model_takes_pretrained_and_sha256(command):
     assert {"--checkpoint", "--pretrained", "--sha256"} <= _options(command)
     if command in ("evaluate", "reconstruct"):
@@ -107,6 +107,8 @@ def test_a_url_needs_sha256_named_as_the_flag(capsys):
     assert main(["export", "--pretrained", "https://example.org/w.safetensors"]) == 1
     err = capsys.readouterr().err
     assert "add --sha256 HEX" in err and "sha256=" not in err
+    assert main(["demo", "--pretrained", "https://example.org/w.safetensors", "--port", "0"]) == 1
+    assert "add --sha256 HEX" in capsys.readouterr().err
     assert main(["evaluate", "--pretrained", "https://example.org/w.safetensors", "--sha256", "abc"]) == 1
     assert "--sha256 'abc' is not a SHA-256: give its 64 hex digits" in capsys.readouterr().err
 

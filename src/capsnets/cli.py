@@ -565,8 +565,13 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--pretrained",
         metavar="NAME",
-        help=f"a shipped pretrained weight (capsnets list-models --pretrained) (default: "
-        f"{DEMO_PRETRAINED}, unless --checkpoint or --out is given)",
+        help=f"a pretrained weight: shipped (capsnets list-models --pretrained), a .safetensors file or an "
+        f"https:// URL with --sha256 (default: {DEMO_PRETRAINED}, unless --checkpoint or --out is given)",
+    )
+    parser.add_argument(
+        "--sha256",
+        metavar="HEX",
+        help="the expected SHA-256 of the --pretrained file: required for an https:// URL (default: none)",
     )
     source.add_argument(
         "--checkpoint",
@@ -1011,6 +1016,11 @@ def _checkpoint_source(args: argparse.Namespace, checkpoints: list[str] | None) 
     against ``--sha256`` or its model card), else the one ``--checkpoint``."""
     if args.pretrained is None:
         return _checkpoint_path(checkpoints[0])
+    return resolve_pretrained(args.pretrained, sha256=_pretrained_digest(args))
+
+
+def _pretrained_digest(args: argparse.Namespace) -> str | None:
+    """``--sha256``, checked: 64 hex digits, and given wherever ``--pretrained`` is a URL."""
     digest = args.sha256
     if digest is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", digest):
         raise ArgumentError(f"--sha256 {digest!r} is not a SHA-256: give its 64 hex digits")
@@ -1019,7 +1029,7 @@ def _checkpoint_source(args: argparse.Namespace, checkpoints: list[str] | None) 
             f"--pretrained {args.pretrained}: a weight from a URL needs its expected digest; add --sha256 HEX "
             "(the model card or the publisher gives it)"
         )
-    return resolve_pretrained(args.pretrained, sha256=digest)
+    return digest
 
 
 def _checkpoint_path(path: str) -> str:
@@ -1049,7 +1059,11 @@ def _demo(args: argparse.Namespace) -> int:
     with server.listen(args.host, args.port) as sock:  # a busy port is refused before the model is trained
         pretrained = args.pretrained or (DEMO_PRETRAINED if args.checkpoint is None and args.out is None else None)
         demo = load_demo_model(
-            args.checkpoint, out=args.out or DEMO_RUN_DIR, pretrained=pretrained, data_dir=args.data_dir
+            args.checkpoint,
+            out=args.out or DEMO_RUN_DIR,
+            pretrained=pretrained,
+            sha256=_pretrained_digest(args) if args.pretrained else None,
+            data_dir=args.data_dir,
         )
         print(f"model: {demo.name} ({demo.kind} capsules) on {demo.dataset or 'an unknown data set'}, {demo.source}")
         kernel_note = demo.kernel_note()  # the first prediction compiles the EM kernel: say so now

@@ -43,7 +43,7 @@ def test_demo_serves_a_checkpoint_and_says_which(trained_run, served, capsys):
 def test_demo_shows_the_shipped_pretrained_weight_by_default(served, capsys):
     assert main(["demo", "--port", "0"]) == 0
     out = capsys.readouterr().out
-    assert "model: capsnet_small (vector capsules) on mnist, the shipped pretrained weight capsnet_small-mnist" in out
+    assert "model: capsnet_small (vector capsules) on mnist, the pretrained weight capsnet_small-mnist" in out
     assert len(served) == 1
     assert main(["demo", "--pretrained", "nonsense", "--port", "0"]) == 1
     assert "nonsense" in one_error_line(capsys.readouterr().err)

@@ -42,6 +42,7 @@ def load_demo_model(
     *,
     out: str | os.PathLike = DEMO_RUN_DIR,
     pretrained: str | None = None,
+    sha256: str | None = None,
     data_dir: str | os.PathLike | None = None,
 ) -> DemoModel:
     """The model the demo shows, on the CPU, with a sentence saying where it comes from (``DemoModel.source``).
@@ -51,7 +52,9 @@ def load_demo_model(
             else the demo model in ``out``.
         out: the demo model's run directory: loaded when it holds a finished training, continued when it holds an
             interrupted one, trained (:data:`DEMO_TRAINING`) when it is missing or empty.
-        pretrained: a shipped pretrained weight's name, shown when ``checkpoint`` is None.
+        pretrained: a pretrained weight (see :func:`~capsnets.models.pretrained.resolve_pretrained`), shown
+            when ``checkpoint`` is None.
+        sha256: the expected SHA-256 of the ``pretrained`` file (required for a URL).
         data_dir: the folder of the data set whose test images the page offers (default: the one the training
             recorded, else ``$CAPSNETS_DATA`` or the library's default).
 
@@ -62,8 +65,8 @@ def load_demo_model(
         model, loaded = _load(checkpoint)
         return _demo_model(model, loaded, f"loaded from {loaded.path}{_epoch(loaded)}", data_dir)
     if pretrained is not None:
-        model, loaded = _load(resolve_pretrained(pretrained))
-        return _demo_model(model, loaded, f"the shipped pretrained weight {pretrained}", data_dir)
+        model, loaded = _load(resolve_pretrained(pretrained, sha256=sha256))
+        return _demo_model(model, loaded, f"the pretrained weight {pretrained}", data_dir)
     run = Path(out)
     if (run / "summary.json").is_file():
         model, loaded = _load(run)
