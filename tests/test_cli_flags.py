@@ -8,6 +8,7 @@ import pytest
 
 from capsnets import __version__
 from capsnets.cli import build_parser, command_parsers, main
+from capsnets.engine import TrainConfig
 from capsnets.models.pretrained import get_weights
 
 SHIPPED = "capsnet_small-mnist"
@@ -196,3 +197,12 @@ def test_omp_num_threads_is_obeyed_and_recorded(tmp_path, capsys, monkeypatch, r
 @pytest.mark.parametrize("command", ["train", "evaluate", "reconstruct", "predict", "experiment"])
 def test_commands_that_run_models_take_threads(command):
     assert "--threads" in _options(command)
+
+
+def test_thread_counts_are_bounded(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--model", "capsnet_digits", "--dataset", "digits", "--threads", "100000"])
+    assert exit_info.value.code == 2
+    assert "100000 threads is more than 1024" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="threads"):
+        TrainConfig(model="capsnet_digits", dataset="digits", threads=100_000)

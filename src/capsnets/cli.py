@@ -56,7 +56,14 @@ from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, l
 from capsnets.engine.config import TrainConfig, build_config, default_run_dir, load_yaml, read_config_file
 from capsnets.engine.evaluate import evaluate, load_ensemble
 from capsnets.engine.fit import TrainingInterrupted
-from capsnets.engine.runtime import AMP_MODES, choose_threads, machine_load, resolve_device, retain_freed_memory
+from capsnets.engine.runtime import (
+    AMP_MODES,
+    MAX_THREADS,
+    choose_threads,
+    machine_load,
+    resolve_device,
+    retain_freed_memory,
+)
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
 from capsnets.inference import collect_image_files, predict, segment
@@ -243,13 +250,20 @@ _THREADED = ("evaluate", "reconstruct", "predict", "experiment")
 def _add_threads_arg(parser: argparse.ArgumentParser, recorded: bool = False) -> None:
     parser.add_argument(
         "--threads",
-        type=_positive_int,
+        type=_thread_count,
         metavar="N",
         help="threads torch computes with (default: OMP_NUM_THREADS if set, else torch's count, lowered to the "
         "cores the load average leaves free, with a note"
         + ("; the count used is recorded in config.yaml and --resume uses it" if recorded else "")
         + ")",
     )
+
+
+def _thread_count(text: str) -> int:
+    count = _positive_int(text)
+    if count > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"{count} threads is more than {MAX_THREADS}, the most torch is given")
+    return count
 
 
 def _positive_int(text: str) -> int:

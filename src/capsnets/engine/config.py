@@ -24,7 +24,7 @@ import yaml
 
 from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.data.transforms import AUGMENTATIONS
-from capsnets.engine.runtime import AMP_MODES
+from capsnets.engine.runtime import AMP_MODES, MAX_THREADS
 from capsnets.io import atomic_write
 from capsnets.validation import ArgumentError, expect, reject_unknown
 
@@ -141,9 +141,15 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "eval_every", "checkpoint_every"):
             value = getattr(self, name)
             expect(_integer(value) and value >= 1, name, value, "a positive integer")
-        for name, low in (("limit_train", 1), ("limit_test", 1), ("max_shift", 0), ("threads", 1)):
+        for name, low in (("limit_train", 1), ("limit_test", 1), ("max_shift", 0)):
             value = getattr(self, name)
             expect(value is None or (_integer(value) and value >= low), name, value, f"None or an integer >= {low}")
+        expect(
+            self.threads is None or (_integer(self.threads) and 1 <= self.threads <= MAX_THREADS),
+            "threads",
+            self.threads,
+            f"None or an integer from 1 to {MAX_THREADS}",
+        )
         for name in ("download", "compile", "progress"):
             expect(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
         expect(

@@ -113,6 +113,11 @@ def deterministic_on_cpu(device: torch.device):
         torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
 
 
+#: The most threads a run may ask torch for (``--threads``, ``TrainConfig.threads``): a bound on what one small
+#: argument can make torch start.
+MAX_THREADS = 1024
+
+
 def free_cores(cpu_count: int, load: float) -> int:
     """The cores that a busy machine leaves free: ``cpu_count`` less the load average, rounded, at least 1.
 
