@@ -22,6 +22,19 @@ def pytest_sessionstart(session):
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
+@pytest.fixture(autouse=True)
+def _session_thread_count():
+    """Every test starts with the session's thread count (``OMP_NUM_THREADS``, which child processes inherit): a
+    test that sets torch's threads in this process (a benchmark's ``main``, a command with ``--threads``) must not
+    make a later test compute in-process with another count than the subprocesses it compares against."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
     # A -m expression replaces the default "not slow and not gpu and not faults_long" (pyproject.toml); keep
     # GPU, slow and long fault-injection tests out unless it names them, so that `pytest -m "not learning"` is
