@@ -165,14 +165,14 @@ def test_threads_on_a_busy_machine_are_noted_recorded_and_kept_by_resume(
     monkeypatch.setattr(capsnets.cli, "machine_load", lambda: (2, 1.7))  # busy: one core free
     run = tmp_path / "run"
     assert main([*TINY, "--out", str(run)]) == 0
-    notes = [line for line in capsys.readouterr().err.splitlines() if "load average" in line]
+    notes = [line for line in capsys.readouterr().err.splitlines() if "machine's load" in line]
     assert len(notes) == 1 and "1 core free" in notes[0] and "instead of 2" in notes[0]
     assert yaml.safe_load((run / "config.yaml").read_text())["threads"] == 1 and set(seen) == {1}
     # resumed on a quiet machine: the recorded count, no note
     torch.set_num_threads(2)
     monkeypatch.setattr(capsnets.cli, "machine_load", lambda: (2, 0.0))
     assert main(["train", "--resume", "--epochs", "2", "--out", str(run)]) == 0
-    assert "load average" not in capsys.readouterr().err and set(seen) == {1}
+    assert "machine's load" not in capsys.readouterr().err and set(seen) == {1}
     # --threads is obeyed, and recorded as a change of the run
     assert main(["train", "--resume", "--epochs", "3", "--threads", "2", "--out", str(run)]) == 0
     assert "resuming with threads 2 (was 1)" in caplog.text and seen[-1] == 2
@@ -190,7 +190,7 @@ def test_omp_num_threads_is_obeyed_and_recorded(tmp_path, capsys, monkeypatch, r
     torch.set_num_threads(2)
     monkeypatch.setattr(capsnets.cli, "machine_load", lambda: (2, 1.9))
     assert main([*TINY, "--out", str(tmp_path / "run")]) == 0
-    assert "load average" not in capsys.readouterr().err
+    assert "machine's load" not in capsys.readouterr().err
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["threads"] == 2
 
 

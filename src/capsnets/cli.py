@@ -253,7 +253,7 @@ def _add_threads_arg(parser: argparse.ArgumentParser, recorded: bool = False) ->
         type=_thread_count,
         metavar="N",
         help="threads torch computes with (default: OMP_NUM_THREADS if set, else torch's count, lowered to the "
-        "cores the load average leaves free, with a note"
+        "cores that other running work leaves free, with a note"
         + ("; the count used is recorded in config.yaml and --resume uses it" if recorded else "")
         + ")",
     )

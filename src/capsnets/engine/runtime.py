@@ -12,7 +12,9 @@ import os
 import platform
 import random
 import signal
+import statistics
 import threading
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -119,7 +121,7 @@ MAX_THREADS = 1024
 
 
 def free_cores(cpu_count: int, load: float) -> int:
-    """The cores that a busy machine leaves free: ``cpu_count`` less the load average, rounded, at least 1.
+    """The cores that a busy machine leaves free: ``cpu_count`` less their load (:func:`machine_load`), rounded, at least 1.
 
     Examples:
         >>> free_cores(2, 1.3), free_cores(2, 0.2), free_cores(8, 12.0)
@@ -129,7 +131,13 @@ def free_cores(cpu_count: int, load: float) -> int:
 
 
 def machine_load() -> tuple[int, float]:
-    """``(cores this process may run on, the 1-minute load average)``; the load is 0 where the system gives none."""
+    """``(cores this process may run on, how busy the machine is)``.
+
+    How busy: the smaller of the 1-minute load average and the number of other tasks running now (Linux's
+    ``procs_running``, the median of 10 readings over 0.1 s, less this process). The average says that the
+    machine has been busy for a while, the count that it still is, so neither work that just ended (a ``pip
+    install`` before the command) nor a passing process lowers the threads. Where the system gives neither, 0.
+    """
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -138,7 +146,21 @@ def machine_load() -> tuple[int, float]:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # Windows
         load = 0.0
-    return cores, load
+    running = _tasks_running()
+    return cores, load if running is None else min(load, max(0.0, running - 1.0))
+
+
+def _tasks_running(readings: int = 10, interval: float = 0.01) -> float | None:
+    """The median of ``readings`` of ``procs_running`` in ``/proc/stat`` (this process included), or None."""
+    counts = []
+    try:
+        for _ in range(readings):
+            with open("/proc/stat") as stat:
+                counts += [int(line.split()[1]) for line in stat if line.startswith("procs_running")]
+            time.sleep(interval)
+    except (OSError, ValueError, IndexError):
+        return None
+    return float(statistics.median(counts)) if counts else None
 
 
 def choose_threads(
@@ -154,7 +176,7 @@ def choose_threads(
     Args:
         requested: the count asked for, or None.
         torch_threads: torch's count (``torch.get_num_threads()``).
-        cpu_count, load: the cores and the 1-minute load average (:func:`machine_load`).
+        cpu_count, load: the cores and how busy they are (:func:`machine_load`).
         env: the environment (``os.environ``).
 
     Returns:
@@ -174,7 +196,7 @@ def choose_threads(
     if torch_threads <= free:
         return None, None
     return free, (
-        f"capsnets: the load average ({load:.1f} on {cpu_count} cores) leaves {free} core{'s' if free > 1 else ''} "
+        f"capsnets: the machine's load ({load:.1f} on {cpu_count} cores) leaves {free} core{'s' if free > 1 else ''} "
         f"free, so torch computes with {free} thread{'s' if free > 1 else ''} instead of {torch_threads} "
         "(--threads N or OMP_NUM_THREADS=N to choose)"
     )
