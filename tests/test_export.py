@@ -100,8 +100,11 @@ def test_the_cli_exports_a_run(tmp_path, capsys):
         torch.testing.assert_close(
             run_onnx(tmp_path / "run" / "best.onnx", images)[0], model.eval()(images).scores, rtol=0, atol=1e-4
         )
-    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "run" / "last.json")]) == 1
-    assert "would replace a run file" in capsys.readouterr().err
+    for run_file in ("best.json", "best.safetensors"):
+        assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "run" / run_file)]) == 1
+        assert "would replace a file of a training run" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "other.json")]) == 1
+    assert "is a JSON file; name a .onnx file" in capsys.readouterr().err
     assert main(["export", "--checkpoint", str(tmp_path / "nowhere")]) == 1
     assert "does not exist" in capsys.readouterr().err
 

@@ -259,6 +259,13 @@ def _add_threads_arg(parser: argparse.ArgumentParser, recorded: bool = False) ->
     )
 
 
+def _path(text: str) -> str:
+    """A file or directory argument: an empty one is refused (it would silently mean the default or ``.``)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; name a file or directory (or leave the option out)")
+    return text
+
+
 def _thread_count(text: str) -> int:
     count = _positive_int(text)
     if count > MAX_THREADS:
@@ -304,7 +311,7 @@ def _add_experiment(parser: argparse.ArgumentParser) -> None:
         help="list the experiments, one line each (with NAME: its settings, their defaults and smoke values) and exit",
     )
     add("--smoke", action="store_true", help="tiny CPU-sized version (minutes)")
-    add("--out", help="directory for report.md and the figures")
+    add("--out", type=_path, help="directory for report.md and the figures")
     add("--device", default="auto", help="auto (default), cpu, cuda, cuda:1 ...")
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, default=0)
@@ -377,6 +384,7 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     add("--epochs", type=int, help=f"passes over the training split (default: {default.epochs})")
     add(
         "--out",
+        type=_path,
         metavar="DIR",
         help="run directory for config, metrics, checkpoints and figures "
         f"(default: {default_run_dir('<model>')}, e.g. {default_run_dir(default.model)})",
@@ -483,6 +491,7 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
     _add_data_args(parser)
     parser.add_argument(
         "--out",
+        type=_path,
         metavar="DIR",
         help="directory for evaluation_<checkpoint>_<dataset>.json (several "
         "checkpoints: evaluation_ensemble_<checkpoints>_<dataset>.json) "
@@ -500,6 +509,7 @@ def _add_reconstruct(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=16, help="number of test images")
     parser.add_argument(
         "--out",
+        type=_path,
         metavar="DIR",
         help="directory for reconstructions_<checkpoint>.png (default: the checkpoint's directory; --pretrained: "
         "the current directory)",
@@ -521,6 +531,7 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
     _add_pretrained_arg(source, parser)
     parser.add_argument(
         "--json",
+        type=_path,
         metavar="FILE",
         help="also write the predictions as JSON to FILE ('-': print JSON instead of the text)",
     )
@@ -532,7 +543,10 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
         "such as MNIST; auto: when an image's border is lighter than mid-grey",
     )
     parser.add_argument(
-        "--out", metavar="DIR", help="segmentation models: directory for the <image>_mask.png files (default: ./masks)"
+        "--out",
+        type=_path,
+        metavar="DIR",
+        help="segmentation models: directory for the <image>_mask.png files (default: ./masks)",
     )
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
@@ -550,6 +564,7 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out",
+        type=_path,
         metavar="FILE",
         help="the file to write (default: beside the checkpoint, <checkpoint>.onnx or .pt2; --pretrained: "
         "<name>.onnx or .pt2 in the current directory)",
@@ -595,6 +610,7 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
     )
     source.add_argument(
         "--out",
+        type=_path,
         metavar="DIR",
         help=f"run directory of a demo model trained on the first start ({DEMO_TRAINING['model']} "
         f"on {DEMO_TRAINING['dataset']}, {DEMO_TRAINING['epochs']} epochs on one CPU thread, under a minute) "
@@ -970,8 +986,9 @@ def _export(args: argparse.Namespace) -> int:
     suffix = EXPORT_FORMATS[args.format]
     out = Path(args.out) if args.out else Path(checkpoint.path.stem + suffix) if args.pretrained else None
     out = out or checkpoint.path.with_suffix(suffix)
-    if out.suffix.lower() in (".safetensors", ".json", ".yaml", ".jsonl"):
-        raise ArgumentError(f"--out '{out}' would replace a run file; name a {EXPORT_FORMATS[args.format]} file")
+    _not_a_run_file(out, "--out", f"a {EXPORT_FORMATS[args.format]}")
+    if out.suffix.lower() == ".json":
+        raise ArgumentError(f"--out '{out}' is a JSON file; name a {EXPORT_FORMATS[args.format]} file")
     report = export_model(model, out, args.format)
     print(
         f"wrote {report.path} ({report.bytes / 1e6:.1f} MB, {report.format}, outputs: "
@@ -1020,9 +1037,26 @@ def _predict(args: argparse.Namespace) -> int:
     for result in results:
         print(format_prediction(result))
     if args.json:
-        atomic_write(Path(args.json), lambda tmp: Path(tmp).write_text(text))
+        atomic_write(_not_a_run_file(Path(args.json), "--json", "a new .json"), lambda tmp: Path(tmp).write_text(text))
         print(f"wrote {args.json}")
     return 0
+
+
+#: Files a run directory holds that an output flag must never replace (a ``.json`` is one when it is a
+#: checkpoint's sidecar or a run's summary).
+RUN_FILE_SUFFIXES = (".safetensors", ".yaml", ".jsonl")
+
+
+def _not_a_run_file(path: Path, flag: str, what: str) -> Path:
+    """``path``, unless writing it would replace a file of a training run (a checkpoint, its sidecar, the config,
+    the metrics or the summary): then an :class:`ArgumentError` naming ``flag``."""
+    sidecar = path.suffix.lower() == ".json" and (
+        path.with_suffix(".safetensors").exists()
+        or (path.name == "summary.json" and path.with_name("config.yaml").exists())
+    )
+    if path.suffix.lower() in RUN_FILE_SUFFIXES or sidecar:
+        raise ArgumentError(f"{flag} '{path}' would replace a file of a training run; name {what} file elsewhere")
+    return path
 
 
 def _checkpoint_source(args: argparse.Namespace, checkpoints: list[str] | None) -> str | Path:

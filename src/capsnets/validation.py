@@ -60,6 +60,7 @@ __all__ = [
     "number",
     "placement",
     "positive_int",
+    "routing_iterations",
     "positive_ints",
     "reject_unknown",
     "shown",
@@ -183,6 +184,24 @@ def positive_int(name: str, value) -> int:
     if not _is_int(value) or value < 1:
         raise ArgumentError(f"{name} must be a positive integer, got {shown(value)}", name)
     return value
+
+
+#: The most routing iterations a routing takes: the papers use 1 to 3, and a count read from a file or a command
+#: line must not make one forward pass run for hours.
+MAX_ROUTING_ITERATIONS = 100
+
+
+def routing_iterations(name: str, value) -> int:
+    """``value`` as an ``int`` from 1 to ``MAX_ROUTING_ITERATIONS`` (100) (an integral float is taken); else an
+    :class:`ArgumentError` naming ``name``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or int(value) != value or not 1 <= value <= MAX_ROUTING_ITERATIONS:
+        raise ArgumentError(
+            f"{name} must be an integer from 1 to {MAX_ROUTING_ITERATIONS} (the papers route 1 to 3 times), "
+            f"got {shown(value)}",
+            name,
+        )
+    return int(value)
 
 
 def non_negative_int(name: str, value) -> int:

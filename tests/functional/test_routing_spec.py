@@ -57,7 +57,7 @@ def test_specs_are_validated():
         routing_from_config({"type": "dynamic", "detach": True})
     with pytest.raises(ValueError, match="mapping with a 'type'"):
         routing_from_config({"iterations": 3})
-    with pytest.raises(ValueError, match="iterations must be a positive integer"):
+    with pytest.raises(ValueError, match="iterations must be an integer from 1 to 100"):
         routing_from_config({"type": "em", "iterations": 0})
     with pytest.raises(TypeError, match="not a routing capsnets can describe"):
         routing_config(lambda u_hat: u_hat.sum(1))

@@ -36,7 +36,7 @@ from torch import Tensor
 from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import check_votes, power_of_two_above, sum_unit, working
-from capsnets.validation import flag, positive_int
+from capsnets.validation import flag, routing_iterations
 
 #: LayerNorm's epsilon (``nn.LayerNorm``'s default, used by the authors' code).
 LAYER_NORM_EPS = 1e-5
@@ -77,7 +77,7 @@ class InvertedAttentionRouting:
     eps: float = LAYER_NORM_EPS
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "iterations", positive_int("iterations", self.iterations))
+        object.__setattr__(self, "iterations", routing_iterations("iterations", self.iterations))
         flag("affine", self.affine)
         if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not self.eps > 0:
             raise ValueError(f"eps must be a number > 0, got {self.eps!r}")
@@ -160,7 +160,7 @@ def inverted_attention_routing(
         torch.Size([8, 10, 16])
     """
     check_votes(u_hat, "inverted_attention_routing")
-    iterations = positive_int("iterations", iterations)
+    iterations = routing_iterations("iterations", iterations)
     batch, children, num_parents, dim = u_hat.shape
     for name, value, shape in (
         ("weight", weight, (dim,)),
@@ -236,7 +236,7 @@ def concurrent_inverted_attention_routing(layers: Sequence, u: Tensor, iteration
             raise ValueError(f"layer {index} routes with {layer.routing!r}, not inverted dot-product attention")
     if iterations is None:
         iterations = getattr(layers[0].routing, "spec", layers[0].routing).iterations
-    iterations = positive_int("iterations", iterations)
+    iterations = routing_iterations("iterations", iterations)
     values = [u]
     for layer in layers:  # the first iteration: uniform couplings, bottom-up
         values.append(layer.routing(layer.predictions(values[-1]), iterations=1))

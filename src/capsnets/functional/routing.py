@@ -40,6 +40,7 @@ from torch import Tensor
 
 from capsnets.functional.products import matvec
 from capsnets.functional.squash import _squash
+from capsnets.validation import routing_iterations
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,10 @@ class DynamicRouting:
     none_of_the_above: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.iterations, bool) or int(self.iterations) != self.iterations or self.iterations < 1:
-            raise ValueError(f"iterations must be a positive integer, got {self.iterations!r}")
+        object.__setattr__(self, "iterations", routing_iterations("iterations", self.iterations))
         for name in ("detach_routing", "none_of_the_above"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        object.__setattr__(self, "iterations", int(self.iterations))
 
     def __call__(self, u_hat: Tensor, *, return_couplings: bool = False):
         return dynamic_routing(
@@ -103,8 +102,7 @@ def _check_u_hat(u_hat: Tensor, iterations: int) -> None:
             f"dynamic_routing expects u_hat of shape (B, I, J, D) (batch, children, parents, parent dim); "
             f"got a {u_hat.dim()}-D tensor of shape {tuple(u_hat.shape)}"
         )
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    routing_iterations("iterations", iterations)
 
 
 #: Up to this many children per parent, an exported graph sums elementwise products instead of a batched product.

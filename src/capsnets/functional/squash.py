@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 
 def _default_eps(dtype: torch.dtype) -> float:
     # eps^2 of the dtype: far below any length that matters (1.4e-14 for float32, 4.9e-32 for float64),
@@ -164,4 +166,6 @@ def squash(s: Tensor, dim: int = -1, eps: float | None = None) -> Tensor:
         >>> squash(torch.tensor([[3e30, 4e30]]))
         tensor([[0.6000, 0.8000]])
     """
+    if not s.is_floating_point():
+        raise ArgumentError(f"squash takes a floating-point tensor, got {s.dtype}; convert it first (s.float())", "s")
     return _squash(s, dim, eps)

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.child_groups import ChildGroups
+from capsnets.validation import routing_iterations
 
 LOG_2PI = math.log(2.0 * math.pi)
 COST_NORMALIZATIONS = (None, "mean_std", "mass")
@@ -118,8 +119,7 @@ def resolve_formulation(formulation, eps, variance_floor):
 
 
 def check_settings(iterations, eps, cost_normalization, formulation="paper", variance_floor=None) -> None:
-    if int(iterations) != iterations or iterations < 1:
-        raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
+    routing_iterations("iterations", iterations)
     if not isinstance(eps, (int, float)) or not eps > 0:
         raise ValueError(f"eps must be a number > 0, got {eps!r}")
     if cost_normalization not in COST_NORMALIZATIONS:
