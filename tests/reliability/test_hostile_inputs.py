@@ -97,3 +97,25 @@ def test_a_sidecar_asking_for_endless_routing_is_refused(tmp_path):
 def test_squash_refuses_integer_tensors():
     with pytest.raises(ArgumentError, match=r"squash takes a floating-point tensor, got torch.int64; .*s.float\(\)"):
         squash(torch.ones(2, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.complex64])
+def test_a_checkpoint_of_other_kinds_of_numbers_is_refused(tmp_path, dtype):
+    model = create_model("capsnet_digits")
+    tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model_tensors(model).items()}
+    path = write_checkpoint(tmp_path / "m.safetensors", tensors, {"model": "capsnet_digits", "model_args": {}})
+    with pytest.raises(CheckpointError, match=f"holds tensors of another kind than the model's .*{dtype}"):
+        load_model(path)
+
+
+def test_a_checkpoint_of_nan_weights_is_refused(tmp_path):
+    model = create_model("capsnet_digits")
+    tensors = {
+        k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in model_tensors(model).items()
+    }
+    path = write_checkpoint(tmp_path / "m.safetensors", tensors, {"model": "capsnet_digits", "model_args": {}})
+    with pytest.raises(CheckpointError, match="holds NaN or infinite weights"):
+        load_model(path)
+    half = {k: v.half() if v.is_floating_point() else v for k, v in model_tensors(model).items()}
+    path = write_checkpoint(tmp_path / "h.safetensors", half, {"model": "capsnet_digits", "model_args": {}})
+    assert load_model(path).class_names  # float16 weights, as the shipped ones, still load

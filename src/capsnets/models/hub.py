@@ -180,8 +180,10 @@ def model_from_checkpoint(checkpoint: Checkpoint, device: str | torch.device = "
 
 
 def restore_model(model: nn.Module, checkpoint: Checkpoint) -> None:
-    """Load the checkpoint's weights into ``model``; a key or shape mismatch raises ``CheckpointError``."""
+    """Load the checkpoint's weights into ``model``; a key, shape or kind mismatch, or a NaN or infinite weight,
+    raises ``CheckpointError``."""
     check_fits(model, checkpoint)
+    _check_finite(checkpoint)
     model.load_state_dict(checkpoint.model_state())
 
 
@@ -195,11 +197,37 @@ def check_fits(model: nn.Module, checkpoint: Checkpoint) -> None:
     wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
     if any(k.startswith(_OLD_CLASSIFIER) for k in unexpected) and any(k.startswith(_CLASSIFIER) for k in missing):
         raise CheckpointError(_renamed_classifier_message(checkpoint))
+    kinds = [k for k in expected if k in state and _kind(state[k].dtype) != _kind(expected[k].dtype)]
+    if kinds:
+        found = ", ".join(f"{k}: {state[k].dtype} for {expected[k].dtype}" for k in kinds[:3])
+        raise CheckpointError(
+            f"checkpoint '{checkpoint.path}' holds tensors of another kind than the model's ({found}); loading "
+            "them would cast the weights into other numbers. Use a checkpoint written by capsnets, or retrain"
+        )
     if missing or unexpected or wrong:
         raise CheckpointError(
             f"checkpoint '{checkpoint.path}' does not fit the model (missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}, wrong shape {wrong[:5]}); build the model with the checkpoint's model name "
             f"and model_args ({checkpoint.meta.get('model')!r}, {checkpoint.meta.get('model_args')})"
+        )
+
+
+def _kind(dtype: torch.dtype) -> str:
+    """``"float"`` (any precision), ``"complex"``, ``"bool"`` or ``"int"``: what a checkpoint may store a tensor as."""
+    if dtype.is_complex:
+        return "complex"
+    if dtype.is_floating_point:
+        return "float"
+    return "bool" if dtype == torch.bool else "int"
+
+
+def _check_finite(checkpoint: Checkpoint) -> None:
+    """Raise ``CheckpointError`` when a weight of ``checkpoint`` is NaN or infinite (such a model answers noise)."""
+    bad = [k for k, t in checkpoint.model_state().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise CheckpointError(
+            f"checkpoint '{checkpoint.path}' holds NaN or infinite weights ({', '.join(bad[:3])}); the model would "
+            "answer noise. Use an earlier checkpoint of the run, or retrain (a lower --lr avoids a diverging run)"
         )
 
 
