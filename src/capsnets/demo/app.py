@@ -1,6 +1,6 @@
 """The demo's web server: the page (plain HTML, JS and CSS from ``static/``) and its JSON API, on FastAPI.
 
-Endpoints (every error is a 4xx with ``{"detail": message}``; bodies over :data:`MAX_BODY_BYTES` get 413):
+Endpoints (every error is a 4xx with ``{"detail": message}``):
 
 - ``GET /api/info``: the model, its classes, where it comes from, what the page can show for it.
 - ``GET /api/samples``: test images of the model's data set, to pick instead of drawing.
@@ -12,6 +12,12 @@ Endpoints (every error is a 4xx with ``{"detail": message}``; bodies over :data:
   winning (or asked for) capsule's perturbation grid (Sabour et al. 2017, Fig. 4): one PNG mosaic, rows are
   capsule dimensions, columns the perturbations listed in ``steps``.
 
+Limits on what one request can ask for: a body over :data:`MAX_BODY_BYTES` gets 413, a body not all in within
+:data:`BODY_TIMEOUT_S` of its headers 408, an integer of more than :data:`MAX_INTEGER_DIGITS` digits in a JSON body
+422 (Python's int-string conversion takes time quadratic in the digits, and refuses more than 4300 with a
+``ValueError``), JSON nested deeper than the parser's recursion limit 400. A client that goes away before its body
+is in is one line in the log at INFO level, not a traceback.
+
 :func:`serve` binds the socket (:func:`listen`, localhost by default) and runs uvicorn on it
 (:func:`run_server`). Needs the ``demo`` extra: ``pip install -e '.[demo]'``.
 """
@@ -21,10 +27,12 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
 import torch
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
@@ -32,6 +40,8 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from capsnets.demo.capsules import Analysis, DemoModel
 from capsnets.demo.images import (
@@ -47,15 +57,23 @@ from capsnets.demo.images import (
 from capsnets.images import NORB_LIKE
 from capsnets.validation import ArgumentError
 
-__all__ = ["MAX_BODY_BYTES", "create_app", "listen", "run_server", "serve"]
+__all__ = ["BODY_TIMEOUT_S", "MAX_BODY_BYTES", "MAX_INTEGER_DIGITS", "create_app", "listen", "run_server", "serve"]
 
 logger = logging.getLogger(__name__)
 
 #: Request bodies larger than this are refused (413): a canvas drawing as PNG is ~10-30 kB.
 MAX_BODY_BYTES = 2 * 1024 * 1024
+#: A request's whole body must arrive within this many seconds of its headers (408 otherwise), so that a client
+#: sending half a body, or a byte at a time, cannot hold the server. 2 MiB in 30 s is 70 kB/s.
+BODY_TIMEOUT_S = 30.0
+#: Integers in a JSON body have at most this many digits (422 otherwise): class indices and pixels need few, and
+#: int64 has 19.
+MAX_INTEGER_DIGITS = 20
 STATIC = Path(__file__).parent / "static"
 #: File signatures of images sent as the body itself (PNG, JPEG, GIF, BMP, WebP).
 _IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")
+#: Headers of an answer given before the body was read: the connection is closed, not read to the body's end.
+_CLOSE = {"Connection": "close"}
 
 Pixels = list[list[float]] | list[list[list[float]]]
 
@@ -87,6 +105,13 @@ def create_app(demo: DemoModel) -> FastAPI:
     @app.exception_handler(ArgumentError)
     async def bad_input(request: Request, error: ArgumentError) -> JSONResponse:
         return JSONResponse({"detail": str(error).splitlines()[0]}, status_code=422)
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(request: Request, error: ClientDisconnect) -> Response:
+        logger.info(
+            "capsnets demo: %s %s: the client went away before its body was in", request.method, request.url.path
+        )
+        return Response(status_code=400)  # sent to no one
 
     @app.exception_handler(Exception)
     async def failed(request: Request, error: Exception) -> JSONResponse:
@@ -121,7 +146,7 @@ def create_app(demo: DemoModel) -> FastAPI:
     @app.post("/api/reconstruct", openapi_extra=_body_schema(CapsuleInput))
     async def reconstruct(request: Request) -> dict:
         body = _parse(CapsuleInput, await _read_body(request))
-        decoded = await run_in_threadpool(demo.reconstruct, torch.tensor(body.capsule), body.class_index)
+        decoded = await run_in_threadpool(demo.reconstruct, body.capsule, body.class_index)
         return {"class": body.class_index, "reconstruction": data_url(tensor_png(decoded)), "pixels": _pixels(decoded)}
 
     @app.post("/api/perturbations", openapi_extra=_body_schema(ImageInput, image=True))
@@ -140,30 +165,73 @@ def create_app(demo: DemoModel) -> FastAPI:
 
 
 async def _read_body(request: Request) -> bytes:
-    """The request body, refused with 413 past :data:`MAX_BODY_BYTES` (as declared, or as it arrives)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
-        raise HTTPException(413, f"request body too large: at most {MAX_BODY_BYTES:,} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise HTTPException(413, f"request body too large: at most {MAX_BODY_BYTES:,} bytes")
-        chunks.append(chunk)
+    """The request body: 413 past :data:`MAX_BODY_BYTES` (as declared, or as it arrives), 408 when it is not all in
+    within :data:`BODY_TIMEOUT_S` (both close the connection, leaving the rest unread); :class:`ClientDisconnect`
+    when the client goes away."""
+    if _declared_too_large(request.headers.get("content-length")):
+        raise _too_large()
+    chunks, size, start = [], 0, time.monotonic()
+    try:
+        with anyio.fail_after(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise _too_large()
+                chunks.append(chunk)
+    except TimeoutError:
+        waited = time.monotonic() - start
+        logger.info("capsnets demo: %s %s: body not in after %.1f s", request.method, request.url.path, waited)
+        raise HTTPException(
+            408,
+            f"request body not received within {BODY_TIMEOUT_S:g} s ({size:,} bytes came); send the whole body at once",
+            headers=_CLOSE,
+        ) from None
     return b"".join(chunks)
+
+
+def _too_large() -> HTTPException:
+    return HTTPException(413, f"request body too large: at most {MAX_BODY_BYTES:,} bytes", headers=_CLOSE)
+
+
+def _declared_too_large(declared: str | None) -> bool:
+    """Whether a ``Content-Length`` header says more than :data:`MAX_BODY_BYTES` (or is not a number), read
+    without converting a long digit string."""
+    if declared is None:
+        return False
+    digits = declared.strip().lstrip("0") or "0"
+    if not (digits.isascii() and digits.isdigit()):
+        return True
+    return len(digits) > len(str(MAX_BODY_BYTES)) or int(digits) > MAX_BODY_BYTES
+
+
+class _LongInteger(ValueError):
+    """An integer in a JSON body with more than :data:`MAX_INTEGER_DIGITS` digits."""
+
+
+def _integer(text: str) -> int:
+    """A JSON integer, refused past :data:`MAX_INTEGER_DIGITS` digits before it is converted."""
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INTEGER_DIGITS:
+        raise _LongInteger(f"integers in the body have at most {MAX_INTEGER_DIGITS} digits, got one of {digits:,}")
+    return int(text)
 
 
 def _parse(schema: type[BaseModel], body: bytes) -> Any:
     """``body`` (JSON) validated against ``schema``; 400 for what is not JSON, 422 naming the first wrong field."""
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        data = json.loads(body, parse_int=_integer)
+    except _LongInteger as err:
+        raise HTTPException(422, str(err)) from None
+    except RecursionError:
+        raise HTTPException(400, "body nests JSON too deeply (the parser stops at about 1000 levels)") from None
+    except (UnicodeDecodeError, ValueError):  # json.JSONDecodeError is a ValueError
         raise HTTPException(400, "body must be JSON (or, for an image, the PNG or JPEG file itself)") from None
     try:
         return schema.model_validate(data)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"]) or "body"
+        # the location without the names of a union's members ("pixels.list[list[float]].0.0": "pixels.0.0")
+        where = ".".join(str(part) for part in first["loc"] if "[" not in str(part)) or "body"
         raise HTTPException(422, f"{where}: {first['msg']}") from None
 
 

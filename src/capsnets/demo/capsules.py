@@ -33,7 +33,13 @@ from capsnets.models.matrix_capsnet import MatrixCapsNet
 from capsnets.plots import PERTURBATIONS, perturbation_grid
 from capsnets.validation import ArgumentError
 
-__all__ = ["Analysis", "DemoModel"]
+__all__ = ["MAX_CAPSULE_VALUE", "Analysis", "DemoModel"]
+
+#: :meth:`DemoModel.reconstruct` decodes capsule vectors whose values lie in ``[-MAX_CAPSULE_VALUE,
+#: MAX_CAPSULE_VALUE]``. A squashed class capsule is shorter than 1, so each of its values lies in ``(-1, 1)``
+#: (the page's sliders move them by at most 0.25); far past that the decoder meets values it was never trained on,
+#: and near float32's maximum its products overflow to NaN.
+MAX_CAPSULE_VALUE = 100.0
 
 
 @dataclass
@@ -168,6 +174,9 @@ class DemoModel:
             reconstruction = None
             if self.decoder is not None:
                 reconstruction = self.decoder(capsules[None], torch.tensor([shown]))[0]
+        _require_finite("the class capsules", scores, capsules)
+        _require_finite("the routing picture", couplings)
+        _require_finite("the reconstruction", reconstruction)
         return Analysis(scores, capsules, prediction, shown, reconstruction, couplings)
 
     def _vector(self, image: Tensor) -> tuple[Tensor, Tensor]:
@@ -200,16 +209,29 @@ class DemoModel:
 
     @torch.no_grad()
     def reconstruct(self, vector: Tensor, index: int) -> Tensor:
-        """Decode class capsule ``index`` set to ``vector`` ``(D,)``, the others masked: ``(C, H, W)``."""
+        """Decode class capsule ``index`` set to ``vector`` ``(D,)``, the others masked: ``(C, H, W)``.
+
+        Raises:
+            ArgumentError: no decoder, a wrong class, ``vector`` not ``D`` finite numbers in
+                ``[-MAX_CAPSULE_VALUE, MAX_CAPSULE_VALUE]``, or a decoding that is not finite.
+        """
         self._require_decoder()
         self._check_class(index)
-        vector = torch.as_tensor(vector, dtype=torch.float32)
-        if vector.shape != (self.capsule_dim,) or not bool(vector.isfinite().all()):
-            raise ArgumentError(f"capsule must be {self.capsule_dim} finite numbers, got shape {tuple(vector.shape)}")
+        values = torch.as_tensor(vector, dtype=torch.float64)  # checked before float32 turns large values to inf
+        if values.shape != (self.capsule_dim,) or not bool(values.isfinite().all()):
+            raise ArgumentError(f"capsule must be {self.capsule_dim} finite numbers, got shape {tuple(values.shape)}")
+        largest = float(values.abs().max())
+        if largest > MAX_CAPSULE_VALUE:
+            raise ArgumentError(
+                f"capsule values must lie in [-{MAX_CAPSULE_VALUE:g}, {MAX_CAPSULE_VALUE:g}], got one of magnitude "
+                f"{largest:.3g}: a class capsule is shorter than 1, so its values lie in (-1, 1)"
+            )
         capsules = torch.zeros(1, self.num_classes, self.capsule_dim)
-        capsules[0, index] = vector
+        capsules[0, index] = values.float()
         with self._lock:
-            return self.decoder(capsules, torch.tensor([index]))[0]
+            decoded = self.decoder(capsules, torch.tensor([index]))[0]
+        _require_finite("the reconstruction", decoded)
+        return decoded
 
     @torch.no_grad()
     def perturbations(self, image: Tensor, capsule: int | None = None) -> tuple[Tensor, int, list[float]]:
@@ -221,6 +243,7 @@ class DemoModel:
             self._check_class(capsule)
         with self._lock:
             grid, shown = perturbation_grid(self.model, image, PERTURBATIONS, capsule=capsule)
+        _require_finite("the perturbation grid", grid)
         return grid, shown, [round(step, 4) for step in PERTURBATIONS.tolist()]
 
     def samples(self, per_class: int = 2) -> tuple[Tensor, Tensor]:
@@ -262,6 +285,16 @@ class DemoModel:
     def _require_decoder(self) -> None:
         if self.decoder is None:
             raise ArgumentError(f"model {self.name} has no decoder, so it cannot reconstruct: {self._note()}")
+
+
+def _require_finite(what: str, *tensors: Tensor | None) -> None:
+    """Refuse an answer holding NaN or infinite values (a model that overflows on this input), which JSON cannot
+    carry and the page cannot draw."""
+    if any(t is not None and not bool(t.isfinite().all()) for t in tensors):
+        raise ArgumentError(
+            f"{what} of this input hold non-finite values (the model overflows on it); send values nearer those "
+            "of the training data"
+        )
 
 
 @contextlib.contextmanager
