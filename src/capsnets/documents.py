@@ -50,8 +50,8 @@ __all__ = [
     "read_document",
 ]
 
-#: The largest document, in bytes of UTF-8 (a file's size): a training config takes about 1 kB, and PyYAML
-#: reads about 1 MB a second.
+#: The largest document, in bytes of UTF-8 (a file's size): a training config takes a few kB, and PyYAML's
+#: reader is pure Python.
 MAX_DOCUMENT_BYTES = 256 * 1024
 
 #: How deep values may nest (a config nests 3 or 4 deep: ``model_args.routing.iterations``); well below Python's
