@@ -12,6 +12,9 @@ document from asking for unbounded time or memory:
 - and, for YAML aliases, the text of the scalars they stand for counts against ``MAX_DOCUMENT_BYTES``, so that
   aliases never make a document larger than one written out in full could be.
 
+Keys of mappings must be strings, the names of settings (a YAML key such as ``1:``, ``yes:`` or ``null:``, which
+YAML 1.1 reads as a number, a boolean or None, is refused with a hint to quote it).
+
 Counting aliases as what they stand for is what defuses the "billion laughs" (anchors nested 9 deep with 9
 aliases each stand for 9**9 values in a few hundred bytes): the count grows while the document is composed, and
 the document is refused at the alias that takes it past the limit, before anything is built from it. An alias
@@ -39,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from capsnets.validation import ArgumentError
+from capsnets.validation import ArgumentError, shown
 
 __all__ = [
     "MAX_DOCUMENT_BYTES",
@@ -101,9 +104,24 @@ class _Loader(yaml.SafeLoader):
         self._count(1, len(event.value) if isinstance(event, yaml.ScalarEvent) else 0, event.start_mark)
         node = super().compose_node(parent, index)
         self.depth -= 1
+        if isinstance(node, yaml.MappingNode) and node.tag != _SET:
+            self._check_keys(node)
         if event.anchor is not None:
             self.sizes[id(node)] = (self.values - values, self.chars - chars)
         return node
+
+    def _check_keys(self, node: yaml.MappingNode) -> None:
+        """Keys are names: YAML 1.1 reads ``1:``, ``yes:`` and ``null:`` as a number, a boolean and None."""
+        for key, _ in node.value:
+            if key.tag not in _NAME_TAGS:
+                kind = key.tag.rsplit(":", 1)[-1]
+                kind = _KINDS.get(kind, kind)
+                if isinstance(key, yaml.ScalarNode):
+                    problem = f"the key {shown(key.value)} at {_at(key.start_mark)} is read as {kind}"
+                    fix = f"quote it ({shown(key.value)}: ...)"
+                else:
+                    problem, fix = f"the key at {_at(key.start_mark)} is {kind}", "use a name"
+                raise ArgumentError(f"{self.where}: {problem}, not a name; keys name settings: {fix}")
 
     def _count(self, values: int, chars: int, mark) -> None:
         self.values += values
@@ -116,6 +134,21 @@ class _Loader(yaml.SafeLoader):
                 f"{_at(mark)}; limit capsnets.documents.MAX_DOCUMENT_BYTES); {_FIX_ALIASES}"
             )
 
+
+#: The tags of the keys a mapping may have (a string, and the merge key ``<<`` and value key ``=`` that PyYAML turns
+#: into strings), and the tag of a set (``!!set {a, b}``), whose keys are its items.
+_NAME_TAGS = ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge", "tag:yaml.org,2002:value")
+_SET = "tag:yaml.org,2002:set"
+#: The kinds of value a key can be read as, in words.
+_KINDS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "null": "null",
+    "seq": "a list",
+    "map": "a mapping",
+    "timestamp": "a date",
+}
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")

@@ -127,12 +127,31 @@ def test_a_huge_config_file_is_not_read_whole(tmp_path, capsys):
         ("epochs: [1, 2\n", "cannot be read as YAML: while parsing a flow sequence, expected ',' or ']'"),
         ("a: 1\n---\nb: 2\n", "expected a single document in the stream, but found another document (line 2"),
         ("epochs: !!python/object/apply:os.system ['true']", "could not determine a constructor for the tag"),
+        (
+            "model_args: {1: 2}",
+            "the key '1' at line 1, column 14 is read as an integer, not a name; keys name settings: "
+            "quote it ('1': ...)",
+        ),
+        ("null: 2", "the key 'null' at line 1, column 1 is read as null, not a name"),
+        (
+            "model_args:\n  ? [1]\n  : 2",
+            "the key at line 2, column 5 is a list, not a name; keys name settings: use a name",
+        ),
     ],
 )
 def test_unreadable_values_get_one_line(text, words, tmp_path, capsys):
     config = tmp_path / "c.yaml"
     config.write_text(text)
     assert words in refused(["train", "--config", str(config)], capsys)
+
+
+def test_a_key_that_is_not_a_name_in_a_flag_is_refused(capsys):
+    line = refused(["train", "--model-arg", "routing={1: 2}"], capsys)
+    assert "the value of --model-arg 'routing': the key '1' at line 1, column 2 is read as an integer" in line
+
+
+def test_keys_of_sets_and_merge_keys_are_taken():
+    assert load_yaml("s: !!set {1, 2}\nb: &b {x: 1}\nc: {<<: *b}") == {"s": {1, 2}, "b": {"x": 1}, "c": {"x": 1}}
 
 
 def test_a_config_that_is_not_a_file_is_refused(capsys):
