@@ -53,7 +53,8 @@ from capsnets.data import DatasetError, dataset_info, list_datasets, load_datase
 from capsnets.data.errors import DOWNLOAD_HINT
 from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
-from capsnets.engine.config import TrainConfig, build_config, default_run_dir, load_yaml, read_config_file
+from capsnets.documents import load_yaml
+from capsnets.engine.config import TrainConfig, build_config, default_run_dir, read_config_file
 from capsnets.engine.evaluate import evaluate, load_ensemble
 from capsnets.engine.fit import TrainingInterrupted
 from capsnets.engine.runtime import (
@@ -77,7 +78,7 @@ from capsnets.models.pretrained import (
     get_weights,
     resolve_pretrained,
 )
-from capsnets.validation import ArgumentError
+from capsnets.validation import ArgumentError, shown
 
 #: The environment variable that turns on ``--retain-freed-memory`` (``1``).
 RETAIN_FREED_MEMORY_ENV = "CAPSNETS_RETAIN_FREED_MEMORY"
@@ -691,11 +692,8 @@ def parse_key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:
-            raise ArgumentError(f"{flag} {item!r} must look like KEY=VALUE")
-        try:
-            values[key.strip()] = load_yaml(text)
-        except yaml.YAMLError as err:
-            raise ArgumentError(f"{flag} {item!r}: cannot parse the value ({err})") from err
+            raise ArgumentError(f"{flag} {shown(item)} must look like KEY=VALUE")
+        values[key.strip()] = load_yaml(text, f"the value of {flag} {shown(key.strip())}")
     return values
 
 
@@ -709,7 +707,9 @@ def nest_dotted(values: dict[str, Any]) -> dict[str, Any]:
             nested[key] = value
             continue
         if head in nested and not isinstance(nested[head], dict):
-            raise ArgumentError(f"{key}={value!r} sets an entry of {head}, which is also given as {nested[head]!r}")
+            raise ArgumentError(
+                f"{key}={shown(value)} sets an entry of {head}, which is also given as {shown(nested[head])}"
+            )
         nested.setdefault(head, {})[rest] = value
     return nested
 

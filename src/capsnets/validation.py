@@ -164,9 +164,87 @@ class ArgumentError(ValueError, TypeError):
 
 
 def shown(value, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters (ending in ``...``) for an error message."""
-    text = repr(value)
+    """``repr(value)``, cut to ``limit`` characters (ending in ``...``) for an error message, in time and memory
+    bounded by ``limit`` whatever the value holds.
+
+    Lists, tuples, dicts and sets are shown item by item, and the walk stops once ``limit`` characters are out: a
+    value whose full ``repr`` would take gigabytes (a list that holds the same list many times over, as a YAML
+    "billion laughs" builds) costs no more than a short one. Long strings and bytes are cut before their
+    ``repr`` is taken, and an integer of more than ``limit`` digits is shown by its number of bits.
+
+    Examples::
+
+        >>> shown([1, "a", (2,), {3: None}])
+        "[1, 'a', (2,), {3: None}]"
+        >>> laughs = ["lol"] * 9
+        >>> for _ in range(30):
+        ...     laughs = [laughs] * 9
+        >>> shown(laughs, 30)
+        '[[[[[[[[[[[[[[[[[[[[[[[[[[[...'
+    """
+    text = ""
+    for chunk in _repr_chunks(value, limit):
+        text += chunk
+        if len(text) > limit:
+            break
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: The containers :func:`shown` walks item by item, with their opening and closing text.
+_BRACKETS = {list: ("[", "]"), tuple: ("(", ")"), dict: ("{", "}"), set: ("{", "}"), frozenset: ("frozenset({", "})")}
+
+
+def _repr_chunks(value, limit: int):
+    """The text of ``repr(value)`` in pieces, walked with a stack (no recursion) so that the caller may stop at any
+    point; a container that holds itself is shown as ``[...]``, as ``repr`` does."""
+    stack: list = [("value", value)]
+    open_ids: set[int] = set()
+    while stack:
+        kind, item = stack.pop()
+        if kind == "text":
+            yield item
+        elif kind == "close":
+            open_ids.discard(item)
+        elif type(item) in _BRACKETS and id(item) in open_ids:
+            yield _BRACKETS[type(item)][0] + "..." + _BRACKETS[type(item)][1]
+        elif type(item) in _BRACKETS:
+            yield from _open(item, stack, open_ids, limit)
+        else:
+            yield _scalar_repr(item, limit)
+
+
+def _open(item, stack: list, open_ids: set[int], limit: int):
+    """The opening text of a container; pushes its first ``limit`` items (each shows as a character at least) and
+    its closing text onto ``stack``, to be popped in order."""
+    start, end = _BRACKETS[type(item)]
+    if not item:
+        yield {dict: "{}", set: "set()", frozenset: "frozenset()", list: "[]", tuple: "()"}[type(item)]
+        return
+    open_ids.add(id(item))
+    yield start
+    pieces: list = []
+    entries = item.items() if type(item) is dict else ((None, child) for child in item)
+    for index, (key, child) in enumerate(entries):
+        if index:
+            pieces.append(("text", ", "))
+        if type(item) is dict:
+            pieces += [("value", key), ("text", ": ")]
+        pieces.append(("value", child))
+        if index >= limit:  # the text is past the limit already
+            break
+    if type(item) is tuple and len(item) == 1:
+        pieces.append(("text", ","))
+    pieces += [("text", end), ("close", id(item))]
+    stack.extend(reversed(pieces))
+
+
+def _scalar_repr(value, limit: int) -> str:
+    """``repr`` of a value that is not a container :func:`shown` walks, cut before the ``repr`` where it is long."""
+    if isinstance(value, (str, bytes, bytearray)) and len(value) > limit:
+        return repr(value[: limit + 1])[:-1]  # no closing quote: it is cut
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * limit:
+        return f"<an integer of {value.bit_length()} bits>"
+    return repr(value)
 
 
 def expect(ok: bool, name: str, value, expected: str) -> None:
@@ -338,14 +416,14 @@ def check_device(device, name: str = "device") -> torch.device:
     if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
         raise ArgumentError(
             f"{name} must be a device name such as 'cpu' or 'cuda:0', or a torch.device; got "
-            f"{device!r} ({type(device).__name__}); available here: {available}",
+            f"{shown(device)} ({type(device).__name__}); available here: {available}",
             name,
         )
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as err:
         raise ArgumentError(
-            f"{name}={device!r} is not a device PyTorch can name ({str(err).splitlines()[0]}); "
+            f"{name}={shown(device)} is not a device PyTorch can name ({str(err).splitlines()[0]}); "
             f"available here: {available}",
             name,
         ) from None
@@ -356,10 +434,10 @@ def check_device(device, name: str = "device") -> torch.device:
             if resolved.type == "cuda" and torch.version.cuda is None
             else f"no {resolved.type} device is available to this process"
         )
-        raise ArgumentError(f"{name}={device!r}: {why}; available here: {available}", name)
+        raise ArgumentError(f"{name}={shown(device)}: {why}; available here: {available}", name)
     if resolved.type not in ("cpu", "meta") and resolved.index is not None and resolved.index >= count:
         raise ArgumentError(
-            f"{name}={device!r}: there {'is' if count == 1 else 'are'} only {count} "
+            f"{name}={shown(device)}: there {'is' if count == 1 else 'are'} only {count} "
             f"{resolved.type} device{'' if count == 1 else 's'}; available here: {available}",
             name,
         )

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,25 +22,10 @@ import yaml
 
 from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.data.transforms import AUGMENTATIONS
+from capsnets.documents import read_document
 from capsnets.engine.runtime import AMP_MODES, MAX_THREADS
 from capsnets.io import atomic_write
 from capsnets.validation import ArgumentError, expect, reject_unknown
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that ``1e-3`` (an exponent without a dot) is a float, as in JSON and
-    YAML 1.2, rather than the string YAML 1.1 makes of it."""
-
-
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
-)
-
-
-def load_yaml(text: str) -> Any:
-    """Parse YAML text safely (no code runs), reading ``1e-3`` as a float (see :class:`_YamlLoader`)."""
-    return yaml.load(text, Loader=_YamlLoader)
-
 
 #: Images at most this many pixels high get ``max_shift=0`` when ``max_shift`` is None (8x8 digits
 #: would lose a quarter of the digit to a 2 px shift); larger images get the paper's 2 px.
@@ -269,22 +252,14 @@ def field_names() -> list[str]:
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON config file into a dict (keys are checked by :meth:`TrainConfig.from_dict`)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config file {str(path)!r} does not exist")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read config file {str(path)!r} ({err})") from err
-    try:
-        values = json.loads(text) if path.suffix == ".json" else load_yaml(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ValueError(f"config file {str(path)!r} is not valid {path.suffix[1:] or 'YAML'}: {err}") from err
+    """Read a YAML or JSON config file into a dict (keys are checked by :meth:`TrainConfig.from_dict`), within the
+    limits of :mod:`capsnets.documents` (size, nesting, values and aliases); an
+    :class:`~capsnets.validation.ArgumentError` (a ``ValueError``) says what is wrong with the file."""
+    values = read_document(path, "config file")
     if values is None:
         return {}
     if not isinstance(values, dict):
-        raise ValueError(
+        raise ArgumentError(
             f"config file {str(path)!r} must hold a mapping of keys to values, got {type(values).__name__}"
         )
     return values

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 from capsnets.engine.runtime import resolve_device, seed_everything
 from capsnets.experiments.checkpoints import Checkpoints
 from capsnets.experiments.report import ExperimentResult, annotate_report, run_description
-from capsnets.validation import ArgumentError
+from capsnets.validation import ArgumentError, shown
 
 #: ``metrics -> [(label, key_a, key_b), ...]``: the differences ``metrics[key_a] - metrics[key_b]`` that a
 #: multi-seed summary reports per seed (e.g. capsules minus CNN on the same test set).
@@ -185,7 +185,7 @@ SEED_LIMIT = 2**32
 def check_seed(seed: Any) -> int:
     """``seed`` if it is an int in ``[0, 2**32)``, else an :class:`~capsnets.validation.ArgumentError` naming it."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
-        raise ArgumentError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+        raise ArgumentError(f"seed must be an integer in [0, 2**32), got {shown(seed)}")
     return seed
 
 
@@ -214,7 +214,7 @@ def _typed(name: str, key: str, hint: Any, value: Any) -> Any:
     elif hint is Any or (isinstance(value, hint) and not (hint is int and isinstance(value, bool))):
         return value
     example = f" (a mapping, e.g. --set '{key}={{\"batch_norm\": true}}')" if origin is dict or hint is dict else ""
-    raise ArgumentError(f"{name}: {key}={value!r} is not {_type_name(hint)}{example}")
+    raise ArgumentError(f"{name}: {key}={shown(value)} is not {_type_name(hint)}{example}")
 
 
 def _type_name(hint: Any) -> str:

@@ -62,7 +62,7 @@ def routing_config(routing, *, strict: bool = True) -> dict:
         return routing.spec.to_config()
     if strict:
         raise TypeError(
-            f"{routing!r} is not a routing capsnets can describe (one of "
+            f"{shown(routing)} is not a routing capsnets can describe (one of "
             f"{', '.join(cls.__name__ for cls in ROUTING_TYPES.values())}), so it has no spec"
         )
     return {"type": OPAQUE, "repr": repr(routing)}
@@ -85,7 +85,7 @@ def routing_from_config(config: Mapping) -> Callable:
         True
     """
     if not isinstance(config, Mapping) or "type" not in config:
-        raise ValueError(f"a routing spec is a mapping with a 'type' ({', '.join(ROUTING_TYPES)}); got {config!r}")
+        raise ValueError(f"a routing spec is a mapping with a 'type' ({', '.join(ROUTING_TYPES)}); got {shown(config)}")
     kind, settings = config["type"], {k: v for k, v in config.items() if k != "type"}
     if kind == OPAQUE:
         raise ValueError(
@@ -149,11 +149,11 @@ def as_routing(
             return routing_from_config({**(defaults or {}), **routing})
         except (ValueError, TypeError) as err:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise ArgumentError(f"{name}={given!r}: {reason}", name) from None
+            raise ArgumentError(f"{name}={shown(given)}: {reason}", name) from None
     if not callable(routing):
         raise ArgumentError(
             f"{name} must be a routing object, its spec (a mapping with a 'type': "
-            f"{', '.join(types or ROUTING_TYPES)}) or a routing type name; got {given!r}",
+            f"{', '.join(types or ROUTING_TYPES)}) or a routing type name; got {shown(given)}",
             name,
         )
     kind = next((key for key, cls in ROUTING_TYPES.items() if type(routing) is cls), None)

@@ -32,7 +32,7 @@ from capsnets.io import Checkpoint, CheckpointError, load_checkpoint, write_chec
 from capsnets.models import registry
 from capsnets.models.pretrained import PretrainedError, Weights, resolve_pretrained, stamp_sha256
 from capsnets.models.registry import model_arguments
-from capsnets.validation import ArgumentError
+from capsnets.validation import ArgumentError, shown
 
 #: The name the classifier layer of capsnets 0.2.0 and earlier had in checkpoints (now ``class_capsules``).
 _OLD_CLASSIFIER, _CLASSIFIER = "classes.", "class_capsules."
@@ -327,4 +327,4 @@ def without_decoder(model: nn.Module) -> nn.Module:
 
 
 def _shown(pretrained) -> str:
-    return repr(pretrained.name) if isinstance(pretrained, Weights) else repr(pretrained)
+    return repr(pretrained.name) if isinstance(pretrained, Weights) else shown(pretrained)

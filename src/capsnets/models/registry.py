@@ -70,7 +70,7 @@ def list_models(
         ['transforming_autoencoder']
     """
     if task is not None and task not in TASKS:
-        raise ArgumentError(f"task must be one of {', '.join(TASKS)}, got {task!r}", "task")
+        raise ArgumentError(f"task must be one of {', '.join(TASKS)}, got {shown(task)}", "task")
     if pattern is None or isinstance(pattern, str):
         patterns = [] if pattern is None else [pattern]
     elif isinstance(pattern, (list, tuple)) and all(isinstance(p, str) for p in pattern):
@@ -170,7 +170,7 @@ def _reject_routing_settings(name: str, overrides: dict, schema: dict) -> None:
             value = overrides[key]
             raise ArgumentError(
                 f"model {name!r} does not take {key}: its routing does; pass "
-                f"routing={{{setting!r}: {value!r}}} (--model-arg routing.{setting}={value!r})",
+                f"routing={{{setting!r}: {shown(value)}}} (--model-arg routing.{setting}={shown(value)})",
                 key,
             )
 
