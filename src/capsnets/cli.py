@@ -127,12 +127,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("capsnets: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, FloatingPointError) as err:  # CheckpointError, DatasetError...
+    except (ValueError, OSError, FloatingPointError, MemoryError, RecursionError) as err:  # CheckpointError...
         if os.environ.get("CAPSNETS_DEBUG"):
             raise
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"capsnets {args.command}: error: {message}", file=sys.stderr)
+        print(f"capsnets {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 1
+
+
+def _one_line(err: BaseException) -> str:
+    """The first line of ``err``'s message, or what it means when it has none worth showing."""
+    if isinstance(err, MemoryError):
+        return "out of memory; use a smaller --batch-size (or smaller images), or a machine with more memory"
+    if isinstance(err, RecursionError):
+        return "an input is nested too deeply to be read (Python's recursion limit)"
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -119,3 +119,18 @@ def test_a_checkpoint_of_nan_weights_is_refused(tmp_path):
     half = {k: v.half() if v.is_floating_point() else v for k, v in model_tensors(model).items()}
     path = write_checkpoint(tmp_path / "h.safetensors", half, {"model": "capsnet_digits", "model_args": {}})
     assert load_model(path).class_names  # float16 weights, as the shipped ones, still load
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [(MemoryError(), "out of memory; use a smaller --batch-size"), (RecursionError("deep"), "nested too deeply")],
+)
+def test_memory_and_recursion_errors_reach_the_user_as_one_line(error, expected, monkeypatch, capsys):
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr("capsnets.cli._list_models", fail)
+    monkeypatch.delenv("CAPSNETS_DEBUG", raising=False)
+    assert main(["list-models"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err and "Traceback" not in err
