@@ -243,9 +243,24 @@ def is_grey(image) -> bool:
     if image.mode in _GREY_MODES:
         return True
     if image.mode in ("P", "PA"):
-        palette = np.asarray(image.getpalette() or [0, 0, 1], dtype=np.int64).reshape(-1, 3)
+        palette = _palette_colours(image)
         return bool((palette == palette[:, :1]).all())
     return False
+
+
+def _palette_colours(image) -> np.ndarray:
+    """A palette image's colours ``(K, 3)`` in the file's channel order, from its header where the file holds the
+    palette there (Pillow's ``getpalette`` decodes the pixels first)."""
+    layouts = {"RGB": 3, "BGR": 3, "RGBX": 4, "BGRX": 4, "RGBA": 4, "BGRA": 4}
+    if image.palette is not None:
+        mode, data = image.palette.getdata()
+        raw = np.frombuffer(data, dtype=np.uint8)
+        if mode in layouts and len(raw) >= layouts[mode]:
+            width = layouts[mode]
+            return raw[: len(raw) // width * width].reshape(-1, width)[:, :3]
+        if mode == "RGB;L" and len(raw) >= 3:  # planar: every red, then every green, then every blue
+            return raw[: len(raw) // 3 * 3].reshape(3, -1).T
+    return np.asarray(image.getpalette() or [0, 0, 1], dtype=np.int64).reshape(-1, 3)
 
 
 def open_image_header(path: str | os.PathLike) -> Image.Image:

@@ -5,7 +5,11 @@ it, through ``capsnets.cli.main`` (train, predict) and the library functions."""
 
 from __future__ import annotations
 
+import json
+import os
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -262,3 +266,60 @@ def test_formats_outside_the_list_are_refused_whatever_the_name(tmp_path, no_dec
     (root / "train" / "a" / "drawing.png").write_bytes(eps.read_bytes())
     with pytest.raises(DatasetError, match=r"drawing\.png: cannot be read as an image"):
         scan_image_folder(root)
+
+
+def test_a_folder_is_sized_and_coloured_from_its_headers_alone(tmp_path, monkeypatch):
+    root = tmp_path / "images"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # the camera was turned: the sensor's 20x10 is shown 10 wide and 20 high
+    Image.new("L", (20, 10), 90).save(root / "a" / "0.jpg", exif=exif)
+    for folder in ("a", "b"):
+        for i in range(1, 4):
+            grey = Image.new("P", (10, 20), i)
+            grey.putpalette([v for k in range(256) for v in (k, k, k)])
+            grey.save(root / folder / f"{i}.png")
+    with monkeypatch.context() as patch:
+        patch.setattr(ImageFile.ImageFile, "load", lambda self: pytest.fail(f"{self.filename} decoded"))
+        scan = scan_image_folder(root)
+    assert scan.image_shape == (1, 20, 10)
+    data = load_image_folder(root)
+    assert data.images.shape[1:] == (1, 20, 10)
+
+
+def real_png(path: Path, width: int, height: int) -> Path:
+    """A decodable 8-bit grey PNG of zeros, compressed as it is written (9000x9000: 78 kB, in about a second)."""
+    compressor, row = zlib.compressobj(9), bytes(width + 1)  # each row: filter type 0, then the pixels
+    data = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+    return path
+
+
+_MEASURE = """
+import json, resource, sys, time
+from capsnets.cli import main
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+status = main(sys.argv[1:])
+print(json.dumps({"status": status, "seconds": time.perf_counter() - start,
+                  "grown_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}))
+"""
+
+
+@pytest.mark.faults_long
+@pytest.mark.parametrize("side", [9000, 30000])
+def test_a_real_bomb_costs_no_memory_in_a_fresh_process(tmp_path, side):
+    """The decodable PNGs themselves, in a fresh process: the peak memory of the refusal stays that of the imports."""
+    root = image_folder(tmp_path / "images", real_png(tmp_path / "bomb.png", side, side), size=(8, 8))
+    argv = [sys.executable, "-c", _MEASURE, *folder_train(root, tmp_path / "run")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["status"] == 1 and f"{side * side:,} pixels" in one_error_line(done.stderr)
+    assert result["grown_kib"] < 100 * 1024 and result["seconds"] < 30, result

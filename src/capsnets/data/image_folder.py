@@ -67,6 +67,7 @@ FOLDER_PREFIX = "folder:"
 MAX_FOLDER_BYTES = 4 * 2**30
 #: The environment variable that replaces :data:`MAX_FOLDER_BYTES` (a whole number of bytes).
 MAX_FOLDER_BYTES_ENV = "CAPSNETS_MAX_FOLDER_BYTES"
+_ORIENTATION = 0x0112  # the EXIF tag of a photo's orientation
 
 
 @dataclass(frozen=True)
@@ -323,8 +324,16 @@ def _inspect(items: list[tuple[Path, int]]) -> tuple[int, tuple[int, int]]:
     for file, _ in items:
         with _opened(file) as image:
             colour = colour or not is_grey(image)
-            first = first or (image.height, image.width)
+            first = first or _upright_size(image)
     return (3 if colour else 1), first
+
+
+def _upright_size(image) -> tuple[int, int]:
+    """``(H, W)`` of an opened image as it is read, with its EXIF orientation applied: a photo's JPEG header gives
+    the sensor's size, and orientations 5 to 8 turn it by a quarter (the EXIF of other formats may lie after
+    their pixels, so only JPEG's is read)."""
+    turned = image.format in ("JPEG", "MPO") and image.getexif().get(_ORIENTATION) in (5, 6, 7, 8)
+    return (image.width, image.height) if turned else (image.height, image.width)
 
 
 def _opened(file: Path):
