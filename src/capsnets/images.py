@@ -4,6 +4,9 @@
 adapts it to a model trained on a given data set (size, channels, background, the smallNORB protocol);
 :class:`ImageTransform` does both for any input (a path, a Pillow image, an array or a tensor), as the
 ``transforms()`` of a pretrained weight (torchvision's ``weights.transforms()``) and as ``capsnets.predict`` does.
+Every image file is opened by :func:`open_image_header` (or :func:`open_image`, which decodes it): only the
+:data:`IMAGE_FORMATS`, and refused from its header, before any pixel is decoded, when it has more than
+:func:`max_image_pixels` pixels (8192x8192 unless ``CAPSNETS_MAX_IMAGE_PIXELS`` says otherwise).
 
 Examples::
 
@@ -21,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 from torch import Tensor
 
 from capsnets.functional.crop import center_crop
@@ -40,6 +43,7 @@ __all__ = [
     "ImageTooLargeError",
     "ImageTransform",
     "check_image_pixels",
+    "exif_orientation",
     "image_to_tensor",
     "max_image_pixels",
     "open_image",
@@ -69,6 +73,16 @@ NORB_CROP = 32
 INVERT_MODES = ("auto", "yes", "no")
 _GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
 _BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
+_ORIENTATION = 0x0112  # the EXIF tag of a photo's orientation
+_TRANSPOSE = {  # EXIF orientation -> what turns the image upright (as Pillow's ImageOps.exif_transpose)
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
 
 class ImageFileError(ValueError):
@@ -123,6 +137,27 @@ def check_image_pixels(size: tuple[int, int] | int, source: str | os.PathLike) -
         )
 
 
+def exif_orientation(image) -> int:
+    """The EXIF orientation of an opened Pillow image: 1 (upright) to 8, and 1 where the EXIF is missing, damaged
+    or out of range. Orientations 5 to 8 swap the width and the height.
+
+    Only a JPEG's EXIF is read before its pixels are decoded; other formats may keep it after their pixels.
+    """
+    try:
+        value = image.getexif().get(_ORIENTATION)
+    except (OSError, SyntaxError, ValueError, TypeError, KeyError, IndexError, struct.error):  # damaged EXIF
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _upright(image):
+    """The image turned as its EXIF orientation says (``ImageOps.exif_transpose`` without rewriting the EXIF,
+    which fails on a damaged one)."""
+    image.load()  # a damaged file fails here, not in reading its EXIF (which a PNG keeps after its pixels)
+    method = _TRANSPOSE.get(exif_orientation(image))
+    return image if method is None else image.transpose(method)
+
+
 def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -> tuple[Tensor, list[str]]:
     """A Pillow image as a float32 ``(channels, H, W)`` tensor in ``[0, 1]``, and what was changed, in words.
 
@@ -140,7 +175,7 @@ def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -
     if channels not in (1, 3):
         raise ValueError(f"channels={channels!r} is invalid: expected 1 or 3")
     notes: list[str] = []
-    image = ImageOps.exif_transpose(image)
+    image = _upright(image)
     grey = is_grey(image)
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         paper = Image.new("RGBA", image.size, (255, 255, 255, 255))

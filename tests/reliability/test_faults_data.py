@@ -323,3 +323,19 @@ def test_a_real_bomb_costs_no_memory_in_a_fresh_process(tmp_path, side):
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["status"] == 1 and f"{side * side:,} pixels" in one_error_line(done.stderr)
     assert result["grown_kib"] < 100 * 1024 and result["seconds"] < 30, result
+
+
+def test_a_damaged_exif_is_read_as_far_as_it_goes(run, tmp_path, capsys):
+    exif = Image.Exif()
+    exif[0x010F], exif[0x0112] = "cam", 6  # the camera's make, then the orientation: turned a quarter
+    photo = tmp_path / "photo.jpg"
+    Image.new("L", (20, 10), 200).save(photo, exif=exif)
+    data = bytearray(photo.read_bytes())
+    make = data.index(b"Exif") + 16  # the first entry of the first IFD: the make, as big-endian 0x010F
+    assert data[make : make + 2] == b"\x01\x0f"
+    data[make + 1] = 0  # now ImageWidth (a number) holding the text "cam": Pillow cannot write this EXIF back
+    photo.write_bytes(bytes(data))
+    assert read_image(photo, 1).shape == (1, 20, 10)  # still turned by its orientation
+    assert ImageTransform((1, 28, 28), "mnist")(photo).shape == (1, 28, 28)
+    assert main(["predict", "--checkpoint", str(run), str(photo)]) == 0
+    assert "Traceback" not in capsys.readouterr().err

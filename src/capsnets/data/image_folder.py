@@ -39,6 +39,7 @@ from capsnets.images import (
     MAX_IMAGE_PIXELS_ENV,
     ImageFileError,
     ImageTooLargeError,
+    exif_orientation,
     image_to_tensor,
     is_grey,
     max_image_pixels,
@@ -67,7 +68,6 @@ FOLDER_PREFIX = "folder:"
 MAX_FOLDER_BYTES = 4 * 2**30
 #: The environment variable that replaces :data:`MAX_FOLDER_BYTES` (a whole number of bytes).
 MAX_FOLDER_BYTES_ENV = "CAPSNETS_MAX_FOLDER_BYTES"
-_ORIENTATION = 0x0112  # the EXIF tag of a photo's orientation
 
 
 @dataclass(frozen=True)
@@ -332,7 +332,7 @@ def _upright_size(image) -> tuple[int, int]:
     """``(H, W)`` of an opened image as it is read, with its EXIF orientation applied: a photo's JPEG header gives
     the sensor's size, and orientations 5 to 8 turn it by a quarter (the EXIF of other formats may lie after
     their pixels, so only JPEG's is read)."""
-    turned = image.format in ("JPEG", "MPO") and image.getexif().get(_ORIENTATION) in (5, 6, 7, 8)
+    turned = image.format in ("JPEG", "MPO") and exif_orientation(image) >= 5
     return (image.width, image.height) if turned else (image.height, image.width)
 
 
