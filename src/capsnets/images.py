@@ -179,7 +179,8 @@ def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -
     grey = is_grey(image)
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         paper = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(paper, image.convert("RGBA"))
+        paper.alpha_composite(image if image.mode == "RGBA" else image.convert("RGBA"))  # in place: no third copy
+        image = paper
         notes.append("transparency flattened onto white")
     if channels == 1 and not grey:
         notes.append(f"converted colour ({image.mode}) -> grayscale")
