@@ -4,6 +4,9 @@
 adapts it to a model trained on a given data set (size, channels, background, the smallNORB protocol);
 :class:`ImageTransform` does both for any input (a path, a Pillow image, an array or a tensor), as the
 ``transforms()`` of a pretrained weight (torchvision's ``weights.transforms()``) and as ``capsnets.predict`` does.
+Every image file is opened by :func:`open_image_header` (or :func:`open_image`, which decodes it): only the
+:data:`IMAGE_FORMATS`, and refused from its header, before any pixel is decoded, when it has more than
+:func:`max_image_pixels` pixels (8192x8192 unless ``CAPSNETS_MAX_IMAGE_PIXELS`` says otherwise).
 
 Examples::
 
@@ -15,31 +18,50 @@ Examples::
 from __future__ import annotations
 
 import os
+import re
+import struct
 from collections.abc import Sequence
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
 from torch import Tensor
 
 from capsnets.functional.crop import center_crop
-from capsnets.validation import ArgumentError, choice
+from capsnets.validation import ArgumentError, choice, limit_from_env
 
 __all__ = [
     "DARK_BACKGROUND",
+    "IMAGE_FORMATS",
     "IMAGE_SUFFIXES",
+    "MAX_IMAGE_PIXELS",
+    "MAX_IMAGE_PIXELS_ENV",
     "NORB_CROP",
     "NORB_LIKE",
     "NORB_SIZE",
+    "ImageFileError",
+    "ImageTooLargeError",
     "ImageTransform",
+    "check_image_pixels",
+    "exif_orientation",
     "image_to_tensor",
+    "max_image_pixels",
     "open_image",
+    "open_image_header",
     "prepare_image",
     "standardize",
 ]
 
 #: File name endings read as images (case-insensitive); other files are ignored.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+#: The file formats an image file may hold (Pillow's names; JPEG includes the multi-picture JPEG of cameras).
+#: Other formats Pillow knows (EPS, which runs Ghostscript; PSD, ICNS...) are refused whatever the file's name.
+IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP")
+#: The most pixels (width x height) an image file may decode to: 8192x8192, more than any camera's photo. A larger
+#: file is refused from its header, before its pixels are decoded (:func:`check_image_pixels`).
+MAX_IMAGE_PIXELS = 8192 * 8192
+#: The environment variable that replaces :data:`MAX_IMAGE_PIXELS` (a whole number of pixels).
+MAX_IMAGE_PIXELS_ENV = "CAPSNETS_MAX_IMAGE_PIXELS"
 #: Data sets of light strokes on a dark background: an image with a light background is inverted (``invert="auto"``).
 DARK_BACKGROUND = ("digits", "mnist", "fashion_mnist", "multimnist", "affnist")
 #: Data sets prepared by the smallNORB protocol (resized to 48x48, centre 32x32, standardised per image).
@@ -50,6 +72,90 @@ NORB_SIZE = 48
 NORB_CROP = 32
 INVERT_MODES = ("auto", "yes", "no")
 _GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
+_BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
+_ORIENTATION = 0x0112  # the EXIF tag of a photo's orientation
+_TRANSPOSE = {  # EXIF orientation -> what turns the image upright (as Pillow's ImageOps.exif_transpose)
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+class ImageFileError(ValueError):
+    """An image file that cannot be read: the message names the file, what is wrong and the fix.
+
+    Attributes:
+        path: the file (or a description of the image).
+        reason: what is wrong, in words, without the file's name or the fix.
+    """
+
+    def __init__(self, message: str, path: str | os.PathLike, reason: str) -> None:
+        super().__init__(message)
+        self.path, self.reason = path, reason
+
+
+class ImageTooLargeError(ImageFileError):
+    """An image file with more pixels than :func:`max_image_pixels`; the message names the file, its size, the
+    limit and how to raise it."""
+
+
+def max_image_pixels() -> int:
+    """The most pixels an image file may decode to: ``CAPSNETS_MAX_IMAGE_PIXELS`` if set, else
+    :data:`MAX_IMAGE_PIXELS`.
+
+    Raises:
+        ArgumentError: the variable is set to something other than a positive whole number.
+    """
+    return limit_from_env(MAX_IMAGE_PIXELS_ENV, MAX_IMAGE_PIXELS, "pixels")
+
+
+def check_image_pixels(size: tuple[int, int] | int, source: str | os.PathLike) -> None:
+    """Refuse an image of more than :func:`max_image_pixels` pixels, named ``source`` in the message.
+
+    Args:
+        size: the image's ``(width, height)`` (a Pillow image's ``.size``, known from its header), or a count of
+            pixels where only that is known.
+        source: the file (or a description of the image) the message names.
+
+    Raises:
+        ImageTooLargeError: too many pixels.
+    """
+    limit = max_image_pixels()
+    pixels = size if isinstance(size, int) else size[0] * size[1]
+    if pixels > limit:
+        shown = f"{pixels:,}" if isinstance(size, int) else f"{size[0]}x{size[1]} = {pixels:,}"
+        reason = f"an image of {shown} pixels, more than the {limit:,} an image may decode to"
+        raise ImageTooLargeError(
+            f"'{source}' is {reason}; make it smaller, or raise the limit with the environment variable "
+            f"{MAX_IMAGE_PIXELS_ENV} (e.g. {MAX_IMAGE_PIXELS_ENV}={pixels})",
+            source,
+            reason,
+        )
+
+
+def exif_orientation(image) -> int:
+    """The EXIF orientation of an opened Pillow image: 1 (upright) to 8, and 1 where the EXIF is missing, damaged
+    or out of range. Orientations 5 to 8 swap the width and the height.
+
+    Only a JPEG's EXIF is read before its pixels are decoded; other formats may keep it after their pixels.
+    """
+    try:
+        value = image.getexif().get(_ORIENTATION)
+    except (OSError, SyntaxError, ValueError, TypeError, KeyError, IndexError, struct.error):  # damaged EXIF
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _upright(image):
+    """The image turned as its EXIF orientation says (``ImageOps.exif_transpose`` without rewriting the EXIF,
+    which fails on a damaged one)."""
+    image.load()  # a damaged file fails here, not in reading its EXIF (which a PNG keeps after its pixels)
+    method = _TRANSPOSE.get(exif_orientation(image))
+    return image if method is None else image.transpose(method)
 
 
 def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -> tuple[Tensor, list[str]]:
@@ -69,11 +175,12 @@ def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -
     if channels not in (1, 3):
         raise ValueError(f"channels={channels!r} is invalid: expected 1 or 3")
     notes: list[str] = []
-    image = ImageOps.exif_transpose(image)
+    image = _upright(image)
     grey = is_grey(image)
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         paper = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(paper, image.convert("RGBA"))
+        paper.alpha_composite(image if image.mode == "RGBA" else image.convert("RGBA"))  # in place: no third copy
+        image = paper
         notes.append("transparency flattened onto white")
     if channels == 1 and not grey:
         notes.append(f"converted colour ({image.mode}) -> grayscale")
@@ -172,29 +279,91 @@ def is_grey(image) -> bool:
     if image.mode in _GREY_MODES:
         return True
     if image.mode in ("P", "PA"):
-        palette = np.asarray(image.getpalette() or [0, 0, 1], dtype=np.int64).reshape(-1, 3)
+        palette = _palette_colours(image)
         return bool((palette == palette[:, :1]).all())
     return False
 
 
-def open_image(path: str | os.PathLike) -> Image.Image:
-    """The image file ``path``, decoded (Pillow), with a clear error for a file that is not a readable image.
+def _palette_colours(image) -> np.ndarray:
+    """A palette image's colours ``(K, 3)`` in the file's channel order, from its header where the file holds the
+    palette there (Pillow's ``getpalette`` decodes the pixels first)."""
+    layouts = {"RGB": 3, "BGR": 3, "RGBX": 4, "BGRX": 4, "RGBA": 4, "BGRA": 4}
+    if image.palette is not None:
+        mode, data = image.palette.getdata()
+        raw = np.frombuffer(data, dtype=np.uint8)
+        if mode in layouts and len(raw) >= layouts[mode]:
+            width = layouts[mode]
+            return raw[: len(raw) // width * width].reshape(-1, width)[:, :3]
+        if mode == "RGB;L" and len(raw) >= 3:  # planar: every red, then every green, then every blue
+            return raw[: len(raw) // 3 * 3].reshape(3, -1).T
+    return np.asarray(image.getpalette() or [0, 0, 1], dtype=np.int64).reshape(-1, 3)
+
+
+def open_image_header(path: str | os.PathLike) -> Image.Image:
+    """The image file ``path`` opened by Pillow with its header read and its pixels not yet decoded, after checking
+    its format (:data:`IMAGE_FORMATS`) and its size (:func:`check_image_pixels`). Close it (``with``) when done.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: the file is not an image Pillow can read, or is larger than Pillow's decompression-bomb
-            limit (``Image.MAX_IMAGE_PIXELS``); the message names the file.
+        ImageTooLargeError: more pixels than :func:`max_image_pixels`.
+        ImageFileError: not an image of :data:`IMAGE_FORMATS` whose header Pillow can read; the message names the
+            file.
     """
     try:
-        with Image.open(path) as image:
-            image.load()
-            return image
-    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as err:
-        if isinstance(err, FileNotFoundError):
-            raise
-        raise ValueError(
-            f"'{path}' is not an image that can be read ({str(err).splitlines()[0] or 'unknown'}); give PNG or JPEG files"
+        image = Image.open(path, formats=_readable_formats())
+    except Image.DecompressionBombError as err:  # Pillow's own limit, 2 x PIL.Image.MAX_IMAGE_PIXELS
+        found = _BOMB_PIXELS.search(str(err))
+        check_image_pixels(int(found.group(1)) if found else 2 * (Image.MAX_IMAGE_PIXELS or 0) + 1, path)
+        reason = f"an image of more pixels than Pillow opens ({str(err).splitlines()[0]})"
+        raise ImageTooLargeError(
+            f"'{path}' is {reason}; make it smaller, or raise PIL.Image.MAX_IMAGE_PIXELS in the program that reads it",
+            path,
+            reason,
         ) from None
+    except FileNotFoundError:
+        raise
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as err:
+        raise _unreadable(path, err) from None
+    try:
+        check_image_pixels(image.size, path)
+    except ImageTooLargeError:
+        image.close()
+        raise
+    return image
+
+
+def open_image(path: str | os.PathLike) -> Image.Image:
+    """The image file ``path``, decoded (Pillow), with a clear error for a file that is not a readable image or
+    that is too large; the size is checked from the header, before any pixel is decoded
+    (:func:`open_image_header`).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ImageTooLargeError: more pixels than :func:`max_image_pixels` (``CAPSNETS_MAX_IMAGE_PIXELS``).
+        ImageFileError: the file is not an image Pillow can read; the message names the file.
+    """
+    with open_image_header(path) as image:
+        try:
+            image.load()
+        except (OSError, SyntaxError, ValueError, EOFError, struct.error) as err:
+            raise _unreadable(path, err) from None
+        return image
+
+
+def _readable_formats() -> tuple[str, ...]:
+    """:data:`IMAGE_FORMATS` that this Pillow can open (WebP needs Pillow built with libwebp)."""
+    Image.init()
+    return tuple(name for name in IMAGE_FORMATS if name in Image.OPEN)
+
+
+def _unreadable(path, err: Exception) -> ImageFileError:
+    reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no details'}"
+    return ImageFileError(
+        f"'{path}' is not an image that can be read ({reason}); give PNG or JPEG files "
+        f"(formats read: {', '.join(IMAGE_FORMATS)})",
+        path,
+        reason,
+    )
 
 
 class ImageTransform:
@@ -237,7 +406,9 @@ class ImageTransform:
             image = open_image(image)
         elif isinstance(image, (np.ndarray, Tensor)):
             image = _array_to_pil(image)
-        elif not isinstance(image, Image.Image):
+        elif isinstance(image, Image.Image):  # perhaps opened but not decoded yet
+            check_image_pixels(image.size, getattr(image, "filename", "") or "the Pillow image")
+        else:
             raise ArgumentError(
                 f"cannot read an image from {type(image).__name__}: give a file path, a PIL image, "
                 "a NumPy array or a tensor",

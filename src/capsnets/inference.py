@@ -137,7 +137,8 @@ def read_images(
         ``(images, notes)``: ``(N, C, H, W)`` float32 and, per image, what was adapted.
 
     Raises:
-        ValueError: a file is not an image Pillow can read (naming it).
+        ValueError: a file is not an image Pillow can read, or is larger than
+            :func:`~capsnets.images.max_image_pixels` (checked before decoding); the message names it.
     """
     prepared = list(_prepared(inputs, ImageTransform(input_size, dataset, invert=invert)))
     return torch.stack([image for image, _, _ in prepared]), [notes for _, _, notes in prepared]
@@ -183,7 +184,8 @@ def predict(
         ArgumentError: a segmentation or other non-classification model (use :func:`segment` for masks), an
             input that is not an image, a prepared batch of another size, ``classes`` of another length.
         FileNotFoundError: a path that is neither a file nor a folder.
-        ValueError: a file that is not an image Pillow can read (naming it).
+        ValueError: a file that is not an image Pillow can read, or that is larger than
+            :func:`~capsnets.images.max_image_pixels` (checked before decoding); the message names it.
 
     Shape:
         - a prepared batch: ``(N, C, H, W)`` of the model's ``input_size``; the result has ``N`` predictions.

@@ -28,6 +28,7 @@ import difflib
 import functools
 import inspect
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,7 @@ __all__ = [
     "image_batch",
     "image_size",
     "keyword_arguments",
+    "limit_from_env",
     "non_negative_int",
     "number",
     "placement",
@@ -267,6 +269,32 @@ def positive_int(name: str, value) -> int:
 #: The most routing iterations a routing takes: the papers use 1 to 3, and a count read from a file or a command
 #: line must not make one forward pass run for hours.
 MAX_ROUTING_ITERATIONS = 100
+
+
+def limit_from_env(variable: str, default: int, unit: str) -> int:
+    """A limit that the environment variable ``variable`` may replace: its value as a positive whole number
+    (``_`` separators allowed), or ``default`` when it is unset or empty.
+
+    Raises:
+        ArgumentError: the variable holds something else; the message names it and the default.
+
+    Examples::
+
+        >>> limit_from_env("CAPSNETS_UNSET_LIMIT", 1024, "bytes")
+        1024
+    """
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    digits = text.replace("_", "")
+    value = int(digits) if len(digits) <= 30 and digits.isascii() and digits.isdigit() else 0
+    if value < 1:
+        raise ArgumentError(
+            f"{variable}={shown(text, 40)} is invalid: expected a positive whole number of {unit}, "
+            f"e.g. {default} (the default); Fix: set it to such a number or unset it",
+            variable,
+        )
+    return value
 
 
 def routing_iterations(name: str, value) -> int:

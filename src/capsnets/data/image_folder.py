@@ -17,27 +17,45 @@ Transparent parts are laid on white, and JPEG EXIF orientation is applied. Every
 antialiasing) to ``image_size``; by default the size of the first training image (class by class,
 files in sorted order), so a folder of same-sized images keeps its size. The whole
 split is held in memory as float32 (N x C x H x W x 4 bytes): pass a small ``image_size`` for photos.
+
+Limits, checked from the files' headers before any image is decoded: an image may have at most
+:func:`~capsnets.images.max_image_pixels` pixels (8192x8192; ``CAPSNETS_MAX_IMAGE_PIXELS``), and a split at
+most :func:`max_folder_bytes` bytes in memory (4 GiB; ``CAPSNETS_MAX_FOLDER_BYTES``).
 Pillow reads the files, in the style of torchvision's ``ImageFolder``.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from PIL import Image
 from torch import Tensor
 
-from capsnets.images import IMAGE_SUFFIXES, image_to_tensor, is_grey
+from capsnets.images import (
+    IMAGE_SUFFIXES,
+    MAX_IMAGE_PIXELS_ENV,
+    ImageFileError,
+    ImageTooLargeError,
+    exif_orientation,
+    image_to_tensor,
+    is_grey,
+    max_image_pixels,
+    open_image_header,
+)
+from capsnets.validation import limit_from_env
 
 from .base import TensorData
 from .errors import DatasetError
 
 __all__ = [
     "FOLDER_PREFIX",
+    "MAX_FOLDER_BYTES",
+    "MAX_FOLDER_BYTES_ENV",
     "ImageFolderScan",
+    "max_folder_bytes",
     "scan_image_folder",
     "load_image_folder",
     "read_image",
@@ -45,6 +63,11 @@ __all__ = [
 
 #: ``load_dataset`` names of the form ``folder:PATH`` read an image folder.
 FOLDER_PREFIX = "folder:"
+#: The most bytes one split of a folder may take in memory (``N x C x H x W x 4``, float32): 4 GiB. It is checked
+#: from the files' headers, before any image is decoded.
+MAX_FOLDER_BYTES = 4 * 2**30
+#: The environment variable that replaces :data:`MAX_FOLDER_BYTES` (a whole number of bytes).
+MAX_FOLDER_BYTES_ENV = "CAPSNETS_MAX_FOLDER_BYTES"
 
 
 @dataclass(frozen=True)
@@ -99,6 +122,11 @@ def scan_image_folder(
         ValueError: ``image_size`` or ``test_fraction`` out of range.
     """
     size = _check_size(image_size)
+    if size is not None and size[0] * size[1] > max_image_pixels():
+        raise ValueError(
+            f"image_size={image_size!r} is invalid: {size[0]}x{size[1]} is more than the {max_image_pixels():,} "
+            f"pixels an image may have (raise it with the environment variable {MAX_IMAGE_PIXELS_ENV})"
+        )
     if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
         raise ValueError(f"test_fraction={test_fraction!r} is invalid: expected a number in (0, 1)")
     root = Path(path).expanduser()
@@ -116,6 +144,34 @@ def scan_image_folder(
         train, test = _seeded_split(root, per_class, test_fraction, split_seed)
     channels, first_size = _inspect(train + test)
     return ImageFolderScan(root, tuple(classes), tuple(train), tuple(test), presplit, channels, size or first_size)
+
+
+def max_folder_bytes() -> int:
+    """The most bytes one split of a folder may take in memory: ``CAPSNETS_MAX_FOLDER_BYTES`` if set, else
+    :data:`MAX_FOLDER_BYTES`.
+
+    Raises:
+        ArgumentError: the variable is set to something other than a positive whole number.
+    """
+    return limit_from_env(MAX_FOLDER_BYTES_ENV, MAX_FOLDER_BYTES, "bytes")
+
+
+def _check_split_size(scan: ImageFolderScan, count: int, split: str, image_size_given: bool) -> None:
+    """Refuse a split of ``count`` images of ``scan.image_shape`` larger than :func:`max_folder_bytes` as float32.
+
+    Raises:
+        DatasetError: too large; the message gives the size, the limit, and the fixes.
+    """
+    channels, height, width = scan.image_shape
+    need, limit = count * channels * height * width * 4, max_folder_bytes()
+    if need > limit:
+        origin = "" if image_size_given else " (the size of the first image, as no image size was given)"
+        raise DatasetError(
+            f"folder:{scan.root}: the {split} split's {count} images of {channels}x{height}x{width}{origin} take "
+            f"{need / 2**30:.1f} GiB in memory as float32, more than the {limit / 2**30:.1f} GiB allowed; Fix: give "
+            f"a smaller image size (--image-size, e.g. 64), or raise the limit with the environment variable "
+            f"{MAX_FOLDER_BYTES_ENV} (e.g. {MAX_FOLDER_BYTES_ENV}={need})"
+        )
 
 
 def load_image_folder(
@@ -149,6 +205,7 @@ def load_image_folder(
     """
     scan = scan_image_folder(path, image_size=image_size, test_fraction=test_fraction, split_seed=split_seed)
     items = scan.train if train else scan.test
+    _check_split_size(scan, len(items), "training" if train else "test", image_size is not None)
     order = torch.randperm(len(items), generator=torch.Generator().manual_seed(split_seed)).tolist()
     items = [items[i] for i in order]
     images = torch.empty(len(items), *scan.image_shape)
@@ -167,15 +224,17 @@ def read_image(path: str | os.PathLike, channels: int, size: tuple[int, int] | N
         size: ``(H, W)`` to resize to (bilinear, antialiased); ``None``: keep the file's size.
 
     Raises:
-        DatasetError: the file cannot be decoded; the message names it.
+        DatasetError: the file cannot be decoded, or has more pixels than
+            :func:`~capsnets.images.max_image_pixels` (checked from its header, before decoding); the message
+            names it.
     """
-    try:
-        with Image.open(path) as image:
+    if channels not in (1, 3):
+        raise ValueError(f"channels={channels!r} is invalid: expected 1 or 3")
+    with _opened(Path(path)) as image:
+        try:
             return image_to_tensor(image, channels, size)[0]
-    except (OSError, ValueError, SyntaxError) as err:  # PIL raises these three for bad files
-        if isinstance(err, ValueError) and "channels=" in str(err):
-            raise
-        raise _unreadable(Path(path), err) from err
+        except (OSError, ValueError, SyntaxError, EOFError, struct.error) as err:  # Pillow's errors for bad files
+            raise _unreadable(Path(path), f"{type(err).__name__}: {err}") from None
 
 
 # -- scanning ---------------------------------------------------------------------------------------------
@@ -260,20 +319,35 @@ def _seeded_split(root: Path, per_class: list[list[Path]], test_fraction: float,
 
 
 def _inspect(items: list[tuple[Path, int]]) -> tuple[int, tuple[int, int]]:
-    """``(channels, (H, W) of the first image)`` from the files' headers."""
+    """``(channels, (H, W) of the first image)`` from the files' headers, each file's size checked."""
     colour, first = False, None
     for file, _ in items:
-        try:
-            with Image.open(file) as image:
-                colour = colour or not is_grey(image)
-                first = first or (image.height, image.width)
-        except (OSError, ValueError, SyntaxError) as err:
-            raise _unreadable(file, err) from err
+        with _opened(file) as image:
+            colour = colour or not is_grey(image)
+            first = first or _upright_size(image)
     return (3 if colour else 1), first
 
 
-def _unreadable(file: Path, err: Exception) -> DatasetError:
+def _upright_size(image) -> tuple[int, int]:
+    """``(H, W)`` of an opened image as it is read, with its EXIF orientation applied: a photo's JPEG header gives
+    the sensor's size, and orientations 5 to 8 turn it by a quarter (the EXIF of other formats may lie after
+    their pixels, so only JPEG's is read)."""
+    turned = image.format in ("JPEG", "MPO") and exif_orientation(image) >= 5
+    return (image.width, image.height) if turned else (image.height, image.width)
+
+
+def _opened(file: Path):
+    """The file opened with its header read (format and size checked), or a :class:`DatasetError` naming it."""
+    try:
+        return open_image_header(file)
+    except ImageTooLargeError as err:
+        raise DatasetError(str(err)) from None
+    except ImageFileError as err:
+        raise _unreadable(file, err.reason) from None
+
+
+def _unreadable(file: Path, reason: str) -> DatasetError:
     return DatasetError(
-        f"{file}: cannot be read as an image ({type(err).__name__}: {err}); Fix: replace or delete "
-        "the file (only PNG and JPEG images are read)"
+        f"{file}: cannot be read as an image ({reason}); Fix: replace or delete the file (only PNG and JPEG "
+        "images are read)"
     )
