@@ -351,3 +351,17 @@ def test_the_demo_model_trains_on_one_thread_unless_omp_num_threads_says_otherwi
         assert seen == [1, 2]
     finally:
         torch.set_num_threads(threads)
+
+
+def test_an_upload_in_a_format_outside_the_few_the_library_reads_is_refused_before_its_plugin_runs(monkeypatch):
+    from PIL import EpsImagePlugin
+
+    from capsnets.demo.images import open_image
+
+    def never(*args, **kwargs):
+        raise AssertionError("the EPS plugin was reached")
+
+    monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", never)
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nshowpage\n"
+    with pytest.raises(ValueError, match="not an image file that can be read"):
+        open_image(eps)

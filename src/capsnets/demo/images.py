@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
-from capsnets.images import DARK_BACKGROUND, NORB_LIKE, prepare_image
+from capsnets.images import DARK_BACKGROUND, IMAGE_FORMATS, NORB_LIKE, prepare_image
 from capsnets.validation import ArgumentError
 
 __all__ = [
@@ -61,13 +61,14 @@ def decode_base64(text: str) -> bytes:
 
 def open_image(data: bytes):
     """A Pillow image from file bytes, its pixels loaded; refused before decoding when larger than
-    :data:`MAX_IMAGE_PIXELS`.
+    :data:`MAX_IMAGE_PIXELS`, or when not one of :data:`capsnets.images.IMAGE_FORMATS` (a file that another of
+    Pillow's plugins would read, such as EPS, which runs Ghostscript, never reaches it).
 
     Raises:
         ArgumentError: not an image Pillow reads, or too large.
     """
     try:
-        image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
         width, height = image.size
         if width * height > MAX_IMAGE_PIXELS:
             raise ArgumentError(f"image of {width}x{height} pixels is too large (at most {MAX_IMAGE_PIXELS:,} pixels)")
