@@ -68,7 +68,7 @@ from capsnets.engine.runtime import (
 )
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
-from capsnets.inference import collect_image_files, predict, segment
+from capsnets.inference import collect_image_files, mask_path, predict, segment
 from capsnets.io import (
     FileWriteError,
     atomic_write,
@@ -1067,7 +1067,7 @@ def _predict(args: argparse.Namespace) -> int:
         raise ArgumentError(f"model {name!r} is for {task}; predict classifies or segments images")
     dataset_name = _canonical_dataset(dataset)
     if task == "segmentation":
-        out = _output_folder(Path(args.out or "masks"), args)
+        out = _mask_folder(Path(args.out or "masks"), files, args)
         results = segment(model, files, out, dataset=dataset_name, invert=args.invert)
     else:
         results = predict(
@@ -1157,6 +1157,23 @@ def _output_folder(path: Path, args: argparse.Namespace) -> Path:
             f"DIR to write the files elsewhere, or make '{problem.filename}' writable"
         )
     return path
+
+
+def _mask_folder(out: Path, files: Sequence[Path], args: argparse.Namespace) -> Path:
+    """``out`` (:func:`_output_folder`), after checking that no two images write the same mask file and that no
+    mask replaces one of the images read."""
+    out, written = _output_folder(out, args), {}
+    for index, file in enumerate(files):
+        target = mask_path(file, out, index)
+        if target in written:
+            raise ArgumentError(
+                f"'{written[target]}' and '{file}' would both write their mask to '{target}'; segment them in "
+                "two runs with different --out folders"
+            )
+        if target.exists() and any(target.samefile(item) for item in files):
+            raise ArgumentError(f"the mask of '{file}' would replace the input image '{target}'; pass another --out")
+        written[target] = file
+    return out
 
 
 def _checkpoint_source(args: argparse.Namespace, checkpoints: list[str] | None) -> str | Path:

@@ -16,6 +16,8 @@ import builtins
 import errno
 import io
 import os
+import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -108,5 +110,16 @@ class ReadOnly:
 
 
 def chmod_protects() -> bool:
-    """Whether ``chmod`` stops this process from writing (it does not stop root)."""
-    return hasattr(os, "geteuid") and os.geteuid() != 0
+    """Whether ``chmod`` stops this process from writing into a folder (it does not stop root, who may override
+    permissions): tried on a temporary folder."""
+    with tempfile.TemporaryDirectory() as root:
+        folder = Path(root) / "locked"
+        folder.mkdir()
+        os.chmod(folder, stat.S_IRUSR | stat.S_IXUSR)
+        try:
+            (folder / "probe").write_text("")
+        except PermissionError:
+            return True
+        finally:
+            os.chmod(folder, stat.S_IRWXU)
+        return False

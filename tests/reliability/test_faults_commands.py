@@ -14,13 +14,16 @@ Everything runs in-process through :func:`capsnets.cli.main`.
 from __future__ import annotations
 
 import os
+import stat
 
 import pytest
 from PIL import Image
 from reliability.faults import copy_run, one_error_line
-from reliability.read_only import ReadOnly
+from reliability.read_only import ReadOnly, chmod_protects
 
+import capsnets
 from capsnets.cli import main
+from capsnets.engine import save_checkpoint
 from capsnets.io import FileWriteError, atomic_write
 
 
@@ -237,3 +240,51 @@ def test_atomic_write_leaves_a_folder_a_device_or_a_pipe_alone(tmp_path):
             atomic_write(target, lambda tmp: open(tmp, "w").write("x"))
         assert target.lstat().st_mode == kind
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(t.name for t in targets)
+
+
+@pytest.fixture
+def segmentation_run(tmp_path):
+    """A (untrained) segmentation checkpoint and two folders of scans."""
+    model = capsnets.create_model("segcaps_small")
+    save_checkpoint(
+        tmp_path / "seg" / "best.safetensors",
+        model=model,
+        meta={"model": "segcaps_small", "model_args": model.model_args, "dataset": "segmentation"},
+    )
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        Image.new("L", (32, 32), 90).save(tmp_path / folder / "scan.png")
+    return tmp_path / "seg"
+
+
+def test_segment_masks_never_replace_each_other_or_an_input(segmentation_run, tmp_path, capsys):
+    predict = ["predict", "--checkpoint", str(segmentation_run), "--device", "cpu"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    _refused(
+        [*predict, str(a / "scan.png"), str(b / "scan.png"), "--out", str(tmp_path / "masks")],
+        tmp_path,
+        capsys,
+        "would both write their mask to",
+    )
+    Image.new("L", (32, 32), 10).save(a / "scan_mask.png")  # an image named as a mask, in the --out folder
+    _refused([*predict, str(a), "--out", str(a)], tmp_path, capsys, "would replace the input image", "--out")
+    assert main([*predict, str(a), "--out", str(tmp_path / "masks")]) == 0  # elsewhere, both are segmented
+    assert sorted(p.name for p in (tmp_path / "masks").iterdir()) == ["scan_mask.png", "scan_mask_mask.png"]
+
+
+@pytest.mark.skipif(not chmod_protects(), reason="chmod does not stop this process (root); simulated above")
+@pytest.mark.parametrize("command", ["predict", "export", "evaluate"])
+def test_outputs_into_a_folder_made_read_only_with_chmod(place, tmp_path, capsys, command):
+    run, inputs = place
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    argv = {
+        "predict": ["predict", "--checkpoint", str(run), "--json", str(shared / "p.json"), str(inputs / "ok.png")],
+        "export": ["export", "--checkpoint", str(run), "--out", str(shared / "m.onnx")],
+        "evaluate": ["evaluate", "--checkpoint", str(run), "--device", "cpu", "--out", str(shared / "reports")],
+    }[command]
+    os.chmod(shared, stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        _refused(argv, tmp_path, capsys, f"cannot write in '{shared}' (Permission denied)", "nothing in it was changed")
+    finally:
+        os.chmod(shared, stat.S_IRWXU)

@@ -222,7 +222,9 @@ def test_reports_into_a_read_only_run_are_refused_before_the_work(clean_runs, tm
     assert main([*argv, "--out", str(tmp_path / "reports")]) == 0  # the advice, followed
 
 
-@pytest.mark.skipif(not chmod_protects(), reason="chmod does not stop root; the simulated cases above cover it")
+@pytest.mark.skipif(
+    not chmod_protects(), reason="chmod does not stop this process (root); the simulated cases above cover it"
+)
 @pytest.mark.parametrize("how", ["resume", "overwrite", "evaluate"])
 def test_a_run_directory_made_read_only_with_chmod(clean_runs, tmp_path, capsys, how):
     run = copy_run(clean_runs[1], tmp_path / "run")
