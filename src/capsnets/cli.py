@@ -1033,7 +1033,8 @@ def _export(args: argparse.Namespace) -> int:
     model = model_from_checkpoint(checkpoint, "cpu")
     suffix = EXPORT_FORMATS[args.format]
     out = Path(args.out) if args.out else Path(checkpoint.path.stem + suffix) if args.pretrained else None
-    out = _output_file(out or checkpoint.path.with_suffix(suffix), "--out", f"a {suffix}")
+    flag = "--out" if args.out else "the default --out"
+    out = _output_file(out or checkpoint.path.with_suffix(suffix), flag, f"a {suffix}")
     if out.suffix.lower() != suffix:
         raise ArgumentError(
             f"--out '{out}' does not end in {suffix}; name a {suffix} file for --format {args.format} "
@@ -1136,7 +1137,7 @@ def _output_file(path: Path, flag: str, what: str, inputs: Sequence[Path] = ()) 
     if problem is not None:
         raise ArgumentError(
             f"{flag} '{path}': cannot write in '{problem.filename}' ({problem.strerror}); nothing in it was "
-            f"changed; name a file in a writable folder, or make '{problem.filename}' writable"
+            f"changed; give {flag.split()[-1]} a file in a writable folder, or make '{problem.filename}' writable"
         )
     return path
 

@@ -288,3 +288,17 @@ def test_outputs_into_a_folder_made_read_only_with_chmod(place, tmp_path, capsys
         _refused(argv, tmp_path, capsys, f"cannot write in '{shared}' (Permission denied)", "nothing in it was changed")
     finally:
         os.chmod(shared, stat.S_IRWXU)
+
+
+def test_export_beside_a_checkpoint_in_a_read_only_run(place, tmp_path, capsys):
+    """Without --out the file goes beside the checkpoint: a read-only run is named, and --out suggested."""
+    run, _ = place
+    with pytest.MonkeyPatch.context() as patch:
+        ReadOnly(run).install(patch)
+        _refused(
+            ["export", "--checkpoint", str(run)],
+            tmp_path,
+            capsys,
+            f"the default --out '{run / 'best.onnx'}': cannot write in '{run}' (Read-only file system)",
+            "give --out a file in a writable folder",
+        )

@@ -192,19 +192,23 @@ def test_a_new_run_under_a_read_only_folder_is_refused_and_nothing_is_created(tm
     assert list(parent.iterdir()) == []
 
 
-def test_an_overwrite_whose_parent_folder_is_read_only_is_refused(clean_runs, tmp_path, capsys):
-    """--overwrite moves the old run aside, in its parent folder: a read-only parent is refused up front."""
+@pytest.mark.parametrize("visible", [True, False], ids=["access-sees-it", "found-at-the-move"])
+def test_an_overwrite_whose_parent_folder_is_read_only_is_refused(clean_runs, tmp_path, capsys, visible):
+    """--overwrite moves the old run aside, in its parent folder: a read-only parent is refused."""
     parent = tmp_path / "shared"
     parent.mkdir()
     run = copy_run(clean_runs[1], parent / "run")
     before = _tree(tmp_path)
     with pytest.MonkeyPatch.context() as patch:
-        shield = ReadOnly(parent)
+        shield = ReadOnly(parent, visible=visible)
         shield.install(patch)
         patch.setattr(shield, "covers", lambda path: ReadOnly(parent).covers(path) and not ReadOnly(run).covers(path))
         line = _refused([*train_args(2), "--out", str(run), "--overwrite"], capsys)
     assert f"cannot move the run in '{run}' aside for --overwrite: '{parent}' cannot be written" in line, line
-    assert _tree(tmp_path) == before
+    after = _tree(tmp_path)
+    if not visible:  # the lock was taken in the (writable) run before the move failed: its only trace
+        after.pop("shared/run/.lock")
+    assert after == before
 
 
 @pytest.mark.parametrize("command", ["evaluate", "reconstruct"])
@@ -243,3 +247,10 @@ def test_a_run_directory_made_read_only_with_chmod(clean_runs, tmp_path, capsys,
     assert f"'{run}' (Permission denied)" in line or f"'{run}' cannot be written (Permission denied)" in line, line
     assert "nothing in it was changed" in line, line
     assert _tree(tmp_path) == before
+
+
+def test_a_run_directory_under_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    line = _refused([*train_args(1), "--out", str(tmp_path / "afile" / "run")], capsys)
+    assert f"'{tmp_path / 'afile'}' is a file, not a folder; pass another --out" in line, line
+    assert (tmp_path / "afile").read_text() == "x" and sorted(tmp_path.iterdir()) == [tmp_path / "afile"]

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import logging
@@ -116,7 +117,13 @@ class RunDirectory:
             self._take_lock()  # nobody else may be training there while it moves
             self._release_lock()
             self.aside = self._beside("replaced")
-            os.replace(self.path, self.aside)
+            try:
+                os.replace(self.path, self.aside)
+            except OSError as err:
+                self.aside = None
+                if err.errno not in READ_ONLY_ERRNOS:
+                    raise
+                raise self._not_writable(self.path.parent, err, moving=True) from err
             logger.warning(
                 "moved the run in '%s' aside to '%s'; it is deleted once the new run has saved its first checkpoint",
                 self.path,
@@ -144,6 +151,10 @@ class RunDirectory:
         """The one-line error for a run directory that cannot be written: which folder, that nothing was changed,
         and how to go on."""
         reason = err.strerror or str(err)
+        if err.errno == errno.ENOTDIR:
+            return RunDirectoryError(
+                f"cannot create run directory '{self.path}': '{folder}' is a file, not a folder; pass another --out"
+            )
         if moving:
             what = (
                 f"cannot move the run in '{self.path}' aside for --overwrite: '{folder}' cannot be written ({reason})"
