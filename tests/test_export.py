@@ -104,7 +104,7 @@ def test_the_cli_exports_a_run(tmp_path, capsys):
         assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "run" / run_file)]) == 1
         assert "would replace a file of a training run" in capsys.readouterr().err
     assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "other.json")]) == 1
-    assert "is a JSON file; name a .onnx file" in capsys.readouterr().err
+    assert "does not end in .onnx; name a .onnx file" in capsys.readouterr().err
     assert main(["export", "--checkpoint", str(tmp_path / "nowhere")]) == 1
     assert "does not exist" in capsys.readouterr().err
 

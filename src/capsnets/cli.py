@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 import urllib.parse
@@ -57,6 +58,7 @@ from capsnets.documents import load_yaml
 from capsnets.engine.config import TrainConfig, build_config, default_run_dir, read_config_file
 from capsnets.engine.evaluate import evaluate, load_ensemble
 from capsnets.engine.fit import TrainingInterrupted
+from capsnets.engine.run_dir import run_files
 from capsnets.engine.runtime import (
     AMP_MODES,
     MAX_THREADS,
@@ -67,8 +69,15 @@ from capsnets.engine.runtime import (
 )
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
-from capsnets.inference import collect_image_files, predict, segment
-from capsnets.io import FileWriteError, atomic_write, checkpoint_epoch, load_checkpoint, peek_sidecar
+from capsnets.inference import collect_image_files, mask_path, predict, segment
+from capsnets.io import (
+    FileWriteError,
+    atomic_write,
+    checkpoint_epoch,
+    folder_write_problem,
+    load_checkpoint,
+    peek_sidecar,
+)
 from capsnets.models import count_parameters, create_model, list_models, model_schema, model_task, routing_keys
 from capsnets.models.hub import model_from_checkpoint
 from capsnets.models.pretrained import (
@@ -116,7 +125,9 @@ _CONFIG_FLAGS = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    args.argv = argv  # the command line as given, for the command that starts a failed training again
     if args.retain_freed_memory or os.environ.get(RETAIN_FREED_MEMORY_ENV) == "1":
         retain_freed_memory()  # asked for: freed CPU tensors stay in the process (engine.runtime)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -775,21 +786,21 @@ def _train(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if config.threads is None:  # neither asked for nor recorded by the run it resumes: chosen now, and recorded
         config.threads = _set_threads(None) or torch.get_num_threads()
+    replaced = _checkpoint_id(config.out) if args.overwrite else None  # the run --overwrite replaces, if any
     try:
         summary = train(config, resume=args.resume, overwrite=args.overwrite)
     except TrainingInterrupted as stop:  # Ctrl-C or SIGTERM: a checkpoint of the step it stopped at is saved
-        print(
-            f"capsnets train: stopped by {signal.Signals(stop.signum).name}; {_resume_hint(config.out, stop)}",
-            file=sys.stderr,
-        )
+        hint = _resume_hint(config.out, args.argv, replaced, stop=stop)
+        print(f"capsnets train: stopped by {signal.Signals(stop.signum).name}; {hint}", file=sys.stderr)
         return 128 + stop.signum  # the shell's status for a process ended by that signal: 130, 143
     except KeyboardInterrupt:
-        print(f"capsnets train: interrupted; {_resume_hint(config.out)}", file=sys.stderr)
+        print(f"capsnets train: interrupted; {_resume_hint(config.out, args.argv, replaced)}", file=sys.stderr)
         return 130
     except FileWriteError as err:  # a full disk...: what was saved before is kept
         if os.environ.get("CAPSNETS_DEBUG"):
             raise
-        print(f"capsnets train: error: {str(err).splitlines()[0]}; {_resume_hint(config.out)}", file=sys.stderr)
+        hint = _resume_hint(config.out, args.argv, replaced, err.remedy)
+        print(f"capsnets train: error: {str(err).splitlines()[0]}; {hint}", file=sys.stderr)
         return 1
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
@@ -813,15 +824,51 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_hint(out: str, stop: TrainingInterrupted | None = None) -> str:
-    """What an interrupted training left, and the command that continues it."""
-    epoch = checkpoint_epoch(Path(out) / "last.safetensors")
-    if stop is not None and epoch == stop.epoch:
-        where = f"epoch {stop.epoch + 1}, step {stop.step}" if stop.step else f"epoch {stop.epoch}"
-        return f"a checkpoint ({where}) is saved; continue with: capsnets train --out {out} --resume"
-    if epoch is None:
-        return f"no checkpoint was saved in {out}; start the run again (add --overwrite if {out} holds files)"
-    return f"the last checkpoint (epoch {epoch}) is kept; continue with: capsnets train --out {out} --resume"
+def _resume_hint(
+    out: str,
+    argv: Sequence[str],
+    replaced: str | None = None,
+    remedy: str = "",
+    stop: TrainingInterrupted | None = None,
+) -> str:
+    """What a stopped or failed training left in run directory ``out``, and the command that goes on from there:
+    ``--resume`` from its last checkpoint (named by epoch, and step where it is mid-epoch), or, where it has none
+    (or it is still the one of the run ``--overwrite`` was replacing, ``replaced``: its ``checkpoint_id``), the
+    command line ``argv`` again (with ``--overwrite`` where the files left would be refused). ``remedy`` comes
+    first where something must be fixed before (``"free disk space"``); ``stop``: the checkpoint was saved at
+    that stop."""
+    then = f"{remedy}, then " if remedy else ""
+    last = Path(out) / "last.safetensors"
+    saved = _checkpoint_position(last)
+    resume = f"continue with: capsnets train --out {shlex.quote(str(out))} --resume"
+    again = list(argv)
+    if replaced is not None and _checkpoint_id(out) == replaced:
+        return (
+            f"the run that --overwrite was to replace is back in place, unchanged; {then}start the new one again "
+            f"with: capsnets {shlex.join(again)}"
+        )
+    if saved is not None and stop is not None and checkpoint_epoch(last) == stop.epoch:
+        return f"a checkpoint ({saved}) is saved; {resume}"
+    if saved is not None:
+        return f"the last checkpoint ({saved}) is kept; {then}{resume}"
+    if run_files(out) and "--overwrite" not in again:
+        again.append("--overwrite")
+    return f"no checkpoint of the run was saved yet; {then}start it again with: capsnets {shlex.join(again)}"
+
+
+def _checkpoint_id(out: str | os.PathLike) -> str | None:
+    """The ``checkpoint_id`` of the last checkpoint in run directory ``out``, or None."""
+    return (peek_sidecar(Path(out) / "last.safetensors") or {}).get("checkpoint_id")
+
+
+def _checkpoint_position(path: str | os.PathLike) -> str | None:
+    """Where the training checkpoint ``path`` stands: ``"epoch 2"`` (after its second epoch), ``"epoch 3, step 5"``
+    (saved mid-epoch, 5 steps into the third), or None where there is no readable checkpoint."""
+    sidecar = peek_sidecar(path) or {}
+    epoch, step = sidecar.get("epoch"), (sidecar.get("training") or {}).get("step")
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        return None
+    return f"epoch {epoch + 1}, step {step}" if isinstance(step, int) and step > 0 else f"epoch {epoch}"
 
 
 def _load(args: argparse.Namespace, path: str):
@@ -879,8 +926,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.pretrained is None and len(args.checkpoint) > 1:
         return _evaluate_ensemble(args)
     model, checkpoint, data, device = _load(args, _checkpoint_source(args, args.checkpoint))
+    out = _output_folder(Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent, args)
     results = evaluate(model, data, args.batch_size, device)
-    out = Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent
     stem = f"evaluation_{output_label(checkpoint.path, out)}_{_data_label(data.name)}"
     record = {"checkpoint": str(checkpoint.path), "epoch": checkpoint.meta.get("epoch")}
     _write_evaluation(results, data, out, stem, record, title=_describe(checkpoint))
@@ -892,10 +939,11 @@ def _evaluate_ensemble(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     ensemble, checkpoints = load_ensemble([_checkpoint_path(path) for path in args.checkpoint], device)
     data = _test_data(args, checkpoints[0], ensemble, device)
-    members = [evaluate(model, data, args.batch_size, device)["accuracy"] for model in ensemble.members]
-    results = evaluate(ensemble, data, args.batch_size, device)
     paths = [checkpoint.path for checkpoint in checkpoints]
     out = Path(args.out) if args.out else Path(os.path.commonpath([path.parent.resolve() for path in paths]))
+    out = _output_folder(out, args)
+    members = [evaluate(model, data, args.batch_size, device)["accuracy"] for model in ensemble.members]
+    results = evaluate(ensemble, data, args.batch_size, device)
     stem = f"evaluation_ensemble_{ensemble_label(paths, out)}_{_data_label(data.name)}"
     record = {
         "checkpoints": [str(path) for path in paths],
@@ -964,6 +1012,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise ArgumentError(f"--n must be at least 1, got {args.n}")
     model, checkpoint, data, _ = _load(args, _checkpoint_source(args, [args.checkpoint]))
+    out = _output_folder(Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent, args)
     images, labels = data.images[: args.n], data.labels[: args.n]
     with torch.no_grad():
         output = model(images)
@@ -972,7 +1021,6 @@ def _reconstruct(args: argparse.Namespace) -> int:
             f"model {checkpoint.meta['model']!r} has no decoder, so it cannot reconstruct; "
             "use a capsule model with a reconstruction decoder"
         )
-    out = Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent
     out.mkdir(parents=True, exist_ok=True)
     png = plot_reconstructions(
         images.cpu(),
@@ -993,10 +1041,13 @@ def _export(args: argparse.Namespace) -> int:
     model = model_from_checkpoint(checkpoint, "cpu")
     suffix = EXPORT_FORMATS[args.format]
     out = Path(args.out) if args.out else Path(checkpoint.path.stem + suffix) if args.pretrained else None
-    out = out or checkpoint.path.with_suffix(suffix)
-    _not_a_run_file(out, "--out", f"a {EXPORT_FORMATS[args.format]}")
-    if out.suffix.lower() == ".json":
-        raise ArgumentError(f"--out '{out}' is a JSON file; name a {EXPORT_FORMATS[args.format]} file")
+    flag = "--out" if args.out else "the default --out"
+    out = _output_file(out or checkpoint.path.with_suffix(suffix), flag, f"a {suffix}")
+    if out.suffix.lower() != suffix:
+        raise ArgumentError(
+            f"--out '{out}' does not end in {suffix}; name a {suffix} file for --format {args.format} "
+            "(so that no other file, an image or a JSON, is replaced by it)"
+        )
     report = export_model(model, out, args.format)
     print(
         f"wrote {report.path} ({report.bytes / 1e6:.1f} MB, {report.format}, outputs: "
@@ -1013,6 +1064,9 @@ def _predict(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ArgumentError(f"--batch-size must be at least 1, got {args.batch_size}")
     files = collect_image_files(args.inputs)
+    json_out = (
+        _output_file(Path(args.json), "--json", "a new .json", inputs=files) if args.json not in (None, "-") else None
+    )
     device = resolve_device(args.device)
     checkpoint = load_checkpoint(_checkpoint_source(args, [args.checkpoint]))
     model = model_from_checkpoint(checkpoint, device)
@@ -1022,7 +1076,8 @@ def _predict(args: argparse.Namespace) -> int:
         raise ArgumentError(f"model {name!r} is for {task}; predict classifies or segments images")
     dataset_name = _canonical_dataset(dataset)
     if task == "segmentation":
-        results = segment(model, files, args.out or "masks", dataset=dataset_name, invert=args.invert)
+        out = _mask_folder(Path(args.out or "masks"), files, args)
+        results = segment(model, files, out, dataset=dataset_name, invert=args.invert)
     else:
         results = predict(
             model,
@@ -1044,9 +1099,9 @@ def _predict(args: argparse.Namespace) -> int:
         return 0
     for result in results:
         print(format_prediction(result))
-    if args.json:
-        atomic_write(_not_a_run_file(Path(args.json), "--json", "a new .json"), lambda tmp: Path(tmp).write_text(text))
-        print(f"wrote {args.json}")
+    if json_out is not None:
+        atomic_write(json_out, lambda tmp: Path(tmp).write_text(text))
+        print(f"wrote {json_out}")
     return 0
 
 
@@ -1065,6 +1120,69 @@ def _not_a_run_file(path: Path, flag: str, what: str) -> Path:
     if path.suffix.lower() in RUN_FILE_SUFFIXES or sidecar:
         raise ArgumentError(f"{flag} '{path}' would replace a file of a training run; name {what} file elsewhere")
     return path
+
+
+def _output_file(path: Path, flag: str, what: str, inputs: Sequence[Path] = ()) -> Path:
+    """``path``, checked before any work as the file an output flag writes: not a file of a training run
+    (:func:`_not_a_run_file`), not one of the ``inputs`` read, not a folder or a device, in a folder that exists
+    and can be written; else an :class:`ArgumentError` naming ``flag`` and what to do instead. Folders are not
+    created for it: a mistyped folder is reported, not made."""
+    _not_a_run_file(path, flag, what)
+    if path.is_dir():
+        raise ArgumentError(f"{flag} '{path}' is a folder; name {what} file (in it, or elsewhere)")
+    if path.exists() and not path.is_file():
+        raise ArgumentError(f"{flag} '{path}' is not a regular file (a device, a pipe...); name {what} file")
+    if path.exists() and any(path.samefile(item) for item in inputs if item.exists()):
+        raise ArgumentError(f"{flag} '{path}' is one of the files read as input; name another file for the output")
+    folder = path.parent
+    if not folder.exists():
+        raise ArgumentError(
+            f"{flag} '{path}': the folder '{folder}' does not exist; create it, or name a file in an existing folder"
+        )
+    problem = folder_write_problem(folder)
+    if problem is not None and not Path(problem.filename).is_dir():
+        raise ArgumentError(f"{flag} '{path}': '{problem.filename}' is a file, not a folder; name another file")
+    if problem is not None:
+        raise ArgumentError(
+            f"{flag} '{path}': cannot write in '{problem.filename}' ({problem.strerror}); nothing in it was "
+            f"changed; give {flag.split()[-1]} a file in a writable folder, or make '{problem.filename}' writable"
+        )
+    return path
+
+
+def _output_folder(path: Path, args: argparse.Namespace) -> Path:
+    """``path``, checked before any work as the folder a command writes its files to (``--out``, else its default,
+    created where missing): not a file, and writable; else an :class:`ArgumentError` that says which folder,
+    that nothing in it was changed, and how to go on."""
+    given = f"--out '{path}'" if getattr(args, "out", None) else f"'{path}' (where the files go without --out)"
+    if path.exists() and not path.is_dir():
+        raise ArgumentError(f"{given} is a file, not a folder; pass --out with a folder")
+    problem = folder_write_problem(path)
+    if problem is not None and not Path(problem.filename).is_dir():
+        raise ArgumentError(f"{given}: '{problem.filename}' is a file, not a folder; pass --out with another folder")
+    if problem is not None:
+        raise ArgumentError(
+            f"cannot write in '{problem.filename}' ({problem.strerror}); nothing in it was changed; pass --out "
+            f"DIR to write the files elsewhere, or make '{problem.filename}' writable"
+        )
+    return path
+
+
+def _mask_folder(out: Path, files: Sequence[Path], args: argparse.Namespace) -> Path:
+    """``out`` (:func:`_output_folder`), after checking that no two images write the same mask file and that no
+    mask replaces one of the images read."""
+    out, written = _output_folder(out, args), {}
+    for index, file in enumerate(files):
+        target = mask_path(file, out, index)
+        if target in written:
+            raise ArgumentError(
+                f"'{written[target]}' and '{file}' would both write their mask to '{target}'; segment them in "
+                "two runs with different --out folders"
+            )
+        if target.exists() and any(target.samefile(item) for item in files):
+            raise ArgumentError(f"the mask of '{file}' would replace the input image '{target}'; pass another --out")
+        written[target] = file
+    return out
 
 
 def _checkpoint_source(args: argparse.Namespace, checkpoints: list[str] | None) -> str | Path:

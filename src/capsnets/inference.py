@@ -32,7 +32,7 @@ from capsnets.models.output import ModelOutput
 from capsnets.models.registry import model_task
 from capsnets.validation import ArgumentError, number, positive_int
 
-__all__ = ["Prediction", "collect_image_files", "predict", "read_images", "segment", "uncertainty"]
+__all__ = ["Prediction", "collect_image_files", "mask_path", "predict", "read_images", "segment", "uncertainty"]
 
 
 @dataclass
@@ -251,13 +251,19 @@ def segment(
         for k, (image, path, notes) in enumerate(_prepared(inputs, transform)):
             probabilities = model(image.unsqueeze(0).to(device)).probabilities[0, 0].float().cpu()
             mask = (probabilities > threshold).to(torch.uint8).mul_(255)
-            target = out / f"{Path(path).stem if path is not None else f'image{k}'}_mask.png"
+            target = mask_path(path, out, k)
             atomic_write(target, lambda tmp, m=mask: Image.fromarray(m.numpy(), mode="L").save(tmp, format="PNG"))
             foreground = float((mask > 0).float().mean())
             results.append(Prediction(path=path, adapted=notes, mask=str(target), foreground=foreground))
     finally:
         model.train(was_training)
     return results
+
+
+def mask_path(path: str | os.PathLike | None, out: str | os.PathLike, index: int) -> Path:
+    """Where :func:`segment` writes the mask of its ``index``-th image: ``out/<file stem>_mask.png``, or
+    ``out/image<index>_mask.png`` for an image given in memory (``path`` None)."""
+    return Path(out) / f"{Path(path).stem if path is not None else f'image{index}'}_mask.png"
 
 
 def _prepared(inputs, transform: ImageTransform) -> Iterator[tuple[Tensor, str | None, list[str]]]:

@@ -25,11 +25,13 @@ point is recognised by its ``checkpoint_id``, the copy inside the checkpoint is 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import platform
+import re
 import tempfile
 import time
 import uuid
@@ -63,15 +65,74 @@ class FileWriteError(OSError):
     """A file could not be written (a full disk, no permission, a read-only folder); the message names it.
 
     ``errno``, ``strerror`` and ``filename`` are those of the error that stopped the write (``filename`` the
-    file meant, not its temporary file)."""
+    file meant, not its temporary file; safetensors' own errors give the ``errno`` they carry).
 
-    def __init__(self, path: str | os.PathLike, cause: OSError, consequence: str = "") -> None:
-        reason = cause.strerror or str(cause) or type(cause).__name__
-        super().__init__(cause.errno, reason, str(path))
-        self.message = f"could not write '{path}' ({reason}){consequence}"
+    Args:
+        path: the file meant.
+        cause: the error that stopped the write (an ``OSError``, or safetensors' ``SafetensorError``).
+        consequence: what this means for what was saved before, appended to the message (``"; ..."``).
+    """
+
+    #: How the file is named in the message.
+    kind = ""
+
+    def __init__(self, path: str | os.PathLike, cause: BaseException, consequence: str = "") -> None:
+        code, reason = _error_code(cause)
+        super().__init__(code, reason, str(path))
+        self.message = f"could not write {self.kind}'{path}' ({reason}){consequence}"
 
     def __str__(self) -> str:
         return self.message
+
+    @property
+    def remedy(self) -> str:
+        """What frees the way for the write: ``"free disk space"``, ``"make '<folder>' writable"``..."""
+        folder = Path(self.filename).parent
+        if self.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "free disk space"
+        if self.errno in READ_ONLY_ERRNOS:
+            return f"make '{folder}' writable"
+        return f"fix what stops the write to '{folder}'"
+
+
+#: The ``errno`` values that say a folder cannot be written at all: a read-only file system, no permission.
+READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _error_code(err: BaseException) -> tuple[int | None, str]:
+    """``(errno, reason)`` of an error that stopped a write; safetensors' errors carry the code in their text."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.errno, err.strerror
+    found = re.search(r"code: (\d+)", str(err))
+    if found:
+        return int(found.group(1)), os.strerror(int(found.group(1)))
+    return getattr(err, "errno", None), (str(err).splitlines()[0] if str(err) else type(err).__name__)
+
+
+def folder_write_problem(folder: str | os.PathLike) -> OSError | None:
+    """Why files cannot be created in ``folder`` (or in the folders that would be made for it, where it does not
+    exist yet), or None where nothing stands in the way that ``os.access`` can see.
+
+    The answer is an ``OSError`` whose ``filename`` is the folder that stops the write (``folder`` itself, or its
+    nearest existing ancestor): ``EROFS`` for a read-only file system, ``EACCES`` for a folder without write
+    permission, ``ENOTDIR`` for a file where a folder is needed. Nothing is written to find out.
+
+    Examples:
+        >>> problem = folder_write_problem("runs/new")  # None where runs/new can be made and written
+    """
+    existing = Path(os.path.abspath(folder))
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        return OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
+    if os.access(existing, os.W_OK | os.X_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows)
+        read_only = False
+    code = errno.EROFS if read_only else errno.EACCES
+    return OSError(code, os.strerror(code), str(existing))
 
 
 def _umask() -> int:
@@ -101,9 +162,13 @@ def atomic_write(target: str | os.PathLike, write: Callable[[str], object], *, f
     default permissions are set again afterwards.
 
     Raises:
-        FileWriteError: an ``OSError`` stopped the write (a full disk...); ``target`` is as it was before.
+        FileWriteError: an ``OSError`` stopped the write (a full disk...), or ``target`` is a folder, a device or
+            another file that is not a regular one; ``target`` is as it was before.
     """
     target = Path(target)
+    if target.exists() and not target.is_file():  # replacing a folder, a device or a pipe loses it
+        code = errno.EISDIR if target.is_dir() else errno.EEXIST
+        raise FileWriteError(target, OSError(code, _NOT_A_FILE[code]), "; it is left as it is")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_beside(target)
@@ -122,6 +187,10 @@ def atomic_write(target: str | os.PathLike, write: Callable[[str], object], *, f
             raise FileWriteError(target, err, "; the file there before is intact" if target.exists() else "") from err
         raise
     return target
+
+
+#: Why :func:`atomic_write` leaves a target alone, by the ``errno`` it reports.
+_NOT_A_FILE = {errno.EISDIR: "it is a folder", errno.EEXIST: "it is not a regular file (a device, a pipe...)"}
 
 
 def read_json_lines(path: str | os.PathLike, *, recover: str = "delete the file") -> list[dict[str, Any]]:
@@ -157,8 +226,11 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, corrupt, of another format version, or does not fit the model it is loaded into."""
 
 
-class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (a full disk, no permission); the previous one is intact."""
+class CheckpointWriteError(FileWriteError):
+    """A checkpoint could not be written (a full disk, no permission); the one saved there before, if any, is
+    intact, and the message says which."""
+
+    kind = "checkpoint "
 
 
 @dataclass
@@ -205,10 +277,11 @@ def write_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], meta: d
             as lists and one-element tensors as numbers.
 
     Raises:
-        CheckpointWriteError: an ``OSError`` stopped the write; the checkpoint saved there before is intact.
+        CheckpointWriteError: an ``OSError`` stopped the write; the checkpoint saved there before, if any, is
+            intact.
+        FileWriteError: the checkpoint is saved, but its ``.json`` copy could not be written.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {key: cpu_copy(value) for key, value in tensors.items()}
     sidecar = {
         **meta,
@@ -227,22 +300,20 @@ def write_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], meta: d
         SIDECAR_DIGEST: _text_digest(payload),
     }
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp_tensors = _write_temp(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
         os.replace(tmp_tensors, path)  # the commit point
         _fsync_dir(path.parent)
     except (OSError, SafetensorError) as err:
-        raise CheckpointWriteError(
-            f"could not write checkpoint '{path}' ({_reason(err)}); the checkpoint saved "
-            "there before is intact. Free disk space or fix the folder's permissions, then "
-            "resume"
-        ) from err
+        kept = "; the checkpoint saved there before is intact" if path.is_file() else ""
+        raise CheckpointWriteError(path, err, kept) from err
     try:
         atomic_write(sidecar_path(path), lambda tmp: Path(tmp).write_text(payload), fsync=True)
     except OSError as err:
-        raise CheckpointWriteError(
-            f"checkpoint '{path}' is saved, but its readable copy '{sidecar_path(path)}' "
-            f"could not be written ({_reason(err)}); the checkpoint is complete without it. "
-            "Free disk space, then resume"
+        raise FileWriteError(
+            sidecar_path(path),
+            err,
+            f"; it is the readable copy of checkpoint '{path}', which is saved and complete without it",
         ) from err
     return path
 

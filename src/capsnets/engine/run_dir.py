@@ -5,7 +5,8 @@
   (:func:`~capsnets.engine.checkpoint.recover_directory`), refuses a fresh run into a directory that holds files
   (naming ``--resume`` and ``--overwrite``), and with ``overwrite`` moves the old run aside, deleting it only once
   the new run has saved its first checkpoint (a new run that fails before that gets the old one back; after a
-  crash, the next training into the directory does it).
+  crash, the next training into the directory does it). A directory in which files cannot be made (a read-only
+  file system, no permission) is refused before anything is written, naming it and how to go on.
 - :func:`check_best` and :func:`repair_best` keep a resumed run's ``best`` checkpoint the history's best.
 - :func:`resume_changes` compares the configuration a run is resumed with against the one it was trained with:
   changes that would alter the model or the data it sees are refused, changes it can apply (more epochs, a new
@@ -14,6 +15,7 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import logging
@@ -26,7 +28,15 @@ from typing import Any
 
 from capsnets.engine.callbacks import checkpoint_path
 from capsnets.engine.fit import TrainState, save_state
-from capsnets.io import CheckpointError, FileWriteError, checkpoint_epoch, load_checkpoint, recover_directory
+from capsnets.io import (
+    READ_ONLY_ERRNOS,
+    CheckpointError,
+    FileWriteError,
+    checkpoint_epoch,
+    folder_write_problem,
+    load_checkpoint,
+    recover_directory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +100,12 @@ class RunDirectory:
     def __enter__(self) -> RunDirectory:
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"run directory '{self.path}' is a file; pass another --out")
+        if self.path.is_dir() or not self.resume:  # a missing run to resume is reported below
+            self._check_writable(self.path)
         self._recover_interrupted_overwrite()
         if self.resume and not self.path.is_dir():
             raise RunDirectoryError(f"cannot resume: no run directory '{self.path}'; train without --resume first")
-        held = self.path.is_dir() and self._contents()
-        if held == ["config.yaml"]:  # a run that stopped before its first epoch ended (a bad flag...): nothing lost
-            held = []
+        held = run_files(self.path)
         if held and not self.resume:
             if not self.overwrite:
                 raise RunDirectoryError(
@@ -103,19 +113,64 @@ class RunDirectory:
                     f"--resume, replace it with --overwrite (the old run is kept aside until the new one has saved "
                     f"its first checkpoint), or pass another --out"
                 )
+            self._check_writable(self.path.parent, moving=True)
             self._take_lock()  # nobody else may be training there while it moves
             self._release_lock()
             self.aside = self._beside("replaced")
-            os.replace(self.path, self.aside)
+            try:
+                os.replace(self.path, self.aside)
+            except OSError as err:
+                self.aside = None
+                if err.errno not in READ_ONLY_ERRNOS:
+                    raise
+                raise self._not_writable(self.path.parent, err, moving=True) from err
             logger.warning(
                 "moved the run in '%s' aside to '%s'; it is deleted once the new run has saved its first checkpoint",
                 self.path,
                 self.aside,
             )
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            if err.errno not in READ_ONLY_ERRNOS:
+                raise FileWriteError(self.path, err) from err
+            existing = next(p for p in (self.path, *self.path.parents) if p.exists())
+            raise self._not_writable(existing, err) from err
         self._take_lock()
         recover_directory(self.path)
         return self
+
+    def _check_writable(self, folder: Path, *, moving: bool = False) -> None:
+        """Refuse, before anything is written, a run directory (or, ``moving``, the folder that holds it) in
+        which files cannot be made (:func:`~capsnets.io.folder_write_problem`)."""
+        problem = folder_write_problem(folder)
+        if problem is not None:
+            raise self._not_writable(Path(problem.filename), problem, moving=moving)
+
+    def _not_writable(self, folder: Path, err: OSError, *, moving: bool = False) -> RunDirectoryError:
+        """The one-line error for a run directory that cannot be written: which folder, that nothing was changed,
+        and how to go on."""
+        reason = err.strerror or str(err)
+        if err.errno == errno.ENOTDIR:
+            return RunDirectoryError(
+                f"cannot create run directory '{self.path}': '{folder}' is a file, not a folder; pass another --out"
+            )
+        if moving:
+            what = (
+                f"cannot move the run in '{self.path}' aside for --overwrite: '{folder}' cannot be written ({reason})"
+            )
+        elif folder == self.path or self.path.is_dir():
+            what = f"run directory '{self.path}' cannot be written ({reason})"
+        else:
+            what = f"cannot create run directory '{self.path}': '{folder}' cannot be written ({reason})"
+        if self.resume:
+            how = (
+                "to continue the run, copy it to a writable folder and resume it there (--out COPY --resume), "
+                f"or make '{folder}' writable"
+            )
+        else:
+            how = f"pass another --out, or make '{folder}' writable"
+        return RunDirectoryError(f"{what}; nothing in it was changed; {how}")
 
     def committed(self) -> None:
         """The new run has saved a checkpoint: delete the run it replaced."""
@@ -191,16 +246,18 @@ class RunDirectory:
             candidate = self.path.with_name(f"{stem}-{number}")
         return candidate
 
-    def _contents(self) -> list[str]:
-        return sorted(p.name for p in self.path.iterdir() if p.name != LOCK_FILE)
-
     def _take_lock(self) -> None:
         try:
             # POSIX only
             import fcntl  # noqa: PLC0415
         except ImportError:  # Windows: no advisory locks; one training per directory is then up to the user
             return
-        handle = open(self.path / LOCK_FILE, "a+")
+        try:
+            handle = open(self.path / LOCK_FILE, "a+")
+        except OSError as err:
+            if err.errno in READ_ONLY_ERRNOS:
+                raise self._not_writable(self.path, err) from err
+            raise FileWriteError(self.path / LOCK_FILE, err) from err
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -225,6 +282,15 @@ class RunDirectory:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+
+def run_files(path: str | os.PathLike) -> list[str]:
+    """The files in ``path`` that make it a run, which a fresh training refuses to replace without ``overwrite``:
+    all but its lock, and none where it holds only a ``config.yaml`` (a run stopped by a bad flag before its
+    first epoch ended, which lost nothing)."""
+    path = Path(path)
+    held = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE) if path.is_dir() else []
+    return [] if held == ["config.yaml"] else held
 
 
 def _describe(path: Path, names: list[str]) -> str:
