@@ -43,6 +43,7 @@ __all__ = [
     "check_redirect",
     "check_url",
     "fetch",
+    "is_loopback",
     "max_download_bytes",
 ]
 
