@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import logging
+import os
 import socket
 import threading
 import time
@@ -296,3 +297,17 @@ def test_the_cli_reports_a_refused_download_in_one_line(server, monkeypatch, tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "larger than the download limit of 1,024 bytes" in err
     assert "Traceback" not in err and _left_in(tmp_path / "cache") == []
+
+
+def test_a_leftover_of_a_killed_download_is_removed_by_the_next_one(server, cache):
+    """A killed process cannot remove its temporary file: the next download of the same file does, once it has not
+    been written to for a day; a younger one (a download under way elsewhere) is kept."""
+    cache.mkdir()
+    name = f"{BODY_SHA[:16]}-body"
+    old, young = cache / f".{name}.k1ll3d.tmp", cache / f".{name}.w0rk1n.tmp"
+    for leftover in (old, young):
+        leftover.write_bytes(BODY[:100])
+    stale = time.time() - pretrained.LEFTOVER_AGE_S - 60
+    os.utime(old, (stale, stale))
+    path = download_weights(f"{server.url}/body", BODY_SHA, cache)
+    assert _left_in(cache) == sorted([path.name, young.name])

@@ -20,8 +20,10 @@ Examples::
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -48,6 +50,9 @@ __all__ = [
 WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
 #: Where weights downloaded from a URL are kept, named by their SHA-256.
 CACHE_DIR = Path.home() / ".cache" / "capsnets" / "weights"
+#: Seconds after which a temporary file of a download in :data:`CACHE_DIR` is taken as left by a killed process
+#: (an error removes its own at once) and removed by the next download of the same file.
+LEFTOVER_AGE_S = 24 * 3600
 #: The data set whose weight a model loads for ``pretrained=True`` when it has several.
 DEFAULT_DATASET = "mnist"
 
@@ -224,7 +229,8 @@ def download_weights(
     A file already cached under its SHA-256 is used without a download. The download goes to a temporary file
     beside the cached one, renamed into place only once its SHA-256 matches; on any failure (a digest that
     differs, the size limit, a stalled server, a connection dropped mid-body) it is removed and nothing is left
-    in the cache. The bounds are those of :func:`capsnets.models.download.fetch`: ``https://`` only (plain
+    in the cache. One left by a killed process is removed by the next download of the same file, once it is
+    :data:`LEFTOVER_AGE_S` old. The bounds are those of :func:`capsnets.models.download.fetch`: ``https://`` only (plain
     ``http://`` to this machine's loopback alone, redirects included), a maximum size checked while streaming,
     and a timeout on every read.
 
@@ -263,6 +269,7 @@ def download_weights(
     target = folder / f"{sha256[:16]}-{Path(urllib.parse.urlparse(url).path).name or 'weights.safetensors'}"
     if target.is_file() and file_sha256(target) == sha256:
         return target
+    _remove_leftovers(target)
 
     def download(tmp: str) -> None:
         try:
@@ -277,6 +284,18 @@ def download_weights(
 
     atomic_write(target, download, fsync=True)
     return target
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Remove the temporary files of ``target`` that a killed download left in the cache: those not written to for
+    :data:`LEFTOVER_AGE_S` (a download under way writes to its own at least every ``timeout`` seconds)."""
+    cutoff = time.time() - LEFTOVER_AGE_S
+    for leftover in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
+        try:
+            if leftover.stat().st_mtime < cutoff:
+                leftover.unlink()
+        except OSError:  # removed by another process meanwhile
+            pass
 
 
 def stamp_sha256(path: str | os.PathLike) -> None:
