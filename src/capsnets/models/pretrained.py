@@ -37,6 +37,7 @@ from capsnets.models.download import DownloadError, check_url, fetch, max_downlo
 
 __all__ = [
     "CACHE_DIR",
+    "LEFTOVER_AGE_S",
     "WEIGHTS_DIR",
     "PretrainedError",
     "Weights",
