@@ -321,13 +321,14 @@ def write_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], meta: d
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a checkpoint written by :func:`write_checkpoint` (tensors stay on the CPU).
 
-    The sidecar is validated (types of the entries this library reads). A ``.json`` file that does not belong
-    to the checkpoint (a save interrupted after its commit point) is reported and the copy inside the checkpoint
-    is used.
+    The sidecar is read from the copy inside the checkpoint and validated (types of the entries this library
+    reads). The ``.json`` beside it is a readable copy: a checkpoint without one (a downloaded weight, a copied
+    file) loads without a word; one that belongs to another save (a save interrupted after its commit point) is
+    reported, and :func:`recover_directory` rewrites it when the run is resumed.
 
     Raises:
-        CheckpointError: the file is missing, unreadable, damaged, not a capsnets checkpoint, or of another
-            format version than :data:`FORMAT_VERSION`.
+        CheckpointError: the file is missing, unreadable, damaged, without the checksums of its tensors and
+            sidecar, not a capsnets checkpoint, or of another format version than :data:`FORMAT_VERSION`.
     """
     path = resolve_checkpoint_path(path)
     if not path.is_file():
@@ -349,15 +350,31 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             f"the sidecar inside '{path}' does not match its header; the checkpoint is damaged: "
             "use another checkpoint, e.g. last/best of the same run, or retrain"
         )
-    if _sidecar_id(sidecar_path(path)) != meta["checkpoint_id"]:
-        logger.warning(
-            "'%s' is missing or belongs to an earlier save (a save interrupted after its commit "
-            "point); using the copy of the sidecar inside '%s'",
-            sidecar_path(path),
-            path,
-        )
+    _report_stale_copy(path, meta["checkpoint_id"])
     validate_sidecar(meta, f"the sidecar of '{path}'")
     return Checkpoint(path=path, tensors=tensors, meta=meta)
+
+
+def _report_stale_copy(path: Path, checkpoint_id: str) -> None:
+    """Warn if a ``.json`` beside the checkpoint ``path`` is not the copy of its sidecar (a missing one is fine)."""
+    beside = sidecar_path(path)
+    if not beside.exists():
+        return
+    found = _sidecar_id(beside)
+    if found == checkpoint_id:
+        return
+    why = (
+        "is unreadable or damaged"
+        if found is None
+        else f"belongs to another save than '{path}' (a save interrupted after its commit point, or a file copied "
+        "over one of the two)"
+    )
+    logger.warning(
+        "'%s' %s; using the copy of the sidecar inside the checkpoint. Resuming the run rewrites it; elsewhere, "
+        "delete it",
+        beside,
+        why,
+    )
 
 
 def check_format_version(header: dict[str, str], path: str | Path) -> None:
@@ -407,7 +424,16 @@ def _text_digest(text: str) -> str:
 
 
 def _check_digests(path: Path, header: dict[str, str], tensors: dict[str, torch.Tensor]) -> None:
-    """Raise :class:`CheckpointError` if the tensors or the embedded sidecar are not what was saved."""
+    """Raise :class:`CheckpointError` if the header lacks a checksum, or the tensors or the embedded sidecar are
+    not what was saved."""
+    missing = [entry for entry in (TENSORS_DIGEST, SIDECAR_DIGEST) if not header.get(entry)]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint '{path}' records no checksum ({', '.join(missing)} missing from its header), so "
+            "it cannot be checked for damage: every checkpoint this format version writes has both; it was "
+            "edited or written by another program. Use another checkpoint, e.g. last/best of the same run, "
+            "or re-save its tensors with capsnets.io.write_checkpoint if you trust them"
+        )
     damaged = []
     if tensors_digest(tensors) != header.get(TENSORS_DIGEST):
         damaged.append("its tensors")

@@ -20,8 +20,10 @@ Examples::
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -31,9 +33,11 @@ from typing import Any
 from capsnets.images import NORB_LIKE, ImageTransform
 from capsnets.io import CheckpointError, atomic_write, file_sha256
 from capsnets.models import registry
+from capsnets.models.download import DownloadError, check_url, fetch, max_download_bytes
 
 __all__ = [
     "CACHE_DIR",
+    "LEFTOVER_AGE_S",
     "WEIGHTS_DIR",
     "PretrainedError",
     "Weights",
@@ -47,6 +51,9 @@ __all__ = [
 WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
 #: Where weights downloaded from a URL are kept, named by their SHA-256.
 CACHE_DIR = Path.home() / ".cache" / "capsnets" / "weights"
+#: Seconds after which a temporary file of a download in :data:`CACHE_DIR` is taken as left by a killed process
+#: (an error removes its own at once) and removed by the next download of the same file.
+LEFTOVER_AGE_S = 24 * 3600
 #: The data set whose weight a model loads for ``pretrained=True`` when it has several.
 DEFAULT_DATASET = "mnist"
 
@@ -176,6 +183,8 @@ def resolve_pretrained(
         sha256: the file's expected SHA-256 (hex); required for an ``https://`` URL, checked for local files
             when given.
 
+    A URL is downloaded by :func:`download_weights` (its size limit raised by ``$CAPSNETS_MAX_DOWNLOAD_BYTES``).
+
     Raises:
         PretrainedError: an unknown tag, a model without weights, a missing file, a URL without ``sha256``, a
             SHA-256 mismatch.
@@ -209,12 +218,42 @@ def resolve_pretrained(
 
 
 def download_weights(
-    url: str, sha256: str | None, cache_dir: str | os.PathLike | None = None, timeout: float = 60.0
+    url: str,
+    sha256: str | None,
+    cache_dir: str | os.PathLike | None = None,
+    timeout: float = 60.0,
+    *,
+    max_bytes: int | None = None,
 ) -> Path:
     """Download ``url`` into ``cache_dir`` (default :data:`CACHE_DIR`) atomically, verified against ``sha256``.
 
-    A file already cached under its SHA-256 is used without a download. A download whose SHA-256 differs is
-    deleted and refused; nothing is left in the cache.
+    A file already cached under its SHA-256 is used without a download. The download goes to a temporary file
+    beside the cached one, renamed into place only once its SHA-256 matches; on any failure (a digest that
+    differs, the size limit, a stalled server, a connection dropped mid-body) it is removed and nothing is left
+    in the cache. One left by a killed process is removed by the next download of the same file, once it is
+    :data:`LEFTOVER_AGE_S` old. The bounds are those of :func:`capsnets.models.download.fetch`: ``https://`` only (plain
+    ``http://`` to this machine's loopback alone, redirects included), a maximum size checked while streaming,
+    and a timeout on every read.
+
+    Args:
+        url: an ``https://`` URL (or ``file://``, or ``http://`` to ``localhost``, ``127.0.0.1``, ``::1``).
+        sha256: the file's expected SHA-256 (64 hex digits).
+        cache_dir: the folder of downloaded weights (default :data:`CACHE_DIR`).
+        timeout: the most seconds to wait for the connection or for each read of the body.
+        max_bytes: the largest file accepted, in bytes (default: ``$CAPSNETS_MAX_DOWNLOAD_BYTES``, else
+            :data:`~capsnets.models.download.MAX_DOWNLOAD_BYTES`, 1 GiB).
+
+    Raises:
+        PretrainedError: no valid ``sha256``; the URL is refused, unreachable, too large, stalled or cut short; the
+            file's SHA-256 differs.
+        ArgumentError: ``max_bytes`` (or the environment variable) is not a positive integer.
+
+    Examples::
+
+        >>> download_weights("http://example.org/w.safetensors", "0" * 64)
+        Traceback (most recent call last):
+            ...
+        capsnets.models.pretrained.PretrainedError: 'http://example.org/w.safetensors': plain http:// is refused ...
     """
     if not sha256 or len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256.lower()):
         raise PretrainedError(
@@ -222,28 +261,42 @@ def download_weights(
             f"{sha256!r}; pass sha256=... (the model card or the publisher gives it)"
         )
     sha256 = sha256.lower()
+    limit = max_download_bytes(max_bytes)
+    try:
+        check_url(url)
+    except DownloadError as err:
+        raise PretrainedError(str(err)) from None
     folder = Path(cache_dir) if cache_dir is not None else CACHE_DIR
     target = folder / f"{sha256[:16]}-{Path(urllib.parse.urlparse(url).path).name or 'weights.safetensors'}"
     if target.is_file() and file_sha256(target) == sha256:
         return target
-    folder.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(target)
 
-    def fetch(tmp: str) -> None:
+    def download(tmp: str) -> None:
         try:
-            with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-        except OSError as err:  # URLError, timeouts
-            raise PretrainedError(f"could not download pretrained weight {url} ({err})") from err
-        found = file_sha256(tmp)
+            found = fetch(url, tmp, max_bytes=limit, timeout=timeout)
+        except DownloadError as err:
+            raise PretrainedError(f"pretrained weight: {err}") from err
         if found != sha256:
             raise PretrainedError(
-                f"pretrained weight {url} has SHA-256 {found}, expected {sha256}; refused "
+                f"pretrained weight {url} has SHA-256 {found}, expected {sha256}; refused, nothing is kept "
                 "(a damaged download or a different file)"
             )
 
-    atomic_write(target, fetch, fsync=True)
+    atomic_write(target, download, fsync=True)
     return target
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Remove the temporary files of ``target`` that a killed download left in the cache: those not written to for
+    :data:`LEFTOVER_AGE_S` (a download under way writes to its own at least every ``timeout`` seconds)."""
+    cutoff = time.time() - LEFTOVER_AGE_S
+    for leftover in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
+        try:
+            if leftover.stat().st_mtime < cutoff:
+                leftover.unlink()
+        except OSError:  # removed by another process meanwhile
+            pass
 
 
 def stamp_sha256(path: str | os.PathLike) -> None:
