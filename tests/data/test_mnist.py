@@ -70,6 +70,26 @@ def test_download_failure_leaves_no_partial_file(fake_mnist_root, tmp_path, monk
     assert not list((tmp_path / "mnist").glob("*.part"))
 
 
+def test_a_mirror_sending_more_than_any_data_file_is_cut_off_and_the_next_one_used(
+    fake_mnist_root, tmp_path, monkeypatch
+):
+    from capsnets.data import download
+
+    source = fake_mnist_root / "mnist"
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    for path in source.iterdir():
+        (huge / path.name).write_bytes(path.read_bytes() + bytes(4096))  # larger than the limit set below
+    monkeypatch.setattr(download, "MAX_DATA_FILE_BYTES", max(p.stat().st_size for p in source.iterdir()))
+    monkeypatch.setattr(MNIST, "mirrors", [huge.as_uri() + "/", source.as_uri() + "/"])
+    data = MNIST(tmp_path / "fresh", train=False, download=True)
+    assert len(data) == 20
+    monkeypatch.setattr(MNIST, "mirrors", [huge.as_uri() + "/"])
+    with pytest.raises(DatasetError, match="more than .* bytes, more than any data set file takes"):
+        MNIST(tmp_path / "other", train=False, download=True)
+    assert not list((tmp_path / "other" / "mnist").glob("*"))
+
+
 def test_real_mnist(shared_data_root):
     train, test = MNIST(shared_data_root), MNIST(shared_data_root, train=False)
     assert train.images.shape == (60_000, 28, 28) and len(train.labels) == 60_000

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import urllib.request
 from pathlib import Path
 
@@ -13,7 +12,11 @@ from capsnets.io import temp_beside
 from .errors import DatasetError
 from .idx import check_md5, md5sum
 
-__all__ = ["download_file"]
+__all__ = ["MAX_DATA_FILE_BYTES", "download_file"]
+
+#: The largest file a data set download may bring (the largest known, smallNORB's training images, takes about
+#: 230 MB compressed): a mirror that sends more is cut off there, and the next mirror is tried.
+MAX_DATA_FILE_BYTES = 1 << 30
 
 _log = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ def download_file(filename: str, folder: Path, mirrors: list[str], md5: str, tim
         try:
             _log.info("downloading %s to %s", url, target)
             with open(tmp_name, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-                shutil.copyfileobj(response, out)
+                _copy_bounded(response, out, MAX_DATA_FILE_BYTES)
             actual = md5sum(tmp_name)
             if actual == md5.lower():
                 os.replace(tmp_name, target)
@@ -59,6 +62,16 @@ def download_file(filename: str, folder: Path, mirrors: list[str], md5: str, tim
         "If this machine is offline, copy the file there by hand, or point --data-dir / CAPSNETS_DATA "
         "at a folder that already has it."
     )
+
+
+def _copy_bounded(source, out, limit: int) -> None:
+    """Copy ``source`` into ``out``, raising ``OSError`` once more than ``limit`` bytes have come."""
+    copied = 0
+    while chunk := source.read(1 << 20):
+        copied += len(chunk)
+        if copied > limit:
+            raise OSError(f"the server sent more than {limit:,} bytes, more than any data set file takes")
+        out.write(chunk)
 
 
 def ensure_file(filename: str, folder: Path, mirrors: list[str], md5: str) -> Path:
