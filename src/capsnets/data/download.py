@@ -14,8 +14,8 @@ from .idx import check_md5, md5sum
 
 __all__ = ["MAX_DATA_FILE_BYTES", "download_file"]
 
-#: The largest file a data set download may bring (the largest known, smallNORB's training images, takes about
-#: 230 MB compressed): a mirror that sends more is cut off there, and the next mirror is tried.
+#: The largest file a data set download may bring (the largest known, smallNORB's compressed training images, takes
+#: a few hundred MB): a mirror that sends more is cut off there, and the next mirror is tried.
 MAX_DATA_FILE_BYTES = 1 << 30
 
 _log = logging.getLogger(__name__)
