@@ -19,7 +19,8 @@ Numerics (not in the paper; same values): the agreements are formed from the vot
 it is put back, the weighted sums with the couplings times ``2^-k`` (``2^k >= I``), and the LayerNorm from each
 pose divided by a power of two ``>=`` its largest component, the epsilon scaled to match, so no sum, product or
 square overflows for any finite votes; float16/bfloat16 votes are routed in float32. The gradient grows with
-the votes (it is finite for votes up to about 1e12).
+the votes; where the couplings saturate at 0 and 1 (every vote far beyond 1e12 but near-ties) it is finite for
+every finite vote: the softmax gives a coupling of zero a zero gradient, whatever the gradient that reaches it.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
@@ -35,7 +36,13 @@ from torch import Tensor
 
 from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.products import matvec
-from capsnets.functional.routing_common import check_votes, power_of_two_above, sum_unit, working
+from capsnets.functional.routing_common import (
+    check_votes,
+    power_of_two_above,
+    saturating_softmax,
+    sum_unit,
+    working,
+)
 from capsnets.validation import flag, routing_iterations
 
 #: LayerNorm's epsilon (``nn.LayerNorm``'s default, used by the authors' code).
@@ -179,7 +186,7 @@ def inverted_attention_routing(
         else:  # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): the agreements over k, shifted; softmax over parents
             agreement = matvec(u, (v / k).unsqueeze(-1)).squeeze(-1)
             shifted = agreement - agreement.detach().amax(dim=1, keepdim=True)
-            couplings = torch.softmax(shifted * (k / math.sqrt(dim)), dim=1)
+            couplings = saturating_softmax(shifted * (k / math.sqrt(dim)), dim=1)
         s = torch.matmul((couplings * unit).unsqueeze(2), u).squeeze(2)  # (B, J, D): sum_i c_ij u_hat, times unit
         v = _layer_norm(s, unit, eps, weight, bias)
     v = v.to(u_hat.dtype)

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.products import matvec
+from capsnets.functional.routing_common import check_capsule_sizes
 from capsnets.functional.squash import _squash
 from capsnets.validation import routing_iterations
 
@@ -102,6 +103,7 @@ def _check_u_hat(u_hat: Tensor, iterations: int) -> None:
             f"dynamic_routing expects u_hat of shape (B, I, J, D) (batch, children, parents, parent dim); "
             f"got a {u_hat.dim()}-D tensor of shape {tuple(u_hat.shape)}"
         )
+    check_capsule_sizes(u_hat.shape, "dynamic_routing")
     routing_iterations("iterations", iterations)
 
 
@@ -127,7 +129,8 @@ def dynamic_routing(
         return_couplings: also return the couplings ``c`` used in the last iteration.
 
     Shape:
-        - u_hat: ``(B, I, J, D)``
+        - u_hat: ``(B, I, J, D)``; ``I, J, D >= 1`` (else a ``ValueError`` names the empty size), ``B = 0``
+          gives empty results.
         - output: ``(B, J, D)``; couplings ``(B, I, J)``, summing to 1 over ``J`` (to 1 less the
           none-of-the-above parent's share with ``none_of_the_above``).
 

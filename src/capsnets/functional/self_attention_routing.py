@@ -14,7 +14,9 @@ the paper): sums are formed with every term times ``2^-n`` (``2^n >= I``; with l
 two ``>= max |c + b|``), and the agreements from the votes over a power of two ``k >= max |u_hat|`` per example
 (``k = 1`` for votes within [-1, 1]), shifted by their maximum over parents before ``k^2`` is put back, so the
 output is finite for every finite vote; float16/bfloat16 votes are routed in float32. The gradient grows with
-the votes squared (it is finite for votes up to about 1e12).
+the votes squared; where the couplings saturate at 0 and 1 (every vote far beyond 1e12 but near-ties) it is
+finite for every finite vote: the softmax gives a coupling of zero a zero gradient, whatever the gradient that
+reaches it.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
@@ -34,6 +36,7 @@ from capsnets.functional.routing_common import (
     apply_squash,
     check_votes,
     power_of_two_above,
+    saturating_softmax,
     squash_scaled,
     sum_unit,
     working,
@@ -130,7 +133,7 @@ def self_attention_routing(
     agreement = matvec(u, (total / k).unsqueeze(-1)).squeeze(-1)
     shifted = agreement - agreement.detach().amax(dim=1, keepdim=True)  # <= 0, exactly 0 at the maximum
     # each factor finite, so a zero stays zero and the rest go at most to -inf
-    couplings = torch.softmax(shifted * (k / math.sqrt(dim)) * k / unit, dim=1)  # (B, J, I)
+    couplings = saturating_softmax(shifted * (k / math.sqrt(dim)) * k / unit, dim=1)  # (B, J, I)
     if bias is None:
         s = torch.matmul((couplings * unit).unsqueeze(2), u).squeeze(2)  # (B, J, D): sum_i c u_hat, times unit
         v = apply_squash(squash, s, unit)
