@@ -38,6 +38,7 @@ from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import (
     check_votes,
+    largest_magnitude,
     power_of_two_above,
     saturating_softmax,
     sum_unit,
@@ -159,6 +160,7 @@ def inverted_attention_routing(
 
     Shape:
         - u_hat: ``(B, I, J, D)``; weight, bias: ``(D,)``; parents: ``(B, J, D)``
+        - ``J, D >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives parents with no input, ``B = 0`` empty results.
         - output: ``(B, J, D)``; couplings ``(B, I, J)``, summing to 1 over ``J``.
 
     Examples::
@@ -178,7 +180,7 @@ def inverted_attention_routing(
             raise ValueError(f"inverted_attention_routing expects {name} of shape {shape}, got {tuple(value.shape)}")
     u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
     unit = sum_unit(children)
-    k = power_of_two_above(u.abs().amax(dim=(1, 2, 3)), 1.0).view(batch, 1, 1)  # 1 for votes within [-1, 1]
+    k = power_of_two_above(largest_magnitude(u, (1, 2, 3)), 1.0).view(batch, 1, 1)  # 1 for votes within [-1, 1]
     v, couplings = working(parents) if parents is not None else None, None
     for _ in range(iterations):
         if v is None:  # poses at zero: every coupling is 1/J

@@ -24,16 +24,17 @@ from capsnets.functional.squash import _default_eps, _scaled, _squash, safe_norm
 SQUASHES = ("sabour", "efficient")
 
 
-#: The sizes of a routing's votes ``(B, I, J, D)`` after the batch, which must be at least 1 (an empty batch is
-#: routed to an empty result).
-CAPSULE_SIZES = (("I", "child capsules"), ("J", "parent capsules"), ("D", "components per capsule"))
+#: The sizes of a routing's votes ``(B, I, J, D)`` that must be at least 1: the parents and their components. An
+#: empty batch is routed to an empty result, and no children to parents with no input (what zero votes give).
+CAPSULE_SIZES = {2: ("J", "parent capsules"), 3: ("D", "components per capsule")}
 
 
 def check_capsule_sizes(shape, owner: str, name: str = "u_hat", sizes=CAPSULE_SIZES) -> None:
-    """Raise a ``ValueError`` naming the first of ``shape[1:]`` that is zero: a routing needs at least one child,
-    one parent and one capsule component (with none, its couplings, means or variances are 0/0)."""
-    for size, (letter, what) in zip(shape[1:], sizes):
-        if size == 0:
+    """Raise a ``ValueError`` naming the first size of ``shape`` in ``sizes`` (by position) that is zero: a
+    routing needs a parent for each child's couplings to sum to 1 over, and capsules of at least one component
+    (a length, a LayerNorm or a Gaussian of none is 0/0)."""
+    for position, (letter, what) in sizes.items():
+        if shape[position] == 0:
             raise ValueError(
                 f"{owner} needs at least one of the {what} ({letter} >= 1); got {name} of shape {tuple(shape)}: "
                 f"give the layer at least one {what[:-1] if what.endswith('s') else what}"
@@ -41,7 +42,7 @@ def check_capsule_sizes(shape, owner: str, name: str = "u_hat", sizes=CAPSULE_SI
 
 
 def check_votes(u_hat: Tensor, owner: str) -> None:
-    """Raise a ``ValueError`` unless ``u_hat`` is a floating-point ``(B, I, J, D)`` tensor with ``I, J, D >= 1``."""
+    """Raise a ``ValueError`` unless ``u_hat`` is a floating-point ``(B, I, J, D)`` tensor with ``J, D >= 1``."""
     if not isinstance(u_hat, Tensor) or u_hat.dim() != 4:
         shape = tuple(u_hat.shape) if isinstance(u_hat, Tensor) else type(u_hat).__name__
         raise ValueError(
@@ -90,6 +91,14 @@ def working(t: Tensor) -> Tensor:
 def sum_unit(count: int) -> float:
     """``2^-k`` with ``2^k >= count``: sums of ``count`` terms, each times it, stay within the largest term."""
     return 2.0 ** -math.ceil(math.log2(max(count, 1)))
+
+
+def largest_magnitude(t: Tensor, dim, keepdim: bool = False) -> Tensor:
+    """``max |t|`` over ``dim`` (an int or a tuple), 0 where those dims hold nothing (a routing with no children)."""
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    if all(t.shape[d] for d in dims):
+        return t.abs().amax(dim=dims, keepdim=keepdim)
+    return t.abs().sum(dim=dims, keepdim=keepdim)  # an empty reduction: zeros of the reduced shape
 
 
 def power_of_two_above(magnitude: Tensor, least: float) -> Tensor:

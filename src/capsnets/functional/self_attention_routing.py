@@ -35,6 +35,7 @@ from capsnets.functional.routing_common import (
     SQUASHES,
     apply_squash,
     check_votes,
+    largest_magnitude,
     power_of_two_above,
     saturating_softmax,
     squash_scaled,
@@ -107,7 +108,7 @@ def self_attention_routing(
         return_couplings: also return the couplings ``c + b``.
 
     Shape:
-        - u_hat: ``(B, I, J, D)``; bias: ``(I, J)``
+        - u_hat: ``(B, I, J, D)``; bias: ``(I, J)``; ``J, D >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives parents with no input, ``B = 0`` empty results.
         - output: ``(B, J, D)``; couplings ``(B, I, J)``.
 
     Examples::
@@ -126,7 +127,7 @@ def self_attention_routing(
     u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
     unit = sum_unit(children)
     # k: a power of two >= max |u_hat| per example (at most the dtype's largest), 1 for votes within [-1, 1]
-    k = power_of_two_above(u.abs().amax(dim=(1, 2, 3)), 1.0).view(batch, 1, 1)
+    k = power_of_two_above(largest_magnitude(u, (1, 2, 3)), 1.0).view(batch, 1, 1)
     ones = u.new_full((1, 1, 1, children), unit)
     total = torch.matmul(ones, u).squeeze(2) / k  # (B, J, D): unit sum_k u_hat[j|k] / k, within [-1, 1]
     # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): A_ij unit / k^2, each product within max |u_hat| / k <= 1
@@ -139,7 +140,7 @@ def self_attention_routing(
         v = apply_squash(squash, s, unit)
     else:  # the weights c + b over m, a power of two >= their largest, so that the sum cannot overflow either
         couplings = couplings + working(bias).to(couplings.dtype).t()
-        m = power_of_two_above(couplings.abs().amax(dim=2, keepdim=True), 1.0)
+        m = power_of_two_above(largest_magnitude(couplings, 2, keepdim=True), 1.0)
         s = torch.matmul((couplings * (unit / m)).unsqueeze(2), u).squeeze(2)  # sum_i (c + b) u_hat, times unit / m
         v = squash_scaled(squash, s, m / unit)
     v = v.to(u_hat.dtype)

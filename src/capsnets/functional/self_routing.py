@@ -30,7 +30,13 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.bound_routing import BoundRouting
-from capsnets.functional.routing_common import check_votes, power_of_two_above, saturating_softmax, working
+from capsnets.functional.routing_common import (
+    check_votes,
+    largest_magnitude,
+    power_of_two_above,
+    saturating_softmax,
+    working,
+)
 from capsnets.functional.squash import safe_norm
 
 
@@ -111,7 +117,8 @@ def self_routing(
     Shape:
         - u_hat: ``(B, I, J, D)``; poses: ``(B, I, D_in)``; weight: ``(I, J, D_in)``; bias: ``(I, J)``;
           activations: ``(B, I)``
-        - ``I, J, D, D_in >= 1`` (else a ``ValueError`` names the empty size); ``B = 0`` gives empty results.
+        - ``J, D, D_in >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives parents with no
+          input, ``B = 0`` empty results.
         - output: ``(B, J, D)``, of length ``a_j``; couplings ``(B, I, J)``, summing to 1 over ``J``.
 
     Examples::
@@ -145,7 +152,7 @@ def self_routing(
     couplings = saturating_softmax(_logits(pose, working(weight), working(bias)), dim=2)  # (B, I, J)
     act = safe_norm(pose) if activations is None else working(activations).to(u.dtype)  # (B, I)
     # the activations over a power of two >= their largest per example: the ratios below are the same
-    act = act / power_of_two_above(act.abs().amax(dim=1, keepdim=True), 1.0)
+    act = act / power_of_two_above(largest_magnitude(act, 1, keepdim=True), 1.0)
     weighted = couplings * act.unsqueeze(-1)  # (B, I, J): c_ij a_i
     mass = weighted.sum(dim=1)  # (B, J)
     a_out = _ratio(mass, act.sum(dim=1, keepdim=True))  # (B, J)

@@ -39,7 +39,7 @@ from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import check_capsule_sizes
 
 #: The sizes of EM votes ``(B, I, J, H)`` after the batch (:func:`check_votes`).
-VOTE_SIZES = (("I", "child capsules"), ("J", "parent capsules"), ("H", "pose components"))
+VOTE_SIZES = {2: ("J", "parent capsules"), 3: ("H", "pose components")}
 
 
 class Scale(NamedTuple):
@@ -206,7 +206,7 @@ def route(
 
 
 def check_votes(votes, activations) -> None:
-    """Raise a ``ValueError`` unless ``votes`` is ``(B, I, J, H)`` with ``I, J, H >= 1`` and ``activations``
+    """Raise a ``ValueError`` unless ``votes`` is ``(B, I, J, H)`` with ``J, H >= 1`` and ``activations``
     ``(B, I)``."""
     if not isinstance(votes, Tensor) or votes.dim() != 4:
         shape = tuple(votes.shape) if isinstance(votes, Tensor) else type(votes).__name__

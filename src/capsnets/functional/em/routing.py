@@ -228,7 +228,10 @@ def em_routing(
         variance_floor: official formulation only: the floor added to every variance (None: ``5e-4``).
 
     Shape:
-        - votes: ``(B, I, J, H)``; activations: ``(B, I)``; beta_v, beta_a: ``(J,)`` or ``()``.
+        - votes: ``(B, I, J, H)``; activations: ``(B, I)`` in ``[0, 1]``; beta_v, beta_a: ``(J,)`` or ``()``.
+          ``J, H >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives parents with no input,
+          ``B = 0`` empty results.
+          Activations outside ``[0, 1]`` (or NaN) get a ``ValueError``.
         - output: poses ``(B, J, H)``, activations ``(B, J)`` in ``(0, 1)``; assignments ``(B, I, J)``,
           summing to 1 over ``J`` (with ``child_groups``: over the parents of all the child's slots).
           float32 for half-precision inputs, the input dtype otherwise.
@@ -293,6 +296,7 @@ def em_routing_poses(
 
     Shape:
         - poses: ``(B, I, P, P)``; weight: ``(Iw, J, P, P)``; activations: ``(B, I)``; coordinates: ``(I, 2)``.
+          The sizes and the activations' range are checked as in :func:`em_routing`.
         - output: as :func:`em_routing`'s, with ``H = P * P``.
 
     Examples::
