@@ -19,8 +19,9 @@ Numerics (not in the paper; same values): the agreements are formed from the vot
 it is put back, the weighted sums with the couplings times ``2^-k`` (``2^k >= I``), and the LayerNorm from each
 pose divided by a power of two ``>=`` its largest component, the epsilon scaled to match, so no sum, product or
 square overflows for any finite votes; float16/bfloat16 votes are routed in float32. The gradient grows with
-the votes; where the couplings saturate at 0 and 1 (every vote far beyond 1e12 but near-ties) it is finite for
-every finite vote: the softmax gives a coupling of zero a zero gradient, whatever the gradient that reaches it.
+the votes: it is finite for votes up to about 1e12, and beyond, up to the dtype's largest, wherever the couplings
+saturate at 0 and 1 (all but near-tied agreements), since the softmax gives a coupling of zero a zero gradient,
+whatever the gradient that reaches it.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """

@@ -14,9 +14,9 @@ the paper): sums are formed with every term times ``2^-n`` (``2^n >= I``; with l
 two ``>= max |c + b|``), and the agreements from the votes over a power of two ``k >= max |u_hat|`` per example
 (``k = 1`` for votes within [-1, 1]), shifted by their maximum over parents before ``k^2`` is put back, so the
 output is finite for every finite vote; float16/bfloat16 votes are routed in float32. The gradient grows with
-the votes squared; where the couplings saturate at 0 and 1 (every vote far beyond 1e12 but near-ties) it is
-finite for every finite vote: the softmax gives a coupling of zero a zero gradient, whatever the gradient that
-reaches it.
+the votes squared: it is finite for votes up to about 1e12, and beyond, up to the dtype's largest, wherever the
+couplings saturate at 0 and 1 (all but near-tied agreements), since the softmax gives a coupling of zero a zero
+gradient, whatever the gradient that reaches it.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
