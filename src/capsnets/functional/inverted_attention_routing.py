@@ -65,7 +65,7 @@ class InvertedAttentionRouting:
 
     Shape:
         ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)`` of the last
-        iteration.
+        iteration. Empty sizes as in :func:`inverted_attention_routing`.
 
     Note:
         The parents are LayerNorm outputs, all of length about ``sqrt(D)``: a model whose class scores are capsule
@@ -161,7 +161,8 @@ def inverted_attention_routing(
 
     Shape:
         - u_hat: ``(B, I, J, D)``; weight, bias: ``(D,)``; parents: ``(B, J, D)``
-        - ``J, D >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives parents with no input, ``B = 0`` empty results.
+        - ``J, D >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives parents with no input (the
+          LayerNorm of a zero pose: its bias), ``B = 0`` empty results.
         - output: ``(B, J, D)``; couplings ``(B, I, J)``, summing to 1 over ``J``.
 
     Examples::

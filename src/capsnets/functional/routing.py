@@ -61,7 +61,7 @@ class DynamicRouting:
 
     Shape:
         ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)`` to the
-        ``J`` parents (without the none-of-the-above parent's share).
+        ``J`` parents (without the none-of-the-above parent's share). Empty sizes as in :func:`dynamic_routing`.
 
     Examples::
 

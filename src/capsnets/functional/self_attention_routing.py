@@ -56,6 +56,7 @@ class SelfAttentionRouting:
 
     Shape:
         ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``c + b`` ``(B, I, J)``.
+        Empty sizes as in :func:`self_attention_routing`.
 
     Examples::
 
@@ -108,7 +109,8 @@ def self_attention_routing(
         return_couplings: also return the couplings ``c + b``.
 
     Shape:
-        - u_hat: ``(B, I, J, D)``; bias: ``(I, J)``; ``J, D >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives parents with no input, ``B = 0`` empty results.
+        - u_hat: ``(B, I, J, D)``; bias: ``(I, J)``; ``J, D >= 1`` (else a ``ValueError`` names the empty size);
+          ``I = 0`` gives parents with no input (zero poses), ``B = 0`` empty results.
         - output: ``(B, J, D)``; couplings ``(B, I, J)``.
 
     Examples::

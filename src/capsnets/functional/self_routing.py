@@ -50,7 +50,7 @@ class SelfRouting:
 
     Shape:
         ``(B, I, J, D)`` votes and ``(B, I, D_in)`` poses -> ``(B, J, D)``; with ``return_couplings=True`` also
-        the couplings ``(B, I, J)``.
+        the couplings ``(B, I, J)``. Empty sizes as in :func:`self_routing`.
 
     Examples::
 

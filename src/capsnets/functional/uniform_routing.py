@@ -28,7 +28,8 @@ class UniformRouting:
             (:func:`~capsnets.functional.efficient_squash`).
 
     Shape:
-        ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)``.
+        ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)``. Empty
+        sizes as in :func:`uniform_routing`.
 
     Examples::
 
@@ -61,7 +62,8 @@ def uniform_routing(u_hat: Tensor, *, mean: bool = False, squash: str = "sabour"
     """``v_j = squash(sum_i c u_hat[j|i])`` with ``c = 1/J`` (or ``1/I`` with ``mean=True``).
 
     Shape:
-        - u_hat: ``(B, I, J, D)``; ``J, D >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives parents with no input, ``B = 0`` empty results.
+        - u_hat: ``(B, I, J, D)``; ``J, D >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives
+          parents with no input (zero poses), ``B = 0`` empty results.
         - output: ``(B, J, D)``; couplings ``(B, I, J)``, all ``c``.
 
     Examples::

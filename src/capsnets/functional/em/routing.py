@@ -46,7 +46,8 @@ class EMRouting:
         variance_floor: official formulation only (see :func:`em_routing`); None: its default, stored resolved.
 
     Shape:
-        ``votes (B, I, J, H), activations (B, I), beta_v (J,), beta_a (J,) -> (B, J, H), (B, J)``
+        ``votes (B, I, J, H), activations (B, I), beta_v (J,), beta_a (J,) -> (B, J, H), (B, J)``; empty sizes and
+        the activations' range as in :func:`em_routing`.
 
     Examples::
 
