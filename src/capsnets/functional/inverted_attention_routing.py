@@ -19,7 +19,9 @@ Numerics (not in the paper; same values): the agreements are formed from the vot
 it is put back, the weighted sums with the couplings times ``2^-k`` (``2^k >= I``), and the LayerNorm from each
 pose divided by a power of two ``>=`` its largest component, the epsilon scaled to match, so no sum, product or
 square overflows for any finite votes; float16/bfloat16 votes are routed in float32. The gradient grows with
-the votes (it is finite for votes up to about 1e12).
+the votes: it is finite for votes up to about 1e12, and beyond, up to the dtype's largest, wherever the couplings
+saturate at 0 and 1 (all but near-tied agreements), since the softmax gives a coupling of zero a zero gradient,
+whatever the gradient that reaches it.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
@@ -35,7 +37,14 @@ from torch import Tensor
 
 from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.products import matvec
-from capsnets.functional.routing_common import check_votes, power_of_two_above, sum_unit, working
+from capsnets.functional.routing_common import (
+    check_votes,
+    largest_magnitude,
+    power_of_two_above,
+    saturating_softmax,
+    sum_unit,
+    working,
+)
 from capsnets.validation import flag, routing_iterations
 
 #: LayerNorm's epsilon (``nn.LayerNorm``'s default, used by the authors' code).
@@ -56,7 +65,7 @@ class InvertedAttentionRouting:
 
     Shape:
         ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)`` of the last
-        iteration.
+        iteration. Empty sizes as in :func:`inverted_attention_routing`.
 
     Note:
         The parents are LayerNorm outputs, all of length about ``sqrt(D)``: a model whose class scores are capsule
@@ -152,6 +161,8 @@ def inverted_attention_routing(
 
     Shape:
         - u_hat: ``(B, I, J, D)``; weight, bias: ``(D,)``; parents: ``(B, J, D)``
+        - ``J, D >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives parents with no input (the
+          LayerNorm of a zero pose: its bias), ``B = 0`` empty results.
         - output: ``(B, J, D)``; couplings ``(B, I, J)``, summing to 1 over ``J``.
 
     Examples::
@@ -171,7 +182,7 @@ def inverted_attention_routing(
             raise ValueError(f"inverted_attention_routing expects {name} of shape {shape}, got {tuple(value.shape)}")
     u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
     unit = sum_unit(children)
-    k = power_of_two_above(u.abs().amax(dim=(1, 2, 3)), 1.0).view(batch, 1, 1)  # 1 for votes within [-1, 1]
+    k = power_of_two_above(largest_magnitude(u, (1, 2, 3)), 1.0).view(batch, 1, 1)  # 1 for votes within [-1, 1]
     v, couplings = working(parents) if parents is not None else None, None
     for _ in range(iterations):
         if v is None:  # poses at zero: every coupling is 1/J
@@ -179,7 +190,7 @@ def inverted_attention_routing(
         else:  # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): the agreements over k, shifted; softmax over parents
             agreement = matvec(u, (v / k).unsqueeze(-1)).squeeze(-1)
             shifted = agreement - agreement.detach().amax(dim=1, keepdim=True)
-            couplings = torch.softmax(shifted * (k / math.sqrt(dim)), dim=1)
+            couplings = saturating_softmax(shifted * (k / math.sqrt(dim)), dim=1)
         s = torch.matmul((couplings * unit).unsqueeze(2), u).squeeze(2)  # (B, J, D): sum_i c_ij u_hat, times unit
         v = _layer_norm(s, unit, eps, weight, bias)
     v = v.to(u_hat.dtype)

@@ -31,7 +31,8 @@ def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False
         return_couplings: also return the couplings of the last iteration.
 
     Shape:
-        - u_hat: ``(B, I, J, D, H, W)``
+        - u_hat: ``(B, I, J, D, H, W)``; ``J, D >= 1`` (else the routing's ``ValueError`` names the empty
+          size); no child types give parents with no input, an empty batch or grid empty results.
         - output: ``(B, J, D, H, W)``; couplings ``(B, I, J, H, W)``, summing to 1 over ``J``.
 
     Examples::

@@ -22,7 +22,11 @@ new value would never be used.
 Numerics (not in the paper; same values): the weighted sums are formed with the couplings times ``2^-k``
 (``2^k >= I``) and the agreements and logits with ``v`` times ``2^-m`` (``2^m >= 2 r sqrt(D)``), powers of
 two put back exactly where the values are used, so no sum overflows for any finite ``u_hat``; the softmax
-takes the logits less their maximum over parents. float16 predictions are routed in float32.
+takes the logits less their maximum over parents. float16 predictions are routed in float32. With
+``detach_routing=False`` the backward multiplies the gradient by the votes twice per iteration, which overflows
+float32 for near-tied parents from about 1e24 although the gradient itself is far smaller: there, predictions
+beyond ``WIDE_VOTES`` (``2^32``) are routed in float64 (where the device has it) and the results returned in their
+own dtype, so the gradients stay finite for every finite vote.
 
 Gradients: with ``detach_routing=True`` (the default, as in the authors' released code) the predictions are
 detached in every iteration but the last, so gradients reach ``u_hat`` only through the final weighted sum
@@ -39,6 +43,7 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.products import matvec
+from capsnets.functional.routing_common import check_capsule_sizes
 from capsnets.functional.squash import _squash
 from capsnets.validation import routing_iterations
 
@@ -56,7 +61,7 @@ class DynamicRouting:
 
     Shape:
         ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)`` to the
-        ``J`` parents (without the none-of-the-above parent's share).
+        ``J`` parents (without the none-of-the-above parent's share). Empty sizes as in :func:`dynamic_routing`.
 
     Examples::
 
@@ -102,8 +107,12 @@ def _check_u_hat(u_hat: Tensor, iterations: int) -> None:
             f"dynamic_routing expects u_hat of shape (B, I, J, D) (batch, children, parents, parent dim); "
             f"got a {u_hat.dim()}-D tensor of shape {tuple(u_hat.shape)}"
         )
+    check_capsule_sizes(u_hat.shape, "dynamic_routing")
     routing_iterations("iterations", iterations)
 
+
+#: With gradients through every iteration, float32 and half predictions of a larger magnitude are routed in float64.
+WIDE_VOTES = 2.0**32
 
 #: Up to this many children per parent, an exported graph sums elementwise products instead of a batched product.
 _ELEMENTWISE_CHILDREN = 32
@@ -127,7 +136,8 @@ def dynamic_routing(
         return_couplings: also return the couplings ``c`` used in the last iteration.
 
     Shape:
-        - u_hat: ``(B, I, J, D)``
+        - u_hat: ``(B, I, J, D)``; ``J, D >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives
+          parents with no input (zero poses), ``B = 0`` empty results.
         - output: ``(B, J, D)``; couplings ``(B, I, J)``, summing to 1 over ``J`` (to 1 less the
           none-of-the-above parent's share with ``none_of_the_above``).
 
@@ -142,6 +152,8 @@ def dynamic_routing(
     u = u_hat.permute(0, 2, 1, 3).contiguous()  # (B, J, I, D)
     if u.dtype == torch.float16:  # its range is too narrow for the sums and agreements
         u = u.float()
+    if _wide(u_hat, detach_routing):
+        u = u.double()
     sum_unit, logit_unit = _units(children, dim, iterations)
     u_route = u.detach() if detach_routing else u
     first = 1.0 / (parents + 1 if none_of_the_above else parents)  # the couplings while the logits are all 0
@@ -175,6 +187,24 @@ def dynamic_routing(
     else:
         couplings = _couplings(logits, logit_unit, none_of_the_above).transpose(1, 2).to(u_hat.dtype)
     return v, couplings
+
+
+def _wide(u_hat: Tensor, detach_routing: bool) -> bool:
+    """Whether ``u_hat`` is routed in float64 (module docstring): gradients through every iteration, float32 or
+    half predictions beyond :data:`WIDE_VOTES`, on a device with float64; one host check, not while tracing."""
+    if (
+        detach_routing
+        or u_hat.dtype == torch.float64
+        or u_hat.device.type == "mps"
+        or not (torch.is_grad_enabled() and u_hat.requires_grad)
+        or u_hat.numel() == 0
+        or torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+    ):
+        return False
+    with torch.no_grad():
+        low, high = torch.aminmax(u_hat.detach())
+    return max(-float(low), float(high)) > WIDE_VOTES
 
 
 def _units(children: int, dim: int, iterations: int) -> tuple[float, float]:

@@ -1,5 +1,6 @@
 """What the non-iterative and attention routings share: checks of their votes and settings, the dtype they
-compute in, the two squash functions they may end with, and binding a routing to its layer's sizes.
+compute in, the two squash functions they may end with, a softmax whose gradient stays finite, and binding a
+routing to its layer's sizes.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim,
 ``D_in`` child capsule dim.
@@ -23,8 +24,25 @@ from capsnets.functional.squash import _default_eps, _scaled, _squash, safe_norm
 SQUASHES = ("sabour", "efficient")
 
 
+#: The sizes of a routing's votes ``(B, I, J, D)`` that must be at least 1: the parents and their components. An
+#: empty batch is routed to an empty result, and no children to parents with no input (what zero votes give).
+CAPSULE_SIZES = {2: ("J", "parent capsules"), 3: ("D", "components per capsule")}
+
+
+def check_capsule_sizes(shape, owner: str, name: str = "u_hat", sizes=CAPSULE_SIZES) -> None:
+    """Raise a ``ValueError`` naming the first size of ``shape`` in ``sizes`` (by position) that is zero: a
+    routing needs a parent for each child's couplings to sum to 1 over, and capsules of at least one component
+    (a length, a LayerNorm or a Gaussian of none is 0/0)."""
+    for position, (letter, what) in sizes.items():
+        if shape[position] == 0:
+            raise ValueError(
+                f"{owner} needs at least one of the {what} ({letter} >= 1); got {name} of shape {tuple(shape)}: "
+                f"give the layer at least one {what[:-1] if what.endswith('s') else what}"
+            )
+
+
 def check_votes(u_hat: Tensor, owner: str) -> None:
-    """Raise a ``ValueError`` unless ``u_hat`` is a floating-point ``(B, I, J, D)`` tensor."""
+    """Raise a ``ValueError`` unless ``u_hat`` is a floating-point ``(B, I, J, D)`` tensor with ``J, D >= 1``."""
     if not isinstance(u_hat, Tensor) or u_hat.dim() != 4:
         shape = tuple(u_hat.shape) if isinstance(u_hat, Tensor) else type(u_hat).__name__
         raise ValueError(
@@ -32,6 +50,37 @@ def check_votes(u_hat: Tensor, owner: str) -> None:
         )
     if not u_hat.is_floating_point():
         raise ValueError(f"{owner} expects floating-point votes, got {u_hat.dtype}")
+    check_capsule_sizes(u_hat.shape, owner)
+
+
+class _SaturatingSoftmax(torch.autograd.Function):
+    """``softmax(x, dim)`` whose backward gives a zero gradient to every entry of probability zero, whatever
+    the gradient of that entry is (autograd's ``p (g - sum p g)`` is ``0 * inf = NaN`` there when ``g``
+    overflows: the couplings of huge votes saturate at 0 and 1 while the gradient of a coupling grows with
+    the votes)."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        p = torch.softmax(x, dim=dim)
+        ctx.save_for_backward(p)
+        ctx.dim = dim
+        return p
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        live = p > 0
+        pg = torch.where(live, p * grad, 0.0)
+        return torch.where(live, pg - p * pg.sum(ctx.dim, keepdim=True), 0.0), None
+
+
+def saturating_softmax(x: Tensor, dim: int) -> Tensor:
+    """``torch.softmax(x, dim)``, with the backward of :class:`_SaturatingSoftmax` where autograd records it
+    (a plain softmax while tracing or compiling: same values)."""
+    if torch.is_grad_enabled() and x.requires_grad and not torch.compiler.is_compiling() and not torch.jit.is_tracing():
+        return _SaturatingSoftmax.apply(x, dim)
+    return torch.softmax(x, dim=dim)
 
 
 def working(t: Tensor) -> Tensor:
@@ -42,6 +91,14 @@ def working(t: Tensor) -> Tensor:
 def sum_unit(count: int) -> float:
     """``2^-k`` with ``2^k >= count``: sums of ``count`` terms, each times it, stay within the largest term."""
     return 2.0 ** -math.ceil(math.log2(max(count, 1)))
+
+
+def largest_magnitude(t: Tensor, dim, keepdim: bool = False) -> Tensor:
+    """``max |t|`` over ``dim`` (an int or a tuple), 0 where those dims hold nothing (a routing with no children)."""
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    if all(t.shape[d] for d in dims):
+        return t.abs().amax(dim=dims, keepdim=keepdim)
+    return t.abs().sum(dim=dims, keepdim=keepdim)  # an empty reduction: zeros of the reduced shape
 
 
 def power_of_two_above(magnitude: Tensor, least: float) -> Tensor:

@@ -14,7 +14,9 @@ the paper): sums are formed with every term times ``2^-n`` (``2^n >= I``; with l
 two ``>= max |c + b|``), and the agreements from the votes over a power of two ``k >= max |u_hat|`` per example
 (``k = 1`` for votes within [-1, 1]), shifted by their maximum over parents before ``k^2`` is put back, so the
 output is finite for every finite vote; float16/bfloat16 votes are routed in float32. The gradient grows with
-the votes squared (it is finite for votes up to about 1e12).
+the votes squared: it is finite for votes up to about 1e12, and beyond, up to the dtype's largest, wherever the
+couplings saturate at 0 and 1 (all but near-tied agreements), since the softmax gives a coupling of zero a zero
+gradient, whatever the gradient that reaches it.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
@@ -33,7 +35,9 @@ from capsnets.functional.routing_common import (
     SQUASHES,
     apply_squash,
     check_votes,
+    largest_magnitude,
     power_of_two_above,
+    saturating_softmax,
     squash_scaled,
     sum_unit,
     working,
@@ -52,6 +56,7 @@ class SelfAttentionRouting:
 
     Shape:
         ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``c + b`` ``(B, I, J)``.
+        Empty sizes as in :func:`self_attention_routing`.
 
     Examples::
 
@@ -104,7 +109,8 @@ def self_attention_routing(
         return_couplings: also return the couplings ``c + b``.
 
     Shape:
-        - u_hat: ``(B, I, J, D)``; bias: ``(I, J)``
+        - u_hat: ``(B, I, J, D)``; bias: ``(I, J)``; ``J, D >= 1`` (else a ``ValueError`` names the empty size);
+          ``I = 0`` gives parents with no input (zero poses), ``B = 0`` empty results.
         - output: ``(B, J, D)``; couplings ``(B, I, J)``.
 
     Examples::
@@ -123,20 +129,20 @@ def self_attention_routing(
     u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
     unit = sum_unit(children)
     # k: a power of two >= max |u_hat| per example (at most the dtype's largest), 1 for votes within [-1, 1]
-    k = power_of_two_above(u.abs().amax(dim=(1, 2, 3)), 1.0).view(batch, 1, 1)
+    k = power_of_two_above(largest_magnitude(u, (1, 2, 3)), 1.0).view(batch, 1, 1)
     ones = u.new_full((1, 1, 1, children), unit)
     total = torch.matmul(ones, u).squeeze(2) / k  # (B, J, D): unit sum_k u_hat[j|k] / k, within [-1, 1]
     # (B, J, I, D) @ (B, J, D, 1) -> (B, J, I): A_ij unit / k^2, each product within max |u_hat| / k <= 1
     agreement = matvec(u, (total / k).unsqueeze(-1)).squeeze(-1)
     shifted = agreement - agreement.detach().amax(dim=1, keepdim=True)  # <= 0, exactly 0 at the maximum
     # each factor finite, so a zero stays zero and the rest go at most to -inf
-    couplings = torch.softmax(shifted * (k / math.sqrt(dim)) * k / unit, dim=1)  # (B, J, I)
+    couplings = saturating_softmax(shifted * (k / math.sqrt(dim)) * k / unit, dim=1)  # (B, J, I)
     if bias is None:
         s = torch.matmul((couplings * unit).unsqueeze(2), u).squeeze(2)  # (B, J, D): sum_i c u_hat, times unit
         v = apply_squash(squash, s, unit)
     else:  # the weights c + b over m, a power of two >= their largest, so that the sum cannot overflow either
         couplings = couplings + working(bias).to(couplings.dtype).t()
-        m = power_of_two_above(couplings.abs().amax(dim=2, keepdim=True), 1.0)
+        m = power_of_two_above(largest_magnitude(couplings, 2, keepdim=True), 1.0)
         s = torch.matmul((couplings * (unit / m)).unsqueeze(2), u).squeeze(2)  # sum_i (c + b) u_hat, times unit / m
         v = squash_scaled(squash, s, m / unit)
     v = v.to(u_hat.dtype)

@@ -11,8 +11,12 @@ Vector capsules (deviation): a child's activation is its length ``|u_i|`` unless
 parent capsule is its pose rescaled to length ``a_j``, ``v_j = a_j p_j / |p_j|``, so that its length is its
 activation, as every vector capsule's is. The paper keeps pose and activation apart.
 
-Numerics (not in the paper): a quotient whose denominator is zero (all the children inactive) is zero, not NaN;
-float16/bfloat16 votes are routed in float32.
+Numerics (not in the paper; same values): a quotient whose denominator is zero (all the children inactive) is
+zero, not NaN; float16/bfloat16 votes are routed in float32. The coupling logits are formed in float64 (where the
+device has it) and shifted by their maximum over parents, so ``W . u_i`` cannot overflow; the activations are
+divided by a power of two ``>=`` their largest per example (1 for activations within [0, 1]) before they are
+summed, and each parent pose by one ``>=`` its largest component before its length is taken, so the output and
+its gradient are finite for every finite vote and pose.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim,
 ``D_in`` child capsule dim.
@@ -26,7 +30,13 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.bound_routing import BoundRouting
-from capsnets.functional.routing_common import check_votes, working
+from capsnets.functional.routing_common import (
+    check_votes,
+    largest_magnitude,
+    power_of_two_above,
+    saturating_softmax,
+    working,
+)
 from capsnets.functional.squash import safe_norm
 
 
@@ -40,7 +50,7 @@ class SelfRouting:
 
     Shape:
         ``(B, I, J, D)`` votes and ``(B, I, D_in)`` poses -> ``(B, J, D)``; with ``return_couplings=True`` also
-        the couplings ``(B, I, J)``.
+        the couplings ``(B, I, J)``. Empty sizes as in :func:`self_routing`.
 
     Examples::
 
@@ -107,6 +117,8 @@ def self_routing(
     Shape:
         - u_hat: ``(B, I, J, D)``; poses: ``(B, I, D_in)``; weight: ``(I, J, D_in)``; bias: ``(I, J)``;
           activations: ``(B, I)``
+        - ``J, D, D_in >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives parents with no
+          input, ``B = 0`` empty results.
         - output: ``(B, J, D)``, of length ``a_j``; couplings ``(B, I, J)``, summing to 1 over ``J``.
 
     Examples::
@@ -131,19 +143,35 @@ def self_routing(
                 f"self_routing expects {name} of shape {expected[name]} (B, I, J, D_in from u_hat "
                 f"{tuple(u_hat.shape)} and poses), got {shape}"
             )
+    if in_dim == 0:
+        raise ValueError(
+            f"self_routing needs at least one pose component per child (D_in >= 1); got poses of shape "
+            f"{tuple(poses.shape)}: give the children poses of at least one component"
+        )
     u, pose = working(u_hat), working(poses).to(working(u_hat).dtype)
-    logits = torch.einsum("bic,ijc->bij", pose, working(weight).to(u.dtype)) + working(bias).to(u.dtype)
-    couplings = torch.softmax(logits, dim=2)  # (B, I, J)
+    couplings = saturating_softmax(_logits(pose, working(weight), working(bias)), dim=2)  # (B, I, J)
     act = safe_norm(pose) if activations is None else working(activations).to(u.dtype)  # (B, I)
+    # the activations over a power of two >= their largest per example: the ratios below are the same
+    act = act / power_of_two_above(largest_magnitude(act, 1, keepdim=True), 1.0)
     weighted = couplings * act.unsqueeze(-1)  # (B, I, J): c_ij a_i
     mass = weighted.sum(dim=1)  # (B, J)
     a_out = _ratio(mass, act.sum(dim=1, keepdim=True))  # (B, J)
     share = _ratio(weighted, mass.unsqueeze(1))  # (B, I, J), summing to 1 over children (or all zero)
     pose_out = torch.einsum("bij,bijd->bjd", share, u)  # (B, J, D): a mean of votes, within max |u_hat|
-    # |p_j| with the epsilon of the votes' dtype (the gradient at p_j = 0, a_j / sqrt(eps), fits in that dtype)
+    # the direction of p_j from p_j over a power of two >= its largest component, with the epsilon of the votes'
+    # dtype (the gradient at p_j = 0, a_j / sqrt(eps), fits in that dtype)
+    pose_out = pose_out / power_of_two_above(pose_out.abs().amax(dim=-1, keepdim=True), 1.0)
     length = safe_norm(pose_out, keepdim=True, eps=torch.finfo(u_hat.dtype).eps ** 2)
     v = (pose_out / length * a_out.unsqueeze(-1)).to(u_hat.dtype)
     return (v, couplings.to(u_hat.dtype)) if return_couplings else v
+
+
+def _logits(pose: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """The coupling logits ``b_ij = W_ij . u_i + beta_ij`` (B, I, J) less their maximum over parents, formed in
+    float64 where the device has it, so that no product or sum overflows, and returned in the poses' dtype."""
+    wide = torch.float64 if pose.device.type != "mps" else pose.dtype
+    logits = torch.einsum("bic,ijc->bij", pose.to(wide), weight.to(wide)) + bias.to(wide)
+    return (logits - logits.detach().amax(dim=2, keepdim=True)).to(pose.dtype)
 
 
 def _ratio(numerator: Tensor, denominator: Tensor) -> Tensor:

@@ -28,7 +28,8 @@ class UniformRouting:
             (:func:`~capsnets.functional.efficient_squash`).
 
     Shape:
-        ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)``.
+        ``(B, I, J, D) -> (B, J, D)``; with ``return_couplings=True`` also the couplings ``(B, I, J)``. Empty
+        sizes as in :func:`uniform_routing`.
 
     Examples::
 
@@ -61,7 +62,8 @@ def uniform_routing(u_hat: Tensor, *, mean: bool = False, squash: str = "sabour"
     """``v_j = squash(sum_i c u_hat[j|i])`` with ``c = 1/J`` (or ``1/I`` with ``mean=True``).
 
     Shape:
-        - u_hat: ``(B, I, J, D)``
+        - u_hat: ``(B, I, J, D)``; ``J, D >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives
+          parents with no input (zero poses), ``B = 0`` empty results.
         - output: ``(B, J, D)``; couplings ``(B, I, J)``, all ``c``.
 
     Examples::
@@ -75,7 +77,8 @@ def uniform_routing(u_hat: Tensor, *, mean: bool = False, squash: str = "sabour"
     batch, children, parents, _ = u_hat.shape
     unit = sum_unit(children)
     s = (working(u_hat) * unit).sum(dim=1)  # (B, J, D): sum_i u_hat / 2^k, within max |u_hat|
-    v = apply_squash(squash, s, unit * (children if mean else parents)).to(u_hat.dtype)
+    share = children if mean else parents  # no children (mean): no votes, a zero sum, and no couplings to fill
+    v = apply_squash(squash, s, unit * max(share, 1)).to(u_hat.dtype)
     if not return_couplings:
         return v
-    return v, u_hat.new_full((batch, children, parents), 1.0 / (children if mean else parents))
+    return v, u_hat.new_full((batch, children, parents), 1.0 / max(share, 1))

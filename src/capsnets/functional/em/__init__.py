@@ -53,6 +53,11 @@ Numerical safety (everything that can be in log space is):
   them within ``X``, and put back exactly (poses times ``2^k``, log variances plus ``2k log 2``); the floor
   stays the same in those units, so it is ``2^2k`` times larger in the votes' own (still a fixed fraction of
   ``X^2``). Every finite input then gives finite outputs, and votes up to ``X`` are routed unscaled;
+- (not in the paper) float32 and half-precision votes whose largest ``|V|`` exceeds ``WIDE_VOTES``
+  (``2^32``) are routed in float64 (where the device has it) and the results returned in float32: the
+  backward multiplies a pose's gradient by the votes up to three times (through the assignments, their
+  log-likelihoods and the variances), which overflows float32 for votes of 1e14 although the gradients are
+  small; so the gradients stay finite for every finite vote;
 - (not in the paper) where a parent's mass ``sum_i R'`` is below ``1e-3``, ``mu`` and ``sigma^2`` are
   differentiated as if it were ``1e-3`` (the guarded equations' own slope there is ``1 / eps``), so the
   gradients of the activations stay bounded when they are all zero. Values are unchanged.

@@ -29,10 +29,17 @@ from capsnets.functional.em.spec import (
     GRADIENT_MASS_FLOOR,
     LOG_2PI,
     EMSettings,
+    check_activations,
     check_beta,
     check_child_groups,
+    checking,
+    routing_dtype,
 )
 from capsnets.functional.products import matvec
+from capsnets.functional.routing_common import check_capsule_sizes
+
+#: The sizes of EM votes ``(B, I, J, H)`` after the batch (:func:`check_votes`).
+VOTE_SIZES = {2: ("J", "parent capsules"), 3: ("H", "pose components")}
 
 
 class Scale(NamedTuple):
@@ -199,9 +206,12 @@ def route(
 
 
 def check_votes(votes, activations) -> None:
+    """Raise a ``ValueError`` unless ``votes`` is ``(B, I, J, H)`` with ``J, H >= 1`` and ``activations``
+    ``(B, I)``."""
     if not isinstance(votes, Tensor) or votes.dim() != 4:
         shape = tuple(votes.shape) if isinstance(votes, Tensor) else type(votes).__name__
         raise ValueError(f"votes must be a 4-D tensor (B, I, J, H) (batch, children, parents, pose); got {shape}")
+    check_capsule_sizes(votes.shape, "EM routing", "votes", VOTE_SIZES)
     if not isinstance(activations, Tensor) or activations.shape != votes.shape[:2]:
         shape = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
         raise ValueError(f"activations must have shape (B, I) = {tuple(votes.shape[:2])} to match votes; got {shape}")
@@ -219,13 +229,20 @@ def route_votes(
     """:func:`~capsnets.functional.em_routing` with its settings resolved (the votes' shapes checked by
     :func:`check_votes`)."""
     check_child_groups(child_groups, tuple(votes.shape[:2]), "votes")
-    dtype = votes.dtype if votes.dtype in (torch.float32, torch.float64) else torch.float32
+    out = votes.dtype if votes.dtype in (torch.float32, torch.float64) else torch.float32
+    dtype = out
+    if checking() and votes.numel():  # one host check of the activations' range and the votes' magnitude
+        check_activations(activations)
+        with torch.no_grad():
+            low, high = torch.aminmax(votes.detach())
+        dtype = routing_dtype(votes.dtype, max(-float(low), float(high)), votes.device)
     with torch.autocast(device_type=votes.device.type, enabled=False):
         v = votes.to(dtype).permute(0, 2, 1, 3).contiguous()  # (B, J, I, H)
         a_in = activations.to(dtype).unsqueeze(1)  # (B, 1, I)
         beta_v = check_beta(beta_v, "beta_v", v.shape[1], v)  # (J,) or (1,)
         beta_a = check_beta(beta_a, "beta_a", v.shape[1], v)
         mu, a_out, r = route(v, a_in, beta_v, beta_a, settings, child_groups)
+        mu, a_out, r = mu.to(out), a_out.to(out), r.to(out)
     if return_assignments:
         return mu, a_out, r.transpose(1, 2)
     return mu, a_out

@@ -16,9 +16,12 @@ from capsnets.functional.em.procedure import check_votes, route_votes, scale_fro
 from capsnets.functional.em.spec import (
     OFFICIAL_MASS_EPS,
     EMSettings,
+    check_activations,
     check_beta,
     check_child_groups,
+    checking,
     em_inverse_temperatures,
+    routing_dtype,
 )
 from capsnets.functional.products import matrix_votes
 
@@ -43,7 +46,8 @@ class EMRouting:
         variance_floor: official formulation only (see :func:`em_routing`); None: its default, stored resolved.
 
     Shape:
-        ``votes (B, I, J, H), activations (B, I), beta_v (J,), beta_a (J,) -> (B, J, H), (B, J)``
+        ``votes (B, I, J, H), activations (B, I), beta_v (J,), beta_a (J,) -> (B, J, H), (B, J)``; empty sizes and
+        the activations' range as in :func:`em_routing`.
 
     Examples::
 
@@ -225,7 +229,10 @@ def em_routing(
         variance_floor: official formulation only: the floor added to every variance (None: ``5e-4``).
 
     Shape:
-        - votes: ``(B, I, J, H)``; activations: ``(B, I)``; beta_v, beta_a: ``(J,)`` or ``()``.
+        - votes: ``(B, I, J, H)``; activations: ``(B, I)`` in ``[0, 1]``; beta_v, beta_a: ``(J,)`` or ``()``.
+          ``J, H >= 1`` (else a ``ValueError`` names the empty size); ``I = 0`` gives parents with no input,
+          ``B = 0`` empty results.
+          Activations outside ``[0, 1]`` (or NaN) get a ``ValueError``.
         - output: poses ``(B, J, H)``, activations ``(B, J)`` in ``(0, 1)``; assignments ``(B, I, J)``,
           summing to 1 over ``J`` (with ``child_groups``: over the parents of all the child's slots).
           float32 for half-precision inputs, the input dtype otherwise.
@@ -290,6 +297,7 @@ def em_routing_poses(
 
     Shape:
         - poses: ``(B, I, P, P)``; weight: ``(Iw, J, P, P)``; activations: ``(B, I)``; coordinates: ``(I, 2)``.
+          The sizes and the activations' range are checked as in :func:`em_routing`.
         - output: as :func:`em_routing`'s, with ``H = P * P``.
 
     Examples::
@@ -376,20 +384,31 @@ def _route_poses(
         got = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
         raise ValueError(f"activations must have shape (B, I) = {(batch, children)} to match poses; got {got}")
     check_child_groups(child_groups, (batch, children), "poses")
+    if checking():
+        check_activations(activations)
     height = side * side
     with torch.autocast(device_type="cpu", enabled=False):
         pose = poses.reshape(batch, children, height).contiguous()
         w = weight.reshape(weight.shape[0], weight.shape[1], height).contiguous()
         coord = pose.new_empty(0) if coordinates is None else coordinates.to(pose.dtype).detach().contiguous()
         a_in = activations.to(pose.dtype).unsqueeze(1)  # (B, 1, I)
+        betas = beta_v, beta_a
         beta_v = check_beta(beta_v, "beta_v", w.shape[1], pose)
         beta_a = check_beta(beta_a, "beta_a", w.shape[1], pose)
         with torch.no_grad():  # the origin c (the activation-weighted mean vote) and the scale: constants
             w0 = (a_in / (a_in.sum(dim=-1, keepdim=True) + settings.eps)).squeeze(1).contiguous()
             mean, top = kernel.votes_stats(pose.detach(), w.detach(), coord, w0.detach())
+            wide = batch and routing_dtype(pose.dtype, float(top.max()), pose.device) != pose.dtype
             scale = scale_from_top(top, height, settings.variance_floor if settings.official else settings.eps)
             inv = scale.inv.reshape(-1).contiguous()
             votes = FusedVotes(pose, w, coord, (mean * inv.view(-1, 1, 1)).contiguous(), inv)
+        if wide:  # votes too large for float32 gradients: routed in float64 (the em module docstring)
+            f64 = torch.float64
+            routed = _route_poses(
+                poses.to(f64), weight.to(f64), activations.to(f64), *betas, settings, coordinates, child_groups,
+                return_assignments, checked=True,
+            )  # fmt: skip
+            return tuple(t.to(pose.dtype) for t in routed)
         mu, a_out, r = route_fused(
             kernel, votes, a_in, beta_v, beta_a, settings, scale, child_groups, want_r=return_assignments
         )

@@ -19,6 +19,10 @@ FORMULATIONS = ("paper", "official")
 BLEND = 0.9  # official: the weight of the new mean in the centre update
 BETA_A_SCALE = 5000.0  # official: beta_a's factor in the activation logit
 GRADIENT_MASS_FLOOR = 1e-3  # below this mass, mu and sigma^2 are differentiated as if at it (em.procedure)
+#: Float32 (and half-precision) votes with a larger magnitude are routed in float64 (:mod:`capsnets.functional.em`).
+WIDE_VOTES = 2.0**32
+#: The range of the children's activations (probabilities).
+ACTIVATION_RANGE = (0.0, 1.0)
 #: The released code's settings: variance floor, and mass guards of convolutional and class capsule layers.
 OFFICIAL_VARIANCE_FLOOR = 5e-4
 OFFICIAL_MASS_EPS = {"conv": 1e-7, "class": 1e-5}
@@ -152,6 +156,34 @@ def check_beta(beta, name: str, parents: int, like: Tensor) -> Tensor:
             f"got shape {tuple(beta.shape)}"
         )
     return beta.to(like.dtype)
+
+
+def routing_dtype(dtype: torch.dtype, top: float, device: torch.device) -> torch.dtype:
+    """The dtype votes of ``dtype`` whose largest magnitude is ``top`` are routed in: float32 for half
+    precision, float64 for float32 and half-precision votes beyond :data:`WIDE_VOTES` (on devices with
+    float64), the votes' own otherwise."""
+    dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    if dtype == torch.float32 and top > WIDE_VOTES and device.type != "mps":
+        return torch.float64
+    return dtype
+
+
+def checking() -> bool:
+    """Whether the host checks of the inputs' values run (not while tracing, scripting or compiling)."""
+    return not (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling())
+
+
+def check_activations(activations: Tensor) -> None:
+    """Raise a ``ValueError`` unless every activation lies in :data:`ACTIVATION_RANGE` (NaN does not)."""
+    if activations.numel() == 0:
+        return
+    with torch.no_grad():
+        low, high = (float(x) for x in torch.aminmax(activations.detach()))
+    if not ACTIVATION_RANGE[0] <= low <= high <= ACTIVATION_RANGE[1]:
+        raise ValueError(
+            f"EM routing takes child activations in [{ACTIVATION_RANGE[0]:g}, {ACTIVATION_RANGE[1]:g}] "
+            f"(probabilities); got values from {low:g} to {high:g}: pass probabilities, e.g. torch.sigmoid(logits)"
+        )
 
 
 def check_child_groups(child_groups, shape: tuple, of: str) -> None:
