@@ -86,7 +86,8 @@ class FileWriteError(OSError):
 
     @property
     def remedy(self) -> str:
-        """What frees the way for the write: ``"free disk space"``, ``"make '<folder>' writable"``..."""
+        """The step that frees the way for the write, such as ``"free disk space"`` or
+        ``"make '<folder>' writable"``."""
         folder = Path(self.filename).parent
         if self.errno in (errno.ENOSPC, errno.EDQUOT):
             return "free disk space"
