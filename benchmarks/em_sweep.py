@@ -1,0 +1,486 @@
+"""Resumable sweep of matrix capsules' learning speed: formulation x EM iterations x inverse temperature x recipe.
+
+Each setting trains ``--model`` (``matrix_capsnet_small``) on the first ``--train-size`` MNIST training images at
+batch ``--batch-size`` for ``--steps`` steps (whole epochs of those images), from seeds ``--seeds``, and records
+the accuracy on the first ``--test-size`` test images at ``--eval-steps`` (default: a quarter, half and all of the
+steps). The axes:
+
+- formulation: ``official`` (the authors' released code) or ``paper`` (Procedure 1 as printed);
+- routing iterations: 1, 2, 3;
+- inverse temperature: fixed ``1e-3``, fixed ``1e-2``, or ``authors``: ``lambda_t = 0.01 (1 - 0.95^(t+1))``
+  (google-research/google-research, ``capsule_em/em_layers.py``; the official formulation divides it by 4 in
+  the class layer, as that code does; the paper formulation uses it in every layer);
+- recipe: ``cli`` (the training command's defaults), ``yl1993`` (yl-1993/Matrix-Capsules-EM-PyTorch,
+  ``train.py``) or ``authors`` (the flag defaults of ``capsule_em/experiment.py``); see :data:`RECIPES` and
+  ``docs/results/em-recipes.md`` for what each sets and where it comes from.
+
+Every run is a :class:`~capsnets.engine.TrainConfig` trained with the library's one training loop
+(:func:`~capsnets.engine.fit`) set up as the trainer sets it up, so that a recorded ``config`` given to
+``capsnets train --config`` trains the same model; only the evaluations within the epoch are the sweep's, and
+input normalisation, which the config has no field for, is applied to the training batches (after the shifts)
+and the test images.
+
+Each finished (setting, seed) is added at once to ``--out`` (a JSON file written atomically, under a lock, so
+that pieces may run side by side); a rerun skips what the file holds, so the sweep can be stopped at any time
+and continued, and split with ``--piece K/N`` or ``--only``. ``--grid pruned`` (the default) runs stage A, every
+formulation x iterations at the ``yl1993`` recipe with each formulation's usual inverse temperature, and once
+stage A is complete, stage B: the recipe x inverse temperature axes at the ``--top`` best settings of stage A.
+``--plan`` prints what is left per piece and its expected wall time, measured from a short timing run.
+
+Run ``python benchmarks/em_sweep.py --help``; ``benchmarks/README.md`` lists the recorded runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from capsnets.data import AUGMENTATIONS, DeviceLoader, load_dataset
+from capsnets.engine import TrainConfig
+from capsnets.engine.callbacks import Hook
+from capsnets.engine.evaluate import evaluate
+from capsnets.engine.fit import TrainState, adam_with_decay, fit, training_step
+from capsnets.engine.runtime import (
+    deterministic_on_cpu,
+    resolve_amp,
+    resolve_device,
+    retain_freed_memory,
+    seed_everything,
+    torch_threads,
+)
+from capsnets.io import atomic_write
+from capsnets.losses import create_loss
+from capsnets.models import model_arguments
+from capsnets.models.hub import build_model
+
+from throughput import environment
+
+FORMULATIONS = ("official", "paper")
+ITERATIONS = (1, 2, 3)
+#: The inverse temperature axis: a fixed lambda, or None for the authors' schedule (each formulation's default).
+LAMBDAS: dict[str, float | None] = {"1e-3": 1e-3, "1e-2": 1e-2, "authors": None}
+#: Stage A of the pruned grid: the recipe, and each formulation's usual inverse temperature.
+STAGE_A_RECIPE = "yl1993"
+STAGE_A_LAMBDA = {"official": "authors", "paper": "1e-3"}
+RECORD_FORMAT = 1
+MNIST_MEAN_STD = (0.1307, 0.3081)
+
+
+def yl1993_margin(epochs: int) -> dict[str, float]:
+    """yl-1993's spread-loss margin, ``0.2 + 0.7 r`` with ``r`` the fraction of a 10-epoch training done
+    (``train.py``), as the loss arguments of a run of ``epochs`` epochs."""
+    return {"margin_start": 0.2, "margin_end": 0.2 + 0.7 * min(epochs / 10, 1.0), "ramp": min(10 / epochs, 1.0)}
+
+
+def authors_margin(steps: int) -> dict[str, float]:
+    """The released code's margin ``0.2 + 0.79 sigmoid(min(10, step / 50000 - 4))`` (``capsule_em/layers.py``,
+    ``optimizer``), as a linear ramp between its values at the first and the last step (within 2e-4 of it
+    for runs up to 10,000 steps)."""
+
+    def margin(step):
+        return 0.2 + 0.79 / (1 + math.exp(-min(10.0, step / 50000 - 4)))
+
+    return {"margin_start": margin(0), "margin_end": margin(steps), "ramp": 1.0}
+
+
+def _cli(epochs: int, steps_per_epoch: int) -> dict[str, Any]:
+    return {}
+
+
+def _yl1993(epochs: int, steps_per_epoch: int) -> dict[str, Any]:
+    return {
+        "lr": 3e-3,
+        "weight_decay": 2e-7,
+        "lr_decay": 0.96 ** (steps_per_epoch / 20000),  # 0.96 per 20,000 steps, per epoch here
+        "loss_args": yl1993_margin(epochs),
+        "max_shift": 0,
+        "normalize": MNIST_MEAN_STD,
+    }
+
+
+def _authors(epochs: int, steps_per_epoch: int) -> dict[str, Any]:
+    return {
+        "lr": 1e-2,
+        # 2e-7 * sum(w^2) / 2 beside a spread loss averaged over the 10 classes: with this library's loss, summed
+        # over the classes, Adam takes the same steps with 10 times the decay
+        "weight_decay": 2e-6,
+        "lr_decay": 0.96 ** (steps_per_epoch / 20000),
+        "loss_args": authors_margin(epochs * steps_per_epoch),
+        "max_shift": 2,
+        "normalize": None,
+    }
+
+
+#: recipe name -> ``(epochs, steps per epoch) -> TrainConfig fields`` (plus ``normalize``: None or (mean, std)).
+RECIPES: dict[str, Callable[[int, int], dict[str, Any]]] = {"cli": _cli, "yl1993": _yl1993, "authors": _authors}
+
+
+class Setting(NamedTuple):
+    """One point of the grid."""
+
+    formulation: str
+    iterations: int
+    inverse_temperature: str
+    recipe: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.formulation}/it{self.iterations}/lambda={self.inverse_temperature}/{self.recipe}"
+
+    def model_args(self) -> dict[str, Any]:
+        routing: dict[str, Any] = {"type": "em", "iterations": self.iterations}
+        if LAMBDAS[self.inverse_temperature] is not None:
+            routing["inverse_temperature"] = LAMBDAS[self.inverse_temperature]
+        return {"formulation": self.formulation, "routing": routing}
+
+
+def full_grid() -> list[Setting]:
+    return [
+        Setting(f, i, lam, recipe) for f in FORMULATIONS for i in ITERATIONS for lam in LAMBDAS for recipe in RECIPES
+    ]
+
+
+def stage_a() -> list[Setting]:
+    return [Setting(f, i, STAGE_A_LAMBDA[f], STAGE_A_RECIPE) for f in FORMULATIONS for i in ITERATIONS]
+
+
+def final_accuracy(runs: dict, setting: Setting, seeds) -> float | None:
+    """Mean over ``seeds`` of the last recorded accuracy, or None if a seed is missing."""
+    accs = [runs.get(run_key(setting, s), {}).get("final_test_accuracy") for s in seeds]
+    return None if None in accs else sum(accs) / len(accs)
+
+
+def stage_b(runs: dict, seeds, top: int) -> list[Setting] | None:
+    """The recipe x inverse temperature axes at the ``top`` best settings of stage A (None until it is done)."""
+    scores = {s: final_accuracy(runs, s, seeds) for s in stage_a()}
+    if None in scores.values():
+        return None
+    best = sorted(scores, key=lambda s: -scores[s])[:top]
+    extra = [b._replace(inverse_temperature=lam, recipe=r) for b in best for lam in LAMBDAS for r in RECIPES]
+    return [s for s in extra if s not in scores]
+
+
+def planned(args, runs: dict) -> tuple[list[Setting], str | None]:
+    """The settings of ``args.grid`` (in a fixed order: a piece keeps its settings as stage B is added), and a
+    note when part of the grid waits on results."""
+    if args.grid == "full":
+        return full_grid(), None
+    b = stage_b(runs, args.seeds, args.top)
+    if b is None:
+        return stage_a(), "stage B (recipe x inverse temperature at the best of stage A) follows once stage A is done"
+    return stage_a() + b, None
+
+
+def run_key(setting: Setting, seed: int) -> str:
+    return f"{setting.key}/seed={seed}"
+
+
+def select(settings: list[Setting], args) -> list[tuple[Setting, int]]:
+    """The (setting, seed) pairs of this piece that ``--only`` keeps."""
+    pairs = [(s, seed) for s in settings for seed in args.seeds]
+    k, n = args.piece
+    pairs = [p for i, p in enumerate(pairs) if i % n == k - 1]
+    return [p for p in pairs if all(word in run_key(*p) for word in args.only)]
+
+
+# -- one run ------------------------------------------------------------------------------------------------------
+
+
+def make_config(setting: Setting, seed: int, args) -> tuple[TrainConfig, tuple[float, float] | None]:
+    """The run's :class:`TrainConfig` and its input normalisation (None or ``(mean, std)``)."""
+    steps_per_epoch = -(-args.train_size // args.batch_size)
+    epochs = args.steps // steps_per_epoch
+    recipe = RECIPES[setting.recipe](epochs, steps_per_epoch)
+    normalize = recipe.pop("normalize", None)
+    config = TrainConfig(
+        model=args.model,
+        model_args=setting.model_args(),
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        epochs=epochs,
+        batch_size=args.batch_size,
+        limit_train=args.train_size,
+        limit_test=args.test_size,
+        seed=seed,
+        device=args.device,
+        threads=args.threads,
+        progress=False,
+        **recipe,
+    )
+    return config, normalize
+
+
+def normalizer(mean: float, std: float) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor]:
+    def apply(images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return (images - mean) / std
+
+    return apply
+
+
+def train_run(config: TrainConfig, eval_steps, normalize: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Train ``config`` as :class:`~capsnets.engine.Trainer` does (same seeding, data, model, loss, optimiser,
+    schedule and batches), without a run directory, and return the test accuracy at each of ``eval_steps``."""
+    device = resolve_device(config.device)
+    with deterministic_on_cpu(device), torch_threads(config.threads):
+        seed_everything(config.seed)
+        splits = []
+        for train, limit in ((True, config.limit_train), (False, config.limit_test)):
+            data = load_dataset(config.dataset, root=config.data_dir, train=train)
+            splits.append((data.subset(min(limit, len(data))) if limit is not None else data).to(device))
+        train_data, test_data = splits
+        data_args = {"num_classes": train_data.num_classes, "input_size": list(train_data.input_shape)}
+        accepted = model_arguments(config.model)
+        data_args = {k: v for k, v in data_args.items() if k in accepted and k not in config.model_args}
+        model = build_model(config.model, {**config.model_args, **data_args}).to(device)
+        criterion = create_loss(config.loss or model.default_loss, **config.loss_args)
+        optimizer, scheduler = adam_with_decay(
+            model.parameters(), lr=config.lr, lr_decay=config.lr_decay, weight_decay=config.weight_decay
+        )
+        state = TrainState()
+        state.attach(optimizer, scheduler)
+        augment = AUGMENTATIONS[config.augment]() if config.augment is not None else None
+        if normalize is not None:  # after the shifts and the data set's or config's augmentation
+            scale, first = normalizer(*normalize), augment or train_data.augment
+            augment = scale if first is None else (lambda images, gen: scale(first(images, gen)))
+            test_data = dataclasses.replace(test_data, images=scale(test_data.images))
+        loader = DeviceLoader(
+            train_data,
+            config.batch_size,
+            shuffle=True,
+            max_shift=config.resolved_max_shift(train_data.images.shape[-2], train_data.augment),
+            seed=config.seed,
+            augment=augment,
+        )
+        schedule = hasattr(criterion, "set_progress")
+
+        def compute(batch):
+            images, labels = batch
+            if schedule:
+                criterion.set_progress(state.fraction(len(loader), config.epochs))
+            output = model(images, labels)
+            return {"train_loss": criterion(output, images, labels)[0]}
+
+        curve, wanted = [], set(eval_steps)
+
+        def record(point, final):
+            if point["step"] in wanted:
+                result = evaluate(model, test_data, config.batch_size, device, config.amp)
+                curve.append(
+                    {"step": point["step"], "test_accuracy": result["accuracy"], "train_loss": point["train_loss"]}
+                )
+                print(f"  step {point['step']:5d}  test accuracy {result['accuracy']:.4f}", flush=True)
+
+        step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(config.amp, device), model=model)
+        fit(
+            step,
+            loader,
+            epochs=config.epochs,
+            state=state,
+            schedulers=[scheduler],
+            evaluations_per_epoch=len(loader),  # every step is a point; the hook evaluates the wanted ones
+            callbacks=[Hook(record)],
+            progress=False,
+        )
+    return {"curve": curve, "train_s": state.train_time_s, "model": model}
+
+
+# -- the record file ----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """Hold an exclusive lock on the folder of ``path``, so that pieces running side by side add to one record
+    file in turn (the file itself is replaced by each write, so it cannot hold the lock)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(folder)  # releases the lock
+
+
+def read_record(path: Path) -> dict:
+    if not path.is_file():
+        return {"format": RECORD_FORMAT, "runs": {}}
+    record = json.loads(path.read_text())
+    if record.get("format") != RECORD_FORMAT or not isinstance(record.get("runs"), dict):
+        raise SystemExit(f"{path} is not a sweep record of format {RECORD_FORMAT}; pass another --out")
+    return record
+
+
+def add_run(path: Path, key: str, entry: dict) -> None:
+    """Add one run to the record file: read it again under the lock, add, write atomically."""
+    with locked(path):
+        record = read_record(path)
+        record["runs"][key] = entry
+        text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def run_one(setting: Setting, seed: int, args) -> dict:
+    config, normalize = make_config(setting, seed, args)
+    start = time.perf_counter()
+    result = train_run(config, args.eval_steps, normalize)
+    config_dict = config.to_dict()
+    for key in ("out", "progress", "device", "threads"):
+        config_dict.pop(key)
+    return {
+        "setting": setting._asdict(),
+        "seed": seed,
+        "config": config_dict,
+        "normalize": list(normalize) if normalize else None,
+        "curve": result["curve"],
+        "final_test_accuracy": result["curve"][-1]["test_accuracy"],
+        "train_s": result["train_s"],
+        "wall_s": time.perf_counter() - start,
+        "environment": environment(resolve_device(args.device), args),
+    }
+
+
+# -- timing and plan ----------------------------------------------------------------------------------------------
+
+
+def seconds_per_run(args, runs: dict) -> dict[int, float]:
+    """Expected wall seconds of one run per iteration count: the mean of recorded runs at these sizes and this
+    thread count, else a short timing run of ``--time-steps`` steps scaled to ``--steps``."""
+    estimate = {}
+    for iterations in ITERATIONS:
+        same = [
+            r["wall_s"]
+            for r in runs.values()
+            if r["setting"]["iterations"] == iterations
+            and r["config"]["limit_train"] == args.train_size
+            and r["config"]["epochs"] * -(-args.train_size // args.batch_size) == args.steps
+            and r["environment"]["threads"] == torch.get_num_threads()
+        ]
+        if same:
+            estimate[iterations] = sum(same) / len(same)
+            continue
+        timing = argparse.Namespace(
+            **{**vars(args), "steps": args.time_steps, "train_size": args.time_steps * args.batch_size}
+        )
+        timing.eval_steps = [args.time_steps]
+        config, normalize = make_config(Setting("official", iterations, "authors", "cli"), 0, timing)
+        start = time.perf_counter()
+        result = train_run(config, timing.eval_steps, normalize)
+        total = time.perf_counter() - start
+        evaluation = total - result["train_s"]  # set-up and one evaluation
+        estimate[iterations] = result["train_s"] * args.steps / args.time_steps + evaluation * len(args.eval_steps)
+        print(f"timing: {iterations} iteration(s), {args.time_steps} steps in {result['train_s']:.1f} s", flush=True)
+    return estimate
+
+
+def print_plan(args, runs: dict) -> None:
+    settings, note = planned(args, runs)
+    estimate = seconds_per_run(args, runs)
+    n = args.piece[1]
+    print(
+        f"{len(runs)} runs recorded in {args.out}; expected wall time per run at {torch.get_num_threads()} "
+        f"thread(s): " + ", ".join(f"{i} it. {s / 60:.1f} min" for i, s in estimate.items())
+    )
+    for k in range(1, n + 1):
+        piece = select(settings, argparse.Namespace(**{**vars(args), "piece": (k, n)}))
+        left = [(s, seed) for s, seed in piece if run_key(s, seed) not in runs]
+        hours = sum(estimate[s.iterations] for s, _ in left) / 3600
+        print(f"piece {k}/{n}: {len(left)} of {len(piece)} runs left, about {hours:.2f} h")
+    if note:
+        print(note)
+
+
+# -- command line -------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grid", choices=("pruned", "full"), default="pruned")
+    parser.add_argument("--top", type=int, default=2, help="pruned grid: stage A settings that stage B explores")
+    parser.add_argument("--piece", default="1/1", help="K/N: run the K-th of N interleaved pieces of the grid")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="run keys must contain this text (repeatable), "
+        "e.g. official/it2 or recipe names; keys look like official/it2/lambda=1e-3/cli/seed=0",
+    )
+    parser.add_argument("--plan", action="store_true", help="print what is left per piece and its expected time")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--model", default="matrix_capsnet_small")
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--data-dir", default=None, help="data root (default: $CAPSNETS_DATA)")
+    parser.add_argument("--train-size", type=int, default=12800)
+    parser.add_argument("--test-size", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=400, help="a whole number of epochs of --train-size images")
+    parser.add_argument("--eval-steps", type=int, nargs="+", default=None, help="default: steps/4, steps/2, steps")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--time-steps", type=int, default=20, help="--plan: steps of the timing runs")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "em_sweep.json"))
+    args = parser.parse_args(argv)
+    try:
+        k, n = (int(x) for x in args.piece.split("/"))
+        assert 1 <= k <= n
+    except (ValueError, AssertionError):
+        parser.error(f"--piece must be K/N with 1 <= K <= N, got {args.piece!r}")
+    args.piece = (k, n)
+    for key in ("train_size", "test_size", "steps", "batch_size", "top", "time_steps"):
+        if getattr(args, key) < 1:
+            parser.error(f"--{key.replace('_', '-')} must be >= 1")
+    per_epoch = -(-args.train_size // args.batch_size)
+    if args.steps % per_epoch:
+        parser.error(
+            f"--steps {args.steps} is not a whole number of epochs of {per_epoch} steps (--train-size "
+            f"{args.train_size} at --batch-size {args.batch_size}); use a multiple of {per_epoch}"
+        )
+    if args.eval_steps is None:
+        args.eval_steps = sorted({max(1, args.steps // 4), max(1, args.steps // 2), args.steps})
+    if not all(1 <= s <= args.steps for s in args.eval_steps):
+        parser.error(f"--eval-steps must lie in 1..{args.steps}, got {args.eval_steps}")
+    args.eval_steps = sorted(set(args.eval_steps) | {args.steps})
+    args.out = Path(args.out)
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    retain_freed_memory()  # as `capsnets --retain-freed-memory` does
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    runs = read_record(args.out)["runs"]
+    if args.plan:
+        print_plan(args, runs)
+        return runs
+    while True:
+        settings, note = planned(args, runs)
+        todo = [(s, seed) for s, seed in select(settings, args) if run_key(s, seed) not in runs]
+        if not todo:
+            break
+        print(f"{len(todo)} runs left in this piece", flush=True)
+        for setting, seed in todo:
+            key = run_key(setting, seed)
+            print(f"== {key}", flush=True)
+            entry = run_one(setting, seed, args)
+            add_run(args.out, key, entry)
+            runs = read_record(args.out)["runs"]
+            print(f"   {entry['final_test_accuracy']:.4f} in {entry['wall_s']:.0f} s", flush=True)
+        # stage B may have become known: go round again
+    if note:
+        print(note)
+    print(f"nothing left in this piece; {len(runs)} runs in {args.out}")
+    return runs
+
+
+if __name__ == "__main__":
+    main()
