@@ -25,7 +25,8 @@ that pieces may run side by side); a rerun skips what the file holds, so the swe
 and continued, and split with ``--piece K/N`` or ``--only``. ``--grid pruned`` (the default) runs stage A, every
 formulation x iterations at the ``yl1993`` recipe with each formulation's usual inverse temperature, and once
 stage A is complete, stage B: the recipe x inverse temperature axes at the ``--top`` best settings of stage A.
-``--plan`` prints what is left per piece and its expected wall time, measured from a short timing run.
+``--plan`` prints what is left per piece and its expected time on cores of its own, from the CPU time of recorded
+runs or of a short timing run.
 
 Run ``python benchmarks/em_sweep.py --help``; ``benchmarks/README.md`` lists the recorded runs.
 """
@@ -50,7 +51,7 @@ from capsnets.data import AUGMENTATIONS, DeviceLoader, load_dataset
 from capsnets.engine import TrainConfig
 from capsnets.engine.callbacks import Hook
 from capsnets.engine.evaluate import evaluate
-from capsnets.engine.fit import TrainState, adam_with_decay, fit, training_step
+from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
 from capsnets.engine.runtime import (
     deterministic_on_cpu,
     resolve_amp,
@@ -273,26 +274,33 @@ def train_run(config: TrainConfig, eval_steps, normalize: tuple[float, float] | 
 
         curve, wanted = [], set(eval_steps)
 
+        def score(step: int, train_loss: float | None) -> None:
+            accuracy = evaluate(model, test_data, config.batch_size, device, config.amp)["accuracy"]
+            curve.append({"step": step, "test_accuracy": accuracy, "train_loss": train_loss})
+            print(f"  step {step:5d}  test accuracy {accuracy:.4f}", flush=True)
+
         def record(point, final):
             if point["step"] in wanted:
-                result = evaluate(model, test_data, config.batch_size, device, config.amp)
-                curve.append(
-                    {"step": point["step"], "test_accuracy": result["accuracy"], "train_loss": point["train_loss"]}
-                )
-                print(f"  step {point['step']:5d}  test accuracy {result['accuracy']:.4f}", flush=True)
+                score(point["step"], point["train_loss"])
 
         step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(config.amp, device), model=model)
-        fit(
-            step,
-            loader,
-            epochs=config.epochs,
-            state=state,
-            schedulers=[scheduler],
-            evaluations_per_epoch=len(loader),  # every step is a point; the hook evaluates the wanted ones
-            callbacks=[Hook(record)],
-            progress=False,
-        )
-    return {"curve": curve, "train_s": state.train_time_s, "model": model}
+        non_finite = None
+        try:
+            fit(
+                step,
+                loader,
+                epochs=config.epochs,
+                state=state,
+                schedulers=[scheduler],
+                evaluations_per_epoch=len(loader),  # every step is a point; the hook evaluates the wanted ones
+                callbacks=[Hook(record)],
+                progress=False,
+            )
+        except NonFiniteLossError as err:  # a result of the setting: recorded with the model as it ended
+            non_finite = str(err)
+            print(f"  {non_finite}", flush=True)
+            score(state.steps, None)
+    return {"curve": curve, "train_s": state.train_time_s, "model": model, "non_finite": non_finite}
 
 
 # -- the record file ----------------------------------------------------------------------------------------------
@@ -311,19 +319,31 @@ def locked(path: Path):
         os.close(folder)  # releases the lock
 
 
-def read_record(path: Path) -> dict:
+def protocol(args) -> dict[str, Any]:
+    """What every run of one record file shares: a file holds runs of one protocol only."""
+    keys = ("model", "dataset", "train_size", "test_size", "steps", "batch_size", "eval_steps")
+    return {key: getattr(args, key) for key in keys}
+
+
+def read_record(path: Path, expected: dict[str, Any] | None = None) -> dict:
+    """The record file's content (an empty record if there is none); with ``expected``, a file of runs of
+    another protocol is refused, so that no run is skipped for a run of other sizes."""
     if not path.is_file():
-        return {"format": RECORD_FORMAT, "runs": {}}
+        return {"format": RECORD_FORMAT, "protocol": expected, "runs": {}}
     record = json.loads(path.read_text())
     if record.get("format") != RECORD_FORMAT or not isinstance(record.get("runs"), dict):
         raise SystemExit(f"{path} is not a sweep record of format {RECORD_FORMAT}; pass another --out")
+    if expected is not None and record.get("protocol") != expected:
+        raise SystemExit(
+            f"{path} holds runs of {record.get('protocol')}, not of {expected}; pass another --out for these sizes"
+        )
     return record
 
 
-def add_run(path: Path, key: str, entry: dict) -> None:
+def add_run(path: Path, key: str, entry: dict, expected: dict[str, Any] | None = None) -> None:
     """Add one run to the record file: read it again under the lock, add, write atomically."""
     with locked(path):
-        record = read_record(path)
+        record = read_record(path, expected)
         record["runs"][key] = entry
         text = json.dumps(record, indent=1, sort_keys=True) + "\n"
         atomic_write(path, lambda tmp: Path(tmp).write_text(text))
@@ -331,8 +351,9 @@ def add_run(path: Path, key: str, entry: dict) -> None:
 
 def run_one(setting: Setting, seed: int, args) -> dict:
     config, normalize = make_config(setting, seed, args)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     result = train_run(config, args.eval_steps, normalize)
+    cpu = time.process_time() - cpu
     config_dict = config.to_dict()
     for key in ("out", "progress", "device", "threads"):
         config_dict.pop(key)
@@ -343,8 +364,11 @@ def run_one(setting: Setting, seed: int, args) -> dict:
         "normalize": list(normalize) if normalize else None,
         "curve": result["curve"],
         "final_test_accuracy": result["curve"][-1]["test_accuracy"],
+        "non_finite": result["non_finite"],  # None, or the error that stopped a diverging run
+        "em_kernel": os.environ.get("CAPSNETS_EM_KERNEL"),  # None: the default execution path
         "train_s": result["train_s"],
         "wall_s": time.perf_counter() - start,
+        "cpu_s": cpu,  # all threads together
         "environment": environment(resolve_device(args.device), args),
     }
 
@@ -353,17 +377,16 @@ def run_one(setting: Setting, seed: int, args) -> dict:
 
 
 def seconds_per_run(args, runs: dict) -> dict[int, float]:
-    """Expected wall seconds of one run per iteration count: the mean of recorded runs at these sizes and this
-    thread count, else a short timing run of ``--time-steps`` steps scaled to ``--steps``."""
-    estimate = {}
+    """Expected seconds of one run per iteration count on cores of its own: the mean CPU time per thread of
+    recorded runs at these sizes and this thread count (their wall time if they recorded none), else a short
+    timing run of ``--time-steps`` steps scaled to ``--steps``. CPU time, because other processes on a shared
+    machine stretch the wall time of a short run far more than its CPU time."""
+    threads, estimate = torch.get_num_threads(), {}
     for iterations in ITERATIONS:
         same = [
-            r["wall_s"]
+            r.get("cpu_s", r["wall_s"] * threads) / threads
             for r in runs.values()
-            if r["setting"]["iterations"] == iterations
-            and r["config"]["limit_train"] == args.train_size
-            and r["config"]["epochs"] * -(-args.train_size // args.batch_size) == args.steps
-            and r["environment"]["threads"] == torch.get_num_threads()
+            if r["setting"]["iterations"] == iterations and r["environment"]["threads"] == threads
         ]
         if same:
             estimate[iterations] = sum(same) / len(same)
@@ -371,14 +394,13 @@ def seconds_per_run(args, runs: dict) -> dict[int, float]:
         timing = argparse.Namespace(
             **{**vars(args), "steps": args.time_steps, "train_size": args.time_steps * args.batch_size}
         )
-        timing.eval_steps = [args.time_steps]
         config, normalize = make_config(Setting("official", iterations, "authors", "cli"), 0, timing)
-        start = time.perf_counter()
-        result = train_run(config, timing.eval_steps, normalize)
-        total = time.perf_counter() - start
-        evaluation = total - result["train_s"]  # set-up and one evaluation
-        estimate[iterations] = result["train_s"] * args.steps / args.time_steps + evaluation * len(args.eval_steps)
-        print(f"timing: {iterations} iteration(s), {args.time_steps} steps in {result['train_s']:.1f} s", flush=True)
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = train_run(config, [args.time_steps], normalize)
+        wall, cpu = time.perf_counter() - wall, (time.process_time() - cpu) / threads
+        train = cpu * result["train_s"] / wall  # the training's share of the CPU time
+        estimate[iterations] = train * args.steps / args.time_steps + (cpu - train) * len(args.eval_steps)
+        print(f"timing: {iterations} iteration(s), {args.time_steps} steps in {train:.1f} s of CPU", flush=True)
     return estimate
 
 
@@ -387,8 +409,8 @@ def print_plan(args, runs: dict) -> None:
     estimate = seconds_per_run(args, runs)
     n = args.piece[1]
     print(
-        f"{len(runs)} runs recorded in {args.out}; expected wall time per run at {torch.get_num_threads()} "
-        f"thread(s): " + ", ".join(f"{i} it. {s / 60:.1f} min" for i, s in estimate.items())
+        f"{len(runs)} runs recorded in {args.out}; expected time per run at {torch.get_num_threads()} "
+        f"thread(s), cores to itself: " + ", ".join(f"{i} it. {s / 60:.1f} min" for i, s in estimate.items())
     )
     for k in range(1, n + 1):
         piece = select(settings, argparse.Namespace(**{**vars(args), "piece": (k, n)}))
@@ -458,7 +480,7 @@ def main(argv=None) -> dict:
     retain_freed_memory()  # as `capsnets --retain-freed-memory` does
     if args.threads:
         torch.set_num_threads(args.threads)
-    runs = read_record(args.out)["runs"]
+    runs = read_record(args.out, protocol(args))["runs"]
     if args.plan:
         print_plan(args, runs)
         return runs
@@ -472,8 +494,8 @@ def main(argv=None) -> dict:
             key = run_key(setting, seed)
             print(f"== {key}", flush=True)
             entry = run_one(setting, seed, args)
-            add_run(args.out, key, entry)
-            runs = read_record(args.out)["runs"]
+            add_run(args.out, key, entry, protocol(args))
+            runs = read_record(args.out, protocol(args))["runs"]
             print(f"   {entry['final_test_accuracy']:.4f} in {entry['wall_s']:.0f} s", flush=True)
         # stage B may have become known: go round again
     if note:

@@ -24,6 +24,15 @@ def test_sweep_records_each_run_and_a_rerun_skips_them(shared_data_root, tmp_pat
     assert "1 runs left" in first
     record = json.loads(out.read_text())
     assert record["format"] == 1 and list(record["runs"]) == ["official/it1/lambda=authors/yl1993/seed=0"]
+    assert record["protocol"] == {
+        "model": "matrix_capsnet_small",
+        "dataset": "mnist",
+        "train_size": 16,
+        "test_size": 8,
+        "steps": 4,
+        "batch_size": 8,
+        "eval_steps": [1, 2, 4],
+    }
     # stopped after seed 0: a run with seeds 0 and 1 trains seed 1 only, and keeps seed 0's entry as it was
     second = sweep(shared_data_root, out, "--seeds", "0", "1", *only)
     assert "1 runs left" in second and "== official/it1/lambda=authors/yl1993/seed=1" in second
@@ -50,11 +59,17 @@ def test_sweep_records_each_run_and_a_rerun_skips_them(shared_data_root, tmp_pat
         assert [point["step"] for point in run["curve"]] == [1, 2, 4]
         assert all(0 <= point["test_accuracy"] <= 1 and math.isfinite(point["train_loss"]) for point in run["curve"])
         assert run["final_test_accuracy"] == run["curve"][-1]["test_accuracy"]
-        assert run["wall_s"] >= run["train_s"] > 0
+        assert run["wall_s"] >= run["train_s"] > 0 and run["cpu_s"] > 0
         assert run["environment"]["threads"] == 1 and run["environment"]["torch"] == torch.__version__
     plan = sweep(shared_data_root, out, "--seeds", "0", "1", "--plan", "--piece", "1/2", "--time-steps", "2")
     assert "2 runs recorded" in plan and "piece 1/2: 5 of 6 runs left" in plan and "piece 2/2: 5 of 6" in plan
     assert "stage B" in plan
+    # runs of other sizes never count as these: the file refuses them
+    command = [sys.executable, str(SCRIPT), "--data-dir", str(shared_data_root), "--out", str(out), *TINY]
+    command[command.index("--steps") + 1] = "8"
+    refused = subprocess.run(command, capture_output=True, text=True)
+    assert refused.returncode != 0 and "pass another --out for these sizes" in refused.stderr
+    assert json.loads(out.read_text())["runs"] == runs
 
 
 def test_command_line_errors_say_what_to_change(tmp_path):
@@ -172,3 +187,17 @@ def test_pieces_side_by_side_add_to_the_record_in_turn(load_benchmark, tmp_path)
     assert writer.wait(timeout=120) == 0
     assert em_sweep.read_record(out)["runs"] == {"a": {"piece": 1}, "b": {"piece": 2}, "c": {"piece": 1}}
     assert list(tmp_path.iterdir()) == [out]  # no lock file left beside it
+
+
+def test_a_diverging_run_is_recorded_as_it_ended(load_benchmark, tmp_path):
+    from capsnets.engine import TrainConfig
+
+    em_sweep = load_benchmark("em_sweep")
+    config = TrainConfig(
+        model="capsnet_digits", dataset="digits", epochs=1, batch_size=16, limit_train=64, limit_test=20,
+        lr=1e30, device="cpu", threads=1, progress=False, out=str(tmp_path / "run"),
+    )  # fmt: skip
+    result = em_sweep.train_run(config, [4])
+    assert "is nan" in result["non_finite"] or "is inf" in result["non_finite"]
+    last = result["curve"][-1]
+    assert last["train_loss"] is None and 1 <= last["step"] <= 4 and 0 <= last["test_accuracy"] <= 1
