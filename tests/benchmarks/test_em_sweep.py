@@ -81,8 +81,8 @@ def test_command_line_errors_say_what_to_change(tmp_path):
 
 
 def test_stage_b_explores_the_best_of_stage_a_once_it_is_complete(load_benchmark):
-    em_sweep = load_benchmark("em_sweep")
-    stage_a = em_sweep.stage_a()
+    em_grid, em_sweep = load_benchmark("em_grid"), load_benchmark("em_sweep")
+    stage_a = em_grid.stage_a()
     assert [s.key for s in stage_a[:2]] == ["official/it1/lambda=authors/yl1993", "official/it2/lambda=authors/yl1993"]
     assert {s.formulation for s in stage_a} == {"official", "paper"} and len(stage_a) == 6
     score = {"official/it2": 0.9, "paper/it2": 0.8}
@@ -90,43 +90,43 @@ def test_stage_b_explores_the_best_of_stage_a_once_it_is_complete(load_benchmark
     for setting in stage_a:
         for seed in (0, 1, 2):
             accuracy = score.get(f"{setting.formulation}/it{setting.iterations}", 0.5) + seed / 100
-            runs[em_sweep.run_key(setting, seed)] = {"final_test_accuracy": accuracy}
+            runs[em_grid.run_key(setting, seed)] = {"final_test_accuracy": accuracy}
     incomplete = dict(runs)
-    incomplete.pop(em_sweep.run_key(stage_a[-1], 2))
-    assert em_sweep.stage_b(incomplete, [0, 1, 2], top=2) is None
-    stage_b = em_sweep.stage_b(runs, [0, 1, 2], top=2)
+    incomplete.pop(em_grid.run_key(stage_a[-1], 2))
+    assert em_grid.stage_b(incomplete, [0, 1, 2], top=2) is None
+    stage_b = em_grid.stage_b(runs, [0, 1, 2], top=2)
     assert len(stage_b) == 16 and not set(stage_b) & set(stage_a)
     assert {(s.formulation, s.iterations) for s in stage_b} == {("official", 2), ("paper", 2)}
     assert {(s.inverse_temperature, s.recipe) for s in stage_b if s.formulation == "paper"} == {
-        (lam, recipe) for lam in em_sweep.LAMBDAS for recipe in em_sweep.RECIPES
+        (lam, recipe) for lam in em_grid.LAMBDAS for recipe in em_grid.RECIPES
     } - {("1e-3", "yl1993")}
     # pieces keep their runs as stage B is added: stage A's pairs come first in a fixed order
     args = em_sweep.parse_args(["--piece", "2/3"])
     before = em_sweep.select(stage_a, args)
     after = em_sweep.select(stage_a + stage_b, args)
-    assert after[: len(before)] == before and len(em_sweep.full_grid()) == 54
+    assert after[: len(before)] == before and len(em_grid.full_grid()) == 54
 
 
 def test_recipes_follow_their_sources(load_benchmark):
-    em_sweep = load_benchmark("em_sweep")
+    em_grid, em_sweep = load_benchmark("em_grid"), load_benchmark("em_sweep")
     # yl-1993: the margin grows from 0.2 to 0.9 over 10 epochs
-    assert em_sweep.yl1993_margin(1) == pytest.approx({"margin_start": 0.2, "margin_end": 0.27, "ramp": 1.0})
-    assert em_sweep.yl1993_margin(20) == pytest.approx({"margin_start": 0.2, "margin_end": 0.9, "ramp": 0.5})
+    assert em_grid.yl1993_margin(1) == pytest.approx({"margin_start": 0.2, "margin_end": 0.27, "ramp": 1.0})
+    assert em_grid.yl1993_margin(20) == pytest.approx({"margin_start": 0.2, "margin_end": 0.9, "ramp": 0.5})
     # the released code's sigmoid margin, as a linear ramp over the run
-    margin = em_sweep.authors_margin(10000)
+    margin = em_grid.authors_margin(10000)
     for step in range(0, 10001, 1000):
         exact = 0.2 + 0.79 / (1 + math.exp(-(step / 50000 - 4)))
         linear = margin["margin_start"] + (margin["margin_end"] - margin["margin_start"]) * step / 10000
         assert abs(exact - linear) < 2e-4
     args = em_sweep.parse_args([])
-    config, normalize = em_sweep.make_config(em_sweep.Setting("paper", 2, "1e-2", "cli"), 1, args)
+    config, normalize = em_sweep.make_config(em_grid.Setting("paper", 2, "1e-2", "cli"), 1, args)
     assert normalize is None and config.lr == 1e-3 and config.lr_decay == 0.96 and config.loss_args == {}
     assert config.epochs == 1 and config.batch_size == 32 and config.limit_train == 12800 and config.limit_test == 2000
     assert config.model_args == {
         "formulation": "paper",
         "routing": {"type": "em", "iterations": 2, "inverse_temperature": 1e-2},
     }
-    config, normalize = em_sweep.make_config(em_sweep.Setting("official", 3, "authors", "authors"), 0, args)
+    config, normalize = em_sweep.make_config(em_grid.Setting("official", 3, "authors", "authors"), 0, args)
     assert normalize is None and config.lr == 1e-2 and config.weight_decay == 2e-6 and config.max_shift == 2
     assert config.lr_decay == pytest.approx(0.96 ** (400 / 20000))
     assert args.eval_steps == [100, 200, 400]
