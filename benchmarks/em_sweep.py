@@ -323,6 +323,37 @@ def print_plan(args, runs: dict) -> None:
         print(note)
 
 
+def table(runs: dict) -> str:
+    """A Markdown table of the recorded runs, one row per setting, best first: the number of seeds, the mean test
+    accuracy (%) at each evaluation step, the range over the seeds at the last step, and the mean CPU minutes
+    per run (all threads)."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs.values():
+        groups.setdefault(Setting(**run["setting"]).key, []).append(run)
+    steps = [point["step"] for point in next(iter(runs.values()))["curve"]] if runs else []
+
+    def mean(values):
+        return sum(values) / len(values)
+
+    def at(run, step):
+        return next((p["test_accuracy"] for p in run["curve"] if p["step"] == step), float("nan"))
+
+    rows = []
+    for key, group in groups.items():
+        finals = [100 * run["final_test_accuracy"] for run in group]
+        means = [mean([100 * at(run, step) for run in group]) for step in steps]
+        diverged = sum(run.get("non_finite") is not None for run in group)
+        cpu = mean([run.get("cpu_s", run["wall_s"] * run["environment"]["threads"]) for run in group]) / 60
+        rows.append((means[-1] if means else 0.0, key, len(group), means, min(finals), max(finals), diverged, cpu))
+    rows.sort(key=lambda row: -row[0])
+    header = ["setting", "seeds", *(f"step {step}" for step in steps), "last: min-max", "diverged", "CPU min/run"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for _, key, n, means, low, high, diverged, cpu in rows:
+        cells = [f"`{key}`", str(n), *(f"{m:.1f}" for m in means), f"{low:.1f}-{high:.1f}", str(diverged), f"{cpu:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # -- command line -------------------------------------------------------------------------------------------------
 
 
@@ -338,6 +369,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="run keys must contain this text (repeatable), "
         "e.g. official/it2 or recipe names; keys look like official/it2/lambda=1e-3/cli/seed=0",
     )
+    parser.add_argument("--table", action="store_true", help="print the recorded runs as a Markdown table and stop")
     parser.add_argument("--plan", action="store_true", help="print what is left per piece and its expected time")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--model", default="matrix_capsnet_small")
@@ -385,6 +417,9 @@ def main(argv=None) -> dict:
     runs = read_record(args.out, protocol(args))["runs"]
     if args.plan:
         print_plan(args, runs)
+        return runs
+    if args.table:
+        print(table(runs))
         return runs
     while True:
         settings, note = planned(args, runs)

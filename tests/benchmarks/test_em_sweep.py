@@ -201,3 +201,31 @@ def test_a_diverging_run_is_recorded_as_it_ended(load_benchmark, tmp_path):
     assert "is nan" in result["non_finite"] or "is inf" in result["non_finite"]
     last = result["curve"][-1]
     assert last["train_loss"] is None and 1 <= last["step"] <= 4 and 0 <= last["test_accuracy"] <= 1
+
+
+def test_table_has_a_row_per_setting_best_first_with_the_seed_means(load_benchmark):
+    sweep = load_benchmark("em_sweep")
+
+    def run(formulation, seed, accuracies, cpu_s):
+        curve = [{"step": step, "test_accuracy": a, "train_loss": 1.0} for step, a in zip((100, 200, 400), accuracies)]
+        setting = {"formulation": formulation, "iterations": 2, "inverse_temperature": "1e-3", "recipe": "cli"}
+        return {
+            "setting": setting,
+            "seed": seed,
+            "curve": curve,
+            "final_test_accuracy": accuracies[-1],
+            "non_finite": None,
+            "cpu_s": cpu_s,
+            "wall_s": cpu_s,
+            "environment": {"threads": 1},
+        }
+
+    runs = {
+        "a0": run("official", 0, (0.5, 0.6, 0.7), 60),
+        "a1": run("official", 1, (0.7, 0.8, 0.9), 180),
+        "b0": run("paper", 0, (0.8, 0.9, 0.95), 120),
+    }
+    lines = sweep.table(runs).splitlines()
+    assert lines[0].startswith("| setting | seeds | step 100 | step 200 | step 400 | last: min-max |")
+    assert lines[2] == "| `paper/it2/lambda=1e-3/cli` | 1 | 80.0 | 90.0 | 95.0 | 95.0-95.0 | 0 | 2.0 |"
+    assert lines[3] == "| `official/it2/lambda=1e-3/cli` | 2 | 60.0 | 70.0 | 80.0 | 70.0-90.0 | 0 | 2.0 |"
