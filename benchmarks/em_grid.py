@@ -78,6 +78,20 @@ def _authors(epochs: int, steps_per_epoch: int) -> dict[str, Any]:
 RECIPES: dict[str, Callable[[int, int], dict[str, Any]]] = {"cli": _cli, "yl1993": _yl1993, "authors": _authors}
 
 
+def _variant(**changes: Any) -> Callable[[int, int], dict[str, Any]]:
+    return lambda epochs, steps_per_epoch: {**_yl1993(epochs, steps_per_epoch), **changes}
+
+
+#: Ablations of yl-1993's recipe: only ``--grid full`` holds them (``--only paper/it2/lambda=authors/yl1993-raw/``
+#: runs one). ``raw`` leaves the inputs in [0, 1]; the others change one more thing: Adam 5e-3, or a margin kept
+#: at 0.2, as the released code's sigmoid nearly does over the first 65,000 steps.
+VARIANTS: dict[str, Callable[[int, int], dict[str, Any]]] = {
+    "yl1993-raw": _variant(normalize=None),
+    "yl1993-raw-lr5e-3": _variant(normalize=None, lr=5e-3),
+    "yl1993-raw-flat": _variant(normalize=None, loss_args={"margin_start": 0.2, "margin_end": 0.2, "ramp": 1.0}),
+}
+
+
 class Setting(NamedTuple):
     """One point of the grid."""
 
@@ -99,7 +113,11 @@ class Setting(NamedTuple):
 
 def full_grid() -> list[Setting]:
     return [
-        Setting(f, i, lam, recipe) for f in FORMULATIONS for i in ITERATIONS for lam in LAMBDAS for recipe in RECIPES
+        Setting(f, i, lam, recipe)
+        for f in FORMULATIONS
+        for i in ITERATIONS
+        for lam in LAMBDAS
+        for recipe in {**RECIPES, **VARIANTS}
     ]
 
 

@@ -168,7 +168,7 @@ def learning_curve(args, extra: dict, train, test, device) -> dict:
         for images, labels in loader:
             start = time.perf_counter()
             if hasattr(criterion, "set_progress"):
-                criterion.set_progress(step / args.steps)
+                criterion.set_progress(step / args.steps, 1)
             loss, _ = criterion(model(images, labels), images, labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -67,6 +67,7 @@ from capsnets.models.hub import build_model
 from em_grid import (
     ITERATIONS,
     RECIPES,
+    VARIANTS,
     Setting,
     full_grid,
     run_key,
@@ -104,7 +105,7 @@ def make_config(setting: Setting, seed: int, args) -> tuple[TrainConfig, tuple[f
     """The run's :class:`TrainConfig` and its input normalisation (None or ``(mean, std)``)."""
     steps_per_epoch = -(-args.train_size // args.batch_size)
     epochs = args.steps // steps_per_epoch
-    recipe = RECIPES[setting.recipe](epochs, steps_per_epoch)
+    recipe = {**RECIPES, **VARIANTS}[setting.recipe](epochs, steps_per_epoch)
     normalize = recipe.pop("normalize", None)
     config = TrainConfig(
         model=args.model,
@@ -170,7 +171,7 @@ def train_run(config: TrainConfig, eval_steps, normalize: tuple[float, float] | 
         def compute(batch):
             images, labels = batch
             if schedule:
-                criterion.set_progress(state.fraction(len(loader), config.epochs))
+                criterion.set_progress(state.fraction(len(loader), config.epochs), config.epochs)
             output = model(images, labels)
             return {"train_loss": criterion(output, images, labels)[0]}
 

@@ -240,7 +240,8 @@ def test_train_help_states_the_defaults_of_the_config(capsys):
     entries, default = _help_entries("train", capsys), TrainConfig()
     for option in ("epochs", "seed", "eval_every", "checkpoint_every", "batch_size"):
         assert f"(default: {getattr(default, option)})" in entries["--" + option.replace("_", "-")], option
-    assert "(default: 0)" in entries["--weight-decay"] and "$CAPSNETS_DATA" in entries["--data-dir"]
+    assert "(default: the model's training recipe" in entries["--lr"]
+    assert "else 0)" in entries["--weight-decay"] and "$CAPSNETS_DATA" in entries["--data-dir"]
     assert "(default: runs/<model>" in entries["--out"] and "list-models MODEL" in entries["--model-arg"]
 
 

@@ -67,12 +67,23 @@ def test_spread_loss_hand_computed():
 def test_spread_margin_schedule():
     loss = create_loss("spread")
     assert loss.margin == pytest.approx(0.2)
-    loss.set_progress(0.25)
+    loss.set_progress(0.25, 4)
     assert loss.margin == pytest.approx(0.55)  # half-way through the ramp (half of training)
-    loss.set_progress(0.9)
+    loss.set_progress(0.9, 4)
     assert loss.margin == pytest.approx(0.9)
     full = create_loss("spread", ramp=1.0, margin_start=0.1, margin_end=0.5)
-    full.set_progress(0.5)
+    full.set_progress(0.5, 4)
     assert full.margin == pytest.approx(0.3)
     with pytest.raises(ValueError, match="ramp"):
         create_loss("spread", ramp=0)
+
+
+def test_spread_margin_ramp_in_epochs():
+    """yl-1993's schedule: 0.2 to 0.9 over 10 epochs, whatever the training's length."""
+    loss = create_loss("spread", ramp_epochs=10)
+    loss.set_progress(0.5, 2)  # one epoch done
+    assert loss.margin == pytest.approx(0.27)
+    loss.set_progress(0.5, 40)  # twenty epochs done
+    assert loss.margin == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="ramp_epochs"):
+        create_loss("spread", ramp_epochs=0)

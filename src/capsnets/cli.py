@@ -55,7 +55,7 @@ from capsnets.data.errors import DOWNLOAD_HINT
 from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
 from capsnets.documents import load_yaml
-from capsnets.engine.config import TrainConfig, build_config, default_run_dir, read_config_file
+from capsnets.engine.config import DEFAULTS, TrainConfig, build_config, default_run_dir, read_config_file
 from capsnets.engine.evaluate import evaluate, load_ensemble
 from capsnets.engine.fit import TrainingInterrupted
 from capsnets.engine.run_dir import run_files
@@ -410,12 +410,15 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         f"(default: {default_run_dir('<model>')}, e.g. {default_run_dir(default.model)})",
     )
     add("--batch-size", type=int, help=f"global batch size, split across processes (default: {default.batch_size})")
-    add("--lr", type=float, help=f"Adam learning rate (default: {default.lr:g})")
+    recipe = "the model's training recipe (capsnets.models.training_recipe), else"
+    add("--lr", type=float, help=f"Adam learning rate (default: {recipe} {DEFAULTS['lr']:g})")
     add(
-        "--lr-decay", type=float, help=f"per-epoch exponential decay of the learning rate (default: {default.lr_decay})"
+        "--lr-decay",
+        type=float,
+        help=f"per-epoch exponential decay of the learning rate (default: {recipe} {DEFAULTS['lr_decay']})",
     )
-    add("--weight-decay", type=float, help=f"Adam weight decay (default: {default.weight_decay:g})")
-    add("--loss", help="loss name from capsnets.losses (default: the model's default loss)")
+    add("--weight-decay", type=float, help=f"Adam weight decay (default: {recipe} {DEFAULTS['weight_decay']:g})")
+    add("--loss", help="loss name from capsnets.losses (default: the model's training recipe, else its default loss)")
     add("--seed", type=int, help=f"seed of initialisation, shuffling and augmentation (default: {default.seed})")
     add("--device", help=f"auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ... (default: {default.device})")
     _add_threads_arg(parser, recorded=True)
@@ -458,8 +461,8 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         "--max-shift",
         type=int,
         metavar="PIXELS",
-        help="random shift of training images (default: 2; 0 for images of 16 px or less and for data sets with "
-        "their own training augmentation)",
+        help="random shift of training images (default: the model's training recipe, else 2; 0 for images of 16 px "
+        "or less and for data sets with their own training augmentation)",
     )
     add(
         "--augment",

@@ -10,12 +10,14 @@
   transformed image.
 - Spread loss: Hinton, Sabour & Frosst (2018), Sec. 4.1, ``sum_{i != t} max(0, m - (a_t - a_i))^2``
   with the margin ``m`` growing linearly from 0.2 to 0.9. The paper does not say over how long; here
-  it reaches 0.9 after ``ramp`` (default half) of the training and stays there. (The authors' released
-  code grows it by steps, ``0.2 + 0.79 sigmoid(min(10, step / 50000 - 4))``, which stays below 0.25 for
-  the first 65,000 steps: ``docs/em_formulations.md``.)
+  it reaches 0.9 after ``ramp`` (default half) of the training, or after ``ramp_epochs`` epochs whatever the
+  training's length (yl-1993/Matrix-Capsules-EM-PyTorch, ``train.py``: 10 epochs), and stays there. (The
+  authors' released code grows it by steps, ``0.2 + 0.79 sigmoid(min(10, step / 50000 - 4))``, which stays
+  below 0.25 for the first 65,000 steps: ``docs/em_formulations.md``.)
 
-A criterion that has ``set_progress(fraction)`` is told by the trainer, before every step, which
-fraction of the training has been done (0 at the start, approaching 1 at the end).
+A criterion that has ``set_progress(fraction, epochs)`` is told by the trainer, before every step, which
+fraction of the training has been done (0 at the start, approaching 1 at the end) and how many epochs the
+training has.
 
 Every criterion built by :func:`create_loss` is called as ``criterion(output, images, targets)`` with a
 :class:`~capsnets.models.output.ModelOutput` and returns ``(loss, parts)``; ``parts`` holds the detached
@@ -158,20 +160,34 @@ class SpreadLoss(nn.Module):
         margin_start: margin at the start of training (0.2).
         margin_end: final margin (0.9).
         ramp: fraction of training over which the margin grows (then it stays at ``margin_end``).
+        ramp_epochs: the margin grows over this many epochs instead, whatever the training's length (a
+            training of fewer epochs ends below ``margin_end``); None: over ``ramp``.
+
+    Examples::
+
+        >>> loss = SpreadLoss(ramp_epochs=10)
+        >>> loss.set_progress(0.5, epochs=2)  # one epoch done
+        >>> round(loss.margin, 3)
+        0.27
     """
 
-    def __init__(self, *, margin_start: float = 0.2, margin_end: float = 0.9, ramp: float = 0.5) -> None:
+    def __init__(
+        self, *, margin_start: float = 0.2, margin_end: float = 0.9, ramp: float = 0.5, ramp_epochs: float | None = None
+    ) -> None:
         super().__init__()
         margin_start, margin_end = number("margin_start", margin_start, 0.0), number("margin_end", margin_end)
         if not margin_start <= margin_end:
             raise ArgumentError(f"need 0 <= margin_start <= margin_end, got {margin_start}, {margin_end}", "margin_end")
         ramp = number("ramp", ramp, 0.0, 1.0, low_open=True)
-        self.margin_start, self.margin_end, self.ramp = margin_start, margin_end, ramp
+        if ramp_epochs is not None:
+            ramp_epochs = number("ramp_epochs", ramp_epochs, 0.0, low_open=True)
+        self.margin_start, self.margin_end, self.ramp, self.ramp_epochs = margin_start, margin_end, ramp, ramp_epochs
         self.margin = margin_start
 
-    def set_progress(self, fraction: float) -> None:
-        """Set the margin for the given fraction of training done."""
-        growth = min(max(fraction, 0.0) / self.ramp, 1.0)
+    def set_progress(self, fraction: float, epochs: int) -> None:
+        """Set the margin for the given fraction of a training of ``epochs`` epochs done."""
+        done = max(fraction, 0.0)
+        growth = min(done / self.ramp if self.ramp_epochs is None else done * epochs / self.ramp_epochs, 1.0)
         self.margin = self.margin_start + (self.margin_end - self.margin_start) * growth
 
     def forward(self, output: ModelOutput, images: Tensor, targets: Tensor):
@@ -181,7 +197,7 @@ class SpreadLoss(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"margin={self.margin:.3f}, margin_start={self.margin_start}, margin_end={self.margin_end}, "
-            f"ramp={self.ramp}"
+            f"ramp={self.ramp}, ramp_epochs={self.ramp_epochs}"
         )
 
 

@@ -6,6 +6,8 @@ import pytest
 import yaml
 
 from capsnets.engine.config import TrainConfig, build_config, read_config_file
+from capsnets.losses import create_loss
+from capsnets.models import list_models, training_recipe
 
 
 def test_file_then_overrides(tmp_path):
@@ -99,3 +101,55 @@ def test_exponent_floats_without_a_dot_are_floats(tmp_path):
         "e": [0.01, 3],
         "f": "name",
     }
+
+
+@pytest.fixture
+def recipe(monkeypatch):
+    """``capsnet_small`` registered with a recipe for the duration of a test."""
+    from capsnets.models import registry
+
+    values = {"lr": 0.02, "weight_decay": 1e-4, "max_shift": 0, "loss": "spread", "loss_args": {"ramp_epochs": 10}}
+    monkeypatch.setitem(registry._RECIPES, "capsnet_small", values)
+    return values
+
+
+def test_recipe_fills_what_the_user_leaves_unset(recipe):
+    config = TrainConfig(model="capsnet_small")
+    assert (config.lr, config.weight_decay, config.max_shift, config.lr_decay) == (0.02, 1e-4, 0, 0.96)
+    assert (config.loss, config.loss_args) == ("spread", {"ramp_epochs": 10})
+    assert TrainConfig(model="capsnet_digits").lr == 1e-3  # no recipe: the defaults
+
+
+def test_recipe_sits_between_defaults_and_the_config_file(recipe, tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"model": "capsnet_small", "lr": 0.005, "loss_args": {"margin_end": 0.5}}))
+    config = build_config(path, weight_decay=0.0)
+    assert (config.lr, config.weight_decay, config.max_shift) == (0.005, 0.0, 0)
+    assert config.loss_args == {"ramp_epochs": 10, "margin_end": 0.5}  # key by key over the recipe's
+    assert build_config(path, lr=0.1).lr == 0.1  # a flag over the file
+
+
+def test_recipe_loss_args_follow_only_its_loss(recipe):
+    config = TrainConfig(model="capsnet_small", loss="margin")
+    assert config.loss_args == {}
+    assert TrainConfig(model="capsnet_small", loss="spread", loss_args={"margin_end": 0.5}).loss_args == {
+        "ramp_epochs": 10,
+        "margin_end": 0.5,
+    }
+
+
+def test_a_recorded_config_is_rebuilt_as_it_was(recipe):
+    config = TrainConfig(model="capsnet_small", lr=0.004)
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    assert build_config(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("name", [name for name in list_models() if training_recipe(name)])
+def test_every_recipe_is_a_valid_config(name):
+    recipe = training_recipe(name)
+    config = TrainConfig(model=name)
+    assert {key: getattr(config, key) for key in recipe if key != "loss_args"} == {
+        key: value for key, value in recipe.items() if key != "loss_args"
+    }
+    assert "loss_args" not in recipe or "loss" in recipe, "a recipe with loss arguments names its loss"
+    create_loss(config.loss or "margin", **config.loss_args)

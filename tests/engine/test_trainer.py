@@ -196,12 +196,12 @@ def test_loss_schedule_gets_training_progress(tiny_config, monkeypatch):
     seen = []
 
     class Scheduled(MarginLoss):
-        def set_progress(self, fraction):
-            seen.append(fraction)
+        def set_progress(self, fraction, epochs):
+            seen.append((fraction, epochs))
 
     monkeypatch.setattr(Trainer, "_build_loss", lambda self, model: Scheduled())
     Trainer(tiny_config(epochs=2, batch_size=32, limit_train=64)).fit()
-    assert seen == [0.0, 0.25, 0.5, 0.75]  # 2 epochs x 2 steps
+    assert seen == [(0.0, 2), (0.25, 2), (0.5, 2), (0.75, 2)]  # 2 epochs x 2 steps
 
 
 def _larger_digits(monkeypatch, augment=None):

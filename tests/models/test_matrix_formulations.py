@@ -9,7 +9,9 @@ from capsnets.models.matrix_capsnet import receptive_field_centres
 
 
 def test_official_model_uses_the_released_routing_in_each_layer():
-    model = capsnets.create_model("matrix_capsnet_small", formulation="official", routing={"detach_routing": True})
+    model = capsnets.create_model(
+        "matrix_capsnet_small", formulation="official", routing={"iterations": 3, "detach_routing": True}
+    )
     for layer in (model.conv_caps1, model.conv_caps2):
         r = layer.routing
         assert (r.formulation, r.eps, r.variance_floor, r.detach_routing) == ("official", 1e-7, 5e-4, True)
@@ -22,7 +24,9 @@ def test_official_model_uses_the_released_routing_in_each_layer():
     assert two.conv_caps1.routing.iterations == two.class_capsules.routing.iterations == 2
     assert two.class_capsules.routing == EMRouting.official(2, layer="class")
     # a routing object equal to the released code's gives the class layer the released class routing too
-    given = capsnets.create_model("matrix_capsnet_small", routing=EMRouting.official(2), device="meta")
+    given = capsnets.create_model(
+        "matrix_capsnet_small", formulation="official", routing=EMRouting.official(2), device="meta"
+    )
     assert given.class_capsules.routing == two.class_capsules.routing
 
 
@@ -83,7 +87,7 @@ def test_official_formulation_refuses_the_paper_cost_options():
     # other settings make a routing that is not the released code's: it is used in every layer
     model = capsnets.create_model("matrix_capsnet_small", formulation="official", routing={"inverse_temperature": 1.0})
     assert model.class_capsules.routing is model.conv_caps1.routing
-    assert model.class_capsules.routing.inverse_temperatures == [1.0] * 3
+    assert model.class_capsules.routing.inverse_temperatures == [1.0] * 2  # the builder's 2 iterations
     with pytest.raises(ValueError, match="formulation must be one of"):
         capsnets.create_model("matrix_capsnet_small", formulation="google")
 

@@ -15,8 +15,8 @@ EXPECTED_PARAMETERS = {
     "capsnet": 8_215_568,  # Sabour, Frosst & Hinton (2017), Sec. 5: 8.2M
     "cnn_baseline": 35_445_522,  # 35.4M
     "cnn_smallnorb": 4_252_549,  # the EM paper's smallNORB CNN, 4.2M
-    "matrix_capsnet": 315_850,  # ~310K (5 classes; the official formulation's primary capsules have no biases)
-    "matrix_capsnet_small": 67_018,  # ~68K
+    "matrix_capsnet": 316_394,  # ~310K (5 classes; 315,850 with the official formulation, without primary biases)
+    "matrix_capsnet_small": 67_154,  # ~68K
 }
 
 

@@ -101,17 +101,20 @@ def test_routing_settings_alone_update_the_models_default_routing():
         detach_routing=False
     )
     assert capsnets.create_model(
-        "matrix_capsnet_small", routing={"iterations": 2}
-    ).conv_caps1.routing == EMRouting.official(2)
+        "matrix_capsnet_small", formulation="official", routing={"iterations": 3}
+    ).conv_caps1.routing == EMRouting.official(3)
+    assert capsnets.create_model("matrix_capsnet_small", routing={"iterations": 3}).conv_caps1.routing == EMRouting()
 
 
 def test_builders_leave_the_routing_defaults_to_the_routing():
-    # a builder names its routing's type: the defaults live in capsnets.functional alone
+    # a builder names its routing's type (the matrix networks their iterations too): the other defaults live in
+    # capsnets.functional alone
     for name in ("capsnet", "capsnet_small", "segcaps_small", "capspix2pix_small", "matrix_capsnet_small"):
         args = capsnets.models.model_arguments(name)
-        assert args["routing"] in ("dynamic", "em") and not any(key.startswith("routing_") for key in args)
+        assert args["routing"] in ("dynamic", "em") or dict(args["routing"]) == {"type": "em", "iterations": 2}
+        assert not any(key.startswith("routing_") for key in args)
     assert capsnets.create_model("capsnet_digits").class_capsules.routing == DynamicRouting()
-    assert capsnets.create_model("matrix_capsnet_small", formulation="paper").class_capsules.routing == EMRouting()
-    official = capsnets.create_model("matrix_capsnet_small")
-    assert official.conv_caps1.routing == EMRouting.official(layer="conv")
-    assert official.class_capsules.routing == EMRouting.official(layer="class")
+    assert capsnets.create_model("matrix_capsnet_small").class_capsules.routing == EMRouting(2)
+    official = capsnets.create_model("matrix_capsnet_small", formulation="official")
+    assert official.conv_caps1.routing == EMRouting.official(2, layer="conv")
+    assert official.class_capsules.routing == EMRouting.official(2, layer="class")

@@ -1,12 +1,14 @@
 """Training configuration as one dataclass (in the style of nanoGPT's ``GPTConfig``).
 
-A :class:`TrainConfig` is built from defaults, then a YAML/JSON file, then command-line flags (later
-sources override earlier ones). The resolved config is saved as ``config.yaml`` in every run directory
+A :class:`TrainConfig` is built from defaults, then the model's training recipe
+(:func:`~capsnets.models.training_recipe`), then a YAML/JSON file, then command-line flags (later sources override
+earlier ones). The resolved config is saved as ``config.yaml`` in every run directory
 (timm's ``args.yaml``) so that a run can be reproduced and a checkpoint can rebuild its model.
 
-Defaults follow Sabour et al. 2017, §4 (Adam, exponentially decaying learning rate, batch 128, shifts of
-up to 2 px): ``lr=1e-3`` and a per-epoch decay ``lr_decay=0.96`` (the paper gives no number; 0.96 per
-epoch is the value used by the authors' public code, ``decay_rate=0.96``).
+Defaults (:data:`DEFAULTS`, for a model whose recipe leaves a field out) follow Sabour et al. 2017, §4 (Adam,
+exponentially decaying learning rate, batch 128, shifts of up to 2 px): ``lr=1e-3`` and a per-epoch decay
+``lr_decay=0.96`` (the paper gives no number; 0.96 per epoch is the value used by the authors' public code,
+``decay_rate=0.96``).
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ from capsnets.data.transforms import AUGMENTATIONS
 from capsnets.documents import read_document
 from capsnets.engine.runtime import AMP_MODES, MAX_THREADS
 from capsnets.io import atomic_write
+from capsnets.models import list_models, training_recipe
 from capsnets.validation import ArgumentError, expect, reject_unknown
 
 #: Images at most this many pixels high get ``max_shift=0`` when ``max_shift`` is None (8x8 digits
 #: would lose a quarter of the digit to a 2 px shift); larger images get the paper's 2 px.
 SMALL_IMAGE_PX = 16
+
+
+#: The values of the recipe's fields for a model whose recipe leaves them out (Sabour et al. 2017; see above).
+DEFAULTS: dict[str, Any] = {"lr": 1e-3, "lr_decay": 0.96, "weight_decay": 0.0}
 
 
 def default_run_dir(model: str) -> str:
@@ -55,12 +62,13 @@ class TrainConfig:
         download: fetch missing data set files.
         epochs: number of passes over the training split.
         batch_size: GLOBAL batch size; with ``world_size`` processes each takes ``batch_size / world_size``.
-        lr: Adam learning rate.
-        lr_decay: per-epoch exponential decay factor ``gamma`` (lr after epoch e is ``lr * gamma**e``).
-        weight_decay: Adam weight decay.
-        loss: loss name for ``capsnets.losses.create_loss`` (None: the model's ``default_loss``).
-        loss_args: keyword arguments for the loss.
-        max_shift: random translation in pixels (zero padding). None: 2 px, or 0 for images of at most
+        lr: Adam learning rate. None: the model's recipe's, else ``DEFAULTS["lr"]`` (1e-3).
+        lr_decay: per-epoch exponential decay factor ``gamma`` (lr after epoch e is ``lr * gamma**e``). None: the
+            model's recipe's, else 0.96.
+        weight_decay: Adam weight decay. None: the model's recipe's, else 0.
+        loss: loss name for ``capsnets.losses.create_loss`` (None: the recipe's, else the model's ``default_loss``).
+        loss_args: keyword arguments for the loss, over the recipe's when the loss is the recipe's.
+        max_shift: random translation in pixels (zero padding). None: the recipe's, else 2 px, or 0 for images of at most
             ``SMALL_IMAGE_PX`` pixels (the 8x8 digits) and for data sets with their own training
             augmentation (smallNORB and the viewpoint set: random crops and brightness/contrast).
         augment: a training augmentation by name, applied after the shifts (``capsnets.data.AUGMENTATIONS``):
@@ -92,9 +100,9 @@ class TrainConfig:
     download: bool = False
     epochs: int = 10
     batch_size: int = 128
-    lr: float = 1e-3
-    lr_decay: float = 0.96
-    weight_decay: float = 0.0
+    lr: float | None = None
+    lr_decay: float | None = None
+    weight_decay: float | None = None
     loss: str | None = None
     loss_args: dict[str, Any] = field(default_factory=dict)
     max_shift: int | None = None
@@ -115,8 +123,23 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.out is None:
             self.out = default_run_dir(self.model)
+        self._apply_recipe()
         self.validate()
         self.dataset, self.data_dir = absolute_folder(self.dataset), _absolute(self.data_dir)
+
+    def _apply_recipe(self) -> None:
+        """Fill the fields left None from the model's recipe, then from :data:`DEFAULTS`."""
+        known = isinstance(self.model, str) and self.model in list_models()
+        recipe = training_recipe(self.model) if known else {}
+        recipe_loss_args = recipe.pop("loss_args", None)
+        for key, value in recipe.items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+        if recipe_loss_args is not None and self.loss == recipe.get("loss") and isinstance(self.loss_args, dict):
+            self.loss_args = _merged(recipe_loss_args, self.loss_args)
+        for key, value in DEFAULTS.items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
 
     def validate(self) -> None:
         """Raise an :class:`~capsnets.validation.ArgumentError` (a ``ValueError``) naming the first field whose value

@@ -128,7 +128,7 @@ class Trainer:
         def compute(batch):
             images, labels = batch
             if schedule:  # a loss schedule (spread loss's margin) follows the fraction of training done
-                s.criterion.set_progress(s.state.fraction(len(s.loader), cfg.epochs))
+                s.criterion.set_progress(s.state.fraction(len(s.loader), cfg.epochs), cfg.epochs)
             output = train_model(images, labels)
             correct = (output.scores.detach().argmax(dim=-1) == labels).sum()
             return {

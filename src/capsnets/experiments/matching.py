@@ -113,7 +113,7 @@ def train_matched(
     def compute(batch):
         images, labels = batch
         if schedule:
-            criterion.set_progress(state.fraction(len(loader), epochs))
+            criterion.set_progress(state.fraction(len(loader), epochs), epochs)
         return {"loss": criterion(forward(images, labels), images, labels)[0]}
 
     def score(record: dict, final: bool) -> bool:

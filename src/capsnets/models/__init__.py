@@ -28,6 +28,7 @@ from capsnets.models.registry import (
     model_task,
     register_model,
     routing_keys,
+    training_recipe,
 )
 from capsnets.models.segcaps import SegCaps, SegmentationOutput
 from capsnets.models.transforming import AutoencoderOutput, TransformingAutoencoder
@@ -65,4 +66,5 @@ __all__ = [
     "register_model",
     "routing_keys",
     "save_model",
+    "training_recipe",
 ]

@@ -4,26 +4,26 @@ ReLU Conv1 (5x5, stride 2, A channels) -> PrimaryCaps (1x1, B types) -> ConvCaps
 -> ConvCaps2 (K=3, stride 1, D types) -> class capsules (shared W, coordinate addition), EM routing in
 the last three layers. Registered variants:
 
-- ``matrix_capsnet``: A=B=C=D=32 (315,850 parameters for 5 classes; 316,394 with the paper formulation's
-  primary-capsule biases);
-- ``matrix_capsnet_small``: A=64, B=8, C=D=16 (67,018 for 5 classes; 67,154).
+- ``matrix_capsnet``: A=B=C=D=32 (316,394 parameters for 5 classes; 315,850 with the official formulation, whose
+  primary capsules have no biases);
+- ``matrix_capsnet_small``: A=64, B=8, C=D=16 (67,154 for 5 classes; 67,018).
 
 Two formulations (``formulation``; ``docs/em_formulations.md`` compares them line by line):
 
-- ``"official"`` (the default): the authors' released code (google-research/google-research,
+- ``"official"``: the authors' released code (google-research/google-research,
   ``capsule_em``): its EM equations (:meth:`capsnets.functional.EMRouting.official`), per-type
   normalisation of the assignments in the convolutional capsule layers (``assignment_scope="per_type"``),
   its initialisation (truncated normals; ``beta_a``, ``beta_v`` 0.5 / 0.5 in the convolutional and 1 / 2
   in the class capsule layer), primary capsules without biases and with ``sigmoid(x - 1)`` activations,
   and coordinate addition of the receptive-field centres in pixels / 100 (column, then row).
-- ``"paper"``: Procedure 1 as printed, with this library's choices where the text is silent: the
+- ``"paper"`` (the default): Procedure 1 as printed, with this library's choices where the text is silent: the
   inverse temperature of :func:`~capsnets.functional.em_inverse_temperatures` in every layer, pose
   weights started at the identity plus noise, ``beta`` at 0, coordinates ``(r + 0.5) / H``; it alone takes
   the deviations ``cost_normalization`` and ``inverse_temperature``.
 
 Inputs of 32x32 (smallNORB crops) use no padding in Conv1; smaller inputs (28x28 MNIST) get padding 2,
 which gives the same 14x14 -> 6x6 -> 4x4 grids. Class scores are the class capsule activations.
-The builders take ``routing``: an :class:`~capsnets.functional.EMRouting`, its spec or ``"em"`` (the default),
+The builders take ``routing``: an :class:`~capsnets.functional.EMRouting`, its spec or ``"em"`` (3 iterations),
 e.g. ``{"type": "em", "iterations": 2, "detach_routing": True}`` (the assignments of the non-final iterations
 without gradient: a cheaper backward); with the official formulation, the settings a spec leaves out are the
 released code's, per layer (see :class:`MatrixCapsNet`). Deviation in both formulations: the released code's
@@ -34,6 +34,7 @@ mixes different children; here the copies are grouped by the layer's real stride
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Literal
 
 import torch
@@ -61,7 +62,24 @@ from capsnets.validation import (
 
 #: The formulations of matrix capsules: Procedure 1 as printed, or the authors' released code.
 FORMULATIONS = ("paper", "official")
-DEFAULT_FORMULATION = "official"
+#: The defaults of the networks and their builders: the paper's formulation with 2 EM iterations, the setting that
+#: learns fastest on MNIST in both formulations (``docs/results/em-recipes.md``); the paper's 3 iterations are
+#: ``routing="em"``.
+DEFAULT_FORMULATION = "paper"
+DEFAULT_ROUTING: Mapping[str, object] = MappingProxyType({"type": "em", "iterations": 2})
+#: The networks' training recipe (:func:`~capsnets.models.training_recipe`), yl-1993/Matrix-Capsules-EM-PyTorch's
+#: (``train.py``, ``loss/spread_loss.py``): Adam 3e-3 with weight decay 2e-7, decayed 0.96 per 20,000 steps (per
+#: epoch here: MNIST's 1,875 steps at batch 32), the spread loss's margin from 0.2 to 0.9 over 10 epochs, no shifts.
+RECIPE: Mapping[str, object] = MappingProxyType(
+    {
+        "lr": 3e-3,
+        "lr_decay": 0.996,
+        "weight_decay": 2e-7,
+        "max_shift": 0,
+        "loss": "spread",
+        "loss_args": {"margin_start": 0.2, "margin_end": 0.9, "ramp_epochs": 10},
+    }
+)
 
 
 def _routings(routing, formulation: str) -> tuple[EMRouting, EMRouting]:
@@ -118,7 +136,7 @@ class MatrixCapsNet(nn.Module):
         conv_caps2_types: D, types of the second.
         conv_padding: padding of Conv1; None: 2 for inputs smaller than 32 px, else 0.
         routing: the EM routing of the three capsule layers: an :class:`~capsnets.functional.EMRouting`, its spec
-            or ``"em"`` (the default). With the official formulation, the settings a spec leaves out are the
+            or ``"em"`` (3 iterations); default: 2 iterations. With the official formulation, the settings a spec leaves out are the
             released code's (:meth:`~capsnets.functional.EMRouting.official`), and the released code's routing
             of the convolutional layers gives the class layer the released code's class routing (its final
             inverse temperature divided by 4, its own mass guard); any other routing is used in every layer.
@@ -160,7 +178,7 @@ class MatrixCapsNet(nn.Module):
         conv_caps1_types: int = 32,
         conv_caps2_types: int = 32,
         conv_padding: int | None = None,
-        routing="em",
+        routing=DEFAULT_ROUTING,
         class_routing=None,
         coordinate_addition: bool = True,
         pose_size: int = 4,
@@ -278,12 +296,12 @@ _WIDTHS = {
 }
 
 
-@register_model("matrix_capsnet")
+@register_model("matrix_capsnet", recipe=RECIPE)
 def matrix_capsnet(
     *,
     num_classes: PositiveInt = 5,
     input_size: ImageSize = (1, 32, 32),
-    routing: Routing = "em",
+    routing: Routing = DEFAULT_ROUTING,
     coordinate_addition: bool = True,
     checkpoint_chunks: NonNegativeInt = 0,
     assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,
@@ -306,12 +324,12 @@ def matrix_capsnet(
     )
 
 
-@register_model("matrix_capsnet_small")
+@register_model("matrix_capsnet_small", recipe=RECIPE)
 def matrix_capsnet_small(
     *,
     num_classes: PositiveInt = 5,
     input_size: ImageSize = (1, 32, 32),
-    routing: Routing = "em",
+    routing: Routing = DEFAULT_ROUTING,
     coordinate_addition: bool = True,
     checkpoint_chunks: NonNegativeInt = 0,
     assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,

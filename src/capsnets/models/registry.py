@@ -13,6 +13,7 @@ records: :mod:`capsnets.models.hub`).
 
 from __future__ import annotations
 
+import copy
 import difflib
 import fnmatch
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -24,6 +25,7 @@ from capsnets.validation import Argument, ArgumentError, keyword_arguments, reje
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _TASKS: dict[str, str] = {}
+_RECIPES: dict[str, dict[str, object]] = {}
 #: What a model's forward pass returns, by task: ``"classification"`` models return a
 #: :class:`~capsnets.models.output.ModelOutput` (class scores); ``"segmentation"`` models a
 #: :class:`~capsnets.models.segcaps.SegmentationOutput` (per-pixel probabilities); ``"autoencoder"``
@@ -33,9 +35,16 @@ TASKS = ("classification", "segmentation", "autoencoder", "synthesis")
 
 
 def register_model(
-    name: str, *, task: str = "classification"
+    name: str, *, task: str = "classification", recipe: Mapping[str, object] | None = None
 ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator registering a model builder under ``name`` for ``task`` (one of :data:`TASKS`)."""
+    """Decorator registering a model builder under ``name`` for ``task`` (one of :data:`TASKS`).
+
+    Args:
+        name: the model's name.
+        task: one of :data:`TASKS`.
+        recipe: the model's default training settings, as :class:`~capsnets.engine.TrainConfig` fields (timm's
+            ``pretrained_cfg``): they fill the fields a training leaves unset (:func:`training_recipe`).
+    """
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
 
@@ -44,9 +53,26 @@ def register_model(
             raise ValueError(f"model {name!r} is already registered")
         _REGISTRY[name] = builder
         _TASKS[name] = task
+        _RECIPES[name] = copy.deepcopy(dict(recipe or {}))
         return builder
 
     return decorate
+
+
+def training_recipe(name: str) -> dict[str, object]:
+    """The training settings model ``name`` was registered with, as :class:`~capsnets.engine.TrainConfig` fields
+    (empty for a model that trains with the config's defaults). A field the user sets, in a config file or a flag,
+    wins over the recipe.
+
+    Examples::
+
+        >>> training_recipe("matrix_capsnet_small")["lr"]
+        0.003
+        >>> training_recipe("capsnet_small")
+        {}
+    """
+    _builder(name)
+    return copy.deepcopy(_RECIPES[name])
 
 
 def list_models(
