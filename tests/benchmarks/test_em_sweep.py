@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import capsnets
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "em_sweep.py"
 TINY = ["--train-size", "16", "--test-size", "8", "--steps", "4", "--batch-size", "8", "--threads", "1"]
 
@@ -104,7 +106,8 @@ def test_stage_b_explores_the_best_of_stage_a_once_it_is_complete(load_benchmark
     args = em_sweep.parse_args(["--piece", "2/3"])
     before = em_sweep.select(stage_a, args)
     after = em_sweep.select(stage_a + stage_b, args)
-    assert after[: len(before)] == before and len(em_grid.full_grid()) == 54
+    assert after[: len(before)] == before
+    assert len(em_grid.full_grid()) == 2 * 3 * 3 * (len(em_grid.RECIPES) + len(em_grid.VARIANTS))
 
 
 def test_recipes_follow_their_sources(load_benchmark):
@@ -120,7 +123,13 @@ def test_recipes_follow_their_sources(load_benchmark):
         assert abs(exact - linear) < 2e-4
     args = em_sweep.parse_args([])
     config, normalize = em_sweep.make_config(em_grid.Setting("paper", 2, "1e-2", "cli"), 1, args)
-    assert normalize is None and config.lr == 1e-3 and config.lr_decay == 0.96 and config.loss_args == {}
+    assert normalize is None and (config.lr, config.lr_decay, config.weight_decay, config.max_shift) == (
+        1e-3,
+        0.96,
+        0,
+        2,
+    )
+    assert config.loss_args == {"margin_start": 0.2, "margin_end": 0.9, "ramp": 0.5, "ramp_epochs": None}
     assert config.epochs == 1 and config.batch_size == 32 and config.limit_train == 12800 and config.limit_test == 2000
     assert config.model_args == {
         "formulation": "paper",
@@ -130,6 +139,21 @@ def test_recipes_follow_their_sources(load_benchmark):
     assert normalize is None and config.lr == 1e-2 and config.weight_decay == 2e-6 and config.max_shift == 2
     assert config.lr_decay == pytest.approx(0.96 ** (400 / 20000))
     assert args.eval_steps == [100, 200, 400]
+
+
+def test_each_recipe_is_its_own_whatever_the_models_recipe(load_benchmark):
+    """A recipe names every field a model's recipe sets, so the matrix networks' recipe changes none of them;
+    ``default`` is the model's own."""
+    em_grid, em_sweep = load_benchmark("em_grid"), load_benchmark("em_sweep")
+    args = em_sweep.parse_args([])
+    for name, recipe in {**em_grid.RECIPES, **em_grid.VARIANTS}.items():
+        fields = recipe(1, 400)
+        fields.pop("normalize", None)
+        config, _ = em_sweep.make_config(em_grid.Setting("paper", 2, "authors", name), 0, args)
+        assert {key: getattr(config, key) for key in fields} == fields, name
+    config, _ = em_sweep.make_config(em_grid.Setting("paper", 2, "authors", "default"), 0, args)
+    model_recipe = capsnets.models.training_recipe("matrix_capsnet_small")
+    assert {key: getattr(config, key) for key in model_recipe} == model_recipe
 
 
 def test_a_run_trains_as_the_trainer_does(load_benchmark, tmp_path):
