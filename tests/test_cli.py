@@ -254,6 +254,26 @@ def test_dataset_help_lists_the_registered_data_sets(command, capsys):
     assert names.split(", ") == list_datasets() and own.startswith("folder:PATH (your own images")
 
 
+def test_train_takes_the_models_recipe_under_the_flags_and_names_what_it_took(tmp_path):
+    from capsnets.cli import _recipe_note
+
+    def config(*argv):
+        return config_from_args(build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *argv]))
+
+    plain = config("--model", "matrix_capsnet_small")
+    assert (plain.lr, plain.weight_decay, plain.max_shift, plain.loss) == (3e-3, 2e-7, 0, "spread")
+    assert plain.loss_args["ramp_epochs"] == 10
+    note = _recipe_note(plain)
+    assert note.startswith("matrix_capsnet_small trains with its recipe: lr=0.003, ") and "ramp_epochs" in note
+    file = tmp_path / "run.yaml"
+    file.write_text(yaml.safe_dump({"model": "matrix_capsnet_small", "weight_decay": 0.0, "lr": 0.005}))
+    changed = config("--config", str(file), "--lr", "0.01", "--loss", "margin")
+    assert (changed.lr, changed.weight_decay, changed.max_shift, changed.loss_args) == (0.01, 0.0, 0, {})
+    note = _recipe_note(changed)
+    assert "max_shift=0" in note and "lr=" not in note.replace("lr_decay", "") and "loss" not in note
+    assert _recipe_note(config("--model", "capsnet_small")) is None
+
+
 def test_run_directory_follows_the_model(tmp_path, monkeypatch):
     def config(*argv):
         return config_from_args(build_parser().parse_args(["train", *argv]))

@@ -78,7 +78,15 @@ from capsnets.io import (
     load_checkpoint,
     peek_sidecar,
 )
-from capsnets.models import count_parameters, create_model, list_models, model_schema, model_task, routing_keys
+from capsnets.models import (
+    count_parameters,
+    create_model,
+    list_models,
+    model_schema,
+    model_task,
+    routing_keys,
+    training_recipe,
+)
 from capsnets.models.hub import model_from_checkpoint
 from capsnets.models.pretrained import (
     PretrainedError,
@@ -785,8 +793,24 @@ def _run_config(run_dir: Path) -> Path | dict[str, Any] | None:
     return {key: value for key, value in recorded.items() if key != "out"}
 
 
+def _recipe_note(config: TrainConfig) -> str | None:
+    """One line naming the settings a training takes from its model's recipe (those the user left unset), or
+    None for a model without one."""
+    recipe = training_recipe(config.model)
+    taken = [key for key, value in recipe.items() if key != "loss_args" and getattr(config, key) == value]
+    if "loss_args" in recipe and config.loss == recipe.get("loss"):
+        taken.append("loss_args")
+    if not taken:
+        return None
+    shown_values = ", ".join(f"{key}={getattr(config, key)}" for key in taken)
+    return f"{config.model} trains with its recipe: {shown_values} (a flag or --config changes any of them)"
+
+
 def _train(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    note = None if args.resume else _recipe_note(config)
+    if note:
+        print(note, file=sys.stderr)
     if config.threads is None:  # neither asked for nor recorded by the run it resumes: chosen now, and recorded
         config.threads = _set_threads(None) or torch.get_num_threads()
     replaced = _checkpoint_id(config.out) if args.overwrite else None  # the run --overwrite replaces, if any
