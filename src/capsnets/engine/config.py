@@ -68,8 +68,8 @@ class TrainConfig:
         weight_decay: Adam weight decay. None: the model's recipe's, else 0.
         loss: loss name for ``capsnets.losses.create_loss`` (None: the recipe's, else the model's ``default_loss``).
         loss_args: keyword arguments for the loss, over the recipe's when the loss is the recipe's.
-        max_shift: random translation in pixels (zero padding). None: the recipe's, else 2 px, or 0 for images of at most
-            ``SMALL_IMAGE_PX`` pixels (the 8x8 digits) and for data sets with their own training
+        max_shift: random translation in pixels (zero padding). None: the recipe's, else 2 px, or 0 for images of
+            at most ``SMALL_IMAGE_PX`` pixels (the 8x8 digits) and for data sets with their own training
             augmentation (smallNORB and the viewpoint set: random crops and brightness/contrast).
         augment: a training augmentation by name, applied after the shifts (``capsnets.data.AUGMENTATIONS``):
             ``"digits"``, the random rotation, squeeze and erased patch of Efficient-CapsNet's code

@@ -136,10 +136,11 @@ class MatrixCapsNet(nn.Module):
         conv_caps2_types: D, types of the second.
         conv_padding: padding of Conv1; None: 2 for inputs smaller than 32 px, else 0.
         routing: the EM routing of the three capsule layers: an :class:`~capsnets.functional.EMRouting`, its spec
-            or ``"em"`` (3 iterations); default: 2 iterations. With the official formulation, the settings a spec leaves out are the
-            released code's (:meth:`~capsnets.functional.EMRouting.official`), and the released code's routing
-            of the convolutional layers gives the class layer the released code's class routing (its final
-            inverse temperature divided by 4, its own mass guard); any other routing is used in every layer.
+            or ``"em"`` (3 iterations); by default 2 iterations. With the official formulation, the settings a
+            spec leaves out are the released code's (:meth:`~capsnets.functional.EMRouting.official`), and the
+            released code's routing of the convolutional layers gives the class layer the released code's class
+            routing (its final inverse temperature divided by 4, its own mass guard); any other routing is used
+            in every layer.
         class_routing: the class capsule layer's routing (or spec) instead of the one ``routing`` gives it.
         coordinate_addition: coordinate addition in the class capsules.
         checkpoint_chunks: activation checkpointing of the convolutional capsule layers in this many
