@@ -87,3 +87,5 @@ def test_spread_margin_ramp_in_epochs():
     assert loss.margin == pytest.approx(0.9)
     with pytest.raises(ValueError, match="ramp_epochs"):
         create_loss("spread", ramp_epochs=0)
+    with pytest.raises(ValueError, match="not both.*ramp_epochs=null"):
+        create_loss("spread", ramp=0.5, ramp_epochs=10)

@@ -810,7 +810,7 @@ def _train(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     note = None if args.resume else _recipe_note(config)
     if note:
-        print(note, file=sys.stderr)
+        print(note)
     if config.threads is None:  # neither asked for nor recorded by the run it resumes: chosen now, and recorded
         config.threads = _set_threads(None) or torch.get_num_threads()
     replaced = _checkpoint_id(config.out) if args.overwrite else None  # the run --overwrite replaces, if any

@@ -34,7 +34,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from capsnets.models.output import ModelOutput
-from capsnets.validation import Argument, ArgumentError, keyword_arguments, number, reject_unknown, to_float_images
+from capsnets.validation import (
+    Argument,
+    ArgumentError,
+    keyword_arguments,
+    number,
+    reject_unknown,
+    shown,
+    to_float_images,
+)
 
 
 def _as_multi_hot(targets: Tensor, num_classes: int, dtype: torch.dtype) -> Tensor:
@@ -159,9 +167,10 @@ class SpreadLoss(nn.Module):
     Args:
         margin_start: margin at the start of training (0.2).
         margin_end: final margin (0.9).
-        ramp: fraction of training over which the margin grows (then it stays at ``margin_end``).
+        ramp: fraction of training over which the margin grows (then it stays at ``margin_end``); None: half,
+            unless ``ramp_epochs`` is given.
         ramp_epochs: the margin grows over this many epochs instead, whatever the training's length (a
-            training of fewer epochs ends below ``margin_end``); None: over ``ramp``.
+            training of fewer epochs ends below ``margin_end``). Give ``ramp`` or ``ramp_epochs``, not both.
 
     Examples::
 
@@ -172,13 +181,27 @@ class SpreadLoss(nn.Module):
     """
 
     def __init__(
-        self, *, margin_start: float = 0.2, margin_end: float = 0.9, ramp: float = 0.5, ramp_epochs: float | None = None
+        self,
+        *,
+        margin_start: float = 0.2,
+        margin_end: float = 0.9,
+        ramp: float | None = None,
+        ramp_epochs: float | None = None,
     ) -> None:
         super().__init__()
         margin_start, margin_end = number("margin_start", margin_start, 0.0), number("margin_end", margin_end)
         if not margin_start <= margin_end:
             raise ArgumentError(f"need 0 <= margin_start <= margin_end, got {margin_start}, {margin_end}", "margin_end")
-        ramp = number("ramp", ramp, 0.0, 1.0, low_open=True)
+        if ramp is not None and ramp_epochs is not None:
+            raise ArgumentError(
+                f"give ramp (a fraction of the training) or ramp_epochs (epochs), not both; got ramp={shown(ramp)} "
+                f"and ramp_epochs={shown(ramp_epochs)} (a model's training recipe may give ramp_epochs: "
+                "--loss-arg ramp_epochs=null drops it)",
+                "ramp",
+            )
+        ramp = 0.5 if ramp is None and ramp_epochs is None else ramp
+        if ramp is not None:
+            ramp = number("ramp", ramp, 0.0, 1.0, low_open=True)
         if ramp_epochs is not None:
             ramp_epochs = number("ramp_epochs", ramp_epochs, 0.0, low_open=True)
         self.margin_start, self.margin_end, self.ramp, self.ramp_epochs = margin_start, margin_end, ramp, ramp_epochs

@@ -250,7 +250,7 @@ def create_model(name: str, **overrides) -> nn.Module:
     except ArgumentError as err:
         argument = schema.get(err.argument)
         default = (
-            f"; leave it out to use its default, {argument.default!r}"
+            f"; leave it out to use its default, {_plain_default(argument.default)!r}"
             if argument is not None and err.argument in overrides
             else ""
         )
@@ -270,6 +270,11 @@ def create_model(name: str, **overrides) -> nn.Module:
     num_classes = getattr(model, "num_classes", None)
     model.class_names = [str(k) for k in range(num_classes)] if isinstance(num_classes, int) else None
     return model
+
+
+def _plain_default(value):
+    """A default as the user would write it (a read-only mapping as a dict)."""
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 _SIZE_ERRORS = ("overflow", "allocate", "out of memory", "invalid argument 2: size")
