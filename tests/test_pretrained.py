@@ -217,6 +217,9 @@ def test_publish_without_the_decoder_keeps_the_scores(tiny_weight, tmp_path):
     )
     card = json.loads(out.with_suffix(".json").read_text())
     assert card["model_args"]["reconstruction"] is False
+    # every builder argument is recorded, so that a change of a default cannot change the shipped model
+    assert set(card["model_args"]) == set(capsnets.models.model_schema("capsnet_digits")) - {"device", "dtype"}
+    assert card["model_args"]["routing"] == model.routing_spec
     loaded = capsnets.create_model("capsnet_digits", pretrained=str(out))
     bare = capsnets.create_model("capsnet_digits", reconstruction=False)
     assert capsnets.count_parameters(loaded) == capsnets.count_parameters(bare) < capsnets.count_parameters(model)

@@ -13,6 +13,7 @@ from capsnets.engine.evaluate import evaluate
 from capsnets.io import load_checkpoint
 from capsnets.models.hub import model_from_checkpoint, save_pretrained, without_decoder
 from capsnets.models.pretrained import WEIGHTS_DIR
+from capsnets.models.registry import complete_model_args
 
 
 def publish_checkpoint(
@@ -26,8 +27,9 @@ def publish_checkpoint(
 ) -> Path:
     """Evaluate a trained checkpoint on its data set's test split with its weights in float32 and rounded to
     float16, and save it to ``out_dir/<model>-<dataset>.safetensors`` (float16 when that loses no accuracy)
-    with its model card: ``data`` (what it was trained and tested on), ``command`` (how it was trained), the
-    seed and epochs, both accuracies and the date. ``reconstruction=False`` ships the model without its
+    with every argument of the model's builder (:func:`~capsnets.models.registry.complete_model_args`) and its
+    model card: ``data`` (what it was trained and tested on), ``command`` (how it was trained), the seed and
+    epochs, both accuracies and the date. ``reconstruction=False`` ships the model without its
     reconstruction decoder (rebuilt with ``reconstruction=False``; the scores do not depend on the decoder),
     for models whose builder takes that argument."""
     trained = load_checkpoint(checkpoint)
@@ -51,5 +53,6 @@ def publish_checkpoint(
         "accuracy_float16": accuracy16,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
+    model.model_args = complete_model_args(model)  # the weight rebuilds its model whatever the defaults become
     path = Path(out_dir) / f"{model.model_name}-{dataset}.safetensors"
     return save_pretrained(model, path, dataset=dataset, card=card, half=half, classes=trained.meta.get("classes"))

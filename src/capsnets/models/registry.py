@@ -277,6 +277,14 @@ def _plain_default(value):
     return dict(value) if isinstance(value, Mapping) else value
 
 
+def complete_model_args(model: nn.Module) -> dict:
+    """Every argument of the builder of ``model`` (built by :func:`create_model`): its recorded overrides over the
+    builder's defaults, the routing as its complete spec, JSON values only. A file that records them rebuilds the
+    same model whatever a later version makes the defaults."""
+    defaults = {key: argument.default for key, argument in model_schema(model.model_name).items()}
+    return _json_safe_args({**defaults, **model.model_args}, getattr(model, "routing_spec", None))
+
+
 _SIZE_ERRORS = ("overflow", "allocate", "out of memory", "invalid argument 2: size")
 
 
