@@ -162,7 +162,7 @@ class MatrixCapsNet(nn.Module):
         >>> model(torch.rand(2, 1, 32, 32)).scores.shape
         torch.Size([2, 5])
         >>> paper = MatrixCapsNet(formulation="paper", routing=EMRouting(2, detach_routing=True))
-        >>> official = MatrixCapsNet(routing={"type": "em", "iterations": 2})
+        >>> official = MatrixCapsNet(formulation="official", routing={"type": "em", "iterations": 2})
         >>> official.class_capsules.routing == EMRouting.official(2, layer="class")
         True
     """
