@@ -104,6 +104,8 @@ VARIANTS: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "yl1993-raw-lr5e-3": _variant(normalize=None, lr=5e-3),
     "yl1993-raw-flat": _variant(normalize=None, **spread(margin_start=0.2, margin_end=0.2, ramp=1.0)),
 }
+#: Every recipe by name: the grid's and the further ones.
+ALL_RECIPES = {**RECIPES, **VARIANTS}
 
 
 class Setting(NamedTuple):
@@ -131,7 +133,7 @@ def full_grid() -> list[Setting]:
         for f in FORMULATIONS
         for i in ITERATIONS
         for lam in LAMBDAS
-        for recipe in {**RECIPES, **VARIANTS}
+        for recipe in ALL_RECIPES
     ]
 
 

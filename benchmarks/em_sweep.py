@@ -65,9 +65,8 @@ from capsnets.models import model_arguments
 from capsnets.models.hub import build_model
 
 from em_grid import (
+    ALL_RECIPES,
     ITERATIONS,
-    RECIPES,
-    VARIANTS,
     Setting,
     full_grid,
     run_key,
@@ -105,7 +104,7 @@ def make_config(setting: Setting, seed: int, args) -> tuple[TrainConfig, tuple[f
     """The run's :class:`TrainConfig` and its input normalisation (None or ``(mean, std)``)."""
     steps_per_epoch = -(-args.train_size // args.batch_size)
     epochs = args.steps // steps_per_epoch
-    recipe = {**RECIPES, **VARIANTS}[setting.recipe](epochs, steps_per_epoch)
+    recipe = ALL_RECIPES[setting.recipe](epochs, steps_per_epoch)
     normalize = recipe.pop("normalize", None)
     config = TrainConfig(
         model=args.model,

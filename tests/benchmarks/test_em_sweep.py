@@ -107,7 +107,7 @@ def test_stage_b_explores_the_best_of_stage_a_once_it_is_complete(load_benchmark
     before = em_sweep.select(stage_a, args)
     after = em_sweep.select(stage_a + stage_b, args)
     assert after[: len(before)] == before
-    assert len(em_grid.full_grid()) == 2 * 3 * 3 * (len(em_grid.RECIPES) + len(em_grid.VARIANTS))
+    assert len(em_grid.full_grid()) == 2 * 3 * 3 * len(em_grid.ALL_RECIPES)
 
 
 def test_recipes_follow_their_sources(load_benchmark):
@@ -146,7 +146,7 @@ def test_each_recipe_is_its_own_whatever_the_models_recipe(load_benchmark):
     ``default`` is the model's own."""
     em_grid, em_sweep = load_benchmark("em_grid"), load_benchmark("em_sweep")
     args = em_sweep.parse_args([])
-    for name, recipe in {**em_grid.RECIPES, **em_grid.VARIANTS}.items():
+    for name, recipe in em_grid.ALL_RECIPES.items():
         fields = recipe(1, 400)
         fields.pop("normalize", None)
         config, _ = em_sweep.make_config(em_grid.Setting("paper", 2, "authors", name), 0, args)
