@@ -39,7 +39,7 @@ def test_settings_are_typed_and_checked():
     s = experiment_settings("adversarial", smoke=True, eps=0.3, attack_losses="own", lr=1, train_minutes=None)
     assert (s.eps, s.attack_losses, s.lr, s.train_minutes) == ((0.3,), ("own",), 1.0, None)
     assert experiment_settings("viewpoints", render_lightings=[0, 2]).render_lightings == [0, 2]
-    for bad in ({"epochs": True}, {"lr": "fast"}, {"capsule_lr": [1]}, {"render_lightings": ["all"]}):
+    for bad in ({"epochs": True}, {"lr": "fast"}, {"capsule_recipe": [1]}, {"render_lightings": ["all"]}):
         with pytest.raises(ValueError, match=f"viewpoints: {next(iter(bad))}="):
             experiment_settings("viewpoints", **bad)
 

@@ -10,7 +10,7 @@ from capsnets.experiments import Checkpoints, list_experiments, run_experiment, 
 from capsnets.experiments.matching import AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, load_norb_like, viewpoint_split
 from capsnets.experiments.report.viewpoints import STOPPED, matched_summary, viewpoint_results_table
 from capsnets.experiments.viewpoints import build_model
-from capsnets.models import count_parameters
+from capsnets.models import count_parameters, training_recipe
 
 from helpers import assert_contrasts_resolve
 
@@ -102,23 +102,43 @@ def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(render
     assert "no matched pair" in matched_summary({"elevation": without["records"]}, fixed_target=False)
 
 
-@pytest.mark.parametrize("capsule_lr", [None, 5e-3])
-def test_capsule_lr_sets_the_capsule_models_learning_rate_only(rendered, monkeypatch, capsule_lr):
-    """``capsule_lr`` trains the capsule model at its own rate; the CNN (and the CNN stopped at the capsule
-    model's error) keep ``lr``; None gives every model ``lr``."""
-    rates = {}
+@pytest.mark.parametrize("capsule_recipe", [{}, {"lr": 5e-3, "loss_args": {"margin_end": 0.8}}])
+def test_capsule_model_trains_with_its_recipe_and_the_cnn_with_lr(rendered, monkeypatch, capsule_recipe):
+    """The capsule model trains with its registered recipe, ``capsule_recipe`` overriding it field by field
+    (loss arguments key by key); the CNN (and the CNN stopped at the capsule model's error) keep ``lr`` and
+    ``lr_decay`` with their default loss."""
+    seen = {}
 
     def fake(model, views, **kwargs):
-        rates.setdefault(model.model_name, []).append(kwargs["lr"])
+        seen.setdefault(model.model_name, []).append(kwargs)
         reached = model.model_name != "matrix_capsnet_small"  # forces the rematch of the CNN
         return {"history": [], "epoch": 1, "familiar_error": 0.5, "novel_error": 0.6, "reached": reached}
 
     monkeypatch.setattr(viewpoints, "train_matched", fake)
     train, test, _ = rendered
-    settings = replace(viewpoints.Settings.smoke(), train_size=16, test_size=8, capsule_lr=capsule_lr)
+    settings = replace(viewpoints.Settings.smoke(), train_size=16, test_size=8, capsule_recipe=capsule_recipe)
     viewpoints._compare("azimuth", train, test, settings, tag="t", device="cpu", seed=0, checkpoints=Checkpoints(None))
-    lr = settings.lr
-    assert rates == {"cnn_smallnorb_narrow": [lr, lr], "matrix_capsnet_small": [capsule_lr or lr]}
+    recipe = training_recipe("matrix_capsnet_small")
+    (caps,) = seen["matrix_capsnet_small"]
+    assert caps["lr"] == capsule_recipe.get("lr", recipe["lr"])
+    assert (caps["lr_decay"], caps["weight_decay"], caps["loss"]) == (
+        recipe["lr_decay"],
+        recipe["weight_decay"],
+        recipe["loss"],
+    )
+    assert caps["loss_args"] == {**recipe["loss_args"], **capsule_recipe.get("loss_args", {})}
+    for cnn in seen["cnn_smallnorb_narrow"]:
+        assert (cnn["lr"], cnn["lr_decay"]) == (settings.lr, settings.lr_decay)
+        assert cnn.get("weight_decay", 0.0) == 0.0 and cnn.get("loss") is None and not cnn.get("loss_args")
+    assert len(seen["cnn_smallnorb_narrow"]) == 2
+
+
+def test_capsule_recipe_names_only_what_the_training_takes():
+    with pytest.raises(ValueError, match=r"capsule_recipe takes the fields .*'max_shift'"):
+        viewpoints.Settings(capsule_recipe={"max_shift": 2})
+    # a loss other than the recipe's drops the recipe's loss arguments
+    other = viewpoints._capsule_training(viewpoints.Settings(capsule_recipe={"loss": "margin"}))
+    assert (other["loss"], other["loss_args"]) == ("margin", {})
 
 
 def test_full_cnn_is_the_papers_size():

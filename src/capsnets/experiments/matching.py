@@ -58,6 +58,9 @@ def train_matched(
     batch_size: int,
     lr: float,
     lr_decay: float = 0.96,
+    weight_decay: float = 0.0,
+    loss: str | None = None,
+    loss_args: dict | None = None,
     seed: int = 0,
     amp: str = "auto",
     evals_per_epoch: int = 1,
@@ -69,6 +72,9 @@ def train_matched(
     """Train ``model`` on ``views["train"]`` (with its ``augment``), scoring it on ``views["familiar"]``
     ``evals_per_epoch`` times per epoch (evenly spaced, the last at the end of the epoch), and leave it at the
     chosen evaluation.
+
+    Adam at ``lr`` with ``weight_decay``, decayed by ``lr_decay`` per epoch; ``loss`` (None: the model's
+    ``default_loss``) built with ``loss_args``.
 
     ``views["novel"]`` is scored at every ``novel_every``-th evaluation (0: none) and always at the chosen
     one, after training: it is only recorded (for the curves), never used to choose, and on the viewpoint
@@ -96,11 +102,11 @@ def train_matched(
         raise ValueError(f"evals_per_epoch must be >= 1, got {evals_per_epoch}")
     if isinstance(novel_every, bool) or not isinstance(novel_every, int) or novel_every < 0:
         raise ValueError(f"novel_every must be an integer >= 0 (0: only at the chosen evaluation), got {novel_every!r}")
-    criterion = create_loss(getattr(model, "default_loss", "cross_entropy"))
+    criterion = create_loss(loss or getattr(model, "default_loss", "cross_entropy"), **(loss_args or {}))
     limit = TimeLimit(time_limit_s)
     forward = torch.compile(model) if compile else model  # shares the parameters: train, score, save ``model``
     loader = DeviceLoader(views["train"], batch_size, seed=seed)
-    optimizer, scheduler = adam_with_decay(model.parameters(), lr=lr, lr_decay=lr_decay)
+    optimizer, scheduler = adam_with_decay(model.parameters(), lr=lr, lr_decay=lr_decay, weight_decay=weight_decay)
     state, best_state = state if state is not None else TrainState(), None
     checkpoint = state.attach(optimizer, scheduler)
     if checkpoint is not None:  # the model holds the chosen weights; the checkpoint those it stopped at

@@ -32,9 +32,12 @@ Here:
   ``cnn_model`` may name any registered model instead; the smoke run uses ``cnn_smallnorb_narrow``, the
   same design narrowed to the size of ``matrix_capsnet_small`` (69K vs 67K parameters), beside that
   model (with detached routing gradients).
-- training: Adam at ``lr`` (the capsule model at ``capsule_lr`` when that is set), per-epoch decay
-  ``lr_decay``, spread loss for capsules with its margin growing over the first half of ``epochs`` (the
-  paper gives no schedule), cross-entropy for the CNN; the smallNORB protocol's random 32x32 crop and
+- training: the CNN with Adam at ``lr``, per-epoch decay ``lr_decay`` and cross-entropy; the capsule model
+  with its training recipe (:func:`~capsnets.models.training_recipe`: learning rate, decay, weight decay, loss
+  and loss arguments, e.g. the spread loss's margin schedule), where ``capsule_recipe`` overrides it field by
+  field, and ``lr`` / ``lr_decay`` / no weight decay / its ``default_loss`` for what neither gives (a spread
+  loss without a ramp grows its margin over the first half of ``epochs``; the paper gives no schedule). The
+  recipe's ``max_shift`` does not apply: both models see the smallNORB protocol's random 32x32 crop and
   brightness/contrast jitter.
 """
 
@@ -70,17 +73,19 @@ from capsnets.experiments.report.viewpoints import (
     viewpoint_sections,
 )
 from capsnets.experiments.training import minutes_to_seconds
-from capsnets.models import count_parameters, create_model
+from capsnets.models import count_parameters, create_model, training_recipe
 
 __all__ = ["AZIMUTH_FAMILIAR", "ELEVATION_FAMILIAR", "familiar_mask", "viewpoint_split", "build_model", "run"]
 
 NUM_CLASSES, INPUT_SIZE = 5, (1, 32, 32)
+#: What ``capsule_recipe`` may set: the fields of a model's training recipe that :func:`train_matched` takes.
+CAPSULE_RECIPE_FIELDS = ("lr", "lr_decay", "weight_decay", "loss", "loss_args")
 
 
 @dataclass(frozen=True)
 class Settings(ExperimentSettings):
-    """The splits, the two models (``capsule_args``: builder arguments), training (``capsule_lr``: the capsule
-    model's rate, None: ``lr``), matching (``target_error``: both models' target instead of the CNN's error;
+    """The splits, the two models (``capsule_args``: builder arguments), training (``capsule_recipe``: fields of
+    :data:`CAPSULE_RECIPE_FIELDS` over the capsule model's training recipe), matching (``target_error``: both models' target instead of the CNN's error;
     ``rematch_cnn``, ``rematch_evals_per_epoch``), data sizes (None: all; ``render_instances`` /
     ``render_lightings``: a smaller rendered grid), ``novel_every`` and ``compile`` (train through
     ``torch.compile``; evaluation stays eager)."""
@@ -93,7 +98,7 @@ class Settings(ExperimentSettings):
     capsule_batch_size: int = 64
     cnn_batch_size: int = 128
     lr: float = 1e-3
-    capsule_lr: float | None = None
+    capsule_recipe: dict = field(default_factory=dict)
     lr_decay: float = 0.96
     target_error: float | None = None
     rematch_cnn: bool = True
@@ -123,6 +128,12 @@ class Settings(ExperimentSettings):
     def __post_init__(self) -> None:
         if not self.splits or any(split not in SPLITS for split in self.splits):
             raise ValueError(f"splits must be a non-empty list from {list(SPLITS)}, got {list(self.splits)!r}")
+        unknown = sorted(set(self.capsule_recipe) - set(CAPSULE_RECIPE_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"capsule_recipe takes the fields {list(CAPSULE_RECIPE_FIELDS)}, got {unknown}: "
+                "e.g. --set 'capsule_recipe={\"lr\":0.003}'"
+            )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -156,11 +167,11 @@ def _fit(
     seed: int,
     checkpoints,
     batch_size: int,
-    lr: float,
+    training: dict,
     evals_per_epoch: int = 1,
 ) -> dict:
-    """:func:`train_matched` at learning rate ``lr``, or a checkpoint from an earlier run (its record is read
-    from the sidecar)."""
+    """:func:`train_matched` with ``training`` (its ``lr``, ``lr_decay``, ``weight_decay``, ``loss``,
+    ``loss_args``), or a checkpoint from an earlier run (its record is read from the sidecar)."""
     record: dict = {}
     state = TrainState()  # lets a later run continue a training its time limit cut short
 
@@ -172,8 +183,7 @@ def _fit(
                 epochs=s.epochs,
                 target=target,
                 batch_size=batch_size,
-                lr=lr,
-                lr_decay=s.lr_decay,
+                **training,
                 seed=seed,
                 evals_per_epoch=evals_per_epoch,
                 time_limit_s=minutes_to_seconds(s.train_minutes),
@@ -184,8 +194,8 @@ def _fit(
         )
 
     recipe = {
-        **s.subset("epochs", "lr_decay", "train_size", "render_instances", "render_lightings"),
-        "lr": lr,
+        **s.subset("epochs", "train_size", "render_instances", "render_lightings"),
+        **training,
         "batch_size": batch_size,
         "seed": seed,
         "evals_per_epoch": evals_per_epoch,
@@ -204,8 +214,22 @@ def _fit(
 # The experiment
 
 
-def _capsule_lr(s: Settings) -> float:
-    return s.lr if s.capsule_lr is None else s.capsule_lr
+def _cnn_training(s: Settings) -> dict:
+    return {"lr": s.lr, "lr_decay": s.lr_decay}
+
+
+def _capsule_training(s: Settings) -> dict:
+    """The capsule model's training: ``capsule_recipe`` over the model's recipe over the CNN's ``lr`` and
+    ``lr_decay``. The recipe's loss arguments stay under the user's while the loss is the recipe's."""
+    recipe = {k: v for k, v in training_recipe(s.capsule_model).items() if k in CAPSULE_RECIPE_FIELDS}
+    training = {"lr": s.lr, "lr_decay": s.lr_decay, "weight_decay": 0.0, "loss": None, "loss_args": {}}
+    training.update(recipe)
+    training.update(s.capsule_recipe)
+    if "loss" in s.capsule_recipe and s.capsule_recipe["loss"] != recipe.get("loss"):
+        training["loss_args"] = dict(s.capsule_recipe.get("loss_args") or {})
+    else:
+        training["loss_args"] = {**recipe.get("loss_args", {}), **(s.capsule_recipe.get("loss_args") or {})}
+    return training
 
 
 def _compare(
@@ -218,10 +242,10 @@ def _compare(
     cnn = build_model(s.cnn_model, device)
     caps = build_model(s.capsule_model, device, s.capsule_args)
     cnn_key = f"{tag}_{split}_{s.cnn_model}"
-    cnn_rec = _fit(cnn, cnn_key, views, s.target_error, s, seed, checkpoints, s.cnn_batch_size, s.lr)
+    cnn_rec = _fit(cnn, cnn_key, views, s.target_error, s, seed, checkpoints, s.cnn_batch_size, _cnn_training(s))
     target = s.target_error if s.target_error is not None else cnn_rec["familiar_error"]
     caps_key = checkpoint_name(f"{tag}_{split}_{s.capsule_model}", s.capsule_args)
-    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoints, s.capsule_batch_size, _capsule_lr(s))
+    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoints, s.capsule_batch_size, _capsule_training(s))
     records = {"CNN": cnn_rec, "capsules": caps_rec}
     if s.rematch_cnn and s.target_error is None and not caps_rec["reached"]:
         # The CNN learned faster than the capsule model could follow: train it again (same recipe and data
@@ -238,7 +262,7 @@ def _compare(
             seed,
             checkpoints,
             s.cnn_batch_size,
-            s.lr,
+            _cnn_training(s),
             evals_per_epoch=s.rematch_evals_per_epoch,
         )
     return {
