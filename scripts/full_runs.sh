@@ -143,8 +143,7 @@ run_step() {
             args="$EXACT" suffix="_exact"
         fi
         for split in azimuth elevation; do
-            experiment viewpoints "viewpoints_$split$suffix" 5.5 --set "splits=[\"$split\"]" --set "$args" \
-                --set capsule_lr=3e-3
+            experiment viewpoints "viewpoints_$split$suffix" 5.5 --set "splits=[\"$split\"]" --set "$args"
         done
         wait_all
         ;;

@@ -318,6 +318,8 @@ CHEAP = {
     "transforming_autoencoder": {},
     "efficient_capsnet": {},
     "routing_zoo": {},
+    "heinsen_capsnet": {"parts": 4, "channels": 8},
+    "hvc_capsnet": {},
 }
 
 

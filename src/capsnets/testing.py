@@ -19,6 +19,10 @@ routings are tested against them, and users can test their own routings or layer
   (2021), "Efficient-CapsNet"), :func:`reference_inverted_attention_routing` (Tsai et al. (2020),
   "Capsules with Inverted Dot-Product Attention Routing", Procedure 1), :func:`reference_self_routing` (Hahn,
   Pyeon & Kim (2019), "Self-Routing Capsule Networks"): the non-iterative and attention routings.
+- :func:`reference_heinsen_routing`: Heinsen (2019), "An Algorithm for Routing Capsules in All Domains",
+  Algorithm 1 (D-, M- and E-steps with the net benefit of using or ignoring each child).
+- :func:`reference_homogeneous_vector_capsules`: Byerly, Kalganova & Dear (2021), "No Routing Needed Between
+  Capsules", Sec. 3: each parent the sum of the element-wise products of the children with their weights.
 
 The EM references use the safety floors of :func:`capsnets.functional.em_routing`: in the paper's
 procedure ``eps`` is added to every variance and to every ``sum_i R'`` denominator; ``log a_j`` is the
@@ -33,6 +37,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "reference_heinsen_routing",
+    "reference_homogeneous_vector_capsules",
     "reference_dynamic_routing",
     "reference_local_dynamic_routing",
     "reference_em_routing",
@@ -487,3 +493,78 @@ def reference_self_routing(
         out_v.append(v)
         out_c.append(c)
     return torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64)
+
+
+def reference_heinsen_routing(
+    u_hat: Tensor, activations: Tensor, beta_use: Tensor, beta_ign: Tensor, iterations: int = 3, eps: float = 1e-5
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Heinsen's routing (2019, Algorithm 1), literally: ``R_ij = 1/J`` at the start; each iteration
+    ``D_use_ij = f(a_i) R_ij``, ``D_ign_ij = f(a_i) - D_use_ij`` (``f`` the sigmoid), ``a_j = sum_i beta_use_ij
+    D_use_ij - sum_i beta_ign_ij D_ign_ij``, ``mu_j`` and ``sigma2_j`` the ``D_use``-weighted mean and variance
+    of the votes (``eps`` added to the weights' sum and to the variance); between iterations ``R_ij =
+    softmax_j(log f(a_j) + sum_d [-(V_ijd - mu_jd)^2 / (2 sigma2_jd) - log sqrt(sigma2_jd)])``.
+
+    Shape:
+        ``u_hat (B, I, J, D)``, ``activations (B, I)``, ``beta_use``, ``beta_ign`` ``(I, J)`` or ``(1, J)`` ->
+        scores ``(B, J)``, mu and sigma2 ``(B, J, D)``, the couplings of the last M-step ``(B, I, J)``.
+    """
+    use_b, ign_b = beta_use.detach().double().tolist(), beta_ign.detach().double().tolist()
+    out = {"scores": [], "mu": [], "sigma2": [], "R": []}
+    for example, votes in enumerate(u_hat.detach().double().tolist()):
+        children, parents, dim = len(votes), len(votes[0]), len(votes[0][0])
+        f = [_sigmoid(x) for x in activations[example].detach().double().tolist()]
+        R = [[1.0 / parents] * parents for _ in range(children)]
+        scores: list[float] = []
+        mu: list[list[float]] = []
+        sigma2: list[list[float]] = []
+        for iteration in range(iterations):
+            if iteration:
+                R = []
+                for i in range(children):
+                    logits = []
+                    for j in range(parents):
+                        log_p = sum(
+                            -((votes[i][j][d] - mu[j][d]) ** 2) / (2 * sigma2[j][d]) - math.log(math.sqrt(sigma2[j][d]))
+                            for d in range(dim)
+                        )
+                        logits.append(_log_sigmoid(scores[j]) + log_p)
+                    R.append(_softmax(logits))
+            scores, mu, sigma2 = [], [], []
+            for j in range(parents):
+                use = [f[i] * R[i][j] for i in range(children)]
+                ignore = [f[i] - use[i] for i in range(children)]
+                rows = [i if len(use_b) > 1 else 0 for i in range(children)]  # (1, J): shared by the children
+                scores.append(
+                    sum(use_b[rows[i]][j] * use[i] for i in range(children))
+                    - sum(ign_b[rows[i]][j] * ignore[i] for i in range(children))
+                )
+                total = sum(use) + eps
+                m = [sum(use[i] * votes[i][j][d] for i in range(children)) / total for d in range(dim)]
+                mu.append(m)
+                sigma2.append(
+                    [
+                        sum(use[i] * (votes[i][j][d] - m[d]) ** 2 for i in range(children)) / total + eps
+                        for d in range(dim)
+                    ]
+                )
+        for key, value in zip(out, (scores, mu, sigma2, R)):
+            out[key].append(value)
+    return tuple(torch.tensor(out[key], dtype=torch.float64) for key in out)
+
+
+def reference_homogeneous_vector_capsules(u: Tensor, weight: Tensor) -> Tensor:
+    """Homogeneous vector capsules (Byerly et al. 2021), literally: ``s_jd = sum_i weight_jid u_id``.
+
+    Shape:
+        ``u (B, I, D)``, ``weight (J, I, D)`` -> ``(B, J, D)``.
+    """
+    w = weight.detach().double().tolist()
+    out = []
+    for example in u.detach().double().tolist():
+        out.append(
+            [
+                [sum(w[j][i][d] * example[i][d] for i in range(len(example))) for d in range(len(example[0]))]
+                for j in range(len(w))
+            ]
+        )
+    return torch.tensor(out, dtype=torch.float64)

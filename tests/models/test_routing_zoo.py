@@ -29,7 +29,12 @@ CODE_COUNTS = {
 # The heads the code does not have, or has otherwise: self-attention adds its log priors (512 x 5), inverted
 # attention its LayerNorm's affine part (2 x 16) and the shared 16 -> 1 classifier, self-routing conv_a + bn_a
 # and the routing network (512 x 5 x 16 + 512 x 5), and poses for its class capsules (512 x 5 x 16 x 16).
+# Heinsen's routing has the EM head's conv_a + bn_a and primary poses, W and B of 512 x 5 x 4 x 4 each and
+# beta_use, beta_ign of 512 x 5 each; homogeneous vector capsules the primary poses, 5 x 512 x 16 weights and
+# the normalisation's 16 offsets.
 OTHER_COUNTS = {
+    "heinsen": 143_664 + 590_848 + 36_928 + 2 * 40_960 + 2 * 2_560,
+    "hvc": 143_664 + 590_848 + 40_960 + 16,
     "uniform": 1_389_872,
     "self_attention": 1_389_872 + 2_560,
     "inverted_attention": 1_389_872 + 32 + 17,
@@ -54,6 +59,8 @@ SCORES = {
     "em": "activation",
     "inverted_attention": "logits",
     "self_routing": "logits",
+    "heinsen": "logits",
+    "hvc": "logits",
     "avg_pool": "logits",
     "max_pool": "logits",
     "fully_connected": "logits",
@@ -89,7 +96,11 @@ def test_scores_are_what_each_loss_reads():
         lengths = capsnets.create_model("routing_zoo", head="dynamic")(images).scores
         activations = capsnets.create_model("routing_zoo", head="em")(images).scores
         log_activations = capsnets.create_model("routing_zoo", head="self_routing")(images).scores
+        hvc = capsnets.create_model("routing_zoo", head="hvc")(images)
     assert ((lengths >= 0) & (lengths < 1)).all() and ((activations > 0) & (activations < 1)).all()
+    # homogeneous vector capsules: each logit is the length of its (rectified) class capsule
+    torch.testing.assert_close(hvc.scores, hvc.capsules.norm(dim=-1))
+    assert (hvc.capsules >= 0).all()
     # self-routing's class activations sum to 1 over the classes: its scores are log-probabilities (the paper's NLL)
     torch.testing.assert_close(log_activations.exp().sum(1), torch.ones(3))
 
@@ -115,6 +126,10 @@ def test_routing_settings_reach_the_heads():
         capsnets.create_model("routing_zoo", head="uniform", routing={"iterations": 2})
     with pytest.raises(ValueError, match="head 'avg_pool' has no routing"):
         capsnets.create_model("routing_zoo", head="avg_pool", routing={"iterations": 2})
+    with pytest.raises(ValueError, match="head 'hvc' has no routing"):
+        capsnets.create_model("routing_zoo", head="hvc", routing={"iterations": 2})
+    heinsen = capsnets.create_model("routing_zoo", head="heinsen", routing={"iterations": 2}, device="meta")
+    assert heinsen.head.class_capsules.routing.spec.iterations == 2
     with pytest.raises(ValueError, match="its type is 'em'"):
         capsnets.create_model("routing_zoo", head="dynamic", routing={"type": "em"})
 
@@ -126,6 +141,8 @@ def test_bad_arguments_are_refused_clearly():
         RoutingZoo(head="max")
     with pytest.raises(ValueError, match="square capsule_dim"):
         capsnets.create_model("routing_zoo", head="em", capsule_dim=8)
+    with pytest.raises(ValueError, match="head 'heinsen' needs a square capsule_dim"):
+        capsnets.create_model("routing_zoo", head="heinsen", capsule_dim=8)
     with pytest.raises(ValueError, match="square map; got capsule_dim=16 and a 4x6 map"):
         capsnets.create_model("routing_zoo", head="em", input_size=(1, 32, 48))
     with pytest.raises(ArgumentError, match="width must be a positive integer"):

@@ -3,8 +3,8 @@
 Hahn, Pyeon & Kim (2019), "Self-Routing Capsule Networks", NeurIPS: routings compared on one convolutional
 backbone against CNN heads, tested on viewpoints never trained on (smallNORB) and on affine transforms never
 trained on (affNIST). Here every head of :func:`~capsnets.models.routing_zoo.routing_zoo` (``heads``: the
-routings dynamic, EM, self-attention, inverted attention, self-routing, uniform; the CNN heads average pooling,
-max pooling, fully connected), each with its default loss, is trained on each task with the same recipe, data
+routings dynamic, EM, self-attention, inverted attention, self-routing, uniform and Heinsen's; homogeneous
+vector capsules, which do not route; the CNN heads average pooling, max pooling, fully connected), each with its default loss, is trained on each task with the same recipe, data
 order and backbone initialisation, so that the head is the only difference:
 
 - ``fashion_mnist``: ``epochs`` of Fashion-MNIST; test accuracy after every epoch (for the curves; never used to

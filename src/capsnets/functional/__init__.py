@@ -3,6 +3,8 @@
 from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups, group_softmax
 from capsnets.functional.em import EMRouting, em_inverse_temperatures, em_routing, em_routing_poses
+from capsnets.functional.heinsen_routing import HeinsenOutput, HeinsenRouting, heinsen_routing
+from capsnets.functional.homogeneous import homogeneous_vector_capsules
 from capsnets.functional.inverted_attention_routing import (
     InvertedAttentionRouting,
     concurrent_inverted_attention_routing,
@@ -29,6 +31,8 @@ __all__ = [
     "ChildGroups",
     "DynamicRouting",
     "EMRouting",
+    "HeinsenOutput",
+    "HeinsenRouting",
     "InvertedAttentionRouting",
     "ROUTING_TYPES",
     "SelfAttentionRouting",
@@ -46,6 +50,8 @@ __all__ = [
     "em_routing_poses",
     "grid_child_groups",
     "group_softmax",
+    "heinsen_routing",
+    "homogeneous_vector_capsules",
     "inverted_attention_routing",
     "local_dynamic_routing",
     "local_routing",

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 from capsnets.functional.em import EMRouting
+from capsnets.functional.heinsen_routing import HeinsenRouting
 from capsnets.functional.inverted_attention_routing import InvertedAttentionRouting
 from capsnets.functional.routing import DynamicRouting
 from capsnets.functional.self_attention_routing import SelfAttentionRouting
@@ -31,6 +32,7 @@ ROUTING_TYPES: dict[str, type] = {
     "inverted_attention": InvertedAttentionRouting,
     "self_routing": SelfRouting,
     "uniform": UniformRouting,
+    "heinsen": HeinsenRouting,
 }
 #: The spec types of the routings of vector capsules (``(B, I, J, D)`` votes), as
 #: :class:`~capsnets.layers.LinearCapsules` calls them.

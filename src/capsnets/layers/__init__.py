@@ -2,6 +2,8 @@
 
 from capsnets.layers.conv import ConvCapsules2d, ConvTransposeCapsules2d
 from capsnets.layers.decoder import CapsuleDecoder
+from capsnets.layers.heinsen import HeinsenCapsules
+from capsnets.layers.homogeneous import HomogeneousVectorCapsules
 from capsnets.layers.linear import LinearCapsules
 from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsnets.layers.primary import PrimaryCapsules
@@ -12,6 +14,8 @@ __all__ = [
     "ConvCapsules2d",
     "ConvTransposeCapsules2d",
     "ConvMatrixCapsules",
+    "HeinsenCapsules",
+    "HomogeneousVectorCapsules",
     "LinearCapsules",
     "PrimaryCapsules",
     "PrimaryMatrixCapsules",

@@ -6,6 +6,8 @@ from capsnets.models import (  # noqa: F401
     capsnet,
     capspix2pix,
     efficient_capsnet,
+    heinsen_capsnet,
+    hvc_capsnet,
     matrix_capsnet,
     routing_zoo,
     segcaps,
@@ -15,7 +17,9 @@ from capsnets.models import (  # noqa: F401
 from capsnets.models.baselines import BaselineCNN, SmallNorbCNN
 from capsnets.models.capsnet import CapsNet
 from capsnets.models.capspix2pix import CapsPix2pixGenerator, PatchDiscriminator, Pix2pixGenerator, SynthesisOutput
+from capsnets.models.heinsen_capsnet import HeinsenCapsNet
 from capsnets.models.hub import create_model, load_model, load_pretrained, model_from_checkpoint, save_model
+from capsnets.models.hvc_capsnet import HVCCapsNet
 from capsnets.models.matrix_capsnet import MatrixCapsNet
 from capsnets.models.output import ModelOutput
 from capsnets.models.pretrained import PretrainedError, Weights, get_model_weights, get_weights
@@ -39,6 +43,8 @@ __all__ = [
     "BaselineCNN",
     "CapsNet",
     "CapsPix2pixGenerator",
+    "HVCCapsNet",
+    "HeinsenCapsNet",
     "MatrixCapsNet",
     "ModelOutput",
     "PatchDiscriminator",

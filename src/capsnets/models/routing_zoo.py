@@ -14,14 +14,19 @@ batch norm and ReLU (a 4x4 map for 32x32 images). The heads (``head``):
   :class:`~capsnets.layers.LinearCapsules`, and ``"em"`` (Hinton et al. 2018: the primary capsules as 4x4
   pose matrices with activations, class capsules by :class:`~capsnets.layers.ConvMatrixCapsules` whose kernel
   covers the whole map, as the code's ``EmRouting2d``). Vector primary capsules are squashed; those of ``"em"``
-  and ``"self_routing"`` have activations of their own, ``sigmoid(BN(conv))``, as in the code.
+  and ``"self_routing"`` have activations of their own, ``sigmoid(BN(conv))``, as in the code. ``"heinsen"``
+  (Heinsen 2019, "An Algorithm for Routing Capsules in All Domains": the primary capsules as 4x4 poses with
+  scores ``BN(conv)``, logits, routed to the classes by :class:`~capsnets.layers.HeinsenCapsules`) and
+  ``"hvc"`` (Byerly, Kalganova & Dear 2021, "No Routing Needed Between Capsules": no routing; class capsules
+  by :class:`~capsnets.layers.HomogeneousVectorCapsules`, each class's logit its capsule's length).
 - CNN heads: ``"avg_pool"`` and ``"max_pool"`` (pooling over the map, then a linear layer) and
   ``"fully_connected"`` (a 3x3 convolution to ``capsule_types * capsule_dim`` channels, batch norm, ReLU, then
   a linear layer over the whole map).
 
 Each head has the loss its paper trains it with (``model.default_loss``): the margin loss on capsule lengths
 (dynamic, self-attention, uniform), the spread loss on activations (EM), cross-entropy on logits (the CNN
-heads, inverted attention, and self-routing, whose logits are the log class activations: the paper's NLL loss).
+heads, inverted attention, self-routing, whose logits are the log class activations: the paper's NLL loss,
+Heinsen's routing, whose class scores are logits, and homogeneous vector capsules, whose lengths are).
 Convolutions and linear layers start as the code's ``weights_init`` (Kaiming uniform); the vector class
 capsules' transformations normal with standard deviation 0.1, as the code's dynamic routing head. With the
 defaults and 5 classes, the dynamic, EM, pooling and fully connected heads have the parameter counts of the
@@ -45,6 +50,7 @@ from capsnets.capsules import MatrixCapsules
 from capsnets.functional import (
     DynamicRouting,
     EMRouting,
+    HeinsenRouting,
     InvertedAttentionRouting,
     SelfAttentionRouting,
     SelfRouting,
@@ -54,7 +60,7 @@ from capsnets.functional import (
     routing_config,
     squash,
 )
-from capsnets.layers import ConvMatrixCapsules, LinearCapsules
+from capsnets.layers import ConvMatrixCapsules, HeinsenCapsules, HomogeneousVectorCapsules, LinearCapsules
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 from capsnets.validation import (
@@ -80,9 +86,12 @@ ROUTINGS = {
     "inverted_attention": InvertedAttentionRouting,
     "self_routing": SelfRouting,
     "uniform": UniformRouting,
+    "heinsen": HeinsenRouting,
 }
+#: The capsule heads: one per routing, and homogeneous vector capsules, which do not route.
+CAPSULE_HEADS = (*ROUTINGS, "hvc")
 #: Every head: the capsule heads, then the CNN heads.
-HEADS = (*ROUTINGS, "avg_pool", "max_pool", "fully_connected")
+HEADS = (*CAPSULE_HEADS, "avg_pool", "max_pool", "fully_connected")
 #: The loss each head is trained with (``model.default_loss``).
 HEAD_LOSSES = {
     "dynamic": "margin",
@@ -91,6 +100,8 @@ HEAD_LOSSES = {
     "em": "spread",
     "inverted_attention": "cross_entropy",
     "self_routing": "cross_entropy",
+    "heinsen": "cross_entropy",
+    "hvc": "cross_entropy",
     "avg_pool": "cross_entropy",
     "max_pool": "cross_entropy",
     "fully_connected": "cross_entropy",
@@ -145,9 +156,9 @@ class CapsuleHead(nn.Module):
     Args:
         in_channels: channels ``F`` of the map; grid: its ``(h, w)``.
         num_classes: class capsules ``K``.
-        routing: a key of :data:`ROUTINGS`.
+        kind: one of :data:`CAPSULE_HEADS`.
         capsule_types, capsule_dim: primary capsule types ``T`` and the dim ``D`` of every capsule (a square for
-            ``"em"``: its poses are ``sqrt(D) x sqrt(D)`` matrices).
+            ``"em"`` and ``"heinsen"``: their poses are ``sqrt(D) x sqrt(D)`` matrices).
         routing: the routing object, of the type ``routing`` names (its defaults where this is None).
 
     Shape:
@@ -170,24 +181,32 @@ class CapsuleHead(nn.Module):
         super().__init__()
         self.kind, self.types, self.dim = kind, capsule_types, capsule_dim
         factory = {"device": device, "dtype": dtype}
-        routing = ROUTINGS[kind]() if routing is None else routing
+        if routing is None and kind in ROUTINGS:
+            routing = ROUTINGS[kind]()
         self.pose = nn.Sequential(*_conv_bn(in_channels, capsule_types * capsule_dim, factory))
         self.activation = None
         if kind in ("em", "self_routing"):
             self.activation = nn.Sequential(*_conv_bn(in_channels, capsule_types, factory), nn.Sigmoid())
+        elif kind == "heinsen":  # scores are logits: the routing applies the sigmoid
+            self.activation = nn.Sequential(*_conv_bn(in_channels, capsule_types, factory))
+        side = math.isqrt(capsule_dim)
+        if kind in ("em", "heinsen") and (side * side != capsule_dim or (kind == "em" and grid[0] != grid[1])):
+            raise ValueError(
+                f"head {kind!r} needs a square capsule_dim (4x4 poses: 16){' and a square map' if kind == 'em' else ''}; "
+                f"got capsule_dim={capsule_dim} and a {grid[0]}x{grid[1]} map"
+            )
+        children = capsule_types * grid[0] * grid[1]
         if kind == "em":
-            side = math.isqrt(capsule_dim)
-            if side * side != capsule_dim or grid[0] != grid[1]:
-                raise ValueError(
-                    f"head 'em' needs a square capsule_dim (4x4 poses: 16) and a square map; got "
-                    f"capsule_dim={capsule_dim} and a {grid[0]}x{grid[1]} map"
-                )
             self.class_capsules = ConvMatrixCapsules(
                 capsule_types, num_classes, kernel_size=grid[0], pose_size=side, routing=routing, **factory
             )
+        elif kind == "heinsen":
+            self.class_capsules = HeinsenCapsules(children, num_classes, side, side, side, routing=routing, **factory)
+        elif kind == "hvc":
+            self.class_capsules = HomogeneousVectorCapsules(children, capsule_dim, num_classes, **factory)
         else:
             self.class_capsules = LinearCapsules(
-                capsule_types * grid[0] * grid[1],
+                children,
                 capsule_dim,
                 num_classes,
                 capsule_dim,
@@ -203,6 +222,13 @@ class CapsuleHead(nn.Module):
         if self.kind == "em":
             return self._route_matrices(pose, self.activation(features))
         pose = pose.permute(0, 1, 3, 4, 2).reshape(batch, -1, self.dim)  # (B, T*h*w, D)
+        if self.kind == "heinsen":
+            side = math.isqrt(self.dim)
+            out = self.class_capsules(self.activation(features).flatten(1), pose.view(batch, -1, side, side))
+            return ModelOutput(out.scores, "logits", out.mu.flatten(2))  # (B, K) logits, (B, K, D)
+        if self.kind == "hvc":
+            capsules = self.class_capsules(pose)  # (B, K, D), no routing
+            return ModelOutput(capsule_length(capsules), "logits", capsules)
         if self.kind == "self_routing":  # the children's activations are their own, not their lengths
             active = self.activation(features).flatten(1)  # (B, T*h*w), ordered as the poses
             capsules = self.class_capsules.routing(
@@ -310,7 +336,7 @@ class RoutingZoo(nn.Module):
         grid = ConvBackbone.output_grid(*self.input_size[1:])
         capsule_types = positive_int("capsule_types", capsule_types)
         capsule_dim = positive_int("capsule_dim", capsule_dim)
-        if head in ROUTINGS:  # built after the backbone is initialised: one seed, one backbone for every head
+        if head in CAPSULE_HEADS:  # built after the backbone is initialised: one seed, one backbone for every head
             self.head = CapsuleHead(
                 self.backbone.out_channels,
                 grid,
@@ -345,11 +371,11 @@ class RoutingZoo(nn.Module):
 
 def _head_routing(head: str, routing):
     """The routing object of a capsule ``head`` from ``routing`` (an object, its spec, its settings alone, or
-    None); None for a CNN head, which takes no routing."""
+    None); None for a head that does not route (the CNN heads and ``"hvc"``)."""
     if head not in ROUTINGS:
         if routing is not None:
             raise ArgumentError(
-                f"routing={routing!r} is for the capsule heads ({', '.join(map(repr, ROUTINGS))}); "
+                f"routing={routing!r} is for the routing heads ({', '.join(map(repr, ROUTINGS))}); "
                 f"head {head!r} has no routing: leave it out",
                 "routing",
             )
@@ -380,6 +406,8 @@ def routing_zoo(
         "inverted_attention",
         "self_routing",
         "uniform",
+        "heinsen",
+        "hvc",
         "avg_pool",
         "max_pool",
         "fully_connected",

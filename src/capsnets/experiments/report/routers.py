@@ -45,7 +45,7 @@ def task_table(name: str, result: dict, speed: dict) -> str:
     headers += ["training time (s)", "epochs"]
     rows = []
     for head, rec in records.items():
-        row = [head, "CNN" if head in CNN_HEADS else "routing"]
+        row = [head, "CNN" if head in CNN_HEADS else "capsules" if head == "hvc" else "routing"]
         row += [
             None if rec is None else f"{rec['parameters']:,}",
             f"{speed[head]['images_per_s']:.1f}",

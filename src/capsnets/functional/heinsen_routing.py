@@ -1,0 +1,185 @@
+"""Heinsen's routing: EM-like clustering of votes in which each child's use or neglect by a parent carries a
+learned net benefit.
+
+Heinsen (2019), "An Algorithm for Routing Capsules in All Domains", arXiv:1911.00792, Algorithm 1, and the
+author's code (glassroom/heinsen_routing_2019_paper, ``heinsen_routing.py``, ``Routing.forward``, Gaussian
+``p_model``). Children have scores (logits) ``a_i`` and votes ``V_ij`` for every parent ``j``; with
+``f = sigmoid`` and routing probabilities ``R_ij`` (``1/J`` at the start), each iteration computes
+
+- D-step: the data each child gives a parent to use, ``D_use_ij = f(a_i) R_ij``, and to ignore,
+  ``D_ign_ij = f(a_i) - D_use_ij``;
+- M-step: the parents' scores, the net benefit of using minus the cost of ignoring,
+  ``a_j = sum_i beta_use_ij D_use_ij - sum_i beta_ign_ij D_ign_ij``, and a Gaussian of the votes weighted by
+  ``D_use``: ``mu_j = sum_i D_use_ij V_ij / (sum_i D_use_ij + eps)``,
+  ``sigma2_j = sum_i D_use_ij (V_ij - mu_j)^2 / (sum_i D_use_ij + eps) + eps`` (per component);
+- E-step (between iterations): ``R_ij = softmax_j(log f(a_j) + log p(V_ij | mu_j, sigma2_j))``, the log
+  density without its constant ``-D/2 log 2 pi``, which the softmax cancels.
+
+``beta_use`` and ``beta_ign`` are learned, zeros at the start as in the code. The parents' scores are logits:
+the paper trains its classifiers with cross-entropy on them.
+
+Numerics (not in the paper; same values): float16/bfloat16 votes are routed in float32.
+
+Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` components of a vote (a
+``d_cov x d_out`` matrix flattened).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from capsnets.functional.bound_routing import BoundRouting
+from capsnets.functional.routing_common import check_votes, working
+from capsnets.validation import expect, routing_iterations
+
+
+class HeinsenOutput(NamedTuple):
+    """The parents :func:`heinsen_routing` returns: ``scores`` ``(B, J)`` (logits), ``mu`` and ``sigma2``
+    ``(B, J, D)`` (the mean and variance of each parent's Gaussian), ``couplings`` ``(B, I, J)`` (the routing
+    probabilities of the last M-step)."""
+
+    scores: Tensor
+    mu: Tensor
+    sigma2: Tensor
+    couplings: Tensor
+
+
+@dataclass(frozen=True)
+class HeinsenRouting:
+    """Heinsen's routing as a value to pass to a layer; its ``beta_use`` and ``beta_ign`` ``(I, J)`` are
+    parameters of the layer it is given to (``build``), zeros at the start.
+
+    Args:
+        iterations: M-steps (the author's default: 3), from 1 to 100.
+        eps: added to each parent's data and variance (the code's 1e-5).
+
+    Examples::
+
+        >>> routing = HeinsenRouting().build(32, 16, 10, 16)
+        >>> out = routing(torch.randn(2, 32, 10, 16), activations=torch.randn(2, 32))
+        >>> out.scores.shape, out.mu.shape
+        (torch.Size([2, 10]), torch.Size([2, 10, 16]))
+        >>> HeinsenRouting().to_config()
+        {'type': 'heinsen', 'iterations': 3, 'eps': 1e-05}
+    """
+
+    iterations: int = 3
+    eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "iterations", routing_iterations("iterations", self.iterations))
+        expect(
+            isinstance(self.eps, (int, float)) and not isinstance(self.eps, bool) and 0 < self.eps < 1,
+            "eps",
+            self.eps,
+            "a number in (0, 1)",
+        )
+
+    def __call__(
+        self,
+        u_hat: Tensor,
+        *,
+        activations: Tensor | None = None,
+        beta_use: Tensor | None = None,
+        beta_ign: Tensor | None = None,
+    ) -> HeinsenOutput:
+        if beta_use is None or beta_ign is None:
+            raise ValueError(
+                "HeinsenRouting learns a net benefit per child and parent: give it to a layer (which builds it), "
+                "or call .build(in_capsules, in_dim, out_capsules, out_dim)"
+            )
+        if activations is None:
+            raise ValueError("HeinsenRouting needs the children's scores (activations=, logits of shape (B, I))")
+        return heinsen_routing(u_hat, activations, beta_use, beta_ign, iterations=self.iterations, eps=self.eps)
+
+    def build(self, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None, dtype=None):
+        """The routing with ``beta_use`` and ``beta_ign`` ``(in_capsules, out_capsules)``, zeros (an
+        ``nn.Module``)."""
+        return BoundRouting(
+            self,
+            {
+                "beta_use": torch.zeros(in_capsules, out_capsules, device=device, dtype=dtype),
+                "beta_ign": torch.zeros(in_capsules, out_capsules, device=device, dtype=dtype),
+            },
+        )
+
+    def to_config(self) -> dict:
+        """The JSON-able spec of this routing (:func:`~capsnets.functional.routing_from_config` rebuilds it)."""
+        return {"type": "heinsen", "iterations": self.iterations, "eps": self.eps}
+
+
+def heinsen_routing(
+    u_hat: Tensor,
+    activations: Tensor,
+    beta_use: Tensor,
+    beta_ign: Tensor,
+    *,
+    iterations: int = 3,
+    eps: float = 1e-5,
+) -> HeinsenOutput:
+    """Route votes to parents by Heinsen's algorithm (module docstring).
+
+    Args:
+        u_hat: the votes ``V_ij`` of every child ``i`` for every parent ``j``.
+        activations: the children's scores ``a_i``, logits (any real number).
+        beta_use, beta_ign: the net benefit of a parent's using a child's data and the cost of ignoring it;
+            a first size of 1 shares them across the children.
+        iterations: M-steps, from 1 to 100.
+        eps: added to each parent's data and variance.
+
+    Shape:
+        - u_hat: ``(B, I, J, D)``, ``J, D >= 1`` (else a ``ValueError`` names the empty size); activations:
+          ``(B, I)``; beta_use, beta_ign: ``(I, J)`` or ``(1, J)``.
+        - output: :class:`HeinsenOutput`, scores ``(B, J)``, mu and sigma2 ``(B, J, D)``, couplings ``(B, I, J)``.
+
+    Examples::
+
+        >>> u_hat, scores = torch.randn(2, 32, 10, 16), torch.randn(2, 32)
+        >>> out = heinsen_routing(u_hat, scores, torch.zeros(32, 10), torch.zeros(32, 10))
+        >>> out.scores.shape, out.sigma2.shape, out.couplings.shape
+        (torch.Size([2, 10]), torch.Size([2, 10, 16]), torch.Size([2, 32, 10]))
+    """
+    check_votes(u_hat, "heinsen_routing")
+    routing_iterations("iterations", iterations)
+    batch, children, parents, _ = u_hat.shape
+    _check_shape("activations", activations, [(batch, children)], u_hat)
+    for name, beta in (("beta_use", beta_use), ("beta_ign", beta_ign)):
+        _check_shape(name, beta, [(children, parents), (1, parents)], u_hat)
+    votes = working(u_hat)
+    dtype = votes.dtype
+    present = torch.sigmoid(working(activations).to(dtype)).unsqueeze(-1)  # (B, I, 1): f(a_i)
+    use_benefit, ignore_cost = working(beta_use).to(dtype), working(beta_ign).to(dtype)
+    couplings = votes.new_full((batch, children, parents), 1.0 / parents)  # (B, I, J)
+    scores, mu, sigma2, spread = _m_step(votes, present * couplings, present, use_benefit, ignore_cost, eps)
+    for _ in range(iterations - 1):
+        # E-step: the routing probabilities from the last M-step's parents (its squared deviations reused)
+        log_p = -torch.einsum("bijd,bjd->bij", spread, 0.5 / sigma2) - 0.5 * sigma2.log().sum(-1).unsqueeze(1)
+        couplings = torch.softmax(torch.nn.functional.logsigmoid(scores).unsqueeze(1) + log_p, dim=2)
+        scores, mu, sigma2, spread = _m_step(votes, present * couplings, present, use_benefit, ignore_cost, eps)
+    out = u_hat.dtype
+    return HeinsenOutput(scores.to(out), mu.to(out), sigma2.to(out), couplings.to(out))
+
+
+def _m_step(votes: Tensor, use: Tensor, present: Tensor, use_benefit: Tensor, ignore_cost: Tensor, eps: float):
+    """The parents' scores ``(B, J)``, means and variances ``(B, J, D)``, and the votes' squared deviations from
+    the means ``(B, I, J, D)``, from the data to use, ``D_use`` ``(B, I, J)``; the data to ignore is the rest of
+    each child's ``f(a_i)`` (``present``, ``(B, I, 1)``)."""
+    scores = (use_benefit * use).sum(1) - (ignore_cost * (present - use)).sum(1)
+    data = (use.sum(1) + eps).unsqueeze(-1)  # (B, J, 1)
+    mu = torch.einsum("bij,bijd->bjd", use, votes) / data
+    spread = (votes - mu.unsqueeze(1)).square()
+    sigma2 = torch.einsum("bij,bijd->bjd", use, spread) / data + eps
+    return scores, mu, sigma2, spread
+
+
+def _check_shape(name: str, value, shapes: list[tuple[int, ...]], u_hat: Tensor) -> None:
+    if not isinstance(value, Tensor) or tuple(value.shape) not in shapes:
+        shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+        raise ValueError(
+            f"heinsen_routing expects {name} of shape {' or '.join(map(str, shapes))} (B, I, J from u_hat "
+            f"{tuple(u_hat.shape)}), got {shape}"
+        )
