@@ -85,10 +85,10 @@ CAPSULE_RECIPE_FIELDS = ("lr", "lr_decay", "weight_decay", "loss", "loss_args")
 @dataclass(frozen=True)
 class Settings(ExperimentSettings):
     """The splits, the two models (``capsule_args``: builder arguments), training (``capsule_recipe``: fields of
-    :data:`CAPSULE_RECIPE_FIELDS` over the capsule model's training recipe), matching (``target_error``: both models' target instead of the CNN's error;
-    ``rematch_cnn``, ``rematch_evals_per_epoch``), data sizes (None: all; ``render_instances`` /
-    ``render_lightings``: a smaller rendered grid), ``novel_every`` and ``compile`` (train through
-    ``torch.compile``; evaluation stays eager)."""
+    :data:`CAPSULE_RECIPE_FIELDS` over the capsule model's training recipe), matching (``target_error``: both
+    models' target instead of the CNN's error; ``rematch_cnn``, ``rematch_evals_per_epoch``), data sizes (None:
+    all; ``render_instances`` / ``render_lightings``: a smaller rendered grid), ``novel_every`` and ``compile``
+    (train through ``torch.compile``; evaluation stays eager)."""
 
     splits: list[str] = field(default_factory=lambda: list(SPLITS))
     capsule_model: str = "matrix_capsnet"
@@ -319,7 +319,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         results,
         s,
         names,
-        {"seed": seed, "device": device, "smoke": smoke},
+        {"seed": seed, "device": device, "smoke": smoke, "capsule training": _capsule_training(s)},
         familiar={"azimuth": AZIMUTH_FAMILIAR, "elevation": ELEVATION_FAMILIAR},
     )
     metrics = {
