@@ -1,0 +1,40 @@
+"""benchmarks/gpu_check.py: its dry run (what a GPU session runs, at tiny sizes on the CPU) completes and records
+every step, so that the script cannot rot between the sessions that have a GPU."""
+
+import json
+
+
+def test_dry_run_records_every_step(load_benchmark, shared_data_root, tmp_path):
+    bench = load_benchmark("gpu_check")
+    assert bench.main(["--dry-run", "--out", str(tmp_path), "--data-dir", str(shared_data_root)]) == 0
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    steps = results["steps"]
+    assert results["dry_run"] and steps["gpu_tests"]["counts"]["tests collected"] > 0
+    for model in bench.DRY_MODELS:
+        names = [n for n in steps if n.startswith(f"throughput_{model}")]
+        assert names, model
+        for name in names:
+            rec = steps[name]
+            assert "skipped" in rec or (rec["ok"] and (tmp_path / rec["result"]).is_file()), (name, rec)
+    run = steps["time_to_accuracy"]
+    assert run["ok"] and len(run["result"]["curve"]) == 1 and run["result"]["target"] == bench.TARGET_ACCURACY
+    summary = (tmp_path / "summary.md").read_text()
+    assert all(f"| {name} |" in summary for name in steps)
+
+
+def test_time_to_accuracy_is_the_first_epoch_at_the_target(load_benchmark, tmp_path):
+    bench = load_benchmark("gpu_check")
+    accuracies = [0.98, 0.9952, 0.994, 0.996]
+    lines = [
+        json.dumps({"epoch": e + 1, "train_time_s": 2.0 * (e + 1), "test_accuracy": a})
+        for e, a in enumerate(accuracies)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    result = bench.time_to_accuracy(tmp_path, 0.995)
+    assert (result["reached"], result["epochs_to_target"], result["seconds_to_target"]) == (True, 2, 4.0)
+    assert result["best_accuracy"] == 0.996
+    assert bench.pytest_counts("3 failed, 37 passed, 2 deselected in 9.1s") == {
+        "failed": 3,
+        "passed": 37,
+        "deselected": 2,
+    }
