@@ -5,9 +5,10 @@ For each pair (capsule model, CNN of the same task) at each input size and batch
 - **time**: both models' training steps (forward pass, the model's default loss or cross-entropy on the class
   scores, backward pass, Adam) in one child process, alternating which goes first, after a warm-up step each; the
   median step over ``--repeats``;
-- **peak memory**: one training step after a warm-up step, in a fresh child process per model: the peak resident
-  set size during the step (Linux ``VmHWM``, reset through ``/proc/self/clear_refs`` after the warm-up) minus the
-  resident size before it, and the process's whole peak;
+- **peak memory**: the first training step, in a fresh child process per model: the peak resident set size during
+  the step (Linux ``VmHWM``, reset through ``/proc/self/clear_refs`` once the model and the batch are built) minus
+  the resident size before it (activations, gradients, Adam's state and the step's temporaries), and the
+  process's whole peak;
 - **saved activations**: the bytes of the tensors autograd keeps for the backward pass (each storage counted
   once, parameters left out), which depends on the model and the input only, not on the machine.
 
@@ -102,11 +103,10 @@ def _status_bytes(field: str) -> int:
 
 
 def memory_child(name: str, side: int, batch: int) -> dict:
-    """One warm-up step, then one measured step of ``name`` in this (fresh) process."""
+    """The first training step of ``name`` in this (fresh) process, measured."""
     retain_freed_memory()
     model, optimizer, make, objective = build(name, side)
     images, targets = make(batch)
-    step(model, optimizer, objective, images, targets)
     Path("/proc/self/clear_refs").write_text("5")  # Linux: reset this process's peak RSS (VmHWM) to its RSS now
     before = _status_bytes("VmRSS")
     step(model, optimizer, objective, images, targets)
