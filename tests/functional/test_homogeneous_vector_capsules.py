@@ -38,4 +38,4 @@ def test_layer_normalises_each_component_over_batch_and_classes_then_rectifies()
     s = homogeneous_vector_capsules(u, layer.weight)
     mean, var = s.mean((0, 1)), s.var((0, 1), unbiased=False)
     torch.testing.assert_close(layer(u), torch.relu((s - mean) / torch.sqrt(var + 1e-3)))
-    assert layer.weight.shape == (4, 12, 6) and [n for n, _ in layer.named_parameters()] == ["weight", "offset"]
+    assert layer.weight.shape == (4, 12, 6) and [n for n, _ in layer.named_parameters()] == ["weight", "norm.offset"]

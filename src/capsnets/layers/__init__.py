@@ -3,7 +3,7 @@
 from capsnets.layers.conv import ConvCapsules2d, ConvTransposeCapsules2d
 from capsnets.layers.decoder import CapsuleDecoder
 from capsnets.layers.heinsen import HeinsenCapsules
-from capsnets.layers.homogeneous import HomogeneousVectorCapsules
+from capsnets.layers.homogeneous import HomogeneousVectorCapsules, OffsetBatchNorm
 from capsnets.layers.linear import LinearCapsules
 from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsnets.layers.primary import PrimaryCapsules
@@ -17,6 +17,7 @@ __all__ = [
     "HeinsenCapsules",
     "HomogeneousVectorCapsules",
     "LinearCapsules",
+    "OffsetBatchNorm",
     "PrimaryCapsules",
     "PrimaryMatrixCapsules",
 ]

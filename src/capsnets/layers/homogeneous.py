@@ -4,7 +4,7 @@ Byerly, Kalganova & Dear (2021), "No Routing Needed Between Capsules", Neurocomp
 Sec. 3, and the authors' code (AdamByerly/BMCNNwHFCs, ``python/models/nn_ops.py``, ``hvc_from_xyz``, and
 ``variable.py``): :func:`~capsnets.functional.homogeneous_vector_capsules`, then batch normalisation over the
 batch and the classes of each capsule component, with a learned offset and no scale (the code's
-``batch_norm``, epsilon 1e-3), then a ReLU. A class's logit is the length of its capsule.
+``batch_norm``, epsilon 1e-3: :class:`OffsetBatchNorm`), then a ReLU. A class's logit is the length of its capsule.
 
 Deviation: the running statistics of the normalisation follow PyTorch's momentum (0.1), not the code's decay of
 0.9997.
@@ -17,6 +17,34 @@ from torch import Tensor, nn
 
 from capsnets.functional import homogeneous_vector_capsules
 from capsnets.validation import number, positive_int
+
+
+class OffsetBatchNorm(nn.Module):
+    """Batch normalisation with a learned offset and no scale (the authors' ``batch_norm``, epsilon 1e-3), with
+    statistics over every dimension but the second.
+
+    Args:
+        channels: size ``C`` of the second dimension.
+
+    Shape:
+        ``(B, C, ...) -> (B, C, ...)``
+
+    Examples::
+
+        >>> OffsetBatchNorm(8)(torch.randn(4, 8, 5, 5)).shape
+        torch.Size([4, 8, 5, 5])
+    """
+
+    def __init__(self, channels: int, *, device=None, dtype=None) -> None:
+        super().__init__()
+        channels = positive_int("channels", channels)
+        self.norm = nn.BatchNorm1d(channels, eps=1e-3, affine=False, device=device, dtype=dtype)
+        self.offset = nn.Parameter(torch.zeros(channels, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        last = x.movedim(1, -1)  # (B, ..., C)
+        normed = self.norm(last.reshape(-1, x.shape[1])) + self.offset  # (everything else, C)
+        return normed.view(last.shape).movedim(-1, 1)
 
 
 class HomogeneousVectorCapsules(nn.Module):
@@ -50,13 +78,11 @@ class HomogeneousVectorCapsules(nn.Module):
         number("init_std", init_std, 0.0, low_open=True)
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.randn(out_capsules, in_capsules, dim, **factory) * init_std)
-        self.norm = nn.BatchNorm1d(dim, eps=1e-3, affine=False, **factory)
-        self.offset = nn.Parameter(torch.zeros(dim, **factory))
+        self.norm = OffsetBatchNorm(dim, **factory)
 
     def forward(self, u: Tensor) -> Tensor:
         s = homogeneous_vector_capsules(u, self.weight)  # (B, J, D)
-        normed = self.norm(s.reshape(-1, self.dim)).view_as(s) + self.offset  # statistics over B and J
-        return torch.relu(normed)
+        return torch.relu(self.norm(s.transpose(1, 2)).transpose(1, 2))  # statistics over B and J
 
     def extra_repr(self) -> str:
         return f"in_capsules={self.in_capsules}, dim={self.dim}, out_capsules={self.out_capsules}"

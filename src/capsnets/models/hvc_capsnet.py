@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.layers import HomogeneousVectorCapsules
+from capsnets.layers import HomogeneousVectorCapsules, OffsetBatchNorm
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 from capsnets.validation import (
@@ -42,25 +42,6 @@ from capsnets.validation import (
     placement,
     positive_int,
 )
-
-
-class OffsetBatchNorm(nn.Module):
-    """Batch normalisation with a learned offset and no scale (the authors' ``batch_norm``), over every dimension
-    but the second.
-
-    Shape:
-        ``(B, C, ...) -> (B, C, ...)``
-    """
-
-    def __init__(self, channels: int, *, device=None, dtype=None) -> None:
-        super().__init__()
-        self.norm = nn.BatchNorm1d(channels, eps=1e-3, affine=False, device=device, dtype=dtype)
-        self.offset = nn.Parameter(torch.zeros(channels, device=device, dtype=dtype))
-
-    def forward(self, x: Tensor) -> Tensor:
-        flat = x.movedim(1, -1).reshape(-1, x.shape[1])  # (everything else, C)
-        normed = self.norm(flat) + self.offset
-        return normed.view(*x.movedim(1, -1).shape).movedim(-1, 1)
 
 
 class HVCCapsNet(nn.Module):
