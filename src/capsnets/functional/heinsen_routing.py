@@ -149,30 +149,30 @@ def heinsen_routing(
     _check_shape("activations", activations, [(batch, children)], u_hat)
     for name, beta in (("beta_use", beta_use), ("beta_ign", beta_ign)):
         _check_shape(name, beta, [(children, parents), (1, parents)], u_hat)
-    votes = working(u_hat)
+    votes = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D): the products below batch over B and J
     dtype = votes.dtype
-    present = torch.sigmoid(working(activations).to(dtype)).unsqueeze(-1)  # (B, I, 1): f(a_i)
-    use_benefit, ignore_cost = working(beta_use).to(dtype), working(beta_ign).to(dtype)
-    couplings = votes.new_full((batch, children, parents), 1.0 / parents)  # (B, I, J)
+    present = torch.sigmoid(working(activations).to(dtype)).unsqueeze(1)  # (B, 1, I): f(a_i)
+    use_benefit, ignore_cost = working(beta_use).to(dtype).T, working(beta_ign).to(dtype).T  # (J, I) or (J, 1)
+    couplings = votes.new_full((batch, parents, children), 1.0 / parents)  # (B, J, I)
     scores, mu, sigma2, spread = _m_step(votes, present * couplings, present, use_benefit, ignore_cost, eps)
     for _ in range(iterations - 1):
         # E-step: the routing probabilities from the last M-step's parents (its squared deviations reused)
-        log_p = -torch.einsum("bijd,bjd->bij", spread, 0.5 / sigma2) - 0.5 * sigma2.log().sum(-1).unsqueeze(1)
-        couplings = torch.softmax(torch.nn.functional.logsigmoid(scores).unsqueeze(1) + log_p, dim=2)
+        log_p = -(spread @ (0.5 / sigma2).unsqueeze(-1)).squeeze(-1) - 0.5 * sigma2.log().sum(-1, keepdim=True)
+        couplings = torch.softmax(torch.nn.functional.logsigmoid(scores).unsqueeze(-1) + log_p, dim=1)
         scores, mu, sigma2, spread = _m_step(votes, present * couplings, present, use_benefit, ignore_cost, eps)
     out = u_hat.dtype
-    return HeinsenOutput(scores.to(out), mu.to(out), sigma2.to(out), couplings.to(out))
+    return HeinsenOutput(scores.to(out), mu.to(out), sigma2.to(out), couplings.transpose(1, 2).to(out))
 
 
 def _m_step(votes: Tensor, use: Tensor, present: Tensor, use_benefit: Tensor, ignore_cost: Tensor, eps: float):
     """The parents' scores ``(B, J)``, means and variances ``(B, J, D)``, and the votes' squared deviations from
-    the means ``(B, I, J, D)``, from the data to use, ``D_use`` ``(B, I, J)``; the data to ignore is the rest of
-    each child's ``f(a_i)`` (``present``, ``(B, I, 1)``)."""
-    scores = (use_benefit * use).sum(1) - (ignore_cost * (present - use)).sum(1)
-    data = (use.sum(1) + eps).unsqueeze(-1)  # (B, J, 1)
-    mu = torch.einsum("bij,bijd->bjd", use, votes) / data
-    spread = (votes - mu.unsqueeze(1)).square()
-    sigma2 = torch.einsum("bij,bijd->bjd", use, spread) / data + eps
+    the means ``(B, J, I, D)``, from the votes ``(B, J, I, D)`` and the data to use, ``D_use`` ``(B, J, I)``; the
+    data to ignore is the rest of each child's ``f(a_i)`` (``present``, ``(B, 1, I)``)."""
+    scores = (use_benefit * use).sum(2) - (ignore_cost * (present - use)).sum(2)
+    data = (use.sum(2) + eps).unsqueeze(-1)  # (B, J, 1)
+    mu = (use.unsqueeze(2) @ votes).squeeze(2) / data  # (B, J, 1, I) @ (B, J, I, D)
+    spread = (votes - mu.unsqueeze(2)).square()
+    sigma2 = (use.unsqueeze(2) @ spread).squeeze(2) / data + eps
     return scores, mu, sigma2, spread
 
 
