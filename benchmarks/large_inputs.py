@@ -8,9 +8,15 @@ For each pair (capsule model, CNN of the same task) at each input size and batch
 - **peak memory**: the first training step, in a fresh child process per model: the peak resident set size during
   the step (Linux ``VmHWM``, reset through ``/proc/self/clear_refs`` once the model and the batch are built) minus
   the resident size before it (activations, gradients, Adam's state and the step's temporaries), and the
-  process's whole peak;
+  process's whole peak. The children use the C library's default allocator settings, as the ``capsnets``
+  command does; ``--retain-freed-memory`` measures with
+  :func:`~capsnets.engine.runtime.retain_freed_memory` instead (faster steps, a larger resident set);
+- **peak tensor bytes**: the most bytes that tensors made during one forward and backward pass hold at once,
+  beyond the weights, their gradients and the batch (the activations, those kept for the backward pass and the
+  temporaries); like the next figure it depends on the model and the input only, not on the machine or its
+  allocator;
 - **saved activations**: the bytes of the tensors autograd keeps for the backward pass (each storage counted
-  once, parameters left out), which depends on the model and the input only, not on the machine.
+  once, parameters left out).
 
 Inputs are random images in [0, 1] (and random 0/1 masks or labels). Segmentation pairs train with their default
 losses; classification pairs with cross-entropy on the class scores. The matrix capsule models route through the
@@ -29,9 +35,12 @@ import statistics
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capsnets  # noqa: E402
@@ -95,6 +104,48 @@ def saved_activation_bytes(model, objective, images, targets) -> int:
     return sum(seen.values())
 
 
+class _LiveTensorBytes(TorchDispatchMode):
+    """Counts the bytes of the storages that the operators run inside it create while they live, and their peak.
+    Storages that exist before (``outside``) are not counted, even when an in-place operator returns one."""
+
+    def __init__(self, outside) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.tracked = {tensor.untyped_storage().data_ptr() for tensor in outside}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            storage = tensor.untyped_storage()
+            key, size = storage.data_ptr(), storage.nbytes()
+            if size and key not in self.tracked:
+                self.tracked.add(key)
+                self.live += size
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(storage, self._free, key, size)
+        return out
+
+    def _free(self, key: int, size: int) -> None:
+        self.tracked.discard(key)
+        self.live -= size
+
+
+def peak_tensor_bytes(model, objective, images, targets) -> int:
+    """The most bytes the tensors of one forward and backward pass hold at once, beyond the weights, their
+    gradients (made before, so that accumulating into them adds nothing) and the batch."""
+    model.zero_grad(set_to_none=True)
+    objective(images, targets).backward()
+    model.zero_grad(set_to_none=False)
+    params = list(model.parameters())
+    meter = _LiveTensorBytes([*params, *(p.grad for p in params if p.grad is not None), images, targets])
+    with meter:
+        objective(images, targets).backward()
+    model.zero_grad(set_to_none=True)
+    return meter.peak
+
+
 def _status_bytes(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -104,7 +155,6 @@ def _status_bytes(field: str) -> int:
 
 def memory_child(name: str, side: int, batch: int) -> dict:
     """The first training step of ``name`` in this (fresh) process, measured."""
-    retain_freed_memory()
     model, optimizer, make, objective = build(name, side)
     images, targets = make(batch)
     Path("/proc/self/clear_refs").write_text("5")  # Linux: reset this process's peak RSS (VmHWM) to its RSS now
@@ -115,13 +165,13 @@ def memory_child(name: str, side: int, batch: int) -> dict:
         "peak_rss_increase_bytes": peak - before,
         "peak_rss_bytes": peak,
         "saved_activation_bytes": saved_activation_bytes(model, objective, images, targets),
+        "peak_tensor_bytes": peak_tensor_bytes(model, objective, images, targets),
         "parameters": capsnets.count_parameters(model),
     }
 
 
 def timing_child(names: list[str], side: int, batch: int, repeats: int) -> dict:
     """The median training step of each model, the models alternating (the first of each round swaps)."""
-    retain_freed_memory()
     built = {name: build(name, side) for name in names}
     data = {name: built[name][2](batch) for name in names}
     for name in names:  # warm-up
@@ -148,11 +198,27 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per model (after one warm-up step)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--dry-run", action="store_true", help="the small models at 32x32, one repeat")
+    parser.add_argument("--memory-only", action="store_true", help="measure memory only, not the steps' time")
+    parser.add_argument(
+        "--pairs",
+        nargs="+",
+        default=None,
+        metavar="MODEL",
+        help="only the pairs of these capsule models (default: all)",
+    )
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--retain-freed-memory",
+        action="store_true",
+        help="keep freed CPU memory in the processes (capsnets.engine.runtime.retain_freed_memory; default: the C "
+        "library's settings, as the capsnets command uses)",
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.retain_freed_memory:
+        retain_freed_memory()
     if args.child:
         kind, side, batch, *rest = args.child
         if kind == "memory":
@@ -162,18 +228,31 @@ def main(argv=None) -> int:
         print(json.dumps(out))
         return 0
     pairs, repeats = (DRY_PAIRS, 1) if args.dry_run else (PAIRS, args.repeats)
+    if args.pairs:
+        unknown = set(args.pairs) - {capsules for capsules, _, _ in pairs}
+        if unknown:
+            parser.error(
+                f"--pairs: no pair has the capsule model {sorted(unknown)}; choose from {[p[0] for p in pairs]}"
+            )
+        pairs = tuple(pair for pair in pairs if pair[0] in args.pairs)
     threads = ["--threads", str(args.threads)] if args.threads else []
+    threads += ["--retain-freed-memory"] if args.retain_freed_memory else []
     rows = []
     for capsules, cnn, sides in pairs:
         for side in sides:
             for batch in args.batch_sizes:
-                timing = _child([*threads, "--child", "timing", str(side), str(batch), str(repeats), capsules, cnn])
+                timing = (
+                    {}
+                    if args.memory_only
+                    else _child([*threads, "--child", "timing", str(side), str(batch), str(repeats), capsules, cnn])
+                )
                 row = {"capsules": capsules, "cnn": cnn, "side": side, "batch": batch, "models": {}}
                 for name in (capsules, cnn):
                     memory = _child([*threads, "--child", "memory", str(side), str(batch), name])
-                    row["models"][name] = {**timing.get(name, {"timing_error": timing.get("error")}), **memory}
+                    untimed = {} if args.memory_only else {"timing_error": timing.get("error")}
+                    row["models"][name] = {**timing.get(name, untimed), **memory}
                 caps, base = row["models"][capsules], row["models"][cnn]
-                for key in ("step_s", "peak_rss_increase_bytes", "saved_activation_bytes"):
+                for key in ("step_s", "peak_rss_increase_bytes", "peak_tensor_bytes", "saved_activation_bytes"):
                     if key in caps and key in base and base[key]:
                         row[f"{key}_ratio_capsules_to_cnn"] = caps[key] / base[key]
                 rows.append(row)
@@ -181,6 +260,8 @@ def main(argv=None) -> int:
     result = {
         **environment(torch.device("cpu"), args),
         "em_kernel": os.environ.get("CAPSNETS_EM_KERNEL", "auto"),
+        "retain_freed_memory": args.retain_freed_memory,
+        "memory_only": args.memory_only,
         "rows": rows,
     }
     if args.out:
@@ -192,12 +273,17 @@ def main(argv=None) -> int:
 def _line(row: dict) -> str:
     parts = [f"{row['side']}x{row['side']} batch {row['batch']}:"]
     for name, rec in row["models"].items():
-        if "error" in rec or "step_s" not in rec:
-            parts.append(f"{name} {rec.get('error') or rec.get('timing_error')}")
+        if "error" in rec:
+            parts.append(f"{name} {rec['error']}")
             continue
+        step = (
+            f"{rec['step_s']:.3f} s/step"
+            if "step_s" in rec
+            else f"untimed ({rec.get('timing_error') or 'memory only'})"
+        )
         parts.append(
-            f"{name} {rec['step_s']:.3f} s/step, peak +{rec['peak_rss_increase_bytes'] / 2**20:,.0f} MiB, "
-            f"saved {rec['saved_activation_bytes'] / 2**20:,.1f} MiB"
+            f"{name} {step}, peak +{rec['peak_rss_increase_bytes'] / 2**20:,.0f} MiB, "
+            f"tensors {rec['peak_tensor_bytes'] / 2**20:,.0f} MiB, saved {rec['saved_activation_bytes'] / 2**20:,.1f} MiB"
         )
     return "  ".join(parts)
 

@@ -19,6 +19,9 @@ def pytest_sessionstart(session):
     # Child processes inherit the variable.
     import torch
 
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # pytest -n N: N processes share the cores
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))  # more threads than cores spin
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
