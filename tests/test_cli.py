@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -355,3 +356,38 @@ def test_the_allocator_is_left_alone_unless_asked(monkeypatch, capsys):
     monkeypatch.setenv("CAPSNETS_RETAIN_FREED_MEMORY", "1")
     assert main(["list-models", "--pretrained"]) == 0 and calls == [True, True]
     assert "--retain-freed-memory" in capsnets.cli.build_parser().format_help()
+
+
+def test_segmentation_end_to_end_train_evaluate_predict(tmp_path, capsys):
+    """``segfolder:PATH`` with colour masks: train, evaluate and predict through the command line; the predicted
+    masks are written in the training masks' colours, with overlays."""
+    import numpy as np
+    from PIL import Image
+
+    folder = tmp_path / "shapes"
+    (folder / "images").mkdir(parents=True)
+    (folder / "masks").mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(12):
+        image, mask = np.zeros((16, 16, 3), np.uint8), np.zeros((16, 16, 3), np.uint8)
+        y, x = rng.integers(0, 10, 2)
+        image[y : y + 6, x : x + 6], mask[y : y + 6, x : x + 6] = (200, 200, 40), (0, 128, 0)
+        Image.fromarray(image).save(folder / "images" / f"{k}.jpg")
+        Image.fromarray(mask).save(folder / "masks" / f"{k}.png")
+    run = tmp_path / "run"
+    train = ["train", "--model", "unet_small", "--dataset", f"segfolder:{folder}", "--epochs", "1"]
+    assert main([*train, "--batch-size", "4", "--device", "cpu", "--no-progress", "--out", str(run)]) == 0
+    assert "test mean Dice" in capsys.readouterr().out
+    assert main(["evaluate", "--checkpoint", str(run), "--device", "cpu"]) == 0
+    report = json.loads((run / "evaluation_best_segfolder_shapes.json").read_text())
+    assert list(report["dice"]) == ["#000000", "#008000"] and 0 <= report["mean_dice"] <= 1
+    assert "mean Dice" in capsys.readouterr().out
+    out = tmp_path / "masks"
+    images = [str(folder / "images" / "0.jpg"), str(folder / "images" / "1.jpg")]
+    assert main(["predict", *images, "--checkpoint", str(run), "--out", str(out), "--json", "-"]) == 0
+    predictions = json.loads(capsys.readouterr().out)["predictions"]
+    assert [Path(p["mask"]).name for p in predictions] == ["0_mask.png", "1_mask.png"]
+    assert set(predictions[0]["areas"]) == {"#000000", "#008000"}
+    mask, overlay = Image.open(out / "0_mask.png"), Image.open(out / "0_overlay.png")
+    assert mask.mode == "RGB" and mask.size == overlay.size == (16, 16)
+    assert {tuple(c) for c in np.asarray(mask).reshape(-1, 3)} <= {(0, 0, 0), (0, 128, 0)}

@@ -210,6 +210,26 @@ def test_segmentation_models_write_masks(tmp_path, capsys):
     assert mask.size == (32, 32) and set(np.unique(np.asarray(mask)).tolist()) <= {0, 255}
 
 
+def test_masks_of_several_classes_are_written_as_the_training_masks_were(tmp_path):
+    torch.manual_seed(0)
+    model = capsnets.create_model("unet_small", input_size=(1, 16, 16), num_classes=3)
+    palette = [0, 0, 0, 200, 10, 10, 10, 200, 10] + [0] * 759
+    image = torch.rand(1, 16, 16)
+    (result,) = segment(model, image, tmp_path, mask_format={"mode": "P", "values": [0, 1, 2], "palette": palette})
+    mask = Image.open(result.mask)
+    assert mask.mode == "P" and mask.getpalette()[:9] == palette[:9]
+    classes = np.asarray(mask)
+    expected = model(image[None]).predicted_classes()[0, 0].numpy()
+    assert np.array_equal(classes, expected) and set(result.areas) == {"0", "1", "2"}
+    assert result.foreground == pytest.approx((expected > 0).mean())
+    overlay = np.asarray(Image.open(result.overlay))  # the image where the background is, tinted elsewhere
+    grey = np.round(image[0].numpy() * 255)
+    assert overlay.shape == (16, 16, 3) and np.array_equal(overlay[expected == 0, 0], grey[expected == 0])
+    (indices,) = segment(model, image, tmp_path / "plain", classes=["sky", "sea", "sand"])  # no format: indices
+    assert set(np.unique(np.asarray(Image.open(indices.mask))).tolist()) <= {0, 1, 2}
+    assert list(indices.areas) == ["sky", "sea", "sand"]
+
+
 def test_models_that_neither_classify_nor_segment_are_refused(tmp_path, capsys):
     model = capsnets.create_model("transforming_autoencoder")
     save_checkpoint(

@@ -352,5 +352,5 @@ def test_losses_are_listed_by_the_task_they_serve():
     from capsnets.losses import LOSS_TASKS
 
     assert set(LOSS_TASKS) == set(list_losses())
-    assert list_losses("classification") == ["cross_entropy", "margin", "spread"]
+    assert list_losses("classification") == ["binary_cross_entropy", "cross_entropy", "margin", "spread"]
     assert list_losses("segmentation") == ["binary_segmentation", "segcaps"]

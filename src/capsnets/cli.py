@@ -53,10 +53,11 @@ from capsnets._version import __version__
 from capsnets.data import DatasetError, dataset_info, list_datasets, load_dataset
 from capsnets.data.errors import DOWNLOAD_HINT
 from capsnets.data.image_folder import FOLDER_PREFIX
+from capsnets.data.seg_folder import SEGFOLDER_PREFIX
 from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
 from capsnets.documents import load_yaml
 from capsnets.engine.config import DEFAULTS, TrainConfig, build_config, default_run_dir, read_config_file
-from capsnets.engine.evaluate import evaluate, load_ensemble
+from capsnets.engine.evaluate import evaluate, evaluate_segmentation, load_ensemble
 from capsnets.engine.fit import TrainingInterrupted
 from capsnets.engine.run_dir import run_files
 from capsnets.engine.runtime import (
@@ -69,7 +70,7 @@ from capsnets.engine.runtime import (
 )
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
-from capsnets.inference import collect_image_files, mask_path, predict, segment
+from capsnets.inference import collect_image_files, mask_path, overlay_path, predict, segment
 from capsnets.io import (
     FileWriteError,
     atomic_write,
@@ -327,7 +328,10 @@ def _set_threads(requested: int | None) -> int | None:
 
 def _datasets() -> str:
     """The registered data sets, for help texts."""
-    return ", ".join(list_datasets()) + ", or folder:PATH (your own images: one subfolder per class)"
+    return (
+        ", ".join(list_datasets())
+        + ", or folder:PATH (your own images: one subfolder per class; segfolder:PATH: images/ and their masks/)"
+    )
 
 
 def _add_experiment(parser: argparse.ArgumentParser) -> None:
@@ -463,7 +467,8 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         "--image-size",
         type=int,
         metavar="PIXELS",
-        help="folder:PATH data sets: resize every image to PIXELS x PIXELS (default: the first training image's size)",
+        help="folder:PATH and segfolder:PATH data sets: resize every image to PIXELS x PIXELS (default: the first "
+        "training image's size)",
     )
     add(
         "--max-shift",
@@ -577,7 +582,7 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=_path,
         metavar="DIR",
-        help="segmentation models: directory for the <image>_mask.png files (default: ./masks)",
+        help="segmentation models: directory for the <image>_mask.png and <image>_overlay.png files (default: ./masks)",
     )
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
@@ -835,10 +840,22 @@ def _train(args: argparse.Namespace) -> int:
         f"model {summary['model']} ({summary['parameters']:,} parameters) on {summary['dataset']}, "
         f"{summary['epochs']} epoch{'' if summary['epochs'] == 1 else 's'}, {summary['train_time_s']:.1f} s of training on {summary['device']}"
     )
-    print(
-        f"test accuracy {_pct(summary['test_accuracy'])} (best {_pct(summary['best_test_accuracy'])} "
-        f"at epoch {summary['best_epoch']})"
-    )
+    if summary.get("task") == "segmentation":
+        per_class = ", ".join(f"{name} {_pct(dice)}" for name, dice in (summary.get("best_test_dice") or {}).items())
+        print(
+            f"test mean Dice {_pct(summary['test_mean_dice'])}, IoU {_pct(summary['test_mean_iou'])} (best mean Dice "
+            f"{_pct(summary['best_test_mean_dice'])} at epoch {summary['best_epoch']}; per class: {per_class})"
+        )
+    else:
+        print(
+            f"test accuracy {_pct(summary['test_accuracy'])} (best {_pct(summary['best_test_accuracy'])} "
+            f"at epoch {summary['best_epoch']})"
+        )
+    if summary.get("best_test_map") is not None:  # multi-label: the accuracy above is exact-set accuracy
+        print(
+            f"test mAP {_pct(summary['test_map'])} (best {_pct(summary['best_test_map'])}), micro F1 "
+            f"{_pct(summary['test_micro_f1'])}, macro F1 {_pct(summary['test_macro_f1'])}"
+        )
     if summary.get("time_limited"):
         print(
             f"stopped by the time limit after epoch {summary['epochs']} of {summary['planned_epochs']}; "
@@ -913,9 +930,11 @@ def _test_data(args: argparse.Namespace, checkpoint, model, device):
         raise ArgumentError(f"checkpoint '{checkpoint.path}' does not record its data set; pass --dataset")
     recorded = checkpoint.meta.get("config") or {}
     data_dir = args.data_dir or recorded.get("data_dir")
-    image_size = recorded.get("image_size") if str(dataset).startswith("folder:") else None
+    folder = str(dataset).startswith((FOLDER_PREFIX, SEGFOLDER_PREFIX))
+    image_size = recorded.get("image_size") if folder else None
     data = load_dataset(dataset, root=data_dir, train=False, download=args.download, image_size=image_size).to(device)
-    if tuple(data.images.shape[1:]) != tuple(model.input_size) or data.num_classes != model.num_classes:
+    classes = {2, 1} if hasattr(data, "masks") and data.num_classes == 2 else {data.num_classes}  # binary: 1 map
+    if tuple(data.images.shape[1:]) != tuple(model.input_size) or int(model.num_classes) not in classes:
         raise ArgumentError(
             f"data set {dataset!r} ({data.num_classes} classes of {tuple(data.images.shape[1:])}) "
             f"does not fit the model ({model.num_classes} classes of {tuple(model.input_size)})"
@@ -936,6 +955,8 @@ def _data_label(name: str | None) -> str:
     """A data set in a file name: its name; a ``folder:PATH`` data set by the folder's own name."""
     if name and name.startswith(FOLDER_PREFIX):
         return _file_safe(f"folder_{Path(name[len(FOLDER_PREFIX) :]).name}")
+    if name and name.startswith(SEGFOLDER_PREFIX):
+        return _file_safe(f"segfolder_{Path(name[len(SEGFOLDER_PREFIX) :]).name}")
     return _file_safe(name or "test")
 
 
@@ -954,9 +975,19 @@ def _evaluate(args: argparse.Namespace) -> int:
         return _evaluate_ensemble(args)
     model, checkpoint, data, device = _load(args, _checkpoint_source(args, args.checkpoint))
     out = _output_folder(Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent, args)
-    results = evaluate(model, data, args.batch_size, device)
     stem = f"evaluation_{output_label(checkpoint.path, out)}_{_data_label(data.name)}"
     record = {"checkpoint": str(checkpoint.path), "epoch": checkpoint.meta.get("epoch")}
+    if hasattr(data, "masks"):  # a segmentation data set: every pixel is scored
+        results = evaluate_segmentation(model, data, args.batch_size, device)
+        _write_segmentation_evaluation(results, data, out, stem, record, title=_describe(checkpoint))
+        return 0
+    if getattr(
+        data, "multilabel", False
+    ):  # several labels per image: at the thresholds the training chose (0.5 where it recorded none)
+        results = evaluate(model, data, args.batch_size, device, thresholds=checkpoint.meta.get("thresholds"))
+        _write_multilabel_evaluation(results, data, out, stem, record)
+        return 0
+    results = evaluate(model, data, args.batch_size, device)
     _write_evaluation(results, data, out, stem, record, title=_describe(checkpoint))
     return 0
 
@@ -966,6 +997,10 @@ def _evaluate_ensemble(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     ensemble, checkpoints = load_ensemble([_checkpoint_path(path) for path in args.checkpoint], device)
     data = _test_data(args, checkpoints[0], ensemble, device)
+    if getattr(data, "multilabel", False):
+        raise ArgumentError(
+            "an ensemble of multi-label models has no thresholds of its own; evaluate each checkpoint alone"
+        )
     paths = [checkpoint.path for checkpoint in checkpoints]
     out = Path(args.out) if args.out else Path(os.path.commonpath([path.parent.resolve() for path in paths]))
     out = _output_folder(out, args)
@@ -1017,6 +1052,79 @@ def _write_evaluation(results: dict[str, Any], data, out: Path, stem: str, recor
     print(f"wrote {out / f'{stem}.json'} and {png}")
 
 
+def _write_multilabel_evaluation(results: dict[str, Any], data, out: Path, stem: str, record: dict[str, Any]) -> None:
+    """``OUT/STEM.json`` (``record``, mAP, F1, exact-set accuracy, and per class its average precision, F1 and
+    threshold); prints them."""
+    out.mkdir(parents=True, exist_ok=True)
+    classes = list(data.classes) or [str(k) for k in range(data.num_classes)]
+    columns = ("average_precision", "per_class_f1", "thresholds")
+    per_class = {
+        name: dict(zip(columns, values)) for name, *values in zip(classes, *(results[c].tolist() for c in columns))
+    }
+    summary = {key: results[key] for key in ("mAP", "micro_f1", "macro_f1", "exact_match")}
+    report = {**record, "dataset": data.name, "count": results["count"], **summary, "per_class": per_class}
+    text = json.dumps(report, indent=2) + "\n"
+    atomic_write(out / f"{stem}.json", lambda tmp: Path(tmp).write_text(text))
+    width = max(6, *(len(c) for c in classes))
+    lines = [
+        f"mAP {_pct(results['mAP'])}, micro F1 {_pct(results['micro_f1'])}, macro F1 {_pct(results['macro_f1'])}, "
+        f"exact-set accuracy {_pct(results['exact_match'])} on {results['count']} images",
+        "",
+        f"{'class':>{width}}  {'AP':>7}  {'F1':>7}  threshold",
+    ]
+    lines += [
+        f"{name:>{width}}  {_pct(row['average_precision']):>7}  {_pct(row['per_class_f1']):>7}  {row['thresholds']:.3f}"
+        for name, row in per_class.items()
+    ]
+    print("\n".join(lines))
+    print(f"wrote {out / f'{stem}.json'}")
+
+
+def _write_segmentation_evaluation(
+    results: dict[str, Any], data, out: Path, stem: str, record: dict[str, Any], title: str
+) -> None:
+    """``OUT/STEM.json`` (``record``, per-class Dice and IoU, their means) and ``OUT/STEM_confusion.png`` (the pixel
+    confusion matrix, rows normalised); prints the per-class table."""
+    # matplotlib is slow to import; only figures need it
+    from capsnets.plots import plot_confusion_matrix  # noqa: PLC0415
+
+    classes = list(data.classes) or [str(k) for k in range(data.num_classes)]
+    report = {
+        **record,
+        "dataset": data.name,
+        "count": results["count"],
+        "mean_dice": None if results["mean_dice"] != results["mean_dice"] else results["mean_dice"],
+        "mean_iou": None if results["mean_iou"] != results["mean_iou"] else results["mean_iou"],
+        "pixel_accuracy": results["pixel_accuracy"],
+        # NaN (a class neither present nor predicted) is null in JSON
+        "dice": {c: None if v != v else v for c, v in zip(classes, results["dice"].tolist())},
+        "iou": {c: None if v != v else v for c, v in zip(classes, results["iou"].tolist())},
+        "confusion_matrix": results["confusion_matrix"].tolist(),
+    }
+    text = json.dumps(report, indent=2) + "\n"
+    atomic_write(out / f"{stem}.json", lambda tmp: Path(tmp).write_text(text))
+    png = plot_confusion_matrix(
+        results["confusion_matrix"],
+        classes,
+        out / f"{stem}_confusion.png",
+        normalize=True,
+        title=f"{title} on {data.name}: pixels (rows: recall)",
+    )
+    width = max(6, *(len(c) for c in classes))
+    lines = [
+        f"mean Dice {_pct(results['mean_dice'])}, mean IoU {_pct(results['mean_iou'])} (the background left out), "
+        f"pixel accuracy {_pct(results['pixel_accuracy'])} on {results['count']} images",
+        "",
+        f"{'class':>{width}}  {'Dice':>7}  {'IoU':>7}",
+    ]
+    lines += [
+        f"{c:>{width}}  {_pct(d):>7}  {_pct(i):>7}"
+        for c, d, i in zip(classes, results["dice"].tolist(), results["iou"].tolist())
+    ]
+    print("\n".join(lines))
+    print(f"wrote {out / f'{stem}.json'} and {png}")
+
+
 def format_report(results: dict[str, Any], classes: list[str]) -> str:
     """Accuracy, per-class accuracy and the confusion matrix as a plain-text table."""
     width = max(6, *(len(c) for c in classes))
@@ -1040,7 +1148,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
         raise ArgumentError(f"--n must be at least 1, got {args.n}")
     model, checkpoint, data, _ = _load(args, _checkpoint_source(args, [args.checkpoint]))
     out = _output_folder(Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent, args)
-    images, labels = data.images[: args.n], data.labels[: args.n]
+    images = data.images[: args.n]
+    single_labels = None if getattr(data, "multilabel", False) else data.labels[: args.n]  # multi-label: no one class
     with torch.no_grad():
         output = model(images)
     if output.reconstruction is None:
@@ -1053,8 +1162,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
         images.cpu(),
         output.reconstruction.float().cpu(),
         out / f"reconstructions_{output_label(checkpoint.path, out)}.png",
-        labels=labels.cpu(),
-        predictions=output.scores.argmax(-1).cpu(),
+        labels=None if single_labels is None else single_labels.cpu(),
+        predictions=None if single_labels is None else output.scores.argmax(-1).cpu(),
         class_names=[str(name) for name in data.classes] or None,
         n=len(images),
         title=f"{_describe(checkpoint)}, {data.name or 'test'} test images",
@@ -1115,12 +1224,10 @@ def _predict(args: argparse.Namespace) -> int:
             invert=args.invert,
         )
     records = [result.to_dict() for result in results]
-    text = (
-        json.dumps(
-            {"checkpoint": str(checkpoint.path), "model": name, "dataset": dataset, "predictions": records}, indent=2
-        )
-        + "\n"
-    )
+    header = {"checkpoint": str(checkpoint.path), "model": name, "dataset": dataset}
+    if checkpoint.meta.get("multilabel") and checkpoint.meta.get("thresholds") is not None:  # what predict applied
+        header["thresholds"] = dict(zip(_class_names(checkpoint, model), checkpoint.meta["thresholds"]))
+    text = json.dumps({**header, "predictions": records}, indent=2) + "\n"
     if args.json == "-":
         print(text, end="")
         return 0
@@ -1206,8 +1313,11 @@ def _mask_folder(out: Path, files: Sequence[Path], args: argparse.Namespace) -> 
                 f"'{written[target]}' and '{file}' would both write their mask to '{target}'; segment them in "
                 "two runs with different --out folders"
             )
-        if target.exists() and any(target.samefile(item) for item in files):
-            raise ArgumentError(f"the mask of '{file}' would replace the input image '{target}'; pass another --out")
+        for what, path in (("mask", target), ("overlay", overlay_path(file, out, index))):
+            if path.exists() and any(path.samefile(item) for item in files):
+                raise ArgumentError(
+                    f"the {what} of '{file}' would replace the input image '{path}'; pass another --out"
+                )
         written[target] = file
     return out
 
@@ -1300,10 +1410,18 @@ def _class_names(checkpoint, model) -> list[str]:
 
 def format_prediction(result) -> str:
     """One image's prediction as text: the class, its score and whether it is uncertain, every class capsule's
-    length, what was adapted."""
+    length, what was adapted; for a multi-label model the classes present and every class's probability."""
     adapted = f"  [{'; '.join(result.adapted)}]" if result.adapted else ""
     if result.mask is not None:
-        return f"{result.path}: mask {result.mask} ({_pct(result.foreground)} foreground){adapted}"
+        areas = (
+            ", ".join(f"{name} {_pct(area)}" for name, area in result.areas.items()) if len(result.areas) > 2 else ""
+        )
+        shown = f"{_pct(result.foreground)} foreground" + (f": {areas}" if areas else "")
+        return f"{result.path}: mask {result.mask}, overlay {result.overlay} ({shown}){adapted}"
+    if result.labels is not None:  # multi-label: the set of classes present
+        present = ", ".join(f"{name} ({value:.3f})" for name, value in result.labels.items()) or "no label"
+        probabilities = "  ".join(f"{name} {value:.3f}" for name, value in result.scores.items())
+        return f"{result.path}: {present}{adapted}\n    probabilities: {probabilities}"
     unsure = f", unsure: {result.doubt}" if result.uncertain else ""
     line = f"{result.path}: {result.label} (score {result.score:.3f}{unsure}){adapted}"
     if result.lengths:

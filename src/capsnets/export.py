@@ -10,7 +10,7 @@ Outputs, by the model's task:
 
 - classification: ``scores`` ``(B, num_classes)`` (capsule lengths, matrix capsule activations, or logits) and,
   for capsule models, ``capsules`` ``(B, num_classes, D)``;
-- segmentation: ``probabilities`` ``(B, 1, H, W)``.
+- segmentation: ``probabilities`` ``(B, K, H, W)`` (K = 1 for a binary model).
 
 Examples::
 

@@ -43,6 +43,7 @@ __all__ = [
     "ImageTooLargeError",
     "ImageTransform",
     "check_image_pixels",
+    "class_colours",
     "exif_orientation",
     "image_to_tensor",
     "max_image_pixels",
@@ -256,6 +257,34 @@ def prepare_image(
     if norb:
         tensor = standardize(center_crop(tensor.unsqueeze(0), NORB_CROP))[0]
     return tensor.contiguous(), notes
+
+
+#: Colours of segmentation classes 1, 2, ... when the training masks give none (class 0, the background, is black).
+_CLASS_COLOURS = (
+    (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180), (70, 240, 240),
+    (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (220, 190, 255), (170, 110, 40),
+    (255, 250, 200), (128, 0, 0), (170, 255, 195), (128, 128, 0), (255, 215, 180), (0, 0, 128), (128, 128, 128),
+)  # fmt: skip
+
+
+def class_colours(num_classes: int, mask_format: dict | None = None) -> np.ndarray:
+    """A colour per segmentation class, ``(K, 3)`` uint8 RGB: the colours of colour masks (``mask_format`` mode
+    ``"RGB"``) or of a palette (mode ``"P"``) where the training masks had them, else black for the background
+    (class 0) and distinct colours for the others (repeating after 20).
+
+    Examples:
+        >>> class_colours(3).tolist()
+        [[0, 0, 0], [230, 25, 75], [60, 180, 75]]
+    """
+    mode = (mask_format or {}).get("mode")
+    values = (mask_format or {}).get("values") or []
+    if mode == "RGB" and len(values) == num_classes:
+        return np.asarray(values, dtype=np.uint8).reshape(num_classes, 3)
+    palette = (mask_format or {}).get("palette") or []
+    if mode == "P" and len(values) == num_classes and all(3 * v + 3 <= len(palette) for v in values):
+        return np.asarray([palette[3 * v : 3 * v + 3] for v in values], dtype=np.uint8)
+    rest = [_CLASS_COLOURS[k % len(_CLASS_COLOURS)] for k in range(max(num_classes - 1, 0))]
+    return np.asarray([(0, 0, 0), *rest][:num_classes], dtype=np.uint8).reshape(num_classes, 3)
 
 
 def standardize(images: Tensor) -> Tensor:

@@ -3,7 +3,9 @@
 :func:`predict` takes file paths, folders, Pillow images, NumPy arrays or tensors, prepares each with
 :class:`~capsnets.images.ImageTransform` (size, channels, background, the smallNORB protocol), runs the model and
 returns one :class:`Prediction` per image: the class, its name, its score, every class's score, what was adapted
-to fit the image to the model, and whether the answer is uncertain (:func:`uncertainty`). :func:`segment` writes
+to fit the image to the model, and whether the answer is uncertain (:func:`uncertainty`); a multi-label model (one
+trained on data with several classes per image) answers with the set of classes whose probability reaches their
+threshold instead. :func:`segment` writes
 the masks of a segmentation model. ``capsnets predict`` is the command line of both.
 
 Examples::
@@ -26,13 +28,22 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from capsnets.images import IMAGE_SUFFIXES, ImageTransform
+from capsnets.images import IMAGE_SUFFIXES, ImageTransform, class_colours
 from capsnets.io import atomic_write
-from capsnets.models.output import ModelOutput
+from capsnets.models.output import ModelOutput, independent_probabilities
 from capsnets.models.registry import model_task
 from capsnets.validation import ArgumentError, number, positive_int
 
-__all__ = ["Prediction", "collect_image_files", "mask_path", "predict", "read_images", "segment", "uncertainty"]
+__all__ = [
+    "Prediction",
+    "collect_image_files",
+    "mask_path",
+    "overlay_path",
+    "predict",
+    "read_images",
+    "segment",
+    "uncertainty",
+]
 
 
 @dataclass
@@ -46,14 +57,18 @@ class Prediction:
         score: a probability-like score of the prediction in ``[0, 1]``: the class capsule's length (vector
             capsules), its activation (matrix capsules), the softmax of the logits (CNNs).
         scores: every class's softmax probability, by class name (models whose scores are logits; capsule
-            models give ``lengths`` instead).
+            models give ``lengths`` instead); for a multi-label model every class's independent probability.
         lengths: every class capsule's length (vector capsules) or activation (matrix capsules), by class name;
             empty for models without class capsules.
         adapted: what was changed to fit the image to the model (``"resized 640x480 -> 28x28"`` ...).
         uncertain: whether the answer is uncertain (:func:`uncertainty`); None for segmentation.
         doubt: why it is, in words (``"below 0.5"``, ``"3 close behind at 0.81"``); None when it is not.
         mask: the written mask file (segmentation models).
-        foreground: the fraction of pixels in the mask (segmentation models).
+        foreground: the fraction of pixels not of the background, class 0 (segmentation models).
+        labels: multi-label models: the classes predicted present (probability at least their threshold) with
+            their probabilities, highest first; empty when none is. None for other models.
+        overlay: the written overlay of the mask on the image (segmentation models).
+        areas: the fraction of pixels of each class, by class name (segmentation models).
     """
 
     path: str | None = None
@@ -67,10 +82,17 @@ class Prediction:
     doubt: str | None = None
     mask: str | None = None
     foreground: float | None = None
+    labels: dict[str, float] | None = None
+    overlay: str | None = None
+    areas: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        """A JSON-able record (the fields that apply)."""
-        return {key: value for key, value in self.__dict__.items() if value is not None and value != {} and value != []}
+        """A JSON-able record (the fields that apply; a multi-label answer's ``labels`` even when empty)."""
+        return {
+            key: value
+            for key, value in self.__dict__.items()
+            if value is not None and (key == "labels" or (value != {} and value != []))
+        }
 
 
 def uncertainty(scores: Tensor, *, min_score: float, min_margin: float) -> Tensor:
@@ -155,6 +177,7 @@ def predict(
     min_score: float = 0.7,
     min_margin: float = 0.3,
     invert: str = "auto",
+    thresholds: Sequence[float] | None = None,
 ) -> list[Prediction]:
     """Classify images with a classification model (in eval mode), flagging the uncertain answers.
 
@@ -176,6 +199,10 @@ def predict(
         min_margin: the least gap to the second score of a certain answer, in ``[0, 1]``.
         invert: ``"auto"``, ``"yes"`` or ``"no"``: invert light-background images for a data set of light
             strokes on black (:func:`~capsnets.images.prepare_image`).
+        thresholds: each class's threshold in ``[0, 1]``, for a multi-label answer (:attr:`Prediction.labels`;
+            ``min_score`` and ``min_margin`` are then unused). Default: the thresholds the model's checkpoint
+            records if it was trained on multi-label data (0.5 for each class if it records none), else a
+            single-label answer.
 
     Returns:
         One :class:`Prediction` per image, in the order given (a folder's files sorted).
@@ -199,6 +226,7 @@ def predict(
     batch_size = positive_int("batch_size", batch_size)
     min_score, min_margin = number("min_score", min_score, 0, 1), number("min_margin", min_margin, 0, 1)
     _require_task(model, "classification")
+    thresholds = _thresholds(model, thresholds)
     transform = ImageTransform(model.input_size, _dataset_of(model, dataset), invert=invert)
     names = list(classes) if classes is not None else getattr(model, "class_names", None)
     device = next(model.parameters()).device
@@ -212,6 +240,9 @@ def predict(
                 what = f"returns {type(output).__name__}, not ModelOutput"
                 raise ArgumentError(_not_a_classifier(model, what, hasattr(output, "probabilities")))
             names = _class_names(names, output.scores.shape[-1])
+            if thresholds is not None:
+                results += _multilabel_predictions(output, names, batch, thresholds)
+                continue
             results += _predictions(output, names, batch, min_score, min_margin)
     finally:
         model.train(was_training)
@@ -227,21 +258,38 @@ def segment(
     dataset: str | None = None,
     threshold: float = 0.5,
     invert: str = "auto",
+    mask_format: dict | None = None,
+    classes: Sequence[str] | None = None,
 ) -> list[Prediction]:
-    """Segment images with a segmentation model and write each mask as ``out/<file stem>_mask.png`` (white
-    where the probability is above ``threshold``; an image given in memory is named ``image<k>``).
+    """Segment images with a segmentation model; write each mask as ``out/<file stem>_mask.png`` and its overlay on
+    the image as ``out/<file stem>_overlay.png`` (an image given in memory is named ``image<k>``).
+
+    A mask is written as the training masks were (``mask_format``; by default the one the model's checkpoint
+    records): the class values of a grey mask (binary: 0 and 255), the palette of a palette mask, the colours of a
+    colour mask. Without one, a binary model writes 0/255 and a model of K classes its class indices ``0..K-1``.
+    The overlay lays each class's colour (:func:`~capsnets.images.class_colours`) at half opacity on the image,
+    the background left clear. Both have the model's input size.
 
     Args:
-        model: a segmentation model (its output has ``probabilities`` ``(B, 1, H, W)``).
+        model: a segmentation model (its output has ``probabilities`` ``(B, K, H, W)``).
         inputs, dataset, invert: as :func:`predict`.
         out: the folder for the masks (created).
-        threshold: the probability above which a pixel is foreground.
+        threshold: binary models: the probability above which a pixel is foreground.
+        mask_format: how to write the masks (``SegmentationData.mask_format``).
+        classes: the class names (default: the checkpoint's, else ``0``, ``1``, ...).
 
     Returns:
-        One :class:`Prediction` per image with its ``mask`` file and ``foreground`` fraction.
+        One :class:`Prediction` per image with its ``mask`` and ``overlay`` files, the ``foreground`` fraction and
+        each class's ``areas``.
     """
     transform = ImageTransform(model.input_size, _dataset_of(model, dataset), invert=invert)
     device = next(model.parameters()).device
+    meta = getattr(model, "checkpoint_meta", None) or {}
+    count = max(int(getattr(model, "num_classes", 1)), 2)  # a binary model's one map is 2 classes
+    mask_format = mask_format if mask_format is not None else meta.get("mask_format")
+    names = list(classes if classes is not None else meta.get("classes") or [])
+    names = [str(name) for name in names] if len(names) == count else [str(k) for k in range(count)]
+    writer = _MaskWriter(count, mask_format)
     was_training = model.training
     model.eval()
     results = []
@@ -249,15 +297,56 @@ def segment(
     out.mkdir(parents=True, exist_ok=True)
     try:
         for k, (image, path, notes) in enumerate(_prepared(inputs, transform)):
-            probabilities = model(image.unsqueeze(0).to(device)).probabilities[0, 0].float().cpu()
-            mask = (probabilities > threshold).to(torch.uint8).mul_(255)
-            target = mask_path(path, out, k)
-            atomic_write(target, lambda tmp, m=mask: Image.fromarray(m.numpy(), mode="L").save(tmp, format="PNG"))
-            foreground = float((mask > 0).float().mean())
-            results.append(Prediction(path=path, adapted=notes, mask=str(target), foreground=foreground))
+            output = model(image.unsqueeze(0).to(device))
+            predicted = output.predicted_classes(threshold)[0, 0].cpu().numpy()  # (H, W)
+            target, overlay = mask_path(path, out, k), overlay_path(path, out, k)
+            atomic_write(target, lambda tmp, p=predicted: writer.mask(p).save(tmp, format="PNG"))
+            atomic_write(overlay, lambda tmp, p=predicted, i=image: writer.overlay(i, p).save(tmp, format="PNG"))
+            areas = np.bincount(predicted.ravel(), minlength=count) / predicted.size
+            results.append(
+                Prediction(
+                    path=path,
+                    adapted=notes,
+                    mask=str(target),
+                    foreground=float(1.0 - areas[0]),
+                    overlay=str(overlay),
+                    areas={name: float(area) for name, area in zip(names, areas)},
+                )
+            )
     finally:
         model.train(was_training)
     return results
+
+
+class _MaskWriter:
+    """Class-index masks ``(H, W)`` as PNG images written like the training masks, and their overlays."""
+
+    def __init__(self, count: int, mask_format: dict | None) -> None:
+        mode = (mask_format or {}).get("mode")
+        values = list((mask_format or {}).get("values") or [])
+        self.mode = mode if mode in ("L", "P", "RGB") and len(values) == count else "L"
+        if self.mode == "L" and len(values) != count:
+            values = [0, 255] if count == 2 else list(range(count))
+        self.values = np.asarray(values, dtype=np.uint8)  # (K,) or (K, 3)
+        self.palette = (mask_format or {}).get("palette") if self.mode == "P" else None
+        self.colours = class_colours(count, mask_format if self.mode != "L" else None)
+
+    def mask(self, classes: np.ndarray) -> Image.Image:
+        image = Image.fromarray(self.values[classes], mode="RGB" if self.mode == "RGB" else "L")
+        if self.mode == "P":
+            image.putpalette(self.palette)  # the grey image of class values becomes a palette image
+        return image
+
+    def overlay(self, image: Tensor, classes: np.ndarray) -> Image.Image:
+        pixels = image.clamp(0, 1).expand(3, -1, -1).permute(1, 2, 0).numpy() * 255.0  # (H, W, 3)
+        tint = self.colours[classes].astype(np.float32)
+        blended = np.where((classes > 0)[..., None], 0.5 * pixels + 0.5 * tint, pixels)
+        return Image.fromarray(blended.round().astype(np.uint8), mode="RGB")
+
+
+def overlay_path(path: str | os.PathLike | None, out: str | os.PathLike, index: int) -> Path:
+    """Where :func:`segment` writes the overlay of its ``index``-th image: ``out/<file stem>_overlay.png``."""
+    return Path(out) / f"{Path(path).stem if path is not None else f'image{index}'}_overlay.png"
 
 
 def mask_path(path: str | os.PathLike | None, out: str | os.PathLike, index: int) -> Path:
@@ -338,6 +427,37 @@ def _predictions(
             )
         )
     return results
+
+
+def _multilabel_predictions(output: ModelOutput, names: list[str], batch: list, thresholds: Tensor) -> list[Prediction]:
+    """The multi-label predictions of one batch: each class's independent probability against its threshold."""
+    probs = independent_probabilities(output).cpu()
+    if thresholds.shape != probs.shape[1:]:
+        raise ArgumentError(f"thresholds has {len(thresholds)} values, but the model has {probs.shape[1]} classes")
+    results = []
+    for p, (_, path, notes) in zip(probs, batch):
+        present = sorted((k for k in range(len(names)) if p[k] >= thresholds[k]), key=lambda k: -float(p[k]))
+        results.append(
+            Prediction(
+                path=path,
+                scores=dict(zip(names, p.tolist())),
+                labels={names[k]: float(p[k]) for k in present},
+                adapted=notes,
+            )
+        )
+    return results
+
+
+def _thresholds(model: nn.Module, thresholds: Sequence[float] | None) -> Tensor | None:
+    """The multi-label thresholds to use: as given, else the model's checkpoint's; None for a single-label answer."""
+    meta = getattr(model, "checkpoint_meta", None) or {}
+    if thresholds is None and meta.get("multilabel"):
+        recorded = meta.get("thresholds")
+        thresholds = recorded if recorded is not None else [0.5] * int(model.num_classes)
+    if thresholds is None:
+        return None
+    values = [number("thresholds", value, 0, 1) for value in thresholds]
+    return torch.tensor(values, dtype=torch.float32)
 
 
 def _doubt(probs: Tensor, index: int, min_score: float, min_margin: float, names: list[str]) -> str:

@@ -3,9 +3,15 @@
 - Margin loss: Sabour, Frosst & Hinton (2017), Eq. 4 (``m+ = 0.9``, ``m- = 0.1``, ``lambda = 0.5``),
   summed over classes, averaged over the batch; several targets per example are allowed (MultiMNIST).
 - Reconstruction loss: sum of squared pixel errors per example, scaled by 0.0005 (Sec. 4.1).
+- Binary cross-entropy: each class an independent yes/no (multi-label data), on the sigmoid of logits or on
+  capsule lengths / activations taken as probabilities. On multi-label data the margin loss stays the capsule
+  models' loss (the paper's MultiMNIST loss: one term per class, present or absent) and the others become
+  binary cross-entropy (:func:`multilabel_loss`).
 - SegCaps loss: LaLonde & Bagci (2018), weighted per-pixel binary cross-entropy of the segmentation
   capsules' lengths plus a reconstruction of the image inside the mask; ``binary_segmentation`` is
-  the cross-entropy alone (U-Net).
+  the cross-entropy alone (U-Net). With K > 1 classes (our extension; the paper is binary): the binary
+  cross-entropy of each class's capsule length against "the pixel is of this class", averaged over classes
+  (lengths are independent, not a softmax), or for logits (U-Net) the softmax cross-entropy over classes.
 - Transforming auto-encoder loss: Hinton, Krizhevsky & Wang (2011), squared error of the predicted
   transformed image.
 - Spread loss: Hinton, Sabour & Frosst (2018), Sec. 4.1, ``sum_{i != t} max(0, m - (a_t - a_i))^2``
@@ -33,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from capsnets.models.output import ModelOutput
+from capsnets.models.output import ModelOutput, independent_probabilities
 from capsnets.validation import (
     Argument,
     ArgumentError,
@@ -145,6 +151,27 @@ class CrossEntropyLoss(nn.Module):
         return loss, {"cross_entropy": loss.detach()}
 
 
+class BinaryCrossEntropyLoss(nn.Module):
+    """Binary cross-entropy of each class's presence, summed over classes and averaged over the batch.
+
+    Logits (the CNN baselines) go through ``binary_cross_entropy_with_logits``; capsule lengths and activations
+    are taken as the probabilities, clamped to ``[1e-6, 1 - 1e-6]`` before the log. Targets are ``(B, K)``
+    multi-hot or ``(B,)`` class indices (one-hot). No reconstruction term.
+    """
+
+    def forward(self, output: ModelOutput, images: Tensor, targets: Tensor):
+        if output.scores.dim() != 2:
+            raise ValueError(f"scores must be (B, K), got {tuple(output.scores.shape)}")
+        t = _as_multi_hot(targets, output.scores.shape[1], torch.float32)
+        if output.score_kind == "logits":
+            per_class = F.binary_cross_entropy_with_logits(output.scores.float(), t, reduction="none")
+        else:
+            p = independent_probabilities(output).clamp(1e-6, 1.0 - 1e-6)
+            per_class = -(t * p.log() + (1.0 - t) * (1.0 - p).log())
+        loss = per_class.sum(dim=1).mean()
+        return loss, {"binary_cross_entropy": loss.detach()}
+
+
 def spread_loss(activations: Tensor, targets: Tensor, margin: float) -> Tensor:
     """Spread loss ``sum_{i != t} max(0, m - (a_t - a_i))^2``, averaged over the batch.
 
@@ -224,9 +251,10 @@ class SpreadLoss(nn.Module):
         )
 
 
-def binary_segmentation_loss(probabilities: Tensor, masks: Tensor, *, pos_weight: float = 1.0) -> Tensor:
+def binary_segmentation_loss(probabilities: Tensor, masks: Tensor, *, pos_weight: float | Tensor = 1.0) -> Tensor:
     """Per-pixel binary cross-entropy of probabilities (capsule lengths, not logits), averaged over pixels;
-    object pixels are weighted by ``pos_weight`` (SegCaps weights them against the background)."""
+    object pixels are weighted by ``pos_weight`` (SegCaps weights them against the background; a tensor that
+    broadcasts against ``masks`` weighs each map by its own)."""
     if probabilities.shape != masks.shape:
         raise ValueError(f"probabilities {tuple(probabilities.shape)} and masks {tuple(masks.shape)} differ in shape")
     masks = masks.to(probabilities.dtype)
@@ -250,11 +278,14 @@ class SegCapsLoss(nn.Module):
     capsules' lengths, plus the mean squared error of the reconstruction of the image inside the mask.
 
     Args:
-        pos_weight: weight of object pixels in the cross-entropy.
+        pos_weight: weight of object pixels in the cross-entropy (with K classes: of the pixels of every class
+            but the background, class 0).
         reconstruction_weight: scale of the reconstruction term (ours; the paper does not give it).
 
-    Called as ``criterion(output, images, masks)`` with a
-    :class:`~capsnets.models.segcaps.SegmentationOutput` and ``(B, 1, H, W)`` masks.
+    Called as ``criterion(output, images, masks)`` with a :class:`~capsnets.models.segcaps.SegmentationOutput`
+    (``probabilities`` ``(B, K, H, W)``) and ``(B, 1, H, W)`` masks of class indices (0/1 for ``K = 1``). With
+    ``K > 1``: per-class binary cross-entropy of the lengths (see the module docstring), or the softmax
+    cross-entropy of the logits; the reconstruction target is the image inside every object (class above 0).
     """
 
     def __init__(self, *, pos_weight: float = 1.0, reconstruction_weight: float = 1.0) -> None:
@@ -264,17 +295,40 @@ class SegCapsLoss(nn.Module):
         self.pos_weight, self.reconstruction_weight = pos_weight, reconstruction_weight
 
     def forward(self, output, images: Tensor, masks: Tensor):
-        if getattr(output, "logits", None) is not None:  # the same cross-entropy, without the clamp's dead zone
+        classes = output.probabilities.shape[1]
+        if classes > 1:
+            bce = self._multi_class(output, masks, classes)
+        elif getattr(output, "logits", None) is not None:  # the same cross-entropy, without the clamp's dead zone
             bce = binary_segmentation_loss_from_logits(output.logits.float(), masks, pos_weight=self.pos_weight)
         else:
             bce = binary_segmentation_loss(output.probabilities.float(), masks, pos_weight=self.pos_weight)
         parts, loss = {"bce": bce.detach()}, bce
         if output.reconstruction is not None and self.reconstruction_weight > 0:
-            target = to_float_images(images) * masks.to(torch.float32)
+            target = to_float_images(images) * (masks > 0).to(torch.float32)
             recon = self.reconstruction_weight * (output.reconstruction.float() - target).pow(2).mean()
             parts["reconstruction"] = recon.detach()
             loss = loss + recon
         return loss, parts
+
+    def _multi_class(self, output, masks: Tensor, classes: int) -> Tensor:
+        """The cross-entropy of ``K > 1`` class maps against ``(B, 1, H, W)`` class indices."""
+        if masks.dim() != 4 or masks.shape[1] != 1 or masks.shape[2:] != output.probabilities.shape[2:]:
+            raise ValueError(
+                f"masks must be (B, 1, H, W) class indices for probabilities {tuple(output.probabilities.shape)}, "
+                f"got {tuple(masks.shape)}"
+            )
+        truth = masks[:, 0].long()  # (B, H, W)
+        if truth.numel() and (truth.min() < 0 or truth.max() >= classes):
+            raise ValueError(f"mask classes must lie in [0, {classes}), got {truth.min()}..{truth.max()}")
+        if getattr(output, "logits", None) is not None:
+            weight = torch.full((classes,), float(self.pos_weight), device=truth.device)
+            weight[0] = 1.0
+            return F.cross_entropy(output.logits.float(), truth, weight=weight)
+        one_hot = F.one_hot(truth, classes).permute(0, 3, 1, 2)  # (B, K, H, W)
+        weight = torch.full((1, classes, 1, 1), float(self.pos_weight), device=truth.device)
+        weight[:, 0] = 1.0  # the background's own pixels are not weighted
+        probabilities = output.probabilities.float()
+        return binary_segmentation_loss(probabilities, one_hot, pos_weight=weight)
 
     def extra_repr(self) -> str:
         return f"pos_weight={self.pos_weight}, reconstruction_weight={self.reconstruction_weight}"
@@ -303,6 +357,7 @@ _LOSSES: dict[str, Callable[..., nn.Module]] = {
     "spread": SpreadLoss,
     "margin": MarginLoss,
     "cross_entropy": CrossEntropyLoss,
+    "binary_cross_entropy": BinaryCrossEntropyLoss,
     "segcaps": SegCapsLoss,
     "binary_segmentation": functools.partial(SegCapsLoss, reconstruction_weight=0.0),
     "transforming": TransformingLoss,
@@ -314,10 +369,41 @@ LOSS_TASKS: dict[str, str] = {
     "spread": "classification",
     "margin": "classification",
     "cross_entropy": "classification",
+    "binary_cross_entropy": "classification",
     "segcaps": "segmentation",
     "binary_segmentation": "segmentation",
     "transforming": "autoencoder",
 }
+
+
+#: A classifier's loss on multi-label data, by its loss on one label per image: the losses that take multi-hot
+#: targets stay, the others become binary cross-entropy.
+MULTILABEL_LOSSES: dict[str, str] = {
+    "margin": "margin",
+    "binary_cross_entropy": "binary_cross_entropy",
+    "cross_entropy": "binary_cross_entropy",
+    "spread": "binary_cross_entropy",
+}
+
+
+def multilabel_loss(name: str, *, given: bool) -> str:
+    """The loss to train a classifier on multi-label data with, for its loss ``name``.
+
+    Args:
+        name: the model's default loss (``given=False``: mapped by :data:`MULTILABEL_LOSSES`), or the loss asked
+            for (``given=True``: it must take multi-hot targets).
+
+    Raises:
+        ArgumentError: a loss asked for that takes one class per image.
+    """
+    takes = sorted(set(MULTILABEL_LOSSES.values()))
+    if given and name not in takes or name not in MULTILABEL_LOSSES:
+        raise ArgumentError(
+            f"loss {name!r} takes one class per image, and the data set has several labels per image; use "
+            f"{' or '.join(takes)} (or leave --loss out for the model's own)",
+            "loss",
+        )
+    return MULTILABEL_LOSSES[name]
 
 
 def list_losses(task: str | None = None) -> list[str]:

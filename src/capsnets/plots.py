@@ -25,9 +25,11 @@ import torch
 import torch.nn.functional as F
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from torch import Tensor, nn
 
 from capsnets.functional import capsule_length
+from capsnets.images import class_colours
 from capsnets.io import atomic_write, read_json_lines
 
 __all__ = [
@@ -212,6 +214,58 @@ def _title(label: int | None, prediction: int | None, names: Sequence[str] | Non
         parts.append(f"p={name(prediction)}")
     wrong = label is not None and prediction is not None and label != prediction
     return " ".join(parts), ("red" if wrong else "black")
+
+
+def plot_segmentations(
+    images,
+    masks,
+    predictions,
+    out_png: str | os.PathLike,
+    *,
+    class_names: Sequence[str],
+    title: str | None = None,
+) -> Path:
+    """Draw images with their true and predicted class masks, one column per image.
+
+    Args:
+        images: ``(B, C, H, W)`` in ``[0, 1]``, ``C`` = 1 or 3.
+        masks: ``(B, 1, H, W)`` true class indices.
+        predictions: ``(B, 1, H, W)`` predicted class indices.
+        out_png: where to write the PNG.
+        class_names: ``K`` names (the legend; class colours from :func:`~capsnets.images.class_colours`).
+        title: optional line above the grid (e.g. which checkpoint segmented).
+
+    Returns:
+        ``Path(out_png)``. Raises ``ValueError`` for shapes that do not match or a class beyond ``class_names``.
+    """
+    images, masks, predictions = _to_numpy(images), _to_numpy(masks).astype(int), _to_numpy(predictions).astype(int)
+    _check_images("images", images)
+    expected = (images.shape[0], 1, *images.shape[2:])
+    if masks.shape != expected or predictions.shape != expected:
+        raise ValueError(f"masks and predictions must be {expected}, got {masks.shape} and {predictions.shape}")
+    if (
+        max(masks.max(initial=0), predictions.max(initial=0)) >= len(class_names)
+        or min(masks.min(initial=0), predictions.min(initial=0)) < 0
+    ):
+        raise ValueError(f"mask classes must lie in [0, {len(class_names)})")
+    colours = class_colours(len(class_names)) / 255.0
+    count = images.shape[0]
+    fig = Figure(figsize=(1.4 * count + 1.0, 4.6), layout="constrained")
+    axes = np.asarray(fig.subplots(3, count, squeeze=False))
+    for k in range(count):
+        _show(axes[0, k], images[k])
+        for row, mask in ((1, masks[k, 0]), (2, predictions[k, 0])):
+            axes[row, k].imshow(colours[mask], interpolation="nearest")
+    for ax in axes.flat:
+        ax.set_xticks([]), ax.set_yticks([])
+    for row, label in enumerate(("input", "true", "predicted")):
+        axes[row, 0].set_ylabel(label, fontsize=9)
+    handles = [Patch(color=colours[k], label=name) for k, name in enumerate(class_names) if k > 0][:20]
+    if handles:
+        fig.legend(handles=handles, loc="outside right center", fontsize=7, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return save_figure(fig, out_png)
 
 
 def plot_reconstructions(

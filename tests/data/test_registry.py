@@ -15,7 +15,17 @@ def test_data_root_precedence(monkeypatch, tmp_path):
 
 
 def test_list_and_info_without_files():
-    assert list_datasets() == ["digits", "mnist", "fashion_mnist", "smallnorb", "viewpoints", "cifar10", "svhn"]
+    assert list_datasets() == [
+        "digits",
+        "mnist",
+        "fashion_mnist",
+        "multimnist",
+        "smallnorb",
+        "viewpoints",
+        "cifar10",
+        "svhn",
+    ]
+    assert dataset_info("multimnist").multilabel and not dataset_info("mnist").multilabel
     info = dataset_info("Fashion-MNIST")
     assert info.name == "fashion_mnist" and info.image_shape == (1, 28, 28) and info.num_classes == 10
     assert info.classes[-1] == "Ankle boot"

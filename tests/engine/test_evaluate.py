@@ -61,3 +61,50 @@ def test_data_parallel_shards_cover_every_example_once(monkeypatch):
             for rank in range(world_size)
         ]
         assert torch.equal(sum(shards), whole) and whole.sum() == len(labels)
+
+
+def test_segmentation_metrics_from_a_hand_counted_confusion_matrix():
+    from capsnets.engine.evaluate import segmentation_metrics
+
+    # rows: true background, cat, dog; columns: predicted. Cat: TP 3, FP 1 + 0, FN 2 + 1; dog: TP 2, FP 0 + 1,
+    # FN 1 + 0; the mouse is neither present nor predicted.
+    confusion = torch.tensor([[10, 1, 1, 0], [2, 3, 1, 0], [1, 0, 2, 0], [0, 0, 0, 0]])
+    metrics = segmentation_metrics(confusion)
+    cat_dice, dog_dice = 2 * 3 / (2 * 3 + 1 + 3), 2 * 2 / (2 * 2 + 2 + 1)
+    torch.testing.assert_close(
+        metrics["dice"],
+        torch.tensor([20 / (20 + 3 + 2), cat_dice, dog_dice, math.nan], dtype=torch.float64),
+        equal_nan=True,
+    )
+    torch.testing.assert_close(
+        metrics["iou"], torch.tensor([10 / 15, 3 / 7, 2 / 5, math.nan], dtype=torch.float64), equal_nan=True
+    )
+    assert math.isclose(metrics["mean_dice"], (cat_dice + dog_dice) / 2)  # the background and NaN left out
+    assert math.isclose(metrics["mean_iou"], (3 / 7 + 2 / 5) / 2)
+    assert math.isclose(metrics["pixel_accuracy"], 15 / 21)
+
+
+class FixedMasks(nn.Module):
+    """A segmentation model whose prediction is the image itself, read as class indices."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1))
+
+    def forward(self, images):
+        from capsnets.models import SegmentationOutput
+
+        scores = torch.nn.functional.one_hot(images[:, 0].long(), 3).permute(0, 3, 1, 2).float()
+        return SegmentationOutput(scores)
+
+
+def test_evaluate_segmentation_counts_every_pixel_once():
+    from capsnets.engine.evaluate import evaluate_segmentation
+
+    predicted = torch.tensor([[[0, 1], [2, 2]], [[1, 1], [0, 0]], [[0, 0], [0, 2]]]).float().unsqueeze(1)
+    masks = torch.tensor([[[0, 1], [2, 0]], [[1, 0], [0, 0]], [[0, 0], [0, 2]]], dtype=torch.uint8).unsqueeze(1)
+    data = SimpleNamespace(images=predicted, masks=masks, num_classes=3)
+    whole = evaluate_segmentation(FixedMasks(), data, batch_size=2, device="cpu")
+    expected = torch.tensor([[6, 1, 1], [0, 2, 0], [0, 0, 2]])
+    assert torch.equal(whole["confusion_matrix"], expected) and whole["count"] == 3
+    assert math.isclose(whole["mean_dice"], (4 / 5 + 4 / 5) / 2)

@@ -121,9 +121,9 @@ def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path,
 
 
 def test_figures_show_the_best_checkpoint_and_say_so(tiny_config, monkeypatch):
-    from capsnets.engine import trainer as trainer_module
+    from capsnets.engine import tasks  # the trainer evaluates through its task
 
-    real, evaluated, shown = trainer_module.evaluate, [], {}
+    real, evaluated, shown = tasks.evaluate, [], {}
 
     def scripted(model, *args, **kwargs):  # epoch 1 scores best, epoch 2 worse
         result = real(model, *args, **kwargs)
@@ -131,7 +131,7 @@ def test_figures_show_the_best_checkpoint_and_say_so(tiny_config, monkeypatch):
         result["accuracy"] = {1: 0.9, 2: 0.5}.get(len(evaluated), result["accuracy"])
         return result
 
-    monkeypatch.setattr(trainer_module, "evaluate", scripted)
+    monkeypatch.setattr(tasks, "evaluate", scripted)
     monkeypatch.setattr(reporting, "save_figures", lambda run_dir, **kwargs: shown.update(kwargs) or [])
     config = tiny_config(epochs=2)
     summary = Trainer(config).fit()

@@ -8,6 +8,7 @@ import capsnets
 from capsnets.data.segmentation import make_digit_segmentation
 from capsnets.engine import dice_score
 from capsnets.losses import binary_segmentation_loss, create_loss
+from capsnets.models import SegmentationOutput
 
 from helpers import assert_finite
 
@@ -91,10 +92,10 @@ def test_bad_inputs_are_explained():
         capsnets.create_model("unet_small")(torch.rand(1, 1, 24, 24))
 
 
-def test_the_trainer_refuses_segmentation_models(tmp_path):
+def test_the_trainer_refuses_a_segmentation_model_on_classification_data(tmp_path):
     from capsnets.engine import TrainConfig, train
 
-    with pytest.raises(ValueError, match="segmentation model.*trainer trains classifiers"):
+    with pytest.raises(ValueError, match="segmentation model, and dataset 'digits' is classification data"):
         train(
             TrainConfig(
                 model="segcaps_small", dataset="digits", epochs=1, device="cpu", progress=False, out=str(tmp_path)
@@ -189,3 +190,53 @@ def test_digit_segmentation_is_deterministic_and_marks_the_object(shared_data_ro
 def _picks(digits, count, seed):
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, len(digits), (count,), generator=generator)
+
+
+@pytest.mark.parametrize("name", ["segcaps_small", "unet_small"])
+def test_several_classes_give_one_map_per_class(name):
+    torch.manual_seed(0)
+    model = capsnets.create_model(name, input_size=(1, 16, 16), num_classes=4)
+    images, masks = torch.rand(2, 1, 16, 16), torch.randint(0, 4, (2, 1, 16, 16))
+    out = model(images, masks)
+    assert out.probabilities.shape == (2, 4, 16, 16) and model.num_classes == 4
+    assert out.predicted_classes().shape == (2, 1, 16, 16) and out.predicted_classes().max() < 4
+    if out.capsules is not None:
+        assert out.capsules.shape[:2] == (2, 4) and out.capsules.shape[-2:] == (16, 16)
+    else:  # U-Net: a softmax over the classes
+        torch.testing.assert_close(out.probabilities.sum(dim=1), torch.ones(2, 16, 16))
+    loss, _ = create_loss(model.default_loss)(out, images, masks)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["segcaps", "unet"])
+def test_the_binary_model_keeps_its_weights_layout(name):
+    binary, several = capsnets.create_model(name), capsnets.create_model(name, num_classes=3)
+    assert capsnets.create_model(name, num_classes=1).state_dict().keys() == binary.state_dict().keys()
+    assert several.state_dict().keys() == binary.state_dict().keys()
+    assert capsnets.count_parameters(capsnets.create_model(name, num_classes=1)) == capsnets.count_parameters(binary)
+
+
+def test_segcaps_reconstructs_each_object_pixel_from_its_true_class():
+    torch.manual_seed(0)
+    model = capsnets.create_model("segcaps_small", input_size=(1, 16, 16), num_classes=3).eval()
+    image = torch.rand(1, 1, 16, 16)
+    background = torch.zeros(1, 1, 16, 16, dtype=torch.long)
+    capsules = model(image).capsules
+    torch.testing.assert_close(model(image, background).reconstruction, model.decoder(torch.zeros_like(capsules[:, 0])))
+    second = torch.full_like(background, 2)
+    torch.testing.assert_close(model(image, second).reconstruction, model.decoder(capsules[:, 2]))
+
+
+def test_multi_class_losses():
+    probabilities = torch.tensor([0.2, 0.9, 0.1]).view(1, 3, 1, 1)
+    masks = torch.ones(1, 1, 1, 1, dtype=torch.long)  # the pixel is of class 1
+    expected = -(torch.log(torch.tensor(0.8)) + 3.0 * torch.log(torch.tensor(0.9)) + torch.log(torch.tensor(0.9))) / 3
+    loss, _ = create_loss("binary_segmentation", pos_weight=3.0)(SegmentationOutput(probabilities), None, masks)
+    torch.testing.assert_close(loss, expected)  # per-class cross-entropy of lengths, object classes weighted
+    logits = torch.tensor([0.5, 2.0, -1.0]).view(1, 3, 1, 1)
+    output = SegmentationOutput(logits.softmax(dim=1), logits=logits)
+    loss, _ = create_loss("binary_segmentation")(output, None, masks)
+    torch.testing.assert_close(loss, -logits.log_softmax(dim=1)[0, 1, 0, 0])  # softmax cross-entropy of logits
+    with pytest.raises(ValueError, match=r"mask classes must lie in \[0, 3\)"):
+        create_loss("binary_segmentation")(output, None, torch.full((1, 1, 1, 1), 3))

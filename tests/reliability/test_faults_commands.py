@@ -269,7 +269,8 @@ def test_segment_masks_never_replace_each_other_or_an_input(segmentation_run, tm
     Image.new("L", (32, 32), 10).save(a / "scan_mask.png")  # an image named as a mask, in the --out folder
     _refused([*predict, str(a), "--out", str(a)], tmp_path, capsys, "would replace the input image", "--out")
     assert main([*predict, str(a), "--out", str(tmp_path / "masks")]) == 0  # elsewhere, both are segmented
-    assert sorted(p.name for p in (tmp_path / "masks").iterdir()) == ["scan_mask.png", "scan_mask_mask.png"]
+    written = sorted(p.name for p in (tmp_path / "masks").iterdir())
+    assert written == ["scan_mask.png", "scan_mask_mask.png", "scan_mask_overlay.png", "scan_overlay.png"]
 
 
 @pytest.mark.skipif(not chmod_protects(), reason="chmod does not stop this process (root); simulated above")

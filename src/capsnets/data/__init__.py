@@ -1,11 +1,13 @@
 """Data sets and device-side batching.
 
-- :func:`load_dataset` ``("digits" | "mnist" | "fashion_mnist" | "smallnorb" | "viewpoints" | "cifar10" | "svhn"
-  | "folder:PATH")`` -> :class:`TensorData`
+- :func:`load_dataset` ``("digits" | "mnist" | "fashion_mnist" | "multimnist" | "smallnorb" | "viewpoints" |
+  "cifar10" | "svhn" | "folder:PATH")`` -> :class:`TensorData`
 - :class:`MNIST`, :class:`FashionMNIST`: torchvision-style idx.gz readers with md5 checks and download
 - :class:`CIFAR10` (the binary-version tarball, nothing unpickled), :class:`SVHN` (format-2 .mat files)
 - :func:`load_image_folder`, :func:`scan_image_folder`, :func:`read_image`: your own PNG/JPEG images,
-  one subfolder per class (``"folder:PATH"``)
+  one subfolder per class, or ``images/`` and a ``labels.csv`` for several labels per image (``"folder:PATH"``)
+- :func:`load_segmentation_folder`, :func:`scan_segmentation_folder`: your own images and their masks
+  (``"segfolder:PATH"``) -> :class:`SegmentationData`
 - :class:`SmallNORB`: the NORB-format reader (:func:`read_norb_matrix`) with md5 checks and download
 - :class:`RawNorbLike`, :func:`norb_protocol`: smallNORB-like raw splits and the 48 -> 32 crop protocol
 - :class:`DeviceLoader`, :func:`random_shift`: batching and CapsNet's shift augmentation on the device
@@ -25,6 +27,8 @@ from .mnist import MNIST, FashionMNIST
 from .norb_common import RawNorbLike, norb_protocol
 from .norb_format import read_norb_matrix
 from .registry import DatasetInfo, dataset_info, list_datasets, load_dataset
+from .seg_folder import load_segmentation_folder, scan_segmentation_folder
+from .segmentation import SegmentationData
 from .smallnorb import SmallNORB
 from .svhn import SVHN
 from .transforms import (
@@ -57,6 +61,9 @@ __all__ = [
     "load_image_folder",
     "scan_image_folder",
     "read_image",
+    "load_segmentation_folder",
+    "scan_segmentation_folder",
+    "SegmentationData",
     "DatasetInfo",
     "dataset_info",
     "list_datasets",

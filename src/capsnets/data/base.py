@@ -43,7 +43,9 @@ class TensorData:
     Args:
         images: float32 pixel values in ``[0, 1]``; smallNORB-like data sets hold per-image
             standardised values instead (see :func:`~capsnets.data.norb_common.norb_protocol`).
-        labels: int64 class indices in ``[0, num_classes)``.
+        labels: int64 class indices in ``[0, num_classes)``, or float32 multi-hot targets ``(N, num_classes)``
+            for a multi-label data set (1 where the class is present; any number of classes per image, none
+            included): :attr:`multilabel`.
         num_classes: number of classes.
         classes: class names, ``len(classes) == num_classes``.
         name: data set name, e.g. ``"mnist"``; ``"mnist[:100]"`` after :meth:`subset`.
@@ -57,7 +59,7 @@ class TensorData:
 
     Shape:
         - images: ``(N, C, H, W)``
-        - labels: ``(N,)``
+        - labels: ``(N,)``, or ``(N, num_classes)`` multi-hot
         - info[key]: ``(N,)``
     """
 
@@ -72,12 +74,18 @@ class TensorData:
     def __post_init__(self) -> None:
         if self.images.dim() != 4:
             raise ValueError(f"images must be (N, C, H, W), got shape {tuple(self.images.shape)}")
-        if self.labels.dim() != 1 or len(self.labels) != len(self.images):
-            raise ValueError(f"labels must be (N,) with N={len(self.images)}, got shape {tuple(self.labels.shape)}")
+        multi_hot = self.labels.dim() == 2 and self.labels.shape[1] == self.num_classes
+        if not (self.labels.dim() == 1 or multi_hot) or len(self.labels) != len(self.images):
+            raise ValueError(
+                f"labels must be (N,) class indices or (N, num_classes) multi-hot with N={len(self.images)} and "
+                f"num_classes={self.num_classes}, got shape {tuple(self.labels.shape)}"
+            )
+        if multi_hot and not self.labels.is_floating_point():
+            raise ValueError(f"multi-hot labels must be a floating-point tensor, got {self.labels.dtype}")
         if self.classes and len(self.classes) != self.num_classes:
             raise ValueError(f"classes has {len(self.classes)} names but num_classes={self.num_classes}")
         for key, value in (self.info or {}).items():
-            if not isinstance(value, Tensor) or value.shape != self.labels.shape:
+            if not isinstance(value, Tensor) or value.shape != self.labels.shape[:1]:
                 raise ValueError(
                     f"info[{key!r}] must be a ({len(self)},) tensor, got "
                     f"{getattr(value, 'shape', type(value).__name__)}"
@@ -87,6 +95,12 @@ class TensorData:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    @property
+    def multilabel(self) -> bool:
+        """Whether the labels are ``(N, num_classes)`` multi-hot targets (several classes per image) rather than
+        one class index per image."""
+        return self.labels.dim() == 2
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -127,7 +141,7 @@ class TensorData:
         if isinstance(index, list):
             index = torch.tensor(index, dtype=torch.long)
         if isinstance(index, Tensor):
-            if index.dtype == torch.bool and index.shape != self.labels.shape:
+            if index.dtype == torch.bool and index.shape != self.labels.shape[:1]:
                 raise ValueError(f"a boolean mask must have shape ({len(self)},), got {tuple(index.shape)}")
             if index.dtype != torch.bool and (index.dtype.is_floating_point or index.dim() != 1):
                 raise ValueError(

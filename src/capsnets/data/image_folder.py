@@ -4,6 +4,10 @@ Layouts (class names are the sorted subfolder names; hidden files and folders ar
 
     PATH/cat/001.png  PATH/dog/x.jpg ...              one folder: a seeded, stratified split
     PATH/train/cat/...  PATH/test/cat/...             train/ and test/: the split as given
+    PATH/labels.csv  PATH/images/...                  multi-label: labels.csv names each image's classes
+
+A folder with a ``labels.csv`` is multi-label (any number of classes per image, none included): the file, its
+columns, its optional ``split`` column and its checks are described in :mod:`capsnets.data.label_csv`.
 
 Without ``train/`` and ``test/``, each class's images are shuffled by ``split_seed`` and
 ``test_fraction * n`` of them (rounded half up; at least 1 and at most ``n - 1`` for classes of 2 or more)
@@ -49,6 +53,7 @@ from capsnets.validation import limit_from_env
 
 from .base import TensorData
 from .errors import DatasetError
+from .label_csv import LABELS_FILE, scan_labels_csv
 
 __all__ = [
     "FOLDER_PREFIX",
@@ -76,12 +81,15 @@ class ImageFolderScan:
 
     Attributes:
         root: the folder.
-        classes: class names (sorted subfolder names), index = label.
-        train: ``(file, label)`` pairs of the training split, class by class, files sorted.
+        classes: class names (sorted subfolder names, or the names ``labels.csv`` holds), index = label.
+        train: ``(file, label)`` pairs of the training split, class by class, files sorted; for a multi-label
+            folder ``(file, (label, ...))`` in ``labels.csv``'s order.
         test: the same for the test split.
-        presplit: True if the folder has ``train/`` and ``test/``, False for a seeded split.
+        presplit: True if the folder has ``train/`` and ``test/`` (or ``labels.csv`` a ``split`` column), False for
+            a seeded split.
         channels: 1 (every image grayscale) or 3.
         image_size: ``(H, W)`` every image is resized to.
+        multilabel: True for a folder with a ``labels.csv``.
     """
 
     root: Path
@@ -91,6 +99,7 @@ class ImageFolderScan:
     presplit: bool
     channels: int
     image_size: tuple[int, int]
+    multilabel: bool = False
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -117,8 +126,9 @@ def scan_image_folder(
 
     Raises:
         DatasetError: a missing folder, no class subfolders, fewer than 2 classes, an empty class,
-            ``train/`` and ``test/`` with different classes, an unreadable image; each message names the
-            folder or file and the fix.
+            ``train/`` and ``test/`` with different classes, an unreadable image, a ``labels.csv`` that does not
+            describe ``images/`` (:func:`~capsnets.data.label_csv.scan_labels_csv`); each message names the folder
+            or file and the fix.
         ValueError: ``image_size`` or ``test_fraction`` out of range.
     """
     size = _check_size(image_size)
@@ -135,15 +145,20 @@ def scan_image_folder(
             f"folder:{path}: {root} is not a folder{' (it is a file)' if root.exists() else ''}; "
             "Fix: give the folder that holds one subfolder per class of PNG/JPEG images"
         )
+    multilabel = (root / LABELS_FILE).is_file()
     presplit = (root / "train").is_dir() or (root / "test").is_dir()
-    if presplit:
+    if multilabel:
+        classes, train, test, presplit = scan_labels_csv(root, test_fraction=test_fraction, split_seed=split_seed)
+    elif presplit:
         classes, train, test = _presplit(root)
     else:
         classes = _class_folders(root)
         per_class = [_class_files(root / name) for name in classes]
         train, test = _seeded_split(root, per_class, test_fraction, split_seed)
     channels, first_size = _inspect(train + test)
-    return ImageFolderScan(root, tuple(classes), tuple(train), tuple(test), presplit, channels, size or first_size)
+    return ImageFolderScan(
+        root, tuple(classes), tuple(train), tuple(test), presplit, channels, size or first_size, multilabel
+    )
 
 
 def max_folder_bytes() -> int:
@@ -195,7 +210,8 @@ def load_image_folder(
         DatasetError: as :func:`scan_image_folder`, or a file that cannot be decoded.
 
     Shape:
-        - images: ``(N, C, H, W)`` with ``C`` 1 or 3 and ``(H, W) = image_size``; labels: ``(N,)``.
+        - images: ``(N, C, H, W)`` with ``C`` 1 or 3 and ``(H, W) = image_size``; labels: ``(N,)``, or
+          ``(N, K)`` float32 multi-hot for a folder with a ``labels.csv``.
 
     Example::
 
@@ -211,7 +227,12 @@ def load_image_folder(
     images = torch.empty(len(items), *scan.image_shape)
     for i, (file, _) in enumerate(items):
         images[i] = read_image(file, scan.channels, scan.image_size)
-    labels = torch.tensor([label for _, label in items], dtype=torch.long)
+    if scan.multilabel:
+        labels = torch.zeros(len(items), len(scan.classes))
+        for i, (_, present) in enumerate(items):
+            labels[i, list(present)] = 1.0
+    else:
+        labels = torch.tensor([label for _, label in items], dtype=torch.long)
     return TensorData(images, labels, len(scan.classes), list(scan.classes), f"{FOLDER_PREFIX}{path}")
 
 

@@ -22,6 +22,11 @@ bounded in a 20x20 box, two digits bounding boxes on average have 80% overlap."
 - ``mode="smaller"``: intersection of the two digits' tight bounding boxes (pixels ``> threshold``) over the
   area of the smaller box (:func:`box_overlap`); about 73% on MNIST test digits.
 - ``mode="union"``: the same boxes' intersection over union; about 45%.
+
+The registered data set ``"multimnist"`` (:func:`load_multimnist`) reads the task as "which digits are present":
+a multi-label set of one pair per MNIST digit of the split (60K training, 10K test pairs, fixed seeds) whose
+targets are 10-dimensional multi-hot vectors. As in the paper the two digits always differ, so every image has
+exactly two labels; same-digit pairs (one label) are not made.
 """
 
 from __future__ import annotations
@@ -32,10 +37,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from capsnets.data.base import TensorData
 from capsnets.data.device import random_shift
+from capsnets.data.mnist import MNIST
 
 #: seed of the fixed MultiMNIST test set
 TEST_SEED = 20171026
+#: seed of the registered multi-label set's training pairs (:func:`load_multimnist`)
+TRAIN_SEED = 20171027
+#: source digits per call of :func:`make_multimnist` in :func:`load_multimnist` (bounds its memory)
+_CHUNK = 10_000
 COMBINE_MODES = ("max", "clipped_sum")
 
 
@@ -127,6 +138,33 @@ def multimnist_test_set(
 ) -> MultiMNIST:
     """The fixed-seed test set: ``pairs_per_digit`` examples for each source (test) digit (paper: 1K)."""
     return make_multimnist(images, labels, pairs_per_digit * len(labels), seed=seed, **kwargs)
+
+
+def load_multimnist(root=None, *, train: bool = True, download: bool = False) -> TensorData:
+    """The registered ``"multimnist"`` data set: one MultiMNIST pair per MNIST digit of the split, with
+    multi-hot targets (see the module docstring).
+
+    The pairs are made in chunks of 10K source digits (partners drawn within a chunk), each with its own seed
+    derived from ``TRAIN_SEED`` or ``TEST_SEED``, so a split is the same on every call.
+
+    Args:
+        root, download: as for :class:`~capsnets.data.mnist.MNIST`.
+        train: the 60K training pairs if True, else the 10K test pairs.
+
+    Shape:
+        - images: ``(N, 1, 36, 36)`` in ``[0, 1]``; labels: ``(N, 10)`` float32, two ones per row.
+    """
+    split = MNIST(root, train=train, download=download)
+    digits, classes = split.images.unsqueeze(1).float().div_(255.0), split.labels.long()
+    seed = TRAIN_SEED if train else TEST_SEED
+    images, pairs = [], []
+    for chunk, start in enumerate(range(0, len(classes), _CHUNK)):
+        part = slice(start, start + _CHUNK)
+        made = make_multimnist(digits[part], classes[part], len(classes[part]), seed=seed + chunk)
+        images.append(made.images)
+        pairs.append(made.labels)
+    targets = torch.zeros(len(classes), len(MNIST.classes)).scatter_(1, torch.cat(pairs), 1.0)
+    return TensorData(torch.cat(images), targets, len(MNIST.classes), list(MNIST.classes), "multimnist")
 
 
 def bounding_boxes(images: Tensor, threshold: float = 0.0) -> Tensor:

@@ -1,4 +1,8 @@
-"""Cluttered-digit segmentation: an offline stand-in for SegCaps' segmentation data.
+"""Segmentation data (:class:`SegmentationData`) and cluttered digits, an offline stand-in for SegCaps' data.
+
+:class:`SegmentationData` holds images with a mask of class indices per pixel: the cluttered digits below
+(binary: 0 background, 1 object) and ``segfolder:PATH`` folders of your own images and masks
+(:mod:`capsnets.data.seg_folder`).
 
 SegCaps (LaLonde & Bagci 2018, "Capsules for Object Segmentation") was evaluated on LUNA16 lung CT slices,
 which are not available here. This generator makes a segmentation task from MNIST digits in the style of
@@ -13,7 +17,9 @@ Everything is drawn on the device of ``images`` from one seeded generator (deter
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -23,18 +29,68 @@ from capsnets.data.affnist import place_randomly
 
 @dataclass(frozen=True)
 class SegmentationData:
-    """Images and their binary object masks.
+    """Images and the class of each of their pixels.
+
+    Args:
+        images: float32 pixel values in ``[0, 1]``.
+        masks: class indices in ``[0, num_classes)``, 0 the background: float 0/1 (the cluttered digits) or
+            uint8 (folders).
+        num_classes: number of classes, the background included (2 for a binary mask).
+        classes: class names, index = class (empty: unnamed).
+        name: the data set's name (``"segfolder:PATH"``; ``"...[:100]"`` after :meth:`subset`).
+        mask_format: how the masks were written (``mode``: ``"L"``, ``"P"`` or ``"RGB"``; ``values``: each
+            class's pixel value or colour; ``palette`` for ``"P"``), so predicted masks can be written alike;
+            None for generated data.
 
     Shape:
-        - images: ``(N, 1, S, S)`` in ``[0, 1]``
-        - masks: ``(N, 1, S, S)`` float 0/1
+        - images: ``(N, C, H, W)``
+        - masks: ``(N, 1, H, W)``
     """
 
     images: Tensor
     masks: Tensor
+    num_classes: int = 2
+    classes: tuple[str, ...] = ()
+    name: str = ""
+    mask_format: dict | None = None
+
+    #: What a model trained on this data does (see :mod:`capsnets.engine.tasks`).
+    task: ClassVar[str] = "segmentation"
+    #: No training-time transform of its own (a shift would move the images away from their masks).
+    augment: ClassVar[None] = None
+
+    def __post_init__(self) -> None:
+        if self.images.dim() != 4 or self.masks.dim() != 4 or self.masks.shape[1] != 1:
+            raise ValueError(
+                f"images must be (N, C, H, W) and masks (N, 1, H, W), got {tuple(self.images.shape)} and "
+                f"{tuple(self.masks.shape)}"
+            )
+        if self.masks.shape[0] != self.images.shape[0] or self.masks.shape[2:] != self.images.shape[2:]:
+            raise ValueError(
+                f"masks {tuple(self.masks.shape)} do not match images {tuple(self.images.shape)} in count and size"
+            )
+        if self.classes and len(self.classes) != self.num_classes:
+            raise ValueError(f"classes has {len(self.classes)} names but num_classes={self.num_classes}")
 
     def __len__(self) -> int:
         return len(self.images)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """``(C, H, W)`` of one image."""
+        return tuple(self.images.shape[1:])
+
+    input_shape = image_shape
+
+    def to(self, device: str | torch.device) -> SegmentationData:
+        """A copy with images and masks on ``device`` (no copy if already there)."""
+        return dataclasses.replace(self, images=self.images.to(device), masks=self.masks.to(device))
+
+    def subset(self, n: int) -> SegmentationData:
+        """The first ``n`` examples, in stored order."""
+        if not 0 < n <= len(self):
+            raise ValueError(f"n must be in [1, {len(self)}], got {n}")
+        return dataclasses.replace(self, images=self.images[:n], masks=self.masks[:n], name=f"{self.name}[:{n}]")
 
 
 def make_digit_segmentation(

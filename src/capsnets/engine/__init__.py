@@ -6,7 +6,11 @@
   experiment use (a step function, evaluation points, exact continuation)
 - :mod:`~capsnets.engine.callbacks`: what a training does at its evaluation points (:class:`TimeLimit`,
   :class:`Target`, :class:`ModelCheckpoint`, :class:`Hook`), checkpoint names and resuming
-- :func:`evaluate`: accuracy, per-class accuracy and confusion matrix of a model on a data set
+- :func:`evaluate`: accuracy, per-class accuracy and confusion matrix of a model on a data set; for multi-label
+  data :func:`multilabel_metrics` (mAP, micro / macro F1, exact-set accuracy) at the thresholds of
+  :func:`f1_thresholds`; for segmentation data :func:`evaluate_segmentation` (per-class Dice and IoU of the pixels,
+  :func:`segmentation_metrics`)
+- :mod:`~capsnets.engine.tasks`: what the trainer does for each task (classification, multi-label, segmentation)
 - :func:`save_checkpoint`, :func:`restore_training`: a model with its optimizer, scheduler and RNG state (the
   file format is :mod:`capsnets.io`'s; a model alone: :func:`capsnets.models.load_model`)
 - :func:`publish_checkpoint`: a trained checkpoint as a pretrained weight with its model card
@@ -25,7 +29,16 @@ from .callbacks import (
 from .checkpoint import restore_training, save_checkpoint
 from .config import TrainConfig, build_config, read_config_file
 from .distributed import DistContext
-from .evaluate import accuracy, dice_score, evaluate
+from .evaluate import (
+    accuracy,
+    average_precision,
+    dice_score,
+    evaluate,
+    evaluate_segmentation,
+    f1_thresholds,
+    multilabel_metrics,
+    segmentation_metrics,
+)
 from .fit import NonFiniteLossError, TrainingInterrupted, TrainState, adam_with_decay, fit, save_state, training_step
 from .publish import publish_checkpoint
 from .trainer import Trainer, train
@@ -48,6 +61,11 @@ __all__ = [
     "accuracy",
     "dice_score",
     "evaluate",
+    "average_precision",
+    "f1_thresholds",
+    "multilabel_metrics",
+    "evaluate_segmentation",
+    "segmentation_metrics",
     "NonFiniteLossError",
     "TrainingInterrupted",
     "TrainState",

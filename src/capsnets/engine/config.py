@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from capsnets.data.image_folder import FOLDER_PREFIX
+from capsnets.data.seg_folder import SEGFOLDER_PREFIX
 from capsnets.data.transforms import AUGMENTATIONS
 from capsnets.documents import read_document
 from capsnets.engine.runtime import AMP_MODES, MAX_THREADS
@@ -53,12 +54,14 @@ class TrainConfig:
         model_args: keyword overrides for the model builder, e.g. ``{"routing": {"iterations": 1}}`` (routing
             settings alone update the model's default routing).
         dataset: data set name (see ``capsnets.data.list_datasets()``), or ``"folder:PATH"`` for a folder of
-            your own images with one subfolder per class (a relative PATH is made absolute, so that the run's
-            checkpoints find the folder from any directory).
+            your own images with one subfolder per class, or ``"segfolder:PATH"`` for your own images with
+            segmentation masks (a relative PATH is made absolute, so that the run's checkpoints find the folder
+            from any directory).
         data_dir: where the data set files live (None: the data package's default; a relative folder is made
             absolute).
-        image_size: ``folder:PATH`` data sets only: the side ``H`` (or ``[H, W]``) every image is resized to;
-            None: the first training image's size. The model's ``input_size`` follows the data.
+        image_size: folder data sets (``folder:PATH``, ``segfolder:PATH``) only: the side ``H`` (or ``[H, W]``)
+            every image is resized to; None: the first training image's size. The model's ``input_size`` follows
+            the data.
         download: fetch missing data set files.
         epochs: number of passes over the training split.
         batch_size: GLOBAL batch size; with ``world_size`` processes each takes ``batch_size / world_size``.
@@ -253,16 +256,17 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 
 def absolute_folder(dataset: str) -> str:
-    """``"folder:PATH"`` with PATH absolute (``~`` expanded, resolved against the current directory); any other
-    data set name unchanged.
+    """``"folder:PATH"`` (or ``"segfolder:PATH"``) with PATH absolute (``~`` expanded, resolved against the current
+    directory); any other data set name unchanged.
 
     Examples:
         >>> absolute_folder("mnist")
         'mnist'
     """
-    if not dataset.startswith(FOLDER_PREFIX):
-        return dataset
-    return FOLDER_PREFIX + str(Path(dataset[len(FOLDER_PREFIX) :]).expanduser().resolve())
+    for prefix in (FOLDER_PREFIX, SEGFOLDER_PREFIX):
+        if dataset.startswith(prefix):
+            return prefix + str(Path(dataset[len(prefix) :]).expanduser().resolve())
+    return dataset
 
 
 def _absolute(folder: str | None) -> str | None:

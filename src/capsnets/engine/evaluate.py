@@ -4,7 +4,15 @@ Only ``ModelOutput.scores`` is used (``argmax`` = prediction), so any registered
 taken in stored order; counting is done with tensor ops on the device (one ``bincount`` per batch).
 In a data-parallel run each process evaluates one contiguous shard and the counts are summed over the
 group, so every process gets the whole data set's figures for 1/world_size of the work.
-:func:`dice_score` scores segmentation models (per-image Dice of thresholded probabilities).
+
+Multi-label data (``(N, K)`` multi-hot targets) is scored with each class's independent probability
+(:func:`~capsnets.models.output.independent_probabilities`) by :func:`multilabel_metrics`: mean average precision
+(macro over the classes with a positive example; the area under the precision-recall steps, tied scores taken
+together, as scikit-learn's ``average_precision_score``), micro and macro F1 and exact-set accuracy at per-class
+thresholds, which :func:`f1_thresholds` chooses to maximise each class's F1 on other data (the training split).
+:func:`dice_score` scores segmentation models (per-image Dice of thresholded probabilities);
+:func:`evaluate_segmentation` counts a data set's pixels into a confusion matrix and :func:`segmentation_metrics`
+gives each class's Dice and IoU from it.
 
 :class:`Ensemble` makes several trained models one, scoring each image with the mean of their scores (class
 capsule lengths): Sabour, Frosst & Hinton (2017), Sec. 7, report CIFAR-10 for an ensemble of 7 models, which the
@@ -28,7 +36,10 @@ from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, resolve_amp, resolve_device
 from capsnets.io import load_checkpoint
 from capsnets.models.hub import model_from_checkpoint
-from capsnets.models.output import ModelOutput
+from capsnets.models.output import ModelOutput, independent_probabilities
+
+#: The threshold of a class that :func:`f1_thresholds` has no positive example to choose it from.
+DEFAULT_THRESHOLD = 0.5
 
 
 @torch.no_grad()
@@ -42,6 +53,7 @@ def evaluate(
     context: DistContext | None = None,
     *,
     correct: Callable[[Any, Any], Tensor] | None = None,
+    thresholds: Tensor | Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` on every example of ``data`` in eval mode (the model's mode is restored).
 
@@ -57,11 +69,14 @@ def evaluate(
             its shard and the counts are summed; every process must call this. None: evaluate alone.
         correct: ``correct(output, targets) -> (B,) bool`` for targets that are not class labels (e.g. two
             labels per image); then only ``accuracy``, ``count`` (and ``loss``) are returned.
+        thresholds: multi-label data: each class's threshold (``(K,)``; None: 0.5 for every class).
 
     Returns:
         ``accuracy`` (float), ``per_class_accuracy`` ``(K,)`` float tensor (NaN for a class without
         examples), ``confusion_matrix`` ``(K, K)`` int64 tensor (rows: true class, columns: prediction),
         ``count`` (int), and ``loss`` (mean over examples) when ``criterion`` is given. Tensors are on the CPU.
+        For multi-hot targets ``(N, K)``: :func:`multilabel_metrics` of the probabilities (``accuracy`` is the
+        exact-set accuracy), and ``loss``.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -69,6 +84,9 @@ def evaluate(
     device = _model_device(model) if device is None else resolve_device(device)
     dtype = resolve_amp(amp, device)
     num_classes = int(getattr(data, "num_classes", 0)) if correct is None else 0
+    multilabel = correct is None and isinstance(targets, Tensor) and targets.dim() == 2
+    if multilabel:  # every example's probabilities, this process's shard filled in and summed over the group
+        probabilities = torch.zeros(targets.shape, dtype=torch.float32, device=device)
     confusion = torch.zeros(num_classes * num_classes, dtype=torch.long, device=device)
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, examples right (with ``correct``)
     was_training = model.training
@@ -84,6 +102,9 @@ def evaluate(
                 output = model(x)
                 if criterion is not None:
                     sums[0] += criterion(output, x, y)[0].double() * len(x)
+            if multilabel:
+                probabilities[start : start + len(x)] = independent_probabilities(output)
+                continue
             if correct is not None:
                 sums[1] += correct(output, y).sum()
                 continue
@@ -95,6 +116,10 @@ def evaluate(
         model.train(was_training)
     all_reduce_sum(confusion, context)
     all_reduce_sum(sums, context)
+    if multilabel:
+        all_reduce_sum(probabilities, context)
+        results = multilabel_metrics(probabilities.cpu(), targets.cpu(), thresholds)
+        return results | ({"loss": sums[0].item() / len(images)} if criterion is not None else {})
     if correct is None:
         return _summarise(confusion.view(num_classes, num_classes).cpu(), sums[0].item(), criterion is not None)
     count = len(images)
@@ -145,6 +170,123 @@ def _summarise(confusion: Tensor, loss_sum: float, with_loss: bool) -> dict[str,
     return results
 
 
+def average_precision(probabilities: Tensor, targets: Tensor) -> Tensor:
+    """Each class's average precision: ``sum_n (R_n - R_{n-1}) P_n`` over the distinct scores taken as thresholds
+    from the highest down, with ``P_n`` and ``R_n`` the precision and recall of predicting the examples scored at
+    least the ``n``-th (examples of tied scores enter together). NaN for a class without a positive example.
+
+    Shape:
+        probabilities ``(N, K)``, targets ``(N, K)`` multi-hot -> ``(K,)`` float64.
+
+    Examples::
+
+        >>> average_precision(torch.tensor([[0.9], [0.8], [0.8], [0.1]]), torch.tensor([[1.0], [0.0], [1.0], [1.0]]))
+        tensor([0.8056], dtype=torch.float64)
+    """
+    _check_multilabel(probabilities, targets)
+    scores, order = probabilities.double().sort(dim=0, descending=True, stable=True)  # (N, K)
+    hits = (targets > 0.5).double().gather(0, order)  # (N, K) positives in score order
+    found = hits.cumsum(dim=0)  # true positives at each cut
+    ends = torch.ones_like(hits, dtype=torch.bool)  # the last example of each group of tied scores
+    ends[:-1] = scores[1:] != scores[:-1]
+    found_at_ends = torch.where(ends, found, torch.zeros_like(found))
+    before = torch.cat([torch.zeros_like(found[:1]), found_at_ends.cummax(dim=0).values[:-1]])  # at the last cut
+    ranks = torch.arange(1, len(hits) + 1, dtype=torch.float64).unsqueeze(1)  # examples predicted at each cut
+    precision_steps = torch.where(ends, (found - before) * found / ranks, torch.zeros_like(found))
+    positives = hits.sum(dim=0)
+    return torch.where(positives > 0, precision_steps.sum(dim=0) / positives.clamp(min=1), torch.nan)
+
+
+def f1_thresholds(probabilities: Tensor, targets: Tensor) -> Tensor:
+    """Each class's threshold that maximises its F1 score on these examples (predicted present: probability at
+    least the threshold).
+
+    Among the cuts between distinct scores, the one of highest F1 (the highest such cut among equals) is taken,
+    and the threshold is put halfway between the lowest score kept and the next lower score (the lowest score
+    itself if every example is kept), so that nearby scores of other data fall on the side of their neighbours.
+    A class without a positive example gets ``DEFAULT_THRESHOLD`` (0.5).
+
+    Shape:
+        probabilities ``(N, K)``, targets ``(N, K)`` multi-hot -> ``(K,)`` float32.
+
+    Examples::
+
+        >>> f1_thresholds(torch.tensor([[0.9], [0.8], [0.3], [0.1]]), torch.tensor([[1.0], [1.0], [0.0], [0.0]]))
+        tensor([0.5500])
+    """
+    _check_multilabel(probabilities, targets)
+    scores, order = probabilities.double().sort(dim=0, descending=True, stable=True)  # (N, K)
+    hits = (targets > 0.5).double().gather(0, order)
+    found, positives = hits.cumsum(dim=0), hits.sum(dim=0)
+    ranks = torch.arange(1, len(hits) + 1, dtype=torch.float64).unsqueeze(1)
+    ends = torch.ones_like(hits, dtype=torch.bool)
+    ends[:-1] = scores[1:] != scores[:-1]
+    f1 = torch.where(ends, 2 * found / (positives + ranks), torch.full_like(found, -1.0))  # only whole groups
+    cut = f1.argmax(dim=0)  # (K,) the first (highest) of the best cuts
+    kept = scores.gather(0, cut.unsqueeze(0))[0]
+    below = scores.gather(0, (cut + 1).clamp(max=len(scores) - 1).unsqueeze(0))[0]
+    threshold = torch.where(cut + 1 < len(scores), (kept + below) / 2, kept)
+    return torch.where(positives > 0, threshold, torch.full_like(threshold, DEFAULT_THRESHOLD)).float()
+
+
+def multilabel_metrics(
+    probabilities: Tensor, targets: Tensor, thresholds: Tensor | Sequence[float] | None = None
+) -> dict[str, Any]:
+    """Multi-label scores of per-class probabilities against multi-hot targets.
+
+    Args:
+        probabilities: each class's probability of being present.
+        targets: 1 where the class is present.
+        thresholds: each class's threshold (present: probability at least it); None: 0.5 for every class.
+
+    Returns:
+        ``mAP`` (mean of ``average_precision`` over the classes with a positive example; NaN if none has),
+        ``average_precision`` ``(K,)`` (:func:`average_precision`), ``micro_f1`` (F1 of all decisions pooled),
+        ``macro_f1`` (mean of ``per_class_f1`` over the classes with a positive example or a positive
+        prediction), ``per_class_f1`` ``(K,)`` (NaN where a class has neither), ``exact_match`` (the fraction of
+        examples whose predicted set of classes is exactly the true set), ``accuracy`` (the same),
+        ``thresholds`` ``(K,)`` (as used), ``f1_thresholds`` ``(K,)`` (:func:`f1_thresholds` of these examples,
+        to apply to other data) and ``count``.
+
+    Shape:
+        probabilities ``(N, K)``, targets ``(N, K)``, thresholds ``(K,)``.
+    """
+    _check_multilabel(probabilities, targets)
+    count, classes = probabilities.shape
+    if count == 0:
+        raise ValueError("cannot evaluate on an empty data set (0 examples)")
+    thresholds = torch.full((classes,), 0.5) if thresholds is None else torch.as_tensor(thresholds).float().cpu()
+    if thresholds.shape != (classes,) or not bool(((thresholds >= 0) & (thresholds <= 1)).all()):
+        raise ValueError(f"thresholds must be {classes} numbers in [0, 1], got {thresholds.tolist()}")
+    truth, predicted = targets.cpu() > 0.5, probabilities.cpu() >= thresholds
+    tp = (truth & predicted).sum(dim=0).double()
+    fp, fn = (~truth & predicted).sum(dim=0).double(), (truth & ~predicted).sum(dim=0).double()
+    per_class = torch.where(2 * tp + fp + fn > 0, 2 * tp / (2 * tp + fp + fn).clamp(min=1), torch.nan)
+    pooled = 2 * tp.sum() + fp.sum() + fn.sum()
+    ap = average_precision(probabilities.cpu(), targets.cpu())
+    exact = (truth == predicted).all(dim=1).double().mean().item()
+    return {
+        "mAP": ap.nanmean().item(),
+        "average_precision": ap,
+        "micro_f1": (2 * tp.sum() / pooled).item() if pooled > 0 else float("nan"),
+        "macro_f1": per_class.nanmean().item(),
+        "per_class_f1": per_class,
+        "exact_match": exact,
+        "accuracy": exact,
+        "thresholds": thresholds,
+        "f1_thresholds": f1_thresholds(probabilities.cpu(), targets.cpu()),
+        "count": count,
+    }
+
+
+def _check_multilabel(probabilities: Tensor, targets: Tensor) -> None:
+    if probabilities.dim() != 2 or probabilities.shape != targets.shape:
+        raise ValueError(
+            f"probabilities and targets must both be (N, K), got {tuple(probabilities.shape)} and "
+            f"{tuple(targets.shape)}"
+        )
+
+
 def dice_score(probabilities: Tensor, masks: Tensor, *, threshold: float = 0.5) -> Tensor:
     """Dice coefficient ``2 |P & M| / (|P| + |M|)`` of each image's thresholded prediction ``P`` and mask ``M``
     (1 where both are empty), shape ``(B, ...) -> (B,)``."""
@@ -154,6 +296,103 @@ def dice_score(probabilities: Tensor, masks: Tensor, *, threshold: float = 0.5) 
     overlap = (predicted & truth).sum(dim=1).double()
     total = (predicted.sum(dim=1) + truth.sum(dim=1)).double()
     return torch.where(total > 0, 2 * overlap / total.clamp(min=1), torch.ones_like(total))
+
+
+@torch.no_grad()
+def evaluate_segmentation(
+    model: nn.Module,
+    data: Any,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    amp: str = "off",
+    criterion: nn.Module | None = None,
+    context: DistContext | None = None,
+) -> dict[str, Any]:
+    """Score a segmentation model on every image of ``data`` in eval mode, pixel by pixel (the model's mode is
+    restored): the classes of all pixels are counted into one confusion matrix, as :func:`evaluate` counts
+    images (each process of a data-parallel group its shard, summed over the group).
+
+    Args:
+        model: returns a :class:`~capsnets.models.segcaps.SegmentationOutput` from ``model(images)``; a pixel's
+            class is :meth:`~capsnets.models.segcaps.SegmentationOutput.predicted_classes`.
+        data: a :class:`~capsnets.data.segmentation.SegmentationData` (``images``, ``masks`` of class indices,
+            ``num_classes``).
+        batch_size, device, amp, criterion, context: as for :func:`evaluate` (``criterion`` takes the masks).
+
+    Returns:
+        :func:`segmentation_metrics` of the pixels, ``count`` (images) and ``loss`` (mean over images) when
+        ``criterion`` is given.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    device = _model_device(model) if device is None else resolve_device(device)
+    dtype, classes = resolve_amp(amp, device), int(data.num_classes)
+    confusion = torch.zeros(classes * classes, dtype=torch.long, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    context, count = context or DistContext(), len(data.images)
+    shard = -(-count // context.world_size)
+    first, last = min(context.rank * shard, count), min((context.rank + 1) * shard, count)
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(first, last, batch_size):
+            x = data.images[start : min(start + batch_size, last)].to(device, non_blocking=True)
+            y = data.masks[start : min(start + batch_size, last)].to(device, non_blocking=True).long()  # (B, 1, H, W)
+            with autocast(device, dtype):
+                output = model(x)
+                if criterion is not None:
+                    loss_sum += criterion(output, x, y)[0].double() * len(x)
+            predicted = output.predicted_classes()  # (B, 1, H, W)
+            confusion += torch.bincount((y * classes + predicted).flatten(), minlength=classes * classes)
+    finally:
+        model.train(was_training)
+    all_reduce_sum(confusion, context)
+    all_reduce_sum(loss_sum, context)
+    if count == 0:
+        raise ValueError("cannot evaluate on an empty data set (0 examples)")
+    results = segmentation_metrics(confusion.view(classes, classes).cpu())
+    results["count"] = count
+    if criterion is not None:
+        results["loss"] = loss_sum.item() / count
+    return results
+
+
+def segmentation_metrics(confusion: Tensor) -> dict[str, Any]:
+    """Per-class Dice and IoU (Jaccard) from a pixel confusion matrix, and their means.
+
+    For class ``k`` with ``TP`` its pixels predicted as ``k``, ``FP`` other pixels predicted as ``k`` and ``FN`` its
+    pixels predicted as another class: Dice ``2 TP / (2 TP + FP + FN)``, IoU ``TP / (TP + FP + FN)``; NaN for a
+    class neither present nor predicted. Class 0 is the background: the means are over the other classes (NaN
+    left out), so that a large background does not make a poor segmentation look good.
+
+    Args:
+        confusion: ``(K, K)`` pixel counts, rows the true class, columns the predicted one (``K >= 2``).
+
+    Returns:
+        ``dice`` and ``iou`` ``(K,)`` float64, ``mean_dice`` and ``mean_iou`` (floats), ``pixel_accuracy``, and
+        ``confusion_matrix`` (the input, int64).
+
+    Examples::
+
+        >>> metrics = segmentation_metrics(torch.tensor([[6, 1], [1, 2]]))
+        >>> metrics["dice"].tolist(), metrics["mean_iou"]
+        ([0.8571428571428571, 0.6666666666666666], 0.5)
+    """
+    if confusion.dim() != 2 or confusion.shape[0] != confusion.shape[1] or confusion.shape[0] < 2:
+        raise ValueError(f"confusion must be a (K, K) matrix with K >= 2, got {tuple(confusion.shape)}")
+    confusion = confusion.long()
+    hits = confusion.diag().double()
+    union = confusion.sum(dim=0).double() + confusion.sum(dim=1).double() - hits  # TP + FP + FN
+    dice = torch.where(union > 0, 2 * hits / (union + hits).clamp(min=1), torch.nan)
+    iou = torch.where(union > 0, hits / union.clamp(min=1), torch.nan)
+    return {
+        "dice": dice,
+        "iou": iou,
+        "mean_dice": dice[1:].nanmean().item(),
+        "mean_iou": iou[1:].nanmean().item(),
+        "pixel_accuracy": hits.sum().item() / max(int(confusion.sum()), 1),
+        "confusion_matrix": confusion,
+    }
 
 
 class Ensemble(nn.Module):

@@ -19,6 +19,7 @@ SUMMARY_FILE = "summary.json"
 CURVES_FILE = "training_curves.png"
 CONFUSION_FILE = "confusion_matrix.png"
 RECONSTRUCTIONS_FILE = "reconstructions.png"
+SEGMENTATIONS_FILE = "segmentations.png"
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
@@ -79,12 +80,17 @@ def drawn_figures(run_dir: Path) -> dict[str, Any] | None:
 
 
 def save_figures(
-    run_dir: Path, *, confusion: Tensor, class_names: list[str], samples: dict[str, Tensor] | None, checkpoint: str
+    run_dir: Path,
+    *,
+    confusion: Tensor | None,
+    class_names: list[str],
+    samples: dict[str, Tensor] | None,
+    checkpoint: str,
 ) -> list[Path]:
     """Training curves, confusion matrix and (if ``samples`` is given) inputs vs reconstructions.
 
     Args:
-        confusion: ``(K, K)`` confusion matrix of the checkpoint shown.
+        confusion: ``(K, K)`` confusion matrix of the checkpoint shown, or None (multi-label data: none is drawn).
         class_names: ``K`` names.
         samples: ``images``, ``reconstructions``, ``labels``, ``predictions`` of a few test examples,
             or None when the model has no decoder.
@@ -93,12 +99,13 @@ def save_figures(
     # matplotlib is slow to import; only the end of a run draws figures
     from capsnets import plots  # noqa: PLC0415
 
-    paths = [
-        plots.plot_training_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE),
-        plots.plot_confusion_matrix(
-            confusion, class_names, run_dir / CONFUSION_FILE, title=f"Confusion matrix of {checkpoint}"
-        ),
-    ]
+    paths = [plots.plot_training_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE)]
+    if confusion is not None:
+        paths.append(
+            plots.plot_confusion_matrix(
+                confusion, class_names, run_dir / CONFUSION_FILE, title=f"Confusion matrix of {checkpoint}"
+            )
+        )
     if samples is not None:
         paths.append(
             plots.plot_reconstructions(
@@ -112,6 +119,45 @@ def save_figures(
             )
         )
     return [Path(p) for p in paths]
+
+
+def save_segmentation_figures(
+    run_dir: Path, *, confusion: Tensor, class_names: list[str], samples: dict[str, Tensor], checkpoint: str
+) -> list[Path]:
+    """Training curves, the pixel confusion matrix (rows normalised: each class's recall) and a few test images
+    with their true and predicted masks.
+
+    Args:
+        confusion: ``(K, K)`` pixel confusion matrix of the checkpoint shown.
+        class_names: ``K`` names.
+        samples: ``images``, ``masks`` and ``predictions`` (class indices) of a few test images.
+        checkpoint: which checkpoint the figures show (in their titles).
+    """
+    # matplotlib is slow to import; only the end of a run draws figures
+    from capsnets import plots  # noqa: PLC0415
+
+    return [
+        Path(plots.plot_training_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE)),
+        Path(
+            plots.plot_confusion_matrix(
+                confusion,
+                class_names,
+                run_dir / CONFUSION_FILE,
+                normalize=True,
+                title=f"Pixel confusion matrix (rows: recall) of {checkpoint}",
+            )
+        ),
+        Path(
+            plots.plot_segmentations(
+                samples["images"],
+                samples["masks"],
+                samples["predictions"],
+                run_dir / SEGMENTATIONS_FILE,
+                class_names=class_names,
+                title=f"Test images, true and predicted masks of {checkpoint}",
+            )
+        ),
+    ]
 
 
 def _finite_or_none(value: Any) -> Any:

@@ -7,6 +7,11 @@ is applied once per epoch (``ExponentialLR``). The trainer only uses a model's `
 The training is :func:`~capsnets.engine.fit` with callbacks (:mod:`capsnets.engine.callbacks`): a time limit,
 the test evaluation, the ``last`` and ``best`` checkpoints and the metrics log.
 
+What differs between tasks (one class per image, several, a class per pixel) is a
+:class:`~capsnets.engine.tasks.Task` chosen from the data (:func:`~capsnets.engine.tasks.task_for`): the model's
+default arguments, the losses that fit, the training batch's scores, the test evaluation, the metric that chooses
+the ``best`` checkpoint, and what checkpoints, ``summary.json`` and the figures add.
+
 Run directory (``config.out``): ``config.yaml``, ``metrics.jsonl`` (one line per epoch),
 ``last``/``best`` checkpoints (``.safetensors`` + ``.json``), ``summary.json`` and figures. A fresh run never
 replaces another run's directory unless asked to (``overwrite``), and a resumed run refuses changes that would
@@ -29,12 +34,12 @@ from capsnets.data import AUGMENTATIONS, DeviceLoader, load_dataset
 from capsnets.engine import distributed, reporting
 from capsnets.engine.callbacks import Hook, ModelCheckpoint, TimeLimit, checkpoint_path, resume_state
 from capsnets.engine.config import TrainConfig
-from capsnets.engine.evaluate import evaluate
 from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, check_best, repair_best, resume_changes
 from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything, stop_on_signals, torch_threads
+from capsnets.engine.tasks import best_index, task_for
 from capsnets.io import Checkpoint, CheckpointError, load_checkpoint
-from capsnets.losses import LOSS_TASKS, create_loss, list_losses
+from capsnets.losses import create_loss
 from capsnets.models import model_arguments, model_task
 from capsnets.models.hub import build_model, restore_model
 
@@ -42,8 +47,6 @@ logger = logging.getLogger(__name__)
 
 #: Fewer optimiser steps per epoch than this get a warning (a small data set at a large batch).
 FEW_STEPS = 10
-#: Test accuracies whose first crossing time is reported in ``summary.json["time_to_accuracy"]``.
-ACCURACY_TARGETS = (0.99, 0.995, 0.996)
 
 
 @dataclass
@@ -130,11 +133,7 @@ class Trainer:
             if schedule:  # a loss schedule (spread loss's margin) follows the fraction of training done
                 s.criterion.set_progress(s.state.fraction(len(s.loader), cfg.epochs), cfg.epochs)
             output = train_model(images, labels)
-            correct = (output.scores.detach().argmax(dim=-1) == labels).sum()
-            return {
-                "train_loss": s.criterion(output, images, labels)[0],
-                "train_accuracy": correct.double() / len(labels),
-            }
+            return {"train_loss": s.criterion(output, images, labels)[0], **self._task.train_metrics(output, labels)}
 
         step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(cfg.amp, device), model=s.model)
         signals = contextlib.nullcontext() if context.enabled else stop_on_signals()
@@ -171,6 +170,7 @@ class Trainer:
         seed_everything(cfg.seed)
         train_data, test_data = self._load_data(device)
         self._classes = [str(name) for name in train_data.classes] or None  # recorded for `capsnets predict`
+        self._task = task_for(cfg.model, model_task(cfg.model), train_data, cfg.dataset)
         model = self.model = self._build_model(train_data).to(device)
         criterion = self._build_loss(model)  # before anything is written: a bad --loss-arg leaves no trace
         optimizer, scheduler = adam_with_decay(
@@ -227,11 +227,12 @@ class Trainer:
         record.update(epoch_time_s=record.pop("time_s"), train_time_s=state.train_time_s)
         record["images_per_s"] = s.examples / max(record["epoch_time_s"], 1e-9)
         if state.epoch % cfg.eval_every == 0 or final:
-            evaluation = evaluate(
-                s.fast_model, s.test_data, cfg.batch_size, s.device, cfg.amp, s.criterion, context=s.context
+            record.update(
+                self._task.evaluate(
+                    s.fast_model, s.test_data, cfg.batch_size, s.device, cfg.amp, s.criterion, context=s.context
+                )
             )
-            record.update(test_loss=evaluation["loss"], test_accuracy=evaluation["accuracy"])
-        state.best = _best(state.history)
+        state.best = best_index(state.history, self._task.best_metric)
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load_data(self, device: torch.device):
@@ -246,36 +247,20 @@ class Trainer:
 
     def _build_model(self, data) -> torch.nn.Module:
         """Build the model; ``num_classes`` and ``input_size`` default to the data set's (saved in the config)."""
-        task = model_task(self.config.model)
-        if task != "classification":
-            raise ValueError(
-                f"model {self.config.model!r} is a {task} model, and the trainer trains classifiers; "
-                f"train it with capsnets.engine.fit, a step function for its loss and callbacks"
-            )
         accepted = model_arguments(self.config.model)
-        for key, value in (("num_classes", data.num_classes), ("input_size", list(data.input_shape))):
+        for key, value in self._task.model_defaults(data).items():
             if key in accepted and key not in self.config.model_args:
                 self.config.model_args[key] = value
         model = build_model(self.config.model, self.config.model_args)
         recorded = getattr(model, "model_args", {})  # e.g. an argument whose default changed: named from now on
         self.config.model_args.update({k: v for k, v in recorded.items() if k not in self.config.model_args})
-        expected_shape = tuple(data.input_shape)  # after the data set's own augmentation (e.g. crops)
-        if int(model.num_classes) != data.num_classes or tuple(model.input_size) != expected_shape:
-            raise ValueError(
-                f"model {self.config.model!r} expects {model.num_classes} classes of {tuple(model.input_size)} "
-                f"images but dataset {self.config.dataset!r} has {data.num_classes} classes of {expected_shape}; "
-                f"pick another model or pass --model-arg num_classes=... --model-arg input_size=..."
-            )
+        self._task.check_model(model, data, (self.config.model, self.config.dataset))
         return model
 
     def _build_loss(self, model: torch.nn.Module) -> torch.nn.Module:
-        name = self.config.loss or model.default_loss
-        if LOSS_TASKS.get(name, "classification") != "classification":
-            raise ValueError(
-                f"loss {name!r} is for {LOSS_TASKS[name]} models, and the trainer trains classifiers; "
-                f"use one of {', '.join(list_losses('classification'))} (or leave --loss out for the "
-                f"model's own, {model.default_loss!r})"
-            )
+        name = self._task.loss_name(
+            self.config.loss or model.default_loss, model.default_loss, self.config.loss is not None
+        )
         criterion = create_loss(name, **self.config.loss_args)
         weight = getattr(criterion, "reconstruction_weight", 0)
         if "reconstruction_weight" in self.config.loss_args and weight > 0 and getattr(model, "decoder", 0) is None:
@@ -288,6 +273,12 @@ class Trainer:
     def _loader(self, data, context: distributed.DistContext):
         cfg = self.config
         augment = None
+        if not self._task.image_augmentation and (cfg.augment is not None or cfg.max_shift):
+            flag = "--augment" if cfg.augment is not None else "--max-shift"
+            raise ValueError(
+                f"{flag}: a {self._task.name} run does not shift or augment its images, as their targets would not "
+                f"follow; drop {flag}"
+            )
         if cfg.augment is not None:
             if data.augment is not None:
                 raise ValueError(
@@ -296,11 +287,13 @@ class Trainer:
                 )
             augment = AUGMENTATIONS[cfg.augment]()
         loader = DeviceLoader(
-            data,
+            self._task.loader_data(data),
             cfg.batch_size,
             shuffle=True,
             drop_last=context.enabled,
-            max_shift=cfg.resolved_max_shift(data.images.shape[-2], data.augment),
+            max_shift=cfg.resolved_max_shift(data.images.shape[-2], data.augment)
+            if self._task.image_augmentation
+            else 0,
             seed=cfg.seed,
             rank=context.rank,
             world_size=context.world_size,
@@ -401,24 +394,20 @@ class Trainer:
             "config": cfg.to_dict(),
             "epoch": state.epoch,
             "metrics": record,
+            **self._task.meta(state.history, record),
         }
 
     def _summary(self, state: TrainState, model, device, context) -> dict[str, Any]:
         cfg = self.config
-        tested = [r for r in state.history if r.get("test_accuracy") is not None]
         best = state.history[state.best] if state.best is not None else {}
-        reached = {
-            str(t): next((r["train_time_s"] for r in tested if r["test_accuracy"] >= t), None) for t in ACCURACY_TARGETS
-        }
         return {
             "model": cfg.model,
             "dataset": cfg.dataset,
+            "task": self._task.name,
             "epochs": state.epoch,
-            "test_accuracy": tested[-1]["test_accuracy"] if tested else None,
-            "best_test_accuracy": best.get("test_accuracy"),
+            **self._task.summary(state.history, best),
             "best_epoch": best.get("epoch"),
             "train_time_s": state.train_time_s,
-            "time_to_accuracy": reached,
             "parameters": sum(p.numel() for p in model.parameters()),
             "device": str(device),
             "device_name": _device_name(device),
@@ -442,14 +431,14 @@ class Trainer:
             return
         model = copy.deepcopy(s.model)
         restore_model(model, load_checkpoint(best))
-        evaluation = evaluate(model, s.test_data, self.config.batch_size, s.device, self.config.amp)
-        shown = f"{best.name} (epoch {summary['best_epoch']}, test accuracy {100 * evaluation['accuracy']:.2f}%)"
-        figures = reporting.save_figures(
+        figures, shown = self._task.figures(
             self.run_dir,
-            confusion=evaluation["confusion_matrix"],
-            class_names=list(s.test_data.classes),
-            checkpoint=shown,
-            samples=_reconstruction_samples(model, s.test_data, s.device),
+            model,
+            s.test_data,
+            batch_size=self.config.batch_size,
+            device=s.device,
+            amp=self.config.amp,
+            checkpoint=f"{best.name} (epoch {summary['best_epoch']}",
         )
         summary.update(figures=[str(p) for p in figures], figures_checkpoint=shown)
         reporting.write_summary(self.run_dir, summary)
@@ -459,30 +448,6 @@ class Trainer:
 def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train as described by ``config`` and return the summary; see :class:`Trainer`."""
     return Trainer(config, resume=resume, overwrite=overwrite).fit()
-
-
-@torch.no_grad()
-def _reconstruction_samples(model, data, device, count: int = 16) -> dict[str, torch.Tensor] | None:
-    """Inputs, reconstructions, labels and predictions of the first ``count`` examples, or None."""
-    was_training = model.training
-    model.eval()
-    images = data.images[:count].to(device)
-    output = model(images)
-    model.train(was_training)
-    if output.reconstruction is None:
-        return None
-    return {
-        "images": images.cpu(),
-        "reconstructions": output.reconstruction.float().cpu(),
-        "labels": data.labels[:count].cpu(),
-        "predictions": output.scores.argmax(-1).cpu(),
-    }
-
-
-def _best(history: list[dict[str, Any]]) -> int | None:
-    """Index of the record with the highest test accuracy (the first of ties), or None if none was tested."""
-    tested = [i for i, record in enumerate(history) if record.get("test_accuracy") is not None]
-    return max(tested, key=lambda i: history[i]["test_accuracy"], default=None)
 
 
 def _device_name(device: torch.device) -> str:

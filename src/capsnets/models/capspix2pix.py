@@ -102,7 +102,7 @@ class CapsPix2pixGenerator(nn.Module):
     def forward(self, label_maps: Tensor) -> SynthesisOutput:
         """Images generated from ``label_maps`` (a non-empty batch; uint8 maps are scaled to ``[0, 1]``,
         floating-point ones cast to the parameters' dtype: :func:`~capsnets.validation.image_batch`)."""
-        capsules = self.trunk.encode(label_maps, owner="CapsPix2pixGenerator", name="label_maps")  # (B, D, H, W)
+        capsules = self.trunk.encode(label_maps, owner="CapsPix2pixGenerator", name="label_maps")[:, 0]  # (B, D, H, W)
         return SynthesisOutput(self.decode(capsules), capsules)
 
 

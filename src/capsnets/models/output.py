@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from capsnets.functional import capsule_length
@@ -31,6 +32,22 @@ class ModelOutput:
     score_kind: str = "logits"
     capsules: Tensor | None = None
     reconstruction: Tensor | None = None
+
+
+def independent_probabilities(output: ModelOutput) -> Tensor:
+    """Each class's probability of being present, independently of the others (multi-label classification):
+    class capsule lengths and matrix capsule activations as they are (clamped to ``[0, 1]``), the sigmoid of logits.
+
+    Shape:
+        ``output.scores`` ``(B, K)`` -> ``(B, K)`` float32.
+
+    Examples::
+
+        >>> independent_probabilities(ModelOutput(torch.tensor([[0.0, 2.0]]), "logits"))
+        tensor([[0.5000, 0.8808]])
+    """
+    scores = output.scores.float()
+    return torch.sigmoid(scores) if output.score_kind == "logits" else scores.clamp(0.0, 1.0)
 
 
 def vector_capsule_output(

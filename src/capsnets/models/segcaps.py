@@ -10,13 +10,18 @@ pixel is the probability that the pixel belongs to the object. The reconstructio
 final capsules with the ground-truth mask (the predicted one at test time) and decodes them with three
 1x1 convolutions (64, 128 ReLU, then sigmoid) into the input image inside the object.
 
+Several classes (``num_classes`` K > 1, the background included): the final layer has one capsule type per
+class, and the length of class k's capsule at a pixel is its score for k (the largest wins). The reconstruction
+keeps, at each pixel, the capsule of its true class (the predicted one at test time), none at background
+pixels (class 0). Deviation: the paper is binary (one capsule type); K types are our extension.
+
 | block | layer (types x dim, kernel / stride, routing iterations) | grid |
 |---|---|---|
 | conv1 | conv 5x5, 16 ReLU maps = 1 x 16 | H |
 | primary | capsules 2 x 16, 5/2, r1 | H/2 (skip 1: next layer) |
 | encoder | 4 x 16, 5/1 -> 4 x 32, 5/2 -> 8 x 32, 5/1 (skip 2) -> 8 x 64, 5/2 -> 8 x 32, 5/1 | H/2 .. H/8 |
 | decoder | up 8 x 32 + skip 2 -> 4 x 32; up 4 x 16 + skip 1 -> 4 x 16; up 2 x 16 + conv1 | H/4, H/2, H |
-| segmentation | capsules 1 x 16, 1x1, r3; length per pixel | H |
+| segmentation | capsules K x 16, 1x1, r3 (K = 1: binary); length per pixel | H |
 
 1,416,112 parameters without the reconstruction decoder, 1,425,649 with it (paper: 1.4M).
 Deviation: the convolution's bias is part of every prediction (see :mod:`capsnets.layers.conv`).
@@ -25,7 +30,7 @@ Registered: ``segcaps`` (the paper's R3, 1 x 512 x 512 nominal input: LUNA16 sli
 divisible by 8 works. Their routing (every capsule layer but the first) is ``routing``: a routing object, its
 spec or a type name (default ``"dynamic"``: :class:`~capsnets.functional.DynamicRouting` with its defaults).
 
-Dimension legend: ``B`` batch, ``T`` capsule types, ``D`` capsule dim, ``H``/``W`` grid.
+Dimension legend: ``B`` batch, ``T`` capsule types, ``D`` capsule dim, ``H``/``W`` grid, ``K`` classes.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from capsnets.validation import (
     Device,
     DType,
     ImageSize,
+    PositiveInt,
     Routing,
     flag,
     image_batch,
@@ -58,17 +64,26 @@ class SegmentationOutput:
     """What a segmentation model returns.
 
     Attributes:
-        probabilities: ``(B, 1, H, W)`` per-pixel probability of the object (capsule lengths in ``[0, 1)``).
-        capsules: ``(B, D, H, W)`` the segmentation capsule at every pixel (None for CNN baselines).
+        probabilities: ``(B, K, H, W)`` per-pixel scores in ``[0, 1]``: with ``K = 1`` (binary) the probability of
+            the object; with ``K > 1`` one map per class, the background (class 0) included: capsule lengths
+            (SegCaps) or the softmax over classes (U-Net).
+        capsules: ``(B, K, D, H, W)`` the segmentation capsules at every pixel (None for CNN baselines).
         reconstruction: ``(B, C, H, W)`` decoder output in ``[0, 1]`` (the image inside the mask), if any.
-        logits: ``(B, 1, H, W)`` pre-sigmoid scores of models whose probabilities are a sigmoid (U-Net);
-            the losses then take the cross-entropy from them, which keeps its gradient at any score.
+        logits: ``(B, K, H, W)`` pre-sigmoid (K = 1) or pre-softmax (K > 1) scores of CNNs (U-Net); the losses then
+            take the cross-entropy from them, which keeps its gradient at any score.
     """
 
     probabilities: Tensor
     capsules: Tensor | None = None
     reconstruction: Tensor | None = None
     logits: Tensor | None = None
+
+    def predicted_classes(self, threshold: float = 0.5) -> Tensor:
+        """The class of each pixel, ``(B, K, H, W) -> (B, 1, H, W)`` int64: 1 where the probability is above
+        ``threshold`` for one map (binary), else the class of the largest score."""
+        if self.probabilities.shape[1] == 1:
+            return (self.probabilities > threshold).long()
+        return self.probabilities.argmax(dim=1, keepdim=True)
 
 
 class SegCaps(nn.Module):
@@ -80,10 +95,13 @@ class SegCaps(nn.Module):
         routing: the routing of every capsule layer but the first (which routes once): an object, its spec (a
             dict) or its type name (default ``"dynamic"``: :class:`~capsnets.functional.DynamicRouting`).
         decoder_hidden: channels of the reconstruction decoder's 1x1 convolutions; ``None``: no decoder.
+        num_classes: capsule types of the final layer: 1 (binary: the object's probability) or the number of
+            classes K, the background included.
 
     Shape:
         - images: ``(B, C, H, W)``; masks (optional, select what the decoder reconstructs): ``(B, 1, H, W)``
-        - output: :class:`SegmentationOutput`.
+          class indices (0/1 for one class)
+        - output: :class:`SegmentationOutput` with ``probabilities`` ``(B, K, H, W)``.
 
     Examples::
 
@@ -102,11 +120,13 @@ class SegCaps(nn.Module):
         width: int = 16,
         routing="dynamic",
         decoder_hidden: Sequence[int] | None = (64, 128),
+        num_classes: int = 1,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
         self.input_size = image_size("input_size", input_size)
+        self.num_classes = positive_int("num_classes", num_classes)
         if self.input_size[1] % 8 or self.input_size[2] % 8:
             raise ArgumentError(
                 f"SegCaps needs H and W divisible by 8 (three stride-2 stages), got input_size {self.input_size}",
@@ -134,7 +154,7 @@ class SegCaps(nn.Module):
         self.up1, self.dec1 = up(8, 2 * d, 8, 2 * d), caps(16, 2 * d, 4, 2 * d)  # H/4
         self.up2, self.dec2 = up(4, 2 * d, 4, d), caps(8, d, 4, d)  # H/2
         self.up3 = up(4, d, 2, d)  # H
-        self.segment = caps(3, d, 1, d, kernel=1)
+        self.segment = caps(3, d, self.num_classes, d, kernel=1)
         self.decoder = None
         if decoder_hidden is not None:
             sizes = [d, *decoder_hidden]
@@ -144,7 +164,8 @@ class SegCaps(nn.Module):
             self.decoder = nn.Sequential(*layers, nn.Conv2d(sizes[-1], channels, 1, **factory), nn.Sigmoid())
 
     def encode(self, images: Tensor, *, owner: str = "SegCaps", name: str = "images") -> Tensor:
-        """The segmentation capsules ``(B, D, H, W)`` (``owner`` and ``name``: for the messages of the input check)."""
+        """The segmentation capsules ``(B, K, D, H, W)`` (``owner`` and ``name``: for the messages of the input
+        check)."""
         images = image_batch(
             images, (self.input_size[0], None, None), dtype=self.conv1.weight.dtype, owner=owner, name=name, multiple=8
         )
@@ -155,23 +176,28 @@ class SegCaps(nn.Module):
         x = self.dec1(torch.cat([self.up1(x), skip2], dim=1))  # (B, 4, 2D, H/4, W/4)
         x = self.dec2(torch.cat([self.up2(x), skip1], dim=1))  # (B, 4, D, H/2, W/2)
         x = torch.cat([self.up3(x), conv1], dim=1)  # (B, 3, D, H, W)
-        return self.segment(x)[:, 0]  # (B, D, H, W)
+        return self.segment(x)  # (B, K, D, H, W)
 
     def forward(self, images: Tensor, masks: Tensor | None = None) -> SegmentationOutput:
         """Per-pixel probabilities, capsules and reconstruction of ``images`` (a non-empty batch; uint8 images are
         scaled to ``[0, 1]``, floating-point ones cast to the parameters' dtype:
         :func:`~capsnets.validation.image_batch`)."""
-        capsules = self.encode(images)
-        probabilities = capsule_length(capsules, dim=1).unsqueeze(1)  # (B, 1, H, W)
-        reconstruction = None
+        capsules = self.encode(images)  # (B, K, D, H, W)
+        output = SegmentationOutput(capsule_length(capsules, dim=2), capsules)  # probabilities (B, K, H, W)
         if self.decoder is not None:
-            if masks is not None and masks.shape != probabilities.shape:
-                raise ValueError(
-                    f"masks must have shape {tuple(probabilities.shape)} (B, 1, H, W), got {tuple(masks.shape)}"
-                )
-            keep = masks if masks is not None else (probabilities > 0.5)
-            reconstruction = self.decoder(capsules * keep.to(capsules.dtype))
-        return SegmentationOutput(probabilities, capsules, reconstruction)
+            fits = masks is None or (masks.dim() == 4 and masks.shape[1] == 1 and masks.shape[2:] == capsules.shape[3:])
+            if not fits or (masks is not None and masks.shape[0] != capsules.shape[0]):
+                expected = (capsules.shape[0], 1, *capsules.shape[3:])
+                raise ValueError(f"masks must have shape {expected} (B, 1, H, W), got {tuple(masks.shape)}")
+            truth = (masks if masks is not None else output.predicted_classes()).long()  # (B, 1, H, W)
+            if self.num_classes == 1:
+                kept = capsules[:, 0] * truth.to(capsules.dtype)  # (B, D, H, W): the object's capsules
+            else:  # each object pixel keeps its class's capsule; background pixels (class 0) none
+                keep = nn.functional.one_hot(truth[:, 0], self.num_classes).permute(0, 3, 1, 2)[:, :, None]
+                keep[:, 0] = 0  # (B, K, 1, H, W)
+                kept = (capsules * keep.to(capsules.dtype)).sum(dim=1)  # (B, D, H, W)
+            output.reconstruction = self.decoder(kept)
+        return output
 
 
 @register_model("segcaps", task="segmentation")
@@ -180,15 +206,17 @@ def segcaps(
     input_size: ImageSize = (1, 512, 512),
     routing: Routing = "dynamic",
     reconstruction: bool = True,
+    num_classes: PositiveInt = 1,
     device: Device | None = None,
     dtype: DType | None = None,
 ) -> SegCaps:
-    """The paper's SegCaps R3 (16-D first capsules; 1.4M parameters)."""
+    """The paper's SegCaps R3 (16-D first capsules; 1.4M parameters); ``num_classes``: see :class:`SegCaps`."""
     return SegCaps(
         input_size=input_size,
         width=16,
         routing=routing,
         decoder_hidden=(64, 128) if flag("reconstruction", reconstruction) else None,
+        num_classes=num_classes,
         device=device,
         dtype=dtype,
     )
@@ -200,15 +228,18 @@ def segcaps_small(
     input_size: ImageSize = (1, 32, 32),
     routing: Routing = "dynamic",
     reconstruction: bool = True,
+    num_classes: PositiveInt = 1,
     device: Device | None = None,
     dtype: DType | None = None,
 ) -> SegCaps:
-    """SegCaps R3 with 8-D first capsules (about a quarter of the parameters), for CPUs and tests."""
+    """SegCaps R3 with 8-D first capsules (about a quarter of the parameters), for CPUs and tests; ``num_classes``:
+    see :class:`SegCaps`."""
     return SegCaps(
         input_size=input_size,
         width=8,
         routing=routing,
         decoder_hidden=(32, 64) if flag("reconstruction", reconstruction) else None,
+        num_classes=num_classes,
         device=device,
         dtype=dtype,
     )
