@@ -9,6 +9,9 @@ import pytest
 
 
 def pytest_sessionstart(session):
+    worker = getattr(session.config, "workerinput", None)
+    if worker is None and session.config.getoption("dist", "no") != "no":
+        return  # pytest -n N: this process hands the tests to N workers and runs none (its environment is theirs)
     # As the capsnets command does: large freed CPU tensors stay in the process (EM routing's training step is
     # about 1.8x faster on the CI machine; capsnets.engine.runtime.retain_freed_memory).
     from capsnets.engine.runtime import retain_freed_memory
@@ -19,9 +22,8 @@ def pytest_sessionstart(session):
     # Child processes inherit the variable.
     import torch
 
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # pytest -n N: N processes share the cores
-    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))  # more threads than cores spin
+    if worker is not None and "OMP_NUM_THREADS" not in os.environ:  # N workers share the cores (more threads spin)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // worker["workercount"]))
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
