@@ -1065,18 +1065,19 @@ def _write_multilabel_evaluation(results: dict[str, Any], data, out: Path, stem:
     report = {**record, "dataset": data.name, "count": results["count"], **summary, "per_class": per_class}
     text = json.dumps(report, indent=2) + "\n"
     atomic_write(out / f"{stem}.json", lambda tmp: Path(tmp).write_text(text))
-    width = max(6, *(len(c) for c in classes))
-    lines = [
+    table = _class_table(
+        classes,
+        {
+            "AP": [_pct(row["average_precision"]) for row in per_class.values()],
+            "F1": [_pct(row["per_class_f1"]) for row in per_class.values()],
+            "threshold": [f"{row['thresholds']:.3f}" for row in per_class.values()],
+        },
+    )
+    summary = (
         f"mAP {_pct(results['mAP'])}, micro F1 {_pct(results['micro_f1'])}, macro F1 {_pct(results['macro_f1'])}, "
-        f"exact-set accuracy {_pct(results['exact_match'])} on {results['count']} images",
-        "",
-        f"{'class':>{width}}  {'AP':>7}  {'F1':>7}  threshold",
-    ]
-    lines += [
-        f"{name:>{width}}  {_pct(row['average_precision']):>7}  {_pct(row['per_class_f1']):>7}  {row['thresholds']:.3f}"
-        for name, row in per_class.items()
-    ]
-    print("\n".join(lines))
+        f"exact-set accuracy {_pct(results['exact_match'])} on {results['count']} images"
+    )
+    print("\n".join([summary, "", *table]))
     print(f"wrote {out / f'{stem}.json'}")
 
 
@@ -1110,26 +1111,23 @@ def _write_segmentation_evaluation(
         normalize=True,
         title=f"{title} on {data.name}: pixels (rows: recall)",
     )
-    width = max(6, *(len(c) for c in classes))
-    lines = [
+    table = _class_table(
+        classes,
+        {"Dice": [_pct(d) for d in results["dice"].tolist()], "IoU": [_pct(i) for i in results["iou"].tolist()]},
+    )
+    summary = (
         f"mean Dice {_pct(results['mean_dice'])}, mean IoU {_pct(results['mean_iou'])} (the background left out), "
-        f"pixel accuracy {_pct(results['pixel_accuracy'])} on {results['count']} images",
-        "",
-        f"{'class':>{width}}  {'Dice':>7}  {'IoU':>7}",
-    ]
-    lines += [
-        f"{c:>{width}}  {_pct(d):>7}  {_pct(i):>7}"
-        for c, d, i in zip(classes, results["dice"].tolist(), results["iou"].tolist())
-    ]
-    print("\n".join(lines))
+        f"pixel accuracy {_pct(results['pixel_accuracy'])} on {results['count']} images"
+    )
+    print("\n".join([summary, "", *table]))
     print(f"wrote {out / f'{stem}.json'} and {png}")
 
 
 def format_report(results: dict[str, Any], classes: list[str]) -> str:
     """Accuracy, per-class accuracy and the confusion matrix as a plain-text table."""
     width = max(6, *(len(c) for c in classes))
-    lines = [f"accuracy {_pct(results['accuracy'])} on {results['count']} images", "", f"{'class':>{width}}  accuracy"]
-    lines += [f"{c:>{width}}  {_pct(a)}" for c, a in zip(classes, results["per_class_accuracy"].tolist())]
+    lines = [f"accuracy {_pct(results['accuracy'])} on {results['count']} images", ""]
+    lines += _class_table(classes, {"accuracy": [_pct(a) for a in results["per_class_accuracy"].tolist()]})
     lines += [
         "",
         "confusion matrix (rows: true class, columns: predicted)",
@@ -1138,6 +1136,19 @@ def format_report(results: dict[str, Any], classes: list[str]) -> str:
     for name, row in zip(classes, results["confusion_matrix"].tolist()):
         lines.append(f"{name:>{width}}" + " ".join(f"{v:>{width}}" for v in row))
     return "\n".join(lines)
+
+
+def _class_table(classes: Sequence[str], columns: dict[str, Sequence[str]]) -> list[str]:
+    """The lines of a per-class table: a header, then a row per class (its name and its cell of each column),
+    every column right-aligned, the name's at least 6 characters wide and the others' at least 7.
+
+    Args:
+        classes: the class names, one per row.
+        columns: each column's header and its cells, one per class, already formatted.
+    """
+    widths = [max(6, *(len(c) for c in classes))] + [max(7, len(header)) for header in columns]
+    rows = [["class", *columns], *([name, *cells] for name, *cells in zip(classes, *columns.values()))]
+    return ["  ".join(f"{cell:>{width}}" for cell, width in zip(row, widths)) for row in rows]
 
 
 def _reconstruct(args: argparse.Namespace) -> int:

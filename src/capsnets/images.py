@@ -21,6 +21,7 @@ import os
 import re
 import struct
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ __all__ = [
     "check_image_pixels",
     "class_colours",
     "exif_orientation",
+    "image_files",
     "image_to_tensor",
     "max_image_pixels",
     "open_image",
@@ -326,6 +328,25 @@ def _palette_colours(image) -> np.ndarray:
         if mode == "RGB;L" and len(raw) >= 3:  # planar: every red, then every green, then every blue
             return raw[: len(raw) // 3 * 3].reshape(3, -1).T
     return np.asarray(image.getpalette() or [0, 0, 1], dtype=np.int64).reshape(-1, 3)
+
+
+def image_files(folder: str | os.PathLike) -> list[Path]:
+    """The image files under ``folder``, searched recursively and sorted: the files with an :data:`IMAGE_SUFFIXES`
+    suffix (any case), hidden ones and those in hidden folders (names starting with ``.``) left out.
+
+    Example::
+
+        >>> image_files("photos")   # photos/b.JPG, photos/a/1.png, photos/.cache/2.png, photos/notes.txt
+        [PosixPath('photos/a/1.png'), PosixPath('photos/b.JPG')]
+    """
+    folder = Path(folder)
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and p.suffix.lower() in IMAGE_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
 
 
 def open_image_header(path: str | os.PathLike) -> Image.Image:

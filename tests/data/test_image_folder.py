@@ -46,6 +46,15 @@ def test_seeded_split_shapes_labels_and_values(tmp_path):
     assert len(other.test) == 5 + 3 + 3 and {f for f, _ in other.test} != {f for f, _ in scan.test}
 
 
+def test_the_seeded_split_and_order_are_pinned(tmp_path):
+    # saved runs name a folder and a seed: the same files must give the same split and order in every version
+    write_images(tmp_path, {"a": 5, "b": 1, "c": 4})
+    scan = scan_image_folder(tmp_path, test_fraction=0.4, split_seed=2)
+    assert [f"{f.parent.name}/{f.name}" for f, _ in scan.test] == ["a/003.png", "a/004.png", "c/001.png", "c/002.png"]
+    assert [label for _, label in scan.train] == [0, 0, 0, 1, 2, 2]  # b's one image is trained on
+    assert load_image_folder(tmp_path, test_fraction=0.4, split_seed=2).labels.tolist() == [0, 1, 0, 0, 2, 2]
+
+
 def test_train_test_folders_are_used_as_given(tmp_path):
     write_images(tmp_path / "train", {"a": 3, "b": 4})
     write_images(tmp_path / "test", {"a": 1, "b": 2}, seed=1)

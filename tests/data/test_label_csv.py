@@ -46,6 +46,14 @@ def test_seeded_split_multi_hot_targets_and_info(tmp_path):
     assert torch.equal(load_dataset(f"folder:{tmp_path}", train=False).labels, test.labels)  # the same every time
 
 
+def test_the_seeded_split_is_pinned(tmp_path):
+    # saved runs name a folder and a seed: the same rows must give the same split in every version
+    write_folder(tmp_path, {f"{i}.png": "x y" if i % 2 else "x" for i in range(7)})
+    scan = scan_image_folder(tmp_path, test_fraction=0.3, split_seed=2)
+    assert [f.name for f, _ in scan.test] == ["2.png", "4.png"]
+    assert [f.name for f, _ in scan.train] == ["0.png", "1.png", "3.png", "5.png", "6.png"]
+
+
 def test_split_column_subfolders_and_ignored_columns(tmp_path):
     rows = {"a/1.png": "x,train,note", "a/2.png": "x y,train,", "b/3.png": "y,test,", "4.png": ",TEST,"}
     write_folder(tmp_path, rows, header="file,labels,split,comment")

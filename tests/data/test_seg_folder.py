@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from capsnets.data import DatasetError, dataset_info, load_dataset
-from capsnets.data.seg_folder import load_segmentation_folder
+from capsnets.data.seg_folder import load_segmentation_folder, scan_segmentation_folder
 
 RED, GREEN = (255, 0, 0), (0, 255, 0)
 
@@ -53,6 +53,14 @@ def test_index_masks_split_and_classes(tmp_path):
     assert len(test) == 2
     again = load_dataset(f"segfolder:{folder}")  # the seeded split and order are the same every time
     torch.testing.assert_close(again.images, train.images)
+
+
+def test_the_seeded_split_is_pinned(tmp_path):
+    # saved runs name a folder and a seed: the same files must give the same split in every version
+    folder = _write(tmp_path, {f"{k}": _index_mask(1) for k in range(7)})
+    scan = scan_segmentation_folder(folder, test_fraction=0.3, split_seed=4)
+    assert [image.name for image, _ in scan.test] == ["1.png", "3.png"]
+    assert [image.name for image, _ in scan.train] == ["0.png", "2.png", "4.png", "5.png", "6.png"]
 
 
 def test_binary_masks_and_nearest_resizing(tmp_path):

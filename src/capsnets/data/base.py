@@ -1,25 +1,30 @@
-"""The in-memory data set container and the data-root setting.
+"""The in-memory data set container, the data-root setting, and the seeded split and order of your own folders.
 
 A :class:`TensorData` is a whole data set as two tensors, small enough (MNIST: 188 MB as float32)
 to live on the training device and be batched there by :class:`~capsnets.data.device.DeviceLoader`,
 optionally with per-example metadata (``info``) and a training-time transform (``augment``).
+:func:`seeded_split` draws the test split of a folder that gives none, and :func:`shuffled` the order in which
+its examples are loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["TensorData", "data_root", "DATA_ENV_VAR"]
+__all__ = ["TensorData", "data_root", "DATA_ENV_VAR", "seeded_split", "shuffled"]
 
 #: Environment variable naming the data root when no ``root`` / ``--data-dir`` is given.
 DATA_ENV_VAR = "CAPSNETS_DATA"
+
+T = TypeVar("T")
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
@@ -162,3 +167,40 @@ class TensorData:
         if not 0 < n <= len(self):
             raise ValueError(f"n must be in [1, {len(self)}], got {n}")
         return self._with(slice(0, n), f"{self.name}[:{n}]")
+
+
+def seeded_split(items: Sequence[T], test_fraction: float, generator: torch.Generator) -> tuple[list[T], list[T]]:
+    """Split ``items`` at random into a training and a test list, each in the order of ``items``.
+
+    ``test_fraction * n`` of the ``n`` items (rounded half up; at least 1 and at most ``n - 1``) form the test
+    list, and none when ``n < 2``. They are drawn by one ``torch.randperm(n, generator=generator)``, so the same
+    items and generator state always give the same split; a stratified split passes each class's items in turn
+    with one generator.
+
+    Args:
+        items: the items to split.
+        test_fraction: share of the items that forms the test list, in ``(0, 1)``.
+        generator: draws the permutation, and is advanced by it.
+
+    Example::
+
+        >>> seeded_split(["a", "b", "c", "d", "e"], 0.4, torch.Generator().manual_seed(0))
+        (['b', 'c', 'd'], ['a', 'e'])
+    """
+    n = len(items)
+    order = torch.randperm(n, generator=generator).tolist()
+    n_test = min(max(int(test_fraction * n + 0.5), 1), n - 1) if n > 1 else 0
+    return [items[i] for i in sorted(order[n_test:])], [items[i] for i in sorted(order[:n_test])]
+
+
+def shuffled(items: Sequence[T], seed: int) -> list[T]:
+    """``items`` in an order drawn by ``torch.randperm`` from a generator seeded with ``seed``: the same items and
+    seed always give the same order.
+
+    Example::
+
+        >>> shuffled(["a", "b", "c", "d"], 0)
+        ['a', 'b', 'd', 'c']
+    """
+    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [items[i] for i in order]

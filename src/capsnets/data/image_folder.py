@@ -44,6 +44,7 @@ from capsnets.images import (
     ImageFileError,
     ImageTooLargeError,
     exif_orientation,
+    image_files,
     image_to_tensor,
     is_grey,
     max_image_pixels,
@@ -51,7 +52,7 @@ from capsnets.images import (
 )
 from capsnets.validation import limit_from_env
 
-from .base import TensorData
+from .base import TensorData, seeded_split, shuffled
 from .errors import DatasetError
 from .label_csv import LABELS_FILE, scan_labels_csv
 
@@ -131,20 +132,9 @@ def scan_image_folder(
             or file and the fix.
         ValueError: ``image_size`` or ``test_fraction`` out of range.
     """
-    size = _check_size(image_size)
-    if size is not None and size[0] * size[1] > max_image_pixels():
-        raise ValueError(
-            f"image_size={image_size!r} is invalid: {size[0]}x{size[1]} is more than the {max_image_pixels():,} "
-            f"pixels an image may have (raise it with the environment variable {MAX_IMAGE_PIXELS_ENV})"
-        )
-    if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
-        raise ValueError(f"test_fraction={test_fraction!r} is invalid: expected a number in (0, 1)")
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        raise DatasetError(
-            f"folder:{path}: {root} is not a folder{' (it is a file)' if root.exists() else ''}; "
-            "Fix: give the folder that holds one subfolder per class of PNG/JPEG images"
-        )
+    root, size = _checked_arguments(
+        FOLDER_PREFIX, path, image_size, test_fraction, "one subfolder per class of PNG/JPEG images"
+    )
     multilabel = (root / LABELS_FILE).is_file()
     presplit = (root / "train").is_dir() or (root / "test").is_dir()
     if multilabel:
@@ -155,7 +145,7 @@ def scan_image_folder(
         classes = _class_folders(root)
         per_class = [_class_files(root / name) for name in classes]
         train, test = _seeded_split(root, per_class, test_fraction, split_seed)
-    channels, first_size = _inspect(train + test)
+    channels, first_size = _inspect([file for file, _ in train + test])
     return ImageFolderScan(
         root, tuple(classes), tuple(train), tuple(test), presplit, channels, size or first_size, multilabel
     )
@@ -171,21 +161,27 @@ def max_folder_bytes() -> int:
     return limit_from_env(MAX_FOLDER_BYTES_ENV, MAX_FOLDER_BYTES, "bytes")
 
 
-def _check_split_size(scan: ImageFolderScan, count: int, split: str, image_size_given: bool) -> None:
-    """Refuse a split of ``count`` images of ``scan.image_shape`` larger than :func:`max_folder_bytes` as float32.
+def _check_split_bytes(source: str, split: str, content: str, stored: str, need: int, image_size_given: bool) -> None:
+    """Refuse a split that takes ``need`` bytes in memory, more than :func:`max_folder_bytes`.
+
+    Args:
+        source: the data set's name, e.g. ``folder:PATH``.
+        split: ``"training"`` or ``"test"``.
+        content: what the split holds, e.g. ``"20 images of 3x32x32"``.
+        stored: how it is held, e.g. ``"as float32"``.
+        need: the bytes it takes.
+        image_size_given: whether the size was given (else it is the first image's, which the message says).
 
     Raises:
         DatasetError: too large; the message gives the size, the limit, and the fixes.
     """
-    channels, height, width = scan.image_shape
-    need, limit = count * channels * height * width * 4, max_folder_bytes()
+    limit = max_folder_bytes()
     if need > limit:
         origin = "" if image_size_given else " (the size of the first image, as no image size was given)"
         raise DatasetError(
-            f"folder:{scan.root}: the {split} split's {count} images of {channels}x{height}x{width}{origin} take "
-            f"{need / 2**30:.1f} GiB in memory as float32, more than the {limit / 2**30:.1f} GiB allowed; Fix: give "
-            f"a smaller image size (--image-size, e.g. 64), or raise the limit with the environment variable "
-            f"{MAX_FOLDER_BYTES_ENV} (e.g. {MAX_FOLDER_BYTES_ENV}={need})"
+            f"{source}: the {split} split's {content}{origin} take {need / 2**30:.1f} GiB in memory {stored}, more "
+            f"than the {limit / 2**30:.1f} GiB allowed; Fix: give a smaller image size (--image-size, e.g. 64), or "
+            f"raise the limit with the environment variable {MAX_FOLDER_BYTES_ENV} (e.g. {MAX_FOLDER_BYTES_ENV}={need})"
         )
 
 
@@ -221,9 +217,16 @@ def load_image_folder(
     """
     scan = scan_image_folder(path, image_size=image_size, test_fraction=test_fraction, split_seed=split_seed)
     items = scan.train if train else scan.test
-    _check_split_size(scan, len(items), "training" if train else "test", image_size is not None)
-    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(split_seed)).tolist()
-    items = [items[i] for i in order]
+    channels, height, width = scan.image_shape
+    _check_split_bytes(
+        f"{FOLDER_PREFIX}{scan.root}",
+        "training" if train else "test",
+        f"{len(items)} images of {channels}x{height}x{width}",
+        "as float32",
+        len(items) * channels * height * width * 4,
+        image_size is not None,
+    )
+    items = shuffled(items, split_seed)
     images = torch.empty(len(items), *scan.image_shape)
     for i, (file, _) in enumerate(items):
         images[i] = read_image(file, scan.channels, scan.image_size)
@@ -259,13 +262,40 @@ def read_image(path: str | os.PathLike, channels: int, size: tuple[int, int] | N
 
 
 # -- scanning ---------------------------------------------------------------------------------------------
-def _check_size(image_size) -> tuple[int, int] | None:
-    if image_size is None:
-        return None
-    pair = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    if len(pair) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in pair):
-        raise ValueError(f"image_size={image_size!r} is invalid: expected a positive integer or (height, width)")
-    return pair
+def _checked_arguments(
+    prefix: str, path: str | os.PathLike, image_size: int | tuple[int, int] | None, test_fraction: float, holds: str
+) -> tuple[Path, tuple[int, int] | None]:
+    """``(folder, (H, W) or None)`` of a folder data set's arguments, after checking them.
+
+    Args:
+        prefix: the data set's prefix (:data:`FOLDER_PREFIX`, ...), for the messages.
+        path, image_size, test_fraction: as for :func:`scan_image_folder`.
+        holds: what the folder should hold, for the fix of a missing folder.
+
+    Raises:
+        ValueError: ``image_size`` (more pixels than :func:`~capsnets.images.max_image_pixels`) or
+            ``test_fraction`` out of range.
+        DatasetError: ``path`` is not a folder.
+    """
+    size = None
+    if image_size is not None:
+        size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in size):
+            raise ValueError(f"image_size={image_size!r} is invalid: expected a positive integer or (height, width)")
+        if size[0] * size[1] > max_image_pixels():
+            raise ValueError(
+                f"image_size={image_size!r} is invalid: {size[0]}x{size[1]} is more than the {max_image_pixels():,} "
+                f"pixels an image may have (raise it with the environment variable {MAX_IMAGE_PIXELS_ENV})"
+            )
+    if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
+        raise ValueError(f"test_fraction={test_fraction!r} is invalid: expected a number in (0, 1)")
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise DatasetError(
+            f"{prefix}{path}: {root} is not a folder{' (it is a file)' if root.exists() else ''}; "
+            f"Fix: give the folder that holds {holds}"
+        )
+    return root, size
 
 
 def _class_folders(folder: Path) -> list[str]:
@@ -286,13 +316,7 @@ def _class_folders(folder: Path) -> list[str]:
 
 
 def _class_files(folder: Path) -> list[Path]:
-    files = sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file()
-        and p.suffix.lower() in IMAGE_SUFFIXES
-        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    )
+    files = image_files(folder)
     if not files:
         raise DatasetError(
             f"class folder {folder} has no PNG or JPEG images ({', '.join(IMAGE_SUFFIXES)}); "
@@ -324,13 +348,13 @@ def _presplit(root: Path) -> tuple[list[str], list, list]:
 
 
 def _seeded_split(root: Path, per_class: list[list[Path]], test_fraction: float, seed: int) -> tuple[list, list]:
+    """A stratified :func:`~capsnets.data.base.seeded_split`: each class's files in turn, with one generator."""
     generator = torch.Generator().manual_seed(seed)
     train, test = [], []
     for label, files in enumerate(per_class):
-        order = torch.randperm(len(files), generator=generator).tolist()
-        n_test = min(max(int(test_fraction * len(files) + 0.5), 1), len(files) - 1) if len(files) > 1 else 0
-        test += [(files[i], label) for i in sorted(order[:n_test])]
-        train += [(files[i], label) for i in sorted(order[n_test:])]
+        class_train, class_test = seeded_split(files, test_fraction, generator)
+        train += [(file, label) for file in class_train]
+        test += [(file, label) for file in class_test]
     if not test:
         raise DatasetError(
             f"{root}: every class has a single image, so no test split can be drawn; Fix: add images, "
@@ -339,10 +363,10 @@ def _seeded_split(root: Path, per_class: list[list[Path]], test_fraction: float,
     return train, test
 
 
-def _inspect(items: list[tuple[Path, int]]) -> tuple[int, tuple[int, int]]:
+def _inspect(files: list[Path]) -> tuple[int, tuple[int, int]]:
     """``(channels, (H, W) of the first image)`` from the files' headers, each file's size checked."""
     colour, first = False, None
-    for file, _ in items:
+    for file in files:
         with _opened(file) as image:
             colour = colour or not is_grey(image)
             first = first or _upright_size(image)

@@ -25,9 +25,10 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from capsnets.images import IMAGE_SUFFIXES
+from capsnets.images import IMAGE_SUFFIXES, image_files
 from capsnets.validation import limit_from_env
 
+from .base import seeded_split
 from .errors import DatasetError
 
 __all__ = [
@@ -88,7 +89,7 @@ def scan_labels_csv(
             f"images the {LABELS_FILE} lists in {images}"
         )
     rows, has_split = _read_rows(csv_path)
-    files = {str(p.relative_to(images).as_posix()): p for p in _image_files(images)}
+    files = {str(p.relative_to(images).as_posix()): p for p in image_files(images)}
     named: dict[str, int] = {}
     for line, row in rows:
         name = _checked_file(csv_path, line, row["file"], files, named)
@@ -140,16 +141,6 @@ def _read_rows(csv_path: Path) -> tuple[list[tuple[int, dict[str, str]]], bool]:
     if not rows:
         raise DatasetError(f"{csv_path} has no rows; Fix: add one line 'FILE,LABELS' per image in its images/ folder")
     return rows, "split" in columns
-
-
-def _image_files(folder: Path) -> list[Path]:
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file()
-        and p.suffix.lower() in IMAGE_SUFFIXES
-        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    )
 
 
 def _checked_file(csv_path: Path, line: int, cell: str, files: dict[str, Path], named: dict[str, int]) -> str:
@@ -220,10 +211,9 @@ def _given_split(csv_path: Path, rows, items: list[Item]) -> tuple[list[Item], l
 
 
 def _seeded_split(csv_path: Path, items: list[Item], test_fraction: float, seed: int) -> tuple[list, list]:
-    if len(items) < 2:
+    train, test = seeded_split(items, test_fraction, torch.Generator().manual_seed(seed))
+    if not test:
         raise DatasetError(
             f"{csv_path} has a single row, so no test split can be drawn; Fix: add images and their rows"
         )
-    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed)).tolist()
-    n_test = min(max(int(test_fraction * len(items) + 0.5), 1), len(items) - 1)
-    return [items[i] for i in sorted(order[n_test:])], [items[i] for i in sorted(order[:n_test])]
+    return train, test

@@ -41,10 +41,19 @@ import numpy as np
 import torch
 from PIL import Image
 
-from capsnets.images import IMAGE_SUFFIXES, MAX_IMAGE_PIXELS_ENV, max_image_pixels
+from capsnets.images import image_files
 
+from .base import seeded_split, shuffled
 from .errors import DatasetError
-from .image_folder import _check_size, _inspect, _opened, _unreadable, _upright_size, max_folder_bytes, read_image
+from .image_folder import (
+    _check_split_bytes,
+    _checked_arguments,
+    _inspect,
+    _opened,
+    _unreadable,
+    _upright_size,
+    read_image,
+)
 from .segmentation import SegmentationData
 
 __all__ = [
@@ -134,19 +143,7 @@ def scan_segmentation_folder(
         ValueError: ``image_size`` (more pixels than :func:`~capsnets.images.max_image_pixels`) or
             ``test_fraction`` out of range.
     """
-    size = _check_size(image_size)
-    if size is not None and size[0] * size[1] > max_image_pixels():
-        raise ValueError(
-            f"image_size={image_size!r} is invalid: {size[0]}x{size[1]} is more than the {max_image_pixels():,} "
-            f"pixels an image may have (raise it with the environment variable {MAX_IMAGE_PIXELS_ENV})"
-        )
-    if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
-        raise ValueError(f"test_fraction={test_fraction!r} is invalid: expected a number in (0, 1)")
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        raise DatasetError(
-            f"{SEGFOLDER_PREFIX}{path}: {root} is not a folder; Fix: give the folder that holds images/ and masks/"
-        )
+    root, size = _checked_arguments(SEGFOLDER_PREFIX, path, image_size, test_fraction, "images/ and masks/")
     presplit = (root / "train").is_dir() or (root / "test").is_dir()
     if presplit:
         for name in ("train", "test"):
@@ -163,7 +160,7 @@ def scan_segmentation_folder(
         names, values = tuple(declared[0]), tuple(declared[0].values())
     else:
         names = tuple(f"#{v:06x}" if colour else str(v) for v in values)
-    channels, first_size = _inspect([(image, 0) for image, _ in train + test])
+    channels, first_size = _inspect([image for image, _ in train + test])
     return SegmentationFolderScan(
         root, tuple(train), tuple(test), presplit, channels, size or first_size, names, values, colour, palette
     )
@@ -199,16 +196,15 @@ def load_segmentation_folder(
     scan = scan_segmentation_folder(path, image_size=image_size, test_fraction=test_fraction, split_seed=split_seed)
     items = scan.train if train else scan.test
     channels, height, width = scan.image_shape
-    need, limit = len(items) * (channels * 4 + 1) * height * width, max_folder_bytes()
-    if need > limit:
-        raise DatasetError(
-            f"{SEGFOLDER_PREFIX}{scan.root}: the {'training' if train else 'test'} split's {len(items)} images and "
-            f"masks of {height}x{width} take {need / 2**30:.1f} GiB in memory, more than the {limit / 2**30:.1f} "
-            f"GiB allowed; Fix: give a smaller image size (--image-size), or raise the limit with the environment "
-            f"variable CAPSNETS_MAX_FOLDER_BYTES (e.g. CAPSNETS_MAX_FOLDER_BYTES={need})"
-        )
-    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(split_seed)).tolist()
-    items = [items[i] for i in order]
+    _check_split_bytes(
+        f"{SEGFOLDER_PREFIX}{scan.root}",
+        "training" if train else "test",
+        f"{len(items)} images and masks of {height}x{width}",
+        "as float32 images and 8-bit masks",
+        len(items) * (channels * 4 + 1) * height * width,
+        image_size is not None,
+    )
+    items = shuffled(items, split_seed)
     images = torch.empty(len(items), *scan.image_shape)
     masks = torch.empty(len(items), 1, height, width, dtype=torch.uint8)
     for i, (image_file, mask_file) in enumerate(items):
@@ -223,12 +219,8 @@ def load_segmentation_folder(
 def _files(folder: Path) -> dict[str, Path]:
     """Image files under ``folder`` by their path relative to it, without the suffix."""
     found: dict[str, Path] = {}
-    for file in sorted(folder.rglob("*")):
-        relative = file.relative_to(folder)
-        hidden = any(part.startswith(".") for part in relative.parts)
-        if hidden or not file.is_file() or file.suffix.lower() not in IMAGE_SUFFIXES:
-            continue
-        key = relative.with_suffix("").as_posix()
+    for file in image_files(folder):
+        key = file.relative_to(folder).with_suffix("").as_posix()
         if key in found:
             raise DatasetError(f"{found[key]} and {file} have the same name; Fix: keep one file per name in {folder}")
         found[key] = file
@@ -268,13 +260,12 @@ def _pairs(folder: Path) -> list[tuple[Path, Path]]:
 
 
 def _seeded_split(root: Path, pairs: list, test_fraction: float, seed: int) -> tuple[list, list]:
-    if len(pairs) < 2:
+    train, test = seeded_split(pairs, test_fraction, torch.Generator().manual_seed(seed))
+    if not test:
         raise DatasetError(
             f"{root} has a single image, so no test split can be drawn; Fix: add images, or give train/ and test/"
         )
-    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed)).tolist()
-    n_test = min(max(int(test_fraction * len(pairs) + 0.5), 1), len(pairs) - 1)
-    return [pairs[i] for i in sorted(order[n_test:])], [pairs[i] for i in sorted(order[:n_test])]
+    return train, test
 
 
 def _read_classes_file(path: Path) -> tuple[dict[str, int], bool] | None:
