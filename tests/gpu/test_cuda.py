@@ -6,10 +6,12 @@ without having run them. ``CAPSNETS_GPU_TEST_DEVICE=cpu pytest -m gpu`` runs the
 to check the tests themselves on a machine without a GPU (slow; the NCCL test then uses gloo).
 """
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import unittest.mock
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,50 @@ def test_em_routing_with_child_groups_on_cuda_matches_cpu_float64(cuda):
     got, got_grad = _grads(routed(cuda), *(t.float().to(cuda) for t in (votes, activations, beta_v, beta_a)))
     _close(got, want, atol=1e-4)
     _close(got_grad, want_grad, atol=1e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_matrix_capsule_routing_on_cuda_matches_cpu_float64(cuda, monkeypatch, path):
+    """em_routing_poses as a convolutional layer calls it (child groups, per type) and as a class layer (shared
+    transforms, coordinates), by the PyTorch path and by the Triton kernels (which CUDA runs by default)."""
+    from capsnets.functional import em_routing_poses
+    from capsnets.functional.em import triton_votes
+
+    g = torch.Generator().manual_seed(3)
+    conv = grid_child_groups(2, 4, 6, 6, 3, stride=1, normalize="per_type")  # (32, 36) slots
+    cases = [
+        (torch.randn(32, 36, 4, 4, generator=g), torch.randn(36, 5, 4, 4, generator=g) / 2, None, conv),
+        (torch.randn(4, 48, 4, 4, generator=g), torch.randn(12, 10, 4, 4, generator=g) / 2, torch.rand(48, 2), None),
+    ]
+    for poses, weight, coords, groups in cases:
+        activations = torch.rand(poses.shape[:2], generator=g)
+        beta_v, beta_a = torch.rand(weight.shape[1], generator=g), 0.01 * torch.randn(weight.shape[1], generator=g)
+
+        def routed(device, coords=coords, groups=groups):
+            def fn(p, w, a, bv, ba):
+                return em_routing_poses(
+                    p,
+                    w,
+                    a,
+                    bv,
+                    ba,
+                    3,
+                    coordinates=None if coords is None else coords.to(device, p.dtype),
+                    formulation="official",
+                    child_groups=None if groups is None else dataclasses.replace(groups, index=groups.index.to(device)),
+                )
+
+            return fn
+
+        inputs = (poses, weight, activations, beta_v, beta_a)
+        monkeypatch.setenv("CAPSNETS_EM_KERNEL", "torch")
+        want, want_grad = _grads(routed("cpu"), *(t.double() for t in inputs))
+        monkeypatch.setenv("CAPSNETS_EM_KERNEL", path)
+        with unittest.mock.patch.object(triton_votes, "moments", wraps=triton_votes.moments) as moments:
+            got, got_grad = _grads(routed(cuda), *(t.to(cuda) for t in inputs))
+        assert (moments.call_count > 0) == (path == "triton")
+        _close(got, want, atol=1e-4)
+        _close(got_grad, want_grad, atol=1e-3, rtol=1e-2)
 
 
 def test_em_routing_under_bf16_autocast_is_finite_float32(cuda):

@@ -77,19 +77,22 @@ tested as an identity). ``benchmarks/README.md`` records how fast each variant l
 Gradients flow through every iteration (the procedure differentiated literally) unless
 ``detach_routing=True``, which computes the assignments of the non-final iterations without gradient.
 
-Two execution paths compute it:
+Three execution paths compute it:
 
 - :mod:`capsnets.functional.em.procedure`, the PyTorch path, differentiated by autograd: the reference, and
-  the path for CUDA, half precision, ``torch.compile`` and export (:func:`em_routing`, and
-  :func:`em_routing_poses` where the kernel does not apply);
+  the path for half precision, ``torch.compile`` and export (:func:`em_routing`, and
+  :func:`em_routing_poses` where no kernel applies);
 - :mod:`capsnets.functional.em.kernel`, the fused CPU kernel with one hand-written backward
   (:func:`em_routing_poses`, for matrix capsule layers on the CPU): the votes are computed from the poses and
-  never stored. ``CAPSNETS_EM_KERNEL`` chooses between them (``auto``, ``cpp``, ``torch``); the kernel is
-  compiled on first use into a build directory of its own per source, torch and Python
-  (:mod:`capsnets.functional.em.build`).
+  never stored. It is compiled on first use into a build directory of its own per source, torch and Python
+  (:mod:`capsnets.functional.em.build`);
+- :mod:`capsnets.functional.em.triton_path`, for matrix capsule layers on CUDA: the PyTorch path's
+  iterations, with its two products with the votes computed by Triton kernels that recompute the votes from
+  the poses, forward and backward.
 
-Both take the same :class:`~capsnets.functional.em.spec.EMSettings`, the resolved settings of a call; the tests
-hold both to the float64 references of :mod:`capsnets.testing` and to each other.
+``CAPSNETS_EM_KERNEL`` chooses between them (``auto``, ``cpp``, ``torch``, ``triton``). All take the same
+:class:`~capsnets.functional.em.spec.EMSettings`, the resolved settings of a call; the tests hold each to the
+float64 references of :mod:`capsnets.testing` and to each other.
 """
 
 from capsnets.functional.em.routing import EMRouting, em_routing, em_routing_poses

@@ -30,10 +30,13 @@ environment, which fetches a torch build of its own (possibly another version, b
 Which path runs is set by the environment variable ``CAPSNETS_EM_KERNEL``:
 
 - ``auto`` (default): the kernel for float32/float64 pose matrices (4x4) on the CPU, when it builds and
-  loads; otherwise the PyTorch path, with one warning that says why;
+  loads; otherwise the PyTorch path, with one warning that says why. On CUDA, the Triton kernels
+  (:mod:`capsnets.functional.em.triton_path`) when Triton is installed, else the PyTorch path;
 - ``cpp``: the kernel wherever it applies, and an error if it cannot be built or loaded;
-- ``torch``: always the PyTorch path (the reference, and the path for CUDA, half precision,
-  ``torch.compile`` and export).
+- ``torch``: always the PyTorch path (the reference, and the path for half precision, ``torch.compile``
+  and export);
+- ``triton``: the Triton kernels for every 4x4 pose, and an error where they cannot run (no Triton; CPU
+  tensors outside Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -56,14 +59,14 @@ from capsnets.functional.em.procedure import Scale, initial_assignments
 from capsnets.functional.em.spec import BETA_A_SCALE, BLEND, COST_NORMALIZATIONS, GRADIENT_MASS_FLOOR, EMSettings
 
 ENV_VAR = "CAPSNETS_EM_KERNEL"
-MODES = ("auto", "cpp", "torch")
+MODES = ("auto", "cpp", "torch", "triton")
 _SOURCE = build.SOURCE
 _lock = threading.Lock()
 _state: dict = {"tried": False, "module": None, "error": None, "warned": False, "building": False}
 
 
 def kernel_mode() -> str:
-    """The path chosen by ``CAPSNETS_EM_KERNEL``: ``"auto"``, ``"cpp"`` or ``"torch"``."""
+    """The path chosen by ``CAPSNETS_EM_KERNEL``: ``"auto"``, ``"cpp"``, ``"torch"`` or ``"triton"``."""
     mode = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if mode not in MODES:
         raise ValueError(f"{ENV_VAR} must be one of {MODES}, got {os.environ.get(ENV_VAR)!r}")
@@ -159,7 +162,7 @@ def fused_kernel(pose: Tensor):
     """
     mode = kernel_mode()
     if (
-        mode == "torch"
+        mode in ("torch", "triton")
         or pose.device.type != "cpu"
         or pose.dtype not in (torch.float32, torch.float64)
         or tuple(pose.shape[-2:]) != (4, 4)

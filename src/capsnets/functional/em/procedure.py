@@ -11,12 +11,16 @@ mean vote, a constant: every quantity is computed by exact algebra from ``V - c`
 variance about any centre follows by exact algebra, clamped at 0 against rounding), each E-step one product
 ``xx @ [-2 d / sigma^2, 1 / sigma^2]`` (:func:`~capsnets.functional.products.matvec`): no ``(B, J, I, H)``
 temporary per iteration.
+
+The iterations (:func:`iterate`) see the votes only through those two products, the methods of a
+:class:`VoteProducts`: :class:`StoredVotes` keeps ``xx``, and the Triton path
+(:mod:`capsnets.functional.em.triton_path`) recomputes the votes from the poses inside each product instead.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -102,6 +106,28 @@ def shifted_votes(v: Tensor, a_in: Tensor, eps: float, inv: Tensor) -> tuple[Ten
     return c, xx
 
 
+class VoteProducts(Protocol):
+    """The two products of EM routing with ``xx = [x, x^2]`` (B, J, I, 2H), the shifted and scaled votes."""
+
+    def moments(self, w: Tensor) -> Tensor:
+        """``sum_i w[b, j, i] xx[b, j, i, :]``: weights (B, J, I) -> (B, J, 2H)."""
+
+    def quadratic(self, coef: Tensor) -> Tensor:
+        """``sum_k xx[b, j, i, k] coef[b, j, k]``: coefficients (B, J, 2H) -> (B, J, I)."""
+
+
+class StoredVotes(NamedTuple):
+    """:class:`VoteProducts` of a stored ``xx`` (B, J, I, 2H) (:func:`shifted_votes`), differentiated by autograd."""
+
+    xx: Tensor
+
+    def moments(self, w: Tensor) -> Tensor:
+        return torch.matmul(w.unsqueeze(2), self.xx).squeeze(2)
+
+    def quadratic(self, coef: Tensor) -> Tensor:
+        return matvec(self.xx, coef.unsqueeze(-1)).squeeze(-1)
+
+
 def initial_assignments(c: Tensor, a_in: Tensor, groups: ChildGroups | None) -> Tensor:
     """Uniform over each child's parents: ``1 / J``, or ``1 / (J * copies)`` with ``groups`` normalised over
     all parents (``"per_type"`` groups start at ``1 / J`` in every copy, as the released code does). (B, J, I)."""
@@ -127,7 +153,7 @@ def _mass_weights(r_prime: Tensor, mass: Tensor, eps: float) -> tuple[Tensor, Te
 def _m_step(
     r_prime: Tensor,
     c: Tensor,
-    xx: Tensor,
+    votes: VoteProducts,
     beta_v: Tensor,
     beta_a: Tensor,
     lam: float,
@@ -147,7 +173,7 @@ def _m_step(
     eps = settings.eps
     mass = r_prime.sum(dim=2, keepdim=True)  # (B, J, 1): sum_i R'
     w, s = _mass_weights(r_prime, mass, eps)  # (B, J, I) normalised weights, guarded; (B, J, 1) sum_i w
-    m1, m2 = torch.matmul(w.unsqueeze(2), xx).squeeze(2).chunk(2, dim=-1)  # (B, J, H) each
+    m1, m2 = votes.moments(w).chunk(2, dim=-1)  # (B, J, H) each
     d = m1 + (s - 1.0) * c.squeeze(2)  # (B, J, H): mu - c
     if d_prev is not None:
         d = BLEND * d + (1.0 - BLEND) * d_prev
@@ -166,7 +192,9 @@ def _m_step(
     return d, var, log_var, lam * (beta_a - cost)  # pre (B, J): a_j = sigmoid(pre)
 
 
-def _e_step(xx: Tensor, d: Tensor, var: Tensor, log_var: Tensor, pre: Tensor, groups: ChildGroups | None) -> Tensor:
+def _e_step(
+    votes: VoteProducts, d: Tensor, var: Tensor, log_var: Tensor, pre: Tensor, groups: ChildGroups | None
+) -> Tensor:
     """One E-step: new assignments (B, J, I), a softmax over J of log a_j + log p[i, j] (with ``groups``:
     over every parent of every copy of the child, :func:`~capsnets.functional.child_groups.group_softmax`).
 
@@ -174,8 +202,8 @@ def _e_step(xx: Tensor, d: Tensor, var: Tensor, log_var: Tensor, pre: Tensor, gr
     product with the stored ``[x, x^2]``, no (B, J, I, H) temporary (the same in any units of the votes).
     """
     inv = var.reciprocal()  # (B, J, H)
-    coef = torch.cat([-2.0 * d * inv, inv], dim=-1).unsqueeze(-1)  # (B, J, 2H, 1)
-    quad = matvec(xx, coef).squeeze(-1) + (d.square() * inv).sum(dim=-1, keepdim=True)  # (B, J, I)
+    coef = torch.cat([-2.0 * d * inv, inv], dim=-1)  # (B, J, 2H)
+    quad = votes.quadratic(coef) + (d.square() * inv).sum(dim=-1, keepdim=True)  # (B, J, I)
     log_norm = log_var.sum(dim=-1, keepdim=True) + var.shape[-1] * LOG_2PI  # (B, J, 1)
     logits = F.logsigmoid(pre).unsqueeze(-1) - 0.5 * (quad + log_norm)  # (B, J, I)
     return torch.softmax(logits, dim=1) if groups is None else group_softmax(logits, groups)
@@ -188,6 +216,21 @@ def route(
     ``(J,)`` or ``(1,)``, all of one float dtype: poses (B, J, H), activations (B, J), assignments (B, J, I)."""
     scale = vote_scale(v, settings.variance_floor if settings.official else settings.eps)
     c, xx = shifted_votes(v, a_in, settings.eps, scale.inv)  # (B, J, 1, H), (B, J, I, 2H)
+    return iterate(StoredVotes(xx), c, scale, a_in, beta_v, beta_a, settings, groups)
+
+
+def iterate(
+    votes: VoteProducts,
+    c: Tensor,
+    scale: Scale,
+    a_in: Tensor,
+    beta_v: Tensor,
+    beta_a: Tensor,
+    settings: EMSettings,
+    groups: ChildGroups | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The M- and E-steps on votes seen through ``votes``, shifted by ``c`` (B, J, 1, H) and in the units of
+    ``scale``; the rest as :func:`route`."""
     r = initial_assignments(c, a_in, groups)  # (B, J, I)
     d_prev = -c.squeeze(2) if settings.official else None  # official: the centre starts at 0
     lambdas = settings.inverse_temperatures
@@ -195,11 +238,11 @@ def route(
         last = t == len(lambdas) - 1
         # detach_routing: the assignments of the non-final iterations become constants, with no graph
         with torch.no_grad() if settings.detach_routing and not last else contextlib.nullcontext():
-            d, var, log_var, pre = _m_step(r * a_in, c, xx, beta_v, beta_a, lam, settings, scale, d_prev)
+            d, var, log_var, pre = _m_step(r * a_in, c, votes, beta_v, beta_a, lam, settings, scale, d_prev)
             if settings.official:
                 d_prev = d
             if not last:
-                r = _e_step(xx, d, var, log_var, pre, groups)
+                r = _e_step(votes, d, var, log_var, pre, groups)
     top = torch.finfo(d.dtype).max  # the poses in real units; clamped only against rounding at the very top
     mu = ((d + c.squeeze(2)) / scale.inv.squeeze(-1)).clamp(-top, top)
     return mu, torch.sigmoid(pre), r

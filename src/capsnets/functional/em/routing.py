@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.child_groups import ChildGroups
+from capsnets.functional.em import triton_path
 from capsnets.functional.em.kernel import FusedVotes, fused_kernel, route_fused
 from capsnets.functional.em.procedure import check_votes, route_votes, scale_from_top
 from capsnets.functional.em.spec import (
@@ -281,9 +282,10 @@ def em_routing_poses(
     ``coordinates`` on the first two pose components.
 
     For float32/float64 4x4 poses on the CPU, the fused kernel (:mod:`capsnets.functional.em.kernel`)
-    computes every product with the votes from ``poses`` and ``weight`` and never stores them; elsewhere
-    (or with ``CAPSNETS_EM_KERNEL=torch``) the votes are formed by :func:`~capsnets.functional.products.matrix_votes`
-    and routed by :func:`em_routing`. Both give the same values and gradients up to rounding.
+    computes every product with the votes from ``poses`` and ``weight`` and never stores them; on CUDA, with
+    Triton installed, Triton kernels do the same (:mod:`capsnets.functional.em.triton_path`); elsewhere (or
+    with ``CAPSNETS_EM_KERNEL=torch``) the votes are formed by :func:`~capsnets.functional.products.matrix_votes`
+    and routed by :func:`em_routing`. All give the same values and gradients up to rounding.
 
     Args:
         poses: child poses ``M``.
@@ -366,10 +368,15 @@ def _route_poses(
     return_assignments: bool = False,
     checked: bool = False,
 ):
-    """:func:`em_routing_poses` with its settings resolved: the kernel where :func:`fused_kernel` gives one
-    (and the coordinates need no gradient), else the votes routed by the PyTorch path."""
+    """:func:`em_routing_poses` with its settings resolved: the Triton kernels where
+    :func:`~capsnets.functional.em.triton_path.applies` (CUDA), the CPU kernel where :func:`fused_kernel` gives
+    one (and the coordinates need no gradient), else the votes routed by the PyTorch path."""
     if not checked:
         _check_poses(poses, weight, coordinates)
+    if triton_path.applies(poses, weight, coordinates):
+        return triton_path.route_poses(
+            poses, weight, activations, beta_v, beta_a, settings, coordinates, child_groups, return_assignments
+        )
     batch, children, side = poses.shape[0], poses.shape[1], poses.shape[-1]
     kernel = fused_kernel(poses)
     if kernel is None or weight.dtype != poses.dtype or (coordinates is not None and coordinates.requires_grad):

@@ -1,0 +1,163 @@
+"""EM routing of matrix capsules on the GPU with the votes recomputed, never stored.
+
+The procedure's iterations (:func:`~capsnets.functional.em.procedure.iterate`) see the votes only through two
+products with ``xx = [x, x^2]``, ``x = V / scale - c`` (:class:`~capsnets.functional.em.procedure.VoteProducts`).
+Here each product is a Triton kernel (:mod:`capsnets.functional.em.triton_votes`) that computes the votes
+``V = M W`` of a block of children from the poses ``M`` and transforms ``W`` in registers, forward and backward,
+so the ``(B, J, I, 16)`` votes and their squares are never written to memory. Everything else (the per-parent
+algebra of the M-step, the E-step's softmax, the child groups) is the PyTorch path's own code, differentiated by
+autograd; the products are :class:`torch.autograd.Function` s whose backward passes are the same two products
+and one kernel that turns ``d loss / d xx`` (an outer product) into the gradients of the poses and transforms.
+
+It runs for 4x4 pose matrices on CUDA (``CAPSNETS_EM_KERNEL=auto`` or ``triton``), in float32, or float64
+for float64 inputs and for votes too large for float32 gradients (as the other paths). Half-precision inputs
+are routed in float32. With ``CAPSNETS_EM_KERNEL=triton`` it also runs on CPU tensors, in Triton's interpreter
+(NumPy on the host: slow, but the same kernels), which is how the tests check it without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from capsnets.functional.child_groups import ChildGroups
+from capsnets.functional.em import triton_votes
+from capsnets.functional.em.kernel import ENV_VAR, FusedVotes, kernel_mode
+from capsnets.functional.em.procedure import iterate, scale_from_top
+from capsnets.functional.em.spec import (
+    EMSettings,
+    check_activations,
+    check_beta,
+    check_child_groups,
+    checking,
+    routing_dtype,
+)
+
+__all__ = ["applies", "route_poses"]
+
+
+def applies(poses: Tensor, weight: Tensor, coordinates: Tensor | None) -> bool:
+    """Whether :func:`route_poses` routes these poses: with ``CAPSNETS_EM_KERNEL=auto``, 4x4 poses on CUDA when
+    Triton is installed, outside ``torch.compile`` and tracing; with ``triton``, every 4x4 pose (CPU tensors in
+    Triton's interpreter), and an error if Triton is not installed. Learned coordinates (that need a gradient)
+    go to the PyTorch path."""
+    mode = kernel_mode()
+    if mode not in ("auto", "triton"):
+        return False
+    four = tuple(poses.shape[-2:]) == (4, 4) and weight.dtype == poses.dtype
+    if coordinates is not None and coordinates.requires_grad:
+        four = False  # learned coordinates: the PyTorch path differentiates them
+    if mode == "auto":
+        return (
+            four
+            and poses.is_cuda
+            and triton_votes.available()
+            and not (torch.compiler.is_compiling() or torch.jit.is_scripting() or torch.jit.is_tracing())
+        )
+    if four and not triton_votes.available():
+        raise RuntimeError(f"{ENV_VAR}=triton, but Triton is not installed: pip install triton, or set {ENV_VAR}=auto")
+    return four
+
+
+class RecomputedVotes(FusedVotes):
+    """:class:`~capsnets.functional.em.procedure.VoteProducts` computed by the Triton kernels from the poses and
+    transforms (:class:`~capsnets.functional.em.kernel.FusedVotes`' fields), with gradients for both."""
+
+    def moments(self, w: Tensor) -> Tensor:
+        return _Moments.apply(w, self.pose, self.weight, self.coord, self.c, self.inv)
+
+    def quadratic(self, coef: Tensor) -> Tensor:
+        return _Quadratic.apply(coef, self.pose, self.weight, self.coord, self.c, self.inv)
+
+
+class _Moments(torch.autograd.Function):
+    """``sum_i w xx`` (B, J, 32) from the weights ``w`` (B, J, I); its backward: ``d w = xx . g`` (the E-step's
+    product) and the poses' and transforms' gradients of the outer product ``w g``."""
+
+    @staticmethod
+    def forward(ctx, w, pose, weight, coord, c, inv):
+        w = w.contiguous()
+        ctx.save_for_backward(w, pose, weight, coord, c, inv)
+        return triton_votes.moments(pose, weight, coord, c, inv, w)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        w, pose, weight, coord, c, inv = ctx.saved_tensors
+        g = g.contiguous()
+        grad_w = triton_votes.quadratic(pose, weight, coord, c, inv, g) if ctx.needs_input_grad[0] else None
+        grad_pose = grad_weight = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_pose, grad_weight = triton_votes.votes_backward(pose, weight, coord, c, inv, w, g)
+        return grad_w, grad_pose, grad_weight, None, None, None
+
+
+class _Quadratic(torch.autograd.Function):
+    """``xx . coef`` (B, J, I) from the coefficients ``coef`` (B, J, 32); its backward: ``d coef = sum_i g xx``
+    (the M-step's product) and the poses' and transforms' gradients of the outer product ``g coef``."""
+
+    @staticmethod
+    def forward(ctx, coef, pose, weight, coord, c, inv):
+        coef = coef.contiguous()
+        ctx.save_for_backward(coef, pose, weight, coord, c, inv)
+        return triton_votes.quadratic(pose, weight, coord, c, inv, coef)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        coef, pose, weight, coord, c, inv = ctx.saved_tensors
+        g = g.contiguous()
+        grad_coef = triton_votes.moments(pose, weight, coord, c, inv, g) if ctx.needs_input_grad[0] else None
+        grad_pose = grad_weight = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_pose, grad_weight = triton_votes.votes_backward(pose, weight, coord, c, inv, g, coef)
+        return grad_coef, grad_pose, grad_weight, None, None, None
+
+
+def route_poses(
+    poses: Tensor,
+    weight: Tensor,
+    activations: Tensor,
+    beta_v,
+    beta_a,
+    settings: EMSettings,
+    coordinates: Tensor | None = None,
+    child_groups: ChildGroups | None = None,
+    return_assignments: bool = False,
+):
+    """:func:`~capsnets.functional.em_routing_poses` by the Triton kernels (the shapes already checked, and
+    :func:`applies` true)."""
+    batch, children = poses.shape[:2]
+    if not isinstance(activations, Tensor) or tuple(activations.shape) != (batch, children):
+        got = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
+        raise ValueError(f"activations must have shape (B, I) = {(batch, children)} to match poses; got {got}")
+    check_child_groups(child_groups, (batch, children), "poses")
+    if checking():
+        check_activations(activations)
+    dtype = poses.dtype if poses.dtype in (torch.float32, torch.float64) else torch.float32
+    with torch.autocast(device_type=poses.device.type, enabled=False):
+        pose = poses.to(dtype).reshape(batch, children, 16).contiguous()
+        w = weight.to(dtype).reshape(weight.shape[0], weight.shape[1], 16).contiguous()
+        coord = pose.new_empty(0) if coordinates is None else coordinates.to(dtype).detach().contiguous()
+        a_in = activations.to(dtype).unsqueeze(1)  # (B, 1, I)
+        beta_v_t = check_beta(beta_v, "beta_v", w.shape[1], pose)
+        beta_a_t = check_beta(beta_a, "beta_a", w.shape[1], pose)
+        with torch.no_grad():  # the origin c (the activation-weighted mean vote) and the scale: constants
+            w0 = (a_in / (a_in.sum(dim=-1, keepdim=True) + settings.eps)).squeeze(1).contiguous()
+            mean, top = triton_votes.votes_stats(pose.detach(), w.detach(), coord, w0)
+            wide = batch and routing_dtype(dtype, float(top.max()), pose.device) != dtype
+            scale = scale_from_top(top, 16, settings.variance_floor if settings.official else settings.eps)
+            inv = scale.inv.reshape(-1).contiguous()
+            c = (mean * inv.view(-1, 1, 1)).contiguous()
+        if wide:  # votes too large for float32 gradients: routed in float64 (the em module docstring)
+            f64 = torch.float64
+            routed = route_poses(
+                poses.to(f64), weight.to(f64), activations.to(f64), beta_v, beta_a, settings, coordinates,
+                child_groups, return_assignments,
+            )  # fmt: skip
+            return tuple(t.to(dtype) for t in routed)
+        votes = RecomputedVotes(pose, w, coord, c, inv)
+        mu, a_out, r = iterate(votes, c.unsqueeze(2), scale, a_in, beta_v_t, beta_a_t, settings, child_groups)
+    if return_assignments:
+        return mu, a_out, r.transpose(1, 2)
+    return mu, a_out
