@@ -2,7 +2,8 @@
 time to accuracy, each result a JSON file in one folder, with a summary table.
 
 Steps, each a child process with a time budget (a step past its budget is stopped and recorded as such, and the
-next one runs):
+next one runs), the budgets cut so that the whole run ends within ``--total-minutes`` (7 by default: with the
+install, the check fits 8 minutes of a lent machine):
 
 1. ``gpu_tests``: ``pytest -m gpu`` (``tests/gpu/``: the library on CUDA against the CPU).
 2. ``throughput``: training and inference images/s and peak memory (``benchmarks/throughput.py``, bf16, batch
@@ -129,6 +130,9 @@ def main(argv=None) -> int:
     parser.add_argument("--data-dir", default=os.environ.get("CAPSNETS_DATA"), help="folder holding mnist/")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (what CI runs)")
     parser.add_argument("--minutes", type=float, default=3.0, help="time-to-accuracy budget (training minutes)")
+    parser.add_argument(
+        "--total-minutes", type=float, default=7.0, help="the whole run's budget (the steps' budgets shrink to fit it)"
+    )
     args = parser.parse_args(argv)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -137,6 +141,16 @@ def main(argv=None) -> int:
     if args.data_dir:
         env["CAPSNETS_DATA"] = str(args.data_dir)
     results: dict = {"dry_run": args.dry_run, "steps": {}}
+    deadline = started + 60.0 * args.total_minutes
+
+    def budget(own: float, reserve: float) -> float:
+        """A step's time budget: its own, cut to what the deadline leaves after ``reserve`` seconds for the
+        steps after it (at least 10 s)."""
+        return max(10.0, min(own, deadline - time.perf_counter() - reserve))
+
+    models = DRY_MODELS if args.dry_run else MODELS
+    timings = sum(len(em_paths()) if m.startswith("matrix") else 1 for m in models)  # throughput steps
+    minimum_step, minimum_training = 30.0, 90.0  # reserved for each later step
 
     def record(name: str, rec: dict) -> None:
         results["steps"][name] = rec
@@ -146,7 +160,8 @@ def main(argv=None) -> int:
         print(f"{name}: {summary_table({'steps': {name: rec}}).splitlines()[-1]}", flush=True)
 
     tests = [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests/gpu"]
-    rec = run_step("gpu_tests", tests + (["--collect-only"] if args.dry_run else []), out, 240, env)
+    reserve = timings * minimum_step + minimum_training
+    rec = run_step("gpu_tests", tests + (["--collect-only"] if args.dry_run else []), out, budget(180, reserve), env)
     rec["counts"] = pytest_counts(rec["output_tail"])
     rec["headline"] = ", ".join(f"{n} {w}" for w, n in rec["counts"].items()) or "ok"
     record("gpu_tests", rec)
@@ -157,7 +172,7 @@ def main(argv=None) -> int:
             ["--device", "cuda", "--amp", "bf16"],
             ["--batch-sizes", "128", "--steps", "10", "--warmup", "3"],
         )
-    for model in DRY_MODELS if args.dry_run else MODELS:
+    for model in models:
         paths = em_paths() if model.startswith("matrix") else [None]
         skipped = {path: f"no {path} EM path in this version" for path in EM_PATHS if path not in paths}
         if args.dry_run and "triton" in paths:  # on CPU tensors the kernels run in Triton's interpreter
@@ -168,7 +183,14 @@ def main(argv=None) -> int:
             target = out / f"{name}.json"
             command = [python, "benchmarks/throughput.py", "--models", model, *device, *sizes, "--repeats", "1"]
             command += ["--skip-naive", "--out", str(target)]
-            rec = run_step(name, command, out, 120, {**env, **({"CAPSNETS_EM_KERNEL": path} if path else {})})
+            timings -= 1
+            rec = run_step(
+                name,
+                command,
+                out,
+                budget(90, timings * minimum_step + minimum_training),
+                {**env, **({"CAPSNETS_EM_KERNEL": path} if path else {})},
+            )
             if rec["ok"] and target.is_file():
                 rec["result"] = str(target.relative_to(out))
                 rec["headline"] = _throughput_headline(target)
@@ -180,11 +202,12 @@ def main(argv=None) -> int:
     if args.dry_run:
         train = ["--model", "capsnet_digits", "--dataset", "digits", "--epochs", "1", "--limit-train", "256"]
         train += ["--limit-test", "128", "--device", "cpu", "--amp", "off", "--batch-size", "32"]
-    else:
+    else:  # training for what the deadline leaves, less a minute for loading and the last evaluation
+        minutes = max(0.5, min(args.minutes, (deadline - time.perf_counter() - 60.0) / 60.0))
         train = ["--model", "capsnet", "--dataset", "mnist", "--epochs", "50", "--batch-size", "128"]
-        train += ["--device", "cuda", "--amp", "bf16", "--time-limit", str(args.minutes)]
+        train += ["--device", "cuda", "--amp", "bf16", "--time-limit", f"{minutes:.2f}"]
     command = [python, "-m", "capsnets", "train", *train, "--eval-every", "1", "--out", str(run_dir), "--no-progress"]
-    rec = run_step("time_to_accuracy", command, out, args.minutes * 60 + 120, env)
+    rec = run_step("time_to_accuracy", command, out, budget(args.minutes * 60 + 60, 0.0), env)
     if rec["ok"]:
         rec["result"] = time_to_accuracy(run_dir, TARGET_ACCURACY)
         rec["headline"] = (

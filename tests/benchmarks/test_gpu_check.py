@@ -6,7 +6,8 @@ import json
 
 def test_dry_run_records_every_step(load_benchmark, shared_data_root, tmp_path):
     bench = load_benchmark("gpu_check")
-    assert bench.main(["--dry-run", "--out", str(tmp_path), "--data-dir", str(shared_data_root)]) == 0
+    args = ["--dry-run", "--out", str(tmp_path), "--data-dir", str(shared_data_root), "--total-minutes", "20"]
+    assert bench.main(args) == 0  # the budget of a loaded CI machine
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     steps = results["steps"]
     assert results["dry_run"] and steps["gpu_tests"]["counts"]["tests collected"] > 0
