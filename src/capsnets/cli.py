@@ -73,7 +73,7 @@ from capsnets.export import EXPORT_FORMATS, export_model
 from capsnets.inference import collect_image_files, mask_path, overlay_path, predict, segment
 from capsnets.io import (
     FileWriteError,
-    atomic_write,
+    atomic_write_text,
     checkpoint_epoch,
     folder_write_problem,
     load_checkpoint,
@@ -1044,7 +1044,7 @@ def _write_evaluation(results: dict[str, Any], data, out: Path, stem: str, recor
         "confusion_matrix": results["confusion_matrix"].tolist(),
     }
     text = json.dumps(report, indent=2) + "\n"
-    atomic_write(out / f"{stem}.json", lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(out / f"{stem}.json", text)
     png = plot_confusion_matrix(
         results["confusion_matrix"], classes, out / f"{stem}_confusion.png", title=f"{title} on {data.name or 'test'}"
     )
@@ -1064,7 +1064,7 @@ def _write_multilabel_evaluation(results: dict[str, Any], data, out: Path, stem:
     summary = {key: results[key] for key in ("mAP", "micro_f1", "macro_f1", "exact_match")}
     report = {**record, "dataset": data.name, "count": results["count"], **summary, "per_class": per_class}
     text = json.dumps(report, indent=2) + "\n"
-    atomic_write(out / f"{stem}.json", lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(out / f"{stem}.json", text)
     table = _class_table(
         classes,
         {
@@ -1103,7 +1103,7 @@ def _write_segmentation_evaluation(
         "confusion_matrix": results["confusion_matrix"].tolist(),
     }
     text = json.dumps(report, indent=2) + "\n"
-    atomic_write(out / f"{stem}.json", lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(out / f"{stem}.json", text)
     png = plot_confusion_matrix(
         results["confusion_matrix"],
         classes,
@@ -1245,7 +1245,7 @@ def _predict(args: argparse.Namespace) -> int:
     for result in results:
         print(format_prediction(result))
     if json_out is not None:
-        atomic_write(json_out, lambda tmp: Path(tmp).write_text(text))
+        atomic_write_text(json_out, text)
         print(f"wrote {json_out}")
     return 0
 

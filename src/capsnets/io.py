@@ -1,8 +1,8 @@
 """Files at the bottom of the package: atomic writes, JSON lines and the checkpoint format; no models.
 
-Atomic writes (:func:`atomic_write`): a temporary file beside the target, then ``os.replace`` over it. A reader
-never sees a half-written file, and a failure while writing leaves the previous file intact. Temporary files get
-the permissions a plain ``open(path, "w")`` would (``0o666`` less the umask), not ``tempfile.mkstemp``'s
+Atomic writes (:func:`atomic_write`, :func:`atomic_write_text`): a temporary file beside the target, then
+``os.replace`` over it. A reader never sees a half-written file, and a failure while writing leaves the previous
+file intact. Temporary files get the permissions a plain ``open(path, "w")`` would (``0o666`` less the umask), not ``tempfile.mkstemp``'s
 owner-only ``0o600``, so results stay readable by whoever could read them before.
 
 Checkpoints (:func:`write_checkpoint`, :func:`load_checkpoint`): one safetensors file of tensors plus a JSON
@@ -188,6 +188,11 @@ def atomic_write(target: str | os.PathLike, write: Callable[[str], object], *, f
             raise FileWriteError(target, err, "; the file there before is intact" if target.exists() else "") from err
         raise
     return target
+
+
+def atomic_write_text(target: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``target`` by :func:`atomic_write`: the file holds either the old text or the new one."""
+    return atomic_write(target, lambda tmp: Path(tmp).write_text(text))
 
 
 #: Why :func:`atomic_write` leaves a target alone, by the ``errno`` it reports.

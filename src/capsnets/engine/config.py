@@ -27,7 +27,7 @@ from capsnets.data.seg_folder import SEGFOLDER_PREFIX
 from capsnets.data.transforms import AUGMENTATIONS
 from capsnets.documents import read_document
 from capsnets.engine.runtime import AMP_MODES, MAX_THREADS
-from capsnets.io import atomic_write
+from capsnets.io import atomic_write_text
 from capsnets.models import list_models, training_recipe
 from capsnets.validation import ArgumentError, expect, reject_unknown
 
@@ -248,7 +248,7 @@ class TrainConfig:
     def save(self, path: str | Path) -> None:
         """Write the config as YAML to ``path`` (atomically)."""
         text = yaml.safe_dump(self.to_dict(), sort_keys=False)
-        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+        atomic_write_text(path, text)
 
 
 #: The largest float32: a learning rate or weight decay above it overflows in the optimiser's step.

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
-from capsnets.io import FileWriteError, atomic_write, read_json_lines
+from capsnets.io import FileWriteError, atomic_write_text, read_json_lines
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -55,13 +55,13 @@ def _epoch(record: dict[str, Any]) -> float:
 def write_metrics(run_dir: Path, records: list[dict[str, Any]]) -> None:
     """Replace ``metrics.jsonl`` by ``records``, atomically."""
     text = "".join(json.dumps(_finite_or_none(record)) + "\n" for record in records)
-    atomic_write(run_dir / METRICS_FILE, lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(run_dir / METRICS_FILE, text)
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
     """Write ``summary.json`` (atomically)."""
     text = json.dumps(_finite_or_none(summary), indent=2) + "\n"
-    return atomic_write(run_dir / SUMMARY_FILE, lambda tmp: Path(tmp).write_text(text))
+    return atomic_write_text(run_dir / SUMMARY_FILE, text)
 
 
 def drawn_figures(run_dir: Path) -> dict[str, Any] | None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from capsnets.images import NORB_LIKE, ImageTransform
-from capsnets.io import CheckpointError, atomic_write, file_sha256
+from capsnets.io import CheckpointError, atomic_write, atomic_write_text, file_sha256
 from capsnets.models import registry
 from capsnets.models.download import DownloadError, check_url, fetch, max_download_bytes
 
@@ -305,7 +305,7 @@ def stamp_sha256(path: str | os.PathLike) -> None:
     card = json.loads(card_path.read_text())
     card["sha256"] = file_sha256(path)
     text = json.dumps(card, indent=2) + "\n"
-    atomic_write(card_path, lambda tmp: Path(tmp).write_text(text))
+    atomic_write_text(card_path, text)
 
 
 def _cards() -> dict[str, dict[str, Any]]:
