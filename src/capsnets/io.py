@@ -2,8 +2,8 @@
 
 Atomic writes (:func:`atomic_write`, :func:`atomic_write_text`): a temporary file beside the target, then
 ``os.replace`` over it. A reader never sees a half-written file, and a failure while writing leaves the previous
-file intact. Temporary files get the permissions a plain ``open(path, "w")`` would (``0o666`` less the umask), not ``tempfile.mkstemp``'s
-owner-only ``0o600``, so results stay readable by whoever could read them before.
+file intact. Temporary files get the permissions a plain ``open(path, "w")`` would (``0o666`` less the umask),
+not ``tempfile.mkstemp``'s owner-only ``0o600``, so results stay readable by whoever could read them before.
 
 Checkpoints (:func:`write_checkpoint`, :func:`load_checkpoint`): one safetensors file of tensors plus a JSON
 sidecar. ``<name>.safetensors`` holds every tensor under a prefix its writer chooses (``model.<param>`` for a
