@@ -199,7 +199,7 @@ def _e_step(
     over every parent of every copy of the child, :func:`~capsnets.functional.child_groups.group_softmax`).
 
     ``sum_h (V - mu)^2 / sigma^2 = sum_h x^2 / sigma^2 - 2 x d / sigma^2 + d^2 / sigma^2``: one matrix
-    product with the stored ``[x, x^2]``, no (B, J, I, H) temporary (the same in any units of the votes).
+    product with ``[x, x^2]`` (``votes.quadratic``), no (B, J, I, H) temporary (the same in any units of the votes).
     """
     inv = var.reciprocal()  # (B, J, H)
     coef = torch.cat([-2.0 * d * inv, inv], dim=-1)  # (B, J, 2H)
