@@ -46,7 +46,8 @@ grid's first axis is ``N`` (the only axis without CUDA's limit of 65535); offset
 On CUDA the products are contracted to fused multiply-adds (``enable_fp_fusion``).
 
 Triton is imported on first use (``import capsnets`` works without it; :func:`available` says whether it
-imports). The interpreter: ``triton.jit`` reads ``TRITON_INTERPRET`` when it decorates a function and returns an
+imports with the parts the kernels are built with, so that another version falls back to the PyTorch path). The
+interpreter: ``triton.jit`` reads ``TRITON_INTERPRET`` when it decorates a function and returns an
 interpreted or a compiled kernel for good, so a module-level ``@triton.jit`` fixes the mode when the module is
 imported, which a test cannot control (another module, or another xdist worker's collection, may import it first).
 The same holds of Triton's own library of ``@jit`` functions (``tl.sum``, ``tl.max``, ``tl.zeros``), decorated when
@@ -85,13 +86,12 @@ _state: dict = {}
 
 
 def available() -> bool:
-    """Whether Triton imports (tried once per process)."""
+    """Whether Triton imports and has what the kernels are built with (tried once per process)."""
     if "available" not in _state:
         try:
-            import triton  # noqa: F401, PLC0415  (an optional dependency)
-
+            _kernels()
             _state["available"] = True
-        except Exception:  # not installed, or broken: the PyTorch path remains
+        except Exception:  # not installed, broken, or a version without those parts: the PyTorch path remains
             _state["available"] = False
     return _state["available"]
 
