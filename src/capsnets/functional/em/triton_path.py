@@ -55,7 +55,10 @@ def applies(poses: Tensor, weight: Tensor, coordinates: Tensor | None) -> bool:
             and not (torch.compiler.is_compiling() or torch.jit.is_scripting() or torch.jit.is_tracing())
         )
     if four and not triton_votes.available():
-        raise RuntimeError(f"{ENV_VAR}=triton, but Triton is not installed: pip install triton, or set {ENV_VAR}=auto")
+        raise RuntimeError(
+            f"{ENV_VAR}=triton, but Triton is not installed, or is a version the kernels are not built for: "
+            f"pip install 'triton>=3.9', or set {ENV_VAR}=auto"
+        )
     return four
 
 
