@@ -173,3 +173,10 @@ def test_half_precision_poses_are_routed_in_float32(interpreted):
     )
     torch.testing.assert_close(mu, want_mu)
     torch.testing.assert_close(a, want_a)
+
+
+def test_forcing_triton_without_a_usable_triton_says_what_to_install(interpreted, monkeypatch):
+    monkeypatch.setitem(triton_votes._state, "available", False)
+    inputs = _poses(1, 2, 2, 2, gen=torch.Generator().manual_seed(9), dtype=torch.float32)
+    with pytest.raises(RuntimeError, match=r"pip install 'triton>=3.9', or set CAPSNETS_EM_KERNEL=auto"):
+        em_routing_poses(*inputs)
