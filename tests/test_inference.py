@@ -66,6 +66,9 @@ def test_files_and_folders_are_collected_and_bad_ones_named(tmp_path):
     one = _png(tmp_path / "a" / "one.png", torch.zeros(8, 8, dtype=torch.uint8).numpy())
     two = _png(tmp_path / "a" / "two.PNG", torch.zeros(8, 8, dtype=torch.uint8).numpy())
     (tmp_path / "a" / "notes.txt").write_text("not an image")
+    (tmp_path / "a" / "._one.png").write_bytes(b"\0\5\26\7")  # a copied volume's metadata, hidden
+    (tmp_path / "a" / ".cache").mkdir()
+    _png(tmp_path / "a" / ".cache" / "three.png", torch.zeros(8, 8, dtype=torch.uint8).numpy())
     assert collect_image_files([tmp_path / "a"]) == [one, two]
     assert collect_image_files([two, one]) == [two, one]
     (tmp_path / "empty").mkdir()

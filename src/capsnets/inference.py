@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from capsnets.images import IMAGE_SUFFIXES, ImageTransform, class_colours
+from capsnets.images import IMAGE_SUFFIXES, ImageTransform, class_colours, image_files
 from capsnets.io import atomic_write
 from capsnets.models.output import ModelOutput, independent_probabilities
 from capsnets.models.registry import model_task
@@ -122,8 +122,9 @@ def uncertainty(scores: Tensor, *, min_score: float, min_margin: float) -> Tenso
 
 
 def collect_image_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
-    """The image files named by ``inputs``: files as given, folders searched (recursively, sorted) for files
-    with an :data:`~capsnets.images.IMAGE_SUFFIXES` suffix.
+    """The image files named by ``inputs``: files as given, folders searched as the training folders are
+    (:func:`~capsnets.images.image_files`: recursively, sorted, files with an
+    :data:`~capsnets.images.IMAGE_SUFFIXES` suffix, hidden files and folders left out).
 
     Raises:
         FileNotFoundError: an input does not exist.
@@ -133,7 +134,7 @@ def collect_image_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
     for item in inputs:
         path = Path(item)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            found = image_files(path)
             if not found:
                 raise ArgumentError(f"folder '{path}' holds no image file ({', '.join(IMAGE_SUFFIXES)})")
             files += found
