@@ -50,7 +50,7 @@ import torch
 import yaml
 
 from capsnets._version import __version__
-from capsnets.data import DatasetError, dataset_info, list_datasets, load_dataset
+from capsnets.data import DatasetError, list_datasets, load_dataset
 from capsnets.data.errors import DOWNLOAD_HINT
 from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.data.seg_folder import SEGFOLDER_PREFIX
@@ -70,7 +70,7 @@ from capsnets.engine.runtime import (
 )
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
-from capsnets.inference import collect_image_files, mask_path, overlay_path, predict, segment
+from capsnets.inference import checkpoint_class_names, collect_image_files, mask_path, overlay_path, predict, segment
 from capsnets.io import (
     FileWriteError,
     atomic_write_text,
@@ -1229,7 +1229,7 @@ def _predict(args: argparse.Namespace) -> int:
         results = predict(
             model,
             files,
-            classes=_class_names(checkpoint, model),
+            classes=checkpoint_class_names(checkpoint.meta, int(model.num_classes)),
             dataset=dataset_name,
             batch_size=args.batch_size,
             invert=args.invert,
@@ -1237,7 +1237,9 @@ def _predict(args: argparse.Namespace) -> int:
     records = [result.to_dict() for result in results]
     header = {"checkpoint": str(checkpoint.path), "model": name, "dataset": dataset}
     if checkpoint.meta.get("multilabel") and checkpoint.meta.get("thresholds") is not None:  # what predict applied
-        header["thresholds"] = dict(zip(_class_names(checkpoint, model), checkpoint.meta["thresholds"]))
+        header["thresholds"] = dict(
+            zip(checkpoint_class_names(checkpoint.meta, int(model.num_classes)), checkpoint.meta["thresholds"])
+        )
     text = json.dumps({**header, "predictions": records}, indent=2) + "\n"
     if args.json == "-":
         print(text, end="")
@@ -1404,19 +1406,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _canonical_dataset(dataset: str | None) -> str | None:
     return dataset.lower().replace("-", "_") if isinstance(dataset, str) else None
-
-
-def _class_names(checkpoint, model) -> list[str]:
-    """The class names a checkpoint records, else its data set's, else ``0``, ``1``..."""
-    count = int(model.num_classes)
-    recorded = checkpoint.meta.get("classes")
-    if isinstance(recorded, list) and len(recorded) == count:
-        return [str(name) for name in recorded]
-    try:
-        names = list(dataset_info(checkpoint.meta.get("dataset") or "").classes)
-    except (ValueError, KeyError):
-        names = []
-    return [str(name) for name in names] if len(names) == count else [str(k) for k in range(count)]
 
 
 def format_prediction(result) -> str:

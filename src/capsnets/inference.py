@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
+from capsnets.data import dataset_info
 from capsnets.images import IMAGE_SUFFIXES, ImageTransform, class_colours, image_files
 from capsnets.io import atomic_write
 from capsnets.models.output import ModelOutput, independent_probabilities
@@ -36,6 +37,7 @@ from capsnets.validation import ArgumentError, number, positive_int
 
 __all__ = [
     "Prediction",
+    "checkpoint_class_names",
     "collect_image_files",
     "mask_path",
     "overlay_path",
@@ -288,8 +290,8 @@ def segment(
     meta = getattr(model, "checkpoint_meta", None) or {}
     count = max(int(getattr(model, "num_classes", 1)), 2)  # a binary model's one map is 2 classes
     mask_format = mask_format if mask_format is not None else meta.get("mask_format")
-    names = list(classes if classes is not None else meta.get("classes") or [])
-    names = [str(name) for name in names] if len(names) == count else [str(k) for k in range(count)]
+    names = [str(name) for name in classes] if classes is not None else []
+    names = names if len(names) == count else checkpoint_class_names(meta, count)
     writer = _MaskWriter(count, mask_format)
     was_training = model.training
     model.eval()
@@ -470,6 +472,25 @@ def _doubt(probs: Tensor, index: int, min_score: float, min_margin: float, names
     others[index] = -1.0
     second = int(others.argmax())
     return f"{names[second]} close behind at {float(probs[second]):.3f}"
+
+
+def checkpoint_class_names(meta: dict, count: int) -> list[str]:
+    """The names of a model's ``count`` classes: those its checkpoint's metadata ``meta`` records, else those of
+    the data set it names (``meta["dataset"]``), else ``"0"``, ``"1"``...
+
+    Examples::
+
+        >>> checkpoint_class_names({"classes": ["cat", "dog"]}, 2), checkpoint_class_names({}, 3)
+        (['cat', 'dog'], ['0', '1', '2'])
+    """
+    recorded = meta.get("classes")
+    if isinstance(recorded, list) and len(recorded) == count:
+        return [str(name) for name in recorded]
+    try:
+        names = list(dataset_info(meta.get("dataset") or "").classes)
+    except (ValueError, KeyError, OSError):
+        names = []
+    return [str(name) for name in names] if len(names) == count else [str(k) for k in range(count)]
 
 
 def _class_names(names: Sequence[str] | None, count: int) -> list[str]:

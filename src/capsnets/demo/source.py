@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from capsnets.data import dataset_info
 from capsnets.demo.capsules import DemoModel
 from capsnets.engine import TrainConfig, train
+from capsnets.inference import checkpoint_class_names
 from capsnets.io import load_checkpoint
 from capsnets.models.hub import model_from_checkpoint
 from capsnets.models.pretrained import resolve_pretrained
@@ -135,7 +135,7 @@ def _demo_model(model, checkpoint, source: str, data_dir: str | os.PathLike | No
     image_size = config.get("image_size") if str(dataset).startswith("folder:") else None
     return DemoModel(
         model,
-        classes=_class_names(meta, int(model.num_classes)),
+        classes=checkpoint_class_names(meta, int(model.num_classes)),
         dataset=dataset,
         source=source,
         name=meta.get("model"),
@@ -147,15 +147,3 @@ def _demo_model(model, checkpoint, source: str, data_dir: str | os.PathLike | No
 def _epoch(checkpoint) -> str:
     epoch = checkpoint.meta.get("epoch")
     return f" (epoch {epoch})" if epoch is not None else ""
-
-
-def _class_names(meta: dict, count: int) -> list[str]:
-    """The class names a checkpoint records, else its data set's, else ``0``, ``1``... (as ``capsnets predict``)."""
-    recorded = meta.get("classes")
-    if isinstance(recorded, list) and len(recorded) == count:
-        return [str(name) for name in recorded]
-    try:
-        names = list(dataset_info(meta.get("dataset") or "").classes)
-    except (ValueError, KeyError, OSError):
-        names = []
-    return [str(name) for name in names] if len(names) == count else [str(k) for k in range(count)]
