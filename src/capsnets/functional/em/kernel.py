@@ -35,8 +35,8 @@ Which path runs is set by the environment variable ``CAPSNETS_EM_KERNEL``:
 - ``cpp``: the kernel wherever it applies, and an error if it cannot be built or loaded;
 - ``torch``: always the PyTorch path (the reference, and the path for half precision, ``torch.compile``
   and export);
-- ``triton``: the Triton kernels for every 4x4 pose, and an error where they cannot run (no Triton; CPU
-  tensors outside Triton's interpreter).
+- ``triton``: the Triton kernels for every 4x4 pose (CPU tensors run in Triton's interpreter: slow, for
+  tests), and an error without a usable Triton.
 """
 
 from __future__ import annotations
