@@ -1,5 +1,6 @@
-"""Assertions shared by test folders (importable as ``helpers``: pyproject.toml puts ``tests/`` on the path)."""
+"""Assertions and inputs shared by test folders (importable as ``helpers``: pyproject.toml puts ``tests/`` on the path)."""
 
+import torch
 from torch import Tensor
 
 
@@ -80,3 +81,23 @@ def write_digit_segfolder(root, digits, labels, *, classes=(0, 1, 2), count=400,
     names = {"background": 0, **{f"digit {c}": i + 1 for i, c in enumerate(classes)}}
     (root / "classes.json").write_text(json.dumps(names))
     return root
+
+
+def em_poses(batch, children, child_types, parents, *, gen, dtype=torch.float64, scale=1.0):
+    """Random EM routing inputs of matrix capsules: poses, transforms, activations (a quarter zero), beta_v, beta_a."""
+    poses = scale * torch.randn(batch, children, 4, 4, generator=gen, dtype=dtype)
+    weight = torch.randn(child_types, parents, 4, 4, generator=gen, dtype=dtype) / 2
+    acts = torch.rand(batch, children, generator=gen, dtype=dtype)
+    acts[torch.rand(batch, children, generator=gen) < 0.25] = 0.0  # some inactive children
+    beta_v = torch.rand(parents, generator=gen, dtype=dtype)
+    beta_a = 0.01 * torch.randn(parents, generator=gen, dtype=dtype)
+    return poses, weight, acts, beta_v, beta_a
+
+
+def em_votes(poses, weight, coords=None):
+    """The votes (B, I, J, 16) of poses and transforms shared as ``weight[i % Iw]``, with coordinate addition."""
+    full = weight.repeat(poses.shape[1] // weight.shape[0], 1, 1, 1)
+    votes = (poses.unsqueeze(2) @ full.unsqueeze(0)).flatten(-2)  # (B, I, J, 16)
+    if coords is not None:
+        votes = torch.cat([votes[..., :2] + coords.view(1, -1, 1, 2), votes[..., 2:]], dim=-1)
+    return votes

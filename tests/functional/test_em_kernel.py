@@ -18,6 +18,8 @@ from capsnets.functional.patches import gather_patches, patch_index
 from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules
 from capsnets.testing import reference_conv_em_routing, reference_em_routing
 
+from helpers import em_poses, em_votes
+
 
 @pytest.fixture
 def cpp(monkeypatch):
@@ -26,29 +28,11 @@ def cpp(monkeypatch):
     assert em_kernel.load() is not None, f"the fused EM kernel did not build or load: {em_kernel.load_error()}"
 
 
-def _poses(batch, children, child_types, parents, *, gen, dtype=torch.float64, scale=1.0):
-    poses = scale * torch.randn(batch, children, 4, 4, generator=gen, dtype=dtype)
-    weight = torch.randn(child_types, parents, 4, 4, generator=gen, dtype=dtype) / 2
-    acts = torch.rand(batch, children, generator=gen, dtype=dtype)
-    acts[torch.rand(batch, children, generator=gen) < 0.25] = 0.0  # some inactive children
-    beta_v = torch.rand(parents, generator=gen, dtype=dtype)
-    beta_a = 0.01 * torch.randn(parents, generator=gen, dtype=dtype)
-    return poses, weight, acts, beta_v, beta_a
-
-
-def _votes(poses, weight, coords=None):
-    full = weight.repeat(poses.shape[1] // weight.shape[0], 1, 1, 1)
-    votes = (poses.unsqueeze(2) @ full.unsqueeze(0)).flatten(-2)  # (B, I, J, 16)
-    if coords is not None:
-        votes = torch.cat([votes[..., :2] + coords.view(1, -1, 1, 2), votes[..., 2:]], dim=-1)
-    return votes
-
-
 def test_the_kernel_is_used_where_it_applies(cpp):
     with unittest.mock.patch.object(em_kernel, "load", wraps=em_kernel.load) as load:
-        em_routing_poses(*_poses(2, 6, 6, 3, gen=torch.Generator().manual_seed(0)))
+        em_routing_poses(*em_poses(2, 6, 6, 3, gen=torch.Generator().manual_seed(0)))
         assert load.call_count == 1
-        em_routing_poses(*_poses(2, 6, 6, 3, gen=torch.Generator().manual_seed(0), dtype=torch.bfloat16))
+        em_routing_poses(*em_poses(2, 6, 6, 3, gen=torch.Generator().manual_seed(0), dtype=torch.bfloat16))
         assert load.call_count == 1  # half precision: the PyTorch path
 
 
@@ -60,10 +44,10 @@ def test_votes_stats_against_the_votes(cpp, dtype):
     kernel = em_kernel.load()
     gen = torch.Generator().manual_seed(5)
     for children, child_types, parents, coordinates in ((12, 12, 5, False), (12, 3, 12, True), (1, 1, 4, True)):
-        poses, weight, acts, _, _ = _poses(3, children, child_types, parents, gen=gen, dtype=dtype)
+        poses, weight, acts, _, _ = em_poses(3, children, child_types, parents, gen=gen, dtype=dtype)
         coords = torch.rand(children, 2, generator=gen, dtype=dtype) if coordinates else None
         w0 = acts / (acts.sum(-1, keepdim=True) + 1e-6)
-        votes = _votes(poses.double(), weight.double(), None if coords is None else coords.double())
+        votes = em_votes(poses.double(), weight.double(), None if coords is None else coords.double())
         mean, top = kernel.votes_stats(
             poses.flatten(-2).contiguous(),
             weight.flatten(-2).contiguous(),
@@ -84,7 +68,7 @@ def test_votes_stats_against_the_votes(cpp, dtype):
 def test_fully_connected_layout_agrees_with_the_literal_reference(cpp, formulation, detach, coordinates):
     gen = torch.Generator().manual_seed(1)
     for children, child_types in ((12, 12), (12, 3), (1, 1)):  # per-child weights, shared by type, one child
-        poses, weight, acts, beta_v, beta_a = _poses(2, children, child_types, 3, gen=gen, scale=0.5)
+        poses, weight, acts, beta_v, beta_a = em_poses(2, children, child_types, 3, gen=gen, scale=0.5)
         coords = torch.rand(children, 2, generator=gen, dtype=torch.float64) if coordinates else None
         lambdas = [0.01, 0.02, 0.03] if formulation == "official" else [0.5, 1.0, 2.0]
         floor = OFFICIAL_VARIANCE_FLOOR if formulation == "official" else None
@@ -104,7 +88,7 @@ def test_fully_connected_layout_agrees_with_the_literal_reference(cpp, formulati
                 formulation=formulation,
             )
             ref = reference_em_routing(
-                _votes(poses, weight, coords), acts, beta_v, beta_a, 3, lambdas, eps, variance_floor=floor
+                em_votes(poses, weight, coords), acts, beta_v, beta_a, 3, lambdas, eps, variance_floor=floor
             )
             for got, want in zip((mu, a, r), ref):
                 torch.testing.assert_close(got, want, rtol=0, atol=1e-8)
@@ -148,7 +132,7 @@ def test_convolutional_layout_agrees_with_the_literal_reference(cpp, formulation
 
 def _fc_inputs(seed):
     gen = torch.Generator().manual_seed(seed)
-    poses, weight, acts, beta_v, beta_a = _poses(2, 6, 3, 3, gen=gen, scale=0.5)
+    poses, weight, acts, beta_v, beta_a = em_poses(2, 6, 3, 3, gen=gen, scale=0.5)
     coords = torch.rand(6, 2, generator=gen, dtype=torch.float64)
     return (poses, weight, acts.clamp_min(0.05), beta_v, beta_a), coords
 
@@ -198,7 +182,7 @@ def test_child_groups_by_runs_of_problems_match_the_whole_batch_at_once(cpp, sco
     # normalises example by example; with blocks = 1 it normalises the whole batch at once
     gen = torch.Generator().manual_seed(15)
     batch, types, side = 3, 2, 5
-    poses, weight, acts, beta_v, beta_a = _poses(batch, types * side * side, types * 9, 4, gen=gen)
+    poses, weight, acts, beta_v, beta_a = em_poses(batch, types * side * side, types * 9, 4, gen=gen)
     grid = MatrixCapsules(poses.view(batch, types, side, side, 4, 4), acts.view(batch, types, side, side))
     index = patch_index(types, side, side, 3, 2, 1)  # stride 2, padding 1: 3x3 positions, padding slots
     patch_poses = gather_patches(grid.pose.reshape(batch, -1, 16), index, 1).view(-1, types * 9, 4, 4)
@@ -307,7 +291,7 @@ def test_class_layer_with_coordinate_addition_matches_the_pytorch_path(cpp, monk
 @pytest.mark.parametrize("case", ["zero_activations", "identical_votes", "huge_votes"])
 def test_edge_cases_match_the_pytorch_path(cpp, monkeypatch, case):
     gen = torch.Generator().manual_seed(7)
-    poses, weight, acts, beta_v, beta_a = _poses(3, 8, 8, 4, gen=gen, dtype=torch.float32)
+    poses, weight, acts, beta_v, beta_a = em_poses(3, 8, 8, 4, gen=gen, dtype=torch.float32)
     if case == "zero_activations":
         acts = torch.zeros_like(acts)
     elif case == "identical_votes":
@@ -385,7 +369,7 @@ def test_training_steps_give_the_same_losses(monkeypatch):
 @pytest.mark.parametrize("detach", [False, True])
 def test_cost_normalizations_match_the_pytorch_path(cpp, monkeypatch, cost_normalization, grad, detach):
     gen = torch.Generator().manual_seed(13)
-    inputs = _poses(3, 10, 5, 4, gen=gen)
+    inputs = em_poses(3, 10, 5, 4, gen=gen)
     results = {}
     for path in ("torch", "cpp"):
         monkeypatch.setenv(em_kernel.ENV_VAR, path)
@@ -430,17 +414,17 @@ def test_gradcheck_with_cost_normalization(cpp, cost_normalization):
 def test_em_routing_poses_agrees_with_em_routing_on_the_pytorch_path(monkeypatch):
     monkeypatch.setenv(em_kernel.ENV_VAR, "torch")
     gen = torch.Generator().manual_seed(9)
-    poses, weight, acts, beta_v, beta_a = _poses(2, 9, 3, 4, gen=gen)
+    poses, weight, acts, beta_v, beta_a = em_poses(2, 9, 3, 4, gen=gen)
     coords = torch.rand(9, 2, generator=gen, dtype=torch.float64)
     got = em_routing_poses(poses, weight, acts, beta_v, beta_a, coordinates=coords, formulation="official")
-    want = em_routing(_votes(poses, weight, coords), acts, beta_v, beta_a, formulation="official")
+    want = em_routing(em_votes(poses, weight, coords), acts, beta_v, beta_a, formulation="official")
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
 
 
 def test_bad_inputs_get_clear_errors(cpp):
     gen = torch.Generator().manual_seed(10)
-    poses, weight, acts, beta_v, beta_a = _poses(2, 6, 3, 3, gen=gen)
+    poses, weight, acts, beta_v, beta_a = em_poses(2, 6, 3, 3, gen=gen)
     with pytest.raises(ValueError, match="multiple of Iw"):
         em_routing_poses(poses, weight[:, :, :, :2], acts, beta_v, beta_a)
     with pytest.raises(ValueError, match="multiple of Iw"):
@@ -470,7 +454,7 @@ def test_a_kernel_that_cannot_load_falls_back_once_or_fails_when_forced(monkeypa
         em_kernel, "_state", {"tried": True, "module": None, "error": "OSError: no compiler", "warned": False}
     )
     gen = torch.Generator().manual_seed(11)
-    inputs = _poses(2, 6, 3, 3, gen=gen)
+    inputs = em_poses(2, 6, 3, 3, gen=gen)
     monkeypatch.setenv(em_kernel.ENV_VAR, "auto")
     with pytest.warns(RuntimeWarning, match="no compiler"):
         mu, _ = em_routing_poses(*inputs)

@@ -18,6 +18,8 @@ from capsnets.functional.em import kernel as em_kernel
 from capsnets.layers import ConvMatrixCapsules
 from capsnets.testing import reference_em_routing
 
+from helpers import em_poses, em_votes
+
 pytest.importorskip("triton")
 
 
@@ -27,30 +29,12 @@ def interpreted(monkeypatch):
     monkeypatch.setenv(em_kernel.ENV_VAR, "triton")
 
 
-def _poses(batch, children, child_types, parents, *, gen, dtype=torch.float64, scale=1.0):
-    poses = scale * torch.randn(batch, children, 4, 4, generator=gen, dtype=dtype)
-    weight = torch.randn(child_types, parents, 4, 4, generator=gen, dtype=dtype) / 2
-    acts = torch.rand(batch, children, generator=gen, dtype=dtype)
-    acts[torch.rand(batch, children, generator=gen) < 0.25] = 0.0  # some inactive children
-    beta_v = torch.rand(parents, generator=gen, dtype=dtype)
-    beta_a = 0.01 * torch.randn(parents, generator=gen, dtype=dtype)
-    return poses, weight, acts, beta_v, beta_a
-
-
-def _votes(poses, weight, coords=None):
-    full = weight.repeat(poses.shape[1] // weight.shape[0], 1, 1, 1)
-    votes = (poses.unsqueeze(2) @ full.unsqueeze(0)).flatten(-2)  # (B, I, J, 16)
-    if coords is not None:
-        votes = torch.cat([votes[..., :2] + coords.view(1, -1, 1, 2), votes[..., 2:]], dim=-1)
-    return votes
-
-
 def _lambdas(formulation):
     return [0.05, 0.1, 0.15] if formulation == "official" else [0.3, 0.6, 1.0]
 
 
 def test_the_triton_path_runs_where_chosen(interpreted, monkeypatch):
-    inputs = _poses(2, 6, 3, 3, gen=torch.Generator().manual_seed(0), dtype=torch.float32)
+    inputs = em_poses(2, 6, 3, 3, gen=torch.Generator().manual_seed(0), dtype=torch.float32)
     with unittest.mock.patch.object(triton_votes, "moments", wraps=triton_votes.moments) as moments:
         em_routing_poses(*inputs)
         assert moments.call_count == 3  # one per M-step
@@ -72,7 +56,7 @@ def test_forward_agrees_with_the_literal_reference(interpreted, formulation):
     floor = OFFICIAL_VARIANCE_FLOOR if formulation == "official" else None
     # per-child transforms with coordinates, transforms shared by type, one child
     for children, child_types, coordinates in ((6, 6, True), (6, 3, False), (1, 1, True)):
-        poses, weight, acts, beta_v, beta_a = _poses(2, children, child_types, 3, gen=gen, scale=0.5)
+        poses, weight, acts, beta_v, beta_a = em_poses(2, children, child_types, 3, gen=gen, scale=0.5)
         coords = torch.rand(children, 2, generator=gen, dtype=torch.float64) if coordinates else None
         mu, a, r = em_routing_poses(
             poses,
@@ -88,7 +72,7 @@ def test_forward_agrees_with_the_literal_reference(interpreted, formulation):
             formulation=formulation,
         )
         ref = reference_em_routing(
-            _votes(poses, weight, coords), acts, beta_v, beta_a, 3, _lambdas(formulation), 1e-5, variance_floor=floor
+            em_votes(poses, weight, coords), acts, beta_v, beta_a, 3, _lambdas(formulation), 1e-5, variance_floor=floor
         )
         for got, want in zip((mu, a, r), ref):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-8)
@@ -98,7 +82,7 @@ def test_forward_agrees_with_the_literal_reference(interpreted, formulation):
 def test_float64_gradients_equal_the_pytorch_paths(interpreted, monkeypatch, formulation, detach):
     # the PyTorch path's gradients are gradchecked (and its detached ones checked) by the tests of em_routing
     gen = torch.Generator().manual_seed(3)
-    inputs = _poses(2, 6, 3, 3, gen=gen, scale=0.5)
+    inputs = em_poses(2, 6, 3, 3, gen=gen, scale=0.5)
     coords = torch.rand(6, 2, generator=gen, dtype=torch.float64)
     grads = {}
     for path in ("torch", "triton"):
@@ -147,7 +131,7 @@ def test_float32_convolutional_layer_matches_the_pytorch_path_in_float64(interpr
 @pytest.mark.parametrize("case", ["zero_activations", "huge_votes"])
 def test_edge_cases_match_the_pytorch_path(interpreted, monkeypatch, case):
     gen = torch.Generator().manual_seed(7)
-    poses, weight, acts, beta_v, beta_a = _poses(1, 4, 4, 2, gen=gen, dtype=torch.float32)
+    poses, weight, acts, beta_v, beta_a = em_poses(1, 4, 4, 2, gen=gen, dtype=torch.float32)
     if case == "zero_activations":
         acts = torch.zeros_like(acts)
     else:
@@ -165,7 +149,9 @@ def test_edge_cases_match_the_pytorch_path(interpreted, monkeypatch, case):
 
 
 def test_half_precision_poses_are_routed_in_float32(interpreted):
-    poses, weight, acts, beta_v, beta_a = _poses(2, 4, 2, 2, gen=torch.Generator().manual_seed(8), dtype=torch.float32)
+    poses, weight, acts, beta_v, beta_a = em_poses(
+        2, 4, 2, 2, gen=torch.Generator().manual_seed(8), dtype=torch.float32
+    )
     mu, a = em_routing_poses(poses.bfloat16(), weight.bfloat16(), acts.bfloat16(), beta_v, beta_a)
     assert mu.dtype == a.dtype == torch.float32
     want_mu, want_a = em_routing_poses(
@@ -177,6 +163,6 @@ def test_half_precision_poses_are_routed_in_float32(interpreted):
 
 def test_forcing_triton_without_a_usable_triton_says_what_to_install(interpreted, monkeypatch):
     monkeypatch.setitem(triton_votes._state, "available", False)
-    inputs = _poses(1, 2, 2, 2, gen=torch.Generator().manual_seed(9), dtype=torch.float32)
+    inputs = em_poses(1, 2, 2, 2, gen=torch.Generator().manual_seed(9), dtype=torch.float32)
     with pytest.raises(RuntimeError, match=r"pip install 'triton>=3.9', or set CAPSNETS_EM_KERNEL=auto"):
         em_routing_poses(*inputs)
