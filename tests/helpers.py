@@ -46,43 +46,6 @@ def rewrite_sidecar(checkpoint, meta: dict) -> None:
     path.with_suffix(".json").write_text(payload)
 
 
-def write_digit_segfolder(root, digits, labels, *, classes=(0, 1, 2), count=400, size=16, seed=0):
-    """Write a ``segfolder:PATH`` folder of ``count`` real digits, one per image, in the real format (PNG via
-    Pillow): ``root/images/<k>.png`` (grey, ``size x size``) and ``root/masks/<k>.png`` (mode L class indices:
-    0 background, ``i + 1`` the pixels above 0.5 of a digit of class ``classes[i]``), plus ``classes.json``.
-
-    Each digit of ``digits`` ``(N, 1, 28, 28)`` in ``[0, 1]`` (with ``labels`` ``(N,)``) whose label is in ``classes``
-    is shrunk to ``size - 4`` pixels (bilinear) and put at a random offset of 0 to 4 pixels (seeded). Returns
-    ``root``.
-    """
-    import json
-    from pathlib import Path
-
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-    from PIL import Image
-
-    root = Path(root)
-    (root / "images").mkdir(parents=True, exist_ok=True)
-    (root / "masks").mkdir(parents=True, exist_ok=True)
-    keep = torch.isin(labels, torch.tensor(classes))
-    digits, labels = digits[keep][:count], labels[keep][:count]
-    side = size - 4
-    small = F.interpolate(digits.float(), size=(side, side), mode="bilinear", antialias=True).clamp(0, 1)
-    generator = torch.Generator().manual_seed(seed)
-    offsets = torch.randint(0, 5, (len(small), 2), generator=generator)
-    for k, (digit, label, (dy, dx)) in enumerate(zip(small[:, 0], labels.tolist(), offsets.tolist())):
-        image, mask = np.zeros((size, size), np.uint8), np.zeros((size, size), np.uint8)
-        image[dy : dy + side, dx : dx + side] = (digit.numpy() * 255).round().astype(np.uint8)
-        mask[dy : dy + side, dx : dx + side] = (digit.numpy() > 0.5) * (classes.index(label) + 1)
-        Image.fromarray(image, mode="L").save(root / "images" / f"{k:05d}.png")
-        Image.fromarray(mask, mode="L").save(root / "masks" / f"{k:05d}.png")
-    names = {"background": 0, **{f"digit {c}": i + 1 for i, c in enumerate(classes)}}
-    (root / "classes.json").write_text(json.dumps(names))
-    return root
-
-
 def em_poses(batch, children, child_types, parents, *, gen, dtype=torch.float64, scale=1.0):
     """Random EM routing inputs of matrix capsules: poses, transforms, activations (a quarter zero), beta_v, beta_a."""
     poses = scale * torch.randn(batch, children, 4, 4, generator=gen, dtype=dtype)

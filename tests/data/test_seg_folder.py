@@ -168,3 +168,24 @@ def test_the_memory_limit_counts_images_and_masks(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPSNETS_MAX_FOLDER_BYTES", "100")
     with pytest.raises(DatasetError, match="more than the .* GiB allowed; Fix: give a smaller image size"):
         load_segmentation_folder(folder)
+
+
+def test_write_digit_segfolder_writes_a_folder_that_loads_with_its_classes(tmp_path):
+    from capsnets.data.seg_folder import write_digit_segfolder
+
+    gen = torch.Generator().manual_seed(0)
+    digits = torch.rand(12, 1, 28, 28, generator=gen)
+    labels = torch.tensor([0, 1, 2, 3] * 3)
+    folder = write_digit_segfolder(tmp_path / "d", digits, labels, classes=(2, 0), count=5, size=12)
+    assert sorted(p.name for p in (folder / "images").iterdir()) == [f"0000{k}.png" for k in range(5)]
+    data = load_dataset(f"segfolder:{folder}", train=True)
+    assert data.classes == ("background", "digit 2", "digit 0") and data.images.shape[1:] == (1, 12, 12)
+    kept = labels[torch.isin(labels, torch.tensor([2, 0]))][:5].tolist()  # 0, 2, 0, 2, 0
+    for k, label in enumerate(kept):
+        image = np.asarray(Image.open(folder / "images" / f"{k:05d}.png"))
+        mask = np.asarray(Image.open(folder / "masks" / f"{k:05d}.png"))
+        # the digit's pixels above half are its class; everything outside the 8x8 digit stays background
+        assert set(np.unique(mask)) <= {0, (2, 0).index(label) + 1}
+        assert ((mask > 0) == (image > 127.5)).all() and (image > 0).sum() <= 64
+    with pytest.raises(ValueError, match="size must be at least 5"):
+        write_digit_segfolder(tmp_path / "e", digits, labels, size=4)

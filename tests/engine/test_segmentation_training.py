@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from capsnets.data.seg_folder import write_digit_segfolder
 from capsnets.engine import TrainConfig, train
 from capsnets.engine.tasks import SegmentationTask, best_index
 from capsnets.io import load_checkpoint
-
-from helpers import write_digit_segfolder
 
 COLOURS = [(0, 0, 0), (255, 0, 0), (0, 0, 255)]
 

@@ -62,6 +62,7 @@ __all__ = [
     "SegmentationFolderScan",
     "scan_segmentation_folder",
     "load_segmentation_folder",
+    "write_digit_segfolder",
 ]
 
 #: ``load_dataset`` names of the form ``segfolder:PATH`` read a folder of images and masks.
@@ -398,3 +399,63 @@ def _class_mask(file: Path, scan: SegmentationFolderScan, size: tuple[int, int])
     if mask.size != (size[1], size[0]):
         mask = mask.resize((size[1], size[0]), Image.Resampling.NEAREST)
     return np.asarray(mask, dtype=np.uint8).copy()
+
+
+def write_digit_segfolder(
+    root: str | os.PathLike,
+    digits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    classes: tuple[int, ...] = (0, 1, 2),
+    count: int = 400,
+    size: int = 16,
+    seed: int = 0,
+) -> Path:
+    """Write a ``segfolder:PATH`` folder of real digits, one per image, whose masks label each digit's class: an
+    example of the format, and the multi-class task of the tests and of ``benchmarks/segfolder_digits.py``.
+
+    Each digit of ``digits`` whose label is in ``classes`` (the first ``count`` of them) is shrunk to
+    ``size - 4`` pixels (bilinear, antialiased) and put at a seeded random offset of 0 to 4 pixels on a black
+    ``size x size`` canvas. The folder holds ``images/<k>.png`` (grey), ``masks/<k>.png`` (mode ``L`` class
+    indices: 0 the background, ``i + 1`` the digit's pixels above 0.5 for a digit of class ``classes[i]``) and
+    ``classes.json`` (``background``, ``digit C``, ...).
+
+    Args:
+        root: the folder to write (created; existing files of the same names are replaced).
+        digits: ``(N, 1, 28, 28)`` images in ``[0, 1]``, e.g. ``load_dataset("mnist").images``.
+        labels: ``(N,)`` their digits.
+        classes: the digits to keep, in the order of their class indices.
+        count: at most this many images.
+        size: the images' side, at least 5.
+        seed: the offsets' seed.
+
+    Returns:
+        ``root`` as a :class:`~pathlib.Path`.
+
+    Examples:
+        >>> from capsnets.data import load_dataset
+        >>> mnist = load_dataset("mnist", train=True)  # doctest: +SKIP
+        >>> folder = write_digit_segfolder("digits", mnist.images, mnist.labels, count=600)  # doctest: +SKIP
+        >>> load_dataset(f"segfolder:{folder}", train=True).num_classes  # doctest: +SKIP
+        4
+    """
+    if size < 5:
+        raise ValueError(f"size must be at least 5 (digits of size - 4 pixels), got {size}")
+    root = Path(root)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "masks").mkdir(parents=True, exist_ok=True)
+    keep = torch.isin(labels, torch.tensor(classes))
+    digits, labels = digits[keep][:count], labels[keep][:count]
+    side = size - 4
+    small = torch.nn.functional.interpolate(digits.float(), size=(side, side), mode="bilinear", antialias=True)
+    small = small.clamp(0, 1)
+    offsets = torch.randint(0, 5, (len(small), 2), generator=torch.Generator().manual_seed(seed))
+    for k, (digit, label, (dy, dx)) in enumerate(zip(small[:, 0], labels.tolist(), offsets.tolist())):
+        image, mask = np.zeros((size, size), np.uint8), np.zeros((size, size), np.uint8)
+        image[dy : dy + side, dx : dx + side] = (digit.numpy() * 255).round().astype(np.uint8)
+        mask[dy : dy + side, dx : dx + side] = (digit.numpy() > 0.5) * (classes.index(label) + 1)
+        Image.fromarray(image, mode="L").save(root / "images" / f"{k:05d}.png")
+        Image.fromarray(mask, mode="L").save(root / "masks" / f"{k:05d}.png")
+    names = {"background": 0, **{f"digit {c}": i + 1 for i, c in enumerate(classes)}}
+    (root / CLASSES_FILE).write_text(json.dumps(names))
+    return root
