@@ -7,6 +7,7 @@ smallest that still cover each case (shared transforms, coordinates, child group
 ``tests/functional/test_em_triton_votes.py`` checks each kernel on its own."""
 
 import unittest.mock
+import warnings
 
 import pytest
 import torch
@@ -48,6 +49,24 @@ def test_the_triton_path_runs_where_chosen(interpreted, monkeypatch):
     assert not triton_path.applies(torch.zeros(1, 2, 3, 3), torch.zeros(2, 3, 3, 3), None)  # 4x4 poses only
     learned = torch.zeros(2, 2, requires_grad=True)  # coordinates with a gradient: the PyTorch path
     assert not triton_path.applies(torch.zeros(1, 2, 4, 4), torch.zeros(2, 3, 4, 4), learned)
+
+
+def test_works_on_tries_the_kernels_once_per_device_and_warns_where_they_fail(monkeypatch):
+    monkeypatch.setattr(triton_path, "_works", {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert triton_path.works_on(torch.device("cpu"))  # the interpreter: they work
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(triton_path, "_works", {})
+    monkeypatch.setattr(triton_votes, "_launch", fails)
+    with pytest.warns(RuntimeWarning, match="kernels failed on cpu .*no kernel image.*takes the PyTorch path"):
+        assert not triton_path.works_on(torch.device("cpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # tried once: no second warning
+        assert not triton_path.works_on(torch.device("cpu"))
 
 
 @pytest.mark.parametrize("formulation", ["paper", "official"])

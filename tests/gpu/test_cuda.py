@@ -152,6 +152,10 @@ def test_matrix_capsule_routing_on_cuda_matches_cpu_float64(cuda, monkeypatch, p
         assert (moments.call_count > 0) == (path == "triton")
         _close(got, want, atol=1e-4)
         _close(got_grad, want_grad, atol=1e-3, rtol=1e-2)
+    if path == "triton":  # what auto mode, the default, checks before it takes the kernels on this GPU
+        from capsnets.functional.em import triton_path
+
+        assert triton_path.works_on(torch.device(cuda))
 
 
 def test_em_routing_under_bf16_autocast_is_finite_float32(cuda):

@@ -17,6 +17,9 @@ are routed in float32. With ``CAPSNETS_EM_KERNEL=triton`` it also runs on CPU te
 
 from __future__ import annotations
 
+import threading
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -33,7 +36,11 @@ from capsnets.functional.em.spec import (
     routing_dtype,
 )
 
-__all__ = ["applies", "route_poses"]
+__all__ = ["applies", "route_poses", "works_on"]
+
+#: Whether the kernels ran on each device tried, by ``(type, index)`` (:func:`works_on`).
+_works: dict[tuple[str, int | None], bool] = {}
+_works_lock = threading.Lock()
 
 
 def applies(poses: Tensor, weight: Tensor, coordinates: Tensor | None) -> bool:
@@ -53,6 +60,7 @@ def applies(poses: Tensor, weight: Tensor, coordinates: Tensor | None) -> bool:
             and poses.is_cuda
             and triton_votes.available()
             and not (torch.compiler.is_compiling() or torch.jit.is_scripting() or torch.jit.is_tracing())
+            and works_on(poses.device)
         )
     if four and not triton_votes.available():
         raise RuntimeError(
@@ -60,6 +68,43 @@ def applies(poses: Tensor, weight: Tensor, coordinates: Tensor | None) -> bool:
             f"pip install 'triton>=3.9', or set {ENV_VAR}=auto"
         )
     return four
+
+
+def works_on(device: torch.device) -> bool:
+    """Whether the kernels compile and run on ``device``, tried once per device (per process) on a small routing,
+    forward and backward. Where they fail, for example on a GPU that Triton cannot compile for, it warns once and
+    :func:`applies` sends that device's routing to the PyTorch path in ``auto`` mode (``triton`` mode raises the
+    kernels' own error instead)."""
+    key = (device.type, device.index)
+    with _works_lock:
+        if key not in _works:
+            try:
+                _trial(device)
+                _works[key] = True
+            except Exception as error:  # any failure to compile or run: the PyTorch path remains
+                _works[key] = False
+                warnings.warn(
+                    f"EM routing's Triton kernels failed on {device} ({type(error).__name__}: {error}); EM routing "
+                    f"there takes the PyTorch path. {ENV_VAR}=triton shows the whole error, {ENV_VAR}=torch skips "
+                    "the trial",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+    return _works[key]
+
+
+def _trial(device: torch.device) -> None:
+    """A routing of 8 children to 2 parents and its backward pass on ``device`` by the kernels: each compiled."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
+        poses = torch.randn(2, 8, 4, 4, generator=gen).to(device).requires_grad_()
+        weight = (torch.randn(8, 2, 4, 4, generator=gen) / 2).to(device).requires_grad_()
+        activations = torch.rand(2, 8, generator=gen).to(device)
+        settings = EMSettings((1.0, 1.0), 1e-8)
+        mu, a_out = route_poses(poses, weight, activations, 0.0, 0.0, settings)
+        (mu.square().sum() + a_out.sum()).backward()
+    if not (torch.isfinite(poses.grad).all() and torch.isfinite(weight.grad).all()):
+        raise FloatingPointError("the trial routing's gradients are not finite")
 
 
 class RecomputedVotes(FusedVotes):
