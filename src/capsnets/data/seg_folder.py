@@ -434,7 +434,7 @@ def write_digit_segfolder(
 
     Examples:
         >>> from capsnets.data import load_dataset
-        >>> mnist = load_dataset("mnist", train=True)  # doctest: +SKIP
+        >>> mnist = load_dataset("mnist", train=True, download=True)  # doctest: +SKIP
         >>> folder = write_digit_segfolder("digits", mnist.images, mnist.labels, count=600)  # doctest: +SKIP
         >>> load_dataset(f"segfolder:{folder}", train=True).num_classes  # doctest: +SKIP
         4
