@@ -94,7 +94,8 @@ def works_on(device: torch.device) -> bool:
 
 
 def _trial(device: torch.device) -> None:
-    """A routing of 8 children to 2 parents and its backward pass on ``device`` by the kernels: each compiled."""
+    """Route 8 children to 2 parents on ``device`` by the kernels, forward and backward, so that every kernel
+    compiles and runs once."""
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
         poses = torch.randn(2, 8, 4, 4, generator=gen).to(device).requires_grad_()
