@@ -16,23 +16,41 @@ from capsnets.export import ExportableModel, export_model, run_onnx
 FAMILIES = ["capsnet_digits", "matrix_capsnet_small", "segcaps_small", "cnn_baseline_narrow", "efficient_capsnet"]
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """Each family's model (seeded) and its ONNX file, exported once for the module."""
-    root = tmp_path_factory.mktemp("export")
-    made = {}
-    for name in FAMILIES:
+#: The names of each family's ONNX outputs, by task.
+OUTPUTS = {
+    "capsnet_digits": ["scores", "capsules"],
+    "matrix_capsnet_small": ["scores", "capsules"],
+    "segcaps_small": ["probabilities"],
+    "cnn_baseline_narrow": ["scores"],
+    "efficient_capsnet": ["scores", "capsules"],
+}
+
+
+class _Exports(dict):
+    """Each family's model (seeded) and its ONNX file, exported on first use and kept for the module, so that each
+    pytest-xdist worker exports only the families its tests use."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name):
         torch.manual_seed(0)
         model = capsnets.create_model(name).eval()
-        report = export_model(model, root / f"{name}.onnx")
-        made[name] = (model, report)
-    return made
+        self[name] = (model, export_model(model, self.root / f"{name}.onnx"))
+        return self[name]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return _Exports(tmp_path_factory.mktemp("export"))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_onnx_runs_in_onnxruntime_as_pytorch_does(exported, name):
     model, report = exported[name]
     assert report.max_abs_difference <= 1e-4 and report.checked_batches == [1, 5]
+    assert report.output_names == OUTPUTS[name]  # named by task
     wrapped = ExportableModel(model)
     gen = torch.Generator().manual_seed(7)
     for batch in (1, 3, 64):  # the batch dimension is dynamic
@@ -55,13 +73,6 @@ def test_onnx_agrees_on_real_images(exported):
         expected = model(images).scores
     assert (scores - expected).abs().max() <= 1e-4
     assert torch.equal(scores.argmax(-1), expected.argmax(-1))
-
-
-def test_outputs_are_named_by_task(exported):
-    assert exported["capsnet_digits"][1].output_names == ["scores", "capsules"]
-    assert exported["matrix_capsnet_small"][1].output_names == ["scores", "capsules"]
-    assert exported["cnn_baseline_narrow"][1].output_names == ["scores"]
-    assert exported["segcaps_small"][1].output_names == ["probabilities"]
 
 
 def test_torch_export_programs_load_and_agree(tmp_path):
