@@ -6,7 +6,7 @@ background and each digit). ``segfolder:PATH`` splits it 80/20. Each run is ``ca
 trainer, in this process): a model, a seed, and optionally SegCaps' ``pos_weight`` (the weight of the object
 classes' pixels in its cross-entropy, 1 by default; LaLonde & Bagci's code weighs the object pixels by the ratio
 of background to object pixels). The JSON gets, per run, the last and the best evaluation's per-class Dice and
-their mean over the digits, the mean after each epoch, and the training time; it is rewritten after every run.
+their mean over the digits, the mean after each epoch, and the run's time; it is rewritten after every run.
 
     python benchmarks/segfolder_digits.py --out benchmarks/results/segfolder_digits_cpu.json
     python benchmarks/segfolder_digits.py --dry-run       # a few images, one epoch: checks that the script runs
