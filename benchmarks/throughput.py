@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 import capsnets
-from capsnets.engine.runtime import autocast, resolve_device, retain_freed_memory
+from capsnets.engine.runtime import autocast, freed_memory_retained, resolve_device, retain_freed_memory
 from capsnets.losses import create_loss
 from capsnets.models import CapsNet, MatrixCapsNet, model_arguments, routing_keys
 
@@ -61,7 +61,7 @@ def environment(device: torch.device, args: argparse.Namespace) -> dict:
         "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
         "cpu_name": cpu_name(),
         "threads": torch.get_num_threads(),
-        "retain_freed_memory": retain_freed_memory(),  # in effect? (idempotent; main() applies it first)
+        "retain_freed_memory": freed_memory_retained(),  # in effect? (a query: main() applies it, or not)
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "capsnets": capsnets.__version__,

@@ -14,7 +14,8 @@ import pytest
 _PROBE = """
 import ctypes, json, sys
 import torch
-from capsnets.engine.runtime import retain_freed_memory
+from capsnets.engine.runtime import freed_memory_retained, retain_freed_memory
+queried = freed_memory_retained()  # a query: it applies nothing
 applied = retain_freed_memory() if sys.argv[1] == "call" else False
 class Info(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -24,7 +25,8 @@ mallinfo2 = ctypes.CDLL(None).mallinfo2
 mallinfo2.restype = Info
 before = mallinfo2().hblkhd
 block = torch.ones(16 * 2**20)
-print(json.dumps({"applied": applied, "mmapped": mallinfo2().hblkhd - before}))
+print(json.dumps({"applied": applied, "mmapped": mallinfo2().hblkhd - before,
+                  "queried": [queried, freed_memory_retained()]}))
 """
 
 
@@ -42,11 +44,12 @@ def _glibc_version() -> tuple[int, ...]:
 
 @pytest.mark.skipif(_glibc_version() < (2, 33), reason="mallopt and mallinfo2 are glibc's (2.33 or later)")
 def test_large_tensors_come_from_the_heap_once_freed_memory_is_retained():
-    assert _probe("skip")["mmapped"] >= 64 * 2**20  # glibc's default: a fresh mmap per large block
+    default = _probe("skip")
+    assert default["mmapped"] >= 64 * 2**20 and default["queried"] == [False, False]  # a fresh mmap per block
     retained = _probe("call")
-    assert retained == {"applied": True, "mmapped": 0}
+    assert retained == {"applied": True, "mmapped": 0, "queried": [False, True]}
     opted_out = _probe("call", CAPSNETS_RETAIN_FREED_MEMORY="0")
-    assert not opted_out["applied"] and opted_out["mmapped"] >= 64 * 2**20
+    assert not opted_out["applied"] and opted_out["mmapped"] >= 64 * 2**20 and opted_out["queried"] == [False, False]
 
 
 def test_threads_are_lowered_to_the_free_cores_only_when_nobody_chose():

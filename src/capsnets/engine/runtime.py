@@ -252,6 +252,11 @@ def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)):
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
+def freed_memory_retained() -> bool:
+    """Whether :func:`retain_freed_memory` is in effect in this process (a query: it changes nothing)."""
+    return _retained
+
+
 def retain_freed_memory() -> bool:
     """Keep the memory of freed CPU tensors in the process for reuse, instead of returning it (glibc only).
 
