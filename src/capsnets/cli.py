@@ -70,6 +70,7 @@ from capsnets.engine.runtime import (
 )
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
+from capsnets.images import IMAGE_SUFFIXES
 from capsnets.inference import checkpoint_class_names, collect_image_files, mask_path, overlay_path, predict, segment
 from capsnets.io import (
     FileWriteError,
@@ -96,6 +97,7 @@ from capsnets.models.pretrained import (
     get_weights,
     resolve_pretrained,
 )
+from capsnets.outputs import OutputExistsError, check_output, json_header, written_for
 from capsnets.validation import ArgumentError, shown
 
 #: The environment variable that turns on ``--retain-freed-memory`` (``1``).
@@ -344,6 +346,7 @@ def _add_experiment(parser: argparse.ArgumentParser) -> None:
     )
     add("--smoke", action="store_true", help="tiny CPU-sized version (minutes)")
     add("--out", type=_path, help="directory for report.md and the figures")
+    _add_overwrite_arg(parser, "files in --out")
     add("--device", default="auto", help="auto (default), cpu, cuda, cuda:1 ...")
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, default=0)
@@ -380,6 +383,7 @@ def _experiment(args: argparse.Namespace) -> int:
         raise ArgumentError(f"name an experiment (one of: {', '.join(list_experiments())}) or pass --list")
     if not args.out:
         raise ArgumentError("--out DIR is required: the directory for report.md and the figures")
+    _check_experiment_folder(Path(args.out), args.overwrite)
     common = dict(
         smoke=args.smoke,
         device=args.device,
@@ -405,6 +409,41 @@ def _experiment(args: argparse.Namespace) -> int:
         )
         print(f"train_minutes cut {len(result.cut_short)} training(s) short ({', '.join(result.cut_short)}); {how}")
     return 0
+
+
+#: How many entries of an experiment's ``--out`` folder are looked at before it is refused as too full to check.
+_MAX_FOLDER_ENTRIES = 10_000
+
+
+def _check_experiment_folder(out: Path, overwrite: bool) -> None:
+    """Before any work: the experiment's ``--out`` folder holds only files capsnets wrote (reports, figures,
+    summaries, checkpoints), which a rerun may replace; else, unless ``--overwrite``, an :class:`ArgumentError`
+    naming the first few others. The experiment's file names are not known before it runs, so any other file
+    refuses the folder."""
+    if overwrite or not out.is_dir():
+        return
+    foreign, seen = [], 0
+    for folder, _, names in os.walk(out):
+        for name in names:
+            seen += 1
+            if seen > _MAX_FOLDER_ENTRIES:
+                raise ArgumentError(
+                    f"--out '{out}' holds more than {_MAX_FOLDER_ENTRIES:,} files; pass an empty or new folder, or "
+                    "--overwrite to write there anyway"
+                )
+            path = Path(folder) / name
+            checkpoint = path.with_suffix(".safetensors")
+            if not (written_for(path) or peek_sidecar(checkpoint) is not None):  # a checkpoint and its sidecar
+                foreign.append(path)
+    if foreign:
+        listed = ", ".join(f"'{path}'" for path in foreign[:3]) + (
+            f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        )
+        raise ArgumentError(
+            f"--out '{out}' holds files capsnets did not write ({listed}), so nothing was written there; the "
+            "experiment writes report.md and figures under --out: pass a new folder, or --overwrite to write there "
+            "anyway (files of the same names are replaced)"
+        )
 
 
 def _add_train(parser: argparse.ArgumentParser) -> None:
@@ -536,6 +575,7 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
         "--pretrained: the current directory)",
     )
     parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
+    _add_overwrite_arg(parser, "the evaluation's JSON and PNG")
     parser.set_defaults(handler=_evaluate)
 
 
@@ -550,6 +590,7 @@ def _add_reconstruct(parser: argparse.ArgumentParser) -> None:
         help="directory for reconstructions_<checkpoint>.png (default: the checkpoint's directory; --pretrained: "
         "the current directory)",
     )
+    _add_overwrite_arg(parser, "the PNG")
     parser.set_defaults(handler=_reconstruct)
 
 
@@ -568,8 +609,11 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         type=_path,
+        nargs="?",
+        const="-",
         metavar="FILE",
-        help="also write the predictions as JSON to FILE ('-': print JSON instead of the text)",
+        help="also write the predictions as JSON to FILE; with no FILE, or '-', print the JSON instead of the text "
+        "(default: text only)",
     )
     parser.add_argument(
         "--invert",
@@ -586,6 +630,7 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
+    _add_overwrite_arg(parser, "the --json file, masks and overlays")
     parser.set_defaults(handler=_predict)
 
 
@@ -605,6 +650,7 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
         help="the file to write (default: beside the checkpoint, <checkpoint>.onnx or .pt2; --pretrained: "
         "<name>.onnx or .pt2 in the current directory)",
     )
+    _add_overwrite_arg(parser, "the exported file")
     parser.set_defaults(handler=_export)
 
 
@@ -666,6 +712,15 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: a free port)")
     parser.set_defaults(handler=_demo)
+
+
+def _add_overwrite_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help=f"replace existing files where {what} go, whatever they hold (default: off; without it only files "
+        "capsnets wrote for the same purpose are replaced, and any other file is refused before any work)",
+    )
 
 
 def _add_pretrained_arg(source, parser: argparse.ArgumentParser) -> None:
@@ -976,6 +1031,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     model, checkpoint, data, device = _load(args, _checkpoint_source(args, args.checkpoint))
     out = _output_folder(Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent, args)
     stem = f"evaluation_{output_label(checkpoint.path, out)}_{_data_label(data.name)}"
+    _check_evaluation_files(out, stem, args, figure=not getattr(data, "multilabel", False))
     record = {"checkpoint": str(checkpoint.path), "epoch": checkpoint.meta.get("epoch")}
     if hasattr(data, "masks"):  # a segmentation data set: every pixel is scored
         results = evaluate_segmentation(model, data, args.batch_size, device)
@@ -1004,9 +1060,10 @@ def _evaluate_ensemble(args: argparse.Namespace) -> int:
     paths = [checkpoint.path for checkpoint in checkpoints]
     out = Path(args.out) if args.out else Path(os.path.commonpath([path.parent.resolve() for path in paths]))
     out = _output_folder(out, args)
+    stem = f"evaluation_ensemble_{ensemble_label(paths, out)}_{_data_label(data.name)}"
+    _check_evaluation_files(out, stem, args)
     members = [evaluate(model, data, args.batch_size, device)["accuracy"] for model in ensemble.members]
     results = evaluate(ensemble, data, args.batch_size, device)
-    stem = f"evaluation_ensemble_{ensemble_label(paths, out)}_{_data_label(data.name)}"
     record = {
         "checkpoints": [str(path) for path in paths],
         "epochs": [checkpoint.meta.get("epoch") for checkpoint in checkpoints],
@@ -1016,6 +1073,14 @@ def _evaluate_ensemble(args: argparse.Namespace) -> int:
         print(f"{_pct(accuracy)}  {path} alone")
     _write_evaluation(results, data, out, stem, record, title=f"ensemble of {len(paths)} checkpoints")
     return 0
+
+
+def _check_evaluation_files(out: Path, stem: str, args: argparse.Namespace, figure: bool = True) -> None:
+    """Before any work: ``OUT/STEM.json`` and (``figure``) ``OUT/STEM_confusion.png`` replace no file capsnets did
+    not write as such, unless ``--overwrite`` (:func:`~capsnets.outputs.check_output`)."""
+    files = [(out / f"{stem}.json", "evaluation")] + ([(out / f"{stem}_confusion.png", "figure")] if figure else [])
+    for path, purpose in files:
+        check_output(path, purpose, overwrite=args.overwrite, flag="evaluate's output", how="pass another --out")
 
 
 def ensemble_label(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> str:
@@ -1036,6 +1101,7 @@ def _write_evaluation(results: dict[str, Any], data, out: Path, stem: str, recor
     out.mkdir(parents=True, exist_ok=True)
     classes = list(data.classes) or [str(k) for k in range(data.num_classes)]
     report = {
+        **json_header("evaluation"),
         **record,
         "dataset": data.name,
         "count": results["count"],
@@ -1062,7 +1128,14 @@ def _write_multilabel_evaluation(results: dict[str, Any], data, out: Path, stem:
         name: dict(zip(columns, values)) for name, *values in zip(classes, *(results[c].tolist() for c in columns))
     }
     summary = {key: results[key] for key in ("mAP", "micro_f1", "macro_f1", "exact_match")}
-    report = {**record, "dataset": data.name, "count": results["count"], **summary, "per_class": per_class}
+    report = {
+        **json_header("evaluation"),
+        **record,
+        "dataset": data.name,
+        "count": results["count"],
+        **summary,
+        "per_class": per_class,
+    }
     text = json.dumps(report, indent=2) + "\n"
     atomic_write_text(out / f"{stem}.json", text)
     table = _class_table(
@@ -1091,6 +1164,7 @@ def _write_segmentation_evaluation(
 
     classes = list(data.classes) or [str(k) for k in range(data.num_classes)]
     report = {
+        **json_header("evaluation"),
         **record,
         "dataset": data.name,
         "count": results["count"],
@@ -1159,6 +1233,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
         raise ArgumentError(f"--n must be at least 1, got {args.n}")
     model, checkpoint, data, _ = _load(args, _checkpoint_source(args, [args.checkpoint]))
     out = _output_folder(Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent, args)
+    png = out / f"reconstructions_{output_label(checkpoint.path, out)}.png"
+    check_output(png, "figure", overwrite=args.overwrite, flag="reconstruct's output", how="pass another --out")
     images = data.images[: args.n]
     single_labels = None if getattr(data, "multilabel", False) else data.labels[: args.n]  # multi-label: no one class
     with torch.no_grad():
@@ -1172,7 +1248,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
     png = plot_reconstructions(
         images.cpu(),
         output.reconstruction.float().cpu(),
-        out / f"reconstructions_{output_label(checkpoint.path, out)}.png",
+        png,
         labels=None if single_labels is None else single_labels.cpu(),
         predictions=None if single_labels is None else output.scores.argmax(-1).cpu(),
         class_names=[str(name) for name in data.classes] or None,
@@ -1189,13 +1265,14 @@ def _export(args: argparse.Namespace) -> int:
     suffix = EXPORT_FORMATS[args.format]
     out = Path(args.out) if args.out else Path(checkpoint.path.stem + suffix) if args.pretrained else None
     flag = "--out" if args.out else "the default --out"
-    out = _output_file(out or checkpoint.path.with_suffix(suffix), flag, f"a {suffix}")
+    out = out or checkpoint.path.with_suffix(suffix)
     if out.suffix.lower() != suffix:
         raise ArgumentError(
             f"--out '{out}' does not end in {suffix}; name a {suffix} file for --format {args.format} "
             "(so that no other file, an image or a JSON, is replaced by it)"
         )
-    report = export_model(model, out, args.format)
+    out = _output_file(out, flag, f"a {suffix}", args.format, args.overwrite)
+    report = export_model(model, out, args.format, overwrite=args.overwrite)
     print(
         f"wrote {report.path} ({report.bytes / 1e6:.1f} MB, {report.format}, outputs: "
         f"{', '.join(report.output_names)}; batch dimension dynamic) in {report.seconds:.0f} s"
@@ -1211,9 +1288,7 @@ def _predict(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ArgumentError(f"--batch-size must be at least 1, got {args.batch_size}")
     files = collect_image_files(args.inputs)
-    json_out = (
-        _output_file(Path(args.json), "--json", "a new .json", inputs=files) if args.json not in (None, "-") else None
-    )
+    json_out = _json_file(Path(args.json), files, args.overwrite) if args.json not in (None, "-") else None
     device = resolve_device(args.device)
     checkpoint = load_checkpoint(_checkpoint_source(args, [args.checkpoint]))
     model = model_from_checkpoint(checkpoint, device)
@@ -1224,7 +1299,7 @@ def _predict(args: argparse.Namespace) -> int:
     dataset_name = _canonical_dataset(dataset)
     if task == "segmentation":
         out = _mask_folder(Path(args.out or "masks"), files, args)
-        results = segment(model, files, out, dataset=dataset_name, invert=args.invert)
+        results = segment(model, files, out, dataset=dataset_name, invert=args.invert, overwrite=args.overwrite)
     else:
         results = predict(
             model,
@@ -1235,7 +1310,7 @@ def _predict(args: argparse.Namespace) -> int:
             invert=args.invert,
         )
     records = [result.to_dict() for result in results]
-    header = {"checkpoint": str(checkpoint.path), "model": name, "dataset": dataset}
+    header = {**json_header("predictions"), "checkpoint": str(checkpoint.path), "model": name, "dataset": dataset}
     if checkpoint.meta.get("multilabel") and checkpoint.meta.get("thresholds") is not None:  # what predict applied
         header["thresholds"] = dict(
             zip(checkpoint_class_names(checkpoint.meta, int(model.num_classes)), checkpoint.meta["thresholds"])
@@ -1250,6 +1325,25 @@ def _predict(args: argparse.Namespace) -> int:
         atomic_write_text(json_out, text)
         print(f"wrote {json_out}")
     return 0
+
+
+def _json_file(path: Path, files: Sequence[Path], overwrite: bool) -> Path:
+    """``predict --json FILE``, checked before any work (:func:`_output_file`). An image's name is refused, and so is
+    an existing file capsnets did not write, with how to print the JSON instead: ``--json`` takes a file name, so
+    ``--json digit0.png photo.png`` names ``digit0.png`` as the JSON file, not as an image."""
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        raise ArgumentError(
+            f"--json '{path}' is an image's name, and --json takes the file to write the JSON to, so it was not read "
+            "and nothing was written; to print the JSON, put --json after the images (or write --json -); to save "
+            "it, name a .json file: --json predictions.json"
+        )
+    try:
+        return _output_file(path, "--json", "a new .json", "predictions", overwrite, inputs=files)
+    except OutputExistsError as err:
+        raise OutputExistsError(
+            f"{err} (--json takes the file to write the JSON to; to print the JSON, put --json after the images or "
+            "write --json -)"
+        ) from err
 
 
 #: Files a run directory holds that an output flag must never replace (a ``.json`` is one when it is a
@@ -1269,11 +1363,12 @@ def _not_a_run_file(path: Path, flag: str, what: str) -> Path:
     return path
 
 
-def _output_file(path: Path, flag: str, what: str, inputs: Sequence[Path] = ()) -> Path:
+def _output_file(path: Path, flag: str, what: str, purpose: str, overwrite: bool, inputs: Sequence[Path] = ()) -> Path:
     """``path``, checked before any work as the file an output flag writes: not a file of a training run
-    (:func:`_not_a_run_file`), not one of the ``inputs`` read, not a folder or a device, in a folder that exists
-    and can be written; else an :class:`ArgumentError` naming ``flag`` and what to do instead. Folders are not
-    created for it: a mistyped folder is reported, not made."""
+    (:func:`_not_a_run_file`), not one of the ``inputs`` read, not a folder or a device, not an existing file
+    that capsnets did not write for ``purpose`` unless ``overwrite`` (:func:`~capsnets.outputs.check_output`), in
+    a folder that exists and can be written; else an :class:`ArgumentError` naming ``flag`` and what to do
+    instead. Folders are not created for it: a mistyped folder is reported, not made."""
     _not_a_run_file(path, flag, what)
     if path.is_dir():
         raise ArgumentError(f"{flag} '{path}' is a folder; name {what} file (in it, or elsewhere)")
@@ -1281,6 +1376,7 @@ def _output_file(path: Path, flag: str, what: str, inputs: Sequence[Path] = ()) 
         raise ArgumentError(f"{flag} '{path}' is not a regular file (a device, a pipe...); name {what} file")
     if path.exists() and any(path.samefile(item) for item in inputs if item.exists()):
         raise ArgumentError(f"{flag} '{path}' is one of the files read as input; name another file for the output")
+    check_output(path, purpose, overwrite=overwrite, flag=flag)
     folder = path.parent
     if not folder.exists():
         raise ArgumentError(
@@ -1316,8 +1412,9 @@ def _output_folder(path: Path, args: argparse.Namespace) -> Path:
 
 
 def _mask_folder(out: Path, files: Sequence[Path], args: argparse.Namespace) -> Path:
-    """``out`` (:func:`_output_folder`), after checking that no two images write the same mask file and that no
-    mask replaces one of the images read."""
+    """``out`` (:func:`_output_folder`), after checking that no two images write the same mask file, that no
+    mask replaces one of the images read, and that none replaces a file capsnets did not write as such
+    (:func:`~capsnets.outputs.check_output`, unless ``--overwrite``)."""
     out, written = _output_folder(out, args), {}
     for index, file in enumerate(files):
         target = mask_path(file, out, index)
@@ -1331,6 +1428,7 @@ def _mask_folder(out: Path, files: Sequence[Path], args: argparse.Namespace) -> 
                 raise ArgumentError(
                     f"the {what} of '{file}' would replace the input image '{path}'; pass another --out"
                 )
+            check_output(path, what, overwrite=args.overwrite, flag=f"the {what} of '{file}',")
         written[target] = file
     return out
 

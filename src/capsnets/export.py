@@ -31,13 +31,13 @@ import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from capsnets.io import atomic_write
 from capsnets.models import model_task
+from capsnets.outputs import MARK, check_output
 
 __all__ = ["EXPORT_FORMATS", "ExportReport", "ExportableModel", "export_model", "run_onnx"]
 
@@ -117,6 +117,7 @@ def export_model(
     check: bool = True,
     check_batches: tuple[int, ...] = (1, 5),
     seed: int = 0,
+    overwrite: bool = False,
 ) -> ExportReport:
     """Export ``model`` (on the CPU, float32) to ``path`` and check the file against eager PyTorch.
 
@@ -126,16 +127,20 @@ def export_model(
         format: ``"onnx"`` (needs onnx, onnxscript and onnxruntime) or ``"torch_export"`` (``torch.export.save``).
         check: run the exported file on random inputs of ``check_batches`` sizes and compare.
         seed: of the random check inputs.
+        overwrite: replace an existing ``path`` whatever it holds; without it, only a file capsnets exported in
+            the same format is replaced (:func:`~capsnets.outputs.check_output`).
 
     Raises:
         ValueError: an unknown format, a model that cannot be exported (the reason is given), or an exported
             file that disagrees with eager PyTorch by more than 1e-4.
+        OutputExistsError: ``path`` holds a file capsnets did not export as ``format``, and not ``overwrite``.
         ImportError: the ONNX packages are missing (the message says how to install them).
     """
     if format not in EXPORT_FORMATS:
         raise ValueError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
     if format == "onnx":
         _require_onnx()
+    path = check_output(path, format, overwrite=overwrite)
     model = model.to("cpu", torch.float32).eval()
     wrapped = ExportableModel(model).eval()
     example = torch.rand(2, *model.input_size, generator=torch.Generator().manual_seed(seed))
@@ -149,7 +154,6 @@ def export_model(
             f"{getattr(model, 'model_name', type(model).__name__)} cannot be traced by "
             f"torch.export: {type(err).__name__}: {_first_line(err)}"
         ) from err
-    path = Path(path)
     if format == "onnx":
 
         def write(tmp):
@@ -163,12 +167,13 @@ def export_model(
                     input_names=["images"],
                     output_names=wrapped.output_names,
                 )
+                onnx_program.model.metadata_props[MARK] = "onnx"  # capsnets.outputs.written_for reads it
                 onnx_program.save(tmp)
     else:
 
         def write(tmp):
             with open(tmp, "wb") as file:
-                torch.export.save(program, file)
+                torch.export.save(program, file, extra_files={MARK: "torch_export"})
 
     try:
         atomic_write(path, write)

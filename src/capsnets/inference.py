@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, PngImagePlugin
 from torch import Tensor, nn
 
 from capsnets.data import dataset_info
@@ -33,6 +33,7 @@ from capsnets.images import IMAGE_SUFFIXES, ImageTransform, class_colours, image
 from capsnets.io import atomic_write
 from capsnets.models.output import ModelOutput, independent_probabilities
 from capsnets.models.registry import model_task
+from capsnets.outputs import check_output, png_text
 from capsnets.validation import ArgumentError, number, positive_int
 
 __all__ = [
@@ -263,6 +264,7 @@ def segment(
     invert: str = "auto",
     mask_format: dict | None = None,
     classes: Sequence[str] | None = None,
+    overwrite: bool = False,
 ) -> list[Prediction]:
     """Segment images with a segmentation model; write each mask as ``out/<file stem>_mask.png`` and its overlay on
     the image as ``out/<file stem>_overlay.png`` (an image given in memory is named ``image<k>``).
@@ -280,6 +282,8 @@ def segment(
         threshold: binary models: the probability above which a pixel is foreground.
         mask_format: how to write the masks (``SegmentationData.mask_format``).
         classes: the class names (default: the checkpoint's, else ``0``, ``1``, ...).
+        overwrite: replace existing files in ``out`` whatever they hold; without it, only masks and overlays that
+            capsnets wrote are replaced (:func:`~capsnets.outputs.check_output`).
 
     Returns:
         One :class:`Prediction` per image with its ``mask`` and ``overlay`` files, the ``foreground`` fraction and
@@ -302,9 +306,17 @@ def segment(
         for k, (image, path, notes) in enumerate(_prepared(inputs, transform)):
             output = model(image.unsqueeze(0).to(device))
             predicted = output.predicted_classes(threshold)[0, 0].cpu().numpy()  # (H, W)
-            target, overlay = mask_path(path, out, k), overlay_path(path, out, k)
-            atomic_write(target, lambda tmp, p=predicted: writer.mask(p).save(tmp, format="PNG"))
-            atomic_write(overlay, lambda tmp, p=predicted, i=image: writer.overlay(i, p).save(tmp, format="PNG"))
+            target = check_output(mask_path(path, out, k), "mask", overwrite=overwrite)
+            overlay = check_output(overlay_path(path, out, k), "overlay", overwrite=overwrite)
+            atomic_write(
+                target, lambda tmp, p=predicted: writer.mask(p).save(tmp, format="PNG", pnginfo=_marked("mask"))
+            )
+            atomic_write(
+                overlay,
+                lambda tmp, p=predicted, i=image: writer.overlay(i, p).save(
+                    tmp, format="PNG", pnginfo=_marked("overlay")
+                ),
+            )
             areas = np.bincount(predicted.ravel(), minlength=count) / predicted.size
             results.append(
                 Prediction(
@@ -345,6 +357,14 @@ class _MaskWriter:
         tint = self.colours[classes].astype(np.float32)
         blended = np.where((classes > 0)[..., None], 0.5 * pixels + 0.5 * tint, pixels)
         return Image.fromarray(blended.round().astype(np.uint8), mode="RGB")
+
+
+def _marked(purpose: str) -> PngImagePlugin.PngInfo:
+    """The text chunks of a PNG written for ``purpose`` (:func:`~capsnets.outputs.png_text`), for Pillow."""
+    info = PngImagePlugin.PngInfo()
+    for key, value in png_text(purpose).items():
+        info.add_text(key, value)
+    return info
 
 
 def overlay_path(path: str | os.PathLike | None, out: str | os.PathLike, index: int) -> Path:

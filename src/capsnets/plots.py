@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from capsnets.functional import capsule_length
 from capsnets.images import class_colours
 from capsnets.io import atomic_write, read_json_lines
+from capsnets.outputs import png_text
 
 __all__ = [
     "PERTURBATIONS",
@@ -77,7 +78,7 @@ def save_figure(fig: Figure, out_png: str | os.PathLike) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     try:
-        return atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+        return atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata=png_text("figure")))
     finally:
         fig.clear()
 

@@ -3,7 +3,8 @@
 - :class:`RunDirectory` claims the directory for one training: it holds a lock (a second training into the same
   directory is refused), cleans up after saves a crash interrupted
   (:func:`~capsnets.engine.checkpoint.recover_directory`), refuses a fresh run into a directory that holds files
-  (naming ``--resume`` and ``--overwrite``), and with ``overwrite`` moves the old run aside, deleting it only once
+  (naming ``--resume`` and ``--overwrite``; ``--overwrite`` replaces only a run, never a folder of other files), and
+  with ``overwrite`` moves the old run aside, deleting it only once
   the new run has saved its first checkpoint (a new run that fails before that gets the old one back; after a
   crash, the next training into the directory does it). A directory in which files cannot be made (a read-only
   file system, no permission) is refused before anything is written, naming it and how to go on.
@@ -77,6 +78,10 @@ FIXED = (
 )
 
 
+#: Files that make a folder a training run, which ``overwrite`` may replace (with any checkpoint).
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json")
+
+
 class RunDirectoryError(ValueError):
     """The run directory cannot be used as asked (it holds another run, or another training holds it)."""
 
@@ -107,6 +112,12 @@ class RunDirectory:
             raise RunDirectoryError(f"cannot resume: no run directory '{self.path}'; train without --resume first")
         held = run_files(self.path)
         if held and not self.resume:
+            if not any(name in RUN_MARKERS or name.endswith(".safetensors") for name in held):
+                raise RunDirectoryError(
+                    f"--out '{self.path}' holds files that are not a training run ({_describe(self.path, held)}), "
+                    "so nothing was written there; a run needs a folder of its own: pass another --out "
+                    "(--overwrite replaces only a run)"
+                )
             if not self.overwrite:
                 raise RunDirectoryError(
                     f"run directory '{self.path}' already holds a run ({_describe(self.path, held)}); continue it with "

@@ -19,6 +19,7 @@ from capsnets.experiments.matching import load_norb_like, viewpoint_split
 from capsnets.experiments.training import default_loss_fn
 from capsnets.io import atomic_write
 from capsnets.models import create_model
+from capsnets.outputs import json_header
 
 __all__ = ["CNN_HEADS", "REFERENCE", "SPLITS", "TASKS", "build_head", "load_tasks", "measure_throughput"]
 
@@ -153,5 +154,10 @@ def measure_throughput(task: dict, s: Any, device: str, seed: int, checkpoints) 
         for head, r in rates.items()
     }
     if path is not None:
-        atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps({"recipe": recipe, "heads": result})))
+        atomic_write(
+            path,
+            lambda tmp: Path(tmp).write_text(
+                json.dumps({**json_header("throughput"), "recipe": recipe, "heads": result})
+            ),
+        )
     return result

@@ -25,6 +25,7 @@ from capsnets.experiments.common import check_seed, get_contrasts, run_experimen
 from capsnets.experiments.report import ExperimentResult, annotate_report, run_description, write_report
 from capsnets.experiments.report.seeds import mean_std, seeds_figures, seeds_sections, seeds_title
 from capsnets.io import atomic_write
+from capsnets.outputs import json_header
 
 __all__ = ["run_experiment_seeds", "summarise_seeds"]
 
@@ -92,6 +93,7 @@ def summarise_seeds(
         for stat, value in zip(("mean", "std"), mean_std(values))
     }
     payload = {
+        **json_header("seeds"),
         "experiment": name,
         "seeds": seeds,
         "metrics": {str(s): m for s, m in metrics.items()},

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from capsnets.io import atomic_write
+from capsnets.outputs import markdown_mark
 from capsnets.plots import save_figure
 
 __all__ = [
@@ -90,7 +91,8 @@ def write_report(
             rel = os.path.relpath(fig, out)
             parts += [f"![{fig.stem}]({rel})", ""]
     report = out / "report.md"
-    atomic_write(report, lambda tmp: Path(tmp).write_text("\n".join(parts)))
+    parts.append(markdown_mark("report"))
+    atomic_write(report, lambda tmp: Path(tmp).write_text("\n".join(parts) + "\n"))
     return ExperimentResult(name or title, report, figures, dict(metrics or {}))
 
 
