@@ -1265,13 +1265,13 @@ def _export(args: argparse.Namespace) -> int:
     suffix = EXPORT_FORMATS[args.format]
     out = Path(args.out) if args.out else Path(checkpoint.path.stem + suffix) if args.pretrained else None
     flag = "--out" if args.out else "the default --out"
-    out = out or checkpoint.path.with_suffix(suffix)
+    out = _output_file(out or checkpoint.path.with_suffix(suffix), flag, f"a {suffix}")
     if out.suffix.lower() != suffix:
         raise ArgumentError(
             f"--out '{out}' does not end in {suffix}; name a {suffix} file for --format {args.format} "
             "(so that no other file, an image or a JSON, is replaced by it)"
         )
-    out = _output_file(out, flag, f"a {suffix}", args.format, args.overwrite)
+    check_output(out, args.format, overwrite=args.overwrite, flag=flag)
     report = export_model(model, out, args.format, overwrite=args.overwrite)
     print(
         f"wrote {report.path} ({report.bytes / 1e6:.1f} MB, {report.format}, outputs: "
@@ -1331,19 +1331,19 @@ def _json_file(path: Path, files: Sequence[Path], overwrite: bool) -> Path:
     """``predict --json FILE``, checked before any work (:func:`_output_file`). An image's name is refused, and so is
     an existing file capsnets did not write, with how to print the JSON instead: ``--json`` takes a file name, so
     ``--json digit0.png photo.png`` names ``digit0.png`` as the JSON file, not as an image."""
+    hint = (
+        "--json takes the file to write the JSON to; to print the JSON, put --json after the images or write --json -"
+    )
+    path = _output_file(path, "--json", "a new .json", inputs=files)
     if path.suffix.lower() in IMAGE_SUFFIXES:
         raise ArgumentError(
-            f"--json '{path}' is an image's name, and --json takes the file to write the JSON to, so it was not read "
-            "and nothing was written; to print the JSON, put --json after the images (or write --json -); to save "
-            "it, name a .json file: --json predictions.json"
+            f"--json '{path}' is an image's name, so it was not read as an image and nothing was written; {hint}; "
+            "to save it, name a .json file: --json predictions.json"
         )
     try:
-        return _output_file(path, "--json", "a new .json", "predictions", overwrite, inputs=files)
+        return check_output(path, "predictions", overwrite=overwrite, flag="--json")
     except OutputExistsError as err:
-        raise OutputExistsError(
-            f"{err} (--json takes the file to write the JSON to; to print the JSON, put --json after the images or "
-            "write --json -)"
-        ) from err
+        raise OutputExistsError(f"{err} ({hint})") from err
 
 
 #: Files a run directory holds that an output flag must never replace (a ``.json`` is one when it is a
@@ -1363,12 +1363,12 @@ def _not_a_run_file(path: Path, flag: str, what: str) -> Path:
     return path
 
 
-def _output_file(path: Path, flag: str, what: str, purpose: str, overwrite: bool, inputs: Sequence[Path] = ()) -> Path:
+def _output_file(path: Path, flag: str, what: str, inputs: Sequence[Path] = ()) -> Path:
     """``path``, checked before any work as the file an output flag writes: not a file of a training run
-    (:func:`_not_a_run_file`), not one of the ``inputs`` read, not a folder or a device, not an existing file
-    that capsnets did not write for ``purpose`` unless ``overwrite`` (:func:`~capsnets.outputs.check_output`), in
-    a folder that exists and can be written; else an :class:`ArgumentError` naming ``flag`` and what to do
-    instead. Folders are not created for it: a mistyped folder is reported, not made."""
+    (:func:`_not_a_run_file`), not one of the ``inputs`` read, not a folder or a device, in a folder that exists
+    and can be written; else an :class:`ArgumentError` naming ``flag`` and what to do instead. Folders are not
+    created for it: a mistyped folder is reported, not made. The caller then checks, with
+    :func:`~capsnets.outputs.check_output`, that an existing file is one capsnets wrote for the same purpose."""
     _not_a_run_file(path, flag, what)
     if path.is_dir():
         raise ArgumentError(f"{flag} '{path}' is a folder; name {what} file (in it, or elsewhere)")
@@ -1376,7 +1376,6 @@ def _output_file(path: Path, flag: str, what: str, purpose: str, overwrite: bool
         raise ArgumentError(f"{flag} '{path}' is not a regular file (a device, a pipe...); name {what} file")
     if path.exists() and any(path.samefile(item) for item in inputs if item.exists()):
         raise ArgumentError(f"{flag} '{path}' is one of the files read as input; name another file for the output")
-    check_output(path, purpose, overwrite=overwrite, flag=flag)
     folder = path.parent
     if not folder.exists():
         raise ArgumentError(

@@ -69,10 +69,12 @@ def test_a_full_disk_before_the_first_checkpoint_says_so_and_gives_the_command_t
 
 
 def test_a_full_disk_before_the_first_checkpoint_of_a_run_with_files_adds_overwrite(clean_runs, tmp_path, capsys):
-    """A run directory holding files but no checkpoint (a run that failed writing its first sidecar... here a
-    stray file): the command to start again must carry --overwrite, or it is refused."""
+    """A run directory holding files but no checkpoint (a run that failed before its first checkpoint, with its
+    config, its metrics and a stray file): the command to start again must carry --overwrite, or it is refused."""
     run = tmp_path / "run"
     run.mkdir()
+    (run / "config.yaml").write_text("model: capsnet_digits\n")
+    (run / "metrics.jsonl").write_text("")
     (run / "notes.txt").write_text("mine")
     argv = [*train_args(2), "--out", str(run)]
     assert main(argv) == 1 and "--overwrite" in one_error_line(capsys.readouterr().err)
