@@ -23,9 +23,10 @@ from capsnets.validation import ArgumentError
 
 def _files(tmp_path):
     """One file of each marked kind, as the writers make them, by its purpose."""
+    from matplotlib.figure import Figure
+
     from capsnets.experiments.report import write_report
     from capsnets.plots import save_figure
-    from matplotlib.figure import Figure
 
     (tmp_path / "p.json").write_text(json.dumps({**json_header("predictions"), "predictions": []}, indent=2))
     save_figure(Figure(figsize=(1, 1)), tmp_path / "figure.png")
@@ -37,6 +38,14 @@ def test_every_writer_marks_its_file_with_its_purpose(tmp_path):
     for purpose, path in _files(tmp_path).items():
         assert written_for(path) == purpose
     assert (tmp_path / "report.md").read_text().startswith("# T\n")  # the title stays first
+
+
+def test_a_runs_config_is_marked(tmp_path):
+    from capsnets.engine.config import TrainConfig, read_config_file
+
+    TrainConfig().save(tmp_path / "config.yaml")
+    assert written_for(tmp_path / "config.yaml") == "config"
+    assert read_config_file(tmp_path / "config.yaml") == TrainConfig().to_dict()  # the mark is a comment
 
 
 def test_the_marks_of_each_format_read_back(tmp_path):

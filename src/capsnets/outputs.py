@@ -5,6 +5,7 @@ Each kind of file holds its mark where its format keeps such things:
 - JSON: a first key ``"capsnets"``, ``{"version": ..., "content": PURPOSE}`` (:func:`json_header`);
 - PNG: a text chunk ``capsnets`` = PURPOSE (:func:`png_text`; Matplotlib's ``savefig(metadata=...)`` and
   Pillow's ``PngInfo`` write it);
+- YAML: a first line ``# capsnets: PURPOSE`` (:func:`yaml_mark`; a comment);
 - Markdown: a last line ``<!-- capsnets: PURPOSE -->`` (:func:`markdown_mark`; a comment, not rendered);
 - ONNX: the model's metadata property ``capsnets`` = PURPOSE;
 - a ``torch.export`` archive (``.pt2``): its extra file ``capsnets`` holding PURPOSE.
@@ -32,6 +33,7 @@ MARK = "capsnets"
 _HEAD_BYTES = 1024
 #: Largest ONNX file whose metadata is read (``onnx.load`` reads the whole file); a larger one is not recognised.
 _MAX_ONNX_BYTES = 2**31
+_YAML = re.compile(r"# capsnets: ([A-Za-z0-9_ -]+)\r?\n")
 _MARKDOWN = re.compile(r"^<!-- capsnets: ([A-Za-z0-9_ -]+) -->$")
 
 
@@ -47,6 +49,11 @@ def json_header(purpose: str) -> dict[str, dict[str, str]]:
 def png_text(purpose: str) -> dict[str, str]:
     """The text chunks of a PNG file written for ``purpose`` (Matplotlib's ``metadata``, Pillow's ``PngInfo``)."""
     return {MARK: purpose, "Software": f"capsnets {__version__}"}
+
+
+def yaml_mark(purpose: str) -> str:
+    """The first line of a YAML file written for ``purpose`` (a comment)."""
+    return f"# capsnets: {purpose}"
 
 
 def markdown_mark(purpose: str) -> str:
@@ -66,6 +73,9 @@ def written_for(path: str | os.PathLike) -> str | None:
             return _archive_mark(path)
         if head.lstrip().startswith(b"{"):
             return _json_mark(head)
+        if head.startswith(b"# capsnets: "):
+            found = _YAML.match(head.decode("utf-8", "replace"))
+            return found.group(1) if found else None
         suffix = Path(path).suffix.lower()
         if suffix == ".md":
             return _markdown_mark(path)

@@ -35,9 +35,19 @@ def test_a_fresh_run_into_a_run_directory_is_refused_and_changes_nothing(tiny_co
 def test_a_run_that_never_finished_an_epoch_may_be_started_again(tiny_config, no_figures):
     run = Path(tiny_config().out)
     run.mkdir()
-    (run / "config.yaml").write_text("model: capsnet_digits\n")  # what a run stopped by a bad value leaves
+    tiny_config().save(run / "config.yaml")  # what a run stopped by a bad value leaves
     Trainer(tiny_config(epochs=1, **SMALL)).fit()
     assert (run / "last.safetensors").is_file()
+
+
+def test_a_users_config_yaml_is_not_taken_for_a_run_stopped_early(tiny_config, no_figures):
+    run = Path(tiny_config().out)
+    run.mkdir()
+    (run / "config.yaml").write_text("model: capsnet_digits\n")  # the user's own, not one a training wrote
+    for overwrite in (False, True):
+        with pytest.raises(RunDirectoryError, match="holds files that are not a training run"):
+            Trainer(tiny_config(epochs=1, **SMALL), overwrite=overwrite).fit()
+    assert (run / "config.yaml").read_text() == "model: capsnet_digits\n"
 
 
 def test_overwrite_replaces_the_run_once_the_new_one_has_a_checkpoint(tiny_config, no_figures):

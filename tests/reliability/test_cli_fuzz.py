@@ -10,8 +10,10 @@ works), else wrong. Every training is kept tiny: ``--limit-train 8 --limit-test 
 no value of ``--epochs`` / ``--limit-*`` above 3). Not fuzzed, for time: ``--compile`` (torch.compile takes
 minutes on a CPU), the ``viewpoints`` data set (rendered on first use, ~30 s) and models too large to train in a
 second (``cnn_baseline``, ``pix2pix``, ``unet``). Figures are replaced by nothing, experiments by a stub that only
-writes a report (their settings are still checked), and downloads fail as offline. The short version runs 50
-examples, derandomized; ``-m faults_long`` runs 600, random.
+writes a report (their settings are still checked), and downloads fail as offline. Output options are drawn among
+new files and the user's own (an image, a folder of files named as capsnets names its outputs); without
+``--overwrite``, no file that was there before may change. The short version runs 50 examples, derandomized;
+``-m faults_long`` runs 600, random.
 """
 
 from __future__ import annotations
@@ -216,6 +218,10 @@ class _Paths:
         self.empty = root / "empty"
         self.empty.mkdir()
         self.missing = root / "missing" / "deeper"
+        self.mine = root / "mine"  # a user's folder, holding files named as capsnets names its outputs
+        self.mine.mkdir()
+        for name in ("report.md", "predictions.json", "dark_mask.png", "model.onnx", "reconstructions_run_best.png"):
+            (self.mine / name).write_bytes(b"mine")
 
     def images(self):
         """Image files and folders for ``predict``: readable ones (of any size and mode), text, nothing."""
@@ -259,7 +265,14 @@ class _Paths:
         return st.sampled_from([shared, self.empty, self.missing, self.file]).map(str)
 
     def outs(self):
-        return st.sampled_from([self.root / "out", self.root / "out" / "sub", self.file]).map(str)
+        return st.sampled_from(
+            [self.root / "out", self.root / "out" / "sub", self.file, self.mine, self.mine / "model.onnx"]
+        ).map(str)
+
+    def jsons(self):
+        """``predict --json`` files: new, the user's, an image read as input or not, nothing (print)."""
+        names = [self.root / "p.json", self.mine / "predictions.json", self.root / "images" / "dark.png", self.file]
+        return st.sampled_from([*names, self.root / "clear.png", "-"]).map(str)
 
     def configs(self, data):
         """A config file: TrainConfig keys with fuzzed values, garbage, or a path that is no file."""
@@ -293,6 +306,7 @@ def _value(data, command: str, action: argparse.Action, paths: _Paths) -> str:
         "out": paths.outs,
         "checkpoint": paths.checkpoints,
         "checkpoint_dir": paths.outs,
+        "json": paths.jsons,
     }
     if dest in paths_of:
         return data.draw(_one_in_five_wrong(paths_of[dest](), GARBAGE), label=dest)
@@ -462,7 +476,11 @@ def _alarm(signum, frame):
     raise _TooSlow("an example ran for more than 120 s")
 
 
-def _check(argv: list[str], capsys, caplog) -> None:
+def _check(argv: list[str], capsys, caplog, root: Path | None = None) -> None:
+    """Run ``argv``: it ends in status 0, 1 or 2 with no traceback, one error line on status 1, and, without
+    ``--overwrite``, every file that was under ``root`` before (the user's) still holds its bytes."""
+    files = [path for path in root.rglob("*") if path.is_file()] if root is not None else []
+    before = {path: path.read_bytes() for path in files}
     caplog.clear()
     capsys.readouterr()
     previous = signal.signal(signal.SIGALRM, _alarm)
@@ -480,6 +498,9 @@ def _check(argv: list[str], capsys, caplog) -> None:
     assert status in (0, 1, 2), f"{argv}: status {status}"
     if status == 1:
         one_error_line(err, argv[0])
+    if "--overwrite" not in argv:
+        changed = [str(path) for path, content in before.items() if not path.is_file() or path.read_bytes() != content]
+        assert not changed, f"{argv}: replaced {changed}"
     trained = " (trained)" if "run directory:" in out else ""
     event(f"{argv[0]}: status {status}{trained}")  # pytest --hypothesis-show-statistics
 
@@ -492,7 +513,7 @@ FUZZ_SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(He
 def test_fuzzed_command_lines(trained, offline_and_quick, capsys, caplog, data):
     with tempfile.TemporaryDirectory() as root:
         argv = _argv(data, _Paths(Path(root), trained))
-        _check(argv, capsys, caplog)
+        _check(argv, capsys, caplog, Path(root))
 
 
 @pytest.mark.faults_long
@@ -501,7 +522,7 @@ def test_fuzzed_command_lines(trained, offline_and_quick, capsys, caplog, data):
 def test_many_fuzzed_command_lines(trained, offline_and_quick, capsys, caplog, data):
     with tempfile.TemporaryDirectory() as root:
         argv = _argv(data, _Paths(Path(root), trained))
-        _check(argv, capsys, caplog)
+        _check(argv, capsys, caplog, Path(root))
 
 
 TRAIN_TINY = ["train", "--limit-train", "8", "--limit-test", "8", "--epochs", "1", "--device", "cpu", "--no-progress"]

@@ -6,8 +6,12 @@ line that names the file and how to go on, before any work, and the file keeps i
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from reliability.faults import one_error_line, train_args
 
@@ -145,3 +149,100 @@ def test_train_overwrite_replaces_only_a_run(tmp_path, capsys):
     for extra in ([], ["--overwrite"]):
         _refused([*train_args(1), "--out", str(pictures), *extra], capsys, "holds files that are not a training run")
     assert sorted(p.name for p in pictures.iterdir()) == ["cat.png"]
+
+
+#: For each command, the command line (RUN: the trained run, MINE: the user's folder, FILE: a user's file in it)
+#: and the user's file it aims at, named as that command names its output.
+_AIMED = {
+    "predict --json": (["predict", "--checkpoint", "RUN", "IMAGE", "--json", "FILE"], "predictions.json"),
+    "predict --json image": (["predict", "--checkpoint", "RUN", "--json", "FILE", "IMAGE"], "photo.png"),
+    "export": (["export", "--checkpoint", "RUN", "--format", "torch_export", "--out", "FILE"], "model.pt2"),
+    "export onnx": (["export", "--checkpoint", "RUN", "--out", "FILE"], "model.onnx"),
+    "evaluate": (["evaluate", "--checkpoint", "RUN", "--out", "MINE"], "evaluation_run_best_digits.json"),
+    "evaluate figure": (
+        ["evaluate", "--checkpoint", "RUN", "--out", "MINE"],
+        "evaluation_run_best_digits_confusion.png",
+    ),
+    "reconstruct": (["reconstruct", "--checkpoint", "RUN", "--out", "MINE"], "reconstructions_run_best.png"),
+    "experiment": (["experiment", "dimensions", "--smoke", "--out", "MINE"], "report.md"),
+    "train": ([*train_args(1), "--out", "MINE"], "config.yaml"),
+}
+#: What a user's file may hold: an image, JSON (of capsnets' shape, without its mark), text, nothing, bytes.
+_CONTENTS = st.sampled_from(["png", '{"predictions": []}', '{"capsnets": 1}', "# my notes\n", "", "\x00\xff"])
+
+
+@pytest.fixture(scope="module")
+def quick(run):
+    """Stand-ins for what is slow and beside the point: the exporters' tracing, the figures' drawing and the
+    experiments (their outputs are written where the real ones are)."""
+    import dataclasses
+
+    from capsnets import cli, plots
+    from capsnets.experiments import common
+    from capsnets.experiments.report import write_report
+
+    def stub_export(model, path, format="onnx", **kwargs):
+        Path(path).write_bytes(b"exported")
+        return SimpleNamespace(
+            path=str(path),
+            bytes=8,
+            format=format,
+            output_names=["scores"],
+            seconds=0.0,
+            checked_batches=[1, 5],
+            max_abs_difference=0.0,
+        )
+
+    def stub_figure(*args, **kwargs):
+        out = Path(next(a for a in (*args, *kwargs.values()) if isinstance(a, (str, Path)) and str(a).endswith(".png")))
+        out.write_bytes(b"figure")
+        return out
+
+    def stub_experiment(out, settings, **kwargs):
+        return write_report(out, "stub", [("Settings", str(settings))])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "export_model", stub_export)
+        patch.setattr(plots, "plot_confusion_matrix", stub_figure)
+        patch.setattr(plots, "plot_reconstructions", stub_figure)
+        patch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
+        for name, experiment in list(common._EXPERIMENTS.items()):
+            patch.setitem(common._EXPERIMENTS, name, dataclasses.replace(experiment, run=stub_experiment))
+        yield run
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(aimed=st.sampled_from(sorted(_AIMED)), content=_CONTENTS, overwrite=st.booleans())
+@example(aimed="train", content="png", overwrite=False)  # found: a folder holding only a config.yaml was "empty"
+@example(aimed="train", content="png", overwrite=True)  # found: --overwrite took a user's config.yaml for a run
+@example(aimed="predict --json image", content="png", overwrite=True)
+def test_no_output_option_replaces_a_users_file(quick, tmp_path_factory, capsys, aimed, content, overwrite):
+    """Whatever the command and whatever the user's file holds, it keeps its bytes unless --overwrite is given
+    (``train`` keeps a folder that holds no run even then), and a refusal is one line that names it."""
+    root = tmp_path_factory.mktemp("aimed")
+    mine = root / "mine"
+    mine.mkdir()
+    argv, name = _AIMED[aimed]
+    user = mine / name
+    if content == "png":
+        Image.new("L", (8, 8), 3).save(user, format="PNG")
+    else:
+        user.write_bytes(content.encode("latin-1"))
+    Image.new("L", (8, 8), 0).save(root / "digit.png")
+    names = {"RUN": str(quick), "MINE": str(mine), "FILE": str(user), "IMAGE": str(root / "digit.png")}
+    argv = [names.get(a, a) for a in argv] + (["--overwrite"] if overwrite else [])
+    before = user.read_bytes()
+    status = main(argv)
+    err = capsys.readouterr().err
+    kept = not overwrite or aimed in ("train", "predict --json image")
+    if kept:
+        assert status == 1 and user.read_bytes() == before, argv
+        assert str(user.name) in one_error_line(err, argv[0]) or str(mine) in err, err
+    else:
+        assert status == 0, err

@@ -29,6 +29,7 @@ from capsnets.documents import read_document
 from capsnets.engine.runtime import AMP_MODES, MAX_THREADS
 from capsnets.io import atomic_write_text
 from capsnets.models import list_models, training_recipe
+from capsnets.outputs import yaml_mark
 from capsnets.validation import ArgumentError, expect, reject_unknown
 
 #: Images at most this many pixels high get ``max_shift=0`` when ``max_shift`` is None (8x8 digits
@@ -246,8 +247,9 @@ class TrainConfig:
         return TrainConfig.from_dict({**self.to_dict(), **overrides})
 
     def save(self, path: str | Path) -> None:
-        """Write the config as YAML to ``path`` (atomically)."""
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        """Write the config as YAML to ``path`` (atomically), its first line the mark of a run's config
+        (:func:`~capsnets.outputs.yaml_mark`)."""
+        text = f"{yaml_mark('config')}\n" + yaml.safe_dump(self.to_dict(), sort_keys=False)
         atomic_write_text(path, text)
 
 

@@ -38,6 +38,7 @@ from capsnets.io import (
     load_checkpoint,
     recover_directory,
 )
+from capsnets.outputs import written_for
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +79,9 @@ FIXED = (
 )
 
 
-#: Files that make a folder a training run, which ``overwrite`` may replace (with any checkpoint).
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json")
+#: Files that make a folder a training run, which ``overwrite`` may replace (with any checkpoint and the
+#: ``config.yaml`` a training wrote).
+RUN_MARKERS = ("metrics.jsonl", "summary.json")
 
 
 class RunDirectoryError(ValueError):
@@ -112,7 +114,7 @@ class RunDirectory:
             raise RunDirectoryError(f"cannot resume: no run directory '{self.path}'; train without --resume first")
         held = run_files(self.path)
         if held and not self.resume:
-            if not any(name in RUN_MARKERS or name.endswith(".safetensors") for name in held):
+            if not _is_run(self.path, held):
                 raise RunDirectoryError(
                     f"--out '{self.path}' holds files that are not a training run ({_describe(self.path, held)}), "
                     "so nothing was written there; a run needs a folder of its own: pass another --out "
@@ -297,11 +299,19 @@ class RunDirectory:
 
 def run_files(path: str | os.PathLike) -> list[str]:
     """The files in ``path`` that make it a run, which a fresh training refuses to replace without ``overwrite``:
-    all but its lock, and none where it holds only a ``config.yaml`` (a run stopped by a bad flag before its
-    first epoch ended, which lost nothing)."""
+    all but its lock, and none where it holds only the ``config.yaml`` a training wrote (a run stopped by a bad
+    flag before its first epoch ended, which lost nothing; a ``config.yaml`` of the user's is kept)."""
     path = Path(path)
     held = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE) if path.is_dir() else []
-    return [] if held == ["config.yaml"] else held
+    return [] if held == ["config.yaml"] and written_for(path / "config.yaml") == "config" else held
+
+
+def _is_run(path: Path, names: list[str]) -> bool:
+    """Whether the files ``names`` in ``path`` are a training run's: a checkpoint, the metrics or summary, or the
+    ``config.yaml`` a training wrote."""
+    return any(name in RUN_MARKERS or name.endswith(".safetensors") for name in names) or (
+        "config.yaml" in names and written_for(path / "config.yaml") == "config"
+    )
 
 
 def _describe(path: Path, names: list[str]) -> str:
