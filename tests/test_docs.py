@@ -75,3 +75,32 @@ def test_references_by_any_import_path_and_external_names_build(tmp_path):
     )
     code, warnings = _build(tmp_path, body)
     assert (code, warnings) == (0, "")
+
+
+def test_the_docs_name_the_image_formats_read_as_the_code_does():
+    """Every list of image formats in the docs and the README (a list starting "PNG, JPEG", "PNG and JPEG",
+    "PNG/JPEG"...) names all of :data:`capsnets.images.IMAGE_FORMATS`, in its order, and every list of file name
+    endings is :data:`capsnets.images.IMAGE_SUFFIXES`; the folder data sets' and predict's paragraphs name them."""
+    from capsnets.images import IMAGE_FORMATS, IMAGE_FORMATS_TEXT, IMAGE_SUFFIXES
+
+    names = IMAGE_FORMATS_TEXT.split(", ")
+    assert [name.upper() for name in names] == list(IMAGE_FORMATS)
+    separator = r"(?:,\s+(?:and\s+|or\s+)?|\s+and\s+|\s+or\s+|\s*/\s*)"
+    one = "|".join(names)
+    lists = re.compile(rf"\bPNG{separator}JPEG\b(?:{separator}(?:{one})\b)*")
+    endings = re.compile(r"`\.\w+`(?:,\s+(?:and\s+|or\s+)?`\.\w+`)+")
+    found = {}
+    for page in [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]:
+        text = " ".join(page.read_text().split())  # lists broken over lines read as one
+        for match in lists.finditer(text):
+            listed = re.findall(one, match.group())
+            assert listed == names, f"{page.name}: {match.group()!r} is not the list of formats read, {names}"
+            found.setdefault(page.name, []).append(match.group())
+        for match in endings.finditer(text):
+            if ".png" in match.group():
+                listed = tuple(re.findall(r"\.\w+", match.group()))
+                assert listed == IMAGE_SUFFIXES, f"{page.name}: {match.group()!r} is not {IMAGE_SUFFIXES}"
+    training = " ".join((DOCS / "training.md").read_text().split())
+    assert f"one subfolder of images per class ({IMAGE_FORMATS_TEXT}:" in training
+    assert f"`predict` reads image files ({IMAGE_FORMATS_TEXT})" in training
+    assert {"training.md", "reliability.md", "demo.md", "README.md"} <= set(found), found

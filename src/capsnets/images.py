@@ -34,6 +34,7 @@ from capsnets.validation import ArgumentError, choice, limit_from_env
 __all__ = [
     "DARK_BACKGROUND",
     "IMAGE_FORMATS",
+    "IMAGE_FORMATS_TEXT",
     "IMAGE_SUFFIXES",
     "MAX_IMAGE_PIXELS",
     "MAX_IMAGE_PIXELS_ENV",
@@ -55,11 +56,25 @@ __all__ = [
     "standardize",
 ]
 
-#: File name endings read as images (case-insensitive); other files are ignored.
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-#: The file formats an image file may hold (Pillow's names; JPEG includes the multi-picture JPEG of cameras).
-#: Other formats Pillow knows (EPS, which runs Ghostscript; PSD, ICNS...) are refused whatever the file's name.
+#: The image file formats read (Pillow's names; JPEG includes the multi-picture JPEG of cameras): the one list of
+#: them. Folders (``folder:PATH`` data sets, ``capsnets predict``) take the files named with their endings
+#: (:data:`IMAGE_SUFFIXES`); every image file is opened as one of them, by its content, whatever its name; messages
+#: and the docs name them as :data:`IMAGE_FORMATS_TEXT` does. Other formats Pillow knows (EPS, which runs
+#: Ghostscript; PSD, ICNS...) are refused.
 IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP")
+#: The file name endings of each of :data:`IMAGE_FORMATS`.
+_SUFFIXES = {
+    "PNG": (".png",),
+    "JPEG": (".jpg", ".jpeg"),
+    "GIF": (".gif",),
+    "BMP": (".bmp",),
+    "TIFF": (".tif", ".tiff"),
+    "WEBP": (".webp",),
+}
+#: File name endings read as images (case-insensitive), those of the :data:`IMAGE_FORMATS`; other files are ignored.
+IMAGE_SUFFIXES = tuple(suffix for name in IMAGE_FORMATS for suffix in _SUFFIXES[name])
+#: :data:`IMAGE_FORMATS` as messages, help texts and the docs name them: ``"PNG, JPEG, GIF, BMP, TIFF, WebP"``.
+IMAGE_FORMATS_TEXT = ", ".join({"WEBP": "WebP"}.get(name, name) for name in IMAGE_FORMATS)
 #: The most pixels (width x height) an image file may decode to: 8192x8192, more than any camera's photo. A larger
 #: file is refused from its header, before its pixels are decoded (:func:`check_image_pixels`).
 MAX_IMAGE_PIXELS = 8192 * 8192
@@ -409,8 +424,8 @@ def _readable_formats() -> tuple[str, ...]:
 def _unreadable(path, err: Exception) -> ImageFileError:
     reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no details'}"
     return ImageFileError(
-        f"'{path}' is not an image that can be read ({reason}); give PNG or JPEG files "
-        f"(formats read: {', '.join(IMAGE_FORMATS)})",
+        f"'{path}' is not an image that can be read ({reason}); give an image file of one of the formats read: "
+        f"{IMAGE_FORMATS_TEXT}",
         path,
         reason,
     )

@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 
 from capsnets.data import DatasetError, dataset_info, load_dataset, load_image_folder, read_image, scan_image_folder
+from capsnets.images import IMAGE_SUFFIXES
 
 
 def write_images(folder: Path, counts: dict[str, int], size=(10, 12), mode="L", suffix=".png", seed=0) -> dict:
@@ -141,7 +142,7 @@ _ERRORS = {
     "missing": r"folder:.*nowhere is not a folder; Fix: give the folder that holds one subfolder per class",
     "no_classes": r"has no class subfolders \(it holds 1 images directly, e.g. x.png\); Fix: put each class",
     "one_class": r"has only one class subfolder \(a\); a classifier needs at least 2 classes; Fix: add",
-    "empty_class": r"class folder .*b has no PNG or JPEG images .*Fix: add images to it, or remove the folder",
+    "empty_class": r"class folder .*b has no images \(PNG, JPEG, GIF, BMP, TIFF, WebP: \.png, .*Fix: add images to it",
     "corrupt": r"b.001\.png: cannot be read as an image \(.*\); Fix: replace or delete the file",
     "different_classes": r"train/ and test/ have different classes \(only in train/: \['c'\]; only in test/: none\)",
     "train_only": r"has train/ but no test/; Fix: add .*test with the same class subfolders",
@@ -175,6 +176,65 @@ def test_clear_errors(tmp_path, case):
         write_images(root, {"a": 1, "b": 1})
     with pytest.raises(DatasetError, match=_ERRORS[case]):
         load_dataset(f"folder:{root}")
+
+
+def test_an_unreadable_file_is_named_with_every_format_read(tmp_path):
+    """The message names the one list of formats read, not PNG and JPEG alone."""
+    from capsnets.images import IMAGE_FORMATS, IMAGE_FORMATS_TEXT, ImageFileError, open_image
+
+    assert IMAGE_FORMATS_TEXT == "PNG, JPEG, GIF, BMP, TIFF, WebP" and len(IMAGE_FORMATS) == 6
+    write_images(tmp_path, {"a": 3, "b": 3})
+    (tmp_path / "b" / "001.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(f"folder:{tmp_path}")
+    message = str(caught.value)
+    assert "001.png: cannot be read as an image" in message and "only PNG and JPEG" not in message, message
+    assert message.endswith(f"(the image formats read: {IMAGE_FORMATS_TEXT})") and "\n" not in message, message
+    with pytest.raises(ImageFileError) as caught:  # as predict reads it
+        open_image(tmp_path / "b" / "001.png")
+    assert str(caught.value).endswith(f"formats read: {IMAGE_FORMATS_TEXT}"), str(caught.value)
+
+
+def _write_in(image_format: str, path: Path, pixels: np.ndarray) -> None:
+    """``pixels`` saved losslessly where the format can (JPEG cannot)."""
+    options = {"JPEG": {"quality": 100}, "WEBP": {"lossless": True}}.get(image_format, {})
+    Image.fromarray(pixels, "L").save(path, format=image_format, **options)
+
+
+def test_each_format_read_has_its_endings():
+    from capsnets.images import IMAGE_FORMATS, IMAGE_SUFFIXES
+
+    formats = {suffix: Image.registered_extensions().get(suffix) for suffix in IMAGE_SUFFIXES}  # Pillow's names
+    assert set(formats.values()) == set(IMAGE_FORMATS), formats
+    assert {".png", ".jpg", ".jpeg", ".gif", ".bmp", ".tif", ".tiff", ".webp"} <= set(IMAGE_SUFFIXES)
+
+
+@pytest.mark.parametrize("suffix", [*IMAGE_SUFFIXES, ".TIFF", ".Gif"])
+def test_every_format_listed_is_read_from_a_folder(tmp_path, suffix):
+    """A folder of files in each of IMAGE_FORMATS, named with each of its endings (any case), is found and read
+    with its pixels (JPEG within its loss), as a folder data set and by predict's collection of a folder."""
+    from capsnets.inference import collect_image_files
+
+    image_format = Image.registered_extensions()[suffix.lower()]
+    rng = np.random.default_rng(0)
+    written = {}
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        for i in range(2):
+            pixels = rng.integers(0, 256, (6, 5), dtype=np.uint8)
+            _write_in(image_format, tmp_path / name / f"{i}{suffix}", pixels)
+            written[(name, i)] = pixels
+    scan = scan_image_folder(tmp_path)
+    assert scan.classes == ("a", "b") and len(scan.train) + len(scan.test) == 4
+    assert len(collect_image_files([tmp_path])) == 4
+    tolerance = 8 / 255 if image_format == "JPEG" else 0  # JPEG's loss at quality 100
+    for (name, i), pixels in written.items():
+        read = read_image(tmp_path / name / f"{i}{suffix}", 1)
+        assert read.shape == (1, 6, 5)
+        assert (read[0] - torch.from_numpy(pixels / 255).float()).abs().max() <= tolerance + 1e-6, (name, i)
+    train, test = load_dataset(f"folder:{tmp_path}"), load_dataset(f"folder:{tmp_path}", train=False)
+    channels = 3 if image_format == "WEBP" else 1  # WebP has no grey mode: Pillow writes grey as RGB
+    assert len(train) + len(test) == 4 and train.images.shape[1:] == (channels, 6, 5)
 
 
 def test_truncated_image_is_named_when_decoded(tmp_path):

@@ -14,13 +14,18 @@ import torch
 
 from capsnets.validation import ArgumentError
 
+#: Where the tests' requests go: the demo answers only the hosts it serves (TestClient's default name,
+#: ``testserver``, is refused as any other name is).
+BASE_URL = "http://127.0.0.1:8000"
 
-def client(demo):
+
+def client(demo, host: str = "127.0.0.1", base_url: str = BASE_URL):
+    """A TestClient of the demo of ``demo`` started on ``host``, its requests naming ``base_url``'s host."""
     from fastapi.testclient import TestClient
 
     from capsnets.demo.app import create_app
 
-    return TestClient(create_app(demo), raise_server_exceptions=False)
+    return TestClient(create_app(demo, host), base_url=base_url, raise_server_exceptions=False)
 
 
 def png(image: torch.Tensor) -> bytes:
@@ -106,6 +111,26 @@ def test_an_image_file_as_the_body_as_base64_or_as_a_data_url_is_the_same_input(
     ]
     for answer in answers[1:]:
         assert answer["scores"] == answers[0]["scores"] and answer["input"] == answers[0]["input"]
+
+
+def test_a_file_of_each_format_read_is_taken_as_the_body(web, untrained_capsnet, image):
+    """Each of :data:`capsnets.images.IMAGE_FORMATS`, sent as the body itself with no Content-Type, is recognised by
+    its signature and read as the same input as its PNG (JPEG: within its loss)."""
+    from PIL import Image
+
+    from capsnets.images import IMAGE_FORMATS
+
+    api = client(untrained_capsnet)
+    pixels = (image[0] * 255).round().to(torch.uint8).numpy()
+    expected = decoded(api.post("/api/predict", content=png(image)).json()["input"])
+    for image_format in IMAGE_FORMATS:
+        buffer = io.BytesIO()
+        options = {"JPEG": {"quality": 100}, "WEBP": {"lossless": True}}.get(image_format, {})
+        Image.fromarray(pixels, mode="L").save(buffer, format=image_format, **options)
+        answer = api.post("/api/predict", content=buffer.getvalue())
+        assert answer.status_code == 200, (image_format, answer.text)
+        seen = decoded(answer.json()["input"])
+        assert (seen - expected).abs().max() <= (8 / 255 if image_format == "JPEG" else 0), image_format
 
 
 def test_a_drawing_is_framed_as_the_training_digits(web, untrained_capsnet):

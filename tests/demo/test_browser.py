@@ -1,7 +1,8 @@
 """The demo page in a real headless Chromium (Debian's chromium + chromium-driver, driven by Selenium): no empty
 panels before the first input, digits drawn as mouse strokes are classified right, a slider redraws the
 reconstruction, the perturbation grid is drawn with legible labels and follows the capsule shown; a matrix capsule
-model's page titles its pose as a pose and says when the first prediction compiles the EM kernel.
+model's page titles its pose as a pose and says when the first prediction compiles the EM kernel. The page runs
+under the demo's Content-Security-Policy, and nothing it uses is refused.
 
 Skipped where Chromium, chromedriver or Selenium are missing, except in CI (``CI`` set), where that fails the test.
 The screenshot goes to pytest's temporary folder, or, with ``CAPSNETS_DEMO_SCREENSHOTS=DIR`` (e.g.
@@ -94,6 +95,7 @@ def browser(need):
         "--hide-scrollbars",
     ):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console: what the CSP refused
     driver = webdriver.Chrome(options=options, service=Service(driver_path))  # no Selenium Manager download
     driver.set_page_load_timeout(30)
     yield driver
@@ -170,6 +172,16 @@ def test_drawn_digits_are_classified_and_the_sliders_redraw_the_reconstruction(b
     browser.find_elements("css selector", "#bars .bar-row")[5].click()  # the capsule of class 5
     settled(browser)
     assert by_id("shown").text == "5" and by_id("grid-class").text == "5"
+    _nothing_refused_by_the_content_security_policy(browser)
+
+
+def _nothing_refused_by_the_content_security_policy(driver) -> None:
+    """The page ran under the demo's Content-Security-Policy and nothing it uses was refused (Chromium logs each
+    refusal to the console)."""
+    margin = driver.execute_script("return getComputedStyle(document.body).marginTop")
+    assert margin == "0px", "demo.css applies (its body has no margin, a browser's 8px)"
+    refused = [e["message"] for e in driver.get_log("browser") if "Content Security Policy" in e["message"]]
+    assert refused == [], refused
 
 
 def _nothing_empty_before_the_first_input(driver) -> None:
@@ -223,6 +235,7 @@ def test_a_matrix_capsule_model_titles_its_pose_and_says_when_the_kernel_compile
     title = browser.find_element("css selector", "#capsule-panel h2").text
     assert title == f"Pose of class capsule {by_id('prediction').text}", title
     assert len(browser.find_elements("css selector", "#pose td")) == 16
+    _nothing_refused_by_the_content_security_policy(browser)
 
 
 def _screenshot(driver, target: Path, height: int | None = None) -> Path:

@@ -61,6 +61,21 @@ def test_demo_listens_on_localhost_by_default_and_warns_otherwise(trained_run, s
     assert "warning: listening on 0.0.0.0" in capsys.readouterr().out
 
 
+def test_demo_answers_only_the_hosts_it_serves(trained_run, served, capsys):
+    """By default, localhost and addresses; with ``--host 0.0.0.0`` also this machine's names and any of its
+    addresses, as a user elsewhere on the network reaches it; a name of another site never (DNS rebinding)."""
+    from fastapi.testclient import TestClient
+
+    for argv in ([], ["--host", "0.0.0.0"]):
+        assert main(["demo", "--checkpoint", trained_run, "--port", "0", *argv]) == 0
+        api = TestClient(served[-1][0], base_url="http://127.0.0.1:8000")
+        for host in ("localhost:8000", "127.0.0.1:8000", "[::1]:8000", "192.0.2.7:8000", socket.gethostname()):
+            answer = api.get("/", headers={"Host": host})
+            assert answer.status_code == 200 and answer.headers["x-frame-options"] == "DENY", (argv, host)
+        answer = api.get("/", headers={"Host": "evil.example.com:8000"})
+        assert answer.status_code == 403 and "DNS rebinding" in answer.text, (argv, answer.text)
+
+
 def test_demo_help_gives_every_option_with_its_default(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
@@ -135,10 +150,10 @@ def test_demo_offers_the_test_images_of_data_dir(served, capsys, shared_data_roo
 
     monkeypatch.setenv("CAPSNETS_DATA", str(tmp_path))  # no MNIST there
     assert main(["demo", "--port", "0"]) == 0
-    empty = TestClient(served[-1][0]).get("/api/samples").json()
+    empty = TestClient(served[-1][0], base_url="http://127.0.0.1").get("/api/samples").json()
     assert empty["samples"] == [] and "start the demo with --data-dir DIR" in empty["note"]
     assert main(["demo", "--data-dir", str(shared_data_root), "--port", "0"]) == 0
-    samples = TestClient(served[-1][0]).get("/api/samples").json()["samples"]
+    samples = TestClient(served[-1][0], base_url="http://127.0.0.1").get("/api/samples").json()["samples"]
     assert [s["class"] for s in samples] == [k for k in range(10) for _ in range(2)]
 
 

@@ -190,6 +190,39 @@ def test_malformed_bodies_are_a_4xx_with_a_message_and_no_traceback(server):
     assert code == 200 and len(answer["scores"]) == 10
 
 
+def _get(server: Server, host: str, path: str = "/api/info") -> tuple[int, dict[str, str], str]:
+    """A GET naming ``host`` in its Host header, sent to the server on 127.0.0.1 (as a page whose name an attacker
+    made resolve to 127.0.0.1 sends it): status, headers (lower case), body."""
+    with server.connect() as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {key.lower(): value for key, value in fields.items()}, body.decode()
+
+
+def test_a_page_reaching_the_server_by_another_name_is_refused(server):
+    """DNS rebinding: a request that reaches 127.0.0.1 naming another host gets 403 and one line (the log: one
+    warning); localhost and the address itself, with their port, are answered; every answer carries the headers."""
+    from capsnets.demo.app import SECURITY_HEADERS
+
+    start = server.mark()
+    for host in (f"evil.example.com:{server.port}", "evil.example.com", f"127.0.0.1.nip.io:{server.port}"):
+        for path in ("/", "/api/info", "/static/demo.js"):
+            code, fields, body = _get(server, host, path)
+            assert code == 403 and body.count("\n") == 1 and "DNS rebinding" in body, (host, path, code, body)
+            assert all(fields.get(key.lower()) == value for key, value in SECURITY_HEADERS.items()), fields
+    wait_for(lambda: server.log_text(start).count("refused a request for Host") == 9)
+    assert_no_traceback(server.log_text(start))
+    for host in (f"localhost:{server.port}", f"127.0.0.1:{server.port}", "localhost", f"[::1]:{server.port}"):
+        code, fields, body = _get(server, host)
+        assert code == 200 and json.loads(body)["kind"] == "vector", (host, code, body)
+        assert all(fields.get(key.lower()) == value for key, value in SECURITY_HEADERS.items()), fields
+
+
 def test_integers_up_to_the_digit_limit_are_read(server):
     from capsnets.demo.app import MAX_INTEGER_DIGITS
 
@@ -320,7 +353,7 @@ def test_a_model_that_overflows_is_a_422_not_null_pixels(web_stack):
     with torch.no_grad():
         for parameter in model.decoder.parameters():
             parameter.mul_(1e30)
-    api = TestClient(create_app(DemoModel(model, dataset="digits", name="capsnet_digits")))
+    api = TestClient(create_app(DemoModel(model, dataset="digits", name="capsnet_digits")), base_url="http://localhost")
     for endpoint, body, what in (
         ("reconstruct", {"capsule": [0.5] * 16, "class": 0}, "the reconstruction"),
         ("predict", {"pixels": GOOD}, "the reconstruction"),

@@ -4,8 +4,9 @@
   "cifar10" | "svhn" | "folder:PATH")`` -> :class:`TensorData`
 - :class:`MNIST`, :class:`FashionMNIST`: torchvision-style idx.gz readers with md5 checks and download
 - :class:`CIFAR10` (the binary-version tarball, nothing unpickled), :class:`SVHN` (format-2 .mat files)
-- :func:`load_image_folder`, :func:`scan_image_folder`, :func:`read_image`: your own PNG/JPEG images,
-  one subfolder per class, or ``images/`` and a ``labels.csv`` for several labels per image (``"folder:PATH"``)
+- :func:`load_image_folder`, :func:`scan_image_folder`, :func:`read_image`: your own images (PNG, JPEG, GIF, BMP,
+  TIFF, WebP), one subfolder per class, or ``images/`` and a ``labels.csv`` for several labels per image
+  (``"folder:PATH"``)
 - :func:`load_segmentation_folder`, :func:`scan_segmentation_folder`: your own images and their masks
   (``"segfolder:PATH"``) -> :class:`SegmentationData`
 - :class:`SmallNORB`: the NORB-format reader (:func:`read_norb_matrix`) with md5 checks and download

@@ -1,4 +1,6 @@
-"""Your own images: a folder with one subfolder per class of PNG / JPEG files (``folder:PATH``).
+"""Your own images: a folder with one subfolder per class of image files (``folder:PATH``): PNG, JPEG, GIF, BMP,
+TIFF and WebP (:data:`~capsnets.images.IMAGE_FORMATS`), found by the ending of their names
+(:data:`~capsnets.images.IMAGE_SUFFIXES`).
 
 Layouts (class names are the sorted subfolder names; hidden files and folders are skipped)::
 
@@ -39,6 +41,7 @@ import torch
 from torch import Tensor
 
 from capsnets.images import (
+    IMAGE_FORMATS_TEXT,
     IMAGE_SUFFIXES,
     MAX_IMAGE_PIXELS_ENV,
     ImageFileError,
@@ -133,7 +136,7 @@ def scan_image_folder(
         ValueError: ``image_size`` or ``test_fraction`` out of range.
     """
     root, size = _checked_arguments(
-        FOLDER_PREFIX, path, image_size, test_fraction, "one subfolder per class of PNG/JPEG images"
+        FOLDER_PREFIX, path, image_size, test_fraction, f"one subfolder per class of images ({IMAGE_FORMATS_TEXT})"
     )
     multilabel = (root / LABELS_FILE).is_file()
     presplit = (root / "train").is_dir() or (root / "test").is_dir()
@@ -240,7 +243,7 @@ def load_image_folder(
 
 
 def read_image(path: str | os.PathLike, channels: int, size: tuple[int, int] | None = None) -> Tensor:
-    """One PNG/JPEG file as a float32 ``(channels, H, W)`` tensor in ``[0, 1]`` (see :func:`image_to_tensor`).
+    """One image file (:data:`~capsnets.images.IMAGE_FORMATS`) as a float32 ``(channels, H, W)`` tensor in ``[0, 1]`` (see :func:`image_to_tensor`).
 
     Args:
         path: the file.
@@ -304,7 +307,7 @@ def _class_folders(folder: Path) -> list[str]:
         loose = [p.name for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES]
         found = f" (it holds {len(loose)} images directly, e.g. {loose[0]})" if loose else ""
         raise DatasetError(
-            f"{folder} has no class subfolders{found}; Fix: put each class's PNG/JPEG images in a "
+            f"{folder} has no class subfolders{found}; Fix: put each class's images ({IMAGE_FORMATS_TEXT}) in a "
             f"subfolder named after the class, e.g. {folder / 'cat' / '001.png'}"
         )
     if len(classes) < 2:
@@ -319,7 +322,7 @@ def _class_files(folder: Path) -> list[Path]:
     files = image_files(folder)
     if not files:
         raise DatasetError(
-            f"class folder {folder} has no PNG or JPEG images ({', '.join(IMAGE_SUFFIXES)}); "
+            f"class folder {folder} has no images ({IMAGE_FORMATS_TEXT}: {', '.join(IMAGE_SUFFIXES)}); "
             "Fix: add images to it, or remove the folder"
         )
     return files
@@ -393,6 +396,6 @@ def _opened(file: Path):
 
 def _unreadable(file: Path, reason: str) -> DatasetError:
     return DatasetError(
-        f"{file}: cannot be read as an image ({reason}); Fix: replace or delete the file (only PNG and JPEG "
-        "images are read)"
+        f"{file}: cannot be read as an image ({reason}); Fix: replace or delete the file (the image formats read: "
+        f"{IMAGE_FORMATS_TEXT})"
     )

@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from capsnets.images import IMAGE_SUFFIXES, image_files
+from capsnets.images import IMAGE_FORMATS_TEXT, IMAGE_SUFFIXES, image_files
 from capsnets.validation import limit_from_env
 
 from .base import seeded_split
@@ -164,7 +164,7 @@ def _checked_file(csv_path: Path, line: int, cell: str, files: dict[str, Path], 
             else f"is not in {csv_path.parent / IMAGES_FOLDER}"
         )
         raise DatasetError(
-            f"{where}: {name} {why}; Fix: give the path under {IMAGES_FOLDER}/ of a PNG or JPEG file there "
+            f"{where}: {name} {why}; Fix: give the path under {IMAGES_FOLDER}/ of an image file there ({IMAGE_FORMATS_TEXT}) "
             "('/'-separated), or delete the row"
         )
     return name

@@ -168,8 +168,9 @@ def load_dataset(
 
     Args:
         name: one of :func:`list_datasets` (case-insensitive, ``-`` or ``_``), or ``"folder:PATH"``: a
-            folder of your own PNG/JPEG images, one subfolder per class, with ``train/`` and ``test/`` or
-            split 80/20 by class with seed 0 (:func:`~capsnets.data.image_folder.load_image_folder`), or
+            folder of your own images (PNG, JPEG, GIF, BMP, TIFF, WebP), one subfolder per class, with
+            ``train/`` and ``test/`` or split 80/20 by class with seed 0
+            (:func:`~capsnets.data.image_folder.load_image_folder`), or
             ``images/`` and a ``labels.csv`` (multi-label: :mod:`capsnets.data.label_csv`); or
             ``"segfolder:PATH"``: ``images/`` and ``masks/`` of your own, returned as a
             :class:`~capsnets.data.segmentation.SegmentationData`

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from capsnets.images import image_files
+from capsnets.images import IMAGE_FORMATS_TEXT, image_files
 
 from .base import seeded_split, shuffled
 from .errors import DatasetError
@@ -238,7 +238,7 @@ def _pairs(folder: Path) -> list[tuple[Path, Path]]:
             )
     images, masks = _files(folder / "images"), _files(folder / "masks")
     if not images:
-        raise DatasetError(f"{folder / 'images'} has no PNG or JPEG images; Fix: add images to it")
+        raise DatasetError(f"{folder / 'images'} has no images ({IMAGE_FORMATS_TEXT}); Fix: add images to it")
     missing = sorted(set(images) - set(masks))
     if missing:
         raise DatasetError(

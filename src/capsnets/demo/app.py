@@ -4,7 +4,7 @@ Endpoints (every error is a 4xx with ``{"detail": message}``):
 
 - ``GET /api/info``: the model, its classes, where it comes from, what the page can show for it.
 - ``GET /api/samples``: test images of the model's data set, to pick instead of drawing.
-- ``POST /api/predict``: an image (a PNG/JPEG body, or JSON ``{"image": base64 or data URL}`` or
+- ``POST /api/predict``: an image (an image file as the body, or JSON ``{"image": base64 or data URL}`` or
   ``{"pixels": [[...]]}``, with ``"frame": true`` for a drawing and ``"capsule": k`` to reconstruct class ``k``)
   -> scores, class capsules, the reconstruction and the routing pictures.
 - ``POST /api/reconstruct``: JSON ``{"capsule": [D numbers], "class": k}`` -> the decoded image.
@@ -18,12 +18,20 @@ Limits on what one request can ask for: a body over :data:`MAX_BODY_BYTES` gets 
 ``ValueError``), JSON nested deeper than the parser's recursion limit 400. A client that goes away before its body
 is in is one line in the log at INFO level, not a traceback.
 
+Which ``Host`` it answers (:func:`host_allowed`): a request whose ``Host`` header names anything else gets 403, so
+that a web page elsewhere cannot reach the demo by DNS rebinding (a name of the attacker's that resolves to this
+machine): ``localhost``, an IP address (a page cannot rebind an address), this machine's own names, and the name
+the server was started on (``host=``, ``--host``), with any port. Every response carries
+:data:`SECURITY_HEADERS`: a Content-Security-Policy that allows the page its own scripts, styles, API and the
+``data:`` images it shows and nothing else, and no framing.
+
 :func:`serve` binds the socket (:func:`listen`, localhost by default) and runs uvicorn on it
 (:func:`run_server`). Needs the ``demo`` extra: ``pip install -e '.[demo]'``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import socket
@@ -41,7 +49,8 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capsnets.demo.capsules import Analysis, DemoModel
 from capsnets.demo.images import (
@@ -54,10 +63,20 @@ from capsnets.demo.images import (
     read_image,
     tensor_png,
 )
-from capsnets.images import NORB_LIKE
+from capsnets.images import IMAGE_FORMATS, IMAGE_FORMATS_TEXT, NORB_LIKE
 from capsnets.validation import ArgumentError
 
-__all__ = ["BODY_TIMEOUT_S", "MAX_BODY_BYTES", "MAX_INTEGER_DIGITS", "create_app", "listen", "run_server", "serve"]
+__all__ = [
+    "BODY_TIMEOUT_S",
+    "MAX_BODY_BYTES",
+    "MAX_INTEGER_DIGITS",
+    "SECURITY_HEADERS",
+    "create_app",
+    "host_allowed",
+    "listen",
+    "run_server",
+    "serve",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +89,23 @@ BODY_TIMEOUT_S = 30.0
 #: int64 has 19.
 MAX_INTEGER_DIGITS = 20
 STATIC = Path(__file__).parent / "static"
-#: File signatures of images sent as the body itself (PNG, JPEG, GIF, BMP, WebP).
-_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")
+#: Headers of every response. The page loads its own script and style sheet, calls its own API and shows images
+#: the API sends as ``data:`` URLs; nothing else is loaded, no inline script or style runs, and no other page
+#: may frame it (clickjacking).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+#: Addresses that listen on every interface: no name of their own to answer to.
+_WILDCARDS = {"", "0.0.0.0", "::", "[::]", "*"}
+#: File signatures of images sent as the body itself: the :data:`~capsnets.images.IMAGE_FORMATS` (PNG, JPEG, GIF,
+#: BMP, TIFF of either byte order, WebP).
+_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"II*\x00", b"MM\x00*", b"RIFF")
 #: Headers of an answer given before the body was read: the connection is closed, not read to the body's end.
 _CLOSE = {"Connection": "close"}
 
@@ -79,11 +113,13 @@ Pixels = list[list[float]] | list[list[list[float]]]
 
 
 class ImageInput(BaseModel):
-    """An input image: ``image`` (a PNG/JPEG file as base64 or a data URL) or ``pixels`` (the model's input,
+    """An input image: ``image`` (an image file as base64 or a data URL) or ``pixels`` (the model's input,
     ``H x W`` or ``C x H x W`` numbers: in ``[0, 1]``, standardised for smallNORB-like data sets)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    image: str | None = Field(None, description="PNG or JPEG file, base64 or data:image/...;base64, URL")
+    image: str | None = Field(
+        None, description=f"an image file ({IMAGE_FORMATS_TEXT}), base64 or data:image/...;base64, URL"
+    )
     pixels: Pixels | None = Field(None, description="the model's input, H x W or C x H x W numbers")
     frame: bool = Field(False, description="a drawing: crop its strokes and scale them as the training digits")
     capsule: int | None = Field(None, description="the class capsule to reconstruct (default: the winner)")
@@ -97,9 +133,24 @@ class CapsuleInput(BaseModel):
     class_index: Annotated[int, Field(alias="class", description="the class capsule it is (the others are masked)")]
 
 
-def create_app(demo: DemoModel) -> FastAPI:
-    """The FastAPI application serving ``demo``'s page and API."""
-    app = FastAPI(title="capsnets demo", summary="See what capsules encode.", docs_url=None, redoc_url=None)
+class _DemoApp(FastAPI):
+    """FastAPI with :class:`_HostGuard` outside all of its middleware, so that the server error handler's 500s
+    carry the headers too."""
+
+    def __init__(self, names: frozenset[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.host_names = names
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return _HostGuard(super().build_middleware_stack(), self.host_names)
+
+
+def create_app(demo: DemoModel, host: str = "127.0.0.1") -> FastAPI:
+    """The FastAPI application serving ``demo``'s page and API, answering the ``Host`` names of
+    :func:`host_allowed` with ``host``, the address or name the server listens on."""
+    app = _DemoApp(
+        _names(host), title="capsnets demo", summary="See what capsules encode.", docs_url=None, redoc_url=None
+    )
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.exception_handler(ArgumentError)
@@ -164,6 +215,89 @@ def create_app(demo: DemoModel) -> FastAPI:
     return app
 
 
+def _names(host: str) -> frozenset[str]:
+    """The host names a server listening on ``host`` answers to, besides IP addresses: ``localhost``, this
+    machine's names and ``host`` itself (unless it is an address or listens everywhere)."""
+    names = {"localhost", socket.gethostname()}
+    try:
+        names.add(socket.getfqdn())
+    except (OSError, UnicodeError):  # pragma: no cover - a broken resolver: the short name still answers
+        pass
+    if isinstance(host, str) and host.strip() not in _WILDCARDS:
+        names.add(host.strip())
+    return frozenset(name.lower().rstrip(".") for name in names if name)
+
+
+def host_allowed(host_header: str | None, names: frozenset[str] | set[str] = frozenset({"localhost"})) -> bool:
+    """Whether a request's ``Host`` header (``name``, ``address``, ``[IPv6]``, each with or without ``:port``) is
+    one the demo answers: any IP address (a web page cannot make an address point elsewhere, as it can a name it
+    owns: DNS rebinding), or one of ``names`` (lower case; a final dot and the case of the header are ignored).
+    A missing or malformed header is refused."""
+    if not host_header:
+        return False
+    host = host_header.strip().lower()
+    if host.startswith("["):  # [IPv6] or [IPv6]:port
+        address, bracket, port = host[1:].partition("]")
+        if not bracket or (port and not (port[0] == ":" and _port(port[1:]))):
+            return False
+        return _is_address(address)
+    if host.count(":") > 1:  # a bare IPv6 address (browsers send it in brackets)
+        return _is_address(host)
+    name, colon, port = host.partition(":")
+    if colon and not _port(port):
+        return False
+    return _is_address(name) or (name.rstrip(".") in names if name else False)
+
+
+def _port(text: str) -> bool:
+    return text == "" or (text.isascii() and text.isdigit() and len(text) <= 5)
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+class _HostGuard:
+    """ASGI middleware: HTTP requests whose ``Host`` is not :func:`host_allowed` get 403 and one line; every
+    response gets :data:`SECURITY_HEADERS`."""
+
+    def __init__(self, app: ASGIApp, names: frozenset[str]) -> None:
+        self.app = app
+        self.names = names
+        self.headers = [(key.lower().encode(), value.encode()) for key, value in SECURITY_HEADERS.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *self.headers]
+            await send(message)
+
+        header = next((value for key, value in scope["headers"] if key == b"host"), None)
+        host = header.decode("latin-1") if header is not None else None
+        if host_allowed(host, self.names):
+            await self.app(scope, receive, send_with_headers)
+            return
+        shown = f"for Host {host[:100]!r}" if host is not None else "without a Host header"
+        logger.warning("capsnets demo: refused a request %s", shown)
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        response = PlainTextResponse(
+            f"capsnets demo: refused a request {shown}: the demo answers only to localhost, an IP address, this "
+            "machine's name or the name given to --host (so that no other web site can reach it by DNS rebinding)\n",
+            status_code=403,
+        )
+        await response(scope, receive, send_with_headers)
+
+
 async def _read_body(request: Request) -> bytes:
     """The request body: 413 past :data:`MAX_BODY_BYTES` (as declared, or as it arrives), 408 when it is not all in
     within :data:`BODY_TIMEOUT_S` (both close the connection, leaving the rest unread); :class:`ClientDisconnect`
@@ -225,7 +359,9 @@ def _parse(schema: type[BaseModel], body: bytes) -> Any:
     except RecursionError:
         raise HTTPException(400, "body nests JSON too deeply (the parser stops at about 1000 levels)") from None
     except (UnicodeDecodeError, ValueError):  # json.JSONDecodeError is a ValueError
-        raise HTTPException(400, "body must be JSON (or, for an image, the PNG or JPEG file itself)") from None
+        raise HTTPException(
+            400, f"body must be JSON (or, for an image, the image file itself: {IMAGE_FORMATS_TEXT})"
+        ) from None
     try:
         return schema.model_validate(data)
     except ValidationError as err:
@@ -244,7 +380,7 @@ async def _image(request: Request, demo: DemoModel) -> tuple[torch.Tensor, list[
         return tensor, notes, request_input
     request_input = _parse(ImageInput, body)
     if (request_input.image is None) == (request_input.pixels is None):
-        raise HTTPException(422, "send one of image (a PNG or JPEG file as base64) and pixels")
+        raise HTTPException(422, "send one of image (an image file as base64) and pixels")
     if request_input.image is not None:
         tensor, notes = await run_in_threadpool(
             read_image, decode_base64(request_input.image), demo.input_size, demo.dataset, frame=request_input.frame
@@ -329,7 +465,7 @@ def _body_schema(schema: type[BaseModel], image: bool = False) -> dict:
     content: dict[str, Any] = {"application/json": {"schema": schema.model_json_schema()}}
     if image:
         content.update(
-            {kind: {"schema": {"type": "string", "format": "binary"}} for kind in ("image/png", "image/jpeg")}
+            {f"image/{name.lower()}": {"schema": {"type": "string", "format": "binary"}} for name in IMAGE_FORMATS}
         )
     return {"requestBody": {"required": True, "content": content}}
 
@@ -363,7 +499,7 @@ def serve(demo: DemoModel, host: str = "127.0.0.1", port: int = 8000, announce: 
     """Serve ``demo`` on ``host``:``port`` until interrupted, announcing its address."""
     with listen(host, port) as sock:
         announce(f"capsnets demo: {url(sock)}")
-        run_server(create_app(demo), sock)
+        run_server(create_app(demo, host), sock)
 
 
 def url(sock: socket.socket) -> str:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
-from capsnets.images import DARK_BACKGROUND, IMAGE_FORMATS, NORB_LIKE, prepare_image
+from capsnets.images import DARK_BACKGROUND, IMAGE_FORMATS, IMAGE_FORMATS_TEXT, NORB_LIKE, prepare_image
 from capsnets.validation import ArgumentError
 
 __all__ = [
@@ -56,7 +56,9 @@ def decode_base64(text: str) -> bytes:
     try:
         return base64.b64decode(body, validate=True)
     except (binascii.Error, ValueError):
-        raise ArgumentError("image must be a PNG or JPEG file as base64 or as a data:image/...;base64, URL") from None
+        raise ArgumentError(
+            f"image must be an image file ({IMAGE_FORMATS_TEXT}) as base64 or as a data:image/...;base64, URL"
+        ) from None
 
 
 def open_image(data: bytes):
@@ -74,12 +76,13 @@ def open_image(data: bytes):
             raise ArgumentError(f"image of {width}x{height} pixels is too large (at most {MAX_IMAGE_PIXELS:,} pixels)")
         image.load()
     except UnidentifiedImageError:
-        raise ArgumentError("not an image file that can be read; send a PNG or JPEG file") from None
+        raise ArgumentError(f"not an image file that can be read; send an image file ({IMAGE_FORMATS_TEXT})") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:  # a damaged file
         if isinstance(err, ArgumentError):
             raise
         raise ArgumentError(
-            f"a damaged image ({str(err).splitlines()[0] if str(err) else type(err).__name__}); send a PNG or JPEG file"
+            f"a damaged image ({str(err).splitlines()[0] if str(err) else type(err).__name__}); send an image file "
+            f"({IMAGE_FORMATS_TEXT})"
         ) from None
     return image
 
