@@ -18,7 +18,14 @@ author's code (glassroom/heinsen_routing_2019_paper, ``heinsen_routing.py``, ``R
 ``beta_use`` and ``beta_ign`` are learned, zeros at the start as in the code. The parents' scores are logits:
 the paper trains its classifiers with cross-entropy on them.
 
-Numerics (not in the paper; same values): float16/bfloat16 votes are routed in float32.
+Numerics (not in the paper): float16/bfloat16 votes are routed in float32, and float32/half votes beyond ``2^32``
+in float64 (:func:`~capsnets.functional.routing_common.widened`: their variances, and the backward's products of
+the gradient with the votes, overflow float32 there); same values. float64 votes whose squares could overflow
+(beyond ``2^-8`` times the square root of its largest, about 5e151) are routed over a power of two
+``q >=`` their largest magnitude per example, ``mu`` and the variances put back times ``q`` and ``q^2`` (``sigma2``
+is inf where it is beyond the dtype); the E-step's variance floor ``eps`` stays the same in those units (``q^2``
+times larger in the votes' own, as EM routing's, :mod:`capsnets.functional.em`), so every finite vote gives finite
+scores, means and couplings.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` components of a vote (a
 ``d_cov x d_out`` matrix flattened).
@@ -26,6 +33,7 @@ Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -33,7 +41,14 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.bound_routing import BoundRouting
-from capsnets.functional.routing_common import check_votes, working
+from capsnets.functional.routing_common import (
+    check_votes,
+    largest_magnitude,
+    normalized_gradients,
+    power_of_two_above,
+    widened,
+    working,
+)
 from capsnets.validation import expect, routing_iterations
 
 
@@ -112,6 +127,7 @@ class HeinsenRouting:
         return {"type": "heinsen", "iterations": self.iterations, "eps": self.eps}
 
 
+@normalized_gradients
 def heinsen_routing(
     u_hat: Tensor,
     activations: Tensor,
@@ -149,31 +165,39 @@ def heinsen_routing(
     _check_shape("activations", activations, [(batch, children)], u_hat)
     for name, beta in (("beta_use", beta_use), ("beta_ign", beta_ign)):
         _check_shape(name, beta, [(children, parents), (1, parents)], u_hat)
-    votes = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D): the products below batch over B and J
+    votes = (
+        widened(u_hat, gradient_only=False).transpose(1, 2).contiguous()
+    )  # (B, J, I, D): the products below batch over B and J
     dtype = votes.dtype
+    # q: 1, or a power of two >= the votes' largest magnitude where their squares could overflow (module docstring)
+    top = largest_magnitude(votes, (1, 2, 3)).view(batch, 1, 1, 1)
+    q = torch.where(top > 2.0 ** (math.frexp(torch.finfo(dtype).max)[1] // 2 - 8), power_of_two_above(top, 1.0), 1.0)
+    votes = votes / q
     present = torch.sigmoid(working(activations).to(dtype)).unsqueeze(1)  # (B, 1, I): f(a_i)
     use_benefit, ignore_cost = working(beta_use).to(dtype).T, working(beta_ign).to(dtype).T  # (J, I) or (J, 1)
     couplings = votes.new_full((batch, parents, children), 1.0 / parents)  # (B, J, I)
-    scores, mu, sigma2, spread = _m_step(votes, present * couplings, present, use_benefit, ignore_cost, eps)
+    scores, mu, variance, spread = _m_step(votes, present * couplings, present, use_benefit, ignore_cost, eps)
     for _ in range(iterations - 1):
+        sigma2 = variance + eps
         # E-step: the routing probabilities from the last M-step's parents (its squared deviations reused)
         log_p = -(spread @ (0.5 / sigma2).unsqueeze(-1)).squeeze(-1) - 0.5 * sigma2.log().sum(-1, keepdim=True)
         couplings = torch.softmax(torch.nn.functional.logsigmoid(scores).unsqueeze(-1) + log_p, dim=1)
-        scores, mu, sigma2, spread = _m_step(votes, present * couplings, present, use_benefit, ignore_cost, eps)
-    out = u_hat.dtype
-    return HeinsenOutput(scores.to(out), mu.to(out), sigma2.to(out), couplings.transpose(1, 2).to(out))
+        scores, mu, variance, spread = _m_step(votes, present * couplings, present, use_benefit, ignore_cost, eps)
+    out, q = u_hat.dtype, q.view(batch, 1, 1)
+    sigma2 = (variance * q * q + eps).to(out)  # beyond the dtype's range: inf (the variance itself is)
+    return HeinsenOutput(scores.to(out), (mu * q).to(out), sigma2, couplings.transpose(1, 2).to(out))
 
 
 def _m_step(votes: Tensor, use: Tensor, present: Tensor, use_benefit: Tensor, ignore_cost: Tensor, eps: float):
-    """The parents' scores ``(B, J)``, means and variances ``(B, J, D)``, and the votes' squared deviations from
-    the means ``(B, J, I, D)``, from the votes ``(B, J, I, D)`` and the data to use, ``D_use`` ``(B, J, I)``; the
-    data to ignore is the rest of each child's ``f(a_i)`` (``present``, ``(B, 1, I)``)."""
+    """The parents' scores ``(B, J)``, means and variances (without ``eps``) ``(B, J, D)``, and the votes' squared
+    deviations from the means ``(B, J, I, D)``, from the votes ``(B, J, I, D)`` and the data to use, ``D_use``
+    ``(B, J, I)``; the data to ignore is the rest of each child's ``f(a_i)`` (``present``, ``(B, 1, I)``)."""
     scores = (use_benefit * use).sum(2) - (ignore_cost * (present - use)).sum(2)
     data = (use.sum(2) + eps).unsqueeze(-1)  # (B, J, 1)
     mu = (use.unsqueeze(2) @ votes).squeeze(2) / data  # (B, J, 1, I) @ (B, J, I, D)
     spread = (votes - mu.unsqueeze(2)).square()
-    sigma2 = (use.unsqueeze(2) @ spread).squeeze(2) / data + eps
-    return scores, mu, sigma2, spread
+    variance = (use.unsqueeze(2) @ spread).squeeze(2) / data
+    return scores, mu, variance, spread
 
 
 def _check_shape(name: str, value, shapes: list[tuple[int, ...]], u_hat: Tensor) -> None:

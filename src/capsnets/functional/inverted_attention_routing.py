@@ -18,10 +18,11 @@ Numerics (not in the paper; same values): the agreements are formed from the vot
 ``>= max |u_hat|`` per example (1 for votes within [-1, 1]) and shifted by their maximum over parents before
 it is put back, the weighted sums with the couplings times ``2^-k`` (``2^k >= I``), and the LayerNorm from each
 pose divided by a power of two ``>=`` its largest component, the epsilon scaled to match, so no sum, product or
-square overflows for any finite votes; float16/bfloat16 votes are routed in float32. The gradient grows with
-the votes: it is finite for votes up to about 1e12, and beyond, up to the dtype's largest, wherever the couplings
-saturate at 0 and 1 (all but near-tied agreements), since the softmax gives a coupling of zero a zero gradient,
-whatever the gradient that reaches it.
+square overflows for any finite votes; float16/bfloat16 votes are routed in float32. The backward multiplies
+the gradient by the votes twice per iteration (through the agreements and the next weighted sum), which overflows
+float32 from about 1e19 although the gradient itself is far smaller: float32/half votes that need a gradient
+beyond ``2^32`` are routed in float64 (:func:`~capsnets.functional.routing_common.widened`, where the device has
+it; one host check) and the results returned in their own dtype.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 """
@@ -40,9 +41,11 @@ from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import (
     check_votes,
     largest_magnitude,
+    normalized_gradients,
     power_of_two_above,
     saturating_softmax,
     sum_unit,
+    widened,
     working,
 )
 from capsnets.validation import flag, routing_iterations
@@ -138,6 +141,7 @@ class InvertedAttentionRouting:
         return {"type": "inverted_attention", "iterations": self.iterations, "affine": self.affine, "eps": self.eps}
 
 
+@normalized_gradients
 def inverted_attention_routing(
     u_hat: Tensor,
     iterations: int = InvertedAttentionRouting.iterations,
@@ -180,10 +184,10 @@ def inverted_attention_routing(
     ):
         if value is not None and tuple(value.shape) != shape:
             raise ValueError(f"inverted_attention_routing expects {name} of shape {shape}, got {tuple(value.shape)}")
-    u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
+    u = widened(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
     unit = sum_unit(children)
     k = power_of_two_above(largest_magnitude(u, (1, 2, 3)), 1.0).view(batch, 1, 1)  # 1 for votes within [-1, 1]
-    v, couplings = working(parents) if parents is not None else None, None
+    v, couplings = working(parents).to(u.dtype) if parents is not None else None, None
     for _ in range(iterations):
         if v is None:  # poses at zero: every coupling is 1/J
             couplings = u.new_full((batch, num_parents, children), 1.0 / num_parents)

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.products import matvec
-from capsnets.functional.routing_common import check_capsule_sizes
+from capsnets.functional.routing_common import check_capsule_sizes, normalized_gradients
 from capsnets.functional.squash import _squash
 from capsnets.validation import routing_iterations
 
@@ -118,6 +118,7 @@ WIDE_VOTES = 2.0**32
 _ELEMENTWISE_CHILDREN = 32
 
 
+@normalized_gradients
 def dynamic_routing(
     u_hat: Tensor,
     iterations: int = DynamicRouting.iterations,

@@ -2,6 +2,12 @@
 compute in, the two squash functions they may end with, a softmax whose gradient stays finite, and binding a
 routing to its layer's sizes.
 
+Every routing function backpropagates the loss's gradient divided by a power of two ``>=`` its largest magnitude,
+and multiplies its inputs' gradients back (:func:`normalized_gradients`): their own products with the gradient then
+stay within the dtype's range whatever the loss's scale, and a gradient beyond the dtype is inf, never NaN.
+Routings whose backward multiplies the gradient by the votes more than once route large float32 and half votes
+that need a gradient in float64 (:func:`widened`).
+
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim,
 ``D_in`` child capsule dim.
 
@@ -13,12 +19,14 @@ is ``(1 - 1/exp(|s|)) s / |s|``: :func:`efficient_squash`. Where that code adds 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from torch import Tensor
 
 from capsnets.functional.squash import _default_eps, _scaled, _squash, safe_norm
+from capsnets.validation import ArgumentError
 
 #: The squash functions a routing may end with, by the name its spec records.
 SQUASHES = ("sabour", "efficient")
@@ -30,14 +38,15 @@ CAPSULE_SIZES = {2: ("J", "parent capsules"), 3: ("D", "components per capsule")
 
 
 def check_capsule_sizes(shape, owner: str, name: str = "u_hat", sizes=CAPSULE_SIZES) -> None:
-    """Raise a ``ValueError`` naming the first size of ``shape`` in ``sizes`` (by position) that is zero: a
-    routing needs a parent for each child's couplings to sum to 1 over, and capsules of at least one component
-    (a length, a LayerNorm or a Gaussian of none is 0/0)."""
+    """Raise an :class:`~capsnets.validation.ArgumentError` (a ``ValueError``) naming the first size of ``shape``
+    in ``sizes`` (by position) that is zero: a routing needs a parent for each child's couplings to sum to 1 over,
+    and capsules of at least one component (a length, a LayerNorm or a Gaussian of none is 0/0)."""
     for position, (letter, what) in sizes.items():
         if shape[position] == 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"{owner} needs at least one of the {what} ({letter} >= 1); got {name} of shape {tuple(shape)}: "
-                f"give the layer at least one {what[:-1] if what.endswith('s') else what}"
+                f"give the layer at least one {what[:-1] if what.endswith('s') else what}",
+                name,
             )
 
 
@@ -83,9 +92,112 @@ def saturating_softmax(x: Tensor, dim: int) -> Tensor:
     return torch.softmax(x, dim=dim)
 
 
+class _Exit(torch.autograd.Function):
+    """Identity on a routing's outputs whose backward divides their gradients by ``2^e``, the least power of two
+    ``>=`` their largest magnitude (``e >= 0``, at most the largest exponent of the dtypes involved), and keeps
+    ``2^e`` in ``box`` for :class:`_Entry`."""
+
+    @staticmethod
+    def forward(ctx, box, *outputs):
+        ctx.box = box
+        return tuple(o.clone() for o in outputs)  # not views: the caller may modify them in place
+
+    @staticmethod
+    def backward(ctx, *grads):
+        box = ctx.box
+        dtypes = box["dtypes"] + [g.dtype for g in grads]
+        exponent = min(math.frexp(torch.finfo(d).max)[1] - 1 for d in dtypes)  # 2^exponent fits every dtype
+        with torch.no_grad():
+            tops = [g.detach().abs().amax().double() for g in grads if g.numel()]
+            top = torch.stack(tops).amax() if tops else grads[0].new_zeros((), dtype=torch.float64)
+            scale = torch.exp2(torch.ceil(torch.log2(top.clamp_min(1.0))).clamp_max(exponent))  # NaN stays NaN
+        # a scale of 1 (the usual case) skips the multiplications, where telling costs no wait for a device
+        box["scale"] = None if scale.device.type == "cpu" and scale.item() == 1.0 else scale
+        return (None, *(g if box["scale"] is None else g / scale.to(g.dtype) for g in grads))
+
+
+class _Entry(torch.autograd.Function):
+    """Identity on a routing's inputs whose backward multiplies their gradients by the ``2^e`` of :class:`_Exit`
+    (an overflow there is the gradient's own)."""
+
+    @staticmethod
+    def forward(ctx, box, *inputs):
+        ctx.box = box
+        return tuple(i.view_as(i) for i in inputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        scale = ctx.box.get("scale")
+        if scale is None:  # a scale of 1, or no gradient reached the outputs
+            return (None, *grads)
+        return (None, *(g * scale.to(g.dtype) for g in grads))
+
+
+def normalized_gradients(routing):
+    """Decorate a routing function so that its backward runs on the gradient of its outputs divided by a power of
+    two ``>=`` its largest magnitude, and the gradients of its inputs (the tensor arguments that require one) are
+    multiplied back: the same gradients (powers of two are exact; a part below the dtype's smallest numbers
+    relative to the largest is lost), with the routing's own products and sums of the gradient within the
+    dtype's range whatever the loss's scale. A gradient of magnitude 1 or less is used as it is."""
+
+    @functools.wraps(routing)
+    def route(*args, **kwargs):
+        leaves = [
+            (index, value)
+            for index, value in [*enumerate(args), *kwargs.items()]
+            if isinstance(value, Tensor) and value.requires_grad and value.is_floating_point()
+        ]
+        if not leaves or not torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return routing(*args, **kwargs)
+        box = {"dtypes": [value.dtype for _, value in leaves]}
+        entered = _Entry.apply(box, *(value for _, value in leaves))
+        args, kwargs = list(args), dict(kwargs)
+        for (key, _), value in zip(leaves, entered):
+            if isinstance(key, int):
+                args[key] = value
+            else:
+                kwargs[key] = value
+        out = routing(*args, **kwargs)
+        single = isinstance(out, Tensor)
+        items = (out,) if single else tuple(out)
+        live = [index for index, item in enumerate(items) if isinstance(item, Tensor) and item.requires_grad]
+        if not live:
+            return out
+        exited = dict(zip(live, _Exit.apply(box, *(items[index] for index in live))))
+        items = [exited.get(index, item) for index, item in enumerate(items)]
+        if single:
+            return items[0]
+        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+
+    return route
+
+
 def working(t: Tensor) -> Tensor:
     """``t`` in the dtype the routings compute in: float32 for float16/bfloat16 (too narrow for their sums)."""
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+#: Votes beyond this magnitude are routed in float64 by :func:`widened` where they need a gradient.
+WIDE_VOTES = 2.0**32
+
+
+def widened(u_hat: Tensor, gradient_only: bool = True) -> Tensor:
+    """``working(u_hat)``, or ``u_hat`` in float64 where it needs a gradient (or, not ``gradient_only``, always) and
+    its largest magnitude exceeds :data:`WIDE_VOTES` (float32 and half votes, on a device with float64; one host
+    check, not while tracing): a routing whose backward multiplies the gradient by the votes more than once
+    overflows float32 there, although the gradient itself is far smaller."""
+    if (
+        u_hat.dtype == torch.float64
+        or u_hat.device.type == "mps"
+        or (gradient_only and not (torch.is_grad_enabled() and u_hat.requires_grad))
+        or u_hat.numel() == 0
+        or torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+    ):
+        return working(u_hat)
+    with torch.no_grad():
+        low, high = torch.aminmax(u_hat.detach())
+    return u_hat.double() if max(-float(low), float(high)) > WIDE_VOTES else working(u_hat)
 
 
 def sum_unit(count: int) -> float:

@@ -12,11 +12,14 @@ parent capsule is its pose rescaled to length ``a_j``, ``v_j = a_j p_j / |p_j|``
 activation, as every vector capsule's is. The paper keeps pose and activation apart.
 
 Numerics (not in the paper; same values): a quotient whose denominator is zero (all the children inactive) is
-zero, not NaN; float16/bfloat16 votes are routed in float32. The coupling logits are formed in float64 (where the
-device has it) and shifted by their maximum over parents, so ``W . u_i`` cannot overflow; the activations are
-divided by a power of two ``>=`` their largest per example (1 for activations within [0, 1]) before they are
-summed, and each parent pose by one ``>=`` its largest component before its length is taken, so the output and
-its gradient are finite for every finite vote and pose.
+zero, not NaN; float16/bfloat16 votes are routed in float32, and float32/half votes that need a gradient beyond
+``2^32`` in float64 (:func:`~capsnets.functional.routing_common.widened`: the backward multiplies the gradient of
+a parent's direction by the votes). The coupling logits are formed in float64 (where the device has it) from the
+poses over a power of two ``>=`` their largest component and shifted by their maximum over parents, so ``W . u_i``
+cannot overflow; the parent pose is formed a quarter of itself (a mean's roundings can exceed its largest vote);
+the activations are divided by a power of two ``>=`` their largest per example (1 for activations within [0, 1])
+before they are summed, and each parent pose by one ``>=`` its largest component before its length is taken, so
+the output and its gradient are finite for every finite vote and pose.
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim,
 ``D_in`` child capsule dim.
@@ -33,8 +36,10 @@ from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.routing_common import (
     check_votes,
     largest_magnitude,
+    normalized_gradients,
     power_of_two_above,
     saturating_softmax,
+    widened,
     working,
 )
 from capsnets.functional.squash import safe_norm
@@ -96,6 +101,7 @@ class SelfRouting:
         return {"type": "self_routing"}
 
 
+@normalized_gradients
 def self_routing(
     u_hat: Tensor,
     poses: Tensor,
@@ -148,7 +154,8 @@ def self_routing(
             f"self_routing needs at least one pose component per child (D_in >= 1); got poses of shape "
             f"{tuple(poses.shape)}: give the children poses of at least one component"
         )
-    u, pose = working(u_hat), working(poses).to(working(u_hat).dtype)
+    u = widened(u_hat)  # float64 for large votes: the backward multiplies the gradient by them twice
+    pose = working(poses).to(u.dtype)
     couplings = saturating_softmax(_logits(pose, working(weight), working(bias)), dim=2)  # (B, I, J)
     act = safe_norm(pose) if activations is None else working(activations).to(u.dtype)  # (B, I)
     # the activations over a power of two >= their largest per example: the ratios below are the same
@@ -157,10 +164,11 @@ def self_routing(
     mass = weighted.sum(dim=1)  # (B, J)
     a_out = _ratio(mass, act.sum(dim=1, keepdim=True))  # (B, J)
     share = _ratio(weighted, mass.unsqueeze(1))  # (B, I, J), summing to 1 over children (or all zero)
-    pose_out = torch.einsum("bij,bijd->bjd", share, u)  # (B, J, D): a mean of votes, within max |u_hat|
+    # (B, J, D): a mean of votes, a quarter of p_j (the mean's roundings may take it past max |u_hat|)
+    pose_out = torch.einsum("bij,bijd->bjd", share, u * 0.25)
     # the direction of p_j from p_j over a power of two >= its largest component, with the epsilon of the votes'
     # dtype (the gradient at p_j = 0, a_j / sqrt(eps), fits in that dtype)
-    pose_out = pose_out / power_of_two_above(pose_out.abs().amax(dim=-1, keepdim=True), 1.0)
+    pose_out = pose_out / power_of_two_above(pose_out.abs().amax(dim=-1, keepdim=True), 0.25)
     length = safe_norm(pose_out, keepdim=True, eps=torch.finfo(u_hat.dtype).eps ** 2)
     v = (pose_out / length * a_out.unsqueeze(-1)).to(u_hat.dtype)
     return (v, couplings.to(u_hat.dtype)) if return_couplings else v
@@ -168,10 +176,15 @@ def self_routing(
 
 def _logits(pose: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """The coupling logits ``b_ij = W_ij . u_i + beta_ij`` (B, I, J) less their maximum over parents, formed in
-    float64 where the device has it, so that no product or sum overflows, and returned in the poses' dtype."""
-    wide = torch.float64 if pose.device.type != "mps" else pose.dtype
-    logits = torch.einsum("bic,ijc->bij", pose.to(wide), weight.to(wide)) + bias.to(wide)
-    return (logits - logits.detach().amax(dim=2, keepdim=True)).to(pose.dtype)
+    float64 where the device has it and over a power of two ``p >= max |u_i|`` per child (1 for poses within
+    [-1, 1]; exact), so that no product or sum overflows (float64 poses included), and returned in the poses'
+    dtype: ``p`` is put back after the shift, where a product beyond the dtype is a logit of -inf."""
+    dtype = pose.dtype
+    wide = torch.float64 if pose.device.type != "mps" else dtype
+    pose = pose.to(wide)
+    p = power_of_two_above(largest_magnitude(pose, 2, keepdim=True), 1.0)  # (B, I, 1)
+    logits = torch.einsum("bic,ijc->bij", pose / p, weight.to(wide)) + bias.to(wide) / p
+    return ((logits - logits.detach().amax(dim=2, keepdim=True)) * p).to(dtype)
 
 
 def _ratio(numerator: Tensor, denominator: Tensor) -> Tensor:

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from capsnets.functional.routing_common import SQUASHES, apply_squash, check_votes, sum_unit, working
+from capsnets.functional.routing_common import (
+    SQUASHES,
+    apply_squash,
+    check_votes,
+    normalized_gradients,
+    sum_unit,
+    working,
+)
 from capsnets.validation import choice, flag
 
 
@@ -58,6 +65,7 @@ class UniformRouting:
         return {"type": "uniform", "mean": self.mean, "squash": self.squash}
 
 
+@normalized_gradients
 def uniform_routing(u_hat: Tensor, *, mean: bool = False, squash: str = "sabour", return_couplings: bool = False):
     """``v_j = squash(sum_i c u_hat[j|i])`` with ``c = 1/J`` (or ``1/I`` with ``mean=True``).
 

@@ -40,7 +40,7 @@ from capsnets.functional.em.spec import (
     routing_dtype,
 )
 from capsnets.functional.products import matvec
-from capsnets.functional.routing_common import check_capsule_sizes
+from capsnets.functional.routing_common import check_capsule_sizes, normalized_gradients
 
 #: The sizes of EM votes ``(B, I, J, H)`` after the batch (:func:`check_votes`).
 VOTE_SIZES = {2: ("J", "parent capsules"), 3: ("H", "pose components")}
@@ -260,6 +260,7 @@ def check_votes(votes, activations) -> None:
         raise ValueError(f"activations must have shape (B, I) = {tuple(votes.shape[:2])} to match votes; got {shape}")
 
 
+@normalized_gradients
 def route_votes(
     votes: Tensor,
     activations: Tensor,

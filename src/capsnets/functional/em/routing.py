@@ -13,7 +13,7 @@ from torch import Tensor
 from capsnets.functional.child_groups import ChildGroups
 from capsnets.functional.em import triton_path
 from capsnets.functional.em.kernel import FusedVotes, fused_kernel, route_fused
-from capsnets.functional.em.procedure import check_votes, route_votes, scale_from_top
+from capsnets.functional.em.procedure import VOTE_SIZES, check_votes, route_votes, scale_from_top
 from capsnets.functional.em.spec import (
     OFFICIAL_MASS_EPS,
     EMSettings,
@@ -25,6 +25,7 @@ from capsnets.functional.em.spec import (
     routing_dtype,
 )
 from capsnets.functional.products import matrix_votes
+from capsnets.functional.routing_common import check_capsule_sizes, normalized_gradients
 
 
 @dataclass(frozen=True)
@@ -349,6 +350,9 @@ def _check_poses(poses, weight, coordinates) -> None:
         raise ValueError(
             f"weight must be an (Iw, J, {side}, {side}) tensor with I = {children} a multiple of Iw; got {got}"
         )
+    # the votes' sizes, as em_routing checks them (on every path: the kernels never form the votes)
+    votes_shape = (poses.shape[0], children, weight.shape[1], side * side)
+    check_capsule_sizes(votes_shape, "EM routing", "the votes of poses and weight", VOTE_SIZES)
     if coordinates is not None and (
         not isinstance(coordinates, Tensor) or tuple(coordinates.shape) != (children, 2) or side * side < 2
     ):
@@ -356,6 +360,7 @@ def _check_poses(poses, weight, coordinates) -> None:
         raise ValueError(f"coordinates must be None or an (I, 2) = ({children}, 2) tensor; got {got}")
 
 
+@normalized_gradients
 def _route_poses(
     poses,
     weight,
@@ -381,12 +386,27 @@ def _route_poses(
     kernel = fused_kernel(poses)
     if kernel is None or weight.dtype != poses.dtype or (coordinates is not None and coordinates.requires_grad):
         full = weight.repeat(children // weight.shape[0], 1, 1, 1) if weight.shape[0] != children else weight
+        out = None  # votes too large for float32 gradients (the em module docstring): formed in float64 too, so the
+        # transforms' gradient (the poses times the votes') does not overflow either
+        if (
+            checking()
+            and torch.is_grad_enabled()
+            and (poses.requires_grad or full.requires_grad)
+            and poses.numel()
+            and full.numel()
+        ):
+            with torch.no_grad():
+                top = side * float(poses.detach().abs().amax()) * float(full.detach().abs().amax())
+            if poses.dtype != torch.float64 and routing_dtype(poses.dtype, top, poses.device) == torch.float64:
+                out = poses.dtype if poses.dtype == torch.float32 else torch.float32
+                poses, full = poses.double(), full.double()
         votes = matrix_votes(poses, full)  # (B, I, J, P*P)
         if coordinates is not None:
             coords = coordinates.to(votes.dtype).view(1, children, 1, 2)
             votes = torch.cat([votes[..., :2] + coords, votes[..., 2:]], dim=-1)
         check_votes(votes, activations)
-        return route_votes(votes, activations, beta_v, beta_a, settings, child_groups, return_assignments)
+        routed = route_votes(votes, activations, beta_v, beta_a, settings, child_groups, return_assignments)
+        return routed if out is None else tuple(t.to(out) for t in routed)
     if not isinstance(activations, Tensor) or tuple(activations.shape) != (batch, children):
         got = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
         raise ValueError(f"activations must have shape (B, I) = {(batch, children)} to match poses; got {got}")
