@@ -70,7 +70,7 @@ from capsnets.engine.runtime import (
 )
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
-from capsnets.images import IMAGE_SUFFIXES
+from capsnets.images import IMAGE_FORMATS_TEXT, IMAGE_SUFFIXES
 from capsnets.inference import checkpoint_class_names, collect_image_files, mask_path, overlay_path, predict, segment
 from capsnets.io import (
     FileWriteError,
@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(
         command("export", "write a checkpoint's model as ONNX (or a torch.export program), checked against PyTorch")
     )
-    _add_predict(command("predict", "classify image files (PNG, JPEG) with a checkpoint, or segment them"))
+    _add_predict(command("predict", f"classify image files ({IMAGE_FORMATS_TEXT}) with a checkpoint, or segment them"))
     _add_list_models(
         command("list-models", "registered models and their parameter counts, or the --model-arg keys of one model")
     )
@@ -596,7 +596,10 @@ def _add_reconstruct(parser: argparse.ArgumentParser) -> None:
 
 def _add_predict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "inputs", nargs="+", metavar="IMAGE_OR_FOLDER", help="image files (PNG, JPEG), or folders searched for them"
+        "inputs",
+        nargs="+",
+        metavar="IMAGE_OR_FOLDER",
+        help=f"image files ({IMAGE_FORMATS_TEXT}), or folders searched for them",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -708,7 +711,8 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host",
         default="127.0.0.1",
-        help="address to listen on; 0.0.0.0 opens the demo to every machine that can reach this one",
+        help="address to listen on; 0.0.0.0 opens the demo to every machine that can reach this one; the demo "
+        "answers only requests for localhost, an IP address, this machine's names and this name (403 otherwise)",
     )
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: a free port)")
     parser.set_defaults(handler=_demo)
@@ -1497,7 +1501,7 @@ def _demo(args: argparse.Namespace) -> int:
         if not local:
             print(f"warning: listening on {args.host}: whoever can reach this machine can use the demo")
         print(f"capsnets demo: open {server.url(sock)} in a browser (Ctrl+C stops it)", flush=True)
-        server.run_server(server.create_app(demo), sock)
+        server.run_server(server.create_app(demo, args.host), sock)
     return 0
 
 
