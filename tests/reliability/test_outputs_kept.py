@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from reliability.faults import one_error_line, train_args
+from reliability.faults import copy_run, one_error_line, train_args
 
 from capsnets.cli import main
 from capsnets.engine import reporting
@@ -21,12 +21,9 @@ from capsnets.outputs import json_header, written_for
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("kept") / "run"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
-        assert main([*train_args(1), "--out", str(out)]) == 0
-    return out
+def run(clean_runs, tmp_path_factory):
+    """A copy of the session's one-epoch run (the commands write beside it)."""
+    return copy_run(clean_runs[1], tmp_path_factory.mktemp("kept") / "run")
 
 
 @pytest.fixture
