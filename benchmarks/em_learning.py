@@ -28,7 +28,7 @@ import torch
 import capsnets
 from capsnets.data import DeviceLoader, load_dataset
 from capsnets.engine.runtime import resolve_device, retain_freed_memory
-from capsnets.io import atomic_write
+from capsnets.files import atomic_write
 from capsnets.losses import create_loss
 
 from throughput import environment
@@ -85,7 +85,7 @@ def activation_stats(model: torch.nn.Module, images: torch.Tensor) -> dict:
     eval mode: the mean and standard deviation of the activations over the batch, types and positions, and
     ``spread``: the mean over examples of (largest - smallest activation) across the layer's capsules. A
     layer whose activations hardly vary passes no information through them."""
-    from capsnets.capsules import MatrixCapsules
+    from capsnets.layers import MatrixCapsules
 
     stats, handles = {}, []
 

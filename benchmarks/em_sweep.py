@@ -59,7 +59,7 @@ from capsnets.engine.runtime import (
     seed_everything,
     torch_threads,
 )
-from capsnets.io import atomic_write
+from capsnets.files import atomic_write
 from capsnets.losses import create_loss
 from capsnets.models import model_arguments
 from capsnets.models.hub import build_model

@@ -24,7 +24,7 @@ import torch
 
 import capsnets
 from capsnets.export import ExportableModel, export_model
-from capsnets.io import atomic_write
+from capsnets.files import atomic_write
 
 from throughput import environment, max_rss_bytes  # benchmarks/throughput.py, beside this script
 

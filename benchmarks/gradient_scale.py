@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 import capsnets
+import capsnets.functional.dynamic_routing as dynamic
 import capsnets.functional.em.procedure as em_procedure
 import capsnets.functional.em.routing as em_routing
-import capsnets.functional.routing as dynamic
 from capsnets.losses import create_loss
 
 #: The wrapped routing functions the registered vector and matrix capsule models call, by module.

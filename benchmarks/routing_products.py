@@ -28,13 +28,13 @@ from pathlib import Path
 import torch
 
 from capsnets.engine.runtime import resolve_device, retain_freed_memory
+from capsnets.files import atomic_write
 from capsnets.functional import em_routing
-from capsnets.io import atomic_write
 
 from throughput import environment, max_rss_bytes, synchronize
 
 # the modules whose ``matvec`` is swapped (importlib: the package re-exports functions of the same names)
-_MODULES = {"dynamic": "capsnets.functional.routing", "em": "capsnets.functional.em.procedure"}
+_MODULES = {"dynamic": "capsnets.functional.dynamic_routing", "em": "capsnets.functional.em.procedure"}
 
 
 def _plain(matrix, column):

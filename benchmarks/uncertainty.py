@@ -23,8 +23,8 @@ from torch.nn import functional as F
 
 import capsnets
 from capsnets.data import load_dataset
+from capsnets.files import atomic_write
 from capsnets.inference import uncertainty
-from capsnets.io import atomic_write
 from capsnets.models.hub import load_model
 
 from throughput import environment  # benchmarks/throughput.py, beside this script

@@ -35,13 +35,17 @@ def rewrite_sidecar(checkpoint, meta: dict) -> None:
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from capsnets import io
+    from capsnets import checkpoints
 
     path = Path(checkpoint)
     with safe_open(path, framework="pt") as handle:
         metadata = dict(handle.metadata())
-    payload = json.dumps({**meta, "format_version": io.FORMAT_VERSION, "checkpoint_id": metadata["checkpoint_id"]})
-    metadata.update({io.EMBEDDED_SIDECAR: payload, io.SIDECAR_DIGEST: io._text_digest(payload)})
+    payload = json.dumps(
+        {**meta, "format_version": checkpoints.FORMAT_VERSION, "checkpoint_id": metadata["checkpoint_id"]}
+    )
+    metadata.update(
+        {checkpoints.EMBEDDED_SIDECAR: payload, checkpoints.SIDECAR_DIGEST: checkpoints._text_digest(payload)}
+    )
     save_file(load_file(path), path, metadata=metadata)
     path.with_suffix(".json").write_text(payload)
 

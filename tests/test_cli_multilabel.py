@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from capsnets.checkpoints import load_checkpoint
 from capsnets.cli import main
-from capsnets.io import load_checkpoint
 from capsnets.losses import create_loss
 
 

@@ -21,7 +21,7 @@ MODULES = [
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
-    from capsnets.capsules import MatrixCapsules
+    from capsnets.layers import MatrixCapsules
 
     names = {"torch": torch, "MatrixCapsules": MatrixCapsules}
     for package in (capsnets.functional, capsnets.layers):

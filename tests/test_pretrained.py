@@ -15,8 +15,8 @@ from reliability.faults import one_error_line
 import capsnets
 from capsnets.cli import main
 from capsnets.engine import publish
+from capsnets.files import file_sha256
 from capsnets.images import ImageTransform
-from capsnets.io import file_sha256
 from capsnets.models import hub, pretrained
 from capsnets.models.hub import save_pretrained
 from capsnets.models.pretrained import PretrainedError, Weights

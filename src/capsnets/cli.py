@@ -50,12 +50,12 @@ import torch
 import yaml
 
 from capsnets._version import __version__
+from capsnets.checkpoints import checkpoint_epoch, load_checkpoint, peek_sidecar
 from capsnets.data import DatasetError, list_datasets, load_dataset
 from capsnets.data.errors import DOWNLOAD_HINT
 from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.data.seg_folder import SEGFOLDER_PREFIX
 from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
-from capsnets.documents import load_yaml
 from capsnets.engine.config import DEFAULTS, TrainConfig, build_config, default_run_dir, read_config_file
 from capsnets.engine.evaluate import evaluate, evaluate_segmentation, load_ensemble
 from capsnets.engine.fit import TrainingInterrupted
@@ -70,16 +70,9 @@ from capsnets.engine.runtime import (
 )
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
+from capsnets.files import FileWriteError, atomic_write_text, folder_write_problem
 from capsnets.images import IMAGE_FORMATS_TEXT, IMAGE_SUFFIXES
 from capsnets.inference import checkpoint_class_names, collect_image_files, mask_path, overlay_path, predict, segment
-from capsnets.io import (
-    FileWriteError,
-    atomic_write_text,
-    checkpoint_epoch,
-    folder_write_problem,
-    load_checkpoint,
-    peek_sidecar,
-)
 from capsnets.models import (
     count_parameters,
     create_model,
@@ -98,6 +91,7 @@ from capsnets.models.pretrained import (
     resolve_pretrained,
 )
 from capsnets.outputs import OutputExistsError, check_output, json_header, written_for
+from capsnets.parsing import load_yaml
 from capsnets.validation import ArgumentError, shown
 
 #: The environment variable that turns on ``--retain-freed-memory`` (``1``).

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from capsnets.io import atomic_write
+from capsnets.files import atomic_write
 from capsnets.models import model_task
 from capsnets.outputs import MARK, check_output
 

@@ -29,8 +29,8 @@ from PIL import Image, PngImagePlugin
 from torch import Tensor, nn
 
 from capsnets.data import dataset_info
+from capsnets.files import atomic_write
 from capsnets.images import IMAGE_SUFFIXES, ImageTransform, class_colours, image_files
-from capsnets.io import atomic_write
 from capsnets.models.output import ModelOutput, independent_probabilities
 from capsnets.models.registry import model_task
 from capsnets.outputs import check_output, png_text

@@ -28,9 +28,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from torch import Tensor, nn
 
+from capsnets.files import atomic_write, read_json_lines
 from capsnets.functional import capsule_length
 from capsnets.images import class_colours
-from capsnets.io import atomic_write, read_json_lines
 from capsnets.outputs import png_text
 
 __all__ = [
@@ -88,7 +88,7 @@ def save_figure(fig: Figure, out_png: str | os.PathLike) -> Path:
 
 
 def _read_metrics(path: Path) -> list[dict]:
-    """The records of a JSON-lines file (:func:`capsnets.io.read_json_lines`); none raises ``ValueError``."""
+    """The records of a JSON-lines file (:func:`capsnets.files.read_json_lines`); none raises ``ValueError``."""
     records = read_json_lines(path)
     if not records:
         raise ValueError(f"metrics_jsonl_path={str(path)!r} holds no records")

@@ -4,7 +4,7 @@ import json
 
 
 def test_times_both_paths_and_restores_the_wrapper(tmp_path, load_benchmark):
-    import capsnets.functional.routing as dynamic
+    import capsnets.functional.dynamic_routing as dynamic
 
     before = dynamic.dynamic_routing
     bench = load_benchmark("gradient_scale")

@@ -17,5 +17,5 @@ def test_routing_products_times_both_products_of_both_routings_and_restores_matv
     for row in rows.values():
         assert len(row["matvec_ms_runs"]) == len(row["matrix_at_column_ms_runs"]) == 2
         assert row["speedup"] > 0 and row["matvec_images_per_s"] > 0
-    for name in ("capsnets.functional.routing", "capsnets.functional.em.procedure"):
+    for name in ("capsnets.functional.dynamic_routing", "capsnets.functional.em.procedure"):
         assert importlib.import_module(name).matvec is matvec  # put back after timing the plain product

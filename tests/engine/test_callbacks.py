@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from capsnets.checkpoints import load_checkpoint
 from capsnets.data import DeviceLoader
 from capsnets.engine import TrainState, fit, training_step
 from capsnets.engine.callbacks import (
@@ -17,7 +18,6 @@ from capsnets.engine.callbacks import (
     resume_state,
 )
 from capsnets.engine.fit import adam_with_decay
-from capsnets.io import load_checkpoint
 
 
 def _problem(seed=0):

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from capsnets import io as capsnets_io
+from capsnets import checkpoints as capsnets_checkpoints
+from capsnets.checkpoints import CheckpointError, load_checkpoint
 from capsnets.engine.checkpoint import restore_training, save_checkpoint
-from capsnets.io import CheckpointError, load_checkpoint
 from capsnets.models.hub import restore_model
 
 
@@ -108,11 +108,11 @@ def test_a_file_of_another_format_version_is_refused_with_a_clear_error(tmp_path
     written = f"format version {version}" if version is not None else "no format version"
     with pytest.raises(CheckpointError, match=f"'{path}' has {written}; this capsnets .* reads format version 1 only"):
         load_checkpoint(path)
-    assert capsnets_io.checkpoint_epoch(path) is None  # the header alone: another format is not read either
+    assert capsnets_checkpoints.checkpoint_epoch(path) is None  # the header alone: another format is not read either
 
 
 def test_every_sidecar_records_the_format_version(tmp_path):
-    from capsnets.io import FORMAT_VERSION
+    from capsnets.checkpoints import FORMAT_VERSION
 
     path = tmp_path / "last.safetensors"
     _save(path)
@@ -137,7 +137,7 @@ def test_one_commit_point_a_crash_after_it_leaves_the_new_checkpoint(tmp_path, m
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(capsnets_io, "atomic_write", crash)
+    monkeypatch.setattr(capsnets_checkpoints, "atomic_write", crash)
     with pytest.raises(KeyboardInterrupt):
         _save(path, seed=5, metrics={"run": "new"})
     monkeypatch.undo()
@@ -147,24 +147,24 @@ def test_one_commit_point_a_crash_after_it_leaves_the_new_checkpoint(tmp_path, m
     assert loaded.meta["metrics"] == {"run": "new"} and "using the copy" in caplog.text
     fresh, fresh_opt, fresh_sched = _trained(seed=1)
     restore_training(loaded, fresh_opt, fresh_sched)  # the optimizer state is there: the run resumes
-    messages = capsnets_io.recover_directory(tmp_path)
+    messages = capsnets_checkpoints.recover_directory(tmp_path)
     assert len(messages) == 1 and "rewrote" in messages[0]
     assert json.loads((tmp_path / "last.json").read_text())["metrics"] == {"run": "new"}
-    assert capsnets_io.recover_directory(tmp_path) == []
+    assert capsnets_checkpoints.recover_directory(tmp_path) == []
 
 
 def test_missing_readable_sidecar_is_rewritten(tmp_path):
     _save(tmp_path / "last.safetensors")
     (tmp_path / "last.json").unlink()
     assert load_checkpoint(tmp_path / "last.safetensors").meta["epoch"] == 3
-    assert capsnets_io.recover_directory(tmp_path) and (tmp_path / "last.json").is_file()
+    assert capsnets_checkpoints.recover_directory(tmp_path) and (tmp_path / "last.json").is_file()
 
 
 def test_leftover_of_a_save_cut_before_its_commit_point_is_removed(tmp_path):
     _save(tmp_path / "last.safetensors", metrics={"run": "old"})
     leftover = tmp_path / ".last.safetensors.abc123.tmp"
     leftover.write_bytes(b"half a checkpoint")
-    messages = capsnets_io.recover_directory(tmp_path)
+    messages = capsnets_checkpoints.recover_directory(tmp_path)
     assert not leftover.exists() and "removed" in messages[0]
     assert load_checkpoint(tmp_path / "last.safetensors").meta["metrics"] == {"run": "old"}
 
@@ -220,8 +220,10 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch, error):
             else error
         )
 
-    monkeypatch.setattr(capsnets_io, "save_file", broken_save_file)
-    with pytest.raises(capsnets_io.CheckpointWriteError, match="could not write checkpoint .*space.*is intact"):
+    monkeypatch.setattr(capsnets_checkpoints, "save_file", broken_save_file)
+    with pytest.raises(
+        capsnets_checkpoints.CheckpointWriteError, match="could not write checkpoint .*space.*is intact"
+    ):
         _save(path, seed=5)
     assert (path.read_bytes(), (tmp_path / "last.json").read_text()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.json", "last.safetensors"]  # no temp files

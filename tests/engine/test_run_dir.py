@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from capsnets import io as capsnets_io
+from capsnets import checkpoints as capsnets_checkpoints
 from capsnets.engine import reporting
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, resume_changes
 from capsnets.engine.trainer import Trainer
@@ -123,7 +123,7 @@ def test_a_new_learning_rate_on_resume_is_applied_and_recorded(tiny_config, no_f
     assert (
         "resuming with lr 0.008 (was 0.001)" in caplog.text and "epoch 2 trains at learning rate 0.002" in caplog.text
     )
-    meta = capsnets_io.load_checkpoint(Path(config.out) / "last.safetensors").meta
+    meta = capsnets_checkpoints.load_checkpoint(Path(config.out) / "last.safetensors").meta
     assert meta["training"]["extra"]["resumed_with"] == [{"epoch": 1, "epochs": 3, "lr": 8e-3, "lr_decay": 0.25}]
     assert meta["config"]["lr"] == 8e-3
 
@@ -192,7 +192,7 @@ def test_sidecar_entries_of_the_wrong_type_are_refused_on_resume(tiny_config, no
     path = Path(config.out) / "last.safetensors"
     with safe_open(path, framework="pt") as handle:
         metadata = handle.metadata()
-    meta = json.loads(metadata[capsnets_io.EMBEDDED_SIDECAR])
+    meta = json.loads(metadata[capsnets_checkpoints.EMBEDDED_SIDECAR])
     meta["training"]["epoch"] = "one"
     text = json.dumps(meta)  # with its checksum: written so, not damaged afterwards
     save_file(
@@ -200,8 +200,8 @@ def test_sidecar_entries_of_the_wrong_type_are_refused_on_resume(tiny_config, no
         path,
         metadata={
             **metadata,
-            capsnets_io.EMBEDDED_SIDECAR: text,
-            capsnets_io.SIDECAR_DIGEST: hashlib.sha256(text.encode()).hexdigest(),
+            capsnets_checkpoints.EMBEDDED_SIDECAR: text,
+            capsnets_checkpoints.SIDECAR_DIGEST: hashlib.sha256(text.encode()).hexdigest(),
         },
     )
     with pytest.raises(ValueError, match="training.epoch.*'one'"):
@@ -219,4 +219,4 @@ def test_a_best_checkpoint_lost_to_a_crash_is_saved_again_on_resume(tiny_config,
     with caplog.at_level("WARNING"):
         Trainer(config, resume=True).fit()
     assert "saved it again" in caplog.text
-    assert capsnets_io.load_checkpoint(run / "best.safetensors").meta["epoch"] == 1
+    assert capsnets_checkpoints.load_checkpoint(run / "best.safetensors").meta["epoch"] == 1

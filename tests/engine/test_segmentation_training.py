@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from capsnets.checkpoints import load_checkpoint
 from capsnets.data.seg_folder import write_digit_segfolder
 from capsnets.engine import TrainConfig, train
 from capsnets.engine.tasks import SegmentationTask, best_index
-from capsnets.io import load_checkpoint
 
 COLOURS = [(0, 0, 0), (255, 0, 0), (0, 0, 255)]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from capsnets import io as capsnets_io
+from capsnets import checkpoints as capsnets_checkpoints
 from capsnets.engine import NonFiniteLossError, reporting
 from capsnets.engine import trainer as trainer_module
 from capsnets.engine.trainer import Trainer
@@ -102,7 +102,7 @@ def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path,
     summary = Trainer(cut).fit()
     assert summary["time_limited"] and summary["epochs"] == 1 and summary["planned_epochs"] == 3
     assert summary["test_accuracy"] is not None  # evaluated although eval_every is 5
-    last = capsnets_io.load_checkpoint(
+    last = capsnets_checkpoints.load_checkpoint(
         tmp_path / "b" / "last.safetensors"
     )  # checkpointed although checkpoint_every is 5
     assert last.meta["training"]["epoch"] == 1
@@ -139,7 +139,7 @@ def test_figures_show_the_best_checkpoint_and_say_so(tiny_config, monkeypatch):
     assert shown["checkpoint"] == summary["figures_checkpoint"] and shown["checkpoint"].startswith(
         "best.safetensors (epoch 1, "
     )
-    best = capsnets_io.load_checkpoint(Path(config.out) / "best.safetensors").model_state()
+    best = capsnets_checkpoints.load_checkpoint(Path(config.out) / "best.safetensors").model_state()
     assert len(evaluated) == 3 and all(torch.equal(evaluated[-1][k], v) for k, v in best.items())
 
 

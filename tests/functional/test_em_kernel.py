@@ -10,12 +10,11 @@ import torch
 from torch.autograd import gradcheck
 
 from capsnets import create_model
-from capsnets.capsules import MatrixCapsules
 from capsnets.functional import ChildGroups, EMRouting, em_routing, em_routing_poses, grid_child_groups
 from capsnets.functional.em import OFFICIAL_VARIANCE_FLOOR
 from capsnets.functional.em import kernel as em_kernel
 from capsnets.functional.patches import gather_patches, patch_index
-from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules
+from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules, MatrixCapsules
 from capsnets.testing import reference_conv_em_routing, reference_em_routing
 
 from helpers import em_poses, em_votes

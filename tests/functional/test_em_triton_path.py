@@ -12,11 +12,10 @@ import warnings
 import pytest
 import torch
 
-from capsnets.capsules import MatrixCapsules
 from capsnets.functional import EMRouting, em_routing_poses
 from capsnets.functional.em import OFFICIAL_VARIANCE_FLOOR, triton_path, triton_votes
 from capsnets.functional.em import kernel as em_kernel
-from capsnets.layers import ConvMatrixCapsules
+from capsnets.layers import ConvMatrixCapsules, MatrixCapsules
 from capsnets.testing import reference_em_routing
 
 from helpers import em_poses, em_votes

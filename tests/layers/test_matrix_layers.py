@@ -4,10 +4,9 @@ import unittest.mock
 import pytest
 import torch
 
-from capsnets.capsules import MatrixCapsules
 from capsnets.functional import EMRouting
 from capsnets.functional.patches import capsule_patches, patch_index
-from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+from capsnets.layers import ClassMatrixCapsules, ConvMatrixCapsules, MatrixCapsules, PrimaryMatrixCapsules
 from capsnets.testing import reference_conv_em_routing
 
 

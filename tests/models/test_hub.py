@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import capsnets
-from capsnets.io import CheckpointError, load_checkpoint, write_checkpoint
+from capsnets.checkpoints import CheckpointError, load_checkpoint, write_checkpoint
 from capsnets.models import model_from_checkpoint
 from capsnets.models.hub import model_tensors
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import capsnets
+from capsnets.checkpoints import load_checkpoint
 from capsnets.engine.checkpoint import save_checkpoint
 from capsnets.functional import DynamicRouting, EMRouting
-from capsnets.io import load_checkpoint
 from capsnets.models.hub import load_model, restore_model
 
 

@@ -97,7 +97,7 @@ def _install(plan: _Plan, figures: bool | str) -> None:
     import safetensors.torch
     import torch
 
-    from capsnets import io as capsnets_io
+    from capsnets import checkpoints as capsnets_checkpoints
     from capsnets.engine import reporting
 
     if not figures:
@@ -125,7 +125,7 @@ def _install(plan: _Plan, figures: bool | str) -> None:
         plan.tick("save_file", "after")
         return result
 
-    capsnets_io.save_file = save_file
+    capsnets_checkpoints.save_file = save_file
 
     real_replace, real_fsync, real_unlink = os.replace, os.fsync, os.unlink
 
@@ -159,7 +159,7 @@ FIGURES = ("plot_training_curves", "plot_confusion_matrix", "plot_reconstruction
 def figure_stub(*args, **kwargs):
     """A stand-in for a :mod:`capsnets.plots` function: a tiny file written (atomically) where and as the figure
     is. Drawing takes seconds; what the tests look at is how the file is written."""
-    from capsnets.io import atomic_write
+    from capsnets.files import atomic_write
 
     out = next(a for a in (*args, *kwargs.values()) if isinstance(a, (str, os.PathLike)) and str(a).endswith(".png"))
     return atomic_write(out, lambda tmp: Path(tmp).write_bytes(b"\x89PNG stand-in"))

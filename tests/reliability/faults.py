@@ -43,7 +43,7 @@ def train_args(epochs: int = 3) -> list[str]:
 TRAIN = train_args(3)
 #: Record entries that measure time: they differ between any two runs.
 TIMINGS = ("epoch_time_s", "train_time_s", "images_per_s", "time_s")
-#: A temporary file of :func:`capsnets.io.atomic_write` (``.<name>.<random>.tmp``): the name it stands for.
+#: A temporary file of :func:`capsnets.files.atomic_write` (``.<name>.<random>.tmp``): the name it stands for.
 TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")
 
 

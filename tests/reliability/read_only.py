@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 
-from capsnets import io as capsnets_io
+from capsnets import checkpoints as capsnets_checkpoints
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
@@ -54,7 +54,7 @@ class ReadOnly:
             name: getattr(os, name)
             for name in ("open", "mkdir", "replace", "rename", "unlink", "remove", "rmdir", "chmod", "truncate")
         }
-        real_open, real_access, real_statvfs, real_save = io.open, os.access, os.statvfs, capsnets_io.save_file
+        real_open, real_access, real_statvfs, real_save = io.open, os.access, os.statvfs, capsnets_checkpoints.save_file
 
         def open_(file, mode="r", *args, **kwargs):
             if set(mode) & set("wax+") and self.covers(file):
@@ -102,7 +102,7 @@ class ReadOnly:
         for name in real:
             if name != "open":
                 patch.setattr(os, name, guarded(name))
-        patch.setattr(capsnets_io, "save_file", save_file)
+        patch.setattr(capsnets_checkpoints, "save_file", save_file)
         if self.visible:
             patch.setattr(os, "access", access)
             patch.setattr(os, "statvfs", statvfs)

@@ -30,7 +30,7 @@ from reliability.faults import (
 )
 from safetensors import SafetensorError
 
-from capsnets import io as capsnets_io
+from capsnets import checkpoints as capsnets_checkpoints
 from capsnets.cli import main
 from capsnets.engine import reporting
 
@@ -45,7 +45,7 @@ class DiskFull:
         self.name, self.nth, self.seen, self.fired = name, nth, 0, False
 
     def install(self, patch: pytest.MonkeyPatch) -> DiskFull:
-        real_open, real_save = io.open, capsnets_io.save_file
+        real_open, real_save = io.open, capsnets_checkpoints.save_file
 
         def open_(file, mode="r", *args, **kwargs):
             handle = real_open(file, mode, *args, **kwargs)
@@ -65,7 +65,7 @@ class DiskFull:
 
         patch.setattr(builtins, "open", open_)
         patch.setattr(io, "open", open_)
-        patch.setattr(capsnets_io, "save_file", save_file)
+        patch.setattr(capsnets_checkpoints, "save_file", save_file)
         return self
 
     def _due(self, path) -> bool:
@@ -110,7 +110,7 @@ def _no_figures(patch: pytest.MonkeyPatch, figures: bool | str) -> None:
 def _fails_then_recovers(argv, run, name, nth, reference, capsys, caplog, *, figures=False) -> None:
     """``argv`` with the ``nth`` write of ``name`` failing: status 1, one line naming the file, the checkpoint
     from before intact, no temporary file; then the recovery command ends as ``reference``."""
-    earlier = capsnets_io.checkpoint_epoch(run / "last.safetensors")
+    earlier = capsnets_checkpoints.checkpoint_epoch(run / "last.safetensors")
     with pytest.MonkeyPatch.context() as patch:
         _no_figures(patch, figures)
         fault = DiskFull(name, nth).install(patch)
@@ -121,7 +121,7 @@ def _fails_then_recovers(argv, run, name, nth, reference, capsys, caplog, *, fig
     assert status == 1 and name in line and "No space left on device" in line, line
     assert "Traceback" not in caplog.text
     if earlier is not None:  # the checkpoint saved before: intact (it loads, checksums included), or the next
-        meta = capsnets_io.load_checkpoint(run / "last.safetensors").meta
+        meta = capsnets_checkpoints.load_checkpoint(run / "last.safetensors").meta
         assert meta["epoch"] >= earlier
         assert [
             {k: v for k, v in r.items() if k in records(reference)[0]} for r in meta["training"]["history"]
@@ -230,9 +230,9 @@ def _write_counts(argv, run) -> dict[str, int]:
         _no_figures(patch, False)
         patch.setattr(builtins, "open", open_)
         patch.setattr(io, "open", open_)
-        real_save = capsnets_io.save_file
+        real_save = capsnets_checkpoints.save_file
         patch.setattr(
-            capsnets_io,
+            capsnets_checkpoints,
             "save_file",
             lambda tensors, filename, metadata=None: (
                 counts.__setitem__(target_name(filename), counts.get(target_name(filename), 0) + 1),

@@ -22,9 +22,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import capsnets
+from capsnets.checkpoints import SIDECAR_DIGEST, TENSORS_DIGEST, CheckpointError, checkpoint_epoch, load_checkpoint
 from capsnets.cli import main
 from capsnets.engine import reporting
-from capsnets.io import SIDECAR_DIGEST, TENSORS_DIGEST, CheckpointError, checkpoint_epoch, load_checkpoint
 from capsnets.models import load_model, pretrained
 
 SHIPPED = pretrained.WEIGHTS_DIR / "matrix_capsnet_small-mnist.safetensors"

@@ -24,7 +24,7 @@ from reliability.read_only import ReadOnly, chmod_protects
 import capsnets
 from capsnets.cli import main
 from capsnets.engine import save_checkpoint
-from capsnets.io import FileWriteError, atomic_write
+from capsnets.files import FileWriteError, atomic_write
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Fault class "CLI and config": hostile YAML and JSON in ``--config``, ``model_args``, ``--model-arg``,
-``--loss-arg`` and ``--set``, and the limits of :mod:`capsnets.documents` (size, nesting depth, values with aliases
+``--loss-arg`` and ``--set``, and the limits of :mod:`capsnets.parsing` (size, nesting depth, values with aliases
 expanded), at and past each limit.
 
 A command line refuses each with one error line and status 1, no traceback, in a fraction of a second and without
@@ -14,9 +14,10 @@ import tracemalloc
 import pytest
 from reliability.faults import one_error_line
 
-from capsnets import documents
+from capsnets import parsing
 from capsnets.cli import main, parse_key_values
-from capsnets.documents import (
+from capsnets.engine.config import build_config, read_config_file
+from capsnets.parsing import (
     MAX_DOCUMENT_BYTES,
     MAX_DOCUMENT_DEPTH,
     MAX_DOCUMENT_VALUES,
@@ -24,7 +25,6 @@ from capsnets.documents import (
     load_yaml,
     read_document,
 )
-from capsnets.engine.config import build_config, read_config_file
 from capsnets.validation import ArgumentError, check_device, shown
 
 
@@ -172,7 +172,7 @@ def test_library_functions_raise_argument_errors(tmp_path):
         lambda: parse_key_values([f"num_classes={laughs()}"], "--model-arg"),
         lambda: load_json("[" * 10_000 + "]" * 10_000),
     ):
-        with pytest.raises(ArgumentError, match="limit capsnets.documents.MAX_DOCUMENT"):
+        with pytest.raises(ArgumentError, match="limit capsnets.parsing.MAX_DOCUMENT"):
             call()
 
 
@@ -273,13 +273,13 @@ def test_aliases_never_stand_for_more_text_than_the_size_limit():
 @pytest.mark.parametrize("load", [load_yaml, load_json])
 def test_recursion_error_is_caught(load, monkeypatch):
     """Past Python's recursion limit the parser itself would raise RecursionError: it becomes the depth error."""
-    monkeypatch.setattr(documents, "MAX_DOCUMENT_DEPTH", 10**9)
+    monkeypatch.setattr(parsing, "MAX_DOCUMENT_DEPTH", 10**9)
     with pytest.raises(ArgumentError, match="nests values more than 1000000000 deep"):
         load(nested(5_000))
 
 
 def test_limits_are_read_at_each_call(monkeypatch):
-    monkeypatch.setattr(documents, "MAX_DOCUMENT_VALUES", 3)
+    monkeypatch.setattr(parsing, "MAX_DOCUMENT_VALUES", 3)
     assert load_yaml("[1, 2]") == [1, 2]
     with pytest.raises(ArgumentError, match="more than 3 values"):
         load_yaml("[1, 2, 3]")

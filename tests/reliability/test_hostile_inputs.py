@@ -10,11 +10,11 @@ import pytest
 import torch
 from reliability.faults import train_args
 
+from capsnets.checkpoints import CheckpointError, load_checkpoint, write_checkpoint
 from capsnets.cli import main
 from capsnets.engine import reporting
 from capsnets.functional import DynamicRouting, InvertedAttentionRouting, dynamic_routing, squash
 from capsnets.functional.em.routing import EMRouting
-from capsnets.io import CheckpointError, load_checkpoint, write_checkpoint
 from capsnets.models import create_model, load_model
 from capsnets.models.hub import model_tensors
 from capsnets.validation import MAX_ROUTING_ITERATIONS, ArgumentError

@@ -7,7 +7,7 @@ import os
 import urllib.request
 from pathlib import Path
 
-from capsnets.io import temp_beside
+from capsnets.files import temp_beside
 
 from .errors import DatasetError
 from .idx import check_md5, md5sum

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
+from capsnets.checkpoints import load_checkpoint
 from capsnets.demo.capsules import DemoModel
 from capsnets.engine import TrainConfig, train
 from capsnets.inference import checkpoint_class_names
-from capsnets.io import load_checkpoint
 from capsnets.models.hub import model_from_checkpoint
 from capsnets.models.pretrained import resolve_pretrained
 from capsnets.validation import ArgumentError

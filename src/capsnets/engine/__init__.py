@@ -12,7 +12,7 @@
   :func:`segmentation_metrics`)
 - :mod:`~capsnets.engine.tasks`: what the trainer does for each task (classification, multi-label, segmentation)
 - :func:`save_checkpoint`, :func:`restore_training`: a model with its optimizer, scheduler and RNG state (the
-  file format is :mod:`capsnets.io`'s; a model alone: :func:`capsnets.models.load_model`)
+  file format is :mod:`capsnets.checkpoints`'s; a model alone: :func:`capsnets.models.load_model`)
 - :func:`publish_checkpoint`: a trained checkpoint as a pretrained weight with its model card
 """
 

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from capsnets.checkpoints import SUFFIX, Checkpoint, load_checkpoint
 from capsnets.engine.distributed import DistContext
 from capsnets.engine.fit import TrainState, save_state
-from capsnets.io import SUFFIX, Checkpoint, load_checkpoint
 from capsnets.models.hub import restore_model
 from capsnets.validation import ArgumentError, positive_int
 

@@ -1,7 +1,7 @@
 """Training checkpoints: a model with its optimizer, scheduler and RNG state, so that a run resumes exactly.
 
 The file format (safetensors + JSON sidecar, atomic, with digests and a format version) is
-:mod:`capsnets.io`'s; a model alone is saved and loaded by :mod:`capsnets.models.hub`. Here a checkpoint adds
+:mod:`capsnets.checkpoints`'s; a model alone is saved and loaded by :mod:`capsnets.models.hub`. Here a checkpoint adds
 what training needs: optimizer state tensors (``optim.state.<index>.<name>``, the rest in the sidecar's
 ``"optimizer"``), the scheduler's ``state_dict``, RNG states (``rng.*``) and any extra tensors (``extra.*``).
 """
@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from capsnets.checkpoints import Checkpoint, CheckpointError, cpu_copy, write_checkpoint
 from capsnets.engine.runtime import rng_state_tensors
-from capsnets.io import Checkpoint, CheckpointError, cpu_copy, write_checkpoint
 from capsnets.models.hub import model_tensors
 
 __all__ = ["join_optimizer_state", "restore_training", "save_checkpoint", "split_optimizer_state"]

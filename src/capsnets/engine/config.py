@@ -25,11 +25,11 @@ import yaml
 from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.data.seg_folder import SEGFOLDER_PREFIX
 from capsnets.data.transforms import AUGMENTATIONS
-from capsnets.documents import read_document
 from capsnets.engine.runtime import AMP_MODES, MAX_THREADS
-from capsnets.io import atomic_write_text
+from capsnets.files import atomic_write_text
 from capsnets.models import list_models, training_recipe
 from capsnets.outputs import yaml_mark
+from capsnets.parsing import read_document
 from capsnets.validation import ArgumentError, expect, reject_unknown
 
 #: Images at most this many pixels high get ``max_shift=0`` when ``max_shift`` is None (8x8 digits
@@ -282,7 +282,7 @@ def field_names() -> list[str]:
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON config file into a dict (keys are checked by :meth:`TrainConfig.from_dict`), within the
-    limits of :mod:`capsnets.documents` (size, nesting, values and aliases); an
+    limits of :mod:`capsnets.parsing` (size, nesting, values and aliases); an
     :class:`~capsnets.validation.ArgumentError` (a ``ValueError``) says what is wrong with the file."""
     values = read_document(path, "config file")
     if values is None:

@@ -30,11 +30,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from capsnets.checkpoints import load_checkpoint
 from capsnets.data import dataset_info
 from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, resolve_amp, resolve_device
-from capsnets.io import load_checkpoint
 from capsnets.models.hub import model_from_checkpoint
 from capsnets.models.output import ModelOutput, independent_probabilities
 

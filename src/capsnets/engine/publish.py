@@ -8,9 +8,9 @@ import os
 import time
 from pathlib import Path
 
+from capsnets.checkpoints import load_checkpoint
 from capsnets.data import load_dataset
 from capsnets.engine.evaluate import evaluate
-from capsnets.io import load_checkpoint
 from capsnets.models.hub import model_from_checkpoint, save_pretrained, without_decoder
 from capsnets.models.pretrained import WEIGHTS_DIR
 from capsnets.models.registry import complete_model_args

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
-from capsnets.io import FileWriteError, atomic_write_text, read_json_lines
+from capsnets.files import FileWriteError, atomic_write_text, read_json_lines
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -39,7 +39,7 @@ def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
 
 def read_metrics(run_dir: Path, last_epoch: int | None = None) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl`` (up to ``last_epoch``), or [] if there is none; a torn last line is left
-    out with a warning (:func:`capsnets.io.read_json_lines`)."""
+    out with a warning (:func:`capsnets.files.read_json_lines`)."""
     path = run_dir / METRICS_FILE
     if not path.is_file():
         return []

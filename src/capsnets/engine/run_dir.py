@@ -27,17 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from capsnets.checkpoints import CheckpointError, checkpoint_epoch, load_checkpoint, recover_directory
 from capsnets.engine.callbacks import checkpoint_path
 from capsnets.engine.fit import TrainState, save_state
-from capsnets.io import (
-    READ_ONLY_ERRNOS,
-    CheckpointError,
-    FileWriteError,
-    checkpoint_epoch,
-    folder_write_problem,
-    load_checkpoint,
-    recover_directory,
-)
+from capsnets.files import READ_ONLY_ERRNOS, FileWriteError, folder_write_problem
 from capsnets.outputs import written_for
 
 logger = logging.getLogger(__name__)
@@ -155,7 +148,7 @@ class RunDirectory:
 
     def _check_writable(self, folder: Path, *, moving: bool = False) -> None:
         """Refuse, before anything is written, a run directory (or, ``moving``, the folder that holds it) in
-        which files cannot be made (:func:`~capsnets.io.folder_write_problem`)."""
+        which files cannot be made (:func:`~capsnets.files.folder_write_problem`)."""
         problem = folder_write_problem(folder)
         if problem is not None:
             raise self._not_writable(Path(problem.filename), problem, moving=moving)

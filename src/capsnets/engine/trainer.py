@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 import capsnets
+from capsnets.checkpoints import Checkpoint, CheckpointError, load_checkpoint
 from capsnets.data import AUGMENTATIONS, DeviceLoader, load_dataset
 from capsnets.engine import distributed, reporting
 from capsnets.engine.callbacks import Hook, ModelCheckpoint, TimeLimit, checkpoint_path, resume_state
@@ -38,7 +39,6 @@ from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay,
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, check_best, repair_best, resume_changes
 from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything, stop_on_signals, torch_threads
 from capsnets.engine.tasks import best_index, task_for
-from capsnets.io import Checkpoint, CheckpointError, load_checkpoint
 from capsnets.losses import create_loss
 from capsnets.models import model_arguments, model_task
 from capsnets.models.hub import build_model, restore_model

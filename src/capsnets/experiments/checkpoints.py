@@ -21,10 +21,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from capsnets.checkpoints import load_checkpoint, recover_directory
 from capsnets.engine.callbacks import checkpoint_path, resume_state
 from capsnets.engine.fit import TrainState, save_state
 from capsnets.experiments.training import epochs_trained, evaluate_accuracy, train_to_accuracy
-from capsnets.io import load_checkpoint, recover_directory
 
 __all__ = ["Checkpoints", "load_or_train"]
 

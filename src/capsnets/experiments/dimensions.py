@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
+from capsnets.checkpoints import CheckpointError
 from capsnets.data import load_dataset, random_shift
 from capsnets.engine import TrainState
 from capsnets.engine.callbacks import checkpoint_path
@@ -32,7 +33,6 @@ from capsnets.experiments.report import ExperimentResult, save_figure, write_rep
 from capsnets.experiments.report.dimensions import dimensions_sections
 from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds, train_classifier
 from capsnets.functional import capsule_length
-from capsnets.io import CheckpointError
 from capsnets.models import count_parameters, create_model
 from capsnets.models.hub import load_model
 from capsnets.plots import perturbation_grid, plot_perturbation_grid

@@ -17,7 +17,7 @@ from capsnets.engine.fit import fit, training_step
 from capsnets.engine.runtime import resolve_amp, seed_everything
 from capsnets.experiments.matching import load_norb_like, viewpoint_split
 from capsnets.experiments.training import default_loss_fn
-from capsnets.io import atomic_write
+from capsnets.files import atomic_write
 from capsnets.models import create_model
 from capsnets.outputs import json_header
 

@@ -24,7 +24,7 @@ from capsnets.engine.runtime import resolve_device
 from capsnets.experiments.common import check_seed, get_contrasts, run_experiment
 from capsnets.experiments.report import ExperimentResult, annotate_report, run_description, write_report
 from capsnets.experiments.report.seeds import mean_std, seeds_figures, seeds_sections, seeds_title
-from capsnets.io import atomic_write
+from capsnets.files import atomic_write
 from capsnets.outputs import json_header
 
 __all__ = ["run_experiment_seeds", "summarise_seeds"]

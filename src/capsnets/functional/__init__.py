@@ -1,7 +1,7 @@
 """Stateless capsule math: squash, safe lengths, routing (and routing specs), masking."""
 
-from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups, group_softmax
+from capsnets.functional.dynamic_routing import DynamicRouting, dynamic_routing
 from capsnets.functional.em import EMRouting, em_inverse_temperatures, em_routing, em_routing_poses
 from capsnets.functional.heinsen_routing import HeinsenOutput, HeinsenRouting, heinsen_routing
 from capsnets.functional.homogeneous import homogeneous_vector_capsules
@@ -10,14 +10,14 @@ from capsnets.functional.inverted_attention_routing import (
     concurrent_inverted_attention_routing,
     inverted_attention_routing,
 )
-from capsnets.functional.local_routing import local_dynamic_routing, local_routing
 from capsnets.functional.masking import mask_capsules
-from capsnets.functional.routing import DynamicRouting, dynamic_routing
-from capsnets.functional.routing_common import bind_routing, efficient_squash
+from capsnets.functional.routing_common import BoundRouting, bind_routing, efficient_squash
 from capsnets.functional.routing_spec import (
     ROUTING_TYPES,
     VECTOR_ROUTING_TYPES,
     as_routing,
+    local_dynamic_routing,
+    local_routing,
     routing_config,
     routing_from_config,
 )

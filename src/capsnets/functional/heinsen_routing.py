@@ -40,8 +40,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.routing_common import (
+    BoundRouting,
     check_votes,
     largest_magnitude,
     normalized_gradients,

@@ -2,6 +2,13 @@
 compute in, the two squash functions they may end with, a softmax whose gradient stays finite, and binding a
 routing to its layer's sizes.
 
+Some routings learn: Efficient-CapsNet's self-attention routing a bias per (child, parent) pair, inverted
+dot-product attention the affine part of its LayerNorm, self-routing a small routing network per child. Their
+spec is a frozen dataclass like :class:`~capsnets.functional.DynamicRouting`; a capsule layer calls its
+``build(in_capsules, in_dim, out_capsules, out_dim)`` (:func:`bind_routing`), which returns a
+:class:`BoundRouting`: an ``nn.Module``, so the parameters belong to the layer (optimisers, ``state_dict``,
+``.to()``), that calls the spec with them.
+
 Every routing function backpropagates the loss's gradient divided by a power of two ``>=`` its largest magnitude,
 and multiplies its inputs' gradients back (:func:`normalized_gradients`): their own products with the gradient then
 stay within the dtype's range whatever the loss's scale, and a gradient beyond the dtype is inf, never NaN.
@@ -23,7 +30,7 @@ import functools
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from capsnets.functional.squash import _default_eps, _scaled, _squash, safe_norm
 from capsnets.validation import ArgumentError
@@ -276,3 +283,37 @@ def bind_routing(routing, in_capsules: int, in_dim: int, out_capsules: int, out_
     if build is None:
         return routing
     return build(in_capsules, in_dim, out_capsules, out_dim, device=device, dtype=dtype)
+
+
+class BoundRouting(nn.Module):
+    """A routing spec with its parameters.
+
+    Args:
+        spec: the routing (a frozen dataclass whose ``__call__`` takes the parameters as keyword arguments).
+        parameters: initial values of the parameters, by the keyword ``spec`` takes them under.
+
+    Examples::
+
+        >>> from capsnets.functional import SelfAttentionRouting
+        >>> routing = SelfAttentionRouting().build(32, 8, 10, 16)
+        >>> routing.bias.shape, routing(torch.randn(2, 32, 10, 16)).shape
+        (torch.Size([32, 10]), torch.Size([2, 10, 16]))
+    """
+
+    def __init__(self, spec, parameters: dict[str, Tensor]) -> None:
+        super().__init__()
+        self.spec = spec
+        self.needs_poses = bool(getattr(spec, "needs_poses", False))
+        self._names = tuple(parameters)
+        for name, value in parameters.items():
+            self.register_parameter(name, nn.Parameter(value))
+
+    def forward(self, u_hat: Tensor, **kwargs):
+        return self.spec(u_hat, **{name: getattr(self, name) for name in self._names}, **kwargs)
+
+    def to_config(self) -> dict:
+        """The spec of the routing (its parameters live in the layer's ``state_dict``)."""
+        return self.spec.to_config()
+
+    def extra_repr(self) -> str:
+        return repr(self.spec)

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import (
     SQUASHES,
+    BoundRouting,
     apply_squash,
     check_votes,
     largest_magnitude,

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from capsnets.functional.bound_routing import BoundRouting
 from capsnets.functional.routing_common import (
+    BoundRouting,
     check_votes,
     largest_magnitude,
     normalized_gradients,

@@ -5,7 +5,7 @@ from capsnets.layers.decoder import CapsuleDecoder
 from capsnets.layers.heinsen import HeinsenCapsules
 from capsnets.layers.homogeneous import HomogeneousVectorCapsules, OffsetBatchNorm
 from capsnets.layers.linear import LinearCapsules
-from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+from capsnets.layers.matrix import ClassMatrixCapsules, ConvMatrixCapsules, MatrixCapsules, PrimaryMatrixCapsules
 from capsnets.layers.primary import PrimaryCapsules
 
 __all__ = [
@@ -19,5 +19,6 @@ __all__ = [
     "LinearCapsules",
     "OffsetBatchNorm",
     "PrimaryCapsules",
+    "MatrixCapsules",
     "PrimaryMatrixCapsules",
 ]

@@ -1,5 +1,7 @@
 """Matrix capsule layers (Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing", Sec. 3-4).
 
+- :class:`MatrixCapsules`: the pose matrices and activations of a grid of capsules, kept together with their
+  layout named (instead of ``types * (P*P + 1)`` channels sliced by hand).
 - :class:`PrimaryMatrixCapsules`: a 1x1 convolution to ``T`` capsule types, each a 4x4 pose (linear)
   and an activation (sigmoid).
 - :class:`ConvMatrixCapsules`: votes ``V = M W`` with one 4x4 ``W`` per (kernel position, child type,
@@ -17,11 +19,12 @@ Dimension legend: ``B`` batch, ``T``/``U`` child/parent types, ``K`` kernel, ``P
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from capsnets.capsules import MatrixCapsules
 from capsnets.functional import EMRouting, as_routing
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups
 from capsnets.functional.patches import gather_patches, patch_grid, patch_index
@@ -30,6 +33,58 @@ from capsnets.validation import ArgumentError, choice, flag, non_negative_int, p
 
 #: How a convolutional capsule layer normalises the assignments of a child seen by several positions.
 ASSIGNMENT_SCOPES = ("position", "all_parents", "per_type")
+
+
+@dataclass(frozen=True)
+class MatrixCapsules:
+    """A grid of matrix capsules.
+
+    Attributes:
+        pose: ``(B, T, H, W, P, P)`` pose matrices.
+        activation: ``(B, T, H, W)`` presence probabilities in ``[0, 1]``.
+
+    A layer of class capsules (no grid) uses ``H = W = 1``.
+    """
+
+    pose: Tensor
+    activation: Tensor
+
+    def __post_init__(self) -> None:
+        pose, act = self.pose, self.activation
+        if pose.dim() != 6 or pose.shape[-1] != pose.shape[-2]:
+            raise ValueError(f"pose must be (B, T, H, W, P, P), got shape {tuple(pose.shape)}")
+        if act.shape != pose.shape[:4]:
+            raise ValueError(
+                f"activation must be (B, T, H, W) = {tuple(pose.shape[:4])} to match the pose, got {tuple(act.shape)}"
+            )
+
+    @property
+    def batch(self) -> int:
+        return self.pose.shape[0]
+
+    @property
+    def types(self) -> int:
+        return self.pose.shape[1]
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.pose.shape[2], self.pose.shape[3]
+
+    @property
+    def pose_size(self) -> int:
+        return self.pose.shape[-1]
+
+    def to(self, *args, **kwargs) -> MatrixCapsules:
+        return MatrixCapsules(self.pose.to(*args, **kwargs), self.activation.to(*args, **kwargs))
+
+    def flat(self) -> tuple[Tensor, Tensor]:
+        """Every capsule as a row: poses ``(B, T*H*W, P*P)`` and activations ``(B, T*H*W)``."""
+        batch = self.batch
+        return self.pose.reshape(batch, -1, self.pose_size**2), self.activation.reshape(batch, -1)
+
+    def __repr__(self) -> str:
+        b, t, h, w = self.activation.shape
+        return f"MatrixCapsules(batch={b}, types={t}, grid={h}x{w}, pose={self.pose_size}x{self.pose_size})"
 
 
 def _pose_weight(*shape: int, side: int, device, dtype) -> nn.Parameter:

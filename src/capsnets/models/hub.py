@@ -3,7 +3,7 @@
 :func:`create_model` is the registry's :func:`~capsnets.models.registry.create_model` plus ``pretrained=``
 (timm's ``create_model(..., pretrained=True)``). :func:`load_model` rebuilds the model a checkpoint or a run
 directory records and loads its weights; :func:`save_model` writes one. Files are read and written by
-:mod:`capsnets.io`; the shipped weights are described in :mod:`capsnets.models.pretrained`.
+:mod:`capsnets.checkpoints`; the shipped weights are described in :mod:`capsnets.models.pretrained`.
 
 A model loaded from a file carries ``class_names`` (the class names its checkpoint records) and
 ``checkpoint_meta`` (the checkpoint's sidecar: model, data set, metrics, configuration...).
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from capsnets.io import Checkpoint, CheckpointError, load_checkpoint, write_checkpoint
+from capsnets.checkpoints import Checkpoint, CheckpointError, load_checkpoint, write_checkpoint
 from capsnets.models import registry
 from capsnets.models.pretrained import PretrainedError, Weights, resolve_pretrained, stamp_sha256
 from capsnets.models.registry import model_arguments
@@ -130,7 +130,7 @@ def load_model(path_or_run_dir: str | os.PathLike, device: str | torch.device = 
 
     Raises:
         CheckpointError: no checkpoint in the directory, a file that cannot be read
-            (:func:`capsnets.io.load_checkpoint`), that names no model, records arguments that do not build it,
+            (:func:`capsnets.checkpoints.load_checkpoint`), that names no model, records arguments that do not build it,
             or whose weights do not fit the model.
 
     Examples::
@@ -145,8 +145,8 @@ def load_model(path_or_run_dir: str | os.PathLike, device: str | torch.device = 
 def model_from_checkpoint(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> nn.Module:
     """Rebuild the model a loaded checkpoint's sidecar records, load its weights, move it to ``device`` (eval mode).
 
-    For code that needs the :class:`~capsnets.io.Checkpoint` itself (its path, its tensors): read it with
-    :func:`capsnets.io.load_checkpoint`, then build the model here. The model gets ``class_names`` (the sidecar's
+    For code that needs the :class:`~capsnets.checkpoints.Checkpoint` itself (its path, its tensors): read it with
+    :func:`capsnets.checkpoints.load_checkpoint`, then build the model here. The model gets ``class_names`` (the sidecar's
     ``classes``, else ``"0"``, ``"1"``...) and ``checkpoint_meta`` (a copy of the sidecar).
 
     Raises:
@@ -238,7 +238,7 @@ def _renamed_classifier_message(checkpoint: Checkpoint) -> str:
     return (
         f"checkpoint '{path}' was saved by capsnets {version}, whose classifier layer was named 'classes'; it is "
         f"now 'class_capsules' (the tensors are the same). Rename its tensors once and load the new file: "
-        f'python -c "from capsnets.io import load_checkpoint as l, write_checkpoint as w; c = l({path!r}); '
+        f'python -c "from capsnets.checkpoints import load_checkpoint as l, write_checkpoint as w; c = l({path!r}); '
         f"w({renamed!r}, {{k.replace('model.classes.', 'model.class_capsules.', 1): v for k, v in "
         f'c.tensors.items()}}, c.meta)" (or retrain)'
     )

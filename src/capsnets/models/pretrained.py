@@ -6,7 +6,7 @@ the normalisation, the parameter count, the test accuracy with its data set, and
 ``weights.transforms()`` turns a file path, a Pillow image, an array or a tensor into the model's input, as
 torchvision's ``weights.transforms()`` does. :func:`get_weights` finds one weight by name; :func:`get_model_weights`
 lists a model's weights (torchvision's functions of the same names). The files are checkpoints in the library's one
-format (:mod:`capsnets.io`), ``capsnets/weights/<model>-<dataset>.safetensors`` beside
+format (:mod:`capsnets.checkpoints`), ``capsnets/weights/<model>-<dataset>.safetensors`` beside
 ``<model>-<dataset>.json``, the readable copy of the sidecar, which is also the weight's model card.
 
 Examples::
@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capsnets.checkpoints import CheckpointError
+from capsnets.files import atomic_write, atomic_write_text, file_sha256
 from capsnets.images import NORB_LIKE, ImageTransform
-from capsnets.io import CheckpointError, atomic_write, atomic_write_text, file_sha256
 from capsnets.models import registry
 from capsnets.models.download import DownloadError, check_url, fetch, max_download_bytes
 

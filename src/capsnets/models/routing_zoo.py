@@ -46,7 +46,6 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from capsnets.capsules import MatrixCapsules
 from capsnets.functional import (
     DynamicRouting,
     EMRouting,
@@ -60,7 +59,13 @@ from capsnets.functional import (
     routing_config,
     squash,
 )
-from capsnets.layers import ConvMatrixCapsules, HeinsenCapsules, HomogeneousVectorCapsules, LinearCapsules
+from capsnets.layers import (
+    ConvMatrixCapsules,
+    HeinsenCapsules,
+    HomogeneousVectorCapsules,
+    LinearCapsules,
+    MatrixCapsules,
+)
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 from capsnets.validation import (

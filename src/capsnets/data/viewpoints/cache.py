@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from capsnets.io import atomic_write
+from capsnets.files import atomic_write
 
 from ..base import data_root
 from ..norb_common import NORB_INFO_KEYS, RawNorbLike

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capsnets.io import atomic_write
+from capsnets.files import atomic_write
 from capsnets.outputs import markdown_mark
 from capsnets.plots import save_figure
 

@@ -11,7 +11,7 @@ parents then sum to less than 1. This is what the authors' released code does wi
 
 Dimension legend: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` parent capsule dim.
 
-Convolutional capsules route at every position of a grid: :mod:`capsnets.functional.local_routing`.
+Convolutional capsules route at every position of a grid: :func:`capsnets.functional.local_routing`.
 
 Implementation (same result as the procedure, in fewer operations): the predictions are laid out once as
 ``(B, J, I, D)`` so every weighted sum and every agreement is a batched matrix product

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from capsnets.io import atomic_write, temp_beside
+from capsnets.files import atomic_write, temp_beside
 
 
 def test_written_files_get_default_permissions(tmp_path):

@@ -23,7 +23,7 @@ to the node that contains it (a cycle) is refused too. Anchors and aliases withi
 
 Every refusal is an :class:`~capsnets.validation.ArgumentError` (a ``ValueError``) that names the document,
 what it exceeds, the limit and how to fix it. The limits are module attributes read at each call: a program
-that needs larger documents may raise them (``capsnets.documents.MAX_DOCUMENT_VALUES = 100_000``).
+that needs larger documents may raise them (``capsnets.parsing.MAX_DOCUMENT_VALUES = 100_000``).
 
 Examples::
 
@@ -131,7 +131,7 @@ class _Loader(yaml.SafeLoader):
         if self.chars > MAX_DOCUMENT_BYTES:
             raise ArgumentError(
                 f"{self.where}: its aliases stand for more than {MAX_DOCUMENT_BYTES} characters of text (at "
-                f"{_at(mark)}; limit capsnets.documents.MAX_DOCUMENT_BYTES); {_FIX_ALIASES}"
+                f"{_at(mark)}; limit capsnets.parsing.MAX_DOCUMENT_BYTES); {_FIX_ALIASES}"
             )
 
 
@@ -244,7 +244,7 @@ def _check_size(text: str, where: str) -> None:
         raise ArgumentError(f"{where} must be text (a str), got {type(text).__name__}")
     if len(text) > MAX_DOCUMENT_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_DOCUMENT_BYTES:
         raise ArgumentError(
-            f"{where} is larger than {MAX_DOCUMENT_BYTES} bytes (limit capsnets.documents.MAX_DOCUMENT_BYTES); "
+            f"{where} is larger than {MAX_DOCUMENT_BYTES} bytes (limit capsnets.parsing.MAX_DOCUMENT_BYTES); "
             f"{_FIX_SIZE}"
         )
 
@@ -269,7 +269,7 @@ def _check_tree(value: Any, where: str) -> None:
 def _too_deep(where: str, at: str) -> ArgumentError:
     at = f"{at}; " if at else ""
     return ArgumentError(
-        f"{where} nests values more than {MAX_DOCUMENT_DEPTH} deep ({at}limit capsnets.documents.MAX_DOCUMENT_DEPTH); "
+        f"{where} nests values more than {MAX_DOCUMENT_DEPTH} deep ({at}limit capsnets.parsing.MAX_DOCUMENT_DEPTH); "
         "a config nests 3 or 4 deep: write it with fewer levels"
     )
 
@@ -278,7 +278,7 @@ def _too_many(where: str, at: str) -> ArgumentError:
     at = f"{at}; " if at else ""
     return ArgumentError(
         f"{where} holds more than {MAX_DOCUMENT_VALUES} values, each alias counted as the values it stands for "
-        f"({at}limit capsnets.documents.MAX_DOCUMENT_VALUES); {_FIX_ALIASES}"
+        f"({at}limit capsnets.parsing.MAX_DOCUMENT_VALUES); {_FIX_ALIASES}"
     )
 
 
