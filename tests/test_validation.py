@@ -14,7 +14,7 @@ from capsnets.engine.runtime import resolve_device
 from capsnets.functional import routing_from_config
 from capsnets.losses import create_loss, list_losses, loss_schema
 from capsnets.models import model_schema, model_task
-from capsnets.validation import ArgumentError, available_devices
+from capsnets.validation import ArgumentError, available_devices, shown
 
 MODELS = capsnets.list_models()
 
@@ -31,7 +31,7 @@ def _refused(name: str, key: str, value, *also: str) -> str:
         capsnets.create_model(name, **{key: value})
     message = str(info.value)
     assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
-    for part in (key, repr(value)[:40], *also):
+    for part in (key, shown(value)[:40], *also):
         assert part in message, f"{part!r} not in {message!r}"
     assert "\n" not in message
     return message

@@ -29,6 +29,7 @@ import functools
 import inspect
 import math
 import os
+import reprlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -166,87 +167,36 @@ class ArgumentError(ValueError, TypeError):
 
 
 def shown(value, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters (ending in ``...``) for an error message, in time and memory
+    """``repr(value)`` for an error message, cut to ``limit`` characters (ending in ``...``), in time and memory
     bounded by ``limit`` whatever the value holds.
 
-    Lists, tuples, dicts and sets are shown item by item, and the walk stops once ``limit`` characters are out: a
-    value whose full ``repr`` would take gigabytes (a list that holds the same list many times over, as a YAML
-    "billion laughs" builds) costs no more than a short one. Long strings and bytes are cut before their
-    ``repr`` is taken, and an integer of more than ``limit`` digits is shown by its number of bits.
+    A :class:`reprlib.Repr` writes it: containers show their first few items and four levels of nesting (a YAML
+    "billion laughs" costs no more than a short value), strings and bytes are cut before their ``repr`` is taken,
+    and an integer of more than ``limit`` digits is shown by its number of bits.
 
     Examples::
 
         >>> shown([1, "a", (2,), {3: None}])
         "[1, 'a', (2,), {3: None}]"
-        >>> laughs = ["lol"] * 9
-        >>> for _ in range(30):
-        ...     laughs = [laughs] * 9
-        >>> shown(laughs, 30)
-        '[[[[[[[[[[[[[[[[[[[[[[[[[[[...'
+        >>> shown(list(range(100)), 20)
+        '[0, 1, 2, 3, 4, 5...'
     """
-    text = ""
-    for chunk in _repr_chunks(value, limit):
-        text += chunk
-        if len(text) > limit:
-            break
+    text = _Repr(limit).repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-#: The containers :func:`shown` walks item by item, with their opening and closing text.
-_BRACKETS = {list: ("[", "]"), tuple: ("(", ")"), dict: ("{", "}"), set: ("{", "}"), frozenset: ("frozenset({", "})")}
+class _Repr(reprlib.Repr):
+    """:class:`reprlib.Repr` with strings, bytes, integers and other values cut at ``limit`` characters."""
 
+    repr_bytes = repr_bytearray = reprlib.Repr.repr_str
 
-def _repr_chunks(value, limit: int):
-    """The text of ``repr(value)`` in pieces, walked with a stack (no recursion) so that the caller may stop at any
-    point; a container that holds itself is shown as ``[...]``, as ``repr`` does."""
-    stack: list = [("value", value)]
-    open_ids: set[int] = set()
-    while stack:
-        kind, item = stack.pop()
-        if kind == "text":
-            yield item
-        elif kind == "close":
-            open_ids.discard(item)
-        elif type(item) in _BRACKETS and id(item) in open_ids:
-            yield _BRACKETS[type(item)][0] + "..." + _BRACKETS[type(item)][1]
-        elif type(item) in _BRACKETS:
-            yield from _open(item, stack, open_ids, limit)
-        else:
-            yield _scalar_repr(item, limit)
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxlong, self.maxother = 4, limit, limit, limit
 
-
-def _open(item, stack: list, open_ids: set[int], limit: int):
-    """The opening text of a container; pushes its first ``limit`` items (each shows as a character at least) and
-    its closing text onto ``stack``, to be popped in order."""
-    start, end = _BRACKETS[type(item)]
-    if not item:
-        yield {dict: "{}", set: "set()", frozenset: "frozenset()", list: "[]", tuple: "()"}[type(item)]
-        return
-    open_ids.add(id(item))
-    yield start
-    pieces: list = []
-    entries = item.items() if type(item) is dict else ((None, child) for child in item)
-    for index, (key, child) in enumerate(entries):
-        if index:
-            pieces.append(("text", ", "))
-        if type(item) is dict:
-            pieces += [("value", key), ("text", ": ")]
-        pieces.append(("value", child))
-        if index >= limit:  # the text is past the limit already
-            break
-    if type(item) is tuple and len(item) == 1:
-        pieces.append(("text", ","))
-    pieces += [("text", end), ("close", id(item))]
-    stack.extend(reversed(pieces))
-
-
-def _scalar_repr(value, limit: int) -> str:
-    """``repr`` of a value that is not a container :func:`shown` walks, cut before the ``repr`` where it is long."""
-    if isinstance(value, (str, bytes, bytearray)) and len(value) > limit:
-        return repr(value[: limit + 1])[:-1]  # no closing quote: it is cut
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * limit:
-        return f"<an integer of {value.bit_length()} bits>"
-    return repr(value)
+    def repr_int(self, x: int, level: int) -> str:
+        # Python refuses to write an integer of more than 4300 digits (sys.set_int_max_str_digits).
+        return f"<an integer of {x.bit_length()} bits>" if x.bit_length() > 3 * self.maxlong else repr(x)
 
 
 def expect(ok: bool, name: str, value, expected: str) -> None:

@@ -4,7 +4,8 @@ expanded), at and past each limit.
 
 A command line refuses each with one error line and status 1, no traceback, in a fraction of a second and without
 expanding the document; the library functions raise :class:`~capsnets.validation.ArgumentError`. Error messages
-show values through :func:`capsnets.validation.shown`, which walks a value only as far as its limit.
+show values through :func:`capsnets.validation.shown`, a :class:`reprlib.Repr` that walks a value only as far as its
+limits.
 """
 
 from __future__ import annotations
@@ -298,14 +299,15 @@ def test_shown_walks_a_value_only_as_far_as_its_limit():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert text.startswith("[[[[[[[['lol', 'lol'") and text.endswith("...") and len(text) == 80
+    assert text.startswith("[[[[[...], [...],") and text.endswith("...") and len(text) == 80
     assert peak < 2**20
     deep: list = []
     for _ in range(100_000):
         deep = [deep]
-    assert shown(deep, 10) == "[[[[[[[..."
+    assert shown(deep) == "[[[[[...]]]]]"
     assert shown(10**100_000) == "<an integer of 332193 bits>"
-    assert shown("y" * 10**7) == "'" + "y" * 76 + "..."
+    assert shown("y" * 10**7) == "'" + "y" * 37 + "..." + "y" * 38 + "'"
+    assert shown(b"y" * 10**7, 20) == "b'yyyyyy...yyyyyyyy'"
     assert shown(list(range(10**6)), 20) == "[0, 1, 2, 3, 4, 5..."
 
 
@@ -316,12 +318,12 @@ def test_shown_is_repr_for_short_values(value):
     assert shown(value) == repr(value)
 
 
-def test_shown_marks_a_value_that_holds_itself_as_repr_does():
+def test_shown_stops_at_a_value_that_holds_itself():
     loop: list = [1]
     loop.append(loop)
     mapping: dict = {}
     mapping["x"] = mapping
-    assert (shown(loop), shown(mapping)) == (repr(loop), repr(mapping))
+    assert (shown(loop), shown(mapping)) == ("[1, [1, [1, [1, [...]]]]]", "{'x': {'x': {'x': {'x': {...}}}}}")
 
 
 def test_a_device_argument_is_shown_bounded():
