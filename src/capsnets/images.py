@@ -17,9 +17,11 @@ Examples::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,7 +46,6 @@ __all__ = [
     "ImageFileError",
     "ImageTooLargeError",
     "ImageTransform",
-    "check_image_pixels",
     "class_colours",
     "exif_orientation",
     "image_files",
@@ -76,7 +77,7 @@ IMAGE_SUFFIXES = tuple(suffix for name in IMAGE_FORMATS for suffix in _SUFFIXES[
 #: :data:`IMAGE_FORMATS` as messages, help texts and the docs name them: ``"PNG, JPEG, GIF, BMP, TIFF, WebP"``.
 IMAGE_FORMATS_TEXT = ", ".join({"WEBP": "WebP"}.get(name, name) for name in IMAGE_FORMATS)
 #: The most pixels (width x height) an image file may decode to: 8192x8192, more than any camera's photo. A larger
-#: file is refused from its header, before its pixels are decoded (:func:`check_image_pixels`).
+#: file is refused from its header, before its pixels are decoded (Pillow's ``PIL.Image.MAX_IMAGE_PIXELS`` check).
 MAX_IMAGE_PIXELS = 8192 * 8192
 #: The environment variable that replaces :data:`MAX_IMAGE_PIXELS` (a whole number of pixels).
 MAX_IMAGE_PIXELS_ENV = "CAPSNETS_MAX_IMAGE_PIXELS"
@@ -131,28 +132,31 @@ def max_image_pixels() -> int:
     return limit_from_env(MAX_IMAGE_PIXELS_ENV, MAX_IMAGE_PIXELS, "pixels")
 
 
-def check_image_pixels(size: tuple[int, int] | int, source: str | os.PathLike) -> None:
-    """Refuse an image of more than :func:`max_image_pixels` pixels, named ``source`` in the message.
-
-    Args:
-        size: the image's ``(width, height)`` (a Pillow image's ``.size``, known from its header), or a count of
-            pixels where only that is known.
-        source: the file (or a description of the image) the message names.
-
-    Raises:
-        ImageTooLargeError: too many pixels.
-    """
+@contextlib.contextmanager
+def _pixel_limit(source: str | os.PathLike):
+    """Pillow's decompression-bomb guard, which reads an image's size from its header, at :func:`max_image_pixels`
+    while the block runs: ``PIL.Image.MAX_IMAGE_PIXELS`` set to it and ``DecompressionBombWarning`` made an error
+    (as Pillow's documentation says), either raised as an :class:`ImageTooLargeError` naming ``source``."""
     limit = max_image_pixels()
-    pixels = size if isinstance(size, int) else size[0] * size[1]
-    if pixels > limit:
-        shown = f"{pixels:,}" if isinstance(size, int) else f"{size[0]}x{size[1]} = {pixels:,}"
-        reason = f"an image of {shown} pixels, more than the {limit:,} an image may decode to"
-        raise ImageTooLargeError(
-            f"'{source}' is {reason}; make it smaller, or raise the limit with the environment variable "
-            f"{MAX_IMAGE_PIXELS_ENV} (e.g. {MAX_IMAGE_PIXELS_ENV}={pixels})",
-            source,
-            reason,
-        )
+    saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, limit
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            yield
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as err:
+        raise _too_large(source, int(_BOMB_PIXELS.search(str(err)).group(1)), limit) from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def _too_large(source, pixels: int, limit: int) -> ImageTooLargeError:
+    reason = f"an image of {pixels:,} pixels, more than the {limit:,} an image may decode to"
+    return ImageTooLargeError(
+        f"'{source}' is {reason}; make it smaller, or raise the limit with the environment variable "
+        f"{MAX_IMAGE_PIXELS_ENV} (e.g. {MAX_IMAGE_PIXELS_ENV}={pixels})",
+        source,
+        reason,
+    )
 
 
 def exif_orientation(image) -> int:
@@ -366,7 +370,8 @@ def image_files(folder: str | os.PathLike) -> list[Path]:
 
 def open_image_header(path: str | os.PathLike) -> Image.Image:
     """The image file ``path`` opened by Pillow with its header read and its pixels not yet decoded, after checking
-    its format (:data:`IMAGE_FORMATS`) and its size (:func:`check_image_pixels`). Close it (``with``) when done.
+    its format (:data:`IMAGE_FORMATS`) and its size (Pillow's ``PIL.Image.MAX_IMAGE_PIXELS`` check, set to
+    :func:`max_image_pixels`). Close it (``with``) when done.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -374,27 +379,13 @@ def open_image_header(path: str | os.PathLike) -> Image.Image:
         ImageFileError: not an image of :data:`IMAGE_FORMATS` whose header Pillow can read; the message names the
             file.
     """
-    try:
-        image = Image.open(path, formats=_readable_formats())
-    except Image.DecompressionBombError as err:  # Pillow's own limit, 2 x PIL.Image.MAX_IMAGE_PIXELS
-        found = _BOMB_PIXELS.search(str(err))
-        check_image_pixels(int(found.group(1)) if found else 2 * (Image.MAX_IMAGE_PIXELS or 0) + 1, path)
-        reason = f"an image of more pixels than Pillow opens ({str(err).splitlines()[0]})"
-        raise ImageTooLargeError(
-            f"'{path}' is {reason}; make it smaller, or raise PIL.Image.MAX_IMAGE_PIXELS in the program that reads it",
-            path,
-            reason,
-        ) from None
-    except FileNotFoundError:
-        raise
-    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as err:
-        raise _unreadable(path, err) from None
-    try:
-        check_image_pixels(image.size, path)
-    except ImageTooLargeError:
-        image.close()
-        raise
-    return image
+    with _pixel_limit(path):
+        try:
+            return Image.open(path, formats=_readable_formats())
+        except FileNotFoundError:
+            raise
+        except (OSError, SyntaxError, ValueError, EOFError, struct.error) as err:
+            raise _unreadable(path, err) from None
 
 
 def open_image(path: str | os.PathLike) -> Image.Image:
@@ -471,14 +462,15 @@ class ImageTransform:
             image = open_image(image)
         elif isinstance(image, (np.ndarray, Tensor)):
             image = _array_to_pil(image)
-        elif isinstance(image, Image.Image):  # perhaps opened but not decoded yet
-            check_image_pixels(image.size, getattr(image, "filename", "") or "the Pillow image")
-        else:
+        elif not isinstance(image, Image.Image):
             raise ArgumentError(
                 f"cannot read an image from {type(image).__name__}: give a file path, a PIL image, "
                 "a NumPy array or a tensor",
                 "image",
             )
+        elif image.width * image.height > max_image_pixels():  # opened by the caller, perhaps not decoded yet
+            source = getattr(image, "filename", "") or "the Pillow image"
+            raise _too_large(source, image.width * image.height, max_image_pixels())
         return prepare_image(image, self.input_size, self.dataset, invert=self.invert)
 
     def __repr__(self) -> str:
