@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from capsnets import create_model
-from capsnets.attacks import attack_loss, attack_success, bim, fgsm, random_wrong_targets
+from capsnets.experiments.adversarial.attacks import attack_loss, bim, fgsm, random_wrong_targets
+from capsnets.experiments.adversarial.scoring import attack_success
 from capsnets.models import ModelOutput
 
 
@@ -136,7 +137,8 @@ def test_bad_arguments(batch):
 
 def test_margin_loss_is_flat_where_cross_entropy_is_not():
     """A confidently right capsule model: every margin-loss hinge is off, so FGSM on it does nothing."""
-    from capsnets.attacks import ATTACK_LOSSES, zero_gradient_fraction
+    from capsnets.experiments.adversarial.attacks import ATTACK_LOSSES
+    from capsnets.experiments.adversarial.scoring import zero_gradient_fraction
 
     class Confident(torch.nn.Module):
         default_loss = "margin"

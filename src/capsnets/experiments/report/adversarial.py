@@ -1,17 +1,22 @@
-"""The report of the ``adversarial`` experiment (Hinton, Sabour & Frosst 2018, Sec. 6): success-rate tables and
-figures of FGSM and BIM against capsules and a CNN.
+"""The report of the ``adversarial`` experiment (Hinton, Sabour & Frosst 2018, Sec. 6): the models, success-rate
+tables and figures of FGSM and BIM against capsules and a CNN, examples, and gradient masking.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from matplotlib.figure import Figure
+from torch import Tensor, nn
 
-from capsnets.experiments.report import markdown_table, percent, save_figure
+from capsnets.experiments.adversarial.scoring import predict
+from capsnets.experiments.report import markdown_table, matching_note, percent, save_figure, settings_table
+from capsnets.models import count_parameters
 
-__all__ = ["LOSS_TEXT", "plot_success_rates", "success_rate_table"]
+__all__ = ["LOSS_TEXT", "adversarial_sections", "plot_examples", "plot_success_rates", "success_rate_table"]
 
 #: How the report names each loss the attacks are crafted with.
 LOSS_TEXT = {
@@ -87,3 +92,86 @@ def plot_success_rates(records, eps_values, caps: str, cnn: str, out_png: Path, 
     if title:
         fig.suptitle(title)
     return save_figure(fig, out_png)
+
+
+def plot_examples(
+    models: dict[str, nn.Module], rows: list[tuple[str, Tensor]], labels: Tensor, eps: float, loss: str, out_png: Path
+) -> Path:
+    """One row per ``(title, images)`` (clean, then each attack on each model), each image titled with its label and
+    every model's prediction (red where a model is wrong)."""
+    count = len(labels)
+    fig = Figure(figsize=(1.5 * count + 1.5, 1.7 * len(rows)), layout="constrained")
+    axes = np.asarray(fig.subplots(len(rows), count, squeeze=False))
+    for r, (title, batch) in enumerate(rows):
+        predicted = {n: predict(m, batch).cpu() for n, m in models.items()}
+        for c in range(count):
+            ax = axes[r, c]
+            ax.imshow(batch[c, 0].detach().cpu().numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            text = f"y={int(labels[c])} " + " ".join(f"{n[:4]}={int(p[c])}" for n, p in predicted.items())
+            wrong = any(int(p[c]) != int(labels[c]) for p in predicted.values())
+            ax.set_title(text, fontsize=7, color="red" if wrong else "black")
+        axes[r, 0].set_ylabel(title, fontsize=8)
+    fig.suptitle(f"adversarial examples, eps = {eps}, crafted with {LOSS_TEXT[loss]}")
+    return save_figure(fig, out_png)
+
+
+def adversarial_sections(
+    models: dict[str, nn.Module],
+    training: dict[str, dict],
+    clean: dict[str, float],
+    rate_sections: list[tuple[str, str]],
+    flat: dict[tuple[str, str], float],
+    s: Any,
+    run: dict[str, Any],
+) -> list[tuple[str, str]]:
+    """The report's sections: the models (their training to the validation target and clean accuracy), the success
+    rates, how to read them, gradient masking, the paper's finding and the settings (``s``, and ``run``: seed,
+    device, smoke)."""
+    model_rows = [
+        (
+            name,
+            m.model_name,
+            f"{count_parameters(m):,}",
+            training[name]["epochs"],
+            percent(training[name]["val_accuracy"]),
+            percent(clean[name]),
+        )
+        for name, m in models.items()
+    ]
+    losses = s.attack_losses
+    return [
+        (
+            "Models",
+            markdown_table(
+                ["role", "model", "parameters", "epochs", "val. accuracy", "clean test accuracy"], model_rows
+            )
+            + "\n\n"
+            + matching_note(training, s.target_accuracy),
+        ),
+        *rate_sections,
+        (
+            "How to read the tables",
+            "Success: untargeted = prediction changed from the true class; targeted = "
+            "prediction is the target. Counted over test examples the evaluated model classifies correctly when "
+            "clean. BIM takes `bim_steps` steps of 2.5 eps / `bim_steps`.",
+        ),
+        (
+            "Gradient masking",
+            markdown_table(
+                ["model", *[f"zero input gradient, {LOSS_TEXT[k]}" for k in losses]],
+                [(name, *[percent(flat[name, k]) for k in losses]) for name in models],
+            )
+            + "\n\nFraction of clean test examples whose input gradient of the attack loss is exactly zero: a "
+            "sign-gradient attack leaves them unchanged, so a loss with a large fraction understates what an "
+            "attacker can do (the margin and spread losses are flat once every hinge is inactive).",
+        ),
+        (
+            "Paper",
+            "Hinton, Sabour & Frosst (2018), Sec. 6 (matrix capsules, smallNORB): at equal clean accuracy the "
+            "capsule model is significantly less vulnerable than the CNN to FGSM and BIM, untargeted and targeted; "
+            "examples crafted on the CNN transfer to it like to another CNN. The paper shows figures, no table.",
+        ),
+        ("Settings", settings_table({**s.to_dict(), **run})),
+    ]

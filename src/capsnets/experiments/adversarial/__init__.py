@@ -6,7 +6,7 @@ untargeted and targeted, but examples crafted on the CNN transfer to the capsule
 as to other CNNs. The paper reports this for matrix capsules on smallNORB with figures only (no table).
 
 Here (deviations): MNIST, the vector CapsNet by default (``capsule_model="matrix_capsnet"`` gives the
-matrix version); the attacks craft with each loss in ``attack_losses`` (:func:`capsnets.attacks.attack_loss`):
+matrix version); the attacks craft with each loss in ``attack_losses`` (:func:`.attacks.attack_loss`):
 ``"cross_entropy"`` of the scores for both models, and ``"own"``, each model's training loss on its scores.
 The capsule losses (margin, spread) are exactly flat on confidently classified examples, where a
 sign-gradient attack then does nothing; the report gives, per model and loss, the fraction of clean test
@@ -23,41 +23,29 @@ BIM takes ``bim_steps`` steps of ``2.5 * eps / bim_steps``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 import torch
-from matplotlib.figure import Figure
-from torch import Tensor, nn
+from torch import nn
 
-from capsnets.attacks import (
-    ATTACK_LOSSES,
-    attack_loss,
-    attack_success,
-    bim,
-    fgsm,
-    random_wrong_targets,
-    zero_gradient_fraction,
-)
 from capsnets.data import load_dataset
+from capsnets.experiments.adversarial.attacks import ATTACK_LOSSES, attack_loss, random_wrong_targets
+from capsnets.experiments.adversarial.scoring import attack_table, craft, zero_gradient_fraction
 from capsnets.experiments.common import ExperimentSettings, register_experiment
-from capsnets.experiments.report import (
-    markdown_table,
-    matching_note,
-    percent,
-    save_figure,
-    settings_table,
-    training_metrics,
-    write_report,
+from capsnets.experiments.report import training_metrics, write_report
+from capsnets.experiments.report.adversarial import (
+    LOSS_TEXT,
+    adversarial_sections,
+    plot_examples,
+    plot_success_rates,
+    success_rate_table,
 )
-from capsnets.experiments.report.adversarial import LOSS_TEXT, plot_success_rates, success_rate_table
 from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
-from capsnets.models import count_parameters, create_model
+from capsnets.models import create_model
 
-__all__ = ["Settings", "attack_table", "run"]
+__all__ = ["Settings", "run"]
 
 
 @dataclass(frozen=True)
@@ -97,104 +85,6 @@ class Settings(ExperimentSettings):
             raise ValueError(
                 f"adversarial: attack_losses must name some of {ATTACK_LOSSES}, got {self.attack_losses!r}"
             )
-
-
-def _craft(attack: str, model, images, labels, eps, targets, steps, loss: str = "own"):
-    targeted, loss_fn = targets is not None, attack_loss(model, loss)
-    if attack == "fgsm":
-        return fgsm(model, loss_fn, images, labels, eps, targeted=targeted, target=targets)
-    return bim(
-        model, loss_fn, images, labels, eps, step_size=2.5 * eps / steps, steps=steps, targeted=targeted, target=targets
-    )
-
-
-def attack_table(
-    models: dict[str, nn.Module],
-    images: Tensor,
-    labels: Tensor,
-    wrong: Tensor,
-    eps_values: Sequence[float],
-    *,
-    bim_steps: int,
-    batch_size: int = 256,
-    loss: str = "own",
-) -> list[dict]:
-    """Success rates of every (attack, targeted, eps, crafted-on, evaluated-on) combination.
-
-    ``models`` maps names to models; examples crafted on each model are scored on every model
-    (itself: white-box; the others: transfer). ``wrong`` holds the targeted attacks' classes.
-    ``loss`` is the attack loss kind (:func:`capsnets.attacks.attack_loss`).
-
-    Returns:
-        records ``{"loss", "attack", "targeted", "eps", "source", "victim", "successes", "attempts",
-        "rate"}``.
-    """
-    counts: dict[tuple, list[int]] = {}
-    for first in range(0, len(images), batch_size):
-        x, y, t = (v[first : first + batch_size] for v in (images, labels, wrong))
-        for attack in ("fgsm", "bim"):
-            for targeted in (False, True):
-                for eps in eps_values:
-                    for source, crafter in models.items():
-                        adv = _craft(attack, crafter, x, y, eps, t if targeted else None, bim_steps, loss)
-                        for victim, model in models.items():
-                            hits, tries = attack_success(model, x, adv, y, t if targeted else None)
-                            key = (attack, targeted, float(eps), source, victim)
-                            total = counts.setdefault(key, [0, 0])
-                            total[0] += hits
-                            total[1] += tries
-    return [
-        {
-            "loss": loss,
-            "attack": k[0],
-            "targeted": k[1],
-            "eps": k[2],
-            "source": k[3],
-            "victim": k[4],
-            "successes": s,
-            "attempts": n,
-            "rate": s / n if n else float("nan"),
-        }
-        for k, (s, n) in counts.items()
-    ]
-
-
-@torch.no_grad()
-def _predict(model, images):
-    model.eval()
-    return model(images).scores.argmax(dim=1)
-
-
-def _plot_examples(
-    models: dict[str, nn.Module],
-    images,
-    labels,
-    eps: float,
-    steps: int,
-    out_png: Path,
-    count: int = 6,
-    loss: str = "own",
-) -> Path:
-    x, y = images[:count], labels[:count]
-    rows = [("clean", x, None)]
-    for name, model in models.items():
-        rows.append((f"FGSM on {name}", _craft("fgsm", model, x, y, eps, None, steps, loss), model))
-        rows.append((f"BIM on {name}", _craft("bim", model, x, y, eps, None, steps, loss), model))
-    fig = Figure(figsize=(1.5 * count + 1.5, 1.7 * len(rows)), layout="constrained")
-    axes = np.asarray(fig.subplots(len(rows), count, squeeze=False))
-    for r, (title, batch, _) in enumerate(rows):
-        predicted = {n: _predict(m, batch).cpu() for n, m in models.items()}
-        for c in range(len(batch)):
-            ax = axes[r, c]
-            ax.imshow(batch[c, 0].detach().cpu().numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            text = f"y={int(y[c])} " + " ".join(f"{n[:4]}={int(p[c])}" for n, p in predicted.items())
-            wrong = any(int(p[c]) != int(y[c]) for p in predicted.values())
-            ax.set_title(text, fontsize=7, color="red" if wrong else "black")
-        axes[r, 0].set_ylabel(title, fontsize=8)
-    fig.suptitle(f"adversarial examples, eps = {eps}, crafted with {LOSS_TEXT[loss]}")
-    return save_figure(fig, out_png)
 
 
 def _build(name: str, device: str) -> nn.Module:
@@ -282,62 +172,21 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
                 success_rate_table(found, s.eps, "CapsNet", "CNN"),
             )
         )
-    mid_eps = s.eps[len(s.eps) // 2]
-    figures.append(
-        _plot_examples(
-            models, test.images, test.labels, mid_eps, s.bim_steps, out / "examples.png", loss=s.attack_losses[0]
-        )
-    )
+    mid_eps, x, y = s.eps[len(s.eps) // 2], test.images[:6], test.labels[:6]
+    rows = [("clean", x)] + [
+        (f"{attack.upper()} on {name}", craft(attack, m, x, y, mid_eps, None, s.bim_steps, s.attack_losses[0]))
+        for name, m in models.items()
+        for attack in ("fgsm", "bim")
+    ]
+    figures.append(plot_examples(models, rows, y, mid_eps, s.attack_losses[0], out / "examples.png"))
     flat = {
         (name, kind): zero_gradient_fraction(m, attack_loss(m, kind), test.images, test.labels)
         for name, m in models.items()
         for kind in s.attack_losses
     }
-    model_rows = [
-        (
-            name,
-            m.model_name,
-            f"{count_parameters(m):,}",
-            training[name]["epochs"],
-            percent(training[name]["val_accuracy"]),
-            percent(clean[name]),
-        )
-        for name, m in models.items()
-    ]
-    sections = [
-        (
-            "Models",
-            markdown_table(
-                ["role", "model", "parameters", "epochs", "val. accuracy", "clean test accuracy"], model_rows
-            )
-            + "\n\n"
-            + matching_note(training, s.target_accuracy),
-        ),
-        *rate_sections,
-        (
-            "How to read the tables",
-            "Success: untargeted = prediction changed from the true class; targeted = "
-            "prediction is the target. Counted over test examples the evaluated model classifies correctly when "
-            "clean. BIM takes `bim_steps` steps of 2.5 eps / `bim_steps`.",
-        ),
-        (
-            "Gradient masking",
-            markdown_table(
-                ["model", *[f"zero input gradient, {LOSS_TEXT[k]}" for k in s.attack_losses]],
-                [(name, *[percent(flat[name, k]) for k in s.attack_losses]) for name in models],
-            )
-            + "\n\nFraction of clean test examples whose input gradient of the attack loss is exactly zero: a "
-            "sign-gradient attack leaves them unchanged, so a loss with a large fraction understates what an "
-            "attacker can do (the margin and spread losses are flat once every hinge is inactive).",
-        ),
-        (
-            "Paper",
-            "Hinton, Sabour & Frosst (2018), Sec. 6 (matrix capsules, smallNORB): at equal clean accuracy the "
-            "capsule model is significantly less vulnerable than the CNN to FGSM and BIM, untargeted and targeted; "
-            "examples crafted on the CNN transfer to it like to another CNN. The paper shows figures, no table.",
-        ),
-        ("Settings", settings_table({**s.to_dict(), "seed": seed, "device": device, "smoke": smoke})),
-    ]
+    sections = adversarial_sections(
+        models, training, clean, rate_sections, flat, s, {"seed": seed, "device": device, "smoke": smoke}
+    )
     metrics = {
         f"{r['loss']}_{r['attack']}_{'targeted' if r['targeted'] else 'untargeted'}_{r['eps']}_"
         f"{r['source']}_on_{r['victim']}": r["rate"]

@@ -16,7 +16,8 @@
   example (every hinge inactive), so their input gradient is zero and a sign-gradient attack leaves
   that example unchanged: robustness that is only an absent gradient. Cross-entropy of the scores is
   never flat (for capsules the scores are lengths or activations in [0, 1], so the softmax cannot
-  saturate). :func:`zero_gradient_fraction` measures how often an attack loss is flat.
+  saturate). :func:`~capsnets.experiments.adversarial.scoring.zero_gradient_fraction` measures how often an attack
+  loss is flat.
 
 All functions are pure: batched, on the images' device, the model put in ``eval`` mode for the
 attack and restored afterwards, no parameter gradients accumulated, inputs assumed in ``[0, 1]``.
@@ -24,7 +25,8 @@ attack and restored afterwards, no parameter gradients accumulated, inputs assum
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -40,8 +42,8 @@ __all__ = [
     "fgsm",
     "bim",
     "random_wrong_targets",
-    "attack_success",
-    "zero_gradient_fraction",
+    "eval_mode",
+    "input_gradient",
 ]
 
 #: ``loss_fn(output, labels) -> scalar``: what the attacks raise (untargeted) or lower (targeted).
@@ -105,7 +107,7 @@ def _check(images: Tensor, labels: Tensor, eps: float, targeted: bool, target: T
     return target.to(labels.device)
 
 
-def _input_gradient(model: nn.Module, loss_fn: AttackLoss, images: Tensor, classes: Tensor) -> Tensor:
+def input_gradient(model: nn.Module, loss_fn: AttackLoss, images: Tensor, classes: Tensor) -> Tensor:
     """``d loss_fn(model(images), classes) / d images`` without touching parameter gradients."""
     images = images.detach().requires_grad_(True)
     with torch.enable_grad():
@@ -114,18 +116,15 @@ def _input_gradient(model: nn.Module, loss_fn: AttackLoss, images: Tensor, class
     return grad
 
 
-class _EvalMode:
-    """Context manager: ``model.eval()`` inside, the previous train/eval mode restored after."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model, self.was_training = model, model.training
-
-    def __enter__(self) -> nn.Module:
-        self.model.eval()
-        return self.model
-
-    def __exit__(self, *exc) -> None:
-        self.model.train(self.was_training)
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model.eval()`` inside the block, its previous train/eval mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def _step(images: Tensor, grad: Tensor, size: float, targeted: bool) -> Tensor:
@@ -163,8 +162,8 @@ def fgsm(
     images = images.detach()
     if eps == 0:
         return images.clone()
-    with _EvalMode(model):
-        grad = _input_gradient(model, loss_fn, images, classes)
+    with eval_mode(model):
+        grad = input_gradient(model, loss_fn, images, classes)
     return _step(images, grad, eps, targeted).clamp(0.0, 1.0)
 
 
@@ -205,9 +204,9 @@ def bim(
         return original.clone()
     low, high = (original - eps).clamp(min=0.0), (original + eps).clamp(max=1.0)
     adversarial = original.clone()
-    with _EvalMode(model):
+    with eval_mode(model):
         for _ in range(steps):
-            grad = _input_gradient(model, loss_fn, adversarial, classes)
+            grad = input_gradient(model, loss_fn, adversarial, classes)
             adversarial = torch.maximum(torch.minimum(_step(adversarial, grad, step_size, targeted), high), low)
     return adversarial.detach()
 
@@ -225,40 +224,3 @@ def random_wrong_targets(labels: Tensor, num_classes: int, generator: torch.Gene
     device = generator.device if generator is not None else labels.device
     offset = torch.randint(1, num_classes, labels.shape, generator=generator, device=device)
     return (labels + offset.to(labels.device)) % num_classes
-
-
-@torch.no_grad()
-def attack_success(
-    model: nn.Module, clean: Tensor, adversarial: Tensor, labels: Tensor, target: Tensor | None = None
-) -> tuple[int, int]:
-    """Count successful attacks among the examples ``model`` classifies correctly when clean.
-
-    Untargeted (``target is None``): success = the adversarial prediction differs from the label.
-    Targeted: success = the adversarial prediction is the target.
-
-    Returns:
-        ``(successes, attempts)``; ``attempts`` is the number of correctly classified clean examples.
-    """
-    with _EvalMode(model):
-        clean_ok = model(clean).scores.argmax(dim=1) == labels
-        predicted = model(adversarial).scores.argmax(dim=1)
-    hit = predicted != labels if target is None else predicted == target
-    return int((hit & clean_ok).sum()), int(clean_ok.sum())
-
-
-def zero_gradient_fraction(
-    model: nn.Module, loss_fn: AttackLoss | None, images: Tensor, labels: Tensor, batch_size: int = 256
-) -> float:
-    """Fraction of examples whose input gradient of ``loss_fn`` is exactly zero (the attack cannot move them).
-
-    Examples are independent in eval mode, so the gradient of the batch loss with respect to one image
-    is that image's own gradient (up to the batch-mean scale).
-    """
-    loss_fn = loss_fn if loss_fn is not None else attack_loss(model)
-    flat = 0
-    with _EvalMode(model):
-        for first in range(0, len(images), batch_size):
-            x, y = images[first : first + batch_size].detach(), labels[first : first + batch_size]
-            grad = _input_gradient(model, loss_fn, x, y)
-            flat += int((grad.flatten(1) == 0).all(dim=1).sum())
-    return flat / max(len(images), 1)
