@@ -120,27 +120,54 @@ def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path,
     assert not Trainer(tiny_config(out=str(tmp_path / "d"), epochs=1, time_limit_minutes=1e-9)).fit()["time_limited"]
 
 
-def test_figures_show_the_best_checkpoint_and_say_so(tiny_config, monkeypatch):
+def test_best_is_chosen_on_validation_and_the_figures_show_it(tiny_config, monkeypatch):
     from capsnets.engine import tasks  # the trainer evaluates through its task
 
-    real, evaluated, shown = tasks.evaluate, [], {}
+    real, evaluated, shown, validations = tasks.evaluate, [], {}, []
 
-    def scripted(model, *args, **kwargs):  # epoch 1 scores best, epoch 2 worse
-        result = real(model, *args, **kwargs)
-        evaluated.append({k: v.clone() for k, v in model.state_dict().items()})
-        result["accuracy"] = {1: 0.9, 2: 0.5}.get(len(evaluated), result["accuracy"])
+    def scripted(model, data, *args, **kwargs):  # on validation epoch 1 scores best, epoch 2 worse; test: 2 > 1
+        result = real(model, data, *args, **kwargs)
+        evaluated.append({k.removeprefix("model."): v.clone() for k, v in model.state_dict().items()})
+        if len(data) == 6:  # the validation split: 10% of the 64 training digits
+            validations.append(len(evaluated))
+            result["accuracy"] = {1: 0.9, 2: 0.5}[len(validations)]
+        elif len(validations) == 2 and len(evaluated) == 4:  # epoch 2's test
+            result["accuracy"] = 0.95
         return result
 
     monkeypatch.setattr(tasks, "evaluate", scripted)
     monkeypatch.setattr(reporting, "save_figures", lambda run_dir, **kwargs: shown.update(kwargs) or [])
     config = tiny_config(epochs=2)
     summary = Trainer(config).fit()
-    assert (summary["best_epoch"], summary["test_accuracy"]) == (1, 0.5)
+    assert summary["best_chosen_on"] == "validation" and summary["best_chosen_by"] == "val_accuracy"
+    assert (summary["best_epoch"], summary["best_val_accuracy"], summary["test_accuracy"]) == (1, 0.9, 0.95)
+    assert summary["validation_examples"] == 6 and summary["best_test_accuracy"] < 0.95
     assert shown["checkpoint"] == summary["figures_checkpoint"] and shown["checkpoint"].startswith(
         "best.safetensors (epoch 1, "
     )
     best = capsnets_checkpoints.load_checkpoint(Path(config.out) / "best.safetensors").model_state()
-    assert len(evaluated) == 3 and all(torch.equal(evaluated[-1][k], v) for k, v in best.items())
+    # epoch 1: val, test; epoch 2: val, test; the best checkpoint on test; its figures
+    assert len(evaluated) == 6 and all(torch.equal(evaluated[-1][k], v) for k, v in best.items())
+    assert all(torch.equal(evaluated[-2][k], v) for k, v in best.items())
+
+
+def test_without_a_validation_split_no_best_is_chosen(tiny_config):
+    config = tiny_config(epochs=2, val_fraction=0)
+    summary = Trainer(config).fit()
+    assert summary["best_chosen_on"] is None and summary["best_epoch"] is None
+    assert summary["best_test_accuracy"] is None and summary["test_accuracy"] is not None
+    assert not (Path(config.out) / "best.safetensors").exists()
+    assert summary["figures_checkpoint"].startswith("last.safetensors (epoch 2, ")
+    lines = [json.loads(line) for line in open(Path(config.out) / "metrics.jsonl")]
+    assert all("val_accuracy" not in line for line in lines)
+
+
+def test_the_test_split_can_be_scored_at_the_end_only(tiny_config):
+    config = tiny_config(epochs=2, test_each_epoch=False)
+    summary = Trainer(config).fit()
+    lines = [json.loads(line) for line in open(Path(config.out) / "metrics.jsonl")]
+    assert "test_accuracy" not in lines[0] and "val_accuracy" in lines[0]
+    assert lines[1]["test_accuracy"] == summary["test_accuracy"] and summary["best_test_accuracy"] is not None
 
 
 def test_a_run_prints_nothing_when_not_in_a_terminal(tiny_config, capsys):
@@ -234,7 +261,7 @@ def test_augment_applies_the_digit_augmentation_to_every_training_batch(tiny_con
     )
     config = tiny_config(model="cnn_baseline_narrow", model_args={}, epochs=1, augment="digits")
     Trainer(config).fit()
-    assert calls == [32, 32]  # 64 training digits in batches of 32
+    assert calls == [32, 26]  # 64 training digits less the 6 held out for validation, in batches of 32
     assert "augment: digits" in (Path(config.out) / "config.yaml").read_text()
 
 

@@ -87,7 +87,15 @@ class TrainConfig:
         out: run directory (config, metrics, checkpoints, figures); None: ``runs/<model>``.
         limit_train: use only the first N training images (quick runs); None: all.
         limit_test: use only the first N test images; None: all.
-        eval_every: evaluate on the test split every N epochs (and after the last).
+        val_fraction: the share of the training examples held out, drawn from ``seed``, as the validation split
+            that chooses the ``best`` checkpoint (the one of the highest validation score) when no validation data
+            is given (:meth:`~capsnets.engine.Trainer.fit`'s ``val_data``). 0: no validation split; then no
+            ``best`` checkpoint is chosen, and the last epoch is the run's result. The test split never chooses.
+        test_each_epoch: evaluate the test split at every evaluation point too (for the learning curves and
+            ``time_to_accuracy``); False: only at the end of the training. Either way the ``best`` checkpoint's
+            test score is reported once, at the end.
+        eval_every: evaluate on the validation split (and, with ``test_each_epoch``, the test split) every N
+            epochs, and after the last.
         checkpoint_every: save the ``last`` checkpoint every N epochs (and after the last).
         progress: show a progress bar (only on a TTY, only on rank 0).
         time_limit_minutes: stop after the first epoch whose training ends past this many minutes of
@@ -119,6 +127,8 @@ class TrainConfig:
     out: str | None = None
     limit_train: int | None = None
     limit_test: int | None = None
+    val_fraction: float = 0.1
+    test_each_epoch: bool = True
     eval_every: int = 1
     checkpoint_every: int = 1
     progress: bool = True
@@ -160,7 +170,13 @@ class TrainConfig:
             self.threads,
             f"None or an integer from 1 to {MAX_THREADS}",
         )
-        for name in ("download", "compile", "progress"):
+        expect(
+            _number(self.val_fraction) and 0 <= self.val_fraction < 1,
+            "val_fraction",
+            self.val_fraction,
+            "a number in [0, 1) (0: no validation split)",
+        )
+        for name in ("download", "compile", "progress", "test_each_epoch"):
             expect(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
         expect(
             _integer(self.seed) and 0 <= self.seed < 2**64,

@@ -1,6 +1,8 @@
 """What a run leaves in its directory: ``metrics.jsonl``, ``summary.json`` and figures.
 
-Only rank 0 calls these. Figures come from :mod:`capsnets.plots`; the trainer passes plain tensors.
+An evaluation's entries are named by the split scored: ``test_*`` for the test split, ``val_*`` for the validation
+split (:func:`validation_entries`), which alone chooses the ``best`` checkpoint (:func:`best_entries` says so in
+the summary). Only rank 0 writes files. Figures come from :mod:`capsnets.plots`; the trainer passes plain tensors.
 """
 
 from __future__ import annotations
@@ -20,6 +22,39 @@ CURVES_FILE = "training_curves.png"
 CONFUSION_FILE = "confusion_matrix.png"
 RECONSTRUCTIONS_FILE = "reconstructions.png"
 SEGMENTATIONS_FILE = "segmentations.png"
+
+
+#: The prefix of a task's evaluation entries (``test_accuracy``), and of the same entries on the validation split.
+TEST_PREFIX, VALIDATION_PREFIX = "test_", "val_"
+
+
+def validation_key(metric: str) -> str:
+    """The record entry of ``metric`` (a task's ``test_*`` name) on the validation split.
+
+    Examples:
+        >>> validation_key("test_accuracy")
+        'val_accuracy'
+    """
+    return VALIDATION_PREFIX + metric.removeprefix(TEST_PREFIX)
+
+
+def validation_entries(entries: dict[str, Any]) -> dict[str, Any]:
+    """A task's evaluation entries (``test_loss``, ``test_accuracy``...) as the validation split's (``val_loss``...);
+    entries not named by a split (a multi-label run's ``thresholds``) are kept as they are."""
+    return {validation_key(k) if k.startswith(TEST_PREFIX) else k: v for k, v in entries.items()}
+
+
+def best_entries(best: dict[str, Any], metric: str, validation: Any) -> dict[str, Any]:
+    """The summary's account of the ``best`` checkpoint: the split that chose it (``"validation"``, or None when
+    the run had no validation split and its result is the last epoch), the entry that chose it and its value, and
+    the validation split's size."""
+    key = validation_key(metric)
+    return {
+        "best_chosen_on": "validation" if best else None,
+        "best_chosen_by": key if best else None,
+        f"best_{key}": best.get(key),
+        "validation_examples": None if validation is None else len(validation),
+    }
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:

@@ -50,6 +50,7 @@ CHANGEABLE = (
     "data_dir",
     "download",
     "limit_test",
+    "test_each_epoch",
     "eval_every",
     "checkpoint_every",
     "progress",
@@ -67,6 +68,7 @@ FIXED = (
     "max_shift",
     "augment",
     "limit_train",
+    "val_fraction",
     "loss",
     "loss_args",
 )

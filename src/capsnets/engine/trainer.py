@@ -1,15 +1,22 @@
-"""The training loop around a registered model: data, optimiser, schedule, evaluation, checkpoints.
+"""The training loop around a model and its data: optimiser, schedule, evaluation, checkpoints, a run directory.
+
+:meth:`Trainer.fit` trains any ``nn.Module`` on your own data, in the manner of Lightning's
+``Trainer.fit(model, train_dataloaders, val_dataloaders)`` (:mod:`capsnets.engine.inputs` says what it takes);
+:func:`train` (and ``capsnets train``) builds the registered model and the data set that a
+:class:`~capsnets.engine.config.TrainConfig` names and trains them the same way.
 
 Sabour et al. 2017 train CapsNet with Adam and an exponentially decaying learning rate; here the decay
 is applied once per epoch (``ExponentialLR``). The trainer only uses a model's ``ModelOutput.scores``,
 ``reconstruction`` and ``default_loss``: it knows nothing of capsules.
 
 The training is :func:`~capsnets.engine.fit` with callbacks (:mod:`capsnets.engine.callbacks`): a time limit,
-the test evaluation, the ``last`` and ``best`` checkpoints and the metrics log.
+the evaluations, the ``last`` and ``best`` checkpoints and the metrics log. The ``best`` checkpoint is the
+evaluation of the highest validation score (the ``val_data`` given, else a share of the training data held out,
+``val_fraction``); the test split never chooses it, and scores it once at the end.
 
 What differs between tasks (one class per image, several, a class per pixel) is a
 :class:`~capsnets.engine.tasks.Task` chosen from the data (:func:`~capsnets.engine.tasks.task_for`): the model's
-default arguments, the losses that fit, the training batch's scores, the test evaluation, the metric that chooses
+default arguments, the losses that fit, the training batch's scores, the evaluation, the metric that chooses
 the ``best`` checkpoint, and what checkpoints, ``summary.json`` and the figures add.
 
 Run directory (``config.out``): ``config.yaml``, ``metrics.jsonl`` (one line per epoch),
@@ -28,25 +35,51 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 import capsnets
 from capsnets.checkpoints import Checkpoint, CheckpointError, load_checkpoint
 from capsnets.data import AUGMENTATIONS, DeviceLoader, load_dataset
+from capsnets.data.base import seeded_split
 from capsnets.engine import distributed, reporting
 from capsnets.engine.callbacks import Hook, ModelCheckpoint, TimeLimit, checkpoint_path, resume_state
-from capsnets.engine.config import TrainConfig
+from capsnets.engine.config import TrainConfig, default_run_dir
 from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
+from capsnets.engine.inputs import (
+    DEFAULT_LOSSES,
+    ReadData,
+    ScoresModel,
+    criterion_for,
+    data_kind,
+    read_data,
+    score_width,
+    select,
+)
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, check_best, repair_best, resume_changes
 from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything, stop_on_signals, torch_threads
-from capsnets.engine.tasks import best_index, task_for
+from capsnets.engine.tasks import TASKS, best_index, task_for
 from capsnets.losses import create_loss
-from capsnets.models import model_arguments, model_task
+from capsnets.models import list_models, model_arguments, model_task
 from capsnets.models.hub import build_model, restore_model
+from capsnets.validation import ArgumentError
 
 logger = logging.getLogger(__name__)
 
 #: Fewer optimiser steps per epoch than this get a warning (a small data set at a large batch).
 FEW_STEPS = 10
+#: Where the ``best`` checkpoint is chosen: the validation split (``summary.json["best_chosen_on"]``).
+VALIDATION = "validation"
+
+
+@dataclass
+class _Objects:
+    """What :meth:`Trainer.fit` was given (None: the objects the config names)."""
+
+    model: nn.Module
+    train: Any
+    val: Any
+    test: Any
+    loss: Any
 
 
 @dataclass
@@ -55,27 +88,33 @@ class _Session:
 
     context: distributed.DistContext
     device: torch.device
-    model: torch.nn.Module  # the bare model: checkpoints
-    fast_model: torch.nn.Module  # compiled or bare: evaluation
+    model: nn.Module  # the bare model: checkpoints
+    fast_model: nn.Module  # compiled or bare, returning ModelOutput: training and evaluation
     criterion: Any
     loader: Any
+    val_data: Any
     test_data: Any
     state: TrainState
     examples: int  # training examples per epoch (all ranks)
 
 
 class Trainer:
-    """Train ``config.model`` on ``config.dataset``; see :class:`~capsnets.engine.config.TrainConfig`.
+    """Train a model on data, writing a run directory; see :class:`~capsnets.engine.config.TrainConfig`.
 
     Args:
-        config: the run's configuration.
+        config: the run's configuration (None: the defaults); its ``model`` and ``dataset`` are used by :meth:`fit`
+            without a model (:meth:`from_config`), and replaced by names of the objects given to :meth:`fit`.
         resume: continue from ``<out>/last.safetensors`` (weights, optimizer, scheduler, RNG, epoch). The config
             may change what can be applied from the resumed epoch on (more epochs, learning rate and its decay,
             weight decay, device, threads, evaluation and checkpoint intervals, time limit; logged and recorded);
-            a change of the model, its arguments, the data, batch size, seed or loss is refused.
+            a change of the model, its arguments, the data, batch size, seed, validation split or loss is refused.
+            A run of your own objects is resumed by passing the same objects to :meth:`fit` again (as Lightning's
+            ``ckpt_path``): a model of another class or with other parameter names or shapes is refused.
         overwrite: a fresh run may replace the run in ``config.out``: the old run is moved aside and deleted once
             the new run has saved its first checkpoint (put back if the new run fails before). Without it, a
             fresh run into a directory holding another run is refused.
+        **settings: :class:`~capsnets.engine.config.TrainConfig` fields, over ``config``'s (e.g. ``out``,
+            ``epochs``, ``batch_size``, ``lr``, ``val_fraction``, ``device``).
 
     In a single process in the main thread, the first Ctrl-C or SIGTERM during the training stops it at the next
     step with a resumable ``last`` checkpoint of that step, and raises
@@ -83,22 +122,80 @@ class Trainer:
     it at once, keeping the checkpoints saved before.
 
     Examples:
-        >>> summary = Trainer(TrainConfig(epochs=1, out="runs/quick")).fit()  # doctest: +SKIP
+        >>> trainer = Trainer(out="runs/mine", epochs=3, batch_size=32)  # doctest: +SKIP
+        >>> summary = trainer.fit(model, train_set, test_data=test_set)  # doctest: +SKIP
+        >>> summary = Trainer.from_config(TrainConfig(epochs=1, out="runs/quick")).fit()  # doctest: +SKIP
     """
 
-    def __init__(self, config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> None:
-        if not isinstance(config, TrainConfig):
-            raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    def __init__(
+        self, config: TrainConfig | None = None, *, resume: bool = False, overwrite: bool = False, **settings: Any
+    ) -> None:
+        if config is not None and not isinstance(config, TrainConfig):
+            raise TypeError(f"config must be a TrainConfig or None, got {type(config).__name__}")
         if resume and overwrite:
             raise RunDirectoryError("resume continues the run and overwrite replaces it: pass one of them")
+        self._settings = None if config is not None else dict(settings)  # rebuilt for the model fit() gets
+        if config is None:
+            config = TrainConfig.from_dict(settings)
+        elif settings:
+            config = config.replace(**settings)
         self.config, self.resume, self.overwrite = config, resume, overwrite
         self.run_dir = Path(config.out)
-        self.model: torch.nn.Module | None = None  # the trained (bare) model once fit() has run
+        self.model: nn.Module | None = None  # the trained (bare) model once fit() has run
         self._claim: RunDirectory | None = None
         self._changes: dict[str, tuple[Any, Any]] = {}
+        self._objects: _Objects | None = None
 
-    def fit(self) -> dict[str, Any]:
-        """Run the training; returns the summary (also written to ``summary.json`` by rank 0)."""
+    @classmethod
+    def from_config(cls, config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> Trainer:
+        """A trainer whose :meth:`fit`, called without a model, builds and trains the registered model and the data
+        set that ``config`` names (``config.model``, ``config.dataset``), as ``capsnets train`` does."""
+        return cls(config, resume=resume, overwrite=overwrite)
+
+    def fit(
+        self,
+        model: nn.Module | None = None,
+        train_data: Any = None,
+        val_data: Any = None,
+        *,
+        test_data: Any = None,
+        loss: Any = None,
+    ) -> dict[str, Any]:
+        """Train ``model`` on ``train_data``; returns the summary (also written to ``summary.json`` by rank 0).
+
+        Args:
+            model: the ``nn.Module`` to train, registered or not; it returns a
+                :class:`~capsnets.models.ModelOutput` or ``(B, num_classes)`` scores (taken as logits). None: the
+                registered model that the config names, on its data set (then no other argument is given).
+            train_data: a ``torch.utils.data.Dataset`` of ``(image, target)`` pairs, a ``DataLoader`` of
+                ``(images, targets)`` batches (its batch size is the run's unless ``batch_size`` is set), or a
+                :class:`~capsnets.data.TensorData` / :class:`~capsnets.data.SegmentationData`. It is read once
+                into tensors and batched by the trainer (:mod:`capsnets.engine.inputs`).
+            val_data: the validation data, in the same forms, which chooses the ``best`` checkpoint. None: a share
+                ``val_fraction`` of ``train_data``, drawn from the seed, is held out for it (0: no ``best``).
+            test_data: the test data, in the same forms: scored at the end of the training, the ``best``
+                checkpoint too (and at every evaluation with ``test_each_epoch``); it never chooses anything.
+            loss: a capsnets criterion (:mod:`capsnets.losses`), or a callable of the scores and the targets
+                (e.g. ``nn.CrossEntropyLoss()``). None: the model's ``default_loss``, else the loss that fits its
+                scores (margin loss for capsule lengths, spread loss for activations, cross-entropy for logits).
+
+        Returns:
+            the summary: the last and the ``best`` evaluations, ``best_epoch``, ``best_chosen_on``
+            (``"validation"``, or None without a validation split), times, sizes and versions.
+
+        Raises:
+            ArgumentError: an argument of a kind the trainer does not take, data of other types or shapes, or a
+                model that does not fit the data.
+            RunDirectoryError: a run directory that cannot be used as asked; with ``resume``, a model or data other
+                than the run's.
+            TrainingInterrupted: a signal stopped the training (a resumable checkpoint is saved).
+        """
+        if model is None and train_data is None:
+            if any(x is not None for x in (val_data, test_data, loss)):
+                raise ArgumentError("val_data, test_data and loss go with a model and train_data: pass those too")
+            self._objects = None
+        else:
+            self._objects = self._take_objects(model, train_data, val_data, test_data, loss)
         context, device = distributed.setup(self.config.device)
         try:
             claim = (
@@ -120,6 +217,37 @@ class Trainer:
         finally:
             self._claim = None
             distributed.teardown(context)
+
+    def _take_objects(self, model, train_data, val_data, test_data, loss) -> _Objects:
+        """Check what :meth:`fit` was given and make the config the run's: the model's name (its registered name,
+        else its class's), its arguments, the run directory and a DataLoader's batch size."""
+        if not isinstance(model, nn.Module):
+            raise ArgumentError(f"model must be an nn.Module, got {type(model).__name__}", "model")
+        if train_data is None:
+            raise ArgumentError("train_data is missing: pass the data to train the model on", "train_data")
+        name = getattr(model, "model_name", None)
+        registered = isinstance(name, str) and name in list_models()
+        label = name if registered else type(model).__name__
+        changes: dict[str, Any] = {"model": label, "model_args": dict(getattr(model, "model_args", {}) or {})}
+        if not registered:
+            changes["model_args"] = {}
+        batch = getattr(train_data, "batch_size", None) if isinstance(train_data, torch.utils.data.DataLoader) else None
+        if self._settings is not None:
+            if "out" not in self._settings:
+                changes["out"] = default_run_dir(label)
+            if batch is not None and "batch_size" not in self._settings:
+                changes["batch_size"] = batch
+            self.config = TrainConfig.from_dict({**self._settings, **changes})
+        else:
+            self.config = self.config.replace(**changes)
+        if batch is not None and batch != self.config.batch_size:
+            raise ArgumentError(
+                f"train_data is a DataLoader of batches of {batch} and batch_size is {self.config.batch_size}; "
+                "leave batch_size out, or set it to the loader's",
+                "batch_size",
+            )
+        self.run_dir = Path(self.config.out)
+        return _Objects(model, train_data, val_data, test_data, loss)
 
     def _fit(self, context: distributed.DistContext, device: torch.device) -> dict[str, Any]:
         cfg, s = self.config, self._set_up(context, device)
@@ -157,7 +285,7 @@ class Trainer:
                 s.state.epoch,
                 cfg.epochs,
             )
-        summary = self._summary(s.state, s.model, device, context)
+        summary = self._summary(s)
         summary.update(planned_epochs=cfg.epochs, time_limited=not s.state.finished)
         if context.is_main:
             self._finish(summary, s, trained=s.state.epoch > trained_before)
@@ -166,13 +294,13 @@ class Trainer:
     def _set_up(self, context: distributed.DistContext, device: torch.device) -> _Session:
         """Seed, load data, build model, loss, optimizer and schedule; restore them when resuming."""
         cfg = self.config
+        read = self._read_objects() if self._objects is not None else None
         checkpoint = self._resume_checkpoint() if self.resume else None
         seed_everything(cfg.seed)
-        train_data, test_data = self._load_data(device)
-        self._classes = [str(name) for name in train_data.classes] or None  # recorded for `capsnets predict`
-        self._task = task_for(cfg.model, model_task(cfg.model), train_data, cfg.dataset)
-        model = self.model = self._build_model(train_data).to(device)
-        criterion = self._build_loss(model)  # before anything is written: a bad --loss-arg leaves no trace
+        if read is None:
+            model, criterion, (train_data, val_data, test_data) = self._from_names(device)
+        else:
+            model, criterion, (train_data, val_data, test_data) = self._from_objects(read, device)
         optimizer, scheduler = adam_with_decay(
             model.parameters(), lr=cfg.lr, lr_decay=cfg.lr_decay, weight_decay=cfg.weight_decay
         )
@@ -184,17 +312,128 @@ class Trainer:
             self._prepare_run_dir(state)
         loader = self._loader(train_data, context)
         examples = len(loader) * cfg.batch_size if loader.drop_last else loader.num_examples
+        fast = torch.compile(model) if cfg.compile else model
         return _Session(
             context=context,
             device=device,
             model=model,
-            fast_model=torch.compile(model) if cfg.compile else model,
+            fast_model=ScoresModel(fast, getattr(self, "_takes_targets", None)),
             criterion=criterion,
             loader=loader,
+            val_data=val_data,
             test_data=test_data,
             state=state,
             examples=examples,
         )
+
+    def _from_names(self, device: torch.device):
+        """The data set's splits, the registered model and the loss that the config names (on ``device``)."""
+        cfg = self.config
+        train_data, test_data = self._load_data(device)
+        self._classes = [str(name) for name in train_data.classes] or None  # recorded for `capsnets predict`
+        self._task = task_for(cfg.model, model_task(cfg.model), train_data, cfg.dataset)
+        train_data, val_data = self._split_validation(train_data)
+        self._task = type(self._task)(train_data)
+        model = self.model = self._build_model(train_data).to(device)
+        self._takes_targets = True
+        criterion = self._build_loss(model)  # before anything is written: a bad --loss-arg leaves no trace
+        return model, criterion, (train_data, val_data, test_data)
+
+    def _read_objects(self) -> dict[str, Any]:
+        """The data given to :meth:`fit` read into tensors; the training data's name becomes the config's
+        ``dataset`` (so that a resumed run with other data is refused)."""
+        objects = self._objects
+        read = {"train": read_data(objects.train, "train_data")}
+        for key, data in (("val", objects.val), ("test", objects.test)):
+            read[key] = None if data is None else read_data(data, f"{key}_data")
+        train = read["train"]
+        name = getattr(train, "name", "") or type(train).__name__
+        self.config.dataset = name
+        return read
+
+    def _from_objects(self, read: dict[str, Any], device: torch.device):
+        """The objects given to :meth:`fit`, checked against each other, on ``device``."""
+        cfg, objects = self.config, self._objects
+        model = self.model = objects.model.to(device)
+        self._takes_targets = None  # from the model's forward
+        train = read["train"]
+        images = train.images[:2].to(device)
+        probe = ScoresModel(model)
+        width, kind = score_width(probe, images)
+        splits = []
+        for key, data in read.items():
+            if isinstance(data, ReadData):
+                classes = data.targets.shape[1] if data.targets.dim() == 2 else width
+                data = data.labelled(classes, f"{key}_data")
+            if data is not None and cfg.limit_train is not None and key == "train":
+                data = data.subset(min(cfg.limit_train, len(data)))
+            if data is not None and cfg.limit_test is not None and key == "test":
+                data = data.subset(min(cfg.limit_test, len(data)))
+            splits.append(None if data is None else data.to(device))
+        train_data, val_data, test_data = splits
+        self._check_fits(train_data, val_data, test_data, width)
+        self._classes = [str(c) for c in getattr(train_data, "classes", ())] or None
+        registered = model_task(cfg.model) if cfg.model in list_models() else TASKS[data_kind(train_data)].model_task
+        self._task = task_for(cfg.model, registered, train_data, cfg.dataset)
+        if val_data is None:
+            train_data, val_data = self._split_validation(train_data)
+            self._task = type(self._task)(train_data)
+        self._task_check(model, train_data)
+        criterion = self._object_loss(model, kind)
+        return model, criterion, (train_data, val_data, test_data)
+
+    def _check_fits(self, train, val, test, width: int) -> None:
+        """The splits must have the training data's image shape and task, and the model's number of scores."""
+        kind = data_kind(train)
+        for name, data in (("val_data", val), ("test_data", test)):
+            if data is None:
+                continue
+            if tuple(data.images.shape[1:]) != tuple(train.images.shape[1:]) or data_kind(data) != kind:
+                raise ArgumentError(
+                    f"{name} holds {data_kind(data)} data of {tuple(data.images.shape[1:])} images and train_data "
+                    f"{kind} data of {tuple(train.images.shape[1:])} images; pass splits of one data set",
+                    name,
+                )
+        if kind != "segmentation" and width != train.num_classes:
+            raise ArgumentError(
+                f"the model scores {width} classes and train_data has {train.num_classes}; build the model for the "
+                "data's classes",
+                "model",
+            )
+
+    def _task_check(self, model: nn.Module, data: Any) -> None:
+        """The task's own check, for a model that says what it expects (``num_classes``, ``input_size``)."""
+        if hasattr(model, "num_classes") and hasattr(model, "input_size"):
+            self._task.check_model(model, data, (self.config.model, self.config.dataset))
+
+    def _object_loss(self, model: nn.Module, kind: str):
+        """The loss given to :meth:`fit` as a criterion, or the model's (its ``default_loss``, else the one that
+        fits the kind of its scores)."""
+        given = self._objects.loss
+        if given is not None:
+            return criterion_for(given)
+        name = getattr(model, "default_loss", None) or DEFAULT_LOSSES.get(kind)
+        if name is None:
+            raise ArgumentError(
+                f"the model has no default_loss and its scores are of kind {kind!r}; pass loss=...", "loss"
+            )
+        return create_loss(self._task.loss_name(name, name, False))
+
+    def _split_validation(self, data):
+        """``(train, validation)``: a share ``val_fraction`` of ``data`` held out, drawn from the seed; ``(data,
+        None)`` for ``val_fraction=0``."""
+        fraction = self.config.val_fraction
+        if not fraction:
+            return data, None
+        if len(data) < 2:
+            raise ArgumentError(
+                f"val_fraction={fraction} needs at least 2 training examples, and there are {len(data)}; pass "
+                "val_fraction=0 or more data",
+                "val_fraction",
+            )
+        generator = torch.Generator().manual_seed(self.config.seed)
+        kept, held = seeded_split(list(range(len(data))), fraction, generator)
+        return select(data, torch.tensor(kept)), select(data, torch.tensor(held))
 
     def _callbacks(self, s: _Session) -> list:
         """The time limit, the evaluation and, on rank 0, the ``last`` and ``best`` checkpoints and the metrics
@@ -222,17 +461,23 @@ class Trainer:
         return callbacks
 
     def _evaluate(self, s: _Session, record: dict[str, Any], final: bool) -> None:
-        """Complete the epoch's record: its time, throughput and, if due, the test evaluation; choose the best."""
+        """Complete the epoch's record: its time, throughput and, if due, the validation (and test) evaluation;
+        choose the best on the validation split."""
         cfg, state = self.config, s.state
         record.update(epoch_time_s=record.pop("time_s"), train_time_s=state.train_time_s)
         record["images_per_s"] = s.examples / max(record["epoch_time_s"], 1e-9)
-        if state.epoch % cfg.eval_every == 0 or final:
-            record.update(
-                self._task.evaluate(
-                    s.fast_model, s.test_data, cfg.batch_size, s.device, cfg.amp, s.criterion, context=s.context
-                )
-            )
-        state.best = best_index(state.history, self._task.best_metric)
+        due = state.epoch % cfg.eval_every == 0 or final
+        if due and s.val_data is not None:
+            record.update(reporting.validation_entries(self._scores(s, s.fast_model, s.val_data)))
+        if s.test_data is not None and (final or (due and cfg.test_each_epoch)):
+            record.update(self._scores(s, s.fast_model, s.test_data))
+        if s.val_data is not None:
+            state.best = best_index(state.history, reporting.validation_key(self._task.best_metric))
+
+    def _scores(self, s: _Session, model: nn.Module, data: Any) -> dict[str, Any]:
+        """The task's evaluation of ``model`` on ``data`` (entries named ``test_*``)."""
+        cfg = self.config
+        return self._task.evaluate(model, data, cfg.batch_size, s.device, cfg.amp, s.criterion, context=s.context)
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def _load_data(self, device: torch.device):
@@ -245,7 +490,7 @@ class Trainer:
             splits.append((data.subset(min(limit, len(data))) if limit is not None else data).to(device))
         return splits
 
-    def _build_model(self, data) -> torch.nn.Module:
+    def _build_model(self, data) -> nn.Module:
         """Build the model; ``num_classes`` and ``input_size`` default to the data set's (saved in the config)."""
         accepted = model_arguments(self.config.model)
         for key, value in self._task.model_defaults(data).items():
@@ -257,7 +502,7 @@ class Trainer:
         self._task.check_model(model, data, (self.config.model, self.config.dataset))
         return model
 
-    def _build_loss(self, model: torch.nn.Module) -> torch.nn.Module:
+    def _build_loss(self, model: nn.Module) -> nn.Module:
         name = self._task.loss_name(
             self.config.loss or model.default_loss, model.default_loss, self.config.loss is not None
         )
@@ -326,15 +571,17 @@ class Trainer:
         saved = checkpoint.meta.get("config")
         if saved is not None:
             cfg = self.config
-            self._changes = resume_changes(
-                saved, cfg.to_dict(), model_arguments(saved.get("model", cfg.model)), str(self.run_dir)
-            )
+            name = saved.get("model", cfg.model)
+            defaults = model_arguments(name) if name in list_models() else {}
+            self._changes = resume_changes(saved, cfg.to_dict(), defaults, str(self.run_dir))
             cfg.model_args = {**saved.get("model_args", {}), **cfg.model_args}
         return checkpoint
 
     def _restore(self, model, checkpoint: Checkpoint) -> TrainState:
         """The state of the checkpoint, with the model's weights loaded and the checkpoint kept in it for
         :meth:`TrainState.attach` (optimizer, scheduler and RNG)."""
+        if self._objects is not None:
+            self._check_same_model(model, checkpoint)
         state = resume_state(checkpoint, model)
         if self.config.epochs < state.epoch:
             raise RunDirectoryError(
@@ -344,6 +591,25 @@ class Trainer:
         check_best(self.run_dir, state)
         logger.info("resuming from %s after epoch %d", checkpoint.path, state.epoch)
         return state
+
+    def _check_same_model(self, model: nn.Module, checkpoint: Checkpoint) -> None:
+        """Refuse to resume a run with a model whose parameters and buffers have other names or shapes."""
+        saved = {k: tuple(v.shape) for k, v in checkpoint.model_state().items()}
+        given = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        if saved == given:
+            return
+        missing, unexpected = sorted(set(saved) - set(given)), sorted(set(given) - set(saved))
+        wrong = [f"{k} {saved[k]} -> {given[k]}" for k in sorted(set(saved) & set(given)) if saved[k] != given[k]]
+        found = "; ".join(
+            f"{what}: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}"
+            for what, names in (("not in the model", missing), ("new", unexpected), ("other shapes", wrong))
+            if names
+        )
+        raise RunDirectoryError(
+            f"cannot resume the run in '{self.run_dir}' with this model: it is not the model the run trained "
+            f"({checkpoint.meta.get('model_class') or checkpoint.meta.get('model')}; tensors {found}); pass the "
+            "same model as before, or start a new run (another out, or overwrite=True)"
+        )
 
     def _apply_changes(self, state: TrainState, optimizer, scheduler) -> None:
         """Apply and record what the resumed run changes (:data:`~capsnets.engine.run_dir.CHANGEABLE`). A new
@@ -389,6 +655,7 @@ class Trainer:
         return {
             "model": cfg.model,
             "model_args": cfg.to_dict()["model_args"],
+            "model_class": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
             "dataset": cfg.dataset,
             "classes": getattr(self, "_classes", None),
             "config": cfg.to_dict(),
@@ -397,9 +664,13 @@ class Trainer:
             **self._task.meta(state.history, record),
         }
 
-    def _summary(self, state: TrainState, model, device, context) -> dict[str, Any]:
-        cfg = self.config
-        best = state.history[state.best] if state.best is not None else {}
+    def _summary(self, s: _Session) -> dict[str, Any]:
+        """The run's figures: the last evaluation's, and the ``best`` checkpoint's (chosen on the validation split,
+        scored on the test split once, here)."""
+        cfg, state = self.config, s.state
+        best = dict(state.history[state.best]) if state.best is not None else {}
+        if best:
+            best.update(self._best_test_scores(s))
         return {
             "model": cfg.model,
             "dataset": cfg.dataset,
@@ -407,11 +678,12 @@ class Trainer:
             "epochs": state.epoch,
             **self._task.summary(state.history, best),
             "best_epoch": best.get("epoch"),
+            **reporting.best_entries(best, self._task.best_metric, s.val_data),
             "train_time_s": state.train_time_s,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "device": str(device),
-            "device_name": _device_name(device),
-            "world_size": context.world_size,
+            "parameters": sum(p.numel() for p in s.model.parameters()),
+            "device": str(s.device),
+            "device_name": _device_name(s.device),
+            "world_size": s.context.world_size,
             "batch_size": cfg.batch_size,
             "amp": cfg.amp,
             "compile": cfg.compile,
@@ -420,25 +692,52 @@ class Trainer:
             "run_dir": str(self.run_dir),
         }
 
+    def _best_test_scores(self, s: _Session) -> dict[str, Any]:
+        """The test split's scores of the ``best`` checkpoint (every process takes part), or ``{}`` without test
+        data or a readable ``best`` checkpoint."""
+        if s.test_data is None:
+            return {}
+        if s.context.enabled:  # rank 0 has saved best before it gets here
+            torch.distributed.barrier()
+        path = checkpoint_path(self.run_dir, "best")
+        try:
+            checkpoint = load_checkpoint(path)
+        except (CheckpointError, OSError) as err:
+            logger.warning("the best checkpoint is not scored on the test split: %s", err)
+            return {}
+        model = copy.deepcopy(s.model)
+        restore_model(model, checkpoint)
+        return self._scores(s, ScoresModel(model, s.fast_model.takes_targets), s.test_data)
+
     def _finish(self, summary: dict[str, Any], s: _Session, trained: bool) -> None:
         """Write the summary and, if this call trained or a figure the summary lists is missing (a run killed while
-        drawing them), the figures of the best checkpoint."""
+        drawing them), the figures of the best checkpoint (of the last without a validation split)."""
         drawn = None if trained else reporting.drawn_figures(self.run_dir)
         summary.update(drawn or {})
         reporting.write_summary(self.run_dir, summary)
-        best = checkpoint_path(self.run_dir, "best")
-        if drawn is not None or not best.is_file():
+        name = "best" if s.state.best is not None else "last"
+        path = checkpoint_path(self.run_dir, name)
+        if drawn is not None or not path.is_file():
+            return
+        checkpoint = load_checkpoint(path)
+        label = f"{path.name} (epoch {checkpoint.meta.get('epoch')}"
+        if s.test_data is None:  # nothing to score: the training curves alone
+            figures = reporting.save_figures(
+                self.run_dir, confusion=None, class_names=[], samples=None, checkpoint=label + ")"
+            )
+            summary.update(figures=[str(p) for p in figures], figures_checkpoint=label + ")")
+            reporting.write_summary(self.run_dir, summary)
             return
         model = copy.deepcopy(s.model)
-        restore_model(model, load_checkpoint(best))
+        restore_model(model, checkpoint)
         figures, shown = self._task.figures(
             self.run_dir,
-            model,
+            ScoresModel(model, s.fast_model.takes_targets),
             s.test_data,
             batch_size=self.config.batch_size,
             device=s.device,
             amp=self.config.amp,
-            checkpoint=f"{best.name} (epoch {summary['best_epoch']}",
+            checkpoint=label,
         )
         summary.update(figures=[str(p) for p in figures], figures_checkpoint=shown)
         reporting.write_summary(self.run_dir, summary)
@@ -446,8 +745,9 @@ class Trainer:
 
 
 def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
-    """Train as described by ``config`` and return the summary; see :class:`Trainer`."""
-    return Trainer(config, resume=resume, overwrite=overwrite).fit()
+    """Train the registered model on the data set that ``config`` names and return the summary (what
+    ``capsnets train`` runs); see :meth:`Trainer.fit` and :meth:`Trainer.from_config`."""
+    return Trainer.from_config(config, resume=resume, overwrite=overwrite).fit()
 
 
 def _device_name(device: torch.device) -> str:

@@ -1,0 +1,285 @@
+"""What :meth:`~capsnets.engine.Trainer.fit` takes, made into what the training loop runs.
+
+As in Lightning's ``Trainer.fit(model, train_dataloaders, val_dataloaders)``, the trainer takes your own objects:
+
+- data: a :class:`~capsnets.data.TensorData` or :class:`~capsnets.data.SegmentationData` as it is; a
+  ``torch.utils.data.Dataset`` of ``(image, target)`` pairs or a ``DataLoader`` of ``(images, targets)`` batches is
+  read once into tensors (:func:`read_data`). The whole data set then lives on the training device and the trainer
+  batches and shuffles it from the seed (:class:`~capsnets.data.DeviceLoader`), which is what makes a resumed run
+  continue bit for bit. Random transforms of a dataset's items are therefore drawn once; the trainer's own
+  ``max_shift`` and ``augment`` are drawn afresh for every batch.
+- a model returning a :class:`~capsnets.models.ModelOutput`, or plain ``(B, K)`` scores taken as logits
+  (:class:`ScoresModel`); it gets the batch's targets as a second argument when its ``forward`` takes one (a
+  CapsNet decoder reconstructs from the true class in training).
+- a loss: a capsnets criterion ``(output, images, targets) -> (loss, parts)``, or any callable of the scores and the
+  targets, such as ``nn.CrossEntropyLoss()`` (:func:`criterion_for`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from capsnets.data import SegmentationData, TensorData
+from capsnets.models.output import ModelOutput
+from capsnets.validation import ArgumentError
+
+__all__ = ["ReadData", "ScoresModel", "criterion_for", "data_kind", "read_data", "score_width", "select"]
+
+#: The data objects the trainer batches itself.
+LIBRARY_DATA = (TensorData, SegmentationData)
+
+
+@dataclass
+class ReadData:
+    """A data set read into tensors, before its number of classes is known.
+
+    Shape:
+        - images: ``(N, C, H, W)`` floating point
+        - targets: ``(N,)`` int64 class indices, or ``(N, K)`` float multi-hot targets
+    """
+
+    images: Tensor
+    targets: Tensor
+    classes: list[str]
+    name: str
+
+    def labelled(self, num_classes: int, what: str) -> TensorData:
+        """The :class:`~capsnets.data.TensorData` of a model that scores ``num_classes`` classes."""
+        if self.targets.dim() == 1 and len(self.targets):
+            low, high = int(self.targets.min()), int(self.targets.max())
+            if low < 0 or high >= num_classes:
+                raise ArgumentError(
+                    f"{what} holds class {low if low < 0 else high}, and the model scores {num_classes} classes "
+                    f"(0 to {num_classes - 1}); build the model for the data's classes, or relabel the data",
+                    what,
+                )
+        classes = self.classes if len(self.classes) == num_classes else [str(k) for k in range(num_classes)]
+        return TensorData(self.images, self.targets, num_classes, classes=classes, name=self.name)
+
+
+def read_data(data: Any, what: str) -> TensorData | SegmentationData | ReadData:
+    """``data`` as tensors: the library's data objects as they are, a ``DataLoader``'s batches or a ``Dataset``'s
+    items concatenated (:class:`ReadData`).
+
+    Args:
+        data: a :class:`~capsnets.data.TensorData`, :class:`~capsnets.data.SegmentationData`, ``Dataset`` of
+            ``(image (C, H, W), target)`` pairs or ``DataLoader`` of ``(images (B, C, H, W), targets)`` batches. A
+            target is a class index (an int or an integer tensor of one element) or a float multi-hot ``(K,)``
+            tensor (several classes per image).
+        what: the argument's name, for the messages (``"train_data"``).
+
+    Raises:
+        ArgumentError: anything else, or items of other types or shapes; the message says what was found.
+    """
+    if isinstance(data, LIBRARY_DATA):
+        return data
+    if isinstance(data, DataLoader):
+        pairs = [_pair(batch, f"a batch of {what}", batched=True) for batch in data]
+    elif isinstance(data, TensorDataset) and len(data.tensors) == 2:
+        pairs = [_pair(tuple(data.tensors), what, batched=True)]
+    elif isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        pairs = [_pair(data[i], f"{what}[{i}]", batched=False) for i in range(len(data))]
+    else:
+        raise ArgumentError(
+            f"{what} must be a torch Dataset of (image, target) pairs, a DataLoader of (images, targets) batches or "
+            f"a capsnets TensorData, got {type(data).__name__}",
+            what,
+        )
+    if not pairs or not sum(len(images) for images, _ in pairs):
+        raise ArgumentError(f"{what} holds no examples; pass a data set with at least one", what)
+    images, targets = (torch.cat(parts) for parts in zip(*pairs))
+    classes = getattr(getattr(data, "dataset", data), "classes", None)
+    classes = [str(c) for c in classes] if isinstance(classes, (list, tuple)) else []
+    shape = "x".join(map(str, images.shape[1:]))
+    return ReadData(images, targets, classes, f"{type(data).__name__}({len(images)} images {shape})")
+
+
+def _pair(item: Any, where: str, *, batched: bool) -> tuple[Tensor, Tensor]:
+    """One item (or batch) as ``(images (B, C, H, W), targets)``, checked."""
+    expected = "(images (B, C, H, W), targets (B,))" if batched else "(image (C, H, W), target)"
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        found = f"{type(item).__name__} of {len(item)}" if isinstance(item, (tuple, list)) else type(item).__name__
+        raise ArgumentError(f"{where} is a {found}; it must be a pair {expected}", where)
+    image, target = item
+    if not isinstance(image, Tensor) or image.dim() != (4 if batched else 3):
+        found = f"a tensor of shape {tuple(image.shape)}" if isinstance(image, Tensor) else type(image).__name__
+        raise ArgumentError(
+            f"{where}'s image is {found}; it must be a tensor {expected.split(',')[0].strip('(')} (e.g. "
+            "torchvision's transforms.ToTensor() makes one from a PIL image)",
+            where,
+        )
+    if not image.is_floating_point():
+        raise ArgumentError(
+            f"{where}'s image is a {image.dtype} tensor; it must hold floating-point pixel values (e.g. "
+            "images.float() / 255)",
+            where,
+        )
+    if isinstance(target, int) and not isinstance(target, bool):
+        target = torch.tensor(target)
+    if not isinstance(target, Tensor):
+        raise ArgumentError(
+            f"{where}'s target is {type(target).__name__}; it must be a class index (an int or integer tensor) "
+            "or a float multi-hot tensor",
+            where,
+        )
+    images = image if batched else image[None]
+    if batched:
+        targets = target
+    elif target.dim() == 1 and target.is_floating_point():
+        targets = target[None]  # one multi-hot vector
+    else:
+        targets = target.reshape(1) if target.numel() == 1 else target[None]  # a shape refused below
+    return images.detach().cpu(), _targets(targets, len(images), where)
+
+
+def _targets(targets: Tensor, count: int, where: str) -> Tensor:
+    """Class indices as int64 ``(B,)``; multi-hot targets as float32 ``(B, K)``."""
+    if targets.dim() == 1 and not targets.is_floating_point() and targets.dtype != torch.bool:
+        result = targets.long()
+    elif targets.dim() == 2 and (targets.is_floating_point() or targets.dtype == torch.bool):
+        result = targets.float()
+    else:
+        raise ArgumentError(
+            f"{where}'s targets are a {targets.dtype} tensor of shape {tuple(targets.shape)}; they must be "
+            "integer class indices (B,) or float multi-hot targets (B, K)",
+            where,
+        )
+    if len(result) != count:
+        raise ArgumentError(f"{where} has {count} images but {len(result)} targets; give one target per image", where)
+    return result.detach().cpu()
+
+
+def data_kind(data: Any) -> str:
+    """The task of ``data``: its ``task`` attribute, else ``"multilabel"`` or ``"classification"``."""
+    labels = getattr(data, "labels", getattr(data, "targets", None))
+    multilabel = getattr(data, "multilabel", labels is not None and labels.dim() == 2)
+    return getattr(data, "task", None) or ("multilabel" if multilabel else "classification")
+
+
+def select(data: TensorData | SegmentationData, index: Tensor) -> TensorData | SegmentationData:
+    """The examples of ``data`` at ``index`` (a 1-D integer tensor), in that order."""
+    if isinstance(data, SegmentationData):
+        index = index.to(data.images.device)
+        return dataclasses.replace(data, images=data.images[index], masks=data.masks[index])
+    return data.select(index)
+
+
+class ScoresModel(nn.Module):
+    """``model`` as the trainer calls it: ``(images, targets) -> ModelOutput``.
+
+    A model's plain score tensor becomes ``ModelOutput(scores, "logits")``; the targets are passed on only to a
+    ``forward`` that takes a second argument (e.g. CapsNet's, whose decoder reconstructs the true class).
+
+    Args:
+        model: the model (possibly compiled); its parameters are this module's.
+        takes_targets: whether to pass the targets (None: read from ``model.forward``'s signature).
+    """
+
+    def __init__(self, model: nn.Module, takes_targets: bool | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.takes_targets = _takes_two(model) if takes_targets is None else takes_targets
+
+    def forward(self, images: Tensor, targets: Tensor | None = None) -> ModelOutput:
+        output = self.model(images, targets) if self.takes_targets and targets is not None else self.model(images)
+        if isinstance(output, ModelOutput):
+            return output
+        if isinstance(output, Tensor):
+            return ModelOutput(output, "logits")
+        raise ArgumentError(
+            f"the model returned {type(output).__name__}; it must return a capsnets.models.ModelOutput or a "
+            "(B, num_classes) tensor of scores",
+            "model",
+        )
+
+
+def _takes_two(model: nn.Module) -> bool:
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+
+
+@torch.no_grad()
+def score_width(model: ScoresModel, images: Tensor) -> tuple[int, str]:
+    """Run ``model`` in eval mode on ``images`` (a couple of training images) and return its number of scores and
+    their kind, so that a model that does not fit the data is refused before the training starts."""
+    was_training = model.training
+    model.eval()
+    try:
+        output = model(images)
+    except ArgumentError:
+        raise
+    except Exception as err:
+        raise ArgumentError(
+            f"the model failed on a batch of training images of shape {tuple(images.shape)}: "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; build it for images of "
+            f"{tuple(images.shape[1:])}",
+            "model",
+        ) from err
+    finally:
+        model.train(was_training)
+    return int(output.scores.shape[-1]), output.score_kind
+
+
+#: The loss of a model without a ``default_loss``, by the kind of its scores.
+DEFAULT_LOSSES = {"length": "margin", "activation": "spread", "logits": "cross_entropy"}
+
+
+class _ScoreLoss(nn.Module):
+    """A loss of the scores and targets (``nn.CrossEntropyLoss()``) as a capsnets criterion."""
+
+    def __init__(self, loss: Callable) -> None:
+        super().__init__()
+        self.loss = loss
+
+    def forward(self, output: ModelOutput, images: Tensor, targets: Tensor):
+        value = self.loss(output.scores, targets)
+        return value if isinstance(value, tuple) else (value, {})
+
+
+class _CapsnetsStyle(nn.Module):
+    """A callable ``(output, images, targets)`` returning a loss, or a ``(loss, parts)`` pair, as a criterion."""
+
+    def __init__(self, loss: Callable) -> None:
+        super().__init__()
+        self.loss = loss
+
+    def forward(self, output: ModelOutput, images: Tensor, targets: Tensor):
+        value = self.loss(output, images, targets)
+        return value if isinstance(value, tuple) else (value, {})
+
+
+def criterion_for(loss: Callable) -> Callable:
+    """``loss`` as the trainer calls it: ``criterion(output, images, targets) -> (loss, parts)``.
+
+    A capsnets criterion (:mod:`capsnets.losses`) is returned as it is; a callable of three arguments is called as
+    one (returning a loss or a ``(loss, parts)`` pair); any other callable gets the scores and the targets.
+    """
+    if not callable(loss):
+        raise ArgumentError(
+            f"loss must be an nn.Module or callable (e.g. nn.CrossEntropyLoss()), or None, got {type(loss).__name__}",
+            "loss",
+        )
+    if type(loss).__module__ == "capsnets.losses":
+        return loss
+    target = loss.forward if isinstance(loss, nn.Module) else loss
+    try:
+        parameters = [
+            p
+            for p in inspect.signature(target).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        ]
+    except (TypeError, ValueError):
+        parameters = []
+    return _CapsnetsStyle(loss) if len(parameters) == 3 else _ScoreLoss(loss)
