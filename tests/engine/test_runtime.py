@@ -65,26 +65,16 @@ def test_threads_are_lowered_to_the_free_cores_only_when_nobody_chose():
     assert choose_threads(None, **busy, env={"OMP_NUM_THREADS": "2"}) == (None, None)  # so is OMP_NUM_THREADS
 
 
-def test_the_load_is_busy_only_while_other_work_still_runs(monkeypatch):
+def test_the_machine_load_is_the_usable_cores_and_the_load_average(monkeypatch):
     from capsnets.engine import runtime
 
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 3}, raising=False)  # taskset -c 0,3
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(runtime.os, "getloadavg", lambda: (1.7, 1.0, 0.5))
-    monkeypatch.setattr(runtime, "_tasks_running", lambda: 1.0)  # only this process: the work has ended
-    assert runtime.machine_load()[1] == 0.0
-    monkeypatch.setattr(runtime, "_tasks_running", lambda: 3.0)  # two others still run
-    assert runtime.machine_load()[1] == 1.7
-    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (0.2, 0.1, 0.0))  # a process that just started
-    assert runtime.machine_load()[1] == 0.2
-    monkeypatch.setattr(runtime, "_tasks_running", lambda: None)  # no /proc/stat: the load average alone
-    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (1.7, 1.0, 0.5))
-    assert runtime.machine_load()[1] == 1.7
-
-
-def test_tasks_running_counts_this_process(tmp_path):
-    from capsnets.engine.runtime import _tasks_running
-
-    count = _tasks_running(readings=3, interval=0.0)
-    assert count is None or count >= 1  # this process runs while it reads
+    assert runtime.machine_load() == (2, 1.7)
+    monkeypatch.delattr(runtime.os, "sched_getaffinity")  # macOS, Windows: every core
+    monkeypatch.delattr(runtime.os, "getloadavg")  # Windows: no load average
+    assert runtime.machine_load() == (8, 0.0)
 
 
 def test_torch_threads_sets_the_count_for_the_block_only():

@@ -12,9 +12,7 @@ import os
 import platform
 import random
 import signal
-import statistics
 import threading
-import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -131,36 +129,13 @@ def free_cores(cpu_count: int, load: float) -> int:
 
 
 def machine_load() -> tuple[int, float]:
-    """``(cores this process may run on, how busy the machine is)``.
-
-    How busy: the smaller of the 1-minute load average and the number of other tasks running now (Linux's
-    ``procs_running``, the median of 10 readings over 0.1 s, less this process). The average says that the
-    machine has been busy for a while, the count that it still is, so neither work that just ended (a ``pip
-    install`` before the command) nor a passing process lowers the threads. Where the system gives neither, 0.
-    """
+    """``(cores this process may run on, how busy the machine is)``: ``os.sched_getaffinity`` (``os.cpu_count``
+    where the system has no affinity masks) and the 1-minute load average (0 where the system gives none)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        load = os.getloadavg()[0]
+        return cores, os.getloadavg()[0]
     except (AttributeError, OSError):  # Windows
-        load = 0.0
-    running = _tasks_running()
-    return cores, load if running is None else min(load, max(0.0, running - 1.0))
-
-
-def _tasks_running(readings: int = 10, interval: float = 0.01) -> float | None:
-    """The median of ``readings`` of ``procs_running`` in ``/proc/stat`` (this process included), or None."""
-    counts = []
-    try:
-        for _ in range(readings):
-            with open("/proc/stat") as stat:
-                counts += [int(line.split()[1]) for line in stat if line.startswith("procs_running")]
-            time.sleep(interval)
-    except (OSError, ValueError, IndexError):
-        return None
-    return float(statistics.median(counts)) if counts else None
+        return cores, 0.0
 
 
 def choose_threads(
