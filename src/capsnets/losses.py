@@ -364,7 +364,8 @@ _LOSSES: dict[str, Callable[..., nn.Module]] = {
 }
 
 
-#: What each loss takes: the task of the models whose outputs it reads (:data:`capsnets.models.registry.TASKS`).
+#: What each loss takes, by loss name: the task of the models whose outputs it reads (one of
+#: :data:`capsnets.models.registry.MODEL_TASKS`).
 LOSS_TASKS: dict[str, str] = {
     "spread": "classification",
     "margin": "classification",

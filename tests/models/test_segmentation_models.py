@@ -18,7 +18,7 @@ SEGMENTATION = capsnets.list_models(task="segmentation")
 def test_the_registry_keeps_tasks_apart():
     assert SEGMENTATION == ["segcaps", "segcaps_small", "unet", "unet_small"]
     assert not set(SEGMENTATION) & set(capsnets.list_models(task="classification"))
-    by_task = [capsnets.list_models(task=task) for task in capsnets.models.registry.TASKS]
+    by_task = [capsnets.list_models(task=task) for task in capsnets.models.registry.MODEL_TASKS]
     assert sorted(capsnets.list_models()) == sorted(name for names in by_task for name in names)
     assert capsnets.models.model_task("segcaps") == "segmentation"
     with pytest.raises(ValueError, match="task must be one of"):

@@ -1,6 +1,6 @@
 """Models by name (timm's ``create_model`` / torchvision's ``get_model``).
 
-Builders are small functions registered with :func:`register_model` for one of the :data:`TASKS`; their
+Builders are small functions registered with :func:`register_model` for one of the :data:`MODEL_TASKS`; their
 keyword-only arguments, with their defaults, are the overrides :func:`create_model` accepts
 (:func:`model_schema`). A builder and the model it builds check their own arguments (with
 :mod:`capsnets.validation`); :func:`create_model` refuses names a builder does not take. A ``routing`` given
@@ -26,27 +26,29 @@ from capsnets.validation import Argument, ArgumentError, keyword_arguments, reje
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _TASKS: dict[str, str] = {}
 _RECIPES: dict[str, dict[str, object]] = {}
-#: What a model's forward pass returns, by task: ``"classification"`` models return a
+#: The tasks a model is registered for (each the ``model_task`` of a task of :data:`capsnets.engine.tasks.TASKS`,
+#: which owns how such models train, are scored and answer), by what their forward pass returns:
+#: ``"classification"`` models return a
 #: :class:`~capsnets.models.output.ModelOutput` (class scores); ``"segmentation"`` models a
 #: :class:`~capsnets.models.segcaps.SegmentationOutput` (per-pixel probabilities); ``"autoencoder"``
 #: models an :class:`~capsnets.models.transforming.AutoencoderOutput` (a transformed image, no labels);
 #: ``"synthesis"`` generators a :class:`~capsnets.models.capspix2pix.SynthesisOutput` (images from label maps).
-TASKS = ("classification", "segmentation", "autoencoder", "synthesis")
+MODEL_TASKS: tuple[str, ...] = ("classification", "segmentation", "autoencoder", "synthesis")
 
 
 def register_model(
     name: str, *, task: str = "classification", recipe: Mapping[str, object] | None = None
 ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator registering a model builder under ``name`` for ``task`` (one of :data:`TASKS`).
+    """Decorator registering a model builder under ``name`` for ``task`` (one of :data:`MODEL_TASKS`).
 
     Args:
         name: the model's name.
-        task: one of :data:`TASKS`.
+        task: one of :data:`MODEL_TASKS`.
         recipe: the model's default training settings, as :class:`~capsnets.engine.TrainConfig` fields (timm's
             ``pretrained_cfg``): they fill the fields a training leaves unset (:func:`training_recipe`).
     """
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if task not in MODEL_TASKS:
+        raise ValueError(f"task must be one of {', '.join(MODEL_TASKS)}, got {task!r}")
 
     def decorate(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in _REGISTRY:
@@ -84,7 +86,7 @@ def list_models(
         pattern: an fnmatch pattern (``"capsnet*"``, ``"*matrix*"``), or a list of them (a name matching any is
             listed); None lists every model.
         pretrained: list only the models with a shipped weight (:func:`capsnets.models.get_model_weights`).
-        task: list only the models for this task (one of :data:`TASKS`).
+        task: list only the models for this task (one of :data:`MODEL_TASKS`).
 
     Examples::
 
@@ -95,8 +97,8 @@ def list_models(
         >>> list_models(task="autoencoder")
         ['transforming_autoencoder']
     """
-    if task is not None and task not in TASKS:
-        raise ArgumentError(f"task must be one of {', '.join(TASKS)}, got {shown(task)}", "task")
+    if task is not None and task not in MODEL_TASKS:
+        raise ArgumentError(f"task must be one of {', '.join(MODEL_TASKS)}, got {shown(task)}", "task")
     if pattern is None or isinstance(pattern, str):
         patterns = [] if pattern is None else [pattern]
     elif isinstance(pattern, (list, tuple)) and all(isinstance(p, str) for p in pattern):
@@ -104,7 +106,7 @@ def list_models(
     else:
         raise ArgumentError(f"pattern must be a string or a list of strings, got {shown(pattern, 60)}", "pattern")
     names = sorted(name for name in _REGISTRY if task is None or _TASKS[name] == task)
-    tasks_given = [p for p in patterns if p in TASKS and p not in _REGISTRY]
+    tasks_given = [p for p in patterns if p in MODEL_TASKS and p not in _REGISTRY]
     if tasks_given:
         raise ArgumentError(
             f"list_models takes a name pattern first; {tasks_given[0]!r} is a task: pass task={tasks_given[0]!r}",
@@ -133,7 +135,7 @@ _PRETRAINED_SOURCE: Callable[[], Collection[str]] = _no_weights
 
 
 def model_task(name: str) -> str:
-    """The task model ``name`` was registered for (one of :data:`TASKS`)."""
+    """The task model ``name`` was registered for (one of :data:`MODEL_TASKS`)."""
     _builder(name)
     return _TASKS[name]
 
