@@ -167,8 +167,7 @@ def test_capspix2pix_small_paints_garments_inside_their_silhouettes(shared_data_
 
     import capsnets
     from capsnets.data import load_dataset
-    from capsnets.data.synthesis import silhouette_label_maps
-    from capsnets.experiments.synthesis import synthesis_errors, train_pix2pix
+    from capsnets.experiments.synthesis import silhouette_label_maps, synthesis_errors, train_pix2pix
     from capsnets.models import PatchDiscriminator
 
     torch.manual_seed(0)

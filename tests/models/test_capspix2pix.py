@@ -5,8 +5,7 @@ import pytest
 import torch
 
 import capsnets
-from capsnets.data.synthesis import silhouette_label_maps
-from capsnets.experiments.synthesis import synthesis_errors, train_pix2pix
+from capsnets.experiments.synthesis import silhouette_label_maps, synthesis_errors, train_pix2pix
 from capsnets.models import PatchDiscriminator
 
 
