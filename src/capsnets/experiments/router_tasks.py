@@ -21,9 +21,11 @@ from capsnets.files import atomic_write
 from capsnets.models import create_model
 from capsnets.outputs import json_header
 
-__all__ = ["CNN_HEADS", "REFERENCE", "SPLITS", "TASKS", "build_head", "load_tasks", "measure_throughput"]
+__all__ = ["CNN_HEADS", "REFERENCE", "PROBLEMS", "SPLITS", "build_head", "load_tasks", "measure_throughput"]
 
-TASKS = ("fashion_mnist", "affnist", "azimuth", "elevation")
+#: The benchmark problems of the experiment (its ``tasks`` setting names some of them): a data set each, or a
+#: viewpoint split of smallNORB (:data:`SPLITS`).
+PROBLEMS = ("fashion_mnist", "affnist", "azimuth", "elevation")
 SPLITS = ("azimuth", "elevation")
 CNN_HEADS = ("avg_pool", "max_pool", "fully_connected")
 #: The head that sets the viewpoint target and against whose training speed every head is measured.

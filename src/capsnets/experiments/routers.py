@@ -47,9 +47,9 @@ from capsnets.experiments.report import write_report
 from capsnets.experiments.report.routers import routers_contrasts, routers_figures, routers_metrics, routers_sections
 from capsnets.experiments.router_tasks import (
     CNN_HEADS,
+    PROBLEMS,
     REFERENCE,
     SPLITS,
-    TASKS,
     build_head,
     load_tasks,
     measure_throughput,
@@ -58,7 +58,7 @@ from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
 from capsnets.models import count_parameters
 from capsnets.models.routing_zoo import HEADS
 
-__all__ = ["CNN_HEADS", "REFERENCE", "TASKS", "Settings", "run"]
+__all__ = ["CNN_HEADS", "PROBLEMS", "REFERENCE", "Settings", "run"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Settings(ExperimentSettings):
     (``train_minutes`` each training, ``time_limit_minutes`` the whole run)."""
 
     heads: list[str] = field(default_factory=lambda: list(HEADS))
-    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    tasks: list[str] = field(default_factory=lambda: list(PROBLEMS))
     model_args: dict = field(default_factory=dict)
     epochs: int = 5
     batch_size: int = 64
@@ -108,7 +108,7 @@ class Settings(ExperimentSettings):
     }
 
     def __post_init__(self) -> None:
-        for name, allowed in (("heads", HEADS), ("tasks", TASKS)):
+        for name, allowed in (("heads", HEADS), ("tasks", PROBLEMS)):
             chosen = list(getattr(self, name))
             if not chosen or len(set(chosen)) != len(chosen) or not set(chosen) <= set(allowed):
                 raise ValueError(f"{name} must be distinct names from {list(allowed)}, got {chosen!r}")
@@ -294,7 +294,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         if shape not in speed_by_shape:
             speed_by_shape[shape] = measure_throughput(task, s, device, seed, checkpoints)
         speeds[name] = speed_by_shape[shape]
-        results[name] = _run_task(name, task, s, device, seed + 10 * TASKS.index(name), checkpoints, budget)
+        results[name] = _run_task(name, task, s, device, seed + 10 * PROBLEMS.index(name), checkpoints, budget)
     sections = routers_sections(results, tasks, speeds, s, device=device, seed=seed, smoke=smoke)
     return write_report(
         out,
