@@ -3,8 +3,9 @@
 As in Lightning's ``Trainer.fit(model, train_dataloaders, val_dataloaders)``, the trainer takes your own objects:
 
 - data: a :class:`~capsnets.data.TensorData` or :class:`~capsnets.data.SegmentationData` as it is; a
-  ``torch.utils.data.Dataset`` of ``(image, target)`` pairs or a ``DataLoader`` of ``(images, targets)`` batches is
-  read once into tensors (:func:`read_data`). The whole data set then lives on the training device and the trainer
+  ``torch.utils.data.Dataset`` of ``(image, target)`` pairs is read once into tensors (:func:`read_data`); a
+  ``DataLoader`` gives its data set (read likewise, in stored order) and its batch size, or, over an
+  ``IterableDataset``, its ``(images, targets)`` batches. The whole data set then lives on the training device and the trainer
   batches and shuffles it from the seed (:class:`~capsnets.data.DeviceLoader`), which is what makes a resumed run
   continue bit for bit. Random transforms of a dataset's items are therefore drawn once; the trainer's own
   ``max_shift`` and ``augment`` are drawn afresh for every batch.
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from capsnets.data import SegmentationData, TensorData
 from capsnets.models.output import ModelOutput
@@ -71,7 +72,8 @@ def read_data(data: Any, what: str) -> TensorData | SegmentationData | ReadData:
 
     Args:
         data: a :class:`~capsnets.data.TensorData`, :class:`~capsnets.data.SegmentationData`, ``Dataset`` of
-            ``(image (C, H, W), target)`` pairs or ``DataLoader`` of ``(images (B, C, H, W), targets)`` batches. A
+            ``(image (C, H, W), target)`` pairs, or a ``DataLoader`` of one (its sampler and workers are not used)
+            or of an ``IterableDataset`` of ``(images (B, C, H, W), targets)`` batches. A
             target is a class index (an int or an integer tensor of one element) or a float multi-hot ``(K,)``
             tensor (several classes per image).
         what: the argument's name, for the messages (``"train_data"``).
@@ -81,8 +83,10 @@ def read_data(data: Any, what: str) -> TensorData | SegmentationData | ReadData:
     """
     if isinstance(data, LIBRARY_DATA):
         return data
-    if isinstance(data, DataLoader):
+    if isinstance(data, DataLoader) and isinstance(data.dataset, IterableDataset):
         pairs = [_pair(batch, f"a batch of {what}", batched=True) for batch in data]
+    elif isinstance(data, DataLoader):  # its data set, in stored order: the trainer shuffles from the seed
+        return read_data(data.dataset, what)
     elif isinstance(data, TensorDataset) and len(data.tensors) == 2:
         pairs = [_pair(tuple(data.tensors), what, batched=True)]
     elif isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):

@@ -193,9 +193,9 @@ class Trainer:
         if model is None and train_data is None:
             if any(x is not None for x in (val_data, test_data, loss)):
                 raise ArgumentError("val_data, test_data and loss go with a model and train_data: pass those too")
-            self._objects = None
-        else:
-            self._objects = self._take_objects(model, train_data, val_data, test_data, loss)
+            self._objects, self._read = None, None
+        else:  # read and checked before anything is written
+            self._read = self._take_objects(model, train_data, val_data, test_data, loss)
         context, device = distributed.setup(self.config.device)
         try:
             claim = (
@@ -218,9 +218,10 @@ class Trainer:
             self._claim = None
             distributed.teardown(context)
 
-    def _take_objects(self, model, train_data, val_data, test_data, loss) -> _Objects:
+    def _take_objects(self, model, train_data, val_data, test_data, loss) -> dict[str, Any]:
         """Check what :meth:`fit` was given and make the config the run's: the model's name (its registered name,
-        else its class's), its arguments, the run directory and a DataLoader's batch size."""
+        else its class's), its arguments, the loss's name, the run directory and a DataLoader's batch size. Returns
+        the data read into tensors (:meth:`_read_objects`)."""
         if not isinstance(model, nn.Module):
             raise ArgumentError(f"model must be an nn.Module, got {type(model).__name__}", "model")
         if train_data is None:
@@ -231,6 +232,8 @@ class Trainer:
         changes: dict[str, Any] = {"model": label, "model_args": dict(getattr(model, "model_args", {}) or {})}
         if not registered:
             changes["model_args"] = {}
+        if loss is not None:
+            changes["loss"] = getattr(loss, "__name__", None) or type(loss).__name__
         batch = getattr(train_data, "batch_size", None) if isinstance(train_data, torch.utils.data.DataLoader) else None
         if self._settings is not None:
             if "out" not in self._settings:
@@ -247,7 +250,8 @@ class Trainer:
                 "batch_size",
             )
         self.run_dir = Path(self.config.out)
-        return _Objects(model, train_data, val_data, test_data, loss)
+        self._objects = _Objects(model, train_data, val_data, test_data, loss)
+        return self._read_objects()
 
     def _fit(self, context: distributed.DistContext, device: torch.device) -> dict[str, Any]:
         cfg, s = self.config, self._set_up(context, device)
@@ -294,7 +298,7 @@ class Trainer:
     def _set_up(self, context: distributed.DistContext, device: torch.device) -> _Session:
         """Seed, load data, build model, loss, optimizer and schedule; restore them when resuming."""
         cfg = self.config
-        read = self._read_objects() if self._objects is not None else None
+        read = self._read
         checkpoint = self._resume_checkpoint() if self.resume else None
         seed_everything(cfg.seed)
         if read is None:
@@ -407,17 +411,16 @@ class Trainer:
             self._task.check_model(model, data, (self.config.model, self.config.dataset))
 
     def _object_loss(self, model: nn.Module, kind: str):
-        """The loss given to :meth:`fit` as a criterion, or the model's (its ``default_loss``, else the one that
-        fits the kind of its scores)."""
-        given = self._objects.loss
+        """The loss given to :meth:`fit` as a criterion, else the config's ``loss`` by name, else the model's (its
+        ``default_loss``, else the one that fits the kind of its scores)."""
+        cfg, given = self.config, self._objects.loss
         if given is not None:
             return criterion_for(given)
-        name = getattr(model, "default_loss", None) or DEFAULT_LOSSES.get(kind)
+        default = getattr(model, "default_loss", None) or DEFAULT_LOSSES.get(kind)
+        name = cfg.loss or default
         if name is None:
-            raise ArgumentError(
-                f"the model has no default_loss and its scores are of kind {kind!r}; pass loss=...", "loss"
-            )
-        return create_loss(self._task.loss_name(name, name, False))
+            raise ArgumentError(f"the model has no default_loss and its scores are {kind!r}; pass loss=...", "loss")
+        return create_loss(self._task.loss_name(name, default, cfg.loss is not None), **cfg.loss_args)
 
     def _split_validation(self, data):
         """``(train, validation)``: a share ``val_fraction`` of ``data`` held out, drawn from the seed; ``(data,

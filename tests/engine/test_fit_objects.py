@@ -1,0 +1,192 @@
+"""Trainer.fit on your own objects: a capsule network built here from capsnets.layers (not registered), trained on a
+TensorDataset, a Dataset of pairs or a DataLoader; interrupted and resumed bit for bit; the best checkpoint chosen on
+validation; a resume with another model and bad inputs refused with errors that say what to do."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from capsnets.engine import Trainer, TrainingInterrupted, reporting
+from capsnets.engine.run_dir import RunDirectoryError
+from capsnets.functional import capsule_length
+from capsnets.layers import LinearCapsules, PrimaryCapsules
+from capsnets.losses import margin_loss
+from capsnets.models import ModelOutput
+from capsnets.validation import ArgumentError
+
+
+class TinyCapsNet(nn.Module):
+    """Conv2d -> PrimaryCapsules -> LinearCapsules on 8x8 images; scores are the class capsules' lengths."""
+
+    def __init__(self, channels: int = 8, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, channels, 3)  # (B, 1, 8, 8) -> (B, C, 6, 6)
+        self.primary = PrimaryCapsules(channels, 4, 4, kernel_size=3, stride=2)  # -> (B, 4 * 2 * 2, 4)
+        self.classes = LinearCapsules(16, 4, num_classes, 6)  # -> (B, K, 6)
+
+    def forward(self, images):
+        capsules = self.classes(self.primary(torch.relu(self.conv(images))))
+        return ModelOutput(capsule_length(capsules), "length", capsules)
+
+
+class StopAt:
+    """Margin loss ``(output, images, targets)`` that sends this process SIGTERM at its ``stop``-th training call."""
+
+    def __init__(self, stop: int | None = None) -> None:
+        self.stop, self.calls = stop, 0
+
+    def __call__(self, output, images, targets):
+        if torch.is_grad_enabled():  # not the evaluations
+            self.calls += 1
+            if self.calls == self.stop:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return margin_loss(output.scores, targets)
+
+
+class Pairs(Dataset):
+    """A map-style Dataset of ``(image, int label)`` items."""
+
+    def __init__(self, images, labels) -> None:
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        return self.images[index], int(self.labels[index])
+
+
+@pytest.fixture(autouse=True)
+def no_figures(monkeypatch):
+    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])  # slow, and not what is tested here
+
+
+@pytest.fixture
+def data():
+    generator = torch.Generator().manual_seed(0)
+    images, labels = torch.rand(256, 1, 8, 8, generator=generator), torch.randint(0, 10, (256,), generator=generator)
+    return TensorDataset(images, labels)
+
+
+def model(**kwargs) -> TinyCapsNet:
+    torch.manual_seed(0)  # the same initial weights in every run
+    return TinyCapsNet(**kwargs)
+
+
+def trainer(tmp_path, name: str, **settings) -> Trainer:
+    values = dict(out=str(tmp_path / name), epochs=2, batch_size=32, device="cpu", progress=False)
+    return Trainer(**{**values, **settings})
+
+
+def weights(trained: Trainer) -> dict[str, torch.Tensor]:
+    return trained.model.state_dict()
+
+
+def test_an_interrupted_run_resumes_bit_for_bit(tmp_path, data):
+    full = trainer(tmp_path, "full")
+    summary = full.fit(model(), data, loss=StopAt())
+    assert summary["model"] == "TinyCapsNet" and summary["epochs"] == 2 and summary["best_chosen_on"] == "validation"
+    cut = trainer(tmp_path, "cut")
+    with pytest.raises(TrainingInterrupted) as stop:
+        cut.fit(model(), data, loss=StopAt(stop=11))  # 8 steps an epoch: in the middle of the second
+    assert (stop.value.epoch, stop.value.step) == (1, 3)
+    resumed = trainer(tmp_path, "cut", resume=True)
+    assert resumed.fit(TinyCapsNet(), data, loss=StopAt())["epochs"] == 2  # its weights come from the checkpoint
+    for name, value in weights(full).items():
+        assert torch.equal(value, weights(resumed)[name]), name
+    records = [[json.loads(line) for line in open(tmp_path / run / "metrics.jsonl")] for run in ("full", "cut")]
+    assert [r["train_loss"] for r in records[0]] == [r["train_loss"] for r in records[1]]
+    assert json.loads((tmp_path / "cut" / "best.json").read_text())["model_class"].endswith(".TinyCapsNet")
+
+
+def test_a_dataset_of_pairs_and_a_dataloader_train_as_a_tensordataset(tmp_path, data):
+    images, labels = data.tensors
+    runs = {"tensors": data, "pairs": Pairs(images, labels), "loader": DataLoader(data, batch_size=64, shuffle=True)}
+    trained = {}
+    for name, train_data in runs.items():
+        size = {} if name == "loader" else {"batch_size": 64}  # a DataLoader's batch size is the run's
+        fitted = Trainer(out=str(tmp_path / name), epochs=1, device="cpu", progress=False, **size)
+        assert fitted.fit(model(), train_data)["batch_size"] == 64
+        trained[name] = weights(fitted)
+    for name, value in trained["tensors"].items():
+        assert torch.equal(value, trained["pairs"][name]) and torch.equal(value, trained["loader"][name]), name
+
+
+def test_the_best_checkpoint_is_chosen_on_a_split_held_out_of_the_training_data(tmp_path, data):
+    fitted = trainer(tmp_path, "run", epochs=3)
+    summary = fitted.fit(model(), data, test_data=data)
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert summary["validation_examples"] == 26  # 10% of 256, drawn from the seed
+    assert records[0]["step"] == 8  # the 230 others in batches of 32
+    best = max(range(3), key=lambda i: (records[i]["val_accuracy"], -i))
+    assert (summary["best_chosen_on"], summary["best_chosen_by"]) == ("validation", "val_accuracy")
+    assert summary["best_epoch"] == best + 1 and summary["best_val_accuracy"] == records[best]["val_accuracy"]
+    assert summary["best_test_accuracy"] == records[best]["test_accuracy"]  # its test score, reported once
+    assert json.loads((tmp_path / "run" / "best.json").read_text())["epoch"] == best + 1
+
+
+def test_val_data_given_is_the_validation_split(tmp_path, data):
+    images, labels = data.tensors
+    summary = trainer(tmp_path, "run", epochs=1).fit(model(), data, TensorDataset(images[:40], labels[:40]))
+    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
+    assert summary["validation_examples"] == 40 and record["step"] == 8  # all 256 trained on
+    assert summary["best_epoch"] == 1 and "val_accuracy" in record and "test_accuracy" not in record
+
+
+def test_no_validation_split_chooses_no_best(tmp_path, data):
+    summary = trainer(tmp_path, "run", epochs=1, val_fraction=0).fit(model(), data, test_data=data)
+    assert summary["best_chosen_on"] is None and summary["best_epoch"] is None and summary["test_accuracy"] is not None
+    assert not (tmp_path / "run" / "best.safetensors").exists()
+
+
+def test_plain_scores_and_a_loss_of_scores_and_targets(tmp_path, data):
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    summary = trainer(tmp_path, "run", epochs=1).fit(network, data, loss=nn.CrossEntropyLoss())
+    assert summary["model"] == "Sequential" and summary["train_time_s"] > 0
+
+
+def test_a_resume_with_another_model_is_refused(tmp_path, data):
+    trainer(tmp_path, "run", epochs=1).fit(model(), data)
+    with pytest.raises(RunDirectoryError, match=r"not the model the run trained.*conv\.weight"):
+        trainer(tmp_path, "run", resume=True).fit(model(channels=4), data)
+
+    class Other(TinyCapsNet):
+        pass
+
+    with pytest.raises(RunDirectoryError, match='model "TinyCapsNet" -> "Other"'):
+        trainer(tmp_path, "run", resume=True).fit(Other(), data)
+
+
+@pytest.mark.parametrize(
+    ("train_data", "message"),
+    [
+        ([(torch.rand(8, 8).numpy(), 1)] * 4, r"train_data\[0\]'s image is ndarray; it must be a tensor"),
+        ([(torch.rand(1, 8, 8), 1, 2)] * 4, r"train_data\[0\] is a tuple of 3; it must be a pair"),
+        ([(torch.zeros(1, 8, 8, dtype=torch.uint8), 1)] * 4, "floating-point pixel values"),
+        ([(torch.rand(1, 8, 8), "cat")] * 4, "target is str; it must be a class index"),
+        ([(torch.rand(1, 8, 8), 12)] * 4, "holds class 12, and the model scores 10 classes"),
+        ([(torch.rand(1, 9, 9), 1)] * 4, r"the model failed on a batch of training images of shape \(2, 1, 9, 9\)"),
+        (42, "train_data must be a torch Dataset"),
+    ],
+)
+def test_bad_inputs_are_refused_before_anything_is_written(tmp_path, train_data, message):
+    with pytest.raises(ArgumentError, match=message):
+        trainer(tmp_path, "run").fit(model(), train_data)
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_arguments_of_another_kind_are_refused(tmp_path, data):
+    with pytest.raises(ArgumentError, match="model must be an nn.Module"):
+        trainer(tmp_path, "run").fit(lambda x: x, data)
+    with pytest.raises(ArgumentError, match="batches of 64 and batch_size is 32"):
+        trainer(tmp_path, "run").fit(model(), DataLoader(data, batch_size=64))
+    with pytest.raises(ArgumentError, match="unknown|epoch"):
+        Trainer(out=str(tmp_path / "run"), epoch=3)
