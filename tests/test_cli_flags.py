@@ -154,7 +154,7 @@ def test_threads_on_a_busy_machine_are_noted_recorded_and_kept_by_resume(
     import yaml
 
     import capsnets.cli
-    import capsnets.engine.tasks as tasks  # the trainer evaluates through its task
+    import capsnets.engine.tasks.classification as tasks  # the trainer evaluates through its task
 
     seen = []
     evaluate = tasks.evaluate

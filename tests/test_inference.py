@@ -15,8 +15,9 @@ from PIL import Image
 from torch import nn
 
 import capsnets
-from capsnets.cli import format_prediction, main
+from capsnets.cli import main
 from capsnets.engine.checkpoint import save_checkpoint
+from capsnets.engine.tasks import ClassificationTask
 from capsnets.inference import Prediction, collect_image_files, predict, read_images, segment, uncertainty
 from capsnets.models import ModelOutput, load_model
 from capsnets.validation import ArgumentError
@@ -367,8 +368,9 @@ def test_the_default_flags_wrong_and_foreign_answers_of_the_shipped_weight(share
 def test_the_cli_line_says_why_an_answer_is_uncertain():
     sure = Prediction(path="a.png", index=7, label="7", score=0.94, uncertain=False)
     unsure = Prediction(path="b.png", index=2, label="2", score=0.197, uncertain=True, doubt="below 0.7")
-    assert format_prediction(sure) == "a.png: 7 (score 0.940)"
-    assert format_prediction(unsure) == "b.png: 2 (score 0.197, unsure: below 0.7)"
+    task = ClassificationTask()
+    assert task.format_prediction(sure) == "a.png: 7 (score 0.940)"
+    assert task.format_prediction(unsure) == "b.png: 2 (score 0.197, unsure: below 0.7)"
 
 
 # segmentation -------------------------------------------------------------------------------------------------------

@@ -190,9 +190,9 @@ def test_capsnet_small_tells_which_digits_a_multimnist_pair_shows(tmp_path, shar
     # on 1,000 test pairs. Chance: mAP about 0.2 (each class's AP is its prevalence), exact-set accuracy about 0.
     # Measured on a 2-core CPU, one thread, torch 2.13: mAP 0.573, 0.567, 0.566 and exact-set accuracy 0.067, 0.079,
     # 0.065 (seeds 0, 1, 2; 24-43 s of training); the floors sit well below the worst.
-    import capsnets.engine.tasks
+    import capsnets.engine.tasks.multilabel
 
-    monkeypatch.setattr(capsnets.engine.tasks, "THRESHOLD_EXAMPLES", 1000)
+    monkeypatch.setattr(capsnets.engine.tasks.multilabel, "THRESHOLD_EXAMPLES", 1000)
     config = TrainConfig(
         model="capsnet_small",
         dataset="multimnist",

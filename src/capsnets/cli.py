@@ -57,7 +57,7 @@ from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.data.seg_folder import SEGFOLDER_PREFIX
 from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
 from capsnets.engine.config import DEFAULTS, TrainConfig, build_config, default_run_dir, read_config_file
-from capsnets.engine.evaluate import evaluate, evaluate_segmentation, load_ensemble
+from capsnets.engine.evaluate import load_ensemble
 from capsnets.engine.fit import TrainingInterrupted
 from capsnets.engine.run_dir import run_files
 from capsnets.engine.runtime import (
@@ -68,11 +68,13 @@ from capsnets.engine.runtime import (
     resolve_device,
     retain_freed_memory,
 )
+from capsnets.engine.tasks import checkpoint_task, task_for, task_named
+from capsnets.engine.tasks.report import percent
 from capsnets.engine.trainer import train
 from capsnets.export import EXPORT_FORMATS, export_model
 from capsnets.files import FileWriteError, atomic_write_text, folder_write_problem
 from capsnets.images import IMAGE_FORMATS_TEXT, IMAGE_SUFFIXES
-from capsnets.inference import checkpoint_class_names, collect_image_files, mask_path, overlay_path, predict, segment
+from capsnets.inference import collect_image_files
 from capsnets.models import (
     count_parameters,
     create_model,
@@ -893,22 +895,8 @@ def _train(args: argparse.Namespace) -> int:
         f"model {summary['model']} ({summary['parameters']:,} parameters) on {summary['dataset']}, "
         f"{summary['epochs']} epoch{'' if summary['epochs'] == 1 else 's'}, {summary['train_time_s']:.1f} s of training on {summary['device']}"
     )
-    if summary.get("task") == "segmentation":
-        per_class = ", ".join(f"{name} {_pct(dice)}" for name, dice in (summary.get("best_test_dice") or {}).items())
-        print(
-            f"test mean Dice {_pct(summary['test_mean_dice'])}, IoU {_pct(summary['test_mean_iou'])} (best mean Dice "
-            f"{_pct(summary['best_test_mean_dice'])} at epoch {summary['best_epoch']}; per class: {per_class})"
-        )
-    else:
-        print(
-            f"test accuracy {_pct(summary['test_accuracy'])} (best {_pct(summary['best_test_accuracy'])} "
-            f"at epoch {summary['best_epoch']})"
-        )
-    if summary.get("best_test_map") is not None:  # multi-label: the accuracy above is exact-set accuracy
-        print(
-            f"test mAP {_pct(summary['test_map'])} (best {_pct(summary['best_test_map'])}), micro F1 "
-            f"{_pct(summary['test_micro_f1'])}, macro F1 {_pct(summary['test_macro_f1'])}"
-        )
+    for line in task_named(summary.get("task", "classification")).summary_lines(summary):
+        print(line)
     if summary.get("time_limited"):
         print(
             f"stopped by the time limit after epoch {summary['epochs']} of {summary['planned_epochs']}; "
@@ -969,15 +957,17 @@ def _checkpoint_position(path: str | os.PathLike) -> str | None:
 
 
 def _load(args: argparse.Namespace, path: str):
-    """Model, checkpoint, test data and device for ``evaluate`` / ``reconstruct`` of the checkpoint ``path``."""
+    """Model, checkpoint, test data, its task and device for ``evaluate`` / ``reconstruct`` of the checkpoint
+    ``path``."""
     device = resolve_device(args.device)
     checkpoint = load_checkpoint(path)
     model = model_from_checkpoint(checkpoint, device)
-    return model, checkpoint, _test_data(args, checkpoint, model, device), device
+    return model, checkpoint, *_test_data(args, checkpoint, model, device), device
 
 
 def _test_data(args: argparse.Namespace, checkpoint, model, device):
-    """The test split ``model`` is evaluated on: ``--dataset``, else the one ``checkpoint`` was trained on."""
+    """The test split ``model`` is evaluated on (``--dataset``, else the one ``checkpoint`` was trained on), and the
+    task of the model on it (:func:`~capsnets.engine.tasks.task_for`)."""
     dataset = args.dataset or checkpoint.meta.get("dataset")
     if dataset is None:
         raise ArgumentError(f"checkpoint '{checkpoint.path}' does not record its data set; pass --dataset")
@@ -986,13 +976,14 @@ def _test_data(args: argparse.Namespace, checkpoint, model, device):
     folder = str(dataset).startswith((FOLDER_PREFIX, SEGFOLDER_PREFIX))
     image_size = recorded.get("image_size") if folder else None
     data = load_dataset(dataset, root=data_dir, train=False, download=args.download, image_size=image_size).to(device)
-    classes = {2, 1} if hasattr(data, "masks") and data.num_classes == 2 else {data.num_classes}  # binary: 1 map
-    if tuple(data.images.shape[1:]) != tuple(model.input_size) or int(model.num_classes) not in classes:
+    name = checkpoint.meta["model"]
+    task = task_for(name, model_task(name), data, dataset, training=False)
+    if not task.fits(model, data):
         raise ArgumentError(
             f"data set {dataset!r} ({data.num_classes} classes of {tuple(data.images.shape[1:])}) "
             f"does not fit the model ({model.num_classes} classes of {tuple(model.input_size)})"
         )
-    return data
+    return data, task
 
 
 def output_label(checkpoint_path: str | os.PathLike, out: str | os.PathLike) -> str:
@@ -1026,23 +1017,13 @@ def _describe(checkpoint) -> str:
 def _evaluate(args: argparse.Namespace) -> int:
     if args.pretrained is None and len(args.checkpoint) > 1:
         return _evaluate_ensemble(args)
-    model, checkpoint, data, device = _load(args, _checkpoint_source(args, args.checkpoint))
+    model, checkpoint, data, task, device = _load(args, _checkpoint_source(args, args.checkpoint))
     out = _output_folder(Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent, args)
     stem = f"evaluation_{output_label(checkpoint.path, out)}_{_data_label(data.name)}"
-    _check_evaluation_files(out, stem, args, figure=not getattr(data, "multilabel", False))
+    _check_evaluation_files(task.report_files(out, stem), args)
+    results = task.score(model, data, batch_size=args.batch_size, device=device, meta=checkpoint.meta)
     record = {"checkpoint": str(checkpoint.path), "epoch": checkpoint.meta.get("epoch")}
-    if hasattr(data, "masks"):  # a segmentation data set: every pixel is scored
-        results = evaluate_segmentation(model, data, args.batch_size, device)
-        _write_segmentation_evaluation(results, data, out, stem, record, title=_describe(checkpoint))
-        return 0
-    if getattr(
-        data, "multilabel", False
-    ):  # several labels per image: at the thresholds the training chose (0.5 where it recorded none)
-        results = evaluate(model, data, args.batch_size, device, thresholds=checkpoint.meta.get("thresholds"))
-        _write_multilabel_evaluation(results, data, out, stem, record)
-        return 0
-    results = evaluate(model, data, args.batch_size, device)
-    _write_evaluation(results, data, out, stem, record, title=_describe(checkpoint))
+    _print_report(task.report(results, data, out, stem, record, title=_describe(checkpoint)))
     return 0
 
 
@@ -1050,35 +1031,41 @@ def _evaluate_ensemble(args: argparse.Namespace) -> int:
     """``evaluate`` of several checkpoints: each alone, then their ensemble (the mean of their scores)."""
     device = resolve_device(args.device)
     ensemble, checkpoints = load_ensemble([_checkpoint_path(path) for path in args.checkpoint], device)
-    data = _test_data(args, checkpoints[0], ensemble, device)
-    if getattr(data, "multilabel", False):
-        raise ArgumentError(
-            "an ensemble of multi-label models has no thresholds of its own; evaluate each checkpoint alone"
-        )
+    data, task = _test_data(args, checkpoints[0], ensemble, device)
+    task.check_ensemble()
     paths = [checkpoint.path for checkpoint in checkpoints]
     out = Path(args.out) if args.out else Path(os.path.commonpath([path.parent.resolve() for path in paths]))
     out = _output_folder(out, args)
     stem = f"evaluation_ensemble_{ensemble_label(paths, out)}_{_data_label(data.name)}"
-    _check_evaluation_files(out, stem, args)
-    members = [evaluate(model, data, args.batch_size, device)["accuracy"] for model in ensemble.members]
-    results = evaluate(ensemble, data, args.batch_size, device)
+    _check_evaluation_files(task.report_files(out, stem), args)
+    members = [
+        task.score(model, data, batch_size=args.batch_size, device=device, meta=checkpoint.meta)["accuracy"]
+        for model, checkpoint in zip(ensemble.members, checkpoints)
+    ]
+    results = task.score(ensemble, data, batch_size=args.batch_size, device=device, meta={})
     record = {
         "checkpoints": [str(path) for path in paths],
         "epochs": [checkpoint.meta.get("epoch") for checkpoint in checkpoints],
         "members": [{"checkpoint": str(path), "accuracy": accuracy} for path, accuracy in zip(paths, members)],
     }
     for path, accuracy in zip(paths, members):
-        print(f"{_pct(accuracy)}  {path} alone")
-    _write_evaluation(results, data, out, stem, record, title=f"ensemble of {len(paths)} checkpoints")
+        print(f"{percent(accuracy)}  {path} alone")
+    _print_report(task.report(results, data, out, stem, record, title=f"ensemble of {len(paths)} checkpoints"))
     return 0
 
 
-def _check_evaluation_files(out: Path, stem: str, args: argparse.Namespace, figure: bool = True) -> None:
-    """Before any work: ``OUT/STEM.json`` and (``figure``) ``OUT/STEM_confusion.png`` replace no file capsnets did
+def _check_evaluation_files(files: Sequence[tuple[Path, str]], args: argparse.Namespace) -> None:
+    """Before any work: the files of the evaluation's report (``(path, purpose)`` each) replace no file capsnets did
     not write as such, unless ``--overwrite`` (:func:`~capsnets.outputs.check_output`)."""
-    files = [(out / f"{stem}.json", "evaluation")] + ([(out / f"{stem}_confusion.png", "figure")] if figure else [])
     for path, purpose in files:
         check_output(path, purpose, overwrite=args.overwrite, flag="evaluate's output", how="pass another --out")
+
+
+def _print_report(report: tuple[str, Sequence[Path]]) -> None:
+    """Print a task's report (:meth:`~capsnets.engine.tasks.Task.report`): its text, then the files written."""
+    text, files = report
+    print(text)
+    print(f"wrote {' and '.join(str(path) for path in files)}")
 
 
 def ensemble_label(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> str:
@@ -1091,166 +1078,31 @@ def ensemble_label(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -
     return f"{labels[0]}+{len(labels) - 1}_more_{digest}"
 
 
-def _write_evaluation(results: dict[str, Any], data, out: Path, stem: str, record: dict[str, Any], title: str) -> None:
-    """``OUT/STEM.json`` (``record`` and the results) and ``OUT/STEM_confusion.png``; prints the report."""
-    # matplotlib is slow to import; only figures need it
-    from capsnets.plots import plot_confusion_matrix  # noqa: PLC0415
-
-    out.mkdir(parents=True, exist_ok=True)
-    classes = list(data.classes) or [str(k) for k in range(data.num_classes)]
-    report = {
-        **json_header("evaluation"),
-        **record,
-        "dataset": data.name,
-        "count": results["count"],
-        "accuracy": results["accuracy"],
-        "per_class_accuracy": dict(zip(classes, results["per_class_accuracy"].tolist())),
-        "confusion_matrix": results["confusion_matrix"].tolist(),
-    }
-    text = json.dumps(report, indent=2) + "\n"
-    atomic_write_text(out / f"{stem}.json", text)
-    png = plot_confusion_matrix(
-        results["confusion_matrix"], classes, out / f"{stem}_confusion.png", title=f"{title} on {data.name or 'test'}"
-    )
-    print(format_report(results, classes))
-    print(f"wrote {out / f'{stem}.json'} and {png}")
-
-
-def _write_multilabel_evaluation(results: dict[str, Any], data, out: Path, stem: str, record: dict[str, Any]) -> None:
-    """``OUT/STEM.json`` (``record``, mAP, F1, exact-set accuracy, and per class its average precision, F1 and
-    threshold); prints them."""
-    out.mkdir(parents=True, exist_ok=True)
-    classes = list(data.classes) or [str(k) for k in range(data.num_classes)]
-    columns = ("average_precision", "per_class_f1", "thresholds")
-    per_class = {
-        name: dict(zip(columns, values)) for name, *values in zip(classes, *(results[c].tolist() for c in columns))
-    }
-    summary = {key: results[key] for key in ("mAP", "micro_f1", "macro_f1", "exact_match")}
-    report = {
-        **json_header("evaluation"),
-        **record,
-        "dataset": data.name,
-        "count": results["count"],
-        **summary,
-        "per_class": per_class,
-    }
-    text = json.dumps(report, indent=2) + "\n"
-    atomic_write_text(out / f"{stem}.json", text)
-    table = _class_table(
-        classes,
-        {
-            "AP": [_pct(row["average_precision"]) for row in per_class.values()],
-            "F1": [_pct(row["per_class_f1"]) for row in per_class.values()],
-            "threshold": [f"{row['thresholds']:.3f}" for row in per_class.values()],
-        },
-    )
-    summary = (
-        f"mAP {_pct(results['mAP'])}, micro F1 {_pct(results['micro_f1'])}, macro F1 {_pct(results['macro_f1'])}, "
-        f"exact-set accuracy {_pct(results['exact_match'])} on {results['count']} images"
-    )
-    print("\n".join([summary, "", *table]))
-    print(f"wrote {out / f'{stem}.json'}")
-
-
-def _write_segmentation_evaluation(
-    results: dict[str, Any], data, out: Path, stem: str, record: dict[str, Any], title: str
-) -> None:
-    """``OUT/STEM.json`` (``record``, per-class Dice and IoU, their means) and ``OUT/STEM_confusion.png`` (the pixel
-    confusion matrix, rows normalised); prints the per-class table."""
-    # matplotlib is slow to import; only figures need it
-    from capsnets.plots import plot_confusion_matrix  # noqa: PLC0415
-
-    classes = list(data.classes) or [str(k) for k in range(data.num_classes)]
-    report = {
-        **json_header("evaluation"),
-        **record,
-        "dataset": data.name,
-        "count": results["count"],
-        "mean_dice": None if results["mean_dice"] != results["mean_dice"] else results["mean_dice"],
-        "mean_iou": None if results["mean_iou"] != results["mean_iou"] else results["mean_iou"],
-        "pixel_accuracy": results["pixel_accuracy"],
-        # NaN (a class neither present nor predicted) is null in JSON
-        "dice": {c: None if v != v else v for c, v in zip(classes, results["dice"].tolist())},
-        "iou": {c: None if v != v else v for c, v in zip(classes, results["iou"].tolist())},
-        "confusion_matrix": results["confusion_matrix"].tolist(),
-    }
-    text = json.dumps(report, indent=2) + "\n"
-    atomic_write_text(out / f"{stem}.json", text)
-    png = plot_confusion_matrix(
-        results["confusion_matrix"],
-        classes,
-        out / f"{stem}_confusion.png",
-        normalize=True,
-        title=f"{title} on {data.name}: pixels (rows: recall)",
-    )
-    table = _class_table(
-        classes,
-        {"Dice": [_pct(d) for d in results["dice"].tolist()], "IoU": [_pct(i) for i in results["iou"].tolist()]},
-    )
-    summary = (
-        f"mean Dice {_pct(results['mean_dice'])}, mean IoU {_pct(results['mean_iou'])} (the background left out), "
-        f"pixel accuracy {_pct(results['pixel_accuracy'])} on {results['count']} images"
-    )
-    print("\n".join([summary, "", *table]))
-    print(f"wrote {out / f'{stem}.json'} and {png}")
-
-
-def format_report(results: dict[str, Any], classes: list[str]) -> str:
-    """Accuracy, per-class accuracy and the confusion matrix as a plain-text table."""
-    width = max(6, *(len(c) for c in classes))
-    lines = [f"accuracy {_pct(results['accuracy'])} on {results['count']} images", ""]
-    lines += _class_table(classes, {"accuracy": [_pct(a) for a in results["per_class_accuracy"].tolist()]})
-    lines += [
-        "",
-        "confusion matrix (rows: true class, columns: predicted)",
-        " " * width + " ".join(f"{c:>{width}}" for c in classes),
-    ]
-    for name, row in zip(classes, results["confusion_matrix"].tolist()):
-        lines.append(f"{name:>{width}}" + " ".join(f"{v:>{width}}" for v in row))
-    return "\n".join(lines)
-
-
-def _class_table(classes: Sequence[str], columns: dict[str, Sequence[str]]) -> list[str]:
-    """The lines of a per-class table: a header, then a row per class (its name and its cell of each column),
-    every column right-aligned, the name's at least 6 characters wide and the others' at least 7.
-
-    Args:
-        classes: the class names, one per row.
-        columns: each column's header and its cells, one per class, already formatted.
-    """
-    widths = [max(6, *(len(c) for c in classes))] + [max(7, len(header)) for header in columns]
-    rows = [["class", *columns], *([name, *cells] for name, *cells in zip(classes, *columns.values()))]
-    return ["  ".join(f"{cell:>{width}}" for cell, width in zip(row, widths)) for row in rows]
-
-
 def _reconstruct(args: argparse.Namespace) -> int:
     # matplotlib is slow to import; only figures need it
     from capsnets.plots import plot_reconstructions  # noqa: PLC0415
 
     if args.n < 1:
         raise ArgumentError(f"--n must be at least 1, got {args.n}")
-    model, checkpoint, data, _ = _load(args, _checkpoint_source(args, [args.checkpoint]))
+    model, checkpoint, data, task, device = _load(args, _checkpoint_source(args, [args.checkpoint]))
     out = _output_folder(Path(args.out) if args.out else Path(".") if args.pretrained else checkpoint.path.parent, args)
     png = out / f"reconstructions_{output_label(checkpoint.path, out)}.png"
     check_output(png, "figure", overwrite=args.overwrite, flag="reconstruct's output", how="pass another --out")
-    images = data.images[: args.n]
-    single_labels = None if getattr(data, "multilabel", False) else data.labels[: args.n]  # multi-label: no one class
-    with torch.no_grad():
-        output = model(images)
-    if output.reconstruction is None:
+    samples = task.reconstructions(model, data, args.n, device)
+    if samples is None:
         raise ArgumentError(
             f"model {checkpoint.meta['model']!r} has no decoder, so it cannot reconstruct; "
             "use a capsule model with a reconstruction decoder"
         )
     out.mkdir(parents=True, exist_ok=True)
     png = plot_reconstructions(
-        images.cpu(),
-        output.reconstruction.float().cpu(),
+        samples["images"],
+        samples["reconstructions"],
         png,
-        labels=None if single_labels is None else single_labels.cpu(),
-        predictions=None if single_labels is None else output.scores.argmax(-1).cpu(),
+        labels=samples["labels"],
+        predictions=samples["predictions"],
         class_names=[str(name) for name in data.classes] or None,
-        n=len(images),
+        n=len(samples["images"]),
         title=f"{_describe(checkpoint)}, {data.name or 'test'} test images",
     )
     print(f"wrote {png}")
@@ -1290,35 +1142,31 @@ def _predict(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     checkpoint = load_checkpoint(_checkpoint_source(args, [args.checkpoint]))
     model = model_from_checkpoint(checkpoint, device)
-    name, dataset = checkpoint.meta["model"], checkpoint.meta.get("dataset")
-    task = model_task(name)
-    if task not in ("classification", "segmentation"):
-        raise ArgumentError(f"model {name!r} is for {task}; predict classifies or segments images")
-    dataset_name = _canonical_dataset(dataset)
-    if task == "segmentation":
-        out = _mask_folder(Path(args.out or "masks"), files, args)
-        results = segment(model, files, out, dataset=dataset_name, invert=args.invert, overwrite=args.overwrite)
-    else:
-        results = predict(
-            model,
-            files,
-            classes=checkpoint_class_names(checkpoint.meta, int(model.num_classes)),
-            dataset=dataset_name,
-            batch_size=args.batch_size,
-            invert=args.invert,
-        )
+    task = checkpoint_task(checkpoint.meta)
+    out = _prediction_folder(task, Path(args.out or "masks"), files, args)
+    results = task.predict(
+        model,
+        files,
+        meta=checkpoint.meta,
+        out=out,
+        batch_size=args.batch_size,
+        invert=args.invert,
+        overwrite=args.overwrite,
+    )
     records = [result.to_dict() for result in results]
-    header = {**json_header("predictions"), "checkpoint": str(checkpoint.path), "model": name, "dataset": dataset}
-    if checkpoint.meta.get("multilabel") and checkpoint.meta.get("thresholds") is not None:  # what predict applied
-        header["thresholds"] = dict(
-            zip(checkpoint_class_names(checkpoint.meta, int(model.num_classes)), checkpoint.meta["thresholds"])
-        )
+    header = {
+        **json_header("predictions"),
+        "checkpoint": str(checkpoint.path),
+        "model": checkpoint.meta["model"],
+        "dataset": checkpoint.meta.get("dataset"),
+        **task.prediction_header(checkpoint.meta, model),
+    }
     text = json.dumps({**header, "predictions": records}, indent=2) + "\n"
     if args.json == "-":
         print(text, end="")
         return 0
     for result in results:
-        print(format_prediction(result))
+        print(task.format_prediction(result))
     if json_out is not None:
         atomic_write_text(json_out, text)
         print(f"wrote {json_out}")
@@ -1408,25 +1256,18 @@ def _output_folder(path: Path, args: argparse.Namespace) -> Path:
     return path
 
 
-def _mask_folder(out: Path, files: Sequence[Path], args: argparse.Namespace) -> Path:
-    """``out`` (:func:`_output_folder`), after checking that no two images write the same mask file, that no
-    mask replaces one of the images read, and that none replaces a file capsnets did not write as such
-    (:func:`~capsnets.outputs.check_output`, unless ``--overwrite``)."""
-    out, written = _output_folder(out, args), {}
-    for index, file in enumerate(files):
-        target = mask_path(file, out, index)
-        if target in written:
-            raise ArgumentError(
-                f"'{written[target]}' and '{file}' would both write their mask to '{target}'; segment them in "
-                "two runs with different --out folders"
-            )
-        for what, path in (("mask", target), ("overlay", overlay_path(file, out, index))):
-            if path.exists() and any(path.samefile(item) for item in files):
-                raise ArgumentError(
-                    f"the {what} of '{file}' would replace the input image '{path}'; pass another --out"
-                )
-            check_output(path, what, overwrite=args.overwrite, flag=f"the {what} of '{file}',")
-        written[target] = file
+def _prediction_folder(task, out: Path, files: Sequence[Path], args: argparse.Namespace) -> Path:
+    """``out``, checked before any work where ``task`` writes files there for the images ``files``
+    (:meth:`~capsnets.engine.tasks.Task.prediction_files`: a segmentation's masks and overlays): the folder
+    (:func:`_output_folder`), then that no file replaces one of the images read, and that none replaces a file
+    capsnets did not write as such (:func:`~capsnets.outputs.check_output`, unless ``--overwrite``)."""
+    outputs = task.prediction_files(files, out)
+    if outputs:
+        _output_folder(out, args)
+    for path, what, source in outputs:
+        if path.exists() and any(path.samefile(item) for item in files):
+            raise ArgumentError(f"the {what} of '{source}' would replace the input image '{path}'; pass another --out")
+        check_output(path, what, overwrite=args.overwrite, flag=f"the {what} of '{source}',")
     return out
 
 
@@ -1499,31 +1340,6 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _canonical_dataset(dataset: str | None) -> str | None:
-    return dataset.lower().replace("-", "_") if isinstance(dataset, str) else None
-
-
-def format_prediction(result) -> str:
-    """One image's prediction as text: the class, its score and whether it is uncertain, every class capsule's
-    length, what was adapted; for a multi-label model the classes present and every class's probability."""
-    adapted = f"  [{'; '.join(result.adapted)}]" if result.adapted else ""
-    if result.mask is not None:
-        areas = (
-            ", ".join(f"{name} {_pct(area)}" for name, area in result.areas.items()) if len(result.areas) > 2 else ""
-        )
-        shown = f"{_pct(result.foreground)} foreground" + (f": {areas}" if areas else "")
-        return f"{result.path}: mask {result.mask}, overlay {result.overlay} ({shown}){adapted}"
-    if result.labels is not None:  # multi-label: the set of classes present
-        present = ", ".join(f"{name} ({value:.3f})" for name, value in result.labels.items()) or "no label"
-        probabilities = "  ".join(f"{name} {value:.3f}" for name, value in result.scores.items())
-        return f"{result.path}: {present}{adapted}\n    probabilities: {probabilities}"
-    unsure = f", unsure: {result.doubt}" if result.uncertain else ""
-    line = f"{result.path}: {result.label} (score {result.score:.3f}{unsure}){adapted}"
-    if result.lengths:
-        line += "\n    lengths: " + "  ".join(f"{name} {value:.3f}" for name, value in result.lengths.items())
-    return line
-
-
 def _list_models(args: argparse.Namespace) -> int:
     pattern = args.name is not None and any(c in args.name for c in "*?[")
     if args.pretrained:
@@ -1562,7 +1378,7 @@ def format_pretrained(pattern: str | None = None) -> str:
         accuracy = weight.meta["metrics"][weight.dataset]["accuracy"]
         dtype = weight.meta["card"].get("dtype", "?")
         default = "yes" if weight.default else ""
-        lines.append(f"{name:<{width}}  {_pct(accuracy):>9}  {dtype:<7}  {size:.1f} MB  {default}".rstrip())
+        lines.append(f"{name:<{width}}  {percent(accuracy):>9}  {dtype:<7}  {size:.1f} MB  {default}".rstrip())
     return "\n".join(lines)
 
 
@@ -1595,7 +1411,3 @@ def _yaml_value(value: Any) -> str:
     except yaml.YAMLError:  # not a YAML value (an object): as Python shows it
         return repr(value)
     return text.removesuffix("...").strip()
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None or value != value else f"{100 * value:.2f}%"

@@ -121,7 +121,7 @@ def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path,
 
 
 def test_best_is_chosen_on_validation_and_the_figures_show_it(tiny_config, monkeypatch):
-    from capsnets.engine import tasks  # the trainer evaluates through its task
+    from capsnets.engine.tasks import classification as tasks  # the trainer evaluates through its task
 
     real, evaluated, shown, validations = tasks.evaluate, [], {}, []
 
