@@ -6,7 +6,7 @@
 - Binary cross-entropy: each class an independent yes/no (multi-label data), on the sigmoid of logits or on
   capsule lengths / activations taken as probabilities. On multi-label data the margin loss stays the capsule
   models' loss (the paper's MultiMNIST loss: one term per class, present or absent) and the others become
-  binary cross-entropy (:func:`multilabel_loss`).
+  binary cross-entropy (the multi-label task chooses: :class:`~capsnets.engine.tasks.MultilabelTask`).
 - SegCaps loss: LaLonde & Bagci (2018), weighted per-pixel binary cross-entropy of the segmentation
   capsules' lengths plus a reconstruction of the image inside the mask; ``binary_segmentation`` is
   the cross-entropy alone (U-Net). With K > 1 classes (our extension; the paper is binary): the binary
@@ -375,36 +375,6 @@ LOSS_TASKS: dict[str, str] = {
     "binary_segmentation": "segmentation",
     "transforming": "autoencoder",
 }
-
-
-#: A classifier's loss on multi-label data, by its loss on one label per image: the losses that take multi-hot
-#: targets stay, the others become binary cross-entropy.
-MULTILABEL_LOSSES: dict[str, str] = {
-    "margin": "margin",
-    "binary_cross_entropy": "binary_cross_entropy",
-    "cross_entropy": "binary_cross_entropy",
-    "spread": "binary_cross_entropy",
-}
-
-
-def multilabel_loss(name: str, *, given: bool) -> str:
-    """The loss to train a classifier on multi-label data with, for its loss ``name``.
-
-    Args:
-        name: the model's default loss (``given=False``: mapped by :data:`MULTILABEL_LOSSES`), or the loss asked
-            for (``given=True``: it must take multi-hot targets).
-
-    Raises:
-        ArgumentError: a loss asked for that takes one class per image.
-    """
-    takes = sorted(set(MULTILABEL_LOSSES.values()))
-    if given and name not in takes or name not in MULTILABEL_LOSSES:
-        raise ArgumentError(
-            f"loss {name!r} takes one class per image, and the data set has several labels per image; use "
-            f"{' or '.join(takes)} (or leave --loss out for the model's own)",
-            "loss",
-        )
-    return MULTILABEL_LOSSES[name]
 
 
 def list_losses(task: str | None = None) -> list[str]:

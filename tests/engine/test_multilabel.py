@@ -14,7 +14,8 @@ from capsnets.engine.evaluate import (
     f1_thresholds,
     multilabel_metrics,
 )
-from capsnets.losses import create_loss, multilabel_loss
+from capsnets.engine.tasks import MultilabelTask
+from capsnets.losses import create_loss
 from capsnets.models.output import ModelOutput, independent_probabilities
 from capsnets.validation import ArgumentError
 
@@ -155,10 +156,13 @@ def test_binary_cross_entropy_on_logits_and_lengths():
 
 
 def test_multilabel_loss_choice():
-    assert multilabel_loss("margin", given=False) == "margin"
-    assert multilabel_loss("cross_entropy", given=False) == "binary_cross_entropy"
-    assert multilabel_loss("spread", given=False) == "binary_cross_entropy"
+    task = MultilabelTask()
+    assert task.loss_name("margin", "margin", given=False) == "margin"
+    assert task.loss_name("cross_entropy", "cross_entropy", given=False) == "binary_cross_entropy"
+    assert task.loss_name("spread", "spread", given=False) == "binary_cross_entropy"
     with pytest.raises(
         ArgumentError, match="'cross_entropy' takes one class per image.*binary_cross_entropy or margin"
     ):
-        multilabel_loss("cross_entropy", given=True)
+        task.loss_name("cross_entropy", "margin", given=True)
+    with pytest.raises(ValueError, match="loss 'segcaps' is for segmentation models, and this is a multilabel run"):
+        task.loss_name("segcaps", "margin", given=True)

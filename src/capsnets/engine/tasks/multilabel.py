@@ -1,6 +1,6 @@
 """Several classes per image (``TensorData.multilabel``: ``(N, K)`` multi-hot labels).
 
-A classifier trains with a loss that takes multi-hot targets (:func:`~capsnets.losses.multilabel_loss`). Each
+A classifier trains with a loss that takes multi-hot targets (:data:`MULTILABEL_LOSSES`). Each
 evaluation first chooses every class's threshold to maximise its F1 on the first :data:`THRESHOLD_EXAMPLES`
 training examples (never on the test split), then scores the test split with them
 (:func:`~capsnets.engine.evaluate.multilabel_metrics`: mAP, micro and macro F1, exact-set accuracy as
@@ -21,14 +21,22 @@ from capsnets.engine.tasks.base import adapted_note
 from capsnets.engine.tasks.classification import ClassificationTask
 from capsnets.engine.tasks.report import class_names, class_table, percent, write_evaluation
 from capsnets.inference import Prediction, checkpoint_class_names
-from capsnets.losses import multilabel_loss
 from capsnets.models.output import independent_probabilities
 from capsnets.validation import ArgumentError
 
-__all__ = ["THRESHOLD_EXAMPLES", "MultilabelTask"]
+__all__ = ["MULTILABEL_LOSSES", "THRESHOLD_EXAMPLES", "MultilabelTask"]
 
 #: The per-class thresholds are chosen on at most this many training examples (the first ones).
 THRESHOLD_EXAMPLES = 10_000
+#: A classifier's loss on multi-label data, by its loss on one label per image: the losses that take multi-hot
+#: targets stay (the margin loss is the paper's MultiMNIST loss, one term per class present or absent), the others
+#: become binary cross-entropy.
+MULTILABEL_LOSSES: dict[str, str] = {
+    "margin": "margin",
+    "binary_cross_entropy": "binary_cross_entropy",
+    "cross_entropy": "binary_cross_entropy",
+    "spread": "binary_cross_entropy",
+}
 
 
 class MultilabelTask(ClassificationTask):
@@ -45,7 +53,21 @@ class MultilabelTask(ClassificationTask):
 
     # -- a training run ----------------------------------------------------------------------------------------
     def loss_name(self, name: str, default: str, given: bool) -> str:
-        return multilabel_loss(super().loss_name(name, default, given), given=given)
+        """The loss ``name`` if it takes multi-hot targets; the model's own (``given`` False) mapped by
+        :data:`MULTILABEL_LOSSES`.
+
+        Raises:
+            ArgumentError: a loss asked for that takes one class per image.
+        """
+        name = super().loss_name(name, default, given)
+        takes = sorted(set(MULTILABEL_LOSSES.values()))
+        if given and name not in takes or name not in MULTILABEL_LOSSES:
+            raise ArgumentError(
+                f"loss {name!r} takes one class per image, and the data set has several labels per image; use "
+                f"{' or '.join(takes)} (or leave --loss out for the model's own)",
+                "loss",
+            )
+        return MULTILABEL_LOSSES[name]
 
     def train_metrics(self, output: Any, targets: Tensor) -> dict[str, Tensor]:
         present = independent_probabilities(output).detach() >= 0.5
