@@ -26,11 +26,18 @@ WORKER = textwrap.dedent("""
 
 
 def test_two_gloo_processes_match_one_process(tiny_config, tmp_path, monkeypatch):
-    # 64 examples, global batch 16: 4 steps of 8 examples per rank; every batch is full on both ranks.
+    # 64 examples, 16 held out for validation, global batch 16: 3 steps of 8 examples per rank; every batch is full
+    # on both ranks.
     # Two epochs planned, but the time limit stops both ranks after the first (rank 0 decides for all: a
     # rank that went on alone would hang in its first collective).
     config = tiny_config(
-        epochs=2, batch_size=16, limit_train=64, limit_test=16, out=str(tmp_path / "ddp"), time_limit_minutes=1e-9
+        epochs=2,
+        batch_size=16,
+        limit_train=64,
+        limit_test=16,
+        val_fraction=0.25,
+        out=str(tmp_path / "ddp"),
+        time_limit_minutes=1e-9,
     )
     (tmp_path / "worker.py").write_text(WORKER)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}

@@ -194,10 +194,10 @@ class ScoresModel(nn.Module):
 
     def forward(self, images: Tensor, targets: Tensor | None = None) -> ModelOutput:
         output = self.model(images, targets) if self.takes_targets and targets is not None else self.model(images)
-        if isinstance(output, ModelOutput):
-            return output
         if isinstance(output, Tensor):
             return ModelOutput(output, "logits")
+        if isinstance(output, ModelOutput) or hasattr(output, "scores") or hasattr(output, "probabilities"):
+            return output  # a segmentation model's output has per-pixel probabilities
         raise ArgumentError(
             f"the model returned {type(output).__name__}; it must return a capsnets.models.ModelOutput or a "
             "(B, num_classes) tensor of scores",
@@ -215,9 +215,10 @@ def _takes_two(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def score_width(model: ScoresModel, images: Tensor) -> tuple[int, str]:
+def score_width(model: ScoresModel, images: Tensor) -> tuple[int | None, str | None]:
     """Run ``model`` in eval mode on ``images`` (a couple of training images) and return its number of scores and
-    their kind, so that a model that does not fit the data is refused before the training starts."""
+    their kind (None for a segmentation model's per-pixel output), so that a model that does not fit the data is
+    refused before the training starts."""
     was_training = model.training
     model.eval()
     try:
@@ -233,7 +234,8 @@ def score_width(model: ScoresModel, images: Tensor) -> tuple[int, str]:
         ) from err
     finally:
         model.train(was_training)
-    return int(output.scores.shape[-1]), output.score_kind
+    scores = getattr(output, "scores", None)
+    return (None, None) if scores is None else (int(scores.shape[-1]), output.score_kind)
 
 
 #: The loss of a model without a ``default_loss``, by the kind of its scores.
