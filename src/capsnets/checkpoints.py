@@ -1,21 +1,17 @@
-"""The checkpoint format: tensors in safetensors, everything else in a JSON sidecar; no models, no pickle.
+"""The checkpoint format: one safetensors file holding tensors and a JSON sidecar; no models, no pickle.
 
-Checkpoints (:func:`write_checkpoint`, :func:`load_checkpoint`): one safetensors file of tensors plus a JSON
-sidecar. ``<name>.safetensors`` holds every tensor under a prefix its writer chooses (``model.<param>`` for a
-model's weights; the engine adds ``optim.*``, ``rng.*`` and ``extra.*``). The sidecar holds everything else
-(model name and arguments, epoch, metrics, optimizer hyper-parameters, versions and time) and its
-``format_version`` (:data:`FORMAT_VERSION`): a file of another format version is refused with a
-:class:`CheckpointError` that says so. No pickle is involved, so loading a checkpoint never runs code. The
-header records the SHA-256 of the tensors and of the sidecar, checked on loading: a damaged file is reported,
-never loaded as other numbers.
+Checkpoints (:func:`write_checkpoint`, :func:`load_checkpoint`): ``<name>.safetensors`` holds every tensor under a
+prefix its writer chooses (``model.<param>`` for a model's weights; the engine adds ``optim.*``, ``rng.*`` and
+``extra.*``), and in its header's metadata (entry ``"sidecar"``) the sidecar: everything else (model name and
+arguments, epoch, metrics, optimizer hyper-parameters, versions and time) and its ``format_version``
+(:data:`FORMAT_VERSION`): a file of another format version is refused with a :class:`CheckpointError` that says
+so. No pickle is involved, so loading a checkpoint never runs code. The header records the SHA-256 of the tensors
+and of the sidecar, checked on loading: a damaged file is reported, never loaded as other numbers.
 
-A save has one commit point. The safetensors file also holds the whole sidecar (its header's metadata entry
-``"sidecar"``); it is written to a temporary file in the same directory, fsynced, and moved over the old one
-with ``os.replace``. Only then is the ``.json`` file written (the same way): a readable copy. A crash at any
-moment leaves either the old or the new checkpoint, complete: a ``.json`` left stale by a crash after the commit
-point is recognised by its ``checkpoint_id``, the copy inside the checkpoint is used, and
-:func:`recover_directory` rewrites it; a temporary file left by a crash before the commit point is removed by
-:func:`recover_directory`.
+A save has one commit point: the file is written to a temporary file in the same directory, fsynced, and moved
+over the old one with ``os.replace``. A crash at any moment leaves either the old or the new checkpoint, complete;
+:func:`recover_directory` removes the temporary file a crash left. After the commit, the sidecar is exported beside
+the checkpoint as ``<name>.json`` for people to read; the library never reads it back.
 """
 
 from __future__ import annotations
@@ -68,7 +64,7 @@ class CheckpointWriteError(FileWriteError):
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: ``tensors`` from the safetensors file and ``meta`` from the JSON sidecar."""
+    """A loaded checkpoint: ``tensors`` from the safetensors file and ``meta``, the sidecar in its header."""
 
     path: Path
     tensors: dict[str, torch.Tensor]
@@ -80,7 +76,7 @@ class Checkpoint:
 
 
 def sidecar_path(path: str | Path) -> Path:
-    """The JSON sidecar that belongs to a ``.safetensors`` checkpoint."""
+    """The ``.json`` export of a ``.safetensors`` checkpoint's sidecar."""
     return Path(path).with_suffix(".json")
 
 
@@ -98,13 +94,14 @@ def resolve_checkpoint_path(path: str | Path) -> Path:
 
 
 def write_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
-    """Atomically write ``tensors`` to ``path`` and ``meta`` (the sidecar) into its header and beside it.
+    """Atomically write ``tensors`` to ``path`` and ``meta`` (the sidecar) into its header, then export the sidecar
+    beside it (:func:`sidecar_path`).
 
     The sidecar gets a new ``checkpoint_id``, the :data:`FORMAT_VERSION`, the library, torch and Python versions
     and the time; the header the digests of the tensors and of the sidecar.
 
     Args:
-        path: target ``.safetensors`` file; the readable copy of the sidecar goes to the same name with ``.json``.
+        path: target ``.safetensors`` file; the sidecar's export goes to the same name with ``.json``.
         tensors: the tensors to store, by name (moved to the CPU).
         meta: JSON-safe information to store (model name and arguments, epoch, metrics...); tuples are stored
             as lists and one-element tensors as numbers.
@@ -112,7 +109,7 @@ def write_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], meta: d
     Raises:
         CheckpointWriteError: an ``OSError`` stopped the write; the checkpoint saved there before, if any, is
             intact.
-        FileWriteError: the checkpoint is saved, but its ``.json`` copy could not be written.
+        FileWriteError: the checkpoint is saved, but its ``.json`` export could not be written.
     """
     path = Path(path)
     tensors = {key: cpu_copy(value) for key, value in tensors.items()}
@@ -141,12 +138,10 @@ def write_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], meta: d
         kept = "; the checkpoint saved there before is intact" if path.is_file() else ""
         raise CheckpointWriteError(path, err, kept) from err
     try:
-        atomic_write(sidecar_path(path), lambda tmp: Path(tmp).write_text(payload), fsync=True)
+        atomic_write(sidecar_path(path), lambda tmp: Path(tmp).write_text(payload))
     except OSError as err:
         raise FileWriteError(
-            sidecar_path(path),
-            err,
-            f"; it is the readable copy of checkpoint '{path}', which is saved and complete without it",
+            sidecar_path(path), err, f"; it is the export of checkpoint '{path}', which is saved and complete"
         ) from err
     return path
 
@@ -154,10 +149,8 @@ def write_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], meta: d
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a checkpoint written by :func:`write_checkpoint` (tensors stay on the CPU).
 
-    The sidecar is read from the copy inside the checkpoint and validated (types of the entries this library
-    reads). The ``.json`` beside it is a readable copy: a checkpoint without one (a downloaded weight, a copied
-    file) loads without a word; one that belongs to another save (a save interrupted after its commit point) is
-    reported, and :func:`recover_directory` rewrites it when the run is resumed.
+    The sidecar is read from the checkpoint's header and validated (types of the entries this library reads);
+    a ``.json`` beside it is not read.
 
     Raises:
         CheckpointError: the file is missing, unreadable, damaged, without the checksums of its tensors and
@@ -183,31 +176,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             f"the sidecar inside '{path}' does not match its header; the checkpoint is damaged: "
             "use another checkpoint, e.g. last/best of the same run, or retrain"
         )
-    _report_stale_copy(path, meta["checkpoint_id"])
     validate_sidecar(meta, f"the sidecar of '{path}'")
     return Checkpoint(path=path, tensors=tensors, meta=meta)
-
-
-def _report_stale_copy(path: Path, checkpoint_id: str) -> None:
-    """Warn if a ``.json`` beside the checkpoint ``path`` is not the copy of its sidecar (a missing one is fine)."""
-    beside = sidecar_path(path)
-    if not beside.exists():
-        return
-    found = _sidecar_id(beside)
-    if found == checkpoint_id:
-        return
-    why = (
-        "is unreadable or damaged"
-        if found is None
-        else f"belongs to another save than '{path}' (a save interrupted after its commit point, or a file copied "
-        "over one of the two)"
-    )
-    logger.warning(
-        "'%s' %s; using the copy of the sidecar inside the checkpoint. Resuming the run rewrites it; elsewhere, "
-        "delete it",
-        beside,
-        why,
-    )
 
 
 def check_format_version(header: dict[str, str], path: str | Path) -> None:
@@ -332,22 +302,6 @@ def _parse_sidecar(text: str, where: str) -> Any:
         ) from err
 
 
-def _text_or_none(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _sidecar_id(sidecar: Path) -> str | None:
-    """The ``checkpoint_id`` of a ``.json`` sidecar, or None if it is missing or unreadable."""
-    try:
-        value = json.loads(sidecar.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return value.get("checkpoint_id") if isinstance(value, dict) else None
-
-
 def _read_header(path: Path) -> dict[str, str] | None:
     """A safetensors file's metadata, or None if the file is missing or its header unreadable."""
     try:
@@ -382,12 +336,12 @@ def checkpoint_epoch(path: str | Path) -> int | float | None:
 
 
 def recover_directory(directory: str | Path) -> list[str]:
-    """Clean up after saves interrupted by a crash, in ``directory``; returns one message per repair (also logged).
+    """Clean up after saves interrupted by a crash, in ``directory``; returns one message per file removed (also
+    logged).
 
-    - A temporary file (``.<name>.<random>.tmp``) is what a save left before its commit point: the file beside
-      it is the one saved before, complete. It is removed.
-    - A ``.json`` sidecar missing, older than the checkpoint it belongs to (a crash after the commit point) or
-      otherwise different from the copy inside the checkpoint (damaged) is rewritten from that copy.
+    A temporary file (``.<name>.<random>.tmp``) is what a save left before its commit point: the file beside it is
+    the one saved before, complete. It is removed. Each checkpoint's ``.json`` export that is not its sidecar (a
+    crash after the commit point, a file edited by hand) is exported again.
     """
     directory = Path(directory)
     messages = []
@@ -402,15 +356,10 @@ def recover_directory(directory: str | Path) -> list[str]:
             )
     for path in sorted(directory.glob(f"*{SUFFIX}")):
         header = _read_header(path)
-        if header is None or EMBEDDED_SIDECAR not in header:
-            continue  # reported when something loads it
-        embedded = header[EMBEDDED_SIDECAR]
-        if _text_or_none(sidecar_path(path)) == embedded or not _embedded_sidecar_intact(header):
-            continue  # a damaged checkpoint is reported when something loads it
-        damaged = sidecar_path(path).exists() and _sidecar_id(sidecar_path(path)) in (None, header.get("checkpoint_id"))
-        why = "it was damaged" if damaged else "a save was interrupted after its commit point"
-        atomic_write(sidecar_path(path), lambda tmp, text=embedded: Path(tmp).write_text(text), fsync=True)
-        messages.append(f"rewrote '{sidecar_path(path)}' from the copy inside '{path}' ({why})")
+        embedded = header.get(EMBEDDED_SIDECAR) if header and _embedded_sidecar_intact(header) else None
+        export = sidecar_path(path)
+        if embedded is not None and (not export.is_file() or export.read_bytes() != embedded.encode()):
+            atomic_write(export, lambda tmp, text=embedded: Path(tmp).write_text(text))
     for message in messages:
         logger.warning("%s", message)
     return messages

@@ -128,9 +128,9 @@ def test_a_safetensors_file_that_is_no_checkpoint_is_refused(tmp_path):
         load_checkpoint(tmp_path / "w.safetensors")
 
 
-def test_one_commit_point_a_crash_after_it_leaves_the_new_checkpoint(tmp_path, monkeypatch, caplog):
-    """A crash between the commit (the safetensors rename) and the readable sidecar: the new checkpoint loads,
-    with the copy of its sidecar from inside it, and recover_directory rewrites the stale .json."""
+def test_one_commit_point_a_crash_after_it_leaves_the_new_checkpoint(tmp_path, monkeypatch):
+    """A crash between the commit (the safetensors rename) and the sidecar's export: the new checkpoint loads with
+    the sidecar in its header, the stale export is not read, and recover_directory exports the sidecar again."""
     path = tmp_path / "last.safetensors"
     _save(path, metrics={"run": "old"})
 
@@ -141,23 +141,26 @@ def test_one_commit_point_a_crash_after_it_leaves_the_new_checkpoint(tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         _save(path, seed=5, metrics={"run": "new"})
     monkeypatch.undo()
-    assert json.loads((tmp_path / "last.json").read_text())["metrics"] == {"run": "old"}  # stale copy
-    with caplog.at_level("WARNING"):
-        loaded = load_checkpoint(path)
-    assert loaded.meta["metrics"] == {"run": "new"} and "using the copy" in caplog.text
+    assert json.loads((tmp_path / "last.json").read_text())["metrics"] == {"run": "old"}  # a save behind
+    loaded = load_checkpoint(path)
+    assert loaded.meta["metrics"] == {"run": "new"}
     fresh, fresh_opt, fresh_sched = _trained(seed=1)
     restore_training(loaded, fresh_opt, fresh_sched)  # the optimizer state is there: the run resumes
-    messages = capsnets_checkpoints.recover_directory(tmp_path)
-    assert len(messages) == 1 and "rewrote" in messages[0]
-    assert json.loads((tmp_path / "last.json").read_text())["metrics"] == {"run": "new"}
     assert capsnets_checkpoints.recover_directory(tmp_path) == []
+    assert json.loads((tmp_path / "last.json").read_text()) == loaded.meta
 
 
-def test_missing_readable_sidecar_is_rewritten(tmp_path):
-    _save(tmp_path / "last.safetensors")
-    (tmp_path / "last.json").unlink()
-    assert load_checkpoint(tmp_path / "last.safetensors").meta["epoch"] == 3
-    assert capsnets_checkpoints.recover_directory(tmp_path) and (tmp_path / "last.json").is_file()
+@pytest.mark.parametrize("export", ["missing", "garbled", "another save"])
+def test_the_json_export_is_never_read_and_is_exported_again_on_recovery(tmp_path, export):
+    path = tmp_path / "last.safetensors"
+    _save(path)
+    if export == "missing":
+        (tmp_path / "last.json").unlink()
+    else:
+        (tmp_path / "last.json").write_text("{not json" if export == "garbled" else json.dumps({"epoch": 9}))
+    assert load_checkpoint(path).meta["epoch"] == 3
+    capsnets_checkpoints.recover_directory(tmp_path)
+    assert json.loads((tmp_path / "last.json").read_text()) == load_checkpoint(path).meta
 
 
 def test_leftover_of_a_save_cut_before_its_commit_point_is_removed(tmp_path):

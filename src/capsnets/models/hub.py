@@ -103,7 +103,7 @@ def save_model(path: str | os.PathLike, model: nn.Module, *, meta: dict[str, Any
     """Write a model built by :func:`create_model` to a checkpoint that :func:`load_model` rebuilds it from.
 
     Args:
-        path: target ``.safetensors`` file (the readable sidecar goes beside it as ``.json``).
+        path: target ``.safetensors`` file (its sidecar is exported beside it as ``.json``).
         model: a model with ``model_name`` and ``model_args`` (as :func:`create_model` returns it).
         meta: other JSON-safe entries for the sidecar (data set, metrics, ``classes``...).
 
@@ -291,7 +291,7 @@ def save_pretrained(
 ) -> Path:
     """Write ``model`` as a pretrained weight: a checkpoint without optimizer state, its sidecar carrying the
     model ``card`` (data, command, seed, test_accuracy, date...), float16 tensors when ``half``; then add the
-    file's SHA-256 to the readable ``.json`` copy (the model card)."""
+    file's SHA-256 to the sidecar's ``.json`` export (the model card)."""
     saved = copy.deepcopy(model).cpu()
     if half:
         saved = saved.half()

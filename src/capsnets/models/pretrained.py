@@ -7,7 +7,8 @@ the normalisation, the parameter count, the test accuracy with its data set, and
 torchvision's ``weights.transforms()`` does. :func:`get_weights` finds one weight by name; :func:`get_model_weights`
 lists a model's weights (torchvision's functions of the same names). The files are checkpoints in the library's one
 format (:mod:`capsnets.checkpoints`), ``capsnets/weights/<model>-<dataset>.safetensors`` beside
-``<model>-<dataset>.json``, the readable copy of the sidecar, which is also the weight's model card.
+``<model>-<dataset>.json``, the export of its sidecar with the file's SHA-256 added: the weight's model card, read to
+list the weights (loading a weight reads the sidecar in its header).
 
 Examples::
 
@@ -301,7 +302,7 @@ def _remove_leftovers(target: Path) -> None:
 
 
 def stamp_sha256(path: str | os.PathLike) -> None:
-    """Add the SHA-256 of the ``.safetensors`` file ``path`` to its readable ``.json`` copy (the model card)."""
+    """Add the SHA-256 of the ``.safetensors`` file ``path`` to its sidecar's ``.json`` export (the model card)."""
     card_path = Path(path).with_suffix(".json")
     card = json.loads(card_path.read_text())
     card["sha256"] = file_sha256(path)
