@@ -125,8 +125,19 @@ class ClassificationTask(Task):
         overwrite: bool,
     ) -> list[Prediction]:
         """Each image's class (:func:`~capsnets.inference.predict`), named as the checkpoint names them."""
-        classes = checkpoint_class_names(meta, int(model.num_classes))
-        return predict(model, files, classes=classes, dataset=meta.get("dataset"), batch_size=batch_size, invert=invert)
+        return predict(
+            model,
+            files,
+            classes=checkpoint_class_names(meta, int(model.num_classes)),
+            dataset=meta.get("dataset"),
+            batch_size=batch_size,
+            invert=invert,
+            thresholds=self._thresholds(meta, model),
+        )
+
+    def _thresholds(self, meta: dict[str, Any], model: nn.Module) -> list[float] | None:
+        """The per-class thresholds :meth:`predict` applies (None: one class per image)."""
+        return None
 
     def format_prediction(self, result: Prediction) -> str:
         """The class, its score and why it is uncertain if it is, what was adapted, and every class capsule's

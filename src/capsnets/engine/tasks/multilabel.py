@@ -175,6 +175,11 @@ class MultilabelTask(ClassificationTask):
             return {}
         return {"thresholds": dict(zip(checkpoint_class_names(meta, int(model.num_classes)), meta["thresholds"]))}
 
+    def _thresholds(self, meta: dict[str, Any], model: nn.Module) -> list[float]:
+        """The thresholds the checkpoint records, else 0.5 for every class."""
+        recorded = meta.get("thresholds")
+        return list(recorded) if recorded is not None else [0.5] * int(model.num_classes)
+
     def format_prediction(self, result: Prediction) -> str:
         """The classes present with their probabilities, then every class's probability."""
         present = ", ".join(f"{name} ({value:.3f})" for name, value in result.labels.items()) or "no label"
