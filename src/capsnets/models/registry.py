@@ -24,7 +24,7 @@ from capsnets.functional import routing_config, routing_from_config
 from capsnets.validation import Argument, ArgumentError, keyword_arguments, reject_unknown, shown
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
-_TASKS: dict[str, str] = {}
+_MODEL_TASK: dict[str, str] = {}  # the task of each registered model, by name
 _RECIPES: dict[str, dict[str, object]] = {}
 #: The tasks a model is registered for (each the ``model_task`` of a task of :data:`capsnets.engine.tasks.TASKS`,
 #: which owns how such models train, are scored and answer), by what their forward pass returns:
@@ -54,7 +54,7 @@ def register_model(
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} is already registered")
         _REGISTRY[name] = builder
-        _TASKS[name] = task
+        _MODEL_TASK[name] = task
         _RECIPES[name] = copy.deepcopy(dict(recipe or {}))
         return builder
 
@@ -105,7 +105,7 @@ def list_models(
         patterns = list(pattern)
     else:
         raise ArgumentError(f"pattern must be a string or a list of strings, got {shown(pattern, 60)}", "pattern")
-    names = sorted(name for name in _REGISTRY if task is None or _TASKS[name] == task)
+    names = sorted(name for name in _REGISTRY if task is None or _MODEL_TASK[name] == task)
     tasks_given = [p for p in patterns if p in MODEL_TASKS and p not in _REGISTRY]
     if tasks_given:
         raise ArgumentError(
@@ -137,7 +137,7 @@ _PRETRAINED_SOURCE: Callable[[], Collection[str]] = _no_weights
 def model_task(name: str) -> str:
     """The task model ``name`` was registered for (one of :data:`MODEL_TASKS`)."""
     _builder(name)
-    return _TASKS[name]
+    return _MODEL_TASK[name]
 
 
 def model_schema(name: str) -> dict[str, Argument]:
