@@ -57,16 +57,26 @@ def check_capsule_sizes(shape, owner: str, name: str = "u_hat", sizes=CAPSULE_SI
             )
 
 
-def check_votes(u_hat: Tensor, owner: str) -> None:
-    """Raise a ``ValueError`` unless ``u_hat`` is a floating-point ``(B, I, J, D)`` tensor with ``J, D >= 1``."""
-    if not isinstance(u_hat, Tensor) or u_hat.dim() != 4:
-        shape = tuple(u_hat.shape) if isinstance(u_hat, Tensor) else type(u_hat).__name__
-        raise ValueError(
-            f"{owner} expects u_hat of shape (B, I, J, D) (batch, children, parents, parent dim); got {shape}"
+def check_votes(votes, owner: str, name: str = "u_hat", sizes=CAPSULE_SIZES, activations=None) -> None:
+    """Raise an :class:`~capsnets.validation.ArgumentError` (a ``ValueError``) unless ``votes`` is a floating-point
+    ``(B, I, J, D)`` tensor whose ``sizes`` are at least 1 (:func:`check_capsule_sizes`; the last one's letter and
+    meaning name ``D``) and ``activations``, where given, is ``(B, I)``: the one check of every routing's votes."""
+    letter, meaning = sizes[3]
+    if not isinstance(votes, Tensor) or votes.dim() != 4:
+        shape = tuple(votes.shape) if isinstance(votes, Tensor) else type(votes).__name__
+        raise ArgumentError(
+            f"{owner} expects {name} of shape (B, I, J, {letter}) (batch, children, parents, {meaning}); got {shape}",
+            name,
         )
-    if not u_hat.is_floating_point():
-        raise ValueError(f"{owner} expects floating-point votes, got {u_hat.dtype}")
-    check_capsule_sizes(u_hat.shape, owner)
+    if not votes.is_floating_point():
+        raise ArgumentError(f"{owner} expects floating-point {name}, got {votes.dtype}", name)
+    check_capsule_sizes(votes.shape, owner, name, sizes)
+    if activations is not None and (not isinstance(activations, Tensor) or activations.shape != votes.shape[:2]):
+        shape = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
+        raise ArgumentError(
+            f"{owner} expects activations of shape (B, I) = {tuple(votes.shape[:2])} to match {name}; got {shape}",
+            "activations",
+        )
 
 
 class _SaturatingSoftmax(torch.autograd.Function):
