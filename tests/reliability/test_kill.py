@@ -5,7 +5,7 @@ ends bitwise as the training that was never killed: weights, Adam state, RNG sta
 Kill points are calls of the write primitives (``crash_runner.SITES``): the N-th ``os.replace`` (before or
 after it: every commit point), ``safetensors.torch.save_file`` (before, after, or leaving half a file),
 ``os.fsync``, ``os.unlink``, ``write`` (half of it written) and the optimiser step (mid-epoch), N drawn from a
-seeded RNG among the calls a whole run makes (a later kill of a scenario: the first third of them). The short
+seeded RNG among the first two thirds of the calls a whole run makes (a later kill of a scenario: the first third). The short
 version kills once at each of the 9 (site, mode) pairs, 3 scenarios of 3 kills in a row, every kill firing, then
 between two figures and in an ``--overwrite``; ``-m faults_long`` runs 40 scenarios of 1 to 4 kills, a quarter
 of the kills timed (SIGKILL 0-4 s after the start), and a kill before each figure, drawn for real.
@@ -41,9 +41,10 @@ def reference(runner, tmp_path_factory):
 
 
 def _kill(rng: random.Random, site: str, mode: str, counts: dict[str, int], first: bool = True) -> dict:
-    """Kill at a call drawn among those of a whole run (``first``), else of the first third of one: a resumed
-    run makes fewer."""
-    return {"site": site, "mode": mode, "call": rng.randint(1, counts[site] if first else max(1, counts[site] // 3))}
+    """Kill at a call drawn among the first two thirds of those of a whole run (``first``: a later kill then still
+    has a training to stop), else of the first third of one: a resumed run makes fewer."""
+    last = max(1, 2 * counts[site] // 3) if first else max(1, counts[site] // 3)
+    return {"site": site, "mode": mode, "call": rng.randint(1, last)}
 
 
 def _scenario(runner: CrashRunner, run, kills: list[dict], figures: bool | str) -> list[tuple]:

@@ -1,7 +1,10 @@
 """Training, evaluation, training checkpoints and distributed set-up; nothing here knows about capsules.
 
 - :class:`TrainConfig`, :func:`build_config`: the run's configuration (file + overrides)
-- :func:`train` / :class:`Trainer`: train a registered model on a data set, writing a run directory
+- :class:`Trainer`: ``Trainer(**settings).fit(model, train_data, val_data, test_data=...)`` trains your own
+  ``nn.Module`` on a ``Dataset``, ``DataLoader`` or :class:`~capsnets.data.TensorData`
+  (:mod:`~capsnets.engine.inputs`), writing a run directory, with the ``best`` checkpoint chosen on validation;
+  :func:`train` (``Trainer.from_config``) builds the registered model and the data set a config names and fits them
 - :func:`fit`, :class:`TrainState`, :func:`training_step`: the one training loop that the trainer and every
   experiment use (a step function, evaluation points, exact continuation)
 - :mod:`~capsnets.engine.callbacks`: what a training does at its evaluation points (:class:`TimeLimit`,
