@@ -28,11 +28,30 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
+from capsnets.checkpoints import Checkpoint
 from capsnets.data import SegmentationData, TensorData
+from capsnets.data.base import seeded_split
+from capsnets.engine.config import default_run_dir
+from capsnets.engine.run_dir import RunDirectoryError
+from capsnets.losses import create_loss
+from capsnets.models import list_models
 from capsnets.models.output import ModelOutput
 from capsnets.validation import ArgumentError
 
-__all__ = ["ReadData", "ScoresModel", "criterion_for", "data_kind", "read_data", "score_width", "select"]
+__all__ = [
+    "ReadData",
+    "ScoresModel",
+    "check_same_model",
+    "check_splits",
+    "criterion_for",
+    "data_kind",
+    "hold_out",
+    "object_loss",
+    "read_data",
+    "run_config",
+    "score_width",
+    "select",
+]
 
 #: The data objects the trainer batches itself.
 LIBRARY_DATA = (TensorData, SegmentationData)
@@ -289,3 +308,108 @@ def criterion_for(loss: Callable) -> Callable:
     except (TypeError, ValueError):
         parameters = []
     return _CapsnetsStyle(loss) if len(parameters) == 3 else _ScoreLoss(loss)
+
+
+def run_config(config: Any, settings: dict[str, Any] | None, model: Any, train_data: Any, loss: Any) -> Any:
+    """The :class:`~capsnets.engine.config.TrainConfig` of a run of ``model``: the model's registered name and
+    arguments (an unregistered model: its class's name, no arguments), the name of the ``loss`` given, and, unless
+    ``settings`` (the trainer's, None when it was given a config) name them, ``runs/<model>`` and a
+    ``DataLoader``'s batch size. A registered model's training recipe applies to the settings left out."""
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"model must be an nn.Module, got {type(model).__name__}", "model")
+    if train_data is None:
+        raise ArgumentError("train_data is missing: pass the data to train the model on", "train_data")
+    name = getattr(model, "model_name", None)
+    registered = isinstance(name, str) and name in list_models()
+    label = name if registered else type(model).__name__
+    changes: dict[str, Any] = {
+        "model": label,
+        "model_args": dict(getattr(model, "model_args", None) or {}) if registered else {},
+    }
+    if loss is not None:
+        changes["loss"] = getattr(loss, "__name__", None) or type(loss).__name__
+    batch = train_data.batch_size if isinstance(train_data, DataLoader) else None
+    if settings is None:
+        config = config.replace(**changes)
+    else:
+        changes.setdefault("out", settings.get("out") or default_run_dir(label))
+        if batch is not None:
+            changes["batch_size"] = settings.get("batch_size", batch)
+        config = type(config).from_dict({**settings, **changes})
+    if batch is not None and batch != config.batch_size:
+        raise ArgumentError(
+            f"train_data is a DataLoader of batches of {batch} and batch_size is {config.batch_size}; leave "
+            "batch_size out, or set it to the loader's",
+            "batch_size",
+        )
+    return config
+
+
+def check_splits(train: Any, val: Any, test: Any, width: int | None) -> None:
+    """Refuse splits whose images or task differ from the training data's, or a model whose number of scores
+    (``width``) is not the training data's number of classes."""
+    kind = data_kind(train)
+    for name, data in (("val_data", val), ("test_data", test)):
+        if data is not None and (
+            tuple(data.images.shape[1:]) != tuple(train.images.shape[1:]) or data_kind(data) != kind
+        ):
+            raise ArgumentError(
+                f"{name} holds {data_kind(data)} data of {tuple(data.images.shape[1:])} images and train_data "
+                f"{kind} data of {tuple(train.images.shape[1:])} images; pass splits of one data set",
+                name,
+            )
+    if kind != "segmentation" and width != train.num_classes:
+        raise ArgumentError(
+            f"the model scores {width} classes and train_data has {train.num_classes}; build the model for the "
+            "data's classes",
+            "model",
+        )
+
+
+def hold_out(data: Any, fraction: float, seed: int) -> tuple[Any, Any]:
+    """``(train, validation)``: a share ``fraction`` of ``data``'s examples (drawn by
+    :func:`~capsnets.data.base.seeded_split` from ``seed``) held out, each part in stored order; ``(data, None)``
+    for ``fraction=0``."""
+    if not fraction:
+        return data, None
+    if len(data) < 2:
+        raise ArgumentError(
+            f"val_fraction={fraction} needs at least 2 training examples, and there are {len(data)}; pass "
+            "val_fraction=0 or more data",
+            "val_fraction",
+        )
+    kept, held = seeded_split(list(range(len(data))), fraction, torch.Generator().manual_seed(seed))
+    return select(data, torch.tensor(kept)), select(data, torch.tensor(held))
+
+
+def object_loss(given: Any, model: nn.Module, kind: str | None, config: Any, task: Any) -> Callable:
+    """The criterion of a run: the loss given (:func:`criterion_for`), else the config's ``loss`` by name, else the
+    model's ``default_loss``, else the one that fits the kind of its scores (:data:`DEFAULT_LOSSES`)."""
+    if given is not None:
+        return criterion_for(given)
+    default = getattr(model, "default_loss", None) or DEFAULT_LOSSES.get(kind)
+    name = config.loss or default
+    if name is None:
+        raise ArgumentError(f"the model has no default_loss and its scores are {kind!r}; pass loss=...", "loss")
+    return create_loss(task.loss_name(name, default, config.loss is not None), **config.loss_args)
+
+
+def check_same_model(model: nn.Module, checkpoint: Checkpoint, run_dir: Any) -> None:
+    """Refuse to resume the run in ``run_dir`` with a model whose parameters and buffers have other names or shapes
+    than ``checkpoint``'s."""
+    saved = {k: tuple(v.shape) for k, v in checkpoint.model_state().items()}
+    given = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if saved == given:
+        return
+    missing, unexpected = sorted(set(saved) - set(given)), sorted(set(given) - set(saved))
+    wrong = [f"{k} {saved[k]} -> {given[k]}" for k in sorted(set(saved) & set(given)) if saved[k] != given[k]]
+    found = "; ".join(
+        f"{what}: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}"
+        for what, names in (("not in the model", missing), ("new", unexpected), ("other shapes", wrong))
+        if names
+    )
+    raise RunDirectoryError(
+        f"cannot resume the run in '{run_dir}' with this model: it is not the model the run trained "
+        f"({checkpoint.meta.get('model_class') or checkpoint.meta.get('model')}; tensors {found}); pass the same "
+        "model as before, or start a new run (another out, or overwrite=True)"
+    )

@@ -40,20 +40,21 @@ from torch import nn
 import capsnets
 from capsnets.checkpoints import Checkpoint, CheckpointError, load_checkpoint
 from capsnets.data import AUGMENTATIONS, DeviceLoader, load_dataset
-from capsnets.data.base import seeded_split
 from capsnets.engine import distributed, reporting
 from capsnets.engine.callbacks import Hook, ModelCheckpoint, TimeLimit, checkpoint_path, resume_state
-from capsnets.engine.config import TrainConfig, default_run_dir
+from capsnets.engine.config import TrainConfig
 from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
 from capsnets.engine.inputs import (
-    DEFAULT_LOSSES,
     ReadData,
     ScoresModel,
-    criterion_for,
+    check_same_model,
+    check_splits,
     data_kind,
+    hold_out,
+    object_loss,
     read_data,
+    run_config,
     score_width,
-    select,
 )
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, check_best, repair_best, resume_changes
 from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything, stop_on_signals, torch_threads
@@ -222,33 +223,7 @@ class Trainer:
         """Check what :meth:`fit` was given and make the config the run's: the model's name (its registered name,
         else its class's), its arguments, the loss's name, the run directory and a DataLoader's batch size. Returns
         the data read into tensors (:meth:`_read_objects`)."""
-        if not isinstance(model, nn.Module):
-            raise ArgumentError(f"model must be an nn.Module, got {type(model).__name__}", "model")
-        if train_data is None:
-            raise ArgumentError("train_data is missing: pass the data to train the model on", "train_data")
-        name = getattr(model, "model_name", None)
-        registered = isinstance(name, str) and name in list_models()
-        label = name if registered else type(model).__name__
-        changes: dict[str, Any] = {"model": label, "model_args": dict(getattr(model, "model_args", {}) or {})}
-        if not registered:
-            changes["model_args"] = {}
-        if loss is not None:
-            changes["loss"] = getattr(loss, "__name__", None) or type(loss).__name__
-        batch = getattr(train_data, "batch_size", None) if isinstance(train_data, torch.utils.data.DataLoader) else None
-        if self._settings is not None:
-            if "out" not in self._settings:
-                changes["out"] = default_run_dir(label)
-            if batch is not None and "batch_size" not in self._settings:
-                changes["batch_size"] = batch
-            self.config = TrainConfig.from_dict({**self._settings, **changes})
-        else:
-            self.config = self.config.replace(**changes)
-        if batch is not None and batch != self.config.batch_size:
-            raise ArgumentError(
-                f"train_data is a DataLoader of batches of {batch} and batch_size is {self.config.batch_size}; "
-                "leave batch_size out, or set it to the loader's",
-                "batch_size",
-            )
+        self.config = run_config(self.config, self._settings, model, train_data, loss)
         self.run_dir = Path(self.config.out)
         self._objects = _Objects(model, train_data, val_data, test_data, loss)
         return self._read_objects()
@@ -336,7 +311,7 @@ class Trainer:
         train_data, test_data = self._load_data(device)
         self._classes = [str(name) for name in train_data.classes] or None  # recorded for `capsnets predict`
         self._task = task_for(cfg.model, model_task(cfg.model), train_data, cfg.dataset)
-        train_data, val_data = self._split_validation(train_data)
+        train_data, val_data = hold_out(train_data, cfg.val_fraction, cfg.seed)
         self._task = type(self._task)(train_data)
         model = self.model = self._build_model(train_data).to(device)
         self._takes_targets = True
@@ -375,68 +350,21 @@ class Trainer:
                 data = data.subset(min(cfg.limit_test, len(data)))
             splits.append(None if data is None else data.to(device))
         train_data, val_data, test_data = splits
-        self._check_fits(train_data, val_data, test_data, width)
+        check_splits(train_data, val_data, test_data, width)
         self._classes = [str(c) for c in getattr(train_data, "classes", ())] or None
         registered = model_task(cfg.model) if cfg.model in list_models() else TASKS[data_kind(train_data)].model_task
         self._task = task_for(cfg.model, registered, train_data, cfg.dataset)
         if val_data is None:
-            train_data, val_data = self._split_validation(train_data)
+            train_data, val_data = hold_out(train_data, cfg.val_fraction, cfg.seed)
             self._task = type(self._task)(train_data)
         self._task_check(model, train_data)
-        criterion = self._object_loss(model, kind)
+        criterion = object_loss(self._objects.loss, model, kind, cfg, self._task)
         return model, criterion, (train_data, val_data, test_data)
-
-    def _check_fits(self, train, val, test, width: int) -> None:
-        """The splits must have the training data's image shape and task, and the model's number of scores."""
-        kind = data_kind(train)
-        for name, data in (("val_data", val), ("test_data", test)):
-            if data is None:
-                continue
-            if tuple(data.images.shape[1:]) != tuple(train.images.shape[1:]) or data_kind(data) != kind:
-                raise ArgumentError(
-                    f"{name} holds {data_kind(data)} data of {tuple(data.images.shape[1:])} images and train_data "
-                    f"{kind} data of {tuple(train.images.shape[1:])} images; pass splits of one data set",
-                    name,
-                )
-        if kind != "segmentation" and width != train.num_classes:
-            raise ArgumentError(
-                f"the model scores {width} classes and train_data has {train.num_classes}; build the model for the "
-                "data's classes",
-                "model",
-            )
 
     def _task_check(self, model: nn.Module, data: Any) -> None:
         """The task's own check, for a model that says what it expects (``num_classes``, ``input_size``)."""
         if hasattr(model, "num_classes") and hasattr(model, "input_size"):
             self._task.check_model(model, data, (self.config.model, self.config.dataset))
-
-    def _object_loss(self, model: nn.Module, kind: str):
-        """The loss given to :meth:`fit` as a criterion, else the config's ``loss`` by name, else the model's (its
-        ``default_loss``, else the one that fits the kind of its scores)."""
-        cfg, given = self.config, self._objects.loss
-        if given is not None:
-            return criterion_for(given)
-        default = getattr(model, "default_loss", None) or DEFAULT_LOSSES.get(kind)
-        name = cfg.loss or default
-        if name is None:
-            raise ArgumentError(f"the model has no default_loss and its scores are {kind!r}; pass loss=...", "loss")
-        return create_loss(self._task.loss_name(name, default, cfg.loss is not None), **cfg.loss_args)
-
-    def _split_validation(self, data):
-        """``(train, validation)``: a share ``val_fraction`` of ``data`` held out, drawn from the seed; ``(data,
-        None)`` for ``val_fraction=0``."""
-        fraction = self.config.val_fraction
-        if not fraction:
-            return data, None
-        if len(data) < 2:
-            raise ArgumentError(
-                f"val_fraction={fraction} needs at least 2 training examples, and there are {len(data)}; pass "
-                "val_fraction=0 or more data",
-                "val_fraction",
-            )
-        generator = torch.Generator().manual_seed(self.config.seed)
-        kept, held = seeded_split(list(range(len(data))), fraction, generator)
-        return select(data, torch.tensor(kept)), select(data, torch.tensor(held))
 
     def _callbacks(self, s: _Session) -> list:
         """The time limit, the evaluation and, on rank 0, the ``last`` and ``best`` checkpoints and the metrics
@@ -584,7 +512,7 @@ class Trainer:
         """The state of the checkpoint, with the model's weights loaded and the checkpoint kept in it for
         :meth:`TrainState.attach` (optimizer, scheduler and RNG)."""
         if self._objects is not None:
-            self._check_same_model(model, checkpoint)
+            check_same_model(model, checkpoint, self.run_dir)
         state = resume_state(checkpoint, model)
         if self.config.epochs < state.epoch:
             raise RunDirectoryError(
@@ -594,25 +522,6 @@ class Trainer:
         check_best(self.run_dir, state)
         logger.info("resuming from %s after epoch %d", checkpoint.path, state.epoch)
         return state
-
-    def _check_same_model(self, model: nn.Module, checkpoint: Checkpoint) -> None:
-        """Refuse to resume a run with a model whose parameters and buffers have other names or shapes."""
-        saved = {k: tuple(v.shape) for k, v in checkpoint.model_state().items()}
-        given = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        if saved == given:
-            return
-        missing, unexpected = sorted(set(saved) - set(given)), sorted(set(given) - set(saved))
-        wrong = [f"{k} {saved[k]} -> {given[k]}" for k in sorted(set(saved) & set(given)) if saved[k] != given[k]]
-        found = "; ".join(
-            f"{what}: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}"
-            for what, names in (("not in the model", missing), ("new", unexpected), ("other shapes", wrong))
-            if names
-        )
-        raise RunDirectoryError(
-            f"cannot resume the run in '{self.run_dir}' with this model: it is not the model the run trained "
-            f"({checkpoint.meta.get('model_class') or checkpoint.meta.get('model')}; tensors {found}); pass the "
-            "same model as before, or start a new run (another out, or overwrite=True)"
-        )
 
     def _apply_changes(self, state: TrainState, optimizer, scheduler) -> None:
         """Apply and record what the resumed run changes (:data:`~capsnets.engine.run_dir.CHANGEABLE`). A new
