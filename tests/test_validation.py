@@ -354,3 +354,24 @@ def test_losses_are_listed_by_the_task_they_serve():
     assert set(LOSS_TASKS) == set(list_losses())
     assert list_losses("classification") == ["binary_cross_entropy", "cross_entropy", "margin", "spread"]
     assert list_losses("segmentation") == ["binary_segmentation", "segcaps"]
+
+
+def test_errors_about_a_callers_input_are_argument_errors():
+    # a ValueError (and a TypeError) as before, now one kind the command line and the demo report as bad input
+    import numpy as np
+
+    from capsnets.data.registry import dataset_info
+    from capsnets.engine.runtime import resolve_amp
+    from capsnets.functional.crop import center_crop
+    from capsnets.functional.masking import mask_capsules
+    from capsnets.plots import plot_confusion_matrix
+
+    for call in (
+        lambda: mask_capsules(torch.zeros(2, 3), torch.zeros(2)),
+        lambda: center_crop(torch.zeros(1, 1, 4, 4), 5),
+        lambda: dataset_info("no_such_data"),
+        lambda: resolve_amp("fast", torch.device("cpu")),
+        lambda: plot_confusion_matrix(np.zeros((2, 3)), None, "unused.png"),
+    ):
+        with pytest.raises(ArgumentError):
+            call()

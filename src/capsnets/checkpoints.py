@@ -39,6 +39,7 @@ from capsnets.files import (
     one_line_reason,
     write_temp,
 )
+from capsnets.validation import ArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -379,4 +380,4 @@ def _json_default(value: Any) -> Any:
         return value.item()
     if isinstance(value, (tuple, set)):
         return list(value)
-    raise TypeError(f"cannot store {type(value).__name__} in a checkpoint sidecar")
+    raise ArgumentError(f"cannot store {type(value).__name__} in a checkpoint sidecar")

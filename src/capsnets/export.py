@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from capsnets.files import atomic_write
 from capsnets.models import model_task
 from capsnets.outputs import MARK, check_output
+from capsnets.validation import ArgumentError
 
 __all__ = ["EXPORT_FORMATS", "ExportReport", "ExportableModel", "export_model", "run_onnx"]
 
@@ -60,7 +61,7 @@ class ExportableModel(nn.Module):
         self.model = model
         task = model_task(getattr(model, "model_name", "")) if getattr(model, "model_name", None) else None
         if task not in (None, "classification", "segmentation"):
-            raise ValueError(
+            raise ArgumentError(
                 f"{model.model_name!r} is registered for {task}; only classification and segmentation models "
                 "can be exported"
             )
@@ -71,7 +72,7 @@ class ExportableModel(nn.Module):
         elif hasattr(probe, "scores"):
             self.output_names = ["scores"] + (["capsules"] if probe.capsules is not None else [])
         else:
-            raise ValueError(
+            raise ArgumentError(
                 f"{type(model).__name__} returns {type(probe).__name__}; only classification and "
                 "segmentation models can be exported"
             )
@@ -137,7 +138,7 @@ def export_model(
         ImportError: the ONNX packages are missing (the message says how to install them).
     """
     if format not in EXPORT_FORMATS:
-        raise ValueError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
+        raise ArgumentError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
     if format == "onnx":
         _require_onnx()
     path = check_output(path, format, overwrite=overwrite)

@@ -195,7 +195,7 @@ def image_to_tensor(image, channels: int, size: tuple[int, int] | None = None) -
         size: ``(H, W)``, or None to keep the image's size.
     """
     if channels not in (1, 3):
-        raise ValueError(f"channels={channels!r} is invalid: expected 1 or 3")
+        raise ArgumentError(f"channels={channels!r} is invalid: expected 1 or 3")
     notes: list[str] = []
     image = _upright(image)
     grey = is_grey(image)
@@ -318,7 +318,7 @@ def standardize(images: Tensor) -> Tensor:
         - images, output: ``(B, C, H, W)``
     """
     if images.dim() != 4:
-        raise ValueError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
+        raise ArgumentError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
     mean = images.mean(dim=(1, 2, 3), keepdim=True)
     std = images.std(dim=(1, 2, 3), keepdim=True, unbiased=False)
     return (images - mean) / std.clamp_min(images[0].numel() ** -0.5)

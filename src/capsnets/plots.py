@@ -32,6 +32,7 @@ from capsnets.files import atomic_write, read_json_lines
 from capsnets.functional import capsule_length
 from capsnets.images import class_colours
 from capsnets.outputs import png_text
+from capsnets.validation import ArgumentError
 
 __all__ = [
     "PERTURBATIONS",
@@ -91,7 +92,7 @@ def _read_metrics(path: Path) -> list[dict]:
     """The records of a JSON-lines file (:func:`capsnets.files.read_json_lines`); none raises ``ValueError``."""
     records = read_json_lines(path)
     if not records:
-        raise ValueError(f"metrics_jsonl_path={str(path)!r} holds no records")
+        raise ArgumentError(f"metrics_jsonl_path={str(path)!r} holds no records")
     return records
 
 
@@ -180,7 +181,7 @@ def plot_training_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | o
 
 def _check_images(name: str, x: np.ndarray) -> None:
     if x.ndim != 4 or x.shape[1] not in (1, 3):
-        raise ValueError(f"{name} must have shape (B, C, H, W) with C = 1 or 3, got {tuple(x.shape)}")
+        raise ArgumentError(f"{name} must have shape (B, C, H, W) with C = 1 or 3, got {tuple(x.shape)}")
 
 
 def _check_labels(name: str, values, batch: int) -> np.ndarray | None:
@@ -188,7 +189,7 @@ def _check_labels(name: str, values, batch: int) -> np.ndarray | None:
         return None
     out = _to_numpy(values).astype(np.int64).reshape(-1)
     if out.shape[0] != batch:
-        raise ValueError(f"{name} must hold one entry per image ({batch}), got {out.shape[0]}")
+        raise ArgumentError(f"{name} must hold one entry per image ({batch}), got {out.shape[0]}")
     return out
 
 
@@ -243,12 +244,12 @@ def plot_segmentations(
     _check_images("images", images)
     expected = (images.shape[0], 1, *images.shape[2:])
     if masks.shape != expected or predictions.shape != expected:
-        raise ValueError(f"masks and predictions must be {expected}, got {masks.shape} and {predictions.shape}")
+        raise ArgumentError(f"masks and predictions must be {expected}, got {masks.shape} and {predictions.shape}")
     if (
         max(masks.max(initial=0), predictions.max(initial=0)) >= len(class_names)
         or min(masks.min(initial=0), predictions.min(initial=0)) < 0
     ):
-        raise ValueError(f"mask classes must lie in [0, {len(class_names)})")
+        raise ArgumentError(f"mask classes must lie in [0, {len(class_names)})")
     colours = class_colours(len(class_names)) / 255.0
     count = images.shape[0]
     fig = Figure(figsize=(1.4 * count + 1.0, 4.6), layout="constrained")
@@ -301,11 +302,11 @@ def plot_reconstructions(
     images, reconstructions = _to_numpy(images), _to_numpy(reconstructions)
     _check_images("images", images)
     if reconstructions.shape != images.shape:
-        raise ValueError(
+        raise ArgumentError(
             f"reconstructions must have the shape of images {tuple(images.shape)}, got {tuple(reconstructions.shape)}"
         )
     if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+        raise ArgumentError(f"n must be >= 1, got {n}")
     labels = _check_labels("labels", labels, images.shape[0])
     predictions = _check_labels("predictions", predictions, images.shape[0])
     count = min(n, images.shape[0])
@@ -347,13 +348,13 @@ def _wrapped(text: str, fig: Figure, fontsize: float) -> str:
 
 def _check_matrix(matrix: np.ndarray, class_names: Sequence[str] | None) -> list[str]:
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or matrix.shape[0] == 0:
-        raise ValueError(f"matrix must be square (K, K) with K >= 1, got shape {tuple(matrix.shape)}")
+        raise ArgumentError(f"matrix must be square (K, K) with K >= 1, got shape {tuple(matrix.shape)}")
     if not np.all(np.isfinite(matrix)) or np.any(matrix < 0):
-        raise ValueError("matrix must hold finite, non-negative counts")
+        raise ArgumentError("matrix must hold finite, non-negative counts")
     k = matrix.shape[0]
     names = [str(i) for i in range(k)] if class_names is None else [str(c) for c in class_names]
     if len(names) != k:
-        raise ValueError(f"class_names must have {k} entries (one per row of matrix), got {len(names)}")
+        raise ArgumentError(f"class_names must have {k} entries (one per row of matrix), got {len(names)}")
     return names
 
 

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 from .base import TensorData, data_root
 from .device import random_shift
 from .errors import DatasetError
@@ -150,7 +152,7 @@ class AffineRanges:
     def __post_init__(self) -> None:
         low, high = self.scale
         if not (self.rotation >= 0 and self.shear >= 0 and 0 < low <= high):
-            raise ValueError(f"need rotation >= 0, shear >= 0 and 0 < scale[0] <= scale[1], got {self}")
+            raise ArgumentError(f"need rotation >= 0, shear >= 0 and 0 < scale[0] <= scale[1], got {self}")
 
 
 AFFNIST_RANGES = AffineRanges()
@@ -270,7 +272,7 @@ def affnist_style(
         the transformed images ``(B, 1, size, size)`` and the :class:`AffineParams` used.
     """
     if images.dim() != 4 or images.shape[1] != 1:
-        raise ValueError(f"images must be (B, 1, H, W), got {tuple(images.shape)}")
+        raise ArgumentError(f"images must be (B, 1, H, W), got {tuple(images.shape)}")
     batch, _, height, width = images.shape
     device, dtype = images.device, images.dtype if images.dtype.is_floating_point else torch.float32
     images = images.to(dtype)
@@ -356,10 +358,10 @@ def place_randomly(
         ``(B, C, H, W)`` -> ``(B, C, size, size)``.
     """
     if images.dim() != 4:
-        raise ValueError(f"images must be (B, C, H, W), got {tuple(images.shape)}")
+        raise ArgumentError(f"images must be (B, C, H, W), got {tuple(images.shape)}")
     batch, _, height, width = images.shape
     if height > size or width > size:
-        raise ValueError(f"images of {height}x{width} do not fit a {size}x{size} canvas")
+        raise ArgumentError(f"images of {height}x{width} do not fit a {size}x{size} canvas")
     if offsets is None:
         device = generator.device if generator is not None else images.device
         dy = torch.randint(0, size - height + 1, (batch,), generator=generator, device=device)
@@ -372,7 +374,7 @@ def place_randomly(
         or (offsets[:, 0] > size - height).any()
         or (offsets[:, 1] > size - width).any()
     ):
-        raise ValueError(f"offsets must be ({batch}, 2) within [0, {size - height}] x [0, {size - width}]")
+        raise ArgumentError(f"offsets must be ({batch}, 2) within [0, {size - height}] x [0, {size - width}]")
     canvas = F.pad(images, (0, size - width, 0, size - height))  # digit at the top-left corner
     return random_shift(canvas, 0, shifts=offsets)
 

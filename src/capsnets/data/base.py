@@ -19,6 +19,8 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 __all__ = ["TensorData", "data_root", "DATA_ENV_VAR", "seeded_split", "shuffled"]
 
 #: Environment variable naming the data root when no ``root`` / ``--data-dir`` is given.
@@ -78,25 +80,25 @@ class TensorData:
 
     def __post_init__(self) -> None:
         if self.images.dim() != 4:
-            raise ValueError(f"images must be (N, C, H, W), got shape {tuple(self.images.shape)}")
+            raise ArgumentError(f"images must be (N, C, H, W), got shape {tuple(self.images.shape)}")
         multi_hot = self.labels.dim() == 2 and self.labels.shape[1] == self.num_classes
         if not (self.labels.dim() == 1 or multi_hot) or len(self.labels) != len(self.images):
-            raise ValueError(
+            raise ArgumentError(
                 f"labels must be (N,) class indices or (N, num_classes) multi-hot with N={len(self.images)} and "
                 f"num_classes={self.num_classes}, got shape {tuple(self.labels.shape)}"
             )
         if multi_hot and not self.labels.is_floating_point():
-            raise ValueError(f"multi-hot labels must be a floating-point tensor, got {self.labels.dtype}")
+            raise ArgumentError(f"multi-hot labels must be a floating-point tensor, got {self.labels.dtype}")
         if self.classes and len(self.classes) != self.num_classes:
-            raise ValueError(f"classes has {len(self.classes)} names but num_classes={self.num_classes}")
+            raise ArgumentError(f"classes has {len(self.classes)} names but num_classes={self.num_classes}")
         for key, value in (self.info or {}).items():
             if not isinstance(value, Tensor) or value.shape != self.labels.shape[:1]:
-                raise ValueError(
+                raise ArgumentError(
                     f"info[{key!r}] must be a ({len(self)},) tensor, got "
                     f"{getattr(value, 'shape', type(value).__name__)}"
                 )
         if self.augment is not None and not callable(self.augment):
-            raise ValueError(f"augment must be callable (images, generator) -> images, got {self.augment!r}")
+            raise ArgumentError(f"augment must be callable (images, generator) -> images, got {self.augment!r}")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -147,14 +149,14 @@ class TensorData:
             index = torch.tensor(index, dtype=torch.long)
         if isinstance(index, Tensor):
             if index.dtype == torch.bool and index.shape != self.labels.shape[:1]:
-                raise ValueError(f"a boolean mask must have shape ({len(self)},), got {tuple(index.shape)}")
+                raise ArgumentError(f"a boolean mask must have shape ({len(self)},), got {tuple(index.shape)}")
             if index.dtype != torch.bool and (index.dtype.is_floating_point or index.dim() != 1):
-                raise ValueError(
+                raise ArgumentError(
                     f"index must be a 1-D integer or boolean tensor, got {index.dtype} {tuple(index.shape)}"
                 )
             index = index.to(self.device)
         elif not isinstance(index, slice):
-            raise ValueError(f"index must be a tensor, list or slice, got {type(index).__name__}")
+            raise ArgumentError(f"index must be a tensor, list or slice, got {type(index).__name__}")
         selected = self._with(index, self.name)
         return dataclasses.replace(selected, name=f"{self.name}[{len(selected)} selected]")
 
@@ -165,7 +167,7 @@ class TensorData:
         original interleaved order, so a prefix has roughly every class.
         """
         if not 0 < n <= len(self):
-            raise ValueError(f"n must be in [1, {len(self)}], got {n}")
+            raise ArgumentError(f"n must be in [1, {len(self)}], got {n}")
         return self._with(slice(0, n), f"{self.name}[:{n}]")
 
 

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 __all__ = ["load_digits_split", "stratified_split", "DIGITS_CLASSES"]
 
 DIGITS_CLASSES = [str(d) for d in range(10)]
@@ -33,7 +35,7 @@ def stratified_split(labels: np.ndarray, test_size: int, seed: int = 0) -> tuple
         ``(train_indices, test_indices)``, each sorted ascending.
     """
     if not 0 <= test_size <= len(labels):
-        raise ValueError(f"test_size must be in [0, {len(labels)}], got {test_size}")
+        raise ArgumentError(f"test_size must be in [0, {len(labels)}], got {test_size}")
     rng = np.random.default_rng(seed)
     score = np.empty(len(labels))
     for cls in np.unique(labels):

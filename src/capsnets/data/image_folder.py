@@ -53,7 +53,7 @@ from capsnets.images import (
     max_image_pixels,
     open_image_header,
 )
-from capsnets.validation import limit_from_env
+from capsnets.validation import ArgumentError, limit_from_env
 
 from .base import TensorData, seeded_split, shuffled
 from .errors import DatasetError
@@ -256,7 +256,7 @@ def read_image(path: str | os.PathLike, channels: int, size: tuple[int, int] | N
             names it.
     """
     if channels not in (1, 3):
-        raise ValueError(f"channels={channels!r} is invalid: expected 1 or 3")
+        raise ArgumentError(f"channels={channels!r} is invalid: expected 1 or 3")
     with _opened(Path(path)) as image:
         try:
             return image_to_tensor(image, channels, size)[0]
@@ -284,14 +284,14 @@ def _checked_arguments(
     if image_size is not None:
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in size):
-            raise ValueError(f"image_size={image_size!r} is invalid: expected a positive integer or (height, width)")
+            raise ArgumentError(f"image_size={image_size!r} is invalid: expected a positive integer or (height, width)")
         if size[0] * size[1] > max_image_pixels():
-            raise ValueError(
+            raise ArgumentError(
                 f"image_size={image_size!r} is invalid: {size[0]}x{size[1]} is more than the {max_image_pixels():,} "
                 f"pixels an image may have (raise it with the environment variable {MAX_IMAGE_PIXELS_ENV})"
             )
     if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
-        raise ValueError(f"test_fraction={test_fraction!r} is invalid: expected a number in (0, 1)")
+        raise ArgumentError(f"test_fraction={test_fraction!r} is invalid: expected a number in (0, 1)")
     root = Path(path).expanduser()
     if not root.is_dir():
         raise DatasetError(

@@ -40,6 +40,7 @@ from torch import Tensor
 from capsnets.data.base import TensorData
 from capsnets.data.device import random_shift
 from capsnets.data.mnist import MNIST
+from capsnets.validation import ArgumentError
 
 #: seed of the fixed MultiMNIST test set
 TEST_SEED = 20171026
@@ -76,7 +77,7 @@ def _pick_partners(labels: Tensor, first: Tensor, num_classes: int, generator: t
     """For each index in ``first``, a uniformly drawn index of an example of another class (CPU, vectorised)."""
     counts = torch.bincount(labels, minlength=num_classes)  # (K,)
     if (counts == 0).any():
-        raise ValueError(f"every class needs at least one source digit, got counts {counts.tolist()}")
+        raise ArgumentError(f"every class needs at least one source digit, got counts {counts.tolist()}")
     order = torch.argsort(labels, stable=True)  # indices grouped by class
     starts = torch.cumsum(counts, 0) - counts  # (K,)
     offset = torch.randint(1, num_classes, (len(first),), generator=generator)
@@ -110,13 +111,15 @@ def make_multimnist(
         combine: ``"max"`` (pixel-wise maximum) or ``"clipped_sum"`` (``min(a + b, 1)``).
     """
     if images.dim() != 4 or labels.shape != images.shape[:1]:
-        raise ValueError(f"need images (M, C, H, W) and labels (M,), got {tuple(images.shape)}, {tuple(labels.shape)}")
+        raise ArgumentError(
+            f"need images (M, C, H, W) and labels (M,), got {tuple(images.shape)}, {tuple(labels.shape)}"
+        )
     if not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be a positive int, got {count!r}")
+        raise ArgumentError(f"count must be a positive int, got {count!r}")
     if not isinstance(max_shift, int) or max_shift < 0:
-        raise ValueError(f"max_shift must be a non-negative int, got {max_shift!r}")
+        raise ArgumentError(f"max_shift must be a non-negative int, got {max_shift!r}")
     if combine not in COMBINE_MODES:
-        raise ValueError(f"combine must be one of {COMBINE_MODES}, got {combine!r}")
+        raise ArgumentError(f"combine must be one of {COMBINE_MODES}, got {combine!r}")
     generator = torch.Generator().manual_seed(seed)
     cpu_labels = labels.cpu().long()
     first = torch.arange(count) % len(cpu_labels)
@@ -197,7 +200,7 @@ def box_overlap(boxes_a: Tensor, boxes_b: Tensor, mode: str = "smaller") -> Tens
         boxes ``(..., 4)`` as from :func:`bounding_boxes` -> ``(...)`` float.
     """
     if mode not in ("smaller", "union"):
-        raise ValueError(f"mode must be 'smaller' or 'union', got {mode!r}")
+        raise ArgumentError(f"mode must be 'smaller' or 'union', got {mode!r}")
 
     def area(box: Tensor) -> Tensor:
         return ((box[..., 2] - box[..., 0] + 1).clamp(min=0) * (box[..., 3] - box[..., 1] + 1).clamp(min=0)).float()

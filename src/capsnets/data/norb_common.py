@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from capsnets.images import NORB_CROP, NORB_SIZE
+from capsnets.validation import ArgumentError
 
 from .base import TensorData
 from .transforms import NorbAugment, center_crop, resize, standardize
@@ -52,16 +53,16 @@ class RawNorbLike:
 
     def __post_init__(self) -> None:
         if self.images.dim() != 3 or self.images.dtype != torch.uint8:
-            raise ValueError(f"images must be uint8 (N, H, W), got {self.images.dtype} {tuple(self.images.shape)}")
+            raise ArgumentError(f"images must be uint8 (N, H, W), got {self.images.dtype} {tuple(self.images.shape)}")
         n = len(self.images)
         if self.labels.shape != (n,):
-            raise ValueError(f"labels must have shape ({n},), got {tuple(self.labels.shape)}")
+            raise ArgumentError(f"labels must have shape ({n},), got {tuple(self.labels.shape)}")
         missing = [k for k in NORB_INFO_KEYS if k not in self.info]
         if missing:
-            raise ValueError(f"info lacks keys {missing}; needs {list(NORB_INFO_KEYS)}")
+            raise ArgumentError(f"info lacks keys {missing}; needs {list(NORB_INFO_KEYS)}")
         for key, value in self.info.items():
             if value.shape != (n,):
-                raise ValueError(f"info[{key!r}] must have shape ({n},), got {tuple(value.shape)}")
+                raise ArgumentError(f"info[{key!r}] must have shape ({n},), got {tuple(value.shape)}")
         self.labels = self.labels.long()
         self.info = {k: v.long() for k, v in self.info.items()}
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from capsnets.validation import ArgumentError
+
 from .base import TensorData, data_root
 from .cifar import CIFAR10
 from .digits import DIGITS_CLASSES, load_digits_split
@@ -92,7 +94,7 @@ def _canonical(name: str) -> str:
     key = name.lower().replace("-", "_")
     key = _ALIASES.get(key, key)
     if key not in _INFO:
-        raise ValueError(
+        raise ArgumentError(
             f"unknown dataset {name!r}; known: {', '.join(list_datasets())}, or {FOLDER_PREFIX}PATH "
             f"for a folder of your own images ({SEGFOLDER_PREFIX}PATH: images with segmentation masks)"
         )
@@ -106,7 +108,7 @@ def _is_folder(name: str) -> bool:
 def _folder_path(name: str, prefix: str = FOLDER_PREFIX) -> str:
     path = name[len(prefix) :]
     if not path:
-        raise ValueError(f"dataset {name!r} names no folder: expected {prefix}PATH, e.g. {prefix}photos")
+        raise ArgumentError(f"dataset {name!r} names no folder: expected {prefix}PATH, e.g. {prefix}photos")
     return path
 
 
@@ -116,7 +118,7 @@ def _check_fixed_size(info: DatasetInfo, image_size) -> None:
         return
     pair = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     if pair != info.image_shape[1:]:
-        raise ValueError(
+        raise ArgumentError(
             f"image_size={image_size!r} applies to {FOLDER_PREFIX}PATH data sets only; {info.name} "
             f"images are {info.image_shape[1]}x{info.image_shape[2]}: leave image_size out"
         )

@@ -42,6 +42,7 @@ import torch
 from PIL import Image
 
 from capsnets.images import IMAGE_FORMATS_TEXT, image_files
+from capsnets.validation import ArgumentError
 
 from .base import seeded_split, shuffled
 from .errors import DatasetError
@@ -440,7 +441,7 @@ def write_digit_segfolder(
         4
     """
     if size < 5:
-        raise ValueError(f"size must be at least 5 (digits of size - 4 pixels), got {size}")
+        raise ArgumentError(f"size must be at least 5 (digits of size - 4 pixels), got {size}")
     root = Path(root)
     (root / "images").mkdir(parents=True, exist_ok=True)
     (root / "masks").mkdir(parents=True, exist_ok=True)

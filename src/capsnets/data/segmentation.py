@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from capsnets.data.affnist import place_randomly
+from capsnets.validation import ArgumentError
 
 
 @dataclass(frozen=True)
@@ -61,16 +62,16 @@ class SegmentationData:
 
     def __post_init__(self) -> None:
         if self.images.dim() != 4 or self.masks.dim() != 4 or self.masks.shape[1] != 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"images must be (N, C, H, W) and masks (N, 1, H, W), got {tuple(self.images.shape)} and "
                 f"{tuple(self.masks.shape)}"
             )
         if self.masks.shape[0] != self.images.shape[0] or self.masks.shape[2:] != self.images.shape[2:]:
-            raise ValueError(
+            raise ArgumentError(
                 f"masks {tuple(self.masks.shape)} do not match images {tuple(self.images.shape)} in count and size"
             )
         if self.classes and len(self.classes) != self.num_classes:
-            raise ValueError(f"classes has {len(self.classes)} names but num_classes={self.num_classes}")
+            raise ArgumentError(f"classes has {len(self.classes)} names but num_classes={self.num_classes}")
 
     def __len__(self) -> int:
         return len(self.images)
@@ -89,7 +90,7 @@ class SegmentationData:
     def subset(self, n: int) -> SegmentationData:
         """The first ``n`` examples, in stored order."""
         if not 0 < n <= len(self):
-            raise ValueError(f"n must be in [1, {len(self)}], got {n}")
+            raise ArgumentError(f"n must be in [1, {len(self)}], got {n}")
         return dataclasses.replace(self, images=self.images[:n], masks=self.masks[:n], name=f"{self.name}[:{n}]")
 
 
@@ -108,9 +109,9 @@ def make_digit_segmentation(
         threshold: object pixels above it form the mask.
     """
     if digits.dim() != 4 or digits.shape[1] != 1:
-        raise ValueError(f"digits must be (N, 1, H, W), got {tuple(digits.shape)}")
+        raise ArgumentError(f"digits must be (N, 1, H, W), got {tuple(digits.shape)}")
     if count < 1 or clutter < 0 or not 0 < patch <= digits.shape[-1]:
-        raise ValueError(
+        raise ArgumentError(
             f"need count >= 1, clutter >= 0 and 0 < patch <= {digits.shape[-1]}; got count={count}, "
             f"clutter={clutter}, patch={patch}"
         )

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from capsnets.functional.crop import center_crop, random_crop
 from capsnets.images import standardize
+from capsnets.validation import ArgumentError
 
 __all__ = [
     "AUGMENTATIONS",
@@ -46,7 +47,7 @@ __all__ = [
 
 def _check_batch(images: Tensor) -> None:
     if images.dim() != 4:
-        raise ValueError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
+        raise ArgumentError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
 
 
 def resize(images: Tensor, size: int | tuple[int, int]) -> Tensor:
@@ -82,9 +83,9 @@ def brightness_contrast(
     """
     _check_batch(images)
     if brightness < 0:
-        raise ValueError(f"brightness must be >= 0, got {brightness!r}")
+        raise ArgumentError(f"brightness must be >= 0, got {brightness!r}")
     if not 0 <= contrast <= 1:
-        raise ValueError(f"contrast must be in [0, 1], got {contrast!r}")
+        raise ArgumentError(f"contrast must be in [0, 1], got {contrast!r}")
     batch = images.shape[0]
     device = generator.device if generator is not None else images.device
     uniform = torch.rand(batch, 2, generator=generator, device=device, dtype=torch.float64) * 2 - 1  # U(-1, 1)
@@ -164,22 +165,22 @@ class DigitAugment:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.angle, (int, float)) and 0 <= self.angle <= 180):
-            raise ValueError(f"angle must be a number of degrees in [0, 180], got {self.angle!r}")
+            raise ArgumentError(f"angle must be a number of degrees in [0, 180], got {self.angle!r}")
         if not (isinstance(self.erase, int) and self.erase >= 0):
-            raise ValueError(f"erase must be a non-negative number of pixels, got {self.erase!r}")
+            raise ArgumentError(f"erase must be a non-negative number of pixels, got {self.erase!r}")
 
     def __call__(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
         _check_batch(images)
         batch, _, height, width = images.shape
         if min(height, width) < self.erase + 6:
-            raise ValueError(
+            raise ArgumentError(
                 f"DigitAugment(erase={self.erase}) needs images of at least {self.erase + 6} "
                 f"pixels a side, got {height}x{width}"
             )
         if images.dtype == torch.uint8:
             images = images.float() / 255
         elif not images.is_floating_point():
-            raise ValueError(f"DigitAugment needs uint8 or floating-point images, got {images.dtype}")
+            raise ArgumentError(f"DigitAugment needs uint8 or floating-point images, got {images.dtype}")
         device = generator.device if generator is not None else images.device
         draw = dict(generator=generator, device=device, dtype=torch.float64)
         normal = torch.randn(batch, 3, **draw) * 0.33

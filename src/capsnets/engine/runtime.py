@@ -54,7 +54,7 @@ def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
     ``"auto"`` is bf16 autocast on CUDA and off elsewhere; ``"bf16"`` forces bf16 (also on CPU).
     """
     if amp not in AMP_MODES:
-        raise ValueError(f"amp={amp!r} is not one of {AMP_MODES}")
+        raise ArgumentError(f"amp={amp!r} is not one of {AMP_MODES}")
     if amp == "off" or (amp == "auto" and device.type != "cuda"):
         return None
     return torch.bfloat16

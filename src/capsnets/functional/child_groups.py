@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.patches import patch_index
+from capsnets.validation import ArgumentError
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,12 @@ class ChildGroups:
 
     def __post_init__(self) -> None:
         if self.index.dim() != 2 or self.index.dtype != torch.long:
-            raise ValueError(
+            raise ArgumentError(
                 f"ChildGroups.index must be an (N, I) int64 tensor, got {self.index.dtype} "
                 f"of shape {tuple(self.index.shape)}"
             )
         if self.normalize not in ("all_parents", "per_type"):
-            raise ValueError(f"ChildGroups.normalize must be 'all_parents' or 'per_type', got {self.normalize!r}")
+            raise ArgumentError(f"ChildGroups.normalize must be 'all_parents' or 'per_type', got {self.normalize!r}")
         problems, blocks = self.index.shape[0], self.blocks
         concrete = all(isinstance(v, int) for v in (problems, blocks, self.count))  # not while export traces
         if (
@@ -63,7 +64,7 @@ class ChildGroups:
             or not isinstance(blocks, (int, torch.SymInt))
             or (concrete and (blocks < 1 or problems % blocks or self.count % blocks))
         ):
-            raise ValueError(
+            raise ArgumentError(
                 f"ChildGroups.blocks must be a positive int dividing both the problems N = {problems} "
                 f"and count = {self.count}, got {blocks!r}"
             )
@@ -88,7 +89,7 @@ def group_softmax(logits: Tensor, groups: ChildGroups) -> Tensor:
     """
     n, parents, i = logits.shape
     if groups.index.shape != (n, i):
-        raise ValueError(
+        raise ArgumentError(
             f"child groups of shape {tuple(groups.index.shape)} do not match the ({n}, {i}) "
             f"routing problems of the votes"
         )

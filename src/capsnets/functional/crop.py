@@ -9,15 +9,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 __all__ = ["center_crop", "random_crop"]
 
 
 def _check_crop(images: Tensor, size: int) -> None:
     if images.dim() != 4:
-        raise ValueError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
+        raise ArgumentError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
     height, width = images.shape[-2:]
     if not isinstance(size, int) or not 0 < size <= min(height, width):
-        raise ValueError(f"size must be an int in [1, {min(height, width)}] for {height}x{width} images, got {size!r}")
+        raise ArgumentError(
+            f"size must be an int in [1, {min(height, width)}] for {height}x{width} images, got {size!r}"
+        )
 
 
 def random_crop(
@@ -46,7 +50,7 @@ def random_crop(
         left = torch.randint(0, width - size + 1, (batch,), generator=generator, device=device)
         offsets = torch.stack([top, left], dim=1)
     if offsets.shape != (batch, 2):
-        raise ValueError(f"offsets must be ({batch}, 2), got {tuple(offsets.shape)}")
+        raise ArgumentError(f"offsets must be ({batch}, 2), got {tuple(offsets.shape)}")
     offsets = offsets.to(images.device, torch.long)
     step = torch.arange(size, device=images.device)
     rows = offsets[:, 0, None] + step  # (B, size)

@@ -45,7 +45,7 @@ from torch import Tensor
 from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import check_capsule_sizes, normalized_gradients
 from capsnets.functional.squash import _squash
-from capsnets.validation import routing_iterations
+from capsnets.validation import ArgumentError, routing_iterations
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class DynamicRouting:
         object.__setattr__(self, "iterations", routing_iterations("iterations", self.iterations))
         for name in ("detach_routing", "none_of_the_above"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+                raise ArgumentError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     def __call__(self, u_hat: Tensor, *, return_couplings: bool = False):
         return dynamic_routing(
@@ -103,7 +103,7 @@ class DynamicRouting:
 
 def _check_u_hat(u_hat: Tensor, iterations: int) -> None:
     if u_hat.dim() != 4:
-        raise ValueError(
+        raise ArgumentError(
             f"dynamic_routing expects u_hat of shape (B, I, J, D) (batch, children, parents, parent dim); "
             f"got a {u_hat.dim()}-D tensor of shape {tuple(u_hat.shape)}"
         )

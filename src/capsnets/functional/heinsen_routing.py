@@ -49,7 +49,7 @@ from capsnets.functional.routing_common import (
     widened,
     working,
 )
-from capsnets.validation import expect, routing_iterations
+from capsnets.validation import ArgumentError, expect, routing_iterations
 
 
 class HeinsenOutput(NamedTuple):
@@ -103,12 +103,12 @@ class HeinsenRouting:
         beta_ign: Tensor | None = None,
     ) -> HeinsenOutput:
         if beta_use is None or beta_ign is None:
-            raise ValueError(
+            raise ArgumentError(
                 "HeinsenRouting learns a net benefit per child and parent: give it to a layer (which builds it), "
                 "or call .build(in_capsules, in_dim, out_capsules, out_dim)"
             )
         if activations is None:
-            raise ValueError("HeinsenRouting needs the children's scores (activations=, logits of shape (B, I))")
+            raise ArgumentError("HeinsenRouting needs the children's scores (activations=, logits of shape (B, I))")
         return heinsen_routing(u_hat, activations, beta_use, beta_ign, iterations=self.iterations, eps=self.eps)
 
     def build(self, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None, dtype=None):
@@ -203,7 +203,7 @@ def _m_step(votes: Tensor, use: Tensor, present: Tensor, use_benefit: Tensor, ig
 def _check_shape(name: str, value, shapes: list[tuple[int, ...]], u_hat: Tensor) -> None:
     if not isinstance(value, Tensor) or tuple(value.shape) not in shapes:
         shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-        raise ValueError(
+        raise ArgumentError(
             f"heinsen_routing expects {name} of shape {' or '.join(map(str, shapes))} (B, I, J from u_hat "
             f"{tuple(u_hat.shape)}), got {shape}"
         )

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 
 def homogeneous_vector_capsules(u: Tensor, weight: Tensor) -> Tensor:
     """``s_j = sum_i weight[j, i] * u_i``, element-wise products summed over the children.
@@ -35,12 +37,12 @@ def homogeneous_vector_capsules(u: Tensor, weight: Tensor) -> Tensor:
     """
     if not isinstance(u, Tensor) or u.dim() != 3:
         shape = tuple(u.shape) if isinstance(u, Tensor) else type(u).__name__
-        raise ValueError(
+        raise ArgumentError(
             f"homogeneous_vector_capsules expects u of shape (B, I, D) (batch, children, dim); got {shape}"
         )
     if not isinstance(weight, Tensor) or weight.dim() != 3 or tuple(weight.shape[1:]) != tuple(u.shape[1:]):
         shape = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
-        raise ValueError(
+        raise ArgumentError(
             f"homogeneous_vector_capsules expects weight of shape (J, {u.shape[1]}, {u.shape[2]}) (parents, and I and D "
             f"of u {tuple(u.shape)}); got {shape}"
         )

@@ -48,7 +48,7 @@ from capsnets.functional.routing_common import (
     widened,
     working,
 )
-from capsnets.validation import flag, routing_iterations
+from capsnets.validation import ArgumentError, flag, routing_iterations
 
 #: LayerNorm's epsilon (``nn.LayerNorm``'s default, used by the authors' code).
 LAYER_NORM_EPS = 1e-5
@@ -92,7 +92,7 @@ class InvertedAttentionRouting:
         object.__setattr__(self, "iterations", routing_iterations("iterations", self.iterations))
         flag("affine", self.affine)
         if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not self.eps > 0:
-            raise ValueError(f"eps must be a number > 0, got {self.eps!r}")
+            raise ArgumentError(f"eps must be a number > 0, got {self.eps!r}")
         object.__setattr__(self, "eps", float(self.eps))
 
     def __call__(
@@ -106,13 +106,13 @@ class InvertedAttentionRouting:
         return_couplings: bool = False,
     ):
         if self.affine and (weight is None or bias is None):
-            raise ValueError(
+            raise ArgumentError(
                 "InvertedAttentionRouting(affine=True) learns its LayerNorm's weight and bias: give "
                 "it to a capsule layer (which builds them), call .build(in_capsules, in_dim, "
                 "out_capsules, out_dim), or pass weight= and bias="
             )
         if not self.affine and (weight is not None or bias is not None):
-            raise ValueError("InvertedAttentionRouting(affine=False) takes no weight or bias")
+            raise ArgumentError("InvertedAttentionRouting(affine=False) takes no weight or bias")
         return inverted_attention_routing(
             u_hat,
             self.iterations if iterations is None else iterations,
@@ -183,7 +183,7 @@ def inverted_attention_routing(
         ("parents", parents, (batch, num_parents, dim)),
     ):
         if value is not None and tuple(value.shape) != shape:
-            raise ValueError(f"inverted_attention_routing expects {name} of shape {shape}, got {tuple(value.shape)}")
+            raise ArgumentError(f"inverted_attention_routing expects {name} of shape {shape}, got {tuple(value.shape)}")
     u = widened(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)
     unit = sum_unit(children)
     k = power_of_two_above(largest_magnitude(u, (1, 2, 3)), 1.0).view(batch, 1, 1)  # 1 for votes within [-1, 1]
@@ -244,11 +244,11 @@ def concurrent_inverted_attention_routing(layers: Sequence, u: Tensor, iteration
         [(2, 16, 12), (2, 10, 16)]
     """
     if len(layers) == 0:
-        raise ValueError("concurrent_inverted_attention_routing needs at least one layer")
+        raise ArgumentError("concurrent_inverted_attention_routing needs at least one layer")
     for index, layer in enumerate(layers):
         spec = getattr(layer.routing, "spec", layer.routing)
         if not isinstance(spec, InvertedAttentionRouting):
-            raise ValueError(f"layer {index} routes with {layer.routing!r}, not inverted dot-product attention")
+            raise ArgumentError(f"layer {index} routes with {layer.routing!r}, not inverted dot-product attention")
     if iterations is None:
         iterations = getattr(layers[0].routing, "spec", layers[0].routing).iterations
     iterations = routing_iterations("iterations", iterations)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 
 def mask_capsules(capsules: Tensor, select: Tensor) -> Tensor:
     """Zero every capsule but the selected one(s), then flatten.
@@ -23,12 +25,12 @@ def mask_capsules(capsules: Tensor, select: Tensor) -> Tensor:
         tensor([ 0.,  0.,  0., 16.,  0.,  0.,  0.,  0.,  0.,  0.])
     """
     if capsules.dim() != 3:
-        raise ValueError(f"capsules must be (B, J, D), got shape {tuple(capsules.shape)}")
+        raise ArgumentError(f"capsules must be (B, J, D), got shape {tuple(capsules.shape)}")
     batch, parents, _ = capsules.shape
     if select.dim() == 1:
         if select.shape[0] != batch:
-            raise ValueError(f"select has {select.shape[0]} indices for a batch of {batch}")
+            raise ArgumentError(f"select has {select.shape[0]} indices for a batch of {batch}")
         select = torch.nn.functional.one_hot(select.long(), parents)
     if select.shape != (batch, parents):
-        raise ValueError(f"select must be (B,) or (B, J) = {(batch, parents)}, got {tuple(select.shape)}")
+        raise ArgumentError(f"select must be (B,) or (B, J) = {(batch, parents)}, got {tuple(select.shape)}")
     return (capsules * select.to(capsules.dtype).unsqueeze(-1)).flatten(1)

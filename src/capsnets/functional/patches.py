@@ -17,6 +17,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 
 def patch_grid(height: int, width: int, kernel_size: int, stride: int = 1, padding: int = 0) -> tuple[int, int]:
     """The output grid ``(H', W')`` of a ``kernel_size`` convolution over an ``height x width`` grid; raises
@@ -24,7 +26,7 @@ def patch_grid(height: int, width: int, kernel_size: int, stride: int = 1, paddi
     out_h = (height + 2 * padding - kernel_size) // stride + 1
     out_w = (width + 2 * padding - kernel_size) // stride + 1
     if out_h < 1 or out_w < 1:
-        raise ValueError(
+        raise ArgumentError(
             f"a {height}x{width} capsule grid is smaller than kernel_size={kernel_size} with padding={padding}"
         )
     return out_h, out_w
@@ -115,7 +117,7 @@ def capsule_patches(
         (torch.Size([2, 6, 6, 72, 17]), (6, 6))
     """
     if features.dim() != 5:
-        raise ValueError(f"features must be (B, T, F, H, W), got shape {tuple(features.shape)}")
+        raise ArgumentError(f"features must be (B, T, F, H, W), got shape {tuple(features.shape)}")
     batch, types, feats, height, width = features.shape
     out_h, out_w = patch_grid(height, width, kernel_size, stride, padding)
     index = patch_index(types, height, width, kernel_size, stride, padding, features.device)

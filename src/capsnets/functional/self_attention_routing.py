@@ -43,7 +43,7 @@ from capsnets.functional.routing_common import (
     sum_unit,
     working,
 )
-from capsnets.validation import choice, flag
+from capsnets.validation import ArgumentError, choice, flag
 
 
 @dataclass(frozen=True)
@@ -77,13 +77,13 @@ class SelfAttentionRouting:
 
     def __call__(self, u_hat: Tensor, *, bias: Tensor | None = None, return_couplings: bool = False):
         if self.bias and bias is None:
-            raise ValueError(
+            raise ArgumentError(
                 "SelfAttentionRouting(bias=True) learns its log priors: give it to a capsule layer "
                 "(which builds them), call .build(in_capsules, in_dim, out_capsules, out_dim), or "
                 "pass bias=; SelfAttentionRouting(bias=False) has none"
             )
         if not self.bias and bias is not None:
-            raise ValueError("SelfAttentionRouting(bias=False) takes no bias")
+            raise ArgumentError("SelfAttentionRouting(bias=False) takes no bias")
         return self_attention_routing(u_hat, bias, squash=self.squash, return_couplings=return_couplings)
 
     def build(self, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None, dtype=None):
@@ -125,7 +125,7 @@ def self_attention_routing(
     choice("squash", squash, SQUASHES)
     batch, children, parents, dim = u_hat.shape
     if bias is not None and tuple(bias.shape) != (children, parents):
-        raise ValueError(
+        raise ArgumentError(
             f"self_attention_routing expects a bias of shape (I, J) = {(children, parents)}, got {tuple(bias.shape)}"
         )
     u = working(u_hat).transpose(1, 2).contiguous()  # (B, J, I, D)

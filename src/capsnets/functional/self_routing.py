@@ -43,6 +43,7 @@ from capsnets.functional.routing_common import (
     working,
 )
 from capsnets.functional.squash import safe_norm
+from capsnets.validation import ArgumentError
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,12 @@ class SelfRouting:
         return_couplings: bool = False,
     ):
         if weight is None or bias is None:
-            raise ValueError(
+            raise ArgumentError(
                 "SelfRouting learns a routing network per child: give it to a capsule layer "
                 "(which builds it), or call .build(in_capsules, in_dim, out_capsules, out_dim)"
             )
         if poses is None:
-            raise ValueError("SelfRouting needs the children's poses (poses=, shape (B, I, D_in))")
+            raise ArgumentError("SelfRouting needs the children's poses (poses=, shape (B, I, D_in))")
         return self_routing(u_hat, poses, weight, bias, activations=activations, return_couplings=return_couplings)
 
     def build(self, in_capsules: int, in_dim: int, out_capsules: int, out_dim: int, *, device=None, dtype=None):
@@ -145,12 +146,12 @@ def self_routing(
     for name, value in (("poses", poses), ("weight", weight), ("bias", bias), ("activations", activations)):
         if value is not None and (not isinstance(value, Tensor) or tuple(value.shape) != expected[name]):
             shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-            raise ValueError(
+            raise ArgumentError(
                 f"self_routing expects {name} of shape {expected[name]} (B, I, J, D_in from u_hat "
                 f"{tuple(u_hat.shape)} and poses), got {shape}"
             )
     if in_dim == 0:
-        raise ValueError(
+        raise ArgumentError(
             f"self_routing needs at least one pose component per child (D_in >= 1); got poses of shape "
             f"{tuple(poses.shape)}: give the children poses of at least one component"
         )

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 __all__ = ["Part", "rotation", "intersect", "local_normal", "KINDS"]
 
 KINDS = ("ellipsoid", "box", "frustum")
@@ -46,11 +48,11 @@ class Part:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+            raise ArgumentError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if np.any(np.asarray(self.scale) <= 0):
-            raise ValueError(f"scale must be positive, got {self.scale}")
+            raise ArgumentError(f"scale must be positive, got {self.scale}")
         if self.taper < 0:
-            raise ValueError(f"taper must be >= 0, got {self.taper}")
+            raise ArgumentError(f"taper must be >= 0, got {self.taper}")
 
     def surface_points(self) -> np.ndarray:
         """World points ``(K, 3)`` on the part whose hull (nearly) holds it: box corners, frustum rims,

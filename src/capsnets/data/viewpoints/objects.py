@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from capsnets.validation import ArgumentError
+
 from .geometry import Part, rotation
 
 __all__ = ["VIEWPOINT_CLASSES", "build_instance"]
@@ -172,7 +174,7 @@ def build_instance(label: int, instance: int, seed: int) -> tuple[list[Part], fl
     The object's bounding box is centred on the origin and the object scaled to fit the unit sphere.
     """
     if not 0 <= label < len(VIEWPOINT_CLASSES):
-        raise ValueError(f"label must be in [0, {len(VIEWPOINT_CLASSES)}), got {label}")
+        raise ArgumentError(f"label must be in [0, {len(VIEWPOINT_CLASSES)}), got {label}")
     rng = np.random.default_rng(np.random.SeedSequence([seed, label, instance]))
     parts = _BUILDERS[VIEWPOINT_CLASSES[label]](rng, instance % 5)
     albedo = float(rng.uniform(0.75, 0.95))

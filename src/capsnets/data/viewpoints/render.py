@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 from ..norb_common import RawNorbLike
 from .geometry import Part, intersect, local_normal
 from .objects import VIEWPOINT_CLASSES, build_instance
@@ -51,7 +53,7 @@ _SHUFFLE_SALT = 7919  # salts the seed of the shuffle so that it differs from th
 def split_instances(split: str) -> tuple[int, ...]:
     """The toy instances of a split: 0..4 for ``"train"``, 5..9 for ``"test"``."""
     if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        raise ArgumentError(f"split must be 'train' or 'test', got {split!r}")
     return tuple(range(5)) if split == "train" else tuple(range(5, 10))
 
 
@@ -60,7 +62,7 @@ def _pick(name: str, chosen: Sequence[int] | None, allowed: Sequence[int]) -> li
         return list(allowed)
     bad = [c for c in chosen if c not in allowed]
     if bad or not chosen or len(set(chosen)) != len(chosen):
-        raise ValueError(f"{name} must be distinct values from {list(allowed)}, got {list(chosen)}")
+        raise ArgumentError(f"{name} must be distinct values from {list(allowed)}, got {list(chosen)}")
     return list(chosen)
 
 
@@ -244,11 +246,11 @@ def render_viewpoints(
         A :class:`~capsnets.data.norb_common.RawNorbLike` with ``images`` uint8 ``(N, size, size)``.
     """
     if size < 1 or supersample < 1 or views_per_chunk < 1:
-        raise ValueError(
+        raise ArgumentError(
             f"size, supersample, views_per_chunk must be >= 1, got {size}, {supersample}, {views_per_chunk}"
         )
     if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+        raise ArgumentError(f"seed must be >= 0, got {seed}")
     with _torch_threads(num_threads):
         return _render(
             split,
