@@ -337,8 +337,9 @@ class Trainer:
         self._takes_targets = None  # from the model's forward
         train = read["train"]
         images = train.images[:2].to(device)
-        probe = ScoresModel(model)
-        width, kind = score_width(probe, images)
+        if getattr(train, "augment", None) is not None:  # e.g. a crop: the model sees its output
+            images = train.augment(images, torch.Generator().manual_seed(0))
+        width, kind = score_width(ScoresModel(model), images)
         splits = []
         for key, data in read.items():
             if isinstance(data, ReadData):
