@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.products import matvec
-from capsnets.functional.routing_common import check_capsule_sizes, normalized_gradients
+from capsnets.functional.routing_common import check_votes, normalized_gradients
 from capsnets.functional.squash import _squash
 from capsnets.validation import ArgumentError, routing_iterations
 
@@ -101,16 +101,6 @@ class DynamicRouting:
         }
 
 
-def _check_u_hat(u_hat: Tensor, iterations: int) -> None:
-    if u_hat.dim() != 4:
-        raise ArgumentError(
-            f"dynamic_routing expects u_hat of shape (B, I, J, D) (batch, children, parents, parent dim); "
-            f"got a {u_hat.dim()}-D tensor of shape {tuple(u_hat.shape)}"
-        )
-    check_capsule_sizes(u_hat.shape, "dynamic_routing")
-    routing_iterations("iterations", iterations)
-
-
 #: With gradients through every iteration, float32 and half predictions of a larger magnitude are routed in float64.
 WIDE_VOTES = 2.0**32
 
@@ -148,7 +138,8 @@ def dynamic_routing(
         >>> v.shape, c.shape
         (torch.Size([8, 10, 16]), torch.Size([8, 1152, 10]))
     """
-    _check_u_hat(u_hat, iterations)
+    check_votes(u_hat, "dynamic_routing")
+    routing_iterations("iterations", iterations)
     batch, children, parents, dim = u_hat.shape
     u = u_hat.permute(0, 2, 1, 3).contiguous()  # (B, J, I, D)
     if u.dtype == torch.float16:  # its range is too narrow for the sums and agreements
