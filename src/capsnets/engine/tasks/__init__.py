@@ -26,15 +26,16 @@ from __future__ import annotations
 from typing import Any
 
 from capsnets.engine.tasks.base import Task
-from capsnets.engine.tasks.classification import ACCURACY_TARGETS, ClassificationTask
+from capsnets.engine.tasks.classification import ACCURACY_TARGETS, ClassificationTask, format_report
 from capsnets.engine.tasks.generative import ReconstructionTask, SynthesisTask
-from capsnets.engine.tasks.multilabel import THRESHOLD_EXAMPLES, MultilabelTask
+from capsnets.engine.tasks.multilabel import MULTILABEL_LOSSES, THRESHOLD_EXAMPLES, MultilabelTask
 from capsnets.engine.tasks.segmentation import SegmentationTask
 from capsnets.models import model_task
 from capsnets.validation import ArgumentError
 
 __all__ = [
     "ACCURACY_TARGETS",
+    "MULTILABEL_LOSSES",
     "THRESHOLD_EXAMPLES",
     "TASKS",
     "Task",
@@ -48,6 +49,7 @@ __all__ = [
     "checkpoint_task",
     "task_named",
     "best_index",
+    "format_report",
 ]
 
 #: The tasks by name.

@@ -1,10 +1,4 @@
-"""One class per image (:class:`~capsnets.data.base.TensorData`): accuracy, per-class accuracy, confusion matrix.
-
-The ``best`` checkpoint is the one of highest test accuracy; ``summary.json`` records when each of
-:data:`ACCURACY_TARGETS` was first reached. ``capsnets evaluate`` writes the accuracy, per-class accuracy and
-confusion matrix (``STEM.json``, ``STEM_confusion.png``); ``capsnets predict`` answers with a class and whether it is
-uncertain (:func:`~capsnets.inference.predict`).
-"""
+"""The classification task: :class:`ClassificationTask`."""
 
 from __future__ import annotations
 
@@ -27,7 +21,13 @@ ACCURACY_TARGETS = (0.99, 0.995, 0.996)
 
 
 class ClassificationTask(Task):
-    """One class per image (see the module docstring)."""
+    """One class per image (:class:`~capsnets.data.base.TensorData`): accuracy, per-class accuracy, confusion matrix.
+
+    The ``best`` checkpoint is the one of highest test accuracy; ``summary.json`` records when each of
+    :data:`~capsnets.engine.tasks.classification.ACCURACY_TARGETS` was first reached. ``capsnets evaluate`` writes the
+    accuracy, per-class accuracy and confusion matrix (``STEM.json``, ``STEM_confusion.png``); ``capsnets predict``
+    answers with a class and whether it is uncertain (:func:`~capsnets.inference.predict`).
+    """
 
     name = "classification"
     model_task = "classification"
@@ -88,7 +88,7 @@ class ClassificationTask(Task):
         self, results: dict[str, Any], data: Any, out: Path, stem: str, record: dict[str, Any], title: str
     ) -> tuple[str, list[Path]]:
         """``OUT/STEM.json`` (``record`` and the results) and ``OUT/STEM_confusion.png``; the text is
-        :func:`format_report`."""
+        :func:`~capsnets.engine.tasks.format_report`."""
         # matplotlib is slow to import; only figures need it
         from capsnets.plots import plot_confusion_matrix  # noqa: PLC0415
 

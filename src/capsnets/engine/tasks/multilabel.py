@@ -1,12 +1,4 @@
-"""Several classes per image (``TensorData.multilabel``: ``(N, K)`` multi-hot labels).
-
-A classifier trains with a loss that takes multi-hot targets (:data:`MULTILABEL_LOSSES`). Each
-evaluation first chooses every class's threshold to maximise its F1 on the first :data:`THRESHOLD_EXAMPLES`
-training examples (never on the test split), then scores the test split with them
-(:func:`~capsnets.engine.evaluate.multilabel_metrics`: mAP, micro and macro F1, exact-set accuracy as
-``test_accuracy``); the ``best`` checkpoint is the one of highest test mAP, and every checkpoint records the
-thresholds, which ``capsnets evaluate`` and ``capsnets predict`` apply (0.5 for a checkpoint that records none).
-"""
+"""The multi-label task: :class:`MultilabelTask`."""
 
 from __future__ import annotations
 
@@ -40,7 +32,16 @@ MULTILABEL_LOSSES: dict[str, str] = {
 
 
 class MultilabelTask(ClassificationTask):
-    """Several classes per image (see the module docstring)."""
+    """Several classes per image (``TensorData.multilabel``: ``(N, K)`` multi-hot labels).
+
+    A classifier trains with a loss that takes multi-hot targets
+    (:data:`~capsnets.engine.tasks.multilabel.MULTILABEL_LOSSES`). Each evaluation first chooses every class's threshold
+    to maximise its F1 on the first :data:`~capsnets.engine.tasks.multilabel.THRESHOLD_EXAMPLES` training examples
+    (never on the test split), then scores the test split with them
+    (:func:`~capsnets.engine.evaluate.multilabel_metrics`: mAP, micro and macro F1, exact-set accuracy as
+    ``test_accuracy``); the ``best`` checkpoint is the one of highest test mAP, and every checkpoint records the
+    thresholds, which ``capsnets evaluate`` and ``capsnets predict`` apply (0.5 for a checkpoint that records none).
+    """
 
     name = "multilabel"
     best_metric = "test_map"
@@ -54,7 +55,7 @@ class MultilabelTask(ClassificationTask):
     # -- a training run ----------------------------------------------------------------------------------------
     def loss_name(self, name: str, default: str, given: bool) -> str:
         """The loss ``name`` if it takes multi-hot targets; the model's own (``given`` False) mapped by
-        :data:`MULTILABEL_LOSSES`.
+        :data:`~capsnets.engine.tasks.multilabel.MULTILABEL_LOSSES`.
 
         Raises:
             ArgumentError: a loss asked for that takes one class per image.

@@ -1,13 +1,4 @@
-"""A class per pixel (:class:`~capsnets.data.segmentation.SegmentationData`), for segmentation models.
-
-A data set of 2 classes (background and object) gets the binary model (``num_classes=1``: the object's
-probability), one of K > 2 classes a model of K maps. Each evaluation counts the test split's pixels
-(:func:`~capsnets.engine.evaluate.evaluate_segmentation`): the record gets ``test_mean_dice``, ``test_mean_iou``
-(over the classes but the background), ``test_pixel_accuracy`` and the per-class ``test_dice`` and ``test_iou``; the
-``best`` checkpoint is the one of highest mean Dice. Images are not shifted or augmented (their masks would not
-follow). ``capsnets evaluate`` writes the same scores and the pixel confusion matrix; ``capsnets predict`` writes
-each image's mask and overlay (:func:`~capsnets.inference.segment`), as the training masks were written.
-"""
+"""The segmentation task: :class:`SegmentationTask`."""
 
 from __future__ import annotations
 
@@ -29,7 +20,16 @@ __all__ = ["SegmentationTask"]
 
 
 class SegmentationTask(Task):
-    """A class per pixel (see the module docstring)."""
+    """A class per pixel (:class:`~capsnets.data.segmentation.SegmentationData`), for segmentation models.
+
+    A data set of 2 classes (background and object) gets the binary model (``num_classes=1``: the object's probability),
+    one of K > 2 classes a model of K maps. Each evaluation counts the test split's pixels
+    (:func:`~capsnets.engine.evaluate.evaluate_segmentation`): the record gets ``test_mean_dice``, ``test_mean_iou``
+    (over the classes but the background), ``test_pixel_accuracy`` and the per-class ``test_dice`` and ``test_iou``; the
+    ``best`` checkpoint is the one of highest mean Dice. Images are not shifted or augmented (their masks would not
+    follow). ``capsnets evaluate`` writes the same scores and the pixel confusion matrix; ``capsnets predict`` writes
+    each image's mask and overlay (:func:`~capsnets.inference.segment`), as the training masks were written.
+    """
 
     name = "segmentation"
     model_task = "segmentation"
