@@ -5,15 +5,20 @@ As in Lightning's ``Trainer.fit(model, train_dataloaders, val_dataloaders)``, th
 - data: a :class:`~capsnets.data.TensorData` or :class:`~capsnets.data.SegmentationData` as it is; a
   ``torch.utils.data.Dataset`` of ``(image, target)`` pairs is read once into tensors (:func:`read_data`); a
   ``DataLoader`` gives its data set (read likewise, in stored order) and its batch size, or, over an
-  ``IterableDataset``, its ``(images, targets)`` batches. The whole data set then lives on the training device and the trainer
-  batches and shuffles it from the seed (:class:`~capsnets.data.DeviceLoader`), which is what makes a resumed run
-  continue bit for bit. Random transforms of a dataset's items are therefore drawn once; the trainer's own
-  ``max_shift`` and ``augment`` are drawn afresh for every batch.
+  ``IterableDataset``, its ``(images, targets)`` batches. The whole data set then lives on the training device and
+  the trainer batches and shuffles it from the seed (:class:`~capsnets.data.DeviceLoader`), which is what makes a
+  resumed run continue bit for bit. Random transforms of a dataset's items are therefore drawn once; the trainer's
+  own ``max_shift`` and ``augment`` are drawn afresh for every batch.
 - a model returning a :class:`~capsnets.models.ModelOutput`, or plain ``(B, K)`` scores taken as logits
   (:class:`ScoresModel`); it gets the batch's targets as a second argument when its ``forward`` takes one (a
   CapsNet decoder reconstructs from the true class in training).
 - a loss: a capsnets criterion ``(output, images, targets) -> (loss, parts)``, or any callable of the scores and the
   targets, such as ``nn.CrossEntropyLoss()`` (:func:`criterion_for`).
+
+:func:`run_config` names the run after the objects (a registered model's name and arguments, else its class's
+name), :func:`check_splits` and :func:`score_width` refuse data and models that do not fit each other before
+anything is written, :func:`hold_out` draws the validation split, and :func:`check_same_model` refuses to resume a
+run with a model whose parameters have other names or shapes.
 """
 
 from __future__ import annotations
@@ -204,6 +209,15 @@ class ScoresModel(nn.Module):
     Args:
         model: the model (possibly compiled); its parameters are this module's.
         takes_targets: whether to pass the targets (None: read from ``model.forward``'s signature).
+
+    Shape:
+        - images: ``(B, C, H, W)``; targets: ``(B,)`` or ``(B, K)``
+        - output: ``ModelOutput`` with scores ``(B, K)`` (a segmentation model's output as it is)
+
+    Examples:
+        >>> model = ScoresModel(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+        >>> model(torch.rand(2, 1, 8, 8)).scores.shape
+        torch.Size([2, 10])
     """
 
     def __init__(self, model: nn.Module, takes_targets: bool | None = None) -> None:
