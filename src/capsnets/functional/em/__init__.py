@@ -77,22 +77,24 @@ tested as an identity). ``benchmarks/README.md`` records how fast each variant l
 Gradients flow through every iteration (the procedure differentiated literally) unless
 ``detach_routing=True``, which computes the assignments of the non-final iterations without gradient.
 
-Three execution paths compute it:
+Its iterations are written twice, once in PyTorch and once in C++:
 
-- :mod:`capsnets.functional.em.procedure`, the PyTorch path, differentiated by autograd: the reference, and
-  the path for half precision, ``torch.compile`` and export (:func:`em_routing`, and
-  :func:`em_routing_poses` where no kernel applies);
-- :mod:`capsnets.functional.em.kernel`, the fused CPU kernel with one hand-written backward
-  (:func:`em_routing_poses`, for matrix capsule layers on the CPU): the votes are computed from the poses and
-  never stored. It is compiled on first use into a build directory of its own per source, torch and Python
-  (:mod:`capsnets.functional.em.build`);
-- :mod:`capsnets.functional.em.triton_path`, for matrix capsule layers on CUDA: the PyTorch path's
-  iterations, with its two products with the votes computed by Triton kernels that recompute the votes from
-  the poses, forward and backward.
+- :mod:`capsnets.functional.em.procedure`, the PyTorch iterations, differentiated by autograd: the reference. They
+  see the votes only through two products (:class:`~capsnets.functional.em.procedure.VoteProducts`), which come
+  from stored votes (:func:`em_routing`; half precision, ``torch.compile`` and export; :func:`em_routing_poses`
+  where no kernel applies) or, for matrix capsule layers on CUDA, from Triton kernels that recompute the votes
+  from the poses, forward and backward (:mod:`capsnets.functional.em.triton_path`);
+- :mod:`capsnets.functional.em.kernel`, the CPU kernel for matrix capsule layers (:func:`em_routing_poses`): the
+  same iterations in C++, one routing problem at a time in cache, with the votes computed from the poses and
+  never stored, and their derivative written by hand. The kernel does not supply only the two products to the
+  PyTorch iterations, as the Triton kernels do, because the iterations' per-child algebra would then run as
+  separate PyTorch operations over ``(B, J, I)`` tensors, which costs more than the products on the CPU
+  (``docs/results/em-primitives/report.md``). It is compiled on first use into a build directory of its own
+  per source, torch and Python (:mod:`capsnets.functional.em.build`).
 
-``CAPSNETS_EM_KERNEL`` chooses between them (``auto``, ``cpp``, ``torch``, ``triton``). All take the same
-:class:`~capsnets.functional.em.spec.EMSettings`, the resolved settings of a call; the tests hold each to the
-float64 references of :mod:`capsnets.testing` and to each other.
+``CAPSNETS_EM_KERNEL`` chooses between the stored votes, the Triton kernels and the CPU kernel (``auto``,
+``torch``, ``triton``, ``cpp``). All take the same :class:`~capsnets.functional.em.spec.EMSettings`, the resolved
+settings of a call; the tests hold each to the float64 references of :mod:`capsnets.testing` and to each other.
 """
 
 from capsnets.functional.em.routing import EMRouting, em_routing, em_routing_poses
