@@ -80,10 +80,10 @@ Gradients flow through every iteration (the procedure differentiated literally) 
 Its iterations are written twice, once in PyTorch and once in C++:
 
 - :mod:`capsnets.functional.em.procedure`, the PyTorch iterations, differentiated by autograd: the reference. They
-  see the votes only through two products (:class:`~capsnets.functional.em.procedure.VoteProducts`), which come
-  from stored votes (:func:`em_routing`; half precision, ``torch.compile`` and export; :func:`em_routing_poses`
-  where no kernel applies) or, for matrix capsule layers on CUDA, from Triton kernels that recompute the votes
-  from the poses, forward and backward (:mod:`capsnets.functional.em.triton_path`);
+  see the votes only through two products (``procedure.VoteProducts``), which come from stored votes
+  (:func:`em_routing`; half precision, ``torch.compile`` and export; :func:`em_routing_poses` where no kernel
+  applies) or, for matrix capsule layers on CUDA, from Triton kernels that recompute the votes from the poses,
+  forward and backward (:mod:`capsnets.functional.em.triton_path`);
 - :mod:`capsnets.functional.em.kernel`, the CPU kernel for matrix capsule layers (:func:`em_routing_poses`): the
   same iterations in C++, one routing problem at a time in cache, with the votes computed from the poses and
   never stored, and their derivative written by hand. The kernel does not supply only the two products to the
@@ -91,6 +91,9 @@ Its iterations are written twice, once in PyTorch and once in C++:
   separate PyTorch operations over ``(B, J, I)`` tensors, which costs more than the products on the CPU
   (``docs/results/em-primitives/report.md``). It is compiled on first use into a build directory of its own
   per source, torch and Python (:mod:`capsnets.functional.em.build`).
+
+Both kernels share the set-up of a routing from poses and transforms (the origin and scale of each problem, and
+float64 for votes too large for float32 gradients: :mod:`capsnets.functional.em.recomputed`).
 
 ``CAPSNETS_EM_KERNEL`` chooses between the stored votes, the Triton kernels and the CPU kernel (``auto``,
 ``torch``, ``triton``, ``cpp``). All take the same :class:`~capsnets.functional.em.spec.EMSettings`, the resolved

@@ -56,6 +56,7 @@ from torch import Tensor
 from capsnets.functional.child_groups import ChildGroups
 from capsnets.functional.em import build
 from capsnets.functional.em.procedure import Scale, initial_assignments
+from capsnets.functional.em.recomputed import FusedVotes
 from capsnets.functional.em.spec import BETA_A_SCALE, BLEND, COST_NORMALIZATIONS, GRADIENT_MASS_FLOOR, EMSettings
 
 ENV_VAR = "CAPSNETS_EM_KERNEL"
@@ -189,16 +190,6 @@ def fused_kernel(pose: Tensor):
                 stacklevel=3,
             )
     return module
-
-
-class FusedVotes(NamedTuple):
-    """The votes ``V[n, i, j] = M[n, i] W[i % Iw, j]`` (+ coordinates) as the kernel sees them, never stored."""
-
-    pose: Tensor  # (N, I, 16) child poses
-    weight: Tensor  # (Iw, J, 16) transforms
-    coord: Tensor  # (I, 2) coordinates added to components 0 and 1, or empty
-    c: Tensor  # (N, J, 16) the per-parent origin, in the units of inv
-    inv: Tensor  # (N,) 1 / each problem's power-of-two scale
 
 
 class _Iteration(NamedTuple):

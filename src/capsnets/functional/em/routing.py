@@ -4,6 +4,7 @@ execution path: the fused CPU kernel where it applies, the PyTorch path elsewher
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
 
@@ -11,19 +12,10 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.child_groups import ChildGroups
-from capsnets.functional.em import triton_path
-from capsnets.functional.em.kernel import FusedVotes, fused_kernel, route_fused
-from capsnets.functional.em.procedure import VOTE_SIZES, check_votes, route_votes, scale_from_top
-from capsnets.functional.em.spec import (
-    OFFICIAL_MASS_EPS,
-    EMSettings,
-    check_activations,
-    check_beta,
-    check_child_groups,
-    checking,
-    em_inverse_temperatures,
-    routing_dtype,
-)
+from capsnets.functional.em import recomputed, triton_path
+from capsnets.functional.em.kernel import fused_kernel, route_fused
+from capsnets.functional.em.procedure import VOTE_SIZES, check_votes, route_votes
+from capsnets.functional.em.spec import OFFICIAL_MASS_EPS, EMSettings, checking, em_inverse_temperatures, routing_dtype
 from capsnets.functional.products import matrix_votes
 from capsnets.functional.routing_common import check_capsule_sizes, normalized_gradients
 
@@ -382,7 +374,7 @@ def _route_poses(
         return triton_path.route_poses(
             poses, weight, activations, beta_v, beta_a, settings, coordinates, child_groups, return_assignments
         )
-    batch, children, side = poses.shape[0], poses.shape[1], poses.shape[-1]
+    children, side = poses.shape[1], poses.shape[-1]
     kernel = fused_kernel(poses)
     if kernel is None or weight.dtype != poses.dtype or (coordinates is not None and coordinates.requires_grad):
         full = weight.repeat(children // weight.shape[0], 1, 1, 1) if weight.shape[0] != children else weight
@@ -407,38 +399,7 @@ def _route_poses(
         check_votes(votes, activations)
         routed = route_votes(votes, activations, beta_v, beta_a, settings, child_groups, return_assignments)
         return routed if out is None else tuple(t.to(out) for t in routed)
-    if not isinstance(activations, Tensor) or tuple(activations.shape) != (batch, children):
-        got = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
-        raise ValueError(f"activations must have shape (B, I) = {(batch, children)} to match poses; got {got}")
-    check_child_groups(child_groups, (batch, children), "poses")
-    if checking():
-        check_activations(activations)
-    height = side * side
-    with torch.autocast(device_type="cpu", enabled=False):
-        pose = poses.reshape(batch, children, height).contiguous()
-        w = weight.reshape(weight.shape[0], weight.shape[1], height).contiguous()
-        coord = pose.new_empty(0) if coordinates is None else coordinates.to(pose.dtype).detach().contiguous()
-        a_in = activations.to(pose.dtype).unsqueeze(1)  # (B, 1, I)
-        betas = beta_v, beta_a
-        beta_v = check_beta(beta_v, "beta_v", w.shape[1], pose)
-        beta_a = check_beta(beta_a, "beta_a", w.shape[1], pose)
-        with torch.no_grad():  # the origin c (the activation-weighted mean vote) and the scale: constants
-            w0 = (a_in / (a_in.sum(dim=-1, keepdim=True) + settings.eps)).squeeze(1).contiguous()
-            mean, top = kernel.votes_stats(pose.detach(), w.detach(), coord, w0.detach())
-            wide = batch and routing_dtype(pose.dtype, float(top.max()), pose.device) != pose.dtype
-            scale = scale_from_top(top, height, settings.variance_floor if settings.official else settings.eps)
-            inv = scale.inv.reshape(-1).contiguous()
-            votes = FusedVotes(pose, w, coord, (mean * inv.view(-1, 1, 1)).contiguous(), inv)
-        if wide:  # votes too large for float32 gradients: routed in float64 (the em module docstring)
-            f64 = torch.float64
-            routed = _route_poses(
-                poses.to(f64), weight.to(f64), activations.to(f64), *betas, settings, coordinates, child_groups,
-                return_assignments, checked=True,
-            )  # fmt: skip
-            return tuple(t.to(pose.dtype) for t in routed)
-        mu, a_out, r = route_fused(
-            kernel, votes, a_in, beta_v, beta_a, settings, scale, child_groups, want_r=return_assignments
-        )
-    if return_assignments:
-        return mu, a_out, r.transpose(1, 2)
-    return mu, a_out
+    return recomputed.route_poses(
+        kernel.votes_stats, functools.partial(route_fused, kernel, want_r=return_assignments), poses, weight,
+        activations, beta_v, beta_a, settings, coordinates, child_groups, return_assignments,
+    )  # fmt: skip

@@ -24,17 +24,11 @@ import torch
 from torch import Tensor
 
 from capsnets.functional.child_groups import ChildGroups
-from capsnets.functional.em import triton_votes
-from capsnets.functional.em.kernel import ENV_VAR, FusedVotes, kernel_mode
-from capsnets.functional.em.procedure import iterate, scale_from_top
-from capsnets.functional.em.spec import (
-    EMSettings,
-    check_activations,
-    check_beta,
-    check_child_groups,
-    checking,
-    routing_dtype,
-)
+from capsnets.functional.em import recomputed, triton_votes
+from capsnets.functional.em.kernel import ENV_VAR, kernel_mode
+from capsnets.functional.em.procedure import Scale, iterate
+from capsnets.functional.em.recomputed import FusedVotes
+from capsnets.functional.em.spec import EMSettings
 
 __all__ = ["applies", "route_poses", "works_on"]
 
@@ -110,7 +104,7 @@ def _trial(device: torch.device) -> None:
 
 class RecomputedVotes(FusedVotes):
     """:class:`~capsnets.functional.em.procedure.VoteProducts` computed by the Triton kernels from the poses and
-    transforms (:class:`~capsnets.functional.em.kernel.FusedVotes`' fields), with gradients for both."""
+    transforms (:class:`~capsnets.functional.em.recomputed.FusedVotes`' fields), with gradients for both."""
 
     def moments(self, w: Tensor) -> Tensor:
         return _Moments.apply(w, self.pose, self.weight, self.coord, self.c, self.inv)
@@ -176,37 +170,21 @@ def route_poses(
 ):
     """:func:`~capsnets.functional.em_routing_poses` by the Triton kernels (the shapes already checked, and
     :func:`applies` true)."""
-    batch, children = poses.shape[:2]
-    if not isinstance(activations, Tensor) or tuple(activations.shape) != (batch, children):
-        got = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
-        raise ValueError(f"activations must have shape (B, I) = {(batch, children)} to match poses; got {got}")
-    check_child_groups(child_groups, (batch, children), "poses")
-    if checking():
-        check_activations(activations)
-    dtype = poses.dtype if poses.dtype in (torch.float32, torch.float64) else torch.float32
-    with torch.autocast(device_type=poses.device.type, enabled=False):
-        pose = poses.to(dtype).reshape(batch, children, 16).contiguous()
-        w = weight.to(dtype).reshape(weight.shape[0], weight.shape[1], 16).contiguous()
-        coord = pose.new_empty(0) if coordinates is None else coordinates.to(dtype).detach().contiguous()
-        a_in = activations.to(dtype).unsqueeze(1)  # (B, 1, I)
-        beta_v_t = check_beta(beta_v, "beta_v", w.shape[1], pose)
-        beta_a_t = check_beta(beta_a, "beta_a", w.shape[1], pose)
-        with torch.no_grad():  # the origin c (the activation-weighted mean vote) and the scale: constants
-            w0 = (a_in / (a_in.sum(dim=-1, keepdim=True) + settings.eps)).squeeze(1).contiguous()
-            mean, top = triton_votes.votes_stats(pose.detach(), w.detach(), coord, w0)
-            wide = batch and routing_dtype(dtype, float(top.max()), pose.device) != dtype
-            scale = scale_from_top(top, 16, settings.variance_floor if settings.official else settings.eps)
-            inv = scale.inv.reshape(-1).contiguous()
-            c = (mean * inv.view(-1, 1, 1)).contiguous()
-        if wide:  # votes too large for float32 gradients: routed in float64 (the em module docstring)
-            f64 = torch.float64
-            routed = route_poses(
-                poses.to(f64), weight.to(f64), activations.to(f64), beta_v, beta_a, settings, coordinates,
-                child_groups, return_assignments,
-            )  # fmt: skip
-            return tuple(t.to(dtype) for t in routed)
-        votes = RecomputedVotes(pose, w, coord, c, inv)
-        mu, a_out, r = iterate(votes, c.unsqueeze(2), scale, a_in, beta_v_t, beta_a_t, settings, child_groups)
-    if return_assignments:
-        return mu, a_out, r.transpose(1, 2)
-    return mu, a_out
+    return recomputed.route_poses(
+        triton_votes.votes_stats,
+        _iterations,
+        poses,
+        weight,
+        activations,
+        beta_v,
+        beta_a,
+        settings,
+        coordinates,
+        child_groups,
+        return_assignments,
+    )
+
+
+def _iterations(votes: FusedVotes, a_in, beta_v, beta_a, settings: EMSettings, scale: Scale, groups):
+    """The PyTorch path's iterations on the products of the Triton kernels."""
+    return iterate(RecomputedVotes(*votes), votes.c.unsqueeze(2), scale, a_in, beta_v, beta_a, settings, groups)
