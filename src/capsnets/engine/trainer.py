@@ -187,8 +187,8 @@ class Trainer:
         Raises:
             ArgumentError: an argument of a kind the trainer does not take, data of other types or shapes, or a
                 model that does not fit the data.
-            RunDirectoryError: a run directory that cannot be used as asked; with ``resume``, a model or data other
-                than the run's.
+            ValueError: a run directory that cannot be used as asked (a ``RunDirectoryError``); with ``resume``, a
+                model or data other than the run's.
             TrainingInterrupted: a signal stopped the training (a resumable checkpoint is saved).
         """
         if model is None and train_data is None:
