@@ -69,6 +69,8 @@ def test_the_task_follows_the_data_and_the_checkpoint(digits):
     assert task_for("capsnet_digits", "classification", data, "digits", training=False).train_data is None
     with pytest.raises(ValueError, match="is a classification model, and dataset 'masks' is segmentation data"):
         task_for("capsnet_digits", "classification", masks, "masks")
+    with pytest.raises(ValueError, match="is an autoencoder model, and dataset 'digits' is classification data"):
+        task_for("transforming_autoencoder", "autoencoder", data, "digits", training=False)
     assert type(checkpoint_task({"model": "capsnet_digits"})) is ClassificationTask
     assert type(checkpoint_task({"model": "capsnet_digits", "multilabel": True})) is MultilabelTask
     assert type(checkpoint_task({"model": "unet_small"})) is SegmentationTask

@@ -82,8 +82,9 @@ def task_for(model_name: str, registered: str, data: Any, dataset: str, *, train
     task = task_named(kind)
     if registered != task.model_task:
         hint = _EXAMPLES.get(task.model_task)
+        article = "an" if registered[:1] in tuple("aeiou") else "a"
         raise ValueError(
-            f"model {model_name!r} is a {registered} model, and dataset {dataset!r} is {kind} data; use a "
+            f"model {model_name!r} is {article} {registered} model, and dataset {dataset!r} is {kind} data; use a "
             f"{task.model_task} model with it" + (f" (e.g. {hint})" if hint else "")
         )
     return task(data if training else None)
