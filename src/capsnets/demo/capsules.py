@@ -16,8 +16,6 @@ routing for one call (:func:`_recording_assignments`), as the layer does not ret
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,8 +50,7 @@ class Analysis:
         prediction: the class with the highest score.
         shown: the capsule the reconstruction and the sliders are of.
         reconstruction: ``(C, H, W)`` decoded from capsule ``shown`` alone; None without a decoder.
-        couplings: ``(K, h, w)`` what the routing sent to each class capsule, on the child capsules' grid;
-            None where the routing does not expose it.
+        couplings: ``(K, h, w)`` what the routing sent to each class capsule, on the child capsules' grid.
     """
 
     scores: Tensor
@@ -61,7 +58,7 @@ class Analysis:
     prediction: int
     shown: int
     reconstruction: Tensor | None
-    couplings: Tensor | None
+    couplings: Tensor
 
 
 class DemoModel:
@@ -188,24 +185,13 @@ class DemoModel:
         routed = couplings[0] * capsule_length(primary[0])[:, None]  # (I, K): c[i, j] |u_i|
         return capsules[0], routed.T.reshape(self.num_classes, -1, *grid).sum(dim=1)
 
-    def _matrix(self, image: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Activations ``(K,)``, flattened poses ``(K, P*P)`` and assignment maps ``(K, h, w)`` (or None)."""
-        children = {}
-        hook = self.model.class_capsules.register_forward_hook(
-            lambda layer, inputs, output: children.update(caps=inputs[0])
-        )
-        try:
-            with _recording_assignments(self.model.class_capsules) as record:
-                output = self.model(image[None])
-        finally:
-            hook.remove()
-        maps = None
-        if "assignments" in record:  # (1, H*W*T, K), children ordered (row, col, type)
-            caps = children["caps"]
-            activation = caps.activation.permute(0, 2, 3, 1).reshape(-1)  # (H*W*T,)
-            routed = record["assignments"][0] * activation[:, None]  # (I, K)
-            maps = routed.view(*caps.grid, caps.types, -1).sum(dim=2).permute(2, 0, 1)  # (K, h, w)
-        return output.scores[0], output.capsules[0], maps
+    def _matrix(self, image: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Activations ``(K,)``, flattened poses ``(K, P*P)`` and assignment maps ``(K, h, w)``."""
+        children = self.model.conv_capsules(image[None])  # (1, T, h, w) capsules
+        classes, assignments = self.model.class_capsules(children, return_couplings=True)  # (1, T, h, w, K)
+        routed = assignments[0] * children.activation[0, ..., None]  # (T, h, w, K): R[i, j] a_i
+        poses = classes.pose.reshape(self.num_classes, -1)  # (K, P*P)
+        return classes.activation.reshape(self.num_classes), poses, routed.sum(dim=0).permute(2, 0, 1)
 
     @torch.no_grad()
     def reconstruct(self, vector: Tensor, index: int) -> Tensor:
@@ -295,28 +281,3 @@ def _require_finite(what: str, *tensors: Tensor | None) -> None:
             f"{what} of this input hold non-finite values (the model overflows on it); send values nearer those "
             "of the training data"
         )
-
-
-@contextlib.contextmanager
-def _recording_assignments(layer: nn.Module):
-    """Within the block, ``layer``'s routing also records its final assignments ``(B, I, J)`` in the dict it
-    yields (key ``"assignments"``; absent where the routing takes no ``return_assignments``)."""
-    original, record = layer.routing, {}
-    try:
-        records = "return_assignments" in inspect.signature(original).parameters
-    except (TypeError, ValueError):  # no signature to read
-        records = False
-
-    def recording(*args, **kwargs):
-        pose, activation, assignments = original(*args, return_assignments=True, **kwargs)
-        record["assignments"] = assignments
-        return pose, activation
-
-    if not records:
-        yield record
-        return
-    layer.routing = recording
-    try:
-        yield record
-    finally:
-        layer.routing = original

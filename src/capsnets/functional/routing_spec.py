@@ -9,6 +9,12 @@ A routing the library cannot describe (any other callable, e.g. a naive baseline
 ``{"type": "opaque", "repr": ...}``: the record says which routing the model had, and rebuilding a model
 from it raises instead of silently falling back to the default routing.
 
+A matrix capsule network routes by EM in its convolutional and its class capsule layers, and the two may differ
+(the released code of Hinton, Sabour & Frosst 2018 divides the class layer's inverse temperature by 4): its
+routing is a :class:`LayerwiseEMRouting`, whose spec is an EM spec with a ``"class_layer"`` key holding the class
+layer's settings, e.g. ``{"type": "em", "iterations": 2, "formulation": "official", "class_layer":
+{"iterations": 1}}`` (:func:`layerwise_em_routing`).
+
 Convolutional capsules route *locally* (LaLonde & Bagci 2018, "Capsules for Object Segmentation", Sec. 3.1):
 :func:`local_routing` runs any routing independently at every output position, between the child and parent
 capsule types there.
@@ -18,17 +24,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from torch import Tensor
 
 from capsnets.functional.dynamic_routing import DynamicRouting
 from capsnets.functional.em import EMRouting
+from capsnets.functional.em.spec import CLASS_LAYER, LAYERS, layer_spec
 from capsnets.functional.heinsen_routing import HeinsenRouting
 from capsnets.functional.inverted_attention_routing import InvertedAttentionRouting
 from capsnets.functional.self_attention_routing import SelfAttentionRouting
 from capsnets.functional.self_routing import SelfRouting
 from capsnets.functional.uniform_routing import UniformRouting
-from capsnets.validation import ArgumentError, shown
+from capsnets.validation import ArgumentError, routing_iterations, shown
 
 #: The routing classes by the ``type`` of their spec.
 ROUTING_TYPES: dict[str, type] = {
@@ -51,8 +59,8 @@ def routing_config(routing, *, strict: bool = True) -> dict:
     """The JSON-able spec of ``routing`` (``routing.to_config()``).
 
     Args:
-        routing: a routing object of one of :data:`ROUTING_TYPES`, or the module one builds for its layer
-            (``routing.spec`` is then such an object).
+        routing: a routing object of one of :data:`ROUTING_TYPES`, the module one builds for its layer
+            (``routing.spec`` is then such an object), or a :class:`LayerwiseEMRouting` of two EM routings.
         strict: raise for any other callable; else record it as ``{"type": "opaque", "repr": repr(routing)}``,
             which :func:`routing_from_config` refuses to rebuild.
 
@@ -64,7 +72,7 @@ def routing_config(routing, *, strict: bool = True) -> dict:
         >>> routing_config(DynamicRouting(2))
         {'type': 'dynamic', 'iterations': 2, 'detach_routing': True, 'none_of_the_above': False}
     """
-    if type(routing) in ROUTING_TYPES.values():
+    if type(routing) in ROUTING_TYPES.values() or (isinstance(routing, LayerwiseEMRouting) and routing.describable):
         return routing.to_config()
     if type(getattr(routing, "spec", None)) in ROUTING_TYPES.values():  # a routing bound to its layer's sizes
         return routing.spec.to_config()
@@ -80,7 +88,8 @@ def routing_from_config(config: Mapping) -> Callable:
     """The routing object a spec describes (the inverse of :func:`routing_config`).
 
     Args:
-        config: ``{"type": one of ROUTING_TYPES, **settings}``; settings left out take the class's defaults.
+        config: ``{"type": one of ROUTING_TYPES, **settings}``; settings left out take the class's defaults. An EM
+            spec with a ``"class_layer"`` gives a :class:`LayerwiseEMRouting` (:func:`layerwise_em_routing`).
 
     Raises:
         ValueError: an unknown type or setting, or the record of a routing the library cannot describe.
@@ -91,6 +100,8 @@ def routing_from_config(config: Mapping) -> Callable:
         DynamicRouting(iterations=2, detach_routing=True, none_of_the_above=False)
         >>> routing_from_config(EMRouting.official(2).to_config()) == EMRouting.official(2)
         True
+        >>> routing_from_config({"type": "em", "iterations": 2, "class_layer": {"iterations": 1}}).class_layer
+        EMRouting(iterations=1, inverse_temperature=[0.0005], eps=1e-06, cost_normalization=None, detach_routing=False)
     """
     if not isinstance(config, Mapping) or "type" not in config:
         raise ValueError(f"a routing spec is a mapping with a 'type' ({', '.join(ROUTING_TYPES)}); got {shown(config)}")
@@ -103,6 +114,8 @@ def routing_from_config(config: Mapping) -> Callable:
         )
     if kind not in ROUTING_TYPES:
         raise ValueError(f"unknown routing type {kind!r}; known types: {', '.join(ROUTING_TYPES)}")
+    if kind == "em" and CLASS_LAYER in settings:
+        return layerwise_em_routing(config)
     cls = ROUTING_TYPES[kind]
     names = [field.name for field in dataclasses.fields(cls) if field.name != "_"]
     unknown = sorted(set(settings) - set(names))
@@ -153,6 +166,12 @@ def as_routing(
         kind = routing.get("type")
         if types is not None and isinstance(kind, str) and kind in ROUTING_TYPES and kind not in types:
             raise _wrong_type(name, given, kind, types)
+        if CLASS_LAYER in routing:
+            raise ArgumentError(
+                f"{name}={shown(given)}: {CLASS_LAYER!r} sets the class capsule layer of a matrix capsule network; "
+                f"give this spec to the network (MatrixCapsNet), and one layer's settings to a layer",
+                name,
+            )
         try:
             return routing_from_config({**(defaults or {}), **routing})
         except (ValueError, TypeError) as err:
@@ -168,6 +187,99 @@ def as_routing(
     if types is not None and kind is not None and kind not in types:
         raise _wrong_type(name, given, kind, types)
     return routing
+
+
+@dataclass(frozen=True)
+class LayerwiseEMRouting:
+    """The EM routing of a matrix capsule network (Hinton, Sabour & Frosst 2018, Sec. 4): one routing for its
+    convolutional capsule layers and one for its class capsule layer.
+
+    Its spec is the convolutional layers' EM spec with the class layer's settings under ``"class_layer"``, e.g.
+    ``{"type": "em", "iterations": 2, "formulation": "official", "class_layer": {"iterations": 1}}``;
+    :func:`layerwise_em_routing` builds one from a spec, a single routing or a type name.
+
+    Args:
+        conv: the routing of the convolutional capsule layers (an :class:`EMRouting`, or another routing callable
+            of matrix capsules' votes, which has no spec).
+        class_layer: the routing of the class capsule layer (the same kinds).
+
+    Examples::
+
+        >>> routing = layerwise_em_routing({"type": "em", "iterations": 2, "formulation": "official"})
+        >>> routing.conv == EMRouting.official(2, layer="conv"), routing.class_layer == EMRouting.official(2, layer="class")
+        (True, True)
+        >>> routing_from_config(routing_config(routing)) == routing
+        True
+    """
+
+    conv: Callable
+    class_layer: Callable
+
+    @property
+    def formulation(self) -> str:
+        """The convolutional layers' EM formulation (``"paper"`` for a routing without one)."""
+        return getattr(self.conv, "formulation", "paper")
+
+    @property
+    def describable(self) -> bool:
+        """Whether both routings are :class:`EMRouting` (and so this routing has a spec)."""
+        return type(self.conv) is EMRouting and type(self.class_layer) is EMRouting
+
+    def to_config(self) -> dict:
+        """The JSON-able spec: the convolutional layers' complete EM spec, the class layer's complete settings
+        under ``"class_layer"`` (:func:`routing_from_config` rebuilds it)."""
+        if not self.describable:
+            raise TypeError(f"{self!r} routes with a routing capsnets cannot describe, so it has no spec")
+        settings = {key: value for key, value in self.class_layer.to_config().items() if key != "type"}
+        return {**self.conv.to_config(), CLASS_LAYER: settings}
+
+
+def layerwise_em_routing(routing, *, name: str = "routing") -> LayerwiseEMRouting:
+    """The routing of a matrix capsule network's layers, from a :class:`LayerwiseEMRouting` (as it is), a single
+    routing (every layer routes with it), an EM spec or ``"em"``.
+
+    A spec's settings are the convolutional capsule layers'; its ``"class_layer"``, a mapping of settings, changes
+    some of them for the class capsule layer (``capsnets.functional.em.spec.layer_spec``). Settings that
+    neither gives take the defaults of the layer's ``formulation``: :class:`EMRouting`'s for ``"paper"``, the
+    released code's per layer for ``"official"`` (:meth:`EMRouting.official`: the inverse temperature schedule,
+    divided by 4 in the class layer, and the mass guard of a convolutional or class layer).
+
+    Raises:
+        ArgumentError: not an EM routing, its spec or ``"em"``, or a spec with settings that do not build one.
+
+    Examples::
+
+        >>> routing = layerwise_em_routing({"type": "em", "iterations": 3, "class_layer": {"iterations": 1}})
+        >>> routing.conv.iterations, routing.class_layer.iterations
+        (3, 1)
+        >>> single = EMRouting(2)
+        >>> layerwise_em_routing(single) == LayerwiseEMRouting(single, single)
+        True
+    """
+    if isinstance(routing, LayerwiseEMRouting):
+        return routing
+    if not isinstance(routing, (str, Mapping)):
+        routing = as_routing(routing, None, types=("em",), name=name)
+        return LayerwiseEMRouting(routing, routing)
+    spec = {"type": routing} if isinstance(routing, str) else routing
+    if spec.get("type") != "em":  # as_routing names what is wrong with a spec of another or no type
+        as_routing({k: v for k, v in spec.items() if k != CLASS_LAYER}, None, types=("em",), name=name)
+        raise ArgumentError(f"{name}={shown(routing)}: a matrix capsule network routes by EM ('em')", name)
+    try:
+        return LayerwiseEMRouting(*(_em_layer(spec, layer) for layer in LAYERS))
+    except (ValueError, TypeError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ArgumentError(f"{name}={shown(routing)}: {reason}", name) from None
+
+
+def _em_layer(spec: Mapping, layer: str) -> EMRouting:
+    """The EM routing of one layer (``"conv"`` or ``"class"``) of a network's spec, with its formulation's defaults."""
+    settings = layer_spec(spec, layer)
+    if settings.get("formulation") == "official":
+        iterations = routing_iterations("iterations", settings.get("iterations", EMRouting.iterations))
+        released = EMRouting.official(iterations, layer=layer)
+        settings = {**released.to_config(), **settings}
+    return routing_from_config(settings)
 
 
 def _wrong_type(name: str, given, kind: str, types: Sequence[str]) -> ArgumentError:

@@ -1,4 +1,12 @@
-"""Capsule layers: modules that own parameters and call :mod:`capsnets.functional`."""
+"""Capsule layers: modules that own parameters and call :mod:`capsnets.functional`.
+
+Every layer that routes (:class:`LinearCapsules`, :class:`ConvCapsules2d`, :class:`ConvTransposeCapsules2d`,
+:class:`ConvMatrixCapsules`, :class:`ClassMatrixCapsules`, :class:`HeinsenCapsules`, and
+:class:`HomogeneousVectorCapsules`, whose children go whole to every parent) takes ``return_couplings=True`` in its
+``forward`` and then returns ``(output, couplings)``: the routing's final couplings (EM routing's assignments), one
+per child and parent, in the shape its docstring gives (as ``nn.MultiheadAttention`` returns its attention weights
+with ``need_weights=True``).
+"""
 
 from capsnets.layers.conv import ConvCapsules2d, ConvTransposeCapsules2d
 from capsnets.layers.decoder import CapsuleDecoder

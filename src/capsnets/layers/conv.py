@@ -74,7 +74,16 @@ class _GridCapsules(nn.Module):
         return maps.view(batch, self.in_types, self.out_types, self.out_dim, *maps.shape[-2:])
 
     def forward(self, u: Tensor, *, return_couplings: bool = False):
-        """``(B, I, D_in, H, W) -> (B, J, D_out, H', W')`` (and couplings ``(B, I, J, H', W')``)."""
+        """The parent capsules of ``u``.
+
+        Args:
+            u: the child capsules ``(B, I, D_in, H, W)``.
+            return_couplings: also return the routing's final couplings at every output position,
+                ``(B, I, J, H', W')`` (summing to 1 over ``J`` for dynamic routing).
+
+        Returns:
+            the parents ``(B, J, D_out, H', W')``, or ``(parents, couplings)`` with ``return_couplings``.
+        """
         return local_routing(self.predictions(u), self.routing, return_couplings=return_couplings)
 
     def extra_repr(self) -> str:
@@ -97,7 +106,8 @@ class ConvCapsules2d(_GridCapsules):
 
     Shape:
         - input: ``(B, I, D_in, H, W)``
-        - output: ``(B, J, D_out, H', W')`` with ``H' = (H + 2 padding - kernel_size) // stride + 1``
+        - output: ``(B, J, D_out, H', W')`` with ``H' = (H + 2 padding - kernel_size) // stride + 1``; with
+          ``return_couplings``, also the couplings ``(B, I, J, H', W')``
         - ``conv.weight``: ``(J * D_out, D_in, kernel_size, kernel_size)``, shared by all child types
 
     Examples:
@@ -135,7 +145,8 @@ class ConvTransposeCapsules2d(_GridCapsules):
 
     Shape:
         - input: ``(B, I, D_in, H, W)``
-        - output: ``(B, J, D_out, H', W')`` with ``H' = (H - 1) stride - 2 padding + kernel_size``
+        - output: ``(B, J, D_out, H', W')`` with ``H' = (H - 1) stride - 2 padding + kernel_size``; with
+          ``return_couplings``, also the couplings ``(B, I, J, H', W')``
         - ``conv.weight``: ``(D_in, J * D_out, kernel_size, kernel_size)``
 
     Examples:

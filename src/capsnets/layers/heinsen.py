@@ -30,7 +30,8 @@ class HeinsenCapsules(nn.Module):
     Shape:
         - scores ``(B, I)`` (logits) and poses ``(B, I, d_cov, d_in)``
         - output: :class:`~capsnets.functional.HeinsenOutput` with ``scores`` ``(B, J)`` (logits), ``mu`` and
-          ``sigma2`` ``(B, J, d_cov, d_out)``, ``couplings`` ``(B, I, J)``
+          ``sigma2`` ``(B, J, d_cov, d_out)``, ``couplings`` ``(B, I, J)`` (summing to 1 over ``J``); with
+          ``return_couplings``, the output and its couplings
         - ``weight``: ``(I, J, d_in, d_out)`` (``I`` 1 when shared), ``bias``: ``(I, J, d_cov, d_out)``
 
     Examples::
@@ -85,10 +86,21 @@ class HeinsenCapsules(nn.Module):
             votes = torch.einsum("bicd,ijdh->bijch", poses, self.weight) + self.bias  # (B, I, J, d_cov, d_out)
         return votes.flatten(-2)
 
-    def forward(self, scores: Tensor, poses: Tensor) -> HeinsenOutput:
+    def forward(self, scores: Tensor, poses: Tensor, *, return_couplings: bool = False):
+        """The parent capsules of the children's ``scores`` and ``poses``.
+
+        Args:
+            scores: the children's scores (logits).
+            poses: the children's poses.
+            return_couplings: also return the routing's final couplings (see Shape; the output holds them too).
+
+        Returns:
+            the parents, or ``(parents, couplings)`` with ``return_couplings``.
+        """
         out = self.routing(self.votes(poses), activations=scores)
         parents = (*out.mu.shape[:2], self.d_cov, self.d_out)
-        return HeinsenOutput(out.scores, out.mu.view(parents), out.sigma2.view(parents), out.couplings)
+        out = HeinsenOutput(out.scores, out.mu.view(parents), out.sigma2.view(parents), out.couplings)
+        return (out, out.couplings) if return_couplings else out
 
     def extra_repr(self) -> str:
         return (

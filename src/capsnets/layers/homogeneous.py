@@ -58,7 +58,8 @@ class HomogeneousVectorCapsules(nn.Module):
 
     Shape:
         - input: ``(B, I, D)``
-        - output: ``(B, J, D)``, non-negative
+        - output: ``(B, J, D)``, non-negative; with ``return_couplings``, also the couplings ``(B, I, J)``, all
+          1: without routing, every child goes whole to every parent (they do not sum to 1 over ``J``)
         - ``weight``: ``(J, I, D)``
 
     Examples::
@@ -80,9 +81,21 @@ class HomogeneousVectorCapsules(nn.Module):
         self.weight = nn.Parameter(torch.randn(out_capsules, in_capsules, dim, **factory) * init_std)
         self.norm = OffsetBatchNorm(dim, **factory)
 
-    def forward(self, u: Tensor) -> Tensor:
+    def forward(self, u: Tensor, *, return_couplings: bool = False):
+        """The class capsules of ``u``.
+
+        Args:
+            u: the child capsules.
+            return_couplings: also return the couplings (see Shape), as the routing layers do.
+
+        Returns:
+            the class capsules, or ``(capsules, couplings)`` with ``return_couplings``.
+        """
         s = homogeneous_vector_capsules(u, self.weight)  # (B, J, D)
-        return torch.relu(self.norm(s.transpose(1, 2)).transpose(1, 2))  # statistics over B and J
+        v = torch.relu(self.norm(s.transpose(1, 2)).transpose(1, 2))  # statistics over B and J
+        if not return_couplings:
+            return v
+        return v, u.new_ones(u.shape[0], self.in_capsules, self.out_capsules)
 
     def extra_repr(self) -> str:
         return f"in_capsules={self.in_capsules}, dim={self.dim}, out_capsules={self.out_capsules}"

@@ -33,13 +33,15 @@ class LinearCapsules(nn.Module):
 
     Shape:
         - input: ``(B, I, D_in)``
-        - output: ``(B, J, D_out)``
+        - output: ``(B, J, D_out)``; with ``return_couplings``, also the routing's couplings ``(B, I, J)``
+          (summing to 1 over ``J`` for dynamic routing; each routing's own normalisation otherwise)
         - ``weight``: ``(I, J, D_out, D_in)``
 
     Examples:
         >>> layer = LinearCapsules(1152, 8, 10, 16)
-        >>> layer(torch.randn(2, 1152, 8)).shape
-        torch.Size([2, 10, 16])
+        >>> v, couplings = layer(torch.randn(2, 1152, 8), return_couplings=True)
+        >>> v.shape, couplings.shape
+        (torch.Size([2, 10, 16]), torch.Size([2, 1152, 10]))
     """
 
     def __init__(
@@ -78,6 +80,15 @@ class LinearCapsules(nn.Module):
         return u_hat.view(self.in_capsules, batch, self.out_capsules, self.out_dim).transpose(0, 1)
 
     def forward(self, u: Tensor, *, return_couplings: bool = False):
+        """The parent capsules of ``u``.
+
+        Args:
+            u: the child capsules.
+            return_couplings: also return the routing's final couplings (see Shape).
+
+        Returns:
+            the parents, or ``(parents, couplings)`` with ``return_couplings``.
+        """
         u_hat = self.predictions(u)  # (B, I, J, D_out)
         children = {"poses": u} if getattr(self.routing, "needs_poses", False) else {}
         if return_couplings:

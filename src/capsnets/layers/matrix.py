@@ -179,14 +179,19 @@ class ConvMatrixCapsules(nn.Module):
 
     Shape:
         - input: :class:`MatrixCapsules` ``(B, T, H, W, P, P)``
-        - output: :class:`MatrixCapsules` ``(B, U, H', W', P, P)``
+        - output: :class:`MatrixCapsules` ``(B, U, H', W', P, P)``; with ``return_couplings``, also the
+          assignments ``(B, T, K, K, U, H', W')``: child type, kernel row, kernel column, parent type, output
+          position. With ``assignment_scope="position"`` they sum to 1 over ``U``; with ``"all_parents"`` a
+          child's assignments sum to 1 over every position that sees it, with ``"per_type"`` for each ``U`` over
+          those positions.
         - ``weight``: ``(T, K, K, U, P, P)``; ``beta_v``, ``beta_a``: ``(U,)``
 
     Examples::
 
         >>> layer = ConvMatrixCapsules(8, 16, kernel_size=3, stride=2, routing=EMRouting(2))
-        >>> layer(PrimaryMatrixCapsules(32, 8)(torch.randn(2, 32, 14, 14))).pose.shape
-        torch.Size([2, 16, 6, 6, 4, 4])
+        >>> parents, assignments = layer(PrimaryMatrixCapsules(32, 8)(torch.randn(2, 32, 14, 14)), return_couplings=True)
+        >>> parents.pose.shape, assignments.shape
+        (torch.Size([2, 16, 6, 6, 4, 4]), torch.Size([2, 8, 3, 3, 16, 6, 6]))
     """
 
     def __init__(
@@ -219,16 +224,27 @@ class ConvMatrixCapsules(nn.Module):
         self.beta_v = nn.Parameter(torch.zeros(out_types, **factory))
         self.beta_a = nn.Parameter(torch.zeros(out_types, **factory))
 
-    def forward(self, caps: MatrixCapsules) -> MatrixCapsules:
+    def forward(self, caps: MatrixCapsules, *, return_couplings: bool = False):
+        """The parent capsules of ``caps``.
+
+        Args:
+            caps: the child capsules.
+            return_couplings: also return the routing's final assignments of the children of every receptive field
+                to the parent types at its output position (see Shape). A routing other than :class:`EMRouting`
+                must then take ``return_assignments=True`` and return them third.
+
+        Returns:
+            the parents, or ``(parents, assignments)`` with ``return_couplings``.
+        """
         if caps.types != self.in_types or caps.pose_size != self.pose_size:
             raise ValueError(
                 f"ConvMatrixCapsules expects {self.in_types} types of {self.pose_size}x{self.pose_size} "
                 f"poses, got {caps!r}"
             )
-        batch, side = caps.batch, self.pose_size
+        batch, side, kernel = caps.batch, self.pose_size, self.kernel_size
         height, width = caps.grid
-        out_h, out_w = patch_grid(height, width, self.kernel_size, self.stride, self.padding)
-        index = patch_index(caps.types, height, width, self.kernel_size, self.stride, self.padding, caps.pose.device)
+        out_h, out_w = patch_grid(height, width, kernel, self.stride, self.padding)
+        index = patch_index(caps.types, height, width, kernel, self.stride, self.padding, caps.pose.device)
         # poses (N = B*H'*W', I = T*K*K, P*P) and activations (N, I) in one gather: with a gather each,
         # inductor (torch 2.13) dropped the activations' gradient in a compiled training step
         feats = torch.cat([caps.pose.reshape(batch, -1, side * side), caps.activation.reshape(batch, -1, 1)], dim=-1)
@@ -240,37 +256,43 @@ class ConvMatrixCapsules(nn.Module):
                 caps.types,
                 height,
                 width,
-                self.kernel_size,
+                kernel,
                 self.stride,
                 self.padding,
                 device=poses.device,
                 normalize=self.assignment_scope,
             )
-            out_pose, out_act = self._route(poses, acts, groups)
+            routed = self._route(poses, acts, groups, return_couplings)
         elif self.checkpoint_chunks and torch.is_grad_enabled():
             # Keep only the patches for backward; votes and routing are recomputed chunk by chunk.
-            outs = [
-                checkpoint(self._route, p, a, use_reentrant=False)
+            chunks = [
+                checkpoint(self._route, p, a, None, return_couplings, use_reentrant=False)
                 for p, a in zip(poses.chunk(self.checkpoint_chunks), acts.chunk(self.checkpoint_chunks))
             ]
-            out_pose, out_act = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+            routed = [torch.cat(parts) for parts in zip(*chunks)]
         else:
-            out_pose, out_act = self._route(poses, acts)
-        out_pose = out_pose.view(batch, out_h, out_w, self.out_types, side, side).permute(0, 3, 1, 2, 4, 5)
-        out_act = out_act.view(batch, out_h, out_w, self.out_types).permute(0, 3, 1, 2)
-        return MatrixCapsules(out_pose, out_act)
+            routed = self._route(poses, acts, None, return_couplings)
+        out_pose = routed[0].view(batch, out_h, out_w, self.out_types, side, side).permute(0, 3, 1, 2, 4, 5)
+        out_act = routed[1].view(batch, out_h, out_w, self.out_types).permute(0, 3, 1, 2)
+        parents = MatrixCapsules(out_pose, out_act)
+        if not return_couplings:
+            return parents
+        # (B*H'*W', T*K*K, U) -> (B, H', W', T, K, K, U) -> (B, T, K, K, U, H', W')
+        assignments = routed[2].view(batch, out_h, out_w, caps.types, kernel, kernel, self.out_types)
+        return parents, assignments.permute(0, 3, 4, 5, 6, 1, 2)
 
-    def _route(self, poses: Tensor, acts: Tensor, groups: ChildGroups | None = None) -> tuple[Tensor, Tensor]:
-        """Votes and routing for a block of output positions: ``(N, I, P*P), (N, I) -> (N, U, P*P), (N, U)``."""
+    def _route(self, poses: Tensor, acts: Tensor, groups: ChildGroups | None = None, assignments: bool = False):
+        """Votes and routing for a block of output positions: ``(N, I, P*P), (N, I) -> (N, U, P*P), (N, U)``, and
+        with ``assignments`` the final assignments ``(N, I, U)``."""
         side, children = self.pose_size, poses.shape[1]
         poses = poses.reshape(-1, children, side, side)
         weight = self.weight.reshape(children, self.out_types, side, side)
+        extra = {"child_groups": groups} if groups is not None else {}
+        if assignments:
+            extra["return_assignments"] = True
         if isinstance(self.routing, EMRouting):  # the fused CPU kernel where it applies: no stored votes
-            return self.routing.route_poses(poses, weight, acts, self.beta_v, self.beta_a, child_groups=groups)
-        votes = matrix_votes(poses, weight)
-        if groups is None:
-            return self.routing(votes, acts, self.beta_v, self.beta_a)
-        return self.routing(votes, acts, self.beta_v, self.beta_a, child_groups=groups)
+            return self.routing.route_poses(poses, weight, acts, self.beta_v, self.beta_a, **extra)
+        return self.routing(matrix_votes(poses, weight), acts, self.beta_v, self.beta_a, **extra)
 
     def extra_repr(self) -> str:
         chunks = f", checkpoint_chunks={self.checkpoint_chunks}" if self.checkpoint_chunks else ""
@@ -311,14 +333,16 @@ class ClassMatrixCapsules(nn.Module):
 
     Shape:
         - input: :class:`MatrixCapsules` ``(B, T, H, W, P, P)``
-        - output: :class:`MatrixCapsules` ``(B, J, 1, 1, P, P)``
+        - output: :class:`MatrixCapsules` ``(B, J, 1, 1, P, P)``; with ``return_couplings``, also the assignments
+          ``(B, T, H, W, J)``, summing to 1 over ``J``
         - ``weight``: ``(T, J, P, P)``
 
     Examples::
 
         >>> caps = MatrixCapsules(torch.randn(2, 16, 4, 4, 4, 4), torch.rand(2, 16, 4, 4))
-        >>> ClassMatrixCapsules(16, 5)(caps).activation.shape
-        torch.Size([2, 5, 1, 1])
+        >>> classes, assignments = ClassMatrixCapsules(16, 5)(caps, return_couplings=True)
+        >>> classes.activation.shape, assignments.shape
+        (torch.Size([2, 5, 1, 1]), torch.Size([2, 16, 4, 4, 5]))
     """
 
     def __init__(
@@ -365,7 +389,17 @@ class ClassMatrixCapsules(nn.Module):
         cols = (torch.arange(width, device=device, dtype=dtype) + 0.5) / width
         return torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)
 
-    def forward(self, caps: MatrixCapsules) -> MatrixCapsules:
+    def forward(self, caps: MatrixCapsules, *, return_couplings: bool = False):
+        """The class capsules of ``caps``.
+
+        Args:
+            caps: the child capsules.
+            return_couplings: also return the routing's final assignments of every child to the classes (see
+                Shape; a routing other than :class:`EMRouting` as in :meth:`ConvMatrixCapsules.forward`).
+
+        Returns:
+            the classes, or ``(classes, assignments)`` with ``return_couplings``.
+        """
         if caps.types != self.in_types or caps.pose_size != self.pose_size:
             raise ValueError(
                 f"ClassMatrixCapsules expects {self.in_types} types of {self.pose_size}x{self.pose_size} "
@@ -373,33 +407,30 @@ class ClassMatrixCapsules(nn.Module):
             )
         batch, side = caps.batch, self.pose_size
         height, width = caps.grid
-        pose = caps.pose.permute(0, 2, 3, 1, 4, 5)  # (B, H, W, T, P, P)
+        pose = caps.pose.permute(0, 2, 3, 1, 4, 5).reshape(batch, -1, side, side)  # (B, H*W*T, P, P)
         activation = caps.activation.permute(0, 2, 3, 1).reshape(batch, -1)  # (B, H*W*T)
         coords = None
         if self.coordinate_addition:
             coords = self.coordinates(height, width, pose.device, pose.dtype)  # (H, W, 2)
             coords = coords.unsqueeze(2).expand(-1, -1, self.in_types, -1).reshape(-1, 2)  # (H*W*T, 2)
+        extra = {"return_assignments": True} if return_couplings else {}
         if isinstance(self.routing, EMRouting):  # the fused CPU kernel where it applies: no stored votes
-            out_pose, out_act = self.routing.route_poses(
-                pose.reshape(batch, -1, side, side),
-                self.weight,
-                activation,
-                self.beta_v,
-                self.beta_a,
-                coordinates=coords,
+            routed = self.routing.route_poses(
+                pose, self.weight, activation, self.beta_v, self.beta_a, coordinates=coords, **extra
             )
-            return MatrixCapsules(
-                out_pose.view(batch, self.num_classes, 1, 1, side, side), out_act.view(batch, self.num_classes, 1, 1)
-            )
-        weight = self.weight.unsqueeze(0).expand(height * width, -1, -1, -1, -1)
-        weight = weight.reshape(-1, self.num_classes, side, side)  # (H*W*T, J, P, P)
-        votes = matrix_votes(pose.reshape(batch, -1, side, side), weight)  # (B, H*W*T, J, P*P)
-        if coords is not None:
-            votes = torch.cat([votes[..., :2] + coords.view(1, -1, 1, 2), votes[..., 2:]], dim=-1)
-        out_pose, out_act = self.routing(votes, activation, self.beta_v, self.beta_a)
-        return MatrixCapsules(
-            out_pose.view(batch, self.num_classes, 1, 1, side, side), out_act.view(batch, self.num_classes, 1, 1)
+        else:
+            weight = self.weight.unsqueeze(0).expand(height * width, -1, -1, -1, -1)
+            votes = matrix_votes(pose, weight.reshape(-1, self.num_classes, side, side))  # (B, H*W*T, J, P*P)
+            if coords is not None:
+                votes = torch.cat([votes[..., :2] + coords.view(1, -1, 1, 2), votes[..., 2:]], dim=-1)
+            routed = self.routing(votes, activation, self.beta_v, self.beta_a, **extra)
+        classes = MatrixCapsules(
+            routed[0].view(batch, self.num_classes, 1, 1, side, side), routed[1].view(batch, self.num_classes, 1, 1)
         )
+        if not return_couplings:
+            return classes
+        # children ordered (row, column, type): (B, H*W*T, J) -> (B, T, H, W, J)
+        return classes, routed[2].view(batch, height, width, self.in_types, self.num_classes).permute(0, 3, 1, 2, 4)
 
     def extra_repr(self) -> str:
         return (

@@ -7,8 +7,10 @@ the author's code (glassroom/heinsen_routing_2019_paper, ``models.py``, ``SmallN
 at every position of the map, ``parts`` part capsules, each with a score (batch norm and a 1x1 convolution; a
 logit) and a 4x4 pose (the same, ``16 parts`` channels); Heinsen's routing
 (:class:`~capsnets.layers.HeinsenCapsules`) from every part capsule to ``parts`` capsules, with weights shared
-by the positions, then from those to the classes. The class scores are logits; the paper trains with
-cross-entropy. Convolutions start as the code's (Kaiming normal, zero biases).
+by the positions, then from those to the classes (both with the one ``routing`` the model is given: a
+:class:`~capsnets.functional.HeinsenRouting`, its spec or ``"heinsen"``, e.g. ``{"type": "heinsen", "iterations":
+2}``). The class scores are logits; the paper trains with cross-entropy. Convolutions start as the code's (Kaiming
+normal, zero biases).
 
 Deviation: the convolutions are padded by 1 (the code's are not, on 96x96 images), so that 32x32 images keep a
 4x4 map of parts rather than a single position.
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import HeinsenRouting
+from capsnets.functional import HeinsenRouting, as_routing, routing_config
 from capsnets.layers import HeinsenCapsules
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
@@ -32,11 +34,11 @@ from capsnets.validation import (
     DType,
     ImageSize,
     PositiveInt,
+    Routing,
     image_batch,
     image_size,
     placement,
     positive_int,
-    routing_iterations,
 )
 
 
@@ -48,7 +50,8 @@ class HeinsenCapsNet(nn.Module):
         num_classes: classes ``K``.
         parts: part capsule types per position, and capsules of the middle layer ``P`` (the code's 64).
         channels: the convolutions' channels (the code's 64).
-        iterations: routing iterations of both layers (the author's 3).
+        routing: the routing of both capsule layers: a :class:`~capsnets.functional.HeinsenRouting`, its spec or
+            ``"heinsen"`` (the author's 3 iterations); each layer learns its own net benefits.
 
     Shape:
         images ``(B, C, H, W)`` -> :class:`ModelOutput` with ``scores`` ``(B, K)`` (logits) and ``capsules``
@@ -71,7 +74,7 @@ class HeinsenCapsNet(nn.Module):
         num_classes: int = 5,
         parts: int = 64,
         channels: int = 64,
-        iterations: int = 3,
+        routing=None,
         device=None,
         dtype=None,
     ) -> None:
@@ -79,7 +82,8 @@ class HeinsenCapsNet(nn.Module):
         self.input_size = image_size("input_size", input_size)
         self.num_classes = positive_int("num_classes", num_classes)
         parts, channels = positive_int("parts", parts), positive_int("channels", channels)
-        routing = HeinsenRouting(iterations=routing_iterations("iterations", positive_int("iterations", iterations)))
+        routing = as_routing(routing, HeinsenRouting, types=("heinsen",))
+        self.routing_spec = routing_config(routing, strict=False)
         device, dtype = placement(device, dtype)
         factory = {"device": device, "dtype": dtype}
         layers: list[nn.Module] = []
@@ -131,7 +135,7 @@ def heinsen_capsnet(
     input_size: ImageSize = (1, 32, 32),
     parts: PositiveInt = 64,
     channels: PositiveInt = 64,
-    iterations: PositiveInt = 3,
+    routing: Routing = "heinsen",
     device: Device | None = None,
     dtype: DType | None = None,
 ) -> HeinsenCapsNet:
@@ -142,7 +146,7 @@ def heinsen_capsnet(
         num_classes=num_classes,
         parts=parts,
         channels=channels,
-        iterations=iterations,
+        routing=routing,
         device=device,
         dtype=dtype,
     )

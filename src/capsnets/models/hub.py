@@ -30,6 +30,7 @@ from torch import nn
 
 from capsnets.checkpoints import Checkpoint, CheckpointError, load_checkpoint, write_checkpoint
 from capsnets.models import registry
+from capsnets.models.legacy_args import upgrade_model_args
 from capsnets.models.pretrained import PretrainedError, Weights, resolve_pretrained, stamp_sha256
 from capsnets.models.registry import model_arguments
 from capsnets.validation import ArgumentError, shown
@@ -89,8 +90,9 @@ def create_model(
 
 
 def build_model(name: str, model_args: dict[str, Any] | None = None) -> nn.Module:
-    """``create_model(name, **model_args)`` for recorded arguments: list values (from YAML/JSON) become tuples."""
-    args = {k: tuple(v) if isinstance(v, list) else v for k, v in (model_args or {}).items()}
+    """``create_model(name, **model_args)`` for recorded arguments: those of an earlier capsnets translated
+    (``capsnets.models.legacy_args.upgrade_model_args``), list values (from YAML/JSON) as tuples."""
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in upgrade_model_args(name, model_args).items()}
     return registry.create_model(name, **args)
 
 

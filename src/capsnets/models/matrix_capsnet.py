@@ -8,7 +8,7 @@ the last three layers. Registered variants:
   primary capsules have no biases);
 - ``matrix_capsnet_small``: A=64, B=8, C=D=16 (67,154 for 5 classes; 67,018).
 
-Two formulations (``formulation``; ``docs/em_formulations.md`` compares them line by line):
+Two formulations (the ``formulation`` of the routing, ``docs/em_formulations.md`` compares them line by line):
 
 - ``"official"``: the authors' released code (google-research/google-research,
   ``capsule_em``): its EM equations (:meth:`capsnets.functional.EMRouting.official`), per-type
@@ -23,12 +23,18 @@ Two formulations (``formulation``; ``docs/em_formulations.md`` compares them lin
 
 Inputs of 32x32 (smallNORB crops) use no padding in Conv1; smaller inputs (28x28 MNIST) get padding 2,
 which gives the same 14x14 -> 6x6 -> 4x4 grids. Class scores are the class capsule activations.
-The builders take ``routing``: an :class:`~capsnets.functional.EMRouting`, its spec or ``"em"`` (3 iterations),
-e.g. ``{"type": "em", "iterations": 2, "detach_routing": True}`` (the assignments of the non-final iterations
-without gradient: a cheaper backward); with the official formulation, the settings a spec leaves out are the
-released code's, per layer (see :class:`MatrixCapsNet`). Deviation in both formulations: the released code's
-convolutional routing groups a child's copies as if every layer had stride 1, which in ConvCaps1 (stride 2)
-mixes different children; here the copies are grouped by the layer's real stride.
+The networks and their builders take one argument for the routing, ``routing``: an EM spec, e.g.
+``{"type": "em", "iterations": 2, "formulation": "official", "detach_routing": True}`` (``detach_routing``: the
+assignments of the non-final iterations without gradient, a cheaper backward), whose ``"class_layer"`` key changes
+settings of the class capsule layer's routing only, e.g. ``{"type": "em", "iterations": 3, "class_layer":
+{"iterations": 1}}``; settings a spec leaves out take its formulation's defaults per layer (the released code's
+for ``"official"``: :func:`~capsnets.functional.layerwise_em_routing`). An
+:class:`~capsnets.functional.EMRouting` routes every layer; a
+:class:`~capsnets.functional.LayerwiseEMRouting` the convolutional and class layers apart. The
+routing's formulation (that of the convolutional layers) chooses the rest of the network's formulation.
+Deviation in both formulations: the released code's convolutional routing groups a child's copies as if every
+layer had stride 1, which in ConvCaps1 (stride 2) mixes different children; here the copies are grouped by the
+layer's real stride.
 """
 
 from __future__ import annotations
@@ -40,8 +46,14 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import EMRouting, as_routing, routing_config
-from capsnets.layers.matrix import ASSIGNMENT_SCOPES, ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+from capsnets.functional import layerwise_em_routing, routing_config
+from capsnets.layers.matrix import (
+    ASSIGNMENT_SCOPES,
+    ClassMatrixCapsules,
+    ConvMatrixCapsules,
+    MatrixCapsules,
+    PrimaryMatrixCapsules,
+)
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 from capsnets.validation import (
@@ -60,12 +72,9 @@ from capsnets.validation import (
     positive_int,
 )
 
-#: The formulations of matrix capsules: Procedure 1 as printed, or the authors' released code.
-FORMULATIONS = ("paper", "official")
-#: The defaults of the networks and their builders: the paper's formulation with 2 EM iterations, the setting that
-#: learns fastest on MNIST in both formulations (``docs/results/em-recipes.md``); the paper's 3 iterations are
-#: ``routing="em"``.
-DEFAULT_FORMULATION = "paper"
+#: The routing of the networks and their builders by default: the paper's formulation with 2 EM iterations, the
+#: setting that learns fastest on MNIST in both formulations (``docs/results/em-recipes.md``); the paper's 3
+#: iterations are ``routing="em"``.
 DEFAULT_ROUTING: Mapping[str, object] = MappingProxyType({"type": "em", "iterations": 2})
 #: The networks' training recipe (:func:`~capsnets.models.training_recipe`), yl-1993/Matrix-Capsules-EM-PyTorch's
 #: (``train.py``, ``loss/spread_loss.py``): Adam 3e-3 with weight decay 2e-7, decayed 0.96 per 20,000 steps (per
@@ -80,24 +89,6 @@ RECIPE: Mapping[str, object] = MappingProxyType(
         "loss_args": {"margin_start": 0.2, "margin_end": 0.9, "ramp_epochs": 10},
     }
 )
-
-
-def _routings(routing, formulation: str) -> tuple[EMRouting, EMRouting]:
-    """The EM routing of the convolutional capsule layers and of the class capsule layer, from ``routing``
-    (an object, its spec, ``"em"`` or None) and the formulation (see :class:`MatrixCapsNet`)."""
-    defaults = {}
-    if formulation == "official" and (
-        isinstance(routing, str)
-        or (isinstance(routing, Mapping) and routing.get("formulation", "official") == "official")
-    ):
-        defaults = {"formulation": "official", "eps": EMRouting.official(layer="conv").eps}  # the released code's
-    conv = as_routing(routing, None, types=("em",), defaults=defaults)
-    released = formulation == "official" and conv == EMRouting.official(
-        conv.iterations, layer="conv", detach_routing=conv.detach_routing
-    )
-    if released:  # the released code's class layer: its final inverse temperature / 4, its own mass guard
-        return conv, EMRouting.official(conv.iterations, layer="class", detach_routing=conv.detach_routing)
-    return conv, conv
 
 
 def _trunc_normal_(tensor: Tensor, std: float) -> None:
@@ -135,22 +126,19 @@ class MatrixCapsNet(nn.Module):
         conv_caps1_types: C, types of the first convolutional capsule layer.
         conv_caps2_types: D, types of the second.
         conv_padding: padding of Conv1; None: 2 for inputs smaller than 32 px, else 0.
-        routing: the EM routing of the three capsule layers: an :class:`~capsnets.functional.EMRouting`, its spec
-            or ``"em"`` (3 iterations); by default 2 iterations. With the official formulation, the settings a
-            spec leaves out are the released code's (:meth:`~capsnets.functional.EMRouting.official`), and the
-            released code's routing of the convolutional layers gives the class layer the released code's class
-            routing (its final inverse temperature divided by 4, its own mass guard); any other routing is used
-            in every layer.
-        class_routing: the class capsule layer's routing (or spec) instead of the one ``routing`` gives it.
+        routing: the EM routing of the three capsule layers (module docstring): an EM spec, whose
+            ``"class_layer"`` holds the settings of the class capsule layer that differ, and whose settings left out
+            take the defaults of its ``formulation`` per layer (the released code's for ``"official"``); ``"em"``
+            (3 iterations); an :class:`~capsnets.functional.EMRouting` for every layer; or a
+            :class:`~capsnets.functional.LayerwiseEMRouting`. By default the paper's formulation
+            with 2 iterations. Its formulation, ``"paper"`` or ``"official"``, also chooses the initialisation,
+            the primary capsules and the coordinate addition (module docstring).
         coordinate_addition: coordinate addition in the class capsules.
         checkpoint_chunks: activation checkpointing of the convolutional capsule layers in this many
             chunks (0: off); trades about one extra forward of votes and routing for memory.
         assignment_scope: ``"position"``, ``"all_parents"`` or ``"per_type"``, for the two convolutional
             capsule layers (see :class:`~capsnets.layers.ConvMatrixCapsules`); None: ``"per_type"`` with the
             official formulation, else ``"position"``.
-        formulation: ``"paper"`` or ``"official"``: the initialisation, primary capsules, coordinate
-            addition and, where ``routing`` is None, the routing of the paper's text as this library reads
-            it, or of the authors' released code (see the module docstring).
 
     Shape:
         images ``(B, C, H, W)`` -> :class:`ModelOutput` with ``scores`` = class activations ``(B, E)``
@@ -161,10 +149,13 @@ class MatrixCapsNet(nn.Module):
         >>> model = MatrixCapsNet(conv_channels=64, primary_types=8, conv_caps1_types=16, conv_caps2_types=16)
         >>> model(torch.rand(2, 1, 32, 32)).scores.shape
         torch.Size([2, 5])
-        >>> paper = MatrixCapsNet(formulation="paper", routing=EMRouting(2, detach_routing=True))
-        >>> official = MatrixCapsNet(formulation="official", routing={"type": "em", "iterations": 2})
-        >>> official.class_capsules.routing == EMRouting.official(2, layer="class")
-        True
+        >>> paper = MatrixCapsNet(routing=EMRouting(2, detach_routing=True))
+        >>> official = MatrixCapsNet(routing={"type": "em", "iterations": 2, "formulation": "official"})
+        >>> official.formulation, official.class_capsules.routing == EMRouting.official(2, layer="class")
+        ('official', True)
+        >>> spec = {"type": "em", "iterations": 3, "class_layer": {"iterations": 1}}
+        >>> MatrixCapsNet(routing=spec).class_capsules.routing.iterations
+        1
     """
 
     default_loss = "spread"
@@ -180,12 +171,10 @@ class MatrixCapsNet(nn.Module):
         conv_caps2_types: int = 32,
         conv_padding: int | None = None,
         routing=DEFAULT_ROUTING,
-        class_routing=None,
         coordinate_addition: bool = True,
         pose_size: int = 4,
         checkpoint_chunks: int = 0,
         assignment_scope: str | None = None,
-        formulation: str = DEFAULT_FORMULATION,
         device=None,
         dtype=None,
     ) -> None:
@@ -194,20 +183,16 @@ class MatrixCapsNet(nn.Module):
         self.num_classes = positive_int("num_classes", num_classes)
         if conv_padding is None:
             conv_padding = 2 if min(self.input_size[1:]) < 32 else 0
-        self.formulation = choice("formulation", formulation, FORMULATIONS)
-        official = formulation == "official"
+        routing = layerwise_em_routing(routing)
+        self.routing_spec = routing_config(routing, strict=False)
+        self.formulation = routing.formulation
+        official = self.formulation == "official"
         if assignment_scope is None:
             assignment_scope = "per_type" if official else "position"
         choice("assignment_scope", assignment_scope, ASSIGNMENT_SCOPES)
         flag("coordinate_addition", coordinate_addition)
         non_negative_int("checkpoint_chunks", checkpoint_chunks)
         device, dtype = placement(device, dtype)
-        routing, own_class_routing = _routings(routing, formulation)
-        self.routing_spec = routing_config(routing, strict=False)
-        if class_routing is None:
-            class_routing = own_class_routing
-        else:
-            class_routing = as_routing(class_routing, EMRouting, types=("em",), name="class_routing")
         factory = {"device": device, "dtype": dtype, "pose_size": pose_size}
         self.conv = nn.Conv2d(
             self.input_size[0], conv_channels, 5, stride=2, padding=conv_padding, device=device, dtype=dtype
@@ -216,7 +201,7 @@ class MatrixCapsNet(nn.Module):
             conv_channels, primary_types, bias=not official, activation_offset=-1.0 if official else 0.0, **factory
         )
         conv_caps = {
-            "routing": routing,
+            "routing": routing.conv,
             "checkpoint_chunks": checkpoint_chunks,
             "assignment_scope": assignment_scope,
             **factory,
@@ -228,7 +213,7 @@ class MatrixCapsNet(nn.Module):
         self.class_capsules = ClassMatrixCapsules(
             conv_caps2_types,
             num_classes,
-            routing=routing if class_routing is None else class_routing,
+            routing=routing.class_layer,
             coordinate_addition=coordinate_addition,
             coordinates=coordinates,
             **factory,
@@ -279,15 +264,19 @@ class MatrixCapsNet(nn.Module):
                 f"ConvCaps2 (3x3/1); use at least 28x28"
             )
 
-    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
-        """Class activations and poses of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``,
-        floating-point ones cast to the parameters' dtype: :func:`~capsnets.validation.image_batch`)."""
+    def conv_capsules(self, images: Tensor) -> MatrixCapsules:
+        """The capsules of ConvCaps2 for ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``,
+        floating-point ones cast to the parameters' dtype: :func:`~capsnets.validation.image_batch`): the children
+        the class capsule layer routes, ``(B, D, h, w)`` of them."""
         images = image_batch(images, self.input_size, dtype=self.conv.weight.dtype, owner="MatrixCapsNet")
         caps = self.primary(torch.relu(self.conv(images)))  # (B, A, 14, 14) -> B types on 14x14
-        caps = self.conv_caps2(self.conv_caps1(caps))  # C types on 6x6 -> D types on 4x4
-        classes = self.class_capsules(caps)  # (B, E, 1, 1, 4, 4)
+        return self.conv_caps2(self.conv_caps1(caps))  # C types on 6x6 -> D types on 4x4
+
+    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
+        """Class activations and poses of ``images`` (as :meth:`conv_capsules` takes them)."""
+        classes = self.class_capsules(self.conv_capsules(images))  # (B, E, 1, 1, 4, 4)
         activation = classes.activation.flatten(1)  # (B, E)
-        poses = classes.pose.reshape(images.shape[0], self.num_classes, -1)  # (B, E, 16)
+        poses = classes.pose.reshape(classes.batch, self.num_classes, -1)  # (B, E, 16)
         return ModelOutput(activation, "activation", poses)
 
 
@@ -306,7 +295,6 @@ def matrix_capsnet(
     coordinate_addition: bool = True,
     checkpoint_chunks: NonNegativeInt = 0,
     assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,
-    formulation: Literal["paper", "official"] = DEFAULT_FORMULATION,
     device: Device | None = None,
     dtype: DType | None = None,
 ) -> MatrixCapsNet:
@@ -319,7 +307,6 @@ def matrix_capsnet(
         coordinate_addition=coordinate_addition,
         checkpoint_chunks=checkpoint_chunks,
         assignment_scope=assignment_scope,
-        formulation=formulation,
         device=device,
         dtype=dtype,
     )
@@ -334,7 +321,6 @@ def matrix_capsnet_small(
     coordinate_addition: bool = True,
     checkpoint_chunks: NonNegativeInt = 0,
     assignment_scope: Literal["position", "all_parents", "per_type"] | None = None,
-    formulation: Literal["paper", "official"] = DEFAULT_FORMULATION,
     device: Device | None = None,
     dtype: DType | None = None,
 ) -> MatrixCapsNet:
@@ -347,7 +333,6 @@ def matrix_capsnet_small(
         coordinate_addition=coordinate_addition,
         checkpoint_chunks=checkpoint_chunks,
         assignment_scope=assignment_scope,
-        formulation=formulation,
         device=device,
         dtype=dtype,
     )

@@ -1,17 +1,18 @@
-"""The settings of EM routing: constants of both formulations, the inverse temperature schedule, and
-:class:`EMSettings`, the resolved and checked settings that both execution paths take."""
+"""The settings of EM routing: constants of both formulations, the inverse temperature schedule,
+:class:`EMSettings`, the resolved and checked settings that both execution paths take, and the layers of a
+network's EM routing spec (:func:`layer_spec`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from capsnets.functional.child_groups import ChildGroups
-from capsnets.validation import routing_iterations
+from capsnets.validation import ArgumentError, routing_iterations, shown
 
 LOG_2PI = math.log(2.0 * math.pi)
 COST_NORMALIZATIONS = (None, "mean_std", "mass")
@@ -26,6 +27,11 @@ ACTIVATION_RANGE = (0.0, 1.0)
 #: The released code's settings: variance floor, and mass guards of convolutional and class capsule layers.
 OFFICIAL_VARIANCE_FLOOR = 5e-4
 OFFICIAL_MASS_EPS = {"conv": 1e-7, "class": 1e-5}
+#: The key of a matrix capsule network's EM routing spec that holds the settings of its class capsule layer
+#: (:func:`layer_spec`).
+CLASS_LAYER = "class_layer"
+#: The layers of a matrix capsule network whose EM routing may differ: convolutional and class capsule layers.
+LAYERS = ("conv", "class")
 
 
 def em_inverse_temperatures(iterations: int, final: float = 0.01, decay: float = 0.95) -> list[float]:
@@ -142,6 +148,32 @@ def check_settings(iterations, eps, cost_normalization, formulation="paper", var
             f"variance_floor must be None (paper: eps is the floor) or, with formulation='official', "
             f"a number > 0; got {variance_floor!r} with formulation={formulation!r}"
         )
+
+
+def layer_spec(spec: Mapping, layer: str) -> dict:
+    """The settings one layer of a matrix capsule network takes from the network's EM routing spec: for the
+    convolutional capsule layers (``"conv"``) the spec less its :data:`CLASS_LAYER`; for the class capsule layer
+    (``"class"``) the spec with the settings of its :data:`CLASS_LAYER` over it. Settings that neither gives are
+    left out (the formulation's defaults for that layer fill them:
+    :func:`~capsnets.functional.layerwise_em_routing`).
+
+    Examples::
+
+        >>> spec = {"type": "em", "iterations": 3, "class_layer": {"iterations": 1}}
+        >>> layer_spec(spec, "conv"), layer_spec(spec, "class")
+        ({'type': 'em', 'iterations': 3}, {'type': 'em', 'iterations': 1})
+    """
+    if layer not in LAYERS:
+        raise ArgumentError(f"layer must be one of {LAYERS}, got {shown(layer)}", "layer")
+    own = spec.get(CLASS_LAYER) or {}
+    if not isinstance(own, Mapping) or own.get("type", "em") != "em":
+        raise ArgumentError(
+            f"{CLASS_LAYER} must be a mapping of EM settings (the class capsule layer routes by EM too), e.g. "
+            f"{{'iterations': 1}}; got {shown(own)}",
+            CLASS_LAYER,
+        )
+    shared = {key: value for key, value in spec.items() if key != CLASS_LAYER}
+    return {**shared, **own} if layer == "class" else shared
 
 
 def check_beta(beta, name: str, parents: int, like: Tensor) -> Tensor:
