@@ -22,7 +22,7 @@ the ``best`` checkpoint, and what checkpoints, ``summary.json`` and the figures 
 Run directory (``config.out``): ``config.yaml``, ``metrics.jsonl`` (one line per epoch),
 ``last``/``best`` checkpoints (``.safetensors`` + ``.json``), ``summary.json`` and figures. A fresh run never
 replaces another run's directory unless asked to (``overwrite``), and a resumed run refuses changes that would
-make it another run (:mod:`capsnets.engine.run_dir`).
+make it another run (:mod:`capsnets.engine.run_dir`, :mod:`capsnets.engine.resume`).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import torch
 from torch import nn
 
 import capsnets
-from capsnets.checkpoints import Checkpoint, CheckpointError, load_checkpoint
+from capsnets.checkpoints import CheckpointError, load_checkpoint
 from capsnets.data import AUGMENTATIONS, DeviceLoader, load_dataset
 from capsnets.engine import distributed, reporting
-from capsnets.engine.callbacks import Hook, ModelCheckpoint, TimeLimit, checkpoint_path, resume_state
+from capsnets.engine.callbacks import Hook, ModelCheckpoint, TimeLimit, checkpoint_path
 from capsnets.engine.config import TrainConfig
 from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
 from capsnets.engine.inputs import (
@@ -56,7 +56,8 @@ from capsnets.engine.inputs import (
     run_config,
     score_width,
 )
-from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, check_best, repair_best, resume_changes
+from capsnets.engine.resume import apply_changes, prepare_run_dir, read_last, restore
+from capsnets.engine.run_dir import RunDirectory, RunDirectoryError
 from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything, stop_on_signals, torch_threads
 from capsnets.engine.tasks import TASKS, best_index, task_for
 from capsnets.losses import create_loss
@@ -274,7 +275,7 @@ class Trainer:
         """Seed, load data, build model, loss, optimizer and schedule; restore them when resuming."""
         cfg = self.config
         read = self._read
-        checkpoint = self._resume_checkpoint() if self.resume else None
+        checkpoint, self._changes = read_last(self.run_dir, cfg) if self.resume else (None, {})
         seed_everything(cfg.seed)
         if read is None:
             model, criterion, (train_data, val_data, test_data) = self._from_names(device)
@@ -283,12 +284,15 @@ class Trainer:
         optimizer, scheduler = adam_with_decay(
             model.parameters(), lr=cfg.lr, lr_decay=cfg.lr_decay, weight_decay=cfg.weight_decay
         )
-        state = self._restore(model, checkpoint) if checkpoint is not None else TrainState()
-        state.attach(optimizer, scheduler)
+        state = TrainState()
         if checkpoint is not None:
-            self._apply_changes(state, optimizer, scheduler)
+            if self._objects is not None:
+                check_same_model(model, checkpoint, self.run_dir)
+            state = restore(self.run_dir, model, checkpoint, cfg.epochs)
+        state.attach(optimizer, scheduler)
+        apply_changes(self._changes, cfg, state, optimizer, scheduler)
         if context.is_main:
-            self._prepare_run_dir(state)
+            prepare_run_dir(self.run_dir, cfg, state, resume=self.resume, model=model, meta=self._meta)
         loader = self._loader(train_data, context)
         examples = len(loader) * cfg.batch_size if loader.drop_last else loader.num_examples
         fast = torch.compile(model) if cfg.compile else model
@@ -492,75 +496,6 @@ class Trainer:
                 max(1, len(data) // FEW_STEPS),
             )
         return loader
-
-    def _resume_checkpoint(self) -> Checkpoint:
-        """``<out>/last``, after checking that the config resumes the run it holds (:func:`resume_changes`); the
-        config's model arguments become the run's."""
-        path = checkpoint_path(self.run_dir, "last")
-        if not path.is_file():
-            raise CheckpointError(f"cannot resume: no checkpoint '{path}'; train without --resume first")
-        checkpoint = load_checkpoint(path)
-        saved = checkpoint.meta.get("config")
-        if saved is not None:
-            cfg = self.config
-            name = saved.get("model", cfg.model)
-            defaults = model_arguments(name) if name in list_models() else {}
-            self._changes = resume_changes(saved, cfg.to_dict(), defaults, str(self.run_dir))
-            cfg.model_args = {**saved.get("model_args", {}), **cfg.model_args}
-        return checkpoint
-
-    def _restore(self, model, checkpoint: Checkpoint) -> TrainState:
-        """The state of the checkpoint, with the model's weights loaded and the checkpoint kept in it for
-        :meth:`TrainState.attach` (optimizer, scheduler and RNG)."""
-        if self._objects is not None:
-            check_same_model(model, checkpoint, self.run_dir)
-        state = resume_state(checkpoint, model)
-        if self.config.epochs < state.epoch:
-            raise RunDirectoryError(
-                f"the run in '{self.run_dir}' has trained {state.epoch} epochs; --epochs "
-                f"{self.config.epochs} is fewer: resume with --epochs {state.epoch} or more"
-            )
-        check_best(self.run_dir, state)
-        logger.info("resuming from %s after epoch %d", checkpoint.path, state.epoch)
-        return state
-
-    def _apply_changes(self, state: TrainState, optimizer, scheduler) -> None:
-        """Apply and record what the resumed run changes (:data:`~capsnets.engine.run_dir.CHANGEABLE`). A new
-        learning rate, decay or weight decay takes effect as if the run had been configured with it: epoch ``e``
-        trains at ``lr * lr_decay**e``."""
-        if not self._changes:
-            return
-        cfg = self.config
-        for name, (old, new) in self._changes.items():
-            logger.warning("resuming with %s %s (was %s)", name, new, old)
-        if {"lr", "lr_decay", "weight_decay"} & set(self._changes):
-            scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
-            scheduler.gamma = cfg.lr_decay
-            for group in optimizer.param_groups:
-                group.update(
-                    initial_lr=cfg.lr, lr=cfg.lr * cfg.lr_decay**scheduler.last_epoch, weight_decay=cfg.weight_decay
-                )
-            scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-            logger.warning("epoch %d trains at learning rate %.4g", state.epoch + 1, optimizer.param_groups[0]["lr"])
-        state.extra.setdefault("resumed_with", []).append(
-            {"epoch": state.epoch, **{name: new for name, (_, new) in self._changes.items()}}
-        )
-
-    def _prepare_run_dir(self, state: TrainState) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.config.save(self.run_dir / "config.yaml")
-        if self.resume:  # the checkpoint's records are the run's: a torn or longer metrics.jsonl is rewritten
-            try:
-                on_disk = reporting.read_metrics(self.run_dir, state.epoch)
-            except ValueError as err:
-                if not state.history:
-                    raise
-                logger.warning("%s; rewriting it from the checkpoint", err)
-                on_disk = None
-            reporting.write_metrics(self.run_dir, state.history or on_disk)
-            repair_best(self.run_dir, state, self.model, self._meta)
-        else:
-            (self.run_dir / reporting.METRICS_FILE).unlink(missing_ok=True)
 
     # -- per epoch / end of run -----------------------------------------------------------------------------
     def _meta(self, state: TrainState, record: dict[str, Any]) -> dict[str, Any]:
