@@ -50,21 +50,22 @@ def test_adversarial_rejects_unknown_attack_losses(tmp_path):
         run_experiment("adversarial", tmp_path, smoke=True, device="cpu", attack_losses=["hinge"])
 
 
+def _training(*accuracies):
+    from capsnets.experiments.runs import Training
+
+    history = [{"epoch": e + 1, "val_accuracy": a} for e, a in enumerate(accuracies)]
+    best = max(range(len(accuracies)), key=lambda i: accuracies[i]) + 1
+    return Training(history, {"best_epoch": best}, loaded=False, cut_short=False, planned=len(accuracies))
+
+
 def test_matching_note_says_whether_the_models_reached_the_target():
     from capsnets.experiments.report import matching_note
 
-    both = matching_note({"CNN": {"val_accuracy": 0.991}, "CapsNet": {"val_accuracy": 0.993}}, 0.99)
+    both = matching_note({"CNN": _training(0.991), "CapsNet": _training(0.993)}, 0.99)
     assert both.startswith("Every model reached the 99.00% validation target") and "CNN 99.10%" in both
-    one = matching_note({"CNN": {"val_accuracy": 0.96}, "CapsNet": {"val_accuracy": 0.993}}, 0.99)
-    assert one.startswith("**Not at equal accuracy**: CNN did not reach") and "after each epoch" not in one
-    curves = matching_note(
-        {
-            "CNN": {"val_accuracy": 0.96, "history": [{"val_accuracy": 0.9}, {"val_accuracy": 0.96}]},
-            "CapsNet": {"val_accuracy": 0.993, "history": [{"val_accuracy": 0.993}]},
-        },
-        0.99,
-    )
-    assert curves.endswith("Validation accuracy after each epoch: CNN 90.00%, 96.00%; CapsNet 99.30%.")
+    one = matching_note({"CNN": _training(0.9, 0.96), "CapsNet": _training(0.993)}, 0.99)
+    assert one.startswith("**Not at equal accuracy**: CNN did not reach")
+    assert one.endswith("Validation accuracy after each epoch: CNN 90.00%, 96.00%; CapsNet 99.30%.")
 
 
 def test_a_second_run_reloads_the_models_with_their_training_record(tmp_path, shared_data_root):
@@ -87,42 +88,3 @@ def test_a_second_run_reloads_the_models_with_their_training_record(tmp_path, sh
     curve = [line for line in first.report.read_text().splitlines() if line.startswith("Validation accuracy after")]
     assert len(curve) == 1 and curve[0] in second.report.read_text()  # the history comes back from the sidecar
     assert second.metrics == first.metrics  # same weights, same attacks
-
-
-def test_train_to_accuracy_numbers_its_epochs_and_stops_at_the_target():
-    import torch
-
-    from capsnets.experiments.training import train_to_accuracy
-    from capsnets.models import create_model
-
-    torch.manual_seed(0)
-    images, labels = torch.rand(40, 1, 28, 28), torch.arange(40) % 10
-    model = create_model("cnn_baseline_narrow")
-    record = train_to_accuracy(model, images, labels, images, labels, target=1.1, max_epochs=3, batch_size=20)
-    assert record["epochs"] == 3 and [h["epoch"] for h in record["history"]] == [1, 2, 3]
-    rates = [1e-3 * 0.96**e for e in range(3)]  # the rate each epoch trained with
-    assert [h["lr"] for h in record["history"]] == pytest.approx(rates)
-    assert record["val_accuracy"] == record["history"][-1]["val_accuracy"]
-    stopped = train_to_accuracy(model, images, labels, images, labels, target=0.0, max_epochs=3, batch_size=20)
-    assert stopped["epochs"] == 1 and len(stopped["history"]) == 1
-
-
-def test_train_to_accuracy_is_one_uninterrupted_run():
-    """Scoring after each epoch must not change the training: same weights as one train_classifier run
-    (so Adam's moments and the learning-rate schedule carry over between epochs)."""
-    import torch
-
-    from capsnets.experiments.training import train_classifier, train_to_accuracy
-    from capsnets.models import create_model
-
-    images, labels = torch.rand(40, 1, 28, 28), torch.arange(40) % 10
-    torch.manual_seed(0)
-    scored = create_model("cnn_baseline_narrow")
-    torch.manual_seed(0)
-    plain = create_model("cnn_baseline_narrow")
-    torch.manual_seed(1)
-    train_to_accuracy(scored, images, labels, images, labels, target=1.1, max_epochs=3, batch_size=20, seed=4)
-    torch.manual_seed(1)
-    train_classifier(plain, images, labels, epochs=3, batch_size=20, seed=4, progress=False)
-    for name, value in scored.state_dict().items():
-        torch.testing.assert_close(value, plain.state_dict()[name], rtol=0, atol=0, msg=name)

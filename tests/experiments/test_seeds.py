@@ -37,8 +37,8 @@ def fake_experiment():
         size: int = 1
 
     @register_experiment("fake_seeded", Settings, "a fake", contrasts=_fake_contrasts)
-    def run(out, settings, *, smoke, device, seed, data_dir, checkpoints):
-        CALLS.append({"out": out, "seed": seed, "checkpoint_dir": checkpoints.directory, "options": settings.to_dict()})
+    def run(out, settings, *, smoke, device, seed, data_dir, runs):
+        CALLS.append({"out": out, "seed": seed, "checkpoint_dir": runs.directory, "options": settings.to_dict()})
         metrics = {
             "A_acc": 0.9 + 0.01 * seed,
             "B_acc": 0.92 - 0.01 * seed,

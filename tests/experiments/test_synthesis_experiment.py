@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from capsnets.experiments import run_experiment
-from capsnets.experiments.synthesis import train_pix2pix
 
 from helpers import assert_contrasts_resolve
 
@@ -25,9 +24,9 @@ def test_smoke_run_writes_the_report(shared_data_root, tmp_path):
     assert text.count("1 of 2 (time limit) x 32 images") == 2
     # the next run continues both trainings (epoch 2 of 2), the one after that loads the finished generators
     again = run_experiment("synthesis", tmp_path / "again", **options).report.read_text()
-    assert again.count("| 2 (2 runs) x 32 images |") == 2
+    assert again.count("| 2 x 32 images |") == 2
     third = run_experiment("synthesis", tmp_path / "third", **options).report.read_text()
-    assert third.count("| loaded (2 (2 runs) x 32 images) |") == 2
+    assert third.count("| 2 (loaded) x 32 images |") == 2
     assert "| CapsPix2pix (capspix2pix_small) |" in text and "| pix2pix (pix2pix_small) |" in text
     assert {p.name for p in tmp_path.glob("*.png")} == {"examples.png", "capsule_dimensions.png"}
     assert 0 <= result.metrics["CapsPix2pix_l1"] <= 1 and result.metrics["pix2pix_psnr"] > 0
@@ -39,10 +38,9 @@ def test_rejects_unknown_options(tmp_path):
         run_experiment("synthesis", tmp_path, smoke=True, device="cpu", epoch=1)
 
 
-def _pix2pix_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0):
-    """One process's share of a pix2pix training: load_or_train + train_pix2pix with a TrainState."""
-    from capsnets.engine import TrainState
-    from capsnets.experiments.checkpoints import load_or_train
+def _pix2pix_in_run(out, *, time_limit_s, rng_seed=0):
+    """One process's share of a pix2pix training kept in a run directory (fit_in_run)."""
+    from capsnets.experiments.synthesis.pix2pix import fit_in_run
     from capsnets.models import PatchDiscriminator, create_model
 
     torch.manual_seed(0)
@@ -50,32 +48,18 @@ def _pix2pix_in_run(checkpoint_dir, *, time_limit_s, rng_seed=0):
     generator = create_model("pix2pix_small", input_size=(3, 32, 32))
     discriminator = PatchDiscriminator(4, width=8)
     torch.manual_seed(rng_seed)  # what a new process holds; a continued run must not depend on it
-    history, state = [], TrainState()
-
-    def fit():
-        history.extend(
-            train_pix2pix(
-                generator,
-                discriminator,
-                maps,
-                images,
-                epochs=3,
-                batch_size=8,
-                progress=False,
-                time_limit_s=time_limit_s,
-                state=state,
-            )
-        )
-
-    loaded = load_or_train(generator, "g", fit, checkpoint_dir=checkpoint_dir, meta={"history": history}, state=state)
-    return generator, discriminator, history, loaded
+    training = fit_in_run(
+        out, generator, discriminator, maps, images, epochs=3, batch_size=8, progress=False, time_limit_s=time_limit_s
+    )
+    return generator, discriminator, training
 
 
 def test_a_pix2pix_training_cut_short_is_continued_as_if_uninterrupted(tmp_path):
-    generator, discriminator, history, _ = _pix2pix_in_run(tmp_path / "whole", time_limit_s=None)
+    generator, discriminator, whole = _pix2pix_in_run(tmp_path / "whole", time_limit_s=None)
     for run in range(3):  # one epoch per run
-        g, d, h, loaded = _pix2pix_in_run(tmp_path / "cut", time_limit_s=1e-9, rng_seed=run + 1)
-        assert not loaded and len(h) == run + 1
-    assert [r["generator"] for r in h] == [r["generator"] for r in history]
+        g, d, training = _pix2pix_in_run(tmp_path / "cut", time_limit_s=1e-9, rng_seed=run + 1)
+        assert not training.loaded and len(training.history) == run + 1
+    assert [r["generator"] for r in training.history] == [r["generator"] for r in whole.history]
     assert all(torch.equal(a, b) for a, b in zip(g.state_dict().values(), generator.state_dict().values()))
-    assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), discriminator.state_dict().values()))
+    g, _, again = _pix2pix_in_run(tmp_path / "cut", time_limit_s=None)
+    assert again.loaded and again.epochs == "3 (loaded)" and (tmp_path / "cut" / "last.safetensors").is_file()

@@ -6,10 +6,10 @@ import pytest
 
 from capsnets.cli import main
 from capsnets.data import TensorData
-from capsnets.experiments import Checkpoints, list_experiments, run_experiment, viewpoints
-from capsnets.experiments.matching import AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, load_norb_like, viewpoint_split
+from capsnets.experiments import Runs, list_experiments, run_experiment, viewpoints
 from capsnets.experiments.report.viewpoints import STOPPED, matched_summary, viewpoint_results_table
-from capsnets.experiments.viewpoints import build_model
+from capsnets.experiments.viewpoints import build_model, matching
+from capsnets.experiments.views import AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, load_norb_like, viewpoint_split
 from capsnets.models import count_parameters, training_recipe
 
 from helpers import assert_contrasts_resolve
@@ -59,25 +59,24 @@ def test_split_selection_on_info_fields(rendered, split):
 
 def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(rendered, monkeypatch, tmp_path):
     """A capsule model that never reaches the CNN's familiar-view error (faked here at 100% error) gets a
-    second CNN stopped at its error, scored several times per epoch; the report names the matched pair."""
-    real = viewpoints.train_matched
+    second CNN stopped at its error; the report names the matched pair."""
+    real = matching.fit_matched
 
-    def fake_for_capsules(model, views, **kwargs):
+    def fake_for_capsules(runs, key, model, views, **kwargs):
         if model.model_name != "matrix_capsnet_small":
-            return real(model, views, **kwargs)
+            return real(runs, key, model, views, **kwargs)
         record = {"epoch": 1, "step": 1, "loss": 1.0, "familiar_error": 1.0, "novel_error": 0.9}
         return {"history": [record], "epoch": 1, "familiar_error": 1.0, "novel_error": 0.9, "reached": False}
 
-    monkeypatch.setattr(viewpoints, "train_matched", fake_for_capsules)
+    monkeypatch.setattr(matching, "fit_matched", fake_for_capsules)
     train, test, _ = rendered
-    settings = replace(viewpoints.Settings.smoke(), train_size=96, test_size=16, rematch_evals_per_epoch=3)
-    result = viewpoints._compare(
-        "elevation", train, test, settings, tag="t", device="cpu", seed=0, checkpoints=Checkpoints(tmp_path)
-    )
+    settings = replace(viewpoints.Settings.smoke(), train_size=96, test_size=16)
+    result = matching.compare("elevation", train, test, settings, tag="t", device="cpu", seed=0, runs=Runs(tmp_path))
     stopped = result["records"][STOPPED]
     assert stopped["reached"] and stopped["familiar_error"] <= 1.0
-    assert len(stopped["history"]) == 1 and stopped["epoch"] == pytest.approx(1 / 3, abs=1e-3)  # its first score
-    assert (tmp_path / "t_elevation_cnn_smallnorb_narrow_stopped_at_1.0000.safetensors").is_file()
+    assert len(stopped["history"]) == 1 and stopped["epoch"] == 1  # its first epoch
+    (run,) = tmp_path.glob("t_elevation_cnn_smallnorb_narrow_stopped_at_1.0000_*")
+    assert (run / "last.safetensors").is_file()
     summary = matched_summary({"elevation": result["records"]}, fixed_target=False)
     assert "novel-view error **90.00% (capsules) vs" in summary and "(CNN, stopped)" in summary
     table = viewpoint_results_table(
@@ -87,8 +86,8 @@ def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(render
         fixed_target=False,
     )
     chosen = [row.split("|")[8].strip() for row in table.splitlines()[2:]]  # the "chosen epoch" column
-    assert chosen[1:] == ["1", "0.33"]  # capsules at epoch 1, the stopped CNN a third into its first epoch
-    without = viewpoints._compare(
+    assert chosen[1:] == ["1", "1"]  # capsules at epoch 1, the stopped CNN at its first
+    without = matching.compare(
         "elevation",
         train,
         test,
@@ -96,7 +95,7 @@ def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(render
         tag="t",
         device="cpu",
         seed=0,
-        checkpoints=Checkpoints(None),
+        runs=Runs(None),
     )
     assert viewpoints.STOPPED not in without["records"]
     assert "no matched pair" in matched_summary({"elevation": without["records"]}, fixed_target=False)
@@ -109,27 +108,30 @@ def test_capsule_model_trains_with_its_recipe_and_the_cnn_with_lr(rendered, monk
     ``lr_decay`` with their default loss."""
     seen = {}
 
-    def fake(model, views, **kwargs):
+    def fake(runs, key, model, views, **kwargs):
         seen.setdefault(model.model_name, []).append(kwargs)
         reached = model.model_name != "matrix_capsnet_small"  # forces the rematch of the CNN
         return {"history": [], "epoch": 1, "familiar_error": 0.5, "novel_error": 0.6, "reached": reached}
 
-    monkeypatch.setattr(viewpoints, "train_matched", fake)
+    monkeypatch.setattr(matching, "fit_matched", fake)
     train, test, _ = rendered
     settings = replace(viewpoints.Settings.smoke(), train_size=16, test_size=8, capsule_recipe=capsule_recipe)
-    viewpoints._compare("azimuth", train, test, settings, tag="t", device="cpu", seed=0, checkpoints=Checkpoints(None))
+    matching.compare("azimuth", train, test, settings, tag="t", device="cpu", seed=0, runs=Runs(None))
     recipe = training_recipe("matrix_capsnet_small")
     (caps,) = seen["matrix_capsnet_small"]
     assert caps["lr"] == capsule_recipe.get("lr", recipe["lr"])
-    assert (caps["lr_decay"], caps["weight_decay"], caps["loss"]) == (
+    assert (caps["lr_decay"], caps["weight_decay"], caps["recipe"]["loss"]) == (
         recipe["lr_decay"],
         recipe["weight_decay"],
         recipe["loss"],
     )
-    assert caps["loss_args"] == {**recipe["loss_args"], **capsule_recipe.get("loss_args", {})}
+    loss_args = {**recipe["loss_args"], **capsule_recipe.get("loss_args", {})}
+    assert caps["recipe"]["loss_args"] == loss_args and caps["loss"].margin_end == loss_args["margin_end"]
     for cnn in seen["cnn_smallnorb_narrow"]:
         assert (cnn["lr"], cnn["lr_decay"]) == (settings.lr, settings.lr_decay)
-        assert cnn.get("weight_decay", 0.0) == 0.0 and cnn.get("loss") is None and not cnn.get("loss_args")
+        assert (
+            cnn["weight_decay"] == 0.0 and cnn["recipe"]["loss"] == "cross_entropy" and not cnn["recipe"]["loss_args"]
+        )
     assert len(seen["cnn_smallnorb_narrow"]) == 2
 
 
@@ -137,7 +139,7 @@ def test_capsule_recipe_names_only_what_the_training_takes():
     with pytest.raises(ValueError, match=r"capsule_recipe takes the fields .*'max_shift'"):
         viewpoints.Settings(capsule_recipe={"max_shift": 2})
     # a loss other than the recipe's drops the recipe's loss arguments
-    other = viewpoints._capsule_training(viewpoints.Settings(capsule_recipe={"loss": "margin"}))
+    other = matching.capsule_training(viewpoints.Settings(capsule_recipe={"loss": "margin"}))
     assert (other["loss"], other["loss_args"]) == ("margin", {})
 
 

@@ -234,36 +234,21 @@ def test_trainer_on_cuda_with_bf16_resumes_and_loads_on_cpu(cuda, tmp_path):
     assert next(model.parameters()).device.type == "cpu"
 
 
-def _experiment_training_in_run(cuda, checkpoint_dir, time_limit_s, rng_seed):
-    """One process's share of an experiment's training on the device (bf16, CNN with dropout)."""
-    from capsnets.engine import TrainState
-    from capsnets.experiments.checkpoints import load_or_train
-    from capsnets.experiments.training import train_classifier
+def _experiment_training_in_run(cuda, checkpoint_dir, train_minutes, rng_seed):
+    """One process's share of an experiment's training on the device (bf16, CNN with dropout), through Runs."""
+    from capsnets.data import TensorData
+    from capsnets.experiments.runs import Runs
     from capsnets.models import create_model
 
     torch.manual_seed(0)
     model = create_model("cnn_baseline_narrow", device=cuda)
     images, labels = torch.rand(64, 1, 28, 28, device=cuda), torch.arange(64, device=cuda) % 10
+    data = TensorData(images, labels, 10, classes=[str(k) for k in range(10)], name="random")
     torch.manual_seed(rng_seed)  # what a new process holds: the checkpoint's CPU and CUDA RNG states count
-    history, state = [], TrainState()
-
-    def fit():
-        history.extend(
-            train_classifier(
-                model,
-                images,
-                labels,
-                epochs=3,
-                batch_size=32,
-                amp="bf16",
-                progress=False,
-                time_limit_s=time_limit_s,
-                state=state,
-            )
-        )
-
-    load_or_train(model, "m", fit, checkpoint_dir=checkpoint_dir, meta={"history": history}, state=state)
-    return model, history
+    with Runs(checkpoint_dir) as runs:
+        settings = dict(batch_size=32, amp="bf16", max_shift=0, device=str(cuda), progress=False)
+        training = runs.fit("m", model, data, data, epochs=3, train_minutes=train_minutes, **settings)
+    return model, training.history
 
 
 def test_an_experiment_training_cut_short_is_continued_on_cuda(cuda, tmp_path):
@@ -273,7 +258,7 @@ def test_an_experiment_training_cut_short_is_continued_on_cuda(cuda, tmp_path):
         model, history = _experiment_training_in_run(cuda, tmp_path / "cut", 1e-9, 100 * run)
     assert [r["epoch"] for r in history] == [1, 2, 3]
     # equal up to the order of floating-point sums in non-deterministic kernels
-    losses = [torch.tensor([r["loss"] for r in h]) for h in (history, whole_history)]
+    losses = [torch.tensor([r["train_loss"] for r in h]) for h in (history, whole_history)]
     _close(losses[:1], losses[1:], atol=1e-3)
     _close(list(model.state_dict().values()), [v.cpu() for v in whole.state_dict().values()], atol=1e-3)
 

@@ -121,34 +121,34 @@ def test_models_record_the_arguments_that_rebuild_them():
     assert capsnets.create_model("capsnet_small", routing=routing).model_args == {"routing": routing.to_config()}
 
 
-def test_experiment_checkpoints_rebuild_through_load_model(tmp_path):
-    from capsnets.experiments.checkpoints import load_or_train
+def _experiment_run(folder, model):
+    from capsnets.data import TensorData
+    from capsnets.experiments.runs import Runs
+
+    (c, h, w), k = model.input_size, model.num_classes
+    data = TensorData(torch.rand(8, c, h, w), torch.arange(8) % k, k, classes=[str(i) for i in range(k)], name="random")
+    with Runs(folder) as runs:
+        runs.fit("m", model, data, data, epochs=1, batch_size=4, max_shift=0, device="cpu", progress=False)
+    (run,) = [p for p in folder.iterdir() if p.is_dir()]
+    return run
+
+
+def test_experiment_runs_rebuild_through_load_model(tmp_path):
     from capsnets.models import load_model
 
     model = capsnets.create_model("capsnet_small", input_size=(1, 36, 36))
-    assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
-    rebuilt = load_model(tmp_path / "m.safetensors")
+    rebuilt = load_model(_experiment_run(tmp_path, model))
     assert rebuilt.input_size == (1, 36, 36) and rebuilt.checkpoint_meta["model"] == "capsnet_small"
     for (name, a), (_, b) in zip(model.state_dict().items(), rebuilt.state_dict().items()):
         assert torch.equal(a, b), name
 
 
-def test_experiment_checkpoints_of_differently_built_models_are_refused(tmp_path):
-    from capsnets.experiments.checkpoints import load_or_train
-
-    model = capsnets.create_model("matrix_capsnet_small", routing={"detach_routing": True})
-    assert not load_or_train(model, "m", lambda: None, checkpoint_dir=tmp_path)
-    assert load_or_train(
-        capsnets.create_model("matrix_capsnet_small", routing={"detach_routing": True}),
-        "m",
-        lambda: None,
-        checkpoint_dir=tmp_path,
-    )
-    other = capsnets.create_model(
-        "matrix_capsnet_small", formulation="paper", routing={"cost_normalization": "mean_std", "detach_routing": True}
-    )
-    with pytest.raises(ValueError, match=r"cost_normalization.*another --checkpoint-dir"):
-        load_or_train(other, "m", lambda: None, checkpoint_dir=tmp_path)
+def test_experiment_runs_of_differently_built_models_are_kept_apart(tmp_path):
+    first = _experiment_run(tmp_path, capsnets.create_model("capsnet_small"))
+    assert _experiment_run(tmp_path, capsnets.create_model("capsnet_small")) == first  # reused
+    _experiment_run(tmp_path / "other", capsnets.create_model("capsnet_small", routing={"iterations": 1}))
+    (other,) = [p for p in (tmp_path / "other").iterdir()]
+    assert other.name != first.name
 
 
 SMALL = [

@@ -6,9 +6,9 @@
   summarises the spread, and each contrast (capsules minus CNN per seed), in ``out/report.md``.
 - :func:`list_experiments`, :func:`describe_experiments` (one line each, or one experiment's settings),
   :func:`experiment_settings`: the registry (:mod:`.common`); each experiment's settings are a dataclass.
-- :mod:`.report` writes every report; :mod:`.training` holds what the experiments share for training
-  (:func:`train_classifier`...), all of it through the engine's one ``fit`` loop and its callbacks;
-  :mod:`.checkpoints` keeps the trained models between runs (:class:`Checkpoints`).
+- :mod:`.report` writes every report; :mod:`.runs` trains the experiments' models through the engine's trainer, each
+  in a run directory of its own under ``--checkpoint-dir`` (:class:`Runs`), reused when complete and resumed when a
+  time limit cut it short.
 
 Experiment modules register themselves on import; every module named in ``_MODULES`` is imported here, so
 adding an experiment means adding its file and its name below. No experiment imports another.
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 
-from .checkpoints import Checkpoints, load_or_train
 from .common import (
     ExperimentSettings,
     describe_experiments,
@@ -29,8 +28,8 @@ from .common import (
     run_experiment,
 )
 from .report import ExperimentResult, markdown_table, percent, save_figure, settings_table, write_report
+from .runs import Runs, Training
 from .seeds import run_experiment_seeds, summarise_seeds
-from .training import evaluate_accuracy, train_classifier
 
 _MODULES = ("multimnist", "dimensions", "affnist", "adversarial", "viewpoints", "segmentation", "synthesis", "routers")
 
@@ -38,23 +37,21 @@ for _name in _MODULES:
     importlib.import_module(f"{__name__}.{_name}")
 
 __all__ = [
-    "Checkpoints",
     "ExperimentResult",
     "ExperimentSettings",
     "describe_experiments",
-    "evaluate_accuracy",
     "experiment_settings",
     "get_experiment",
     "list_experiments",
-    "load_or_train",
     "markdown_table",
     "percent",
     "register_experiment",
+    "Runs",
+    "Training",
     "run_experiment",
     "run_experiment_seeds",
     "save_figure",
     "settings_table",
     "summarise_seeds",
-    "train_classifier",
     "write_report",
 ]

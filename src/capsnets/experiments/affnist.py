@@ -5,7 +5,7 @@ reach ~99.2% on such translated MNIST test digits (CapsNet 99.23%, CNN 99.22%); 
 set CapsNet gets 79% and the CNN 66%.
 
 Here: both models are trained until their accuracy on held-out translated training digits reaches
-``target_accuracy`` (or ``max_epochs`` pass; :func:`~capsnets.experiments.training.train_to_accuracy`),
+``target_accuracy`` (or ``max_epochs`` pass; :meth:`~capsnets.experiments.runs.Runs.fit` with a ``target``),
 then tested on (a) translated MNIST test digits (fixed random positions), (b) an affNIST-style set made
 from MNIST test digits (:func:`capsnets.data.affnist.make_affnist_style`: the affNIST ranges, drawn
 uniformly), and (c) the real affNIST test set when its files are found (``affnist_path`` or
@@ -26,11 +26,12 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from capsnets.data import DatasetError, load_dataset
-from capsnets.data.affnist import AFFNIST_SIZE, RandomPlacement, load_affnist, make_affnist_style, translated_test_set
+from capsnets.data.affnist import AFFNIST_SIZE, load_affnist, make_affnist_style, translated_test_set
+from capsnets.engine import accuracy as evaluate_accuracy
+from capsnets.experiments.canvas import canvas_training_set
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import save_figure, training_metrics, write_report
 from capsnets.experiments.report.affnist import affnist_sections
-from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
 from capsnets.models import count_parameters, create_model
 
 __all__ = ["run"]
@@ -117,10 +118,10 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     "trained on translated MNIST, tested on unseen affine transforms (Sabour et al. 2017, Sec. 5.2)",
     contrasts=_contrasts,
 )
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, runs):
     """Train on translated MNIST, test on affNIST(-style) digits; write ``report.md`` and a PNG into ``out``."""
     digits = load_dataset("mnist", root=data_dir, train=True, device=device).subset(s.train_size + s.val_size)
-    fit_x, fit_y = digits.images[: s.train_size], digits.labels[: s.train_size]
+    train = canvas_training_set(digits.subset(s.train_size))
     val = translated_test_set(digits.select(slice(s.train_size, None)), seed=seed + 1)
     mnist_test = load_dataset("mnist", root=data_dir, train=False, device=device).subset(s.test_size)
     tests = {
@@ -132,21 +133,17 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         tests["affNIST (real)"] = real
     models = {"CapsNet": _build(s.capsule_model, device), "CNN": _build(s.cnn_model, device)}
     training = {
-        name: checkpoints.fit_or_load(
-            model,
+        name: runs.fit(
             f"affnist_{model.model_name}",
-            fit_x,
-            fit_y,
-            val.images,
-            val.labels,
+            model,
+            train,
+            val,
+            epochs=s.max_epochs,
             target=s.target_accuracy,
-            max_epochs=s.max_epochs,
             lr=s.lr,
             batch_size=s.batch_size,
             seed=seed + 100 * index,
-            augment=RandomPlacement(),
-            desc=name,
-            time_limit_s=minutes_to_seconds(s.train_minutes),
+            train_minutes=s.train_minutes,
         )
         for index, (name, model) in enumerate(models.items())
     }

@@ -10,14 +10,14 @@ run's and whose ``SMOKE`` entries give the tiny CPU-sized version (minutes)::
         SMOKE: ClassVar[dict] = {"epochs": 1}
 
     @register_experiment("multimnist", Settings, "two overlapping digits: CapsNet against a CNN")
-    def run(out: Path, s: Settings, *, smoke, device, seed, data_dir, checkpoints) -> ExperimentResult:
+    def run(out: Path, s: Settings, *, smoke, device, seed, data_dir, runs) -> ExperimentResult:
         ...
         return write_report(out, "MultiMNIST", [("Results", markdown_table(headers, rows))], metrics={...})
 
 ``--set KEY=VALUE`` (the ``options`` of :func:`run_experiment`) overrides single settings, checked against
-the field types. Reports are written with :mod:`capsnets.experiments.report`; the training helpers that
-experiments share are in :mod:`capsnets.experiments.training`, among them ``checkpoints``, the
-:class:`~capsnets.experiments.checkpoints.Checkpoints` folder (``--checkpoint-dir``) where a run keeps its models.
+the field types. Reports are written with :mod:`capsnets.experiments.report`; the models are trained through the
+engine's trainer in ``runs``, the :class:`~capsnets.experiments.runs.Runs` folder (``--checkpoint-dir``) that keeps
+their run directories.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from capsnets.engine.runtime import resolve_device, seed_everything
-from capsnets.experiments.checkpoints import Checkpoints
 from capsnets.experiments.report import ExperimentResult, annotate_report, run_description
+from capsnets.experiments.runs import Runs
 from capsnets.validation import ArgumentError, shown
 
 #: ``metrics -> [(label, key_a, key_b), ...]``: the differences ``metrics[key_a] - metrics[key_b]`` that a
@@ -101,7 +101,7 @@ _EXPERIMENTS: dict[str, Experiment] = {}
 def register_experiment(
     name: str, settings: type[ExperimentSettings], description: str, *, contrasts: ContrastFn | None = None
 ) -> Callable:
-    """Decorator registering ``run(out, settings, *, smoke, device, seed, data_dir, checkpoints)`` under
+    """Decorator registering ``run(out, settings, *, smoke, device, seed, data_dir, runs)`` under
     ``name`` (see the module docstring). ``contrasts`` names the comparisons a multi-seed run summarises
     (:mod:`capsnets.experiments.seeds`)."""
 
@@ -160,20 +160,20 @@ def run_experiment(
     **options,
 ) -> ExperimentResult:
     """Seed everything, create ``out`` and run the experiment ``name`` (its report goes to ``out/report.md``);
-    ``options`` override single settings (see :func:`describe_experiments`). Models are kept in
-    ``checkpoint_dir`` between runs; the result's ``cut_short`` names the trainings a time limit left
-    unfinished there."""
+    ``options`` override single settings (see :func:`describe_experiments`). The models' run directories are kept
+    in ``checkpoint_dir`` (:class:`~capsnets.experiments.runs.Runs`; None: a temporary folder); the result's
+    ``cut_short`` names the trainings a time limit left unfinished there."""
     check_seed(seed)
     settings = experiment_settings(name, smoke=smoke, **options)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
     device = str(resolve_device(device))
-    checkpoints = Checkpoints(checkpoint_dir)
-    result = get_experiment(name).run(
-        out, settings, smoke=smoke, device=device, seed=seed, data_dir=data_dir, checkpoints=checkpoints
-    )
-    result.cut_short = checkpoints.cut_short
+    with Runs(checkpoint_dir) as runs:
+        result = get_experiment(name).run(
+            out, settings, smoke=smoke, device=device, seed=seed, data_dir=data_dir, runs=runs
+        )
+    result.cut_short = runs.cut_short
     annotate_report(result.report, run_description(name, out, smoke=smoke, device=device, seed=seed, options=options))
     return result
 

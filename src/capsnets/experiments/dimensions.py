@@ -8,9 +8,10 @@ class ``j``: its final coupling ``c[i, j]`` times its length ``|u_i|`` (a coupli
 the capsule is absent, as in the empty background), summed over capsule types on the 6x6 primary grid,
 upsampled to the input size and drawn over the input.
 
-The model is loaded from ``--checkpoint-dir`` when it holds ``dimensions_capsnet.safetensors`` (written by
-an earlier run) or a trainer run directory (``best``/``last``); else it is trained on MNIST (full: the
-paper's ``capsnet``, 10 epochs, shifts of 2 px; smoke: ``capsnet_small`` on 2,000 images, 1 epoch).
+The model is loaded from ``--checkpoint-dir`` when that is a trainer run directory (``best``/``last``); else it is
+trained on MNIST through the engine's trainer, its run kept in ``--checkpoint-dir`` (full: the paper's ``capsnet``,
+10 epochs, shifts of 2 px; smoke: ``capsnet_small`` on 2,000 images, 1 epoch), the ``best`` epoch chosen on a tenth
+of the training images held out (the trainer's ``val_fraction``).
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from capsnets.checkpoints import CheckpointError
-from capsnets.data import load_dataset, random_shift
-from capsnets.engine import TrainState
+from capsnets.data import load_dataset
+from capsnets.engine import accuracy as evaluate_accuracy
 from capsnets.engine.callbacks import checkpoint_path
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import ExperimentResult, save_figure, write_report
 from capsnets.experiments.report.dimensions import dimensions_sections
-from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds, train_classifier
 from capsnets.functional import capsule_length
 from capsnets.models import count_parameters, create_model
 from capsnets.models.hub import load_model
@@ -91,40 +91,28 @@ def plot_routing(images: Tensor, maps: list[Tensor], winners: list[int], out_png
     return save_figure(fig, out_png)
 
 
-def _model(cfg: Settings, data, device: str, seed: int, checkpoints) -> tuple[nn.Module, dict]:
-    """The model, and how it was made: ``{"folder"}`` (loaded from a trainer run directory) or
-    ``{"history", "loaded", "images"}``."""
-    folder = checkpoints.directory
-    if folder is not None and not checkpoint_path(folder, "dimensions_capsnet").is_file():
-        try:  # a trainer run directory
+def _model(cfg: Settings, data, device: str, seed: int, runs) -> tuple[nn.Module, dict]:
+    """The model, and how it was made: ``{"folder"}`` (loaded from a trainer run directory given as
+    ``--checkpoint-dir``) or ``{"training", "images"}`` (trained in ``runs``)."""
+    folder = runs.directory
+    if folder is not None and checkpoint_path(folder, "last").is_file():
+        try:
             return load_model(folder, device), {"folder": folder}
         except CheckpointError:
             pass
     model = create_model(cfg.model, device=device)
-    images, labels = data.images[: cfg.train_images].to(device), data.labels[: cfg.train_images].to(device)
-    shift = (lambda x, g: random_shift(x, cfg.max_shift, g)) if cfg.max_shift else None
-
-    state = TrainState()  # lets a later run continue a training its time limit cut short
-
-    def fit():
-        train_classifier(
-            model,
-            images,
-            labels,
-            epochs=cfg.epochs,
-            batch_size=cfg.batch_size,
-            seed=seed,
-            augment=shift,
-            desc="dimensions capsnet",
-            time_limit_s=minutes_to_seconds(cfg.train_minutes),
-            state=state,
-        )
-
-    recipe = {**cfg.subset("train_images", "epochs", "batch_size", "max_shift"), "seed": seed}
-    loaded = checkpoints.load_or_train(
-        model, "dimensions_capsnet", fit, meta={"dataset": "mnist"}, state=state, recipe=recipe
+    train = data.subset(min(cfg.train_images, len(data))).to(device)
+    training = runs.fit(
+        "dimensions_capsnet",
+        model,
+        train,
+        epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        max_shift=cfg.max_shift,
+        seed=seed,
+        train_minutes=cfg.train_minutes,
     )
-    return model, {"history": state.history, "loaded": loaded, "images": len(images)}
+    return model, {"training": training, "images": len(train)}
 
 
 @register_experiment(
@@ -132,9 +120,9 @@ def _model(cfg: Settings, data, device: str, seed: int, checkpoints) -> tuple[nn
     Settings,
     "what each dimension of a class capsule encodes, and what routes to it (Sabour et al. 2017, Fig. 4)",
 )
-def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints) -> ExperimentResult:
+def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_dir, runs) -> ExperimentResult:
     """Perturbation grids and routing pictures for ``digits`` MNIST test digits of different classes."""
-    model, how = _model(cfg, load_dataset("mnist", root=data_dir, train=True), device, seed, checkpoints)
+    model, how = _model(cfg, load_dataset("mnist", root=data_dir, train=True), device, seed, runs)
     model.eval()
     test = load_dataset("mnist", root=data_dir, train=False)
     images, labels = test.images[: cfg.test_images].to(device), test.labels[: cfg.test_images].to(device)

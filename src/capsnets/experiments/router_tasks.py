@@ -15,9 +15,9 @@ from capsnets.data import DeviceLoader, TensorData, load_dataset
 from capsnets.data.affnist import make_affnist_style, translated_test_set
 from capsnets.engine.fit import fit, training_step
 from capsnets.engine.runtime import resolve_amp, seed_everything
-from capsnets.experiments.matching import load_norb_like, viewpoint_split
-from capsnets.experiments.training import default_loss_fn
+from capsnets.experiments.views import load_norb_like, viewpoint_split
 from capsnets.files import atomic_write
+from capsnets.losses import create_loss
 from capsnets.models import create_model
 from capsnets.outputs import json_header
 
@@ -110,9 +110,9 @@ def build_head(head: str, task: dict, s: Any, device: str, seed: int):
     )
 
 
-def measure_throughput(task: dict, s: Any, device: str, seed: int, checkpoints) -> dict[str, dict]:
-    """``{head: {"images_per_s", "ratio"}}`` (see the module docstring); kept in the checkpoint folder for a rerun
-    with the same settings, so that every head's number comes from one run."""
+def measure_throughput(task: dict, s: Any, device: str, seed: int, folder: Path | None) -> dict[str, dict]:
+    """``{head: {"images_per_s", "ratio"}}`` (see the module docstring); kept in ``folder`` (``--checkpoint-dir``) for
+    a rerun with the same settings, so that every head's number comes from one run."""
     recipe = {
         "heads": list(s.heads),
         "model_args": s.model_args,
@@ -125,9 +125,9 @@ def measure_throughput(task: dict, s: Any, device: str, seed: int, checkpoints) 
         "torch": torch.__version__,
     }
     recipe, path = json.loads(json.dumps(recipe)), None  # as it reads back from the file
-    if checkpoints.directory is not None:
+    if folder is not None:
         shape = "x".join(map(str, task["input_size"]))
-        path = checkpoints.directory / f"routers_throughput_{shape}_{task['num_classes']}.json"
+        path = folder / f"routers_throughput_{shape}_{task['num_classes']}.json"
         if path.is_file() and json.loads(path.read_text()).get("recipe") == recipe:
             return json.loads(path.read_text())["heads"]
     bench, n = task["bench"], s.throughput_steps * s.batch_size
@@ -136,9 +136,9 @@ def measure_throughput(task: dict, s: Any, device: str, seed: int, checkpoints) 
     steps = {}
     for head in s.heads:
         model = build_head(head, task, s, device, seed)
-        loss = default_loss_fn(model)
+        loss = create_loss(model.default_loss)
         steps[head] = training_step(
-            lambda batch, m=model, f=loss: {"loss": f(m, *batch)},
+            lambda batch, m=model, f=loss: {"loss": f(m(*batch), *batch)[0]},
             torch.optim.Adam(model.parameters(), lr=s.lr),
             device=torch.device(device),
             amp_dtype=resolve_amp("auto", torch.device(device)),
@@ -156,6 +156,7 @@ def measure_throughput(task: dict, s: Any, device: str, seed: int, checkpoints) 
         for head, r in rates.items()
     }
     if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(
             path,
             lambda tmp: Path(tmp).write_text(

@@ -7,18 +7,19 @@ routings dynamic, EM, self-attention, inverted attention, self-routing, uniform 
 vector capsules, which do not route; the CNN heads average pooling, max pooling, fully connected), each with its default loss, is trained on each task with the same recipe, data
 order and backbone initialisation, so that the head is the only difference:
 
-- ``fashion_mnist``: ``epochs`` of Fashion-MNIST; test accuracy after every epoch (for the curves; never used to
-  stop or choose).
+Every head trains through the engine's trainer (:class:`~capsnets.experiments.runs.Runs`):
+
+- ``fashion_mnist``: ``epochs`` of Fashion-MNIST, the best epoch chosen on a tenth of the training images held out;
+  test accuracy after every epoch (for the curves; never used to stop or choose), the best epoch's reported.
 - ``affnist``: MNIST digits placed at random on a 40x40 canvas, each head trained until its accuracy on held-out
-  translated digits reaches ``affnist_target``
-  (:meth:`~capsnets.experiments.checkpoints.Checkpoints.fit_or_load`, as in the ``affnist`` experiment), then
-  tested on translated MNIST test digits and an affNIST-style set (:func:`~capsnets.data.affnist.make_affnist_style`).
+  translated digits reaches ``affnist_target`` (as in the ``affnist`` experiment), then tested on translated MNIST
+  test digits and an affNIST-style set (:func:`~capsnets.data.affnist.make_affnist_style`).
 - ``azimuth``, ``elevation``: the two splits of smallNORB (when found) or of the rendered viewpoint set, matched
-  on familiar-view error as in the ``viewpoints`` experiment (:func:`~capsnets.experiments.matching.train_matched`):
+  on familiar-view error as in the ``viewpoints`` experiment (:func:`~capsnets.experiments.views.fit_matched`):
   the average-pooling head (:data:`REFERENCE`) sets the target with its lowest familiar-view error, every other
-  head stops at the first evaluation at or below it (else is kept nearest to it). The CNN heads' novel-view error
-  is scored at every evaluation, so each routing head is compared with the best CNN head at its own familiar-view
-  error: the first evaluation of each CNN head at or below ``max(head's error, target)``.
+  head stops at the first epoch at or below it (else is kept nearest to it). The CNN heads' novel-view error
+  is scored at every epoch, so each routing head is compared with the best CNN head at its own familiar-view
+  error: the first epoch of each CNN head at or below ``max(head's error, target)``.
 
 Training images/s: every head's training step (:func:`~capsnets.engine.fit`: forward pass, loss, backward pass,
 Adam; no augmentation) timed in the same run on the same batches, heads alternated, the median of
@@ -38,13 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from capsnets.data.affnist import RandomPlacement
-from capsnets.engine import TrainState
+from capsnets.engine import accuracy as evaluate_accuracy
 from capsnets.engine.callbacks import checkpoint_name
+from capsnets.experiments.canvas import canvas_training_set
 from capsnets.experiments.common import ExperimentSettings, register_experiment
-from capsnets.experiments.matching import error_rate, train_matched
 from capsnets.experiments.report import write_report
-from capsnets.experiments.report.routers import routers_contrasts, routers_figures, routers_metrics, routers_sections
+from capsnets.experiments.report.routers import routers_contrasts, routers_metrics, routers_sections
+from capsnets.experiments.report.routers_figures import routers_figures
 from capsnets.experiments.router_tasks import (
     CNN_HEADS,
     PROBLEMS,
@@ -54,7 +55,8 @@ from capsnets.experiments.router_tasks import (
     load_tasks,
     measure_throughput,
 )
-from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
+from capsnets.experiments.runs import check_minutes
+from capsnets.experiments.views import fit_matched
 from capsnets.models import count_parameters
 from capsnets.models.routing_zoo import HEADS
 
@@ -65,7 +67,7 @@ __all__ = ["CNN_HEADS", "PROBLEMS", "REFERENCE", "Settings", "run"]
 class Settings(ExperimentSettings):
     """Heads and tasks; ``model_args``: ``routing_zoo`` arguments shared by every head (width, capsule_types...);
     training (Adam, ``epochs``: every task's epochs, affNIST's at most); data sizes (None: all; ``test_size``:
-    each test set, and each of the familiar and novel views); ``evals_per_epoch`` (viewpoints); the viewpoint
+    each test set, and each of the familiar and novel views); the viewpoint
     data (``viewpoints_dir``, None: the data dir; ``render_*``: a reduced grid); throughput timing; time limits
     (``train_minutes`` each training, ``time_limit_minutes`` the whole run)."""
 
@@ -82,7 +84,6 @@ class Settings(ExperimentSettings):
     affnist_target: float = 0.95
     viewpoints_train_size: int | None = None
     test_size: int | None = 2000
-    evals_per_epoch: int = 2
     viewpoints_dir: str | None = None
     render_instances: int | None = None
     render_lightings: list[int] | None = None
@@ -127,119 +128,55 @@ class _Budget:
     (``train_minutes`` too). The first training of a run always starts, so that every run makes progress."""
 
     def __init__(self, s: Settings) -> None:
-        self.began, self.total = time.perf_counter(), minutes_to_seconds(s.time_limit_minutes)
-        self.each, self.started = minutes_to_seconds(s.train_minutes), False
+        self.began, self.total = time.perf_counter(), _seconds(s.time_limit_minutes)
+        self.each, self.started = _seconds(s.train_minutes), False
 
     def spent(self) -> bool:
         return self.started and self.total is not None and time.perf_counter() - self.began >= self.total
 
     def limit(self) -> float | None:
+        """The next training's time limit in minutes (None: none)."""
         self.started = True
         left = None if self.total is None else max(self.total - (time.perf_counter() - self.began), 1e-3)
-        return min((t for t in (self.each, left) if t is not None), default=None)
+        seconds = min((t for t in (self.each, left) if t is not None), default=None)
+        return None if seconds is None else seconds / 60.0
 
 
-def _train_head(
-    name: str, head: str, model, task: dict, s: Settings, seed: int, checkpoints, limit, target: float | None
-) -> dict:
-    """Train (or load, or continue) ``model`` on task ``name``: a record with ``history`` (per evaluation, with
-    ``time_s`` and the curve's ``accuracy``), ``accuracy`` (the task's headline), ``epochs`` and the task's own
-    numbers."""
+def _seconds(minutes: float | None) -> float | None:
+    return None if check_minutes(minutes) is None else 60.0 * minutes
+
+
+def _train_head(name: str, head: str, model, task: dict, s: Settings, seed: int, runs, limit, target) -> dict:
+    """Train (or reuse, or continue) ``model`` on task ``name`` through the engine's trainer: a record with
+    ``history`` (per epoch, with ``time_s`` and the curve's ``accuracy``), ``accuracy`` (the task's headline),
+    ``epochs`` and the task's own numbers."""
     key = checkpoint_name(f"routers_{name}_{head}", s.model_args)
-    common = dict(lr=s.lr, lr_decay=s.lr_decay, batch_size=s.batch_size, seed=seed, desc=head, time_limit_s=limit)
-    if name == "fashion_mnist":  # the target 1.0 stops only a perfect head
-        rec = checkpoints.fit_or_load(
-            model,
-            key,
-            task["train"].images,
-            task["train"].labels,
-            task["test"].images,
-            task["test"].labels,
-            target=1.0,
-            max_epochs=s.epochs,
-            **common,
-        )
-        rec["accuracy"] = rec["val_accuracy"]
-    elif name == "affnist":
-        rec = checkpoints.fit_or_load(
-            model,
-            key,
-            task["train"].images,
-            task["train"].labels,
-            task["val"].images,
-            task["val"].labels,
-            target=s.affnist_target,
-            max_epochs=s.epochs,
-            augment=RandomPlacement(),
-            **common,
-        )
-        rec["tests"] = {test: evaluate_accuracy(model, d.images, d.labels) for test, d in task["tests"].items()}
-        rec["accuracy"], rec["reached"] = rec["tests"]["affNIST-style"], rec["val_accuracy"] >= s.affnist_target
-    else:
-        rec = _fit_matched(
-            model, key, task["views"], target, s, seed, checkpoints, limit, novel_every=1 if head in CNN_HEADS else 0
-        )
-        rec["accuracy"] = 1.0 - rec["novel_error"]
-    for record in rec["history"]:
-        record.setdefault("accuracy", record.get("val_accuracy", 1.0 - record.get("familiar_error", 1.0)))
-    rec["train_time_s"] = sum(record.get("time_s", 0.0) for record in rec["history"])
-    return rec
-
-
-def _fit_matched(
-    model, key: str, views: dict, target: float | None, s: Settings, seed: int, checkpoints, limit, novel_every: int
-) -> dict:
-    """:func:`train_matched` (or a checkpoint from an earlier run, its record read from the sidecar), as the
-    ``viewpoints`` experiment trains its models."""
-    record: dict = {}
-    state = TrainState()
-
-    def train():
-        record.update(
-            train_matched(
-                model,
-                views,
-                epochs=s.epochs,
-                target=target,
-                batch_size=s.batch_size,
-                lr=s.lr,
-                lr_decay=s.lr_decay,
-                seed=seed,
-                evals_per_epoch=s.evals_per_epoch,
-                time_limit_s=limit,
-                novel_every=novel_every,
-                state=state,
-            )
-        )
-
-    recipe = {
-        **s.subset(
-            "epochs",
-            "lr",
-            "lr_decay",
-            "batch_size",
-            "evals_per_epoch",
-            "viewpoints_train_size",
-            "render_instances",
-            "render_lightings",
-        ),
-        "seed": seed,
-        "novel_every": novel_every,
-    }
-    loaded = checkpoints.load_or_train(model, key, train, meta=record, state=state, recipe=recipe)
-    if loaded:
-        record = {k: record.get(k) for k in ("history", "epoch", "time_limit")}
-        record.update({f"{view}_error": error_rate(model, views[view]) for view in ("familiar", "novel")})
-    history = record["history"] or []
-    last = history[-1]["epoch"] if history else 0
-    record["reached"] = target is None or record["familiar_error"] <= target
-    record["epochs"] = (
-        f"{last:g} of {s.epochs}, chosen {record['epoch']:g}"
-        + (" (time limit)" if record.get("time_limit") else "")
-        + (" (loaded)" if loaded else "")
+    common = dict(
+        epochs=s.epochs, lr=s.lr, lr_decay=s.lr_decay, batch_size=s.batch_size, seed=seed, train_minutes=limit
     )
-    record["history"] = history
-    return record
+    if name in SPLITS:
+        rec = fit_matched(runs, key, model, task["views"], target=target, novel_each_epoch=head in CNN_HEADS, **common)
+        training, rec["accuracy"] = rec["training"], 1.0 - rec["novel_error"]
+        curve = [1.0 - r["val_accuracy"] for r in training.history]
+        rec["reached"] = target is None or rec["familiar_error"] <= target
+    elif name == "fashion_mnist":  # the best epoch chosen on a share of the training images
+        training = runs.fit(key, model, task["train"], test=task["test"], max_shift=0, **common)
+        rec = {"accuracy": training.summary["best_test_accuracy"]}
+        curve = [r.get("test_accuracy") for r in training.history]
+    else:
+        train = canvas_training_set(task["train"])
+        training = runs.fit(key, model, train, task["val"], target=s.affnist_target, **common)
+        tests = {test: evaluate_accuracy(model, d.images, d.labels) for test, d in task["tests"].items()}
+        rec = {"tests": tests, "accuracy": tests["affNIST-style"], "val_accuracy": training.chosen()}
+        rec["reached"], curve = rec["val_accuracy"] >= s.affnist_target, [r["val_accuracy"] for r in training.history]
+    records = rec.get("history", training.history)
+    rec["history"] = [
+        {**r, "accuracy": c, "time_s": t["epoch_time_s"]} for r, c, t in zip(records, curve, training.history)
+    ]
+    rec["epochs"] = training.epochs + (f", chosen {training.summary['best_epoch']}" if name in SPLITS else "")
+    rec["time_limit"] = training.cut_short
+    rec["train_time_s"] = sum(r["time_s"] for r in rec["history"])
+    return rec
 
 
 def _matched_cnn(rec: dict, cnn: dict[str, dict], target: float) -> dict | None:
@@ -255,7 +192,7 @@ def _matched_cnn(rec: dict, cnn: dict[str, dict], target: float) -> dict | None:
     return min(found, key=lambda p: p["novel_error"], default=None)
 
 
-def _run_task(name: str, task: dict, s: Settings, device: str, seed: int, checkpoints, budget: _Budget) -> dict:
+def _run_task(name: str, task: dict, s: Settings, device: str, seed: int, runs, budget: _Budget) -> dict:
     """Train every head on one task (the reference first); ``None`` for a head the time limit left untrained."""
     records: dict[str, dict | None] = {}
     target = None
@@ -265,7 +202,7 @@ def _run_task(name: str, task: dict, s: Settings, device: str, seed: int, checkp
             records[head] = None
             continue
         model = build_head(head, task, s, device, seed)
-        records[head] = rec = _train_head(name, head, model, task, s, seed, checkpoints, budget.limit(), target)
+        records[head] = rec = _train_head(name, head, model, task, s, seed, runs, budget.limit(), target)
         rec["parameters"] = count_parameters(model)
         if head == REFERENCE and name in SPLITS and not rec.get("time_limit"):
             target = rec["familiar_error"]
@@ -284,7 +221,7 @@ def _run_task(name: str, task: dict, s: Settings, device: str, seed: int, checkp
     "and novel-viewpoint generalisation (Hahn et al. 2019)",
     contrasts=routers_contrasts,
 )
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, runs):
     """Train (or load) every head on every task; write ``report.md`` and three or four PNGs into ``out``."""
     budget = _Budget(s)
     tasks = load_tasks(s, device, seed, data_dir)
@@ -292,9 +229,9 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
     for name, task in tasks.items():
         shape = (task["input_size"], task["num_classes"])
         if shape not in speed_by_shape:
-            speed_by_shape[shape] = measure_throughput(task, s, device, seed, checkpoints)
+            speed_by_shape[shape] = measure_throughput(task, s, device, seed, runs.directory)
         speeds[name] = speed_by_shape[shape]
-        results[name] = _run_task(name, task, s, device, seed + 10 * PROBLEMS.index(name), checkpoints, budget)
+        results[name] = _run_task(name, task, s, device, seed + 10 * PROBLEMS.index(name), runs, budget)
     sections = routers_sections(results, tasks, speeds, s, device=device, seed=seed, smoke=smoke)
     return write_report(
         out,

@@ -10,13 +10,15 @@ the test set is fixed by its seed. Both models train with Adam on the per-pixel 
 (SegCaps adds its masked reconstruction). The report gives the mean per-image Dice of each model and
 of thresholding the image itself, which marks every clutter stroke too (the floor a model must beat), and
 a table of each model's training loss and Dice on up to 1,000 validation images (built from training
-digits) after every epoch, which shows when a model stops learning or collapses to all background.
+digits) after every epoch, which shows when a model stops learning or collapses to all background; that Dice
+chooses each model's best epoch. The models train through the engine's trainer, a training set drawn every epoch.
 Deviations: the data (above); no class weighting (``pos_weight`` 1); ``--smoke`` uses ``segcaps_small``
 and ``unet_small`` on a few hundred 32x32 images.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -28,14 +30,11 @@ from torch import Tensor, nn
 
 from capsnets.data import load_dataset
 from capsnets.data.segmentation import SegmentationData, make_digit_segmentation
-from capsnets.engine import TrainState
 from capsnets.engine.callbacks import checkpoint_name
 from capsnets.engine.evaluate import dice_score
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import save_figure, write_report
 from capsnets.experiments.report.segmentation import segmentation_sections
-from capsnets.experiments.training import minutes_to_seconds, train_classifier
-from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model
 
 __all__ = ["run", "evaluate_dice"]
@@ -125,7 +124,7 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     "segmenting cluttered digits: SegCaps against U-Net (LaLonde & Bagci 2018)",
     contrasts=_contrasts,
 )
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, runs):
     """Train (or load) SegCaps and U-Net on cluttered digits; write ``report.md`` and a PNG into ``out``."""
     shape = {"size": s.size, "clutter": s.clutter, "patch": s.patch}
     train_digits = _digits(data_dir, True, s.train_digits, device)
@@ -133,11 +132,11 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         _digits(data_dir, False, s.test_digits, device), s.test_images, seed=10_000 + seed, **shape
     )
 
-    def epoch_data(epoch: int):
+    def epoch_data(epoch: int) -> SegmentationData:
         data = make_digit_segmentation(train_digits, s.images_per_epoch, seed=seed * 1000 + epoch, **shape)
-        return data.images, data.masks
+        return dataclasses.replace(data, name="cluttered_digits")
 
-    # monitoring only (nothing is chosen on it): images from training digits, fixed by their seed
+    # chooses each model's best epoch: images from training digits, fixed by their seed
     val = make_digit_segmentation(train_digits, min(1000, s.test_images), seed=20_000 + seed, **shape)
     size = (1, s.size, s.size)
     models = {
@@ -147,46 +146,22 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
     builder_args = {"SegCaps": s.segcaps_args, "U-Net": s.unet_args}
     metrics, records = {}, {}
     for name, model in models.items():
-        criterion = create_loss(model.default_loss)
-
-        state = TrainState()  # lets a later run continue a training its time limit cut short
-
-        def fit(model=model, criterion=criterion, name=name, state=state):
-            def score(record):  # after every epoch; never stops training
-                record["val_dice"] = evaluate_dice(model, val)
-                return False
-
-            train_classifier(
-                model,
-                None,
-                None,
-                epoch_data=epoch_data,
-                epochs=s.epochs,
-                batch_size=s.batch_size,
-                lr=s.lr,
-                seed=seed,
-                desc=name,
-                loss_fn=lambda m, x, y: criterion(m(x, y), x, y)[0],
-                after_epoch=score,
-                time_limit_s=minutes_to_seconds(s.train_minutes),
-                state=state,
-            )
-
-        key = checkpoint_name(f"segmentation_{model.model_name}", builder_args[name])
-        recipe = {
-            **s.subset("train_digits", "images_per_epoch", "epochs", "size", "clutter", "patch", "batch_size", "lr"),
-            "seed": seed,
-        }
-        loaded = checkpoints.load_or_train(model, key, fit, state=state, recipe=recipe)
+        training = runs.fit(
+            checkpoint_name(f"segmentation_{model.model_name}", builder_args[name]),
+            model,
+            None,
+            val,
+            epochs=s.epochs,
+            epoch_data=epoch_data,
+            batch_size=s.batch_size,
+            lr=s.lr,
+            seed=seed,
+            train_minutes=s.train_minutes,
+            recipe=s.subset("train_digits", "images_per_epoch", "size", "clutter", "patch"),
+        )
         dice, params = evaluate_dice(model, test), count_parameters(model)
         metrics.update({f"{name}_dice": dice, f"{name}_parameters": params})
-        records[name] = {
-            "model_name": model.model_name,
-            "parameters": params,
-            "dice": dice,
-            "history": state.history,
-            "loaded": loaded,
-        }
+        records[name] = {"model_name": model.model_name, "parameters": params, "dice": dice, "training": training}
     threshold = dice_score(test.images, test.masks).mean().item()
     metrics["threshold_dice"] = threshold
     png = _plot_examples(models, test, out / "examples.png")

@@ -14,8 +14,8 @@ examples with a zero input gradient, so such gradient masking is visible rather 
 The CNN is the paper's baseline (35.4M parameters) in full
 runs and a narrow version of it (16/16/8 channels, 64/32 hidden) with ``smoke``. "Equal accuracy":
 each model is trained until its accuracy on a held-out part of the training set reaches
-``target_accuracy`` (or ``max_epochs`` pass), see
-:func:`~capsnets.experiments.training.train_to_accuracy`. Success rates count
+``target_accuracy`` (or ``max_epochs`` pass), through the engine's trainer
+(:meth:`~capsnets.experiments.runs.Runs.fit` with a ``target``). Success rates count
 only test examples the attacked (or, for transfer, the evaluated) model classifies correctly when
 clean; targeted attacks use one random wrong class per example, the same for every attack and eps.
 BIM takes ``bim_steps`` steps of ``2.5 * eps / bim_steps``.
@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from capsnets.data import load_dataset
+from capsnets.engine import accuracy as evaluate_accuracy
 from capsnets.experiments.adversarial.attacks import ATTACK_LOSSES, attack_loss, random_wrong_targets
 from capsnets.experiments.adversarial.scoring import attack_table, craft, zero_gradient_fraction
 from capsnets.experiments.common import ExperimentSettings, register_experiment
@@ -42,7 +43,6 @@ from capsnets.experiments.report.adversarial import (
     plot_success_rates,
     success_rate_table,
 )
-from capsnets.experiments.training import evaluate_accuracy, minutes_to_seconds
 from capsnets.models import create_model
 
 __all__ = ["Settings", "run"]
@@ -115,29 +115,26 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     "FGSM and BIM against capsules and a CNN at equal clean accuracy (Hinton et al. 2018, Sec. 6)",
     contrasts=_contrasts,
 )
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, runs):
     """Train (or load) the two models, attack them, write ``report.md`` and two PNGs into ``out``."""
     train = load_dataset("mnist", root=data_dir, train=True, device=device)
     test = load_dataset("mnist", root=data_dir, train=False, device=device).subset(s.test_size)
     fit = train.subset(s.train_size + s.val_size)
-    fit_x, fit_y = fit.images[: s.train_size], fit.labels[: s.train_size]
-    val_x, val_y = fit.images[s.train_size :], fit.labels[s.train_size :]
+    fit_train, fit_val = fit.subset(s.train_size), fit.select(slice(s.train_size, None))
     models = {"CNN": _build(s.cnn_model, device), "CapsNet": _build(s.capsule_model, device)}
     training = {
-        name: checkpoints.fit_or_load(
-            model,
+        name: runs.fit(
             f"adversarial_{model.model_name}",
-            fit_x,
-            fit_y,
-            val_x,
-            val_y,
+            model,
+            fit_train,
+            fit_val,
+            epochs=s.max_epochs,
             target=s.target_accuracy,
-            max_epochs=s.max_epochs,
             lr=s.lr,
             batch_size=s.batch_size,
+            max_shift=0,
             seed=seed + 100 * index,
-            desc=name,
-            time_limit_s=minutes_to_seconds(s.train_minutes),
+            train_minutes=s.train_minutes,
         )
         for index, (name, model) in enumerate(models.items())
     }

@@ -29,7 +29,6 @@ __all__ = [
     "run_description",
     "save_figure",
     "settings_table",
-    "training_cell",
     "training_metrics",
     "write_report",
 ]
@@ -101,14 +100,6 @@ def settings_table(settings: dict[str, Any]) -> str:
     return markdown_table(["setting", "value"], [(k, v) for k, v in settings.items()])
 
 
-def training_cell(training: str, history: Sequence[dict], loaded: bool) -> str:
-    """A report's training cell: ``training`` (e.g. ``"7 of 50 (time limit) x 60,000 pairs"``); for a model
-    loaded from a checkpoint ``"loaded"``, followed by ``training`` when the checkpoint kept the history."""
-    if not loaded:
-        return training
-    return f"loaded ({training})" if history else "loaded"
-
-
 def epoch_table(histories: dict[str, Sequence[dict]], columns: Sequence[tuple[str, str, Callable[[Any], str]]]) -> str:
     """A markdown table with one row per epoch and, for each model in ``histories`` (name -> per-epoch records,
     as :func:`~capsnets.engine.fit` records them), one column per
@@ -177,23 +168,23 @@ def annotate_report(report: Path, text: str) -> None:
 # Models compared at equal validation accuracy (adversarial, affnist)
 
 
-def training_metrics(training: dict[str, dict]) -> dict:
-    """``<name>_val_accuracy`` and ``<name>_epochs`` of each
-    :meth:`~capsnets.experiments.checkpoints.Checkpoints.fit_or_load` record (for the metrics, so a multi-seed
-    summary shows whether every seed compared the models at equal accuracy)."""
+def training_metrics(training: dict[str, Any]) -> dict:
+    """``<name>_val_accuracy`` (of the epoch chosen) and ``<name>_epochs`` of each model's
+    :class:`~capsnets.experiments.runs.Training` (for the metrics, so that a multi-seed summary shows whether every
+    seed compared the models at equal accuracy)."""
     metrics = {}
     for name, record in training.items():
-        metrics[f"{name}_val_accuracy"] = record["val_accuracy"]
-        metrics[f"{name}_epochs"] = record["trained_epochs"]
+        metrics[f"{name}_val_accuracy"] = record.chosen("val_accuracy")
+        metrics[f"{name}_epochs"] = len(record.history)
     return metrics
 
 
-def matching_note(training: dict[str, dict], target: float) -> str:
-    """A sentence saying whether every model reached the validation ``target`` (``training``: name ->
-    :func:`~capsnets.experiments.training.train_to_accuracy` record), i.e. whether the comparison is at equal
-    accuracy."""
-    reached = ", ".join(f"{name} {percent(record['val_accuracy'])}" for name, record in training.items())
-    missed = [name for name, record in training.items() if record["val_accuracy"] < target]
+def matching_note(training: dict[str, Any], target: float) -> str:
+    """A sentence saying whether every model reached the validation ``target`` (``training``: name -> its
+    :class:`~capsnets.experiments.runs.Training`), i.e. whether the comparison is at equal accuracy."""
+    chosen = {name: record.chosen("val_accuracy") or 0.0 for name, record in training.items()}
+    reached = ", ".join(f"{name} {percent(value)}" for name, value in chosen.items())
+    missed = [name for name, value in chosen.items() if value < target]
     if not missed:
         note = f"Every model reached the {percent(target)} validation target ({reached}): compared at equal accuracy."
     else:
@@ -203,8 +194,8 @@ def matching_note(training: dict[str, dict], target: float) -> str:
             f"difference in accuracy."
         )
     curves = [
-        f"{name} {', '.join(percent(h['val_accuracy']) for h in record['history'])}"
+        f"{name} {', '.join(percent(h.get('val_accuracy')) for h in record.history)}"
         for name, record in training.items()
-        if record.get("history")
+        if record.history
     ]
     return note + ("\n\nValidation accuracy after each epoch: " + "; ".join(curves) + "." if curves else "")

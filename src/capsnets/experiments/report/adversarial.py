@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from capsnets.experiments.adversarial.scoring import predict
 from capsnets.experiments.report import markdown_table, matching_note, percent, save_figure, settings_table
+from capsnets.experiments.runs import Training
 from capsnets.models import count_parameters
 
 __all__ = ["LOSS_TEXT", "adversarial_sections", "plot_examples", "plot_success_rates", "success_rate_table"]
@@ -119,7 +120,7 @@ def plot_examples(
 
 def adversarial_sections(
     models: dict[str, nn.Module],
-    training: dict[str, dict],
+    training: dict[str, Training],
     clean: dict[str, float],
     rate_sections: list[tuple[str, str]],
     flat: dict[tuple[str, str], float],
@@ -134,8 +135,8 @@ def adversarial_sections(
             name,
             m.model_name,
             f"{count_parameters(m):,}",
-            training[name]["epochs"],
-            percent(training[name]["val_accuracy"]),
+            training[name].epochs,
+            percent(training[name].chosen("val_accuracy")),
             percent(clean[name]),
         )
         for name, m in models.items()

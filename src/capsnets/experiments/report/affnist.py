@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from capsnets.experiments.report import markdown_table, matching_note, percent, settings_table
+from capsnets.experiments.runs import Training
 
 __all__ = ["PAPER_ACCURACY", "affnist_sections"]
 
@@ -19,7 +20,7 @@ def affnist_sections(
     models: dict[str, tuple[str, int]],
     tests: Sequence[str],
     accuracy: dict[tuple[str, str], float],
-    training: dict[str, dict],
+    training: dict[str, Training],
     s: Any,
     *,
     missing: str | None,
@@ -31,7 +32,7 @@ def affnist_sections(
 
     Args:
         models: name -> ``(model name, parameters)``; tests: the test sets' names.
-        accuracy: ``(name, test)`` -> accuracy; training: name -> the training record (``"epochs"``, ...).
+        accuracy: ``(name, test)`` -> accuracy; training: name -> its :class:`~capsnets.experiments.runs.Training`.
         s: the experiment's settings; missing: why the real affNIST test set was not evaluated (None: it was).
     """
     headers = [
@@ -46,7 +47,7 @@ def affnist_sections(
         (
             f"{name} ({model_name})",
             f"{params:,}",
-            training[name]["epochs"],
+            training[name].epochs,
             *[percent(accuracy[name, t]) for t in tests],
             percent(PAPER_ACCURACY[name][0]),
             percent(PAPER_ACCURACY[name][1]),

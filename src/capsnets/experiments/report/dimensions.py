@@ -7,19 +7,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from capsnets.experiments.report import markdown_table, percent, settings_table, training_cell
-from capsnets.experiments.training import epochs_trained
+from capsnets.experiments.report import markdown_table, percent, settings_table
 
 __all__ = ["dimensions_sections"]
 
 
 def _training_text(training: dict, epochs: int) -> str:
     """The model's training cell: ``"loaded from FOLDER"`` for a trainer run directory (``training["folder"]``),
-    else the epochs and images (``"history"``, ``"loaded"``, ``"images"``) as :func:`training_cell` states them."""
+    else the epochs (of a :class:`~capsnets.experiments.runs.Training`) and images."""
     if "folder" in training:
         return f"loaded from {training['folder']}"
-    trained = f"{epochs_trained(training['history'], epochs)} x {training['images']:,} images"
-    return training_cell(trained, training["history"], training["loaded"])
+    return f"{training['training'].epochs} x {training['images']:,} images"
 
 
 def dimensions_sections(

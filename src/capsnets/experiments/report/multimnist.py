@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capsnets.experiments.report import epoch_table, markdown_table, percent, settings_table, training_cell
-from capsnets.experiments.training import epochs_trained
+from capsnets.experiments.report import epoch_table, markdown_table, percent, settings_table
 
 __all__ = ["PAPER_ERROR", "multimnist_sections"]
 
@@ -21,20 +20,19 @@ def multimnist_sections(
     """The report's sections: results, training, data and settings.
 
     Args:
-        models: name -> ``{"parameters", "error", "history", "loaded"}`` (``loaded``: from a checkpoint).
+        models: name -> ``{"parameters", "error", "training"}`` (a :class:`~capsnets.experiments.runs.Training`).
         metrics: the experiment's metrics (the ``test_overlap_*`` statistics are read from them).
         cfg: the experiment's settings; test_pairs, val_pairs: the sizes of the test and validation sets.
     """
     rows = []
     for name, m in models.items():
-        training = f"{epochs_trained(m['history'], cfg.epochs)} x {cfg.pairs_per_epoch:,} pairs"
         rows.append(
             (
                 name,
                 f"{m['parameters']:,}",
                 percent(m["error"]),
                 percent(PAPER_ERROR[name]),
-                training_cell(training, m["history"], m["loaded"]),
+                f"{m['training'].epochs} x {cfg.pairs_per_epoch:,} pairs",
             )
         )
     return [
@@ -43,7 +41,7 @@ def multimnist_sections(
             markdown_table(["model", "parameters", "test error (ours)", "test error (paper)", "training"], rows)
             + "\n\nCorrect = the two highest scores are exactly the two labels (paper's metric).",
         ),
-        ("Training", _history_table({name: m["history"] for name, m in models.items()}, val_pairs)),
+        ("Training", _history_table({name: m["training"].history for name, m in models.items()}, val_pairs)),
         (
             "Data",
             f"{test_pairs:,} fixed-seed test pairs from {cfg.test_digits:,} MNIST test digits. Average "
@@ -61,11 +59,12 @@ def multimnist_sections(
 
 
 def _history_table(histories: dict[str, list], val_pairs: int) -> str:
-    """Per epoch and model: mean training loss and error on the validation pairs."""
-    if not any(histories.values()):
-        return "No training history (the models were loaded from checkpoints written without one)."
+    """Per epoch and model: mean training loss and mean average precision on the validation pairs."""
     return (
-        f"After every epoch: the mean training loss and the error (paper's metric) on {val_pairs:,} "
-        "validation pairs of training digits (fixed seed; only recorded, nothing is chosen on it).\n\n"
-        + epoch_table(histories, [("loss", "loss", lambda v: f"{v:.4g}"), ("val_error", "validation error", percent)])
+        f"After every epoch: the mean training loss and the mean average precision on {val_pairs:,} validation pairs "
+        "of training digits (fixed seed), which chooses each model's best epoch.\n\n"
+        + epoch_table(
+            histories,
+            [("train_loss", "loss", lambda v: f"{v:.4g}"), ("val_map", "validation mAP", lambda v: f"{v:.4f}")],
+        )
     )

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capsnets.experiments.report import epoch_table, markdown_table, percent, settings_table, training_cell
-from capsnets.experiments.training import epochs_trained
+from capsnets.experiments.report import epoch_table, markdown_table, percent, settings_table
 
 __all__ = ["PAPER", "segmentation_sections"]
 
@@ -30,14 +29,14 @@ def segmentation_sections(
     """The report's sections: results, training, data and settings.
 
     Args:
-        models: name -> ``{"model_name", "parameters", "dice", "history", "loaded"}``.
+        models: name -> ``{"model_name", "parameters", "dice", "training"}`` (a
+            :class:`~capsnets.experiments.runs.Training`).
         s: the experiment's settings; threshold: the Dice of thresholding the test images themselves.
         test_images, val_images: the sizes of the test and validation sets; object_fraction: the fraction of
             test pixels in the mask.
     """
     rows = []
     for name, m in models.items():
-        training = f"{epochs_trained(m['history'], s.epochs)} x {s.images_per_epoch:,} images"
         rows.append(
             (
                 f"{name} ({m['model_name']})",
@@ -45,7 +44,7 @@ def segmentation_sections(
                 percent(m["dice"]),
                 percent(PAPER[name][0]),
                 PAPER[name][1],
-                training_cell(training, m["history"], m["loaded"]),
+                f"{m['training'].epochs} x {s.images_per_epoch:,} images",
             )
         )
     rows.append(("image > 0.5 (no model)", "0", percent(threshold), "-", "-", "-"))
@@ -57,7 +56,7 @@ def segmentation_sections(
             "P the pixels with probability > 0.5, M the mask. The paper's numbers are for LUNA16 lung CT, not this "
             "data: compare the models with each other and with the threshold row, not with the paper's Dice.",
         ),
-        ("Training", _history_table({name: m["history"] for name, m in models.items()}, val_images)),
+        ("Training", _history_table({name: m["training"].history for name, m in models.items()}, val_images)),
         (
             "Data",
             f"{test_images:,} fixed-seed {s.size}x{s.size} test images from {s.test_digits:,} MNIST test "
@@ -71,10 +70,10 @@ def segmentation_sections(
 
 def _history_table(histories: dict[str, list], val_images: int) -> str:
     """Per epoch and model: mean training loss and Dice on the validation images (a collapse shows here)."""
-    if not any(histories.values()):
-        return "No training history (the models were loaded from checkpoints written without one)."
     return (
-        f"After every epoch: the mean training loss and the Dice on {val_images:,} validation images built "
-        "from training digits (fixed seed; only recorded, nothing is chosen on it).\n\n"
-        + epoch_table(histories, [("loss", "loss", lambda v: f"{v:.4g}"), ("val_dice", "validation Dice", percent)])
+        f"After every epoch: the mean training loss and the mean Dice (object and background) on {val_images:,} "
+        "validation images built from training digits (fixed seed), which chooses each model's best epoch.\n\n"
+        + epoch_table(
+            histories, [("train_loss", "loss", lambda v: f"{v:.4g}"), ("val_mean_dice", "validation Dice", percent)]
+        )
     )

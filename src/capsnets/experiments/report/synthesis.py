@@ -12,8 +12,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from capsnets.experiments.report import markdown_table, percent, save_figure, settings_table, training_cell
-from capsnets.experiments.training import epochs_trained
+from capsnets.experiments.report import markdown_table, percent, save_figure, settings_table
 
 __all__ = ["plot_dimensions", "plot_examples", "synthesis_sections"]
 
@@ -24,8 +23,8 @@ def synthesis_sections(
     """The report's sections: results, data and settings.
 
     Args:
-        models: name -> ``{"model_name", "parameters", "discriminator_parameters", "l1", "psnr", "history",
-            "loaded"}``.
+        models: name -> ``{"model_name", "parameters", "discriminator_parameters", "l1", "psnr", "training"}`` (a
+            :class:`~capsnets.experiments.runs.Training`).
         s: the experiment's settings; size: the images' side; classes: the label maps' channels; inside: the
             fraction of test pixels inside a silhouette.
     """
@@ -36,9 +35,7 @@ def synthesis_sections(
             f"{m['discriminator_parameters']:,}",
             f"{m['l1']:.4f}",
             f"{m['psnr']:.2f} dB",
-            training_cell(
-                f"{epochs_trained(m['history'], s.epochs)} x {s.train_images:,} images", m["history"], m["loaded"]
-            ),
+            f"{m['training'].epochs} x {s.train_images:,} images",
         )
         for name, m in models.items()
     ]

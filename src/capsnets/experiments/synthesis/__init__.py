@@ -24,13 +24,13 @@ from typing import ClassVar
 from torch import Tensor
 
 from capsnets.data import load_dataset
-from capsnets.engine.fit import TrainState
+from capsnets.engine.callbacks import checkpoint_name
 from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import write_report
 from capsnets.experiments.report.synthesis import plot_dimensions, plot_examples, synthesis_sections
+from capsnets.experiments.runs import check_minutes
 from capsnets.experiments.synthesis.label_maps import silhouette_label_maps
-from capsnets.experiments.synthesis.pix2pix import pix2pix_step, synthesis_errors, train_pix2pix
-from capsnets.experiments.training import minutes_to_seconds
+from capsnets.experiments.synthesis.pix2pix import fit_in_run, pix2pix_step, synthesis_errors, train_pix2pix
 from capsnets.models import PatchDiscriminator, count_parameters, create_model
 
 __all__ = ["Settings", "pix2pix_step", "run", "silhouette_label_maps", "synthesis_errors", "train_pix2pix"]
@@ -80,7 +80,7 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
 @register_experiment(
     "synthesis", Settings, "label maps to images: CapsPix2pix against pix2pix (Bass et al. 2019)", contrasts=_contrasts
 )
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, runs):
     """Train (or load) both generators; write ``report.md`` and two PNGs into ``out``."""
     train_maps, train_images = _data(data_dir, True, s.train_images, device)
     test_maps, test_images = _data(data_dir, False, s.test_images, device)
@@ -92,32 +92,24 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
     metrics, records = {}, {}
     for name, generator in models.items():
         discriminator = PatchDiscriminator(size[0] + 1, width=s.discriminator_width, device=device)
-
-        state = TrainState()  # lets a later run continue a training its time limit cut short
-
-        def train(generator=generator, discriminator=discriminator, name=name, state=state):
-            train_pix2pix(
-                generator,
-                discriminator,
-                train_maps,
-                train_images,
-                epochs=s.epochs,
-                batch_size=s.batch_size,
-                lr=s.lr,
-                l1_weight=s.l1_weight,
-                seed=seed,
-                desc=name,
-                time_limit_s=minutes_to_seconds(s.train_minutes),
-                state=state,
-            )
-
-        recipe = {
-            **s.subset("train_images", "epochs", "batch_size", "lr", "l1_weight", "discriminator_width"),
-            "seed": seed,
-        }
-        loaded = checkpoints.load_or_train(
-            generator, f"synthesis_{generator.model_name}", train, state=state, recipe=recipe
+        recipe = {**s.subset("train_images", "epochs", "batch_size", "lr", "l1_weight", "discriminator_width")}
+        out_dir = runs.folder() / checkpoint_name(f"synthesis_{generator.model_name}", {**recipe, "seed": seed})
+        training = fit_in_run(
+            out_dir,
+            generator,
+            discriminator,
+            train_maps,
+            train_images,
+            epochs=s.epochs,
+            batch_size=s.batch_size,
+            lr=s.lr,
+            l1_weight=s.l1_weight,
+            seed=seed,
+            desc=name,
+            time_limit_s=None if check_minutes(s.train_minutes) is None else 60.0 * s.train_minutes,
         )
+        if training.cut_short:
+            runs.cut_short.append(out_dir.name)
         errors, params = synthesis_errors(generator, test_maps, test_images), count_parameters(generator)
         metrics.update({f"{name}_l1": errors["l1"], f"{name}_psnr": errors["psnr"], f"{name}_parameters": params})
         records[name] = {
@@ -125,8 +117,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
             "parameters": params,
             **errors,
             "discriminator_parameters": count_parameters(discriminator),
-            "history": state.history,
-            "loaded": loaded,
+            "training": training,
         }
     figures = [
         plot_examples(models, test_maps, test_images, out / "examples.png"),

@@ -6,6 +6,7 @@ errors of a generator's images (:func:`synthesis_errors`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,12 +14,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from capsnets.data import DeviceLoader
-from capsnets.engine.callbacks import TimeLimit
+from capsnets.engine.callbacks import TimeLimit, checkpoint_path, resume_state
 from capsnets.engine.checkpoint import join_optimizer_state, split_optimizer_state
-from capsnets.engine.fit import TrainState, fit
+from capsnets.engine.fit import TrainState, fit, save_state
 from capsnets.engine.runtime import autocast, resolve_amp
+from capsnets.experiments.runs import Training
 
-__all__ = ["pix2pix_step", "synthesis_errors", "train_pix2pix"]
+__all__ = ["fit_in_run", "pix2pix_step", "synthesis_errors", "train_pix2pix"]
 
 
 def train_pix2pix(
@@ -43,9 +45,10 @@ def train_pix2pix(
 
     Batches are shuffled on the device by a CPU generator seeded from ``(seed, epoch)``. Returns the records of
     the epochs trained in this call, with the mean ``generator``, ``discriminator`` and ``l1`` losses.
-    ``time_limit_s``, ``state``: as in :func:`~capsnets.experiments.training.train_classifier`, with the generator
-    as the model; a training cut short also keeps the discriminator and its optimizer, so a later run
-    continues both.
+    ``time_limit_s``: training ends after the first epoch that ends past that many seconds. ``state``: a
+    :class:`~capsnets.engine.TrainState` to record progress in, with the generator as the model; a training cut
+    short also keeps the discriminator and its optimizer in it, and a state read from such a checkpoint
+    (:func:`fit_in_run`) is continued, both networks and optimisers restored.
     """
     options = {"lr": lr, "betas": (0.5, 0.999)}
     opt_g, opt_d = (
@@ -54,7 +57,7 @@ def train_pix2pix(
     )
     state = state if state is not None else TrainState()
     checkpoint = state.attach(opt_g)
-    if checkpoint is not None:  # the generator's weights came from load_or_train; the discriminator's side:
+    if checkpoint is not None:  # the generator's weights came from the checkpoint (fit_in_run); the discriminator's:
         extra = {k[len("extra.") :]: v for k, v in checkpoint.tensors.items() if k.startswith("extra.")}
         discriminator.load_state_dict(
             {k[len("discriminator.") :]: v for k, v in extra.items() if k.startswith("discriminator.")}
@@ -88,6 +91,29 @@ def train_pix2pix(
     generator.eval()
     discriminator.eval()
     return state.history[first:]
+
+
+def fit_in_run(out: Path, generator: nn.Module, discriminator: nn.Module, *data: Tensor, epochs: int, **train_args):
+    """:func:`train_pix2pix` kept in the run directory ``out``: its ``last`` checkpoint (the generator, with the
+    training's state) is reused when the training finished, and continued when a time limit cut it short; the
+    GAN has no validation split, so there is no ``best``.
+
+    Returns:
+        a :class:`~capsnets.experiments.runs.Training` (its summary empty).
+    """
+    path, state = checkpoint_path(out, "last"), TrainState()
+    before = 0
+    if path.is_file():
+        state = resume_state(path, generator)
+        before = len(state.history)
+    if not state.finished:
+        train_pix2pix(generator, discriminator, *data, epochs=epochs, state=state, **train_args)
+        meta = {"model": generator.model_name, "model_args": generator.model_args}
+        out.mkdir(parents=True, exist_ok=True)
+        save_state(path, generator, state, meta, resumable=not state.finished)
+    generator.eval()
+    loaded = before > 0 and len(state.history) == before
+    return Training(state.history, {}, loaded=loaded, cut_short=not state.finished, planned=epochs)
 
 
 def pix2pix_step(

@@ -16,15 +16,15 @@ Here:
   offline rendered viewpoint set (:mod:`capsnets.data.viewpoints`, same fields and split by toy);
   ``render_instances`` / ``render_lightings`` (smoke) render a smaller grid of it, uncached.
   Training images come from the TRAIN split at familiar views, test sets from the TEST split.
-- matching (:func:`~capsnets.experiments.matching.train_matched`): both models are evaluated on the
-  familiar-view test images after every epoch (novel-view error is recorded for the curves, at every
-  ``novel_every``-th evaluation and at the chosen one, never used to choose). The CNN is trained for
+- matching (:mod:`.matching`, :func:`~capsnets.experiments.views.fit_matched`, through the engine's trainer): both models are
+  evaluated on the familiar-view test images after every epoch, the validation data that chooses (novel-view
+  error is recorded for the curves with ``novel_each_epoch``, and at the chosen epoch; never used to choose). The
+  CNN is trained for
   ``epochs`` and kept at its lowest familiar-view error, which becomes the target; the capsule model stops at
   the first epoch whose familiar-view error is at or below the target, or, if it never gets there, is kept at
   the epoch nearest to it. In that last case (a CNN that learns faster, as in short runs) the models are
   matched the other way round, unless ``rematch_cnn=False``: the CNN is trained again and stopped at the first
-  of ``rematch_evals_per_epoch`` scores per epoch at or below the capsule model's familiar-view error (role
-  "CNN, stopped"). With ``target_error`` set, both models follow the capsule model's rule towards the given
+  epoch at or below the capsule model's familiar-view error (role "CNN, stopped"). With ``target_error`` set, both models follow the capsule model's rule towards the given
   error instead. Like the paper, this selects on the familiar part of the test set.
 - models: ``matrix_capsnet`` (A=B=C=D=32, exact routing gradients) against the paper's smallNORB
   baseline CNN (Sec. 5: two 5x5 convolutions of 32 and 64 channels each followed by 2x2 max pooling,
@@ -47,47 +47,44 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from torch import nn
-
-from capsnets.data import TensorData
-from capsnets.engine import TrainState
-from capsnets.engine.callbacks import checkpoint_name
 from capsnets.engine.runtime import seed_everything
 from capsnets.experiments.common import ExperimentSettings, register_experiment
-from capsnets.experiments.matching import (
+from capsnets.experiments.report import write_report
+from capsnets.experiments.report.viewpoints import STOPPED, matched_role, viewpoint_sections
+from capsnets.experiments.report.viewpoints_figures import plot_error_curves, plot_examples
+from capsnets.experiments.viewpoints.matching import (
+    CAPSULE_RECIPE_FIELDS,
+    build_model,
+    capsule_training,
+    compare,
+)
+from capsnets.experiments.views import (
     AZIMUTH_FAMILIAR,
     ELEVATION_FAMILIAR,
     SPLITS,
-    error_rate,
     familiar_mask,
     load_norb_like,
-    train_matched,
     viewpoint_split,
 )
-from capsnets.experiments.report import write_report
-from capsnets.experiments.report.viewpoints import (
-    STOPPED,
-    matched_role,
-    plot_error_curves,
-    plot_examples,
-    viewpoint_sections,
-)
-from capsnets.experiments.training import minutes_to_seconds
-from capsnets.models import count_parameters, create_model, training_recipe
 
-__all__ = ["AZIMUTH_FAMILIAR", "ELEVATION_FAMILIAR", "familiar_mask", "viewpoint_split", "build_model", "run"]
-
-NUM_CLASSES, INPUT_SIZE = 5, (1, 32, 32)
-#: What ``capsule_recipe`` may set: the fields of a model's training recipe that :func:`train_matched` takes.
-CAPSULE_RECIPE_FIELDS = ("lr", "lr_decay", "weight_decay", "loss", "loss_args")
+__all__ = [
+    "AZIMUTH_FAMILIAR",
+    "CAPSULE_RECIPE_FIELDS",
+    "ELEVATION_FAMILIAR",
+    "Settings",
+    "build_model",
+    "familiar_mask",
+    "run",
+    "viewpoint_split",
+]
 
 
 @dataclass(frozen=True)
 class Settings(ExperimentSettings):
     """The splits, the two models (``capsule_args``: builder arguments), training (``capsule_recipe``: fields of
     :data:`CAPSULE_RECIPE_FIELDS` over the capsule model's training recipe), matching (``target_error``: both
-    models' target instead of the CNN's error; ``rematch_cnn``, ``rematch_evals_per_epoch``), data sizes (None:
-    all; ``render_instances`` / ``render_lightings``: a smaller rendered grid), ``novel_every`` and ``compile``
+    models' target instead of the CNN's error; ``rematch_cnn``), data sizes (None:
+    all; ``render_instances`` / ``render_lightings``: a smaller rendered grid), ``novel_each_epoch`` and ``compile``
     (train through ``torch.compile``; evaluation stays eager)."""
 
     splits: list[str] = field(default_factory=lambda: list(SPLITS))
@@ -102,13 +99,12 @@ class Settings(ExperimentSettings):
     lr_decay: float = 0.96
     target_error: float | None = None
     rematch_cnn: bool = True
-    rematch_evals_per_epoch: int = 10
     train_size: int | None = None
     test_size: int | None = None
     render_instances: int | None = None
     render_lightings: list[int] | None = None
     train_minutes: float | None = None
-    novel_every: int = 5
+    novel_each_epoch: bool = True
     compile: bool = False
     SMOKE: ClassVar[dict] = {
         "capsule_model": "matrix_capsnet_small",
@@ -122,7 +118,6 @@ class Settings(ExperimentSettings):
         "test_size": 64,
         "render_instances": 1,
         "render_lightings": [0],
-        "novel_every": 1,
     }
 
     def __post_init__(self) -> None:
@@ -134,143 +129,6 @@ class Settings(ExperimentSettings):
                 f"capsule_recipe takes the fields {list(CAPSULE_RECIPE_FIELDS)}, got {unknown}: "
                 "e.g. --set 'capsule_recipe={\"lr\":0.003}'"
             )
-
-
-# --------------------------------------------------------------------------------------------------------
-# Splits
-
-
-def _prefix(data: TensorData, size: int | None) -> TensorData:
-    return data if size is None or size >= len(data) else data.subset(size)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Models
-
-
-def build_model(name: str, device: str, args: dict | None = None) -> nn.Module:
-    """A registered model for 5 classes of 32x32 images (e.g. ``cnn_smallnorb``, ``cnn_smallnorb_narrow``,
-    ``matrix_capsnet``)."""
-    return create_model(name, num_classes=NUM_CLASSES, input_size=INPUT_SIZE, device=device, **(args or {}))
-
-
-# --------------------------------------------------------------------------------------------------------
-# Training to a matched familiar-view error (the loop itself is in :mod:`.matching`)
-
-
-def _fit(
-    model,
-    key: str,
-    views,
-    target,
-    s: Settings,
-    seed: int,
-    checkpoints,
-    batch_size: int,
-    training: dict,
-    evals_per_epoch: int = 1,
-) -> dict:
-    """:func:`train_matched` with ``training`` (its ``lr``, ``lr_decay``, ``weight_decay``, ``loss``,
-    ``loss_args``), or a checkpoint from an earlier run (its record is read from the sidecar)."""
-    record: dict = {}
-    state = TrainState()  # lets a later run continue a training its time limit cut short
-
-    def train():
-        record.update(
-            train_matched(
-                model,
-                views,
-                epochs=s.epochs,
-                target=target,
-                batch_size=batch_size,
-                **training,
-                seed=seed,
-                evals_per_epoch=evals_per_epoch,
-                time_limit_s=minutes_to_seconds(s.train_minutes),
-                novel_every=s.novel_every,
-                state=state,
-                compile=s.compile,
-            )
-        )
-
-    recipe = {
-        **s.subset("epochs", "train_size", "render_instances", "render_lightings"),
-        **training,
-        "batch_size": batch_size,
-        "seed": seed,
-        "evals_per_epoch": evals_per_epoch,
-    }
-    if checkpoints.load_or_train(model, key, train, meta=record, state=state, recipe=recipe):
-        record = {k: record.get(k) for k in ("history", "epoch", "reached", "time_limit")}  # from the sidecar
-        record.update(
-            familiar_error=error_rate(model, views["familiar"]), novel_error=error_rate(model, views["novel"])
-        )
-        if target is not None:  # the target may have moved since (a CNN continued by this run): judge it anew
-            record["reached"] = record["familiar_error"] <= target
-    return record
-
-
-# --------------------------------------------------------------------------------------------------------
-# The experiment
-
-
-def _cnn_training(s: Settings) -> dict:
-    return {"lr": s.lr, "lr_decay": s.lr_decay}
-
-
-def _capsule_training(s: Settings) -> dict:
-    """The capsule model's training: ``capsule_recipe`` over the model's recipe over the CNN's ``lr`` and
-    ``lr_decay``. The recipe's loss arguments stay under the user's while the loss is the recipe's."""
-    recipe = {k: v for k, v in training_recipe(s.capsule_model).items() if k in CAPSULE_RECIPE_FIELDS}
-    training = {"lr": s.lr, "lr_decay": s.lr_decay, "weight_decay": 0.0, "loss": None, "loss_args": {}}
-    training.update(recipe)
-    training.update(s.capsule_recipe)
-    if "loss" in s.capsule_recipe and s.capsule_recipe["loss"] != recipe.get("loss"):
-        training["loss_args"] = dict(s.capsule_recipe.get("loss_args") or {})
-    else:
-        training["loss_args"] = {**recipe.get("loss_args", {}), **(s.capsule_recipe.get("loss_args") or {})}
-    return training
-
-
-def _compare(
-    split: str, train: TensorData, test: TensorData, s: Settings, *, tag: str, device: str, seed: int, checkpoints
-) -> dict:
-    """Train (or load) the CNN, then the capsule model matched to its familiar-view error, on one split; if
-    the capsule model never gets there, also the CNN stopped at the capsule model's error (role "CNN, stopped")."""
-    views = viewpoint_split(train, test, split)
-    views = {k: _prefix(v, s.train_size if k == "train" else s.test_size) for k, v in views.items()}
-    cnn = build_model(s.cnn_model, device)
-    caps = build_model(s.capsule_model, device, s.capsule_args)
-    cnn_key = f"{tag}_{split}_{s.cnn_model}"
-    cnn_rec = _fit(cnn, cnn_key, views, s.target_error, s, seed, checkpoints, s.cnn_batch_size, _cnn_training(s))
-    target = s.target_error if s.target_error is not None else cnn_rec["familiar_error"]
-    caps_key = checkpoint_name(f"{tag}_{split}_{s.capsule_model}", s.capsule_args)
-    caps_rec = _fit(caps, caps_key, views, target, s, seed + 1, checkpoints, s.capsule_batch_size, _capsule_training(s))
-    records = {"CNN": cnn_rec, "capsules": caps_rec}
-    if s.rematch_cnn and s.target_error is None and not caps_rec["reached"]:
-        # The CNN learned faster than the capsule model could follow: train it again (same recipe and data
-        # order, its own initialisation) and stop it where its familiar-view error first reaches the capsule
-        # model's, scoring it several times per epoch. The models are then matched the other way round.
-        seed_everything(seed + 2)
-        stopped = build_model(s.cnn_model, device)
-        records[STOPPED] = _fit(
-            stopped,
-            f"{cnn_key}_stopped_at_{caps_rec['familiar_error']:.4f}",
-            views,
-            caps_rec["familiar_error"],
-            s,
-            seed,
-            checkpoints,
-            s.cnn_batch_size,
-            _cnn_training(s),
-            evals_per_epoch=s.rematch_evals_per_epoch,
-        )
-    return {
-        "records": records,
-        "target": target,
-        "sizes": {k: len(v) for k, v in views.items()},
-        "params": {"CNN": count_parameters(cnn), "capsules": count_parameters(caps)},
-    }
 
 
 def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
@@ -294,7 +152,7 @@ def _contrasts(metrics: dict) -> list[tuple[str, str, str]]:
     "familiar-view error (Hinton et al. 2018, Sec. 5.2)",
     contrasts=_contrasts,
 )
-def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, checkpoints):
+def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir, runs):
     """Train (or load) a CNN and a matrix capsule network per split, write ``report.md`` and two PNGs."""
     train, test, source = load_norb_like(
         data_dir, device, render_instances=s.render_instances, render_lightings=s.render_lightings
@@ -305,8 +163,8 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         # Each split starts from the same random state and its own data seed, whatever ran before it: a
         # one-split run trains what a two-split run does.
         seed_everything(seed)
-        results[split] = _compare(
-            split, train, test, s, tag=tag, device=device, seed=seed + 10 * SPLITS.index(split), checkpoints=checkpoints
+        results[split] = compare(
+            split, train, test, s, tag=tag, device=device, seed=seed + 10 * SPLITS.index(split), runs=runs
         )
     records = {split: r["records"] for split, r in results.items()}
     figures = [
@@ -319,7 +177,7 @@ def run(out: Path, s: Settings, *, smoke: bool, device: str, seed: int, data_dir
         results,
         s,
         names,
-        {"seed": seed, "device": device, "smoke": smoke, "capsule training": _capsule_training(s)},
+        {"seed": seed, "device": device, "smoke": smoke, "capsule training": capsule_training(s)},
         familiar={"azimuth": AZIMUTH_FAMILIAR, "elevation": ELEVATION_FAMILIAR},
     )
     metrics = {
