@@ -287,10 +287,18 @@ def test_matrix_capsules_show_poses_and_assignments_without_a_decoder(web, untra
     assert "does not record its data set" in untrained_matrix.samples_note
 
 
-def test_the_matrix_routing_is_restored_after_recording_it(untrained_matrix):
-    routing = untrained_matrix.model.class_capsules.routing
-    untrained_matrix.analyse(torch.rand(1, 28, 28))
-    assert untrained_matrix.model.class_capsules.routing is routing
+def test_the_matrix_routing_picture_is_the_class_layers_assignments_times_activations(untrained_matrix):
+    model = untrained_matrix.model
+    routing = model.class_capsules.routing
+    image = torch.rand(1, 28, 28, generator=torch.Generator().manual_seed(1))
+    analysis = untrained_matrix.analyse(image)
+    with torch.no_grad():  # the class layer's own assignments (B, T, h, w, K), asked through its argument
+        children = model.conv_capsules(image[None])
+        classes, assignments = model.class_capsules(children, return_couplings=True)
+    expected = (assignments[0] * children.activation[0, ..., None]).sum(0).permute(2, 0, 1)  # (K, h, w)
+    torch.testing.assert_close(analysis.couplings, expected)
+    torch.testing.assert_close(analysis.scores, classes.activation.flatten())
+    assert model.class_capsules.routing is routing  # the routing is never swapped
 
 
 def test_samples_are_test_images_the_trained_model_classifies(web, trained):

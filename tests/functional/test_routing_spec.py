@@ -9,12 +9,15 @@ import torch
 from capsnets.functional import (
     DynamicRouting,
     EMRouting,
+    LayerwiseEMRouting,
     as_routing,
+    layerwise_em_routing,
     local_routing,
     routing_config,
     routing_from_config,
 )
 from capsnets.layers import ClassMatrixCapsules, ConvCapsules2d, ConvMatrixCapsules, LinearCapsules
+from capsnets.validation import ArgumentError
 
 ROUTINGS = [
     DynamicRouting(),
@@ -24,6 +27,9 @@ ROUTINGS = [
     EMRouting(cost_normalization="mean_std", eps=1e-4),
     EMRouting.official(),
     EMRouting.official(4, layer="class"),
+    LayerwiseEMRouting(EMRouting(3), EMRouting(1, 0.5, detach_routing=True)),
+    LayerwiseEMRouting(EMRouting.official(2), EMRouting.official(2, layer="class")),
+    LayerwiseEMRouting(EMRouting.official(2), EMRouting(2, cost_normalization="mean_std")),
 ]
 
 
@@ -87,3 +93,40 @@ def test_routings_are_frozen_values():
         routing.iterations = 3
     assert routing.inverse_temperatures == list(routing.inverse_temperature) and len(routing.inverse_temperature) == 2
     assert {DynamicRouting(2), DynamicRouting(2)} == {DynamicRouting(2)}
+
+
+def test_a_networks_em_spec_gives_its_class_layer_the_settings_of_its_own_key():
+    spec = {"type": "em", "iterations": 3, "detach_routing": True, "class_layer": {"iterations": 1}}
+    routing = routing_from_config(spec)
+    assert routing == LayerwiseEMRouting(EMRouting(3, detach_routing=True), EMRouting(1, detach_routing=True))
+    assert routing_config(routing)["class_layer"] == {
+        key: value for key, value in EMRouting(1, detach_routing=True).to_config().items() if key != "type"
+    }
+    # settings neither gives: the formulation's per layer (the released code's for "official")
+    official = layerwise_em_routing({"type": "em", "iterations": 2, "formulation": "official"})
+    assert official == LayerwiseEMRouting(EMRouting.official(2), EMRouting.official(2, layer="class"))
+    assert layerwise_em_routing("em") == LayerwiseEMRouting(EMRouting(), EMRouting())
+    single = EMRouting(2)
+    assert layerwise_em_routing(single).conv is single and layerwise_em_routing(single).class_layer is single
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"type": "dynamic"}, "its type is 'dynamic'"),
+        ({"iterations": 2}, "a mapping with a 'type'"),
+        ({"type": "em", "class_layer": {"type": "dynamic"}}, "class_layer must be a mapping of EM settings"),
+        ({"type": "em", "class_layer": [1]}, "class_layer must be a mapping"),
+        ({"type": "em", "class_layer": {"eps": -1}}, "eps must be"),
+        ({"type": "em", "class_layer": {"pose": 4}}, "takes iterations, .*got pose"),
+        ({"type": "em", "formulation": "official", "iterations": "abc"}, "iterations must be an integer"),
+    ],
+)
+def test_a_networks_em_spec_is_checked(spec, message):
+    with pytest.raises(ArgumentError, match=message):
+        layerwise_em_routing(spec)
+
+
+def test_a_layer_takes_one_routing_not_a_networks():
+    with pytest.raises(ArgumentError, match="'class_layer' sets the class capsule layer of a matrix capsule network"):
+        ClassMatrixCapsules(4, 3, routing={"type": "em", "class_layer": {"iterations": 1}})

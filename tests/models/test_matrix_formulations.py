@@ -1,17 +1,20 @@
-"""matrix_capsnet's two formulations: the paper's text and the authors' released code."""
+"""matrix_capsnet's two formulations, the paper's text and the authors' released code, chosen by the routing's."""
 
 import pytest
 import torch
 
 import capsnets
-from capsnets.functional import EMRouting, em_inverse_temperatures
+from capsnets.functional import EMRouting, LayerwiseEMRouting, em_inverse_temperatures
 from capsnets.models.matrix_capsnet import receptive_field_centres
+
+OFFICIAL = {"formulation": "official"}  # routing settings alone: over the builders' default spec
 
 
 def test_official_model_uses_the_released_routing_in_each_layer():
     model = capsnets.create_model(
-        "matrix_capsnet_small", formulation="official", routing={"iterations": 3, "detach_routing": True}
+        "matrix_capsnet_small", routing={"formulation": "official", "iterations": 3, "detach_routing": True}
     )
+    assert model.formulation == "official"
     for layer in (model.conv_caps1, model.conv_caps2):
         r = layer.routing
         assert (r.formulation, r.eps, r.variance_floor, r.detach_routing) == ("official", 1e-7, 5e-4, True)
@@ -20,19 +23,38 @@ def test_official_model_uses_the_released_routing_in_each_layer():
     r = model.class_capsules.routing
     assert (r.formulation, r.eps, r.variance_floor) == ("official", 1e-5, 5e-4)
     assert r.inverse_temperatures == pytest.approx(em_inverse_temperatures(3, final=0.0025))
-    two = capsnets.create_model("matrix_capsnet_small", formulation="official", routing={"iterations": 2})
+    two = capsnets.create_model("matrix_capsnet_small", routing=OFFICIAL)
     assert two.conv_caps1.routing.iterations == two.class_capsules.routing.iterations == 2
     assert two.class_capsules.routing == EMRouting.official(2, layer="class")
-    # a routing object equal to the released code's gives the class layer the released class routing too
+    # the released routings as objects, one per layer
     given = capsnets.create_model(
-        "matrix_capsnet_small", formulation="official", routing=EMRouting.official(2), device="meta"
+        "matrix_capsnet_small",
+        routing=LayerwiseEMRouting(EMRouting.official(2), EMRouting.official(2, layer="class")),
+        device="meta",
     )
-    assert given.class_capsules.routing == two.class_capsules.routing
+    assert given.model_args == two.model_args
+
+
+def test_the_class_layer_takes_the_settings_of_its_own_key_over_the_specs():
+    spec = {"type": "em", "iterations": 3, "detach_routing": True, "class_layer": {"iterations": 1}}
+    model = capsnets.create_model("matrix_capsnet_small", routing=spec, device="meta")
+    assert model.conv_caps2.routing == EMRouting(3, detach_routing=True)
+    assert model.class_capsules.routing == EMRouting(1, detach_routing=True)
+    # the official formulation's defaults per layer fill what neither gives: the class layer's final lambda / 4
+    official = capsnets.create_model(
+        "matrix_capsnet_small", routing={**OFFICIAL, "class_layer": {"iterations": 3}}, device="meta"
+    )
+    assert official.conv_caps1.routing == EMRouting.official(2, layer="conv")
+    assert official.class_capsules.routing == EMRouting.official(3, layer="class")
+    with pytest.raises(ValueError, match="class_layer must be a mapping of EM settings"):
+        capsnets.create_model("matrix_capsnet_small", routing={"class_layer": {"type": "dynamic"}})
+    with pytest.raises(ValueError, match="cost_normalization must be one of"):
+        capsnets.create_model("matrix_capsnet_small", routing={"class_layer": {"cost_normalization": "layer"}})
 
 
 def test_official_initialisation():
     torch.manual_seed(0)
-    model = capsnets.create_model("matrix_capsnet", formulation="official")
+    model = capsnets.create_model("matrix_capsnet", routing=OFFICIAL)
     assert model.primary.pose.bias is None and model.primary.activation.bias is None
     assert model.primary.activation_offset == -1.0
     assert torch.all(model.conv.bias == 0.1)
@@ -62,18 +84,18 @@ def test_official_coordinate_addition_is_the_receptive_field_centre_in_pixels_ov
     # by hand: pixels -3..2 of a 6-pixel line; a 3x3/1 convolution centres on -2..1, one padded by 1 on -3..2
     assert receptive_field_centres(6, [(3, 1, 0)]).tolist() == [-2.0, -1.0, 0.0, 1.0]
     assert receptive_field_centres(6, [(3, 1, 1)]).tolist() == [-3.0, -2.0, -1.0, 0.0, 1.0, 2.0]
-    model = capsnets.create_model("matrix_capsnet_small", formulation="official")
+    model = capsnets.create_model("matrix_capsnet_small", routing=OFFICIAL)
     coords = model.class_capsules.coordinates(4, 4)
     expected = torch.tensor([-0.08, -0.04, 0.0, 0.04])
     torch.testing.assert_close(coords[..., 0], expected.expand(4, 4))  # the column, in every row
     torch.testing.assert_close(coords[..., 1], expected.unsqueeze(1).expand(4, 4))  # the row
-    mnist = capsnets.create_model("matrix_capsnet_small", formulation="official", input_size=(1, 28, 28))
+    mnist = capsnets.create_model("matrix_capsnet_small", routing=OFFICIAL, input_size=(1, 28, 28))
     assert mnist.class_capsules.coordinates(4, 4)[0, :, 0].tolist() == pytest.approx([-0.08, -0.04, 0.0, 0.04])
 
 
 def test_paper_and_official_models_differ_only_in_the_primary_biases():
-    paper = capsnets.create_model("matrix_capsnet_small", formulation="paper")
-    official = capsnets.create_model("matrix_capsnet_small", formulation="official")
+    paper = capsnets.create_model("matrix_capsnet_small")
+    official = capsnets.create_model("matrix_capsnet_small", routing=OFFICIAL)
     difference = set(paper.state_dict()) - set(official.state_dict())
     assert difference == {"primary.pose.bias", "primary.activation.bias"}
     assert capsnets.count_parameters(paper) - capsnets.count_parameters(official) == 8 * 16 + 8
@@ -81,29 +103,31 @@ def test_paper_and_official_models_differ_only_in_the_primary_biases():
 
 def test_official_formulation_refuses_the_paper_cost_options():
     with pytest.raises(ValueError, match="cost_normalization must be None"):
-        capsnets.create_model(
-            "matrix_capsnet_small", formulation="official", routing={"cost_normalization": "mean_std"}
-        )
-    # other settings make a routing that is not the released code's: it is used in every layer
-    model = capsnets.create_model("matrix_capsnet_small", formulation="official", routing={"inverse_temperature": 1.0})
-    assert model.class_capsules.routing is model.conv_caps1.routing
+        capsnets.create_model("matrix_capsnet_small", routing={**OFFICIAL, "cost_normalization": "mean_std"})
+    # a setting the spec gives is every layer's; the ones it leaves out are each layer's own
+    model = capsnets.create_model("matrix_capsnet_small", routing={**OFFICIAL, "inverse_temperature": 1.0})
     assert model.class_capsules.routing.inverse_temperatures == [1.0] * 2  # the builder's 2 iterations
+    assert model.conv_caps1.routing.inverse_temperatures == [1.0] * 2
+    assert (model.conv_caps1.routing.eps, model.class_capsules.routing.eps) == (1e-7, 1e-5)
     with pytest.raises(ValueError, match="formulation must be one of"):
-        capsnets.create_model("matrix_capsnet_small", formulation="google")
+        capsnets.create_model("matrix_capsnet_small", routing={"formulation": "google"})
 
 
-def test_a_routing_object_overrides_the_routing_but_not_the_rest():
-    routing = EMRouting(2)
-    model = capsnets.create_model(
-        "matrix_capsnet_small", formulation="official", routing=routing, assignment_scope="position"
-    )
+def test_a_routing_object_routes_every_layer_and_chooses_the_formulation():
+    routing = EMRouting.official(2)
+    model = capsnets.create_model("matrix_capsnet_small", routing=routing, assignment_scope="position")
     assert model.conv_caps1.routing is routing and model.class_capsules.routing is routing
-    assert model.primary.activation_offset == -1.0
+    assert model.primary.activation_offset == -1.0 and model.conv_caps1.assignment_scope == "position"
+    paper = capsnets.create_model("matrix_capsnet_small", routing=EMRouting(2), device="meta")
+    assert paper.formulation == "paper" and paper.primary.activation_offset == 0.0
 
 
-def test_a_model_records_its_formulation_and_rebuilds_from_the_record(tmp_path):
-    paper = capsnets.create_model("matrix_capsnet_small", formulation="paper")
-    capsnets.save_model(tmp_path / "m.safetensors", paper)
+def test_a_model_records_its_formulation_in_its_routing_and_rebuilds_from_the_record(tmp_path):
+    official = capsnets.create_model("matrix_capsnet_small", routing=OFFICIAL)
+    capsnets.save_model(tmp_path / "m.safetensors", official)
     rebuilt = capsnets.load_model(tmp_path / "m.safetensors")
-    assert rebuilt.checkpoint_meta["model_args"]["formulation"] == "paper"
-    assert rebuilt.formulation == "paper" and rebuilt.primary.pose.bias is not None
+    recorded = rebuilt.checkpoint_meta["model_args"]
+    assert set(recorded) == {"routing"} and recorded["routing"]["formulation"] == "official"
+    assert recorded["routing"]["class_layer"]["eps"] == 1e-5
+    assert rebuilt.formulation == "official" and rebuilt.primary.pose.bias is None
+    assert rebuilt.class_capsules.routing == official.class_capsules.routing

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import capsnets
-from capsnets.functional import DynamicRouting, EMRouting
+from capsnets.functional import DynamicRouting, EMRouting, LayerwiseEMRouting
 from capsnets.losses import create_loss
 from capsnets.models import MatrixCapsNet
 from capsnets.validation import ArgumentError
@@ -84,7 +84,7 @@ def test_routing_is_passed_in(load_benchmark):
 
 def test_matrix_models_configure_their_em_routing():
     settings = {"iterations": 2, "cost_normalization": "mass", "inverse_temperature": 1.5, "detach_routing": True}
-    model = capsnets.create_model("matrix_capsnet_small", routing=settings, formulation="paper")
+    model = capsnets.create_model("matrix_capsnet_small", routing=settings)
     for layer in (model.conv_caps1, model.conv_caps2, model.class_capsules):
         routing = layer.routing
         assert (routing.iterations, routing.cost_normalization, routing.detach_routing) == (2, "mass", True)
@@ -92,7 +92,7 @@ def test_matrix_models_configure_their_em_routing():
     assert model.model_args["routing"]["cost_normalization"] == "mass"
     assert model.model_args["routing"]["inverse_temperature"] == [1.5, 1.5]
     with pytest.raises(ValueError, match="cost_normalization"):
-        capsnets.create_model("matrix_capsnet_small", routing={"cost_normalization": "layer"}, formulation="paper")
+        capsnets.create_model("matrix_capsnet_small", routing={"cost_normalization": "layer"})
 
 
 def test_matrix_models_take_the_assignment_scope_of_their_convolutional_capsule_layers():
@@ -204,16 +204,16 @@ def test_matrix_models_give_the_class_layer_a_routing_of_its_own():
         primary_types=8,
         conv_caps1_types=16,
         conv_caps2_types=16,
-        formulation="paper",
-        routing=conv,
-        class_routing=classes.to_config(),
+        routing=LayerwiseEMRouting(conv, classes),
     )
     assert model.conv_caps1.routing is conv and model.conv_caps2.routing is conv
     assert model.class_capsules.routing == classes
     images, labels = torch.rand(2, 1, 28, 28), torch.tensor([1, 7])
     assert model(images, labels).scores.shape == (2, 10)
-    with pytest.raises(ValueError, match="class_routing=.*its type is 'dynamic'"):
-        MatrixCapsNet(class_routing="dynamic", device="meta")
+    spec = {**conv.to_config(), "class_layer": {"inverse_temperature": 1.0, "cost_normalization": "mean_std"}}
+    assert MatrixCapsNet(routing=spec, device="meta").class_capsules.routing == classes
+    with pytest.raises(ValueError, match="routing=.*its type is 'dynamic'"):
+        MatrixCapsNet(routing="dynamic", device="meta")
 
 
 def test_list_models_takes_fnmatch_patterns_a_task_and_pretrained():

@@ -1,6 +1,8 @@
 """A routing passed to a model builder survives a checkpoint: it is recorded as its spec and rebuilt, and a
 routing the library cannot describe is recorded as such and refuses to be rebuilt (never the default)."""
 
+import json
+
 import pytest
 import torch
 
@@ -61,8 +63,11 @@ def test_a_checkpoint_rebuilds_the_routing_it_was_saved_with(case, tmp_path):
 def test_the_recorded_spec_is_complete_and_json():
     routing = EMRouting.official(2, layer="class")
     model = capsnets.create_model("matrix_capsnet_small", routing=routing)
-    spec = model.model_args["routing"]
-    assert spec == routing.to_config() and spec["eps"] == 1e-5 and len(spec["inverse_temperature"]) == 2
+    spec = model.model_args["routing"]  # the convolutional layers' spec, the class layer's settings under its key
+    settings = {key: value for key, value in routing.to_config().items() if key != "type"}
+    assert spec == {**routing.to_config(), "class_layer": settings}
+    assert spec["eps"] == 1e-5 and len(spec["inverse_temperature"]) == 2
+    assert json.loads(json.dumps(spec)) == spec
     assert capsnets.create_model("capsnet_small", routing=DynamicRouting(2)).model_args == {
         "routing": {"type": "dynamic", "iterations": 2, "detach_routing": True, "none_of_the_above": False}
     }
@@ -101,7 +106,7 @@ def test_routing_settings_alone_update_the_models_default_routing():
         detach_routing=False
     )
     assert capsnets.create_model(
-        "matrix_capsnet_small", formulation="official", routing={"iterations": 3}
+        "matrix_capsnet_small", routing={"formulation": "official", "iterations": 3}
     ).conv_caps1.routing == EMRouting.official(3)
     assert capsnets.create_model("matrix_capsnet_small", routing={"iterations": 3}).conv_caps1.routing == EMRouting()
 
@@ -115,6 +120,6 @@ def test_builders_leave_the_routing_defaults_to_the_routing():
         assert not any(key.startswith("routing_") for key in args)
     assert capsnets.create_model("capsnet_digits").class_capsules.routing == DynamicRouting()
     assert capsnets.create_model("matrix_capsnet_small").class_capsules.routing == EMRouting(2)
-    official = capsnets.create_model("matrix_capsnet_small", formulation="official")
+    official = capsnets.create_model("matrix_capsnet_small", routing={"formulation": "official"})
     assert official.conv_caps1.routing == EMRouting.official(2, layer="conv")
     assert official.class_capsules.routing == EMRouting.official(2, layer="class")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import capsnets
-from capsnets.functional import heinsen_routing, homogeneous_vector_capsules
+from capsnets.functional import HeinsenRouting, heinsen_routing, homogeneous_vector_capsules
 from capsnets.models import HeinsenCapsNet, HVCCapsNet, training_recipe
 from capsnets.validation import ArgumentError
 
@@ -31,7 +31,9 @@ def test_hvc_parameter_count_is_the_codes():
 
 def test_heinsen_routes_parts_then_classes():
     torch.manual_seed(0)
-    model = HeinsenCapsNet(parts=8, channels=16, iterations=2).double()
+    model = HeinsenCapsNet(parts=8, channels=16, routing={"type": "heinsen", "iterations": 2}).double()
+    assert model.route_parts.routing.spec == model.route_classes.routing.spec == HeinsenRouting(2)
+    assert model.route_parts.routing is not model.route_classes.routing  # each layer learns its own benefits
     images = torch.rand(3, 1, 32, 32, dtype=torch.float64)
     out = model(images)
     # the same from the layers by hand
@@ -80,4 +82,8 @@ def test_bad_arguments_are_refused_clearly():
     with pytest.raises(ArgumentError, match="parts must be a positive integer"):
         HeinsenCapsNet(parts=0)
     with pytest.raises(ArgumentError, match="iterations"):
-        capsnets.create_model("heinsen_capsnet", iterations=0)
+        capsnets.create_model("heinsen_capsnet", routing={"iterations": 0})
+    with pytest.raises(ArgumentError, match=r"does not take iterations: its routing does; pass routing=\{'iterations'"):
+        capsnets.create_model("heinsen_capsnet", iterations=2)
+    with pytest.raises(ArgumentError, match="its type is 'dynamic'"):
+        capsnets.create_model("heinsen_capsnet", routing="dynamic")
