@@ -9,9 +9,9 @@ routing sent to each class capsule.
 
 The routing picture is the ``dimensions`` experiment's routing map, for every class: each child
 capsule's final coupling to the class times the child's length (vector capsules) or activation (matrix
-capsules), summed over capsule types, on the child capsules' grid. Matrix capsule networks have no decoder: no
-reconstruction, sliders or perturbation grid for them. Their class layer's assignments are read by wrapping its
-routing for one call (:func:`_recording_assignments`), as the layer does not return them.
+capsules), summed over capsule types, on the child capsules' grid; the class capsule layer returns its couplings
+(EM routing's assignments) with ``return_couplings=True``. Matrix capsule networks have no decoder: no
+reconstruction, sliders or perturbation grid for them.
 """
 
 from __future__ import annotations
