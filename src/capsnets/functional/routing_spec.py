@@ -144,8 +144,9 @@ def as_routing(
         defaults: settings for a spec (or type name) that leaves them out, instead of the routing class's.
 
     Raises:
-        ArgumentError: ``routing`` is none of these, its spec is not one the library can build, or it is of a
-            type the caller cannot call.
+        ArgumentError: ``routing`` is none of these, its spec is not one the library can build, it is of a
+            type the caller cannot call, or it is a network's EM spec with a ``"class_layer"``
+            (:func:`layerwise_em_routing`), where one routing is called.
 
     Examples::
 
