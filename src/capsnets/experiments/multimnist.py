@@ -2,7 +2,7 @@
 
 Both models train as multi-label classifiers through the engine's trainer: CapsNet (36x36 input, 10 class capsules)
 with the margin loss on both labels and the reconstruction of the pair from its two label capsules, the CNN baseline
-with a sigmoid (binary cross-entropy) loss on the two-hot target. A test example counts as correct iff the two
+with a sigmoid (binary cross-entropy) loss on the two-hot target (:func:`cnn_loss`). A test example counts as correct iff the two
 longest class capsules (the top two logits) are exactly its two labels. The segmentation figure decodes each of the
 two longest capsules alone, as the paper's Fig. 5.
 
@@ -75,6 +75,11 @@ def both_correct(output, targets) -> Tensor:
     labels = targets[0] if isinstance(targets, tuple) else targets
     top2 = output.scores.topk(2, dim=-1).indices.sort(dim=-1).values
     return (top2 == labels.sort(dim=-1).values).all(dim=-1)
+
+
+def cnn_loss(scores: Tensor, targets: Tensor) -> Tensor:
+    """The CNN's loss: sigmoid cross-entropy of the logits against the two-hot target, averaged over the classes."""
+    return F.binary_cross_entropy_with_logits(scores, targets)
 
 
 def _models(cfg: Settings, device: str) -> dict[str, nn.Module]:
@@ -152,6 +157,7 @@ def run(out: Path, cfg: Settings, *, smoke: bool, device: str, seed: int, data_d
             lr=cfg.lr,
             max_shift=0,
             seed=seed,
+            loss=None if key == "capsnet" else cnn_loss,
             train_minutes=cfg.train_minutes,
             recipe=cfg.subset("train_digits", "pairs_per_epoch"),
         )
