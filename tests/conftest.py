@@ -52,6 +52,33 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    worker = getattr(config, "workerinput", None)
+    items[:] = long_tests_first(items, worker["workercount"] if worker else 1)
+
+
+def long_tests_first(items: list, workers: int) -> list:
+    """``items`` reordered so that each pytest-xdist worker starts with its share of the long tests (those marked
+    ``learning`` or ``long``): ``--dist worksteal`` hands worker ``i`` the ``i``-th of ``workers`` contiguous
+    chunks of the collection and an idle worker steals from the end of another's chunk, so a long test at the end
+    of a chunk would finish last, alone. The other tests keep their order."""
+
+    def is_long(item) -> bool:
+        return item.get_closest_marker("learning") is not None or item.get_closest_marker("long") is not None
+
+    long = [item for item in items if is_long(item)]
+    if not long:
+        return items
+    short = [item for item in items if not is_long(item)]
+    shares: list[list] = [[] for _ in range(workers)]
+    for index, item in enumerate(long):  # round robin
+        shares[index % workers].append(item)
+    ordered, remaining = [], len(items)
+    for share, left in zip(shares, range(workers, 0, -1)):
+        size = max(remaining // left, len(share))  # worksteal's chunk: what is left, shared by the nodes left
+        fill = size - len(share)
+        ordered += share + short[:fill]
+        short, remaining = short[fill:], remaining - size
+    return ordered + short
 
 
 @pytest.fixture(scope="session")

@@ -12,13 +12,23 @@ from capsnets.engine import TrainConfig, train
 pytestmark = pytest.mark.learning
 
 
+@pytest.fixture(autouse=True)
+def _no_figures(monkeypatch):
+    """The trainer's figures are not what these tests check (tests/engine/ does): a few seconds a run saved."""
+    from capsnets.engine import reporting
+
+    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
+
+
 def test_digits_quick_start_reaches_95_percent(tmp_path):
-    # The README's main job (capsnet_digits, 15 epochs, batch 32). Measured: 97.5% test accuracy.
+    # The README's main job (capsnet_digits, 15 epochs, batch 32). Measured: 97.5% test accuracy when calibrated;
+    # 96.4% on 2026-12-05 (2-core CPU, one thread, torch 2.13).
     config = TrainConfig(
         model="capsnet_digits",
         dataset="digits",
         epochs=15,
         batch_size=32,
+        test_each_epoch=False,  # the test split scored once, after the last epoch (the same model, fewer passes)
         device="cpu",
         progress=False,
         out=str(tmp_path / "digits"),
@@ -36,6 +46,7 @@ def test_capsnet_small_on_mnist_reaches_97_5_percent(tmp_path, shared_data_root)
         epochs=2,
         batch_size=64,
         limit_train=20_000,
+        test_each_epoch=False,  # the test split scored once, after the last epoch (the same model, fewer passes)
         device="cpu",
         progress=False,
         out=str(tmp_path / "mnist"),

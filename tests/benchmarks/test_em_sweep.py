@@ -19,6 +19,7 @@ def sweep(data_root, out, *extra):
     return subprocess.run(command, check=True, capture_output=True, text=True).stdout
 
 
+@pytest.mark.long
 def test_sweep_records_each_run_and_a_rerun_skips_them(shared_data_root, tmp_path):
     out = tmp_path / "sweep.json"
     only = ["--only", "official/it1/"]

@@ -3,7 +3,10 @@ every step, so that the script cannot rot between the sessions that have a GPU."
 
 import json
 
+import pytest
 
+
+@pytest.mark.long  # child processes: pytest collecting the GPU tests, throughput runs, a training run
 def test_dry_run_records_every_step(load_benchmark, shared_data_root, tmp_path):
     bench = load_benchmark("gpu_check")
     args = ["--dry-run", "--out", str(tmp_path), "--data-dir", str(shared_data_root), "--total-minutes", "20"]
