@@ -121,10 +121,10 @@ class Setting(NamedTuple):
         return f"{self.formulation}/it{self.iterations}/lambda={self.inverse_temperature}/{self.recipe}"
 
     def model_args(self) -> dict[str, Any]:
-        routing: dict[str, Any] = {"type": "em", "iterations": self.iterations}
+        routing: dict[str, Any] = {"type": "em", "formulation": self.formulation, "iterations": self.iterations}
         if LAMBDAS[self.inverse_temperature] is not None:
             routing["inverse_temperature"] = LAMBDAS[self.inverse_temperature]
-        return {"formulation": self.formulation, "routing": routing}
+        return {"routing": routing}
 
 
 def full_grid() -> list[Setting]:

@@ -60,14 +60,12 @@ def test_every_model_argument_is_declared():
 
 def test_the_choices_builders_list_are_the_ones_their_models_take():
     from capsnets.layers.matrix import ASSIGNMENT_SCOPES
-    from capsnets.models.matrix_capsnet import FORMULATIONS
     from capsnets.models.routing_zoo import HEADS
 
     def listed(choices) -> str:
         return "one of " + ", ".join(map(repr, choices))
 
     assert model_schema("routing_zoo")["head"].expects == listed(HEADS)
-    assert model_schema("matrix_capsnet")["formulation"].expects == listed(FORMULATIONS)
     assert (
         model_schema("matrix_capsnet")["assignment_scope"].expects
         == listed(ASSIGNMENT_SCOPES) + " or None (YAML: null)"
@@ -103,6 +101,7 @@ def test_input_size_must_be_three_positive_integers(name):
 @pytest.mark.parametrize("name", [name for name in MODELS if "routing" in model_schema(name)])
 def test_routing_must_be_a_routing_or_its_spec(name):
     own, other = ("em", "dynamic") if name.startswith("matrix") else ("dynamic", "em")
+    own, other = ("heinsen", "dynamic") if name.startswith("heinsen") else (own, other)
     family = own  # the first type the message names
     own = "self_attention" if name.startswith("efficient") else own
     assert capsnets.create_model(name, routing=own, device="meta").routing_spec["type"] == own  # a type name
@@ -141,7 +140,7 @@ def test_matrix_models_check_their_routing_settings():
         {"type": "em", "formulation": "paper", "inverse_temperature": "abc"},
         "could not convert",
     )
-    _refused("matrix_capsnet_small", "formulation", "offical", "one of 'paper', 'official'")
+    _refused("matrix_capsnet_small", "routing", {"type": "em", "formulation": "offical"}, "formulation must be one of")
     _refused("matrix_capsnet_small", "assignment_scope", "global", "'per_type'")
     _refused("matrix_capsnet_small", "checkpoint_chunks", -1, "non-negative integer")
     _refused("matrix_capsnet_small", "routing", {"type": "em", "detach_routing": "abc"}, "detach_routing must be True")
@@ -166,7 +165,7 @@ def test_values_from_yaml_and_json_are_taken(name):
 
 def test_ints_are_taken_for_floats_and_routings_rebuild_from_their_records():
     model = capsnets.create_model(
-        "matrix_capsnet_small", formulation="paper", routing={"inverse_temperature": 1}, device="meta"
+        "matrix_capsnet_small", routing={"formulation": "paper", "inverse_temperature": 1}, device="meta"
     )
     assert model.class_capsules.routing.inverse_temperatures == [1.0] * 2  # the builder's 2 iterations
     assert model.model_args["routing"]["inverse_temperature"] == [1.0] * 2

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from capsnets.functional import HeinsenRouting, as_routing, routing_config
+from capsnets.functional import as_routing, routing_config
 from capsnets.layers import HeinsenCapsules
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
@@ -74,7 +74,7 @@ class HeinsenCapsNet(nn.Module):
         num_classes: int = 5,
         parts: int = 64,
         channels: int = 64,
-        routing=None,
+        routing="heinsen",
         device=None,
         dtype=None,
     ) -> None:
@@ -82,7 +82,7 @@ class HeinsenCapsNet(nn.Module):
         self.input_size = image_size("input_size", input_size)
         self.num_classes = positive_int("num_classes", num_classes)
         parts, channels = positive_int("parts", parts), positive_int("channels", channels)
-        routing = as_routing(routing, HeinsenRouting, types=("heinsen",))
+        routing = as_routing(routing, None, types=("heinsen",))
         self.routing_spec = routing_config(routing, strict=False)
         device, dtype = placement(device, dtype)
         factory = {"device": device, "dtype": dtype}
