@@ -56,17 +56,17 @@ def test_capsnet_small_on_mnist_reaches_97_5_percent(tmp_path, shared_data_root)
 
 
 # Matrix capsules with EM routing, with the model's defaults: the paper formulation, 2 EM iterations and the
-# model's training recipe (capsnets.models.training_recipe), for one epoch of 6,400 images (200 steps of 32),
-# scored on the first 1,000 test images. Each floor sits well below the worst of seeds 0, 1, 2 (measured on a
-# 2-core CPU, torch 2.13, with the commands and results in docs/results/learning-floors.md).
-def _em_config(dataset: str, data_dir: str, out: str) -> TrainConfig:
+# model's training recipe (capsnets.models.training_recipe), for one epoch of 6,400 images (4,800 on MNIST), batch
+# 32, scored on the first 1,000 test images. Each floor sits well below the worst of the seeds measured (2-core
+# CPU, one thread, torch 2.13; the commands and results in docs/results/learning-floors.md).
+def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 6400) -> TrainConfig:
     return TrainConfig(
         model="matrix_capsnet_small",
         dataset=dataset,
         data_dir=data_dir,
         epochs=1,
         batch_size=32,
-        limit_train=6400,
+        limit_train=limit_train,
         limit_test=1000,
         device="cpu",
         progress=False,
@@ -75,9 +75,10 @@ def _em_config(dataset: str, data_dir: str, out: str) -> TrainConfig:
 
 
 def test_matrix_capsnet_small_on_mnist_learns(tmp_path, shared_data_root):
-    # Chance is 10%. Measured: 84.7%, 87.5%, 82.9% (seeds 0, 1, 2).
-    summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mnist")))
-    assert summary["test_accuracy"] >= 0.65, summary
+    # Chance is 10%. Measured with 4,800 images, 2026-12-05: 80.6%, 81.1%, 79.1%, 75.7%, 78.7% (seeds 0-4); with
+    # 6,400 (before, floor 65%): 84.7%, 87.5%, 82.9% (seeds 0-2).
+    summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mnist"), limit_train=4800))
+    assert summary["test_accuracy"] >= 0.60, summary
 
 
 def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path, viewpoints_root):
