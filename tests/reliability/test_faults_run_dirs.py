@@ -31,6 +31,7 @@ from reliability.test_disk_full import DiskFull
 
 from capsnets.cli import main
 from capsnets.engine import reporting, trainer
+from capsnets.engine.tasks import TASKS
 
 
 @pytest.fixture(autouse=True)
@@ -220,7 +221,9 @@ def test_reports_into_a_read_only_run_are_refused_before_the_work(clean_runs, tm
     argv = [command, "--checkpoint", str(run), "--device", "cpu", *(["--n", "4"] if command == "reconstruct" else [])]
     with pytest.MonkeyPatch.context() as patch:
         ReadOnly(run).install(patch)
-        patch.setattr("capsnets.cli.evaluate", lambda *a, **k: pytest.fail("evaluated before the folder was checked"))
+        for task in TASKS.values():
+            for work in ("score", "reconstructions"):
+                patch.setattr(task, work, lambda *a, **k: pytest.fail("worked before the folder was checked"))
         line = _refused(argv, capsys, command)
     assert f"cannot write in '{run}' (Read-only file system); nothing in it was changed" in line, line
     assert "pass --out DIR to write the files elsewhere" in line, line
