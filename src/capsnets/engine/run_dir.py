@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from capsnets.checkpoints import CheckpointError, checkpoint_epoch, load_checkpoint, recover_directory
+from capsnets.checkpoints import CheckpointError, checkpoint_epoch, load_checkpoint, peek_sidecar, recover_directory
 from capsnets.engine.callbacks import checkpoint_path
 from capsnets.engine.fit import TrainState, save_state
 from capsnets.files import READ_ONLY_ERRNOS, FileWriteError, folder_write_problem
@@ -312,7 +312,7 @@ def _is_run(path: Path, names: list[str]) -> bool:
 def _describe(path: Path, names: list[str]) -> str:
     """What a run directory holds, for an error message: its epochs if it has a checkpoint, else its files."""
     try:
-        meta = json.loads((path / "last.json").read_text())
+        meta = peek_sidecar(path / "last.safetensors")
         planned = (meta.get("config") or {}).get("epochs")
         return f"epoch {meta['epoch']}" + (f" of {planned}" if planned else "")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
