@@ -20,10 +20,17 @@ def sweep(data_root, out, *extra):
 
 
 @pytest.mark.long
-def test_sweep_records_each_run_and_a_rerun_skips_them(shared_data_root, tmp_path):
+def test_sweep_records_each_run_and_a_rerun_skips_them(shared_data_root, tmp_path, load_benchmark, capsys):
     out = tmp_path / "sweep.json"
     only = ["--only", "official/it1/"]
-    first = sweep(shared_data_root, out, "--seeds", "0", *only)
+    first = sweep(shared_data_root, out, "--seeds", "0", *only)  # the command; the reruns in this process (faster)
+    script = load_benchmark("em_sweep")
+
+    def rerun(*extra):
+        capsys.readouterr()
+        script.main(["--data-dir", str(shared_data_root), "--out", str(out), *TINY, *extra])
+        return capsys.readouterr().out
+
     assert "1 runs left" in first
     record = json.loads(out.read_text())
     assert record["format"] == 1 and list(record["runs"]) == ["official/it1/lambda=authors/yl1993/seed=0"]
@@ -37,13 +44,13 @@ def test_sweep_records_each_run_and_a_rerun_skips_them(shared_data_root, tmp_pat
         "eval_steps": [1, 2, 4],
     }
     # stopped after seed 0: a run with seeds 0 and 1 trains seed 1 only, and keeps seed 0's entry as it was
-    second = sweep(shared_data_root, out, "--seeds", "0", "1", *only)
+    second = rerun("--seeds", "0", "1", *only)
     assert "1 runs left" in second and "== official/it1/lambda=authors/yl1993/seed=1" in second
     runs = json.loads(out.read_text())["runs"]
     assert (
         runs["official/it1/lambda=authors/yl1993/seed=0"] == record["runs"]["official/it1/lambda=authors/yl1993/seed=0"]
     )
-    third = sweep(shared_data_root, out, "--seeds", "0", "1", *only)
+    third = rerun("--seeds", "0", "1", *only)
     assert "runs left" not in third and "nothing left in this piece; 2 runs" in third
     assert json.loads(out.read_text())["runs"] == runs
     for seed in (0, 1):
@@ -55,7 +62,7 @@ def test_sweep_records_each_run_and_a_rerun_skips_them(shared_data_root, tmp_pat
             "inverse_temperature": "authors",
             "recipe": "yl1993",
         }
-        assert run["config"]["model_args"] == {"formulation": "official", "routing": {"type": "em", "iterations": 1}}
+        assert run["config"]["model_args"] == {"routing": {"type": "em", "formulation": "official", "iterations": 1}}
         assert run["config"]["lr"] == 3e-3 and run["config"]["weight_decay"] == 2e-7 and run["config"]["max_shift"] == 0
         assert run["config"]["epochs"] == 2 and run["config"]["limit_train"] == 16 and run["config"]["seed"] == seed
         assert run["normalize"] == [0.1307, 0.3081]
@@ -64,7 +71,7 @@ def test_sweep_records_each_run_and_a_rerun_skips_them(shared_data_root, tmp_pat
         assert run["final_test_accuracy"] == run["curve"][-1]["test_accuracy"]
         assert run["wall_s"] >= run["train_s"] > 0 and run["cpu_s"] > 0
         assert run["environment"]["threads"] == 1 and run["environment"]["torch"] == torch.__version__
-    plan = sweep(shared_data_root, out, "--seeds", "0", "1", "--plan", "--piece", "1/2", "--time-steps", "2")
+    plan = rerun("--seeds", "0", "1", "--plan", "--piece", "1/2", "--time-steps", "2")
     assert "2 runs recorded" in plan and "piece 1/2: 5 of 6 runs left" in plan and "piece 2/2: 5 of 6" in plan
     assert "stage B" in plan
     # runs of other sizes never count as these: the file refuses them
@@ -133,8 +140,7 @@ def test_recipes_follow_their_sources(load_benchmark):
     assert config.loss_args == {"margin_start": 0.2, "margin_end": 0.9, "ramp": 0.5, "ramp_epochs": None}
     assert config.epochs == 1 and config.batch_size == 32 and config.limit_train == 12800 and config.limit_test == 2000
     assert config.model_args == {
-        "formulation": "paper",
-        "routing": {"type": "em", "iterations": 2, "inverse_temperature": 1e-2},
+        "routing": {"type": "em", "formulation": "paper", "iterations": 2, "inverse_temperature": 1e-2}
     }
     config, normalize = em_sweep.make_config(em_grid.Setting("official", 3, "authors", "authors"), 0, args)
     assert normalize is None and config.lr == 1e-2 and config.weight_decay == 2e-6 and config.max_shift == 2
