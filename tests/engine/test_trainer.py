@@ -279,3 +279,26 @@ def test_augment_on_images_too_small_says_so(tiny_config):
 def test_augment_must_be_a_known_name(tiny_config):
     with pytest.raises(ValueError, match=r"augment='rotate' is invalid: expected None or one of \['digits'\]"):
         tiny_config(augment="rotate")
+
+
+def test_a_run_saved_before_the_validation_split_resumes_without_one(tiny_config, tmp_path, monkeypatch):
+    """A checkpoint whose config has no ``val_fraction`` (capsnets 0.2) trained on all its training examples: it
+    resumes so, bit for bit, whatever ``val_fraction`` the resuming config has."""
+    from capsnets.checkpoints import load_checkpoint
+
+    from helpers import rewrite_sidecar
+
+    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
+    small = dict(batch_size=16, limit_train=32, limit_test=16, val_fraction=0.0)
+    full = Trainer(tiny_config(out=str(tmp_path / "a"), epochs=2, **small))
+    full.fit()
+    Trainer(tiny_config(out=str(tmp_path / "b"), epochs=1, **small)).fit()
+    last = tmp_path / "b" / "last.safetensors"
+    meta = load_checkpoint(last).meta
+    del meta["config"]["val_fraction"]
+    rewrite_sidecar(last, {k: v for k, v in meta.items() if k not in ("format_version", "checkpoint_id")})
+    resumed = Trainer(tiny_config(out=str(tmp_path / "b"), epochs=2, **{**small, "val_fraction": 0.1}), resume=True)
+    resumed.fit()
+    assert resumed.config.val_fraction == 0.0
+    for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name

@@ -25,6 +25,10 @@ __all__ = ["apply_changes", "prepare_run_dir", "read_last", "restore"]
 
 logger = logging.getLogger(__name__)
 
+#: The value of each field added to :class:`~capsnets.engine.config.TrainConfig` since 0.2 that reproduces a run
+#: saved without it: such a run held out no validation split.
+TRAINED_BEFORE_FIELD = {"val_fraction": 0.0}
+
 
 def read_last(run_dir: Path, config: TrainConfig) -> tuple[Checkpoint, dict[str, tuple[Any, Any]]]:
     """``run_dir/last`` and the changes ``config`` makes to the run's (:func:`resume_changes`), after checking that
@@ -40,6 +44,10 @@ def read_last(run_dir: Path, config: TrainConfig) -> tuple[Checkpoint, dict[str,
     checkpoint = load_checkpoint(path)
     saved, changes = checkpoint.meta.get("config"), {}
     if saved is not None:
+        for name, value in TRAINED_BEFORE_FIELD.items():  # a run saved before the field existed trained so
+            if name not in saved:
+                saved[name] = value
+                setattr(config, name, value)
         name = saved.get("model", config.model)
         defaults = model_arguments(name) if name in list_models() else {}
         changes = resume_changes(saved, config.to_dict(), defaults, str(run_dir))
