@@ -80,7 +80,15 @@ def test_train_prints_summary(tmp_path, capsys, monkeypatch):
     )
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"test accuracy \d+\.\d\d% \(best", out) and str(tmp_path / "run") in out
+    assert re.search(r"test accuracy \d+\.\d\d% \(best .* chosen on the validation split\)", out)
+    assert str(tmp_path / "run") in out
+    # --val-fraction 0: no split held out, no best chosen; --no-test-each-epoch: the test split scored at the end
+    argv = ["train", "--config", str(config), "--val-fraction", "0", "--no-test-each-epoch"]
+    assert main([*argv, "--out", str(tmp_path / "all")]) == 0
+    assert "chosen on" not in capsys.readouterr().out
+    recorded = yaml.safe_load((tmp_path / "all" / "config.yaml").read_text())
+    assert recorded["val_fraction"] == 0 and recorded["test_each_epoch"] is False
+    assert json.loads((tmp_path / "all" / "summary.json").read_text())["best_chosen_on"] is None
     # --resume reuses <out>/config.yaml; flags (here --epochs) override it
     assert main(["train", "--resume", "--epochs", "2", "--out", str(tmp_path / "run")]) == 0
     epochs = [json.loads(line)["epoch"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -119,6 +119,8 @@ _CONFIG_FLAGS = (
     "download",
     "limit_train",
     "limit_test",
+    "val_fraction",
+    "test_each_epoch",
     "max_shift",
     "augment",
     "loss",
@@ -499,6 +501,20 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     add("--limit-train", type=int, metavar="N", help="use only the first N training images (default: all)")
     add("--limit-test", type=int, metavar="N", help="use only the first N test images (default: all)")
     add(
+        "--val-fraction",
+        type=float,
+        metavar="F",
+        help="share of the training images held out, drawn from --seed, to choose the best checkpoint (the test "
+        f"split never chooses it); 0: none held out, the last epoch is the result (default: {default.val_fraction})",
+    )
+    add(
+        "--no-test-each-epoch",
+        dest="test_each_epoch",
+        action="store_false",
+        default=None,
+        help="score the test split only at the end, the best checkpoint too (default: at every evaluation)",
+    )
+    add(
         "--image-size",
         type=int,
         metavar="PIXELS",
@@ -522,7 +538,8 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         "--eval-every",
         type=int,
         metavar="N",
-        help=f"evaluate on the test split every N epochs and after the last (default: {default.eval_every})",
+        help=f"evaluate on the validation (and test) split every N epochs and after the last (default: "
+        f"{default.eval_every})",
     )
     add(
         "--checkpoint-every",

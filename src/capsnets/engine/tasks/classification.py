@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from capsnets.engine import reporting
 from capsnets.engine.evaluate import evaluate
 from capsnets.engine.tasks.base import Task, adapted_note
-from capsnets.engine.tasks.report import class_names, class_table, percent, write_evaluation
+from capsnets.engine.tasks.report import chosen_on, class_names, class_table, percent, write_evaluation
 from capsnets.inference import Prediction, checkpoint_class_names, predict
 
 __all__ = ["ACCURACY_TARGETS", "ClassificationTask", "format_report"]
@@ -71,7 +71,7 @@ class ClassificationTask(Task):
     def summary_lines(cls, summary: dict[str, Any]) -> list[str]:
         return [
             f"test accuracy {percent(summary['test_accuracy'])} (best {percent(summary['best_test_accuracy'])} "
-            f"at epoch {summary['best_epoch']})"
+            f"at epoch {summary['best_epoch']}{chosen_on(summary)})"
         ]
 
     # -- a checkpoint on a test split ----------------------------------------------------------------------------

@@ -17,6 +17,12 @@ from capsnets.outputs import json_header
 __all__ = ["class_names", "class_table", "percent", "write_evaluation"]
 
 
+def chosen_on(summary: dict[str, Any]) -> str:
+    """``", chosen on the validation split"`` where the summary says the ``best`` checkpoint was, else ``""``."""
+    split = summary.get("best_chosen_on")
+    return f", chosen on the {split} split" if split else ""
+
+
 def percent(value: float | None) -> str:
     """``value`` as a percentage with two decimals (``"98.25%"``); ``"n/a"`` for None or NaN.
 

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from capsnets.engine import reporting
 from capsnets.engine.evaluate import evaluate_segmentation
 from capsnets.engine.tasks.base import Task, adapted_note
-from capsnets.engine.tasks.report import class_names, class_table, percent, write_evaluation
+from capsnets.engine.tasks.report import chosen_on, class_names, class_table, percent, write_evaluation
 from capsnets.inference import Prediction, mask_path, overlay_path, segment
 from capsnets.validation import ArgumentError
 
@@ -115,7 +115,8 @@ class SegmentationTask(Task):
         per_class = ", ".join(f"{name} {percent(dice)}" for name, dice in (summary.get("best_test_dice") or {}).items())
         return [
             f"test mean Dice {percent(summary['test_mean_dice'])}, IoU {percent(summary['test_mean_iou'])} (best "
-            f"mean Dice {percent(summary['best_test_mean_dice'])} at epoch {summary['best_epoch']}; per class: "
+            f"mean Dice {percent(summary['best_test_mean_dice'])} at epoch {summary['best_epoch']}{chosen_on(summary)}; "
+            "per class: "
             f"{per_class})"
         ]
 
