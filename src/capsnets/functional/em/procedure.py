@@ -40,9 +40,9 @@ from capsnets.functional.em.spec import (
     routing_dtype,
 )
 from capsnets.functional.products import matvec
-from capsnets.functional.routing_common import check_capsule_sizes, normalized_gradients
+from capsnets.functional.routing_common import normalized_gradients
 
-#: The sizes of EM votes ``(B, I, J, H)`` after the batch (:func:`check_votes`).
+#: The sizes of EM votes ``(B, I, J, H)`` after the batch (:func:`~capsnets.functional.routing_common.check_votes`).
 VOTE_SIZES = {2: ("J", "parent capsules"), 3: ("H", "pose components")}
 
 
@@ -248,18 +248,6 @@ def iterate(
     return mu, torch.sigmoid(pre), r
 
 
-def check_votes(votes, activations) -> None:
-    """Raise a ``ValueError`` unless ``votes`` is ``(B, I, J, H)`` with ``J, H >= 1`` and ``activations``
-    ``(B, I)``."""
-    if not isinstance(votes, Tensor) or votes.dim() != 4:
-        shape = tuple(votes.shape) if isinstance(votes, Tensor) else type(votes).__name__
-        raise ValueError(f"votes must be a 4-D tensor (B, I, J, H) (batch, children, parents, pose); got {shape}")
-    check_capsule_sizes(votes.shape, "EM routing", "votes", VOTE_SIZES)
-    if not isinstance(activations, Tensor) or activations.shape != votes.shape[:2]:
-        shape = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
-        raise ValueError(f"activations must have shape (B, I) = {tuple(votes.shape[:2])} to match votes; got {shape}")
-
-
 @normalized_gradients
 def route_votes(
     votes: Tensor,
@@ -271,7 +259,7 @@ def route_votes(
     return_assignments: bool = False,
 ):
     """:func:`~capsnets.functional.em_routing` with its settings resolved (the votes' shapes checked by
-    :func:`check_votes`)."""
+    :func:`~capsnets.functional.routing_common.check_votes`)."""
     check_child_groups(child_groups, tuple(votes.shape[:2]), "votes")
     out = votes.dtype if votes.dtype in (torch.float32, torch.float64) else torch.float32
     dtype = out

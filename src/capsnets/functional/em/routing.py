@@ -14,10 +14,10 @@ from torch import Tensor
 from capsnets.functional.child_groups import ChildGroups
 from capsnets.functional.em import recomputed, triton_path
 from capsnets.functional.em.kernel import fused_kernel, route_fused
-from capsnets.functional.em.procedure import VOTE_SIZES, check_votes, route_votes
+from capsnets.functional.em.procedure import VOTE_SIZES, route_votes
 from capsnets.functional.em.spec import OFFICIAL_MASS_EPS, EMSettings, checking, em_inverse_temperatures, routing_dtype
 from capsnets.functional.products import matrix_votes
-from capsnets.functional.routing_common import check_capsule_sizes, normalized_gradients
+from capsnets.functional.routing_common import check_capsule_sizes, check_votes, normalized_gradients
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class EMRouting:
         return_assignments: bool = False,
         child_groups: ChildGroups | None = None,
     ):
-        check_votes(votes, activations)
+        check_votes(votes, "EM routing", "votes", VOTE_SIZES, activations)
         return route_votes(votes, activations, beta_v, beta_a, self.settings, child_groups, return_assignments)
 
     def route_poses(
@@ -240,7 +240,7 @@ def em_routing(
         >>> poses, activations = em_routing(votes, acts, 2.0, 1.0, formulation="official",
         ...                                 inverse_temperature=em_inverse_temperatures(3, final=0.0025))
     """
-    check_votes(votes, activations)
+    check_votes(votes, "EM routing", "votes", VOTE_SIZES, activations)
     settings = EMSettings.resolve(
         iterations,
         inverse_temperature,
@@ -396,7 +396,7 @@ def _route_poses(
         if coordinates is not None:
             coords = coordinates.to(votes.dtype).view(1, children, 1, 2)
             votes = torch.cat([votes[..., :2] + coords, votes[..., 2:]], dim=-1)
-        check_votes(votes, activations)
+        check_votes(votes, "EM routing", "votes", VOTE_SIZES, activations)
         routed = route_votes(votes, activations, beta_v, beta_a, settings, child_groups, return_assignments)
         return routed if out is None else tuple(t.to(out) for t in routed)
     return recomputed.route_poses(
