@@ -54,11 +54,11 @@ from capsnets.validation import (
 def _as_multi_hot(targets: Tensor, num_classes: int, dtype: torch.dtype) -> Tensor:
     if targets.dim() == 1:
         if targets.numel() and (targets.min() < 0 or targets.max() >= num_classes):
-            raise ValueError(f"class indices must lie in [0, {num_classes}), got {targets.min()}..{targets.max()}")
+            raise ArgumentError(f"class indices must lie in [0, {num_classes}), got {targets.min()}..{targets.max()}")
         return F.one_hot(targets.long(), num_classes).to(dtype)
     if targets.dim() == 2 and targets.shape[1] == num_classes:
         return targets.to(dtype)
-    raise ValueError(f"targets must be (B,) indices or (B, {num_classes}) multi-hot, got {tuple(targets.shape)}")
+    raise ArgumentError(f"targets must be (B,) indices or (B, {num_classes}) multi-hot, got {tuple(targets.shape)}")
 
 
 def margin_loss(
@@ -81,7 +81,7 @@ def margin_loss(
         scalar: the per-example sum over classes, averaged over the batch.
     """
     if lengths.dim() != 2:
-        raise ValueError(f"lengths must be (B, K), got {tuple(lengths.shape)}")
+        raise ArgumentError(f"lengths must be (B, K), got {tuple(lengths.shape)}")
     t = _as_multi_hot(targets, lengths.shape[1], lengths.dtype)
     present = t * F.relu(m_pos - lengths).pow(2)
     absent = down_weight * (1.0 - t) * F.relu(lengths - m_neg).pow(2)
@@ -91,7 +91,7 @@ def margin_loss(
 def reconstruction_loss(reconstruction: Tensor, images: Tensor, *, weight: float = 0.0005) -> Tensor:
     """Sum of squared pixel errors per example, averaged over the batch, times ``weight``."""
     if reconstruction.shape != images.shape:
-        raise ValueError(
+        raise ArgumentError(
             f"reconstruction {tuple(reconstruction.shape)} and images {tuple(images.shape)} differ in shape"
         )
     return weight * (reconstruction - images).pow(2).flatten(1).sum(dim=1).mean()
@@ -161,7 +161,7 @@ class BinaryCrossEntropyLoss(nn.Module):
 
     def forward(self, output: ModelOutput, images: Tensor, targets: Tensor):
         if output.scores.dim() != 2:
-            raise ValueError(f"scores must be (B, K), got {tuple(output.scores.shape)}")
+            raise ArgumentError(f"scores must be (B, K), got {tuple(output.scores.shape)}")
         t = _as_multi_hot(targets, output.scores.shape[1], torch.float32)
         if output.score_kind == "logits":
             per_class = F.binary_cross_entropy_with_logits(output.scores.float(), t, reduction="none")
@@ -179,7 +179,7 @@ def spread_loss(activations: Tensor, targets: Tensor, margin: float) -> Tensor:
         activations ``(B, K)``, targets ``(B,)`` class indices -> scalar.
     """
     if activations.dim() != 2 or targets.shape != activations.shape[:1]:
-        raise ValueError(
+        raise ArgumentError(
             f"need activations (B, K) and targets (B,), got {tuple(activations.shape)} and {tuple(targets.shape)}"
         )
     target = targets.long().unsqueeze(1)
@@ -256,7 +256,9 @@ def binary_segmentation_loss(probabilities: Tensor, masks: Tensor, *, pos_weight
     object pixels are weighted by ``pos_weight`` (SegCaps weights them against the background; a tensor that
     broadcasts against ``masks`` weighs each map by its own)."""
     if probabilities.shape != masks.shape:
-        raise ValueError(f"probabilities {tuple(probabilities.shape)} and masks {tuple(masks.shape)} differ in shape")
+        raise ArgumentError(
+            f"probabilities {tuple(probabilities.shape)} and masks {tuple(masks.shape)} differ in shape"
+        )
     masks = masks.to(probabilities.dtype)
     eps = 1e-6  # lengths can reach 0 exactly; the log is taken of values in [eps, 1 - eps]
     p = probabilities.clamp(eps, 1.0 - eps)
@@ -268,7 +270,7 @@ def binary_segmentation_loss_from_logits(logits: Tensor, masks: Tensor, *, pos_w
     zero gradient once a probability is below 1e-6 (a logit below -13.8), so an object pixel pushed that far
     would never be pulled back; here every logit keeps its gradient."""
     if logits.shape != masks.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} and masks {tuple(masks.shape)} differ in shape")
+        raise ArgumentError(f"logits {tuple(logits.shape)} and masks {tuple(masks.shape)} differ in shape")
     weight = torch.tensor(float(pos_weight), dtype=logits.dtype, device=logits.device)
     return F.binary_cross_entropy_with_logits(logits, masks.to(logits.dtype), pos_weight=weight)
 
@@ -313,13 +315,13 @@ class SegCapsLoss(nn.Module):
     def _multi_class(self, output, masks: Tensor, classes: int) -> Tensor:
         """The cross-entropy of ``K > 1`` class maps against ``(B, 1, H, W)`` class indices."""
         if masks.dim() != 4 or masks.shape[1] != 1 or masks.shape[2:] != output.probabilities.shape[2:]:
-            raise ValueError(
+            raise ArgumentError(
                 f"masks must be (B, 1, H, W) class indices for probabilities {tuple(output.probabilities.shape)}, "
                 f"got {tuple(masks.shape)}"
             )
         truth = masks[:, 0].long()  # (B, H, W)
         if truth.numel() and (truth.min() < 0 or truth.max() >= classes):
-            raise ValueError(f"mask classes must lie in [0, {classes}), got {truth.min()}..{truth.max()}")
+            raise ArgumentError(f"mask classes must lie in [0, {classes}), got {truth.min()}..{truth.max()}")
         if getattr(output, "logits", None) is not None:
             weight = torch.full((classes,), float(self.pos_weight), device=truth.device)
             weight[0] = 1.0
@@ -344,7 +346,7 @@ class TransformingLoss(nn.Module):
 
     def forward(self, output, images: Tensor, targets: Tensor):
         if output.reconstruction.shape != targets.shape:
-            raise ValueError(
+            raise ArgumentError(
                 f"reconstruction {tuple(output.reconstruction.shape)} and targets "
                 f"{tuple(targets.shape)} differ in shape"
             )

@@ -37,6 +37,7 @@ from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, resolve_amp, resolve_device
 from capsnets.models.hub import model_from_checkpoint
 from capsnets.models.output import ModelOutput, independent_probabilities
+from capsnets.validation import ArgumentError
 
 #: The threshold of a class that :func:`f1_thresholds` has no positive example to choose it from.
 DEFAULT_THRESHOLD = 0.5
@@ -79,7 +80,7 @@ def evaluate(
         exact-set accuracy), and ``loss``.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        raise ArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
     images, targets = (data.images, data.labels) if hasattr(data, "images") else data
     device = _model_device(model) if device is None else resolve_device(device)
     dtype = resolve_amp(amp, device)
@@ -157,7 +158,7 @@ def _summarise(confusion: Tensor, loss_sum: float, with_loss: bool) -> dict[str,
     """Accuracy figures from a ``(K, K)`` confusion matrix."""
     count = int(confusion.sum())
     if count == 0:
-        raise ValueError("cannot evaluate on an empty data set (0 examples)")
+        raise ArgumentError("cannot evaluate on an empty data set (0 examples)")
     per_class_total = confusion.sum(dim=1).double()
     results = {
         "accuracy": confusion.diag().sum().item() / count,
@@ -254,10 +255,10 @@ def multilabel_metrics(
     _check_multilabel(probabilities, targets)
     count, classes = probabilities.shape
     if count == 0:
-        raise ValueError("cannot evaluate on an empty data set (0 examples)")
+        raise ArgumentError("cannot evaluate on an empty data set (0 examples)")
     thresholds = torch.full((classes,), 0.5) if thresholds is None else torch.as_tensor(thresholds).float().cpu()
     if thresholds.shape != (classes,) or not bool(((thresholds >= 0) & (thresholds <= 1)).all()):
-        raise ValueError(f"thresholds must be {classes} numbers in [0, 1], got {thresholds.tolist()}")
+        raise ArgumentError(f"thresholds must be {classes} numbers in [0, 1], got {thresholds.tolist()}")
     truth, predicted = targets.cpu() > 0.5, probabilities.cpu() >= thresholds
     tp = (truth & predicted).sum(dim=0).double()
     fp, fn = (~truth & predicted).sum(dim=0).double(), (truth & ~predicted).sum(dim=0).double()
@@ -281,7 +282,7 @@ def multilabel_metrics(
 
 def _check_multilabel(probabilities: Tensor, targets: Tensor) -> None:
     if probabilities.dim() != 2 or probabilities.shape != targets.shape:
-        raise ValueError(
+        raise ArgumentError(
             f"probabilities and targets must both be (N, K), got {tuple(probabilities.shape)} and "
             f"{tuple(targets.shape)}"
         )
@@ -291,7 +292,9 @@ def dice_score(probabilities: Tensor, masks: Tensor, *, threshold: float = 0.5) 
     """Dice coefficient ``2 |P & M| / (|P| + |M|)`` of each image's thresholded prediction ``P`` and mask ``M``
     (1 where both are empty), shape ``(B, ...) -> (B,)``."""
     if probabilities.shape != masks.shape:
-        raise ValueError(f"probabilities {tuple(probabilities.shape)} and masks {tuple(masks.shape)} differ in shape")
+        raise ArgumentError(
+            f"probabilities {tuple(probabilities.shape)} and masks {tuple(masks.shape)} differ in shape"
+        )
     predicted, truth = (probabilities > threshold).flatten(1), (masks > 0.5).flatten(1)
     overlap = (predicted & truth).sum(dim=1).double()
     total = (predicted.sum(dim=1) + truth.sum(dim=1)).double()
@@ -324,7 +327,7 @@ def evaluate_segmentation(
         ``criterion`` is given.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        raise ArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
     device = _model_device(model) if device is None else resolve_device(device)
     dtype, classes = resolve_amp(amp, device), int(data.num_classes)
     confusion = torch.zeros(classes * classes, dtype=torch.long, device=device)
@@ -349,7 +352,7 @@ def evaluate_segmentation(
     all_reduce_sum(confusion, context)
     all_reduce_sum(loss_sum, context)
     if count == 0:
-        raise ValueError("cannot evaluate on an empty data set (0 examples)")
+        raise ArgumentError("cannot evaluate on an empty data set (0 examples)")
     results = segmentation_metrics(confusion.view(classes, classes).cpu())
     results["count"] = count
     if criterion is not None:
@@ -379,7 +382,7 @@ def segmentation_metrics(confusion: Tensor) -> dict[str, Any]:
         ([0.8571428571428571, 0.6666666666666666], 0.5)
     """
     if confusion.dim() != 2 or confusion.shape[0] != confusion.shape[1] or confusion.shape[0] < 2:
-        raise ValueError(f"confusion must be a (K, K) matrix with K >= 2, got {tuple(confusion.shape)}")
+        raise ArgumentError(f"confusion must be a (K, K) matrix with K >= 2, got {tuple(confusion.shape)}")
     confusion = confusion.long()
     hits = confusion.diag().double()
     union = confusion.sum(dim=0).double() + confusion.sum(dim=1).double() - hits  # TP + FP + FN
@@ -420,13 +423,13 @@ class Ensemble(nn.Module):
         super().__init__()
         members = list(members)
         if not members:
-            raise ValueError("an ensemble needs at least one model")
+            raise ArgumentError("an ensemble needs at least one model")
         for name in ("num_classes", "input_size"):
             values = [
                 tuple(v) if isinstance(v, (list, tuple)) else v for v in (getattr(m, name, None) for m in members)
             ]
             if any(value != values[0] for value in values):
-                raise ValueError(f"the models of an ensemble must agree on {name}; got {values}")
+                raise ArgumentError(f"the models of an ensemble must agree on {name}; got {values}")
         self.members = nn.ModuleList(members)
         self.num_classes, self.input_size = members[0].num_classes, tuple(members[0].input_size)
         self.class_names = getattr(members[0], "class_names", None)  # load_ensemble checks that they agree
@@ -435,7 +438,7 @@ class Ensemble(nn.Module):
         outputs = [member(images) for member in self.members]
         kinds = sorted({output.score_kind for output in outputs})
         if len(kinds) > 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"the models of an ensemble score in different units ({', '.join(kinds)}); their mean "
                 f"would mean nothing: ensemble models of one kind"
             )
@@ -457,12 +460,12 @@ def load_ensemble(paths: Sequence[str | Path], device: str | torch.device = "cpu
     checkpoints = [load_checkpoint(path) for path in paths]
     loaded = [(model_from_checkpoint(checkpoint, device), checkpoint) for checkpoint in checkpoints]
     if not loaded:
-        raise ValueError("an ensemble needs at least one checkpoint")
+        raise ArgumentError("an ensemble needs at least one checkpoint")
     seen: dict[Path, str] = {}
     for (_, checkpoint), given in zip(loaded, paths):
         where = checkpoint.path.resolve()
         if where in seen:
-            raise ValueError(
+            raise ArgumentError(
                 f"checkpoint '{checkpoint.path}' is given twice ({seen[where]!r} and {str(given)!r}); "
                 f"an ensemble counts each model once"
             )
@@ -470,7 +473,7 @@ def load_ensemble(paths: Sequence[str | Path], device: str | torch.device = "cpu
     first_model, first = loaded[0]
     for model, checkpoint in loaded:
         if checkpoint.meta.get("dataset") is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"checkpoint '{checkpoint.path}' does not record the data set it was trained on, so it "
                 f"cannot be checked against the other models of the ensemble"
             )
@@ -484,7 +487,7 @@ def load_ensemble(paths: Sequence[str | Path], device: str | torch.device = "cpu
             checks.append(("classes", *names))
         for what, theirs, mine in checks:
             if mine != theirs:
-                raise ValueError(
+                raise ArgumentError(
                     f"the models of an ensemble must be trained on the same data: '{first.path}' has "
                     f"{what} {theirs!r} and '{checkpoint.path}' has {mine!r}"
                 )

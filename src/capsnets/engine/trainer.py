@@ -133,7 +133,7 @@ class Trainer:
         self, config: TrainConfig | None = None, *, resume: bool = False, overwrite: bool = False, **settings: Any
     ) -> None:
         if config is not None and not isinstance(config, TrainConfig):
-            raise TypeError(f"config must be a TrainConfig or None, got {type(config).__name__}")
+            raise ArgumentError(f"config must be a TrainConfig or None, got {type(config).__name__}")
         if resume and overwrite:
             raise RunDirectoryError("resume continues the run and overwrite replaces it: pass one of them")
         self._settings = None if config is not None else dict(settings)  # rebuilt for the model fit() gets
@@ -445,7 +445,7 @@ class Trainer:
         criterion = create_loss(name, **self.config.loss_args)
         weight = getattr(criterion, "reconstruction_weight", 0)
         if "reconstruction_weight" in self.config.loss_args and weight > 0 and getattr(model, "decoder", 0) is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"reconstruction_weight={weight} would have no effect: model {self.config.model!r} "
                 f"was built without a decoder (reconstruction=false); drop one of the two"
             )
@@ -456,13 +456,13 @@ class Trainer:
         augment = None
         if not self._task.image_augmentation and (cfg.augment is not None or cfg.max_shift):
             flag = "--augment" if cfg.augment is not None else "--max-shift"
-            raise ValueError(
+            raise ArgumentError(
                 f"{flag}: a {self._task.name} run does not shift or augment its images, as their targets would not "
                 f"follow; drop {flag}"
             )
         if cfg.augment is not None:
             if data.augment is not None:
-                raise ValueError(
+                raise ArgumentError(
                     f"--augment {cfg.augment}: the {cfg.dataset} data set has its own training "
                     "augmentation; drop --augment"
                 )
@@ -481,7 +481,7 @@ class Trainer:
             augment=augment,
         )
         if len(loader) == 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"batch_size={cfg.batch_size} is larger than the {len(data)} training examples "
                 f"shared by {context.world_size} processes; lower --batch-size"
             )

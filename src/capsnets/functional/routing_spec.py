@@ -77,7 +77,7 @@ def routing_config(routing, *, strict: bool = True) -> dict:
     if type(getattr(routing, "spec", None)) in ROUTING_TYPES.values():  # a routing bound to its layer's sizes
         return routing.spec.to_config()
     if strict:
-        raise TypeError(
+        raise ArgumentError(
             f"{shown(routing)} is not a routing capsnets can describe (one of "
             f"{', '.join(cls.__name__ for cls in ROUTING_TYPES.values())}), so it has no spec"
         )
@@ -104,23 +104,27 @@ def routing_from_config(config: Mapping) -> Callable:
         EMRouting(iterations=1, inverse_temperature=[0.0005], eps=1e-06, cost_normalization=None, detach_routing=False)
     """
     if not isinstance(config, Mapping) or "type" not in config:
-        raise ValueError(f"a routing spec is a mapping with a 'type' ({', '.join(ROUTING_TYPES)}); got {shown(config)}")
+        raise ArgumentError(
+            f"a routing spec is a mapping with a 'type' ({', '.join(ROUTING_TYPES)}); got {shown(config)}"
+        )
     kind, settings = config["type"], {k: v for k, v in config.items() if k != "type"}
     if kind == OPAQUE:
-        raise ValueError(
+        raise ArgumentError(
             f"the model was recorded with the routing {config.get('repr', '?')}, which capsnets cannot "
             f"describe, so it cannot be rebuilt from its record; build it with that routing passed in "
             f"(routing=...) and load the weights into it (capsnets.models.hub.restore_model)"
         )
     if kind not in ROUTING_TYPES:
-        raise ValueError(f"unknown routing type {kind!r}; known types: {', '.join(ROUTING_TYPES)}")
+        raise ArgumentError(f"unknown routing type {kind!r}; known types: {', '.join(ROUTING_TYPES)}")
     if kind == "em" and CLASS_LAYER in settings:
         return layerwise_em_routing(config)
     cls = ROUTING_TYPES[kind]
     names = [field.name for field in dataclasses.fields(cls) if field.name != "_"]
     unknown = sorted(set(settings) - set(names))
     if unknown:
-        raise ValueError(f"routing type {kind!r} takes {', '.join(names) or 'no settings'}; got {', '.join(unknown)}")
+        raise ArgumentError(
+            f"routing type {kind!r} takes {', '.join(names) or 'no settings'}; got {', '.join(unknown)}"
+        )
     return cls(**settings)
 
 
@@ -230,7 +234,7 @@ class LayerwiseEMRouting:
         """The JSON-able spec: the convolutional layers' complete EM spec, the class layer's complete settings
         under ``"class_layer"`` (:func:`routing_from_config` rebuilds it)."""
         if not self.describable:
-            raise TypeError(f"{self!r} routes with a routing capsnets cannot describe, so it has no spec")
+            raise ArgumentError(f"{self!r} routes with a routing capsnets cannot describe, so it has no spec")
         settings = {key: value for key, value in self.class_layer.to_config().items() if key != "type"}
         return {**self.conv.to_config(), CLASS_LAYER: settings}
 
@@ -315,7 +319,7 @@ def local_routing(u_hat: Tensor, routing=None, *, return_couplings: bool = False
         torch.Size([2, 8, 16, 6, 6])
     """
     if u_hat.dim() != 6:
-        raise ValueError(
+        raise ArgumentError(
             f"local_routing expects u_hat of shape (B, I, J, D, H, W) (batch, child types, parent "
             f"types, parent dim, rows, columns); got shape {tuple(u_hat.shape)}"
         )

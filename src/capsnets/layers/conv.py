@@ -22,7 +22,7 @@ from collections.abc import Callable
 from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting, as_routing, bind_routing, local_routing
-from capsnets.validation import non_negative_int, positive_int
+from capsnets.validation import ArgumentError, non_negative_int, positive_int
 
 
 class _GridCapsules(nn.Module):
@@ -54,7 +54,7 @@ class _GridCapsules(nn.Module):
         self.padding = non_negative_int("padding", padding)
         routing = as_routing(routing, DynamicRouting)
         if getattr(routing, "needs_poses", False):
-            raise ValueError(
+            raise ArgumentError(
                 f"routing={routing!r} routes by the children's own poses, which a convolutional capsule "
                 f"layer does not give it; use it in LinearCapsules"
             )
@@ -64,7 +64,7 @@ class _GridCapsules(nn.Module):
     def predictions(self, u: Tensor) -> Tensor:
         """Every child type's prediction for every parent type: ``(B, I, D_in, H, W) -> (B, I, J, D_out, H', W')``."""
         if u.dim() != 5 or u.shape[1:3] != (self.in_types, self.in_dim):
-            raise ValueError(
+            raise ArgumentError(
                 f"{type(self).__name__} expects capsules of shape "
                 f"(B, {self.in_types}, {self.in_dim}, H, W) (batch, types, dim, rows, columns); "
                 f"got {tuple(u.shape)}"

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.functional import HeinsenOutput, HeinsenRouting, as_routing, bind_routing
-from capsnets.validation import positive_int
+from capsnets.validation import ArgumentError, positive_int
 
 
 class HeinsenCapsules(nn.Module):
@@ -76,7 +76,7 @@ class HeinsenCapsules(nn.Module):
         """Every child's vote for every parent, ``(B, I, d_cov, d_in) -> (B, I, J, d_cov * d_out)``."""
         expected = (self.in_capsules or poses.shape[1], self.d_cov, self.d_in) if poses.dim() == 4 else None
         if expected is None or tuple(poses.shape[1:]) != expected:
-            raise ValueError(
+            raise ArgumentError(
                 f"HeinsenCapsules expects poses of shape (B, {self.in_capsules or 'I'}, {self.d_cov}, {self.d_in}), "
                 f"got {tuple(poses.shape)}"
             )

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.functional import DynamicRouting, as_routing, bind_routing
-from capsnets.validation import number, positive_int
+from capsnets.validation import ArgumentError, number, positive_int
 
 
 class LinearCapsules(nn.Module):
@@ -72,7 +72,7 @@ class LinearCapsules(nn.Module):
     def predictions(self, u: Tensor) -> Tensor:
         """Every child's prediction for every parent, ``(B, I, D_in) -> (B, I, J, D_out)``."""
         if u.dim() != 3 or u.shape[1:] != (self.in_capsules, self.in_dim):
-            raise ValueError(f"LinearCapsules expects (B, {self.in_capsules}, {self.in_dim}), got {tuple(u.shape)}")
+            raise ArgumentError(f"LinearCapsules expects (B, {self.in_capsules}, {self.in_dim}), got {tuple(u.shape)}")
         batch = u.shape[0]
         # One batched matmul over children: (I, B, D_in) @ (I, D_in, J*D_out) -> (I, B, J*D_out)
         w = self.weight.permute(0, 3, 1, 2).reshape(self.in_capsules, self.in_dim, -1)

@@ -52,9 +52,9 @@ class MatrixCapsules:
     def __post_init__(self) -> None:
         pose, act = self.pose, self.activation
         if pose.dim() != 6 or pose.shape[-1] != pose.shape[-2]:
-            raise ValueError(f"pose must be (B, T, H, W, P, P), got shape {tuple(pose.shape)}")
+            raise ArgumentError(f"pose must be (B, T, H, W, P, P), got shape {tuple(pose.shape)}")
         if act.shape != pose.shape[:4]:
-            raise ValueError(
+            raise ArgumentError(
                 f"activation must be (B, T, H, W) = {tuple(pose.shape[:4])} to match the pose, got {tuple(act.shape)}"
             )
 
@@ -139,7 +139,7 @@ class PrimaryMatrixCapsules(nn.Module):
 
     def forward(self, x: Tensor) -> MatrixCapsules:
         if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"PrimaryMatrixCapsules expects (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
+            raise ArgumentError(f"PrimaryMatrixCapsules expects (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
         batch, _, height, width = x.shape
         side = self.pose_size
         pose = self.pose(x).view(batch, self.num_types, side, side, height, width).permute(0, 1, 4, 5, 2, 3)
@@ -237,7 +237,7 @@ class ConvMatrixCapsules(nn.Module):
             the parents, or ``(parents, assignments)`` with ``return_couplings``.
         """
         if caps.types != self.in_types or caps.pose_size != self.pose_size:
-            raise ValueError(
+            raise ArgumentError(
                 f"ConvMatrixCapsules expects {self.in_types} types of {self.pose_size}x{self.pose_size} "
                 f"poses, got {caps!r}"
             )
@@ -306,11 +306,11 @@ class ConvMatrixCapsules(nn.Module):
 def _check_scope(scope: str, routing, checkpoint_chunks: int) -> str:
     choice("assignment_scope", scope, ASSIGNMENT_SCOPES)
     if scope != "position" and not getattr(routing, "supports_child_groups", False):
-        raise ValueError(
+        raise ArgumentError(
             f"assignment_scope={scope!r} needs a routing that takes child_groups (EMRouting does); got {routing!r}"
         )
     if scope != "position" and checkpoint_chunks:
-        raise ValueError(
+        raise ArgumentError(
             f"assignment_scope={scope!r} routes all output positions together, so "
             f"checkpoint_chunks must be 0; got {checkpoint_chunks}"
         )
@@ -372,7 +372,7 @@ class ClassMatrixCapsules(nn.Module):
         if coordinates is not None:
             coordinates = torch.as_tensor(coordinates, dtype=dtype or torch.get_default_dtype(), device=device)
             if coordinates.dim() != 3 or coordinates.shape[-1] != 2:
-                raise ValueError(f"coordinates must be an (H, W, 2) tensor, got shape {tuple(coordinates.shape)}")
+                raise ArgumentError(f"coordinates must be an (H, W, 2) tensor, got shape {tuple(coordinates.shape)}")
         self.register_buffer("fixed_coordinates", coordinates, persistent=False)
 
     def coordinates(self, height: int, width: int, device=None, dtype=None) -> Tensor:
@@ -380,7 +380,7 @@ class ClassMatrixCapsules(nn.Module):
         else the scaled ``(row, column)`` in ``(0, 1)``."""
         if self.fixed_coordinates is not None:
             if tuple(self.fixed_coordinates.shape[:2]) != (height, width):
-                raise ValueError(
+                raise ArgumentError(
                     f"ClassMatrixCapsules has coordinates for a {tuple(self.fixed_coordinates.shape[:2])} "
                     f"grid, got a ({height}, {width}) grid"
                 )
@@ -401,7 +401,7 @@ class ClassMatrixCapsules(nn.Module):
             the classes, or ``(classes, assignments)`` with ``return_couplings``.
         """
         if caps.types != self.in_types or caps.pose_size != self.pose_size:
-            raise ValueError(
+            raise ArgumentError(
                 f"ClassMatrixCapsules expects {self.in_types} types of {self.pose_size}x{self.pose_size} "
                 f"poses, got {caps!r}"
             )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from capsnets.functional import squash
-from capsnets.validation import conv_output_size, non_negative_int, positive_int
+from capsnets.validation import ArgumentError, conv_output_size, non_negative_int, positive_int
 
 
 class PrimaryCapsules(nn.Module):
@@ -59,7 +59,7 @@ class PrimaryCapsules(nn.Module):
         """Spatial size ``(H', W')`` of the capsule grid for an ``H x W`` input."""
         out = tuple(conv_output_size(s, self.kernel_size, self.stride, self.padding) for s in (height, width))
         if min(out) < 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"input of {height}x{width} is smaller than the primary capsule kernel ({self.kernel_size}, "
                 f"padding {self.padding})"
             )
@@ -72,7 +72,7 @@ class PrimaryCapsules(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"PrimaryCapsules expects (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
+            raise ArgumentError(f"PrimaryCapsules expects (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
         maps = self.conv(x)  # (B, T*D, H', W')
         batch, _, height, width = maps.shape
         caps = maps.view(batch, self.num_types, self.capsule_dim, height, width)

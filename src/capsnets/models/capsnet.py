@@ -127,7 +127,7 @@ class CapsNet(nn.Module):
         self.conv = nn.Conv2d(channels, conv_channels, conv_kernel, **factory)
         conv_h, conv_w = (conv_output_size(s, conv_kernel, 1, 0) for s in (seen_h, seen_w))
         if min(conv_h, conv_w) < 1:
-            raise ValueError(f"input_size {self.input_size} (crop={crop}) is smaller than conv_kernel={conv_kernel}")
+            raise ArgumentError(f"input_size {self.input_size} (crop={crop}) is smaller than conv_kernel={conv_kernel}")
         self.primary = PrimaryCapsules(
             conv_channels, primary_types, primary_dim, kernel_size=primary_kernel, stride=primary_stride, **factory
         )

@@ -46,6 +46,7 @@ from capsnets.layers import CapsuleDecoder, LinearCapsules
 from capsnets.models.output import ModelOutput, vector_capsule_output
 from capsnets.models.registry import register_model
 from capsnets.validation import (
+    ArgumentError,
     Device,
     DType,
     ImageSize,
@@ -94,7 +95,7 @@ class DepthwisePrimaryCapsules(nn.Module):
         self.channels = positive_int("channels", channels)
         self.capsule_dim = positive_int("capsule_dim", capsule_dim)
         if channels % capsule_dim:
-            raise ValueError(f"channels ({channels}) must be a multiple of capsule_dim ({capsule_dim})")
+            raise ArgumentError(f"channels ({channels}) must be a multiple of capsule_dim ({capsule_dim})")
         self.conv = nn.Conv2d(channels, channels, kernel_size, groups=channels, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -132,7 +133,7 @@ class ConvCapsuleDecoder(nn.Module):
         super().__init__()
         channels, height, width = output_shape
         if height % 8 or width % 8:
-            raise ValueError(
+            raise ArgumentError(
                 f"the convolutional decoder draws images whose sides are multiples of 8, got "
                 f"input_size {tuple(output_shape)}; build the model without it (reconstruction=False)"
             )
@@ -263,7 +264,7 @@ def _stem(input_size: tuple[int, int, int], convs, norm: str, factory: dict) -> 
     for out_channels, kernel, stride in convs:
         height, width = (conv_output_size(s, kernel, stride, 0) for s in (height, width))
         if min(height, width) < 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"input_size {input_size} is too small for the convolutions {tuple(convs)} "
                 f"((channels, kernel, stride), no padding)"
             )

@@ -57,6 +57,7 @@ from capsnets.layers.matrix import (
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 from capsnets.validation import (
+    ArgumentError,
     Device,
     DType,
     ImageSize,
@@ -259,7 +260,7 @@ class MatrixCapsNet(nn.Module):
         size = [(s - 3) // 2 + 1 for s in size]
         size = [s - 2 for s in size]
         if min(size) < 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"input_size {self.input_size} is too small for Conv1 (5x5/2), ConvCaps1 (3x3/2) and "
                 f"ConvCaps2 (3x3/1); use at least 28x28"
             )

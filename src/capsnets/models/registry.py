@@ -48,11 +48,11 @@ def register_model(
             ``pretrained_cfg``): they fill the fields a training leaves unset (:func:`training_recipe`).
     """
     if task not in MODEL_TASKS:
-        raise ValueError(f"task must be one of {', '.join(MODEL_TASKS)}, got {task!r}")
+        raise ArgumentError(f"task must be one of {', '.join(MODEL_TASKS)}, got {task!r}")
 
     def decorate(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in _REGISTRY:
-            raise ValueError(f"model {name!r} is already registered")
+            raise ArgumentError(f"model {name!r} is already registered")
         _REGISTRY[name] = builder
         _MODEL_TASK[name] = task
         _RECIPES[name] = copy.deepcopy(dict(recipe or {}))

@@ -196,7 +196,7 @@ class CapsuleHead(nn.Module):
             self.activation = nn.Sequential(*_conv_bn(in_channels, capsule_types, factory))
         side = math.isqrt(capsule_dim)
         if kind in ("em", "heinsen") and (side * side != capsule_dim or (kind == "em" and grid[0] != grid[1])):
-            raise ValueError(
+            raise ArgumentError(
                 f"head {kind!r} needs a square capsule_dim (4x4 poses: 16){' and a square map' if kind == 'em' else ''}; "
                 f"got capsule_dim={capsule_dim} and a {grid[0]}x{grid[1]} map"
             )

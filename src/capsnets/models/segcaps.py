@@ -188,7 +188,7 @@ class SegCaps(nn.Module):
             fits = masks is None or (masks.dim() == 4 and masks.shape[1] == 1 and masks.shape[2:] == capsules.shape[3:])
             if not fits or (masks is not None and masks.shape[0] != capsules.shape[0]):
                 expected = (capsules.shape[0], 1, *capsules.shape[3:])
-                raise ValueError(f"masks must have shape {expected} (B, 1, H, W), got {tuple(masks.shape)}")
+                raise ArgumentError(f"masks must have shape {expected} (B, 1, H, W), got {tuple(masks.shape)}")
             truth = (masks if masks is not None else output.predicted_classes()).long()  # (B, 1, H, W)
             if self.num_classes == 1:
                 kept = capsules[:, 0] * truth.to(capsules.dtype)  # (B, D, H, W): the object's capsules

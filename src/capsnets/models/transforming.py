@@ -27,7 +27,17 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.models.registry import register_model
-from capsnets.validation import Device, DType, ImageSize, PositiveInt, image_batch, image_size, placement, positive_int
+from capsnets.validation import (
+    ArgumentError,
+    Device,
+    DType,
+    ImageSize,
+    PositiveInt,
+    image_batch,
+    image_size,
+    placement,
+    positive_int,
+)
 
 
 @dataclass
@@ -120,7 +130,7 @@ class TransformingAutoencoder(nn.Module):
         images are scaled to ``[0, 1]``, floating-point ones cast to the parameters' dtype:
         :func:`~capsnets.validation.image_batch`)."""
         if shifts.shape != (len(images), 2):
-            raise ValueError(
+            raise ArgumentError(
                 f"shifts must be (B, 2) = ({len(images)}, 2) pixel offsets (dx, dy), got {tuple(shifts.shape)}"
             )
         probabilities, poses = self.encode(images)

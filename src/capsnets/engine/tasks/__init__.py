@@ -83,7 +83,7 @@ def task_for(model_name: str, registered: str, data: Any, dataset: str, *, train
     if registered != task.model_task:
         hint = _EXAMPLES.get(task.model_task)
         article = "an" if registered[:1] in tuple("aeiou") else "a"
-        raise ValueError(
+        raise ArgumentError(
             f"model {model_name!r} is {article} {registered} model, and dataset {dataset!r} is {kind} data; use a "
             f"{task.model_task} model with it" + (f" (e.g. {hint})" if hint else "")
         )

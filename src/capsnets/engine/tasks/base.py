@@ -53,7 +53,7 @@ class Task:
     def check_model(self, model: nn.Module, data: Any, names: tuple[str, str]) -> None:
         """Refuse a model that does not fit the data (``names``: the model's and the data set's, for the message)."""
         if not self.fits(model, data):
-            raise ValueError(
+            raise ArgumentError(
                 f"model {names[0]!r} expects {model.num_classes} classes of {tuple(model.input_size)} "
                 f"images but dataset {names[1]!r} has {data.num_classes} classes of {tuple(data.input_shape)}; "
                 f"pick another model or pass --model-arg num_classes=... --model-arg input_size=..."
@@ -62,7 +62,7 @@ class Task:
     def loss_name(self, name: str, default: str, given: bool) -> str:
         """The loss to train with: ``name`` (``given``: asked for, else the model's ``default``), checked."""
         if LOSS_TASKS.get(name, self.model_task) != self.model_task:
-            raise ValueError(
+            raise ArgumentError(
                 f"loss {name!r} is for {LOSS_TASKS[name]} models, and this is a {self.name} run; use one of "
                 f"{', '.join(list_losses(self.model_task))} (or leave --loss out for the model's own, {default!r})"
             )

@@ -48,7 +48,7 @@ class SegmentationTask(Task):
 
     def check_model(self, model: nn.Module, data: Any, names: tuple[str, str]) -> None:
         if not self.fits(model, data):
-            raise ValueError(
+            raise ArgumentError(
                 f"model {names[0]!r} has {model.num_classes} class map(s) for {tuple(model.input_size)} images but "
                 f"dataset {names[1]!r} has {data.num_classes} classes (the background included) of "
                 f"{tuple(data.input_shape)}; pass --model-arg num_classes={self.model_defaults(data)['num_classes']} "

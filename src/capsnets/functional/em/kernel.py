@@ -58,6 +58,7 @@ from capsnets.functional.em import build
 from capsnets.functional.em.procedure import Scale, initial_assignments
 from capsnets.functional.em.recomputed import FusedVotes
 from capsnets.functional.em.spec import BETA_A_SCALE, BLEND, COST_NORMALIZATIONS, GRADIENT_MASS_FLOOR, EMSettings
+from capsnets.validation import ArgumentError
 
 ENV_VAR = "CAPSNETS_EM_KERNEL"
 MODES = ("auto", "cpp", "torch", "triton")
@@ -70,7 +71,7 @@ def kernel_mode() -> str:
     """The path chosen by ``CAPSNETS_EM_KERNEL``: ``"auto"``, ``"cpp"``, ``"torch"`` or ``"triton"``."""
     mode = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if mode not in MODES:
-        raise ValueError(f"{ENV_VAR} must be one of {MODES}, got {os.environ.get(ENV_VAR)!r}")
+        raise ArgumentError(f"{ENV_VAR} must be one of {MODES}, got {os.environ.get(ENV_VAR)!r}")
     return mode
 
 

@@ -21,6 +21,7 @@ from capsnets.functional.em.spec import (
     checking,
     routing_dtype,
 )
+from capsnets.validation import ArgumentError
 
 __all__ = ["FusedVotes", "route_poses"]
 
@@ -55,7 +56,7 @@ def route_poses(
     batch, children = poses.shape[:2]
     if not isinstance(activations, Tensor) or tuple(activations.shape) != (batch, children):
         got = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
-        raise ValueError(f"activations must have shape (B, I) = {(batch, children)} to match poses; got {got}")
+        raise ArgumentError(f"activations must have shape (B, I) = {(batch, children)} to match poses; got {got}")
     check_child_groups(child_groups, (batch, children), "poses")
     if checking():
         check_activations(activations)

@@ -18,6 +18,7 @@ from capsnets.functional.em.procedure import VOTE_SIZES, route_votes
 from capsnets.functional.em.spec import OFFICIAL_MASS_EPS, EMSettings, checking, em_inverse_temperatures, routing_dtype
 from capsnets.functional.products import matrix_votes
 from capsnets.functional.routing_common import check_capsule_sizes, check_votes, normalized_gradients
+from capsnets.validation import ArgumentError
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class EMRouting:
         formulation, ``lambda_t = final (1 - 0.95^(t+1))`` with ``final`` divided by 4 in the class layer,
         variance floor 5e-4, mass guard 1e-7 (conv) or 1e-5 (class)."""
         if layer not in OFFICIAL_MASS_EPS:
-            raise ValueError(f"layer must be 'conv' or 'class', got {layer!r}")
+            raise ArgumentError(f"layer must be 'conv' or 'class', got {layer!r}")
         final = final_inverse_temperature / 4.0 if layer == "class" else final_inverse_temperature
         return cls(
             iterations,
@@ -329,7 +330,7 @@ def em_routing_poses(
 def _check_poses(poses, weight, coordinates) -> None:
     if not isinstance(poses, Tensor) or poses.dim() != 4 or poses.shape[-1] != poses.shape[-2]:
         got = tuple(poses.shape) if isinstance(poses, Tensor) else type(poses).__name__
-        raise ValueError(f"poses must be a (B, I, P, P) tensor of square pose matrices; got {got}")
+        raise ArgumentError(f"poses must be a (B, I, P, P) tensor of square pose matrices; got {got}")
     children, side = poses.shape[1], poses.shape[-1]
     if (
         not isinstance(weight, Tensor)
@@ -339,7 +340,7 @@ def _check_poses(poses, weight, coordinates) -> None:
         or children % weight.shape[0]
     ):
         got = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
-        raise ValueError(
+        raise ArgumentError(
             f"weight must be an (Iw, J, {side}, {side}) tensor with I = {children} a multiple of Iw; got {got}"
         )
     # the votes' sizes, as em_routing checks them (on every path: the kernels never form the votes)
@@ -349,7 +350,7 @@ def _check_poses(poses, weight, coordinates) -> None:
         not isinstance(coordinates, Tensor) or tuple(coordinates.shape) != (children, 2) or side * side < 2
     ):
         got = tuple(coordinates.shape) if isinstance(coordinates, Tensor) else type(coordinates).__name__
-        raise ValueError(f"coordinates must be None or an (I, 2) = ({children}, 2) tensor; got {got}")
+        raise ArgumentError(f"coordinates must be None or an (I, 2) = ({children}, 2) tensor; got {got}")
 
 
 @normalized_gradients

@@ -96,7 +96,7 @@ class EMSettings:
         eps, variance_floor = resolve_formulation(formulation, eps, variance_floor)
         check_settings(iterations, eps, cost_normalization, formulation, variance_floor)
         if not isinstance(detach_routing, bool):
-            raise ValueError(f"detach_routing must be True or False, got {detach_routing!r}")
+            raise ArgumentError(f"detach_routing must be True or False, got {detach_routing!r}")
         lambdas = tuple(resolve_lambdas(inverse_temperature, int(iterations)))
         return cls(lambdas, float(eps), cost_normalization, detach_routing, variance_floor)
 
@@ -111,7 +111,7 @@ def resolve_lambdas(inverse_temperature, iterations: int) -> list[float]:
         return [float(inverse_temperature)] * iterations
     lambdas = [float(x) for x in inverse_temperature]
     if len(lambdas) != iterations:
-        raise ValueError(
+        raise ArgumentError(
             f"inverse_temperature must be None, a number or a sequence of length iterations={iterations}; "
             f"got a sequence of length {len(lambdas)}"
         )
@@ -131,20 +131,20 @@ def resolve_formulation(formulation, eps, variance_floor):
 def check_settings(iterations, eps, cost_normalization, formulation="paper", variance_floor=None) -> None:
     routing_iterations("iterations", iterations)
     if not isinstance(eps, (int, float)) or not eps > 0:
-        raise ValueError(f"eps must be a number > 0, got {eps!r}")
+        raise ArgumentError(f"eps must be a number > 0, got {eps!r}")
     if cost_normalization not in COST_NORMALIZATIONS:
-        raise ValueError(f"cost_normalization must be one of {COST_NORMALIZATIONS}, got {cost_normalization!r}")
+        raise ArgumentError(f"cost_normalization must be one of {COST_NORMALIZATIONS}, got {cost_normalization!r}")
     if formulation not in FORMULATIONS:
-        raise ValueError(f"formulation must be one of {FORMULATIONS}, got {formulation!r}")
+        raise ArgumentError(f"formulation must be one of {FORMULATIONS}, got {formulation!r}")
     if formulation == "official" and cost_normalization is not None:
-        raise ValueError(
+        raise ArgumentError(
             f"cost_normalization applies to the paper's cost; formulation='official' has its own "
             f"activation logit, so cost_normalization must be None (got {cost_normalization!r})"
         )
     if variance_floor is not None and (
         formulation != "official" or not isinstance(variance_floor, (int, float)) or not variance_floor > 0
     ):
-        raise ValueError(
+        raise ArgumentError(
             f"variance_floor must be None (paper: eps is the floor) or, with formulation='official', "
             f"a number > 0; got {variance_floor!r} with formulation={formulation!r}"
         )
@@ -183,7 +183,7 @@ def check_beta(beta, name: str, parents: int, like: Tensor) -> Tensor:
     if beta.numel() == 1:
         return beta.reshape(1).to(like.dtype)
     if beta.shape != (parents,):
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must have shape (J,) = ({parents},) (one per parent type) or be a scalar; "
             f"got shape {tuple(beta.shape)}"
         )
@@ -212,7 +212,7 @@ def check_activations(activations: Tensor) -> None:
     with torch.no_grad():
         low, high = (float(x) for x in torch.aminmax(activations.detach()))
     if not ACTIVATION_RANGE[0] <= low <= high <= ACTIVATION_RANGE[1]:
-        raise ValueError(
+        raise ArgumentError(
             f"EM routing takes child activations in [{ACTIVATION_RANGE[0]:g}, {ACTIVATION_RANGE[1]:g}] "
             f"(probabilities); got values from {low:g} to {high:g}: pass probabilities, e.g. torch.sigmoid(logits)"
         )
@@ -223,4 +223,4 @@ def check_child_groups(child_groups, shape: tuple, of: str) -> None:
         not isinstance(child_groups, ChildGroups) or tuple(child_groups.index.shape) != shape
     ):
         got = tuple(child_groups.index.shape) if isinstance(child_groups, ChildGroups) else type(child_groups).__name__
-        raise ValueError(f"child_groups must be a ChildGroups whose index has the {of}' (B, I) = {shape}; got {got}")
+        raise ArgumentError(f"child_groups must be a ChildGroups whose index has the {of}' (B, I) = {shape}; got {got}")

@@ -71,6 +71,8 @@ import threading
 import torch
 from torch import Tensor
 
+from capsnets.validation import ArgumentError
+
 #: Children per block (the first axis of the kernels' ``(BLOCK_I, 16)`` tensors).
 BLOCK_I = 32
 #: Transforms per block of the transforms' gradient.
@@ -324,24 +326,26 @@ def _check(pose: Tensor, weight: Tensor, coord: Tensor, **others: tuple[Tensor, 
     """Raise a ``ValueError`` unless the tensors have the layout of the module docstring (``others``: each
     tensor with the shape it must have)."""
     if pose.dim() != 3 or pose.shape[2] != 16 or weight.dim() != 3 or weight.shape[2] != 16:
-        raise ValueError(
+        raise ArgumentError(
             f"pose must be (N, I, 16) and weight (Iw, J, 16); got {tuple(pose.shape)}, {tuple(weight.shape)}"
         )
     children, types = pose.shape[1], weight.shape[0]
     if types == 0 or children % types:
-        raise ValueError(f"pose's I = {children} must be a multiple of weight's Iw = {types} (Iw >= 1)")
+        raise ArgumentError(f"pose's I = {children} must be a multiple of weight's Iw = {types} (Iw >= 1)")
     if coord.numel() and tuple(coord.shape) != (children, 2):
-        raise ValueError(f"coord must be (I, 2) = {(children, 2)} or empty; got {tuple(coord.shape)}")
+        raise ArgumentError(f"coord must be (I, 2) = {(children, 2)} or empty; got {tuple(coord.shape)}")
     tensors = {"pose": (pose, tuple(pose.shape)), "weight": (weight, tuple(weight.shape)), **others}
     if coord.numel():
         tensors["coord"] = (coord, (children, 2))
     for name, (tensor, shape) in tensors.items():
         if tuple(tensor.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape}; got {tuple(tensor.shape)}")
+            raise ArgumentError(f"{name} must have shape {shape}; got {tuple(tensor.shape)}")
         if tensor.dtype != pose.dtype or tensor.device != pose.device or not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, with pose's dtype and device ({pose.dtype}, {pose.device})")
+            raise ArgumentError(
+                f"{name} must be contiguous, with pose's dtype and device ({pose.dtype}, {pose.device})"
+            )
     if pose.dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"the kernels take float32 or float64 tensors; got {pose.dtype}")
+        raise ArgumentError(f"the kernels take float32 or float64 tensors; got {pose.dtype}")
 
 
 def _coord(pose: Tensor, coord: Tensor) -> tuple[Tensor, bool]:
