@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from capsnets.checkpoints import CheckpointError
 from capsnets.engine.checkpoint import restore_training, save_checkpoint
 from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, restore_rng_state
@@ -128,13 +129,13 @@ class TrainState:
             return cls(finished=True)
         unknown = sorted(set(saved) - set(cls._SAVED))
         if unknown:
-            raise ValueError(
+            raise CheckpointError(
                 f"the checkpoint records an unfinished training in a form this version of capsnets "
                 f"does not read ({', '.join(unknown)}); delete the checkpoint to train the model again"
             )
         for name, value in saved.items():
             if not _SAVED_TYPES[name](value):
-                raise ValueError(
+                raise CheckpointError(
                     f"the checkpoint's training.{name} is {value!r:.60}, which is not a valid value; the "
                     "checkpoint is damaged: use another checkpoint (e.g. best) or train again"
                 )
