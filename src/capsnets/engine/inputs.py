@@ -256,12 +256,11 @@ def score_width(model: ScoresModel, images: Tensor) -> tuple[int | None, str | N
     model.eval()
     try:
         output = model(images)
-    except ArgumentError:
-        raise
-    except Exception as err:
+    except Exception as err:  # a layer's own ArgumentError too: it does not say which images it was given
+        kind = "" if isinstance(err, ArgumentError) else f"{type(err).__name__}: "
         raise ArgumentError(
             f"the model failed on a batch of training images of shape {tuple(images.shape)}: "
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; build it for images of "
+            f"{kind}{str(err).splitlines()[0] if str(err) else ''}; build it for images of "
             f"{tuple(images.shape[1:])}",
             "model",
         ) from err

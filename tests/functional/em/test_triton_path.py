@@ -4,7 +4,7 @@ the tests of em_routing gradcheck; and float32 against it in float64), edge case
 
 The interpreter runs every program of a launch in Python, about a millisecond per operation, so the sizes are the
 smallest that still cover each case (shared transforms, coordinates, child groups, tails of blocks);
-``tests/functional/test_em_triton_votes.py`` checks each kernel on its own."""
+``tests/functional/em/test_triton_votes.py`` checks each kernel on its own."""
 
 import unittest.mock
 import warnings

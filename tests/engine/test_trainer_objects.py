@@ -214,7 +214,7 @@ WORKER = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     import torch
     from safetensors.torch import save_file
-    from test_fit_objects import TinyCapsNet, splits
+    from test_trainer_objects import TinyCapsNet, splits
     from capsnets.engine import Trainer
 
     train_set, val_set = splits()
