@@ -125,7 +125,9 @@ def test_initialise_takes_one_layers_parameter_by_its_full_name(load_benchmark):
     import capsnets
 
     em_learning = load_benchmark("em_learning")
-    model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28), formulation="paper")
+    model = capsnets.create_model(
+        "matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28), routing={"formulation": "paper"}
+    )
     em_learning.initialise(model, {"class_capsules.beta_a": -1.5})
     assert (model.class_capsules.beta_a == -1.5).all() and (model.conv_caps1.beta_a == 0).all()
     assert torch.equal(model.conv_caps2.beta_a, torch.zeros_like(model.conv_caps2.beta_a))
