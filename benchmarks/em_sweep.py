@@ -51,6 +51,7 @@ from capsnets.engine import TrainConfig
 from capsnets.engine.callbacks import Hook
 from capsnets.engine.evaluate import evaluate
 from capsnets.engine.fit import NonFiniteLossError, TrainState, adam_with_decay, fit, training_step
+from capsnets.engine.inputs import hold_out
 from capsnets.engine.runtime import (
     deterministic_on_cpu,
     resolve_amp,
@@ -142,6 +143,7 @@ def train_run(config: TrainConfig, eval_steps, normalize: tuple[float, float] | 
             data = load_dataset(config.dataset, root=config.data_dir, train=train)
             splits.append((data.subset(min(limit, len(data))) if limit is not None else data).to(device))
         train_data, test_data = splits
+        train_data, _ = hold_out(train_data, config.val_fraction, config.seed)  # as the trainer holds it out
         data_args = {"num_classes": train_data.num_classes, "input_size": list(train_data.input_shape)}
         accepted = model_arguments(config.model)
         data_args = {k: v for k, v in data_args.items() if k in accepted and k not in config.model_args}

@@ -11,6 +11,7 @@ threads, batch, images/s of both and the median per-repeat ratio wrapped / unwra
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import platform
 import resource
@@ -21,10 +22,12 @@ from pathlib import Path
 import torch
 
 import capsnets
-import capsnets.functional.dynamic_routing as dynamic
 import capsnets.functional.em.procedure as em_procedure
 import capsnets.functional.em.routing as em_routing
 from capsnets.losses import create_loss
+
+# the module: capsnets.functional's function of the same name shadows it for `import ... as`
+dynamic = importlib.import_module("capsnets.functional.dynamic_routing")
 
 #: The wrapped routing functions the registered vector and matrix capsule models call, by module.
 WRAPPED = {(dynamic, "dynamic_routing"), (em_routing, "_route_poses"), (em_procedure, "route_votes")}

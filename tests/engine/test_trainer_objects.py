@@ -251,3 +251,22 @@ def test_two_gloo_processes_train_your_model_as_one_process(tmp_path):
     for name, expected in weights(single).items():
         assert torch.equal(ranks[0][name], ranks[1][name]), f"ranks differ in {name}"
         torch.testing.assert_close(ranks[0][name], expected, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
+
+
+def test_a_validation_split_of_cropped_training_data_is_seen_as_the_test_split_is():
+    """Data whose training augmentation crops (smallNORB, the rendered views) is held out as it is scored: the centre
+    window of the model's input size, without augmentation; splits of one data set stored at two sizes are taken."""
+    from capsnets.data import TensorData
+    from capsnets.data.transforms import NorbAugment
+    from capsnets.engine.inputs import check_splits, hold_out
+
+    images = torch.arange(10 * 6 * 6, dtype=torch.float32).view(10, 1, 6, 6)
+    data = TensorData(images, torch.arange(10) % 2, 2, augment=NorbAugment(crop=4))
+    train, val = hold_out(data, 0.2, seed=0)
+    assert train.image_shape == (1, 6, 6) and train.augment is data.augment
+    assert val.image_shape == (1, 4, 4) and val.augment is None
+    held = [i for i in range(10) if not any(torch.equal(images[i], t) for t in train.images)]
+    torch.testing.assert_close(val.images, images[held][..., 1:5, 1:5], rtol=0, atol=0)
+    check_splits(train, val, TensorData(images[:2, :, 1:5, 1:5], torch.tensor([0, 1]), 2), width=2)
+    with pytest.raises(ArgumentError, match=r"test_data holds .* \(1, 5, 5\) images"):
+        check_splits(train, None, TensorData(images[:2, :, :5, :5], torch.tensor([0, 1]), 2), width=2)

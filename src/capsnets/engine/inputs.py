@@ -363,12 +363,10 @@ def check_splits(train: Any, val: Any, test: Any, width: int | None) -> None:
     (``width``) is not the training data's number of classes."""
     kind = data_kind(train)
     for name, data in (("val_data", val), ("test_data", test)):
-        if data is not None and (
-            tuple(data.images.shape[1:]) != tuple(train.images.shape[1:]) or data_kind(data) != kind
-        ):
+        if data is not None and (_seen(data) != _seen(train) or data_kind(data) != kind):
             raise ArgumentError(
-                f"{name} holds {data_kind(data)} data of {tuple(data.images.shape[1:])} images and train_data "
-                f"{kind} data of {tuple(train.images.shape[1:])} images; pass splits of one data set",
+                f"{name} holds {data_kind(data)} data of {_seen(data)} images and train_data "
+                f"{kind} data of {_seen(train)} images; pass splits of one data set",
                 name,
             )
     if kind != "segmentation" and width != train.num_classes:
@@ -377,6 +375,12 @@ def check_splits(train: Any, val: Any, test: Any, width: int | None) -> None:
             "data's classes",
             "model",
         )
+
+
+def _seen(data: Any) -> tuple[int, ...]:
+    """The ``(C, H, W)`` of the images a model sees of ``data``: after its training augmentation's crop, if any."""
+    shape = getattr(data, "input_shape", None)
+    return tuple(shape) if shape is not None else tuple(data.images.shape[1:])
 
 
 def hold_out(data: Any, fraction: float, seed: int) -> tuple[Any, Any]:
@@ -392,7 +396,19 @@ def hold_out(data: Any, fraction: float, seed: int) -> tuple[Any, Any]:
             "val_fraction",
         )
     kept, held = seeded_split(list(range(len(data))), fraction, torch.Generator().manual_seed(seed))
-    return select(data, torch.tensor(kept)), select(data, torch.tensor(held))
+    return select(data, torch.tensor(kept)), as_evaluated(select(data, torch.tensor(held)))
+
+
+def as_evaluated(data: Any) -> Any:
+    """``data`` as a model sees it when scored: where its training augmentation crops (smallNORB's random crops,
+    :class:`~capsnets.data.transforms.NorbAugment`), its images' centre window of :attr:`input_shape`, with no
+    augmentation (the view its test split is stored in)."""
+    if getattr(data, "augment", None) is None or data.input_shape == data.image_shape:
+        return data
+    height, width = data.input_shape[1:]
+    top, left = (data.images.shape[-2] - height) // 2, (data.images.shape[-1] - width) // 2
+    window = data.images[..., top : top + height, left : left + width].contiguous()
+    return dataclasses.replace(data, images=window, augment=None)
 
 
 def object_loss(given: Any, model: nn.Module, kind: str | None, config: Any, task: Any) -> Callable:
