@@ -170,7 +170,7 @@ def shown(value, limit: int = 80) -> str:
     """``repr(value)`` for an error message, cut to ``limit`` characters (ending in ``...``), in time and memory
     bounded by ``limit`` whatever the value holds.
 
-    A :class:`reprlib.Repr` writes it: containers show their first few items and four levels of nesting (a YAML
+    A ``reprlib.Repr`` writes it: containers show their first few items and four levels of nesting (a YAML
     "billion laughs" costs no more than a short value), strings and bytes are cut before their ``repr`` is taken,
     and an integer of more than ``limit`` digits is shown by its number of bits.
 
@@ -186,7 +186,7 @@ def shown(value, limit: int = 80) -> str:
 
 
 class _Repr(reprlib.Repr):
-    """:class:`reprlib.Repr` with strings, bytes, integers and other values cut at ``limit`` characters."""
+    """``reprlib.Repr`` with strings, bytes, integers and other values cut at ``limit`` characters."""
 
     repr_bytes = repr_bytearray = reprlib.Repr.repr_str
 

@@ -1,6 +1,6 @@
 """pix2pix's training (Isola et al. 2017, "Image-to-Image Translation with Conditional Adversarial Networks",
 Sec. 3): a generator and its PatchGAN discriminator, each with its own Adam optimiser, trained through the engine's
-one loop (:func:`~capsnets.engine.fit`) with a step that holds both optimisers (:func:`pix2pix_step`); and the
+one loop (:func:`~capsnets.engine.fit`) with a step that holds both optimisers (``pix2pix_step``); and the
 errors of a generator's images (:func:`synthesis_errors`).
 """
 
@@ -41,14 +41,14 @@ def train_pix2pix(
     state: TrainState | None = None,
 ) -> list[dict[str, Any]]:
     """Train a generator and its discriminator with pix2pix's losses (Isola et al. 2017, Sec. 3), through
-    :func:`~capsnets.engine.fit` with a step that holds both optimisers (:func:`pix2pix_step`).
+    :func:`~capsnets.engine.fit` with a step that holds both optimisers (``pix2pix_step``).
 
     Batches are shuffled on the device by a CPU generator seeded from ``(seed, epoch)``. Returns the records of
     the epochs trained in this call, with the mean ``generator``, ``discriminator`` and ``l1`` losses.
     ``time_limit_s``: training ends after the first epoch that ends past that many seconds. ``state``: a
     :class:`~capsnets.engine.TrainState` to record progress in, with the generator as the model; a training cut
     short also keeps the discriminator and its optimizer in it, and a state read from such a checkpoint
-    (:func:`fit_in_run`) is continued, both networks and optimisers restored.
+    (``fit_in_run``) is continued, both networks and optimisers restored.
     """
     options = {"lr": lr, "betas": (0.5, 0.999)}
     opt_g, opt_d = (
