@@ -1,11 +1,11 @@
-"""fit_matched: the matching rule through the engine's trainer, the novel views, the padded test views."""
+"""fit_matched: the matching rule through the engine's trainer, the novel views."""
 
 import torch
 
 from capsnets.data import TensorData
 from capsnets.experiments.runs import Runs
 from capsnets.experiments.viewpoints import build_model
-from capsnets.experiments.views import CentreCrop, fit_matched, padded
+from capsnets.experiments.views import fit_matched
 
 
 def _toy_views(n=40, seed=0):
@@ -48,16 +48,3 @@ def test_a_time_limit_is_continued_by_the_next_run(tmp_path):
     assert cut["time_limit"] and len(cut["history"]) == 1
     whole = _fit(tmp_path, "m", epochs=2, target=-1.0)
     assert not whole["time_limit"] and len(whole["history"]) == 2
-
-
-def test_padded_test_views_reach_the_model_as_they_were():
-    torch.manual_seed(0)
-    model = build_model("cnn_smallnorb_narrow", "cpu").eval()
-    data = _toy_views()["novel"]
-    wide = padded(data, 48)
-    assert wide.images.shape[-2:] == (48, 48) and torch.equal(wide.images[..., 8:40, 8:40], data.images)
-    crop = CentreCrop(model, 32).eval()
-    with torch.no_grad():
-        torch.testing.assert_close(crop(wide.images).scores, model(data.images).scores)
-        torch.testing.assert_close(crop(data.images).scores, model(data.images).scores)
-    assert crop.default_loss == model.default_loss

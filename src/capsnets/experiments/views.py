@@ -12,11 +12,9 @@ capsule model when its performance on the familiar viewpoints matched the baseli
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from capsnets.data import DatasetError, TensorData, load_dataset, norb_protocol
@@ -25,9 +23,7 @@ from capsnets.engine.evaluate import evaluate
 from capsnets.experiments.runs import Runs
 
 __all__ = [
-    "CentreCrop",
     "fit_matched",
-    "padded",
     "error_rate",
     "AZIMUTH_FAMILIAR",
     "ELEVATION_FAMILIAR",
@@ -71,13 +67,12 @@ def fit_matched(
         ``{"history": [{"epoch", "loss", "familiar_error", "novel_error"}, ...], "epoch", "familiar_error",
         "novel_error", "reached", "time_limit", "training"}``: the chosen epoch's errors.
     """
-    size = views["train"].images.shape[-1]
     training = runs.fit(
         key,
-        CentreCrop(model, views["familiar"].images.shape[-1]),
+        model,
         views["train"],
-        padded(views["familiar"], size),
-        test=padded(views["novel"], size),
+        views["familiar"],
+        test=views["novel"],
         target=None if target is None else 1.0 - target,
         test_each_epoch=novel_each_epoch,
         max_shift=0,
@@ -102,31 +97,6 @@ def fit_matched(
         "time_limit": training.cut_short,
         "training": training,
     }
-
-
-class CentreCrop(nn.Module):
-    """``model`` on the centre ``side x side`` window of larger images (images of that size pass as they are), so
-    that the test views, padded to the training images' size (:func:`padded`), reach the model as they were.
-
-    The trainer takes splits of one stored image size, and smallNORB's training images are stored larger and
-    cropped at random in training (:class:`~capsnets.data.transforms.NorbAugment`).
-    """
-
-    def __init__(self, model: nn.Module, side: int) -> None:
-        super().__init__()
-        self.model, self.side = model, side
-        self.default_loss = getattr(model, "default_loss", None)  # the loss the trainer gives it
-
-    def forward(self, images: Tensor, targets: Tensor | None = None):
-        first = (images.shape[-1] - self.side) // 2
-        window = images[..., first : first + self.side, first : first + self.side]
-        return self.model(window) if targets is None else self.model(window, targets)
-
-
-def padded(data: TensorData, side: int) -> TensorData:
-    """``data`` with its images zero-padded (centred) to ``side x side``."""
-    pad = (side - data.images.shape[-1]) // 2
-    return dataclasses.replace(data, images=F.pad(data.images, (pad, pad, pad, pad)))
 
 
 # --------------------------------------------------------------------------------------------------------
