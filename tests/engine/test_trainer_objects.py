@@ -69,6 +69,9 @@ class Pairs(Dataset):
         return self.images[index], int(self.labels[index])
 
 
+SAVE_FIGURES = reporting.save_figures  # the real one, for the test of the figures
+
+
 @pytest.fixture(autouse=True)
 def no_figures(monkeypatch):
     monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])  # slow, and not what is tested here
@@ -270,3 +273,13 @@ def test_a_validation_split_of_cropped_training_data_is_seen_as_the_test_split_i
     check_splits(train, val, TensorData(images[:2, :, 1:5, 1:5], torch.tensor([0, 1]), 2), width=2)
     with pytest.raises(ArgumentError, match=r"test_data holds .* \(1, 5, 5\) images"):
         check_splits(train, None, TensorData(images[:2, :, :5, :5], torch.tensor([0, 1]), 2), width=2)
+
+
+def test_figures_of_test_data_without_class_names(tmp_path, data, monkeypatch):
+    """A ``TensorData`` that names no classes gets a confusion matrix with the class indices as names."""
+    from capsnets.data import TensorData
+
+    monkeypatch.setattr(reporting, "save_figures", SAVE_FIGURES)
+    images, labels = data.tensors
+    summary = trainer(tmp_path, "run", epochs=1).fit(model(), data, test_data=TensorData(images[:32], labels[:32], 10))
+    assert (tmp_path / "run" / "confusion_matrix.png").is_file(), summary.get("figures")

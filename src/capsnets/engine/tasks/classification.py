@@ -61,7 +61,7 @@ class ClassificationTask(Task):
         paths = reporting.save_figures(
             run_dir,
             confusion=evaluation["confusion_matrix"],
-            class_names=list(data.classes),
+            class_names=class_names(data),
             checkpoint=shown,
             samples=self.reconstructions(model, data, 16, device),
         )
