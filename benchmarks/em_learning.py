@@ -81,7 +81,7 @@ def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
 
 
 def activation_stats(model: torch.nn.Module, images: torch.Tensor) -> dict:
-    """Per capsule layer (modules returning :class:`~capsnets.capsules.MatrixCapsules`), on ``images`` in
+    """Per capsule layer (modules returning :class:`~capsnets.layers.MatrixCapsules`), on ``images`` in
     eval mode: the mean and standard deviation of the activations over the batch, types and positions, and
     ``spread``: the mean over examples of (largest - smallest activation) across the layer's capsules. A
     layer whose activations hardly vary passes no information through them."""
