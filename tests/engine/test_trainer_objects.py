@@ -283,3 +283,19 @@ def test_figures_of_test_data_without_class_names(tmp_path, data, monkeypatch):
     images, labels = data.tensors
     summary = trainer(tmp_path, "run", epochs=1).fit(model(), data, test_data=TensorData(images[:32], labels[:32], 10))
     assert (tmp_path / "run" / "confusion_matrix.png").is_file(), summary.get("figures")
+
+
+def test_a_stream_that_never_ends_is_refused_at_the_limit(tmp_path, monkeypatch):
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from capsnets.engine import inputs
+
+    class Endless(IterableDataset):
+        def __iter__(self):
+            while True:
+                yield torch.rand(4, 1, 8, 8), torch.randint(0, 10, (4,))
+
+    monkeypatch.setattr(inputs, "MAX_STREAMED_EXAMPLES", 40)
+    with pytest.raises(ArgumentError, match=r"streams more than 40 examples .* must end"):
+        trainer(tmp_path, "run").fit(model(), DataLoader(Endless(), batch_size=None))
+    assert not (tmp_path / "run").exists()

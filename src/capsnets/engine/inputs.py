@@ -43,6 +43,10 @@ from capsnets.models import list_models
 from capsnets.models.output import ModelOutput
 from capsnets.validation import ArgumentError
 
+#: The most examples read from an ``IterableDataset`` (which may never end) before it is refused; a module
+#: attribute read at each call, so a program with more may raise it.
+MAX_STREAMED_EXAMPLES = 10_000_000
+
 __all__ = [
     "ReadData",
     "ScoresModel",
@@ -108,7 +112,17 @@ def read_data(data: Any, what: str) -> TensorData | SegmentationData | ReadData:
     if isinstance(data, LIBRARY_DATA):
         return data
     if isinstance(data, DataLoader) and isinstance(data.dataset, IterableDataset):
-        pairs = [_pair(batch, f"a batch of {what}", batched=True) for batch in data]
+        pairs, count = [], 0
+        for batch in data:  # an iterable may never end: read at most MAX_STREAMED_EXAMPLES
+            pairs.append(_pair(batch, f"a batch of {what}", batched=True))
+            count += len(pairs[-1][0])
+            if count > MAX_STREAMED_EXAMPLES:
+                raise ArgumentError(
+                    f"{what} streams more than {MAX_STREAMED_EXAMPLES:,} examples (limit "
+                    "capsnets.engine.inputs.MAX_STREAMED_EXAMPLES): the trainer holds its data in memory, so an "
+                    "IterableDataset must end; pass a finite one, or a Dataset",
+                    what,
+                )
     elif isinstance(data, DataLoader):  # its data set, in stored order: the trainer shuffles from the seed
         return read_data(data.dataset, what)
     elif isinstance(data, TensorDataset) and len(data.tensors) == 2:
