@@ -138,7 +138,7 @@ class DemoModel:
         if not needed:
             return None
         return (
-            "compiling the fused EM routing kernel once for this environment (1-5 min); the first prediction "
+            "compiling the fused EM routing kernel once for this environment (a minute or less); the first prediction "
             "waits for it, later ones and later starts do not"
         )
 

@@ -126,6 +126,6 @@ def library_path(directory: Path) -> Path:
 def compile_notice(directory: Path) -> str:
     """The one line said when the kernel is compiled in ``directory``."""
     return (
-        f"capsnets: compiling the fused EM routing kernel once for this environment (1-5 minutes); "
+        f"capsnets: compiling the fused EM routing kernel once for this environment (a minute or less); "
         f"later runs reuse it from {directory}"
     )

@@ -24,8 +24,14 @@
 //       normaliser of the child groups' softmax)
 //   mstep_parents(...), estep_parents(...): that backward's per-parent algebra before each M-step and after
 //       each E-step, element-wise over (N, J, 16)
-#include <torch/extension.h>
+// The ATen and pybind11 headers the kernel uses, not <torch/extension.h>: that one brings the whole C++ frontend and
+// more than doubles the compile time.
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cmath>
