@@ -127,6 +127,7 @@ _CONFIG_FLAGS = (
     "eval_every",
     "checkpoint_every",
     "progress",
+    "figures",
     "time_limit_minutes",
     "image_size",
 )
@@ -562,6 +563,13 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         default=None,
         help="no progress bar (default: a bar on a terminal)",
+    )
+    add(
+        "--no-figures",
+        dest="figures",
+        action="store_false",
+        default=None,
+        help="draw no figures when the training ends (default: the training curves and the task's figures)",
     )
     add(
         "--time-limit",

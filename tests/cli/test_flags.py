@@ -206,3 +206,12 @@ def test_thread_counts_are_bounded(capsys):
     assert "100000 threads is more than 1024" in capsys.readouterr().err
     with pytest.raises(ValueError, match="threads"):
         TrainConfig(model="capsnet_digits", dataset="digits", threads=100_000)
+
+
+def test_no_figures_trains_without_drawing_and_says_so(tmp_path, capsys):
+    import yaml
+
+    run = tmp_path / "run"
+    assert main([*TINY, "--no-figures", "--out", str(run)]) == 0
+    assert "figures: none" in capsys.readouterr().out and not list(run.glob("*.png"))
+    assert yaml.safe_load((run / "config.yaml").read_text())["figures"] is False

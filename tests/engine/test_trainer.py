@@ -170,6 +170,16 @@ def test_the_test_split_can_be_scored_at_the_end_only(tiny_config):
     assert lines[1]["test_accuracy"] == summary["test_accuracy"] and summary["best_test_accuracy"] is not None
 
 
+def test_figures_false_draws_none_and_a_resume_may_draw_them(tiny_config):
+    config = tiny_config(epochs=1, figures=False)
+    summary = Trainer(config).fit()
+    run = Path(config.out)
+    assert summary["figures"] == [] and not list(run.glob("*.png"))
+    assert json.loads((run / "summary.json").read_text())["figures"] == []
+    summary = Trainer(config.replace(epochs=2, figures=True), resume=True).fit()
+    assert {Path(p).name for p in summary["figures"]} == {p.name for p in run.glob("*.png")} != set()
+
+
 def test_a_run_prints_nothing_when_not_in_a_terminal(tiny_config, capsys):
     from capsnets.engine import train
 

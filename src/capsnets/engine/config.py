@@ -98,6 +98,9 @@ class TrainConfig:
             epochs, and after the last.
         checkpoint_every: save the ``last`` checkpoint every N epochs (and after the last).
         progress: show a progress bar (only on a TTY, only on rank 0).
+        figures: draw the run's figures (training curves, and the task's: confusion matrix, reconstructions,
+            masks) when the training ends. False: none, for trainings whose figures no one looks at (an
+            experiment's, whose report draws its own).
         time_limit_minutes: stop after the first epoch whose training ends past this many minutes of
             wall-clock time in this call (set-up not counted). That epoch is evaluated and checkpointed
             whatever ``eval_every`` and ``checkpoint_every`` say, the summary and figures are written as
@@ -132,6 +135,7 @@ class TrainConfig:
     eval_every: int = 1
     checkpoint_every: int = 1
     progress: bool = True
+    figures: bool = True
     time_limit_minutes: float | None = None
 
     def __post_init__(self) -> None:
@@ -176,7 +180,7 @@ class TrainConfig:
             self.val_fraction,
             "a number in [0, 1) (0: no validation split)",
         )
-        for name in ("download", "compile", "progress", "test_each_epoch"):
+        for name in ("download", "compile", "progress", "figures", "test_each_epoch"):
             expect(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
         expect(
             _integer(self.seed) and 0 <= self.seed < 2**64,

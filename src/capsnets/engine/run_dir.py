@@ -54,6 +54,7 @@ CHANGEABLE = (
     "eval_every",
     "checkpoint_every",
     "progress",
+    "figures",
     "time_limit_minutes",
     "out",
 )

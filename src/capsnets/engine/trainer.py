@@ -559,8 +559,11 @@ class Trainer:
 
     def _finish(self, summary: dict[str, Any], s: _Session, trained: bool) -> None:
         """Write the summary and, if this call trained or a figure the summary lists is missing (a run killed while
-        drawing them), the figures of the best checkpoint (of the last without a validation split)."""
+        drawing them), the figures of the best checkpoint (of the last without a validation split), unless the
+        config's ``figures`` is False."""
         drawn = None if trained else reporting.drawn_figures(self.run_dir)
+        if not self.config.figures:
+            drawn = {"figures": [], "figures_checkpoint": None}
         summary.update(drawn or {})
         reporting.write_summary(self.run_dir, summary)
         name = "best" if s.state.best is not None else "last"

@@ -132,11 +132,13 @@ class Runs:
             epoch_data: ``epoch -> train data`` (1-based) instead of ``train``: a training set drawn every epoch.
             train_minutes: the training's time limit in minutes; a later run with the same folder continues it.
             recipe: what else decides the training (data sizes...), for the folder's name.
-            **settings: :class:`~capsnets.engine.TrainConfig` fields (``batch_size``, ``lr``, ``seed``...).
+            **settings: :class:`~capsnets.engine.TrainConfig` fields (``batch_size``, ``lr``, ``seed``...). The
+                trainings draw no figures unless ``figures=True``: the experiment's report draws its own.
         """
         check_minutes(train_minutes)
         named = {**settings, "epochs": epochs, "target": target, **(recipe or {})}
         named["model_args"] = getattr(model, "model_args", None)
+        settings = {"figures": False, **settings}
         out = self.folder() / checkpoint_name(key, json.loads(json.dumps(named, default=str)))
         before = len(_records(out))
         if _complete(out, epochs):  # reused as it is: nothing in its folder is written
