@@ -227,7 +227,9 @@ def test_a_matrix_capsule_model_titles_its_pose_and_says_when_the_kernel_compile
     assert not by_id("compiling").is_displayed()  # said while the first prediction waits
     strokes(browser, by_id("canvas"), ONE)
     WebDriverWait(browser, 5).until(lambda d: by_id("compiling").is_displayed())
-    assert "compiling the fused EM routing kernel once for this environment (a minute or less)" in by_id("compiling").text
+    assert (
+        "compiling the fused EM routing kernel once for this environment (a minute or less)" in by_id("compiling").text
+    )
     settled(browser, timeout=60)
     WebDriverWait(browser, 30).until(lambda d: by_id("prediction").text != "")
     settled(browser, timeout=60)

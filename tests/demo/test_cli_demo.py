@@ -165,6 +165,9 @@ def test_demo_says_when_the_first_prediction_compiles_the_em_kernel(served, caps
     monkeypatch.setenv(em_kernel.ENV_VAR, "auto")
     assert main(["demo", "--pretrained", "matrix_capsnet_small-mnist", "--port", "0"]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if "EM routing kernel" in line]
-    assert len(notes) == 1 and "compiling the fused EM routing kernel once for this environment (a minute or less)" in notes[0]
+    assert (
+        len(notes) == 1
+        and "compiling the fused EM routing kernel once for this environment (a minute or less)" in notes[0]
+    )
     assert main(["demo", "--port", "0"]) == 0  # vector capsules: nothing to compile
     assert "EM routing kernel" not in capsys.readouterr().out
