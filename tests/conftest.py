@@ -97,17 +97,6 @@ def shared_data_root() -> Path:
     return root
 
 
-@pytest.fixture(scope="session")
-def viewpoints_root(tmp_path_factory) -> Path:
-    """A data root holding the offline viewpoint set, rendered once per test session (~30 s)."""
-    from capsnets.data.viewpoints import load_viewpoints
-
-    root = tmp_path_factory.mktemp("viewpoints-data")
-    for train in (True, False):
-        load_viewpoints(root, train=train)
-    return root
-
-
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

@@ -12,14 +12,6 @@ from capsnets.engine import TrainConfig, train
 pytestmark = pytest.mark.learning
 
 
-@pytest.fixture(autouse=True)
-def _no_figures(monkeypatch):
-    """The trainer's figures are not what these tests check (tests/engine/ does): a few seconds a run saved."""
-    from capsnets.engine import reporting
-
-    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
-
-
 def test_digits_quick_start_reaches_95_percent(tmp_path):
     # The README's main job (capsnet_digits, 15 epochs, batch 32), on all its training images as when the floor was
     # calibrated (val_fraction=0; the README's run holds a tenth out and measured 96.4%). Measured: 97.5%.
@@ -32,36 +24,39 @@ def test_digits_quick_start_reaches_95_percent(tmp_path):
         test_each_epoch=False,  # the test split scored once, after the last epoch (the same model, fewer passes)
         device="cpu",
         progress=False,
+        figures=False,  # not what is tested here (tests/engine/ tests them)
         out=str(tmp_path / "digits"),
     )
     summary = train(config)
     assert summary["test_accuracy"] >= 0.95, summary
 
 
-def test_capsnet_small_on_mnist_reaches_97_5_percent(tmp_path, shared_data_root):
-    # 20,000 real MNIST training images, 2 epochs, full 10,000-image test set. Measured: 98.01% (34 s of training).
+def test_capsnet_small_on_mnist_reaches_92_percent(tmp_path, shared_data_root):
+    # 10,000 real MNIST training images, 1 epoch at batch 64, the full 10,000-image test set. Measured over seeds 0-4
+    # (2-core CPU, one thread, torch 2.13): 93.42%, 94.80%, 95.00%, 94.90%, 94.53% (about 10 s of training).
     config = TrainConfig(
         model="capsnet_small",
         dataset="mnist",
         data_dir=str(shared_data_root),
-        epochs=2,
+        epochs=1,
         batch_size=64,
-        limit_train=20_000,
-        val_fraction=0,  # all 20,000 trained on, as when the floor was calibrated
+        limit_train=10_000,
+        val_fraction=0,  # all 10,000 trained on, as when the floor was calibrated
         test_each_epoch=False,  # the test split scored once, after the last epoch (the same model, fewer passes)
         device="cpu",
         progress=False,
+        figures=False,
         out=str(tmp_path / "mnist"),
     )
     summary = train(config)
-    assert summary["test_accuracy"] >= 0.975, summary
+    assert summary["test_accuracy"] >= 0.92, summary
 
 
 # Matrix capsules with EM routing, with the model's defaults: the paper formulation, 2 EM iterations and the
-# model's training recipe (capsnets.models.training_recipe), for one epoch of 6,400 images (4,800 on MNIST), batch
-# 32, scored on the first 1,000 test images. Each floor sits well below the worst of the seeds measured (2-core
+# model's training recipe (capsnets.models.training_recipe), for one epoch of 3,200 images, batch 32, scored on the
+# first 1,000 test images. Each floor sits well below the worst of the seeds measured (2-core
 # CPU, one thread, torch 2.13; the commands and results in docs/results/learning-floors.md).
-def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 6400) -> TrainConfig:
+def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 3200) -> TrainConfig:
     return TrainConfig(
         model="matrix_capsnet_small",
         dataset=dataset,
@@ -72,27 +67,46 @@ def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 6400) -
         limit_test=1000,
         device="cpu",
         progress=False,
+        figures=False,
         out=out,
     )
 
 
 def test_matrix_capsnet_small_on_mnist_learns(tmp_path, shared_data_root):
-    # Chance is 10%. Measured with 4,800 images, 2026-12-05: 80.6%, 81.1%, 79.1%, 75.7%, 78.7% (seeds 0-4); with
-    # 6,400 (before, floor 65%): 84.7%, 87.5%, 82.9% (seeds 0-2).
-    summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mnist"), limit_train=4800))
-    assert summary["test_accuracy"] >= 0.60, summary
+    # Chance is 10%. Measured: 63.8%, 69.1%, 67.1%, 67.1%, 67.3% (seeds 0-4).
+    summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mnist")))
+    assert summary["test_accuracy"] >= 0.45, summary
 
 
-def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path, viewpoints_root):
-    # Rendered views of 5 classes, scored on novel instances; chance is 20%. Measured: 81.4%, 80.9%, 81.2% (seeds 0,
-    # 1, 2).
-    summary = train(_em_config("viewpoints", str(viewpoints_root), str(tmp_path / "em_viewpoints")))
-    assert summary["test_accuracy"] >= 0.60, summary
+def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path):
+    # The rendered views of 5 classes, 2 toys per class for training and 2 others for the test (novel instances,
+    # rendered here: 2 of the 5 toys of each split take 8 s where the whole grid takes 18 s), through the trainer's
+    # object path with the model's recipe as above: 3,200 training views, the first 1,000 test views. Chance is 20%.
+    # Measured: 69.7%, 76.0%, 77.1%, 76.0%, 72.0% (seeds 0-4 of the initialisation and the trainer's).
+    import torch
+
+    import capsnets
+    from capsnets.data import norb_protocol
+    from capsnets.data.viewpoints import render_viewpoints, split_instances
+    from capsnets.engine import Trainer
+
+    train_set, test_set = (
+        norb_protocol(
+            render_viewpoints(split, instances=list(split_instances(split)[:2])), split == "train", name="viewpoints"
+        )
+        for split in ("train", "test")
+    )
+    torch.manual_seed(0)
+    model = capsnets.create_model("matrix_capsnet_small")
+    trainer = Trainer(out=str(tmp_path / "em_viewpoints"), epochs=1, batch_size=32, progress=False, figures=False)
+    summary = trainer.fit(model, train_set.subset(3200), test_data=test_set.subset(1000))
+    assert summary["test_accuracy"] >= 0.50, summary
 
 
 def test_segcaps_small_segments_cluttered_digits(shared_data_root, tmp_path):
-    # 1,024 cluttered 32x32 digits (4 pieces of other digits each), 2 epochs, batch 32. Measured: Dice 0.657-0.684
-    # on 256 test images after 2 epochs (3 seeds), from 0.0 before training.
+    # 1,024 cluttered 32x32 digits (4 pieces of other digits each), 1 epoch at batch 16. Measured: Dice 0.659, 0.689,
+    # 0.691, 0.679, 0.597 on 256 test images (seeds 0-4 of the initialisation, shuffle and data drawn), from 0.0
+    # before training. (1 epoch at batch 32 is unstable: 0.27-0.64.)
     import torch
 
     import capsnets
@@ -112,10 +126,12 @@ def test_segcaps_small_segments_cluttered_digits(shared_data_root, tmp_path):
             return dice_score(model.eval()(test_set.images).probabilities, test_set.masks).mean().item()
 
     before = dice()
-    trainer = Trainer(out=str(tmp_path / "run"), epochs=2, batch_size=32, lr=3e-3, val_fraction=0, progress=False)
+    trainer = Trainer(
+        out=str(tmp_path / "run"), epochs=1, batch_size=16, lr=3e-3, val_fraction=0, progress=False, figures=False
+    )
     trainer.fit(model, train_set)  # the last epoch's model: no validation split chooses another
     after = dice()
-    assert before < 0.2 and after >= 0.55, (before, after)
+    assert before < 0.2 and after >= 0.45, (before, after)
 
 
 def _pose_shift_correlation(model, images, shifts, shifted):
@@ -212,6 +228,7 @@ def test_capsnet_small_tells_which_digits_a_multimnist_pair_shows(tmp_path, shar
         device="cpu",
         threads=1,
         progress=False,
+        figures=False,
         out=str(tmp_path / "multimnist"),
     )
     summary = train(config)
