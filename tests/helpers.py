@@ -1,7 +1,12 @@
 """Assertions and inputs shared by test folders (importable as ``helpers``: pyproject.toml puts ``tests/`` on the path)."""
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.utils.data import TensorDataset
+
+from capsnets.functional import capsule_length
+from capsnets.layers import LinearCapsules, PrimaryCapsules
+from capsnets.models import ModelOutput
 
 
 def assert_finite(tensor: Tensor, what: str = "tensor") -> None:
@@ -68,3 +73,25 @@ def em_votes(poses, weight, coords=None):
     if coords is not None:
         votes = torch.cat([votes[..., :2] + coords.view(1, -1, 1, 2), votes[..., 2:]], dim=-1)
     return votes
+
+
+class TinyCapsNet(nn.Module):
+    """A capsule network of your own, as ``Trainer.fit`` takes it (built from capsnets.layers, not registered):
+    Conv2d -> PrimaryCapsules -> LinearCapsules on 8x8 images; scores are the class capsules' lengths."""
+
+    def __init__(self, channels: int = 8, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, channels, 3)  # (B, 1, 8, 8) -> (B, C, 6, 6)
+        self.primary = PrimaryCapsules(channels, 4, 4, kernel_size=3, stride=2)  # -> (B, 4 * 2 * 2, 4)
+        self.classes = LinearCapsules(16, 4, num_classes, 6)  # -> (B, K, 6)
+
+    def forward(self, images):
+        capsules = self.classes(self.primary(torch.relu(self.conv(images))))
+        return ModelOutput(capsule_length(capsules), "length", capsules)
+
+
+def tiny_splits():
+    """Random 8x8 images of 10 classes for :class:`TinyCapsNet`: 224 training examples (14 full global batches of 16) and 32 for validation."""
+    generator = torch.Generator().manual_seed(0)
+    images, labels = torch.rand(256, 1, 8, 8, generator=generator), torch.randint(0, 10, (256,), generator=generator)
+    return TensorDataset(images[32:], labels[32:]), TensorDataset(images[:32], labels[:32])

@@ -7,7 +7,8 @@ from capsnets.engine.config import TrainConfig
 
 @pytest.fixture
 def tiny_config(tmp_path):
-    """Two epochs of capsnet_digits on 64 training / 32 test digits (a few seconds on a CPU)."""
+    """Two epochs of capsnet_digits on 64 training / 32 test digits (a few seconds on a CPU), without figures
+    unless a test asks for them (``figures=True``): drawing them takes longer than such a training."""
 
     def make(**overrides):
         values = dict(
@@ -19,6 +20,7 @@ def tiny_config(tmp_path):
             limit_test=32,
             device="cpu",
             progress=False,
+            figures=False,
             out=str(tmp_path / "run"),
             model_args={"routing": {"iterations": 2}},
         )

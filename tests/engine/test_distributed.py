@@ -5,27 +5,44 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from capsnets.engine import reporting
 from capsnets.engine.trainer import Trainer
+
+from helpers import TinyCapsNet, tiny_splits
 
 WORKER = textwrap.dedent("""
     import json, os, sys
+    sys.path.insert(0, sys.argv[3])  # tests/, for helpers
+    import torch
     from safetensors.torch import save_file
     from capsnets.engine import TrainConfig, Trainer
+    from helpers import TinyCapsNet, tiny_splits
 
-    trainer = Trainer(TrainConfig(**json.loads(sys.argv[1])))
-    trainer.fit()
-    state = {k: v.contiguous() for k, v in trainer.model.state_dict().items()}
-    save_file(state, os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.safetensors"))
+    def save(trainer, name):
+        state = {k: v.contiguous() for k, v in trainer.model.state_dict().items()}
+        save_file(state, os.path.join(sys.argv[2], f"{name}{os.environ['RANK']}.safetensors"))
+
+    named = Trainer(TrainConfig(**json.loads(sys.argv[1])))  # a registered model and data set, by name
+    named.fit()
+    save(named, "rank")
+    train_set, val_set = tiny_splits()  # a model of your own on torch Datasets
+    torch.manual_seed(0)
+    objects = Trainer(
+        out=os.path.join(sys.argv[2], "objects"), epochs=1, batch_size=16, device="cpu", progress=False, figures=False
+    )
+    objects.fit(TinyCapsNet(), train_set, val_set)
+    save(objects, "objects_rank")
 """)
 
 
-def test_two_gloo_processes_match_one_process(tiny_config, tmp_path, monkeypatch):
+def test_two_gloo_processes_match_one_process(tiny_config, tmp_path):
+    """One torchrun of two gloo processes trains a registered model by name, and a model of your own on torch
+    Datasets (``Trainer.fit`` with objects); each gives the weights of one process."""
     # 64 examples, 16 held out for validation, global batch 16: 3 steps of 8 examples per rank; every batch is full
     # on both ranks.
     # Two epochs planned, but the time limit stops both ranks after the first (rank 0 decides for all: a
@@ -51,13 +68,13 @@ def test_two_gloo_processes_match_one_process(tiny_config, tmp_path, monkeypatch
         str(tmp_path / "worker.py"),
         json.dumps(config.to_dict()),
         str(tmp_path),
+        str(Path(__file__).parents[1]),
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]
     assert (tmp_path / "ddp" / "last.safetensors").is_file()
 
-    monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
     single = Trainer(config.replace(out=str(tmp_path / "single")))
     single.fit()
     for name, expected in single.model.state_dict().items():
@@ -69,3 +86,13 @@ def test_two_gloo_processes_match_one_process(tiny_config, tmp_path, monkeypatch
     # the test set is evaluated in two shards whose counts are summed: the same figures as one process
     assert json.loads(lines[0])["test_accuracy"] == alone["test_accuracy"]
     assert json.loads(lines[0])["test_loss"] == pytest.approx(alone["test_loss"], rel=1e-5)
+    # your own model on torch Datasets: 224 training examples, 14 full global batches of 16
+    ranks = [load_file(tmp_path / f"objects_rank{r}.safetensors") for r in range(2)]
+    torch.manual_seed(0)
+    single = Trainer(
+        out=str(tmp_path / "objects_single"), epochs=1, batch_size=16, device="cpu", progress=False, figures=False
+    )
+    single.fit(TinyCapsNet(), *tiny_splits())
+    for name, expected in single.model.state_dict().items():
+        assert torch.equal(ranks[0][name], ranks[1][name]), f"ranks differ in {name}"
+        torch.testing.assert_close(ranks[0][name], expected, rtol=1e-5, atol=1e-6, msg=f"{name} differs")

@@ -174,7 +174,7 @@ def test_resume_changes_lists_what_it_applies():
 
 
 def test_figures_missing_after_a_kill_are_drawn_on_resume(tiny_config):
-    config = tiny_config(epochs=1, **SMALL)
+    config = tiny_config(epochs=1, figures=True, **SMALL)
     Trainer(config).fit()
     run = Path(config.out)
     (run / reporting.CURVES_FILE).unlink()  # killed before the figures were drawn

@@ -33,7 +33,7 @@ def dropout_net(monkeypatch):
 
 
 def test_run_directory(tiny_config):
-    config = tiny_config()
+    config = tiny_config(figures=True)
     summary = Trainer(config).fit()
     run = Path(config.out)
     lines = [json.loads(line) for line in open(run / "metrics.jsonl")]
@@ -137,7 +137,7 @@ def test_best_is_chosen_on_validation_and_the_figures_show_it(tiny_config, monke
 
     monkeypatch.setattr(tasks, "evaluate", scripted)
     monkeypatch.setattr(reporting, "save_figures", lambda run_dir, **kwargs: shown.update(kwargs) or [])
-    config = tiny_config(epochs=2)
+    config = tiny_config(epochs=2, figures=True)
     summary = Trainer(config).fit()
     assert summary["best_chosen_on"] == "validation" and summary["best_chosen_by"] == "val_accuracy"
     assert (summary["best_epoch"], summary["best_val_accuracy"], summary["test_accuracy"]) == (1, 0.9, 0.95)
@@ -152,7 +152,7 @@ def test_best_is_chosen_on_validation_and_the_figures_show_it(tiny_config, monke
 
 
 def test_without_a_validation_split_no_best_is_chosen(tiny_config):
-    config = tiny_config(epochs=2, val_fraction=0)
+    config = tiny_config(epochs=2, val_fraction=0, figures=True)
     summary = Trainer(config).fit()
     assert summary["best_chosen_on"] is None and summary["best_epoch"] is None
     assert summary["best_test_accuracy"] is None and summary["test_accuracy"] is not None

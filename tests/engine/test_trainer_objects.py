@@ -1,6 +1,6 @@
-"""Trainer.fit on your own objects: a capsule network built here from capsnets.layers (not registered), trained on a
-TensorDataset, a Dataset of pairs or a DataLoader; interrupted (SIGTERM, time limit) and resumed bit for bit; in two
-gloo processes as in one; the best checkpoint chosen on validation; a resume with another model and bad inputs
+"""Trainer.fit on your own objects: a capsule network built from capsnets.layers (``helpers.TinyCapsNet``, not
+registered), trained on a TensorDataset, a Dataset of pairs or a DataLoader; interrupted (SIGTERM, time limit) and
+resumed bit for bit (in two gloo processes: tests/engine/test_distributed.py); the best checkpoint chosen on validation; a resume with another model and bad inputs
 refused with errors that say what to do."""
 
 from __future__ import annotations
@@ -8,38 +8,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from capsnets.engine import Trainer, TrainingInterrupted, reporting
 from capsnets.engine.run_dir import RunDirectoryError
-from capsnets.functional import capsule_length
-from capsnets.layers import LinearCapsules, PrimaryCapsules
 from capsnets.losses import margin_loss
-from capsnets.models import ModelOutput
 from capsnets.validation import ArgumentError
 
-
-class TinyCapsNet(nn.Module):
-    """Conv2d -> PrimaryCapsules -> LinearCapsules on 8x8 images; scores are the class capsules' lengths."""
-
-    def __init__(self, channels: int = 8, num_classes: int = 10) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(1, channels, 3)  # (B, 1, 8, 8) -> (B, C, 6, 6)
-        self.primary = PrimaryCapsules(channels, 4, 4, kernel_size=3, stride=2)  # -> (B, 4 * 2 * 2, 4)
-        self.classes = LinearCapsules(16, 4, num_classes, 6)  # -> (B, K, 6)
-
-    def forward(self, images):
-        capsules = self.classes(self.primary(torch.relu(self.conv(images))))
-        return ModelOutput(capsule_length(capsules), "length", capsules)
+from helpers import TinyCapsNet
 
 
 class StopAt:
@@ -210,50 +190,6 @@ def test_arguments_of_another_kind_are_refused(tmp_path, data):
         trainer(tmp_path, "run").fit(model(), DataLoader(data, batch_size=64))
     with pytest.raises(ArgumentError, match="unknown|epoch"):
         Trainer(out=str(tmp_path / "run"), epoch=3)
-
-
-WORKER = textwrap.dedent("""
-    import os, sys
-    sys.path.insert(0, sys.argv[2])
-    import torch
-    from safetensors.torch import save_file
-    from test_trainer_objects import TinyCapsNet, splits
-    from capsnets.engine import Trainer
-
-    train_set, val_set = splits()
-    torch.manual_seed(0)
-    trainer = Trainer(
-        out=os.path.join(sys.argv[1], "ddp"), epochs=1, batch_size=16, device="cpu", progress=False
-    )
-    trainer.fit(TinyCapsNet(), train_set, val_set)
-    state = {k: v.contiguous() for k, v in trainer.model.state_dict().items()}
-    save_file(state, os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.safetensors"))
-""")
-
-
-def splits():
-    """224 training examples (14 full global batches of 16) and 32 for validation."""
-    generator = torch.Generator().manual_seed(0)
-    images, labels = torch.rand(256, 1, 8, 8, generator=generator), torch.randint(0, 10, (256,), generator=generator)
-    return TensorDataset(images[32:], labels[32:]), TensorDataset(images[:32], labels[:32])
-
-
-def test_two_gloo_processes_train_your_model_as_one_process(tmp_path):
-    (tmp_path / "worker.py").write_text(WORKER)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["OMP_NUM_THREADS"] = "1"
-    here = str(Path(__file__).parent)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    done = subprocess.run(
-        [*command, str(tmp_path / "worker.py"), str(tmp_path), here], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]
-    single = trainer(tmp_path, "single", epochs=1, batch_size=16)
-    single.fit(model(), *splits())
-    for name, expected in weights(single).items():
-        assert torch.equal(ranks[0][name], ranks[1][name]), f"ranks differ in {name}"
-        torch.testing.assert_close(ranks[0][name], expected, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
 
 
 def test_a_validation_split_of_cropped_training_data_is_seen_as_the_test_split_is():
