@@ -28,7 +28,6 @@ from capsnets.functional import capsule_length
 from capsnets.functional.em import kernel as em_kernel
 from capsnets.models.capsnet import CapsNet
 from capsnets.models.matrix_capsnet import MatrixCapsNet
-from capsnets.plots import PERTURBATIONS, perturbation_grid
 from capsnets.validation import ArgumentError
 
 __all__ = ["MAX_CAPSULE_VALUE", "Analysis", "DemoModel"]
@@ -223,6 +222,8 @@ class DemoModel:
     def perturbations(self, image: Tensor, capsule: int | None = None) -> tuple[Tensor, int, list[float]]:
         """The perturbation grid (paper Fig. 4, :func:`~capsnets.plots.perturbation_grid`) of class capsule
         ``capsule`` (default: the winner): ``(D, S, C, H, W)`` decodings, the class, and the ``S`` steps."""
+        from capsnets.plots import PERTURBATIONS, perturbation_grid  # noqa: PLC0415 - matplotlib is slow to import
+
         self._require_decoder()
         self._check_image(image)
         if capsule is not None:
