@@ -148,11 +148,19 @@ def test_full_cnn_is_the_papers_size():
     assert abs(count_parameters(build_model("cnn_smallnorb_narrow", "cpu")) - 67_154) < 5_000  # ~ matrix_capsnet_small
 
 
-def test_smoke_run_writes_the_report(data_root, tmp_path):
+SIZES = {"train_size": 16, "test_size": 8}
+
+
+@pytest.fixture(scope="module")
+def both_splits(data_root, tmp_path_factory):
+    """The smoke run on both splits, once for the tests of this module: its folder and result."""
+    out = tmp_path_factory.mktemp("both_splits")
+    return out, run_experiment("viewpoints", out, smoke=True, device="cpu", data_dir=str(data_root), **SIZES)
+
+
+def test_smoke_run_writes_the_report(both_splits):
     assert "viewpoints" in list_experiments()
-    result = run_experiment(
-        "viewpoints", tmp_path, smoke=True, device="cpu", data_dir=str(data_root), train_size=24, test_size=12
-    )
+    tmp_path, result = both_splits
     text = result.report.read_text()
     assert "offline rendered viewpoint set" in text and "13.50%" in text and "17.80%" in text
     assert "Matched comparison" in text
@@ -192,17 +200,10 @@ def test_smoke_through_the_cli(data_root, tmp_path, capsys):
     assert (tmp_path / "report.md").is_file() and len(list(tmp_path.glob("*.png"))) == 2
 
 
-def test_a_one_split_run_trains_what_a_two_split_run_does(data_root, tmp_path):
-    sizes = {"train_size": 16, "test_size": 8}
-    both = run_experiment("viewpoints", tmp_path / "both", smoke=True, device="cpu", data_dir=str(data_root), **sizes)
+def test_a_one_split_run_trains_what_a_two_split_run_does(data_root, tmp_path, both_splits):
+    both = both_splits[1]
     alone = run_experiment(
-        "viewpoints",
-        tmp_path / "alone",
-        smoke=True,
-        device="cpu",
-        data_dir=str(data_root),
-        splits=["elevation"],
-        **sizes,
+        "viewpoints", tmp_path, smoke=True, device="cpu", data_dir=str(data_root), splits=["elevation"], **SIZES
     )
     elevation = {k: v for k, v in both.metrics.items() if k.startswith("elevation_")}
     assert elevation and elevation == {k: v for k, v in alone.metrics.items() if k.startswith("elevation_")}
