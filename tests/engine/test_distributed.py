@@ -19,6 +19,7 @@ WORKER = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, sys.argv[3])  # tests/, for helpers
     import torch
+    import torch.distributed as dist
     from safetensors.torch import save_file
     from capsnets.engine import TrainConfig, Trainer
     from helpers import TinyCapsNet, tiny_splits
@@ -27,6 +28,7 @@ WORKER = textwrap.dedent("""
         state = {k: v.contiguous() for k, v in trainer.model.state_dict().items()}
         save_file(state, os.path.join(sys.argv[2], f"{name}{os.environ['RANK']}.safetensors"))
 
+    dist.init_process_group("gloo")  # one group for both trainings, which use the group they find
     named = Trainer(TrainConfig(**json.loads(sys.argv[1])))  # a registered model and data set, by name
     named.fit()
     save(named, "rank")
@@ -37,6 +39,7 @@ WORKER = textwrap.dedent("""
     )
     objects.fit(TinyCapsNet(), train_set, val_set)
     save(objects, "objects_rank")
+    dist.destroy_process_group()
 """)
 
 
