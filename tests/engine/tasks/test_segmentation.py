@@ -116,6 +116,7 @@ def test_unet_small_segments_real_digits_by_class(tmp_path, shared_data_root):
             lr=3e-3,
             device="cpu",
             progress=False,
+            figures=False,  # not what is tested here
             out=str(tmp_path / "run"),
         )
     )
