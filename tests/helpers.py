@@ -1,5 +1,8 @@
 """Assertions and inputs shared by test folders (importable as ``helpers``: pyproject.toml puts ``tests/`` on the path)."""
 
+import gc
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
@@ -95,3 +98,23 @@ def tiny_splits():
     generator = torch.Generator().manual_seed(0)
     images, labels = torch.rand(256, 1, 8, 8, generator=generator), torch.randint(0, 10, (256,), generator=generator)
     return TensorDataset(images[32:], labels[32:]), TensorDataset(images[:32], labels[:32])
+
+
+@contextmanager
+def only_new_objects():
+    """Inside the block the garbage collector sees only the objects made in it: those made before are frozen
+    (:func:`gc.freeze`), so that a collection and a count of live objects are quick, and blind to what earlier tests
+    left behind."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def live_tensors() -> int:
+    """The tensors the garbage collector still sees after a full collection (inside :func:`only_new_objects`: the
+    ones made in its block)."""
+    gc.collect()
+    return sum(isinstance(obj, torch.Tensor) for obj in gc.get_objects())

@@ -9,7 +9,7 @@ from capsnets.losses import create_loss
 from capsnets.models import MatrixCapsNet
 from capsnets.validation import ArgumentError
 
-from helpers import assert_finite
+from helpers import assert_finite, live_tensors, only_new_objects
 
 EXPECTED_PARAMETERS = {
     "capsnet": 8_215_568,  # Sabour, Frosst & Hinton (2017), Sec. 5: 8.2M
@@ -162,8 +162,6 @@ SMALL = [
 def test_training_steps_leave_no_tensors_behind(name):
     # A reference cycle through the autograd graph once kept every step of matrix_capsnet alive (it ran
     # out of a GPU's 80 GB within a few steps); every model's training step must free its graph.
-    import gc
-
     torch.manual_seed(0)
     model = capsnets.create_model(name)
     criterion = create_loss(model.default_loss)
@@ -175,23 +173,18 @@ def test_training_steps_leave_no_tensors_behind(name):
         else torch.arange(2) % model.num_classes
     )
 
-    def live_tensors():
-        gc.collect()
-        return sum(issubclass(type(obj), torch.Tensor) for obj in gc.get_objects())
-
     def step():
         loss = criterion(model(images, targets), images, targets)[0]
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
-    step()  # the first step creates the optimiser's state
-    before = live_tensors()
-    for _ in range(2):
-        step()
-    # A leak adds tensors at every step. Fewer is no leak: a previous test's leftovers (seen once, after
-    # the tests of other files had run) may be freed during these steps.
-    assert live_tensors() <= before
+    with only_new_objects():
+        step()  # the first step creates the optimiser's state
+        before = live_tensors()
+        for _ in range(2):
+            step()
+        assert live_tensors() == before  # a leak adds tensors at every step
 
 
 def test_matrix_models_give_the_class_layer_a_routing_of_its_own():

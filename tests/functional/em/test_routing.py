@@ -12,7 +12,7 @@ from capsnets.functional import (
 )
 from capsnets.testing import reference_em_routing
 
-from helpers import assert_finite
+from helpers import assert_finite, live_tensors, only_new_objects
 
 
 def _inputs(batch, children, parents, dim, *, gen, dtype=torch.float64, requires_grad=False):
@@ -285,12 +285,6 @@ def test_training_steps_leave_no_tensors_behind(detach):
     # A reference cycle through the autograd graph (which the garbage collector cannot break) once kept
     # every training step's routing tensors alive: matrix_capsnet ran out of 80 GB of GPU memory within
     # a few steps. Count the tensors Python can still see after each step.
-    import gc
-
-    def live_tensors():
-        gc.collect()
-        return sum(issubclass(type(obj), torch.Tensor) for obj in gc.get_objects())
-
     def step():
         votes = torch.randn(2, 12, 3, 16, requires_grad=True)
         activations = torch.rand(2, 12, requires_grad=True)
@@ -299,11 +293,12 @@ def test_training_steps_leave_no_tensors_behind(detach):
         (mu.square().sum() + a.sum()).backward()
         assert torch.isfinite(votes.grad).all()
 
-    step()
-    before = live_tensors()
-    for _ in range(3):
+    with only_new_objects():
         step()
-    assert live_tensors() == before
+        before = live_tensors()
+        for _ in range(3):
+            step()
+        assert live_tensors() == before
 
 
 def _random_groups(problems, children, count, gen):
