@@ -40,6 +40,9 @@ WORKER = textwrap.dedent("""
     objects.fit(TinyCapsNet(), train_set, val_set)
     save(objects, "objects_rank")
     dist.destroy_process_group()
+    # Everything is saved: leave without the interpreter's finalization, in which torch's gloo threads abort the
+    # process about one run in ten ("terminate called without an active exception"), after the work is done.
+    os._exit(0)
 """)
 
 
