@@ -1,4 +1,4 @@
-"""Bad values at the library's boundary get an error that names the argument (issue 21): model arguments
+"""Bad values at the library's boundary get an error that names the argument: model arguments
 (checked against each builder's declared schema), loss arguments, devices and the images given to a model.
 
 Models are built on the meta device wherever the check comes before any computation, so every registered model

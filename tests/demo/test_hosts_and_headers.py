@@ -1,4 +1,4 @@
-"""Which ``Host`` the demo answers, and the headers of its responses (issue 55): a web page elsewhere must not reach
+"""Which ``Host`` the demo answers, and the headers of its responses: a web page elsewhere must not reach
 the demo by DNS rebinding (a name of its own made to resolve to this machine, sent as ``Host``), nor frame it; the
 page still loads everything it needs under its Content-Security-Policy (the browser test runs it for real)."""
 

@@ -349,7 +349,7 @@ def test_many_more_examples(group, count):
     given(_cases(group))(_examples(count)(lambda case: check(case)))()
 
 
-# ---- case 3 of issue 55 -------------------------------------------------------------------------------------------
+# ---- self-attention's gradients of tied huge votes ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
