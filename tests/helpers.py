@@ -100,6 +100,26 @@ def tiny_splits():
     return TensorDataset(images[32:], labels[32:]), TensorDataset(images[:32], labels[:32])
 
 
+#: The tiny offline training of the CLI tests: capsnet_digits, 1 epoch of 2 steps on 64 digits, scored on the 360
+#: test digits (add ``--limit-test N`` for fewer).
+TINY_TRAIN = [
+    "train",
+    "--model",
+    "capsnet_digits",
+    "--dataset",
+    "digits",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "32",
+    "--limit-train",
+    "64",
+    "--device",
+    "cpu",
+    "--no-progress",
+]
+
+
 @contextmanager
 def only_new_objects():
     """Inside the block the garbage collector sees only the objects made in it: those made before are frozen

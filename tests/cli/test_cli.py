@@ -9,28 +9,10 @@ import yaml
 
 from capsnets.cli import build_parser, config_from_args, main, nest_dotted, parse_key_values
 
-TRAIN = [
-    "train",
-    "--model",
-    "capsnet_digits",
-    "--dataset",
-    "digits",
-    "--epochs",
-    "1",
-    "--batch-size",
-    "32",
-    "--limit-train",
-    "64",
-    "--limit-test",
-    "32",
-    "--device",
-    "cpu",
-    "--no-progress",
-    "--model-arg",
-    "routing.iterations=2",
-    "--loss-arg",
-    "reconstruction_weight=0.001",
-]
+from helpers import TINY_TRAIN
+
+TRAIN = [*TINY_TRAIN, "--limit-test", "32", "--model-arg", "routing.iterations=2"]
+TRAIN += ["--loss-arg", "reconstruction_weight=0.001"]
 
 
 @pytest.fixture(scope="module")

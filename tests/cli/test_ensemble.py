@@ -8,24 +8,9 @@ import torch
 
 from capsnets.cli import ensemble_label, main
 
-TRAIN = [
-    "train",
-    "--model",
-    "capsnet_digits",
-    "--dataset",
-    "digits",
-    "--epochs",
-    "1",
-    "--batch-size",
-    "32",
-    "--limit-train",
-    "64",
-    "--device",
-    "cpu",
-    "--no-progress",
-    "--model-arg",
-    "routing.iterations=2",
-]
+from helpers import TINY_TRAIN
+
+TRAIN = [*TINY_TRAIN, "--model-arg", "routing.iterations=2"]
 
 
 @pytest.fixture(scope="module")

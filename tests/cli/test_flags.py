@@ -11,6 +11,8 @@ from capsnets.cli import build_parser, command_parsers, main
 from capsnets.engine import TrainConfig
 from capsnets.models.pretrained import get_weights
 
+from helpers import TINY_TRAIN
+
 SHIPPED = "capsnet_small-mnist"
 
 
@@ -120,22 +122,7 @@ def test_sha256_is_checked_for_a_file(tmp_path, capsys):
     assert "expected " + "0" * 64 in capsys.readouterr().err
 
 
-TINY = [
-    "train",
-    "--epochs",
-    "1",
-    "--batch-size",
-    "32",
-    "--limit-train",
-    "64",
-    "--limit-test",
-    "32",
-    "--device",
-    "cpu",
-    "--no-progress",
-    "--model-arg",
-    "routing.iterations=1",
-]
+TINY = [*TINY_TRAIN, "--limit-test", "32", "--model-arg", "routing.iterations=1"]
 
 
 @pytest.fixture
