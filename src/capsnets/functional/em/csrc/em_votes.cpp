@@ -25,12 +25,12 @@
 //   mstep_parents(...), estep_parents(...): that backward's per-parent algebra before each M-step and after
 //       each E-step, element-wise over (N, J, 16)
 // The ATen and pybind11 headers the kernel uses, not <torch/extension.h>: that one brings the whole C++ frontend and
-// more than doubles the compile time.
+// more than doubles the compile time. New tensors come from ATen/EmptyTensor.h's CPU allocator, whose header takes a
+// fraction of <ATen/ops/empty.h>'s time to compile.
 #include <ATen/Dispatch.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -41,6 +41,11 @@
 #include <vector>
 
 namespace {
+
+// An uninitialised CPU tensor of ``size`` with ``options``' dtype (every input here is on the CPU).
+at::Tensor new_tensor(at::IntArrayRef size, const at::TensorOptions& options) {
+  return at::Tensor(at::detail::empty_cpu(size, options));
+}
 
 constexpr int64_t kH = 16;  // pose components of a 4x4 matrix
 
@@ -1058,7 +1063,8 @@ void check_groups(const at::Tensor& index, int64_t n, int64_t children, int64_t 
 void check_like(const at::Tensor& t, const at::Tensor& like, std::vector<int64_t> shape, const char* name) {
   TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.is_contiguous() && t.device().is_cpu(), name,
               " must be a contiguous CPU tensor of pose's dtype");
-  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), name, " has shape ", t.sizes(), ", expected ", shape);
+  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), name, " has shape ", t.sizes(), ", expected ",
+              at::IntArrayRef(shape));
 }
 
 }  // namespace
@@ -1067,8 +1073,8 @@ std::vector<at::Tensor> votes_stats(const at::Tensor& pose, const at::Tensor& we
                                     const at::Tensor& w0) {
   const Geometry g = check(pose, weight, coord);
   check_like(w0, pose, {g.n, g.i}, "w0");
-  auto mean = at::empty({g.n, g.j, kH}, pose.options());
-  auto top = at::empty({g.n}, pose.options());
+  auto mean = new_tensor({g.n, g.j, kH}, pose.options());
+  auto top = new_tensor({g.n}, pose.options());
   AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "votes_stats",
                              [&] { stats_impl<scalar_t>(pose, weight, coord, w0, mean, top, g); });
   return {mean, top};
@@ -1084,8 +1090,8 @@ std::vector<at::Tensor> votes_backward(const at::Tensor& pose, const at::Tensor&
   const int64_t kk = left.size(0);
   check_like(left, pose, {kk, g.n, g.j, g.i}, "left");
   check_like(right, pose, {g.n, g.j, kk, 2 * kH}, "right");
-  auto gpose = at::empty({g.n, g.i, kH}, pose.options());  // every entry written once
-  auto gweight = at::empty({g.iw, g.j, kH}, pose.options());
+  auto gpose = new_tensor({g.n, g.i, kH}, pose.options());  // every entry written once
+  auto gweight = new_tensor({g.iw, g.j, kH}, pose.options());
   AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "votes_backward", [&] {
     backward_impl<scalar_t>(pose, weight, coord, c, inv, left, right, gpose, gweight, g);
   });
@@ -1114,8 +1120,8 @@ std::vector<at::Tensor> mstep_back(const at::Tensor& pose, const at::Tensor& wei
   check_like(left_w, pose, {g.n, g.j, g.i}, "left_w");
   check_like(g_a_in, pose, {g.n, g.i}, "g_a_in");
   const int64_t size = want_next ? g.n : 0;
-  auto g_r = at::empty({size, g.j, g.i}, pose.options());
-  auto y = at::empty({size, g.j, g.i}, pose.options());
+  auto g_r = new_tensor({size, g.j, g.i}, pose.options());
+  auto y = new_tensor({size, g.j, g.i}, pose.options());
   AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "mstep_back", [&] {
     mstep_back_impl<scalar_t>(pose, weight, coord, c, inv, coef, r, a_in, guard, floored, slope, base, g_r_extra,
                               left_w, g_a_in, g_r, y, want_next, g);
@@ -1135,8 +1141,8 @@ std::vector<at::Tensor> estep_back(const at::Tensor& pose, const at::Tensor& wei
   check_like(g_r, pose, {g.n, g.j, g.i}, "g_r");
   check_like(total, pose, {g.n, total.size(1) == 1 ? 1 : g.j, g.i}, "total");
   check_like(left_gz, pose, {g.n, g.j, g.i}, "left_gz");
-  auto out = at::empty({g.n, g.j, 2 * kH}, pose.options());
-  auto s0 = at::empty({g.n, g.j}, pose.options());
+  auto out = new_tensor({g.n, g.j, 2 * kH}, pose.options());
+  auto s0 = new_tensor({g.n, g.j}, pose.options());
   AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "estep_back", [&] {
     estep_back_impl<scalar_t>(pose, weight, coord, c, inv, r, g_r, total, left_gz, out, s0, g);
   });
@@ -1167,9 +1173,9 @@ std::vector<at::Tensor> mstep_parents(const at::Tensor& m, const at::Tensor& d, 
   if (g_cost.numel() > 0) check_like(g_cost, d, {n, j}, "g_cost");
   TORCH_CHECK(right.dim() == 4 && col >= 0 && col < right.size(2), "col out of right's range");
   check_like(right, d, {n, j, right.size(2), 2 * kH}, "right");
-  auto coef = at::empty({n, j, 2 * kH}, d.options());
-  auto guard = at::empty({n, j}, d.options()), floored = at::empty({n, j}, d.options());
-  auto slope = at::empty({n, j}, d.options()), base = at::empty({n, j}, d.options());
+  auto coef = new_tensor({n, j, 2 * kH}, d.options());
+  auto guard = new_tensor({n, j}, d.options()), floored = new_tensor({n, j}, d.options());
+  auto slope = new_tensor({n, j}, d.options()), base = new_tensor({n, j}, d.options());
   const ParentSettings ps{lam, eps, mass_floor, blend, beta_a_scale, official};
   AT_DISPATCH_FLOATING_TYPES(d.scalar_type(), "mstep_parents", [&] {
     mstep_parents_impl<scalar_t>(m, d, var, log_var, mass, c, beta_v, g_cost, ps, g_d, g_var, g_pre, g_sum_log, g_bv, g_ba,
@@ -1202,7 +1208,7 @@ void estep_parents(const at::Tensor& s12, const at::Tensor& s0, const at::Tensor
 at::Tensor group_sum(const at::Tensor& x, const at::Tensor& index, int64_t groups, bool per_type, int64_t blocks) {
   TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous (N, J, I) CPU tensor");
   check_groups(index, x.size(0), x.size(2), groups, blocks);
-  auto out = at::empty({x.size(0), per_type ? x.size(1) : 1, x.size(2)}, x.options());
+  auto out = new_tensor({x.size(0), per_type ? x.size(1) : 1, x.size(2)}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "group_sum",
                              [&] { group_sum_impl<scalar_t>(x, index, groups, per_type, blocks, out); });
   return out;
@@ -1235,16 +1241,17 @@ std::vector<at::Tensor> route(const at::Tensor& pose, const at::Tensor& weight, 
   RouteSettings hs{std::move(lambdas), eps, official, static_cast<int>(cost_normalization), static_cast<int>(normalize),
                    groups, keep == 2, groups > 0 ? blocks : 1};
   auto r = r0.clone();
-  auto d = at::zeros({g.n, g.j, kH}, pose.options());
-  auto pre = at::empty({g.n, g.j}, pose.options());
+  auto d = new_tensor({g.n, g.j, kH}, pose.options());
+  d.zero_();
+  auto pre = new_tensor({g.n, g.j}, pose.options());
   const int64_t t_kept = keep == 2 ? steps : keep;
-  auto kr = at::empty({t_kept, g.n, g.j, g.i}, pose.options());
-  auto km = at::empty({t_kept, g.n, g.j, 2 * kH}, pose.options());
-  auto kd = at::empty({t_kept, g.n, g.j, kH}, pose.options());
-  auto kvar = at::empty({t_kept, g.n, g.j, kH}, pose.options());
-  auto klv = at::empty({t_kept, g.n, g.j, kH}, pose.options());
-  auto kpre = at::empty({t_kept, g.n, g.j}, pose.options());
-  auto kmass = at::empty({t_kept, g.n, g.j}, pose.options());
+  auto kr = new_tensor({t_kept, g.n, g.j, g.i}, pose.options());
+  auto km = new_tensor({t_kept, g.n, g.j, 2 * kH}, pose.options());
+  auto kd = new_tensor({t_kept, g.n, g.j, kH}, pose.options());
+  auto kvar = new_tensor({t_kept, g.n, g.j, kH}, pose.options());
+  auto klv = new_tensor({t_kept, g.n, g.j, kH}, pose.options());
+  auto kpre = new_tensor({t_kept, g.n, g.j}, pose.options());
+  auto kmass = new_tensor({t_kept, g.n, g.j}, pose.options());
   AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "route", [&] {
     Kept<scalar_t> kept;
     if (keep > 0) {
