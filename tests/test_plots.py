@@ -230,8 +230,8 @@ def test_galleries_name_the_classes(tmp_path, monkeypatch):
     images = torch.rand(2, 1, 8, 8)
     names = ["circle", "square"]
     plots.plot_reconstructions(images, images, tmp_path / "r.png", labels=[0, 1], predictions=[0, 0], class_names=names)
-    titles = [ax.get_title() for ax in drawn[0].axes if ax.get_title()]
-    assert titles == ["y=circle p=circle", "y=square p=circle"]
+    titles = [(text.get_text(), text.get_color()) for ax in drawn[0].axes for text in ax.texts]
+    assert titles == [("y=circle p=circle", "black"), ("y=square p=circle", "red")]
     grid = torch.rand(3, 4, 1, 8, 8)
     plots.plot_perturbation_grid(grid, 1, tmp_path / "g.png", steps=torch.linspace(-0.2, 0.2, 4), class_names=names)
     assert drawn[1].axes[0].get_title().startswith("class square:")
