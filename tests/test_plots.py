@@ -235,3 +235,14 @@ def test_galleries_name_the_classes(tmp_path, monkeypatch):
     grid = torch.rand(3, 4, 1, 8, 8)
     plots.plot_perturbation_grid(grid, 1, tmp_path / "g.png", steps=torch.linspace(-0.2, 0.2, 4), class_names=names)
     assert drawn[1].axes[0].get_title().startswith("class square:")
+
+
+def test_image_rows_draws_one_axes_per_row_with_titles_over_the_images(tmp_path):
+    rows = [("grey", torch.rand(5, 1, 8, 8)), ("rgb", np.random.default_rng(0).random((3, 3, 8, 8)))]
+    fig = plots.image_rows(rows, figsize=(6, 3), titles=[[(str(k), "red") for k in range(5)]])
+    assert [ax.get_ylabel() for ax in fig.axes] == ["grey", "rgb"]
+    assert [text.get_text() for text in fig.axes[0].texts] == ["0", "1", "2", "3", "4"] and not fig.axes[1].texts
+    assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()  # the shorter row keeps the images' size
+    assert_png(plots.save_figure(fig, tmp_path / "rows.png"), min_bytes=500)
+    with pytest.raises(ValueError, match="C = 1 or 3"):
+        plots.image_rows([("bad", torch.rand(2, 2, 8, 8))], figsize=(3, 2))

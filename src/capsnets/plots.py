@@ -36,6 +36,7 @@ from capsnets.validation import ArgumentError
 
 __all__ = [
     "PERTURBATIONS",
+    "image_rows",
     "perturbation_grid",
     "plot_confusion_matrix",
     "plot_perturbation_grid",
@@ -195,8 +196,7 @@ def _check_labels(name: str, values, batch: int) -> np.ndarray | None:
 
 def _strip(images: np.ndarray) -> np.ndarray:
     """``(N, C, H, W)`` images in [0, 1] side by side as one RGBA picture ``(H, N * W + (N - 1) * gap, 4)``, the
-    gaps transparent (one axes and one image instead of ``N``: a figure of many small images draws in a fraction
-    of the time)."""
+    gaps transparent."""
     n, c, h, w = images.shape
     gap = max(1, w // 8)
     rgb = np.clip(images, 0.0, 1.0).transpose(0, 2, 3, 1)
@@ -208,19 +208,56 @@ def _strip(images: np.ndarray) -> np.ndarray:
     return strip
 
 
-def _show_strip(ax, images: np.ndarray, label: str, slots: int) -> list[float]:
-    """Draw :func:`_strip` of ``images`` on ``ax`` as wide as ``slots`` images (a short last row keeps the
-    images' size), its row named ``label`` on the left; returns the x of each image's centre (data
-    coordinates), where its title goes."""
-    w = images.shape[-1]
-    gap = max(1, w // 8)
-    ax.imshow(_strip(images), interpolation="nearest")
-    ax.set_xlim(-0.5, slots * (w + gap) - gap - 0.5)
-    ax.set_xticks([]), ax.set_yticks([])
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    ax.set_ylabel(label, fontsize=9)
-    return [k * (w + gap) + (w - 1) / 2 for k in range(images.shape[0])]
+def image_rows(
+    rows: Sequence[tuple[str, Tensor | np.ndarray]],
+    *,
+    figsize: tuple[float, float],
+    titles: Sequence[Sequence[tuple[str, str]] | None] | None = None,
+    label_size: float = 8,
+) -> Figure:
+    """A figure of rows of images, each row named on its left, with an optional title over each image: the
+    galleries of the training reports and the experiments.
+
+    Each row is drawn as one image (the images side by side, transparent gaps between them) on one axes, so a
+    figure of hundreds of small images draws in a fraction of the time one axes per image takes. Rows of fewer
+    images than the longest keep the images' size.
+
+    Args:
+        rows: ``(name, images)`` pairs; ``images`` ``(N, C, H, W)`` in ``[0, 1]`` (clipped), ``C`` = 1 (grey)
+            or 3 (RGB), of one ``H`` and ``W`` across rows.
+        figsize: the figure's size in inches.
+        titles: per row from the first (rows past its end have none), None or a ``(text, colour)`` pair per
+            image, drawn over it (9 points, 7 for a text longer than 12 characters).
+        label_size: the font size of the row names.
+
+    Returns:
+        A :class:`~matplotlib.figure.Figure` with constrained layout, to add a title to and pass to
+        :func:`save_figure`.
+
+    Example:
+        >>> images = torch.rand(4, 1, 8, 8)
+        >>> fig = image_rows([("input", images), ("twice", images * 2)], figsize=(5, 3))
+        >>> save_figure(fig, "runs/example/rows.png")  # doctest: +SKIP
+    """
+    arrays = [_to_numpy(images) for _, images in rows]
+    for array in arrays:
+        _check_images("images", array)
+    slots = max(array.shape[0] for array in arrays)
+    fig = Figure(figsize=figsize, layout="constrained")
+    axes = fig.subplots(len(rows), 1, squeeze=False)[:, 0]
+    for row, (ax, (name, _), array) in enumerate(zip(axes, rows, arrays)):
+        w = array.shape[-1]
+        gap = max(1, w // 8)
+        ax.imshow(_strip(array), interpolation="nearest")
+        ax.set_xlim(-0.5, slots * (w + gap) - gap - 0.5)
+        ax.set_xticks([]), ax.set_yticks([])
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+        ax.set_ylabel(name, fontsize=label_size)
+        for k, (text, colour) in enumerate((titles[row] if titles and row < len(titles) else None) or ()):
+            fontsize = 9 if len(text) <= 12 else 7
+            ax.text(k * (w + gap) + (w - 1) / 2, -0.5, text, ha="center", va="bottom", fontsize=fontsize, color=colour)
+    return fig
 
 
 def _title(label: int | None, prediction: int | None, names: Sequence[str] | None = None) -> tuple[str, str]:
@@ -270,12 +307,9 @@ def plot_segmentations(
     ):
         raise ArgumentError(f"mask classes must lie in [0, {len(class_names)})")
     colours = class_colours(len(class_names)) / 255.0
-    count = images.shape[0]
-    fig = Figure(figsize=(1.4 * count + 1.0, 4.6), layout="constrained")
-    axes = fig.subplots(3, 1, squeeze=False)[:, 0]
-    _show_strip(axes[0], images, "input", count)
-    for ax, label, mask in ((axes[1], "true", masks), (axes[2], "predicted", predictions)):
-        _show_strip(ax, colours[mask[:, 0]].transpose(0, 3, 1, 2), label, count)
+    masks, predictions = (colours[m[:, 0]].transpose(0, 3, 1, 2) for m in (masks, predictions))
+    rows = [("input", images), ("true", masks), ("predicted", predictions)]
+    fig = image_rows(rows, figsize=(1.4 * images.shape[0] + 1.0, 4.6), label_size=9)
     handles = [Patch(color=colours[k], label=name) for k, name in enumerate(class_names) if k > 0][:20]
     if handles:
         fig.legend(handles=handles, loc="outside right center", fontsize=7, frameon=False)
@@ -326,21 +360,20 @@ def plot_reconstructions(
     count = min(n, images.shape[0])
     cols = min(count, _PAIRS_PER_ROW)
     blocks = math.ceil(count / cols)
-    fig = Figure(figsize=(1.2 * cols + 0.6, 2.6 * blocks), layout="constrained")
-    axes = np.asarray(fig.subplots(2 * blocks, 1, squeeze=False))[:, 0]
-    for block in range(blocks):
-        first, last = block * cols, min(count, (block + 1) * cols)
-        centres = _show_strip(axes[2 * block], images[first:last], "input", cols)
-        _show_strip(axes[2 * block + 1], reconstructions[first:last], "recon.", cols)
-        for k, x in zip(range(first, last), centres):
-            text, colour = _title(
+    rows, titles = [], []
+    for first in range(0, count, cols):
+        last = min(count, first + cols)
+        rows += [("input", images[first:last]), ("recon.", reconstructions[first:last])]
+        texts = [
+            _title(
                 None if labels is None else int(labels[k]),
                 None if predictions is None else int(predictions[k]),
                 class_names,
             )
-            if text:
-                fontsize = 9 if len(text) <= 12 else 7
-                axes[2 * block].text(x, -0.5, text, ha="center", va="bottom", fontsize=fontsize, color=colour)
+            for k in range(first, last)
+        ]
+        titles += [texts if labels is not None or predictions is not None else None, None]
+    fig = image_rows(rows, figsize=(1.2 * cols + 0.6, 2.6 * blocks), titles=titles, label_size=9)
     if title:
         fig.suptitle(_wrapped(title, fig, 9), fontsize=9)
     return save_figure(fig, out_png)

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 import torch
-from matplotlib.figure import Figure
 from torch import nn
 
 from capsnets.data import DatasetError, load_dataset
@@ -33,6 +31,7 @@ from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import save_figure, training_metrics, write_report
 from capsnets.experiments.report.affnist import affnist_sections
 from capsnets.models import count_parameters, create_model
+from capsnets.plots import image_rows
 
 __all__ = ["run"]
 
@@ -86,18 +85,18 @@ def _plot_samples(models: dict[str, nn.Module], images, labels, out_png: Path, c
     for name, model in models.items():
         model.eval()
         predicted[name] = model(x).scores.argmax(dim=1).cpu()
+    titles = [
+        (
+            f"y={int(y[k])} " + " ".join(f"{n[:4]}={int(p[k])}" for n, p in predicted.items()),
+            "red" if any(int(p[k]) != int(y[k]) for p in predicted.values()) else "black",
+        )
+        for k in range(len(x))
+    ]
     cols = min(8, len(x))
-    rows = -(-len(x) // cols)
-    fig = Figure(figsize=(1.6 * cols, 1.9 * rows), layout="constrained")
-    axes = np.asarray(fig.subplots(rows, cols, squeeze=False))
-    for ax in axes.flat:
-        ax.set_axis_off()
-    for k in range(len(x)):
-        ax = axes[k // cols, k % cols]
-        ax.imshow(x[k, 0].cpu().numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-        text = f"y={int(y[k])} " + " ".join(f"{n[:4]}={int(p[k])}" for n, p in predicted.items())
-        wrong = any(int(p[k]) != int(y[k]) for p in predicted.values())
-        ax.set_title(text, fontsize=7, color="red" if wrong else "black")
+    rows = [("", x[k : k + cols, :1]) for k in range(0, len(x), cols)]
+    fig = image_rows(
+        rows, figsize=(1.6 * cols, 1.9 * len(rows)), titles=[titles[k : k + cols] for k in range(0, len(x), cols)]
+    )
     fig.suptitle("affNIST-style test digits (red: a model is wrong)")
     return save_figure(fig, out_png)
 

@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from capsnets.data import load_dataset
@@ -36,6 +34,7 @@ from capsnets.experiments.common import ExperimentSettings, register_experiment
 from capsnets.experiments.report import save_figure, write_report
 from capsnets.experiments.report.segmentation import segmentation_sections
 from capsnets.models import count_parameters, create_model
+from capsnets.plots import image_rows
 
 __all__ = ["run", "evaluate_dice"]
 
@@ -97,15 +96,7 @@ def _plot_examples(models: dict[str, nn.Module], data: SegmentationData, out_png
     """Rows: input, true mask, each model's predicted probabilities; one column per test image."""
     rows = [("input", data.images[:n]), ("true mask", data.masks[:n])]
     rows += [(name, model.eval()(data.images[:n]).probabilities) for name, model in models.items()]
-    fig = Figure(figsize=(1.5 * n, 1.6 * len(rows)), layout="constrained")
-    axes = np.asarray(fig.subplots(len(rows), n, squeeze=False))
-    for r, (label, images) in enumerate(rows):
-        for c in range(n):
-            ax = axes[r, c]
-            ax.imshow(images[c, 0].float().cpu().numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-            ax.set_xticks([]), ax.set_yticks([])
-            if c == 0:
-                ax.set_ylabel(label, fontsize=8)
+    fig = image_rows([(label, images[:, :1]) for label, images in rows], figsize=(1.5 * n, 1.6 * len(rows)))
     fig.suptitle("Cluttered-digit segmentation: test images, masks and predicted probabilities", fontsize=9)
     return save_figure(fig, out_png)
 

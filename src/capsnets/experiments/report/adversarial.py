@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
@@ -16,6 +15,7 @@ from capsnets.experiments.adversarial.scoring import predict
 from capsnets.experiments.report import markdown_table, matching_note, percent, save_figure, settings_table
 from capsnets.experiments.runs import Training
 from capsnets.models import count_parameters
+from capsnets.plots import image_rows
 
 __all__ = ["LOSS_TEXT", "adversarial_sections", "plot_examples", "plot_success_rates", "success_rate_table"]
 
@@ -100,20 +100,20 @@ def plot_examples(
 ) -> Path:
     """One row per ``(title, images)`` (clean, then each attack on each model), each image titled with its label and
     every model's prediction (red where a model is wrong)."""
-    count = len(labels)
-    fig = Figure(figsize=(1.5 * count + 1.5, 1.7 * len(rows)), layout="constrained")
-    axes = np.asarray(fig.subplots(len(rows), count, squeeze=False))
-    for r, (title, batch) in enumerate(rows):
+    titles = []
+    for _, batch in rows:
         predicted = {n: predict(m, batch).cpu() for n, m in models.items()}
-        for c in range(count):
-            ax = axes[r, c]
-            ax.imshow(batch[c, 0].detach().cpu().numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            text = f"y={int(labels[c])} " + " ".join(f"{n[:4]}={int(p[c])}" for n, p in predicted.items())
-            wrong = any(int(p[c]) != int(labels[c]) for p in predicted.values())
-            ax.set_title(text, fontsize=7, color="red" if wrong else "black")
-        axes[r, 0].set_ylabel(title, fontsize=8)
+        titles.append(
+            [
+                (
+                    f"y={int(labels[c])} " + " ".join(f"{n[:4]}={int(p[c])}" for n, p in predicted.items()),
+                    "red" if any(int(p[c]) != int(labels[c]) for p in predicted.values()) else "black",
+                )
+                for c in range(len(labels))
+            ]
+        )
+    images = [(title, batch[:, :1]) for title, batch in rows]
+    fig = image_rows(images, figsize=(1.5 * len(labels) + 1.5, 1.7 * len(rows)), titles=titles)
     fig.suptitle(f"adversarial examples, eps = {eps}, crafted with {LOSS_TEXT[loss]}")
     return save_figure(fig, out_png)
 

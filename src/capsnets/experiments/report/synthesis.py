@@ -7,12 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from capsnets.experiments.report import markdown_table, percent, save_figure, settings_table
+from capsnets.plots import image_rows
 
 __all__ = ["plot_dimensions", "plot_examples", "synthesis_sections"]
 
@@ -64,13 +63,7 @@ def plot_examples(models: dict[str, nn.Module], label_maps: Tensor, images: Tens
     """Rows: the label maps, the real images and each generator's images; one column per test example."""
     rows = [("label map", label_maps[:n].sum(dim=1, keepdim=True)), ("real", images[:n])]
     rows += [(name, model(label_maps[:n]).images) for name, model in models.items()]
-    fig = Figure(figsize=(1.3 * n, 1.4 * len(rows)), layout="constrained")
-    axes = np.asarray(fig.subplots(len(rows), n, squeeze=False))
-    for r, (label, batch) in enumerate(rows):
-        for c in range(n):
-            axes[r, c].imshow(batch[c, 0].float().cpu().numpy(), cmap="gray", vmin=0, vmax=1)
-            axes[r, c].set_xticks([]), axes[r, c].set_yticks([])
-        axes[r, 0].set_ylabel(label, fontsize=8)
+    fig = image_rows([(label, batch[:n, :1]) for label, batch in rows], figsize=(1.3 * n, 1.4 * len(rows)))
     fig.suptitle("Label maps (silhouettes), real garments and generated ones", fontsize=9)
     return save_figure(fig, out_png)
 
@@ -81,17 +74,12 @@ def plot_dimensions(generator: nn.Module, label_map: Tensor, out_png: Path) -> P
     capsules = generator(label_map[None]).capsules  # (1, D, H, W)
     deltas = torch.linspace(-0.25, 0.25, 11)
     dims = capsules.shape[1]
-    fig = Figure(figsize=(1.1 * len(deltas), 1.1 * dims), layout="constrained")
-    axes = np.asarray(fig.subplots(dims, len(deltas), squeeze=False))
+    rows = []
     for k in range(dims):
         shifted = capsules.repeat(len(deltas), 1, 1, 1)
         shifted[:, k] += deltas.to(shifted)[:, None, None]
-        outputs = generator.decode(shifted)
-        for c in range(len(deltas)):
-            axes[k, c].imshow(outputs[c, 0].float().cpu().numpy(), cmap="gray", vmin=0, vmax=1)
-            axes[k, c].set_xticks([]), axes[k, c].set_yticks([])
-        axes[k, 0].set_ylabel(f"dim {k}", fontsize=7)
-    for c, delta in enumerate(deltas.tolist()):
-        axes[0, c].set_title(f"{delta:+.2f}", fontsize=7)
+        rows.append((f"dim {k}", generator.decode(shifted)[:, :1]))
+    titles = [[(f"{delta:+.2f}", "black") for delta in deltas.tolist()]]
+    fig = image_rows(rows, figsize=(1.1 * len(deltas), 1.1 * dims), titles=titles, label_size=7)
     fig.suptitle("CapsPix2pix: one final capsule dimension shifted at every pixel", fontsize=9)
     return save_figure(fig, out_png)
