@@ -36,3 +36,16 @@ def test_split_is_disjoint_and_stratified():
 def test_bad_test_size():
     with pytest.raises(ValueError, match="test_size"):
         stratified_split(np.zeros(5, int), 6)
+
+
+def test_the_file_scikit_learn_ships_is_read_as_load_digits_reads_it(monkeypatch):
+    from sklearn.datasets import load_digits
+
+    from capsnets.data import digits
+
+    bunch = load_digits()
+    for found in (True, False):  # the file in scikit-learn's package, else load_digits itself
+        if not found:
+            monkeypatch.setattr(digits.importlib.util, "find_spec", lambda name: None)
+        pixels, labels = digits._read_digits()
+        assert np.array_equal(pixels, bunch.data) and np.array_equal(labels, bunch.target)

@@ -8,6 +8,10 @@ function of ``seed`` (numpy ``default_rng``), independent of torch's and numpy's
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -61,12 +65,25 @@ def load_digits_split(train: bool = True, *, test_size: int = 360, seed: int = 0
         - images: ``(N, 1, 8, 8)``
         - labels: ``(N,)``
     """
-    # scikit-learn is slow to import; only this data set needs it
-    from sklearn.datasets import load_digits  # noqa: PLC0415
-
-    bunch = load_digits()
-    train_idx, test_idx = stratified_split(bunch.target, test_size, seed)
+    pixels, target = _read_digits()
+    train_idx, test_idx = stratified_split(target, test_size, seed)
     idx = train_idx if train else test_idx
-    images = torch.from_numpy(bunch.images[idx].astype(np.float32) / 16.0).unsqueeze(1)
-    labels = torch.from_numpy(bunch.target[idx].astype(np.int64))
+    images = torch.from_numpy(pixels[idx].astype(np.float32).reshape(-1, 1, 8, 8) / 16.0)
+    labels = torch.from_numpy(target[idx].astype(np.int64))
     return images, labels
+
+
+def _read_digits() -> tuple[np.ndarray, np.ndarray]:
+    """``(pixels (1797, 64), labels (1797,))`` of scikit-learn's digits, read from the file its wheel ships
+    (``sklearn/datasets/data/digits.csv.gz``: 64 pixels and the label per row) without importing scikit-learn,
+    which takes about a second; through ``sklearn.datasets.load_digits`` where the file is not found there."""
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits  # noqa: PLC0415
+
+        bunch = load_digits()
+        return bunch.data, bunch.target
+    with gzip.open(path, "rt") as file:
+        rows = np.loadtxt(file, delimiter=",")
+    return rows[:, :-1], rows[:, -1].astype(np.int64)
