@@ -82,12 +82,16 @@ def test_sweep_records_each_run_and_a_rerun_skips_them(shared_data_root, tmp_pat
     assert json.loads(out.read_text())["runs"] == runs
 
 
-def test_command_line_errors_say_what_to_change(tmp_path):
-    base = [sys.executable, str(SCRIPT), "--out", str(tmp_path / "x.json")]
-    run = subprocess.run([*base, "--train-size", "100", "--steps", "5"], capture_output=True, text=True)
-    assert run.returncode == 2 and "use a multiple of 4" in run.stderr
-    run = subprocess.run([*base, "--piece", "3/2"], capture_output=True, text=True)
-    assert run.returncode == 2 and "--piece must be K/N" in run.stderr
+def test_command_line_errors_say_what_to_change(tmp_path, load_benchmark, capsys):
+    script = load_benchmark("em_sweep")
+    base = ["--out", str(tmp_path / "x.json")]
+    for extra, message in (
+        (["--train-size", "100", "--steps", "5"], "use a multiple of 4"),
+        (["--piece", "3/2"], "--piece must be K/N"),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            script.main([*base, *extra])
+        assert stopped.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_stage_b_explores_the_best_of_stage_a_once_it_is_complete(load_benchmark):
