@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "em_learning.py"
 
 
@@ -48,10 +50,10 @@ def test_em_learning_records_a_curve_per_variant(tmp_path):
     assert result["variants"]["one"]["model_args"] == {"routing": {"iterations": 1}}
 
 
-def test_em_learning_rejects_a_variant_that_is_not_an_object(tmp_path):
-    command = [sys.executable, str(SCRIPT), "--variant", "bad", "[1, 2]", "--out", str(tmp_path / "x.json")]
-    run = subprocess.run(command, capture_output=True, text=True)
-    assert run.returncode == 2 and "must be an object" in run.stderr
+def test_em_learning_rejects_a_variant_that_is_not_an_object(tmp_path, load_benchmark, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        load_benchmark("em_learning").main(["--variant", "bad", "[1, 2]", "--out", str(tmp_path / "x.json")])
+    assert stopped.value.code == 2 and "must be an object" in capsys.readouterr().err
 
 
 def test_activation_stats_describe_each_matrix_capsule_layer(load_benchmark):
