@@ -16,6 +16,9 @@ from capsnets.export import ExportableModel, export_model, run_onnx
 FAMILIES = ["capsnet_digits", "matrix_capsnet_small", "segcaps_small", "cnn_baseline_narrow", "efficient_capsnet"]
 
 
+#: The families whose export takes 10 s or so: started first (tests/conftest.py).
+LONG_EXPORTS = {"matrix_capsnet_small", "segcaps_small"}
+
 #: Builder arguments of the exported models: SegCaps with 2 routing iterations instead of 3, which runs the routing's
 #: update as 3 do, with a third less graph to trace.
 MODEL_ARGS = {"segcaps_small": {"routing": {"iterations": 2}}}
@@ -50,7 +53,9 @@ def exported(tmp_path_factory):
     return _Exports(tmp_path_factory.mktemp("export"))
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.long) if n in LONG_EXPORTS else n for n in FAMILIES]
+)
 def test_onnx_runs_in_onnxruntime_as_pytorch_does(exported, name):
     model, report = exported[name]
     assert report.max_abs_difference <= 1e-4 and report.checked_batches == [1, 5]

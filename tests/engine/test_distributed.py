@@ -46,6 +46,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.long  # started first (tests/conftest.py)
 def test_two_gloo_processes_match_one_process(tiny_config, tmp_path):
     """One torchrun of two gloo processes trains a registered model by name, and a model of your own on torch
     Datasets (``Trainer.fit`` with objects); each gives the weights of one process."""

@@ -30,6 +30,7 @@ def _rows(text: str, heading: str) -> dict[str, list[str]]:
     return {cells[0].strip(): [c.strip() for c in cells] for cells in rows}
 
 
+@pytest.mark.long  # started first (tests/conftest.py)
 def test_smoke_through_the_cli_reports_every_head_on_every_task(shared_data_root, tmp_path, capsys):
     assert "routers" in list_experiments()
     argv = [

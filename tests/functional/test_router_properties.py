@@ -311,6 +311,7 @@ def _examples(count: int):
 @example(Case("em_poses_torch", BF16, (1, 3, 5, 0), BF16_MAX, 0, 0.25, "mixed", 1.0, 15942))
 # No parents: a ValueError, not the ArgumentError of the rule
 @example(Case("uniform", F32, (2, 3, 0, 4), 1.0))
+@pytest.mark.long  # started first (tests/conftest.py)
 @given(_cases("pytorch"))
 @_examples(2000)
 def test_routers_are_finite_with_finite_gradients(case):
@@ -330,6 +331,7 @@ def test_em_routing_on_the_fused_kernel(case):
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # NumPy's, in the interpreter
 @example(Case("em_poses_triton", F32, (2, 3, 0, 0), 1.0))  # no parents: a ZeroDivisionError
 @example(Case("em_poses_triton", F64, (2, 2, 3, 0), 0.0, 0, 0.25, "negative", F64_MAX, 34123))
+@pytest.mark.long
 @given(_cases("triton"))
 @_examples(20)
 def test_em_routing_on_the_triton_kernels_interpreted(case):

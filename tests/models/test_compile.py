@@ -2,12 +2,14 @@
 (plain autograd instead of the lean custom backward), so a compiled training step must give the eager step's loss
 and gradients. Compiling takes about half a minute on 2 cores."""
 
+import pytest
 import torch
 
 import capsnets
 from capsnets.losses import create_loss
 
 
+@pytest.mark.long  # started first (tests/conftest.py)
 def test_compiled_matrix_capsnet_training_step_matches_eager():
     torch.manual_seed(0)
     # float64: the default (official) formulation's gradients at its initialisation are small sums of terms

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from reliability.faults import assert_same_run, train_args
 
 #: 3 epochs of 20 steps: SIGTERM sent once the first epoch is recorded lands within the training. No figures: they
@@ -19,6 +20,7 @@ from reliability.faults import assert_same_run, train_args
 ARGS = [*train_args(3), "--limit-train", "320", "--no-figures"]
 
 
+@pytest.mark.long  # started first (tests/conftest.py)
 def test_sigterm_checkpoints_prints_the_resume_command_and_resume_is_bit_exact(tmp_path):
     from capsnets.cli import main
 
