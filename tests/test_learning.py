@@ -81,9 +81,9 @@ def test_matrix_capsnet_small_on_mnist_learns(tmp_path, shared_data_root):
 def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path):
     # The rendered views of 5 classes, 2 toys per class for training and 2 others for the test (novel instances),
     # at every third azimuth (60 degrees apart), every elevation and lighting, rendered here (3 s, where the whole
-    # grid of those toys takes 9 s), through the trainer's object path with the model's recipe as above: 3,200 of
-    # the 3,240 training views, the first 1,000 test views. Chance is 20%.
-    # Measured: 80.7%, 67.6%, 79.1%, 81.4%, 73.4% (seeds 0-4 of the initialisation and the trainer's).
+    # grid of those toys takes 9 s), through the trainer's object path with the model's recipe: 1,600 of the 3,240
+    # training views at batch 16 (the 100 steps of the MNIST test on half its images), the first 1,000 test views.
+    # Chance is 20%. Measured: 75.6%, 76.6%, 69.6%, 64.5%, 61.5% (seeds 0-4 of the initialisation and the trainer's).
     import torch
 
     import capsnets
@@ -101,9 +101,9 @@ def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path):
     )
     torch.manual_seed(0)
     model = capsnets.create_model("matrix_capsnet_small")
-    trainer = Trainer(out=str(tmp_path / "em_viewpoints"), epochs=1, batch_size=32, progress=False, figures=False)
-    summary = trainer.fit(model, train_set.subset(3200), test_data=test_set.subset(1000))
-    assert summary["test_accuracy"] >= 0.50, summary
+    trainer = Trainer(out=str(tmp_path / "em_viewpoints"), epochs=1, batch_size=16, progress=False, figures=False)
+    summary = trainer.fit(model, train_set.subset(1600), test_data=test_set.subset(1000))
+    assert summary["test_accuracy"] >= 0.45, summary
 
 
 def test_segcaps_small_segments_cluttered_digits(shared_data_root, tmp_path):
