@@ -131,13 +131,13 @@ def test_best_is_chosen_on_validation_and_the_figures_show_it(tiny_config, monke
         if len(data) == 6:  # the validation split: 10% of the 64 training digits
             validations.append(len(evaluated))
             result["accuracy"] = {1: 0.9, 2: 0.5}[len(validations)]
-        elif len(validations) == 2 and len(evaluated) == 4:  # epoch 2's test
+        elif len(validations) == 2 and len(evaluated) == 3:  # epoch 2's test
             result["accuracy"] = 0.95
         return result
 
     monkeypatch.setattr(tasks, "evaluate", scripted)
     monkeypatch.setattr(reporting, "save_figures", lambda run_dir, **kwargs: shown.update(kwargs) or [])
-    config = tiny_config(epochs=2, figures=True)
+    config = tiny_config(epochs=2, figures=True, test_each_epoch=False)  # epoch 1, the best, is not test-scored
     summary = Trainer(config).fit()
     assert summary["best_chosen_on"] == "validation" and summary["best_chosen_by"] == "val_accuracy"
     assert (summary["best_epoch"], summary["best_val_accuracy"], summary["test_accuracy"]) == (1, 0.9, 0.95)
@@ -146,9 +146,24 @@ def test_best_is_chosen_on_validation_and_the_figures_show_it(tiny_config, monke
         "best.safetensors (epoch 1, "
     )
     best = capsnets_checkpoints.load_checkpoint(Path(config.out) / "best.safetensors").model_state()
-    # epoch 1: val, test; epoch 2: val, test; the best checkpoint on test; its figures
-    assert len(evaluated) == 6 and all(torch.equal(evaluated[-1][k], v) for k, v in best.items())
+    # epoch 1: val; epoch 2: val, test; the best checkpoint on test; its figures
+    assert len(evaluated) == 5 and all(torch.equal(evaluated[-1][k], v) for k, v in best.items())
     assert all(torch.equal(evaluated[-2][k], v) for k, v in best.items())
+
+
+def test_a_best_epoch_scored_on_test_is_not_scored_again(tiny_config, monkeypatch):
+    # Its record's test scores are those of the weights the best checkpoint holds.
+    from capsnets.engine.tasks import classification as tasks
+
+    real, sizes = tasks.evaluate, []
+    monkeypatch.setattr(
+        tasks, "evaluate", lambda model, data, *a, **k: sizes.append(len(data)) or real(model, data, *a, **k)
+    )
+    summary = Trainer(tiny_config(epochs=2, test_each_epoch=True)).fit()
+    history = [json.loads(line) for line in open(Path(summary["run_dir"]) / "metrics.jsonl")]
+    best = history[summary["best_epoch"] - 1]
+    assert sizes == [6, 32] * 2  # each epoch: validation, test; nothing after
+    assert summary["best_test_accuracy"] == best["test_accuracy"]
 
 
 def test_without_a_validation_split_no_best_is_chosen(tiny_config):

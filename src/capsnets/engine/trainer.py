@@ -513,11 +513,12 @@ class Trainer:
         }
 
     def _summary(self, s: _Session) -> dict[str, Any]:
-        """The run's figures: the last evaluation's, and the ``best`` checkpoint's (chosen on the validation split,
-        scored on the test split once, here)."""
+        """The run's figures: the last evaluation's, and the ``best`` checkpoint's (chosen on the validation split;
+        its test scores are its epoch's where that epoch was scored on the test split, the same weights, else
+        scored here, once)."""
         cfg, state = self.config, s.state
         best = dict(state.history[state.best]) if state.best is not None else {}
-        if best:
+        if best and self._task.best_metric not in best:
             best.update(self._best_test_scores(s))
         return {
             "model": cfg.model,
