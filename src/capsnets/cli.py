@@ -57,7 +57,7 @@ from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.data.seg_folder import SEGFOLDER_PREFIX
 from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
 from capsnets.engine.config import DEFAULTS, TrainConfig, build_config, default_run_dir, read_config_file
-from capsnets.engine.evaluate import load_ensemble
+from capsnets.engine.evaluate import EVAL_BATCH_SIZE, load_ensemble
 from capsnets.engine.fit import TrainingInterrupted
 from capsnets.engine.run_dir import run_files
 from capsnets.engine.runtime import (
@@ -595,7 +595,7 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
         "directory; several: the folder that holds them all; "
         "--pretrained: the current directory)",
     )
-    parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
+    parser.add_argument("--batch-size", type=int, default=EVAL_BATCH_SIZE, help="images per forward pass")
     _add_overwrite_arg(parser, "the evaluation's JSON and PNG")
     parser.set_defaults(handler=_evaluate)
 
