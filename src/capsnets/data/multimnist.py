@@ -34,11 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from capsnets.data.base import TensorData
-from capsnets.data.device import random_shift
 from capsnets.data.mnist import MNIST
 from capsnets.validation import ArgumentError
 
@@ -86,6 +84,25 @@ def _pick_partners(labels: Tensor, first: Tensor, num_classes: int, generator: t
     return order[starts[other] + pick.clamp(max=counts[other] - 1)]
 
 
+def _place(images: Tensor, sources: Tensor, shifts: Tensor, max_shift: int) -> Tensor:
+    """Each source digit on a canvas padded by ``max_shift``, moved by its ``(dy, dx)``: ``random_shift`` of the
+    padded digit (nothing is cut off), written as one slice copy per distinct shift.
+
+    Shape:
+        images ``(M, C, H, W)``; sources ``(K,)`` and shifts ``(K, 2)`` on the CPU -> ``(K, C, H + 2m, W + 2m)``.
+    """
+    channels, height, width = images.shape[1:]
+    out = images.new_zeros(len(sources), channels, height + 2 * max_shift, width + 2 * max_shift)
+    offsets = shifts + max_shift  # the digit's top-left corner on the canvas
+    key = offsets[:, 0] * (2 * max_shift + 1) + offsets[:, 1]
+    for value in key.unique().tolist():
+        chosen = (key == value).nonzero().squeeze(1)
+        top, left = divmod(value, 2 * max_shift + 1)
+        where = chosen.to(images.device)
+        out[where, :, top : top + height, left : left + width] = images[sources[chosen].to(images.device)]
+    return out
+
+
 def make_multimnist(
     images: Tensor,
     labels: Tensor,
@@ -126,8 +143,7 @@ def make_multimnist(
     sources = torch.stack([first, _pick_partners(cpu_labels, first, num_classes, generator)], 1)  # (N, 2)
     shifts = torch.randint(-max_shift, max_shift + 1, (count, 2, 2), generator=generator)  # (N, 2, 2)
     sources_d, shifts_d = sources.to(images.device), shifts.to(images.device)
-    padded = F.pad(images[sources_d.flatten()], (max_shift,) * 4)  # (2N, C, S, S)
-    digits = random_shift(padded, max_shift, shifts=shifts_d.view(-1, 2))
+    digits = _place(images, sources.flatten(), shifts.view(-1, 2), max_shift)
     digits = digits.view(count, 2, *digits.shape[1:])  # (N, 2, C, S, S)
     if combine == "max":
         combined = digits.amax(dim=1)
