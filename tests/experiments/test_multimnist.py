@@ -64,6 +64,20 @@ def test_shifts_within_four_pixels_checked_on_boxes():
     assert torch.allclose(data.digits.sum((2, 3, 4)), images[data.sources].sum((2, 3, 4)))  # nothing cut off
 
 
+@pytest.mark.parametrize("max_shift", [0, 1, 4])
+def test_digits_are_the_padded_sources_moved_by_random_shift(max_shift):
+    # The definition (pad by max_shift, then random_shift by the pair's shifts), on three channels of random pixels.
+    import torch.nn.functional as F
+
+    from capsnets.data import random_shift
+
+    images = torch.rand(20, 3, 9, 11, generator=torch.Generator().manual_seed(max_shift))
+    data = make_multimnist(images, torch.arange(20) % 10, 300, seed=5, max_shift=max_shift)
+    padded = F.pad(images[data.sources.flatten()], (max_shift,) * 4)
+    expected = random_shift(padded, 0, shifts=data.shifts.view(-1, 2)).view(data.digits.shape)
+    assert torch.equal(data.digits, expected)
+
+
 def test_combine_modes():
     images, labels = fake_digits()
     maxed = make_multimnist(images, labels, 50, seed=2)
