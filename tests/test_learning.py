@@ -108,7 +108,7 @@ def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path):
 
 def test_segcaps_small_segments_cluttered_digits(shared_data_root, tmp_path):
     # 1,024 cluttered 32x32 digits (4 pieces of other digits each), 1 epoch at batch 16. Measured: Dice 0.659, 0.689,
-    # 0.691, 0.679, 0.597 on 256 test images (seeds 0-4 of the initialisation, shuffle and data drawn), from 0.0
+    # 0.691, 0.679, 0.597 on 256 test images (seeds 0-4 of the initialisation, shuffle and data drawn), from 0.17
     # before training. (1 epoch at batch 32 is unstable: 0.27-0.64.)
     import torch
 
@@ -124,16 +124,17 @@ def test_segcaps_small_segments_cluttered_digits(shared_data_root, tmp_path):
     test_set = make_digit_segmentation(test_digits, 256, seed=2)
     model = capsnets.create_model("segcaps_small")
 
-    def dice() -> float:
+    def dice(count: int) -> float:
         with torch.no_grad():
-            return dice_score(model.eval()(test_set.images).probabilities, test_set.masks).mean().item()
+            scores = dice_score(model.eval()(test_set.images[:count]).probabilities, test_set.masks[:count])
+        return scores.mean().item()
 
-    before = dice()
+    before = dice(64)  # untrained: 0.172 on these 64, 0.169 on all 256
     trainer = Trainer(
         out=str(tmp_path / "run"), epochs=1, batch_size=16, lr=3e-3, val_fraction=0, progress=False, figures=False
     )
     trainer.fit(model, train_set)  # the last epoch's model: no validation split chooses another
-    after = dice()
+    after = dice(len(test_set.images))
     assert before < 0.2 and after >= 0.45, (before, after)
 
 
