@@ -209,7 +209,10 @@ def export_model(
 
 
 def run_onnx(path: str | os.PathLike, images: Tensor, *, threads: int | None = None) -> list[Tensor]:
-    """Run an exported ONNX file on ``images`` with onnxruntime (CPU); returns its outputs as tensors."""
+    """Run an exported ONNX file on ``images`` with onnxruntime (CPU); returns its outputs as tensors.
+
+    ``threads``: onnxruntime's intra-op threads; None: PyTorch's (``torch.get_num_threads()``), so that
+    ``OMP_NUM_THREADS`` and ``--threads`` govern both runtimes."""
     return _onnx_runner(path, threads)(images)
 
 
@@ -219,9 +222,8 @@ def _onnx_runner(path, threads: int | None = None):
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only
-    if threads is not None:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
+    options.intra_op_num_threads = torch.get_num_threads() if threads is None else threads
+    options.inter_op_num_threads = 1
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
 
