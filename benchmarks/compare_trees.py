@@ -31,7 +31,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     argv = list(sys.argv[1:] if argv is None else argv)
     rest = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--old", type=Path, required=True, help="root of the earlier source tree")
     parser.add_argument("--new", type=Path, required=True, help="root of the changed source tree")
     parser.add_argument("--old-extensions", help="TORCH_EXTENSIONS_DIR for the old tree (default: inherited)")

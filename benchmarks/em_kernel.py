@@ -92,7 +92,7 @@ def measure_memory(name: str, path: str, batch: int, detach: bool) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--memory-batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=2, help="timed training steps per repeat, path and model")

@@ -35,7 +35,7 @@ from throughput import environment
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--model", default="matrix_capsnet_small")
     parser.add_argument(
         "--variant",

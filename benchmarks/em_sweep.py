@@ -360,7 +360,7 @@ def table(runs: dict) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--grid", choices=("pruned", "full"), default="pruned")
     parser.add_argument("--top", type=int, default=2, help="pruned grid: stage A settings that stage B explores")
     parser.add_argument("--piece", default="1/1", help="K/N: run the K-th of N interleaved pieces of the grid")

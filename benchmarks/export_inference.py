@@ -33,7 +33,7 @@ DEFAULT_MODELS = ["capsnet_small", "matrix_capsnet_small", "segcaps_small", "cnn
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS, help="registered model names")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 64])
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of both runtimes")

@@ -125,7 +125,7 @@ def _throughput_headline(path: Path) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON files, logs and summary")
     parser.add_argument("--data-dir", default=os.environ.get("CAPSNETS_DATA"), help="folder holding mnist/")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (what CI runs)")

@@ -76,7 +76,7 @@ def measure(name: str, batch: int, repeats: int, steps: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--models", nargs="+", default=["capsnet_small", "matrix_capsnet_small"])
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=11)

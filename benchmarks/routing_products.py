@@ -115,7 +115,7 @@ def measure(routing: str, batch: int, args, device: torch.device) -> list[dict]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--routings", nargs="+", choices=sorted(_MODULES), default=sorted(_MODULES))
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[32])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")

@@ -69,7 +69,7 @@ def run_one(folder: Path, out: Path, model: str, seed: int, pos_weight: float | 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--models", nargs="+", default=["unet_small", "segcaps_small"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(

@@ -34,7 +34,7 @@ OTHER = {"mnist": "fashion_mnist", "fashion_mnist": "mnist"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS, help="shipped weights or checkpoint paths")
     parser.add_argument("--data-dir", default=None, help="data root holding mnist/ and fashion-mnist/")
     parser.add_argument("--limit", type=int, default=10000, help="test images of each data set (the first N)")

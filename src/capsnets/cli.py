@@ -214,7 +214,7 @@ def _did_you_mean(word: str, choices) -> str:
 
 def _reject_unknown_options(parser: argparse.ArgumentParser, tokens: Sequence[str]) -> None:
     """Exit through ``parser.error`` (its usage, status 2) at the first ``--option`` among ``tokens`` that
-    ``parser`` lacks (a unique prefix of one is argparse's abbreviation, and is left to argparse)."""
+    ``parser`` lacks; a prefix of an option is not taken for it (``--epoch`` is not ``--epochs``)."""
     known = [option for option in parser._option_string_actions if option.startswith("--")]
     for token in tokens:
         if token == "--":
@@ -222,7 +222,7 @@ def _reject_unknown_options(parser: argparse.ArgumentParser, tokens: Sequence[st
         if not token.startswith("--"):
             continue
         option = token.split("=", 1)[0]
-        if any(name.startswith(option) for name in known):
+        if option in known:
             continue
         close = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else f"; `{parser.prog} --help` lists the options"
@@ -231,7 +231,9 @@ def _reject_unknown_options(parser: argparse.ArgumentParser, tokens: Sequence[st
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with its sub-commands."""
-    parser = argparse.ArgumentParser(prog="capsnets", description="Capsule networks: train, evaluate, inspect.")
+    parser = argparse.ArgumentParser(
+        prog="capsnets", description="Capsule networks: train, evaluate, inspect.", allow_abbrev=False
+    )
     parser.add_argument("--version", action="version", version=f"capsnets {__version__} (torch {torch.__version__})")
     parser.add_argument(
         "--retain-freed-memory",
@@ -243,7 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, summary: str) -> argparse.ArgumentParser:
-        return commands.add_parser(name, help=summary, description=summary, formatter_class=_HelpFormatter)
+        return commands.add_parser(
+            name, help=summary, description=summary, formatter_class=_HelpFormatter, allow_abbrev=False
+        )
 
     _add_train(command("train", "train a model and write a run directory"))
     _add_evaluate(

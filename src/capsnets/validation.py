@@ -347,17 +347,19 @@ def placement(device, dtype) -> tuple[torch.device | None, torch.dtype | None]:
     return (None if device is None else check_device(device), None if dtype is None else floating_dtype("dtype", dtype))
 
 
-def reject_unknown(owner: str, given: Iterable[str], taken: Iterable[str]) -> None:
+def reject_unknown(owner: str, given: Iterable[str], taken: Iterable[str], *, prefix: str = "") -> None:
     """An :class:`ArgumentError` for the names in ``given`` that are not in ``taken``, with the names they may
     have meant and every name taken (``"model 'capsnet' does not take widht (did you mean width?); it takes:
-    ..."``)."""
+    ..."``), each shown after ``prefix`` (``"routing."``: the keys of a setting of that name)."""
     taken = sorted(taken)
     unknown = sorted(set(given) - set(taken))
     if unknown:
         close = sorted({match for key in unknown for match in difflib.get_close_matches(key, taken, n=2)})
-        maybe = f" (did you mean {', '.join(close)}?)" if close else ""
-        takes = f"it takes: {', '.join(taken)}" if taken else "it takes no arguments"
-        raise ArgumentError(f"{owner} does not take {', '.join(unknown)}{maybe}; {takes}", unknown[0])
+        maybe = f" (did you mean {', '.join(prefix + k for k in close)}?)" if close else ""
+        takes = f"it takes: {', '.join(prefix + k for k in taken)}" if taken else "it takes no arguments"
+        raise ArgumentError(
+            f"{owner} does not take {', '.join(prefix + k for k in unknown)}{maybe}; {takes}", unknown[0]
+        )
 
 
 def conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:

@@ -202,3 +202,21 @@ def test_no_figures_trains_without_drawing_and_says_so(tmp_path, capsys):
     assert main([*TINY, "--no-figures", "--out", str(run)]) == 0
     assert "figures: none" in capsys.readouterr().out and not list(run.glob("*.png"))
     assert yaml.safe_load((run / "config.yaml").read_text())["figures"] is False
+
+
+@pytest.mark.parametrize("command", sorted(command_parsers(build_parser())))
+def test_a_prefix_of_an_option_is_not_taken_for_it(command, capsys):
+    """No abbreviations (argparse's allow_abbrev): ``--epoch 2`` is not silently ``--epochs 2``."""
+    options = _options(command)
+    option = min(o for o in options if o.startswith("--") and len(o) > 5 and o[:-1] not in options)
+    with pytest.raises(SystemExit) as exit_:
+        main([command, option[:-1], "1"])
+    assert exit_.value.code == 2
+    assert f"unrecognized argument: {option[:-1]}; did you mean {option}?" in capsys.readouterr().err
+
+
+def test_a_misspelt_routing_key_gets_a_suggestion(tmp_path, capsys):
+    argv = ["train", "--model", "capsnet_digits", "--dataset", "digits", "--out", str(tmp_path / "run")]
+    assert main([*argv, "--model-arg", "routing.iteration=2"]) == 1
+    assert "does not take routing.iteration (did you mean routing.iterations?)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # a failed train leaves nothing it created

@@ -10,6 +10,7 @@ from capsnets import checkpoints as capsnets_checkpoints
 from capsnets.engine import reporting
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError, resume_changes
 from capsnets.engine.trainer import Trainer
+from capsnets.validation import ArgumentError
 
 SMALL = dict(batch_size=16, limit_train=32, limit_test=16)
 
@@ -220,3 +221,26 @@ def test_a_best_checkpoint_lost_to_a_crash_is_saved_again_on_resume(tiny_config,
         Trainer(config, resume=True).fit()
     assert "saved it again" in caplog.text
     assert capsnets_checkpoints.load_checkpoint(run / "best.safetensors").meta["epoch"] == 1
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_fresh_run_that_fails_before_saving_leaves_nothing_it_created(tiny_config, tmp_path, existed):
+    run = tmp_path / "new" / "run"
+    if existed:
+        run.mkdir(parents=True)
+    with pytest.raises(ArgumentError, match="does not take num_class"):
+        Trainer(tiny_config(out=str(run), model_args={"num_class": 2})).fit()
+    if existed:  # the user's folder stays, empty again
+        assert list(run.iterdir()) == []
+    else:  # the folders it made go
+        assert not (tmp_path / "new").exists()
+
+
+def test_a_failed_resume_keeps_the_run(tiny_config, no_figures, monkeypatch):
+    config = tiny_config(epochs=1, **SMALL)
+    Trainer(config).fit()
+    before = _snapshot(Path(config.out))
+    monkeypatch.setattr(Trainer, "_set_up", lambda *args: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        Trainer(tiny_config(epochs=2, **SMALL), resume=True).fit()
+    assert _snapshot(Path(config.out)) == before

@@ -59,7 +59,10 @@ def test_the_function_defaults_are_the_classes_defaults():
 def test_specs_are_validated():
     with pytest.raises(ValueError, match="unknown routing type 'vector'"):
         routing_from_config({"type": "vector"})
-    with pytest.raises(ValueError, match="takes iterations, detach_routing, none_of_the_above; got detach"):
+    with pytest.raises(
+        ValueError,
+        match=r"does not take detach \(did you mean detach_routing\?\); it takes: detach_routing, iterations, none_of",
+    ):
         routing_from_config({"type": "dynamic", "detach": True})
     with pytest.raises(ValueError, match="mapping with a 'type'"):
         routing_from_config({"iterations": 3})
@@ -118,7 +121,10 @@ def test_a_networks_em_spec_gives_its_class_layer_the_settings_of_its_own_key():
         ({"type": "em", "class_layer": {"type": "dynamic"}}, "class_layer must be a mapping of EM settings"),
         ({"type": "em", "class_layer": [1]}, "class_layer must be a mapping"),
         ({"type": "em", "class_layer": {"eps": -1}}, "eps must be"),
-        ({"type": "em", "class_layer": {"pose": 4}}, "takes iterations, .*got pose"),
+        (
+            {"type": "em", "class_layer": {"pose": 4}},
+            "'em' does not take pose; it takes: cost_normalization, .*iterations",
+        ),
         ({"type": "em", "formulation": "official", "iterations": "abc"}, "iterations must be an integer"),
     ],
 )

@@ -98,6 +98,7 @@ class RunDirectory:
             raise RunDirectoryError("--resume continues the run and --overwrite replaces it: pass one of them")
         self.path, self.resume, self.overwrite = Path(path), resume, overwrite
         self.aside: Path | None = None  # the replaced run, until the new one has its first checkpoint
+        self.made: Path | None = None  # the topmost folder this claim created (None: the run directory existed)
         self._lock = None
 
     def __enter__(self) -> RunDirectory:
@@ -138,6 +139,7 @@ class RunDirectory:
                 self.path,
                 self.aside,
             )
+        self.made = next((p for p in (*reversed(self.path.parents), self.path) if not p.exists()), None)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -189,6 +191,8 @@ class RunDirectory:
             self.aside = None
 
     def __exit__(self, kind, error, trace) -> None:
+        if kind is not None and self.aside is None and not self.resume:
+            self._remove_unsaved()
         self._release_lock()
         if self.aside is None:
             return
@@ -205,6 +209,20 @@ class RunDirectory:
             failed,
         )
         self.aside = None
+
+    def _remove_unsaved(self) -> None:
+        """A fresh run that failed before it saved anything but its configuration leaves nothing it created: the
+        folders it made, or else its lock (the lock is removed while held, so no other training takes it)."""
+        try:
+            names = {p.name for p in self.path.iterdir()}
+        except OSError:
+            return
+        if names - {LOCK_FILE, "config.yaml"} - {p.name for p in self.path.glob(".*.tmp")}:
+            return  # a checkpoint, metrics or figures: kept
+        if self.made is not None:
+            shutil.rmtree(self.made, ignore_errors=True)
+        else:
+            (self.path / LOCK_FILE).unlink(missing_ok=True)
 
     def _recover_interrupted_overwrite(self) -> None:
         """Finish an ``overwrite`` that a crash cut short, as it would have ended: the run it moved aside is deleted

@@ -36,7 +36,7 @@ from capsnets.functional.inverted_attention_routing import InvertedAttentionRout
 from capsnets.functional.self_attention_routing import SelfAttentionRouting
 from capsnets.functional.self_routing import SelfRouting
 from capsnets.functional.uniform_routing import UniformRouting
-from capsnets.validation import ArgumentError, routing_iterations, shown
+from capsnets.validation import ArgumentError, reject_unknown, routing_iterations, shown
 
 #: The routing classes by the ``type`` of their spec.
 ROUTING_TYPES: dict[str, type] = {
@@ -120,11 +120,7 @@ def routing_from_config(config: Mapping) -> Callable:
         return layerwise_em_routing(config)
     cls = ROUTING_TYPES[kind]
     names = [field.name for field in dataclasses.fields(cls) if field.name != "_"]
-    unknown = sorted(set(settings) - set(names))
-    if unknown:
-        raise ArgumentError(
-            f"routing type {kind!r} takes {', '.join(names) or 'no settings'}; got {', '.join(unknown)}"
-        )
+    reject_unknown(f"routing type {kind!r}", settings, names)
     return cls(**settings)
 
 

@@ -208,6 +208,7 @@ def _with_default_routing(name: str, routing):
     if isinstance(routing, Mapping) and "type" not in routing:
         default = default_routing(name)
         if default is not None:
+            reject_unknown(f"model {name!r}", routing, routing_keys(name), prefix="routing.")
             return {**default, **routing}
     return routing
 
