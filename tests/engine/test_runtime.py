@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 # Allocates a 64 MiB tensor in a fresh interpreter and reports how many bytes glibc has mmapped while it is alive
 # (mallinfo2's hblkhd): with the default settings the tensor is one mmapped block, once freed memory is
@@ -103,3 +104,19 @@ def test_stop_on_signals_records_the_first_signal_raises_at_the_second_and_resto
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_the_em_kernel_is_built_ahead_only_for_a_model_that_routes_by_em_on_the_cpu(monkeypatch):
+    import capsnets
+    from capsnets.engine.runtime import compile_em_kernel
+    from capsnets.functional.em import kernel
+
+    built, needed = [], [True]
+    monkeypatch.setattr(kernel, "build_needed", lambda: needed[0])
+    monkeypatch.setattr(kernel, "load", lambda *args, **kwargs: built.append(1))
+    matrix = capsnets.create_model("matrix_capsnet_small", device="meta")
+    assert compile_em_kernel(capsnets.create_model("capsnet_digits"), torch.device("cpu")) == 0.0 and not built
+    assert compile_em_kernel(matrix, torch.device("cuda")) == 0.0 and not built
+    assert compile_em_kernel(matrix, torch.device("cpu")) >= 0.0 and built == [1]
+    needed[0] = False  # built already
+    assert compile_em_kernel(matrix, torch.device("cpu")) == 0.0 and built == [1]

@@ -327,3 +327,13 @@ def test_a_run_saved_before_the_validation_split_resumes_without_one(tiny_config
     assert resumed.config.val_fraction == 0.0
     for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_the_kernel_compile_is_timed_apart_from_the_first_epoch(tiny_config, monkeypatch):
+    from capsnets.engine import trainer as trainer_module
+
+    events, real_fit = [], trainer_module.fit
+    monkeypatch.setattr(trainer_module, "compile_em_kernel", lambda model, device: events.append("compile") or 3.5)
+    monkeypatch.setattr(trainer_module, "fit", lambda *a, **k: events.append("fit") or real_fit(*a, **k))
+    summary = Trainer(tiny_config(epochs=1)).fit()
+    assert events == ["compile", "fit"] and summary["kernel_compile_s"] == 3.5

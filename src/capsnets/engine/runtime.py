@@ -13,6 +13,7 @@ import platform
 import random
 import signal
 import threading
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -92,6 +93,23 @@ def restore_rng_state(tensors: dict[str, torch.Tensor]) -> None:
             state = tensors.get(f"rng.cuda.{index}")
             if state is not None:
                 torch.cuda.set_rng_state(state.to("cpu", torch.uint8), index)
+
+
+def compile_em_kernel(model: torch.nn.Module, device: torch.device) -> float:
+    """Build the fused EM kernel now if ``model`` routes by EM on the CPU of ``device`` and the kernel is not built
+    yet, so that a training's or an evaluation's timings leave the one-time compile out; the seconds it took
+    (0.0 when nothing was built)."""
+    # the EM modules: imported here, as most runs route otherwise
+    from capsnets.functional.em import kernel  # noqa: PLC0415
+    from capsnets.functional.em.routing import EMRouting  # noqa: PLC0415
+
+    if device.type != "cpu" or not kernel.build_needed():
+        return 0.0
+    if not any(isinstance(getattr(module, "routing", None), EMRouting) for module in model.modules()):
+        return 0.0
+    start = time.perf_counter()
+    kernel.load()
+    return time.perf_counter() - start
 
 
 @contextlib.contextmanager

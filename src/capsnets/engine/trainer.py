@@ -58,7 +58,14 @@ from capsnets.engine.inputs import (
 )
 from capsnets.engine.resume import apply_changes, prepare_run_dir, read_last, restore
 from capsnets.engine.run_dir import RunDirectory, RunDirectoryError
-from capsnets.engine.runtime import deterministic_on_cpu, resolve_amp, seed_everything, stop_on_signals, torch_threads
+from capsnets.engine.runtime import (
+    compile_em_kernel,
+    deterministic_on_cpu,
+    resolve_amp,
+    seed_everything,
+    stop_on_signals,
+    torch_threads,
+)
 from capsnets.engine.tasks import TASKS, best_index, task_for
 from capsnets.losses import create_loss
 from capsnets.models import list_models, model_arguments, model_task
@@ -244,6 +251,7 @@ class Trainer:
             return {"train_loss": s.criterion(output, images, labels)[0], **self._task.train_metrics(output, labels)}
 
         step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(cfg.amp, device), model=s.model)
+        compile_s = compile_em_kernel(s.model, device)  # not the first epoch's time
         signals = contextlib.nullcontext() if context.enabled else stop_on_signals()
         with signals as request:
             fit(
@@ -266,7 +274,7 @@ class Trainer:
                 cfg.epochs,
             )
         summary = self._summary(s)
-        summary.update(planned_epochs=cfg.epochs, time_limited=not s.state.finished)
+        summary.update(planned_epochs=cfg.epochs, time_limited=not s.state.finished, kernel_compile_s=compile_s)
         if context.is_main:
             self._finish(summary, s, trained=s.state.epoch > trained_before)
         return summary
