@@ -11,6 +11,7 @@ import capsnets
 from capsnets.checkpoints import CheckpointError, load_checkpoint, write_checkpoint
 from capsnets.models import model_from_checkpoint
 from capsnets.models.hub import model_tensors
+from capsnets.validation import ArgumentError
 
 
 def test_a_model_is_built_saved_and_loaded_without_importing_the_engine(tmp_path):
@@ -85,3 +86,63 @@ def test_a_checkpoint_with_the_old_classifier_name_says_how_to_rename_it(tmp_pat
     assert done.returncode == 0, done.stderr
     renamed = capsnets.load_model(tmp_path / "old-renamed.safetensors")  # the command the error gives works
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), renamed.state_dict().values()))
+
+
+# ---- fine-tuning: a pretrained weight into another class count and channel count ------------------------------
+
+
+def test_a_shipped_weight_starts_a_model_of_other_classes_and_channels(caplog):
+    from capsnets.models.hub import adapt_input_conv
+
+    shipped = capsnets.create_model("capsnet_small", pretrained="mnist")
+    with caplog.at_level("INFO", logger="capsnets.models.hub"):
+        model = capsnets.create_model("capsnet_small", pretrained="mnist", num_classes=5, in_chans=3)
+    assert (model.num_classes, model.input_size, model.class_names) == (5, (3, 28, 28), ["0", "1", "2", "3", "4"])
+    transfer, trained, state = model.transfer, shipped.state_dict(), model.state_dict()
+    assert transfer.adapted == ["conv.weight"] and torch.equal(
+        state["conv.weight"], adapt_input_conv(trained["conv.weight"], 3)
+    )
+    # the class capsules and the decoder's layers that see the class count or the image's channels start afresh
+    assert transfer.reinitialised == [
+        "class_capsules.weight",
+        "decoder.mlp.0.weight",
+        "decoder.mlp.4.weight",
+        "decoder.mlp.4.bias",
+    ]
+    assert set(transfer.loaded) == set(state) - set(transfer.adapted) - set(transfer.reinitialised)
+    assert all(torch.equal(state[k], trained[k]) for k in transfer.loaded)
+    assert not torch.equal(state["decoder.mlp.0.weight"][:, :80], trained["decoder.mlp.0.weight"][:, :80])
+    assert model.checkpoint_meta["pretrained_from"] == "capsnet_small-mnist" and not model.training
+    assert caplog.messages == [f"capsnet_small from capsnet_small-mnist: {transfer}"]
+    assert str(transfer).startswith("loaded 6 of 11; adapted conv.weight") and "\n" not in str(transfer)
+    with torch.no_grad():
+        assert model(torch.rand(2, 3, 28, 28)).scores.shape == (2, 5)
+
+
+@pytest.mark.parametrize(("trained", "new"), [(1, 3), (3, 1), (2, 6), (3, 3), (1, 1)])
+def test_an_adapted_input_convolution_answers_a_grey_image_as_before(trained, new):
+    """timm's rule: a grey image (every channel equal) gets the trained response where the new count is one or a
+    multiple of the trained one."""
+    from capsnets.models.hub import adapt_input_conv
+
+    gen = torch.Generator().manual_seed(trained * 10 + new)
+    weight, grey = (
+        torch.randn(6, trained, 3, 3, generator=gen, dtype=torch.float64),
+        torch.rand(2, 1, 9, 9, generator=gen, dtype=torch.float64),
+    )
+    expected = torch.nn.functional.conv2d(grey.expand(-1, trained, -1, -1), weight)
+    got = torch.nn.functional.conv2d(grey.expand(-1, new, -1, -1), adapt_input_conv(weight, new))
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_run_directory_starts_a_fine_tuning_and_in_chans_builds_untrained_models(tmp_path):
+    trained = capsnets.create_model("capsnet_digits")
+    capsnets.save_model(tmp_path / "run" / "last.safetensors", trained, meta={"dataset": "digits"})
+    model = capsnets.create_model("capsnet_digits", pretrained=str(tmp_path / "run"), num_classes=3)
+    assert model.checkpoint_meta["pretrained_from"] == str(tmp_path / "run") and model.num_classes == 3
+    assert capsnets.create_model("capsnet_small", in_chans=3).input_size == (3, 28, 28)
+    for bad in (0, 1.5, True, "3"):
+        with pytest.raises(ArgumentError, match="in_chans must be a positive int"):
+            capsnets.create_model("capsnet_small", in_chans=bad)
+    with pytest.raises(ArgumentError, match="need a"):
+        capsnets.models.hub.adapt_input_conv(torch.ones(3, 3), 1)

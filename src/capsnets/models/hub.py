@@ -21,9 +21,10 @@ Examples::
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -34,6 +35,8 @@ from capsnets.models.legacy_args import upgrade_model_args
 from capsnets.models.pretrained import PretrainedError, Weights, resolve_pretrained, stamp_sha256
 from capsnets.models.registry import model_arguments
 from capsnets.validation import ArgumentError, shown
+
+logger = logging.getLogger(__name__)
 
 #: The name the classifier layer of capsnets 0.2.0 and earlier had in checkpoints (now ``class_capsules``).
 _OLD_CLASSIFIER, _CLASSIFIER = "classes.", "class_capsules."
@@ -53,14 +56,21 @@ def create_model(
         pretrained: ``True`` loads the model's default shipped weight (:func:`~capsnets.models.get_model_weights`;
             ``list_models(pretrained=True)`` lists the models that have one); ``False`` or None builds it without
             weights. Otherwise the weight to load: a :class:`~capsnets.models.Weights`, a shipped tag (the data
-            set, e.g. ``"mnist"``) or name (``"capsnet_small-mnist"``), a local ``.safetensors`` checkpoint or
-            ``file://`` URL, or an ``https://`` URL (then ``sha256`` is required). The model is rebuilt with the
-            arguments the weight records, so ``overrides`` may only add ``device``. Returned in eval mode, with
-            ``class_names`` and ``checkpoint_meta`` (:func:`model_from_checkpoint`).
+            set, e.g. ``"mnist"``) or name (``"capsnet_small-mnist"``), a local ``.safetensors`` checkpoint, a run
+            directory (its best checkpoint, else its last) or ``file://`` URL, or an ``https://`` URL (then
+            ``sha256`` is required). The model is built with the arguments the weight records; ``overrides``
+            change them as for fine-tuning (timm's manner): every tensor whose shape still fits is loaded, the
+            others (the class capsules and the decoder's layers that depend on the class count for another
+            ``num_classes``) keep their fresh initialisation, and an input convolution is adapted to another
+            ``in_chans`` (:func:`adapt_input_conv`); one line (logged at INFO) says what was re-initialised, and
+            the model's ``transfer`` attribute holds it (:class:`Transfer`). Returned in eval mode, with
+            ``class_names`` (the weight's, unless the class count changed) and ``checkpoint_meta`` (the weight's
+            sidecar; with overrides, ``pretrained_from`` names the weight).
         sha256: the expected SHA-256 of the ``pretrained`` file (hex).
         **overrides: keyword arguments of the model's builder (e.g. ``num_classes``, ``input_size``,
             ``routing`` (a routing object or its spec), ``device``); see
-            :func:`~capsnets.models.model_schema` and :func:`capsnets.models.registry.create_model`.
+            :func:`~capsnets.models.model_schema` and :func:`capsnets.models.registry.create_model`. ``in_chans``
+            (timm's name) sets the channels of ``input_size``.
 
     Raises:
         PretrainedError: ``pretrained=True`` for a model without a shipped weight (the message lists the models
@@ -73,20 +83,145 @@ def create_model(
         >>> model = create_model("capsnet_small", pretrained="fashion_mnist")
         >>> model.class_names[:2]
         ['T-shirt/top', 'Trouser']
+        >>> model = create_model("capsnet_small", pretrained=True, num_classes=5, in_chans=3)
+        >>> model.transfer.reinitialised
+        ['class_capsules.weight', 'decoder.mlp.0.weight', 'decoder.mlp.4.weight', 'decoder.mlp.4.bias']
     """
+    if "in_chans" in overrides:
+        overrides = _with_in_chans(name, overrides, None)
     if pretrained is None or pretrained is False:
         if sha256 is not None:
             raise ArgumentError("sha256 is the expected digest of a pretrained weight; pass it with pretrained=...")
         return registry.create_model(name, **overrides)
     model_arguments(name)  # an unknown name is reported as such
-    extra = sorted(set(overrides) - {"device"})
-    if extra:
+    device = overrides.pop("device", None) or "cpu"
+    trained = load_pretrained(pretrained, name, sha256=sha256, device="cpu")
+    if not overrides:
+        return trained.to(device)
+    args = {**trained.model_args, **overrides}
+    model = registry.create_model(name, **args)
+    source = _source(pretrained, name, trained.checkpoint_meta.get("dataset"))
+    model.transfer = transfer_weights(
+        model, trained.state_dict(), channels=(trained.input_size[0], model.input_size[0])
+    )
+    logger.info("%s from %s: %s", name, source, model.transfer)
+    if getattr(model, "num_classes", None) == getattr(trained, "num_classes", None):
+        model.class_names = list(trained.class_names)
+    model.checkpoint_meta = {**copy.deepcopy(trained.checkpoint_meta), "pretrained_from": source}
+    return model.to(device).eval()
+
+
+def _source(pretrained, name: str, dataset: str | None) -> str:
+    """The weight a model was fine-tuned from, as a user names it: a shipped weight's name, else the path or URL."""
+    if isinstance(pretrained, Weights):
+        return pretrained.name
+    if pretrained is True or (isinstance(pretrained, str) and pretrained == dataset and not Path(pretrained).exists()):
+        return f"{name}-{dataset}"
+    return os.fspath(pretrained)
+
+
+def _with_in_chans(name: str, overrides: dict[str, Any], default: Any) -> dict[str, Any]:
+    """``overrides`` with timm's ``in_chans`` turned into the channels of ``input_size``."""
+    overrides = dict(overrides)
+    channels = overrides.pop("in_chans")
+    if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
         raise ArgumentError(
-            f"model {name!r} with pretrained={_shown(pretrained)} is built with the arguments its weight "
-            f"records; {', '.join(extra)} cannot be changed (build it without pretrained=... "
-            "and load the weights yourself)"
+            f"in_chans must be a positive int (the images' channels), got {shown(channels)}", "in_chans"
         )
-    return load_pretrained(pretrained, name, sha256=sha256, device=overrides.get("device") or "cpu")
+    schema = registry.model_schema(name)
+    if "input_size" not in schema:
+        raise ArgumentError(f"model {name!r} takes no input_size, so in_chans cannot change it", "in_chans")
+    size = overrides.get("input_size") or schema["input_size"].default
+    overrides["input_size"] = (channels, *tuple(size)[1:])
+    return overrides
+
+
+class Transfer(NamedTuple):
+    """What :func:`transfer_weights` did, by ``state_dict`` name."""
+
+    loaded: list[str]  # copied as they were
+    adapted: list[str]  # input convolutions adapted to another number of image channels
+    reinitialised: list[str]  # the model's own: not in the weights, or of another shape there
+    unused: list[str]  # in the weights, not in the model
+
+    def __str__(self) -> str:
+        parts = [f"loaded {len(self.loaded)} of {len(self.loaded) + len(self.adapted) + len(self.reinitialised)}"]
+        if self.adapted:
+            parts.append(f"adapted {', '.join(self.adapted)} to the image channels")
+        if self.reinitialised:
+            parts.append(f"re-initialised {', '.join(self.reinitialised)}")
+        if self.unused:
+            parts.append(f"left out {', '.join(self.unused)}")
+        return "; ".join(parts)
+
+
+def adapt_input_conv(weight: torch.Tensor, channels: int) -> torch.Tensor:
+    """A convolution's weight for images of ``channels`` channels from one trained on another count, by timm's
+    rule (``timm.models.adapt_input_conv``): summed over the trained channels for one channel, else the trained
+    channels repeated to ``channels`` and scaled by (trained / new), so that a grey image (every channel equal)
+    gets the trained response where ``channels`` is 1 or a multiple of the trained count.
+
+    Shape:
+        weight ``(O, I, kH, kW)`` -> ``(O, channels, kH, kW)``
+
+    Examples:
+        >>> adapt_input_conv(torch.ones(8, 1, 3, 3), 3).shape
+        torch.Size([8, 3, 3, 3])
+        >>> adapt_input_conv(torch.ones(8, 3, 3, 3), 1)[0, 0, 0, 0].item()
+        3.0
+    """
+    if weight.dim() != 4 or not isinstance(channels, int) or channels < 1:
+        raise ArgumentError(f"need a (O, I, kH, kW) weight and channels >= 1, got {tuple(weight.shape)}, {channels!r}")
+    trained = weight.shape[1]
+    if channels == 1:
+        return weight.sum(dim=1, keepdim=True)
+    repeats = -(-channels // trained)
+    return weight.repeat(1, repeats, 1, 1)[:, :channels] * (trained / channels)
+
+
+def transfer_weights(
+    model: nn.Module, state: dict[str, torch.Tensor], *, channels: tuple[int, int] | None = None
+) -> Transfer:
+    """Load into ``model`` every tensor of ``state`` whose name and shape fit, leaving the others as the model
+    initialised them: the start of a fine-tuning (timm's ``create_model(..., pretrained=True, num_classes=K)``).
+
+    Args:
+        model: the model to load into.
+        state: a ``state_dict`` of the same family of model.
+        channels: ``(trained, new)`` image channels: a 4-D weight that differs from the model's only in its input
+            channels, ``trained`` against ``new``, is adapted (:func:`adapt_input_conv`) instead of re-initialised.
+
+    Returns:
+        a :class:`Transfer`; ``str()`` of it is the one-line account.
+
+    Examples:
+        >>> trained = registry.create_model("capsnet_digits")
+        >>> model = registry.create_model("capsnet_digits", num_classes=4)
+        >>> transfer_weights(model, trained.state_dict()).reinitialised
+        ['class_capsules.weight', 'decoder.mlp.0.weight']
+    """
+    own = model.state_dict()
+    chosen, loaded, adapted, fresh = {}, [], [], []
+    for name, target in own.items():
+        source = state.get(name)
+        if source is not None and source.shape == target.shape:
+            chosen[name] = source
+            loaded.append(name)
+        elif (
+            source is not None
+            and channels is not None
+            and source.dim() == target.dim() == 4
+            and (source.shape[1], target.shape[1]) == tuple(channels)
+            and (source.shape[0], *source.shape[2:]) == (target.shape[0], *target.shape[2:])
+        ):
+            chosen[name] = adapt_input_conv(source, target.shape[1])
+            adapted.append(name)
+        else:
+            fresh.append(name)
+    with torch.no_grad():
+        for name, value in chosen.items():
+            own[name].copy_(value)
+    return Transfer(loaded, adapted, fresh, sorted(set(state) - set(own)))
 
 
 def build_model(name: str, model_args: dict[str, Any] | None = None) -> nn.Module:
@@ -257,8 +392,9 @@ def load_pretrained(
     and loaded in eval mode, with ``class_names`` and ``checkpoint_meta``.
 
     Args:
-        pretrained: a :class:`~capsnets.models.Weights`, a shipped name (``"capsnet_small-mnist"``), a path or
-            URL; with ``model``, also ``True`` or a bare tag (``"mnist"``).
+        pretrained: a :class:`~capsnets.models.Weights`, a shipped name (``"capsnet_small-mnist"``), a checkpoint
+            file, a run directory (its best checkpoint, else its last) or a URL; with ``model``, also ``True`` or a
+            bare tag (``"mnist"``).
         model: the model the weight must be for.
         sha256: the file's expected SHA-256 (required for an ``https://`` URL).
         device: where the model goes.
@@ -274,7 +410,10 @@ def load_pretrained(
     """
     if isinstance(pretrained, Weights) and model is not None and pretrained.model != model:
         raise PretrainedError(f"pretrained weight {pretrained.name!r} is for model {pretrained.model!r}, not {model!r}")
-    checkpoint = load_checkpoint(resolve_pretrained(pretrained, model, sha256=sha256))
+    if isinstance(pretrained, (str, os.PathLike)) and Path(pretrained).is_dir():  # a run directory
+        checkpoint = load_checkpoint(pretrained)
+    else:
+        checkpoint = load_checkpoint(resolve_pretrained(pretrained, model, sha256=sha256))
     if model is not None and checkpoint.meta.get("model") != model:
         raise PretrainedError(
             f"pretrained weight '{checkpoint.path}' is for model {checkpoint.meta.get('model')!r}, not {model!r}"
