@@ -103,6 +103,40 @@ def test_a_transform_says_what_it_cannot_read(bad, message):
         ImageTransform((1, 28, 28))(bad)
 
 
+def test_a_transform_takes_a_batch_tensor_or_a_list_and_prepares_each_image_alone(tmp_path):
+    transform = ImageTransform((1, 28, 28), "mnist")
+    batch = torch.rand(4, 1, 56, 56, generator=torch.Generator().manual_seed(0))
+    batch[1] = 1.0  # a light background: inverted on its own, the others not
+    prepared = transform(batch)
+    assert prepared.shape == (4, 1, 28, 28) and prepared.dtype == torch.float32
+    torch.testing.assert_close(prepared, torch.stack([transform(image) for image in batch]), rtol=0, atol=0)
+    assert prepared[1].max() == 0 and transform(batch[:1]).shape == (1, 1, 28, 28)
+    Image.new("L", (40, 40), 0).save(tmp_path / "dark.png")
+    mixed = [str(tmp_path / "dark.png"), Image.new("RGB", (30, 30), "black"), np.zeros((28, 28), np.uint8), batch[0]]
+    for items in (mixed, tuple(mixed)):
+        together = transform(items)
+        assert together.shape == (4, 1, 28, 28)
+        torch.testing.assert_close(together, torch.stack([transform(item) for item in mixed]), rtol=0, atol=0)
+    assert transform(batch[0]).shape == (1, 28, 28)  # one image stays (C, H, W)
+    assert ImageTransform((3, 32, 32))(torch.rand(2, 3, 8, 8)).shape == (2, 3, 32, 32)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ([], "an empty batch of images"),
+        (torch.zeros(0, 1, 28, 28), "an empty batch of images"),
+        (torch.zeros(2, 2, 28, 28), "with C in 1, 3, 4; got shape (28, 28, 2)"),
+        ([np.zeros((8, 8), np.uint8), 42], "cannot read an image from int"),
+        ([[np.zeros((8, 8), np.uint8)]], "cannot read an image from list"),
+        (np.zeros((2, 8, 8, 1), np.uint8), "a batch is a (B, C, H, W) tensor or a list of images"),
+    ],
+)
+def test_a_transform_says_what_is_wrong_with_a_batch(bad, message):
+    with pytest.raises(ArgumentError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ImageTransform((1, 28, 28))(bad)
+
+
 def test_a_transform_refuses_a_bad_input_size_and_a_missing_file(tmp_path):
     with pytest.raises(ArgumentError, match="input_size"):
         ImageTransform((2, 28, 28))

@@ -106,8 +106,10 @@ def test_predictions_are_the_models_own_on_the_same_images(digits_run, tmp_path)
     assert [r.path for r in results] == [str(f) for f in files]
     for result, row in zip(results, lengths):
         assert result.label == str(result.index) and result.score == pytest.approx(float(row.max()))
-        assert list(result.lengths) == [str(k) for k in range(10)] and result.scores == {}
-        assert result.lengths[result.label] == pytest.approx(result.score)
+        assert list(result.lengths) == [str(k) for k in range(10)] == list(result.scores)
+        assert result.lengths[result.label] == pytest.approx(result.score) == result.scores[result.label]
+        assert result.scores == pytest.approx(dict(zip(result.lengths, row.clamp(0, 1).tolist())), abs=1e-6)
+        assert max(result.scores, key=result.scores.get) == result.label
     batch = predict(model, read)  # a prepared batch is taken as it is
     assert [r.index for r in batch] == [r.index for r in results] and all(r.path is None for r in batch)
 
@@ -146,7 +148,8 @@ def test_the_cli_prints_and_writes_json(digits_run, tmp_path, capsys):
     record = json.loads((tmp_path / "p.json").read_text())
     assert record["model"] == "capsnet_digits" and record["dataset"] == "digits"
     assert [Path(p["path"]).name for p in record["predictions"]] == ["dark.png", "paper.jpg"]
-    assert all(set(p) >= {"index", "label", "score", "lengths", "uncertain"} for p in record["predictions"])
+    assert all(set(p) >= {"index", "label", "score", "scores", "lengths", "uncertain"} for p in record["predictions"])
+    assert all(p["scores"][p["label"]] == p["score"] for p in record["predictions"])
     for p in record["predictions"]:  # the text says why an answer is uncertain, the JSON too
         line = next(line for line in out.splitlines() if line.startswith(p["path"] + ": "))
         assert ("unsure: " in line) == p["uncertain"] == ("doubt" in p)
@@ -347,6 +350,19 @@ def test_predictions_say_whether_and_why_they_are_uncertain():
     softmax = capsnets.predict(_ScoresAsGiven("logits"), logits)
     assert [r.uncertain for r in softmax] == [False, True] and softmax[1].doubt == "below 0.7"
     assert results[1].to_dict()["uncertain"] is True and results[0].to_dict()["uncertain"] is False
+
+
+@pytest.mark.parametrize("kind", ["length", "activation", "logits"])
+def test_every_classifier_fills_scores_with_what_the_ranking_used(kind):
+    given = torch.tensor([[0.2, 0.9, 0.4], [1.5, -0.5, 0.3]]).view(2, 1, 1, 3)
+    results = capsnets.predict(_ScoresAsGiven(kind), given, classes=["a", "b", "c"])
+    ranked = given.flatten(1).softmax(-1) if kind == "logits" else given.flatten(1).clamp(0, 1)
+    for result, row, raw in zip(results, ranked, given.flatten(1)):
+        assert list(result.scores) == ["a", "b", "c"] and result.scores == pytest.approx(dict(zip("abc", row.tolist())))
+        assert result.score == result.scores[result.label] == max(result.scores.values())
+        assert result.to_dict()["scores"] == result.scores
+        # capsule models keep their raw lengths (or activations) beside the scores; logits have none
+        assert result.lengths == ({} if kind == "logits" else pytest.approx(dict(zip("abc", raw.tolist()))))
 
 
 def test_the_default_flags_wrong_and_foreign_answers_of_the_shipped_weight(shared_data_root):

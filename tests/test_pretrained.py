@@ -5,6 +5,7 @@ and ``file://`` URLs load the same way; a file whose SHA-256 differs is refused;
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 
 import numpy as np
@@ -342,3 +343,152 @@ def test_a_lone_weight_is_the_default_and_norb_data_is_standardised(tmp_path, mo
     )
     loaded = capsnets.create_model("capsnet_digits", pretrained=True)
     assert loaded.class_names == ["animal", "human", "airplane", "truck", "car"] and _same_weights(loaded, model)
+
+
+def test_get_model_weights_is_a_read_only_mapping_with_torchvision_attributes():
+    found = capsnets.get_model_weights("capsnet_small")
+    assert isinstance(found, capsnets.models.ModelWeights) and found.model == "capsnet_small"
+    mnist, fashion = capsnets.get_weights("capsnet_small-mnist"), capsnets.get_weights("capsnet_small-fashion_mnist")
+    assert (
+        found.DEFAULT == mnist
+        and found.DEFAULT.default
+        and capsnets.get_model_weights("efficient_capsnet").DEFAULT.default
+    )
+    assert (found.MNIST, found.FASHION_MNIST) == (mnist, fashion)
+    for key in ("capsnet_small-fashion_mnist", "fashion_mnist", "capsnet_small.fashion_mnist", "FASHION-MNIST"):
+        assert found[key] == fashion and key in found and found.get(key) == fashion
+    assert len(found) == 2 and list(found) == list(found.keys()) == [
+        "capsnet_small-mnist",
+        "capsnet_small-fashion_mnist",
+    ]
+    assert found == {"capsnet_small-mnist": mnist, "capsnet_small-fashion_mnist": fashion}
+    assert "cifar10" not in found and found.get("cifar10") is None and not hasattr(found, "CIFAR10")
+    with pytest.raises(TypeError):
+        found["cifar10"] = mnist
+    assert pickle.loads(pickle.dumps(found)) == found and "capsnet_small-mnist" in repr(found)
+
+
+@pytest.mark.parametrize(
+    "lookup, python_error",
+    [
+        (lambda w: w["cifar10"], KeyError),
+        (lambda w: w["efficient_capsnet.mnist"], KeyError),  # another model's weight
+        (lambda w: w["efficient_capsnet-mnist"], KeyError),
+        (lambda w: w[3], KeyError),
+        (lambda w: w.CIFAR10, AttributeError),
+    ],
+)
+def test_an_unknown_weight_of_a_model_names_its_tags(lookup, python_error):
+    found = capsnets.get_model_weights("capsnet_small")
+    with pytest.raises(
+        PretrainedError, match="'capsnet_small' has no shipped weight .*; its tags: mnist, fashion_mnist"
+    ):
+        lookup(found)
+    with pytest.raises(python_error):  # what a mapping and an attribute raise, for `in`, .get() and hasattr()
+        lookup(found)
+
+
+def test_a_lower_case_tag_attribute_says_to_write_it_in_upper_case():
+    with pytest.raises(AttributeError, match=r"no attribute 'mnist' \(a tag is an attribute in upper case: .MNIST\)"):
+        capsnets.get_model_weights("capsnet_small").mnist  # noqa: B018
+
+
+def test_a_model_without_weights_has_an_empty_mapping_whose_default_lists_the_models_with_weights():
+    empty = capsnets.get_model_weights("capsnet")
+    assert empty == {} and len(empty) == 0 and not empty and "mnist" not in empty
+    for lookup in (lambda: empty.DEFAULT, lambda: empty["mnist"], lambda: empty.MNIST):
+        with pytest.raises(
+            PretrainedError, match="model 'capsnet' has no shipped pretrained weight.*models with weights: "
+        ):
+            lookup()
+
+
+@pytest.mark.parametrize("name", ["capsnet_small.fashion_mnist", "capsnet_small-fashion_mnist"])
+def test_timms_model_dot_tag_names_a_weight_everywhere_a_name_is_taken(name, tmp_path, capsys):
+    from PIL import Image
+
+    fashion = capsnets.get_weights("capsnet_small-fashion_mnist")
+    assert capsnets.get_weights(name) == fashion
+    assert pretrained.resolve_pretrained(name) == pretrained.resolve_pretrained(name, "capsnet_small") == fashion.path
+    assert capsnets.create_model("capsnet_small", pretrained=name).checkpoint_meta["dataset"] == "fashion_mnist"
+    Image.new("L", (28, 28), 0).save(tmp_path / "blank.png")
+    assert main(["predict", str(tmp_path / "blank.png"), "--pretrained", name, "--json", "-"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["model"] == "capsnet_small" and record["predictions"][0]["label"] in fashion.meta["categories"]
+
+
+def test_every_listed_weight_name_is_taken_back():
+    for name in capsnets.list_models(pretrained=True, include_tags=True):
+        model, tag = name.split(".")
+        weights = capsnets.get_weights(name)
+        assert (weights.model, weights.dataset) == (model, tag) and capsnets.get_model_weights(model)[name] == weights
+
+
+@pytest.mark.parametrize(
+    "model, name, error, message",
+    [
+        (
+            "capsnet_small",
+            "capsnet_small.cifar10",
+            PretrainedError,
+            "no shipped pretrained weight 'capsnet_small-cifar10'",
+        ),
+        (
+            "capsnet_small",
+            "efficient_capsnet.mnist",
+            PretrainedError,
+            "is for model 'efficient_capsnet', not 'capsnet_small'",
+        ),
+        (
+            "capsnet_small",
+            "efficient_capsnet-mnist",
+            PretrainedError,
+            "is for model 'efficient_capsnet', not 'capsnet_small'",
+        ),
+        (None, "weights.pt", PretrainedError, "no shipped pretrained weight 'weights.pt'; shipped: capsnet_small-"),
+        ("capsnet_small", 3, ArgumentError, "pretrained must be True, a Weights, a weight's tag or name"),
+        ("capsnet_small", ["mnist"], ArgumentError, "got \\['mnist'\\]"),
+    ],
+)
+def test_bad_weight_names_say_what_is_wrong(model, name, error, message):
+    with pytest.raises(error, match=message):
+        if model is None:
+            capsnets.get_weights(name)
+        else:
+            capsnets.create_model(model, pretrained=name)
+
+
+def test_get_weights_refuses_what_is_not_a_name():
+    with pytest.raises(ArgumentError, match="a weight's name must be a string such as 'capsnet_small-mnist', got 3"):
+        capsnets.get_weights(3)
+
+
+def test_get_model_is_create_model_with_weights():
+    assert capsnets.get_model is capsnets.models.get_model
+    weights = capsnets.get_model_weights("capsnet_small")
+    default = capsnets.create_model("capsnet_small", pretrained=True)
+    for given in (weights.DEFAULT, "mnist", "capsnet_small-mnist", "capsnet_small.mnist"):
+        model = capsnets.get_model("capsnet_small", weights=given)
+        assert not model.training and _same_weights(model, default)
+    assert capsnets.get_model("capsnet_small", weights=weights.FASHION_MNIST).class_names[0] == "T-shirt/top"
+    untrained = capsnets.get_model("capsnet_small", num_classes=5)
+    assert untrained.training and untrained.num_classes == 5 and not hasattr(untrained, "checkpoint_meta")
+    with pytest.raises(ArgumentError, match="pretrained must be True, a Weights"):
+        capsnets.get_model("capsnet_small", weights=1.5)
+    with pytest.raises(PretrainedError, match="no shipped pretrained weight 'capsnet_small-cifar10'"):
+        capsnets.get_model("capsnet_small", weights="cifar10")
+    with pytest.raises(PretrainedError, match="is for model 'capsnet_small', not 'efficient_capsnet'"):
+        capsnets.get_model("efficient_capsnet", weights=weights.DEFAULT)
+    with pytest.raises(ArgumentError, match="does not take widht"):
+        capsnets.get_model("capsnet_small", widht=5)
+    with pytest.raises(ArgumentError, match="unknown model 'capsnet_smal'"):
+        capsnets.get_model("capsnet_smal")
+
+
+def test_weights_transforms_prepare_a_batch():
+    transform = capsnets.get_weights("capsnet_small-mnist").transforms()
+    batch = transform(torch.zeros(4, 1, 28, 28))
+    assert batch.shape == (4, 1, 28, 28)
+    model = capsnets.get_model("capsnet_small", weights="mnist")
+    with torch.no_grad():
+        assert model(transform([torch.zeros(56, 56), np.zeros((28, 28), np.uint8)])).scores.shape == (2, 10)

@@ -423,12 +423,14 @@ def _unreadable(path, err: Exception) -> ImageFileError:
 
 
 class ImageTransform:
-    """Any image as the ``(C, H, W)`` float32 input of a model trained on ``dataset`` (a weight's ``transforms()``).
+    """Any image as the ``(C, H, W)`` float32 input of a model trained on ``dataset`` (a weight's ``transforms()``),
+    and any batch of images as its ``(B, C, H, W)`` input.
 
     Accepts a file path, a ``PIL.Image.Image``, a NumPy array or a tensor, and prepares it as
     :func:`prepare_image` does. Arrays and tensors are ``(H, W)``, ``(H, W, C)`` (arrays) or ``(C, H, W)``
     (tensors) with ``C`` in 1, 3, 4, either ``uint8`` in ``[0, 255]`` or floating point in ``[0, 1]``; they
-    are converted to a Pillow image first (floating point values at full precision for one channel).
+    are converted to a Pillow image first (floating point values at full precision for one channel). A batch is
+    a ``(B, C, H, W)`` tensor or a list (or tuple) of any of these; each of its images is prepared alone.
 
     Args:
         input_size: the model's ``(C, H, W)``; ``C`` is 1 or 3.
@@ -436,13 +438,21 @@ class ImageTransform:
         invert: ``"auto"``, ``"yes"`` or ``"no"``, as :func:`prepare_image`.
 
     Shape:
-        - output: ``(C, H, W)`` of ``input_size``.
+        - image: one image, as above; output: ``(C, H, W)`` of ``input_size``.
+        - a batch: ``(B, C', H', W')``, or a list of ``B`` images; output: ``(B, C, H, W)``.
+
+    Raises:
+        ArgumentError: an input that is no image (or an empty batch); the message says what is taken.
 
     Examples::
 
         >>> transform = ImageTransform((1, 28, 28), "mnist")
         >>> transform(np.zeros((64, 64), dtype=np.uint8)).shape
         torch.Size([1, 28, 28])
+        >>> transform(torch.rand(4, 1, 56, 56)).shape
+        torch.Size([4, 1, 28, 28])
+        >>> transform([np.zeros((64, 64), dtype=np.uint8), torch.rand(3, 28, 28)]).shape
+        torch.Size([2, 1, 28, 28])
     """
 
     def __init__(self, input_size: Sequence[int], dataset: str | None = None, *, invert: str = "auto") -> None:
@@ -454,10 +464,18 @@ class ImageTransform:
         self.invert = choice("invert", invert, INVERT_MODES)
 
     def __call__(self, image) -> Tensor:
+        if isinstance(image, (list, tuple)) or (isinstance(image, Tensor) and image.dim() == 4):
+            if len(image) == 0:
+                raise ArgumentError(
+                    "an empty batch of images: give at least one image (a (B, C, H, W) tensor with B > 0, or a "
+                    "non-empty list of images)",
+                    "image",
+                )
+            return torch.stack([self.prepare(item)[0] for item in image])
         return self.prepare(image)[0]
 
     def prepare(self, image) -> tuple[Tensor, list[str]]:
-        """The prepared tensor and what was adapted, in words (:func:`prepare_image`)."""
+        """One image's prepared ``(C, H, W)`` tensor and what was adapted, in words (:func:`prepare_image`)."""
         if isinstance(image, (str, os.PathLike)):
             image = open_image(image)
         elif isinstance(image, (np.ndarray, Tensor)):
@@ -490,7 +508,7 @@ def _array_to_pil(array) -> Image.Image:
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)) or 0 in array.shape:
         raise ArgumentError(
             f"an image array must be (H, W) or (H, W, C) (a tensor (H, W) or (C, H, W)) with C in 1, 3, 4; "
-            f"got shape {tuple(array.shape)}",
+            f"got shape {tuple(array.shape)} (a batch is a (B, C, H, W) tensor or a list of images)",
             "image",
         )
     if array.dtype == np.uint8:

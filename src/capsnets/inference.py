@@ -59,10 +59,12 @@ class Prediction:
         label: its name.
         score: a probability-like score of the prediction in ``[0, 1]``: the class capsule's length (vector
             capsules), its activation (matrix capsules), the softmax of the logits (CNNs).
-        scores: every class's softmax probability, by class name (models whose scores are logits; capsule
-            models give ``lengths`` instead); for a multi-label model every class's independent probability.
-        lengths: every class capsule's length (vector capsules) or activation (matrix capsules), by class name;
-            empty for models without class capsules.
+        scores: every class's score, by class name, in ``[0, 1]``: the scores the prediction ranks, ``score``
+            among them. The softmax probability for models whose scores are logits; the class capsule's length or
+            activation (clamped to ``[0, 1]``) for capsule models; for a multi-label model every class's
+            independent probability. Empty for segmentation.
+        lengths: every class capsule's length (vector capsules) or activation (matrix capsules), by class name,
+            as the model gives it; empty for models without class capsules.
         adapted: what was changed to fit the image to the model (``"resized 640x480 -> 28x28"`` ...).
         uncertain: whether the answer is uncertain (:func:`uncertainty`); None for segmentation.
         doubt: why it is, in words (``"below 0.5"``, ``"3 close behind at 0.81"``); None when it is not.
@@ -427,7 +429,8 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
 def _predictions(
     output: ModelOutput, names: list[str], batch: list, min_score: float, min_margin: float
 ) -> list[Prediction]:
-    """The predictions of one batch: scores as probabilities (softmax of logits, capsule scores clamped)."""
+    """The predictions of one batch: scores as probabilities (softmax of logits, capsule scores clamped), with the
+    capsule models' raw scores as ``lengths``."""
     raw = output.scores.float().cpu()
     logits = output.score_kind == "logits"
     probs = raw.softmax(-1) if logits else raw.clamp(0.0, 1.0)
@@ -442,7 +445,7 @@ def _predictions(
                 index=index,
                 label=names[index],
                 score=score,
-                scores=dict(zip(names, p.tolist())) if logits else {},
+                scores=dict(zip(names, p.tolist())),
                 lengths=dict(zip(names, row.tolist())) if not logits else {},
                 adapted=notes,
                 uncertain=flag,

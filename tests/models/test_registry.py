@@ -223,6 +223,48 @@ def test_list_models_takes_fnmatch_patterns_a_task_and_pretrained():
         capsnets.list_models(3)
 
 
+def test_list_models_include_tags_lists_weights_as_timm_names_them():
+    tagged = capsnets.list_models(pretrained=True, include_tags=True)
+    assert tagged == [
+        "capsnet_small.mnist",  # each model's default weight first
+        "capsnet_small.fashion_mnist",
+        "efficient_capsnet.mnist",
+        "matrix_capsnet_small.mnist",
+    ]
+    assert capsnets.list_models(pretrained=True) == ["capsnet_small", "efficient_capsnet", "matrix_capsnet_small"]
+    assert capsnets.list_models("capsnet_small", include_tags=True) == tagged[:2]  # a model's name: all its weights
+    assert capsnets.list_models("*.mnist", pretrained=True, include_tags=True) == [tagged[0], *tagged[2:]]
+    assert capsnets.list_models(["efficient*", "*.fashion_mnist"], include_tags=True) == [
+        "capsnet_small.fashion_mnist",
+        "efficient_capsnet.mnist",
+        "efficient_capsnet_smallnorb",  # no shipped weight: its name
+    ]
+    every = capsnets.list_models(include_tags=True)
+    assert len(every) == len(capsnets.list_models()) + 1 and set(tagged) <= set(every)
+    assert capsnets.list_models(task="segmentation", include_tags=True) == capsnets.list_models(task="segmentation")
+
+
+def test_list_models_learns_the_tags_from_the_pretrained_source(monkeypatch):
+    from capsnets.models import registry
+
+    monkeypatch.setattr(registry, "_PRETRAINED_SOURCE", lambda: {"unet": ["a", "b"], "capsnet": ["mnist"]})
+    assert capsnets.list_models(pretrained=True) == ["capsnet", "unet"]
+    assert capsnets.list_models(pretrained=True, include_tags=True) == ["capsnet.mnist", "unet.a", "unet.b"]
+    assert capsnets.list_models("unet*", include_tags=True) == ["unet.a", "unet.b", "unet_small"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"include_tags": "yes"}, "include_tags must be true or false, got 'yes'"),
+        ({"pretrained": 1}, "pretrained must be true or false, got 1"),
+    ],
+)
+def test_list_models_refuses_flags_that_are_not_bools(kwargs, message):
+    with pytest.raises(ArgumentError, match=message):
+        capsnets.list_models(**kwargs)
+
+
 @pytest.mark.parametrize(
     "name, layer",
     [

@@ -5,7 +5,9 @@ Each shipped weight is a :class:`Weights`: its name (``"<model>-<dataset>"``), t
 the normalisation, the parameter count, the test accuracy with its data set, and the command that trained it).
 ``weights.transforms()`` turns a file path, a Pillow image, an array or a tensor into the model's input, as
 torchvision's ``weights.transforms()`` does. :func:`get_weights` finds one weight by name; :func:`get_model_weights`
-lists a model's weights (torchvision's functions of the same names). The files are checkpoints in the library's one
+lists a model's weights as a :class:`ModelWeights` (torchvision's functions of the same names). A weight's name is
+also accepted in timm's spelling, ``"<model>.<dataset>"`` (``"capsnet_small.mnist"``), wherever a name is taken
+(:func:`resolve_pretrained`). The files are checkpoints in the library's one
 format (:mod:`capsnets.checkpoints`), ``capsnets/weights/<model>-<dataset>.safetensors`` beside
 ``<model>-<dataset>.json``, the export of its sidecar with the file's SHA-256 added: the weight's model card, read to
 list the weights (loading a weight reads the sidecar in its header).
@@ -27,6 +29,7 @@ import os
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,11 +39,13 @@ from capsnets.files import atomic_write, atomic_write_text, file_sha256
 from capsnets.images import NORB_LIKE, ImageTransform
 from capsnets.models import registry
 from capsnets.models.download import DownloadError, check_url, fetch, max_download_bytes
+from capsnets.validation import ArgumentError, shown
 
 __all__ = [
     "CACHE_DIR",
     "LEFTOVER_AGE_S",
     "WEIGHTS_DIR",
+    "ModelWeights",
     "PretrainedError",
     "Weights",
     "download_weights",
@@ -105,41 +110,164 @@ class Weights:
 
     def transforms(self, *, invert: str = "auto") -> ImageTransform:
         """The preprocessing the model expects: a callable from a path, Pillow image, array or tensor to its
-        ``(C, H, W)`` input (:class:`capsnets.images.ImageTransform`; ``invert`` as there).
+        ``(C, H, W)`` input, and from a batch (a ``(B, C, H, W)`` tensor or a list of images) to its
+        ``(B, C, H, W)`` input (:class:`capsnets.images.ImageTransform`; ``invert`` as there).
 
         Examples::
 
             >>> get_weights("capsnet_small-mnist").transforms()(torch.zeros(56, 56)).shape
             torch.Size([1, 28, 28])
+            >>> get_weights("capsnet_small-mnist").transforms()(torch.zeros(4, 1, 56, 56)).shape
+            torch.Size([4, 1, 28, 28])
         """
         return ImageTransform(self.meta["input_size"], self.dataset, invert=invert)
 
 
 def get_weights(name: str) -> Weights:
-    """The shipped weight ``name`` (``"<model>-<dataset>"``), as torchvision's ``get_weights``.
+    """The shipped weight ``name``, as torchvision's ``get_weights``.
+
+    Args:
+        name: the weight's name, ``"<model>-<dataset>"``, or timm's ``"<model>.<dataset>"``
+            (what ``list_models(pretrained=True, include_tags=True)`` lists).
 
     Raises:
         PretrainedError: no shipped weight has that name; the message lists those that exist.
+        ArgumentError: ``name`` is not a string.
 
     Examples::
 
         >>> get_weights("capsnet_small-mnist").meta["metrics"]
         {'mnist': {'accuracy': 0.9938, 'test_images': 10000}}
+        >>> get_weights("capsnet_small.fashion_mnist").name
+        'capsnet_small-fashion_mnist'
     """
+    if not isinstance(name, str):
+        raise ArgumentError(
+            f"a weight's name must be a string such as 'capsnet_small-mnist', got {shown(name)}", "name"
+        )
     cards = _cards()
-    if name not in cards:
+    full = _weight_name(name)
+    if full not in cards:
         raise PretrainedError(
-            f"no shipped pretrained weight {name!r}; shipped: {', '.join(cards) or 'none'} "
+            f"no shipped pretrained weight {full!r}; shipped: {', '.join(cards) or 'none'} "
             "(`capsnets list-models --pretrained`)"
         )
-    return _shipped(cards, cards[name]["model"])[name]
+    return _shipped(cards, cards[full]["model"])[full]
 
 
-def get_model_weights(model: str) -> dict[str, Weights]:
-    """The shipped weights of ``model``, by name, the default (``pretrained=True``) first and marked ``default``.
+class _UnknownWeight(PretrainedError, KeyError, AttributeError):
+    """A :class:`PretrainedError` for a weight a :class:`ModelWeights` does not hold, which is also the
+    ``KeyError`` of a mapping and the ``AttributeError`` of an attribute (``in``, ``.get()``, ``hasattr``)."""
 
-    The default is the ``mnist`` weight where one is shipped, else the first by name. An unknown model raises an
-    :class:`~capsnets.validation.ArgumentError` (with a "did you mean"); a model without weights gives ``{}``.
+    __str__ = Exception.__str__  # the message as written (KeyError's would quote it)
+
+
+class ModelWeights(Mapping[str, Weights]):
+    """The shipped weights of one model (what :func:`get_model_weights` returns): a read-only mapping from each
+    weight's name to its :class:`Weights`, the default first, with torchvision's ``DEFAULT`` and tags as
+    attributes.
+
+    Iterating gives the weights' names (``"<model>-<dataset>"``), the default first, then the others by name.
+    A weight is looked up by its name, by its tag (its data set: ``"mnist"``), by timm's ``"<model>.<dataset>"``,
+    or as an attribute named by its tag in upper case (``.MNIST``, ``.FASHION_MNIST``), as torchvision's weight
+    enums are. It compares equal to a ``dict`` of the same names and weights.
+
+    Args:
+        model: the registered model.
+        weights: its weights by name, the default first.
+
+    Attributes:
+        model: the model the weights are for.
+        DEFAULT: the weight ``create_model(model, pretrained=True)`` loads; a model without shipped weights
+            raises :class:`PretrainedError`, which names the models with one.
+
+    Raises:
+        PretrainedError: an unknown name or tag (also a ``KeyError``, and an ``AttributeError`` for an attribute);
+            the message lists the model's tags.
+
+    Examples::
+
+        >>> weights = get_model_weights("capsnet_small")
+        >>> list(weights)
+        ['capsnet_small-mnist', 'capsnet_small-fashion_mnist']
+        >>> weights.DEFAULT.name, weights.FASHION_MNIST.name
+        ('capsnet_small-mnist', 'capsnet_small-fashion_mnist')
+        >>> weights["mnist"] is weights["capsnet_small.mnist"] is weights["capsnet_small-mnist"]
+        True
+        >>> "fashion_mnist" in weights, len(weights)
+        (True, 2)
+    """
+
+    def __init__(self, model: str, weights: Mapping[str, Weights]) -> None:
+        self.model = model
+        self._weights = dict(weights)
+
+    @property
+    def DEFAULT(self) -> Weights:
+        if not self._weights:
+            return default_weights(self.model)  # raises, naming the models with weights
+        return next(iter(self._weights.values()))
+
+    def __getitem__(self, key: str) -> Weights:
+        if isinstance(key, str):
+            if key in self._weights:
+                return self._weights[key]
+            name = _weight_name(key, self.model)
+            if name in self._weights:
+                return self._weights[name]
+        raise self._unknown(key, "")
+
+    def __getattr__(self, name: str) -> Weights:  # only for the attributes the class lacks: the tags
+        weights, model = self.__dict__.get("_weights", {}), self.__dict__.get("model")
+        if name.startswith("_") or not name.isupper():
+            hint = f" (a tag is an attribute in upper case: .{name.upper()})" if f"{model}-{name}" in weights else ""
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}{hint}")
+        if f"{model}-{name.lower()}" in weights:
+            return weights[f"{model}-{name.lower()}"]
+        raise self._unknown(name, "attribute ")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._weights)
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+    def __repr__(self) -> str:
+        return f"ModelWeights(model={self.model!r}, weights={list(self._weights)!r})"
+
+    def __reduce__(self):
+        return type(self), (self.model, self._weights)
+
+    @property
+    def _tags(self) -> list[str]:
+        return [weights.dataset for weights in self._weights.values()]
+
+    def _unknown(self, key, what: str) -> _UnknownWeight:
+        if not self._weights:
+            return _UnknownWeight(
+                f"model {self.model!r} has no shipped pretrained weight ({what}{shown(key)} asked for); models "
+                f"with weights: {', '.join(pretrained_models()) or 'none'} (`capsnets list-models --pretrained`)"
+            )
+        tags = self._tags
+        return _UnknownWeight(
+            f"model {self.model!r} has no shipped weight {what}{shown(key)}; its tags: {', '.join(tags)} (look one "
+            f"up by its tag, {tags[0]!r}, its name, {self.model + '-' + tags[0]!r}, timm's "
+            f"{self.model + '.' + tags[0]!r}, or as .{tags[0].upper()})"
+        )
+
+
+def get_model_weights(model: str) -> ModelWeights:
+    """The shipped weights of ``model``, as torchvision's ``get_model_weights``: a :class:`ModelWeights`, a
+    read-only mapping by name, the default (``pretrained=True``) first and marked ``default``.
+
+    The default is the ``mnist`` weight where one is shipped, else the first by name; ``.DEFAULT`` is it. A model
+    without weights gives an empty one.
+
+    Args:
+        model: a registered model's name.
+
+    Raises:
+        ArgumentError: an unknown model (with a "did you mean").
 
     Examples::
 
@@ -147,9 +275,13 @@ def get_model_weights(model: str) -> dict[str, Weights]:
         ['capsnet_small-mnist', 'capsnet_small-fashion_mnist']
         >>> get_model_weights("capsnet_small")["capsnet_small-mnist"].default
         True
+        >>> get_model_weights("capsnet_small").DEFAULT.name, get_model_weights("capsnet_small").MNIST.dataset
+        ('capsnet_small-mnist', 'mnist')
+        >>> len(get_model_weights("capsnet"))
+        0
     """
     registry.model_arguments(model)  # an unknown name is reported as such
-    return _shipped(_cards(), model)
+    return ModelWeights(model, _shipped(_cards(), model))
 
 
 def default_weights(model: str) -> Weights:
@@ -169,7 +301,14 @@ def pretrained_models() -> list[str]:
     return sorted({card["model"] for card in _cards().values()})
 
 
-registry.set_pretrained_source(pretrained_models)  # list_models(pretrained=True)
+def pretrained_tags() -> dict[str, list[str]]:
+    """The tags (data sets) of the shipped weights by model, models sorted, each model's default first (read from
+    the cards alone, without building the models)."""
+    cards = _cards()
+    return {model: [card["dataset"] for card in _ordered(cards, model)] for model in pretrained_models()}
+
+
+registry.set_pretrained_source(pretrained_tags)  # list_models(pretrained=True, include_tags=...)
 
 
 def resolve_pretrained(
@@ -179,8 +318,9 @@ def resolve_pretrained(
 
     Args:
         pretrained: ``True`` (the default weight of ``model``), a :class:`Weights`, a shipped tag for ``model``
-            (a data set: ``"mnist"``, ``"fashion_mnist"``), a shipped name ``"<model>-<dataset>"``, a local
-            ``.safetensors`` path or ``file://`` URL, or an ``https://`` URL.
+            (a data set: ``"mnist"``, ``"fashion_mnist"``), a shipped name ``"<model>-<dataset>"`` or, as timm
+            writes it, ``"<model>.<dataset>"``, a local ``.safetensors`` path or ``file://`` URL, or an
+            ``https://`` URL.
         model: the model the weight is for (needed for ``True`` and a bare tag).
         sha256: the file's expected SHA-256 (hex); required for an ``https://`` URL, checked for local files
             when given.
@@ -190,7 +330,21 @@ def resolve_pretrained(
     Raises:
         PretrainedError: an unknown tag, a model without weights, a missing file, a URL without ``sha256``, a
             SHA-256 mismatch.
+        ArgumentError: ``pretrained`` is none of these.
+
+    Examples::
+
+        >>> resolve_pretrained("capsnet_small.mnist").name
+        'capsnet_small-mnist.safetensors'
+        >>> resolve_pretrained("fashion_mnist", "capsnet_small") == get_weights("capsnet_small-fashion_mnist").path
+        True
     """
+    if not isinstance(pretrained, (str, os.PathLike, Weights)) and pretrained is not True:
+        raise ArgumentError(
+            f"pretrained must be True, a Weights, a weight's tag or name ('mnist', 'capsnet_small-mnist', "
+            f"'capsnet_small.mnist'), a .safetensors path or a URL; got {shown(pretrained)}",
+            "pretrained",
+        )
     if pretrained is True:
         if model is None:
             raise PretrainedError("pretrained=True needs the model's name; give a weight's name instead")
@@ -207,8 +361,7 @@ def resolve_pretrained(
     elif scheme and len(scheme) > 1:  # not a Windows drive letter
         raise PretrainedError(f"pretrained URL {text!r}: only https:// and file:// URLs are read")
     if not text.endswith(".safetensors"):
-        name = text if model is None or text.startswith(f"{model}-") else f"{model}-{_canonical(text)}"
-        weights = get_weights(name)
+        weights = get_weights(_weight_name(text, model))
         _check_sha256(weights.path, sha256 or weights.sha256)
         return weights.path
     path = Path(text).expanduser()
@@ -319,11 +472,29 @@ def _cards() -> dict[str, dict[str, Any]]:
     return cards
 
 
+def _ordered(cards: dict[str, dict[str, Any]], model: str) -> list[dict[str, Any]]:
+    """The cards of ``model`` among ``cards``, the default first (its :data:`DEFAULT_DATASET` one), then by name."""
+    mine = [card for card in cards.values() if card["model"] == model]
+    return sorted(mine, key=lambda card: (card["dataset"] != DEFAULT_DATASET, card["path"].name))
+
+
 def _shipped(cards: dict[str, dict[str, Any]], model: str) -> dict[str, Weights]:
     """The weights of ``model`` among ``cards``, by name, the default first."""
-    mine = [card for card in cards.values() if card["model"] == model]
-    mine.sort(key=lambda card: (card["dataset"] != DEFAULT_DATASET, card["path"].name))
-    return {f"{model}-{card['dataset']}": _weights(card, default=k == 0) for k, card in enumerate(mine)}
+    return {
+        f"{model}-{card['dataset']}": _weights(card, default=k == 0) for k, card in enumerate(_ordered(cards, model))
+    }
+
+
+def _weight_name(text: str, model: str | None = None) -> str:
+    """The ``"<model>-<dataset>"`` name a user's spelling of a weight means: timm's ``"<model>.<dataset>"`` (for a
+    registered model), a bare tag (a data set, any case, ``-`` for ``_``) of ``model``, or the text as it is (a
+    name, or one :func:`get_weights` refuses)."""
+    head, dot, tag = text.partition(".")
+    if dot and tag and head in registry.list_models():
+        return f"{head}-{_canonical(tag)}"
+    if model is None or text.startswith(f"{model}-") or text in _cards():
+        return text
+    return f"{model}-{_canonical(text)}"
 
 
 def _weights(card: dict[str, Any], default: bool) -> Weights:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import copy
 import difflib
 import fnmatch
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from torch import nn
 
 from capsnets.functional import routing_config, routing_from_config
-from capsnets.validation import Argument, ArgumentError, keyword_arguments, reject_unknown, shown
+from capsnets.validation import Argument, ArgumentError, flag, keyword_arguments, reject_unknown, shown
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 _MODEL_TASK: dict[str, str] = {}  # the task of each registered model, by name
@@ -78,15 +78,28 @@ def training_recipe(name: str) -> dict[str, object]:
 
 
 def list_models(
-    pattern: str | Sequence[str] | None = None, *, pretrained: bool = False, task: str | None = None
+    pattern: str | Sequence[str] | None = None,
+    *,
+    pretrained: bool = False,
+    task: str | None = None,
+    include_tags: bool = False,
 ) -> list[str]:
     """Names of the registered models, sorted (timm's ``list_models``).
 
     Args:
         pattern: an fnmatch pattern (``"capsnet*"``, ``"*matrix*"``), or a list of them (a name matching any is
-            listed); None lists every model.
+            listed); None lists every model. With ``include_tags``, a pattern may name weights too
+            (``"*.fashion_mnist"``); one that matches a model lists all its weights.
         pretrained: list only the models with a shipped weight (:func:`capsnets.models.get_model_weights`).
         task: list only the models for this task (one of :data:`MODEL_TASKS`).
+        include_tags: list the shipped weights as timm names them, ``"<model>.<tag>"`` (the tag is the weight's
+            data set), each model's default weight first, in place of the model's name; a model without a shipped
+            weight keeps its name (use ``pretrained=True`` to leave it out). Every function that takes a weight's
+            name takes these.
+
+    Raises:
+        ArgumentError: a pattern that is not a string (or a list of them), or a task's name given as the pattern;
+            an unknown ``task``; ``pretrained`` or ``include_tags`` not a bool.
 
     Examples::
 
@@ -94,9 +107,12 @@ def list_models(
         ['efficient_capsnet', 'efficient_capsnet_smallnorb']
         >>> list_models(pretrained=True)
         ['capsnet_small', 'efficient_capsnet', 'matrix_capsnet_small']
+        >>> list_models("capsnet*", pretrained=True, include_tags=True)
+        ['capsnet_small.mnist', 'capsnet_small.fashion_mnist']
         >>> list_models(task="autoencoder")
         ['transforming_autoencoder']
     """
+    pretrained, include_tags = flag("pretrained", pretrained), flag("include_tags", include_tags)
     if task is not None and task not in MODEL_TASKS:
         raise ArgumentError(f"task must be one of {', '.join(MODEL_TASKS)}, got {shown(task)}", "task")
     if pattern is None or isinstance(pattern, str):
@@ -112,26 +128,36 @@ def list_models(
             f"list_models takes a name pattern first; {tasks_given[0]!r} is a task: pass task={tasks_given[0]!r}",
             "pattern",
         )
-    if patterns:
-        names = [name for name in names if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+    tags = _PRETRAINED_SOURCE() if pretrained or include_tags else {}
     if pretrained:
-        with_weights = set(_PRETRAINED_SOURCE())
-        names = [name for name in names if name in with_weights]
-    return names
+        names = [name for name in names if name in tags]
+    listed = [  # (the model, what is listed: its weights' names with include_tags, else its own)
+        (name, entry)
+        for name in names
+        for entry in ([f"{name}.{tag}" for tag in tags.get(name, ())] if include_tags else []) or [name]
+    ]
+    if patterns:
+        listed = [
+            (name, entry)
+            for name, entry in listed
+            if any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(entry, p) for p in patterns)
+        ]
+    return [entry for _, entry in listed]
 
 
-def set_pretrained_source(source: Callable[[], Collection[str]]) -> None:
-    """Set where :func:`list_models` learns which models have a shipped weight: a function returning their names
-    (:mod:`capsnets.models.hub` sets it; the registry itself knows nothing of weight files)."""
+def set_pretrained_source(source: Callable[[], Mapping[str, Sequence[str]]]) -> None:
+    """Set where :func:`list_models` learns which models have a shipped weight and their tags: a function returning
+    ``{model: [tag, ...]}``, each model's default tag first (:mod:`capsnets.models.pretrained` sets it; the
+    registry itself knows nothing of weight files)."""
     global _PRETRAINED_SOURCE  # noqa: PLW0603
     _PRETRAINED_SOURCE = source
 
 
-def _no_weights() -> Collection[str]:
-    return ()
+def _no_weights() -> Mapping[str, Sequence[str]]:
+    return {}
 
 
-_PRETRAINED_SOURCE: Callable[[], Collection[str]] = _no_weights
+_PRETRAINED_SOURCE: Callable[[], Mapping[str, Sequence[str]]] = _no_weights
 
 
 def model_task(name: str) -> str:
