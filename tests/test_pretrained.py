@@ -137,12 +137,16 @@ def test_bad_tags_say_what_exists(model, tag, message):
         capsnets.create_model(model, pretrained=tag)
 
 
-def test_weight_for_another_model_and_overrides_are_refused(tiny_weight):
-    _, path = tiny_weight
+def test_weight_for_another_model_is_refused_and_overrides_change_the_weights_model(tiny_weight):
+    trained, path = tiny_weight
     with pytest.raises(PretrainedError, match="is for model 'capsnet_digits', not 'capsnet_small'"):
         capsnets.create_model("capsnet_small", pretrained=str(path))
-    with pytest.raises(ArgumentError, match="routing cannot be changed"):
-        capsnets.create_model("capsnet_digits", pretrained=str(path), routing={"iterations": 1})
+    model = capsnets.create_model("capsnet_digits", pretrained=str(path), routing={"iterations": 1})
+    assert (
+        model.routing_spec["iterations"] == 1 and model.transfer.reinitialised == [] and _same_weights(model, trained)
+    )
+    with pytest.raises(ArgumentError, match="does not take widht"):
+        capsnets.create_model("capsnet_digits", pretrained=str(path), widht=3)
     with pytest.raises(ArgumentError, match="unknown model"):
         capsnets.create_model("capsnet_smal", pretrained="mnist")
     with pytest.raises(ArgumentError, match="pretrained"):

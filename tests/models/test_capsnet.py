@@ -159,7 +159,7 @@ def test_none_of_the_above_is_an_option_of_every_capsnet():
     assert given.class_capsules.routing == DynamicRouting(2)
     attention = capsnets.create_model("capsnet_cifar10", routing={"type": "self_attention"})
     assert isinstance(attention.class_capsules.routing.spec, SelfAttentionRouting)
-    with pytest.raises(ValueError, match="takes bias, squash; got none_of_the_above"):
+    with pytest.raises(ValueError, match="does not take none_of_the_above; it takes: bias, squash"):
         capsnets.create_model("capsnet_cifar10", routing={"type": "self_attention", "none_of_the_above": True})
 
 
