@@ -3,6 +3,9 @@ with eager PyTorch on random and real inputs at several batch sizes; torch.expor
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import torch
 
@@ -150,3 +153,29 @@ def test_exported_local_routing_agrees_with_eager(tmp_path, routing):
         expected = Route()(votes)
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert (Route()(u_hat) - one_pass).abs().max() > 1e-2  # the iterations matter on these votes
+
+
+def test_the_onnx_file_says_what_its_model_takes_and_names_its_batch_axis(exported):
+    import onnx
+
+    model, report = exported["capsnet_digits"]
+    proto = onnx.load(report.path)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert meta["capsnets_version"] == capsnets.__version__ and meta["model"] == "capsnet_digits"
+    assert json.loads(meta["class_names"]) == model.class_names and json.loads(meta["input_size"]) == [1, 8, 8]
+    assert meta["task"] == "classification" and "values in [0, 1]" in meta["preprocessing"]
+    for value in (*proto.graph.input, *proto.graph.output):
+        assert value.type.tensor_type.shape.dim[0].dim_param == "batch", value.name
+    symbols = {d.dim_param for v in proto.graph.value_info for d in v.type.tensor_type.shape.dim if d.dim_param}
+    assert not any(re.fullmatch(r"s\d+", s) for s in symbols), symbols
+
+
+def test_the_onnx_metadata_names_the_training_data_and_its_framing():
+    from capsnets.export import onnx_metadata
+
+    model = capsnets.create_model("capsnet_small", device="meta")
+    model.checkpoint_meta = {"dataset": "mnist"}
+    assert onnx_metadata(model)["dataset"] == "mnist" and "dark background" in onnx_metadata(model)["preprocessing"]
+    model = capsnets.create_model("matrix_capsnet_small", device="meta")
+    model.checkpoint_meta = {"dataset": "smallnorb"}
+    assert "standardised per image" in onnx_metadata(model)["preprocessing"]

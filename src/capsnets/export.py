@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -35,12 +37,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from capsnets._version import __version__ as capsnets_version
 from capsnets.files import atomic_write
+from capsnets.images import DARK_BACKGROUND, NORB_CROP, NORB_LIKE, NORB_SIZE
 from capsnets.models import model_task
 from capsnets.outputs import MARK, check_output
 from capsnets.validation import ArgumentError
 
-__all__ = ["EXPORT_FORMATS", "ExportReport", "ExportableModel", "export_model", "run_onnx"]
+__all__ = ["EXPORT_FORMATS", "ExportReport", "ExportableModel", "export_model", "onnx_metadata", "run_onnx"]
 
 #: The formats :func:`export_model` writes, with their file suffixes.
 EXPORT_FORMATS = {"onnx": ".onnx", "torch_export": ".pt2"}
@@ -169,6 +173,8 @@ def export_model(
                     output_names=wrapped.output_names,
                 )
                 onnx_program.model.metadata_props[MARK] = "onnx"  # capsnets.outputs.written_for reads it
+                onnx_program.model.metadata_props.update(onnx_metadata(model))
+                _name_batch_axis(onnx_program.model.graph)
                 onnx_program.save(tmp)
     else:
 
@@ -206,6 +212,59 @@ def export_model(
                 "be used"
             )
     return report
+
+
+def onnx_metadata(model: nn.Module) -> dict[str, str]:
+    """What an exported ONNX file says about its model (``metadata_props``, strings; lists and sizes as JSON): the
+    capsnets version, the model's name, task, class names, input size, the data set it was trained on (where its
+    checkpoint records one) and how an image becomes its input (``preprocessing``)."""
+    dataset = (getattr(model, "checkpoint_meta", None) or {}).get("dataset")
+    size = [int(v) for v in model.input_size]
+    names = getattr(model, "class_names", None)
+    steps = [f"{'RGB' if size[0] == 3 else 'greyscale'}, resized to {size[1]}x{size[2]}, values in [0, 1]"]
+    if dataset in NORB_LIKE:
+        steps = [
+            f"greyscale, resized to {NORB_SIZE}x{NORB_SIZE}, the centre {NORB_CROP}x{NORB_CROP}, standardised per image"
+        ]
+    elif dataset in DARK_BACKGROUND:
+        steps.append("light strokes on a dark background (invert a dark-on-light image)")
+    meta = {
+        "capsnets_version": capsnets_version,
+        "model": str(getattr(model, "model_name", type(model).__name__)),
+        "task": model_task(model.model_name) if hasattr(model, "model_name") else "",
+        "input_size": json.dumps(size),
+        "preprocessing": "; ".join(steps),
+    }
+    if names is not None:
+        meta["class_names"] = json.dumps([str(n) for n in names])
+    if dataset is not None:
+        meta["dataset"] = str(dataset)
+    return meta
+
+
+def _name_batch_axis(graph) -> None:
+    """Name the batch axis ``batch`` in every shape of the exported graph (the exporter names it ``s<N>``)."""
+    import onnx_ir as ir  # noqa: PLC0415  (installed with onnxscript, the export extra)
+
+    first = graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else None
+    if not isinstance(first, ir.SymbolicDim) or not first.value:
+        return
+    token = re.compile(rf"\b{re.escape(first.value)}\b")
+
+    def rename(value) -> None:
+        if value.shape is not None and any(isinstance(d, ir.SymbolicDim) and d.value for d in value.shape):
+            value.shape = ir.Shape(
+                [
+                    ir.SymbolicDim(token.sub("batch", d.value)) if isinstance(d, ir.SymbolicDim) and d.value else d
+                    for d in value.shape
+                ]
+            )
+
+    for value in (*graph.inputs, *graph.outputs):
+        rename(value)
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        for value in node.outputs:
+            rename(value)
 
 
 def run_onnx(path: str | os.PathLike, images: Tensor, *, threads: int | None = None) -> list[Tensor]:
