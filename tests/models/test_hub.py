@@ -146,3 +146,12 @@ def test_a_run_directory_starts_a_fine_tuning_and_in_chans_builds_untrained_mode
             capsnets.create_model("capsnet_small", in_chans=bad)
     with pytest.raises(ArgumentError, match="need a"):
         capsnets.models.hub.adapt_input_conv(torch.ones(3, 3), 1)
+
+
+def test_timms_model_dot_tag_names_a_weight():
+    model = capsnets.create_model("capsnet_small.fashion_mnist", pretrained=True)
+    assert model.model_name == "capsnet_small" and model.class_names[0] == "T-shirt/top"
+    untrained = capsnets.create_model("capsnet_small.fashion_mnist")
+    assert untrained.model_name == "capsnet_small" and not hasattr(untrained, "checkpoint_meta")
+    with pytest.raises(ArgumentError, match="unknown model 'capsnet_smal.mnist'"):
+        capsnets.create_model("capsnet_smal.mnist", pretrained=True)

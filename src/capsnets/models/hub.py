@@ -52,7 +52,8 @@ def create_model(
     """Build a registered model, with trained weights when ``pretrained`` is given.
 
     Args:
-        name: a name from :func:`~capsnets.models.list_models`.
+        name: a name from :func:`~capsnets.models.list_models`, or timm's ``"<model>.<tag>"``
+            (``"capsnet_small.fashion_mnist"``: with ``pretrained=True``, that weight).
         pretrained: ``True`` loads the model's default shipped weight (:func:`~capsnets.models.get_model_weights`;
             ``list_models(pretrained=True)`` lists the models that have one); ``False`` or None builds it without
             weights. Otherwise the weight to load: a :class:`~capsnets.models.Weights`, a shipped tag (the data
@@ -87,8 +88,11 @@ def create_model(
         >>> model.transfer.reinitialised
         ['class_capsules.weight', 'decoder.mlp.0.weight', 'decoder.mlp.4.weight', 'decoder.mlp.4.bias']
     """
+    if isinstance(name, str) and "." in name and name.split(".", 1)[0] in registry.list_models():
+        name, tag = name.split(".", 1)  # timm's "model.tag": the weight of that tag, with pretrained=True
+        pretrained = f"{name}.{tag}" if pretrained is True else pretrained
     if "in_chans" in overrides:
-        overrides = _with_in_chans(name, overrides, None)
+        overrides = _with_in_chans(name, overrides)
     if pretrained is None or pretrained is False:
         if sha256 is not None:
             raise ArgumentError("sha256 is the expected digest of a pretrained weight; pass it with pretrained=...")
@@ -120,7 +124,7 @@ def _source(pretrained, name: str, dataset: str | None) -> str:
     return os.fspath(pretrained)
 
 
-def _with_in_chans(name: str, overrides: dict[str, Any], default: Any) -> dict[str, Any]:
+def _with_in_chans(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """``overrides`` with timm's ``in_chans`` turned into the channels of ``input_size``."""
     overrides = dict(overrides)
     channels = overrides.pop("in_chans")
@@ -224,10 +228,13 @@ def transfer_weights(
     return Transfer(loaded, adapted, fresh, sorted(set(state) - set(own)))
 
 
-def build_model(name: str, model_args: dict[str, Any] | None = None) -> nn.Module:
-    """``create_model(name, **model_args)`` for recorded arguments: those of an earlier capsnets translated
-    (``capsnets.models.legacy_args.upgrade_model_args``), list values (from YAML/JSON) as tuples."""
+def build_model(name: str, model_args: dict[str, Any] | None = None, *, pretrained: Any = None) -> nn.Module:
+    """``create_model(name, pretrained=pretrained, **model_args)`` for recorded arguments: those of an earlier
+    capsnets translated (``capsnets.models.legacy_args.upgrade_model_args``), list values (from YAML/JSON) as
+    tuples. With ``pretrained``, the arguments change the weight's model (fine-tuning; :func:`create_model`)."""
     args = {k: tuple(v) if isinstance(v, list) else v for k, v in upgrade_model_args(name, model_args).items()}
+    if pretrained is not None:
+        return create_model(name, pretrained=pretrained, **args).train()
     return registry.create_model(name, **args)
 
 
