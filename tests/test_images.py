@@ -16,28 +16,28 @@ from capsnets.validation import ArgumentError
 def test_an_image_of_the_models_size_and_channels_is_taken_as_it_is():
     pixels = torch.randint(0, 256, (28, 28), dtype=torch.uint8)
     pixels[0, :] = pixels[-1, :] = pixels[:, 0] = pixels[:, -1] = 0  # a dark border: not inverted
-    tensor, notes = prepare_image(Image.fromarray(pixels.numpy(), mode="L"), (1, 28, 28), "mnist")
+    tensor, notes = prepare_image(Image.fromarray(pixels.numpy(), mode="L"), (1, 28, 28), "fashion_mnist")
     assert notes == [] and tensor.dtype == torch.float32 and tensor.shape == (1, 28, 28)
     torch.testing.assert_close(tensor[0], pixels.float() / 255.0, rtol=0, atol=0)
 
 
 def test_size_channels_and_background_are_adapted_and_said():
     white = Image.new("RGB", (200, 150), "white")
-    tensor, notes = prepare_image(white, (1, 28, 28), "mnist")
+    tensor, notes = prepare_image(white, (1, 28, 28), "fashion_mnist")
     assert tensor.shape == (1, 28, 28) and tensor.max() == 0  # white paper becomes the black of MNIST
     assert notes == [
         "converted colour (RGB) -> grayscale",
         "resized 200x150 -> 28x28 (aspect ratio changed)",
         "inverted (light background; the model was trained on light strokes on black)",
     ]
-    same, notes = prepare_image(white, (1, 28, 28), "mnist", invert="no")
+    same, notes = prepare_image(white, (1, 28, 28), "fashion_mnist", invert="no")
     assert same.min() == 1 and not any("inverted" in note for note in notes)
     dark = Image.new("L", (28, 28), 0)
-    assert prepare_image(dark, (1, 28, 28), "mnist", invert="yes")[0].min() == 1
+    assert prepare_image(dark, (1, 28, 28), "fashion_mnist", invert="yes")[0].min() == 1
     assert prepare_image(white, (1, 28, 28), "smallnorb_like_unknown")[0].min() == 1  # only dark-background sets
     grey_to_rgb, notes = prepare_image(Image.new("L", (32, 32), 128), (3, 32, 32), None)
     assert grey_to_rgb.shape == (3, 32, 32) and notes == ["converted grayscale (L) -> RGB"]
-    assert prepare_image(Image.new("RGB", (56, 56), "black"), (1, 28, 28), "mnist")[1] == [
+    assert prepare_image(Image.new("RGB", (56, 56), "black"), (1, 28, 28), "fashion_mnist")[1] == [
         "converted colour (RGB) -> grayscale",
         "resized 56x56 -> 28x28",
     ]
@@ -71,7 +71,7 @@ def test_a_transform_gives_the_same_tensor_for_a_file_an_image_an_array_and_a_te
     pixels = (np.arange(40 * 40, dtype=np.int64).reshape(40, 40) % 251).astype(np.uint8)
     path = tmp_path / "x.png"
     Image.fromarray(pixels).save(path)
-    transform = ImageTransform((1, 28, 28), "mnist")
+    transform = ImageTransform((1, 28, 28), "fashion_mnist")
     expected = transform(Image.fromarray(pixels))
     assert expected.shape == (1, 28, 28) and expected.dtype == torch.float32
     for same in (str(path), path, pixels, torch.from_numpy(pixels), pixels[:, :, None]):
@@ -104,7 +104,7 @@ def test_a_transform_says_what_it_cannot_read(bad, message):
 
 
 def test_a_transform_takes_a_batch_tensor_or_a_list_and_prepares_each_image_alone(tmp_path):
-    transform = ImageTransform((1, 28, 28), "mnist")
+    transform = ImageTransform((1, 28, 28), "fashion_mnist")
     batch = torch.rand(4, 1, 56, 56, generator=torch.Generator().manual_seed(0))
     batch[1] = 1.0  # a light background: inverted on its own, the others not
     prepared = transform(batch)
@@ -145,3 +145,29 @@ def test_a_transform_refuses_a_bad_input_size_and_a_missing_file(tmp_path):
     (tmp_path / "bad.png").write_bytes(b"not a png")
     with pytest.raises(ValueError, match="not an image that can be read"):
         ImageTransform((1, 28, 28))(tmp_path / "bad.png")
+
+
+def test_a_digit_is_framed_as_mnist_frames_them():
+    from capsnets.images import frame_digit
+
+    canvas = torch.zeros(1, 120, 90)
+    canvas[0, 30:90, 10:25] = 0.8  # a tall bar, 60x15, off-centre, at 0.8 on a dark background
+    canvas += 0.1
+    framed = frame_digit(canvas, (28, 28))[0]
+    rows, cols = (framed > 0.5).any(1).nonzero().flatten(), (framed > 0.5).any(0).nonzero().flatten()
+    assert len(rows) == 20 and 4 <= len(cols) <= 6  # the box's long side 20 px, the aspect kept
+    ys, xs = torch.meshgrid(torch.arange(28.0), torch.arange(28.0), indexing="ij")
+    centre = ((framed * ys).sum() / framed.sum(), (framed * xs).sum() / framed.sum())
+    assert abs(centre[0] - 13.5) <= 0.5 and abs(centre[1] - 13.5) <= 0.5  # centre of mass at the centre
+    assert framed.max() == 1 and framed[:3].max() == 0  # background subtracted, strokes stretched to 1
+    assert frame_digit(torch.full((3, 50, 50), 0.4), (28, 28)).eq(0).all()  # no strokes: nothing
+    assert frame_digit(canvas.expand(3, -1, -1), (28, 28)).shape == (3, 28, 28)
+
+
+def test_mnist_images_are_framed_and_said_so_other_data_sets_are_resized():
+    photo = Image.new("L", (300, 200), 230)  # paper
+    photo.paste(40, (200, 50, 215, 110))  # a dark stroke
+    tensor, notes = prepare_image(photo, (1, 28, 28), "mnist")
+    assert notes[-1].startswith("framed as mnist's digits: the strokes' box scaled to 20 px")
+    assert (tensor[0] > 0.5).any(1).sum() == 20
+    assert not any("framed" in note for note in prepare_image(photo, (1, 28, 28), "fashion_mnist")[1])
