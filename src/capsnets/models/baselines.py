@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
+from capsnets.models.classifier import Classifier
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 from capsnets.validation import (
@@ -32,7 +33,7 @@ from capsnets.validation import (
 )
 
 
-class BaselineCNN(nn.Module):
+class BaselineCNN(Classifier):
     """Plain CNN classifier returning logits in :class:`ModelOutput`.
 
     Args:
@@ -87,6 +88,26 @@ class BaselineCNN(nn.Module):
         fcs += [nn.Dropout(dropout), nn.Linear(sizes[-1], num_classes, **factory)]
         self.classifier = nn.Sequential(*fcs)
 
+    @property
+    def classifier_name(self) -> str:
+        """The last linear layer, ``classifier.<last>``."""
+        return f"classifier.{len(self.classifier) - 1}"
+
+    def forward_features(self, images: Tensor) -> Tensor:
+        """What the last linear layer (:meth:`get_classifier`) takes: the last hidden layer's output for
+        ``images`` (as :meth:`forward` takes them), after its dropout.
+
+        Shape:
+            images ``(B, C, H, W)`` -> ``(B, hidden[-1])``.
+
+        Examples::
+
+            >>> BaselineCNN(channels=(16, 16, 8), hidden=(64, 32)).forward_features(torch.rand(2, 1, 28, 28)).shape
+            torch.Size([2, 32])
+        """
+        images = image_batch(images, self.input_size, dtype=self.classifier[-1].weight.dtype, owner="BaselineCNN")
+        return self.classifier[:-1](self.features(images).flatten(1))
+
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Logits of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``, floating-point ones cast
         to the parameters' dtype: :func:`~capsnets.validation.image_batch`)."""
@@ -94,7 +115,7 @@ class BaselineCNN(nn.Module):
         return ModelOutput(self.classifier(self.features(images).flatten(1)), "logits")
 
 
-class SmallNorbCNN(nn.Module):
+class SmallNorbCNN(Classifier):
     """Two conv + max-pool stages and one hidden layer (the EM paper's smallNORB baseline).
 
     Args:
@@ -114,6 +135,8 @@ class SmallNorbCNN(nn.Module):
     """
 
     default_loss = "cross_entropy"
+    #: The last linear layer.
+    classifier_name = "classifier.3"
 
     def __init__(
         self,
@@ -151,6 +174,21 @@ class SmallNorbCNN(nn.Module):
             nn.Dropout(dropout),
             nn.Linear(hidden, num_classes, **factory),
         )
+
+    def forward_features(self, images: Tensor) -> Tensor:
+        """What the last linear layer (:meth:`get_classifier`) takes: the hidden layer's output for ``images`` (as
+        :meth:`forward` takes them), after its dropout.
+
+        Shape:
+            images ``(B, C, H, W)`` -> ``(B, hidden)``.
+
+        Examples::
+
+            >>> SmallNorbCNN(channels=(8, 16), hidden=64).forward_features(torch.rand(2, 1, 32, 32)).shape
+            torch.Size([2, 64])
+        """
+        images = image_batch(images, self.input_size, dtype=self.classifier[-1].weight.dtype, owner="SmallNorbCNN")
+        return self.classifier[:-1](self.features(images).flatten(1))
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Logits of ``images`` (as :meth:`BaselineCNN.forward` takes them)."""

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from capsnets.functional import VECTOR_ROUTING_TYPES, as_routing, routing_config
 from capsnets.functional.crop import center_crop, random_crop
 from capsnets.layers import CapsuleDecoder, LinearCapsules, PrimaryCapsules
+from capsnets.models.classifier import Classifier
 from capsnets.models.output import ModelOutput, vector_capsule_output
 from capsnets.models.registry import register_model
 from capsnets.validation import (
@@ -58,7 +59,7 @@ from capsnets.validation import (
 )
 
 
-class CapsNet(nn.Module):
+class CapsNet(Classifier):
     """Conv -> primary capsules -> class capsules with routing -> optional reconstruction decoder.
 
     Args:
@@ -158,9 +159,24 @@ class CapsNet(nn.Module):
         conv = [conv_output_size(s, self.conv.kernel_size[0], self.conv.stride[0], self.conv.padding[0]) for s in side]
         return self.primary.output_grid(*conv)
 
+    def forward_features(self, images: Tensor) -> Tensor:
+        """What the class capsule layer (:meth:`get_classifier`) routes: the primary capsules of ``images``
+        (:meth:`primary_capsules`).
+
+        Shape:
+            images ``(B, C, H, W)`` -> ``(B, N, primary_dim)``, ``N`` the primary capsules.
+
+        Examples::
+
+            >>> model = capsnets.create_model("capsnet_small")
+            >>> model.get_classifier()(model.forward_features(torch.rand(2, 1, 28, 28))).shape
+            torch.Size([2, 10, 16])
+        """
+        return self.primary_capsules(images)
+
     def encode(self, images: Tensor) -> Tensor:
         """Class capsules ``(B, num_classes, class_dim)``."""
-        return self.class_capsules(self.primary_capsules(images))  # (B, N, D_p) -> (B, K, D_c)
+        return self.class_capsules(self.forward_features(images))  # (B, N, D_p) -> (B, K, D_c)
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class capsules, scores and reconstruction of ``images`` (a non-empty batch; uint8 images are scaled to

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from capsnets.functional import VECTOR_ROUTING_TYPES, as_routing, efficient_squash, mask_capsules, routing_config
 from capsnets.layers import CapsuleDecoder, LinearCapsules
+from capsnets.models.classifier import Classifier
 from capsnets.models.output import ModelOutput, vector_capsule_output
 from capsnets.models.registry import register_model
 from capsnets.validation import (
@@ -158,7 +159,7 @@ class ConvCapsuleDecoder(nn.Module):
         return f"output_shape={self.output_shape}, seed={self.seed}"
 
 
-class EfficientCapsNet(nn.Module):
+class EfficientCapsNet(Classifier):
     """Convolutions -> depthwise primary capsules -> class capsules by routing -> optional decoder.
 
     Args:
@@ -245,10 +246,24 @@ class EfficientCapsNet(nn.Module):
                 _keras_normal_(linear.weight, fan=linear.in_features)
             _keras_normal_(linears[-1].weight, fan=linears[-1].in_features + linears[-1].out_features)
 
+    def forward_features(self, images: Tensor) -> Tensor:
+        """What the class capsule layer (:meth:`get_classifier`) routes: the primary capsules of ``images`` (a
+        non-empty batch, as :meth:`forward` takes it).
+
+        Shape:
+            images ``(B, C, H, W)`` -> ``(B, N, D_p)``, ``N = F / D_p`` primary capsules.
+
+        Examples::
+
+            >>> EfficientCapsNet().forward_features(torch.rand(2, 1, 28, 28)).shape
+            torch.Size([2, 16, 8])
+        """
+        images = image_batch(images, self.input_size, dtype=self.primary.conv.weight.dtype, owner=type(self).__name__)
+        return self.primary(self.stem(images))  # (B, F, h, w) -> (B, N, D_p)
+
     def encode(self, images: Tensor) -> Tensor:
         """Class capsules ``(B, K, D)``."""
-        images = image_batch(images, self.input_size, dtype=self.primary.conv.weight.dtype, owner=type(self).__name__)
-        return self.class_capsules(self.primary(self.stem(images)))  # (B, F, h, w) -> (B, N, D_p) -> (B, K, D)
+        return self.class_capsules(self.forward_features(images))  # (B, N, D_p) -> (B, K, D)
 
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class capsules, scores and reconstruction of ``images`` (a non-empty batch; uint8 images are scaled to

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from capsnets.functional import as_routing, routing_config
 from capsnets.layers import HeinsenCapsules
+from capsnets.models.classifier import Classifier
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 from capsnets.validation import (
@@ -42,7 +43,7 @@ from capsnets.validation import (
 )
 
 
-class HeinsenCapsNet(nn.Module):
+class HeinsenCapsNet(Classifier):
     """Heinsen's smallNORB classifier (module docstring).
 
     Args:
@@ -66,6 +67,8 @@ class HeinsenCapsNet(nn.Module):
     """
 
     default_loss = "cross_entropy"
+    #: The class layer: Heinsen's routing from the middle layer's capsules to the classes.
+    classifier_name = "route_classes"
 
     def __init__(
         self,
@@ -107,9 +110,21 @@ class HeinsenCapsNet(nn.Module):
                 nn.init.kaiming_normal_(conv.weight)
                 nn.init.zeros_(conv.bias)
 
-    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
-        """Class scores of ``images`` (a non-empty batch: :func:`~capsnets.validation.image_batch`); ``labels``
-        are unused."""
+    def forward_features(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        """What the class layer (:meth:`get_classifier`, ``route_classes``) routes: the scores and poses of the
+        middle layer's ``P`` capsules for ``images`` (a non-empty batch, as :meth:`forward` takes it), in the
+        order the class layer takes them.
+
+        Shape:
+            images ``(B, C, H, W)`` -> ``(scores, poses)``: ``(B, P)`` logits and ``(B, P, 4, 4)``.
+
+        Examples::
+
+            >>> model = HeinsenCapsNet()
+            >>> scores, poses = model.forward_features(torch.rand(2, 1, 32, 32))
+            >>> scores.shape, poses.shape, model.get_classifier()(scores, poses).scores.shape
+            (torch.Size([2, 64]), torch.Size([2, 64, 4, 4]), torch.Size([2, 5]))
+        """
         dtype = self.part_poses[1].weight.dtype
         x = image_batch(images, self.input_size, dtype=dtype, owner=type(self).__name__)
         batch, _, height, width = x.shape
@@ -121,7 +136,12 @@ class HeinsenCapsNet(nn.Module):
         poses = self.part_poses(x)  # (B, P*16, h, w)
         poses = poses.view(batch, -1, 4, 4, *poses.shape[-2:]).permute(0, 1, 4, 5, 2, 3).reshape(batch, -1, 4, 4)
         parts = self.route_parts(scores, poses)
-        classes = self.route_classes(parts.scores, parts.mu)
+        return parts.scores, parts.mu
+
+    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
+        """Class scores of ``images`` (a non-empty batch: :func:`~capsnets.validation.image_batch`); ``labels``
+        are unused."""
+        classes = self.route_classes(*self.forward_features(images))
         return ModelOutput(classes.scores, "logits", classes.mu.flatten(2))
 
     def extra_repr(self) -> str:

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from capsnets.layers import HomogeneousVectorCapsules, OffsetBatchNorm
+from capsnets.models.classifier import Classifier
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 from capsnets.validation import (
@@ -44,7 +45,7 @@ from capsnets.validation import (
 )
 
 
-class HVCCapsNet(nn.Module):
+class HVCCapsNet(Classifier):
     """Byerly et al.'s MNIST network with homogeneous vector capsules (module docstring).
 
     Args:
@@ -67,6 +68,8 @@ class HVCCapsNet(nn.Module):
     """
 
     default_loss = "cross_entropy"
+    #: The class layer: every branch's class capsules (a ``ModuleDict`` by the convolution each branch reads).
+    classifier_name = "branches"
 
     def __init__(
         self,
@@ -118,20 +121,39 @@ class HVCCapsNet(nn.Module):
             in_channels = channels
         self.merge = OffsetBatchNorm(len(self.branch_after), **factory)  # the branches' logits, equal weights
 
-    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
-        """Class scores of ``images`` (a non-empty batch: :func:`~capsnets.validation.image_batch`); ``labels``
-        are unused."""
+    def forward_features(self, images: Tensor) -> dict[str, Tensor]:
+        """What the class layer (:meth:`get_classifier`, the branches' class capsules) takes: each branch's
+        capsules, one per position of the map it reads, for ``images`` (a non-empty batch, as :meth:`forward`
+        takes it); ``get_classifier()[key]`` makes the class capsules of ``features[key]``.
+
+        Shape:
+            images ``(B, C, H, W)`` -> ``{str(n): (B, h_n * w_n, C_n)}`` for each convolution ``n`` a branch
+            reads, ``C_n`` its channels.
+
+        Examples::
+
+            >>> model = HVCCapsNet()
+            >>> features = model.forward_features(torch.rand(2, 1, 28, 28))
+            >>> {key: tuple(capsules.shape) for key, capsules in features.items()}
+            {'3': (2, 484, 64), '6': (2, 256, 112), '9': (2, 100, 160)}
+            >>> model.get_classifier()["9"](features["9"]).shape
+            torch.Size([2, 10, 160])
+        """
         dtype = self.convs[0][0].weight.dtype
         x = image_batch(images, self.input_size, dtype=dtype, owner=type(self).__name__)
-        logits = []
+        features = {}
         for index, conv in enumerate(self.convs, start=1):
             x = conv(x)
             if index in self.branch_after:
-                children = x.permute(0, 2, 3, 1).flatten(1, 2)  # (B, h*w, C): one capsule per position
-                capsules = self.branches[str(index)](children)  # (B, K, C)
-                logits.append(capsules.norm(dim=-1))
-        merged = self.merge(torch.stack(logits, 1)).sum(1)  # (B, branches, K) -> (B, K)
-        return ModelOutput(merged, "logits", capsules)
+                features[str(index)] = x.permute(0, 2, 3, 1).flatten(1, 2)  # (B, h*w, C): one capsule per position
+        return features
+
+    def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
+        """Class scores of ``images`` (a non-empty batch: :func:`~capsnets.validation.image_batch`); ``labels``
+        are unused."""
+        capsules = [self.branches[key](children) for key, children in self.forward_features(images).items()]
+        logits = torch.stack([branch.norm(dim=-1) for branch in capsules], 1)  # (B, branches, K)
+        return ModelOutput(self.merge(logits).sum(1), "logits", capsules[-1])  # (B, K), the last branch's (B, K, C)
 
     def extra_repr(self) -> str:
         return f"input_size={self.input_size}, num_classes={self.num_classes}, branches={self.branch_after}"

@@ -54,6 +54,7 @@ from capsnets.layers.matrix import (
     MatrixCapsules,
     PrimaryMatrixCapsules,
 )
+from capsnets.models.classifier import Classifier
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 from capsnets.validation import (
@@ -116,7 +117,7 @@ def receptive_field_centres(size: int, layers: Sequence[tuple[int, int, int]]) -
     return offset + step * torch.arange(length, dtype=torch.float64)
 
 
-class MatrixCapsNet(nn.Module):
+class MatrixCapsNet(Classifier):
     """The EM-routing capsule network.
 
     Args:
@@ -273,9 +274,27 @@ class MatrixCapsNet(nn.Module):
         caps = self.primary(torch.relu(self.conv(images)))  # (B, A, 14, 14) -> B types on 14x14
         return self.conv_caps2(self.conv_caps1(caps))  # C types on 6x6 -> D types on 4x4
 
+    def forward_features(self, images: Tensor) -> MatrixCapsules:
+        """What the class capsule layer (:meth:`get_classifier`) routes: the capsules of ConvCaps2
+        (:meth:`conv_capsules`), poses and activations together.
+
+        Shape:
+            images ``(B, C, H, W)`` -> :class:`~capsnets.layers.MatrixCapsules` with ``pose``
+            ``(B, D, h, w, P, P)`` and ``activation`` ``(B, D, h, w)``, ``D`` the types of ConvCaps2 on its
+            ``h x w`` grid (4x4 for 32x32 images), ``P`` the pose size (4).
+
+        Examples::
+
+            >>> model = capsnets.create_model("matrix_capsnet_small")
+            >>> caps = model.forward_features(torch.rand(2, 1, 32, 32))
+            >>> caps.pose.shape, model.get_classifier()(caps).activation.shape
+            (torch.Size([2, 16, 4, 4, 4, 4]), torch.Size([2, 5, 1, 1]))
+        """
+        return self.conv_capsules(images)
+
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class activations and poses of ``images`` (as :meth:`conv_capsules` takes them)."""
-        classes = self.class_capsules(self.conv_capsules(images))  # (B, E, 1, 1, 4, 4)
+        classes = self.class_capsules(self.forward_features(images))  # (B, E, 1, 1, 4, 4)
         activation = classes.activation.flatten(1)  # (B, E)
         poses = classes.pose.reshape(classes.batch, self.num_classes, -1)  # (B, E, 16)
         return ModelOutput(activation, "activation", poses)

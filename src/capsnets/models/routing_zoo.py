@@ -66,6 +66,7 @@ from capsnets.layers import (
     LinearCapsules,
     MatrixCapsules,
 )
+from capsnets.models.classifier import Classifier
 from capsnets.models.output import ModelOutput
 from capsnets.models.registry import register_model
 from capsnets.validation import (
@@ -222,37 +223,51 @@ class CapsuleHead(nn.Module):
         self.score = nn.Linear(capsule_dim, 1, **factory) if kind == "inverted_attention" else None
 
     def forward(self, features: Tensor) -> ModelOutput:
+        return self.classify(self.forward_features(features))
+
+    def forward_features(self, features: Tensor) -> Tensor | MatrixCapsules | tuple[Tensor, Tensor]:
+        """The primary capsules of the backbone's map ``(B, F, h, w)``, as ``class_capsules`` takes them
+        (``N = T * h * w`` capsules, ordered type, row, column): ``(B, N, D)`` squashed (``"dynamic"``,
+        ``"self_attention"``, ``"uniform"``, ``"inverted_attention"``) or not (``"hvc"``); for ``"self_routing"``
+        ``(poses, activations)``, ``(B, N, D)`` and ``(B, N)``, which its routing takes
+        (``routing(predictions(poses), poses=poses, activations=activations)``); for ``"heinsen"``
+        ``(scores, poses)``, ``(B, N)`` logits and ``(B, N, P, P)``; for ``"em"`` a
+        :class:`~capsnets.layers.MatrixCapsules` of ``T`` types on the ``h x w`` map (``P x P`` poses)."""
         batch, _, height, width = features.shape
         pose = self.pose(features).view(batch, self.types, self.dim, height, width)  # (B, T, D, h, w)
+        side = math.isqrt(self.dim)
         if self.kind == "em":
-            return self._route_matrices(pose, self.activation(features))
+            pose = pose.view(batch, self.types, side, side, height, width).permute(0, 1, 4, 5, 2, 3)  # (B,T,h,w,P,P)
+            return MatrixCapsules(pose, self.activation(features))
         pose = pose.permute(0, 1, 3, 4, 2).reshape(batch, -1, self.dim)  # (B, T*h*w, D)
         if self.kind == "heinsen":
-            side = math.isqrt(self.dim)
-            out = self.class_capsules(self.activation(features).flatten(1), pose.view(batch, -1, side, side))
+            return self.activation(features).flatten(1), pose.view(batch, -1, side, side)
+        if self.kind == "self_routing":  # the children's activations are their own, not their lengths
+            return pose, self.activation(features).flatten(1)  # (B, T*h*w), ordered as the poses
+        return pose if self.kind == "hvc" else squash(pose)
+
+    def classify(self, children: Tensor | MatrixCapsules | tuple[Tensor, Tensor]) -> ModelOutput:
+        """The class scores and capsules from the primary capsules (:meth:`forward_features`)."""
+        if self.kind == "em":
+            classes = self.class_capsules(children)  # (B, K, 1, 1, P, P)
+            return ModelOutput(classes.activation.flatten(1), "activation", classes.pose.flatten(2))
+        if self.kind == "heinsen":
+            out = self.class_capsules(*children)
             return ModelOutput(out.scores, "logits", out.mu.flatten(2))  # (B, K) logits, (B, K, D)
         if self.kind == "hvc":
-            capsules = self.class_capsules(pose)  # (B, K, D), no routing
+            capsules = self.class_capsules(children)  # (B, K, D), no routing
             return ModelOutput(capsule_length(capsules), "logits", capsules)
-        if self.kind == "self_routing":  # the children's activations are their own, not their lengths
-            active = self.activation(features).flatten(1)  # (B, T*h*w), ordered as the poses
+        if self.kind == "self_routing":
+            pose, active = children
             capsules = self.class_capsules.routing(
                 self.class_capsules.predictions(pose), poses=pose, activations=active
             )
             logits = torch.log(capsule_length(capsules).clamp_min(torch.finfo(capsules.dtype).tiny))
             return ModelOutput(logits, "logits", capsules)  # (B, K): the log class activations
-        capsules = self.class_capsules(squash(pose))  # (B, K, D)
+        capsules = self.class_capsules(children)  # (B, K, D)
         if self.score is not None:
             return ModelOutput(self.score(capsules).squeeze(-1), "logits", capsules)
         return ModelOutput(capsule_length(capsules), "length", capsules)
-
-    def _route_matrices(self, pose: Tensor, activation: Tensor) -> ModelOutput:
-        """EM routing of ``(B, T, D, h, w)`` poses with ``(B, T, h, w)`` activations to the class capsules."""
-        batch, types, _, height, width = pose.shape
-        side = math.isqrt(self.dim)
-        pose = pose.view(batch, types, side, side, height, width).permute(0, 1, 4, 5, 2, 3)  # (B, T, h, w, P, P)
-        classes = self.class_capsules(MatrixCapsules(pose, activation))  # (B, K, 1, 1, P, P)
-        return ModelOutput(classes.activation.flatten(1), "activation", classes.pose.flatten(2))
 
 
 class CNNHead(nn.Module):
@@ -285,10 +300,15 @@ class CNNHead(nn.Module):
         self.linear = nn.Linear(fan_in, num_classes, **factory)
 
     def forward(self, features: Tensor) -> ModelOutput:
-        return ModelOutput(self.linear(self.features(features)), "logits")
+        return ModelOutput(self.linear(self.forward_features(features)), "logits")
+
+    def forward_features(self, features: Tensor) -> Tensor:
+        """What ``linear`` takes: the pooled map ``(B, F)``, or the flattened convolution ``(B, hidden * h * w)``
+        (``"fully_connected"``)."""
+        return self.features(features)
 
 
-class RoutingZoo(nn.Module):
+class RoutingZoo(Classifier):
     """One backbone (:class:`ConvBackbone`) and one head by name (module docstring).
 
     Args:
@@ -363,12 +383,39 @@ class RoutingZoo(nn.Module):
             )
         _init_as_hahn(self.head)
 
+    @property
+    def classifier_name(self) -> str:
+        """The head's class layer: ``head.class_capsules`` for a capsule head, ``head.linear`` for a CNN head."""
+        return "head.class_capsules" if isinstance(self.head, CapsuleHead) else "head.linear"
+
+    def forward_features(self, images: Tensor) -> Tensor | MatrixCapsules | tuple[Tensor, Tensor]:
+        """What the head's class layer (:meth:`get_classifier`) takes for ``images`` (as :meth:`forward` takes
+        them), by head.
+
+        Shape:
+            images ``(B, C, H, W)`` -> for the capsule heads, the primary capsules on the backbone's ``h x w`` map
+            (:meth:`CapsuleHead.forward_features`: ``(B, T * h * w, D)``; ``(poses, activations)`` for
+            ``"self_routing"``, ``(scores, poses)`` for ``"heinsen"``, a :class:`~capsnets.layers.MatrixCapsules`
+            for ``"em"``); for the CNN heads, ``(B, F)`` pooled (``"avg_pool"``, ``"max_pool"``) or
+            ``(B, T * D * h * w)`` (``"fully_connected"``).
+
+        Examples::
+
+            >>> model = RoutingZoo(head="dynamic")
+            >>> capsules = model.forward_features(torch.rand(2, 1, 32, 32))
+            >>> capsules.shape, model.get_classifier()(capsules).shape
+            (torch.Size([2, 512, 16]), torch.Size([2, 5, 16]))
+        """
+        return self.head.forward_features(self.backbone(self._images(images)))
+
     def forward(self, images: Tensor, labels: Tensor | None = None) -> ModelOutput:
         """Class scores of ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``, floating-point ones
         cast to the parameters' dtype: :func:`~capsnets.validation.image_batch`); ``labels`` are unused."""
+        return self.head(self.backbone(self._images(images)))  # (B, F, h, w) -> scores (B, K)
+
+    def _images(self, images: Tensor) -> Tensor:
         dtype = self.backbone.layers[0].weight.dtype
-        images = image_batch(images, self.input_size, dtype=dtype, owner=type(self).__name__)
-        return self.head(self.backbone(images))  # (B, F, h, w) -> scores (B, K)
+        return image_batch(images, self.input_size, dtype=dtype, owner=type(self).__name__)
 
     def extra_repr(self) -> str:
         return f"head={self.head_name!r}, input_size={self.input_size}, num_classes={self.num_classes}"
