@@ -103,6 +103,8 @@ _EXPERIMENT_DOWNLOAD = "call the data set with download=True in Python once"
 #: ``train`` flags that map one-to-one onto TrainConfig fields (argparse dest == field name).
 _CONFIG_FLAGS = (
     "model",
+    "pretrained",
+    "classifier_only_epochs",
     "dataset",
     "epochs",
     "out",
@@ -456,6 +458,20 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     add("--model", help=f"registered model name, see `capsnets list-models` (default: {default.model})")
     add("--dataset", help=f"data set: {_datasets()} (default: {default.dataset})")
     add("--epochs", type=int, help=f"passes over the training split (default: {default.epochs})")
+    add(
+        "--pretrained",
+        metavar="WEIGHT",
+        help="start from a weight (fine-tuning): a shipped weight's name (`capsnets list-models --pretrained`), a "
+        "checkpoint file or a run directory; the tensors that fit the model are loaded, the class layer starts "
+        "afresh for another class count, and config.yaml records it (default: untrained)",
+    )
+    add(
+        "--classifier-only-epochs",
+        type=int,
+        metavar="N",
+        help="train only the classifier (and the decoder) for the first N epochs, the other weights frozen "
+        f"(default: {default.classifier_only_epochs})",
+    )
     add(
         "--out",
         type=_path,

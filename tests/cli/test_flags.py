@@ -220,3 +220,13 @@ def test_a_misspelt_routing_key_gets_a_suggestion(tmp_path, capsys):
     assert main([*argv, "--model-arg", "routing.iteration=2"]) == 1
     assert "does not take routing.iteration (did you mean routing.iterations?)" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # a failed train leaves nothing it created
+
+
+def test_train_from_a_weight_that_is_not_there_says_which_exist_and_leaves_nothing(tmp_path, capsys):
+    argv = ["train", "--model", "capsnet_digits", "--dataset", "digits", "--out", str(tmp_path / "run")]
+    assert main([*argv, "--pretrained", "capsnet_digits-cifar10", "--classifier-only-epochs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "no shipped pretrained weight 'capsnet_digits-cifar10'" in err and "capsnet_small-mnist" in err
+    assert not (tmp_path / "run").exists()
+    assert main([*argv, "--classifier-only-epochs", "-1"]) == 1
+    assert "classifier_only_epochs" in capsys.readouterr().err

@@ -157,3 +157,26 @@ def test_each_evaluation_point_is_logged_and_nothing_is_printed(caplog, capsys):
         m for m in caplog.messages if "score 0.5" in m
     ] and len(caplog.messages) == 2
     assert capsys.readouterr() == ("", "")  # the progress bar stays off when stderr is not a terminal
+
+
+def test_a_step_leaves_its_frozen_parameters_as_they_are():
+    from capsnets.engine.fit import training_step
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1, weight_decay=0.1)  # decay too would move them
+    frozen = [True]
+    step = training_step(
+        lambda batch: {"loss": model(batch).square().mean()},
+        optimizer,
+        device=torch.device("cpu"),
+        frozen=lambda: list(model[0].parameters()) if frozen[0] else (),
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    step(torch.randn(8, 3))
+    after = list(model.parameters())
+    assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
+    assert not torch.equal(after[2], before[2])
+    frozen[0] = False
+    step(torch.randn(8, 3))
+    assert not torch.equal(model[0].weight, before[0])

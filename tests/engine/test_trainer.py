@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch import nn
 
 from capsnets import checkpoints as capsnets_checkpoints
@@ -29,7 +30,7 @@ class DropoutNet(nn.Module):
 
 @pytest.fixture
 def dropout_net(monkeypatch):
-    monkeypatch.setattr(trainer_module, "build_model", lambda name, args=None: DropoutNet())
+    monkeypatch.setattr(trainer_module, "build_model", lambda name, args=None, pretrained=None: DropoutNet())
 
 
 def test_run_directory(tiny_config):
@@ -337,3 +338,33 @@ def test_the_kernel_compile_is_timed_apart_from_the_first_epoch(tiny_config, mon
     monkeypatch.setattr(trainer_module, "fit", lambda *a, **k: events.append("fit") or real_fit(*a, **k))
     summary = Trainer(tiny_config(epochs=1)).fit()
     assert events == ["compile", "fit"] and summary["kernel_compile_s"] == 3.5
+
+
+def test_a_run_starts_from_a_weight_trains_only_the_classifier_first_and_resumes_without_it(
+    tiny_config, shared_data_root, monkeypatch
+):
+    import capsnets
+    from capsnets.models import hub
+
+    shipped = capsnets.create_model("capsnet_small", pretrained="mnist").state_dict()
+    config = tiny_config(
+        model="capsnet_small",
+        dataset="fashion_mnist",
+        data_dir=str(shared_data_root),
+        model_args={},
+        epochs=1,
+        pretrained="capsnet_small-mnist",
+        classifier_only_epochs=1,
+        val_fraction=0,
+    )
+    Trainer(config).fit()
+    run = Path(config.out)
+    assert yaml.safe_load((run / "config.yaml").read_text())["pretrained"] == "capsnet_small-mnist"
+    state = capsnets_checkpoints.load_checkpoint(run / "last.safetensors").model_state()
+    head = {k for k in state if k.startswith(("class_capsules.", "decoder."))}
+    assert head and all(torch.equal(state[k], shipped[k]) for k in state if k not in head)  # frozen for epoch 1
+    assert all(not torch.equal(state[k], shipped[k]) for k in head)
+    monkeypatch.setattr(hub, "load_pretrained", lambda *a, **k: pytest.fail("a resumed run reloaded the weight"))
+    Trainer(config.replace(epochs=2), resume=True).fit()
+    state = capsnets_checkpoints.load_checkpoint(run / "last.safetensors").model_state()
+    assert not torch.equal(state["conv.weight"], shipped["conv.weight"])  # epoch 2 trains everything

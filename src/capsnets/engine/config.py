@@ -101,6 +101,13 @@ class TrainConfig:
         figures: draw the run's figures (training curves, and the task's: confusion matrix, reconstructions,
             masks) when the training ends. False: none, for trainings whose figures no one looks at (an
             experiment's, whose report draws its own).
+        pretrained: the weight the model starts from (fine-tuning): a shipped weight's name or tag, a checkpoint
+            file or a run directory (:func:`capsnets.models.create_model`'s ``pretrained``). Every tensor that fits
+            the model the run builds (its class count from the data) is loaded; the others start afresh. None:
+            an untrained model. A resumed run continues from its own checkpoint.
+        classifier_only_epochs: train only the classifier (the model's ``get_classifier()``, and its decoder,
+            which reads the class capsules) for the first N epochs, every other weight frozen: the usual start
+            of a fine-tuning. 0: everything trains from the start.
         time_limit_minutes: stop after the first epoch whose training ends past this many minutes of
             wall-clock time in this call (set-up not counted). That epoch is evaluated and checkpointed
             whatever ``eval_every`` and ``checkpoint_every`` say, the summary and figures are written as
@@ -137,6 +144,8 @@ class TrainConfig:
     progress: bool = True
     figures: bool = True
     time_limit_minutes: float | None = None
+    pretrained: str | None = None
+    classifier_only_epochs: int = 0
 
     def __post_init__(self) -> None:
         if self.out is None:
@@ -179,6 +188,18 @@ class TrainConfig:
             "val_fraction",
             self.val_fraction,
             "a number in [0, 1) (0: no validation split)",
+        )
+        expect(
+            _integer(self.classifier_only_epochs) and self.classifier_only_epochs >= 0,
+            "classifier_only_epochs",
+            self.classifier_only_epochs,
+            "a non-negative integer (0: everything trains from the start)",
+        )
+        expect(
+            self.pretrained is None or (isinstance(self.pretrained, str) and self.pretrained.strip()),
+            "pretrained",
+            self.pretrained,
+            "None or a weight: a shipped weight's name, a checkpoint file or a run directory",
         )
         for name in ("download", "compile", "progress", "figures", "test_each_epoch"):
             expect(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")

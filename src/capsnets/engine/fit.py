@@ -310,6 +310,7 @@ def training_step(
     device: torch.device,
     amp_dtype: torch.dtype | None = None,
     model: nn.Module | None = None,
+    frozen: Callable[[], Iterable[Tensor]] | None = None,
 ) -> Step:
     """A :func:`fit` step for one loss and one optimizer: ``compute(batch)`` under autocast (``amp_dtype`` on
     ``device``; None: full precision), then the backward pass of its first value and an optimizer step.
@@ -317,6 +318,8 @@ def training_step(
     Args:
         compute: ``batch -> {name: 0-dim tensor}``, the first entry the loss minimised.
         model: put in training mode before each step if it is not (an evaluation may have left it in eval mode).
+        frozen: the parameters this step leaves as they are, asked before each step: their gradients are dropped
+            before the optimizer's step (which then skips them, weight decay and moments included).
     """
 
     def step(batch) -> dict[str, Tensor]:
@@ -326,6 +329,9 @@ def training_step(
             values = compute(batch)
         optimizer.zero_grad(set_to_none=True)
         next(iter(values.values())).backward()
+        if frozen is not None:
+            for parameter in frozen():
+                parameter.grad = None
         optimizer.step()
         return values
 

@@ -72,6 +72,8 @@ FIXED = (
     "val_fraction",
     "loss",
     "loss_args",
+    "pretrained",
+    "classifier_only_epochs",
 )
 
 

@@ -250,7 +250,14 @@ class Trainer:
             output = train_model(images, labels)
             return {"train_loss": s.criterion(output, images, labels)[0], **self._task.train_metrics(output, labels)}
 
-        step = training_step(compute, optimizer, device=device, amp_dtype=resolve_amp(cfg.amp, device), model=s.model)
+        step = training_step(
+            compute,
+            optimizer,
+            device=device,
+            amp_dtype=resolve_amp(cfg.amp, device),
+            model=s.model,
+            frozen=self._frozen(s),
+        )
         compile_s = compile_em_kernel(s.model, device)  # not the first epoch's time
         signals = contextlib.nullcontext() if context.enabled else stop_on_signals()
         with signals as request:
@@ -278,6 +285,25 @@ class Trainer:
         if context.is_main:
             self._finish(summary, s, trained=s.state.epoch > trained_before)
         return summary
+
+    def _frozen(self, s: _Session):
+        """What :func:`training_step` leaves unchanged: for the first ``classifier_only_epochs`` epochs, every weight
+        but the classifier's (``get_classifier()``) and the decoder's."""
+        epochs = self.config.classifier_only_epochs
+        if not epochs:
+            return None
+        head = getattr(s.model, "get_classifier", None)
+        if head is None:
+            raise ArgumentError(
+                f"classifier_only_epochs={epochs}: {type(s.model).__name__} has no get_classifier(), so its "
+                "classifier cannot be told apart; leave classifier_only_epochs at 0",
+                "classifier_only_epochs",
+            )
+        trained = {
+            id(p) for part in (head(), getattr(s.model, "decoder", None)) if part is not None for p in part.parameters()
+        }
+        body = [p for p in s.model.parameters() if id(p) not in trained]
+        return lambda: body if s.state.epoch < epochs else ()
 
     def _set_up(self, context: distributed.DistContext, device: torch.device) -> _Session:
         """Seed, load data, build model, loss, optimizer and schedule; restore them when resuming."""
@@ -440,7 +466,8 @@ class Trainer:
         for key, value in self._task.model_defaults(data).items():
             if key in accepted and key not in self.config.model_args:
                 self.config.model_args[key] = value
-        model = build_model(self.config.model, self.config.model_args)
+        pretrained = None if self.resume else self.config.pretrained  # a resumed run has its own weights
+        model = build_model(self.config.model, self.config.model_args, pretrained=pretrained)
         recorded = getattr(model, "model_args", {})  # e.g. an argument whose default changed: named from now on
         self.config.model_args.update({k: v for k, v in recorded.items() if k not in self.config.model_args})
         self._task.check_model(model, data, (self.config.model, self.config.dataset))
