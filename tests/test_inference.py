@@ -410,7 +410,7 @@ def test_predict_points_segmentation_models_to_segment(tmp_path):
 @pytest.mark.learning
 def test_photographed_digits_are_framed_and_read_by_the_mnist_weight(shared_data_root):
     # 200 MNIST test digits pasted small (36-90 px), off-centre and dark-on-light on 200x200 canvases of paper grey
-    # with noise, read through capsnets.predict and capsnet_small-mnist. Measured: 99.0%, 99.3%, 99.7% on 300
+    # with noise, read through capsnets.predict and capsnet_small-mnist. Measured: 99.3%, 99.3%, 99.7% on 300
     # canvases (seeds 0, 1, 2); without the framing, 8.3%.
     from capsnets.data import load_dataset
 
