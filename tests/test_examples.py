@@ -8,6 +8,7 @@ import pkgutil
 import pytest
 import torch
 
+import capsnets
 import capsnets.functional
 import capsnets.layers
 import capsnets.models
@@ -23,7 +24,7 @@ MODULES = [
 def test_docstring_examples(name):
     from capsnets.layers import MatrixCapsules
 
-    names = {"torch": torch, "MatrixCapsules": MatrixCapsules}
+    names = {"torch": torch, "capsnets": capsnets, "MatrixCapsules": MatrixCapsules}
     for package in (capsnets.functional, capsnets.layers):
         names.update({k: getattr(package, k) for k in package.__all__})
     torch.manual_seed(0)

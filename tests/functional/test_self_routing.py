@@ -102,7 +102,7 @@ def test_bad_arguments():
         self_routing(u_hat, poses, weight, bias, activations=torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"\(B, I, J, D\)"):
         self_routing(u_hat[0], poses, weight, bias)
-    with pytest.raises(ValueError, match="takes no settings"):
+    with pytest.raises(ValueError, match="does not take iterations; it takes no arguments"):
         routing_from_config({"type": "self_routing", "iterations": 2})
     with pytest.raises(ValueError, match="children's own poses"):
         ConvCapsules2d(4, 8, 3, 6, routing=SelfRouting())
