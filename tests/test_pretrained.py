@@ -496,3 +496,13 @@ def test_weights_transforms_prepare_a_batch():
     model = capsnets.get_model("capsnet_small", weights="mnist")
     with torch.no_grad():
         assert model(transform([torch.zeros(56, 56), np.zeros((28, 28), np.uint8)])).scores.shape == (2, 10)
+
+
+def test_each_weight_says_how_its_training_images_were_framed():
+    framings = {name: weight.meta["framing"] for name, weight in SHIPPED.items()}
+    assert framings["capsnet_small-mnist"].startswith("the digit's bounding box scaled to 20x20")
+    assert framings["capsnet_small-fashion_mnist"] == "the whole image at 28x28; light strokes on black"
+    transform = SHIPPED["capsnet_small-mnist"].transforms()
+    page = np.full((120, 160), 220, dtype=np.uint8)
+    page[30:90, 100:112] = 30  # a dark "1", off-centre, on paper
+    assert int((transform(page)[0] > 0.5).any(1).sum()) == 20  # framed as the card says

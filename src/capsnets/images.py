@@ -36,6 +36,8 @@ from capsnets.validation import ArgumentError, choice, limit_from_env
 
 __all__ = [
     "DARK_BACKGROUND",
+    "DIGIT_BOX",
+    "FRAMINGS",
     "IMAGE_FORMATS",
     "IMAGE_FORMATS_TEXT",
     "IMAGE_SUFFIXES",
@@ -49,6 +51,8 @@ __all__ = [
     "ImageTransform",
     "class_colours",
     "exif_orientation",
+    "frame_digit",
+    "framing",
     "image_files",
     "image_to_tensor",
     "max_image_pixels",
@@ -302,6 +306,28 @@ FRAMINGS = {"mnist": "digit"}
 DIGIT_BOX = 20 / 28
 #: Images are read at most this many pixels on a side before a digit is found in them (the digit ends at 20 px).
 _FRAMING_SIDE = 256
+
+
+def framing(dataset: str | None, input_size: Sequence[int]) -> str:
+    """How the training images of ``dataset`` were framed for a model of ``input_size``, in words: what
+    :func:`prepare_image` does to a user's image for that model (a weight's ``meta["framing"]``).
+
+    Examples:
+        >>> framing("mnist", (1, 28, 28))
+        "the digit's bounding box scaled to 20x20 (aspect kept) and placed by its centre of mass at the centre of 28x28; light strokes on black"
+    """
+    height, width = int(input_size[1]), int(input_size[2])
+    if FRAMINGS.get(dataset) == "digit":
+        side = round(DIGIT_BOX * min(height, width))
+        text = (
+            f"the digit's bounding box scaled to {side}x{side} (aspect kept) and placed by its centre of mass at the "
+            f"centre of {height}x{width}"
+        )
+    elif dataset in NORB_LIKE:
+        text = f"the image at {NORB_SIZE}x{NORB_SIZE}, its centre {NORB_CROP}x{NORB_CROP}, standardised per image"
+    else:
+        text = f"the whole image at {height}x{width}"
+    return text + ("; light strokes on black" if dataset in DARK_BACKGROUND else "")
 
 
 def frame_digit(tensor: Tensor, size: Sequence[int]) -> Tensor:

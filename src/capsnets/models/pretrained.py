@@ -36,7 +36,7 @@ from typing import Any
 
 from capsnets.checkpoints import CheckpointError
 from capsnets.files import atomic_write, atomic_write_text, file_sha256
-from capsnets.images import NORB_LIKE, ImageTransform
+from capsnets.images import NORB_LIKE, ImageTransform, framing
 from capsnets.models import registry
 from capsnets.models.download import DownloadError, check_url, fetch, max_download_bytes
 from capsnets.validation import ArgumentError, shown
@@ -85,6 +85,10 @@ class Weights:
             ``metrics`` (``{dataset: {"accuracy": fraction, "test_images": count}}``, on the data set's test split),
             ``recipe`` (the command that trained it) and ``card`` (the whole model card: data, seed, epochs, date,
             dtype, torch version).
+
+    ``meta["framing"]`` says how the training images were framed, which :meth:`transforms` repeats on a user's
+    image (:func:`capsnets.images.framing`: for MNIST, the digit's box scaled to 20x20 and centred by its centre
+    of mass in 28x28).
 
     ``meta["normalization"]`` says what the model's input holds: pixels scaled to ``[0, 1]`` (``uint8 / 255``,
     ``mean`` 0 and ``std`` 1 per channel: nothing subtracted) for most data sets; for smallNORB-like data
@@ -516,6 +520,7 @@ def _weights(card: dict[str, Any], default: bool) -> Weights:
         "categories": [str(c) for c in card.get("classes") or range(int(built.num_classes))],
         "input_size": tuple(int(v) for v in built.input_size),
         "normalization": normalization,
+        "framing": framing(dataset, built.input_size),
         "num_params": registry.count_parameters(built),
         "metrics": {dataset: {"accuracy": float(details["test_accuracy"]), "test_images": details.get("test_images")}},
         "recipe": details.get("command"),
