@@ -148,6 +148,23 @@ def test_a_drawing_is_framed_as_the_training_digits(web, untrained_capsnet):
     assert seen[:, :2].max() == 0 and seen[:, -2:].max() == 0 and seen.max() == 1, "centred and stretched"
 
 
+def test_a_drawing_for_an_mnist_model_is_prepared_as_predict_prepares_a_photo():
+    """One transform for the page and the command line: the drawing framed by capsnets.images' MNIST framing."""
+    from PIL import Image, ImageDraw
+
+    from capsnets.demo.images import read_image
+    from capsnets.images import prepare_image
+
+    drawing = Image.new("RGB", (280, 280), "black")
+    ImageDraw.Draw(drawing).line([(200, 30), (210, 130)], fill="white", width=10)  # a "1" in a corner
+    buffer = io.BytesIO()
+    drawing.save(buffer, format="PNG")
+    tensor, notes = read_image(buffer.getvalue(), (1, 28, 28), "mnist", frame=True)
+    expected, expected_notes = prepare_image(drawing, (1, 28, 28), "mnist")
+    assert torch.equal(tensor, expected) and notes == expected_notes
+    assert notes[-1].startswith("framed as mnist's digits") and int((tensor[0] > 0.5).any(1).sum()) == 20
+
+
 def test_frame_drawing_of_an_empty_canvas_is_black():
     from capsnets.demo.images import frame_drawing
 

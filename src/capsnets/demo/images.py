@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
-from capsnets.images import DARK_BACKGROUND, IMAGE_FORMATS, IMAGE_FORMATS_TEXT, NORB_LIKE, prepare_image
+from capsnets.images import DARK_BACKGROUND, FRAMINGS, IMAGE_FORMATS, IMAGE_FORMATS_TEXT, NORB_LIKE, prepare_image
 from capsnets.validation import ArgumentError
 
 __all__ = [
@@ -92,12 +92,13 @@ def read_image(
 ) -> tuple[Tensor, list[str]]:
     """Image file bytes as the ``(C, H, W)`` input of a model trained on ``dataset``, and what was adapted.
 
-    Prepared as ``capsnets predict`` prepares files (:func:`capsnets.images.prepare_image`); with ``frame``, a
-    drawing's strokes are first framed as the data set's digits are (:func:`frame_drawing`; data sets of light
-    strokes on black only, else ignored with a note).
+    Prepared as ``capsnets predict`` prepares files (:func:`capsnets.images.prepare_image`), which frames a digit
+    for a data set in :data:`capsnets.images.FRAMINGS` (MNIST) whatever ``frame`` says; with ``frame``, a drawing for
+    another data set of light strokes on black (scikit-learn's digits) is first framed as its digits are
+    (:func:`frame_drawing`; other data sets ignore it with a note).
     """
     image = open_image(data)
-    if not frame:
+    if not frame or FRAMINGS.get(dataset):  # a data set whose framing predict repeats: the same transform
         return prepare_image(image, input_size, dataset)
     if dataset is not None and dataset not in DARK_BACKGROUND:
         tensor, notes = prepare_image(image, input_size, dataset)
