@@ -115,6 +115,36 @@ def create_model(
     return model.to(device).eval()
 
 
+def get_model(name: str, weights: Weights | str | os.PathLike | None = None, **kwargs) -> nn.Module:
+    """A registered model, with the shipped weight ``weights`` loaded, as torchvision's ``get_model``: the same as
+    ``create_model(name, pretrained=weights, **kwargs)`` (:func:`create_model`).
+
+    Args:
+        name: a name from :func:`~capsnets.models.list_models`.
+        weights: the weight to load: a :class:`~capsnets.models.Weights` (``get_model_weights(name).DEFAULT``), a
+            weight's tag (``"mnist"``) or name (``"capsnet_small-mnist"``, timm's ``"capsnet_small.mnist"``), or
+            anything else ``create_model``'s ``pretrained`` takes (a ``.safetensors`` file, a run directory, a URL
+            with ``sha256=``); None builds the model untrained.
+        **kwargs: what :func:`create_model` takes besides ``pretrained``: the builder's arguments (which change a
+            weight's model as for fine-tuning), ``sha256``.
+
+    Raises:
+        PretrainedError: an unknown tag or name (the message lists those shipped), a weight of another model.
+        ArgumentError: an unknown model, a ``weights`` of another type, an argument the model does not take.
+
+    Examples::
+
+        >>> model = get_model("capsnet_small", weights=capsnets.get_model_weights("capsnet_small").DEFAULT)
+        >>> model.checkpoint_meta["dataset"], model.training
+        ('mnist', False)
+        >>> get_model("capsnet_small", weights="capsnet_small.fashion_mnist").class_names[1]
+        'Trouser'
+        >>> get_model("capsnet_small", num_classes=5).num_classes
+        5
+    """
+    return create_model(name, pretrained=weights, **kwargs)
+
+
 def _source(pretrained, name: str, dataset: str | None) -> str:
     """The weight a model was fine-tuned from, as a user names it: a shipped weight's name, else the path or URL."""
     if isinstance(pretrained, Weights):
