@@ -164,6 +164,7 @@ def test_the_onnx_file_says_what_its_model_takes_and_names_its_batch_axis(export
     assert meta["capsnets_version"] == capsnets.__version__ and meta["model"] == "capsnet_digits"
     assert json.loads(meta["class_names"]) == model.class_names and json.loads(meta["input_size"]) == [1, 8, 8]
     assert meta["task"] == "classification" and "values in [0, 1]" in meta["preprocessing"]
+    assert meta["score_kind"] == "length"  # what OnnxModel's scores are
     for value in (*proto.graph.input, *proto.graph.output):
         assert value.type.tensor_type.shape.dim[0].dim_param == "batch", value.name
     symbols = {d.dim_param for v in proto.graph.value_info for d in v.type.tensor_type.shape.dim if d.dim_param}
@@ -179,3 +180,133 @@ def test_the_onnx_metadata_names_the_training_data_and_its_framing():
     model = capsnets.create_model("matrix_capsnet_small", device="meta")
     model.checkpoint_meta = {"dataset": "smallnorb"}
     assert "standardised per image" in onnx_metadata(model)["preprocessing"]
+    model.checkpoint_meta = {"multilabel": True, "thresholds": [0.25] * 5}
+    meta = onnx_metadata(model, score_kind="activation")
+    assert meta["multilabel"] == "true" and json.loads(meta["thresholds"]) == [0.25] * 5
+    assert meta["score_kind"] == "activation" and "mask_format" not in meta
+
+
+@pytest.fixture(scope="module")
+def mnist_onnx(tmp_path_factory):
+    """The shipped ``capsnet_small-mnist`` weight and its ONNX file, exported once for the module."""
+    model = capsnets.create_model("capsnet_small", pretrained="mnist").eval()
+    path = tmp_path_factory.mktemp("mnist_onnx") / "capsnet_small-mnist.onnx"
+    export_model(model, path)
+    return model, path
+
+
+def test_predict_runs_an_onnx_file_as_the_model(mnist_onnx, shared_data_root):
+    from capsnets.data import load_dataset
+    from capsnets.export import OnnxModel
+
+    model, path = mnist_onnx
+    onnx_model = OnnxModel(path)
+    assert onnx_model.input_size == model.input_size and onnx_model.class_names == model.class_names
+    assert onnx_model.checkpoint_meta["dataset"] == "mnist" and onnx_model.score_kind == "length"
+    images = load_dataset("mnist", root=shared_data_root, train=False).images[:256]
+    expected = capsnets.predict(model, images, batch_size=100)
+    got = capsnets.predict(onnx_model, images, batch_size=100)  # batches of 100 and 56: the batch axis is dynamic
+    assert [p.label for p in got] == [p.label for p in expected]
+    assert len({p.label for p in got}) == 10  # a real test: every class is answered
+    for g, e in zip(got, expected):
+        assert g.scores.keys() == e.scores.keys() and g.lengths.keys() == e.lengths.keys()
+        assert max(abs(g.scores[k] - e.scores[k]) for k in e.scores) <= 1e-4
+        assert max(abs(g.lengths[k] - e.lengths[k]) for k in e.lengths) <= 1e-4
+
+
+def test_the_cli_predicts_with_an_onnx_file_as_with_its_checkpoint(mnist_onnx, shared_data_root, tmp_path, capsys):
+    from PIL import Image
+
+    from capsnets.data import load_dataset
+
+    _, path = mnist_onnx
+    test = load_dataset("mnist", root=shared_data_root, train=False)
+    files = []
+    for k in range(12):  # prepared by predict as MNIST was: framed, not inverted
+        files.append(str(tmp_path / f"digit{k}.png"))
+        Image.fromarray((test.images[k, 0] * 255).round().byte().numpy()).save(files[-1])
+    answers = {}
+    for source in (["--pretrained", "capsnet_small-mnist"], ["--checkpoint", str(path)]):
+        assert main(["predict", *files, *source, "--json", "-"]) == 0
+        answers[source[0]] = json.loads(capsys.readouterr().out)
+    checkpoint, onnx = answers["--pretrained"], answers["--checkpoint"]
+    assert onnx["checkpoint"] == str(path) and onnx["model"] == "capsnet_small" and onnx["dataset"] == "mnist"
+    assert [p["label"] for p in onnx["predictions"]] == [p["label"] for p in checkpoint["predictions"]]
+    assert [p["label"] for p in onnx["predictions"]] == [str(int(label)) for label in test.labels[:12]]
+    for got, expected in zip(onnx["predictions"], checkpoint["predictions"]):
+        assert max(abs(got["scores"][k] - expected["scores"][k]) for k in expected["scores"]) <= 1e-4
+    assert main(["predict", files[0], "--checkpoint", str(path)]) == 0  # the text, as for a checkpoint
+    assert capsys.readouterr().out.startswith(f"{files[0]}: {onnx['predictions'][0]['label']} (score ")
+    assert main(["predict", files[0], "--checkpoint", str(path), "--device", "cuda"]) == 1
+    assert "is run by onnxruntime on the CPU" in capsys.readouterr().err
+
+
+def test_an_onnx_file_without_the_metadata_is_refused_with_what_to_do(mnist_onnx, tmp_path, monkeypatch, capsys):
+    import sys
+
+    import onnx
+
+    from capsnets.export import OnnxModel
+
+    _, path = mnist_onnx
+    proto = onnx.load(path)
+    exported = [(p.key, p.value) for p in proto.metadata_props]
+
+    def variant(name, drop=(), add=None):
+        kept = [(key, value) for key, value in exported if key not in drop]
+        del proto.metadata_props[:]
+        for key, value in [*kept, *(add or {}).items()]:
+            proto.metadata_props.add(key=key, value=value)
+        onnx.save(proto, tmp_path / name)
+        return tmp_path / name
+
+    older = variant("older.onnx", drop=("score_kind",))  # exported before the metadata said what its scores are
+    with pytest.raises(
+        ValueError, match=r"does not record score_kind in its metadata.*earlier capsnets.*export the model again"
+    ):
+        OnnxModel(older)
+    other = variant("other.onnx", drop=("capsnets", "capsnets_version", "model", "task", "input_size", "score_kind"))
+    with pytest.raises(ValueError, match="model, task, input_size, score_kind .*another tool than capsnets"):
+        OnnxModel(other)
+    image = tmp_path / "blank.png"
+    image.write_bytes(b"")  # never read: the file is refused first
+    assert main(["predict", str(image), "--checkpoint", str(older)]) == 1
+    assert "does not record score_kind" in capsys.readouterr().err
+    # a multi-label model's file answers with the set of classes present
+    multilabel = variant("multilabel.onnx", add={"multilabel": "true", "thresholds": json.dumps([0.5] * 10)})
+    answer = capsnets.predict(OnnxModel(multilabel), torch.zeros(1, 1, 28, 28))[0]
+    assert answer.labels is not None and answer.label is None
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # not installed
+    with pytest.raises(ImportError, match=r"Running an ONNX file needs onnxruntime: pip install 'capsnets\[export\]'"):
+        OnnxModel(path)
+
+
+@pytest.mark.long
+def test_a_segmentation_models_onnx_file_writes_the_masks_its_checkpoint_writes(tmp_path, capsys):
+    from PIL import Image
+
+    torch.manual_seed(0)
+    model = capsnets.create_model("unet_small", num_classes=3)
+    mask_format = {"mode": "RGB", "values": [[0, 0, 0], [0, 128, 0], [200, 0, 0]]}
+    save_checkpoint(
+        tmp_path / "run" / "best.safetensors",
+        model=model,
+        meta={
+            "model": "unet_small",
+            "model_args": model.model_args,
+            "classes": ["a", "b", "c"],
+            "mask_format": mask_format,
+        },
+    )
+    assert main(["export", "--checkpoint", str(tmp_path / "run")]) == 0
+    assert "outputs: probabilities" in capsys.readouterr().out
+    image = tmp_path / "shape.png"
+    Image.fromarray(torch.rand(32, 32, generator=torch.Generator().manual_seed(1)).mul(255).byte().numpy()).save(image)
+    masks = {}
+    for name, source in (("checkpoint", tmp_path / "run"), ("onnx", tmp_path / "run" / "best.onnx")):
+        out = tmp_path / name
+        assert main(["predict", str(image), "--checkpoint", str(source), "--out", str(out), "--json", "-"]) == 0
+        masks[name] = json.loads(capsys.readouterr().out)["predictions"][0]
+        masks[name]["pixels"] = Image.open(out / "shape_mask.png").tobytes()
+    assert masks["onnx"]["areas"] == masks["checkpoint"]["areas"] and list(masks["onnx"]["areas"]) == ["a", "b", "c"]
+    assert masks["onnx"]["pixels"] == masks["checkpoint"]["pixels"]

@@ -12,6 +12,7 @@ defaults)::
     capsnets experiment multimnist --smoke --out runs/multimnist_smoke   # report.md + PNGs
     capsnets predict --pretrained capsnet_small-mnist seven.png   # a shipped weight
     capsnets export --checkpoint runs/capsnet_digits      # runs/capsnet_digits/best.onnx
+    capsnets predict --checkpoint runs/capsnet_digits/best.onnx digit.png   # the exported file, by onnxruntime
     capsnets demo                                         # http://127.0.0.1:8000/
 
 ``capsnets COMMAND --help`` gives every option with its default. ``train`` writes its run directory to
@@ -71,7 +72,7 @@ from capsnets.engine.runtime import (
 from capsnets.engine.tasks import checkpoint_task, task_for, task_named
 from capsnets.engine.tasks.report import percent
 from capsnets.engine.trainer import train
-from capsnets.export import EXPORT_FORMATS, export_model
+from capsnets.export import EXPORT_FORMATS, OnnxModel, export_model
 from capsnets.files import FileWriteError, atomic_write_text, folder_write_problem
 from capsnets.images import IMAGE_FORMATS_TEXT, IMAGE_SUFFIXES
 from capsnets.inference import collect_image_files
@@ -262,7 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(
         command("export", "write a checkpoint's model as ONNX (or a torch.export program), checked against PyTorch")
     )
-    _add_predict(command("predict", f"classify image files ({IMAGE_FORMATS_TEXT}) with a checkpoint, or segment them"))
+    _add_predict(
+        command(
+            "predict",
+            f"classify image files ({IMAGE_FORMATS_TEXT}) with a checkpoint or an exported .onnx file, or segment them",
+        )
+    )
     _add_list_models(
         command("list-models", "registered models and their parameter counts, or the --model-arg keys of one model")
     )
@@ -646,8 +652,9 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--checkpoint",
         metavar="PATH",
-        help="run directory (its best, else last, checkpoint) or .safetensors file (this or "
-        "--pretrained is required, no default)",
+        help="run directory (its best, else last, checkpoint), .safetensors file, or .onnx file written by "
+        "capsnets export (run by onnxruntime on the CPU, with the same predictions; needs pip install "
+        "'capsnets[export]') (this or --pretrained is required, no default)",
     )
     _add_pretrained_arg(source, parser)
     parser.add_argument(
@@ -673,7 +680,9 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
         help="segmentation models: directory for the <image>_mask.png and <image>_overlay.png files (default: ./masks)",
     )
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
+    parser.add_argument(
+        "--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...; an .onnx file: cpu"
+    )
     _add_overwrite_arg(parser, "the --json file, masks and overlays")
     parser.set_defaults(handler=_predict)
 
@@ -1184,15 +1193,18 @@ def _predict(args: argparse.Namespace) -> int:
         raise ArgumentError(f"--batch-size must be at least 1, got {args.batch_size}")
     files = collect_image_files(args.inputs)
     json_out = _json_file(Path(args.json), files, args.overwrite) if args.json not in (None, "-") else None
-    device = resolve_device(args.device)
-    checkpoint = load_checkpoint(_checkpoint_source(args, [args.checkpoint]))
-    model = model_from_checkpoint(checkpoint, device)
-    task = checkpoint_task(checkpoint.meta)
+    if args.pretrained is None and Path(args.checkpoint).suffix.lower() == ".onnx":
+        source, model = Path(args.checkpoint), _onnx_model(args)
+    else:
+        checkpoint = load_checkpoint(_checkpoint_source(args, [args.checkpoint]))
+        source, model = checkpoint.path, model_from_checkpoint(checkpoint, resolve_device(args.device))
+    meta = model.checkpoint_meta
+    task = checkpoint_task(meta)
     out = _prediction_folder(task, Path(args.out or "masks"), files, args)
     results = task.predict(
         model,
         files,
-        meta=checkpoint.meta,
+        meta=meta,
         out=out,
         batch_size=args.batch_size,
         invert=args.invert,
@@ -1201,10 +1213,10 @@ def _predict(args: argparse.Namespace) -> int:
     records = [result.to_dict() for result in results]
     header = {
         **json_header("predictions"),
-        "checkpoint": str(checkpoint.path),
-        "model": checkpoint.meta["model"],
-        "dataset": checkpoint.meta.get("dataset"),
-        **task.prediction_header(checkpoint.meta, model),
+        "checkpoint": str(source),
+        "model": meta["model"],
+        "dataset": meta.get("dataset"),
+        **task.prediction_header(meta, model),
     }
     text = json.dumps({**header, "predictions": records}, indent=2) + "\n"
     if args.json == "-":
@@ -1216,6 +1228,20 @@ def _predict(args: argparse.Namespace) -> int:
         atomic_write_text(json_out, text)
         print(f"wrote {json_out}")
     return 0
+
+
+def _onnx_model(args: argparse.Namespace) -> OnnxModel:
+    """``predict --checkpoint FILE.onnx``: the exported file, run by onnxruntime on the CPU (``--device`` auto or
+    cpu); a missing onnxruntime is reported in one line, with how to install it."""
+    if args.device not in ("auto", "cpu"):
+        raise ArgumentError(
+            f"--device {args.device}: an .onnx file is run by onnxruntime on the CPU; leave --device out, or predict "
+            "with the checkpoint it was exported from"
+        )
+    try:
+        return OnnxModel(args.checkpoint)
+    except ImportError as err:
+        raise ArgumentError(str(err)) from None
 
 
 def _json_file(path: Path, files: Sequence[Path], overwrite: bool) -> Path:

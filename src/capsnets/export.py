@@ -12,12 +12,17 @@ Outputs, by the model's task:
   for capsule models, ``capsules`` ``(B, num_classes, D)``;
 - segmentation: ``probabilities`` ``(B, K, H, W)`` (K = 1 for a binary model).
 
+:class:`OnnxModel` runs an exported ONNX file in place of the model: :func:`capsnets.predict` (and
+:func:`capsnets.inference.segment`) take it, and ``capsnets predict --checkpoint model.onnx`` uses it.
+
 Examples::
 
     >>> model = load_model("runs/quickstart")                            # doctest: +SKIP
     >>> report = export_model(model, "capsnet.onnx")                      # doctest: +SKIP
     >>> report.max_abs_difference < 1e-4                                  # doctest: +SKIP
     True
+    >>> capsnets.predict(OnnxModel("capsnet.onnx"), "seven.png")[0].label  # doctest: +SKIP
+    '7'
 
 ONNX export needs the ``export`` extra: ``pip install -e '.[export]'`` (onnx, onnxscript, onnxruntime).
 """
@@ -33,6 +38,7 @@ import re
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -41,10 +47,20 @@ from capsnets._version import __version__ as capsnets_version
 from capsnets.files import atomic_write
 from capsnets.images import DARK_BACKGROUND, NORB_CROP, NORB_LIKE, NORB_SIZE
 from capsnets.models import model_task
+from capsnets.models.output import ModelOutput
+from capsnets.models.segcaps import SegmentationOutput
 from capsnets.outputs import MARK, check_output
 from capsnets.validation import ArgumentError
 
-__all__ = ["EXPORT_FORMATS", "ExportReport", "ExportableModel", "export_model", "onnx_metadata", "run_onnx"]
+__all__ = [
+    "EXPORT_FORMATS",
+    "ExportReport",
+    "ExportableModel",
+    "OnnxModel",
+    "export_model",
+    "onnx_metadata",
+    "run_onnx",
+]
 
 #: The formats :func:`export_model` writes, with their file suffixes.
 EXPORT_FORMATS = {"onnx": ".onnx", "torch_export": ".pt2"}
@@ -58,6 +74,8 @@ class ExportableModel(nn.Module):
 
     Attributes:
         output_names: the names of the outputs, in order.
+        score_kind: what a classifier's ``scores`` are (:attr:`~capsnets.models.output.ModelOutput.score_kind`);
+            None for a segmentation model.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -71,6 +89,7 @@ class ExportableModel(nn.Module):
             )
         with torch.no_grad():
             probe = model(torch.zeros(1, *model.input_size, device=_device(model)))
+        self.score_kind = getattr(probe, "score_kind", None)
         if hasattr(probe, "probabilities"):
             self.output_names = ["probabilities"]
         elif hasattr(probe, "scores"):
@@ -173,7 +192,7 @@ def export_model(
                     output_names=wrapped.output_names,
                 )
                 onnx_program.model.metadata_props[MARK] = "onnx"  # capsnets.outputs.written_for reads it
-                onnx_program.model.metadata_props.update(onnx_metadata(model))
+                onnx_program.model.metadata_props.update(onnx_metadata(model, score_kind=wrapped.score_kind))
                 _name_batch_axis(onnx_program.model.graph)
                 onnx_program.save(tmp)
     else:
@@ -214,11 +233,20 @@ def export_model(
     return report
 
 
-def onnx_metadata(model: nn.Module) -> dict[str, str]:
+def onnx_metadata(model: nn.Module, *, score_kind: str | None = None) -> dict[str, str]:
     """What an exported ONNX file says about its model (``metadata_props``, strings; lists and sizes as JSON): the
     capsnets version, the model's name, task, class names, input size, the data set it was trained on (where its
-    checkpoint records one) and how an image becomes its input (``preprocessing``)."""
-    dataset = (getattr(model, "checkpoint_meta", None) or {}).get("dataset")
+    checkpoint records one) and how an image becomes its input (``preprocessing``); a classifier's ``score_kind``;
+    where its checkpoint records them, a multi-label model's ``multilabel`` (``"true"``) and ``thresholds``, and a
+    segmentation model's ``mask_format``. :class:`OnnxModel` reads them back.
+
+    Args:
+        model: the exported model.
+        score_kind: what its ``scores`` are (:attr:`ExportableModel.score_kind`; :func:`export_model` gives it);
+            None: not recorded.
+    """
+    checkpoint = getattr(model, "checkpoint_meta", None) or {}
+    dataset = checkpoint.get("dataset")
     size = [int(v) for v in model.input_size]
     names = getattr(model, "class_names", None)
     steps = [f"{'RGB' if size[0] == 3 else 'greyscale'}, resized to {size[1]}x{size[2]}, values in [0, 1]"]
@@ -239,6 +267,14 @@ def onnx_metadata(model: nn.Module) -> dict[str, str]:
         meta["class_names"] = json.dumps([str(n) for n in names])
     if dataset is not None:
         meta["dataset"] = str(dataset)
+    if score_kind is not None:
+        meta["score_kind"] = score_kind
+    if checkpoint.get("multilabel"):
+        meta["multilabel"] = "true"
+        if checkpoint.get("thresholds") is not None:
+            meta["thresholds"] = json.dumps([float(t) for t in checkpoint["thresholds"]])
+    if checkpoint.get("mask_format") is not None:
+        meta["mask_format"] = json.dumps(checkpoint["mask_format"])
     return meta
 
 
@@ -275,7 +311,120 @@ def run_onnx(path: str | os.PathLike, images: Tensor, *, threads: int | None = N
     return _onnx_runner(path, threads)(images)
 
 
-def _onnx_runner(path, threads: int | None = None):
+class OnnxModel(nn.Module):
+    """An ONNX file written by :func:`export_model`, run by onnxruntime on the CPU in place of its model.
+
+    :func:`capsnets.predict` takes it as it takes the model (and :func:`capsnets.inference.segment` a segmentation
+    model's file), and ``capsnets predict --checkpoint model.onnx`` uses it. What they read of a model comes from
+    the file's metadata (:func:`onnx_metadata`): ``input_size``, ``class_names``, ``model_name`` and a
+    ``checkpoint_meta`` with the ``model``, its ``task``, the ``dataset`` it was trained on (which decides how
+    images are prepared), its ``classes``, a multi-label model's ``multilabel`` and ``thresholds`` and a
+    segmentation model's ``mask_format``. It has no parameters: its inputs are CPU tensors.
+
+    Args:
+        path: the ONNX file.
+        threads: onnxruntime's intra-op threads; None: PyTorch's (``torch.get_num_threads()``), as
+            :func:`run_onnx`.
+
+    Attributes:
+        path: the file.
+        output_names: the file's outputs, in order (``scores`` [``capsules``], or ``probabilities``).
+        num_classes: the classes (a segmentation model's maps: 1 for a binary model).
+        score_kind: what a classifier's scores are (``"length"``, ``"activation"``, ``"logits"``); None for a
+            segmentation model.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a file.
+        ImportError: onnxruntime is missing (the message says how to install it).
+        ArgumentError: the file lacks the metadata capsnets needs to run it (it was exported by an older capsnets,
+            or not by capsnets; the message names what is missing and says to export it again), or its outputs are
+            not a classifier's or a segmentation model's.
+        ValueError: onnxruntime cannot load the file.
+
+    Shape:
+        - images: ``(B, C, H, W)`` of ``input_size``, float32 in ``[0, 1]`` as :func:`capsnets.predict` prepares
+          them.
+        - output: :class:`~capsnets.models.output.ModelOutput` with ``scores`` ``(B, num_classes)`` (and
+          ``capsules`` ``(B, num_classes, D)`` for a capsule model), or
+          :class:`~capsnets.models.segcaps.SegmentationOutput` with ``probabilities`` ``(B, num_classes, H, W)``.
+
+    Examples::
+
+        >>> export_model(capsnets.create_model("capsnet_small", pretrained="mnist"), "mnist.onnx")  # doctest: +SKIP
+        >>> model = OnnxModel("mnist.onnx")                                   # doctest: +SKIP
+        >>> model.input_size, model.checkpoint_meta["dataset"]                # doctest: +SKIP
+        ((1, 28, 28), 'mnist')
+        >>> capsnets.predict(model, "seven.png")[0].label                     # doctest: +SKIP
+        '7'
+    """
+
+    def __init__(self, path: str | os.PathLike, *, threads: int | None = None) -> None:
+        super().__init__()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no ONNX file at '{self.path}'")
+        _require_onnx(("onnxruntime",), "Running an ONNX file")
+        try:
+            session = _onnx_session(self.path, threads)
+        except Exception as err:  # onnxruntime's own exception types (InvalidProtobuf, Fail...)
+            raise ValueError(f"onnxruntime cannot load '{self.path}': {_first_line(err)}") from err
+        self._run = _session_runner(session)
+        self.output_names = [output.name for output in session.get_outputs()]
+        if self.output_names not in (["scores"], ["scores", "capsules"], ["probabilities"]):
+            raise ArgumentError(
+                f"'{self.path}' has outputs {', '.join(self.output_names)}; capsnets runs the ONNX files it exports "
+                "of classification models (scores, capsules) and segmentation models (probabilities)"
+            )
+        props = session.get_modelmeta().custom_metadata_map
+        needed = ["model", "task", "input_size"] + (["score_kind"] if self.output_names[0] == "scores" else [])
+        missing = [key for key in needed if key not in props]
+        if missing:
+            version = f" ({props['capsnets_version']})" if props.get("capsnets_version") else ""
+            by = f"an earlier capsnets{version}" if props.get(MARK) else "another tool than capsnets"
+            raise ArgumentError(
+                f"'{self.path}' does not record {', '.join(missing)} in its metadata, which capsnets needs to run it "
+                f"(it was exported by {by}); export the model again with this capsnets ({capsnets_version}): "
+                f"capsnets export --checkpoint RUN --out {self.path.name}"
+            )
+        count = session.get_outputs()[0].shape[1]
+        input_size = _metadata_json(props, "input_size", self.path)
+        if not isinstance(count, int) or not (
+            isinstance(input_size, list) and len(input_size) == 3 and all(isinstance(v, int) for v in input_size)
+        ):
+            raise ArgumentError(f"'{self.path}' has a damaged input_size or output shape; export the model again")
+        self.input_size = tuple(input_size)
+        self.num_classes = count
+        self.model_name = props["model"]
+        self.score_kind = props.get("score_kind") if self.output_names[0] == "scores" else None
+        names = _metadata_json(props, "class_names", self.path)
+        self.class_names = [str(n) for n in names] if names is not None else [str(k) for k in range(count)]
+        meta = {"model": self.model_name, "task": props["task"], "dataset": props.get("dataset")}
+        meta["classes"] = self.class_names
+        if props.get("multilabel") == "true":
+            meta.update(multilabel=True, thresholds=_metadata_json(props, "thresholds", self.path))
+        if props.get("mask_format"):
+            meta["mask_format"] = _metadata_json(props, "mask_format", self.path)
+        self.checkpoint_meta = meta
+
+    def forward(self, images: Tensor) -> ModelOutput | SegmentationOutput:
+        outputs = dict(zip(self.output_names, self._run(images)))
+        if self.score_kind is None:
+            return SegmentationOutput(outputs["probabilities"])
+        return ModelOutput(outputs["scores"], self.score_kind, outputs.get("capsules"))
+
+    def extra_repr(self) -> str:
+        return f"'{self.path}', model={self.model_name!r}"
+
+
+def _metadata_json(props: dict[str, str], key: str, path: Path):
+    """The JSON value of the metadata property ``key`` of the ONNX file ``path`` (None where it has none)."""
+    try:
+        return json.loads(props[key]) if key in props else None
+    except json.JSONDecodeError:
+        raise ArgumentError(f"'{path}' has a damaged {key} in its metadata; export the model again") from None
+
+
+def _onnx_session(path, threads: int | None = None):
     # optional dependency (the export extra)
     import onnxruntime  # noqa: PLC0415
 
@@ -283,13 +432,20 @@ def _onnx_runner(path, threads: int | None = None):
     options.log_severity_level = 3  # errors only
     options.intra_op_num_threads = torch.get_num_threads() if threads is None else threads
     options.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _session_runner(session):
     name = session.get_inputs()[0].name
 
     def run(images: Tensor) -> list[Tensor]:
-        return [torch.from_numpy(out) for out in session.run(None, {name: images.cpu().float().numpy()})]
+        return [torch.from_numpy(out) for out in session.run(None, {name: images.detach().cpu().float().numpy()})]
 
     return run
+
+
+def _onnx_runner(path, threads: int | None = None):
+    return _session_runner(_onnx_session(path, threads))
 
 
 def _program_runner(path):
@@ -302,16 +458,16 @@ def _program_runner(path):
     return run
 
 
-def _require_onnx() -> None:
+def _require_onnx(names: tuple[str, ...] = ("onnx", "onnxscript", "onnxruntime"), purpose: str = "ONNX export") -> None:
     missing = []
-    for name in ("onnx", "onnxscript", "onnxruntime"):
+    for name in names:
         try:
             __import__(name)
         except ImportError:
             missing.append(name)
     if missing:
         raise ImportError(
-            f"ONNX export needs {', '.join(missing)}: pip install 'capsnets[export]' (or, in a "
+            f"{purpose} needs {', '.join(missing)}: pip install 'capsnets[export]' (or, in a "
             "clone, pip install -e '.[export]')"
         )
 

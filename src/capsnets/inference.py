@@ -193,7 +193,8 @@ def predict(
     of right, wrong and out-of-distribution answers the defaults flag.
 
     Args:
-        model: a classification model (its ``forward`` returns :class:`~capsnets.models.output.ModelOutput`).
+        model: a classification model (its ``forward`` returns :class:`~capsnets.models.output.ModelOutput`), or
+            an exported ONNX file's :class:`~capsnets.export.OnnxModel`.
         inputs: one input or a list of them: image file paths, folders (searched as
             :func:`collect_image_files`), ``PIL.Image.Image``, NumPy arrays ``(H, W)`` or ``(H, W, C)``, tensors
             ``(H, W)`` or ``(C, H, W)``, and tensors ``(N, C, H, W)``: batches already prepared, taken as they are.
@@ -235,7 +236,7 @@ def predict(
     thresholds = _thresholds(model, thresholds)
     transform = ImageTransform(model.input_size, _dataset_of(model, dataset), invert=invert)
     names = list(classes) if classes is not None else getattr(model, "class_names", None)
-    device = next(model.parameters()).device
+    device = _device(model)
     was_training = model.training
     model.eval()
     results: list[Prediction] = []
@@ -278,7 +279,8 @@ def segment(
     the background left clear. Both have the model's input size.
 
     Args:
-        model: a segmentation model (its output has ``probabilities`` ``(B, K, H, W)``).
+        model: a segmentation model (its output has ``probabilities`` ``(B, K, H, W)``), or an exported ONNX
+            file's :class:`~capsnets.export.OnnxModel`.
         inputs, dataset, invert: as :func:`predict`.
         out: the folder for the masks (created).
         threshold: binary models: the probability above which a pixel is foreground.
@@ -292,7 +294,7 @@ def segment(
         each class's ``areas``.
     """
     transform = ImageTransform(model.input_size, _dataset_of(model, dataset), invert=invert)
-    device = next(model.parameters()).device
+    device = _device(model)
     meta = getattr(model, "checkpoint_meta", None) or {}
     count = max(int(getattr(model, "num_classes", 1)), 2)  # a binary model's one map is 2 classes
     mask_format = mask_format if mask_format is not None else meta.get("mask_format")
@@ -523,6 +525,13 @@ def _class_names(names: Sequence[str] | None, count: int) -> list[str]:
     if len(names) != count:
         raise ArgumentError(f"classes has {len(names)} names, but the model has {count} classes", "classes")
     return names
+
+
+def _device(model: nn.Module) -> torch.device:
+    """Where ``model``'s inputs go: the device of its parameters; the CPU for a model without parameters (an
+    :class:`~capsnets.export.OnnxModel`, which onnxruntime runs on the CPU)."""
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 def _dataset_of(model: nn.Module, dataset: str | None) -> str | None:
