@@ -28,11 +28,11 @@ MODEL_ARGS = {"segcaps_small": {"routing": {"iterations": 2}}}
 
 #: The names of each family's ONNX outputs, by task.
 OUTPUTS = {
-    "capsnet_digits": ["scores", "capsules"],
+    "capsnet_digits": ["scores", "capsules", "reconstruction"],
     "matrix_capsnet_small": ["scores", "capsules"],
     "segcaps_small": ["probabilities"],
     "cnn_baseline_narrow": ["scores"],
-    "efficient_capsnet": ["scores", "capsules"],
+    "efficient_capsnet": ["scores", "capsules", "reconstruction"],
 }
 
 
@@ -203,15 +203,20 @@ def test_predict_runs_an_onnx_file_as_the_model(mnist_onnx, shared_data_root):
     onnx_model = OnnxModel(path)
     assert onnx_model.input_size == model.input_size and onnx_model.class_names == model.class_names
     assert onnx_model.checkpoint_meta["dataset"] == "mnist" and onnx_model.score_kind == "length"
+    assert onnx_model.checkpoint_meta["reconstruction_limits"] == model.checkpoint_meta["reconstruction_limits"]
     images = load_dataset("mnist", root=shared_data_root, train=False).images[:256]
+    images = torch.cat([images, torch.zeros(4, *model.input_size, dtype=images.dtype)])  # blank: unsure by the decoder
     expected = capsnets.predict(model, images, batch_size=100)
-    got = capsnets.predict(onnx_model, images, batch_size=100)  # batches of 100 and 56: the batch axis is dynamic
+    got = capsnets.predict(onnx_model, images, batch_size=100)  # batches of 100, 100, 60: the batch axis is dynamic
     assert [p.label for p in got] == [p.label for p in expected]
     assert len({p.label for p in got}) == 10  # a real test: every class is answered
+    assert {p.unsure_rule for p in got} == {"score and reconstruction"} and all(p.uncertain for p in got[-4:])
+    assert [p.uncertain for p in got] == [p.uncertain for p in expected]
     for g, e in zip(got, expected):
         assert g.scores.keys() == e.scores.keys() and g.lengths.keys() == e.lengths.keys()
         assert max(abs(g.scores[k] - e.scores[k]) for k in e.scores) <= 1e-4
         assert max(abs(g.lengths[k] - e.lengths[k]) for k in e.lengths) <= 1e-4
+        assert max(abs(g.reconstruction_error[k] - e.reconstruction_error[k]) for k in ("pixel", "relative")) <= 1e-4
 
 
 def test_the_cli_predicts_with_an_onnx_file_as_with_its_checkpoint(mnist_onnx, shared_data_root, tmp_path, capsys):

@@ -8,8 +8,10 @@ something else is caught at export time.
 
 Outputs, by the model's task:
 
-- classification: ``scores`` ``(B, num_classes)`` (capsule lengths, matrix capsule activations, or logits) and,
-  for capsule models, ``capsules`` ``(B, num_classes, D)``;
+- classification: ``scores`` ``(B, num_classes)`` (capsule lengths, matrix capsule activations, or logits);
+  for capsule models, ``capsules`` ``(B, num_classes, D)``; for models with a decoder, ``reconstruction``
+  ``(B, C, H, W)``, the image redrawn from the winning capsule (which :func:`capsnets.predict` holds to the limits
+  in the file's metadata);
 - segmentation: ``probabilities`` ``(B, K, H, W)`` (K = 1 for a binary model).
 
 :class:`OnnxModel` runs an exported ONNX file in place of the model: :func:`capsnets.predict` (and
@@ -64,6 +66,8 @@ __all__ = [
 
 #: The formats :func:`export_model` writes, with their file suffixes.
 EXPORT_FORMATS = {"onnx": ".onnx", "torch_export": ".pt2"}
+#: The outputs of an exported classifier: ``scores`` first, then ``capsules`` and ``reconstruction`` where it has them.
+CLASSIFIER_OUTPUTS = {"scores", "capsules", "reconstruction"}
 
 
 class ExportableModel(nn.Module):
@@ -94,6 +98,7 @@ class ExportableModel(nn.Module):
             self.output_names = ["probabilities"]
         elif hasattr(probe, "scores"):
             self.output_names = ["scores"] + (["capsules"] if probe.capsules is not None else [])
+            self.output_names += ["reconstruction"] if probe.reconstruction is not None else []
         else:
             raise ArgumentError(
                 f"{type(model).__name__} returns {type(probe).__name__}; only classification and "
@@ -237,8 +242,9 @@ def onnx_metadata(model: nn.Module, *, score_kind: str | None = None) -> dict[st
     """What an exported ONNX file says about its model (``metadata_props``, strings; lists and sizes as JSON): the
     capsnets version, the model's name, task, class names, input size, the data set it was trained on (where its
     checkpoint records one) and how an image becomes its input (``preprocessing``); a classifier's ``score_kind``;
-    where its checkpoint records them, a multi-label model's ``multilabel`` (``"true"``) and ``thresholds``, and a
-    segmentation model's ``mask_format``. :class:`OnnxModel` reads them back.
+    where its checkpoint records them, a multi-label model's ``multilabel`` (``"true"``) and ``thresholds``, a
+    segmentation model's ``mask_format``, and the limits of a good reconstruction (``reconstruction_limits``, by
+    which :func:`~capsnets.inference.predict` judges the answers of a model with a decoder). :class:`OnnxModel` reads them back.
 
     Args:
         model: the exported model.
@@ -275,6 +281,8 @@ def onnx_metadata(model: nn.Module, *, score_kind: str | None = None) -> dict[st
             meta["thresholds"] = json.dumps([float(t) for t in checkpoint["thresholds"]])
     if checkpoint.get("mask_format") is not None:
         meta["mask_format"] = json.dumps(checkpoint["mask_format"])
+    if checkpoint.get("reconstruction_limits") is not None:
+        meta["reconstruction_limits"] = json.dumps(checkpoint["reconstruction_limits"])
     return meta
 
 
@@ -328,7 +336,8 @@ class OnnxModel(nn.Module):
 
     Attributes:
         path: the file.
-        output_names: the file's outputs, in order (``scores`` [``capsules``], or ``probabilities``).
+        output_names: the file's outputs, in order (``scores`` [``capsules``] [``reconstruction``], or
+            ``probabilities``).
         num_classes: the classes (a segmentation model's maps: 1 for a binary model).
         score_kind: what a classifier's scores are (``"length"``, ``"activation"``, ``"logits"``); None for a
             segmentation model.
@@ -345,7 +354,8 @@ class OnnxModel(nn.Module):
         - images: ``(B, C, H, W)`` of ``input_size``, float32 in ``[0, 1]`` as :func:`capsnets.predict` prepares
           them.
         - output: :class:`~capsnets.models.output.ModelOutput` with ``scores`` ``(B, num_classes)`` (and
-          ``capsules`` ``(B, num_classes, D)`` for a capsule model), or
+          ``capsules`` ``(B, num_classes, D)`` for a capsule model, ``reconstruction`` ``(B, C, H, W)`` for a
+          model with a decoder), or
           :class:`~capsnets.models.segcaps.SegmentationOutput` with ``probabilities`` ``(B, num_classes, H, W)``.
 
     Examples::
@@ -370,10 +380,11 @@ class OnnxModel(nn.Module):
             raise ValueError(f"onnxruntime cannot load '{self.path}': {_first_line(err)}") from err
         self._run = _session_runner(session)
         self.output_names = [output.name for output in session.get_outputs()]
-        if self.output_names not in (["scores"], ["scores", "capsules"], ["probabilities"]):
+        classifier = self.output_names[:1] == ["scores"] and len(set(self.output_names)) == len(self.output_names)
+        if not (self.output_names == ["probabilities"] or classifier and set(self.output_names) <= CLASSIFIER_OUTPUTS):
             raise ArgumentError(
                 f"'{self.path}' has outputs {', '.join(self.output_names)}; capsnets runs the ONNX files it exports "
-                "of classification models (scores, capsules) and segmentation models (probabilities)"
+                "of classification models (scores, capsules, reconstruction) and segmentation models (probabilities)"
             )
         props = session.get_modelmeta().custom_metadata_map
         needed = ["model", "task", "input_size"] + (["score_kind"] if self.output_names[0] == "scores" else [])
@@ -404,13 +415,15 @@ class OnnxModel(nn.Module):
             meta.update(multilabel=True, thresholds=_metadata_json(props, "thresholds", self.path))
         if props.get("mask_format"):
             meta["mask_format"] = _metadata_json(props, "mask_format", self.path)
+        if props.get("reconstruction_limits"):
+            meta["reconstruction_limits"] = _metadata_json(props, "reconstruction_limits", self.path)
         self.checkpoint_meta = meta
 
     def forward(self, images: Tensor) -> ModelOutput | SegmentationOutput:
         outputs = dict(zip(self.output_names, self._run(images)))
         if self.score_kind is None:
             return SegmentationOutput(outputs["probabilities"])
-        return ModelOutput(outputs["scores"], self.score_kind, outputs.get("capsules"))
+        return ModelOutput(outputs["scores"], self.score_kind, outputs.get("capsules"), outputs.get("reconstruction"))
 
     def extra_repr(self) -> str:
         return f"'{self.path}', model={self.model_name!r}"

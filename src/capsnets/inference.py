@@ -3,7 +3,9 @@
 :func:`predict` takes file paths, folders, Pillow images, NumPy arrays or tensors, prepares each with
 :class:`~capsnets.images.ImageTransform` (size, channels, background, the smallNORB protocol), runs the model and
 returns one :class:`Prediction` per image: the class, its name, its score, every class's score, what was adapted
-to fit the image to the model, and whether the answer is uncertain (:func:`uncertainty`); a multi-label model (one
+to fit the image to the model, and whether the answer is uncertain (:func:`uncertainty`, and for a model with a
+decoder :func:`reconstruction_errors` against the limits of its checkpoint's :func:`calibrate_reconstruction`); a
+multi-label model (one
 trained on data with several classes per image) answers with the set of classes whose probability reaches their
 threshold instead. :func:`segment` writes
 the masks of a segmentation model. ``capsnets predict`` is the command line of both.
@@ -34,19 +36,31 @@ from capsnets.images import IMAGE_SUFFIXES, ImageTransform, class_colours, image
 from capsnets.models.output import ModelOutput, independent_probabilities
 from capsnets.models.registry import model_task
 from capsnets.outputs import check_output, png_text
-from capsnets.validation import ArgumentError, number, positive_int
+from capsnets.validation import ArgumentError, number, positive_int, to_float_images
 
 __all__ = [
+    "MIN_MARGIN",
+    "MIN_SCORE",
+    "RECONSTRUCTION_QUANTILE",
     "Prediction",
+    "calibrate_reconstruction",
     "checkpoint_class_names",
     "collect_image_files",
+    "doubts",
     "mask_path",
     "overlay_path",
     "predict",
     "read_images",
+    "reconstruction_errors",
     "segment",
     "uncertainty",
 ]
+
+#: :func:`predict`'s defaults: the least top score of a certain answer, and its least gap to the second score.
+MIN_SCORE, MIN_MARGIN = 0.7, 0.3
+#: The fraction of a model's training images whose reconstruction errors :func:`calibrate_reconstruction` puts
+#: inside its limits: an answer whose reconstruction is worse than all but 0.5% of them is uncertain.
+RECONSTRUCTION_QUANTILE = 0.995
 
 
 @dataclass
@@ -66,8 +80,15 @@ class Prediction:
         lengths: every class capsule's length (vector capsules) or activation (matrix capsules), by class name,
             as the model gives it; empty for models without class capsules.
         adapted: what was changed to fit the image to the model (``"resized 640x480 -> 28x28"`` ...).
-        uncertain: whether the answer is uncertain (:func:`uncertainty`); None for segmentation.
-        doubt: why it is, in words (``"below 0.5"``, ``"3 close behind at 0.81"``); None when it is not.
+        uncertain: whether the answer is uncertain (:func:`uncertainty`, or a reconstruction outside the
+            checkpoint's limits); None for segmentation.
+        doubt: why it is, in words (``"below 0.5"``, ``"3 close behind at 0.81"``, ``"reconstruction error
+            0.095 per pixel, above 0.066"``); None when it is not.
+        unsure_rule: what ``uncertain`` checks: ``"score"`` (:func:`uncertainty`), or ``"score and
+            reconstruction"`` for a model with a decoder whose checkpoint records its limits
+            (:func:`calibrate_reconstruction`); None for multi-label and segmentation answers.
+        reconstruction_error: where ``unsure_rule`` includes the reconstruction, the reconstruction's errors
+            against the prepared image (:func:`reconstruction_errors`): ``"pixel"`` and ``"relative"``.
         mask: the written mask file (segmentation models).
         foreground: the fraction of pixels not of the background, class 0 (segmentation models).
         labels: multi-label models: the classes predicted present (probability at least their threshold) with
@@ -85,6 +106,8 @@ class Prediction:
     adapted: list[str] = field(default_factory=list)
     uncertain: bool | None = None
     doubt: str | None = None
+    unsure_rule: str | None = None
+    reconstruction_error: dict[str, float] = field(default_factory=dict)
     mask: str | None = None
     foreground: float | None = None
     labels: dict[str, float] | None = None
@@ -124,6 +147,96 @@ def uncertainty(scores: Tensor, *, min_score: float, min_margin: float) -> Tenso
     top = scores.topk(min(2, scores.shape[-1]), dim=-1).values
     second = top[:, 1] if top.shape[-1] > 1 else torch.zeros_like(top[:, 0])
     return (top[:, 0] < min_score) | (top[:, 0] - second < min_margin)
+
+
+def reconstruction_errors(reconstruction: Tensor, images: Tensor) -> Tensor:
+    """How far each reconstruction is from its image, two ways: the mean squared error per pixel, and the squared
+    error relative to both images' energy, ``||r - x||^2 / (||r||^2 + ||x||^2)``.
+
+    The first is large for images unlike any the decoder learnt (another data set, noise); the second, one minus
+    the soft Dice overlap of the two images for values in ``[0, 1]``, is 1 where they share no ink, as for a blank
+    image the decoder draws a faint digit on (1 where both are blank: nothing was read).
+
+    Args:
+        reconstruction: the decoder's images (:attr:`~capsnets.models.output.ModelOutput.reconstruction`).
+        images: the images the model read, in ``[0, 1]``.
+
+    Shape:
+        - reconstruction, images: ``(N, C, H, W)``; output: ``(N, 2)`` float64, the per-pixel and relative
+          errors.
+
+    Examples::
+
+        >>> images = torch.tensor([[0.0, 1.0], [0.0, 0.0]]).view(2, 1, 1, 2)
+        >>> reconstruction_errors(torch.tensor([[0.0, 0.5], [0.5, 0.0]]).view(2, 1, 1, 2), images)
+        tensor([[0.1250, 0.2000],
+                [0.1250, 1.0000]], dtype=torch.float64)
+    """
+    if reconstruction.shape != images.shape:
+        raise ArgumentError(
+            f"reconstruction {tuple(reconstruction.shape)} and images {tuple(images.shape)} differ in shape"
+        )
+    # float64: the squares of float32 pixels neither underflow nor round a faint difference away to 0
+    r, x = reconstruction.detach().double().flatten(1), images.detach().double().flatten(1)
+    squared = (r - x).pow(2).sum(1)
+    energy = r.pow(2).sum(1) + x.pow(2).sum(1)
+    relative = torch.where(energy > 0, squared / energy.clamp_min(torch.finfo(torch.float64).tiny), 1.0)
+    return torch.stack([squared / r.shape[1], relative], dim=1)
+
+
+@torch.no_grad()
+def calibrate_reconstruction(
+    model: nn.Module, images: Tensor, *, quantile: float = RECONSTRUCTION_QUANTILE, batch_size: int = 64
+) -> dict[str, float] | None:
+    """The limits of a good reconstruction for ``model``: the ``quantile`` of :func:`reconstruction_errors` over
+    ``images`` (its training images), which :func:`predict` holds every answer to.
+
+    A capsule network's decoder redraws the image from the winning class capsule alone (Sabour et al. 2017,
+    section 4.1). On images like its training data it redraws them closely; on what it never learnt (another data
+    set, noise, a blank page) the redrawing is poor, however long the winning capsule.
+
+    Args:
+        model: a classification model; its output's ``reconstruction`` is used (eval mode, restored after).
+        images: ``(N, C, H, W)``, float in ``[0, 1]`` or uint8, prepared as for training (no augmentation).
+        quantile: the fraction of ``images`` inside the limits, in ``(0, 1]``.
+        batch_size: images per forward pass.
+
+    Returns:
+        ``{"pixel": ..., "relative": ..., "quantile": ..., "images": N}`` (the two limits, then how they were
+        chosen), the entry ``reconstruction_limits`` of a checkpoint's metadata; None when ``model`` has no
+        decoder.
+
+    Examples::
+
+        >>> model = capsnets.create_model("capsnet_small", input_size=(1, 12, 12))
+        >>> limits = calibrate_reconstruction(model, torch.rand(8, 1, 12, 12))
+        >>> sorted(limits), limits["images"]
+        (['images', 'pixel', 'quantile', 'relative'], 8)
+    """
+    quantile = number("quantile", quantile, 0, 1)
+    batch_size = positive_int("batch_size", batch_size)
+    if images.dim() != 4 or len(images) == 0:
+        raise ArgumentError(f"images must be a non-empty batch (N, C, H, W), got shape {tuple(images.shape)}")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    errors = []
+    try:
+        for start in range(0, len(images), batch_size):
+            batch = to_float_images(images[start : start + batch_size]).to(device)
+            reconstruction = getattr(model(batch), "reconstruction", None)
+            if reconstruction is None:
+                return None
+            errors.append(reconstruction_errors(reconstruction, batch).cpu())
+    finally:
+        model.train(was_training)
+    limits = torch.cat(errors).double().quantile(quantile, dim=0)
+    return {
+        "pixel": round(float(limits[0]), 6),
+        "relative": round(float(limits[1]), 6),
+        "quantile": quantile,
+        "images": len(images),
+    }
 
 
 def collect_image_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
@@ -180,8 +293,8 @@ def predict(
     classes: Sequence[str] | None = None,
     dataset: str | None = None,
     batch_size: int = 64,
-    min_score: float = 0.7,
-    min_margin: float = 0.3,
+    min_score: float = MIN_SCORE,
+    min_margin: float = MIN_MARGIN,
     invert: str = "auto",
     thresholds: Sequence[float] | None = None,
 ) -> list[Prediction]:
@@ -189,8 +302,11 @@ def predict(
 
     Each input is prepared as the model's training data was (:class:`~capsnets.images.ImageTransform` of the
     model's ``input_size`` and data set). An answer is uncertain when its top score is below ``min_score`` or
-    the second score is within ``min_margin`` of it (:func:`uncertainty`); docs/training.md gives the fractions
-    of right, wrong and out-of-distribution answers the defaults flag.
+    the second score is within ``min_margin`` of it (:func:`uncertainty`), or, for a model with a decoder whose
+    checkpoint records the limits of its reconstructions (``reconstruction_limits``, from
+    :func:`calibrate_reconstruction` on its training images), when the winning capsule's reconstruction of the
+    image is outside them (:func:`reconstruction_errors`). docs/training.md gives the fractions of right, wrong
+    and out-of-distribution answers flagged.
 
     Args:
         model: a classification model (its ``forward`` returns :class:`~capsnets.models.output.ModelOutput`), or
@@ -234,6 +350,7 @@ def predict(
     min_score, min_margin = number("min_score", min_score, 0, 1), number("min_margin", min_margin, 0, 1)
     _require_task(model, "classification")
     thresholds = _thresholds(model, thresholds)
+    limits = (getattr(model, "checkpoint_meta", None) or {}).get("reconstruction_limits")
     transform = ImageTransform(model.input_size, _dataset_of(model, dataset), invert=invert)
     names = list(classes) if classes is not None else getattr(model, "class_names", None)
     device = _device(model)
@@ -242,7 +359,8 @@ def predict(
     results: list[Prediction] = []
     try:
         for batch in _batches(_prepared(inputs, transform), batch_size):
-            output = model(torch.stack([image for image, _, _ in batch]).to(device))
+            images = torch.stack([image for image, _, _ in batch]).to(device)
+            output = model(images)
             if not isinstance(output, ModelOutput):
                 what = f"returns {type(output).__name__}, not ModelOutput"
                 raise ArgumentError(_not_a_classifier(model, what, hasattr(output, "probabilities")))
@@ -250,7 +368,10 @@ def predict(
             if thresholds is not None:
                 results += _multilabel_predictions(output, names, batch, thresholds)
                 continue
-            results += _predictions(output, names, batch, min_score, min_margin)
+            errors = None
+            if limits is not None and output.reconstruction is not None:
+                errors = reconstruction_errors(output.reconstruction, images).cpu()
+            results += _predictions(output, names, batch, min_score, min_margin, errors, limits)
     finally:
         model.train(was_training)
     return results
@@ -429,32 +550,84 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
 
 
 def _predictions(
-    output: ModelOutput, names: list[str], batch: list, min_score: float, min_margin: float
+    output: ModelOutput,
+    names: list[str],
+    batch: list,
+    min_score: float,
+    min_margin: float,
+    errors: Tensor | None = None,
+    limits: dict | None = None,
 ) -> list[Prediction]:
     """The predictions of one batch: scores as probabilities (softmax of logits, capsule scores clamped), with the
-    capsule models' raw scores as ``lengths``."""
+    capsule models' raw scores as ``lengths``; ``errors`` ``(B, 2)`` the reconstructions' errors
+    (:func:`reconstruction_errors`) held to ``limits`` (:func:`calibrate_reconstruction`), or None."""
     raw = output.scores.float().cpu()
     logits = output.score_kind == "logits"
     probs = raw.softmax(-1) if logits else raw.clamp(0.0, 1.0)
-    flags = uncertainty(probs, min_score=min_score, min_margin=min_margin)
     results = []
-    for p, row, flag, (_, path, notes) in zip(probs, raw, flags.tolist(), batch):
+    for k, (p, row, (_, path, notes)) in enumerate(zip(probs, raw, batch)):
         index = int(p.argmax())
-        score = float(p[index])
+        measured = {} if errors is None else {"pixel": float(errors[k, 0]), "relative": float(errors[k, 1])}
+        found = doubts(p, names, min_score=min_score, min_margin=min_margin, errors=measured or None, limits=limits)
         results.append(
             Prediction(
                 path=path,
                 index=index,
                 label=names[index],
-                score=score,
+                score=float(p[index]),
                 scores=dict(zip(names, p.tolist())),
                 lengths=dict(zip(names, row.tolist())) if not logits else {},
                 adapted=notes,
-                uncertain=flag,
-                doubt=_doubt(p, index, min_score, min_margin, names) if flag else None,
+                uncertain=bool(found),
+                doubt="; ".join(found) or None,
+                unsure_rule="score" if errors is None else "score and reconstruction",
+                reconstruction_error=measured,
             )
         )
     return results
+
+
+def doubts(
+    scores: Tensor,
+    names: Sequence[str],
+    *,
+    min_score: float = MIN_SCORE,
+    min_margin: float = MIN_MARGIN,
+    errors: dict[str, float] | None = None,
+    limits: dict | None = None,
+) -> list[str]:
+    """Why one answer is uncertain, in words; empty when it is not: the score rule (:func:`uncertainty`), then
+    the winning capsule's reconstruction errors held to the limits of a good one.
+
+    Args:
+        scores: ``(K,)`` class scores in ``[0, 1]``; the answer is the highest.
+        names: the ``K`` class names.
+        min_score, min_margin: as :func:`uncertainty`.
+        errors: the reconstruction's ``{"pixel": ..., "relative": ...}`` (:func:`reconstruction_errors`), or None.
+        limits: the checkpoint's ``reconstruction_limits`` (:func:`calibrate_reconstruction`); with ``errors``.
+
+    Examples::
+
+        >>> doubts(torch.tensor([0.9, 0.1]), ["a", "b"]), doubts(torch.tensor([0.9, 0.8]), ["a", "b"])
+        ([], ['b close behind at 0.800'])
+        >>> limits = {"pixel": 0.07, "relative": 0.4, "quantile": 0.995}
+        >>> doubts(torch.tensor([0.9, 0.1]), ["a", "b"], errors={"pixel": 0.01, "relative": 1.0}, limits=limits)
+        ['reconstruction unlike the image: relative error 1.00, where 99.5% of the training images stay below 0.40']
+    """
+    found = []
+    if bool(uncertainty(scores[None], min_score=min_score, min_margin=min_margin)):
+        found.append(_doubt(scores, int(scores.argmax()), min_score, min_margin, list(names)))
+    if errors is None or limits is None:
+        return found
+    below = f"where {100 * float(limits['quantile']):g}% of the training images stay below"
+    if errors["pixel"] > limits["pixel"]:
+        found.append(f"reconstruction error {errors['pixel']:.3f} per pixel, {below} {limits['pixel']:.3f}")
+    if errors["relative"] > limits["relative"]:
+        found.append(
+            f"reconstruction unlike the image: relative error {errors['relative']:.2f}, {below} "
+            f"{limits['relative']:.2f}"
+        )
+    return found
 
 
 def _multilabel_predictions(output: ModelOutput, names: list[str], batch: list, thresholds: Tensor) -> list[Prediction]:

@@ -34,4 +34,4 @@ def test_records_both_runtimes_alternately_per_batch(tmp_path, load_benchmark):
         assert len(row["pytorch_images_per_s_runs"]) == len(row["onnxruntime_images_per_s_runs"]) == 2
         ratios = sorted(o / p for o, p in zip(row["onnxruntime_images_per_s_runs"], row["pytorch_images_per_s_runs"]))
         assert row["onnxruntime_over_pytorch"] == pytest.approx(sum(ratios) / 2)  # the median of two
-        assert row["max_abs_difference"] <= 1e-4 and row["outputs"] == ["scores", "capsules"]
+        assert row["max_abs_difference"] <= 1e-4 and row["outputs"] == ["scores", "capsules", "reconstruction"]

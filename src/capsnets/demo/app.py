@@ -416,6 +416,8 @@ def _analysis(demo: DemoModel, image: torch.Tensor, analysis: Analysis, notes: l
         "scores": analysis.scores.tolist(),
         "prediction": analysis.prediction,
         "label": demo.classes[analysis.prediction],
+        "uncertain": bool(analysis.doubts),
+        "doubt": "; ".join(analysis.doubts) or None,
         "shown": analysis.shown,
         "capsules": analysis.capsules.tolist(),
         "reconstruction": None,

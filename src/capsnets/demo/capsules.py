@@ -12,6 +12,10 @@ capsule's final coupling to the class times the child's length (vector capsules)
 capsules), summed over capsule types, on the child capsules' grid; the class capsule layer returns its couplings
 (EM routing's assignments) with ``return_couplings=True``. Matrix capsule networks have no decoder: no
 reconstruction, sliders or perturbation grid for them.
+
+Whether an answer is uncertain, and why, is judged as :func:`capsnets.predict` judges it
+(:func:`~capsnets.inference.doubts`): the score rule, and for a model whose checkpoint records the limits of its
+reconstructions, the winning capsule's reconstruction of the input.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torch import Tensor, nn
 from capsnets.data import load_dataset
 from capsnets.functional import capsule_length
 from capsnets.functional.em import kernel as em_kernel
+from capsnets.inference import doubts, reconstruction_errors
 from capsnets.models.capsnet import CapsNet
 from capsnets.models.matrix_capsnet import MatrixCapsNet
 from capsnets.validation import ArgumentError
@@ -50,6 +55,8 @@ class Analysis:
         shown: the capsule the reconstruction and the sliders are of.
         reconstruction: ``(C, H, W)`` decoded from capsule ``shown`` alone; None without a decoder.
         couplings: ``(K, h, w)`` what the routing sent to each class capsule, on the child capsules' grid.
+        doubts: why the prediction is uncertain, in words (:func:`~capsnets.inference.doubts`); empty when it is
+            not.
     """
 
     scores: Tensor
@@ -58,6 +65,7 @@ class Analysis:
     shown: int
     reconstruction: Tensor | None
     couplings: Tensor
+    doubts: list[str]
 
 
 class DemoModel:
@@ -105,6 +113,9 @@ class DemoModel:
         self.data_dir, self.image_size = data_dir, image_size
         self.decoder = getattr(model, "decoder", None)
         self.capsule_dim = self.decoder.capsule_dim if self.decoder is not None else None
+        limits = (getattr(model, "checkpoint_meta", None) or {}).get("reconstruction_limits")
+        self.limits = limits if self.decoder is not None else None
+        self.unsure_rule = "score" if self.limits is None else "score and reconstruction"
         self._lock = threading.Lock()
         self._samples: tuple[Tensor, Tensor] | None = None
         self.samples_note = ""
@@ -125,6 +136,7 @@ class DemoModel:
             "pose_size": int(self.model.class_capsules.pose_size) if matrix else None,
             "note": self._note(),
             "kernel_note": self.kernel_note(),
+            "unsure_rule": self.unsure_rule,
         }
 
     def kernel_note(self) -> str | None:
@@ -167,13 +179,22 @@ class DemoModel:
                 scores, capsules, couplings = self._matrix(image)
             prediction = int(scores.argmax())
             shown = prediction if capsule is None else capsule
-            reconstruction = None
+            reconstruction = errors = None
             if self.decoder is not None:
                 reconstruction = self.decoder(capsules[None], torch.tensor([shown]))[0]
+            if self.limits is not None:  # the winner's reconstruction says whether the answer is unsure
+                winner = (
+                    reconstruction
+                    if shown == prediction
+                    else self.decoder(capsules[None], torch.tensor([prediction]))[0]
+                )
+                pixel, relative = reconstruction_errors(winner[None], image[None])[0].tolist()
+                errors = {"pixel": pixel, "relative": relative}
         _require_finite("the class capsules", scores, capsules)
         _require_finite("the routing picture", couplings)
         _require_finite("the reconstruction", reconstruction)
-        return Analysis(scores, capsules, prediction, shown, reconstruction, couplings)
+        found = doubts(scores.clamp(0.0, 1.0), self.classes, errors=errors, limits=self.limits)
+        return Analysis(scores, capsules, prediction, shown, reconstruction, couplings, found)
 
     def _vector(self, image: Tensor) -> tuple[Tensor, Tensor]:
         """Class capsules ``(K, D)`` and coupling maps ``(K, H', W')`` (routing_map's, for every class)."""

@@ -8,9 +8,12 @@ import os
 import time
 from pathlib import Path
 
+from torch import nn
+
 from capsnets.checkpoints import load_checkpoint
 from capsnets.data import load_dataset
 from capsnets.engine.evaluate import evaluate
+from capsnets.inference import calibrate_reconstruction
 from capsnets.models.hub import model_from_checkpoint, save_pretrained, without_decoder
 from capsnets.models.pretrained import WEIGHTS_DIR
 from capsnets.models.registry import complete_model_args
@@ -55,4 +58,38 @@ def publish_checkpoint(
     }
     model.model_args = complete_model_args(model)  # the weight rebuilds its model whatever the defaults become
     path = Path(out_dir) / f"{model.model_name}-{dataset}.safetensors"
-    return save_pretrained(model, path, dataset=dataset, card=card, half=half, classes=trained.meta.get("classes"))
+    limits = _training_limits(copy.deepcopy(model).half().float() if half else model, dataset, data_dir)
+    return save_pretrained(
+        model,
+        path,
+        dataset=dataset,
+        card=card,
+        half=half,
+        classes=trained.meta.get("classes"),
+        reconstruction_limits=limits,
+    )
+
+
+def _training_limits(model: nn.Module, dataset: str, data_dir: str | None = None) -> dict | None:
+    """The limits of ``model``'s good reconstructions (:func:`~capsnets.inference.calibrate_reconstruction`) on the
+    whole training split of ``dataset``, as stored (no augmentation); None for a model without a decoder."""
+    return calibrate_reconstruction(model, load_dataset(dataset, root=data_dir, train=True).images)
+
+
+def recalibrate_weight(path: str | os.PathLike, *, data_dir: str | None = None) -> Path:
+    """Write the shipped weight ``path`` again with the limits of its reconstructions set on its data set's whole
+    training split (:func:`training_limits`), its tensors, card and classes kept."""
+    weight = load_checkpoint(path)
+    model = model_from_checkpoint(weight, "cpu")
+    dataset = weight.meta["dataset"]
+    half = (weight.meta.get("card") or {}).get("dtype") == "float16"
+    model = model.float()
+    return save_pretrained(
+        model,
+        path,
+        dataset=dataset,
+        card={key: value for key, value in weight.meta["card"].items() if key != "dtype"},
+        half=half,
+        classes=weight.meta.get("classes"),
+        reconstruction_limits=_training_limits(model, dataset, data_dir),
+    )

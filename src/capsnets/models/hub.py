@@ -466,10 +466,12 @@ def save_pretrained(
     card: dict[str, Any],
     half: bool = False,
     classes: list[str] | None = None,
+    reconstruction_limits: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``model`` as a pretrained weight: a checkpoint without optimizer state, its sidecar carrying the
-    model ``card`` (data, command, seed, test_accuracy, date...), float16 tensors when ``half``; then add the
-    file's SHA-256 to the sidecar's ``.json`` export (the model card)."""
+    model ``card`` (data, command, seed, test_accuracy, date...), the ``classes`` and the
+    ``reconstruction_limits`` (:func:`~capsnets.inference.calibrate_reconstruction`) where given, float16
+    tensors when ``half``; then add the file's SHA-256 to the sidecar's ``.json`` export (the model card)."""
     saved = copy.deepcopy(model).cpu()
     if half:
         saved = saved.half()
@@ -482,6 +484,8 @@ def save_pretrained(
     }
     if classes is not None:
         meta["classes"] = list(classes)
+    if reconstruction_limits is not None:
+        meta["reconstruction_limits"] = dict(reconstruction_limits)
     path = save_model(path, saved, meta=meta)
     stamp_sha256(path)
     return path

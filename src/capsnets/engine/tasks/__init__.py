@@ -26,7 +26,12 @@ from __future__ import annotations
 from typing import Any
 
 from capsnets.engine.tasks.base import Task
-from capsnets.engine.tasks.classification import ACCURACY_TARGETS, ClassificationTask, format_report
+from capsnets.engine.tasks.classification import (
+    ACCURACY_TARGETS,
+    CALIBRATION_EXAMPLES,
+    ClassificationTask,
+    format_report,
+)
 from capsnets.engine.tasks.generative import ReconstructionTask, SynthesisTask
 from capsnets.engine.tasks.multilabel import MULTILABEL_LOSSES, THRESHOLD_EXAMPLES, MultilabelTask
 from capsnets.engine.tasks.segmentation import SegmentationTask
@@ -35,6 +40,7 @@ from capsnets.validation import ArgumentError
 
 __all__ = [
     "ACCURACY_TARGETS",
+    "CALIBRATION_EXAMPLES",
     "MULTILABEL_LOSSES",
     "THRESHOLD_EXAMPLES",
     "TASKS",

@@ -12,12 +12,15 @@ from capsnets.engine import reporting
 from capsnets.engine.evaluate import evaluate
 from capsnets.engine.tasks.base import Task, adapted_note
 from capsnets.engine.tasks.report import chosen_on, class_names, class_table, percent, write_evaluation
-from capsnets.inference import Prediction, checkpoint_class_names, predict
+from capsnets.inference import Prediction, calibrate_reconstruction, checkpoint_class_names, predict
 
-__all__ = ["ACCURACY_TARGETS", "ClassificationTask", "format_report"]
+__all__ = ["ACCURACY_TARGETS", "CALIBRATION_EXAMPLES", "ClassificationTask", "format_report"]
 
 #: Test accuracies whose first crossing time is reported in ``summary.json["time_to_accuracy"]``.
 ACCURACY_TARGETS = (0.99, 0.995, 0.996)
+#: The training examples (the first, as stored) on which each evaluation sets the limits of a good
+#: reconstruction (:func:`~capsnets.inference.calibrate_reconstruction`), for models with a decoder.
+CALIBRATION_EXAMPLES = 2_000
 
 
 class ClassificationTask(Task):
@@ -26,12 +29,23 @@ class ClassificationTask(Task):
     The ``best`` checkpoint is the one of highest test accuracy; ``summary.json`` records when each of
     :data:`~capsnets.engine.tasks.classification.ACCURACY_TARGETS` was first reached. ``capsnets evaluate`` writes the
     accuracy, per-class accuracy and confusion matrix (``STEM.json``, ``STEM_confusion.png``); ``capsnets predict``
-    answers with a class and whether it is uncertain (:func:`~capsnets.inference.predict`).
+    answers with a class and whether it is uncertain (:func:`~capsnets.inference.predict`). For a model with a
+    decoder, each evaluation also sets the limits of a good reconstruction on the first
+    :data:`~capsnets.engine.tasks.classification.CALIBRATION_EXAMPLES` training examples, which its checkpoints
+    record (``reconstruction_limits``) and ``predict`` holds every answer to.
+
+    Args:
+        train_data: the run's training split (None outside a training run); its ``images`` set the limits.
     """
 
     name = "classification"
     model_task = "classification"
     best_metric = "test_accuracy"
+
+    def __init__(self, train_data: Any = None) -> None:
+        super().__init__(train_data)
+        images = getattr(train_data, "images", None)
+        self.calibration_images = images[:CALIBRATION_EXAMPLES] if isinstance(images, Tensor) else None
 
     # -- a training run ----------------------------------------------------------------------------------------
     def train_metrics(self, output: Any, targets: Tensor) -> dict[str, Tensor]:
@@ -40,7 +54,17 @@ class ClassificationTask(Task):
 
     def evaluate(self, model, data, batch_size: int, device, amp: str, criterion, context) -> dict[str, Any]:
         evaluation = evaluate(model, data, batch_size, device, amp, criterion, context=context)
-        return {"test_loss": evaluation["loss"], "test_accuracy": evaluation["accuracy"]}
+        record = {"test_loss": evaluation["loss"], "test_accuracy": evaluation["accuracy"]}
+        if self.calibration_images is not None and len(self.calibration_images):
+            limits = calibrate_reconstruction(model, self.calibration_images, batch_size=batch_size)
+            if limits is not None:
+                record["reconstruction_limits"] = limits
+        return record
+
+    def meta(self, history: list[dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:
+        """The limits of a good reconstruction set at ``record``'s evaluation, if it set them."""
+        limits = record.get("reconstruction_limits")
+        return {"reconstruction_limits": limits} if limits is not None else {}
 
     def summary(self, history: list[dict[str, Any]], best: dict[str, Any]) -> dict[str, Any]:
         tested = [r for r in history if r.get("test_accuracy") is not None]
