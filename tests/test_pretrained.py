@@ -227,7 +227,7 @@ def test_publish_without_the_decoder_keeps_the_scores(tiny_weight, tmp_path):
         path, command="none", data="digits", out_dir=tmp_path / "out", reconstruction=False
     )
     card = json.loads(out.with_suffix(".json").read_text())
-    assert card["model_args"]["reconstruction"] is False
+    assert card["model_args"]["reconstruction"] is False and "reconstruction_limits" not in card
     # every builder argument is recorded, so that a change of a default cannot change the shipped model
     assert set(card["model_args"]) == set(capsnets.models.model_schema("capsnet_digits")) - {"device", "dtype"}
     assert card["model_args"]["routing"] == model.routing_spec
@@ -239,6 +239,28 @@ def test_publish_without_the_decoder_keeps_the_scores(tiny_weight, tmp_path):
     with torch.no_grad():
         assert torch.allclose(loaded.eval()(images).scores, reference.eval()(images).scores, atol=1e-6)
         assert loaded(images).reconstruction is None
+
+
+def test_a_weight_records_the_limits_of_its_reconstructions_on_its_whole_training_split(tiny_weight, tmp_path):
+    from capsnets.data import load_dataset
+    from capsnets.engine import recalibrate_weight
+    from capsnets.inference import calibrate_reconstruction
+
+    _, path = tiny_weight
+    out = publish.publish_checkpoint(path, command="none", data="digits", out_dir=tmp_path / "out")
+    card = json.loads(out.with_suffix(".json").read_text())
+    shipped = capsnets.create_model("capsnet_digits", pretrained=str(out))
+    train = load_dataset("digits", train=True)
+    assert card["reconstruction_limits"] == shipped.checkpoint_meta["reconstruction_limits"]
+    assert card["reconstruction_limits"] == calibrate_reconstruction(shipped, train.images)
+    assert card["reconstruction_limits"]["images"] == len(train.labels)
+    # written again with the limits (as the shipped weights were): the tensors, card and classes kept
+    before = capsnets.create_model("capsnet_digits", pretrained=str(out))
+    recalibrate_weight(out)
+    again = json.loads(out.with_suffix(".json").read_text())
+    assert again["reconstruction_limits"] == card["reconstruction_limits"]
+    assert again["card"] == card["card"] and again.get("classes") == card.get("classes")
+    assert _same_weights(before, capsnets.create_model("capsnet_digits", pretrained=str(out)))
 
 
 def test_publish_without_the_decoder_refuses_a_model_without_one():

@@ -16,7 +16,8 @@
 - :mod:`~capsnets.engine.tasks`: what the trainer does for each task (classification, multi-label, segmentation)
 - :func:`save_checkpoint`, :func:`restore_training`: a model with its optimizer, scheduler and RNG state (the
   file format is :mod:`capsnets.checkpoints`'s; a model alone: :func:`capsnets.models.load_model`)
-- :func:`publish_checkpoint`: a trained checkpoint as a pretrained weight with its model card
+- :func:`publish_checkpoint`: a trained checkpoint as a pretrained weight with its model card;
+  :func:`recalibrate_weight`: a weight's reconstruction limits set again on its whole training split
 """
 
 from .callbacks import (
@@ -43,7 +44,7 @@ from .evaluate import (
     segmentation_metrics,
 )
 from .fit import NonFiniteLossError, TrainingInterrupted, TrainState, adam_with_decay, fit, save_state, training_step
-from .publish import publish_checkpoint
+from .publish import publish_checkpoint, recalibrate_weight
 from .trainer import Trainer, train
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "save_state",
     "training_step",
     "publish_checkpoint",
+    "recalibrate_weight",
     "Trainer",
     "train",
 ]

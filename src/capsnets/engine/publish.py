@@ -78,7 +78,7 @@ def _training_limits(model: nn.Module, dataset: str, data_dir: str | None = None
 
 def recalibrate_weight(path: str | os.PathLike, *, data_dir: str | None = None) -> Path:
     """Write the shipped weight ``path`` again with the limits of its reconstructions set on its data set's whole
-    training split (:func:`training_limits`), its tensors, card and classes kept."""
+    training split (as :func:`publish_checkpoint` does), its tensors, card and classes kept."""
     weight = load_checkpoint(path)
     model = model_from_checkpoint(weight, "cpu")
     dataset = weight.meta["dataset"]
