@@ -82,16 +82,28 @@ def run_one(model_name: str, start: str, count: int, seed: int, train, test, arg
     }
 
 
+def start_label(run: dict) -> str:
+    """``scratch``, ``pretrained``, or ``pretrained_classifier_first_N`` for a run with ``--classifier-only-epochs N``."""
+    frozen = run["classifier_only_epochs"]
+    return run["start"] if not frozen else f"{run['start']}_classifier_first_{frozen}"
+
+
 def summarise(runs: list[dict]) -> list[dict]:
+    """Per model and size, each start's mean and range over the seeds, and each start's gain over ``scratch``
+    (``gain_points``: the plain ``pretrained`` start's; ``gains``: every start's), in points."""
     rows = []
     for key in sorted({(r["model"], r["per_class"]) for r in runs}):
         row = {"model": key[0], "per_class": key[1]}
-        for start in ("scratch", "pretrained"):
-            values = [r["test_accuracy"] for r in runs if (r["model"], r["per_class"], r["start"]) == (*key, start)]
-            if values:
-                row[start] = {"mean": statistics.mean(values), "min": min(values), "max": max(values), "n": len(values)}
-        if "scratch" in row and "pretrained" in row:
-            row["gain_points"] = 100 * (row["pretrained"]["mean"] - row["scratch"]["mean"])
+        for start in sorted({start_label(r) for r in runs if (r["model"], r["per_class"]) == key}, key=len):
+            values = [r["test_accuracy"] for r in runs if (r["model"], r["per_class"], start_label(r)) == (*key, start)]
+            row[start] = {"mean": statistics.mean(values), "min": min(values), "max": max(values), "n": len(values)}
+        if "scratch" in row:
+            gains = {
+                s: 100 * (v["mean"] - row["scratch"]["mean"]) for s, v in row.items() if s.startswith("pretrained")
+            }
+            row["gains"] = gains
+            if "pretrained" in gains:
+                row["gain_points"] = gains["pretrained"]
         rows.append(row)
     return rows
 

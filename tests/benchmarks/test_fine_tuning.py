@@ -21,6 +21,14 @@ def test_dry_run_records_both_starts_and_a_rerun_skips_them(load_benchmark, shar
     assert bench.main(argv) == 0
     assert not any('"start"' in line for line in capsys.readouterr().out.splitlines())  # no run repeated
     assert json.loads(out.read_text())["runs"] == record["runs"]
+    # the class layer alone first: only the pretrained start runs again, and is summarised apart
+    assert bench.main([*argv, "--classifier-only-epochs", "1"]) == 0
+    record = json.loads(out.read_text())
+    assert [(r["start"], r["classifier_only_epochs"]) for r in record["runs"]][2:] == [("pretrained", 1)]
+    (row,) = record["summary"]
+    assert set(row["gains"]) == {"pretrained", "pretrained_classifier_first_1"}
+    first = row["pretrained_classifier_first_1"]["mean"]
+    assert row["gains"]["pretrained_classifier_first_1"] == 100 * (first - row["scratch"]["mean"])
 
 
 def test_the_draw_holds_as_many_images_of_every_class(load_benchmark, shared_data_root):

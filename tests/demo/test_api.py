@@ -328,6 +328,21 @@ def test_samples_are_test_images_the_trained_model_classifies(web, trained):
     assert right >= 17, f"{right} of 20 test images right"
 
 
+def test_an_answer_is_unsure_and_says_why_as_predict_judges_it(web, trained, trained_run):
+    import capsnets
+    from capsnets.models import load_model
+
+    api = client(trained)
+    assert api.get("/api/info").json()["unsure_rule"] == "score and reconstruction"  # its run recorded the limits
+    sample = api.get("/api/samples").json()["samples"][0]
+    blank = [[0.0] * len(row) for row in sample["pixels"]]
+    for pixels in (sample["pixels"], blank):
+        result = api.post("/api/predict", json={"pixels": pixels}).json()
+        (expected,) = capsnets.predict(load_model(trained_run), torch.tensor(pixels).view(1, *trained.input_size))
+        assert (result["uncertain"], result["doubt"]) == (expected.uncertain, expected.doubt)
+    assert result["uncertain"] and "reconstruction unlike the image" in result["doubt"]  # the blank page
+
+
 def test_a_second_start_loads_the_trained_demo_model(trained):
     assert trained.source.startswith("loaded from") and "earlier start" in trained.source
     assert "test accuracy" in trained.source and trained.name == "capsnet_digits" and trained.dataset == "digits"
