@@ -518,6 +518,23 @@ def test_a_run_records_the_limits_of_its_reconstructions(digits_run):
     assert "reconstruction unlike the image: relative error 1.00" in blank.doubt
 
 
+def test_training_images_stored_at_another_size_than_the_test_split_set_no_limits():
+    """smallNORB's training images are stored at 48x48 and cropped to 32x32 by the loader: the model cannot read them
+    as stored, so a run records no limits rather than failing."""
+    from types import SimpleNamespace
+
+    test = SimpleNamespace(images=torch.rand(6, 1, 2, 2), labels=torch.zeros(6, dtype=torch.long), num_classes=3)
+    criterion = lambda output, images, labels: (torch.zeros(()), {})  # noqa: E731
+    same = ClassificationTask(SimpleNamespace(images=torch.rand(9, 1, 2, 2)))
+    record = same.evaluate(_Redraws(), test, 4, "cpu", "off", criterion, None)
+    assert record["reconstruction_limits"]["images"] == 9 and same.meta([], record) == {
+        "reconstruction_limits": record["reconstruction_limits"]
+    }
+    cropped = ClassificationTask(SimpleNamespace(images=torch.rand(9, 1, 3, 3)))
+    record = cropped.evaluate(_Redraws(), test, 4, "cpu", "off", criterion, None)
+    assert "reconstruction_limits" not in record and cropped.meta([], record) == {}
+
+
 def test_the_cli_line_says_why_an_answer_is_uncertain():
     sure = Prediction(path="a.png", index=7, label="7", score=0.94, uncertain=False)
     unsure = Prediction(path="b.png", index=2, label="2", score=0.197, uncertain=True, doubt="below 0.7")

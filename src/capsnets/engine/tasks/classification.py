@@ -32,7 +32,8 @@ class ClassificationTask(Task):
     answers with a class and whether it is uncertain (:func:`~capsnets.inference.predict`). For a model with a
     decoder, each evaluation also sets the limits of a good reconstruction on the first
     :data:`~capsnets.engine.tasks.classification.CALIBRATION_EXAMPLES` training examples, which its checkpoints
-    record (``reconstruction_limits``) and ``predict`` holds every answer to.
+    record (``reconstruction_limits``) and ``predict`` holds every answer to; not where the training images are
+    stored at another size than the test split's (cropped by the loader, as smallNORB's are).
 
     Args:
         train_data: the run's training split (None outside a training run); its ``images`` set the limits.
@@ -55,11 +56,23 @@ class ClassificationTask(Task):
     def evaluate(self, model, data, batch_size: int, device, amp: str, criterion, context) -> dict[str, Any]:
         evaluation = evaluate(model, data, batch_size, device, amp, criterion, context=context)
         record = {"test_loss": evaluation["loss"], "test_accuracy": evaluation["accuracy"]}
-        if self.calibration_images is not None and len(self.calibration_images):
+        if self._calibrates(data):
             limits = calibrate_reconstruction(model, self.calibration_images, batch_size=batch_size)
             if limits is not None:
                 record["reconstruction_limits"] = limits
         return record
+
+    def _calibrates(self, data: Any) -> bool:
+        """Whether the training images are stored as the model reads the test split's: not where the loader crops
+        or resizes them first (the smallNORB protocol's random crops)."""
+        images = self.calibration_images
+        tested = getattr(data, "images", None)
+        return (
+            images is not None
+            and len(images) > 0
+            and isinstance(tested, Tensor)
+            and images.shape[1:] == tested.shape[1:]
+        )
 
     def meta(self, history: list[dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:
         """The limits of a good reconstruction set at ``record``'s evaluation, if it set them."""
