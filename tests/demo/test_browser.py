@@ -123,6 +123,17 @@ def settled(driver, timeout: float = 15.0) -> None:
     )
 
 
+def _post_json(url: str, body: dict | None) -> dict:
+    """The JSON answer of the demo at ``url``: a GET without ``body``, else a POST of it as JSON."""
+    import json
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
 ONE = [(0, -95 + 19 * k) for k in range(11)]  # a vertical stroke
 ZERO = [(55 * math.sin(2 * math.pi * k / 28), -90 * math.cos(2 * math.pi * k / 28)) for k in range(29)]  # an oval
 
@@ -166,6 +177,10 @@ def test_drawn_digits_are_classified_and_the_sliders_redraw_the_reconstruction(b
     browser.find_elements("css selector", "#samples img")[6].click()  # a test image of a 3
     settled(browser)
     assert by_id("input").get_attribute("src") != seen and by_id("prediction").text == "3"
+    answer = _post_json(f"{server}api/samples", None)["samples"][6]
+    answer = _post_json(f"{server}api/predict", {"pixels": answer["pixels"]})  # the page shows the API's unsure
+    assert by_id("unsure").is_displayed() == answer["uncertain"]
+    assert not answer["uncertain"] or by_id("unsure").text == f"Unsure: {answer['doubt']}."
     assert by_id("grid-class").text == "3", "the perturbation grid follows the capsule shown"
     assert by_id("grid").get_attribute("src") != grid
     _screenshot(browser, tmp_path / "demo_test_image.png", height=520)

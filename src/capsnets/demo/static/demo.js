@@ -202,7 +202,7 @@ function show(result) {
     item.textContent = note;
     $("notes").appendChild(item);
   }
-  $("prediction").textContent = result.uncertain ? `${result.label} (unsure)` : result.label;
+  $("prediction").textContent = result.label;
   $("unsure").textContent = result.uncertain ? `Unsure: ${result.doubt}.` : "";
   $("unsure").hidden = !result.uncertain;
   const top = Math.max(1e-9, ...result.scores);
