@@ -12,6 +12,8 @@
   the cross-entropy alone (U-Net). With K > 1 classes (our extension; the paper is binary): the binary
   cross-entropy of each class's capsule length against "the pixel is of this class", averaged over classes
   (lengths are independent, not a softmax), or for logits (U-Net) the softmax cross-entropy over classes.
+- Capsule U-Net loss (after 3D-UCaps, Nguyen et al. 2021): the cross-entropy of the decoder's logits plus a
+  margin loss of the class capsules' lengths against each class's share of each cell of their grid.
 - Transforming auto-encoder loss: Hinton, Krizhevsky & Wang (2011), squared error of the predicted
   transformed image.
 - Spread loss: Hinton, Sabour & Frosst (2018), Sec. 4.1, ``sum_{i != t} max(0, m - (a_t - a_i))^2``
@@ -336,6 +338,65 @@ class SegCapsLoss(nn.Module):
         return f"pos_weight={self.pos_weight}, reconstruction_weight={self.reconstruction_weight}"
 
 
+class CapsuleUNetLoss(nn.Module):
+    """The capsule U-Net's loss (after 3D-UCaps, Nguyen et al. 2021): the cross-entropy of the decoder's logits
+    (:class:`SegCapsLoss`'s, without its reconstruction term), plus ``margin_weight`` times the margin loss of the
+    class capsules' lengths against the fraction of each class in each cell of their coarser grid.
+
+    Args:
+        pos_weight: weight of object pixels in the cross-entropy (as :class:`SegCapsLoss`).
+        margin_weight: scale of the capsules' margin loss (3D-UCaps' command-line default, 0.1); 0 switches it off.
+        m_pos, m_neg, down_weight: the margin loss's ``m+``, ``m-`` and ``lambda`` (:func:`margin_loss`).
+
+    Called as ``criterion(output, images, masks)`` with a :class:`~capsnets.models.segcaps.SegmentationOutput`
+    whose ``capsules`` are ``(B, K', D, h, w)`` (``K' = max(K, 2)``: a binary model's background and object) on a
+    grid that divides the masks' ``(H, W)``, and ``(B, 1, H, W)`` masks of class indices. Each cell's target for
+    class ``k`` is the fraction of its pixels of class ``k`` (3D-UCaps interpolates the one-hot masks down);
+    the margin loss is summed over the classes and averaged over the cells.
+    """
+
+    def __init__(
+        self,
+        *,
+        pos_weight: float = 1.0,
+        margin_weight: float = 0.1,
+        m_pos: float = 0.9,
+        m_neg: float = 0.1,
+        down_weight: float = 0.5,
+    ) -> None:
+        super().__init__()
+        self.cross_entropy = SegCapsLoss(pos_weight=pos_weight, reconstruction_weight=0.0)
+        self.margin_weight = number("margin_weight", margin_weight, 0.0)
+        self.m_pos, self.m_neg = number("m_pos", m_pos, 0.0, 1.0), number("m_neg", m_neg, 0.0, 1.0)
+        self.down_weight = number("down_weight", down_weight, 0.0)
+
+    def forward(self, output, images: Tensor, masks: Tensor):
+        loss, parts = self.cross_entropy(output, images, masks)
+        if output.capsules is None or self.margin_weight == 0:
+            return loss, parts
+        capsules = output.capsules.float()  # (B, K', D, h, w)
+        classes, grid = capsules.shape[1], capsules.shape[-2:]
+        if masks.dim() != 4 or masks.shape[-2] % grid[0] or masks.shape[-1] % grid[1]:
+            raise ArgumentError(
+                f"masks must be (B, 1, H, W) class indices on a grid that the capsules' {tuple(grid)} divides, "
+                f"got {tuple(masks.shape)}"
+            )
+        one_hot = F.one_hot(masks[:, 0].long(), classes).permute(0, 3, 1, 2).float()  # (B, K', H, W)
+        targets = F.adaptive_avg_pool2d(one_hot, grid)  # (B, K', h, w): each class's share of each cell
+        lengths = capsules.norm(dim=2)  # (B, K', h, w)
+        flat = lengths.permute(0, 2, 3, 1).reshape(-1, classes)
+        wanted = targets.permute(0, 2, 3, 1).reshape(-1, classes)
+        margin = margin_loss(flat, wanted, m_pos=self.m_pos, m_neg=self.m_neg, down_weight=self.down_weight)
+        parts["margin"] = margin.detach()
+        return loss + self.margin_weight * margin, parts
+
+    def extra_repr(self) -> str:
+        return (
+            f"pos_weight={self.cross_entropy.pos_weight}, margin_weight={self.margin_weight}, m_pos={self.m_pos}, "
+            f"m_neg={self.m_neg}, down_weight={self.down_weight}"
+        )
+
+
 class TransformingLoss(nn.Module):
     """Transforming auto-encoder loss (Hinton, Krizhevsky & Wang 2011): squared error between the
     predicted and the actual transformed image, summed over pixels, averaged over the batch.
@@ -362,6 +423,7 @@ _LOSSES: dict[str, Callable[..., nn.Module]] = {
     "binary_cross_entropy": BinaryCrossEntropyLoss,
     "segcaps": SegCapsLoss,
     "binary_segmentation": functools.partial(SegCapsLoss, reconstruction_weight=0.0),
+    "capsule_unet": CapsuleUNetLoss,
     "transforming": TransformingLoss,
 }
 
@@ -375,6 +437,7 @@ LOSS_TASKS: dict[str, str] = {
     "binary_cross_entropy": "classification",
     "segcaps": "segmentation",
     "binary_segmentation": "segmentation",
+    "capsule_unet": "segmentation",
     "transforming": "autoencoder",
 }
 

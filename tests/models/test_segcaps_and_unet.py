@@ -16,7 +16,7 @@ SEGMENTATION = capsnets.list_models(task="segmentation")
 
 
 def test_the_registry_keeps_tasks_apart():
-    assert SEGMENTATION == ["segcaps", "segcaps_small", "unet", "unet_small"]
+    assert SEGMENTATION == ["capsule_unet", "capsule_unet_small", "segcaps", "segcaps_small", "unet", "unet_small"]
     assert not set(SEGMENTATION) & set(capsnets.list_models(task="classification"))
     by_task = [capsnets.list_models(task=task) for task in capsnets.models.registry.MODEL_TASKS]
     assert sorted(capsnets.list_models()) == sorted(name for names in by_task for name in names)
@@ -240,3 +240,60 @@ def test_multi_class_losses():
     torch.testing.assert_close(loss, -logits.log_softmax(dim=1)[0, 1, 0, 0])  # softmax cross-entropy of logits
     with pytest.raises(ValueError, match=r"mask classes must lie in \[0, 3\)"):
         create_loss("binary_segmentation")(output, None, torch.full((1, 1, 1, 1), 3))
+
+
+# the capsule U-Net ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("classes", [1, 2, 3, 4])
+def test_the_capsule_unet_gives_logits_per_pixel_and_class_capsules_on_an_eighth_of_the_grid(classes):
+    model = capsnets.create_model("capsule_unet_small", num_classes=classes, input_size=(1, 24, 40))
+    output = model(torch.rand(2, 1, 24, 40))
+    assert output.probabilities.shape == output.logits.shape == (2, classes, 24, 40)
+    assert output.capsules.shape == (2, max(classes, 2), 32, 3, 5)  # a binary model: background and object
+    expected = torch.sigmoid(output.logits) if classes == 1 else output.logits.softmax(dim=1)
+    torch.testing.assert_close(output.probabilities, expected)
+    assert (output.capsules.norm(dim=2) < 1).all()  # squashed
+    # under a quarter of unet_small's parameters, for up to four classes
+    unet = capsnets.create_model("unet_small", num_classes=classes)
+    assert 4 * capsnets.count_parameters(model) < capsnets.count_parameters(unet)
+
+
+def test_the_capsule_unet_refuses_sizes_its_three_strides_cannot_halve():
+    with pytest.raises(ValueError, match=r"H and W divisible by 8 .* got input_size \(1, 20, 16\)"):
+        capsnets.create_model("capsule_unet_small", input_size=(1, 20, 16))
+    with pytest.raises(ValueError, match="multiple of 8|divisible by 8"):
+        capsnets.create_model("capsule_unet_small")(torch.rand(1, 1, 20, 16))
+    with pytest.raises(ValueError, match=r"types must be 5 positive integers, got \(2, 2\)"):
+        capsnets.models.CapsuleUNet(types=(2, 2))
+
+
+def test_the_capsule_unet_loss_adds_the_margin_loss_of_each_cells_class_shares():
+    """Literal float64 reference: the cross-entropy of the logits, plus 0.1 x the margin loss of the capsules'
+    lengths against the fraction of each class in each 2x2 cell, summed over classes, averaged over cells."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 4, 4, generator=generator, dtype=torch.float64)
+    capsules = 0.4 * torch.randn(2, 3, 5, 2, 2, generator=generator, dtype=torch.float64)
+    masks = torch.randint(0, 3, (2, 1, 4, 4), generator=generator)
+    output = SegmentationOutput(logits.softmax(dim=1), capsules=capsules, logits=logits)
+    loss, parts = create_loss("capsule_unet")(output, torch.rand(2, 1, 4, 4), masks)
+    margin, cells = 0.0, 0
+    for b in range(2):
+        for y in range(2):
+            for x in range(2):
+                cell = masks[b, 0, 2 * y : 2 * y + 2, 2 * x : 2 * x + 2].flatten().tolist()
+                for k in range(3):
+                    share = cell.count(k) / 4
+                    length = float(capsules[b, k, :, y, x].norm())
+                    margin += share * max(0.0, 0.9 - length) ** 2 + 0.5 * (1 - share) * max(0.0, length - 0.1) ** 2
+                cells += 1
+    cross_entropy = F.cross_entropy(logits, masks[:, 0].long())
+    assert parts["margin"].item() == pytest.approx(margin / cells, rel=1e-6)
+    assert loss.item() == pytest.approx(cross_entropy.item() + 0.1 * margin / cells, rel=1e-6)
+    off, off_parts = create_loss("capsule_unet", margin_weight=0)(output, torch.rand(2, 1, 4, 4), masks)
+    assert off.item() == pytest.approx(cross_entropy.item(), rel=1e-6) and "margin" not in off_parts
+    coarse = SegmentationOutput(
+        output.probabilities, capsules=capsules[..., :1, :1].expand(-1, -1, -1, 3, 3), logits=logits
+    )
+    with pytest.raises(ValueError, match=r"a grid that the capsules' \(3, 3\) divides, got \(2, 1, 4, 4\)"):
+        create_loss("capsule_unet")(coarse, torch.rand(2, 1, 4, 4), masks)

@@ -4,6 +4,7 @@ pretrained weights (:mod:`capsnets.models.pretrained`)."""
 from capsnets.models import (  # noqa: F401
     baselines,
     capsnet,
+    capsule_unet,
     capspix2pix,
     efficient_capsnet,
     heinsen_capsnet,
@@ -16,6 +17,7 @@ from capsnets.models import (  # noqa: F401
 )
 from capsnets.models.baselines import BaselineCNN, SmallNorbCNN
 from capsnets.models.capsnet import CapsNet
+from capsnets.models.capsule_unet import CapsuleUNet
 from capsnets.models.capspix2pix import CapsPix2pixGenerator, PatchDiscriminator, Pix2pixGenerator, SynthesisOutput
 from capsnets.models.heinsen_capsnet import HeinsenCapsNet
 from capsnets.models.hub import create_model, get_model, load_model, load_pretrained, model_from_checkpoint, save_model
@@ -43,6 +45,7 @@ __all__ = [
     "BaselineCNN",
     "CapsNet",
     "CapsPix2pixGenerator",
+    "CapsuleUNet",
     "HVCCapsNet",
     "HeinsenCapsNet",
     "MatrixCapsNet",
