@@ -189,3 +189,26 @@ def test_write_digit_segfolder_writes_a_folder_that_loads_with_its_classes(tmp_p
         assert ((mask > 0) == (image > 127.5)).all() and (image > 0).sum() <= 64
     with pytest.raises(ValueError, match="size must be at least 5"):
         write_digit_segfolder(tmp_path / "e", digits, labels, size=4)
+
+
+def test_write_digit_segfolder_puts_several_digits_on_larger_images(tmp_path):
+    from capsnets.data.seg_folder import write_digit_segfolder
+
+    gen = torch.Generator().manual_seed(1)
+    digits = torch.zeros(14, 1, 28, 28)
+    digits[:, :, 4:24, 10:18] = torch.rand(14, 1, 20, 8, generator=gen)  # a stroke each, bright and faint pixels
+    labels = torch.tensor([0, 1, 2] * 4 + [1, 1])
+    folder = write_digit_segfolder(tmp_path / "d", digits, labels, count=3, size=32, per_image=4, digit_size=14)
+    assert len(list((folder / "images").iterdir())) == 3  # 12 digits kept of the first 14: 3 images of 4
+    data = load_dataset(f"segfolder:{folder}", train=True)
+    assert data.images.shape[1:] == (1, 32, 32) and data.num_classes == 4
+    for k in range(3):
+        image = np.asarray(Image.open(folder / "images" / f"{k:05d}.png"))
+        mask = np.asarray(Image.open(folder / "masks" / f"{k:05d}.png"))
+        # a pixel is labelled exactly where a digit's pixel is above half (the lightest digit's ink is kept)
+        assert ((mask > 0) <= (image > 127.5)).all() and set(np.unique(mask)) <= {0, 1, 2, 3}
+        assert (image > 127.5).sum() > 14  # more than one digit's column of bright pixels
+    with pytest.raises(ValueError, match="digit_size must be at most size"):
+        write_digit_segfolder(tmp_path / "e", digits, labels, size=16, digit_size=20)
+    with pytest.raises(ValueError, match="per_image"):
+        write_digit_segfolder(tmp_path / "f", digits, labels, per_image=0)

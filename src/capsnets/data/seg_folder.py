@@ -42,7 +42,7 @@ import torch
 from PIL import Image
 
 from capsnets.images import IMAGE_FORMATS_TEXT, image_files
-from capsnets.validation import ArgumentError
+from capsnets.validation import ArgumentError, positive_int
 
 from .base import seeded_split, shuffled
 from .errors import DatasetError
@@ -411,24 +411,30 @@ def write_digit_segfolder(
     count: int = 400,
     size: int = 16,
     seed: int = 0,
+    per_image: int = 1,
+    digit_size: int | None = None,
 ) -> Path:
-    """Write a ``segfolder:PATH`` folder of real digits, one per image, whose masks label each digit's class: an
-    example of the format, and the multi-class task of the tests and of ``benchmarks/segfolder_digits.py``.
+    """Write a ``segfolder:PATH`` folder of real digits whose masks label each digit's class: an example of the
+    format, and the multi-class task of the tests and of ``benchmarks/segfolder_digits.py``.
 
-    Each digit of ``digits`` whose label is in ``classes`` (the first ``count`` of them) is shrunk to
-    ``size - 4`` pixels (bilinear, antialiased) and put at a seeded random offset of 0 to 4 pixels on a black
-    ``size x size`` canvas. The folder holds ``images/<k>.png`` (grey), ``masks/<k>.png`` (mode ``L`` class
-    indices: 0 the background, ``i + 1`` the digit's pixels above 0.5 for a digit of class ``classes[i]``) and
-    ``classes.json`` (``background``, ``digit C``, ...).
+    The digits of ``digits`` whose label is in ``classes`` (the first ``count * per_image`` of them) are shrunk to
+    ``digit_size`` pixels (bilinear, antialiased) and put at seeded random places on black ``size x size``
+    canvases, ``per_image`` on each: one digit at an offset of 0 to ``size - digit_size`` pixels (by default
+    ``size - 4``: 0 to 4), several anywhere, a later digit drawn over an earlier one where they overlap (the
+    lighter pixel kept; the mask takes the later digit's class where its pixel is above 0.5). The folder holds
+    ``images/<k>.png`` (grey), ``masks/<k>.png`` (mode ``L`` class indices: 0 the background, ``i + 1`` the
+    pixels above 0.5 of a digit of class ``classes[i]``) and ``classes.json`` (``background``, ``digit C``, ...).
 
     Args:
         root: the folder to write (created; existing files of the same names are replaced).
         digits: ``(N, 1, 28, 28)`` images in ``[0, 1]``, e.g. ``load_dataset("mnist").images``.
         labels: ``(N,)`` their digits.
         classes: the digits to keep, in the order of their class indices.
-        count: at most this many images.
+        count: at most this many images (fewer when the kept digits run out).
         size: the images' side, at least 5.
-        seed: the offsets' seed.
+        seed: the places' seed.
+        per_image: digits on each image.
+        digit_size: the digits' side, from 1 to ``size`` (default ``size - 4``).
 
     Returns:
         ``root`` as a :class:`~pathlib.Path`.
@@ -439,22 +445,29 @@ def write_digit_segfolder(
         >>> folder = write_digit_segfolder("digits", mnist.images, mnist.labels, count=600)  # doctest: +SKIP
         >>> load_dataset(f"segfolder:{folder}", train=True).num_classes  # doctest: +SKIP
         4
+        >>> large = write_digit_segfolder("scenes", mnist.images, mnist.labels, size=64, per_image=4, digit_size=20)  # doctest: +SKIP
     """
     if size < 5:
         raise ArgumentError(f"size must be at least 5 (digits of size - 4 pixels), got {size}")
+    per_image = positive_int("per_image", per_image)
+    side = size - 4 if digit_size is None else positive_int("digit_size", digit_size)
+    if side > size:
+        raise ArgumentError(f"digit_size must be at most size ({size}), got {side}")
     root = Path(root)
     (root / "images").mkdir(parents=True, exist_ok=True)
     (root / "masks").mkdir(parents=True, exist_ok=True)
     keep = torch.isin(labels, torch.tensor(classes))
-    digits, labels = digits[keep][:count], labels[keep][:count]
-    side = size - 4
+    digits, labels = digits[keep][: count * per_image], labels[keep][: count * per_image]
     small = torch.nn.functional.interpolate(digits.float(), size=(side, side), mode="bilinear", antialias=True)
     small = small.clamp(0, 1)
-    offsets = torch.randint(0, 5, (len(small), 2), generator=torch.Generator().manual_seed(seed))
-    for k, (digit, label, (dy, dx)) in enumerate(zip(small[:, 0], labels.tolist(), offsets.tolist())):
+    offsets = torch.randint(0, size - side + 1, (len(small), 2), generator=torch.Generator().manual_seed(seed))
+    for k in range(len(small) // per_image):
         image, mask = np.zeros((size, size), np.uint8), np.zeros((size, size), np.uint8)
-        image[dy : dy + side, dx : dx + side] = (digit.numpy() * 255).round().astype(np.uint8)
-        mask[dy : dy + side, dx : dx + side] = (digit.numpy() > 0.5) * (classes.index(label) + 1)
+        for j in range(k * per_image, (k + 1) * per_image):
+            (dy, dx), digit = offsets[j].tolist(), small[j, 0].numpy()
+            window = (slice(dy, dy + side), slice(dx, dx + side))
+            image[window] = np.maximum(image[window], (digit * 255).round().astype(np.uint8))
+            mask[window] = np.where(digit > 0.5, classes.index(int(labels[j])) + 1, mask[window])
         Image.fromarray(image, mode="L").save(root / "images" / f"{k:05d}.png")
         Image.fromarray(mask, mode="L").save(root / "masks" / f"{k:05d}.png")
     names = {"background": 0, **{f"digit {c}": i + 1 for i, c in enumerate(classes)}}
