@@ -50,10 +50,19 @@ from capsnets.models import model_task  # noqa: E402
 
 from throughput import environment  # noqa: E402
 
-#: (capsule model, CNN counterpart, input sides): SegCaps' own resolution, smallNORB's own and its 32x32 crops.
-PAIRS = (("segcaps", "unet", (512,)), ("matrix_capsnet", "cnn_smallnorb", (32, 96)))
+#: (capsule model, CNN counterpart, input sides): the segmentation models at 256x256 and SegCaps' own resolution,
+#: smallNORB's own and its 32x32 crops.
+PAIRS = (
+    ("segcaps", "unet", (256, 512)),
+    ("capsule_unet", "unet", (256, 512)),
+    ("matrix_capsnet", "cnn_smallnorb", (32, 96)),
+)
 #: The same at sizes a CPU test can afford.
-DRY_PAIRS = (("segcaps_small", "unet_small", (32,)), ("matrix_capsnet_small", "cnn_smallnorb_narrow", (32,)))
+DRY_PAIRS = (
+    ("segcaps_small", "unet_small", (32,)),
+    ("capsule_unet_small", "unet_small", (32,)),
+    ("matrix_capsnet_small", "cnn_smallnorb_narrow", (32,)),
+)
 
 
 def build(name: str, side: int):
