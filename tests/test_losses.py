@@ -89,3 +89,19 @@ def test_spread_margin_ramp_in_epochs():
         create_loss("spread", ramp_epochs=0)
     with pytest.raises(ValueError, match="not both.*ramp_epochs=null"):
         create_loss("spread", ramp=0.5, ramp_epochs=10)
+
+
+def test_segcaps_loss_weighs_object_pixels_by_the_batchs_background_to_object_ratio():
+    from capsnets.models.segcaps import SegmentationOutput
+
+    masks = torch.zeros(2, 1, 4, 4, dtype=torch.long)
+    masks[0, 0, :2, :2] = 1  # 4 object pixels
+    masks[1, 0, 0, :2] = 2  # 2 more: 6 object pixels, 26 background ones
+    balanced = create_loss("segcaps")
+    assert balanced.pos_weight == "balanced" and balanced.class_weight(masks).item() == pytest.approx(26 / 6)
+    assert balanced.class_weight(torch.zeros(1, 1, 4, 4)).item() == 1.0  # no object pixels: no weighting
+    assert create_loss("binary_segmentation").pos_weight == 1.0  # U-Net's loss keeps the plain cross-entropy
+    probabilities = torch.rand(2, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    output = SegmentationOutput(probabilities)
+    given = create_loss("segcaps", pos_weight=26 / 6)
+    torch.testing.assert_close(balanced(output, None, masks)[0], given(output, None, masks)[0])

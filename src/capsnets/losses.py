@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -283,29 +284,51 @@ class SegCapsLoss(nn.Module):
 
     Args:
         pos_weight: weight of object pixels in the cross-entropy (with K classes: of the pixels of every class
-            but the background, class 0).
+            but the background, class 0), or ``"balanced"``: the ratio of background to object pixels in each batch's
+            masks (1 for a batch without object pixels). Deviation: LaLonde & Bagci's code (lalonderodney/SegCaps,
+            ``load_3D_data.py``, ``compute_class_weights``) takes that ratio once, over the training masks.
         reconstruction_weight: scale of the reconstruction term (ours; the paper does not give it).
 
     Called as ``criterion(output, images, masks)`` with a :class:`~capsnets.models.segcaps.SegmentationOutput`
     (``probabilities`` ``(B, K, H, W)``) and ``(B, 1, H, W)`` masks of class indices (0/1 for ``K = 1``). With
     ``K > 1``: per-class binary cross-entropy of the lengths (see the module docstring), or the softmax
     cross-entropy of the logits; the reconstruction target is the image inside every object (class above 0).
+
+    Examples::
+
+        >>> masks = torch.zeros(1, 1, 4, 4, dtype=torch.long)
+        >>> masks[..., :2, :2] = 1  # 4 object pixels, 12 background ones
+        >>> SegCapsLoss().class_weight(masks).item()
+        3.0
     """
 
-    def __init__(self, *, pos_weight: float = 1.0, reconstruction_weight: float = 1.0) -> None:
+    def __init__(
+        self, *, pos_weight: float | Literal["balanced"] = "balanced", reconstruction_weight: float = 1.0
+    ) -> None:
         super().__init__()
-        pos_weight = number("pos_weight", pos_weight, 0.0, low_open=True)
+        if pos_weight != "balanced":
+            pos_weight = number("pos_weight", pos_weight, 0.0, low_open=True)
         reconstruction_weight = number("reconstruction_weight", reconstruction_weight, 0.0)
         self.pos_weight, self.reconstruction_weight = pos_weight, reconstruction_weight
 
+    def class_weight(self, masks: Tensor) -> Tensor:
+        """The weight of the object pixels of ``masks`` (``(B, 1, H, W)`` class indices): ``pos_weight``, or for
+        ``"balanced"`` their background pixels over their object pixels (1 without object pixels)."""
+        if self.pos_weight != "balanced":
+            return torch.tensor(float(self.pos_weight), device=masks.device)
+        objects = (masks > 0).sum().double()
+        weight = torch.where(objects > 0, (masks.numel() - objects) / objects.clamp(min=1), torch.ones_like(objects))
+        return weight.float()
+
     def forward(self, output, images: Tensor, masks: Tensor):
         classes = output.probabilities.shape[1]
+        weight = self.class_weight(masks)
         if classes > 1:
-            bce = self._multi_class(output, masks, classes)
+            bce = self._multi_class(output, masks, classes, weight)
         elif getattr(output, "logits", None) is not None:  # the same cross-entropy, without the clamp's dead zone
-            bce = binary_segmentation_loss_from_logits(output.logits.float(), masks, pos_weight=self.pos_weight)
+            bce = binary_segmentation_loss_from_logits(output.logits.float(), masks, pos_weight=weight)
         else:
-            bce = binary_segmentation_loss(output.probabilities.float(), masks, pos_weight=self.pos_weight)
+            bce = binary_segmentation_loss(output.probabilities.float(), masks, pos_weight=weight)
         parts, loss = {"bce": bce.detach()}, bce
         if output.reconstruction is not None and self.reconstruction_weight > 0:
             target = to_float_images(images) * (masks > 0).to(torch.float32)
@@ -314,7 +337,7 @@ class SegCapsLoss(nn.Module):
             loss = loss + recon
         return loss, parts
 
-    def _multi_class(self, output, masks: Tensor, classes: int) -> Tensor:
+    def _multi_class(self, output, masks: Tensor, classes: int, pos_weight: Tensor) -> Tensor:
         """The cross-entropy of ``K > 1`` class maps against ``(B, 1, H, W)`` class indices."""
         if masks.dim() != 4 or masks.shape[1] != 1 or masks.shape[2:] != output.probabilities.shape[2:]:
             raise ArgumentError(
@@ -325,11 +348,11 @@ class SegCapsLoss(nn.Module):
         if truth.numel() and (truth.min() < 0 or truth.max() >= classes):
             raise ArgumentError(f"mask classes must lie in [0, {classes}), got {truth.min()}..{truth.max()}")
         if getattr(output, "logits", None) is not None:
-            weight = torch.full((classes,), float(self.pos_weight), device=truth.device)
+            weight = pos_weight.to(truth.device).expand(classes).clone()
             weight[0] = 1.0
             return F.cross_entropy(output.logits.float(), truth, weight=weight)
         one_hot = F.one_hot(truth, classes).permute(0, 3, 1, 2)  # (B, K, H, W)
-        weight = torch.full((1, classes, 1, 1), float(self.pos_weight), device=truth.device)
+        weight = pos_weight.to(truth.device).expand(1, classes, 1, 1).clone()
         weight[:, 0] = 1.0  # the background's own pixels are not weighted
         probabilities = output.probabilities.float()
         return binary_segmentation_loss(probabilities, one_hot, pos_weight=weight)
@@ -422,7 +445,7 @@ _LOSSES: dict[str, Callable[..., nn.Module]] = {
     "cross_entropy": CrossEntropyLoss,
     "binary_cross_entropy": BinaryCrossEntropyLoss,
     "segcaps": SegCapsLoss,
-    "binary_segmentation": functools.partial(SegCapsLoss, reconstruction_weight=0.0),
+    "binary_segmentation": functools.partial(SegCapsLoss, pos_weight=1.0, reconstruction_weight=0.0),
     "capsule_unet": CapsuleUNetLoss,
     "transforming": TransformingLoss,
 }

@@ -25,6 +25,17 @@ pixels (class 0). Deviation: the paper is binary (one capsule type); K types are
 
 1,416,112 parameters without the reconstruction decoder, 1,425,649 with it (paper: 1.4M).
 Deviation: the convolution's bias is part of every prediction (see :mod:`capsnets.layers.conv`).
+
+Initialisation: the squash maps a vector of length ``s`` to one of length ``s^2 / (1 + s^2)``, about ``s^2`` for short
+vectors, so a stack of capsule layers whose predictions are shorter than their children shrinks the lengths layer by
+layer towards 0, where no gradient reaches the encoder. Each capsule layer's weights are therefore drawn from a normal
+distribution of standard deviation ``2 J / sqrt(n I D_out)`` (``I``/``J`` child/parent types, ``D_out`` the parents'
+dimension, ``n`` the kernel taps that fall on the nominal grid per output position, padding left out), with zero
+biases: children of length 0.5 then give each parent, with the uniform couplings ``1 / J`` of the first routing
+iteration, a vector of expected length 1 before the squash (0.5 after it), so lengths stay near 0.5 through the
+layers and the final capsules' lengths start on both sides of the 0.5 threshold. Deviation: LaLonde & Bagci's code
+(lalonderodney/SegCaps, ``capsule_layers.py``) draws He-normal weights (standard deviation ``sqrt(2 / fan_in)``) and
+a bias of 0.1.
 Registered: ``segcaps`` (the paper's R3, 1 x 512 x 512 nominal input: LUNA16 slices) and
 ``segcaps_small`` (half the capsule dimensions; for CPUs). Both are fully convolutional: any ``H, W``
 divisible by 8 works. Their routing (every capsule layer but the first) is ``routing``: a routing object, its
@@ -35,8 +46,10 @@ Dimension legend: ``B`` batch, ``T`` capsule types, ``D`` capsule dim, ``H``/``W
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 from torch import Tensor, nn
@@ -162,6 +175,31 @@ class SegCaps(nn.Module):
             for a, b in zip(sizes, sizes[1:]):
                 layers += [nn.Conv2d(a, b, 1, **factory), nn.ReLU()]
             self.decoder = nn.Sequential(*layers, nn.Conv2d(sizes[-1], channels, 1, **factory), nn.Sigmoid())
+        self._init_capsule_layers()
+
+    def _init_capsule_layers(self) -> None:
+        """Draw the capsule layers' weights so that lengths stay near 0.5 through the layers (module docstring)."""
+        height, width = self.input_size[1:]
+        grids = [  # each capsule layer and the grid of its input, at the nominal input size
+            (self.primary, 1),
+            (self.enc1, 2),
+            (self.enc2[0], 2),
+            (self.enc2[1], 4),
+            (self.enc3[0], 4),
+            (self.enc3[1], 8),
+            (self.up1, 8),
+            (self.dec1, 4),
+            (self.up2, 4),
+            (self.dec2, 2),
+            (self.up3, 2),
+            (self.segment, 1),
+        ]
+        for layer, scale in grids:
+            taps = _kernel_taps(layer.conv, (height // scale, width // scale))
+            std = 2.0 * layer.out_types / math.sqrt(taps * layer.in_types * layer.out_dim)
+            with torch.no_grad():
+                nn.init.normal_(layer.conv.weight, 0.0, std)
+                nn.init.zeros_(layer.conv.bias)
 
     def encode(self, images: Tensor, *, owner: str = "SegCaps", name: str = "images") -> Tensor:
         """The segmentation capsules ``(B, K, D, H, W)`` (``owner`` and ``name``: for the messages of the input
@@ -200,6 +238,19 @@ class SegCaps(nn.Module):
         return output
 
 
+def _kernel_taps(conv: nn.Conv2d | nn.ConvTranspose2d, size: tuple[int, int]) -> float:
+    """The mean number of kernel taps of ``conv`` that fall on an input grid of ``size`` (not on its padding) per
+    output position."""
+    ones, kernel = torch.ones(1, 1, *size), torch.ones(1, 1, *conv.kernel_size)
+    if isinstance(conv, nn.ConvTranspose2d):
+        counts = nn.functional.conv_transpose2d(
+            ones, kernel, stride=conv.stride, padding=conv.padding, output_padding=conv.output_padding
+        )
+    else:
+        counts = nn.functional.conv2d(ones, kernel, stride=conv.stride, padding=conv.padding)
+    return counts.mean().item()
+
+
 @register_model("segcaps", task="segmentation")
 def segcaps(
     *,
@@ -222,7 +273,13 @@ def segcaps(
     )
 
 
-@register_model("segcaps_small", task="segmentation")
+#: ``segcaps_small``'s training recipe (:func:`~capsnets.models.training_recipe`): Adam at 6e-3. Deviation: LaLonde &
+#: Bagci's code (lalonderodney/SegCaps, ``train.py``, ``main.py``) trains with Adam at 1e-4 (betas 0.99, 0.999) for up
+#: to 200 epochs of 2,000 steps.
+SMALL_RECIPE: Mapping[str, object] = MappingProxyType({"lr": 6e-3})
+
+
+@register_model("segcaps_small", task="segmentation", recipe=SMALL_RECIPE)
 def segcaps_small(
     *,
     input_size: ImageSize = (1, 32, 32),
