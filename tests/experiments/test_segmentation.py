@@ -90,3 +90,53 @@ def test_rejects_unknown_options_and_sizes(tmp_path):
     for size in (40, 16):
         with pytest.raises(ValueError, match="divisible by 16.*28x28 digit"):
             run_experiment("segmentation", tmp_path, smoke=True, device="cpu", size=size)
+
+
+def _train_unet_small(shared_data_root, *, seed: int, head_bias: float | None = None) -> tuple[float, float]:
+    """unet_small trained with its default loss for 150 Adam steps (batch 16, lr 3e-3) on the experiment's kind of
+    data at its smoke size (32x32, 4 clutter pieces); the mean test Dice and the share of pixels predicted
+    foreground on 64 test images."""
+    import torch
+
+    from capsnets.data import load_dataset
+    from capsnets.data.segmentation import make_digit_segmentation
+    from capsnets.engine.evaluate import dice_score
+    from capsnets.losses import create_loss
+    from capsnets.models import create_model
+
+    torch.manual_seed(seed)
+    shape = {"size": 32, "clutter": 4, "patch": 8}
+    digits = load_dataset("mnist", root=shared_data_root, train=True).images[:5000]
+    train = make_digit_segmentation(digits, 150 * 16, seed=seed, **shape)
+    test_digits = load_dataset("mnist", root=shared_data_root, train=False).images[:1000]
+    test = make_digit_segmentation(test_digits, 64, seed=10_000 + seed, **shape)
+    model = create_model("unet_small", input_size=(1, 32, 32))
+    if head_bias is not None:
+        torch.nn.init.constant_(model.head.bias, head_bias)
+    criterion, optimizer = create_loss(model.default_loss), torch.optim.Adam(model.parameters(), lr=3e-3)
+    for start in range(0, len(train), 16):
+        images, masks = train.images[start : start + 16], train.masks[start : start + 16]
+        loss, _ = criterion(model(images), images, masks)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        probabilities = model.eval()(test.images).probabilities
+    return dice_score(probabilities, test.masks).mean().item(), (probabilities > 0.5).float().mean().item()
+
+
+@pytest.mark.learning
+def test_unet_leaves_the_all_background_answer(shared_data_root):
+    # 2-10% of these pixels are object, so predicting background everywhere is the first thing U-Net learns. Measured
+    # after 150 steps (seeds 0-4): Dice 0.761, 0.712, 0.739, 0.837, 0.742; foreground 8.3-10.7% of the pixels.
+    dice, foreground = _train_unet_small(shared_data_root, seed=0)
+    assert foreground > 0.01 and dice >= 0.35, (dice, foreground)
+
+
+@pytest.mark.learning
+def test_unet_recovers_from_logits_below_the_probability_clamp(shared_data_root):
+    # Every logit starts at -15, where sigmoid < 1e-6: a cross-entropy of clamped probabilities has no gradient
+    # there and the model stays all background (Dice 0); the one taken from the logits pulls the object pixels back.
+    # Measured after 150 steps (seeds 0-2): Dice 0.629, 0.562, 0.275.
+    dice, foreground = _train_unet_small(shared_data_root, seed=0, head_bias=-15.0)
+    assert foreground > 0.01 and dice >= 0.1, (dice, foreground)
