@@ -4,11 +4,13 @@ The folder is :func:`capsnets.data.seg_folder.write_digit_segfolder`'s: ``--coun
 and 2, shrunk to ``--size - 4`` pixels at random places on a ``--size`` canvas, with masks of 4 classes (the
 background and each digit). ``segfolder:PATH`` splits it 80/20. Each run is ``capsnets train`` on it (the one
 trainer, in this process): a model, a seed, and optionally SegCaps' ``pos_weight`` (the weight of the object
-classes' pixels in its cross-entropy, 1 by default; LaLonde & Bagci's code weighs the object pixels by the ratio
-of background to object pixels). The JSON gets, per run, the last and the best evaluation's per-class Dice and
-their mean over the digits, the mean after each epoch, and the run's time; it is rewritten after every run.
+classes' pixels in its cross-entropy; by default ``"balanced"``, each batch's ratio of background to object pixels,
+as LaLonde & Bagci's code weighs them by that ratio over the training masks). Each model trains at ``--lr``, by
+default its training recipe's (``segcaps_small``: 6e-3), else 3e-3 (U-Net). The JSON gets, per run, the last and
+the best evaluation's per-class Dice and their mean over the digits, the mean after each epoch, the learning rate
+and the run's time; it is rewritten after every run.
 
-    python benchmarks/segfolder_digits.py --out benchmarks/results/segfolder_digits_cpu.json
+    python benchmarks/segfolder_digits.py --out benchmarks/results/segfolder_digits_after_cpu.json
     python benchmarks/segfolder_digits.py --dry-run       # a few images, one epoch: checks that the script runs
 """
 
@@ -27,13 +29,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capsnets.data import load_dataset  # noqa: E402
 from capsnets.data.seg_folder import write_digit_segfolder  # noqa: E402
 from capsnets.engine import TrainConfig, train  # noqa: E402
+from capsnets.models import training_recipe  # noqa: E402
 
 from throughput import environment  # noqa: E402
+
+#: The learning rate of a model whose training recipe gives none (U-Net's here).
+DEFAULT_LR = 3e-3
 
 
 def run_one(folder: Path, out: Path, model: str, seed: int, pos_weight: float | None, args) -> dict:
     """One training; its record for the JSON."""
     loss_args = {} if pos_weight is None else {"pos_weight": pos_weight}
+    lr = args.lr if args.lr is not None else training_recipe(model).get("lr", DEFAULT_LR)
     started = time.perf_counter()
     summary = train(
         TrainConfig(
@@ -41,7 +48,7 @@ def run_one(folder: Path, out: Path, model: str, seed: int, pos_weight: float | 
             dataset=f"segfolder:{folder}",
             epochs=args.epochs,
             batch_size=args.batch_size,
-            lr=args.lr,
+            lr=lr,
             seed=seed,
             device="cpu",
             threads=args.threads,
@@ -56,6 +63,7 @@ def run_one(folder: Path, out: Path, model: str, seed: int, pos_weight: float | 
         "model": model,
         "seed": seed,
         "pos_weight": pos_weight,
+        "lr": lr,
         "epochs": args.epochs,
         "seconds": round(time.perf_counter() - started, 1),
         "test_dice": summary["test_dice"],
@@ -81,9 +89,16 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help=f"every model's learning rate (default: each model's training recipe's, else {DEFAULT_LR})",
+    )
     parser.add_argument("--count", type=int, default=600, help="images in the folder (80%% train, 20%% test)")
     parser.add_argument("--size", type=int, default=16)
+    parser.add_argument("--per-image", type=int, default=1, help="digits on each image (default 1)")
+    parser.add_argument("--digit-size", type=int, default=None, help="the digits' side (default: --size - 4)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--data-dir", default=None, help="the folder holding mnist/ (default: capsnets' data root)")
     parser.add_argument("--dry-run", action="store_true", help="40 images, one epoch, one seed")
@@ -92,11 +107,17 @@ def main(argv=None) -> int:
     if args.dry_run:
         args.count, args.epochs, args.seeds = 40, 1, args.seeds[:1]
     torch.set_num_threads(args.threads)
-    mnist = load_dataset("mnist", root=args.data_dir, train=True).subset(max(5 * args.count, 100))
+    mnist = load_dataset("mnist", root=args.data_dir, train=True).subset(max(5 * args.count * args.per_image, 100))
     result = {**environment(torch.device("cpu"), args), "runs": []}
     with tempfile.TemporaryDirectory() as scratch:
         folder = write_digit_segfolder(
-            Path(scratch) / "digits", mnist.images, mnist.labels, count=args.count, size=args.size
+            Path(scratch) / "digits",
+            mnist.images,
+            mnist.labels,
+            count=args.count,
+            size=args.size,
+            per_image=args.per_image,
+            digit_size=args.digit_size,
         )
         runs = [
             (model, weight, seed)

@@ -107,9 +107,11 @@ def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path):
 
 
 def test_segcaps_small_segments_cluttered_digits(shared_data_root, tmp_path):
-    # 1,024 cluttered 32x32 digits (4 pieces of other digits each), 1 epoch at batch 16. Measured: Dice 0.659, 0.689,
-    # 0.691, 0.679, 0.597 on 256 test images (seeds 0-4 of the initialisation, shuffle and data drawn), from 0.17
-    # before training. (1 epoch at batch 32 is unstable: 0.27-0.64.)
+    # 1,024 cluttered 32x32 digits (4 pieces of other digits each), 1 epoch at batch 16. Measured: Dice 0.675, 0.696,
+    # 0.676 on 256 test images (seeds 0-2 of the initialisation, shuffle and data drawn), from 0.21-0.23 before
+    # training, whose capsule lengths start on both sides of the 0.5 threshold (with PyTorch's default initialisation
+    # and an unweighted loss: 0.659, 0.689, 0.691, 0.679, 0.597 from 0.17 for seeds 0-4; 1 epoch at batch 32 was
+    # unstable then: 0.27-0.64).
     import torch
 
     import capsnets
@@ -129,13 +131,13 @@ def test_segcaps_small_segments_cluttered_digits(shared_data_root, tmp_path):
             scores = dice_score(model.eval()(test_set.images[:count]).probabilities, test_set.masks[:count])
         return scores.mean().item()
 
-    before = dice(64)  # untrained: 0.172 on these 64, 0.169 on all 256
+    before = dice(64)  # untrained: 0.214 on these 64
     trainer = Trainer(
         out=str(tmp_path / "run"), epochs=1, batch_size=16, lr=3e-3, val_fraction=0, progress=False, figures=False
     )
     trainer.fit(model, train_set)  # the last epoch's model: no validation split chooses another
     after = dice(len(test_set.images))
-    assert before < 0.2 and after >= 0.45, (before, after)
+    assert before < 0.3 and after >= 0.45, (before, after)
 
 
 def _pose_shift_correlation(model, images, shifts, shifted):
@@ -237,3 +239,44 @@ def test_capsnet_small_tells_which_digits_a_multimnist_pair_shows(tmp_path, shar
     )
     summary = train(config)
     assert summary["test_map"] >= 0.45 and summary["test_accuracy"] >= 0.03, summary
+
+
+def _segcaps_on_digit_segfolder(folder, out, seed: int) -> tuple[float, float]:
+    """Mean Dice of the digits and the share of test pixels predicted foreground after one epoch of ``segcaps_small``
+    (its defaults and recipe) on ``folder``."""
+    import torch
+
+    from capsnets.data import load_dataset
+    from capsnets.engine import Trainer
+
+    config = TrainConfig(
+        model="segcaps_small",
+        dataset=f"segfolder:{folder}",
+        epochs=1,
+        batch_size=8,
+        seed=seed,
+        device="cpu",
+        progress=False,
+        figures=False,
+        out=str(out),
+    )
+    trainer = Trainer.from_config(config)
+    summary = trainer.fit()
+    test = load_dataset(f"segfolder:{folder}", train=False)
+    with torch.no_grad():
+        foreground = (trainer.model.eval()(test.images).predicted_classes() > 0).double().mean().item()
+    return summary["test_mean_dice"], foreground
+
+
+def test_segcaps_small_finds_the_digits_of_a_segfolder_in_its_first_epoch(shared_data_root, tmp_path):
+    # 600 real digits 0, 1, 2 on 16x16 (432 train, 48 validation, 120 test), 4 classes, one epoch at batch 8 with the
+    # model's defaults (about 4 s). Measured (seeds 0-4): mean Dice of the digits 0.213, 0.250, 0.197, 0.222, 0.179;
+    # predicted foreground 4.2-6.4% of the test pixels (truth 6.8%). Before SegCaps' initialisation kept its capsule
+    # lengths from vanishing and its loss weighed the object pixels: Dice 0.0 and no foreground (seeds 0-2).
+    from capsnets.data import load_dataset
+    from capsnets.data.seg_folder import write_digit_segfolder
+
+    digits = load_dataset("mnist", root=shared_data_root, train=True).subset(3000)
+    folder = write_digit_segfolder(tmp_path / "digits", digits.images, digits.labels, count=600, size=16)
+    dice, foreground = _segcaps_on_digit_segfolder(folder, tmp_path / "run", seed=0)
+    assert foreground > 0.02 and dice >= 0.1, (dice, foreground)

@@ -12,7 +12,8 @@ of thresholding the image itself, which marks every clutter stroke too (the floo
 a table of each model's training loss and Dice on up to 1,000 validation images (built from training
 digits) after every epoch, which shows when a model stops learning or collapses to all background; that Dice
 chooses each model's best epoch. The models train through the engine's trainer, a training set drawn every epoch.
-Deviations: the data (above); no class weighting (``pos_weight`` 1); ``--smoke`` uses ``segcaps_small``
+Deviations: the data (above); SegCaps' loss weighs the object pixels by each batch's ratio of background to object
+pixels (its default, ``pos_weight="balanced"``), U-Net's does not; ``--smoke`` uses ``segcaps_small``
 and ``unet_small`` on a few hundred 32x32 images.
 """
 
