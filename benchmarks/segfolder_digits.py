@@ -1,8 +1,9 @@
-"""Segmentation on your own images, measured: SegCaps and U-Net on a folder of real digits, per-class Dice.
+"""Segmentation on your own images, measured: capsule models and U-Net on a folder of real digits, per-class Dice.
 
-The folder is :func:`capsnets.data.seg_folder.write_digit_segfolder`'s: ``--count`` MNIST training digits 0, 1
-and 2, shrunk to ``--size - 4`` pixels at random places on a ``--size`` canvas, with masks of 4 classes (the
-background and each digit). ``segfolder:PATH`` splits it 80/20. Each run is ``capsnets train`` on it (the one
+The folder is :func:`capsnets.data.seg_folder.write_digit_segfolder`'s: ``--count`` images of MNIST training
+digits 0, 1 and 2, ``--per-image`` on each (default 1), shrunk to ``--digit-size`` pixels (default ``--size - 4``)
+at random places on a ``--size`` canvas, with masks of 4 classes (the background and each digit).
+``segfolder:PATH`` splits it 80/20. Each run is ``capsnets train`` on it (the one
 trainer, in this process): a model, a seed, and optionally SegCaps' ``pos_weight`` (the weight of the object
 classes' pixels in its cross-entropy; by default ``"balanced"``, each batch's ratio of background to object pixels,
 as LaLonde & Bagci's code weighs them by that ratio over the training masks). Each model trains at ``--lr``, by
