@@ -311,6 +311,7 @@ CHEAP = {
     "cnn_baseline_narrow": {},
     "cnn_smallnorb_narrow": {},
     "segcaps_small": {"input_size": (1, 16, 16)},
+    "capsule_unet_small": {"input_size": (1, 16, 16)},
     "unet_small": {"input_size": (1, 16, 16)},
     "capspix2pix_small": {"input_size": (10, 16, 16)},
     "pix2pix_small": {"input_size": (10, 16, 16)},
@@ -352,7 +353,7 @@ def test_losses_are_listed_by_the_task_they_serve():
 
     assert set(LOSS_TASKS) == set(list_losses())
     assert list_losses("classification") == ["binary_cross_entropy", "cross_entropy", "margin", "spread"]
-    assert list_losses("segmentation") == ["binary_segmentation", "segcaps"]
+    assert list_losses("segmentation") == ["binary_segmentation", "capsule_unet", "segcaps"]
 
 
 def test_errors_about_a_callers_input_are_argument_errors():

@@ -24,18 +24,20 @@ def test_smoke_run_writes_the_report(shared_data_root, tmp_path):
         unet_args={"batch_norm": True},
     )
     text = result.report.read_text()
-    assert text.count("1 of 2 (time limit) x 64 images") == 2 and "batch_norm" in text
+    assert text.count("1 of 2 (time limit) x 64 images") == 3 and "batch_norm" in text
     assert "| SegCaps (segcaps_small) |" in text and "| U-Net (unet_small) |" in text and "98.48%" in text
+    assert "| Capsule U-Net (capsule_unet_small) | 95,305 |" in text
     assert "image > 0.5 (no model)" in text and (tmp_path / "examples.png").stat().st_size > 0
-    assert all(0 <= result.metrics[k] <= 1 for k in ("SegCaps_dice", "U-Net_dice", "threshold_dice"))
+    dices = ("SegCaps_dice", "Capsule U-Net_dice", "U-Net_dice", "threshold_dice")
+    assert all(0 <= result.metrics[k] <= 1 for k in dices)
     assert result.metrics["SegCaps_parameters"] == 357_049
-    assert_contrasts_resolve("segmentation", result.metrics, 1)
+    assert_contrasts_resolve("segmentation", result.metrics, 2)
     # the training table: one row per epoch trained, each model's loss and validation Dice (16 images here), which
     # chooses the best epoch
     assert "Dice (object and background) on 16 validation images" in text
     row = next(line for line in text.splitlines() if line.startswith("| 1 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert len(cells) == 5 and all(c.endswith("%") for c in cells[2::2])
+    assert len(cells) == 7 and all(c.endswith("%") for c in cells[2::2])
     assert not any(line.startswith("| 2 |") for line in text.splitlines())  # the time limit stopped both after 1
 
 
@@ -55,8 +57,8 @@ def test_training_history_is_kept_with_the_checkpoint(shared_data_root, tmp_path
     first = run_experiment("segmentation", tmp_path / "a", **options).report.read_text()  # epoch 1 of 2
     second = run_experiment("segmentation", tmp_path / "b", **options).report.read_text()  # continues: epoch 2
     table = [line for line in first.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
-    assert len(table) == 1 and first.count("| 1 of 2 (time limit) x 32 images |") == 2
-    assert second.count("| 2 x 32 images |") == 2
+    assert len(table) == 1 and first.count("| 1 of 2 (time limit) x 32 images |") == 3
+    assert second.count("| 2 x 32 images |") == 3
     assert [line for line in second.splitlines() if line.startswith(("| 1 |", "| 2 |"))][:1] == table
 
 
@@ -73,13 +75,13 @@ def test_checkpoints_are_reused(shared_data_root, tmp_path):
     )
     first = run_experiment("segmentation", tmp_path / "a", **options)
     second = run_experiment("segmentation", tmp_path / "b", **options)
-    assert second.report.read_text().count("| 1 (loaded) x 32 images |") == 2 and first.metrics == second.metrics
-    # another U-Net (other builder arguments) gets its own checkpoint beside them; SegCaps is still reused
+    assert second.report.read_text().count("| 1 (loaded) x 32 images |") == 3 and first.metrics == second.metrics
+    # another U-Net (other builder arguments) gets its own checkpoint beside them; the capsule models are reused
     third = run_experiment("segmentation", tmp_path / "c", **options, unet_args={"batch_norm": True}).report.read_text()
-    assert third.count("| 1 (loaded) x 32 images |") == 1 and "| SegCaps (segcaps_small) | 357,049 |" in third
+    assert third.count("| 1 (loaded) x 32 images |") == 2 and "| SegCaps (segcaps_small) | 357,049 |" in third
     names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())  # run directories
     assert [name.rsplit("_", 1)[0] for name in names].count("segmentation_unet_small") == 1
-    assert len(names) == 3 and sum(name.startswith("segmentation_segcaps_small_") for name in names) == 1
+    assert len(names) == 4 and sum(name.startswith("segmentation_segcaps_small_") for name in names) == 1
 
 
 def test_rejects_unknown_options_and_sizes(tmp_path):

@@ -1,5 +1,6 @@
-"""The report of the ``segmentation`` experiment (LaLonde & Bagci 2018, Sec. 4): Dice of SegCaps, U-Net and the
-threshold floor beside the paper's LUNA16 numbers, the per-epoch training table and the data section.
+"""The report of the ``segmentation`` experiment (LaLonde & Bagci 2018, Sec. 4): Dice of SegCaps, the capsule
+U-Net, U-Net and the threshold floor beside the paper's LUNA16 numbers (SegCaps' and U-Net's), the per-epoch
+training table and the data section.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def segmentation_sections(
                 f"{name} ({m['model_name']})",
                 f"{m['parameters']:,}",
                 percent(m["dice"]),
-                percent(PAPER[name][0]),
-                PAPER[name][1],
+                percent(PAPER[name][0]) if name in PAPER else "-",
+                PAPER[name][1] if name in PAPER else "-",
                 f"{m['training'].epochs} x {s.images_per_epoch:,} images",
             )
         )
