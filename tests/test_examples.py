@@ -1,5 +1,5 @@
-"""The Examples in the docstrings of capsnets.functional, capsnets.layers and capsnets.models run and print
-what they say (doctest)."""
+"""The Examples in the docstrings of capsnets.functional, capsnets.layers, capsnets.models and capsnets.inference run
+and print what they say (doctest)."""
 
 import doctest
 import importlib
@@ -17,7 +17,7 @@ MODULES = [
     info.name
     for package in (capsnets.functional, capsnets.layers, capsnets.models)
     for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
-]
+] + ["capsnets.inference"]
 
 
 @pytest.mark.parametrize("name", MODULES)

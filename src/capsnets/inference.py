@@ -83,7 +83,7 @@ class Prediction:
         uncertain: whether the answer is uncertain (:func:`uncertainty`, or a reconstruction outside the
             checkpoint's limits); None for segmentation.
         doubt: why it is, in words (``"below 0.5"``, ``"3 close behind at 0.81"``, ``"reconstruction error
-            0.095 per pixel, above 0.066"``); None when it is not.
+            0.095 per pixel, where 99.5% of the training images stay below 0.067"``); None when it is not.
         unsure_rule: what ``uncertain`` checks: ``"score"`` (:func:`uncertainty`), or ``"score and
             reconstruction"`` for a model with a decoder whose checkpoint records its limits
             (:func:`calibrate_reconstruction`); None for multi-label and segmentation answers.
@@ -208,12 +208,12 @@ def calibrate_reconstruction(
 
     Examples::
 
-        >>> model = capsnets.create_model("capsnet_small", input_size=(1, 12, 12))
-        >>> limits = calibrate_reconstruction(model, torch.rand(8, 1, 12, 12))
+        >>> model = capsnets.create_model("capsnet_digits")  # 8x8 digits, with a decoder
+        >>> limits = calibrate_reconstruction(model, torch.rand(8, 1, 8, 8))
         >>> sorted(limits), limits["images"]
         (['images', 'pixel', 'quantile', 'relative'], 8)
     """
-    quantile = number("quantile", quantile, 0, 1)
+    quantile = number("quantile", quantile, 0, 1, low_open=True)
     batch_size = positive_int("batch_size", batch_size)
     if images.dim() != 4 or len(images) == 0:
         raise ArgumentError(f"images must be a non-empty batch (N, C, H, W), got shape {tuple(images.shape)}")
