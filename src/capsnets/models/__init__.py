@@ -4,8 +4,8 @@ pretrained weights (:mod:`capsnets.models.pretrained`)."""
 from capsnets.models import (  # noqa: F401
     baselines,
     capsnet,
-    capsule_unet,
     capspix2pix,
+    capsule_unet,
     efficient_capsnet,
     heinsen_capsnet,
     hvc_capsnet,
@@ -17,8 +17,8 @@ from capsnets.models import (  # noqa: F401
 )
 from capsnets.models.baselines import BaselineCNN, SmallNorbCNN
 from capsnets.models.capsnet import CapsNet
-from capsnets.models.capsule_unet import CapsuleUNet
 from capsnets.models.capspix2pix import CapsPix2pixGenerator, PatchDiscriminator, Pix2pixGenerator, SynthesisOutput
+from capsnets.models.capsule_unet import CapsuleUNet
 from capsnets.models.heinsen_capsnet import HeinsenCapsNet
 from capsnets.models.hub import create_model, get_model, load_model, load_pretrained, model_from_checkpoint, save_model
 from capsnets.models.hvc_capsnet import HVCCapsNet
