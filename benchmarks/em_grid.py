@@ -65,6 +65,7 @@ def _yl1993(epochs: int, steps_per_epoch: int) -> dict[str, Any]:
     return {
         "lr": 3e-3,
         "weight_decay": 2e-7,
+        "lr_schedule": "exponential",
         "lr_decay": 0.96 ** (steps_per_epoch / 20000),  # 0.96 per 20,000 steps, per epoch here
         **spread(**yl1993_margin(epochs)),
         "max_shift": 0,
@@ -78,6 +79,7 @@ def _authors(epochs: int, steps_per_epoch: int) -> dict[str, Any]:
         # 2e-7 * sum(w^2) / 2 beside a spread loss averaged over the 10 classes: with this library's loss, summed
         # over the classes, Adam takes the same steps with 10 times the decay
         "weight_decay": 2e-6,
+        "lr_schedule": "exponential",
         "lr_decay": 0.96 ** (steps_per_epoch / 20000),
         **spread(**authors_margin(epochs * steps_per_epoch)),
         "max_shift": 2,

@@ -5,14 +5,19 @@ Steps, each a child process with a time budget (a step past its budget is stoppe
 next one runs), the budgets cut so that the whole run ends within ``--total-minutes`` (7 by default: with the
 install, the check fits 8 minutes of a lent machine):
 
-1. ``gpu_tests``: ``pytest -m gpu`` (``tests/gpu/``: the library on CUDA against the CPU).
+1. ``gpu_tests``: ``pytest -m gpu`` (``tests/gpu/``: the library on CUDA against the CPU); ``em_no_sync``, its
+   check that EM routing never waits on the host (a step of ``matrix_capsnet`` under
+   ``torch.cuda.set_sync_debug_mode("error")``, both EM paths, training and inference), on its own line.
 2. ``throughput``: training and inference images/s and peak memory (``benchmarks/throughput.py``, bf16, batch
    128) of ``capsnet``, ``cnn_baseline``, ``matrix_capsnet`` and ``efficient_capsnet``; the matrix capsule model
    once per EM routing path (``CAPSNETS_EM_KERNEL``), each path this version has.
-3. ``time_to_accuracy``: ``capsnets train --model capsnet --dataset mnist`` in bf16, scored after every epoch,
-   for at most 3 minutes: the training seconds until the test accuracy first reaches 99.5%.
+3. ``em_one_epoch``: ``capsnets train --model matrix_capsnet_small --dataset mnist --epochs 1 --batch-size 32``
+   with the model's recipe in bf16: the test accuracy after one epoch and its training seconds.
+4. ``time_to_accuracy``: ``capsnets train --model capsnet --dataset mnist`` in bf16, scored after every epoch,
+   for at most 2 minutes: the training seconds until the test accuracy first reaches 99.5%.
 
-``--dry-run`` runs the same steps on the CPU at tiny sizes (the small models, batch 4, one epoch of 256 digits,
+``--dry-run`` runs the same steps on the CPU at tiny sizes (the small models, batch 4, one epoch of 256 digits and
+64 MNIST images,
 the GPU tests collected but not run, the Triton EM path left out: on the CPU it runs in Triton's interpreter), so
 that the script is tested wherever the tests run.
 
@@ -37,6 +42,8 @@ MODELS = ("capsnet", "cnn_baseline", "matrix_capsnet", "efficient_capsnet")
 DRY_MODELS = ("capsnet_small", "cnn_baseline_narrow", "matrix_capsnet_small", "efficient_capsnet")
 #: The EM routing paths to time (``CAPSNETS_EM_KERNEL``), where this version has them.
 EM_PATHS = ("torch", "triton")
+#: The time budget of the one-epoch EM training (seconds).
+EM_EPOCH_S = 150.0
 #: The accuracy whose training time is measured.
 TARGET_ACCURACY = 0.995
 
@@ -129,7 +136,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON files, logs and summary")
     parser.add_argument("--data-dir", default=os.environ.get("CAPSNETS_DATA"), help="folder holding mnist/")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (what CI runs)")
-    parser.add_argument("--minutes", type=float, default=3.0, help="time-to-accuracy budget (training minutes)")
+    parser.add_argument("--minutes", type=float, default=2.0, help="time-to-accuracy budget (training minutes)")
     parser.add_argument(
         "--total-minutes", type=float, default=7.0, help="the whole run's budget (the steps' budgets shrink to fit it)"
     )
@@ -150,7 +157,7 @@ def main(argv=None) -> int:
 
     models = DRY_MODELS if args.dry_run else MODELS
     timings = sum(len(em_paths()) if m.startswith("matrix") else 1 for m in models)  # throughput steps
-    minimum_step, minimum_training = 30.0, 90.0  # reserved for each later step
+    minimum_step, minimum_training = 30.0, 90.0 + EM_EPOCH_S  # reserved for each later step
 
     def record(name: str, rec: dict) -> None:
         results["steps"][name] = rec
@@ -165,6 +172,11 @@ def main(argv=None) -> int:
     rec["counts"] = pytest_counts(rec["output_tail"])
     rec["headline"] = ", ".join(f"{n} {w}" for w, n in rec["counts"].items()) or "ok"
     record("gpu_tests", rec)
+    no_sync = tests + ["-k", "without_waiting_on_the_host"] + (["--collect-only"] if args.dry_run else [])
+    rec = run_step("em_no_sync", no_sync, out, budget(60, reserve), env)
+    rec["counts"] = pytest_counts(rec["output_tail"])
+    rec["headline"] = ", ".join(f"{n} {w}" for w, n in rec["counts"].items()) or "ok"
+    record("em_no_sync", rec)
 
     device, sizes = (["--device", "cpu", "--amp", "off"], ["--batch-sizes", "4", "--steps", "1", "--warmup", "1"])
     if not args.dry_run:
@@ -197,6 +209,20 @@ def main(argv=None) -> int:
             record(name, rec)
         for path, why in skipped.items() if model.startswith("matrix") else ():
             record(f"throughput_{model}_{path}", {"skipped": why})
+
+    em_dir = out / "matrix_capsnet_small_mnist"
+    train = ["--model", "matrix_capsnet_small", "--dataset", "mnist", "--epochs", "1", "--batch-size", "32"]
+    if args.dry_run:
+        train += ["--limit-train", "64", "--limit-test", "64", "--device", "cpu", "--amp", "off"]
+    else:
+        train += ["--device", "cuda", "--amp", "bf16"]
+    command = [python, "-m", "capsnets", "train", *train, "--out", str(em_dir), "--no-progress", "--no-figures"]
+    rec = run_step("em_one_epoch", command, out, budget(EM_EPOCH_S, minimum_training - EM_EPOCH_S), env)
+    if rec["ok"]:
+        summary = json.loads((em_dir / "summary.json").read_text())
+        rec["result"] = {key: summary.get(key) for key in ("test_accuracy", "train_time_s", "device_name")}
+        rec["headline"] = f"{summary['test_accuracy']:.2%} after 1 epoch, {summary['train_time_s']:.1f} s of training"
+    record("em_one_epoch", rec)
 
     run_dir = out / "capsnet_mnist"
     if args.dry_run:

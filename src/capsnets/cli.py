@@ -59,7 +59,7 @@ from capsnets.data.seg_folder import SEGFOLDER_PREFIX
 from capsnets.demo.source import DEMO_PRETRAINED, DEMO_RUN_DIR, DEMO_TRAINING, load_demo_model
 from capsnets.engine.config import DEFAULTS, TrainConfig, build_config, default_run_dir, read_config_file
 from capsnets.engine.evaluate import EVAL_BATCH_SIZE, load_ensemble
-from capsnets.engine.fit import TrainingInterrupted
+from capsnets.engine.fit import LR_SCHEDULES, TrainingInterrupted
 from capsnets.engine.run_dir import run_files
 from capsnets.engine.runtime import (
     AMP_MODES,
@@ -111,6 +111,7 @@ _CONFIG_FLAGS = (
     "out",
     "batch_size",
     "lr",
+    "lr_schedule",
     "lr_decay",
     "weight_decay",
     "seed",
@@ -489,9 +490,16 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     recipe = "the model's training recipe (capsnets.models.training_recipe), else"
     add("--lr", type=float, help=f"Adam learning rate (default: {recipe} {DEFAULTS['lr']:g})")
     add(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        help="exponential: decayed by --lr-decay every epoch; cosine: annealed to 0 along a half cosine over the "
+        f"run's steps (default: exponential with --lr-decay, else {recipe} {DEFAULTS['lr_schedule']})",
+    )
+    add(
         "--lr-decay",
         type=float,
-        help=f"per-epoch exponential decay of the learning rate (default: {recipe} {DEFAULTS['lr_decay']})",
+        help="per-epoch decay of the learning rate of the exponential schedule "
+        f"(default: {recipe} {DEFAULTS['lr_decay']})",
     )
     add("--weight-decay", type=float, help=f"Adam weight decay (default: {recipe} {DEFAULTS['weight_decay']:g})")
     add("--loss", help="loss name from capsnets.losses (default: the model's training recipe, else its default loss)")
@@ -871,6 +879,11 @@ def config_from_args(args: argparse.Namespace):
     )
     if config_file is None and args.resume:
         config_file = _run_config(Path(out))
+    if args.lr_schedule == "cosine" and args.lr_decay is not None:
+        raise ArgumentError(
+            "--lr-decay sets the exponential schedule's per-epoch factor; the cosine schedule anneals to 0 by "
+            "itself: leave out --lr-decay, or pass --lr-schedule exponential"
+        )
     overrides = {name: getattr(args, name) for name in _CONFIG_FLAGS}
     overrides["out"] = out
     if args.threads is None and os.environ.get("OMP_NUM_THREADS"):  # obeyed, as torch read it at start

@@ -253,9 +253,13 @@ def test_train_takes_the_models_recipe_under_the_flags_and_names_what_it_took(tm
 
     plain = config("--model", "matrix_capsnet_small")
     assert (plain.lr, plain.weight_decay, plain.max_shift, plain.loss) == (3e-3, 2e-7, 0, "spread")
-    assert plain.loss_args["ramp_epochs"] == 10
+    assert (plain.lr_schedule, plain.loss_args["ramp"]) == ("cosine", 1.0)
     note = _recipe_note(plain)
-    assert note.startswith("matrix_capsnet_small trains with its recipe: lr=0.003, ") and "ramp_epochs" in note
+    assert note.startswith("matrix_capsnet_small trains with its recipe: lr=0.003, lr_schedule=cosine, ")
+    decayed = config("--model", "matrix_capsnet_small", "--lr-decay", "0.6")  # a decay asks for its schedule
+    assert (decayed.lr_schedule, decayed.lr_decay) == ("exponential", 0.6)
+    with pytest.raises(ValueError, match="--lr-decay sets the exponential schedule's"):
+        config("--model", "matrix_capsnet_small", "--lr-schedule", "cosine", "--lr-decay", "0.6")
     file = tmp_path / "run.yaml"
     file.write_text(yaml.safe_dump({"model": "matrix_capsnet_small", "weight_decay": 0.0, "lr": 0.005}))
     changed = config("--config", str(file), "--lr", "0.01", "--loss", "margin")

@@ -120,6 +120,20 @@ def test_recipe_fills_what_the_user_leaves_unset(recipe):
     assert TrainConfig(model="capsnet_digits").lr == 1e-3  # no recipe: the defaults
 
 
+def test_the_learning_rate_schedule_comes_from_a_decay_then_the_recipe_then_the_defaults(recipe):
+    assert (TrainConfig(model="capsnet_small").lr_schedule, TrainConfig().lr_schedule) == ("exponential",) * 2
+    recipe.update(lr_schedule="cosine", lr_decay=0.99)
+    assert (TrainConfig(model="capsnet_small").lr_schedule, TrainConfig(model="capsnet_small").lr_decay) == (
+        "cosine",
+        0.99,
+    )
+    # a decay given without a schedule asks for the per-epoch decay (and an old run's config.yaml reads the same)
+    given = TrainConfig(model="capsnet_small", lr_decay=0.5)
+    assert (given.lr_schedule, given.lr_decay) == ("exponential", 0.5)
+    with pytest.raises(ValueError, match="lr_schedule='linear' is invalid: expected one of"):
+        TrainConfig(lr_schedule="linear")
+
+
 def test_recipe_sits_between_defaults_and_the_config_file(recipe, tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({"model": "capsnet_small", "lr": 0.005, "loss_args": {"margin_end": 0.5}}))

@@ -10,7 +10,7 @@ from torch import nn
 from capsnets.data import DeviceLoader
 from capsnets.engine import NonFiniteLossError, TrainState, fit, training_step
 from capsnets.engine.callbacks import Hook, TimeLimit
-from capsnets.engine.fit import evaluation_points
+from capsnets.engine.fit import adam_with_decay, cosine_factor, evaluation_points
 
 
 def _problem(seed=0):
@@ -53,6 +53,44 @@ def test_records_positions_means_and_learning_rates():
     assert [r["lr"] for r in state.history] == [0.05, 0.05, 0.025, 0.025]
     assert finals == [False, False, False, True] and state.finished
     assert (state.epoch, state.step, state.steps) == (2, 0, 10)
+
+
+def test_the_cosine_schedule_steps_every_step_from_lr_to_zero():
+    model, _, loader, _, _ = _problem()
+    optimizer, scheduler = adam_with_decay(model.parameters(), lr=0.08, schedule="cosine", total_steps=10)
+    seen = []
+
+    def compute(batch):
+        seen.append(optimizer.param_groups[0]["lr"])
+        x, y = batch
+        return {"loss": nn.functional.cross_entropy(model(x.flatten(1)), y)}
+
+    fit(
+        training_step(compute, optimizer, device=torch.device("cpu"), model=model),
+        loader,
+        epochs=2,
+        schedulers=[scheduler],
+        progress=False,
+    )
+    # step t (0-based) of 10 trains at lr (1 + cos(pi t / 10)) / 2, written out
+    expected = [
+        0.08,
+        0.07804226,
+        0.07236068,
+        0.06351141,
+        0.05236068,
+        0.04,
+        0.02763932,
+        0.01648859,
+        0.00763932,
+        0.00195774,
+    ]
+    assert seen == pytest.approx(expected, rel=1e-6)
+    assert cosine_factor(10, 10) == 0.0 and cosine_factor(12, 10) == 0.0  # past the plan it stays at 0
+    with pytest.raises(ValueError, match="total_steps"):
+        adam_with_decay(model.parameters(), lr=0.1, schedule="cosine")
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        adam_with_decay(model.parameters(), lr=0.1, schedule="linear")
 
 
 def test_the_hook_stops_training_and_the_time_limit_marks_the_point():

@@ -129,6 +129,19 @@ def test_a_new_learning_rate_on_resume_is_applied_and_recorded(tiny_config, no_f
     assert meta["config"]["lr"] == 8e-3
 
 
+def test_a_cosine_run_resumed_for_more_epochs_anneals_over_the_new_length(tiny_config, no_figures, caplog):
+    config = tiny_config(epochs=1, lr=1e-3, lr_schedule="cosine", **SMALL)  # SMALL: 2 steps an epoch
+    Trainer(config).fit()
+    with caplog.at_level("WARNING"):
+        Trainer(config.replace(epochs=2), resume=True).fit()
+    # annealed to 0 at the end of the 1 planned epoch; step 2 of the 4 now planned trains at lr / 2
+    assert "epoch 2 trains at learning rate 0.0005" in caplog.text
+    records = reporting.read_metrics(Path(config.out))
+    assert [r["lr"] for r in records] == pytest.approx([0.0, 0.0])  # the next step's: the end of each plan
+    with pytest.raises(ValueError, match="anneals its learning rate with a cosine"):
+        Trainer(config.replace(epochs=3, lr_decay=0.5), resume=True).fit()
+
+
 def test_resume_repairs_a_torn_metrics_line(tiny_config, no_figures, caplog, tmp_path):
     """A crash in the middle of appending a record: resume drops the torn line, with a warning, and the run's
     metrics end as an uninterrupted run's."""

@@ -94,9 +94,11 @@ def test_resume_is_bit_identical(tiny_config, tmp_path, request, monkeypatch, st
 
 def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path, monkeypatch):
     """A run stopped by the time limit is evaluated, checkpointed and summarised after its first epoch (whatever
-    eval_every / checkpoint_every say); --resume then finishes it bit for bit like an uninterrupted run."""
+    eval_every / checkpoint_every say); --resume then finishes it bit for bit like an uninterrupted run, its cosine
+    schedule over the 3 planned epochs included."""
     monkeypatch.setattr(reporting, "save_figures", lambda *args, **kwargs: [])
     small = dict(batch_size=16, limit_train=32, limit_test=16, epochs=3, eval_every=5, checkpoint_every=5)
+    small["lr_schedule"] = "cosine"
     full = Trainer(tiny_config(out=str(tmp_path / "a"), **small))
     full.fit()
     cut = tiny_config(out=str(tmp_path / "b"), time_limit_minutes=1e-9, **small)
@@ -115,6 +117,7 @@ def test_time_limit_stops_checkpoints_and_resumes_exactly(tiny_config, tmp_path,
         assert torch.equal(a, b), name
     metrics = [[json.loads(line) for line in open(tmp_path / run / "metrics.jsonl")] for run in "ab"]
     assert [m["train_loss"] for m in metrics[0]] == [m["train_loss"] for m in metrics[1]]
+    assert [m["lr"] for m in metrics[0]] == [m["lr"] for m in metrics[1]]
     # a limit that does not bind changes nothing; the last epoch is never cut
     free = Trainer(tiny_config(out=str(tmp_path / "c"), time_limit_minutes=60, **small)).fit()
     assert not free["time_limited"] and free["epochs"] == 3

@@ -158,6 +158,37 @@ def test_matrix_capsule_routing_on_cuda_matches_cpu_float64(cuda, monkeypatch, p
         assert triton_path.works_on(torch.device(cuda))
 
 
+@pytest.mark.parametrize("path", ["torch", "triton"])
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_matrix_capsnet_routes_without_waiting_on_the_host(cuda, monkeypatch, path, training):
+    """No host synchronisation inside EM routing (forward and backward) on either GPU path: a step of
+    matrix_capsnet under ``torch.cuda.set_sync_debug_mode("error")``, after a first step outside it (the Triton
+    path's one-time trial of the kernels on the device, and the allocator's warm-up)."""
+    if cuda.type != "cuda":
+        pytest.skip("the sync debug mode is CUDA's")
+    monkeypatch.setenv("CAPSNETS_EM_KERNEL", path)
+    torch.manual_seed(0)
+    model = capsnets.create_model("matrix_capsnet", device=cuda).train(training)
+    images = torch.rand(4, *model.input_size, device=cuda)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16), torch.set_grad_enabled(training):
+            out = model(images)
+            loss = out.scores.float().sum()
+        if training:
+            loss.backward()
+        return loss
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss).item()
+
+
 def test_em_routing_under_bf16_autocast_is_finite_float32(cuda):
     votes = (torch.randn(4, 288, 16, 16, device=cuda) * 50).requires_grad_()
     activations = torch.rand(4, 288, device=cuda)

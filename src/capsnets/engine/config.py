@@ -25,6 +25,7 @@ import yaml
 from capsnets.data.image_folder import FOLDER_PREFIX
 from capsnets.data.seg_folder import SEGFOLDER_PREFIX
 from capsnets.data.transforms import AUGMENTATIONS
+from capsnets.engine.fit import LR_SCHEDULES
 from capsnets.engine.runtime import AMP_MODES, MAX_THREADS
 from capsnets.files import atomic_write_text
 from capsnets.models import list_models, training_recipe
@@ -38,7 +39,7 @@ SMALL_IMAGE_PX = 16
 
 
 #: The values of the recipe's fields for a model whose recipe leaves them out (Sabour et al. 2017; see above).
-DEFAULTS: dict[str, Any] = {"lr": 1e-3, "lr_decay": 0.96, "weight_decay": 0.0}
+DEFAULTS: dict[str, Any] = {"lr": 1e-3, "lr_schedule": "exponential", "lr_decay": 0.96, "weight_decay": 0.0}
 
 
 def default_run_dir(model: str) -> str:
@@ -67,8 +68,12 @@ class TrainConfig:
         epochs: number of passes over the training split.
         batch_size: GLOBAL batch size; with ``world_size`` processes each takes ``batch_size / world_size``.
         lr: Adam learning rate. None: the model's recipe's, else ``DEFAULTS["lr"]`` (1e-3).
-        lr_decay: per-epoch exponential decay factor ``gamma`` (lr after epoch e is ``lr * gamma**e``). None: the
-            model's recipe's, else 0.96.
+        lr_schedule: how the learning rate falls (:func:`~capsnets.engine.adam_with_decay`): ``"exponential"``,
+            by ``lr_decay`` once per epoch, or ``"cosine"``, after every step along a half cosine to 0 at the last
+            planned step (``epochs`` epochs), so that a run of any length ends annealed. None: ``"exponential"``
+            when ``lr_decay`` is given, else the model's recipe's, else ``"exponential"``.
+        lr_decay: the exponential schedule's per-epoch factor ``gamma`` (lr after epoch e is ``lr * gamma**e``);
+            the cosine schedule does not use it. None: the model's recipe's, else 0.96.
         weight_decay: Adam weight decay. None: the model's recipe's, else 0.
         loss: loss name for ``capsnets.losses.create_loss`` (None: the recipe's, else the model's ``default_loss``).
         loss_args: keyword arguments for the loss, over the recipe's when the loss is the recipe's.
@@ -123,6 +128,7 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int = 128
     lr: float | None = None
+    lr_schedule: str | None = None
     lr_decay: float | None = None
     weight_decay: float | None = None
     loss: str | None = None
@@ -158,6 +164,8 @@ class TrainConfig:
         """Fill the fields left None from the model's recipe, then from :data:`DEFAULTS`."""
         known = isinstance(self.model, str) and self.model in list_models()
         recipe = training_recipe(self.model) if known else {}
+        if self.lr_schedule is None and self.lr_decay is not None:  # a decay given alone: the per-epoch schedule
+            self.lr_schedule = "exponential"
         recipe_loss_args = recipe.pop("loss_args", None)
         for key, value in recipe.items():
             if getattr(self, key) is None:
@@ -239,6 +247,7 @@ class TrainConfig:
             self.lr,
             f"a positive number up to {FLOAT32_MAX:.4g} (the optimiser steps in float32)",
         )
+        expect(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule, f"one of {LR_SCHEDULES}")
         expect(_number(self.lr_decay) and 0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "in (0, 1]")
         expect(
             _number(self.weight_decay) and 0 <= self.weight_decay <= FLOAT32_MAX,

@@ -20,6 +20,7 @@ which stays silent when stderr is not a terminal.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,14 +34,16 @@ from capsnets.checkpoints import CheckpointError
 from capsnets.engine.checkpoint import restore_training, save_checkpoint
 from capsnets.engine.distributed import DistContext, all_reduce_sum
 from capsnets.engine.runtime import autocast, restore_rng_state
-from capsnets.validation import positive_int
+from capsnets.validation import ArgumentError, positive_int
 
 __all__ = [
     "Batches",
     "NonFiniteLossError",
     "TrainState",
     "TrainingInterrupted",
+    "LR_SCHEDULES",
     "adam_with_decay",
+    "cosine_factor",
     "evaluation_points",
     "fit",
     "save_state",
@@ -185,8 +188,8 @@ def fit(
         epochs: epochs to train in all (over every run of a continued training).
         state: where to start (:class:`TrainState`; a continued one starts mid-epoch if it stopped there);
             updated in place and returned.
-        schedulers: stepped at the end of every epoch (before the callbacks see that point); the first gives
-            the record's ``lr``.
+        schedulers: stepped at the end of every epoch (before the callbacks see that point), or after every step
+            for one whose ``interval`` is ``"step"`` (Lightning's name); the first gives the record's ``lr``.
         evaluations_per_epoch: evaluation points per epoch, evenly spaced, the last at the epoch's end.
         callbacks: :class:`~capsnets.engine.callbacks.Callback` objects, called in this order. When one's
             ``time_up`` ends the training, that point's record gets ``"time_limit": True`` and
@@ -212,6 +215,8 @@ def fit(
     state = state if state is not None else TrainState()
     context = context or DistContext()
     stop, out_of_time = False, False
+    per_step = [scheduler for scheduler in schedulers if _per_step(scheduler)]
+    per_epoch = [scheduler for scheduler in schedulers if not _per_step(scheduler)]
     for callback in callbacks:
         callback.on_fit_start(state)
     while state.epoch < epochs and not (stop or out_of_time):
@@ -235,6 +240,8 @@ def fit(
             if signum is not None:
                 _interrupted(state, sums, since, pending, names, desc, callbacks, signum)
             values = step(batch)
+            for scheduler in per_step:
+                scheduler.step()
             names = list(values)
             stacked = torch.stack([v.detach().double() for v in values.values()])
             n = stacked.new_tensor([len(batch[0])])
@@ -254,7 +261,7 @@ def fit(
             record["time_s"] = elapsed - since
             state.train_time_s += record["time_s"]
             if state.step == total:  # the epoch's end: a checkpoint taken here starts the next epoch
-                for scheduler in schedulers:
+                for scheduler in per_epoch:
                     scheduler.step()
                 state.epoch, state.step = state.epoch + 1, 0
             last = state.epoch == epochs and state.step == 0
@@ -338,11 +345,46 @@ def training_step(
     return step
 
 
-def adam_with_decay(parameters, *, lr: float, lr_decay: float, weight_decay: float = 0.0):
-    """Adam and an exponential learning-rate decay stepped once per epoch (Sabour et al. 2017, Sec. 4):
-    epoch ``e`` (0-based) trains at ``lr * lr_decay ** e``. Returns ``(optimizer, scheduler)``."""
+#: The learning-rate schedules of :func:`adam_with_decay` (and ``TrainConfig.lr_schedule``).
+LR_SCHEDULES = ("exponential", "cosine")
+
+
+def adam_with_decay(
+    parameters,
+    *,
+    lr: float,
+    lr_decay: float | None = None,
+    weight_decay: float = 0.0,
+    schedule: str = "exponential",
+    total_steps: int | None = None,
+):
+    """Adam and its learning-rate schedule. Returns ``(optimizer, scheduler)``.
+
+    - ``"exponential"``: decayed once per epoch (Sabour et al. 2017, Sec. 4): epoch ``e`` (0-based) trains at
+      ``lr * lr_decay ** e``.
+    - ``"cosine"``: annealed after every step along a half cosine from ``lr`` to 0 over ``total_steps``
+      (Loshchilov & Hutter 2017, without restarts): step ``t`` (0-based) trains at
+      ``lr * (1 + cos(pi * t / total_steps)) / 2``, so a run of any length ends annealed. The scheduler's
+      ``interval`` is ``"step"``, which :func:`fit` reads.
+    """
     optimizer = torch.optim.Adam(parameters, lr=lr, weight_decay=weight_decay)
-    return optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
+    if schedule == "exponential":
+        return optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
+    if schedule != "cosine":
+        raise ArgumentError(f"schedule must be one of {LR_SCHEDULES}, got {schedule!r}", "schedule")
+    total = positive_int("total_steps", total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: cosine_factor(t, total))
+    scheduler.interval = "step"
+    return optimizer, scheduler
+
+
+def cosine_factor(step: int, total_steps: int) -> float:
+    """The cosine schedule's share of the initial learning rate at 0-based ``step`` of ``total_steps``."""
+    return 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
+
+
+def _per_step(scheduler: Any) -> bool:
+    return getattr(scheduler, "interval", "epoch") == "step"
 
 
 def evaluation_points(steps: int, per_epoch: int) -> list[int]:

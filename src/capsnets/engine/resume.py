@@ -20,6 +20,7 @@ from capsnets.engine.config import TrainConfig
 from capsnets.engine.fit import TrainState
 from capsnets.engine.run_dir import RunDirectoryError, check_best, repair_best, resume_changes
 from capsnets.models import list_models, model_arguments
+from capsnets.validation import ArgumentError
 
 __all__ = ["apply_changes", "prepare_run_dir", "read_last", "restore"]
 
@@ -72,21 +73,30 @@ def restore(run_dir: Path, model: nn.Module, checkpoint: Checkpoint, epochs: int
 
 def apply_changes(changes: dict[str, tuple[Any, Any]], config: TrainConfig, state: TrainState, optimizer, scheduler):
     """Apply and record what the resumed run changes (:data:`~capsnets.engine.run_dir.CHANGEABLE`). A new
-    learning rate, decay or weight decay takes effect as if the run had been configured with it: epoch ``e``
-    trains at ``lr * lr_decay**e``."""
+    learning rate, decay, weight decay or (with the cosine schedule) length takes effect as if the run had been
+    configured with it: epoch ``e`` trains at ``lr * lr_decay**e``, step ``t`` of the cosine at
+    ``lr * (1 + cos(pi * t / steps)) / 2``."""
     if not changes:
         return
+    cosine = config.lr_schedule == "cosine"
+    if cosine and "lr_decay" in changes:
+        raise ArgumentError(
+            f"lr_decay {changes['lr_decay'][1]}: this run anneals its learning rate with a cosine over its "
+            "epochs, which no per-epoch decay changes; resume without --lr-decay (--epochs or --lr change the "
+            "cosine)",
+            "lr_decay",
+        )
     for name, (old, new) in changes.items():
         logger.warning("resuming with %s %s (was %s)", name, new, old)
-    if {"lr", "lr_decay", "weight_decay"} & set(changes):
+    if {"lr", "lr_decay", "weight_decay"} & set(changes) or (cosine and "epochs" in changes):
         scheduler.base_lrs = [config.lr] * len(optimizer.param_groups)
-        scheduler.gamma = config.lr_decay
+        if cosine:  # the scheduler was built for the run's (new) length
+            lr = config.lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
+        else:
+            scheduler.gamma = config.lr_decay
+            lr = config.lr * config.lr_decay**scheduler.last_epoch
         for group in optimizer.param_groups:
-            group.update(
-                initial_lr=config.lr,
-                lr=config.lr * config.lr_decay**scheduler.last_epoch,
-                weight_decay=config.weight_decay,
-            )
+            group.update(initial_lr=config.lr, lr=lr, weight_decay=config.weight_decay)
         scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
         logger.warning("epoch %d trains at learning rate %.4g", state.epoch + 1, optimizer.param_groups[0]["lr"])
     state.extra.setdefault("resumed_with", []).append(

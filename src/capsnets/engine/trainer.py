@@ -315,8 +315,14 @@ class Trainer:
             model, criterion, (train_data, val_data, test_data) = self._from_names(device)
         else:
             model, criterion, (train_data, val_data, test_data) = self._from_objects(read, device)
+        loader = self._loader(train_data, context)
         optimizer, scheduler = adam_with_decay(
-            model.parameters(), lr=cfg.lr, lr_decay=cfg.lr_decay, weight_decay=cfg.weight_decay
+            model.parameters(),
+            lr=cfg.lr,
+            lr_decay=cfg.lr_decay,
+            weight_decay=cfg.weight_decay,
+            schedule=cfg.lr_schedule,
+            total_steps=cfg.epochs * len(loader),
         )
         state = TrainState()
         if checkpoint is not None:
@@ -327,7 +333,6 @@ class Trainer:
         apply_changes(self._changes, cfg, state, optimizer, scheduler)
         if context.is_main:
             prepare_run_dir(self.run_dir, cfg, state, resume=self.resume, model=model, meta=self._meta)
-        loader = self._loader(train_data, context)
         examples = len(loader) * cfg.batch_size if loader.drop_last else loader.num_examples
         fast = torch.compile(model) if cfg.compile else model
         return _Session(

@@ -32,11 +32,13 @@ from capsnets.functional.em.spec import (
     BLEND,
     GRADIENT_MASS_FLOOR,
     LOG_2PI,
+    WIDE_VOTES,
     EMSettings,
     check_activations,
     check_beta,
     check_child_groups,
     checking,
+    host_reads,
     routing_dtype,
 )
 from capsnets.functional.products import matvec
@@ -56,31 +58,42 @@ class Scale(NamedTuple):
     floor: Tensor  # (B, 1, 1): the variance floor in scaled units
 
 
-def vote_scale(v: Tensor, floor: float) -> Scale:
-    """The :class:`Scale` of votes ``v`` (B, J, I, H) with variance floor ``floor``."""
+def vote_scale(v: Tensor, floor: float, wide: float | None = None) -> Scale:
+    """The :class:`Scale` of votes ``v`` (B, J, I, H) with variance floor ``floor`` (``wide``: see
+    :func:`scale_from_top`)."""
     with torch.no_grad():
         top = (
             torch.maximum(v.amax(dim=(1, 2, 3)), -v.amin(dim=(1, 2, 3)))
             if v.numel()  # (B,): the largest |V|
             else v.new_zeros(v.shape[0])
         )
-    return scale_from_top(top, v.shape[-1], floor)
+    return scale_from_top(top, v.shape[-1], floor, wide)
 
 
-def scale_from_top(top: Tensor, height: int, floor: float) -> Scale:
+def scale_from_top(top: Tensor, height: int, floor: float, wide: float | None = None) -> Scale:
     """The :class:`Scale` of problems whose largest ``|V|`` is ``top`` (B,), ``height`` pose components.
 
     With scaled votes ``|V| <= X`` (so ``|V - c|, |mu - c| <= 2 X``) and scaled variances at least
     ``32 H X^2 / max``, every term of the E-step's quadratic form is below ``max / (8 H)``: ``X`` is as large as
     keeps that bound at the given floor (so votes up to ``X`` are not scaled and the floor not raised).
+
+    ``wide`` (off the CPU, float32 votes): the device's stand-in for routing votes beyond ``wide`` in float64,
+    which would need ``top`` on the host. ``X`` is at most ``wide``, and the floor keeps its value in the scaled
+    units (so a problem scaled by ``2^k`` has a floor ``2^2k`` times larger in its votes' own): the scaled
+    problem is then one of votes within ``wide``, whose gradients float32 holds.
     """
     info = torch.finfo(top.dtype)
     limit = min((info.max * floor / (32.0 * height)) ** 0.5, info.max**0.5 / 4.0)  # X
+    if wide is not None:
+        limit = min(limit, wide)
     with torch.no_grad():
         # the smallest power of two that brings every |V| within X (the log2 of 0 is -inf: sigma 1)
         sigma = torch.exp2(torch.ceil(torch.log2(top / limit))).clamp_min(1.0)
         inv = sigma.reciprocal()
-        scaled_floor = (floor * inv.square()).clamp_min(32.0 * height * limit**2 / info.max)
+        least = 32.0 * height * limit**2 / info.max
+        scaled_floor = (
+            (floor * inv.square()).clamp_min(least) if wide is None else inv.new_full(inv.shape, max(floor, least))
+        )
         log_var = 2.0 * sigma.log()
     return Scale(inv.view(-1, 1, 1, 1), log_var.view(-1, 1, 1), scaled_floor.view(-1, 1, 1))
 
@@ -210,11 +223,18 @@ def _e_step(
 
 
 def route(
-    v: Tensor, a_in: Tensor, beta_v: Tensor, beta_a: Tensor, settings: EMSettings, groups: ChildGroups | None = None
+    v: Tensor,
+    a_in: Tensor,
+    beta_v: Tensor,
+    beta_a: Tensor,
+    settings: EMSettings,
+    groups: ChildGroups | None = None,
+    wide: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The procedure on votes ``v`` (B, J, I, H), activations ``a_in`` (B, 1, I) and ``beta_v``, ``beta_a``
-    ``(J,)`` or ``(1,)``, all of one float dtype: poses (B, J, H), activations (B, J), assignments (B, J, I)."""
-    scale = vote_scale(v, settings.variance_floor if settings.official else settings.eps)
+    ``(J,)`` or ``(1,)``, all of one float dtype: poses (B, J, H), activations (B, J), assignments (B, J, I)
+    (``wide``: :func:`scale_from_top`)."""
+    scale = vote_scale(v, settings.variance_floor if settings.official else settings.eps, wide)
     c, xx = shifted_votes(v, a_in, settings.eps, scale.inv)  # (B, J, 1, H), (B, J, I, 2H)
     return iterate(StoredVotes(xx), c, scale, a_in, beta_v, beta_a, settings, groups)
 
@@ -262,18 +282,21 @@ def route_votes(
     :func:`~capsnets.functional.routing_common.check_votes`)."""
     check_child_groups(child_groups, tuple(votes.shape[:2]), "votes")
     out = votes.dtype if votes.dtype in (torch.float32, torch.float64) else torch.float32
-    dtype = out
-    if checking() and votes.numel():  # one host check of the activations' range and the votes' magnitude
+    dtype, wide = out, None
+    if checking() and votes.numel():  # one check of the activations' range and of the votes' magnitude
         check_activations(activations)
-        with torch.no_grad():
-            low, high = torch.aminmax(votes.detach())
-        dtype = routing_dtype(votes.dtype, max(-float(low), float(high)), votes.device)
+        if host_reads(votes.device):
+            with torch.no_grad():
+                low, high = torch.aminmax(votes.detach())
+            dtype = routing_dtype(votes.dtype, max(-float(low), float(high)), votes.device)
+        elif dtype == torch.float32:
+            wide = WIDE_VOTES
     with torch.autocast(device_type=votes.device.type, enabled=False):
         v = votes.to(dtype).permute(0, 2, 1, 3).contiguous()  # (B, J, I, H)
         a_in = activations.to(dtype).unsqueeze(1)  # (B, 1, I)
         beta_v = check_beta(beta_v, "beta_v", v.shape[1], v)  # (J,) or (1,)
         beta_a = check_beta(beta_a, "beta_a", v.shape[1], v)
-        mu, a_out, r = route(v, a_in, beta_v, beta_a, settings, child_groups)
+        mu, a_out, r = route(v, a_in, beta_v, beta_a, settings, child_groups, wide)
         mu, a_out, r = mu.to(out), a_out.to(out), r.to(out)
     if return_assignments:
         return mu, a_out, r.transpose(1, 2)

@@ -14,11 +14,13 @@ from torch import Tensor
 from capsnets.functional.child_groups import ChildGroups
 from capsnets.functional.em.procedure import scale_from_top
 from capsnets.functional.em.spec import (
+    WIDE_VOTES,
     EMSettings,
     check_activations,
     check_beta,
     check_child_groups,
     checking,
+    host_reads,
     routing_dtype,
 )
 from capsnets.validation import ArgumentError
@@ -71,8 +73,13 @@ def route_poses(
         with torch.no_grad():  # the origin c (the activation-weighted mean vote) and the scale: constants
             w0 = (a_in / (a_in.sum(dim=-1, keepdim=True) + settings.eps)).squeeze(1).contiguous()
             mean, top = votes_stats(pose.detach(), w.detach(), coord, w0)
-            wide = batch and routing_dtype(dtype, float(top.max()), pose.device) != dtype
-            scale = scale_from_top(top, 16, settings.variance_floor if settings.official else settings.eps)
+            floor = settings.variance_floor if settings.official else settings.eps
+            if host_reads(pose.device):
+                wide = batch and routing_dtype(dtype, float(top.max()), pose.device) != dtype
+                scale = scale_from_top(top, 16, floor)
+            else:  # decided on the device: the scale stands in for float64
+                wide = False
+                scale = scale_from_top(top, 16, floor, WIDE_VOTES if dtype == torch.float32 else None)
             inv = scale.inv.reshape(-1).contiguous()
             c = (mean * inv.view(-1, 1, 1)).contiguous()
         if wide:  # votes too large for float32 gradients: routed in float64 (the em module docstring)

@@ -15,7 +15,14 @@ from capsnets.functional.child_groups import ChildGroups
 from capsnets.functional.em import recomputed, triton_path
 from capsnets.functional.em.kernel import fused_kernel, route_fused
 from capsnets.functional.em.procedure import VOTE_SIZES, route_votes
-from capsnets.functional.em.spec import OFFICIAL_MASS_EPS, EMSettings, checking, em_inverse_temperatures, routing_dtype
+from capsnets.functional.em.spec import (
+    OFFICIAL_MASS_EPS,
+    EMSettings,
+    checking,
+    em_inverse_temperatures,
+    host_reads,
+    routing_dtype,
+)
 from capsnets.functional.products import matrix_votes
 from capsnets.functional.routing_common import check_capsule_sizes, check_votes, normalized_gradients
 from capsnets.validation import ArgumentError
@@ -383,6 +390,7 @@ def _route_poses(
         # transforms' gradient (the poses times the votes') does not overflow either
         if (
             checking()
+            and host_reads(poses.device)  # elsewhere the routing's scale stands in for float64
             and torch.is_grad_enabled()
             and (poses.requires_grad or full.requires_grad)
             and poses.numel()

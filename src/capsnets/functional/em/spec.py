@@ -200,22 +200,35 @@ def routing_dtype(dtype: torch.dtype, top: float, device: torch.device) -> torch
     return dtype
 
 
+def host_reads(device: torch.device) -> bool:
+    """Whether a check or decision on a tensor's values reads them on the host: on the CPU, where that costs
+    nothing. On an accelerator a read would wait for the device to finish its queued work, so there the checks
+    are device-side assertions and the decisions are made on the device (:mod:`capsnets.functional.em`)."""
+    return device.type == "cpu"
+
+
 def checking() -> bool:
     """Whether the host checks of the inputs' values run (not while tracing, scripting or compiling)."""
     return not (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling())
 
 
 def check_activations(activations: Tensor) -> None:
-    """Raise a ``ValueError`` unless every activation lies in :data:`ACTIVATION_RANGE` (NaN does not)."""
+    """Raise a ``ValueError`` unless every activation lies in :data:`ACTIVATION_RANGE` (NaN does not). Off the CPU
+    the check is a device-side assertion (``torch._assert_async``), which fails at the next synchronisation."""
     if activations.numel() == 0:
         return
+    expected = (
+        f"EM routing takes child activations in [{ACTIVATION_RANGE[0]:g}, {ACTIVATION_RANGE[1]:g}] (probabilities)"
+    )
+    fix = "pass probabilities, e.g. torch.sigmoid(logits)"
     with torch.no_grad():
+        if not host_reads(activations.device):
+            a = activations.detach()
+            torch._assert_async(((a >= ACTIVATION_RANGE[0]) & (a <= ACTIVATION_RANGE[1])).all(), f"{expected}: {fix}")
+            return
         low, high = (float(x) for x in torch.aminmax(activations.detach()))
     if not ACTIVATION_RANGE[0] <= low <= high <= ACTIVATION_RANGE[1]:
-        raise ArgumentError(
-            f"EM routing takes child activations in [{ACTIVATION_RANGE[0]:g}, {ACTIVATION_RANGE[1]:g}] "
-            f"(probabilities); got values from {low:g} to {high:g}: pass probabilities, e.g. torch.sigmoid(logits)"
-        )
+        raise ArgumentError(f"{expected}; got values from {low:g} to {high:g}: {fix}")
 
 
 def check_child_groups(child_groups, shape: tuple, of: str) -> None:
