@@ -73,9 +73,9 @@ def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 3200) -
 
 
 def test_matrix_capsnet_small_on_mnist_learns(tmp_path, shared_data_root):
-    # Chance is 10%. Measured: 63.8%, 69.1%, 67.1%, 67.1%, 67.3% (seeds 0-4).
+    # Chance is 10%. Measured: 64.1%, 66.5%, 65.8%, 63.5%, 53.5% (seeds 0-4).
     summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mnist")))
-    assert summary["test_accuracy"] >= 0.45, summary
+    assert summary["test_accuracy"] >= 0.35, summary
 
 
 def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path):
@@ -83,7 +83,7 @@ def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path):
     # at every third azimuth (60 degrees apart), every elevation and lighting, rendered here (3 s, where the whole
     # grid of those toys takes 9 s), through the trainer's object path with the model's recipe: 1,600 of the 3,240
     # training views at batch 16 (the 100 steps of the MNIST test on half its images), the first 1,000 test views.
-    # Chance is 20%. Measured: 75.6%, 76.6%, 69.6%, 64.5%, 61.5% (seeds 0-4 of the initialisation and the trainer's).
+    # Chance is 20%. Measured: 75.4%, 76.3%, 74.8%, 77.0%, 76.2% (seeds 0-4 of the initialisation and the trainer's).
     import torch
 
     import capsnets

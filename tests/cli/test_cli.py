@@ -252,10 +252,10 @@ def test_train_takes_the_models_recipe_under_the_flags_and_names_what_it_took(tm
         return config_from_args(build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *argv]))
 
     plain = config("--model", "matrix_capsnet_small")
-    assert (plain.lr, plain.weight_decay, plain.max_shift, plain.loss) == (3e-3, 2e-7, 0, "spread")
-    assert (plain.lr_schedule, plain.loss_args["ramp"]) == ("cosine", 1.0)
+    assert (plain.lr, plain.weight_decay, plain.max_shift, plain.loss) == (6e-3, 2e-7, 0, "spread")
+    assert (plain.lr_schedule, plain.loss_args["ramp_epochs"]) == ("cosine", 10)
     note = _recipe_note(plain)
-    assert note.startswith("matrix_capsnet_small trains with its recipe: lr=0.003, lr_schedule=cosine, ")
+    assert note.startswith("matrix_capsnet_small trains with its recipe: lr=0.006, lr_schedule=cosine, ")
     decayed = config("--model", "matrix_capsnet_small", "--lr-decay", "0.6")  # a decay asks for its schedule
     assert (decayed.lr_schedule, decayed.lr_decay) == ("exponential", 0.6)
     with pytest.raises(ValueError, match="--lr-decay sets the exponential schedule's"):

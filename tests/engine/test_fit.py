@@ -190,10 +190,12 @@ def test_a_non_finite_loss_names_the_epoch_and_step():
 def test_each_evaluation_point_is_logged_and_nothing_is_printed(caplog, capsys):
     _, step, loader, _, _ = _problem()
     with caplog.at_level(logging.INFO, logger="capsnets.engine.fit"):
-        fit(step, loader, epochs=2, desc="toy", callbacks=[Hook(lambda record, final: record.update(score=0.5))])
+        hook = Hook(lambda record, final: record.update(score=0.5, limits={"mse": 0.1}))
+        fit(step, loader, epochs=2, desc="toy", callbacks=[hook])
     assert [m for m in caplog.messages if m.startswith("toy epoch")] == [
         m for m in caplog.messages if "score 0.5" in m
     ] and len(caplog.messages) == 2
+    assert not any("limits" in m for m in caplog.messages)  # a mapping stays in the records, out of the log line
     assert capsys.readouterr() == ("", "")  # the progress bar stays off when stderr is not a terminal
 
 

@@ -445,4 +445,7 @@ def _update_bar(bar, step: int, values: dict, sums: Tensor) -> None:
 
 
 def _format(record: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items() if k != "epoch")
+    """The log line of a record: its numbers and flags (a callback's mappings and lists, such as a model's
+    reconstruction limits, stay in ``metrics.jsonl``)."""
+    shown = {k: v for k, v in record.items() if k != "epoch" and not isinstance(v, (dict, list, tuple))}
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())

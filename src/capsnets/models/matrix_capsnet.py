@@ -78,21 +78,21 @@ from capsnets.validation import (
 #: setting that learns fastest on MNIST in both formulations (``docs/results/em-recipes.md``); the paper's 3
 #: iterations are ``routing="em"``.
 DEFAULT_ROUTING: Mapping[str, object] = MappingProxyType({"type": "em", "iterations": 2})
-#: The networks' training recipe (:func:`~capsnets.models.training_recipe`): yl-1993/Matrix-Capsules-EM-PyTorch's
-#: (``train.py``, ``loss/spread_loss.py``: Adam 3e-3 with weight decay 2e-7, no shifts, the spread loss's margin
-#: from 0.2 to 0.9) with the learning rate annealed along a cosine over the run and the margin grown over the
-#: whole run, so that a run of any length ends annealed (``docs/results/em-recipes.md``). ``lr_decay`` is
-#: yl-1993's 0.96 per 20,000 steps at MNIST's 1,875 steps an epoch, for a run that picks the exponential schedule
-#: (one with no planned length, trained to a target).
+#: The networks' training recipe (:func:`~capsnets.models.training_recipe`), after yl-1993/Matrix-Capsules-EM-PyTorch's
+#: (``train.py``, ``loss/spread_loss.py``: Adam with weight decay 2e-7, no shifts, the spread loss's margin from 0.2
+#: to 0.9 over 10 epochs), with the learning rate annealed along a cosine over the run from 6e-3, so that a run of
+#: any length ends annealed (``docs/results/em-recipes.md``). ``lr_decay`` is yl-1993's 0.96 per 20,000 steps at
+#: MNIST's 1,875 steps an epoch, for a run that picks the exponential schedule (one trained to a target, with no
+#: planned length).
 RECIPE: Mapping[str, object] = MappingProxyType(
     {
-        "lr": 3e-3,
+        "lr": 6e-3,
         "lr_schedule": "cosine",
         "lr_decay": 0.996,
         "weight_decay": 2e-7,
         "max_shift": 0,
         "loss": "spread",
-        "loss_args": {"margin_start": 0.2, "margin_end": 0.9, "ramp": 1.0},
+        "loss_args": {"margin_start": 0.2, "margin_end": 0.9, "ramp_epochs": 10},
     }
 )
 

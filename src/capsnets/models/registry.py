@@ -69,7 +69,7 @@ def training_recipe(name: str) -> dict[str, object]:
     Examples::
 
         >>> training_recipe("matrix_capsnet_small")["lr"]
-        0.003
+        0.006
         >>> training_recipe("capsnet_small")
         {}
     """

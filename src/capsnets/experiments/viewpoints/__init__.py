@@ -36,7 +36,9 @@ Here:
   with its training recipe (:func:`~capsnets.models.training_recipe`: learning rate, decay, weight decay, loss
   and loss arguments, e.g. the spread loss's margin schedule), where ``capsule_recipe`` overrides it field by
   field, and ``lr`` / ``lr_decay`` / no weight decay / its ``default_loss`` for what neither gives (a spread
-  loss without a ramp grows its margin over the first half of ``epochs``; the paper gives no schedule). The
+  loss without a ramp grows its margin over the first half of ``epochs``; the paper gives no schedule). A
+  recipe's cosine schedule needs a planned length, which a training to a matched error has not: such a model
+  decays per epoch from ``matching.MATCHED_LR`` (3e-3) instead. The
   recipe's ``max_shift`` does not apply: both models see the smallNORB protocol's random 32x32 crop and
   brightness/contrast jitter.
 """

@@ -16,11 +16,15 @@ from capsnets.experiments.views import fit_matched, viewpoint_split
 from capsnets.losses import create_loss
 from capsnets.models import count_parameters, create_model, training_recipe
 
-__all__ = ["CAPSULE_RECIPE_FIELDS", "build_model", "capsule_training", "cnn_training", "compare"]
+__all__ = ["CAPSULE_RECIPE_FIELDS", "MATCHED_LR", "build_model", "capsule_training", "cnn_training", "compare"]
 
 NUM_CLASSES, INPUT_SIZE = 5, (1, 32, 32)
 #: What ``capsule_recipe`` may set: the fields of a model's training recipe that the training takes.
 CAPSULE_RECIPE_FIELDS = ("lr", "lr_decay", "weight_decay", "loss", "loss_args")
+#: A training to a matched error has no planned length for a cosine to anneal over: a capsule model whose recipe
+#: anneals by one (the matrix networks') decays per epoch instead (its recipe's ``lr_decay``) from this learning
+#: rate, yl-1993/Matrix-Capsules-EM-PyTorch's.
+MATCHED_LR = 3e-3
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -84,6 +88,8 @@ def capsule_training(s: Any) -> dict:
     recipe = {k: v for k, v in training_recipe(s.capsule_model).items() if k in CAPSULE_RECIPE_FIELDS}
     training = {"lr": s.lr, "lr_decay": s.lr_decay, "weight_decay": 0.0, "loss": None, "loss_args": {}}
     training.update(recipe)
+    if training_recipe(s.capsule_model).get("lr_schedule") == "cosine":
+        training["lr"] = MATCHED_LR
     training.update(s.capsule_recipe)
     if "loss" in s.capsule_recipe and s.capsule_recipe["loss"] != recipe.get("loss"):
         training["loss_args"] = dict(s.capsule_recipe.get("loss_args") or {})
