@@ -1,4 +1,4 @@
-"""EM routing off the CPU reads no value on the host (capsnets.functional.em.spec.host_reads): the activations'
+"""EM routing on CUDA reads no value on the host (capsnets.functional.em.spec.host_reads): the activations'
 range is a device-side assertion and votes too large for float32 gradients are scaled on the device instead of
 rerouted in float64. Run here on CPU tensors with the device's decisions forced, on the PyTorch path, the fused
 CPU kernel's set-up and the Triton path (in Triton's interpreter): no ``.item()``, ``.tolist()``, ``bool()``,
@@ -52,7 +52,7 @@ class HostReads(TorchFunctionMode):
 
 @pytest.fixture
 def on_the_device(monkeypatch):
-    """Every decision as off the CPU: no host reads."""
+    """Every decision as on CUDA: no host reads."""
     for module in (spec, procedure, recomputed, routing):
         monkeypatch.setattr(module, "host_reads", lambda device: False)
 

@@ -57,7 +57,7 @@ Numerical safety (everything that can be in log space is):
   (``2^32``) are routed in float64 (where the device has it) and the results returned in float32: the
   backward multiplies a pose's gradient by the votes up to three times (through the assignments, their
   log-likelihoods and the variances), which overflows float32 for votes of 1e14 although the gradients are
-  small; so the gradients stay finite for every finite vote. Off the CPU, where reading ``|V|`` on the host
+  small; so the gradients stay finite for every finite vote. On CUDA, where reading ``|V|`` on the host
   would wait for the device, they are instead scaled on the device by a power of two to within ``WIDE_VOTES``
   (the floor then held in those units), which keeps the gradients finite in float32 too;
 - (not in the paper) where a parent's mass ``sum_i R'`` is below ``1e-3``, ``mu`` and ``sigma^2`` are

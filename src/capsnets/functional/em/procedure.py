@@ -77,7 +77,7 @@ def scale_from_top(top: Tensor, height: int, floor: float, wide: float | None = 
     ``32 H X^2 / max``, every term of the E-step's quadratic form is below ``max / (8 H)``: ``X`` is as large as
     keeps that bound at the given floor (so votes up to ``X`` are not scaled and the floor not raised).
 
-    ``wide`` (off the CPU, float32 votes): the device's stand-in for routing votes beyond ``wide`` in float64,
+    ``wide`` (float32 votes on CUDA): the device's stand-in for routing votes beyond ``wide`` in float64,
     which would need ``top`` on the host. ``X`` is at most ``wide``, and the floor keeps its value in the scaled
     units (so a problem scaled by ``2^k`` has a floor ``2^2k`` times larger in its votes' own): the scaled
     problem is then one of votes within ``wide``, whose gradients float32 holds.

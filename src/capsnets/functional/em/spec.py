@@ -201,10 +201,10 @@ def routing_dtype(dtype: torch.dtype, top: float, device: torch.device) -> torch
 
 
 def host_reads(device: torch.device) -> bool:
-    """Whether a check or decision on a tensor's values reads them on the host: on the CPU, where that costs
-    nothing. On an accelerator a read would wait for the device to finish its queued work, so there the checks
-    are device-side assertions and the decisions are made on the device (:mod:`capsnets.functional.em`)."""
-    return device.type == "cpu"
+    """Whether a check or decision on a tensor's values reads them on the host: everywhere but on CUDA, where a
+    read would wait for the device to finish its queued work, so there the checks are device-side assertions and
+    the decisions are made on the device (:mod:`capsnets.functional.em`)."""
+    return device.type != "cuda"
 
 
 def checking() -> bool:
@@ -213,7 +213,7 @@ def checking() -> bool:
 
 
 def check_activations(activations: Tensor) -> None:
-    """Raise a ``ValueError`` unless every activation lies in :data:`ACTIVATION_RANGE` (NaN does not). Off the CPU
+    """Raise a ``ValueError`` unless every activation lies in :data:`ACTIVATION_RANGE` (NaN does not). Off CUDA
     the check is a device-side assertion (``torch._assert_async``), which fails at the next synchronisation."""
     if activations.numel() == 0:
         return
