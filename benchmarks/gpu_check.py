@@ -17,9 +17,8 @@ install, the check fits 8 minutes of a lent machine):
    for at most 2 minutes: the training seconds until the test accuracy first reaches 99.5%.
 
 ``--dry-run`` runs the same steps on the CPU at tiny sizes (the small models, batch 4, one epoch of 256 digits and
-64 MNIST images,
-the GPU tests collected but not run, the Triton EM path left out: on the CPU it runs in Triton's interpreter), so
-that the script is tested wherever the tests run.
+one of 64 MNIST images, the GPU tests collected but not run, the Triton EM path left out: on the CPU it runs in
+Triton's interpreter), so that the script is tested wherever the tests run.
 
     python benchmarks/gpu_check.py --out benchmarks/results/gpu_check_h100 --data-dir ../shared/data
     python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check
