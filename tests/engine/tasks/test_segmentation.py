@@ -98,53 +98,40 @@ def test_the_best_checkpoint_is_the_one_of_highest_mean_dice():
     assert best_index([{}], "test_mean_dice") is None
 
 
-@pytest.mark.learning
-def test_unet_small_segments_real_digits_by_class(tmp_path, shared_data_root):
-    # 600 real MNIST digits 0, 1, 2 (shrunk to 12x12 at random places on 16x16; 480 train, 120 test), masks of
-    # 4 classes (the background and each digit), 10 epochs at batch 8. Measured per-class Dice of digits 0 / 1 / 2
-    # (seeds 0, 1, 2): 0.819 / 0.814 / 0.744, 0.770 / 0.881 / 0.713, 0.754 / 0.837 / 0.679; worst 0.679.
+def _train_on_digits(model: str, epochs: int, tmp_path, root) -> dict:
+    """``model`` trained at batch 8 for ``epochs`` on a segfolder of 600 real MNIST digits 0, 1, 2 (shrunk to 12x12
+    at random places on 16x16; 480 train, 120 test) with masks of 4 classes (the background and each digit)."""
     from capsnets.data import load_dataset
 
-    digits = load_dataset("mnist", root=shared_data_root, train=True).subset(3000)
+    digits = load_dataset("mnist", root=root, train=True).subset(3000)
     folder = write_digit_segfolder(tmp_path / "digits", digits.images, digits.labels, count=600, size=16)
-    summary = train(
-        TrainConfig(
-            model="unet_small",
-            dataset=f"segfolder:{folder}",
-            epochs=10,
-            batch_size=8,
-            lr=3e-3,
-            device="cpu",
-            progress=False,
-            figures=False,  # not what is tested here
-            out=str(tmp_path / "run"),
-        )
+    config = TrainConfig(
+        model=model,
+        dataset=f"segfolder:{folder}",
+        epochs=epochs,
+        batch_size=8,
+        lr=3e-3,
+        device="cpu",
+        progress=False,
+        figures=False,  # not what is tested here
+        out=str(tmp_path / "run"),
     )
-    dice = summary["test_dice"]
+    return train(config)
+
+
+@pytest.mark.learning
+def test_unet_small_segments_real_digits_by_class(tmp_path, shared_data_root):
+    # 10 epochs (_train_on_digits). Measured per-class Dice of digits 0 / 1 / 2 (seeds 0, 1, 2): 0.819 / 0.814 /
+    # 0.744, 0.770 / 0.881 / 0.713, 0.754 / 0.837 / 0.679; worst 0.679.
+    dice = _train_on_digits("unet_small", 10, tmp_path, shared_data_root)["test_dice"]
     assert list(dice) == ["background", "digit 0", "digit 1", "digit 2"]
     assert min(dice[name] for name in ("digit 0", "digit 1", "digit 2")) >= 0.45, dice
 
 
 @pytest.mark.learning
 def test_the_capsule_unet_finds_real_digits_in_three_epochs(tmp_path, shared_data_root):
-    # The folder of the U-Net test above, 3 epochs at batch 8. Measured mean Dice of the digits after epochs 1, 2 and
-    # 3 (seeds 0-4): 0.16 0.41 0.51, 0.16 0.46 0.55, 0.12 0.47 0.70, 0.16 0.45 0.54, 0.06 0.49 0.54; worst 0.51
-    # after the third (U-Net, the same 3 epochs: 0.00 to 0.41 on seeds 0-2).
-    from capsnets.data import load_dataset
-
-    digits = load_dataset("mnist", root=shared_data_root, train=True).subset(3000)
-    folder = write_digit_segfolder(tmp_path / "digits", digits.images, digits.labels, count=600, size=16)
-    summary = train(
-        TrainConfig(
-            model="capsule_unet_small",
-            dataset=f"segfolder:{folder}",
-            epochs=3,
-            batch_size=8,
-            lr=3e-3,
-            device="cpu",
-            progress=False,
-            figures=False,  # not what is tested here
-            out=str(tmp_path / "run"),
-        )
-    )
+    # The folder of the U-Net test above, 3 epochs. Measured mean Dice of the digits after epochs 1, 2 and 3 (seeds
+    # 0-4): 0.16 0.41 0.51, 0.16 0.46 0.55, 0.12 0.47 0.70, 0.16 0.45 0.54, 0.06 0.49 0.54; worst 0.51 after the
+    # third (U-Net, the same 3 epochs: 0.00 to 0.41 on seeds 0-2).
+    summary = _train_on_digits("capsule_unet_small", 3, tmp_path, shared_data_root)
     assert summary["test_mean_dice"] >= 0.35, summary["test_dice"]
