@@ -50,11 +50,15 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _decide_on_the_device(patch: pytest.MonkeyPatch) -> None:
+    for module in (spec, procedure, recomputed, routing):
+        patch.setattr(module, "host_reads", lambda device: False)
+
+
 @pytest.fixture
 def on_the_device(monkeypatch):
     """Every decision as on CUDA: no host reads."""
-    for module in (spec, procedure, recomputed, routing):
-        monkeypatch.setattr(module, "host_reads", lambda device: False)
+    _decide_on_the_device(monkeypatch)
 
 
 PATHS = ["torch", "fused", "triton"]
@@ -116,8 +120,7 @@ def test_float32_routing_decided_on_the_device_is_finite_with_finite_gradients(p
         results = []
         for host in (True, False):
             if not host:
-                for module in (spec, procedure, recomputed, routing):
-                    patch.setattr(module, "host_reads", lambda device: False)
+                _decide_on_the_device(patch)
             gen = torch.Generator().manual_seed(seed)
             poses, weight, acts, beta_v, beta_a = em_poses(
                 2, 8, 8, 3, gen=gen, dtype=torch.float32, scale=10.0**exponent

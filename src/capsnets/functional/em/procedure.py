@@ -32,12 +32,12 @@ from capsnets.functional.em.spec import (
     BLEND,
     GRADIENT_MASS_FLOOR,
     LOG_2PI,
-    WIDE_VOTES,
     EMSettings,
     check_activations,
     check_beta,
     check_child_groups,
     checking,
+    device_scale_limit,
     host_reads,
     routing_dtype,
 )
@@ -289,8 +289,8 @@ def route_votes(
             with torch.no_grad():
                 low, high = torch.aminmax(votes.detach())
             dtype = routing_dtype(votes.dtype, max(-float(low), float(high)), votes.device)
-        elif dtype == torch.float32:
-            wide = WIDE_VOTES
+        else:
+            wide = device_scale_limit(dtype)
     with torch.autocast(device_type=votes.device.type, enabled=False):
         v = votes.to(dtype).permute(0, 2, 1, 3).contiguous()  # (B, J, I, H)
         a_in = activations.to(dtype).unsqueeze(1)  # (B, 1, I)

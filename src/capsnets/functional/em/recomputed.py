@@ -14,12 +14,12 @@ from torch import Tensor
 from capsnets.functional.child_groups import ChildGroups
 from capsnets.functional.em.procedure import scale_from_top
 from capsnets.functional.em.spec import (
-    WIDE_VOTES,
     EMSettings,
     check_activations,
     check_beta,
     check_child_groups,
     checking,
+    device_scale_limit,
     host_reads,
     routing_dtype,
 )
@@ -79,7 +79,7 @@ def route_poses(
                 scale = scale_from_top(top, 16, floor)
             else:  # decided on the device: the scale stands in for float64
                 wide = False
-                scale = scale_from_top(top, 16, floor, WIDE_VOTES if dtype == torch.float32 else None)
+                scale = scale_from_top(top, 16, floor, device_scale_limit(dtype))
             inv = scale.inv.reshape(-1).contiguous()
             c = (mean * inv.view(-1, 1, 1)).contiguous()
         if wide:  # votes too large for float32 gradients: routed in float64 (the em module docstring)

@@ -207,6 +207,13 @@ def host_reads(device: torch.device) -> bool:
     return device.type != "cuda"
 
 
+def device_scale_limit(dtype: torch.dtype) -> float | None:
+    """Where the device decides (:func:`host_reads` false): the largest ``|V|`` routed unscaled, so that the
+    scale stands in for routing float32 votes beyond :data:`WIDE_VOTES` in float64 (``scale_from_top``'s
+    ``wide``); None for float64 votes."""
+    return WIDE_VOTES if dtype == torch.float32 else None
+
+
 def checking() -> bool:
     """Whether the host checks of the inputs' values run (not while tracing, scripting or compiling)."""
     return not (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling())
