@@ -12,6 +12,10 @@ resident size before it.
 
 Every model is trained with cross-entropy on its class scores (the same loss for every path and model) and
 Adam; inputs are random ``(B, 1, 32, 32)`` images with 5 classes, the models' smallNORB defaults.
+
+``--profile`` adds where a kernel training step's time goes: the milliseconds per step inside each of the
+kernel's calls (timed around each call) and in PyTorch's operations outside them (``torch.profiler``'s self
+times), after the timed rotation, on the same model objects.
 """
 
 from __future__ import annotations
@@ -60,6 +64,54 @@ def timed(fn, images: int) -> float:
     return images / (time.perf_counter() - start)
 
 
+class _TimedKernel:
+    """The loaded kernel module with every call timed: ``seconds[name]`` accumulates each function's time."""
+
+    def __init__(self, module) -> None:
+        self._module, self.seconds = module, {}
+
+    def __getattr__(self, name: str):
+        function = getattr(self._module, name)
+        if not callable(function):
+            return function
+
+        def timed_call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+        return timed_call
+
+
+def profile(model, optimizer, images, labels, steps: int, top: int = 10) -> dict:
+    """Milliseconds per training step on the kernel's path: in all, in each kernel call, and in the ``top``
+    PyTorch operations outside the kernel by self time."""
+    os.environ[em_kernel.ENV_VAR] = "cpp"
+    timed_kernel = _TimedKernel(em_kernel.load())
+    module, em_kernel._state["module"] = em_kernel._state["module"], timed_kernel
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            train(model, optimizer, images, labels, steps)
+            total = time.perf_counter() - start
+    finally:
+        em_kernel._state["module"] = module
+    per_step = 1000.0 / steps
+    kernel = {name: s * per_step for name, s in sorted(timed_kernel.seconds.items(), key=lambda kv: -kv[1])}
+    ops = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    ops.sort(key=lambda e: -e.self_cpu_time_total)
+    return {
+        "steps": steps,
+        "step_ms": total * per_step,
+        "kernel_ms": kernel,
+        "kernel_total_ms": sum(kernel.values()),
+        "outside_kernel_ms": total * per_step - sum(kernel.values()),
+        "top_ops_self_ms": {e.key: e.self_cpu_time_total / 1000.0 / steps for e in ops[:top]},
+    }
+
+
 def memory_child(name: str, path: str, batch: int, detach: bool) -> None:
     """One training step at ``batch`` in this (fresh) process; prints the peak RSS increase as JSON."""
     retain_freed_memory()
@@ -101,6 +153,7 @@ def main(argv=None) -> int:
     parser.add_argument("--detach", action="store_true", help="detached routing gradients (default: exact)")
     parser.add_argument("--skip-large", action="store_true", help="only matrix_capsnet_small and its CNN")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="where a kernel training step's time goes")
     parser.add_argument("--memory-child", nargs=3, metavar=("MODEL", "PATH", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -144,6 +197,9 @@ def main(argv=None) -> int:
             "capsule_tax": {p: statistics.median(n / c for n, c in zip(runs[cnn, None], runs[caps, p])) for p in PATHS},
             "per_repeat": {p: runs[caps, p] for p in PATHS} | {"cnn": runs[cnn, None]},
         }
+        if args.profile:
+            row["profile"] = profile(*models[caps], images, labels, args.steps * args.repeats)
+            print(json.dumps(row["profile"], indent=1))
         if not args.skip_memory:
             row["memory_batch"] = args.memory_batch
             row["memory"] = {p: measure_memory(caps, p, args.memory_batch, args.detach) for p in PATHS}

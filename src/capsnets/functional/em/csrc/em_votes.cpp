@@ -219,19 +219,22 @@ inline vec<T, W> expand4(const T* p, int64_t step) {
 template <int W, typename T>
 inline void vote_chunk(const Votes<T>& votes, int64_t n, int64_t i, int64_t c0, T u, const T (&c)[4][W],
                        T (&x)[4][W]) {
+  using V = vec<T, W>;
   const int64_t q = votes.g.q();
-  const T* m = votes.child(n, i);
-  const T* wt = votes.transform(i) + c0;
-  for (int r = 0; r < 4; ++r) {
-    const T m0 = m[4 * r], m1 = m[4 * r + 1], m2 = m[4 * r + 2], m3 = m[4 * r + 3];
-    for (int l = 0; l < W; ++l) x[r][l] = m0 * wt[l] + m1 * wt[q + l] + m2 * wt[2 * q + l] + m3 * wt[3 * q + l];
-  }
+  const T* __restrict m = votes.child(n, i);
+  const T* __restrict wt = votes.transform(i) + c0;
+  const V w0 = vload<V>(wt), w1 = vload<V>(wt + q), w2 = vload<V>(wt + 2 * q), w3 = vload<V>(wt + 3 * q);
+  V x0 = m[0] * w0 + m[1] * w1 + m[2] * w2 + m[3] * w3;
   if (votes.coord != nullptr) {  // components 0 and 1 of every parent: row 0, lanes 4j and 4j + 1
     const T a = votes.coord[2 * i], b = votes.coord[2 * i + 1];
-    for (int l = 0; l < W; ++l) x[0][l] += l % 4 == 0 ? a : (l % 4 == 1 ? b : T(0));
+    V add = {};
+    for (int l = 0; l < W; ++l) add[l] = l % 4 == 0 ? a : (l % 4 == 1 ? b : T(0));
+    x0 += add;
   }
-  for (int r = 0; r < 4; ++r)
-    for (int l = 0; l < W; ++l) x[r][l] = x[r][l] * u - c[r][l];
+  vstore(x[0], x0 * u - vload<V>(c[0]));
+  vstore(x[1], (m[4] * w0 + m[5] * w1 + m[6] * w2 + m[7] * w3) * u - vload<V>(c[1]));
+  vstore(x[2], (m[8] * w0 + m[9] * w1 + m[10] * w2 + m[11] * w3) * u - vload<V>(c[2]));
+  vstore(x[3], (m[12] * w0 + m[13] * w1 + m[14] * w2 + m[15] * w3) * u - vload<V>(c[3]));
 }
 
 template <int W, typename T>
@@ -393,31 +396,88 @@ inline void quad_chunk(const T* xs, int64_t children, int64_t q, int64_t c0, con
 
 // d loss / d V of child i over lanes [c0, c0 + W), from d loss / d xx = left @ right through xx = [x, x^2]:
 // gv[r][e] = inv sum_k le_k[e] (r1[k][r][e] + 2 x[r][e] r2[k][r][e]), with le_k the child's left factors
-// left[k][n][j][i] expanded to the lanes of parent j.
+// left[k][n][j][i] expanded to the lanes of parent j; and at once what it gives through V = M Wt, while in
+// registers: each lane's part of d M[r][k] = sum_e gv[r][e] Wt[k][e] (added to gm[4r + k], summed across the
+// lanes later), and d Wt[k][e] += sum_r M[r][k] gv[r][e] (added to gwi, the child's (4, 4J) block of it).
 template <int W, typename T>
 inline void grad_chunk(const Votes<T>& votes, int64_t n, int64_t i, int64_t c0, T u, int64_t kk, const T* cb,
-                       const T* r1, const T* r2, const T* left, T* gv) {
+                       const T* r1, const T* r2, const T* left, T* __restrict gwi, vec<T, W> (&gm)[kH]) {
   using V = vec<T, W>;
   const int64_t q = votes.g.q(), children = votes.g.i, stride = votes.g.n * votes.g.j * children;
-  T c[4][W], x[4][W];
-  load_chunk(cb, q, c0, c);
-  vote_chunk(votes, n, i, c0, u, c, x);
-  const V x0 = vload<V>(x[0]), x1 = vload<V>(x[1]), x2 = vload<V>(x[2]), x3 = vload<V>(x[3]);
+  const T* __restrict wt = votes.transform(i) + c0;
+  const T* __restrict m = votes.child(n, i);
+  const V w0 = vload<V>(wt), w1 = vload<V>(wt + q), w2 = vload<V>(wt + 2 * q), w3 = vload<V>(wt + 3 * q);
+  const V x0 = (m[0] * w0 + m[1] * w1 + m[2] * w2 + m[3] * w3) * u - vload<V>(cb + c0);
+  const V x1 = (m[4] * w0 + m[5] * w1 + m[6] * w2 + m[7] * w3) * u - vload<V>(cb + q + c0);
+  V x2 = (m[8] * w0 + m[9] * w1 + m[10] * w2 + m[11] * w3);
+  V x3 = (m[12] * w0 + m[13] * w1 + m[14] * w2 + m[15] * w3);
+  V x0c = x0;
+  if (votes.coord != nullptr) {  // components 0 and 1 of every parent: row 0, lanes 4j and 4j + 1
+    const T a = votes.coord[2 * i], b = votes.coord[2 * i + 1];
+    V add = {};
+    for (int l = 0; l < W; ++l) add[l] = l % 4 == 0 ? a : (l % 4 == 1 ? b : T(0));
+    x0c = x0 + add * u;
+  }
+  x2 = x2 * u - vload<V>(cb + 2 * q + c0);
+  x3 = x3 * u - vload<V>(cb + 3 * q + c0);
   V g0 = {}, g1 = {}, g2 = {}, g3 = {};
   const T* lc = left + (n * votes.g.j + c0 / 4) * children + i;  // left[k][n][j][i] = lc[k * stride + (j - c0/4) I]
   for (int64_t k = 0; k < kk; ++k) {
     const V le = expand4<W>(lc + k * stride, children);
     const T* a = r1 + k * 4 * q + c0;
     const T* b = r2 + k * 4 * q + c0;
-    g0 += le * (vload<V>(a) + 2 * x0 * vload<V>(b));
+    g0 += le * (vload<V>(a) + 2 * x0c * vload<V>(b));
     g1 += le * (vload<V>(a + q) + 2 * x1 * vload<V>(b + q));
     g2 += le * (vload<V>(a + 2 * q) + 2 * x2 * vload<V>(b + 2 * q));
     g3 += le * (vload<V>(a + 3 * q) + 2 * x3 * vload<V>(b + 3 * q));
   }
-  vstore(gv + c0, g0 * u);
-  vstore(gv + q + c0, g1 * u);
-  vstore(gv + 2 * q + c0, g2 * u);
-  vstore(gv + 3 * q + c0, g3 * u);
+  g0 *= u;
+  g1 *= u;
+  g2 *= u;
+  g3 *= u;
+  gm[0] += g0 * w0, gm[1] += g0 * w1, gm[2] += g0 * w2, gm[3] += g0 * w3;
+  gm[4] += g1 * w0, gm[5] += g1 * w1, gm[6] += g1 * w2, gm[7] += g1 * w3;
+  gm[8] += g2 * w0, gm[9] += g2 * w1, gm[10] += g2 * w2, gm[11] += g2 * w3;
+  gm[12] += g3 * w0, gm[13] += g3 * w1, gm[14] += g3 * w2, gm[15] += g3 * w3;
+  for (int k = 0; k < 4; ++k) {
+    T* gk = gwi + k * q + c0;
+    vstore(gk, vload<V>(gk) + m[k] * g0 + m[4 + k] * g1 + m[8 + k] * g2 + m[12 + k] * g3);
+  }
+}
+
+// out[e] = the sum of v[e]'s lanes, for 16 values of 16 lanes: a tree of two-input shuffles that halves the lanes
+// of each value while merging pairs of values, 15 shuffle pairs and adds in all.
+template <typename T>
+inline void lane_sums16(const vec<T, 16> (&v)[kH], T* out) {
+  using V = vec<T, 16>;
+  using Index = vec<typename std::conditional<sizeof(T) == 4, int32_t, int64_t>::type, 16>;
+  // level with blocks of b lanes: lanes [0, 8) of the result from a, [8, 16) from b, each the sum of the two
+  // halves of every 2b-lane block
+  auto merge = [](const V& a, const V& b, int half) {
+    Index lo, hi;
+    for (int l = 0; l < 16; ++l) {
+      const int src = l < 8 ? 0 : 16;
+      const int pos = (l % 8) / half * 2 * half + (l % half);
+      lo[l] = src + pos;
+      hi[l] = src + pos + half;
+    }
+    return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+  };
+  V l1[8], l2[4], l3[2];
+  for (int p = 0; p < 8; ++p) l1[p] = merge(v[2 * p], v[2 * p + 1], 8);
+  for (int p = 0; p < 4; ++p) l2[p] = merge(l1[2 * p], l1[2 * p + 1], 4);
+  for (int p = 0; p < 2; ++p) l3[p] = merge(l2[2 * p], l2[2 * p + 1], 2);
+  vstore(out, merge(l3[0], l3[1], 1));
+}
+
+// the sum of a W-lane value's lanes, pairwise
+template <int W, typename T>
+inline T lane_sum(const vec<T, W>& v) {
+  T t[W];
+  vstore(t, v);
+  for (int width = W / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) t[l] += t[l + width];
+  return t[0];
 }
 
 template <typename T>
@@ -435,7 +495,7 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
   std::vector<T> partial(static_cast<size_t>(threads) * wsize, T(0));  // d Wt, one copy per thread
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
     T* gw = partial.data() + static_cast<int64_t>(at::get_thread_num()) * wsize;
-    std::vector<T> cb(4 * q), gv(4 * q), r1(kk * 4 * q), r2(kk * 4 * q);
+    std::vector<T> cb(4 * q), r1(kk * 4 * q), r2(kk * 4 * q);
     for (int64_t n = begin; n < end; ++n) {
       const T u = votes.inv[n];
       votes.origin(n, cb.data());
@@ -444,25 +504,18 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
         spread(Rt + (n * g.j * kk + k) * 2 * kH + kH, kk * 2 * kH, g.j, r2.data() + k * 4 * q);
       }
       for (int64_t i = 0; i < g.i; ++i) {
-        const T* m = votes.child(n, i);
-        const T* wti = votes.transform(i);
+        T* gwi = gw + (i % g.iw) * 4 * q;
+        T* gm = GP + (n * g.i + i) * kH;  // V = M Wt: d M[r][k] = sum_e dV[r][e] Wt[k][e]
+        vec<T, 16> wide[kH] = {};
         int64_t c0 = 0;
         for (; c0 + 16 <= q; c0 += 16)
-          grad_chunk<16>(votes, n, i, c0, u, kk, cb.data(), r1.data(), r2.data(), L, gv.data());
-        for (; c0 < q; c0 += 4)
-          grad_chunk<4>(votes, n, i, c0, u, kk, cb.data(), r1.data(), r2.data(), L, gv.data());
-        // V = M Wt: d M[r][k] = sum_e dV[r][e] Wt[k][e]; d Wt[k][e] += sum_r M[r][k] dV[r][e]
-        T* gm = GP + (n * g.i + i) * kH;
-        T* gwi = gw + (i % g.iw) * 4 * q;
-        for (int row = 0; row < 4; ++row) {
-          const T* gvr = gv.data() + row * q;
-          for (int k = 0; k < 4; ++k) gm[4 * row + k] = dot(gvr, wti + k * q, q);
-        }
-        for (int k = 0; k < 4; ++k) {
-          const T m0 = m[k], m1 = m[4 + k], m2 = m[8 + k], m3 = m[12 + k];
-          T* gk = gwi + k * q;
-          const T* g0 = gv.data();
-          for (int64_t e = 0; e < q; ++e) gk[e] += m0 * g0[e] + m1 * g0[q + e] + m2 * g0[2 * q + e] + m3 * g0[3 * q + e];
+          grad_chunk<16>(votes, n, i, c0, u, kk, cb.data(), r1.data(), r2.data(), L, gwi, wide);
+        lane_sums16(wide, gm);
+        if (c0 < q) {
+          vec<T, 4> narrow[kH] = {};
+          for (; c0 < q; c0 += 4)
+            grad_chunk<4>(votes, n, i, c0, u, kk, cb.data(), r1.data(), r2.data(), L, gwi, narrow);
+          for (int e = 0; e < kH; ++e) gm[e] += lane_sum<4, T>(narrow[e]);
         }
       }
     }
@@ -636,13 +689,13 @@ void normalise_groups(T* R, const int64_t* G, int64_t n0, int64_t n1, int64_t j0
 }
 
 // One thread's scratch for route_impl's problems. xs: the problem's (4, 4J) blocks x of every child, made by
-// the M-step and read again by the E-step.
+// the M-step and read again by the E-step; top, total: each child's largest logit and sum of exponentials.
 template <typename T>
 struct RouteScratch {
-  std::vector<T> cb, xs, s1, s2, wm, sq, db, var, lv, mass, sj, pre, sumlog, logsig;
+  std::vector<T> cb, xs, s1, s2, wm, sq, db, var, lv, mass, sj, pre, sumlog, logsig, top, total;
   explicit RouteScratch(const Geometry& g)
       : cb(4 * g.q()), xs(g.i * 4 * g.q()), s1(4 * g.q()), s2(4 * g.q()), wm(g.j * g.i), sq(g.q()), db(4 * g.q()),
-        var(4 * g.q()), lv(4 * g.q()), mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j) {}
+        var(4 * g.q()), lv(4 * g.q()), mass(g.j), sj(g.j), pre(g.j), sumlog(g.j), logsig(g.j), top(g.i), total(g.i) {}
 };
 
 template <typename T>
@@ -752,12 +805,26 @@ void route_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
       for (; c0 + 16 <= q; c0 += 16) quad_chunk<16>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
       for (; c0 < q; c0 += 4) quad_chunk<4>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
       if (G != nullptr) return;
-      for (int64_t i = 0; i < g.i; ++i) {
-        T top = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < g.j; ++j) top = std::max(top, rn[j * g.i + i]);
-        T total = 0;
-        for (int64_t j = 0; j < g.j; ++j) total += (rn[j * g.i + i] = std::exp(rn[j * g.i + i] - top));
-        for (int64_t j = 0; j < g.j; ++j) rn[j * g.i + i] /= total;
+      // over rows of I: each child's largest logit, the exponentials (vectorised) and their sums, the products
+      // with the sums' reciprocals
+      T* __restrict top = sc.top.data();
+      T* __restrict total = sc.total.data();
+      std::fill(sc.top.begin(), sc.top.end(), -std::numeric_limits<T>::infinity());
+      std::fill(sc.total.begin(), sc.total.end(), T(0));
+      for (int64_t j = 0; j < g.j; ++j) {
+        const T* __restrict z = rn + j * g.i;
+        for (int64_t i = 0; i < g.i; ++i) top[i] = std::max(top[i], z[i]);
+      }
+      for (int64_t j = 0; j < g.j; ++j) {
+        T* __restrict z = rn + j * g.i;
+        for (int64_t i = 0; i < g.i; ++i) z[i] -= top[i];
+        exp_nonpositive(z, g.i);
+        for (int64_t i = 0; i < g.i; ++i) total[i] += z[i];
+      }
+      for (int64_t i = 0; i < g.i; ++i) total[i] = T(1) / total[i];
+      for (int64_t j = 0; j < g.j; ++j) {
+        T* __restrict z = rn + j * g.i;
+        for (int64_t i = 0; i < g.i; ++i) z[i] *= total[i];
       }
     };
     const bool grouped = G != nullptr && !last;
