@@ -342,10 +342,50 @@ inline void m_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* w,
   gather(s2, g.j, 2 * kH, out + kH);
 }
 
+// Sums of 4 lanes: lanes 4p .. 4p + 3 of the result are, for every block p of 4 lanes, [a0 + a1, a2 + a3, b0 + b1,
+// b2 + b3] of that block of a and b. Applied to (a, b), (c, d) and then to the two results, each block holds the
+// sums of a, b, c and d over it.
+template <int W, typename T>
+inline vec<T, W> pair_sums(const vec<T, W>& a, const vec<T, W>& b) {
+  vec<T, W> lo, hi;
+#if defined(__clang__)
+  for (int l = 0; l < W; ++l) {
+    const int block = l / 4 * 4, pos = l % 4;
+    lo[l] = (pos < 2 ? a : b)[block + 2 * (pos % 2)];
+    hi[l] = (pos < 2 ? a : b)[block + 2 * (pos % 2) + 1];
+  }
+#else
+  using Index = vec<typename std::conditional<sizeof(T) == 4, int32_t, int64_t>::type, W>;
+  Index il, ih;
+  for (int l = 0; l < W; ++l) {
+    const int block = l / 4 * 4, pos = l % 4;
+    il[l] = (pos < 2 ? 0 : W) + block + 2 * (pos % 2);
+    ih[l] = il[l] + 1;
+  }
+  lo = __builtin_shuffle(a, b, il);
+  hi = __builtin_shuffle(a, b, ih);
+#endif
+  return lo + hi;
+}
+
+// Per-child values summed over each parent's 4 lanes, for 4 children at once: t[c] (W lanes, the parents c0 / 4 ...)
+// of children i .. i + 3 -> out[p * children + i + c] = the sum of lanes 4p .. 4p + 3 of t[c], times scale, plus
+// add[p] (when given), four children's values stored at once for each parent.
+template <int W, typename T>
+inline void store_parent_sums(const vec<T, W> (&t)[4], T scale, const T* add, int64_t children, int64_t i, T* out) {
+  using V = vec<T, W>;
+  V v = pair_sums<W, T>(pair_sums<W, T>(t[0], t[1]), pair_sums<W, T>(t[2], t[3])) * scale;
+  if (add != nullptr) v += expand4<W>(add, 1);
+  T lanes[W];
+  vstore(lanes, v);
+  for (int p = 0; p < W / 4; ++p) std::memcpy(out + p * children + i, lanes + 4 * p, 4 * sizeof(T));
+}
+
 // E-step product over lanes [c0, c0 + W) (the parents c0 / 4 ...): o[j, i] = [x, x^2] . coef[j] of every
 // child i, with coef spread to the blocks k1, k2.
 template <int W, typename T>
 inline void e_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, const T* k1, const T* k2, T* o) {
+  using V = vec<T, W>;
   const int64_t q = votes.g.q(), children = votes.g.i;
   const T u = votes.inv[n];
   T c[4][W], a[4][W], b[4][W], x[4][W];
@@ -353,11 +393,23 @@ inline void e_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, c
   load_chunk(k1, q, c0, a);
   load_chunk(k2, q, c0, b);
   T* oc = o + (c0 / 4) * children;
-  for (int64_t i = 0; i < children; ++i) {
+  auto value = [&](int64_t i) {  // sum_r x (a + x b) of child i, per lane
     vote_chunk(votes, n, i, c0, u, c, x);
-    T t[W] = {};
-    for (int r = 0; r < 4; ++r)
-      for (int l = 0; l < W; ++l) t[l] += x[r][l] * (a[r][l] + x[r][l] * b[r][l]);
+    V t = {};
+    for (int r = 0; r < 4; ++r) {
+      const V xr = vload<V>(x[r]);
+      t += xr * (vload<V>(a[r]) + xr * vload<V>(b[r]));
+    }
+    return t;
+  };
+  int64_t i = 0;
+  for (; i + 4 <= children; i += 4) {
+    const V t[4] = {value(i), value(i + 1), value(i + 2), value(i + 3)};
+    store_parent_sums<W, T>(t, T(1), nullptr, children, i, oc);
+  }
+  for (; i < children; ++i) {
+    T t[W];
+    vstore(t, value(i));
     for (int p = 0; p < W / 4; ++p) oc[p * children + i] = (t[4 * p] + t[4 * p + 1]) + (t[4 * p + 2] + t[4 * p + 3]);
   }
 }
@@ -376,19 +428,29 @@ inline void e_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* k1
 template <int W, typename T>
 inline void quad_chunk(const T* xs, int64_t children, int64_t q, int64_t c0, const T* d, const T* p, const T* base,
                        T* o) {
+  using V = vec<T, W>;
   T dc[4][W], pc[4][W];
   load_chunk(d, q, c0, dc);
   load_chunk(p, q, c0, pc);
   const T* bc = base + c0 / 4;
   T* oc = o + (c0 / 4) * children;
-  for (int64_t i = 0; i < children; ++i) {
+  auto value = [&](int64_t i) {  // sum_r (x - d)^2 p of child i, per lane
     const T* x = xs + i * 4 * q + c0;
-    T t[W] = {};
-    for (int r = 0; r < 4; ++r)
-      for (int l = 0; l < W; ++l) {
-        const T diff = x[r * q + l] - dc[r][l];
-        t[l] += diff * diff * pc[r][l];
-      }
+    V t = {};
+    for (int r = 0; r < 4; ++r) {
+      const V diff = vload<V>(x + r * q) - vload<V>(dc[r]);
+      t += diff * diff * vload<V>(pc[r]);
+    }
+    return t;
+  };
+  int64_t i = 0;
+  for (; i + 4 <= children; i += 4) {
+    const V t[4] = {value(i), value(i + 1), value(i + 2), value(i + 3)};
+    store_parent_sums<W, T>(t, T(-0.5), bc, children, i, oc);
+  }
+  for (; i < children; ++i) {
+    T t[W];
+    vstore(t, value(i));
     for (int k = 0; k < W / 4; ++k)
       oc[k * children + i] = bc[k] - T(0.5) * ((t[4 * k] + t[4 * k + 1]) + (t[4 * k + 2] + t[4 * k + 3]));
   }
