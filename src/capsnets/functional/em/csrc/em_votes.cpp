@@ -215,26 +215,33 @@ inline vec<T, W> expand4(const T* p, int64_t step) {
 // The register-blocked form of the loops over a problem's children: lanes [c0, c0 + W) of the (4, 4J) blocks
 // (W = 16 for whole chunks, 4 for the rest; 4J is a multiple of 4) with the child loop inside, so that the
 // chunk's vote rows, origin and accumulators stay in vector registers instead of passing through memory for
-// every child. x[r][l] = (V[r][c0 + l] (+ coordinates)) inv - c[r][c0 + l] of child i.
+// every child. x[r][l] = (V[r][c0 + l] (+ coordinates)) inv - c[r][c0 + l] of child i, with the origin's row r at
+// c + r c_stride; w[k] = Wt[k][c0 .. c0 + W) of child i, kept for the caller.
 template <int W, typename T>
-inline void vote_chunk(const Votes<T>& votes, int64_t n, int64_t i, int64_t c0, T u, const T (&c)[4][W],
-                       T (&x)[4][W]) {
+inline void vote_rows(const Votes<T>& votes, int64_t n, int64_t i, int64_t c0, T u, const T* c, int64_t c_stride,
+                      vec<T, W> (&w)[4], vec<T, W> (&x)[4]) {
   using V = vec<T, W>;
   const int64_t q = votes.g.q();
   const T* __restrict m = votes.child(n, i);
   const T* __restrict wt = votes.transform(i) + c0;
-  const V w0 = vload<V>(wt), w1 = vload<V>(wt + q), w2 = vload<V>(wt + 2 * q), w3 = vload<V>(wt + 3 * q);
-  V x0 = m[0] * w0 + m[1] * w1 + m[2] * w2 + m[3] * w3;
+  for (int k = 0; k < 4; ++k) w[k] = vload<V>(wt + k * q);
+  for (int r = 0; r < 4; ++r) x[r] = m[4 * r] * w[0] + m[4 * r + 1] * w[1] + m[4 * r + 2] * w[2] + m[4 * r + 3] * w[3];
   if (votes.coord != nullptr) {  // components 0 and 1 of every parent: row 0, lanes 4j and 4j + 1
     const T a = votes.coord[2 * i], b = votes.coord[2 * i + 1];
     V add = {};
     for (int l = 0; l < W; ++l) add[l] = l % 4 == 0 ? a : (l % 4 == 1 ? b : T(0));
-    x0 += add;
+    x[0] += add;
   }
-  vstore(x[0], x0 * u - vload<V>(c[0]));
-  vstore(x[1], (m[4] * w0 + m[5] * w1 + m[6] * w2 + m[7] * w3) * u - vload<V>(c[1]));
-  vstore(x[2], (m[8] * w0 + m[9] * w1 + m[10] * w2 + m[11] * w3) * u - vload<V>(c[2]));
-  vstore(x[3], (m[12] * w0 + m[13] * w1 + m[14] * w2 + m[15] * w3) * u - vload<V>(c[3]));
+  for (int r = 0; r < 4; ++r) x[r] = x[r] * u - vload<V>(c + r * c_stride);
+}
+
+// vote_rows with the origin chunk c and x as arrays, and the transforms' rows not kept
+template <int W, typename T>
+inline void vote_chunk(const Votes<T>& votes, int64_t n, int64_t i, int64_t c0, T u, const T (&c)[4][W],
+                       T (&x)[4][W]) {
+  vec<T, W> w[4], xv[4];
+  vote_rows<W>(votes, n, i, c0, u, c[0], W, w, xv);
+  for (int r = 0; r < 4; ++r) vstore(x[r], xv[r]);
 }
 
 template <int W, typename T>
@@ -466,55 +473,55 @@ inline void grad_chunk(const Votes<T>& votes, int64_t n, int64_t i, int64_t c0, 
                        const T* r1, const T* r2, const T* left, T* __restrict gwi, vec<T, W> (&gm)[kH]) {
   using V = vec<T, W>;
   const int64_t q = votes.g.q(), children = votes.g.i, stride = votes.g.n * votes.g.j * children;
-  const T* __restrict wt = votes.transform(i) + c0;
-  const T* __restrict m = votes.child(n, i);
-  const V w0 = vload<V>(wt), w1 = vload<V>(wt + q), w2 = vload<V>(wt + 2 * q), w3 = vload<V>(wt + 3 * q);
-  const V x0 = (m[0] * w0 + m[1] * w1 + m[2] * w2 + m[3] * w3) * u - vload<V>(cb + c0);
-  const V x1 = (m[4] * w0 + m[5] * w1 + m[6] * w2 + m[7] * w3) * u - vload<V>(cb + q + c0);
-  V x2 = (m[8] * w0 + m[9] * w1 + m[10] * w2 + m[11] * w3);
-  V x3 = (m[12] * w0 + m[13] * w1 + m[14] * w2 + m[15] * w3);
-  V x0c = x0;
-  if (votes.coord != nullptr) {  // components 0 and 1 of every parent: row 0, lanes 4j and 4j + 1
-    const T a = votes.coord[2 * i], b = votes.coord[2 * i + 1];
-    V add = {};
-    for (int l = 0; l < W; ++l) add[l] = l % 4 == 0 ? a : (l % 4 == 1 ? b : T(0));
-    x0c = x0 + add * u;
-  }
-  x2 = x2 * u - vload<V>(cb + 2 * q + c0);
-  x3 = x3 * u - vload<V>(cb + 3 * q + c0);
+  V w[4], x[4];
+  vote_rows<W>(votes, n, i, c0, u, cb + c0, q, w, x);
   V g0 = {}, g1 = {}, g2 = {}, g3 = {};
   const T* lc = left + (n * votes.g.j + c0 / 4) * children + i;  // left[k][n][j][i] = lc[k * stride + (j - c0/4) I]
   for (int64_t k = 0; k < kk; ++k) {
     const V le = expand4<W>(lc + k * stride, children);
     const T* a = r1 + k * 4 * q + c0;
     const T* b = r2 + k * 4 * q + c0;
-    g0 += le * (vload<V>(a) + 2 * x0c * vload<V>(b));
-    g1 += le * (vload<V>(a + q) + 2 * x1 * vload<V>(b + q));
-    g2 += le * (vload<V>(a + 2 * q) + 2 * x2 * vload<V>(b + 2 * q));
-    g3 += le * (vload<V>(a + 3 * q) + 2 * x3 * vload<V>(b + 3 * q));
+    g0 += le * (vload<V>(a) + 2 * x[0] * vload<V>(b));
+    g1 += le * (vload<V>(a + q) + 2 * x[1] * vload<V>(b + q));
+    g2 += le * (vload<V>(a + 2 * q) + 2 * x[2] * vload<V>(b + 2 * q));
+    g3 += le * (vload<V>(a + 3 * q) + 2 * x[3] * vload<V>(b + 3 * q));
   }
   g0 *= u;
   g1 *= u;
   g2 *= u;
   g3 *= u;
-  gm[0] += g0 * w0, gm[1] += g0 * w1, gm[2] += g0 * w2, gm[3] += g0 * w3;
-  gm[4] += g1 * w0, gm[5] += g1 * w1, gm[6] += g1 * w2, gm[7] += g1 * w3;
-  gm[8] += g2 * w0, gm[9] += g2 * w1, gm[10] += g2 * w2, gm[11] += g2 * w3;
-  gm[12] += g3 * w0, gm[13] += g3 * w1, gm[14] += g3 * w2, gm[15] += g3 * w3;
+  const T* __restrict m = votes.child(n, i);
   for (int k = 0; k < 4; ++k) {
+    gm[k] += g0 * w[k];
+    gm[4 + k] += g1 * w[k];
+    gm[8 + k] += g2 * w[k];
+    gm[12 + k] += g3 * w[k];
     T* gk = gwi + k * q + c0;
     vstore(gk, vload<V>(gk) + m[k] * g0 + m[4 + k] * g1 + m[8 + k] * g2 + m[12 + k] * g3);
   }
+}
+
+// the sum of a W-lane value's lanes, pairwise
+template <int W, typename T>
+inline T lane_sum(const vec<T, W>& v) {
+  T t[W];
+  vstore(t, v);
+  for (int width = W / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) t[l] += t[l + width];
+  return t[0];
 }
 
 // out[e] = the sum of v[e]'s lanes, for 16 values of 16 lanes: a tree of two-input shuffles that halves the lanes
 // of each value while merging pairs of values, 15 shuffle pairs and adds in all.
 template <typename T>
 inline void lane_sums16(const vec<T, 16> (&v)[kH], T* out) {
+#if defined(__clang__)
+  for (int e = 0; e < kH; ++e) out[e] = lane_sum<16, T>(v[e]);
+#else
   using V = vec<T, 16>;
   using Index = vec<typename std::conditional<sizeof(T) == 4, int32_t, int64_t>::type, 16>;
-  // level with blocks of b lanes: lanes [0, 8) of the result from a, [8, 16) from b, each the sum of the two
-  // halves of every 2b-lane block
+  // one level: lanes [0, 8) of the result from a, [8, 16) from b, each the sum of the two halves (half lanes
+  // each) of one of their blocks of 2 half lanes
   auto merge = [](const V& a, const V& b, int half) {
     Index lo, hi;
     for (int l = 0; l < 16; ++l) {
@@ -530,16 +537,7 @@ inline void lane_sums16(const vec<T, 16> (&v)[kH], T* out) {
   for (int p = 0; p < 4; ++p) l2[p] = merge(l1[2 * p], l1[2 * p + 1], 4);
   for (int p = 0; p < 2; ++p) l3[p] = merge(l2[2 * p], l2[2 * p + 1], 2);
   vstore(out, merge(l3[0], l3[1], 1));
-}
-
-// the sum of a W-lane value's lanes, pairwise
-template <int W, typename T>
-inline T lane_sum(const vec<T, W>& v) {
-  T t[W];
-  vstore(t, v);
-  for (int width = W / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) t[l] += t[l + width];
-  return t[0];
+#endif
 }
 
 template <typename T>
