@@ -1,0 +1,24 @@
+"""benchmarks/em_kernel.py: ``--profile``'s record of where a kernel training step's time goes."""
+
+import pytest
+import torch
+
+from capsnets.functional.em import kernel as em_kernel
+
+
+def test_profile_times_each_kernel_call_and_restores_the_kernel(load_benchmark, monkeypatch):
+    if em_kernel.load() is None:
+        pytest.fail(f"the fused EM kernel did not build or load: {em_kernel.load_error()}")
+    bench = load_benchmark("em_kernel")
+    monkeypatch.setenv(em_kernel.ENV_VAR, "auto")  # profile() sets "cpp"; monkeypatch restores it
+    model, optimizer = bench.build("matrix_capsnet_small", detach=False)
+    gen = torch.Generator().manual_seed(0)
+    images, labels = torch.rand(2, 1, 32, 32, generator=gen), torch.randint(0, 5, (2,), generator=gen)
+    loaded = em_kernel._state["module"]
+    record = bench.profile(model, optimizer, images, labels, steps=1)
+    assert em_kernel._state["module"] is loaded  # the timed stand-in is gone
+    # one training step: the forward and every part of the hand-written backward ran in the kernel
+    assert {"votes_stats", "route", "mstep_back", "estep_back", "votes_backward"} <= set(record["kernel_ms"])
+    assert 0 < record["kernel_total_ms"] < record["step_ms"]
+    assert record["outside_kernel_ms"] == pytest.approx(record["step_ms"] - record["kernel_total_ms"])
+    assert record["top_ops_self_ms"] and all(name.startswith("aten::") for name in record["top_ops_self_ms"])
