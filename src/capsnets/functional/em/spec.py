@@ -220,7 +220,7 @@ def checking() -> bool:
 
 
 def check_activations(activations: Tensor) -> None:
-    """Raise a ``ValueError`` unless every activation lies in :data:`ACTIVATION_RANGE` (NaN does not). Off CUDA
+    """Raise a ``ValueError`` unless every activation lies in :data:`ACTIVATION_RANGE` (NaN does not). On CUDA
     the check is a device-side assertion (``torch._assert_async``), which fails at the next synchronisation."""
     if activations.numel() == 0:
         return
