@@ -31,17 +31,18 @@ def test_digits_quick_start_reaches_95_percent(tmp_path):
     assert summary["test_accuracy"] >= 0.95, summary
 
 
-def test_capsnet_small_on_mnist_reaches_92_percent(tmp_path, shared_data_root):
-    # 10,000 real MNIST training images, 1 epoch at batch 64, the full 10,000-image test set. Measured over seeds 0-4
-    # (2-core CPU, one thread, torch 2.13): 93.42%, 94.80%, 95.00%, 94.90%, 94.53% (about 10 s of training).
+def test_capsnet_small_on_mnist_reaches_85_percent(tmp_path, shared_data_root):
+    # 5,000 real MNIST training images, 1 epoch at batch 32, the first 2,000 test images. Measured over seeds 0-4
+    # (2-core CPU, one thread, torch 2.13): 90.90%, 90.95%, 91.15%, 91.70%, 90.60% (about 5.5 s of training).
     config = TrainConfig(
         model="capsnet_small",
         dataset="mnist",
         data_dir=str(shared_data_root),
         epochs=1,
-        batch_size=64,
-        limit_train=10_000,
-        val_fraction=0,  # all 10,000 trained on, as when the floor was calibrated
+        batch_size=32,
+        limit_train=5000,
+        limit_test=2000,
+        val_fraction=0,  # all 5,000 trained on, as when the floor was calibrated
         test_each_epoch=False,  # the test split scored once, after the last epoch (the same model, fewer passes)
         device="cpu",
         progress=False,
@@ -49,22 +50,22 @@ def test_capsnet_small_on_mnist_reaches_92_percent(tmp_path, shared_data_root):
         out=str(tmp_path / "mnist"),
     )
     summary = train(config)
-    assert summary["test_accuracy"] >= 0.92, summary
+    assert summary["test_accuracy"] >= 0.85, summary
 
 
 # Matrix capsules with EM routing, with the model's defaults: the paper formulation, 2 EM iterations and the
-# model's training recipe (capsnets.models.training_recipe), for one epoch of 3,200 images, batch 32, scored on the
-# first 1,000 test images. Each floor sits well below the worst of the seeds measured (2-core
+# model's training recipe (capsnets.models.training_recipe), for one epoch of 2,400 images, batch 16, scored on the
+# first 500 test images. Each floor sits well below the worst of the seeds measured (2-core
 # CPU, one thread, torch 2.13; the commands and results in docs/results/learning-floors.md).
-def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 3200) -> TrainConfig:
+def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 2400) -> TrainConfig:
     return TrainConfig(
         model="matrix_capsnet_small",
         dataset=dataset,
         data_dir=data_dir,
         epochs=1,
-        batch_size=32,
+        batch_size=16,
         limit_train=limit_train,
-        limit_test=1000,
+        limit_test=500,
         device="cpu",
         progress=False,
         figures=False,
@@ -73,7 +74,7 @@ def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 3200) -
 
 
 def test_matrix_capsnet_small_on_mnist_learns(tmp_path, shared_data_root):
-    # Chance is 10%. Measured: 64.2%, 66.5%, 65.8%, 63.4%, 53.4% (seeds 0-4).
+    # Chance is 10%. Measured: 67.4%, 67.4%, 73.0%, 62.6%, 57.4% (seeds 0-4).
     summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mnist")))
     assert summary["test_accuracy"] >= 0.35, summary
 
@@ -107,11 +108,10 @@ def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path):
 
 
 def test_segcaps_small_segments_cluttered_digits(shared_data_root, tmp_path):
-    # 1,024 cluttered 32x32 digits (4 pieces of other digits each), 1 epoch at batch 16. Measured: Dice 0.675, 0.696,
-    # 0.676 on 256 test images (seeds 0-2 of the initialisation, shuffle and data drawn), from 0.21-0.23 before
-    # training, whose capsule lengths start on both sides of the 0.5 threshold (with PyTorch's default initialisation
-    # and an unweighted loss: 0.659, 0.689, 0.691, 0.679, 0.597 from 0.17 for seeds 0-4; 1 epoch at batch 32 was
-    # unstable then: 0.27-0.64).
+    # 512 cluttered 32x32 digits (4 pieces of other digits each), 1 epoch at batch 8. Measured: Dice 0.672, 0.692,
+    # 0.675, 0.686, 0.673 on 256 test images (seeds 0-4 of the initialisation, shuffle and data drawn), from 0.19-0.25
+    # before training, whose capsule lengths start on both sides of the 0.5 threshold (1,024 images at batch 16:
+    # 0.675, 0.696, 0.676 for seeds 0-2; with PyTorch's default initialisation and an unweighted loss, 0.597-0.691).
     import torch
 
     import capsnets
@@ -122,7 +122,7 @@ def test_segcaps_small_segments_cluttered_digits(shared_data_root, tmp_path):
     torch.manual_seed(0)
     train_digits = load_dataset("mnist", root=shared_data_root, train=True).subset(5000).images
     test_digits = load_dataset("mnist", root=shared_data_root, train=False).subset(500).images
-    train_set = make_digit_segmentation(train_digits, 1024, seed=1)
+    train_set = make_digit_segmentation(train_digits, 512, seed=1)
     test_set = make_digit_segmentation(test_digits, 256, seed=2)
     model = capsnets.create_model("segcaps_small")
 
@@ -133,7 +133,7 @@ def test_segcaps_small_segments_cluttered_digits(shared_data_root, tmp_path):
 
     before = dice(64)  # untrained: 0.214 on these 64
     trainer = Trainer(
-        out=str(tmp_path / "run"), epochs=1, batch_size=16, lr=3e-3, val_fraction=0, progress=False, figures=False
+        out=str(tmp_path / "run"), epochs=1, batch_size=8, lr=3e-3, val_fraction=0, progress=False, figures=False
     )
     trainer.fit(model, train_set)  # the last epoch's model: no validation split chooses another
     after = dice(len(test_set.images))

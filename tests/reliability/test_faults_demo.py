@@ -29,7 +29,7 @@ import torch
 
 RUNNER = Path(__file__).with_name("demo_server.py")
 #: The body timeout the fast tests' server runs with (seconds), instead of the default.
-TIMEOUT = 2.0
+TIMEOUT = 1.0
 GOOD = [[0.5] * 8] * 8
 ROWS = b",[0,0,0,0,0,0,0,0]" * 7  # the other 7 rows of an 8x8 image
 GONE = "the client went away before its body was in"
