@@ -15,7 +15,9 @@ Adam; inputs are random ``(B, 1, 32, 32)`` images with 5 classes, the models' sm
 
 ``--profile`` adds where a kernel training step's time goes: the milliseconds per step inside each of the
 kernel's calls (timed around each call) and in PyTorch's operations outside them (``torch.profiler``'s self
-times), after the timed rotation, on the same model objects.
+times), after the timed rotation, on the same model objects. ``--inference`` adds the inference images/s of each
+matrix capsule model at ``--inference-batch`` on the kernel's path, in slices of ``CPU_IMAGES_AT_A_TIME`` images
+(the model's way) against the batch whole, alternating.
 """
 
 from __future__ import annotations
@@ -112,6 +114,38 @@ def profile(model, optimizer, images, labels, steps: int, top: int = 10) -> dict
     }
 
 
+def inference(model, images, steps: int, repeats: int) -> dict:
+    """Inference images/s of ``model`` on ``images`` (the kernel's path, ``steps`` forwards a timing): the batch in
+    slices of ``CPU_IMAGES_AT_A_TIME`` images against the batch whole, alternating over ``repeats``."""
+    from capsnets.models import matrix_capsnet
+
+    os.environ[em_kernel.ENV_VAR] = "cpp"
+    size, runs = matrix_capsnet.CPU_IMAGES_AT_A_TIME, {"slices": [], "whole": []}
+
+    def forwards():
+        for _ in range(steps):
+            model(images)
+
+    model.eval()
+    try:
+        with torch.no_grad():
+            forwards()  # warm-up
+            for repeat in range(repeats):
+                for name in ("slices", "whole") if repeat % 2 == 0 else ("whole", "slices"):
+                    matrix_capsnet.CPU_IMAGES_AT_A_TIME = size if name == "slices" else len(images)
+                    runs[name].append(timed(forwards, len(images) * steps))
+    finally:
+        matrix_capsnet.CPU_IMAGES_AT_A_TIME = size
+        model.train()
+    return {
+        "batch": len(images),
+        "images_at_a_time": size,
+        "images_per_s": {name: statistics.median(r) for name, r in runs.items()},
+        "speedup": statistics.median(s / w for s, w in zip(runs["slices"], runs["whole"])),
+        "per_repeat": runs,
+    }
+
+
 def memory_child(name: str, path: str, batch: int, detach: bool) -> None:
     """One training step at ``batch`` in this (fresh) process; prints the peak RSS increase as JSON."""
     retain_freed_memory()
@@ -154,6 +188,8 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-large", action="store_true", help="only matrix_capsnet_small and its CNN")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--profile", action="store_true", help="where a kernel training step's time goes")
+    parser.add_argument("--inference", action="store_true", help="inference in slices against the batch whole")
+    parser.add_argument("--inference-batch", type=int, default=64)
     parser.add_argument("--memory-child", nargs=3, metavar=("MODEL", "PATH", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -200,6 +236,10 @@ def main(argv=None) -> int:
         if args.profile:
             row["profile"] = profile(*models[caps], images, labels, args.steps * args.repeats)
             print(json.dumps(row["profile"], indent=1))
+        if args.inference:
+            batch = torch.rand(args.inference_batch, 1, 32, 32, generator=gen)
+            row["inference"] = inference(models[caps][0], batch, args.steps, args.repeats)
+            print(f"{caps} inference: {json.dumps(row['inference']['images_per_s'])}", flush=True)
         if not args.skip_memory:
             row["memory_batch"] = args.memory_batch
             row["memory"] = {p: measure_memory(caps, p, args.memory_batch, args.detach) for p in PATHS}

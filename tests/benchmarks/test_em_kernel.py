@@ -22,3 +22,20 @@ def test_profile_times_each_kernel_call_and_restores_the_kernel(load_benchmark, 
     assert 0 < record["kernel_total_ms"] < record["step_ms"]
     assert record["outside_kernel_ms"] == pytest.approx(record["step_ms"] - record["kernel_total_ms"])
     assert record["top_ops_self_ms"] and all(name.startswith("aten::") for name in record["top_ops_self_ms"])
+
+
+def test_inference_times_the_slices_against_the_whole_batch_and_restores_the_size(load_benchmark, monkeypatch):
+    from capsnets.models import matrix_capsnet
+
+    bench = load_benchmark("em_kernel")
+    monkeypatch.setenv(em_kernel.ENV_VAR, "auto")  # inference() sets "cpp"; monkeypatch restores it
+    monkeypatch.setattr(matrix_capsnet, "CPU_IMAGES_AT_A_TIME", 2)
+    model, _ = bench.build("matrix_capsnet_small", detach=False)
+    sizes = []
+    whole = model._conv_capsules
+    monkeypatch.setattr(model, "_conv_capsules", lambda x: sizes.append(len(x)) or whole(x))
+    record = bench.inference(model, torch.rand(3, 1, 32, 32), steps=1, repeats=2)
+    assert matrix_capsnet.CPU_IMAGES_AT_A_TIME == 2 and model.training
+    assert sizes == [2, 1] + [2, 1, 3] + [3, 2, 1]  # warm-up; then slices first, whole first
+    assert record["batch"] == 3 and record["images_at_a_time"] == 2 and record["speedup"] > 0
+    assert all(len(runs) == 2 and min(runs) > 0 for runs in record["per_repeat"].values())

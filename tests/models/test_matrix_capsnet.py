@@ -131,3 +131,28 @@ def test_a_model_records_its_formulation_in_its_routing_and_rebuilds_from_the_re
     assert recorded["routing"]["class_layer"]["eps"] == 1e-5
     assert rebuilt.formulation == "official" and rebuilt.primary.pose.bias is None
     assert rebuilt.class_capsules.routing == official.class_capsules.routing
+
+
+def test_a_large_cpu_batch_goes_through_the_capsule_layers_in_slices_in_inference(monkeypatch):
+    # Each image's capsules are computed alone, so the slices give the whole batch's scores (to the rounding of
+    # convolutions of another batch size); a training step, and a compiled or exported graph, keep the batch whole.
+    from capsnets.models import matrix_capsnet
+
+    torch.manual_seed(0)
+    model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28)).eval()
+    images = torch.rand(matrix_capsnet.CPU_IMAGES_AT_A_TIME * 2 + 3, 1, 28, 28)
+    sizes = []
+    whole = model._conv_capsules
+    monkeypatch.setattr(model, "_conv_capsules", lambda x: sizes.append(len(x)) or whole(x))
+    with torch.no_grad():
+        sliced = model(images).scores
+    assert sizes == [matrix_capsnet.CPU_IMAGES_AT_A_TIME] * 2 + [3]
+    sizes.clear()
+    reference = model(images).scores  # with gradients
+    assert sizes == [len(images)]
+    torch.testing.assert_close(sliced, reference.detach(), rtol=1e-4, atol=1e-5)
+    sizes.clear()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with torch.no_grad():
+        model(images)
+    assert sizes == [len(images)]

@@ -96,6 +96,11 @@ RECIPE: Mapping[str, object] = MappingProxyType(
     }
 )
 
+#: The images the network takes through its capsule layers at a time in inference on the CPU (a larger batch is split
+#: and the results joined): the patches, votes and assignments of 16 images stay within a core's cache, where those
+#: of 32 or more do not (``docs/results/em-kernel/report.md``). Each image's capsules are computed alone either way.
+CPU_IMAGES_AT_A_TIME = 16
+
 
 def _trunc_normal_(tensor: Tensor, std: float) -> None:
     """Normal with standard deviation ``std`` truncated at two of them (TensorFlow's truncated normal)."""
@@ -273,8 +278,21 @@ class MatrixCapsNet(Classifier):
     def conv_capsules(self, images: Tensor) -> MatrixCapsules:
         """The capsules of ConvCaps2 for ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``,
         floating-point ones cast to the parameters' dtype: :func:`~capsnets.validation.image_batch`): the children
-        the class capsule layer routes, ``(B, D, h, w)`` of them."""
+        the class capsule layer routes, ``(B, D, h, w)`` of them. In inference on the CPU (without gradients, outside a
+        compiled or exported graph), a batch of more than :data:`CPU_IMAGES_AT_A_TIME` images goes through in slices
+        of that many."""
         images = image_batch(images, self.input_size, dtype=self.conv.weight.dtype, owner="MatrixCapsNet")
+        if (
+            images.device.type != "cpu"
+            or torch.is_grad_enabled()  # training: no faster in slices
+            or torch.compiler.is_compiling()  # a traced graph keeps the batch whole (and its size symbolic)
+            or images.shape[0] <= CPU_IMAGES_AT_A_TIME
+        ):
+            return self._conv_capsules(images)
+        parts = [self._conv_capsules(chunk) for chunk in images.split(CPU_IMAGES_AT_A_TIME)]
+        return MatrixCapsules(torch.cat([p.pose for p in parts]), torch.cat([p.activation for p in parts]))
+
+    def _conv_capsules(self, images: Tensor) -> MatrixCapsules:
         caps = self.primary(torch.relu(self.conv(images)))  # (B, A, 14, 14) -> B types on 14x14
         return self.conv_caps2(self.conv_caps1(caps))  # C types on 6x6 -> D types on 4x4
 
