@@ -279,7 +279,7 @@ class MatrixCapsNet(Classifier):
         """The capsules of ConvCaps2 for ``images`` (a non-empty batch; uint8 images are scaled to ``[0, 1]``,
         floating-point ones cast to the parameters' dtype: :func:`~capsnets.validation.image_batch`): the children
         the class capsule layer routes, ``(B, D, h, w)`` of them. In inference on the CPU (without gradients, outside a
-        compiled or exported graph), a batch of more than :data:`CPU_IMAGES_AT_A_TIME` images goes through in slices
+        compiled or exported graph), a batch of more than ``CPU_IMAGES_AT_A_TIME`` images goes through in slices
         of that many."""
         images = image_batch(images, self.input_size, dtype=self.conv.weight.dtype, owner="MatrixCapsNet")
         if (
