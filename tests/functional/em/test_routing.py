@@ -7,6 +7,7 @@ from capsnets.functional import (
     EMRouting,
     em_inverse_temperatures,
     em_routing,
+    em_routing_poses,
     grid_child_groups,
     group_softmax,
 )
@@ -370,3 +371,26 @@ def test_bad_child_groups_are_refused():
     for blocks in (0, 3, True, 2.0):  # 3 divides neither N = 2 nor count = 4
         with pytest.raises(ValueError, match="ChildGroups.blocks must be a positive int dividing"):
             ChildGroups(torch.zeros(2, 5, dtype=torch.long), 4, blocks=blocks)
+
+
+@pytest.mark.parametrize("kind", ["votes", "poses"])
+def test_a_program_of_em_routing_is_saved_loaded_and_agrees(tmp_path, kind):
+    # The routing computes outside autocast only where autocast is on: an autocast region in the traced graph
+    # could not be written by torch.export.save (capsnets export --format torch_export of a matrix network).
+    gen = torch.Generator().manual_seed(0)
+    poses, weight = torch.randn(2, 6, 4, 4, generator=gen), 0.3 * torch.randn(6, 3, 4, 4, generator=gen)
+    votes, activations = torch.randn(2, 6, 3, 16, generator=gen), torch.rand(2, 6, generator=gen)
+
+    class Route(torch.nn.Module):
+        def forward(self, x, a):
+            if kind == "votes":
+                return em_routing(x, a, 0.1, 0.2, 2)[:2]
+            return em_routing_poses(x, weight, a, 0.1, 0.2, 2)[:2]
+
+    inputs = (votes if kind == "votes" else poses, activations)
+    torch.export.save(torch.export.export(Route(), inputs, strict=False), tmp_path / "route.pt2")
+    loaded = torch.export.load(tmp_path / "route.pt2").module()
+    for got, expected in zip(loaded(*inputs), Route()(*inputs)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # under autocast, still computed in float32
+        assert all(out.dtype == torch.float32 for out in Route()(*inputs))

@@ -40,6 +40,7 @@ from capsnets.functional.em.spec import (
     device_scale_limit,
     host_reads,
     routing_dtype,
+    without_autocast,
 )
 from capsnets.functional.products import matvec
 from capsnets.functional.routing_common import normalized_gradients
@@ -291,7 +292,7 @@ def route_votes(
             dtype = routing_dtype(votes.dtype, max(-float(low), float(high)), votes.device)
         else:
             wide = device_scale_limit(dtype)
-    with torch.autocast(device_type=votes.device.type, enabled=False):
+    with without_autocast(votes.device.type):
         v = votes.to(dtype).permute(0, 2, 1, 3).contiguous()  # (B, J, I, H)
         a_in = activations.to(dtype).unsqueeze(1)  # (B, 1, I)
         beta_v = check_beta(beta_v, "beta_v", v.shape[1], v)  # (J,) or (1,)

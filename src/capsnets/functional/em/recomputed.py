@@ -22,6 +22,7 @@ from capsnets.functional.em.spec import (
     device_scale_limit,
     host_reads,
     routing_dtype,
+    without_autocast,
 )
 from capsnets.validation import ArgumentError
 
@@ -63,7 +64,7 @@ def route_poses(
     if checking():
         check_activations(activations)
     dtype = poses.dtype if poses.dtype in (torch.float32, torch.float64) else torch.float32
-    with torch.autocast(device_type=poses.device.type, enabled=False):
+    with without_autocast(poses.device.type):
         pose = poses.to(dtype).reshape(batch, children, 16).contiguous()
         w = weight.to(dtype).reshape(weight.shape[0], weight.shape[1], 16).contiguous()
         coord = pose.new_empty(0) if coordinates is None else coordinates.to(dtype).detach().contiguous()

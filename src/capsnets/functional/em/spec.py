@@ -4,6 +4,7 @@ network's EM routing spec (:func:`layer_spec`)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -212,6 +213,15 @@ def device_scale_limit(dtype: torch.dtype) -> float | None:
     scale stands in for routing float32 votes beyond :data:`WIDE_VOTES` in float64 (``scale_from_top``'s
     ``wide``); None for float64 votes."""
     return WIDE_VOTES if dtype == torch.float32 else None
+
+
+def without_autocast(device_type: str):
+    """A block that computes in the inputs' dtypes: ``torch.autocast(device_type, enabled=False)`` where autocast is
+    on, else nothing, so that a graph traced without autocast (``torch.export``) holds no autocast region, which
+    ``torch.export.save`` cannot write."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def checking() -> bool:
