@@ -346,3 +346,21 @@ def test_patch_index_is_cached_and_marks_padding():
     assert index[4].tolist() == list(range(18))  # the centre position reads the whole grid of both types
     with pytest.raises(ValueError, match="smaller than kernel_size"):
         patch_index(1, 2, 2, kernel_size=3)
+
+
+def test_a_traced_graph_leaves_no_patch_index_in_the_cache():
+    # A geometry first met while torch.export traced a layer: the index made then (a fake tensor) was cached, and
+    # the next eager forward of the layer failed ("Could not guard on data-dependent expression").
+    layer = ConvMatrixCapsules(2, 3, kernel_size=3, stride=2, routing=EMRouting(2)).eval()
+    caps = MatrixCapsules(torch.randn(2, 2, 9, 7, 4, 4), torch.rand(2, 2, 9, 7))
+
+    class Parents(torch.nn.Module):
+        def forward(self, pose, activation):
+            parents = layer(MatrixCapsules(pose, activation))
+            return parents.pose, parents.activation
+
+    with torch.no_grad():
+        torch.export.export(Parents(), (caps.pose, caps.activation), strict=False)
+        eager = Parents()(caps.pose, caps.activation)
+    assert type(patch_index(2, 9, 7, kernel_size=3, stride=2)) is torch.Tensor
+    assert eager[0].shape == (2, 3, 4, 3, 4, 4)

@@ -40,7 +40,7 @@ def patch_index(
     Slots are ordered as in :func:`capsule_patches`: output positions row-major, then children by (type,
     kernel row, kernel column). A slot in the zero padding gets ``T * H * W``, one past the grid (the
     index of an appended zero capsule, :func:`gather_patches`). The result is cached per geometry and
-    device: do not modify it.
+    device (except while a graph is traced): do not modify it.
 
     Shape:
         - output: ``(H' * W', T * K * K)``, int64.
@@ -53,7 +53,10 @@ def patch_index(
                 [3, 4, 6, 7],
                 [4, 5, 7, 8]])
     """
-    return _patch_index(types, height, width, kernel_size, stride, padding, torch.device(device or "cpu"))
+    key = (types, height, width, kernel_size, stride, padding, torch.device(device or "cpu"))
+    if torch.compiler.is_compiling():  # a tensor made while a graph is traced belongs to the trace: not cached
+        return _patch_index.__wrapped__(*key)
+    return _patch_index(*key)
 
 
 @lru_cache(maxsize=64)
