@@ -146,25 +146,43 @@ def _magnitudes(dtype: torch.dtype):
     return st.one_of(st.just(0.0), st.just(1.0), st.just(info.max), anywhere, anywhere, anywhere)
 
 
+# Every strategy that _cases draws from, built once: a strategy built inside a draw is validated again at every
+# example, which took a third of the property's time.
+MAGNITUDES = {dtype: _magnitudes(dtype) for dtype in DTYPES}
+ROUTER_NAMES = {group: st.sampled_from(names) for group, names in GROUPS.items()}
+SIZES = {limit: st.integers(1, limit) for limit in {limit for r in ROUTERS.values() for limit in r.limits if limit}}
+EMPTY = {  # which size is 0: one in about 8 draws
+    limits: st.sampled_from(["BIJD"[k] for k in range(4) if limits[k]] + [""] * 24)
+    for limits in {r.limits for r in ROUTERS.values()}
+}
+DTYPE, SPREAD, ZEROS, SIGNS, SEED = (
+    st.sampled_from(DTYPES),
+    st.sampled_from([0, 1, 8, 60]),
+    st.sampled_from([0.0, 0.25, 0.75]),
+    st.sampled_from(["mixed", "positive", "negative"]),
+    st.integers(0, 2**16),
+)
+
+
 @st.composite
 def _cases(draw, group: str) -> Case:
-    router = draw(st.sampled_from(GROUPS[group]))
-    dtype = draw(st.sampled_from(DTYPES))
+    router = draw(ROUTER_NAMES[group])
+    dtype = draw(DTYPE)
     limits = ROUTERS[router].limits
-    shape = [draw(st.integers(1, limit)) if limit else 0 for limit in limits]
-    empty = draw(st.sampled_from(["BIJD"[k] for k in range(4) if limits[k]] + [""] * 24))  # one size in about 8
+    shape = [draw(SIZES[limit]) if limit else 0 for limit in limits]
+    empty = draw(EMPTY[limits])
     if empty:
         shape["BIJD".index(empty)] = 0
     return Case(
         router,
         dtype,
         tuple(shape),
-        draw(_magnitudes(dtype)),
-        draw(st.sampled_from([0, 1, 8, 60])),
-        draw(st.sampled_from([0.0, 0.25, 0.75])),
-        draw(st.sampled_from(["mixed", "positive", "negative"])),
-        draw(_magnitudes(dtype)),
-        draw(st.integers(0, 2**16)),
+        draw(MAGNITUDES[dtype]),
+        draw(SPREAD),
+        draw(ZEROS),
+        draw(SIGNS),
+        draw(MAGNITUDES[dtype]),
+        draw(SEED),
     )
 
 
@@ -333,7 +351,7 @@ def test_em_routing_on_the_fused_kernel(case):
 @example(Case("em_poses_triton", F64, (2, 2, 3, 0), 0.0, 0, 0.25, "negative", F64_MAX, 34123))
 @pytest.mark.long
 @given(_cases("triton"))
-@_examples(20)
+@_examples(10)  # each about 0.6 s in the interpreter; -m slow runs 200
 def test_em_routing_on_the_triton_kernels_interpreted(case):
     pytest.importorskip("triton")
     check(case)
