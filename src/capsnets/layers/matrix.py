@@ -245,11 +245,17 @@ class ConvMatrixCapsules(nn.Module):
         height, width = caps.grid
         out_h, out_w = patch_grid(height, width, kernel, self.stride, self.padding)
         index = patch_index(caps.types, height, width, kernel, self.stride, self.padding, caps.pose.device)
-        # poses (N = B*H'*W', I = T*K*K, P*P) and activations (N, I) in one gather: with a gather each,
-        # inductor (torch 2.13) dropped the activations' gradient in a compiled training step
-        feats = torch.cat([caps.pose.reshape(batch, -1, side * side), caps.activation.reshape(batch, -1, 1)], dim=-1)
-        patches = gather_patches(feats, index, self.padding)
-        poses, acts = patches[..., :-1], patches[..., -1]
+        # poses (N = B*H'*W', I = T*K*K, P*P) and activations (N, I): a gather each, so that the routing gets
+        # contiguous poses; compiled, one gather of both (with a gather each, inductor (torch 2.13) dropped the
+        # activations' gradient in a compiled training step)
+        pose = caps.pose.reshape(batch, -1, side * side)
+        if torch.compiler.is_compiling():
+            feats = torch.cat([pose, caps.activation.reshape(batch, -1, 1)], dim=-1)
+            patches = gather_patches(feats, index, self.padding)
+            poses, acts = patches[..., :-1], patches[..., -1]
+        else:
+            poses = gather_patches(pose, index, self.padding)
+            acts = gather_patches(caps.activation.reshape(batch, -1), index, self.padding)
         if self.assignment_scope != "position":  # one routing problem over the whole grid
             groups = grid_child_groups(
                 batch,

@@ -243,7 +243,7 @@ def _route(
     every iteration (``keep`` 2), as the fields of :class:`_Iteration` with a leading iteration axis."""
     with torch.no_grad():
         parents = votes.weight.shape[1]
-        r0 = initial_assignments(votes.c, a_in, groups).contiguous()
+        r0 = initial_assignments(votes.c, a_in, groups).contiguous()  # routed in place by the kernel
         index = groups.index.contiguous() if groups is not None else votes.pose.new_empty(0, dtype=torch.long)
         return kernel.route(
             *votes,

@@ -1345,6 +1345,7 @@ at::Tensor group_sum(const at::Tensor& x, const at::Tensor& index, int64_t group
 //       index (N, I) int64 or empty, lambdas, eps, official, cost_normalization (0 none, 1 mean_std, 2 mass),
 //       normalize (0 all parents, 1 per type), groups, blocks, keep (0 nothing, 1 the last iteration, 2 every one))
 //   -> [r (N, J, I), d (N, J, 16), pre (N, J), then per kept iteration r, m (32), d, var, log_var (16), pre, mass]
+// r0 is routed in place: the r returned is r0, holding the last E-step's assignments
 std::vector<at::Tensor> route(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
                               const at::Tensor& c, const at::Tensor& inv, const at::Tensor& a_in,
                               const at::Tensor& beta_v, const at::Tensor& beta_a, const at::Tensor& floor,
@@ -1367,7 +1368,7 @@ std::vector<at::Tensor> route(const at::Tensor& pose, const at::Tensor& weight, 
   const int64_t steps = static_cast<int64_t>(lambdas.size());
   RouteSettings hs{std::move(lambdas), eps, official, static_cast<int>(cost_normalization), static_cast<int>(normalize),
                    groups, keep == 2, groups > 0 ? blocks : 1};
-  auto r = r0.clone();
+  auto r = r0;
   auto d = new_tensor({g.n, g.j, kH}, pose.options());
   d.zero_();
   auto pre = new_tensor({g.n, g.j}, pose.options());
