@@ -3,7 +3,9 @@
 Training images/s at one batch size of every model, in one run: the matrix capsule models on both EM paths
 (``CAPSNETS_EM_KERNEL=torch`` and ``cpp``, the same model object, the path switched between timings) and
 the CNN baselines of similar size, all in one rotation whose order alternates between repeats; each figure
-is the median over repeats, each speed-up the median of per-repeat ratios. Peak memory of one training step
+is the median over repeats, each speed-up the median of per-repeat ratios. A CNN's timing runs ``--cnn-steps``
+steps (16 times ``--steps`` by default), so that it lasts about as long as a capsule model's on the kernel's path:
+a CNN step takes a few milliseconds, and a timing of a few steps measures mostly the machine's noise. Peak memory of one training step
 at ``--memory-batch`` is measured per model and path in a fresh child process: the peak resident set size
 during the step (Linux: ``VmHWM``, reset through ``/proc/self/clear_refs`` after the set-up) minus the
 resident size before it.
@@ -182,6 +184,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--memory-batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=2, help="timed training steps per repeat, path and model")
+    parser.add_argument("--cnn-steps", type=int, default=None, help="timed steps of a CNN (default: 16 x --steps)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--detach", action="store_true", help="detached routing gradients (default: exact)")
@@ -213,12 +216,14 @@ def main(argv=None) -> int:
             os.environ[em_kernel.ENV_VAR] = path
         train(*models[name], images, labels, 1)
     runs = {entry: [] for entry in entries}
+    cnn_steps = args.cnn_steps or 16 * args.steps
     for repeat in range(args.repeats):
         for name, path in entries if repeat % 2 == 0 else entries[::-1]:
             if path:
                 os.environ[em_kernel.ENV_VAR] = path
+            steps = args.steps if path else cnn_steps
             runs[name, path].append(
-                timed(lambda name=name: train(*models[name], images, labels, args.steps), args.batch * args.steps)
+                timed(lambda name=name, steps=steps: train(*models[name], images, labels, steps), args.batch * steps)
             )
             print(f"repeat {repeat}: {name:<22} {path or 'cnn':<6} {runs[name, path][-1]:8.1f} images/s", flush=True)
     rows = []
@@ -227,6 +232,7 @@ def main(argv=None) -> int:
             "model": caps,
             "cnn": cnn,
             "batch": args.batch,
+            "steps": {"capsules": args.steps, "cnn": cnn_steps},
             "train_images_per_s": {p: statistics.median(runs[caps, p]) for p in PATHS},
             "cnn_train_images_per_s": statistics.median(runs[cnn, None]),
             "kernel_speedup": statistics.median(c / t for c, t in zip(runs[caps, "cpp"], runs[caps, "torch"])),

@@ -39,3 +39,18 @@ def test_inference_times_the_slices_against_the_whole_batch_and_restores_the_siz
     assert sizes == [2, 1] + [2, 1, 3] + [3, 2, 1]  # warm-up; then slices first, whole first
     assert record["batch"] == 3 and record["images_at_a_time"] == 2 and record["speedup"] > 0
     assert all(len(runs) == 2 and min(runs) > 0 for runs in record["per_repeat"].values())
+
+
+def test_a_cnn_is_timed_over_its_own_steps(load_benchmark, monkeypatch, tmp_path):
+    import json
+
+    bench = load_benchmark("em_kernel")
+    monkeypatch.setenv(em_kernel.ENV_VAR, "auto")  # main() switches the path; monkeypatch restores it
+    steps, real = [], bench.train
+    monkeypatch.setattr(bench, "train", lambda *args: steps.append(args[-1]) or real(*args))
+    argv = ["--batch", "2", "--steps", "1", "--repeats", "1", "--skip-large", "--skip-memory"]
+    assert bench.main([*argv, "--out", str(tmp_path / "tax.json")]) == 0
+    row = json.loads((tmp_path / "tax.json").read_text())["rows"][0]
+    assert row["steps"] == {"capsules": 1, "cnn": 16}  # the CNN's default: 16 times the capsules'
+    assert steps == [1, 1, 1] + [1, 1, 16]  # a warm-up step each (torch path, kernel path, CNN); then the timings
+    assert row["capsule_tax"]["cpp"] > 0
