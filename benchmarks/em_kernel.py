@@ -5,10 +5,10 @@ Training images/s at one batch size of every model, in one run: the matrix capsu
 the CNN baselines of similar size, all in one rotation whose order alternates between repeats; each figure
 is the median over repeats, each speed-up the median of per-repeat ratios. A CNN's timing runs ``--cnn-steps``
 steps (16 times ``--steps`` by default), so that it lasts about as long as a capsule model's on the kernel's path:
-a CNN step takes a few milliseconds, and a timing of a few steps measures mostly the machine's noise. Peak memory of one training step
-at ``--memory-batch`` is measured per model and path in a fresh child process: the peak resident set size
-during the step (Linux: ``VmHWM``, reset through ``/proc/self/clear_refs`` after the set-up) minus the
-resident size before it.
+a CNN step takes a few milliseconds, and a timing of a few steps measures mostly the machine's noise. Peak memory
+of one training step at ``--memory-batch`` is measured per model and path in a fresh child process: the peak
+resident set size during the step (Linux: ``VmHWM``, reset through ``/proc/self/clear_refs`` after the set-up)
+minus the resident size before it.
 
     python benchmarks/em_kernel.py --out benchmarks/results/em_kernel_cpu_2core.json
 

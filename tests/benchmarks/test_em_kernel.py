@@ -1,4 +1,7 @@
-"""benchmarks/em_kernel.py: ``--profile``'s record of where a kernel training step's time goes."""
+"""benchmarks/em_kernel.py: ``--profile``'s record of where a kernel training step's time goes, ``--inference``'s
+timings, and the CNNs' own number of timed steps."""
+
+import json
 
 import pytest
 import torch
@@ -42,8 +45,6 @@ def test_inference_times_the_slices_against_the_whole_batch_and_restores_the_siz
 
 
 def test_a_cnn_is_timed_over_its_own_steps(load_benchmark, monkeypatch, tmp_path):
-    import json
-
     bench = load_benchmark("em_kernel")
     monkeypatch.setenv(em_kernel.ENV_VAR, "auto")  # main() switches the path; monkeypatch restores it
     steps, real = [], bench.train
