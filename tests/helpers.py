@@ -124,13 +124,15 @@ TINY_TRAIN = [
 def only_new_objects():
     """Inside the block the garbage collector sees only the objects made in it: those made before are frozen
     (:func:`gc.freeze`), so that a collection and a count of live objects are quick, and blind to what earlier tests
-    left behind."""
+    left behind. At its end the block's garbage is collected and what it leaves alive is frozen too, as
+    tests/conftest.py keeps the heap."""
     gc.collect()
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
 
 
 def live_tensors() -> int:
