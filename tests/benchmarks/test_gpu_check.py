@@ -1,14 +1,52 @@
 """benchmarks/gpu_check.py: its dry run (what a GPU session runs, at tiny sizes on the CPU) completes and records
 every step, so that the script cannot rot between the sessions that have a GPU."""
 
+import io
 import json
+import time
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
+from capsnets.cli import main as capsnets_main
 
-@pytest.mark.long  # child processes: pytest collecting the GPU tests, throughput runs, a training run
+
+def _steps_in_this_process(bench, load_benchmark, monkeypatch) -> None:
+    """``bench.run_step`` with the steps that run ``capsnets`` or ``benchmarks/throughput.py`` called in this
+    process, with the same arguments through the same entry points and the step's environment variables (a child
+    process spends 2-3 s importing torch and TorchDynamo); the other steps (pytest) stay child processes."""
+    child = bench.run_step
+
+    def run_step(name, command, out, budget_s, env=None):
+        if command[1:3] == ["-m", "capsnets"]:
+            entry, argv = capsnets_main, command[3:]
+        elif command[1] == "benchmarks/throughput.py":
+            entry, argv = load_benchmark("throughput").main, command[2:]
+        else:
+            return child(name, command, out, budget_s, env)
+        start, printed, errors = time.perf_counter(), io.StringIO(), io.StringIO()
+        with monkeypatch.context() as patch, redirect_stdout(printed), redirect_stderr(errors):
+            for key, value in (env or {}).items():
+                patch.setenv(key, value)
+            returncode = entry(argv)
+        output = printed.getvalue() + errors.getvalue()
+        (out / f"{name}.log").write_text(output)
+        return {
+            "ok": returncode == 0,
+            "returncode": returncode,
+            "timed_out": False,
+            "seconds": round(time.perf_counter() - start, 1),
+            "command": command,
+            "output_tail": output[-2000:],
+        }
+
+    monkeypatch.setattr(bench, "run_step", run_step)
+
+
+@pytest.mark.long  # a child process (pytest collecting the GPU tests), throughput runs, two trainings
 def test_dry_run_records_every_step(load_benchmark, shared_data_root, tmp_path, monkeypatch):
     bench = load_benchmark("gpu_check")
+    _steps_in_this_process(bench, load_benchmark, monkeypatch)
     # One of the four models (each step a process of its own, ~4 s): the one with EM paths, whose steps are named by
     # path; the other three are the same command with another --models and no path.
     monkeypatch.setattr(bench, "DRY_MODELS", ("matrix_capsnet_small",))

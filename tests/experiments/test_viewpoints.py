@@ -6,7 +6,7 @@ import pytest
 
 from capsnets.cli import main
 from capsnets.data import TensorData
-from capsnets.experiments import Runs, list_experiments, run_experiment, viewpoints, views
+from capsnets.experiments import Runs, list_experiments, run_experiment, viewpoints
 from capsnets.experiments.report.viewpoints import STOPPED, matched_summary, viewpoint_results_table
 from capsnets.experiments.viewpoints import build_model, matching
 from capsnets.experiments.views import AZIMUTH_FAMILIAR, ELEVATION_FAMILIAR, load_norb_like, viewpoint_split
@@ -15,23 +15,6 @@ from capsnets.models import count_parameters, training_recipe
 from helpers import assert_contrasts_resolve
 
 NOVEL_AZIMUTHS = set(range(6, 29, 2))  # 60 .. 280 degrees
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _render_once():
-    """The smoke runs of this module render the same reduced grid: each split is rendered once and handed to every
-    run (the renderer's pixels are tested in tests/data/)."""
-    rendered, real = {}, views.render_viewpoints
-
-    def render_viewpoints(split, **kwargs):
-        key = (split, repr(sorted(kwargs.items())))
-        if key not in rendered:
-            rendered[key] = real(split, **kwargs)
-        return rendered[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(views, "render_viewpoints", render_viewpoints)
-        yield
 
 
 @pytest.fixture(scope="module")
