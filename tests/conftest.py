@@ -45,9 +45,9 @@ def pytest_sessionstart(session):
 
 def pytest_collection_finish(session):
     # What is alive after a full collection (torch, the tests' modules, and later whatever the tests import:
-    # TorchDynamo, sympy, onnx) is frozen (gc.freeze), so that the collector stops walking it again: each worker's
-    # full collections took 10-12 s of the suite. A cycle that was alive then and became garbage since is never
-    # collected (nor seen by gc.get_referrers); the workers' peak memory stayed as it was.
+    # TorchDynamo, sympy, onnx) is frozen (gc.freeze), so that the collector stops walking it again: otherwise
+    # each worker spends 10-12 s in full collections. A cycle that was alive then and became garbage since is never
+    # collected (nor seen by gc.get_referrers); the workers' peak memory does not grow for it.
     gc.collect()
     gc.freeze()
     gc.callbacks.append(_freeze_after_full_collections)

@@ -47,8 +47,8 @@ def _steps_in_this_process(bench, load_benchmark, monkeypatch) -> None:
 def test_dry_run_records_every_step(load_benchmark, shared_data_root, tmp_path, monkeypatch):
     bench = load_benchmark("gpu_check")
     _steps_in_this_process(bench, load_benchmark, monkeypatch)
-    # One of the four models (each step a process of its own, ~4 s): the one with EM paths, whose steps are named by
-    # path; the other three are the same command with another --models and no path.
+    # One of the four models: the one with EM paths, whose steps are named by path; the other three are the same
+    # command with another --models and no path.
     monkeypatch.setattr(bench, "DRY_MODELS", ("matrix_capsnet_small",))
     args = ["--dry-run", "--out", str(tmp_path), "--data-dir", str(shared_data_root), "--total-minutes", "20"]
     assert bench.main(args) == 0  # the budget of a loaded CI machine

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from capsnets.data.norb_common import RawNorbLike
 from capsnets.experiments import views
+from capsnets.files import atomic_write
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -33,7 +34,7 @@ def _viewpoints_rendered_once(tmp_path_factory):
             if not path.is_file():
                 raw = real(split, **kwargs)
                 tensors = {"images": raw.images, "labels": raw.labels, **{f"info.{k}": v for k, v in raw.info.items()}}
-                save_file(tensors, str(path), metadata={"classes": json.dumps(raw.classes)})
+                atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"classes": json.dumps(raw.classes)}))
         tensors = load_file(str(path))
         with safe_open(str(path), framework="pt") as file:
             classes = json.loads(file.metadata()["classes"])
