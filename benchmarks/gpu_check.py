@@ -61,6 +61,13 @@ def run_step(name: str, command: list[str], out: Path, budget_s: float, env: dic
     except subprocess.TimeoutExpired as err:
         returncode, timed_out = None, True
         output = "".join(part.decode() if isinstance(part, bytes) else part or "" for part in (err.stdout, err.stderr))
+    return step_record(name, command, out, start, returncode, output, timed_out)
+
+
+def step_record(
+    name: str, command: list[str], out: Path, start: float, returncode: int | None, output: str, timed_out: bool
+) -> dict:
+    """A step's record, its output written to ``out/name.log``; ``start`` is its ``time.perf_counter()``."""
     (out / f"{name}.log").write_text(output)
     return {
         "ok": returncode == 0,

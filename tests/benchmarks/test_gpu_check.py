@@ -29,16 +29,7 @@ def _steps_in_this_process(bench, load_benchmark, monkeypatch) -> None:
             for key, value in (env or {}).items():
                 patch.setenv(key, value)
             returncode = entry(argv)
-        output = printed.getvalue() + errors.getvalue()
-        (out / f"{name}.log").write_text(output)
-        return {
-            "ok": returncode == 0,
-            "returncode": returncode,
-            "timed_out": False,
-            "seconds": round(time.perf_counter() - start, 1),
-            "command": command,
-            "output_tail": output[-2000:],
-        }
+        return bench.step_record(name, command, out, start, returncode, printed.getvalue() + errors.getvalue(), False)
 
     monkeypatch.setattr(bench, "run_step", run_step)
 
