@@ -7,7 +7,9 @@ routing uses the votes only through products with ``[x, x^2]``, ``x = V / scale 
 ``W``, one routing problem at a time in cache, so the ``(N, J, I, 16)`` vote tensor is never written to memory,
 forward or backward (the backward recomputes the votes it needs). Its ``route`` runs the whole procedure
 (M-steps, E-steps, the child groups' normalisation) and keeps what the backward needs: every iteration with
-exact gradients, the last one with ``detach_routing``, nothing without gradients. The backward
+exact gradients, the last one with ``detach_routing``, nothing without gradients; without child groups it runs
+each problem's iterations in turn, so that the children's ``x``, made by the first M-step, stay in cache for the
+later ones (child groups couple the problems, so there each iteration runs over all of them). The backward
 (:class:`_FusedEM`) is the procedure's derivative written out by hand, in reverse order, every step of it
 in the kernel; it covers every setting of :class:`~capsnets.functional.em.spec.EMSettings` and agrees with
 autograd through the PyTorch path (the tests compare them, and gradcheck it in float64).

@@ -17,7 +17,8 @@
 //       with d loss / d xx = left @ right: -> d pose (N, I, 16), d weight (Iw, J, 16)
 //   route(...): the whole procedure (M-step, E-step, child-group normalisation; the last iteration an M-step
 //       only) -> the assignments (N, J, I) of the last M-step, its centre (N, J, 16) and activation logit
-//       (N, J), and what the backward needs of every iteration (keep 2), of the last one (keep 1) or none
+//       (N, J), and what the backward needs of every iteration (keep 2), of the last one (keep 1) or none;
+//       without child groups, one problem's iterations in turn, its children's x made once and kept in cache
 //   mstep_back(...), estep_back(...): the hand-written backward's per-child work for one M-step and one
 //       E-step (capsnets.functional.em.kernel), each with the product that needs the votes, per problem
 //   group_sum(x (N, J, I), index, groups, per_type, blocks): each slot's sum over its child group (that backward's
@@ -335,6 +336,36 @@ inline void m_blocks(const Votes<T>& votes, int64_t n, const T* cb, const T* w, 
   int64_t c0 = 0;
   for (; c0 + 16 <= q; c0 += 16) m_chunk<16>(votes, n, c0, cb, w, s1, s2, xs);
   for (; c0 < q; c0 += 4) m_chunk<4>(votes, n, c0, cb, w, s1, s2, xs);
+}
+
+// m_chunk from the children's x blocks xs (I, 4, 4J) that an earlier M-step of the same problem stored, in the
+// same order of operations
+template <int W, typename T>
+inline void m_chunk_stored(const T* xs, int64_t children, int64_t q, int64_t c0, const T* w, T* s1, T* s2) {
+  using V = vec<T, W>;
+  V a1[4] = {}, a2[4] = {};
+  for (int64_t i = 0; i < children; ++i) {
+    const V wv = expand4<W>(w + (c0 / 4) * children + i, children);
+    const T* x = xs + i * 4 * q + c0;
+    for (int r = 0; r < 4; ++r) {
+      const V xr = vload<V>(x + r * q);
+      const V wx = wv * xr;
+      a1[r] += wx;
+      a2[r] += wx * xr;
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    vstore(s1 + r * q + c0, a1[r]);
+    vstore(s2 + r * q + c0, a2[r]);
+  }
+}
+
+// m_blocks from the stored x blocks xs (I, 4, 4J)
+template <typename T>
+inline void m_blocks_stored(const T* xs, int64_t children, int64_t q, const T* w, T* s1, T* s2) {
+  int64_t c0 = 0;
+  for (; c0 + 16 <= q; c0 += 16) m_chunk_stored<16>(xs, children, q, c0, w, s1, s2);
+  for (; c0 < q; c0 += 4) m_chunk_stored<4>(xs, children, q, c0, w, s1, s2);
 }
 
 // sum_i w[j, i] [x, x^2] of problem n, with w its (J, I) weights: -> out (J, 32). cb: the origin block of
@@ -777,117 +808,131 @@ void route_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
   const int64_t q = g.q();
   const T log2pi = static_cast<T>(std::log(2.0 * M_PI));
   const T blend = static_cast<T>(0.9);
-  for (size_t t = 0; t < hs.lambdas.size(); ++t) {
+  const T eps = static_cast<T>(hs.eps);
+  // problem n's M-step and E-step logits of iteration t (without child groups, its softmax too); with stored, the
+  // children's x blocks in sc.xs are this problem's, made by its previous M-step, and not computed again
+  auto problem = [&](int64_t n, RouteScratch<T>& sc, size_t t, bool stored) {
     const T lam = static_cast<T>(hs.lambdas[t]);
-    const T eps = static_cast<T>(hs.eps);
     const bool last = t + 1 == hs.lambdas.size();
     const bool keeping = kept.r != nullptr && (hs.keep_all || last);
     const int64_t at_t = hs.keep_all ? static_cast<int64_t>(t) * g.n : 0;  // the (t, n = 0) row of the kept tensors
-    // problem n's M-step and E-step logits (without child groups, its softmax too)
-    auto problem = [&](int64_t n, RouteScratch<T>& sc) {
-      auto &cb = sc.cb, &xs = sc.xs, &s1 = sc.s1, &s2 = sc.s2, &wm = sc.wm, &sq = sc.sq, &db = sc.db, &var = sc.var,
-           &lv = sc.lv, &mass = sc.mass, &sj = sc.sj, &pre = sc.pre, &sumlog = sc.sumlog, &logsig = sc.logsig;
-      T* rn = R + n * g.j * g.i;  // (J, I)
-      votes.origin(n, cb.data());
-      if (keeping) std::copy(rn, rn + g.j * g.i, kept.r + (at_t + n) * g.j * g.i);
-      // M-step: weights R a / (mass + eps)
-      for (int64_t j = 0; j < g.j; ++j) {
-        const T total = dot(rn + j * g.i, A + n * g.i, g.i);
-        mass[j] = total;
-        sj[j] = total / (total + eps);
-        sq[4 * j] = sq[4 * j + 1] = sq[4 * j + 2] = sq[4 * j + 3] = sj[j];
-      }
-      for (int64_t j = 0; j < g.j; ++j) {
-        const T* __restrict rj = rn + j * g.i;
-        const T* __restrict an = A + n * g.i;
-        T* __restrict wj = wm.data() + j * g.i;
-        const T scale = T(1) / (mass[j] + eps);
-        for (int64_t i = 0; i < g.i; ++i) wj[i] = rj[i] * an[i] * scale;
-      }
+    auto &cb = sc.cb, &xs = sc.xs, &s1 = sc.s1, &s2 = sc.s2, &wm = sc.wm, &sq = sc.sq, &db = sc.db, &var = sc.var,
+         &lv = sc.lv, &mass = sc.mass, &sj = sc.sj, &pre = sc.pre, &sumlog = sc.sumlog, &logsig = sc.logsig;
+    T* rn = R + n * g.j * g.i;  // (J, I)
+    if (!stored) votes.origin(n, cb.data());
+    if (keeping) std::copy(rn, rn + g.j * g.i, kept.r + (at_t + n) * g.j * g.i);
+    // M-step: weights R a / (mass + eps)
+    for (int64_t j = 0; j < g.j; ++j) {
+      const T total = dot(rn + j * g.i, A + n * g.i, g.i);
+      mass[j] = total;
+      sj[j] = total / (total + eps);
+      sq[4 * j] = sq[4 * j + 1] = sq[4 * j + 2] = sq[4 * j + 3] = sj[j];
+    }
+    for (int64_t j = 0; j < g.j; ++j) {
+      const T* __restrict rj = rn + j * g.i;
+      const T* __restrict an = A + n * g.i;
+      T* __restrict wj = wm.data() + j * g.i;
+      const T scale = T(1) / (mass[j] + eps);
+      for (int64_t i = 0; i < g.i; ++i) wj[i] = rj[i] * an[i] * scale;
+    }
+    if (stored) {
+      m_blocks_stored(xs.data(), g.i, q, wm.data(), s1.data(), s2.data());
+    } else {
       m_blocks(votes, n, cb.data(), wm.data(), s1.data(), s2.data(), xs.data());
-      // centres, variances (about the centre, by exact algebra), log variances in real units
-      if (hs.official && t > 0) spread(D + n * g.j * kH, kH, g.j, db.data());  // the previous centre
-      for (int row = 0; row < 4; ++row) {
-        for (int64_t e = 0; e < q; ++e) {
-          const int64_t k = row * q + e;
-          const T s = sq[e];
-          T d = s1[k] + (s - 1) * cb[k];
-          if (hs.official) d = blend * d + (1 - blend) * (t > 0 ? db[k] : -cb[k]);
-          db[k] = d;
-          var[k] = std::max(s2[k] - 2 * d * s1[k] + s * d * d, T(0)) + F[n];
-        }
+    }
+    // centres, variances (about the centre, by exact algebra), log variances in real units
+    if (hs.official && t > 0) spread(D + n * g.j * kH, kH, g.j, db.data());  // the previous centre
+    for (int row = 0; row < 4; ++row) {
+      for (int64_t e = 0; e < q; ++e) {
+        const int64_t k = row * q + e;
+        const T s = sq[e];
+        T d = s1[k] + (s - 1) * cb[k];
+        if (hs.official) d = blend * d + (1 - blend) * (t > 0 ? db[k] : -cb[k]);
+        db[k] = d;
+        var[k] = std::max(s2[k] - 2 * d * s1[k] + s * d * d, T(0)) + F[n];
       }
-      log_plus(var.data(), LV[n], 4 * q, lv.data());
-      gather(db.data(), g.j, kH, D + n * g.j * kH);
-      if (keeping) {
-        gather(s1.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH);
-        gather(s2.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH + kH);
-        gather(db.data(), g.j, kH, kept.d + (at_t + n) * g.j * kH);
-        gather(var.data(), g.j, kH, kept.var + (at_t + n) * g.j * kH);
-        gather(lv.data(), g.j, kH, kept.log_var + (at_t + n) * g.j * kH);
+    }
+    log_plus(var.data(), LV[n], 4 * q, lv.data());
+    gather(db.data(), g.j, kH, D + n * g.j * kH);
+    if (keeping) {
+      gather(s1.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH);
+      gather(s2.data(), g.j, 2 * kH, kept.m + (at_t + n) * g.j * 2 * kH + kH);
+      gather(db.data(), g.j, kH, kept.d + (at_t + n) * g.j * kH);
+      gather(var.data(), g.j, kH, kept.var + (at_t + n) * g.j * kH);
+      gather(lv.data(), g.j, kH, kept.log_var + (at_t + n) * g.j * kH);
+    }
+    std::fill(sumlog.begin(), sumlog.end(), T(0));
+    for (int row = 0; row < 4; ++row)
+      for (int64_t e = 0; e < q; ++e) sumlog[e / 4] += lv[row * q + e];
+    for (int64_t j = 0; j < g.j; ++j) {
+      const T bv = BV[j], ba = BA[j];
+      if (hs.official) {
+        pre[j] = lam * ((mass[j] + eps) * (-sumlog[j] - bv * kH * (1 + log2pi)) - T(5000) * ba);
+      } else {
+        pre[j] = (kH * bv + T(0.5) * sumlog[j]) * mass[j];  // the cost, before normalisation
       }
-      std::fill(sumlog.begin(), sumlog.end(), T(0));
-      for (int row = 0; row < 4; ++row)
-        for (int64_t e = 0; e < q; ++e) sumlog[e / 4] += lv[row * q + e];
-      for (int64_t j = 0; j < g.j; ++j) {
-        const T bv = BV[j], ba = BA[j];
-        if (hs.official) {
-          pre[j] = lam * ((mass[j] + eps) * (-sumlog[j] - bv * kH * (1 + log2pi)) - T(5000) * ba);
-        } else {
-          pre[j] = (kH * bv + T(0.5) * sumlog[j]) * mass[j];  // the cost, before normalisation
-        }
+    }
+    if (!hs.official) {
+      if (hs.cost_normalization == 2) {
+        for (int64_t j = 0; j < g.j; ++j) pre[j] *= static_cast<T>(g.j) / static_cast<T>(g.i * kH);
+      } else if (hs.cost_normalization == 1) {
+        T mean = 0, spread2 = 0;
+        for (int64_t j = 0; j < g.j; ++j) mean += pre[j];
+        mean /= static_cast<T>(g.j);
+        for (int64_t j = 0; j < g.j; ++j) spread2 += (pre[j] - mean) * (pre[j] - mean);
+        const T scale = T(1) / std::sqrt(spread2 / static_cast<T>(g.j) + eps);
+        for (int64_t j = 0; j < g.j; ++j) pre[j] = (pre[j] - mean) * scale;
       }
-      if (!hs.official) {
-        if (hs.cost_normalization == 2) {
-          for (int64_t j = 0; j < g.j; ++j) pre[j] *= static_cast<T>(g.j) / static_cast<T>(g.i * kH);
-        } else if (hs.cost_normalization == 1) {
-          T mean = 0, spread2 = 0;
-          for (int64_t j = 0; j < g.j; ++j) mean += pre[j];
-          mean /= static_cast<T>(g.j);
-          for (int64_t j = 0; j < g.j; ++j) spread2 += (pre[j] - mean) * (pre[j] - mean);
-          const T scale = T(1) / std::sqrt(spread2 / static_cast<T>(g.j) + eps);
-          for (int64_t j = 0; j < g.j; ++j) pre[j] = (pre[j] - mean) * scale;
-        }
-        for (int64_t j = 0; j < g.j; ++j) pre[j] = lam * (BA[j] - pre[j]);
-      }
-      if (keeping) {
-        std::copy(pre.begin(), pre.end(), kept.pre + (at_t + n) * g.j);
-        std::copy(mass.begin(), mass.end(), kept.mass + (at_t + n) * g.j);
-      }
-      if (last) {  // no E-step after the last M-step
-        std::copy(pre.begin(), pre.end(), P + n * g.j);
-        return;
-      }
-      for (int64_t j = 0; j < g.j; ++j) logsig[j] = log_sigmoid(pre[j]) - T(0.5) * (sumlog[j] + kH * log2pi);
-      for (int64_t k = 0; k < 4 * q; ++k) var[k] = T(1) / var[k];  // now the precisions
-      // E-step logits log a_j + log p[i, j]; without child groups, the softmax over j of each slot
-      int64_t c0 = 0;
-      for (; c0 + 16 <= q; c0 += 16) quad_chunk<16>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
-      for (; c0 < q; c0 += 4) quad_chunk<4>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
-      if (G != nullptr) return;
-      // over rows of I: each child's largest logit, the exponentials (vectorised) and their sums, the products
-      // with the sums' reciprocals
-      T* __restrict top = sc.top.data();
-      T* __restrict total = sc.total.data();
-      std::fill(sc.top.begin(), sc.top.end(), -std::numeric_limits<T>::infinity());
-      std::fill(sc.total.begin(), sc.total.end(), T(0));
-      for (int64_t j = 0; j < g.j; ++j) {
-        const T* __restrict z = rn + j * g.i;
-        for (int64_t i = 0; i < g.i; ++i) top[i] = std::max(top[i], z[i]);
-      }
-      for (int64_t j = 0; j < g.j; ++j) {
-        T* __restrict z = rn + j * g.i;
-        for (int64_t i = 0; i < g.i; ++i) z[i] -= top[i];
-        exp_nonpositive(z, g.i);
-        for (int64_t i = 0; i < g.i; ++i) total[i] += z[i];
-      }
-      for (int64_t i = 0; i < g.i; ++i) total[i] = T(1) / total[i];
-      for (int64_t j = 0; j < g.j; ++j) {
-        T* __restrict z = rn + j * g.i;
-        for (int64_t i = 0; i < g.i; ++i) z[i] *= total[i];
-      }
-    };
-    const bool grouped = G != nullptr && !last;
+      for (int64_t j = 0; j < g.j; ++j) pre[j] = lam * (BA[j] - pre[j]);
+    }
+    if (keeping) {
+      std::copy(pre.begin(), pre.end(), kept.pre + (at_t + n) * g.j);
+      std::copy(mass.begin(), mass.end(), kept.mass + (at_t + n) * g.j);
+    }
+    if (last) {  // no E-step after the last M-step
+      std::copy(pre.begin(), pre.end(), P + n * g.j);
+      return;
+    }
+    for (int64_t j = 0; j < g.j; ++j) logsig[j] = log_sigmoid(pre[j]) - T(0.5) * (sumlog[j] + kH * log2pi);
+    for (int64_t k = 0; k < 4 * q; ++k) var[k] = T(1) / var[k];  // now the precisions
+    // E-step logits log a_j + log p[i, j]; without child groups, the softmax over j of each slot
+    int64_t c0 = 0;
+    for (; c0 + 16 <= q; c0 += 16) quad_chunk<16>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
+    for (; c0 < q; c0 += 4) quad_chunk<4>(xs.data(), g.i, q, c0, db.data(), var.data(), logsig.data(), rn);
+    if (G != nullptr) return;
+    // over rows of I: each child's largest logit, the exponentials (vectorised) and their sums, the products
+    // with the sums' reciprocals
+    T* __restrict top = sc.top.data();
+    T* __restrict total = sc.total.data();
+    std::fill(sc.top.begin(), sc.top.end(), -std::numeric_limits<T>::infinity());
+    std::fill(sc.total.begin(), sc.total.end(), T(0));
+    for (int64_t j = 0; j < g.j; ++j) {
+      const T* __restrict z = rn + j * g.i;
+      for (int64_t i = 0; i < g.i; ++i) top[i] = std::max(top[i], z[i]);
+    }
+    for (int64_t j = 0; j < g.j; ++j) {
+      T* __restrict z = rn + j * g.i;
+      for (int64_t i = 0; i < g.i; ++i) z[i] -= top[i];
+      exp_nonpositive(z, g.i);
+      for (int64_t i = 0; i < g.i; ++i) total[i] += z[i];
+    }
+    for (int64_t i = 0; i < g.i; ++i) total[i] = T(1) / total[i];
+    for (int64_t j = 0; j < g.j; ++j) {
+      T* __restrict z = rn + j * g.i;
+      for (int64_t i = 0; i < g.i; ++i) z[i] *= total[i];
+    }
+  };
+  if (G == nullptr) {  // no child groups: each problem's iterations in turn, its children's x made once
+    at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+      RouteScratch<T> sc(g);
+      for (int64_t n = begin; n < end; ++n)
+        for (size_t t = 0; t < hs.lambdas.size(); ++t) problem(n, sc, t, t > 0);
+    });
+    return;
+  }
+  for (size_t t = 0; t < hs.lambdas.size(); ++t) {
+    const bool last = t + 1 == hs.lambdas.size();
+    const bool grouped = !last;
     const int64_t lanes = hs.normalize == 1 ? g.j : 1;  // per type: one independent problem per parent type
     if (grouped && hs.blocks > 1) {
       // groups confined to runs of problems (one example each): each run routed and normalised in cache
@@ -896,7 +941,7 @@ void route_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
         RouteScratch<T> sc(g);
         std::vector<T> top(run_groups), total(run_groups);
         for (int64_t b = begin; b < end; ++b) {
-          for (int64_t n = b * run; n < (b + 1) * run; ++n) problem(n, sc);
+          for (int64_t n = b * run; n < (b + 1) * run; ++n) problem(n, sc, t, false);
           for (int64_t lane = 0; lane < lanes; ++lane)
             normalise_groups(R, G, b * run, (b + 1) * run, lanes > 1 ? lane : 0, lanes > 1 ? lane + 1 : g.j, g.j,
                              g.i, b * run_groups, top, total);
@@ -906,7 +951,7 @@ void route_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
     }
     at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
       RouteScratch<T> sc(g);
-      for (int64_t n = begin; n < end; ++n) problem(n, sc);
+      for (int64_t n = begin; n < end; ++n) problem(n, sc, t, false);
     });
     if (!grouped) continue;
     // child groups: normalise each child's logits over its slots (and every parent, or one parent type)
