@@ -237,7 +237,7 @@ def test_detached_gradients_match_the_pytorch_path(monkeypatch, formulation):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("scope", ["all_parents", "per_type"])
+@pytest.mark.parametrize("scope", ["position", "all_parents", "per_type"])
 @pytest.mark.parametrize("detach", [False, True])
 def test_float32_gradients_match_the_pytorch_path_in_float64(cpp, monkeypatch, scope, detach):
     # a convolutional layer with the released code's routing, as in matrix_capsnet: float32 kernel gradients
@@ -361,6 +361,42 @@ def test_training_steps_give_the_same_losses(monkeypatch):
             losses[path].append(loss.item())
     assert losses["cpp"] == pytest.approx(losses["torch"], rel=1e-4)
     assert losses["cpp"][-1] != losses["cpp"][0]  # the steps did change the model
+
+
+@pytest.mark.parametrize(
+    ("formulation", "cost_normalization"), [("paper", None), ("paper", "mass"), ("official", None)]
+)
+@pytest.mark.parametrize("detach", [False, True])
+@pytest.mark.parametrize(("problems", "children", "child_types"), [(3, 12, 4), (32, 18, 18)])
+def test_the_one_pass_backward_equals_the_backward_step_by_step(
+    cpp, monkeypatch, formulation, cost_normalization, detach, problems, children, child_types
+):
+    # without child groups the kernel differentiates in one pass over the routing problems (backward_fused, each
+    # problem's votes made once); the same backward's steps, each over all problems in turn, are its reference
+    gen = torch.Generator().manual_seed(15)
+    lambdas = [0.05, 0.1, 0.15] if formulation == "official" else [0.3, 0.6, 1.0]
+    inputs = em_poses(problems, children, child_types, 5, gen=gen)
+    coords = torch.rand(children, 2, generator=gen, dtype=torch.float64)
+    probe = torch.Generator().manual_seed(16)
+    grads = {}
+    for one_pass in (True, False):
+        monkeypatch.setattr(em_kernel, "_one_pass", lambda ctx, one_pass=one_pass: one_pass and ctx.groups is None)
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        mu, a, r = em_routing_poses(
+            *leaves,
+            3,
+            coordinates=coords,
+            inverse_temperature=lambdas,
+            formulation=formulation,
+            cost_normalization=cost_normalization,
+            detach_routing=detach,
+            return_assignments=True,
+        )
+        probes = [torch.randn(x.shape, generator=probe.manual_seed(16), dtype=x.dtype) for x in (mu, a, r)]
+        sum((x * p).sum() for x, p in zip((mu, a, r), probes)).backward()
+        grads[one_pass] = [t.grad for t in leaves]
+    for got, want in zip(grads[True], grads[False]):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12 * want.abs().max().item())
 
 
 @pytest.mark.parametrize("cost_normalization", ["mean_std", "mass"])

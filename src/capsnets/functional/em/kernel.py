@@ -12,7 +12,9 @@ each problem's iterations in turn, so that the children's ``x``, made by the fir
 later ones (child groups couple the problems, so there each iteration runs over all of them). The backward
 (:class:`_FusedEM`) is the procedure's derivative written out by hand, in reverse order, every step of it
 in the kernel; it covers every setting of :class:`~capsnets.functional.em.spec.EMSettings` and agrees with
-autograd through the PyTorch path (the tests compare them, and gradcheck it in float64).
+autograd through the PyTorch path (the tests compare them, and gradcheck it in float64). Without child groups
+(and the ``mean_std`` cost normalisation) it runs as one pass over the routing problems, each problem's votes
+made once and its rows of every intermediate kept in cache; otherwise each step runs over all problems in turn.
 
 Inside each routing problem the loops over children run on chunks of 16 vote components held in vector
 registers (GCC and Clang vector extensions: the kernel builds with those compilers only; elsewhere the PyTorch
@@ -286,6 +288,7 @@ class _FusedEM(torch.autograd.Function):
         keep = 1 if settings.detach_routing else 2  # detached: the assignments before the last M-step are constants
         r, d, pre, *kept = _route(kernel, votes, a_in, beta_v, beta_a, settings, scale, groups, keep)
         ctx.kernel, ctx.votes, ctx.settings, ctx.groups = kernel, votes, settings, groups
+        ctx.kept = kept
         ctx.iterations = [_Iteration(*(k[t] for k in kept)) for t in range(kept[0].shape[0])]
         ctx.want_r = want_r
         ctx.save_for_backward(a_in, beta_v, beta_a)
@@ -295,11 +298,62 @@ class _FusedEM(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_mu, g_a, g_r):
         a_in, beta_v, beta_a = ctx.saved_tensors
-        grads, left, right = _backward(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r if ctx.want_r else None)
+        g_r = g_r if ctx.want_r else None
+        if _one_pass(ctx):
+            return (*_backward_fused(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r), None, None, None, None, None, None)
+        grads, left, right = _backward(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r)
         grad_pose = grad_weight = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             grad_pose, grad_weight = ctx.kernel.votes_backward(*ctx.votes, left, right)
         return (grad_pose, grad_weight, *grads, None, None, None, None, None, None)
+
+
+def _one_pass(ctx) -> bool:
+    """Whether the backward runs as the kernel's ``backward_fused``, one routing problem at a time: without child
+    groups (which couple the problems) and without the ``mean_std`` cost normalisation (whose gradient
+    :func:`_cost_gradient` forms across the parents between the kernel's steps)."""
+    return ctx.groups is None and ctx.settings.cost_normalization != "mean_std"
+
+
+def _start(ctx, g_mu, g_a) -> tuple[Tensor, Tensor]:
+    """The gradients the backward starts from: of the last centre ``d`` (scaled units, (N, J, 16)) and of the last
+    activation logit ``pre`` (N, J), zeros where the output's gradient is None."""
+    votes, last_pre = ctx.votes, ctx.iterations[-1].pre
+    g_d = torch.zeros_like(votes.c) if g_mu is None else (g_mu / votes.inv.view(-1, 1, 1)).contiguous()
+    g_pre = (
+        torch.zeros_like(last_pre)
+        if g_a is None
+        else (g_a * torch.sigmoid(last_pre) * torch.sigmoid(-last_pre)).contiguous()
+    )
+    return g_d, g_pre
+
+
+def _backward_fused(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r):
+    """The gradients of the poses, transforms, ``a_in``, ``beta_v`` and ``beta_a`` by the kernel's
+    ``backward_fused`` (where :func:`_one_pass`): the steps of :func:`_backward` and ``votes_backward``, one
+    routing problem at a time, each problem's votes made once and its intermediates kept in cache."""
+    settings, votes = ctx.settings, ctx.votes
+    g_d, g_pre = _start(ctx, g_mu, g_a)
+    n, _, children = a_in.shape
+    parents, height = votes.c.shape[1:]
+    scale = parents / (children * height) if settings.cost_normalization == "mass" else 0.0
+    g_pose, g_weight, g_a_in, g_bv, g_ba = ctx.kernel.backward_fused(
+        *votes,
+        ctx.kept,
+        a_in.reshape(n, children).contiguous(),
+        beta_v.expand(parents).contiguous(),
+        g_d,
+        g_pre,
+        a_in.new_empty(0) if g_r is None else g_r.contiguous(),
+        list(settings.inverse_temperatures[-len(ctx.iterations) :]),
+        settings.eps,
+        settings.official,
+        scale,
+        GRADIENT_MASS_FLOOR,
+        BLEND,
+        BETA_A_SCALE,
+    )
+    return g_pose, g_weight, g_a_in.view_as(a_in), _reduce_like(g_bv, beta_v), _reduce_like(g_ba, beta_a)
 
 
 def _backward(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r):
@@ -314,13 +368,7 @@ def _backward(ctx, a_in, beta_v, beta_a, g_mu, g_a, g_r):
     lambdas = settings.inverse_temperatures[-len(saved) :]
     cc = votes.c
     last_pre = saved[-1].pre
-    # the state carried from step to step, updated in place by the kernel
-    g_d = torch.zeros_like(cc) if g_mu is None else (g_mu / votes.inv.view(-1, 1, 1)).contiguous()
-    g_pre = (
-        torch.zeros_like(last_pre)
-        if g_a is None
-        else (g_a * torch.sigmoid(last_pre) * torch.sigmoid(-last_pre)).contiguous()
-    )
+    g_d, g_pre = _start(ctx, g_mu, g_a)  # the state carried from step to step, updated in place by the kernel
     g_var = torch.zeros_like(cc)  # from the E-step that used this iteration's parameters
     g_sum_log, g_bv, g_ba = (torch.zeros_like(last_pre) for _ in range(3))
     n, _, children = a_in.shape

@@ -25,6 +25,8 @@
 //       normaliser of the child groups' softmax)
 //   mstep_parents(...), estep_parents(...): that backward's per-parent algebra before each M-step and after
 //       each E-step, element-wise over (N, J, 16)
+//   backward_fused(...): without child groups, that whole backward and votes_backward in one pass over the
+//       problems, each problem's votes made once and its rows of every intermediate in cache
 // The ATen and pybind11 headers the kernel uses, not <torch/extension.h>: that one brings the whole C++ frontend and
 // more than doubles the compile time. New tensors come from ATen/EmptyTensor.h's CPU allocator, whose header takes a
 // fraction of <ATen/ops/empty.h>'s time to compile.
@@ -368,14 +370,41 @@ inline void m_blocks_stored(const T* xs, int64_t children, int64_t q, const T* w
   for (; c0 < q; c0 += 4) m_chunk_stored<4>(xs, children, q, c0, w, s1, s2);
 }
 
+// The x blocks of problem n's children over lanes [c0, c0 + W), stored in xs (I, 4, 4J) as m_chunk stores them
+template <int W, typename T>
+inline void x_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, T* xs) {
+  const int64_t q = votes.g.q();
+  T c[4][W], x[4][W];
+  load_chunk(cb, q, c0, c);
+  for (int64_t i = 0; i < votes.g.i; ++i) {
+    vote_chunk(votes, n, i, c0, votes.inv[n], c, x);
+    for (int r = 0; r < 4; ++r)
+      for (int l = 0; l < W; ++l) xs[(i * 4 + r) * q + c0 + l] = x[r][l];
+  }
+}
+
+// The x blocks (I, 4, 4J) of problem n's children, with cb its origin block
+template <typename T>
+inline void x_blocks(const Votes<T>& votes, int64_t n, const T* cb, T* xs) {
+  const int64_t q = votes.g.q();
+  int64_t c0 = 0;
+  for (; c0 + 16 <= q; c0 += 16) x_chunk<16>(votes, n, c0, cb, xs);
+  for (; c0 < q; c0 += 4) x_chunk<4>(votes, n, c0, cb, xs);
+}
+
 // sum_i w[j, i] [x, x^2] of problem n, with w its (J, I) weights: -> out (J, 32). cb: the origin block of
-// problem n; s1, s2 (4 * 4J): scratch; xs (I * 4 * 4J) or null: each child's x block.
+// problem n; s1, s2 (4 * 4J): scratch; xs (I * 4 * 4J) or null: each child's x block, stored there, or with
+// stored, read from there instead of computed.
 template <typename T>
 inline void m_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* w, T* s1, T* s2, T* out,
-                      T* xs = nullptr) {
+                      T* xs = nullptr, bool stored = false) {
   const Geometry& g = votes.g;
   const int64_t q = g.q();
-  m_blocks(votes, n, cb, w, s1, s2, xs);
+  if (stored) {
+    m_blocks_stored(xs, g.i, q, w, s1, s2);
+  } else {
+    m_blocks(votes, n, cb, w, s1, s2, xs);
+  }
   gather(s1, g.j, 2 * kH, out);
   gather(s2, g.j, 2 * kH, out + kH);
 }
@@ -422,7 +451,8 @@ inline void store_parent_sums(const vec<T, W> (&t)[4], T scale, const T* add, in
 // E-step product over lanes [c0, c0 + W) (the parents c0 / 4 ...): o[j, i] = [x, x^2] . coef[j] of every
 // child i, with coef spread to the blocks k1, k2.
 template <int W, typename T>
-inline void e_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, const T* k1, const T* k2, T* o) {
+inline void e_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, const T* k1, const T* k2, T* o,
+                    const T* xs) {
   using V = vec<T, W>;
   const int64_t q = votes.g.q(), children = votes.g.i;
   const T u = votes.inv[n];
@@ -432,7 +462,11 @@ inline void e_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, c
   load_chunk(k2, q, c0, b);
   T* oc = o + (c0 / 4) * children;
   auto value = [&](int64_t i) {  // sum_r x (a + x b) of child i, per lane
-    vote_chunk(votes, n, i, c0, u, c, x);
+    if (xs != nullptr) {
+      load_chunk(xs + i * 4 * q, q, c0, x);
+    } else {
+      vote_chunk(votes, n, i, c0, u, c, x);
+    }
     V t = {};
     for (int r = 0; r < 4; ++r) {
       const V xr = vload<V>(x[r]);
@@ -452,13 +486,15 @@ inline void e_chunk(const Votes<T>& votes, int64_t n, int64_t c0, const T* cb, c
   }
 }
 
-// [x, x^2] . coef[j] for every child i of problem n, with coef spread to the blocks k1, k2: -> o (J, I).
+// [x, x^2] . coef[j] for every child i of problem n, with coef spread to the blocks k1, k2: -> o (J, I). x from
+// the problem's stored blocks xs (I, 4, 4J) when given, else computed.
 template <typename T>
-inline void e_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* k1, const T* k2, T* o) {
+inline void e_problem(const Votes<T>& votes, int64_t n, const T* cb, const T* k1, const T* k2, T* o,
+                      const T* xs = nullptr) {
   const int64_t q = votes.g.q();
   int64_t c0 = 0;
-  for (; c0 + 16 <= q; c0 += 16) e_chunk<16>(votes, n, c0, cb, k1, k2, o);
-  for (; c0 < q; c0 += 4) e_chunk<4>(votes, n, c0, cb, k1, k2, o);
+  for (; c0 + 16 <= q; c0 += 16) e_chunk<16>(votes, n, c0, cb, k1, k2, o, xs);
+  for (; c0 < q; c0 += 4) e_chunk<4>(votes, n, c0, cb, k1, k2, o, xs);
 }
 
 // The E-step's log densities over lanes [c0, c0 + W): o[j, i] = base[j] - 0.5 sum_h (x - d)^2 p of every child
@@ -501,13 +537,20 @@ inline void quad_chunk(const T* xs, int64_t children, int64_t q, int64_t c0, con
 // lanes later), and d Wt[k][e] += sum_r M[r][k] gv[r][e] (added to gwi, the child's (4, 4J) block of it).
 template <int W, typename T>
 inline void grad_chunk(const Votes<T>& votes, int64_t n, int64_t i, int64_t c0, T u, int64_t kk, const T* cb,
-                       const T* r1, const T* r2, const T* left, T* __restrict gwi, vec<T, W> (&gm)[kH]) {
+                       const T* r1, const T* r2, const T* left, int64_t stride, T* __restrict gwi,
+                       vec<T, W> (&gm)[kH], const T* xs) {
   using V = vec<T, W>;
-  const int64_t q = votes.g.q(), children = votes.g.i, stride = votes.g.n * votes.g.j * children;
+  const int64_t q = votes.g.q(), children = votes.g.i;
   V w[4], x[4];
-  vote_rows<W>(votes, n, i, c0, u, cb + c0, q, w, x);
+  if (xs != nullptr) {  // the problem's stored x blocks (I, 4, 4J)
+    const T* wt = votes.transform(i) + c0;
+    for (int k = 0; k < 4; ++k) w[k] = vload<V>(wt + k * q);
+    for (int r = 0; r < 4; ++r) x[r] = vload<V>(xs + (i * 4 + r) * q + c0);
+  } else {
+    vote_rows<W>(votes, n, i, c0, u, cb + c0, q, w, x);
+  }
   V g0 = {}, g1 = {}, g2 = {}, g3 = {};
-  const T* lc = left + (n * votes.g.j + c0 / 4) * children + i;  // left[k][n][j][i] = lc[k * stride + (j - c0/4) I]
+  const T* lc = left + (c0 / 4) * children + i;  // left[k][n][j][i] = lc[k * stride + (j - c0/4) I]
   for (int64_t k = 0; k < kk; ++k) {
     const V le = expand4<W>(lc + k * stride, children);
     const T* a = r1 + k * 4 * q + c0;
@@ -571,46 +614,66 @@ inline void lane_sums16(const vec<T, 16> (&v)[kH], T* out) {
 #endif
 }
 
+// One thread's scratch for the backward's per-problem work (BackwardSteps, VotesBackward): blocks of 4 x 4J, the
+// (J, I) and (I,) rows of one problem, right's two (K, 4, 4J) blocks, and the children's x blocks (I, 4, 4J).
 template <typename T>
-void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
-                   const at::Tensor& inv, const at::Tensor& left, const at::Tensor& right, at::Tensor& gpose,
-                   at::Tensor& gweight, const Geometry& g) {
-  const int64_t kk = left.size(0);
-  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
-  const T* L = left.data_ptr<T>();
-  const T* Rt = right.data_ptr<T>();
-  T* GP = gpose.data_ptr<T>();
-  const int64_t q = g.q();
-  const int64_t wsize = g.iw * 4 * q;
-  const int threads = at::get_num_threads();
-  std::vector<T> partial(static_cast<size_t>(threads) * wsize, T(0));  // d Wt, one copy per thread
-  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    T* gw = partial.data() + static_cast<int64_t>(at::get_thread_num()) * wsize;
-    std::vector<T> cb(4 * q), r1(kk * 4 * q), r2(kk * 4 * q);
-    for (int64_t n = begin; n < end; ++n) {
-      const T u = votes.inv[n];
-      votes.origin(n, cb.data());
-      for (int64_t k = 0; k < kk; ++k) {  // right (J, K, 32) -> two (K, 4, 4J) blocks
-        spread(Rt + (n * g.j * kk + k) * 2 * kH, kk * 2 * kH, g.j, r1.data() + k * 4 * q);
-        spread(Rt + (n * g.j * kk + k) * 2 * kH + kH, kk * 2 * kH, g.j, r2.data() + k * 4 * q);
-      }
-      for (int64_t i = 0; i < g.i; ++i) {
-        T* gwi = gw + (i % g.iw) * 4 * q;
-        T* gm = GP + (n * g.i + i) * kH;  // V = M Wt: d M[r][k] = sum_e dV[r][e] Wt[k][e]
-        vec<T, 16> wide[kH] = {};
-        int64_t c0 = 0;
-        for (; c0 + 16 <= q; c0 += 16)
-          grad_chunk<16>(votes, n, i, c0, u, kk, cb.data(), r1.data(), r2.data(), L, gwi, wide);
-        lane_sums16(wide, gm);
-        if (c0 < q) {
-          vec<T, 4> narrow[kH] = {};
-          for (; c0 < q; c0 += 4)
-            grad_chunk<4>(votes, n, i, c0, u, kk, cb.data(), r1.data(), r2.data(), L, gwi, narrow);
-          for (int e = 0; e < kH; ++e) gm[e] += lane_sum<4, T>(narrow[e]);
-        }
+struct BackScratch {
+  std::vector<T> cb, k1, k2, s1, s2, gw, ga, zsum, r1, r2, xs;
+  BackScratch(const Geometry& g, int64_t kk)
+      : cb(4 * g.q()), k1(4 * g.q()), k2(4 * g.q()), s1(4 * g.q()), s2(4 * g.q()), gw(g.j * g.i), ga(g.i),
+        zsum(g.j), r1(kk * 4 * g.q()), r2(kk * 4 * g.q()), xs(g.i * 4 * g.q()) {}
+};
+
+// votes_backward's work for problem n: d pose of its children (every entry written) and d Wt added to gw, the
+// thread's (Iw, 4, 4J) copy; x from the problem's stored blocks xs when given (sc.cb then unused), else computed.
+template <typename T>
+struct VotesBackward {
+  const Votes<T>& votes;
+  const T *L, *Rt;
+  T* GP;
+  int64_t kk;
+  bool local;  // left holds one problem's rows (K, 1, J, I), whichever it is (the same for N = 1)
+
+  VotesBackward(const Votes<T>& v, const at::Tensor& left, const at::Tensor& right, at::Tensor& gpose)
+      : votes(v),
+        L(left.data_ptr<T>()),
+        Rt(right.data_ptr<T>()),
+        GP(gpose.data_ptr<T>()),
+        kk(left.size(0)),
+        local(left.size(1) == 1) {}
+
+  void operator()(int64_t n, BackScratch<T>& sc, T* gw, const T* xs) const {
+    const Geometry& g = votes.g;
+    const int64_t q = g.q();
+    const T u = votes.inv[n];
+    if (xs == nullptr) votes.origin(n, sc.cb.data());
+    for (int64_t k = 0; k < kk; ++k) {  // right (J, K, 32) -> two (K, 4, 4J) blocks
+      spread(Rt + (n * g.j * kk + k) * 2 * kH, kk * 2 * kH, g.j, sc.r1.data() + k * 4 * q);
+      spread(Rt + (n * g.j * kk + k) * 2 * kH + kH, kk * 2 * kH, g.j, sc.r2.data() + k * 4 * q);
+    }
+    const T *cb = sc.cb.data(), *r1 = sc.r1.data(), *r2 = sc.r2.data();
+    const T* left = L + (local ? 0 : n * g.j * g.i);  // left[0][n]
+    const int64_t stride = (local ? 1 : g.n) * g.j * g.i;  // between left's columns
+    for (int64_t i = 0; i < g.i; ++i) {
+      T* gwi = gw + (i % g.iw) * 4 * q;
+      T* gm = GP + (n * g.i + i) * kH;  // V = M Wt: d M[r][k] = sum_e dV[r][e] Wt[k][e]
+      vec<T, 16> wide[kH] = {};
+      int64_t c0 = 0;
+      for (; c0 + 16 <= q; c0 += 16) grad_chunk<16>(votes, n, i, c0, u, kk, cb, r1, r2, left, stride, gwi, wide, xs);
+      lane_sums16(wide, gm);
+      if (c0 < q) {
+        vec<T, 4> narrow[kH] = {};
+        for (; c0 < q; c0 += 4) grad_chunk<4>(votes, n, i, c0, u, kk, cb, r1, r2, left, stride, gwi, narrow, xs);
+        for (int e = 0; e < kH; ++e) gm[e] += lane_sum<4, T>(narrow[e]);
       }
     }
-  });
+  }
+};
+
+// d W (Iw, J, 16) from the threads' copies of d Wt (threads x (Iw, 4, 4J))
+template <typename T>
+void sum_weight_gradients(const std::vector<T>& partial, int threads, const Geometry& g, at::Tensor& gweight) {
+  const int64_t q = g.q(), wsize = g.iw * 4 * q;
   T* GW = gweight.data_ptr<T>();
   at::parallel_for(0, g.iw, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> total(4 * q);
@@ -624,6 +687,23 @@ void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::T
       gather(total.data(), g.j, kH, GW + i * g.j * kH);
     }
   });
+}
+
+template <typename T>
+void backward_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
+                   const at::Tensor& inv, const at::Tensor& left, const at::Tensor& right, at::Tensor& gpose,
+                   at::Tensor& gweight, const Geometry& g) {
+  const Votes<T> votes(pose, weight, coord, &c, &inv, g);
+  const VotesBackward<T> step(votes, left, right, gpose);
+  const int64_t wsize = g.iw * 4 * g.q();
+  const int threads = at::get_num_threads();
+  std::vector<T> partial(static_cast<size_t>(threads) * wsize, T(0));  // d Wt, one copy per thread
+  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+    T* gw = partial.data() + static_cast<int64_t>(at::get_thread_num()) * wsize;
+    BackScratch<T> sc(g, step.kk);
+    for (int64_t n = begin; n < end; ++n) step(n, sc, gw, nullptr);
+  });
+  sum_weight_gradients(partial, threads, g, gweight);
 }
 
 // EM routing without gradients (capsnets.functional.em.procedure): from the initial assignments r,
@@ -971,95 +1051,137 @@ void route_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tens
 //   left_w[j, i] = r a / guard[j]                                 (the M-step's weights, an outer-product factor)
 //   with want_next: g_r[j, i] = g_r' a (+ g_r_extra), y = r g_r   (for the E-step before it)
 template <typename T>
+struct MStepBack {
+  const Votes<T>& votes;
+  const T *K, *R, *A, *GU, *FL, *SL, *BA, *GX;
+  T *LW, *GA, *GR, *Y;
+  bool want_next;
+  bool local;  // left_w, g_r and y hold one problem's rows (1, J, I), whichever it is (the same for N = 1)
+
+  MStepBack(const Votes<T>& v, const at::Tensor& coef, const at::Tensor& r, const at::Tensor& a_in,
+            const at::Tensor& guard, const at::Tensor& floored, const at::Tensor& slope, const at::Tensor& base,
+            const at::Tensor& g_r_extra, at::Tensor& left_w, at::Tensor& g_a_in, at::Tensor& g_r, at::Tensor& y,
+            bool next)
+      : votes(v),
+        K(coef.data_ptr<T>()),
+        R(r.data_ptr<T>()),
+        A(a_in.data_ptr<T>()),
+        GU(guard.data_ptr<T>()),
+        FL(floored.data_ptr<T>()),
+        SL(slope.data_ptr<T>()),
+        BA(base.data_ptr<T>()),
+        GX(g_r_extra.numel() > 0 ? g_r_extra.data_ptr<T>() : nullptr),
+        LW(left_w.data_ptr<T>()),
+        GA(g_a_in.data_ptr<T>()),
+        GR(next ? g_r.data_ptr<T>() : nullptr),
+        Y(next ? y.data_ptr<T>() : nullptr),
+        want_next(next),
+        local(left_w.size(0) == 1) {}
+
+  // problem n; x from its stored blocks xs when given (sc.cb then unused), else computed
+  void operator()(int64_t n, BackScratch<T>& sc, const T* xs) const {
+    const Geometry& g = votes.g;
+    const int64_t ji = g.j * g.i;
+    if (xs == nullptr) votes.origin(n, sc.cb.data());
+    spread(K + n * g.j * 2 * kH, 2 * kH, g.j, sc.k1.data());
+    spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, sc.k2.data());
+    e_problem(votes, n, sc.cb.data(), sc.k1.data(), sc.k2.data(), sc.gw.data(), xs);
+    const T* __restrict rn = R + n * ji;
+    const T* __restrict an = A + n * g.i;
+    const T* __restrict gwn = sc.gw.data();
+    T* __restrict gan = sc.ga.data();
+    std::fill(sc.ga.begin(), sc.ga.end(), T(0));
+    for (int64_t j = 0; j < g.j; ++j) {
+      const T* __restrict rj = rn + j * g.i;
+      const T* __restrict gj = gwn + j * g.i;
+      const T fl = FL[n * g.j + j];
+      const T gm = BA[n * g.j + j] - SL[n * g.j + j] * dot3(gj, rj, an, g.i) / (fl * fl);
+      const T rfl = T(1) / fl, rgu = T(1) / GU[n * g.j + j];
+      const int64_t row = n * ji + j * g.i, out = (local ? 0 : n * ji) + j * g.i;
+      T* __restrict lw = LW + out;
+      for (int64_t i = 0; i < g.i; ++i) {
+        gan[i] += (gj[i] * rfl + gm) * rj[i];
+        lw[i] = rj[i] * an[i] * rgu;
+      }
+      if (want_next) {
+        T* __restrict gr = GR + out;
+        T* __restrict y = Y + out;
+        for (int64_t i = 0; i < g.i; ++i) gr[i] = (gj[i] * rfl + gm) * an[i];
+        if (GX != nullptr)
+          for (int64_t i = 0; i < g.i; ++i) gr[i] += GX[row + i];
+        for (int64_t i = 0; i < g.i; ++i) y[i] = rj[i] * gr[i];
+      }
+    }
+    for (int64_t i = 0; i < g.i; ++i) GA[n * g.i + i] += gan[i];
+  }
+};
+
+template <typename T>
 void mstep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
                      const at::Tensor& inv, const at::Tensor& coef, const at::Tensor& r, const at::Tensor& a_in,
                      const at::Tensor& guard, const at::Tensor& floored, const at::Tensor& slope,
                      const at::Tensor& base, const at::Tensor& g_r_extra, at::Tensor& left_w, at::Tensor& g_a_in,
                      at::Tensor& g_r, at::Tensor& y, bool want_next, const Geometry& g) {
   const Votes<T> votes(pose, weight, coord, &c, &inv, g);
-  const T* K = coef.data_ptr<T>();
-  const T* R = r.data_ptr<T>();
-  const T* A = a_in.data_ptr<T>();
-  const T* GU = guard.data_ptr<T>();
-  const T* FL = floored.data_ptr<T>();
-  const T* SL = slope.data_ptr<T>();
-  const T* BA = base.data_ptr<T>();
-  const T* GX = g_r_extra.numel() > 0 ? g_r_extra.data_ptr<T>() : nullptr;
-  T* LW = left_w.data_ptr<T>();
-  T* GA = g_a_in.data_ptr<T>();
-  T* GR = want_next ? g_r.data_ptr<T>() : nullptr;
-  T* Y = want_next ? y.data_ptr<T>() : nullptr;
-  const int64_t q = g.q(), ji = g.j * g.i;
+  const MStepBack<T> step(votes, coef, r, a_in, guard, floored, slope, base, g_r_extra, left_w, g_a_in, g_r, y,
+                          want_next);
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), k1(4 * q), k2(4 * q), gw(ji), ga(g.i);
-    for (int64_t n = begin; n < end; ++n) {
-      votes.origin(n, cb.data());
-      spread(K + n * g.j * 2 * kH, 2 * kH, g.j, k1.data());
-      spread(K + n * g.j * 2 * kH + kH, 2 * kH, g.j, k2.data());
-      e_problem(votes, n, cb.data(), k1.data(), k2.data(), gw.data());
-      const T* __restrict rn = R + n * ji;
-      const T* __restrict an = A + n * g.i;
-      const T* __restrict gwn = gw.data();
-      T* __restrict gan = ga.data();
-      std::fill(ga.begin(), ga.end(), T(0));
-      for (int64_t j = 0; j < g.j; ++j) {
-        const T* __restrict rj = rn + j * g.i;
-        const T* __restrict gj = gwn + j * g.i;
-        const T fl = FL[n * g.j + j];
-        const T gm = BA[n * g.j + j] - SL[n * g.j + j] * dot3(gj, rj, an, g.i) / (fl * fl);
-        const T rfl = T(1) / fl, rgu = T(1) / GU[n * g.j + j];
-        const int64_t row = n * ji + j * g.i;
-        T* __restrict lw = LW + row;
-        for (int64_t i = 0; i < g.i; ++i) {
-          gan[i] += (gj[i] * rfl + gm) * rj[i];
-          lw[i] = rj[i] * an[i] * rgu;
-        }
-        if (want_next) {
-          T* __restrict gr = GR + row;
-          T* __restrict y = Y + row;
-          for (int64_t i = 0; i < g.i; ++i) gr[i] = (gj[i] * rfl + gm) * an[i];
-          if (GX != nullptr)
-            for (int64_t i = 0; i < g.i; ++i) gr[i] += GX[row + i];
-          for (int64_t i = 0; i < g.i; ++i) y[i] = rj[i] * gr[i];
-        }
-      }
-      for (int64_t i = 0; i < g.i; ++i) GA[n * g.i + i] += ga[i];
-    }
+    BackScratch<T> sc(g, 0);
+    for (int64_t n = begin; n < end; ++n) step(n, sc, nullptr);
   });
 }
 
 // The E-step's part of the same backward, per problem n: gz[j, i] = r (g_r - group_sum) (written to left_gz, an
 // outer-product factor), and its M-step-like products sum_i gz [x, x^2] (J, 32) and sum_i gz (J).
 template <typename T>
+struct EStepBack {
+  const Votes<T>& votes;
+  const T *R, *GR, *TT;
+  bool shared;  // one sum per child slot for every parent (all_parents, or no groups)
+  bool local;  // g_r, total and left_gz hold one problem's rows, whichever it is (the same for N = 1)
+  T *LZ, *O, *S0;
+
+  EStepBack(const Votes<T>& v, const at::Tensor& r, const at::Tensor& g_r, const at::Tensor& total,
+            at::Tensor& left_gz, at::Tensor& out, at::Tensor& s0)
+      : votes(v),
+        R(r.data_ptr<T>()),
+        GR(g_r.data_ptr<T>()),
+        TT(total.data_ptr<T>()),
+        shared(total.size(1) == 1),
+        local(g_r.size(0) == 1),
+        LZ(left_gz.data_ptr<T>()),
+        O(out.data_ptr<T>()),
+        S0(s0.data_ptr<T>()) {}
+
+  // problem n; x from its stored blocks xs when given (sc.cb then unused), else computed
+  void operator()(int64_t n, BackScratch<T>& sc, T* xs) const {
+    const Geometry& g = votes.g;
+    const int64_t ji = g.j * g.i, base = local ? 0 : n * ji;  // of the rows of g_r, total and left_gz
+    for (int64_t j = 0; j < g.j; ++j) {
+      const int64_t row = base + j * g.i;
+      const T* __restrict r = R + n * ji + j * g.i;
+      const T* __restrict gr = GR + row;
+      const T* __restrict tt = shared ? TT + (local ? 0 : n * g.i) : TT + row;
+      T* __restrict lz = LZ + row;
+      for (int64_t i = 0; i < g.i; ++i) lz[i] = r[i] * (gr[i] - tt[i]);
+      sc.zsum[j] = sum8(lz, g.i);
+    }
+    if (xs == nullptr) votes.origin(n, sc.cb.data());
+    m_problem(votes, n, sc.cb.data(), LZ + base, sc.s1.data(), sc.s2.data(), O + n * g.j * 2 * kH, xs,
+              xs != nullptr);
+    for (int64_t j = 0; j < g.j; ++j) S0[n * g.j + j] = sc.zsum[j];
+  }
+};
+
+template <typename T>
 void estep_back_impl(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord, const at::Tensor& c,
                      const at::Tensor& inv, const at::Tensor& r, const at::Tensor& g_r, const at::Tensor& total,
                      at::Tensor& left_gz, at::Tensor& out, at::Tensor& s0, const Geometry& g) {
   const Votes<T> votes(pose, weight, coord, &c, &inv, g);
-  const T* R = r.data_ptr<T>();
-  const T* GR = g_r.data_ptr<T>();
-  const T* TT = total.data_ptr<T>();
-  const bool shared = total.size(1) == 1;  // one sum per child slot for every parent (all_parents, or no groups)
-  T* LZ = left_gz.data_ptr<T>();
-  T* O = out.data_ptr<T>();
-  T* S0 = s0.data_ptr<T>();
-  const int64_t q = g.q(), ji = g.j * g.i;
+  const EStepBack<T> step(votes, r, g_r, total, left_gz, out, s0);
   at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> cb(4 * q), s1(4 * q), s2(4 * q), zsum(g.j);
-    for (int64_t n = begin; n < end; ++n) {
-      const int64_t base = n * ji;
-      for (int64_t j = 0; j < g.j; ++j) {
-        const int64_t row = base + j * g.i;
-        const T* __restrict r = R + row;
-        const T* __restrict gr = GR + row;
-        const T* __restrict tt = shared ? TT + n * g.i : TT + row;
-        T* __restrict lz = LZ + row;
-        for (int64_t i = 0; i < g.i; ++i) lz[i] = r[i] * (gr[i] - tt[i]);
-        zsum[j] = sum8(lz, g.i);
-      }
-      votes.origin(n, cb.data());
-      m_problem(votes, n, cb.data(), LZ + base, s1.data(), s2.data(), O + n * g.j * 2 * kH);
-      for (int64_t j = 0; j < g.j; ++j) S0[n * g.j + j] = zsum[j];
-    }
+    BackScratch<T> sc(g, 0);
+    for (int64_t n = begin; n < end; ++n) step(n, sc, nullptr);
   });
 }
 
@@ -1081,7 +1203,7 @@ void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tens
                         const at::Tensor& mass, const at::Tensor& c, const at::Tensor& beta_v, const at::Tensor& g_cost,
                         const ParentSettings& ps, at::Tensor& g_d, at::Tensor& g_var, at::Tensor& g_pre, at::Tensor& g_sum_log, at::Tensor& g_bv,
                         at::Tensor& g_ba, at::Tensor& coef, at::Tensor& right, int64_t col, at::Tensor& guard,
-                        at::Tensor& floored, at::Tensor& slope, at::Tensor& base) {
+                        at::Tensor& floored, at::Tensor& slope, at::Tensor& base, int64_t p0 = 0, int64_t p1 = -1) {
   const int64_t n_ = d.size(0), parents = d.size(1), kk = right.size(2);
   const T *M = m.data_ptr<T>(), *D = d.data_ptr<T>(), *V = var.data_ptr<T>(), *LV = lv.data_ptr<T>();
   const T *MS = mass.data_ptr<T>(), *C = c.data_ptr<T>(), *BV = beta_v.data_ptr<T>();
@@ -1091,7 +1213,7 @@ void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tens
   T *GU = guard.data_ptr<T>(), *FL = floored.data_ptr<T>(), *SL = slope.data_ptr<T>(), *BS = base.data_ptr<T>();
   const T lam = static_cast<T>(ps.lam), eps = static_cast<T>(ps.eps), floor_ = static_cast<T>(ps.mass_floor);
   const T blend = static_cast<T>(ps.blend), entropy = static_cast<T>(kH * (1.0 + std::log(2.0 * M_PI)));
-  at::parallel_for(0, n_ * parents, 64, [&](int64_t begin, int64_t end) {
+  auto rows = [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t j = p % parents;
       const T ms = MS[p], gu = ms + eps, sv = ms / gu, fl = std::max(ms, floor_) + eps;
@@ -1137,7 +1259,12 @@ void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tens
       SL[p] = sl;
       BS[p] = g_mass + g_s * (T(1) / fl - sl * ms / (fl * fl));  // through s and the floored mass
     }
-  });
+  };
+  if (p1 >= 0) {  // rows [p0, p1) in this thread
+    rows(p0, p1);
+    return;
+  }
+  at::parallel_for(0, n_ * parents, 64, rows);
 }
 
 // From the E-step products s12 = [sum_i gz x, sum_i gz x^2] (32) and s0 = sum_i gz of the E-step that used
@@ -1146,13 +1273,14 @@ void mstep_parents_impl(const at::Tensor& m, const at::Tensor& d, const at::Tens
 template <typename T>
 void estep_parents_impl(const at::Tensor& s12, const at::Tensor& s0, const at::Tensor& d, const at::Tensor& var,
                         const at::Tensor& pre, at::Tensor& g_d, at::Tensor& g_var, at::Tensor& g_pre,
-                        at::Tensor& g_sum_log, at::Tensor& right, int64_t col) {
+                        at::Tensor& g_sum_log, at::Tensor& right, int64_t col, int64_t p0 = 0,
+                        int64_t p1 = -1) {
   const int64_t n_ = d.size(0), parents = d.size(1), kk = right.size(2);
   const T *S12 = s12.data_ptr<T>(), *S0 = s0.data_ptr<T>(), *D = d.data_ptr<T>(), *V = var.data_ptr<T>();
   const T* PRE = pre.data_ptr<T>();
   T *GD = g_d.data_ptr<T>(), *GV = g_var.data_ptr<T>(), *GP = g_pre.data_ptr<T>(), *GS = g_sum_log.data_ptr<T>();
   T* RT = right.data_ptr<T>();
-  at::parallel_for(0, n_ * parents, 64, [&](int64_t begin, int64_t end) {
+  auto rows = [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const T z = S0[p];
       GP[p] = z / (T(1) + std::exp(PRE[p]));  // z sigmoid(-pre)
@@ -1167,7 +1295,12 @@ void estep_parents_impl(const at::Tensor& s12, const at::Tensor& s0, const at::T
         rt[kH + h] = T(-0.5) / v;
       }
     }
-  });
+  };
+  if (p1 >= 0) {  // rows [p0, p1) in this thread
+    rows(p0, p1);
+    return;
+  }
+  at::parallel_for(0, n_ * parents, 64, rows);
 }
 
 // For each slot (n, j, i) of x, the sum of x over its child group (index (N, I) of groups children): over the
@@ -1237,6 +1370,87 @@ void check_like(const at::Tensor& t, const at::Tensor& like, std::vector<int64_t
               " must be a contiguous CPU tensor of pose's dtype");
   TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), name, " has shape ", t.sizes(), ", expected ",
               at::IntArrayRef(shape));
+}
+
+// The whole hand-written backward of routing without child groups (capsnets.functional.em.kernel), one problem at
+// a time: for each kept iteration from the last, the per-parent algebra before its M-step (with the mass
+// normalisation's cost gradient, when cost_scale > 0), its M-step's per-child work and, but for the first kept
+// iteration, the E-step before it (the sum over parents, its per-child work, the per-parent algebra after it); then
+// votes_backward. Each problem's children's x are made once, and its rows of every intermediate stay in cache: the
+// same operations as those functions called in turn over all problems, without a vote computed again.
+template <typename T>
+void backward_fused_impl(const Votes<T>& votes, const at::Tensor& c, const std::vector<at::Tensor>& kept,
+                         const at::Tensor& a_in,
+                         const at::Tensor& beta_v, const at::Tensor& g_r_extra, const std::vector<double>& lambdas,
+                         const ParentSettings& settings, double cost_scale, const std::vector<at::Tensor>& state,
+                         const std::vector<at::Tensor>& work, at::Tensor& gpose, at::Tensor& gweight) {
+  const Geometry& g = votes.g;
+  const int64_t steps = kept[0].size(0), kk = 2 * steps - 1;
+  // the state carried from step to step (g_d, g_var, g_pre, g_sum_log, g_bv, g_ba, g_a_in) and the intermediates
+  // (right, coef, guard, floored, slope, base, g_cost, s12, s0), every problem's rows
+  at::Tensor g_d = state[0], g_var = state[1], g_pre = state[2], g_sum_log = state[3], g_bv = state[4];
+  at::Tensor g_ba = state[5], g_a_in = state[6];
+  at::Tensor right = work[0], coef = work[1], guard = work[2], floored = work[3], slope = work[4], base = work[5];
+  at::Tensor g_cost = work[6], s12 = work[7], s0 = work[8];
+  const at::Tensor none = g_r_extra.new_empty({0});
+  std::vector<std::vector<at::Tensor>> at_t(steps);  // kept[k][t]: r, m, d, var, lv, pre, mass of iteration t
+  for (int64_t t = 0; t < steps; ++t)
+    for (const auto& k : kept) at_t[t].push_back(k.select(0, t));
+  std::vector<ParentSettings> ps(steps, settings);
+  for (int64_t t = 0; t < steps; ++t) ps[t].lam = lambdas[t];
+  const bool scaled = cost_scale > 0;
+  T* GC = scaled ? g_cost.data_ptr<T>() : nullptr;
+  const T* GP = g_pre.data_ptr<T>();
+  const int64_t wsize = g.iw * 4 * g.q();
+  const int threads = at::get_num_threads();
+  std::vector<T> partial(static_cast<size_t>(threads) * wsize, T(0));  // d Wt, one copy per thread
+  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+    T* gw = partial.data() + static_cast<int64_t>(at::get_thread_num()) * wsize;
+    BackScratch<T> sc(g, kk);
+    T* xs = sc.xs.data();
+    // the rows of one problem at a time: the outer-product factors left (K, 1, J, I), g_r and y (1, J, I), and
+    // each child's sum of y over the parents (1, 1, I)
+    at::Tensor left = new_tensor({kk, 1, g.j, g.i}, a_in.options()), g_r = new_tensor({1, g.j, g.i}, a_in.options());
+    at::Tensor y = new_tensor({1, g.j, g.i}, a_in.options()), total = new_tensor({1, 1, g.i}, a_in.options());
+    std::vector<at::Tensor> columns;
+    for (int64_t col = 0; col < kk; ++col) columns.push_back(left.select(0, col));
+    std::vector<MStepBack<T>> mstep;  // iteration t's M-step, at column 2 (steps - 1 - t)
+    for (int64_t t = 0; t < steps; ++t)
+      mstep.emplace_back(votes, coef, at_t[t][0], a_in, guard, floored, slope, base,
+                         t == steps - 1 ? g_r_extra : none, columns[2 * (steps - 1 - t)], g_a_in, g_r, y, t > 0);
+    std::vector<EStepBack<T>> estep;  // the E-step before iteration t's M-step (t >= 1), at the column after it
+    for (int64_t t = 1; t < steps; ++t)
+      estep.emplace_back(votes, at_t[t][0], g_r, total, columns[2 * (steps - 1 - t) + 1], s12, s0);
+    const VotesBackward<T> vb(votes, left, right, gpose);
+    const T* Y = y.data_ptr<T>();
+    T* TT = total.data_ptr<T>();
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t p0 = n * g.j, p1 = p0 + g.j;
+      votes.origin(n, sc.cb.data());
+      x_blocks(votes, n, sc.cb.data(), xs);
+      int64_t col = 0;
+      for (int64_t t = steps - 1; t >= 0; --t) {
+        const auto& it = at_t[t];
+        if (scaled)  // the mass normalisation: the cost's gradient -lambda g_pre J / (I H)
+          for (int64_t p = p0; p < p1; ++p) GC[p] = -static_cast<T>(ps[t].lam) * GP[p] * static_cast<T>(cost_scale);
+        mstep_parents_impl<T>(it[1], it[2], it[3], it[4], it[6], c, beta_v, scaled ? g_cost : none,
+                              ps[t], g_d, g_var, g_pre, g_sum_log, g_bv, g_ba, coef, right, col, guard, floored, slope,
+                              base, p0, p1);
+        mstep[t](n, sc, xs);
+        ++col;
+        if (t == 0) break;
+        for (int64_t i = 0; i < g.i; ++i) TT[i] = T(0);  // each child's sum over the parents of y
+        for (int64_t j = 0; j < g.j; ++j)
+          for (int64_t i = 0; i < g.i; ++i) TT[i] += Y[j * g.i + i];
+        estep[t - 1](n, sc, xs);
+        const auto& prev = at_t[t - 1];
+        estep_parents_impl<T>(s12, s0, prev[2], prev[3], prev[5], g_d, g_var, g_pre, g_sum_log, right, col, p0, p1);
+        ++col;
+      }
+      vb(n, sc, gw, xs);
+    }
+  });
+  sum_weight_gradients(partial, threads, g, gweight);
 }
 
 }  // namespace
@@ -1437,6 +1651,68 @@ std::vector<at::Tensor> route(const at::Tensor& pose, const at::Tensor& weight, 
   return {r, d, pre, kr, km, kd, kvar, klv, kpre, kmass};
 }
 
+// backward_fused(pose, weight, coord, c, inv, kept [r (T, N, J, I), m (T, N, J, 32), d, var, log_var (T, N, J, 16),
+//                pre, mass (T, N, J)], a_in (N, I), beta_v (J), g_d (N, J, 16), g_pre (N, J), g_r_extra (N, J, I) or
+//                empty, lambdas (T), eps, official, cost_scale, mass_floor, blend, beta_a_scale)
+//   -> [d pose (N, I, 16), d weight (Iw, J, 16), d a_in (N, I), d beta_v, d beta_a (N, J)]
+// The backward of routing without child groups in one pass over the problems (backward_fused_impl): g_d and g_pre,
+// the gradients of the last centre (scaled units) and activation logit, are the state it starts from (updated in
+// place); cost_scale is 0 without a cost normalisation, J / (I H) with the mass normalisation.
+std::vector<at::Tensor> backward_fused(const at::Tensor& pose, const at::Tensor& weight, const at::Tensor& coord,
+                                       const at::Tensor& c, const at::Tensor& inv, const std::vector<at::Tensor>& kept,
+                                       const at::Tensor& a_in, const at::Tensor& beta_v, at::Tensor g_d,
+                                       at::Tensor g_pre, const at::Tensor& g_r_extra, std::vector<double> lambdas,
+                                       double eps, bool official, double cost_scale, double mass_floor, double blend,
+                                       double beta_a_scale) {
+  const Geometry g = check(pose, weight, coord);
+  check_like(c, pose, {g.n, g.j, kH}, "c");
+  check_like(inv, pose, {g.n}, "inv");
+  TORCH_CHECK(kept.size() == 7 && kept[0].dim() == 4 && kept[0].size(0) >= 1, "kept must be the 7 kept tensors");
+  const int64_t steps = kept[0].size(0), kk = 2 * steps - 1;
+  TORCH_CHECK(static_cast<int64_t>(lambdas.size()) == steps, "one lambda per kept iteration");
+  TORCH_CHECK(cost_scale >= 0, "cost_scale must be at least 0");
+  check_like(kept[0], pose, {steps, g.n, g.j, g.i}, "kept r");
+  check_like(kept[1], pose, {steps, g.n, g.j, 2 * kH}, "kept m");
+  for (int k = 2; k < 5; ++k) check_like(kept[k], pose, {steps, g.n, g.j, kH}, "kept d, var or log_var");
+  for (int k = 5; k < 7; ++k) check_like(kept[k], pose, {steps, g.n, g.j}, "kept pre or mass");
+  check_like(a_in, pose, {g.n, g.i}, "a_in");
+  check_like(beta_v, pose, {g.j}, "beta_v");
+  check_like(g_d, pose, {g.n, g.j, kH}, "g_d");
+  check_like(g_pre, pose, {g.n, g.j}, "g_pre");
+  if (g_r_extra.numel() > 0) check_like(g_r_extra, pose, {g.n, g.j, g.i}, "g_r_extra");
+  const auto o = pose.options();
+  auto zeros = [&](at::IntArrayRef size) {
+    auto t = new_tensor(size, o);
+    t.zero_();
+    return t;
+  };
+  const std::vector<at::Tensor> state{g_d,
+                                      zeros({g.n, g.j, kH}),  // g_var
+                                      g_pre,
+                                      zeros({g.n, g.j}),  // g_sum_log
+                                      zeros({g.n, g.j}),  // g_bv
+                                      zeros({g.n, g.j}),  // g_ba
+                                      zeros({g.n, g.i})};  // g_a_in
+  const std::vector<at::Tensor> work{new_tensor({g.n, g.j, kk, 2 * kH}, o),  // right
+                                     new_tensor({g.n, g.j, 2 * kH}, o),  // coef
+                                     new_tensor({g.n, g.j}, o),  // guard
+                                     new_tensor({g.n, g.j}, o),  // floored
+                                     new_tensor({g.n, g.j}, o),  // slope
+                                     new_tensor({g.n, g.j}, o),  // base
+                                     new_tensor({cost_scale > 0 ? g.n : 0, g.j}, o),  // g_cost
+                                     new_tensor({g.n, g.j, 2 * kH}, o),  // s12
+                                     new_tensor({g.n, g.j}, o)};  // s0
+  auto gpose = new_tensor({g.n, g.i, kH}, o);  // every entry written once
+  auto gweight = new_tensor({g.iw, g.j, kH}, o);
+  const ParentSettings ps{0.0, eps, mass_floor, blend, beta_a_scale, official};
+  AT_DISPATCH_FLOATING_TYPES(pose.scalar_type(), "backward_fused", [&] {
+    const Votes<scalar_t> votes(pose, weight, coord, &c, &inv, g);
+    backward_fused_impl<scalar_t>(votes, c, kept, a_in, beta_v, g_r_extra, lambdas, ps, cost_scale, state, work,
+                                  gpose, gweight);
+  });
+  return {gpose, gweight, state[6], state[4], state[5]};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("votes_stats", &votes_stats, "activation-weighted mean vote and largest |vote| per problem");
   m.def("votes_backward", &votes_backward, "d pose, d weight from d xx = left @ right");
@@ -1446,4 +1722,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("group_sum", &group_sum, "each slot's sum over its child group");
   m.def("mstep_parents", &mstep_parents, "the hand-written backward's per-parent algebra before one M-step");
   m.def("estep_parents", &estep_parents, "the hand-written backward's per-parent algebra after one E-step");
+  m.def("backward_fused", &backward_fused, "the whole backward of routing without child groups, problem by problem");
 }
