@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from capsnets.functional import EMRouting, as_routing
 from capsnets.functional.child_groups import ChildGroups, grid_child_groups
+from capsnets.functional.em import kernel as em_kernel
 from capsnets.functional.patches import gather_patches, patch_grid, patch_index
 from capsnets.functional.products import matrix_votes
 from capsnets.validation import ArgumentError, choice, flag, non_negative_int, positive_int
@@ -249,10 +250,14 @@ class ConvMatrixCapsules(nn.Module):
         # contiguous poses; compiled, one gather of both (with a gather each, inductor (torch 2.13) dropped the
         # activations' gradient in a compiled training step)
         pose = caps.pose.reshape(batch, -1, side * side)
+        fused = em_kernel.fused_kernel(caps.pose) if isinstance(self.routing, EMRouting) else None
         if torch.compiler.is_compiling():
             feats = torch.cat([pose, caps.activation.reshape(batch, -1, 1)], dim=-1)
             patches = gather_patches(feats, index, self.padding)
             poses, acts = patches[..., :-1], patches[..., -1]
+        elif fused is not None:  # the fused kernel routes them: its gathers, whose backward is no index_add
+            poses = em_kernel.gather_patches(fused, pose, index)
+            acts = em_kernel.gather_patches(fused, caps.activation.reshape(batch, -1), index)
         else:
             poses = gather_patches(pose, index, self.padding)
             acts = gather_patches(caps.activation.reshape(batch, -1), index, self.padding)

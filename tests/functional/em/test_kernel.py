@@ -526,3 +526,30 @@ def test_a_training_step_leaves_no_reference_cycles(cpp, detach):
             gc.set_debug(0)
             gc.garbage.clear()
     assert cycles == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("stride", "padding"), [(2, 0), (1, 1)])
+@pytest.mark.parametrize("features", [16, None])
+def test_the_kernels_gather_of_receptive_fields_equals_gather_patches(cpp, dtype, stride, padding, features):
+    # the same values and gradients, bit for bit: each slot a copy, each child the sum of its slots in slot order
+    gen = torch.Generator().manual_seed(17)
+    index = patch_index(3, 7, 6, 3, stride=stride, padding=padding)
+    values = torch.randn((2, 3 * 7 * 6) + ((features,) if features else ()), generator=gen, dtype=dtype)
+    probe = torch.randn(gather_patches(values, index, padding).shape, generator=gen, dtype=dtype)
+    results = []
+    for gather in (
+        lambda v: gather_patches(v, index, padding),
+        lambda v: em_kernel.gather_patches(em_kernel.load(), v, index),
+    ):
+        leaf = values.clone().requires_grad_()
+        out = gather(leaf)
+        (out * probe).sum().backward()
+        results.append((out, leaf.grad))
+    for got, want in zip(results[1], results[0]):
+        assert torch.equal(got, want)
+
+
+def test_the_kernels_gather_rejects_an_index_out_of_range(cpp):
+    with pytest.raises(RuntimeError, match=r"index out of range \[0, 4\]"):
+        em_kernel.load().gather_rows(torch.zeros(1, 4, 16), torch.tensor([0, 5]))

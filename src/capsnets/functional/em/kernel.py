@@ -197,6 +197,39 @@ def fused_kernel(pose: Tensor):
     return module
 
 
+class _GatherRows(torch.autograd.Function):
+    """The kernel's ``gather_rows`` with ``scatter_rows`` as its backward."""
+
+    @staticmethod
+    def forward(ctx, values, index, kernel):
+        ctx.kernel, ctx.rows = kernel, values.shape[1]
+        ctx.save_for_backward(index)
+        return kernel.gather_rows(values, index)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        return ctx.kernel.scatter_rows(grad.contiguous(), index, ctx.rows), None, None
+
+
+def gather_patches(kernel, values: Tensor, index: Tensor) -> Tensor:
+    """:func:`capsnets.functional.patches.gather_patches` by the kernel (from :func:`fused_kernel`): the same
+    receptive fields, gathered per image in parallel and differentiated by a parallel sum over each image's slots
+    instead of ``index_add``. Slots equal to ``T * H * W`` (the zero padding) read zeros, so no zero capsule is
+    appended.
+
+    Shape:
+        - values: ``(B, T * H * W)`` or ``(B, T * H * W, F)``, float32 or float64 on the CPU
+        - index: ``(H' * W', T * K * K)`` (:func:`~capsnets.functional.patches.patch_index`)
+        - output: ``(B * H' * W', T * K * K)`` or ``(B * H' * W', T * K * K, F)``
+    """
+    batch = values.shape[0]
+    rows = values.reshape(batch, values.shape[1], -1).contiguous()
+    out = _GatherRows.apply(rows, index.reshape(-1), kernel)
+    return out.view(batch * index.shape[0], index.shape[1], *values.shape[2:])
+
+
 class _Iteration(NamedTuple):
     """What the backward needs of one iteration: its M-step's assignments ``r`` (N, J, I), the M-step product
     ``m = [sum_i w x, sum_i w x^2]`` (N, J, 32), the centre ``d``, ``var``, ``log_var`` (N, J, 16), the

@@ -27,6 +27,8 @@
 //       each E-step, element-wise over (N, J, 16)
 //   backward_fused(...): without child groups, that whole backward and votes_backward in one pass over the
 //       problems, each problem's votes made once and its rows of every intermediate in cache
+//   gather_rows(values (B, R, F), index), scatter_rows(grad (B, P, F), index, R): a conv capsule layer's
+//       receptive fields gathered from its children's grid, and their gradient summed back onto it
 // The ATen and pybind11 headers the kernel uses, not <torch/extension.h>: that one brings the whole C++ frontend and
 // more than doubles the compile time. New tensors come from ATen/EmptyTensor.h's CPU allocator, whose header takes a
 // fraction of <ATen/ops/empty.h>'s time to compile.
@@ -1651,6 +1653,70 @@ std::vector<at::Tensor> route(const at::Tensor& pose, const at::Tensor& weight, 
   return {r, d, pre, kr, km, kd, kvar, klv, kpre, kmass};
 }
 
+// gather_rows(values (B, R, F), index (P,)) -> (B, P, F): out[b, p] = values[b, index[p]], zeros where index[p] == R
+// (a receptive field's slot in the zero padding); scatter_rows(grad (B, P, F), index (P,), R) -> (B, R, F): its
+// backward, each row the sum of the slots that read it. Parallel over the batch, so no two threads write one row.
+static void check_rows(const at::Tensor& x, const at::Tensor& index, int64_t rows) {
+  TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.device().is_cpu() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble),
+              "values and grad must be contiguous (B, rows, F) float32 or float64 CPU tensors");
+  TORCH_CHECK(index.dim() == 1 && index.scalar_type() == at::kLong && index.is_contiguous() && index.device().is_cpu(),
+              "index must be a contiguous int64 CPU vector");
+  const int64_t* ix = index.data_ptr<int64_t>();
+  bool ok = true;
+  for (int64_t k = 0; k < index.numel(); ++k) ok &= ix[k] >= 0 && ix[k] <= rows;
+  TORCH_CHECK(ok, "index out of range [0, ", rows, "]");
+}
+
+at::Tensor gather_rows(const at::Tensor& values, const at::Tensor& index) {
+  const int64_t rows = values.size(1);
+  check_rows(values, index, rows);
+  const int64_t batch = values.size(0), slots = index.numel(), f = values.size(2);
+  auto out = new_tensor({batch, slots, f}, values.options());
+  AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "gather_rows", [&] {
+    const scalar_t* V = values.data_ptr<scalar_t>();
+    const int64_t* ix = index.data_ptr<int64_t>();
+    scalar_t* O = out.data_ptr<scalar_t>();
+    at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b)
+        for (int64_t k = 0; k < slots; ++k) {
+          scalar_t* o = O + (b * slots + k) * f;
+          if (ix[k] == rows) {
+            std::fill(o, o + f, scalar_t(0));
+          } else {
+            std::copy(V + (b * rows + ix[k]) * f, V + (b * rows + ix[k] + 1) * f, o);
+          }
+        }
+    });
+  });
+  return out;
+}
+
+at::Tensor scatter_rows(const at::Tensor& grad, const at::Tensor& index, int64_t rows) {
+  check_rows(grad, index, rows);
+  TORCH_CHECK(grad.size(1) == index.numel(), "grad must have one slot per index entry");
+  const int64_t batch = grad.size(0), slots = index.numel(), f = grad.size(2);
+  auto out = new_tensor({batch, rows, f}, grad.options());
+  AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "scatter_rows", [&] {
+    const scalar_t* G = grad.data_ptr<scalar_t>();
+    const int64_t* ix = index.data_ptr<int64_t>();
+    scalar_t* O = out.data_ptr<scalar_t>();
+    at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        scalar_t* ob = O + b * rows * f;
+        std::fill(ob, ob + rows * f, scalar_t(0));
+        for (int64_t k = 0; k < slots; ++k) {
+          if (ix[k] == rows) continue;
+          const scalar_t* __restrict g = G + (b * slots + k) * f;
+          scalar_t* __restrict o = ob + ix[k] * f;
+          for (int64_t e = 0; e < f; ++e) o[e] += g[e];
+        }
+      }
+    });
+  });
+  return out;
+}
+
 // backward_fused(pose, weight, coord, c, inv, kept [r (T, N, J, I), m (T, N, J, 32), d, var, log_var (T, N, J, 16),
 //                pre, mass (T, N, J)], a_in (N, I), beta_v (J), g_d (N, J, 16), g_pre (N, J), g_r_extra (N, J, I) or
 //                empty, lambdas (T), eps, official, cost_scale, mass_floor, blend, beta_a_scale)
@@ -1723,4 +1789,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mstep_parents", &mstep_parents, "the hand-written backward's per-parent algebra before one M-step");
   m.def("estep_parents", &estep_parents, "the hand-written backward's per-parent algebra after one E-step");
   m.def("backward_fused", &backward_fused, "the whole backward of routing without child groups, problem by problem");
+  m.def("gather_rows", &gather_rows, "the rows of (B, R, F) values an index reads, zeros for index R");
+  m.def("scatter_rows", &scatter_rows, "gather_rows' backward: each row's sum of the slots that read it");
 }
