@@ -1382,10 +1382,10 @@ void check_like(const at::Tensor& t, const at::Tensor& like, std::vector<int64_t
 // same operations as those functions called in turn over all problems, without a vote computed again.
 template <typename T>
 void backward_fused_impl(const Votes<T>& votes, const at::Tensor& c, const std::vector<at::Tensor>& kept,
-                         const at::Tensor& a_in,
-                         const at::Tensor& beta_v, const at::Tensor& g_r_extra, const std::vector<double>& lambdas,
-                         const ParentSettings& settings, double cost_scale, const std::vector<at::Tensor>& state,
-                         const std::vector<at::Tensor>& work, at::Tensor& gpose, at::Tensor& gweight) {
+                         const at::Tensor& a_in, const at::Tensor& beta_v, const at::Tensor& g_r_extra,
+                         const std::vector<double>& lambdas, const ParentSettings& settings, double cost_scale,
+                         const std::vector<at::Tensor>& state, const std::vector<at::Tensor>& work, at::Tensor& gpose,
+                         at::Tensor& gweight) {
   const Geometry& g = votes.g;
   const int64_t steps = kept[0].size(0), kk = 2 * steps - 1;
   // the state carried from step to step (g_d, g_var, g_pre, g_sum_log, g_bv, g_ba, g_a_in) and the intermediates
@@ -1433,11 +1433,12 @@ void backward_fused_impl(const Votes<T>& votes, const at::Tensor& c, const std::
       int64_t col = 0;
       for (int64_t t = steps - 1; t >= 0; --t) {
         const auto& it = at_t[t];
-        if (scaled)  // the mass normalisation: the cost's gradient -lambda g_pre J / (I H)
-          for (int64_t p = p0; p < p1; ++p) GC[p] = -static_cast<T>(ps[t].lam) * GP[p] * static_cast<T>(cost_scale);
-        mstep_parents_impl<T>(it[1], it[2], it[3], it[4], it[6], c, beta_v, scaled ? g_cost : none,
-                              ps[t], g_d, g_var, g_pre, g_sum_log, g_bv, g_ba, coef, right, col, guard, floored, slope,
-                              base, p0, p1);
+        if (scaled) {  // the mass normalisation: the cost's gradient -lambda g_pre J / (I H)
+          const T lam = static_cast<T>(ps[t].lam), scale = static_cast<T>(cost_scale);
+          for (int64_t p = p0; p < p1; ++p) GC[p] = -lam * GP[p] * scale;
+        }
+        mstep_parents_impl<T>(it[1], it[2], it[3], it[4], it[6], c, beta_v, scaled ? g_cost : none, ps[t], g_d, g_var,
+                              g_pre, g_sum_log, g_bv, g_ba, coef, right, col, guard, floored, slope, base, p0, p1);
         mstep[t](n, sc, xs);
         ++col;
         if (t == 0) break;
