@@ -7,6 +7,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from torch.autograd import gradcheck
 
 from capsnets import create_model
@@ -363,40 +365,51 @@ def test_training_steps_give_the_same_losses(monkeypatch):
     assert losses["cpp"][-1] != losses["cpp"][0]  # the steps did change the model
 
 
-@pytest.mark.parametrize(
-    ("formulation", "cost_normalization"), [("paper", None), ("paper", "mass"), ("official", None)]
+@given(
+    st.sampled_from([("paper", None), ("paper", "mass"), ("official", None)]),
+    st.booleans(),
+    st.integers(1, 3),
+    st.integers(1, 33),
+    st.integers(1, 20),
+    st.integers(1, 6),
+    st.booleans(),
+    st.integers(0, 2**16),
 )
-@pytest.mark.parametrize("detach", [False, True])
-@pytest.mark.parametrize(("problems", "children", "child_types"), [(3, 12, 4), (32, 18, 18)])
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
 def test_the_one_pass_backward_equals_the_backward_step_by_step(
-    cpp, monkeypatch, formulation, cost_normalization, detach, problems, children, child_types
+    formulation_and_normalization, detach, iterations, problems, children, parents, per_child_weights, seed
 ):
     # without child groups the kernel differentiates in one pass over the routing problems (backward_fused, each
     # problem's votes made once); the same backward's steps, each over all problems in turn, are its reference
-    gen = torch.Generator().manual_seed(15)
-    lambdas = [0.05, 0.1, 0.15] if formulation == "official" else [0.3, 0.6, 1.0]
-    inputs = em_poses(problems, children, child_types, 5, gen=gen)
+    formulation, cost_normalization = formulation_and_normalization
+    assert em_kernel.load() is not None, f"the fused EM kernel did not build or load: {em_kernel.load_error()}"
+    gen = torch.Generator().manual_seed(seed)
+    lambdas = [0.05, 0.1, 0.15][:iterations] if formulation == "official" else [0.3, 0.6, 1.0][:iterations]
+    child_types = children if per_child_weights else 1
+    inputs = em_poses(problems, children, child_types, parents, gen=gen)
     coords = torch.rand(children, 2, generator=gen, dtype=torch.float64)
-    probe = torch.Generator().manual_seed(16)
+    probe = torch.Generator()
     grads = {}
-    for one_pass in (True, False):
-        monkeypatch.setattr(em_kernel, "_one_pass", lambda ctx, one_pass=one_pass: one_pass and ctx.groups is None)
-        leaves = [t.clone().requires_grad_() for t in inputs]
-        mu, a, r = em_routing_poses(
-            *leaves,
-            3,
-            coordinates=coords,
-            inverse_temperature=lambdas,
-            formulation=formulation,
-            cost_normalization=cost_normalization,
-            detach_routing=detach,
-            return_assignments=True,
-        )
-        probes = [torch.randn(x.shape, generator=probe.manual_seed(16), dtype=x.dtype) for x in (mu, a, r)]
-        sum((x * p).sum() for x, p in zip((mu, a, r), probes)).backward()
-        grads[one_pass] = [t.grad for t in leaves]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(em_kernel.ENV_VAR, "cpp")
+        for one_pass in (True, False):
+            mp.setattr(em_kernel, "_one_pass", lambda ctx, one_pass=one_pass: one_pass and ctx.groups is None)
+            leaves = [t.clone().requires_grad_() for t in inputs]
+            mu, a, r = em_routing_poses(
+                *leaves,
+                iterations,
+                coordinates=coords,
+                inverse_temperature=lambdas,
+                formulation=formulation,
+                cost_normalization=cost_normalization,
+                detach_routing=detach,
+                return_assignments=True,
+            )
+            probes = [torch.randn(x.shape, generator=probe.manual_seed(seed), dtype=x.dtype) for x in (mu, a, r)]
+            sum((x * p).sum() for x, p in zip((mu, a, r), probes)).backward()
+            grads[one_pass] = [t.grad for t in leaves]
     for got, want in zip(grads[True], grads[False]):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12 * want.abs().max().item())
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12 * max(want.abs().max().item(), 1.0))
 
 
 @pytest.mark.parametrize("cost_normalization", ["mean_std", "mass"])
@@ -528,14 +541,29 @@ def test_a_training_step_leaves_no_reference_cycles(cpp, detach):
     assert cycles == []
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize(("stride", "padding"), [(2, 0), (1, 1)])
-@pytest.mark.parametrize("features", [16, None])
-def test_the_kernels_gather_of_receptive_fields_equals_gather_patches(cpp, dtype, stride, padding, features):
+@given(
+    st.sampled_from([torch.float32, torch.float64]),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.integers(1, 9),
+    st.integers(1, 9),
+    st.integers(1, 3),
+    st.integers(1, 2),
+    st.integers(0, 1),
+    st.sampled_from([16, 1, None]),
+    st.integers(0, 2**16),
+)
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+def test_the_kernels_gather_of_receptive_fields_equals_gather_patches(
+    dtype, batch, types, height, width, kernel, stride, padding, features, seed
+):
     # the same values and gradients, bit for bit: each slot a copy, each child the sum of its slots in slot order
-    gen = torch.Generator().manual_seed(17)
-    index = patch_index(3, 7, 6, 3, stride=stride, padding=padding)
-    values = torch.randn((2, 3 * 7 * 6) + ((features,) if features else ()), generator=gen, dtype=dtype)
+    assume(height + 2 * padding >= kernel and width + 2 * padding >= kernel)
+    assert em_kernel.load() is not None, f"the fused EM kernel did not build or load: {em_kernel.load_error()}"
+    gen = torch.Generator().manual_seed(seed)
+    index = patch_index(types, height, width, kernel, stride=stride, padding=padding)
+    shape = (batch, types * height * width) + ((features,) if features else ())
+    values = torch.randn(shape, generator=gen, dtype=dtype)
     probe = torch.randn(gather_patches(values, index, padding).shape, generator=gen, dtype=dtype)
     results = []
     for gather in (
