@@ -536,7 +536,8 @@ inline void quad_chunk(const T* xs, int64_t children, int64_t q, int64_t c0, con
 // gv[r][e] = inv sum_k le_k[e] (r1[k][r][e] + 2 x[r][e] r2[k][r][e]), with le_k the child's left factors
 // left[k][n][j][i] expanded to the lanes of parent j; and at once what it gives through V = M Wt, while in
 // registers: each lane's part of d M[r][k] = sum_e gv[r][e] Wt[k][e] (added to gm[4r + k], summed across the
-// lanes later), and d Wt[k][e] += sum_r M[r][k] gv[r][e] (added to gwi, the child's (4, 4J) block of it).
+// lanes later), and d Wt[k][e] += sum_r M[r][k] gv[r][e] (added to gwi, the child's (4, 4J) block of it). left
+// points at left[0][n] and stride separates its columns k; x from the problem's stored blocks xs when given.
 template <int W, typename T>
 inline void grad_chunk(const Votes<T>& votes, int64_t n, int64_t i, int64_t c0, T u, int64_t kk, const T* cb,
                        const T* r1, const T* r2, const T* left, int64_t stride, T* __restrict gwi,
@@ -616,8 +617,8 @@ inline void lane_sums16(const vec<T, 16> (&v)[kH], T* out) {
 #endif
 }
 
-// One thread's scratch for the backward's per-problem work (BackwardSteps, VotesBackward): blocks of 4 x 4J, the
-// (J, I) and (I,) rows of one problem, right's two (K, 4, 4J) blocks, and the children's x blocks (I, 4, 4J).
+// One thread's scratch for the backward's per-problem work (MStepBack, EStepBack, VotesBackward): blocks of 4 x 4J,
+// the (J, I) and (I,) rows of one problem, right's two (K, 4, 4J) blocks, and the children's x blocks (I, 4, 4J).
 template <typename T>
 struct BackScratch {
   std::vector<T> cb, k1, k2, s1, s2, gw, ga, zsum, r1, r2, xs;
