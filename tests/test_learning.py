@@ -74,9 +74,9 @@ def _em_config(dataset: str, data_dir: str, out: str, limit_train: int = 2400) -
 
 
 def test_matrix_capsnet_small_on_mnist_learns(tmp_path, shared_data_root):
-    # Chance is 10%. Measured: 67.4%, 66.0%, 73.0%, 62.8%, 57.8% (seeds 0-4).
+    # Chance is 10%. Measured: 84.6%, 84.4%, 88.2%, 87.6%, 86.6% (seeds 0-4).
     summary = train(_em_config("mnist", str(shared_data_root), str(tmp_path / "em_mnist")))
-    assert summary["test_accuracy"] >= 0.35, summary
+    assert summary["test_accuracy"] >= 0.6, summary
 
 
 def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path):
@@ -84,7 +84,7 @@ def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path):
     # at every third azimuth (60 degrees apart), every elevation and lighting, rendered here (3 s, where the whole
     # grid of those toys takes 9 s), through the trainer's object path with the model's recipe: 1,600 of the 3,240
     # training views at batch 16 (the 100 steps of the MNIST test on half its images), the first 1,000 test views.
-    # Chance is 20%. Measured: 75.4%, 76.3%, 74.8%, 77.0%, 76.2% (seeds 0-4 of the initialisation and the trainer's).
+    # Chance is 20%. Measured: 76.5%, 77.7%, 75.9%, 59.1%, 65.5% (seeds 0-4 of the initialisation and the trainer's).
     import torch
 
     import capsnets
@@ -104,7 +104,7 @@ def test_matrix_capsnet_small_on_viewpoints_learns(tmp_path):
     model = capsnets.create_model("matrix_capsnet_small")
     trainer = Trainer(out=str(tmp_path / "em_viewpoints"), epochs=1, batch_size=16, progress=False, figures=False)
     summary = trainer.fit(model, train_set.subset(1600), test_data=test_set.subset(1000))
-    assert summary["test_accuracy"] >= 0.45, summary
+    assert summary["test_accuracy"] >= 0.4, summary
 
 
 def test_segcaps_small_segments_cluttered_digits(shared_data_root, tmp_path):

@@ -18,8 +18,8 @@ Two formulations (the ``formulation`` of the routing, ``docs/em_formulations.md`
   and coordinate addition of the receptive-field centres in pixels / 100 (column, then row).
 - ``"paper"`` (the default): Procedure 1 as printed, with this library's choices where the text is silent: the
   inverse temperature of :func:`~capsnets.functional.em_inverse_temperatures` in every layer, pose
-  weights started at the identity plus noise, ``beta`` at 0, coordinates ``(r + 0.5) / H``; it alone takes
-  the deviations ``cost_normalization`` and ``inverse_temperature``.
+  weights started at the identity plus noise (``capsnets.layers.matrix.POSE_INIT_NOISE``), ``beta`` at 0,
+  coordinates ``(r + 0.5) / H``; it alone takes the deviations ``cost_normalization`` and ``inverse_temperature``.
 
 Inputs of 32x32 (smallNORB crops) use no padding in Conv1; smaller inputs (28x28 MNIST) get padding 2,
 which gives the same 14x14 -> 6x6 -> 4x4 grids. Class scores are the class capsule activations.
