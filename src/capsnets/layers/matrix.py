@@ -37,7 +37,7 @@ ASSIGNMENT_SCOPES = ("position", "all_parents", "per_type")
 #: The standard deviation of the Gaussian noise added to the identity that starts every pose weight (the paper
 #: gives no initialisation): each vote starts close to its child's pose. After one epoch of MNIST,
 #: ``matrix_capsnet_small`` is the more accurate the closer to the identity it starts, from 1.0 down to 0.02, and
-#: level from 0.02 to 0.01 (``docs/results/em-recipes.md``).
+#: level from 0.02 down to 0.005 (``docs/results/em-recipes.md``).
 POSE_INIT_NOISE = 0.02
 
 
