@@ -35,9 +35,8 @@ from capsnets.validation import ArgumentError, choice, flag, non_negative_int, p
 #: How a convolutional capsule layer normalises the assignments of a child seen by several positions.
 ASSIGNMENT_SCOPES = ("position", "all_parents", "per_type")
 #: The standard deviation of the Gaussian noise added to the identity that starts every pose weight (the paper
-#: gives no initialisation): each vote starts close to its child's pose. After one epoch of MNIST,
-#: ``matrix_capsnet_small`` is the more accurate the closer to the identity it starts, from 1.0 down to 0.02, and
-#: level from 0.02 down to 0.005 (``docs/results/em-recipes.md``).
+#: gives no initialisation): each vote starts close to its child's pose. The value comes from a sweep of MNIST
+#: training runs (``docs/results/em-recipes.md``).
 POSE_INIT_NOISE = 0.02
 
 
