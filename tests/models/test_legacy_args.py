@@ -10,7 +10,6 @@ from capsnets.checkpoints import CheckpointError, load_checkpoint, write_checkpo
 from capsnets.functional import EMRouting
 from capsnets.models.hub import model_tensors
 from capsnets.models.legacy_args import upgrade_model_args
-from capsnets.models.pretrained import get_weights
 
 
 def _old_checkpoint(path, model, old_args):
@@ -65,13 +64,36 @@ def test_an_official_checkpoint_of_0_2_loads_with_the_released_class_routing(tmp
         torch.testing.assert_close(loaded(images).scores, model.eval()(images).scores, rtol=0, atol=0)
 
 
-def test_the_shipped_matrix_weight_records_0_2s_arguments_and_loads():
-    weight = get_weights("matrix_capsnet_small-mnist")
-    recorded = load_checkpoint(weight.path).meta["model_args"]  # the file's own sidecar, unchanged
-    assert recorded["formulation"] == "paper" and "class_layer" not in recorded["routing"]
-    model = capsnets.create_model("matrix_capsnet_small", pretrained=True)
-    assert "formulation" not in model.model_args and model.model_args["routing"]["class_layer"]["iterations"] == 2
-    assert model.class_capsules.routing == model.conv_caps1.routing == EMRouting(2)
+def test_the_matrix_weight_that_0_2_shipped_loads_with_its_routing_in_every_layer(tmp_path):
+    # the arguments the matrix_capsnet_small-mnist weight of capsnets 0.2 recorded, word for word
+    recorded = {
+        "num_classes": 10,
+        "input_size": [1, 28, 28],
+        "routing": {
+            "type": "em",
+            "iterations": 2,
+            "inverse_temperature": [0.0005000000000000004, 0.0009750000000000003],
+            "eps": 1e-06,
+            "cost_normalization": None,
+            "detach_routing": False,
+            "formulation": "paper",
+            "variance_floor": None,
+        },
+        "coordinate_addition": True,
+        "checkpoint_chunks": 0,
+        "assignment_scope": None,
+        "formulation": "paper",
+    }
+    torch.manual_seed(0)
+    model = capsnets.create_model("matrix_capsnet_small", num_classes=10, input_size=(1, 28, 28))
+    path = _old_checkpoint(tmp_path / "old.safetensors", model, recorded)
+    assert load_checkpoint(path).meta["model_args"] == recorded  # the record itself, unchanged
+    loaded = capsnets.load_model(path)
+    assert "formulation" not in loaded.model_args and loaded.model_args["routing"]["class_layer"]["iterations"] == 2
+    assert loaded.class_capsules.routing == loaded.conv_caps1.routing == EMRouting(2)
+    images = torch.rand(2, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images).scores, model.eval()(images).scores, rtol=0, atol=0)
 
 
 def test_heinsen_models_of_0_2_take_their_iterations_as_their_routing(tmp_path):
