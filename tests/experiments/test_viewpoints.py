@@ -95,7 +95,7 @@ def test_cnn_is_stopped_at_the_capsule_models_error_when_that_falls_short(render
         tag="t",
         device="cpu",
         seed=0,
-        runs=Runs(None),
+        runs=Runs(tmp_path / "without"),
     )
     assert viewpoints.STOPPED not in without["records"]
     assert "no matched pair" in matched_summary({"elevation": without["records"]}, fixed_target=False)
